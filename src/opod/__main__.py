@@ -1,0 +1,3 @@
+from opod.cli.main import run
+
+run()

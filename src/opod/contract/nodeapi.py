@@ -1,0 +1,320 @@
+"""The node protocol between a worker and its leader (CONTRACT.md §4).
+
+Worker → leader: register once, then heartbeat every few seconds, on the
+leader's listener. Leader → worker: load and unload models, sleep and resume,
+tokenize, LoRA adapters and helper processes, on the worker's own listener.
+Every call in both directions is signed (see :mod:`opod.contract.nodeauth`).
+
+Fields are declared in wire order; their aliases are the JSON keys.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import Field
+
+from opod.contract.wire import OMITEMPTY, OMITNIL, ZERO_TIME, GoTime, Nanoseconds, WireModel
+
+# Paths. Worker → leader on the leader's listener; the rest on the worker's.
+PATH_REGISTER = "/admin/v1/nodes/register"
+PATH_HEARTBEAT = "/admin/v1/nodes/heartbeat"
+PATH_MODEL_LOAD = "/v1/model/load"
+PATH_MODEL_UNLOAD = "/v1/model/unload"
+PATH_MODEL_SLEEP = "/v1/model/sleep"
+PATH_MODEL_RESUME = "/v1/model/resume"
+PATH_TOKENIZE = "/v1/tokenize"
+PATH_ADAPTERS = "/v1/adapters"
+PATH_ADAPTERS_LOAD = "/v1/adapters/load"
+PATH_ADAPTERS_UNLOAD = "/v1/adapters/unload"
+PATH_PROCESS_START = "/v1/process/start"
+PATH_PROCESS_STOP = "/v1/process/stop"
+PATH_PROCESS_LIST = "/v1/process/list"
+PATH_PROCESS_GET = "/v1/process/get"
+PATH_PROCESS_LOGS = "/v1/process/logs"
+PATH_PROCESS_FILE = "/v1/process/file"
+PATH_PROCESS_UPLOAD = "/v1/process/upload"
+
+HEADER_FILE_PATH = "X-File-Path"
+
+ROLE_PREFILL = "prefill"
+ROLE_DECODE = "decode"
+
+
+class Status(StrEnum):
+    """Status words of the node protocol's answers."""
+
+    REGISTERED = "registered"
+    OK = "ok"
+    READY = "ready"
+    UNLOADED = "unloaded"
+    NOOP = "noop"
+    SLEEPING = "sleeping"
+    RESUMED = "resumed"
+    UNSUPPORTED = "unsupported"
+
+
+class ProcessStatus(StrEnum):
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPED = "stopped"
+    FAILED = "failed"
+    CRASHLOOP = "crashloop"
+
+
+class EngineStateWord(StrEnum):
+    """What a worker's engine process is doing (``EngineState.state``)."""
+
+    SERVING = "serving"
+    STARTING = "starting"
+    CRASH_LOOPING = "crash-looping"
+    STOPPED = "stopped"
+
+
+# --- worker → leader -------------------------------------------------------
+
+
+class GPU(WireModel):
+    name: str = Field("", alias="Name")
+    vram_gb: int = Field(0, alias="VRAMGB")
+
+
+class Capabilities(WireModel):
+    """What a worker knows about its host. Capitalised keys: stored rows outlive binaries."""
+
+    hostname: str = Field("", alias="Hostname")
+    os: str = Field("", alias="OS")
+    arch: str = Field("", alias="Arch")
+    cpu_cores: int = Field(0, alias="CPUCores")
+    ram_gb: int = Field(0, alias="RAMGB")
+    gpus: list[GPU] | None = Field(None, alias="GPUs")
+    role: Annotated[str, OMITEMPTY] = Field("", alias="Role")
+    plan_revision: Annotated[int, OMITEMPTY] = Field(0, alias="PlanRevision")
+    engine: Annotated[str, OMITEMPTY] = Field("", alias="Engine")
+
+
+def encode_hardware(caps: Capabilities) -> str:
+    """The ``hardware_json`` string: compact, Go key order and escaping; compared byte for byte."""
+    return caps.to_json()
+
+
+def decode_hardware(text: str) -> Capabilities:
+    """Parse ``hardware_json``; an empty string is the zero value, malformed text an error."""
+    if text == "":
+        return Capabilities()
+    return Capabilities.from_wire(text)
+
+
+class RegisterRequest(WireModel):
+    """Body of register. Every key is always sent."""
+
+    id: str = ""
+    hostname: str = ""
+    os: str = ""
+    arch: str = ""
+    ram_gb: int = 0
+    address: str = ""
+    hardware_json: str = ""
+    boot_id: str = ""
+
+    def hardware(self) -> Capabilities:
+        return decode_hardware(self.hardware_json)
+
+
+class RegisterResponse(WireModel):
+    status: str = ""
+    id: str = ""
+
+
+class EngineLoad(WireModel):
+    """One engine sample; the leader aggregates these into ``/loadz``."""
+
+    kv_used_pct: float = 0.0
+    queue_depth: int = 0
+    tokens_per_s: float = 0.0
+    prefix_hit_pct: float = 0.0
+    sampled_at: int = 0
+
+
+class EngineState(WireModel):
+    state: str = ""
+    restarts: Annotated[int, OMITEMPTY] = 0
+    since: Annotated[str, OMITEMPTY] = ""
+    detail: Annotated[str, OMITEMPTY] = ""
+
+    @property
+    def word(self) -> EngineStateWord | None:
+        """The state, or ``None`` for a word from a newer worker: "no statement", not failure."""
+        try:
+            return EngineStateWord(self.state)
+        except ValueError:
+            return None
+
+
+class KVBlocks(WireModel):
+    """One heartbeat's worth of prefix-cache changes on one worker."""
+
+    seq: int = 0
+    block_size: int = 0
+    stored: Annotated[list[str] | None, OMITEMPTY] = None
+    removed: Annotated[list[str] | None, OMITEMPTY] = None
+    cleared: Annotated[bool, OMITEMPTY] = False
+
+
+class Heartbeat(WireModel):
+    """Body of heartbeat.
+
+    ``loaded_models`` is always sent: ``None`` (``null``) means the engine did
+    not answer in time and the heartbeat carries no report; ``[]`` means the
+    engine answered and holds nothing. Never turn a failed query into ``[]``.
+    """
+
+    id: str = ""
+    loaded_models: list[str] | None = None
+    boot_id: str = ""
+    resident_models: Annotated[list[str] | None, OMITNIL] = None
+    sleeping: Annotated[bool, OMITEMPTY] = False
+    load: Annotated[EngineLoad | None, OMITNIL] = None
+    engine: Annotated[EngineState | None, OMITNIL] = None
+    kv_blocks: Annotated[KVBlocks | None, OMITNIL] = None
+    # opod addition (CONTRACT.md §2.10 names Heartbeat.Slots without a key):
+    # how many requests the engine serves at once; 0 = not said.
+    slots: Annotated[int, OMITEMPTY] = 0
+
+
+class HeartbeatResponse(WireModel):
+    status: str = ""
+
+
+# --- leader → worker -------------------------------------------------------
+
+
+class TokenizeMessage(WireModel):
+    role: str = ""
+    content: str = ""
+
+
+class TokenizeRequest(WireModel):
+    model: str = ""
+    messages: Annotated[list[TokenizeMessage] | None, OMITEMPTY] = None
+    prompt: Annotated[str, OMITEMPTY] = ""
+    max_tokens: Annotated[int, OMITEMPTY] = 0
+
+
+class TokenizeResponse(WireModel):
+    tokens: list[int] | None = None
+
+
+class LoadModelRequest(WireModel):
+    """The catalog source of a model; the worker resolves the engine-native name."""
+
+    id: str = ""
+    ollama_name: str = ""
+    repo: str = ""
+    file: Annotated[str, OMITEMPTY] = ""
+    path: str = ""
+    pin: bool = False
+
+
+class LoadModelResponse(WireModel):
+    status: str = ""
+    model: str = ""
+
+
+class UnloadModelRequest(WireModel):
+    id: str = ""
+    ollama_name: str = ""
+    repo: str = ""
+    path: str = ""
+
+
+class UnloadModelResponse(WireModel):
+    status: str = ""
+    model: Annotated[str, OMITEMPTY] = ""
+    engine: Annotated[str, OMITEMPTY] = ""
+    reason: Annotated[str, OMITEMPTY] = ""
+
+
+class SleepResponse(WireModel):
+    status: str = ""
+    engine: str = ""
+    reason: Annotated[str, OMITEMPTY] = ""
+
+
+class Adapter(WireModel):
+    """One element of the ``OPOD_ADAPTERS`` list; served as ``<model>:<name>``."""
+
+    name: str = ""
+    source: str = ""
+    rank: Annotated[int, OMITEMPTY] = 0
+
+
+class LoadAdapterRequest(WireModel):
+    base: str = ""
+    name: str = ""
+    source: str = ""
+    rank: Annotated[int, OMITEMPTY] = 0
+
+
+class UnloadAdapterRequest(WireModel):
+    base: str = ""
+    name: str = ""
+
+
+class AdapterResponse(WireModel):
+    status: str = ""
+    model: str = ""
+
+
+class HeldAdapter(WireModel):
+    id: str = ""
+    name: str = ""
+    source: str = ""
+
+
+class ProcessSpec(WireModel):
+    """A helper process (a llama.cpp RPC part). Capitalised keys, nothing omitted."""
+
+    id: str = Field("", alias="ID")
+    command: str = Field("", alias="Command")
+    args: list[str] | None = Field(None, alias="Args")
+    env: dict[str, str] | None = Field(None, alias="Env")
+    work_dir: str = Field("", alias="WorkDir")
+    health_port: int = Field(0, alias="HealthPort")
+    health_host: str = Field("", alias="HealthHost")
+    log_lines: int = Field(0, alias="LogLines")
+    health_path: str = Field("", alias="HealthPath")
+    ready_timeout: Nanoseconds = Field(0, alias="ReadyTimeout")
+    restart: bool = Field(False, alias="Restart")
+    max_restarts: int = Field(0, alias="MaxRestarts")
+    restart_backoff: Nanoseconds = Field(0, alias="RestartBackoff")
+
+
+class ProcessInfo(WireModel):
+    id: str = ""
+    command: str = ""
+    args: list[str] | None = None
+    pid: int = 0
+    started_at: GoTime = ZERO_TIME
+    status: str = ""
+    exit_err: Annotated[str, OMITEMPTY] = ""
+    address: Annotated[str, OMITEMPTY] = ""
+    restarts: Annotated[int, OMITEMPTY] = 0
+
+
+class StartProcessError(WireModel):
+    """502 body of process start: refused before anything spawned."""
+
+    error: str = ""
+    info: ProcessInfo | None = None
+
+
+class StopProcessRequest(WireModel):
+    id: str = ""
+
+
+class UploadResponse(WireModel):
+    path: str = ""
+    sha256: str = ""
+    size: int = 0
