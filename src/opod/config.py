@@ -1,0 +1,67 @@
+"""The one place opod reads its environment.
+
+Two kinds of variable exist: the contract's (:mod:`opod.contract.env`, which a
+manager renders) and opod's own config overrides declared below (spellings of
+settings that are not contract data). Every read goes through :func:`read`, so
+a name that is in neither table cannot be read at all; a test holds the rest
+of ``src/opod`` to that.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from opod.contract import env as contract_env
+
+
+@dataclass(frozen=True, slots=True)
+class Override:
+    name: str
+    doc: str
+
+
+CONFIG_OVERRIDES: tuple[Override, ...] = (
+    Override("OPOD_HOME", "Data directory: the store, keys, downloaded models, ~/.opod/catalog (default ~/.opod)."),
+)
+
+_OVERRIDE_NAMES = frozenset(o.name for o in CONFIG_OVERRIDES)
+
+
+def declared(name: str) -> bool:
+    """True when ``name`` is a contract variable or a declared config override."""
+    return name in _OVERRIDE_NAMES or contract_env.lookup(name) is not None
+
+
+def read(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The variable's value with surrounding whitespace trimmed; ``None`` when unset or blank."""
+    if not declared(name):
+        raise KeyError(f"{name} is neither a contract variable nor a declared config override (opod.config)")
+    value = (os.environ if environ is None else environ).get(name)
+    if value is None or not value.strip():
+        return None
+    return value.strip()
+
+
+def flag(name: str, environ: Mapping[str, str] | None = None) -> bool:
+    """A boolean variable: true for ``1`` or ``true`` (any case)."""
+    value = read(name, environ)
+    return value is not None and value.lower() in ("1", "true")
+
+
+def home(environ: Mapping[str, str] | None = None) -> Path:
+    """opod's data directory."""
+    value = read("OPOD_HOME", environ)
+    return Path(value).expanduser() if value else Path.home() / ".opod"
+
+
+def retired_warnings(environ: Mapping[str, str] | None = None) -> list[str]:
+    """One line for each retired variable set in the environment, naming what to do instead."""
+    source = os.environ if environ is None else environ
+    lines = []
+    for row in contract_env.retired():
+        if row.name in source:
+            lines.append(f"{row.name} is set but was retired in {row.retired_in}: {row.note} Remove it.")
+    return lines

@@ -1,0 +1,43 @@
+"""Prefix-cache block hashes (CONTRACT.md §4.7): a protocol constant, not an implementation detail.
+
+A block is ``block_size`` consecutive prompt tokens. Its hash chains from the
+block before it, so one hash names a whole prefix. Workers report these hashes
+in heartbeats and the leader computes them for a request; both sides must get
+the same bytes, so changing this function is a protocol change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Sequence
+
+__all__ = ["BLOCK_HASH_SEED", "block_hash", "block_hashes"]
+
+BLOCK_HASH_SEED = "opod-kv-block-v1"
+
+_U64 = struct.Struct(">Q")
+_MASK = 0xFFFFFFFFFFFFFFFF
+
+
+def block_hash(parent: str, tokens: Sequence[int]) -> str:
+    """Hash one block: SHA-256 of the parent's hex text (or the seed) then each token as big-endian u64.
+
+    Returns the first 8 bytes of the digest as 16 lowercase hex characters.
+    Negative token ids are written as their 64-bit two's complement.
+    """
+    digest = hashlib.sha256((parent or BLOCK_HASH_SEED).encode())
+    digest.update(b"".join(_U64.pack(t & _MASK) for t in tokens))
+    return digest.hexdigest()[:16]
+
+
+def block_hashes(tokens: Sequence[int], block_size: int) -> list[str]:
+    """The chained hash of every full block; a trailing partial block is dropped."""
+    if block_size <= 0:
+        return []
+    out: list[str] = []
+    parent = ""
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        parent = block_hash(parent, tokens[start : start + block_size])
+        out.append(parent)
+    return out
