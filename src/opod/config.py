@@ -25,6 +25,14 @@ class Override:
 
 CONFIG_OVERRIDES: tuple[Override, ...] = (
     Override("OPOD_HOME", "Data directory: the store, keys, downloaded models, ~/.opod/catalog (default ~/.opod)."),
+    Override("OPOD_DATABASE_URL", "SQLAlchemy URL of the store; default SQLite at ~/.opod/opod.db. A postgresql+psycopg:// URL lets several leaders share one store."),
+    Override("OPOD_LISTEN", "host:port of the leader's public listener (default 0.0.0.0:8080)."),
+    Override("OPOD_ADMIN_LISTEN", "host:port of the leader's admin listener for /api/v1 (default 127.0.0.1:9090)."),
+    Override("OPOD_WORKER_LISTEN", "host:port of the worker's listener (default 0.0.0.0:8081; 127.0.0.1:8081 for opod up's local worker)."),
+    Override("OPOD_LLAMA_SERVER", "Path of a llama-server binary to use instead of the bundled one."),
+    Override("OPOD_URL", "Base URL of the leader that opod commands talk to (default http://127.0.0.1:8080)."),
+    Override("OPOD_ADMIN_URL", "Base URL of the leader's admin listener that opod commands talk to (default http://127.0.0.1:9090)."),
+    Override("OPOD_ADMIN_KEY", "Admin key for opod commands (default: the contents of ~/.opod/admin.key)."),
 )
 
 _OVERRIDE_NAMES = frozenset(o.name for o in CONFIG_OVERRIDES)

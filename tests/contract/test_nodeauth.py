@@ -71,3 +71,13 @@ def test_a_wrong_token_a_wrong_path_or_an_unknown_node_is_refused() -> None:
 def test_parse_header_tolerates_spaces() -> None:
     parsed = parse_header(f"v=1, id=n_w0, ts={TS}, sig={SIG}")
     assert (parsed.node_id, parsed.unix, parsed.sig) == ("n_w0", TS, SIG)
+
+
+def test_a_nonce_is_signed_so_it_cannot_be_swapped() -> None:
+    header = sign("n_w0", TOKEN, "POST", PATH, now=TS, nonce="b1.7")
+    assert ",n=b1.7," in header
+    assert verify(header, "POST", PATH, TOKEN, now=TS).nonce == "b1.7"
+    assert signature(TOKEN, "POST", PATH, TS, "b1.7") != SIG
+    swapped = header.replace("n=b1.7", "n=b1.8")
+    assert _refusal(swapped).reason is Refusal.SIGNATURE
+    assert _refusal(header.replace("n=b1.7", "n=b 1")).reason is Refusal.MALFORMED

