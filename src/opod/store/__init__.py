@@ -1,0 +1,29 @@
+"""opod.store: the leader's durable state (keys, nodes, models, placements, meta).
+
+SQLAlchemy 2 over SQLite (the embedded default, ``~/.opod/opod.db``) or PostgreSQL (several leaders
+sharing one store), with Alembic migrations run at open.
+"""
+
+from opod.store.errors import Conflict, InvalidInput, NotFound, StoreError
+from opod.store.keys import KeyKind, KeyRecord, hash_secret, new_key_id
+from opod.store.models import ModelRecord
+from opod.store.nodes import NodeRecord
+from opod.store.placements import ANY_NODE, PlacementRecord, Wanted
+from opod.store.store import Store
+
+__all__ = [
+    "ANY_NODE",
+    "Conflict",
+    "InvalidInput",
+    "KeyKind",
+    "KeyRecord",
+    "ModelRecord",
+    "NodeRecord",
+    "NotFound",
+    "PlacementRecord",
+    "Store",
+    "StoreError",
+    "Wanted",
+    "hash_secret",
+    "new_key_id",
+]

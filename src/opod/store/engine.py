@@ -1,0 +1,141 @@
+"""Which database the store opens, and how: URL resolution, SQLite pragmas, transaction starts.
+
+SQLite: WAL (readers never wait for the writer), foreign keys on (SQLite's default is off, and
+placements cascade), a busy timeout (a second writer waits instead of failing at once) and
+synchronous=NORMAL (durable across a process crash; WAL makes it safe against corruption on power
+loss, at the cost of the last commits). Write transactions start with ``BEGIN IMMEDIATE`` so two
+writers queue on the busy timeout instead of one failing mid-transaction when it upgrades its lock.
+
+PostgreSQL: ``postgresql+psycopg://`` (psycopg 3 is the driver opod depends on).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import URL, Connection, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError
+
+from opod import config
+from opod.store.errors import StoreError
+
+BUSY_TIMEOUT_MS = 10_000
+CONNECT_TIMEOUT_S = 10
+DB_FILE = "opod.db"
+
+# Execution option read by the SQLite "begin" hook: the transaction will write.
+WRITE_OPTION = "opod_write"
+
+
+def mask(url: URL | str) -> str:
+    """The URL with its password replaced by ``***``; for messages and logs, even when unparseable."""
+    if isinstance(url, URL):
+        return url.render_as_string(hide_password=True)
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    userinfo, at, host = rest.rpartition("@")
+    if not at or ":" not in userinfo:
+        return url
+    return f"{scheme}{sep}{userinfo.split(':', 1)[0]}:***@{host}"
+
+
+def reason(err: DBAPIError) -> str:
+    """The driver's own first line (e.g. 'connection refused'), without SQLAlchemy's boilerplate."""
+    text = str(err.orig).strip() if err.orig is not None else str(err).strip()
+    return text.splitlines()[0] if text else type(err.orig or err).__name__
+
+
+def resolve_url(url: str | None, home: Path | None) -> URL:
+    """The caller's URL, else ``OPOD_DATABASE_URL``, else SQLite at ``<home>/opod.db``."""
+    text = url if url is not None else config.read("OPOD_DATABASE_URL")
+    if text is None:
+        base = home if home is not None else config.home()
+        try:
+            base.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as err:
+            raise StoreError(f"cannot create opod's data directory {base}: {err.strerror}; set OPOD_HOME to a writable directory") from None
+        return URL.create("sqlite", database=str(base / DB_FILE))
+    try:
+        parsed = make_url(text.strip())
+    except ArgumentError:
+        raise StoreError(
+            f"{mask(text)!r} is not a database URL; use sqlite:///PATH or postgresql+psycopg://USER:PASSWORD@HOST/DB"
+        ) from None
+    return _check_driver(parsed)
+
+
+def _check_driver(url: URL) -> URL:
+    backend, _, driver = url.drivername.partition("+")
+    if backend in ("postgresql", "postgres"):
+        if driver not in ("", "psycopg"):
+            raise StoreError(f"{mask(url)}: opod talks to PostgreSQL through psycopg 3; write postgresql+psycopg://…")
+        return url.set(drivername="postgresql+psycopg")
+    if backend == "sqlite":
+        if driver not in ("", "pysqlite"):
+            raise StoreError(f"{mask(url)}: opod's SQLite store uses Python's sqlite3; write sqlite:///PATH")
+        if not url.database or url.database == ":memory:" or url.query.get("mode") == "memory":
+            # A pooled engine would give every connection its own empty database.
+            raise StoreError(f"{mask(url)}: an in-memory SQLite store does not persist; give a file, sqlite:///PATH")
+        parent = Path(url.database).parent
+        if not parent.is_dir():
+            raise StoreError(f"{mask(url)}: the directory {parent} does not exist; create it or choose another path")
+        return url
+    raise StoreError(f"{mask(url)}: the store runs on SQLite (sqlite:///PATH) or PostgreSQL (postgresql+psycopg://…), not {backend}")
+
+
+def make_engine(url: URL) -> Engine:
+    if url.get_backend_name() == "sqlite":
+        engine = create_engine(url)
+        _sqlite_hooks(engine)
+        return engine
+    connect_args: dict[str, Any] = {}
+    if "connect_timeout" not in url.query:
+        # libpq waits forever on a silent host by default; fail the open instead.
+        connect_args["connect_timeout"] = CONNECT_TIMEOUT_S
+    if "client_encoding" not in url.query:
+        # A database created without a locale is SQL_ASCII, where psycopg would hand back bytes.
+        connect_args["client_encoding"] = "utf8"
+    # pre_ping: a leader outlives PostgreSQL restarts; drop dead pooled connections before use.
+    return create_engine(url, pool_pre_ping=True, connect_args=connect_args)
+
+
+def _enable_wal(cursor: sqlite3.Cursor, url: URL) -> None:
+    # Two connections switching a new file to WAL at once both hold a shared lock and want an
+    # exclusive one; SQLite answers one of them "locked" at once, without the busy handler. Retry.
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            mode = cursor.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            break
+        except sqlite3.OperationalError as err:
+            if not ("locked" in str(err) or "busy" in str(err)) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+    if mode != "wal":
+        raise StoreError(f"{mask(url)}: SQLite kept journal mode {mode!r} instead of WAL; put the database on a local disk")
+
+
+def _sqlite_hooks(engine: Engine) -> None:
+    url = engine.url
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # sqlite3's own transaction handling skips BEGIN before DDL; the "begin" hook below owns it.
+        dbapi_conn.isolation_level = None
+        cursor = dbapi_conn.cursor()
+        try:
+            cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            _enable_wal(cursor, url)
+            cursor.execute("PRAGMA foreign_keys = ON")
+            cursor.execute("PRAGMA synchronous = NORMAL")
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get(WRITE_OPTION) else "BEGIN")

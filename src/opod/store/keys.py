@@ -1,0 +1,191 @@
+"""API keys, the admin key and node tokens; the store keeps their SHA-256, never the secret."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any, Literal, cast
+
+from sqlalchemy import Connection, Row, or_, select, update
+from sqlalchemy.exc import IntegrityError
+
+from opod.store.base import Repository, aware, text_arg, when
+from opod.store.errors import Conflict, InvalidInput, NotFound
+from opod.store.schema import KEY_KINDS, keys
+
+KeyKind = Literal["admin", "api", "node"]
+
+PREFIX_MAX = 24  # enough to recognise a key in a listing, far too little to use it
+_HASH = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRecord:
+    id: str
+    kind: KeyKind
+    name: str
+    hash: str
+    prefix: str
+    team: str
+    admission_class: str
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+    last_used_at: datetime | None
+    node_id: str | None
+
+    def usable(self, at: datetime) -> bool:
+        """Neither revoked nor expired at ``at``."""
+        return self.revoked_at is None and (self.expires_at is None or at < self.expires_at)
+
+
+def hash_secret(secret: str) -> str:
+    """The hex SHA-256 of a key's secret text: what ``create_key`` and ``key_by_hash`` take."""
+    return hashlib.sha256(secret.encode("utf-8")).hexdigest()
+
+
+def new_key_id() -> str:
+    return "k_" + secrets.token_hex(8)
+
+
+def _record(row: Row[Any]) -> KeyRecord:
+    return KeyRecord(**row._mapping)
+
+
+def _kind(value: object) -> KeyKind:
+    if value not in KEY_KINDS:
+        raise InvalidInput(f"key kind {value!r} is not one of {', '.join(KEY_KINDS)}")
+    return cast(KeyKind, value)
+
+
+def _hash(value: object) -> str:
+    if not isinstance(value, str) or not _HASH.match(value.lower()):
+        raise InvalidInput("a key hash is 64 hex digits (the SHA-256 of the secret; see hash_secret)")
+    return value.lower()
+
+
+def _refuse_duplicate(conn: Connection, record: KeyRecord) -> None:
+    if conn.execute(select(keys.c.id).where(keys.c.id == record.id)).first() is not None:
+        raise Conflict(f"a key with id {record.id!r} already exists; choose another id")
+    other = conn.execute(select(keys.c.id).where(keys.c.hash == record.hash)).scalar()
+    if other is not None:
+        raise Conflict(f"key {other!r} already has this hash, so the secret is not new; generate a new key")
+
+
+class KeysRepo(Repository):
+    def create_key(
+        self,
+        *,
+        kind: KeyKind,
+        name: str,
+        hash: str,
+        prefix: str,
+        team: str = "",
+        admission_class: str = "",
+        expires_at: datetime | None = None,
+        node_id: str | None = None,
+        id: str | None = None,
+        created_at: datetime | None = None,
+    ) -> KeyRecord:
+        """Store a new key by its hash. ``id`` defaults to a fresh ``k_…``; ``node_id`` only for node tokens."""
+        record = KeyRecord(
+            id=text_arg(id, "key id") if id is not None else new_key_id(),
+            kind=_kind(kind),
+            name=text_arg(name, "key name", empty=True),
+            hash=_hash(hash),
+            prefix=text_arg(prefix, "key prefix", empty=True),
+            team=text_arg(team, "team", empty=True),
+            admission_class=text_arg(admission_class, "admission class", empty=True),
+            created_at=when(created_at, "created_at"),
+            expires_at=aware(expires_at, "expires_at") if expires_at is not None else None,
+            revoked_at=None,
+            last_used_at=None,
+            node_id=text_arg(node_id, "node id") if node_id is not None else None,
+        )
+        if len(record.prefix) > PREFIX_MAX:
+            raise InvalidInput(f"key prefix is {len(record.prefix)} characters; keep at most {PREFIX_MAX}, never the whole key")
+        if record.node_id is not None and record.kind != "node":
+            raise InvalidInput(f"only node tokens are bound to a node; this key is kind {record.kind!r}")
+        if record.expires_at is not None and record.expires_at <= record.created_at:
+            raise InvalidInput(f"expires_at {record.expires_at.isoformat()} is not after created_at {record.created_at.isoformat()}")
+        try:
+            with self._write() as conn:
+                _refuse_duplicate(conn, record)
+                conn.execute(keys.insert().values(**asdict(record)))
+        except IntegrityError as err:
+            # Another writer inserted the same id or hash between the check and the insert.
+            raise Conflict(f"key {record.id!r} or its hash already exists; generate a new key") from err
+        return record
+
+    def get_key(self, id: str) -> KeyRecord:
+        with self._read() as conn:
+            row = conn.execute(select(keys).where(keys.c.id == id)).first()
+        if row is None:
+            raise NotFound(f"key {id!r} does not exist; list the keys to find its id")
+        return _record(row)
+
+    def key_by_hash(self, hash: str) -> KeyRecord | None:
+        """The key whose secret hashes to ``hash``, or None (an unknown key is no error, just refused)."""
+        digest = _hash(hash)
+        with self._read() as conn:
+            row = conn.execute(select(keys).where(keys.c.hash == digest)).first()
+        return None if row is None else _record(row)
+
+    def list_keys(self, kind: KeyKind | None = None) -> list[KeyRecord]:
+        """Every key, oldest first; only one kind when ``kind`` is given."""
+        query = select(keys).order_by(keys.c.created_at, keys.c.id)
+        if kind is not None:
+            query = query.where(keys.c.kind == _kind(kind))
+        with self._read() as conn:
+            return [_record(row) for row in conn.execute(query)]
+
+    def revoke_key(self, id: str, at: datetime | None = None) -> KeyRecord:
+        """Revoke a key. Revoking it again changes nothing and keeps the first revocation time."""
+        stamp = when(at, "revoked_at")
+        with self._write() as conn:
+            conn.execute(update(keys).where(keys.c.id == id, keys.c.revoked_at.is_(None)).values(revoked_at=stamp))
+            row = conn.execute(select(keys).where(keys.c.id == id)).first()
+        if row is None:
+            raise NotFound(f"key {id!r} does not exist, so it cannot be revoked; list the keys to find its id")
+        return _record(row)
+
+    def bind_node_token(self, key_id: str, node_id: str) -> KeyRecord:
+        """Bind a node token to the node that registered with it; a token binds to one node only."""
+        node_id = text_arg(node_id, "node id")
+        with self._write() as conn:
+            bound = conn.execute(
+                update(keys)
+                .where(
+                    keys.c.id == key_id,
+                    keys.c.kind == "node",
+                    keys.c.revoked_at.is_(None),
+                    or_(keys.c.node_id.is_(None), keys.c.node_id == node_id),
+                )
+                .values(node_id=node_id)
+            ).rowcount
+            row = conn.execute(select(keys).where(keys.c.id == key_id)).first()
+        if row is None:
+            raise NotFound(f"node token {key_id!r} does not exist; create a node token first")
+        record = _record(row)
+        if bound == 0:
+            if record.kind != "node":
+                raise Conflict(f"key {key_id!r} is an {record.kind} key; only node tokens bind to a node")
+            if record.revoked_at is not None:
+                raise Conflict(f"node token {key_id!r} was revoked; create a new node token for {node_id!r}")
+            raise Conflict(f"node token {key_id!r} is bound to node {record.node_id!r}; create a new token for {node_id!r}")
+        return record
+
+    def mark_key_used(self, id: str, at: datetime | None = None) -> None:
+        """Record a use of the key. Times only move forward, so late or batched marks are harmless."""
+        stamp = when(at, "last_used_at")
+        with self._write() as conn:
+            moved = conn.execute(
+                update(keys)
+                .where(keys.c.id == id, or_(keys.c.last_used_at.is_(None), keys.c.last_used_at < stamp))
+                .values(last_used_at=stamp)
+            ).rowcount
+            if moved == 0 and conn.execute(select(keys.c.id).where(keys.c.id == id)).first() is None:
+                raise NotFound(f"key {id!r} does not exist; it may have been deleted")

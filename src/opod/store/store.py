@@ -1,0 +1,77 @@
+"""The leader's durable state: one ``Store`` over SQLite or PostgreSQL.
+
+The API is synchronous; the leader calls it through ``asyncio.to_thread``, off the hot path. Every
+method is one transaction and returns frozen records, never live database objects.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import TracebackType
+
+from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError
+
+from opod.store.engine import make_engine, mask, reason, resolve_url
+from opod.store.errors import StoreError
+from opod.store.keys import KeysRepo
+from opod.store.meta import MetaRepo
+from opod.store.migrate import upgrade
+from opod.store.models import ModelsRepo
+from opod.store.nodes import NodesRepo
+from opod.store.placements import PlacementsRepo
+
+
+class Store(KeysRepo, NodesRepo, ModelsRepo, PlacementsRepo, MetaRepo):
+    def __init__(self, engine: Engine) -> None:
+        """Use :meth:`open`; this wraps an engine whose database is already migrated."""
+        self._engine = engine
+
+    @classmethod
+    def open(cls, url: str | None = None, *, home: Path | None = None) -> Store:
+        """Connect and migrate to the newest schema.
+
+        ``url`` defaults to ``OPOD_DATABASE_URL``, then to SQLite at ``<home>/opod.db`` (``home``
+        defaults to ``OPOD_HOME`` or ``~/.opod``). Raises StoreError naming the URL (password
+        masked) and the reason when the database cannot be reached or migrated.
+        """
+        resolved = resolve_url(url, home)
+        engine = make_engine(resolved)
+        try:
+            try:
+                with engine.connect():
+                    pass
+            except DBAPIError as err:
+                raise StoreError(f"cannot open the store at {mask(resolved)}: {reason(err)}") from err
+            try:
+                upgrade(engine)
+            except DBAPIError as err:
+                raise StoreError(f"cannot migrate the store at {mask(resolved)}: {reason(err)}") from err
+        except BaseException:
+            engine.dispose()
+            raise
+        return cls(engine)
+
+    @property
+    def url(self) -> str:
+        """The database URL with its password masked."""
+        return mask(self.engine.url)
+
+    @property
+    def closed(self) -> bool:
+        return self._engine is None
+
+    def close(self) -> None:
+        """Release every connection; calling it again does nothing."""
+        if self._engine is not None:
+            self._engine.dispose()
+            self._engine = None
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Store({self.url})" if self._engine is not None else "Store(closed)"

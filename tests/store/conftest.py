@@ -1,0 +1,96 @@
+"""One suite, two databases: every test taking ``store`` or ``db_url`` runs on SQLite and PostgreSQL.
+
+The PostgreSQL cases need ``OPOD_TEST_POSTGRES_URL`` (``.ci/run`` starts a server and sets it);
+each test gets its own schema, dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, make_url
+from sqlalchemy.pool import NullPool
+
+from opod.store import Store
+
+POSTGRES_ENV = "OPOD_TEST_POSTGRES_URL"
+HOW_TO_RUN_POSTGRES = (
+    f"PostgreSQL cases need a server: set {POSTGRES_ENV}=postgresql+psycopg://USER:PASSWORD@HOST:PORT/DB "
+    "(a role that may create schemas in DB); .ci/run installs and starts one"
+)
+
+T0 = datetime(2026, 3, 4, 5, 6, 7, 123456, tzinfo=UTC)
+
+
+def at(seconds: float) -> datetime:
+    """A fixed instant ``seconds`` after T0, so tests compare exact times."""
+    return T0 + timedelta(seconds=seconds)
+
+
+HERE = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # A skip mark (rather than a skip inside the fixture) lets pytest fold the report to one line a file.
+    if os.environ.get(POSTGRES_ENV, "").strip():
+        return
+    for item in items:
+        if item.get_closest_marker("postgres") and HERE in item.path.parents:
+            item.add_marker(pytest.mark.skip(reason=HOW_TO_RUN_POSTGRES))
+
+
+def postgres_base_url() -> str:
+    url = os.environ.get(POSTGRES_ENV, "").strip()
+    if not url:
+        pytest.skip(HOW_TO_RUN_POSTGRES)
+    return url
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A URL to a fresh, empty database: a new SQLite file, or a new PostgreSQL schema."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path_factory.mktemp('db') / 'opod.db'}"
+        return
+    base = make_url(postgres_base_url()).set(drivername="postgresql+psycopg")
+    schema = f"opod_test_{secrets.token_hex(6)}"
+    admin = create_engine(base, poolclass=NullPool)
+    try:
+        with admin.begin() as conn:
+            conn.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
+        # search_path puts every table, and Alembic's version table, in the test's own schema.
+        yield base.update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(hide_password=False)
+    finally:
+        with admin.begin() as conn:
+            conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        admin.dispose()
+
+
+@pytest.fixture
+def backend(db_url: str) -> str:
+    return make_url(db_url).get_backend_name()
+
+
+@pytest.fixture
+def open_store(db_url: str) -> Iterator[Callable[[], Store]]:
+    """Opens stores on the test's database and closes them all at the end."""
+    opened: list[Store] = []
+
+    def _open() -> Store:
+        store = Store.open(db_url)
+        opened.append(store)
+        return store
+
+    yield _open
+    for store in opened:
+        store.close()
+
+
+@pytest.fixture
+def store(open_store: Callable[[], Store]) -> Store:
+    return open_store()
