@@ -6,6 +6,25 @@ It holds no process and no state of its own: the worker's supervisor runs the
 argv, and the worker's agent asks the driver to interpret what the engine says.
 Drivers are registered in :mod:`opod.engines.registry` and all pass one
 conformance suite (``tests/engines/test_conformance.py``).
+
+Refinements made while writing the drivers (all additive, defaults keep the
+first version's behaviour):
+
+- ``LaunchSpec.launcher``: the command prefix the worker chose, because the
+  llama.cpp route is not always one executable (the portable route is
+  ``python -m opod.engines.xllama``) and a SIGILL fallback must be able to
+  relaunch on another route; ``LaunchSpec.sleep_mode``: vLLM's sleep tier
+  needs flags and environment at launch (``OPOD_SLEEP_MODE``).
+- ``MetricsState.slots``: the slot count is not in every engine's metrics
+  (llama.cpp has it in ``/props``, SGLang in ``/server_info``), so the first
+  scrape asks once and the state carries it to later samples.
+- ``EngineDriver.dialect``, ``launchable``, ``loading_status``,
+  ``flag_keys``, ``default_port``: facts the conformance suite and the
+  worker read instead of special-casing engine ids.
+- ``slots()``, ``load()``, ``unload()``, ``canonical_model_name()`` and
+  ``unused_flags()``: the slot count, an operator-run daemon's model residency
+  (Ollama, which lists ``llama3.2`` as ``llama3.2:latest``), and a way to warn
+  about plan flags a driver ignores.
 """
 
 from __future__ import annotations
@@ -13,7 +32,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import ClassVar
 
@@ -56,6 +75,10 @@ class LaunchSpec:
     """Engine flags from the plan (``OPOD_ENGINE_FLAGS``): ``ctx``, ``ngl``, ``tp``, ``max_model_len``, ``extra``…"""
     kv_events_endpoint: str = ""
     """Where an engine that publishes KV-cache events should publish them (e.g. ``tcp://127.0.0.1:5557``)."""
+    launcher: tuple[str, ...] = ()
+    """Command prefix that starts the engine (e.g. a llama.cpp route after a SIGILL fallback); empty = the driver's choice."""
+    sleep_mode: bool = False
+    """Start the engine able to sleep (vLLM ``--enable-sleep-mode``), for the sleep tier."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +116,8 @@ class MetricsState:
 
     at: float
     counters: Mapping[str, float] = field(default_factory=dict)
+    slots: int | None = None
+    """Slot count learned once from the engine (``/props``, ``/server_info``), carried to later samples."""
 
 
 class EngineDriver(ABC):
@@ -111,6 +136,16 @@ class EngineDriver(ABC):
     can_tokenize: ClassVar[bool] = False
     serves_many_models: ClassVar[bool] = False
     """True when one engine process holds several models (Ollama)."""
+    dialect: ClassVar[str] = ""
+    """Whose wire this driver reads (``vllm``, ``sglang``, ``llamacpp``, ``ollama``); ``opod sim`` speaks each."""
+    launchable: ClassVar[bool] = True
+    """False for a daemon its operator runs (Ollama): :meth:`argv` raises :class:`~opod.engines.errors.NotLaunchable`."""
+    loading_status: ClassVar[int | None] = 503
+    """The status the health path answers while weights load; ``None`` when the engine has no such phase."""
+    flag_keys: ClassVar[frozenset[str]] = frozenset()
+    """The plan flags this driver reads; others are reported by :meth:`unused_flags`."""
+    default_port: ClassVar[int] = 0
+    """The port the engine listens on when nobody says (a daemon's well-known port)."""
 
     @abstractmethod
     def argv(self, spec: LaunchSpec) -> list[str]:
@@ -126,7 +161,9 @@ class EngineDriver(ABC):
             async with session.get(base_url + self.health_path, timeout=aiohttp.ClientTimeout(total=2)) as resp:
                 if resp.status == 200:
                     return Readiness.READY
-                return Readiness.LOADING if resp.status == 503 else Readiness.DOWN
+                if self.loading_status is not None and resp.status == self.loading_status:
+                    return Readiness.LOADING
+                return Readiness.DOWN
         except (aiohttp.ClientError, TimeoutError, OSError):
             return Readiness.DOWN
 
@@ -135,9 +172,16 @@ class EngineDriver(ABC):
         """Turn the engine's Prometheus text into a load sample; ``previous`` gives rates."""
 
     async def sample(
-        self, session: aiohttp.ClientSession, base_url: str, previous: MetricsState | None
+        self,
+        session: aiohttp.ClientSession,
+        base_url: str,
+        previous: MetricsState | None,
+        spec: LaunchSpec | None = None,
     ) -> tuple[LoadSample, MetricsState] | None:
-        """Scrape and parse; ``None`` when the engine did not answer."""
+        """Scrape and parse; ``None`` when the engine did not answer, or answered something that is not metrics.
+
+        The slot count is asked once (:meth:`slots`) and then carried in the state.
+        """
         if self.metrics_path is None:
             return None
         try:
@@ -147,7 +191,24 @@ class EngineDriver(ABC):
                 text = await resp.text()
         except (aiohttp.ClientError, TimeoutError, OSError):
             return None
-        return self.parse_metrics(text, previous, time.time())
+        if previous is None or previous.slots is None:
+            slots = await self.slots(session, base_url, spec)
+            if slots is not None:
+                previous = replace(previous, slots=slots) if previous else MetricsState(at=time.time(), slots=slots)
+        try:
+            return self.parse_metrics(text, previous, time.time())
+        except ValueError:
+            return None
+
+    async def slots(self, session: aiohttp.ClientSession, base_url: str, spec: LaunchSpec | None = None) -> int | None:
+        """Requests the engine serves at once; ``None`` = unknown. The default is what the spec asked for."""
+        if spec is not None and spec.parallel > 0:
+            return spec.parallel
+        return None
+
+    def unused_flags(self, spec: LaunchSpec) -> list[str]:
+        """Plan flags this driver does not read, sorted, so the worker can say they were ignored."""
+        return sorted(k for k in spec.flags if k not in self.flag_keys)
 
     async def served_models(self, session: aiohttp.ClientSession, base_url: str) -> list[str] | None:
         """The model names the engine answers for (``GET /v1/models``); ``None`` = no answer."""
@@ -163,6 +224,10 @@ class EngineDriver(ABC):
             return None
         return [str(m.get("id")) for m in data if isinstance(m, dict) and m.get("id")]
 
+    def canonical_model_name(self, name: str) -> str:
+        """The spelling the engine lists ``name`` under, to compare a requested model with :meth:`served_models`."""
+        return name
+
     async def tokenize(
         self, session: aiohttp.ClientSession, base_url: str, request: nodeapi.TokenizeRequest
     ) -> list[int] | None:
@@ -175,3 +240,11 @@ class EngineDriver(ABC):
 
     async def resume(self, session: aiohttp.ClientSession, base_url: str) -> None:
         raise NotImplementedError(f"{self.id} has no sleep mode")
+
+    async def load(self, session: aiohttp.ClientSession, base_url: str, model: str, *, pin: bool = False) -> None:
+        """Make a model resident in an engine that holds many (only when ``serves_many_models``)."""
+        raise NotImplementedError(f"{self.id} serves the one model it was started with; start another engine instead")
+
+    async def unload(self, session: aiohttp.ClientSession, base_url: str, model: str) -> None:
+        """Drop a model without stopping the engine (only when ``can_unload``)."""
+        raise NotImplementedError(f"{self.id} cannot drop its model; stop the engine process instead")
