@@ -1,0 +1,160 @@
+"""The OpenAI routes every dialect serves: models, chat and text completions, embeddings."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from opod.sim.embeddings import embed, encode_base64
+from opod.sim.errors import SimHTTPError, bad_request
+from opod.sim.parse import embedding_inputs, parse_chat, parse_completion, read_json, resolve_model
+from opod.sim.runner import TokenRun, make_plan
+from opod.sim.shapes import Answer, dumps, sse
+from opod.sim.state import SimState
+
+__all__ = ["openai_routes", "unavailable_while_loading"]
+
+_DONE = b"data: [DONE]\n\n"
+_JSON = "application/json"
+
+
+def unavailable_while_loading(state: SimState) -> Response | None:
+    if not state.loading():
+        return None
+    if state.cfg.dialect == "llamacpp":
+        return state.error(SimHTTPError(503, "Loading model", kind="unavailable_error"))
+    return state.error(SimHTTPError(503, "the model is still loading; retry shortly"))
+
+
+def openai_routes(state: SimState, before_answer: Callable[[str], Awaitable[object]] | None = None) -> list[Route]:
+    """``before_answer`` gets each request's model before the work starts (Ollama loads it there)."""
+    engine = state.engine
+    cfg = state.cfg
+    shape = state.shape
+    tokenizer = engine.tokenizer
+    extra_headers = {"X-Accel-Buffering": "no"} if cfg.dialect == "llamacpp" else None
+
+    async def models(request: Request) -> Response:
+        return Response(dumps(shape.models(state.listed, state.created, cfg.max_model_len, cfg.embedding_dim)), media_type=_JSON)
+
+    async def _generate(request: Request, kind: str) -> Response:
+        early = unavailable_while_loading(state)
+        if early is not None:
+            return early
+        try:
+            body = await read_json(request)
+            if kind == "chat":
+                req = parse_chat(body, state.served, tokenizer, cfg.max_model_len)
+            else:
+                req = parse_completion(body, state.served, tokenizer, cfg.max_model_len, add_bos=cfg.dialect == "llamacpp")
+        except SimHTTPError as err:
+            return state.error(err)
+        decision = state.faults.on_request()
+        if decision.fail:
+            return state.error(state.injected())
+        plan, rng = make_plan(engine, req, kind)
+        if not engine.fits(len(req.prompt), len(plan.ids)):
+            return state.error(SimHTTPError(
+                400,
+                f"the request needs {engine.cache.blocks_for(len(req.prompt) + len(plan.ids))} KV blocks but the cache holds "
+                f"{cfg.kv_blocks} (--kv-blocks); send a shorter prompt or a lower max_tokens",
+                param="input_tokens",
+            ))
+        if before_answer is not None:
+            await before_answer(req.model)
+        answer = Answer(shape.new_id(kind, rng), int(time.time()), req.model, len(req.prompt), 0, req.include_usage)
+        run = TokenRun(engine, req, plan, decision)
+        if req.stream:
+            gen = _stream(run, answer, kind)
+            return StreamingResponse(gen, media_type="text/event-stream", headers=extra_headers)
+        try:
+            text = await run.run_all()
+        finally:
+            run.close()
+        _settle(answer, run)
+        body_out = shape.chat(answer, text) if kind == "chat" else shape.completion(answer, text)
+        return Response(dumps(body_out), media_type=_JSON)
+
+    def _settle(answer: Answer, run: TokenRun) -> None:
+        answer.cached_tokens = run.cached_tokens
+        answer.completion_tokens = run.sent
+        answer.finish_reason = run.plan.finish_reason
+        answer.prompt_ms = run.prompt_ms
+        answer.predicted_ms = run.predicted_ms
+
+    async def _stream(run: TokenRun, answer: Answer, kind: str) -> AsyncIterator[bytes]:
+        chat = kind == "chat"
+        token_chunk = shape.chat_token if chat else shape.completion_token
+        faults = state.faults
+        try:
+            await run.start()
+            answer.cached_tokens = run.cached_tokens
+            for chunk in shape.chat_start(answer) if chat else shape.completion_start(answer):
+                yield sse(chunk)
+            last = len(run.plan.pieces) - 1
+            finish = run.plan.finish_reason
+            while True:
+                faults.before_stream_token(run.sent)
+                piece = await run.next_piece()
+                if piece is None:
+                    break
+                yield sse(token_chunk(answer, piece, finish if run.sent - 1 == last else None))
+            run.close()
+            _settle(answer, run)
+            for chunk in shape.stream_end(answer, "chat.completion.chunk" if chat else "text_completion"):
+                yield sse(chunk)
+            yield _DONE
+        finally:
+            run.close()
+
+    async def chat(request: Request) -> Response:
+        return await _generate(request, "chat")
+
+    async def completions(request: Request) -> Response:
+        return await _generate(request, "completion")
+
+    async def embeddings(request: Request) -> Response:
+        early = unavailable_while_loading(state)
+        if early is not None:
+            return early
+        try:
+            body = await read_json(request)
+            model = resolve_model(body, state.served)
+            texts = embedding_inputs(body.get("input"))
+            dim = body.get("dimensions") or cfg.embedding_dim
+            if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= 65536:
+                raise bad_request("dimensions", f"`dimensions` must be an integer between 1 and 65536 (got {dim!r})")
+            fmt = body.get("encoding_format") or "float"
+            if fmt not in ("float", "base64"):
+                raise bad_request("encoding_format", f"`encoding_format` must be float or base64 (got {fmt!r})")
+        except SimHTTPError as err:
+            return state.error(err)
+        if state.faults.on_request().fail:
+            return state.error(state.injected())
+        if before_answer is not None:
+            await before_answer(model)
+        prompt_tokens = sum(len(tokenizer.encode(t)) for t in texts)
+        engine.stats.embedding_requests += 1
+        data: list[dict[str, Any]] = []
+        for i, text in enumerate(texts):
+            v = embed(model, text, dim)
+            item: dict[str, Any] = {"index": i, "object": "embedding", "embedding": encode_base64(v) if fmt == "base64" else v.tolist()}
+            data.append(item)
+        out = {
+            "id": f"embd-{state.faults.arrivals:016x}", "object": "list", "created": int(time.time()), "model": model, "data": data,
+            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens, "completion_tokens": 0, "prompt_tokens_details": None},
+        }
+        return Response(dumps(out), media_type=_JSON)
+
+    return [
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/embeddings", embeddings, methods=["POST"]),
+    ]
+

@@ -1,0 +1,62 @@
+"""Everything one simulator instance holds, shared by its routes."""
+
+from __future__ import annotations
+
+import time
+
+from starlette.responses import Response
+
+from opod.sim.config import SimConfig
+from opod.sim.engine import Engine
+from opod.sim.errors import SimHTTPError, error_response
+from opod.sim.faults import FaultInjector
+from opod.sim.kv_events import KVEventPublisher
+from opod.sim.shapes import SHAPES, Shape
+
+__all__ = ["SimState"]
+
+_FLAVORS = {"vllm": "openai", "sglang": "openai", "llamacpp": "llamacpp", "ollama": "openai"}
+
+
+class SimState:
+    def __init__(self, cfg: SimConfig) -> None:
+        self.cfg = cfg
+        self.publisher: KVEventPublisher | None = None
+        if cfg.kv_events:
+            self.publisher = KVEventPublisher(cfg.kv_events, cfg.kv_events_topic, cfg.kv_events_replay, cfg.kv_events_buffer)
+        pub = self.publisher
+        self.engine = Engine(cfg, pub.publish if pub else None, pub.step if pub else None)
+        self.faults = FaultInjector(cfg)
+        self.shape: Shape = SHAPES[cfg.dialect]()
+        self.flavor = _FLAVORS[cfg.dialect]
+        """The error shape of the OpenAI routes."""
+        self.served = cfg.models
+        self.listed = cfg.models
+        """Names a request may use; Ollama also accepts ``name:latest`` for an untagged name."""
+        if cfg.dialect == "ollama":
+            self.listed = tuple(m if ":" in m else f"{m}:latest" for m in cfg.models)
+            self.served = tuple(dict.fromkeys([*cfg.models, *self.listed]))
+        self.created = int(time.time())
+        self.ready_at = time.monotonic() + cfg.load_ms / 1000.0
+        self.loaded_before_listen = False
+        """Set when the load phase was spent with the socket not listening (vLLM's way)."""
+
+    def loading(self) -> bool:
+        """In the start-up load phase (Ollama has none: its models load on first use)."""
+        return self.cfg.dialect != "ollama" and time.monotonic() < self.ready_at
+
+    def start_loading_now(self) -> None:
+        """The load phase counts from when the app starts serving."""
+        self.ready_at = time.monotonic() + (0.0 if self.loaded_before_listen else self.cfg.load_ms / 1000.0)
+
+    def error(self, err: SimHTTPError) -> Response:
+        return error_response(self.flavor, err)
+
+    def injected(self) -> SimHTTPError:
+        status = self.faults.faults.fail_status
+        return SimHTTPError(status, f"injected failure (opod sim fault injection, status {status})")
+
+    def close(self) -> None:
+        if self.publisher is not None:
+            self.publisher.close()
+            self.publisher = None

@@ -1,0 +1,80 @@
+"""The latency model as a client feels it: a full batch queues, a fuller batch decodes slower."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+
+def gauge(url: str, name: str) -> float:
+    for fam in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+        for s in fam.samples:
+            if s.name == name:
+                return s.value
+    raise AssertionError(name)
+
+
+def timed_requests(url: str, n: int, max_tokens: int) -> list[float]:
+    took = [0.0] * n
+    client = httpx.Client(base_url=url)
+
+    def one(i: int) -> None:
+        start = time.perf_counter()
+        r = client.post("/v1/completions", json={"model": "sim-model", "prompt": f"request {i}", "max_tokens": max_tokens, "ignore_eos": True}, timeout=30)
+        assert r.status_code == 200
+        took[i] = time.perf_counter() - start
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    client.close()
+    return took
+
+
+def test_requests_beyond_max_batch_wait_and_are_counted_as_waiting(sim) -> None:
+    h = sim(max_batch=1, itl_ms=10.0)
+    seen = {"running": 0.0, "waiting": 0.0}
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            seen["running"] = max(seen["running"], gauge(h.url, "vllm:num_requests_running"))
+            seen["waiting"] = max(seen["waiting"], gauge(h.url, "vllm:num_requests_waiting"))
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    took = sorted(timed_requests(h.url, 3, 20))
+    stop.set()
+    watcher.join()
+    assert seen == {"running": 1.0, "waiting": 2.0}
+    assert took[2] > 2.5 * took[0]  # the last one waited for the two before it
+    assert gauge(h.url, "vllm:request_queue_time_seconds_sum") > 0.1
+
+
+def test_inter_token_latency_grows_with_the_running_batch(sim) -> None:
+    h = sim(itl_ms=1.0, itl_ms_per_request=8.0)
+    alone = timed_requests(h.url, 1, 10)[0]
+    together = timed_requests(h.url, 4, 10)
+    assert min(together) > 2 * alone, (alone, together)
+
+
+def test_a_client_that_gives_up_while_queued_does_not_block_the_queue(sim) -> None:
+    h = sim(max_batch=1, itl_ms=10.0)
+    with httpx.Client(base_url=h.url) as c:
+        busy = threading.Thread(target=lambda: c.post("/v1/completions", json={"model": "sim-model", "prompt": "long", "max_tokens": 20, "ignore_eos": True}))
+        busy.start()
+        time.sleep(0.05)
+        try:
+            c.post("/v1/completions", json={"model": "sim-model", "prompt": "impatient", "max_tokens": 5, "stream": True}, timeout=0.05)
+        except httpx.ReadTimeout:
+            pass
+        busy.join()
+        r = c.post("/v1/completions", json={"model": "sim-model", "prompt": "next", "max_tokens": 2}, timeout=5)
+        assert r.status_code == 200
+        assert gauge(h.url, "vllm:num_requests_waiting") == 0
