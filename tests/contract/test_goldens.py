@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import datetime, timezone, UTC
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ LOAD_SRC = dict(
     repo="example/Llama-3.2-3B-Instruct-GGUF",
     path="/data/models/llama-3.2-3b.gguf",
 )
-STARTED = datetime(2026, 9, 18, 12, 0, tzinfo=timezone.utc)
+STARTED = datetime(2026, 9, 18, 12, 0, tzinfo=UTC)
 ADAPTER_SRC = "example/qwen3-8b-support-lora"
 
 # golden name -> (type, or [type] for a top-level array; the populated value the binary wrote)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from opod import __version__
-from opod.cli import catalog
+from opod.cli import catalog, join, model, sim, token, up
 
 app = typer.Typer(
     name="opod",
@@ -14,7 +14,12 @@ app = typer.Typer(
     add_completion=False,
     rich_markup_mode="rich",
 )
+app.command("up")(up.command)
+app.command("join")(join.command)
+app.add_typer(token.app, name="token")
+app.add_typer(model.app, name="model")
 app.add_typer(catalog.app, name="catalog")
+app.command("sim")(sim.command)
 
 
 def _version(value: bool) -> None:

@@ -181,6 +181,9 @@ class Heartbeat(WireModel):
     # opod addition (CONTRACT.md §2.10 names Heartbeat.Slots without a key):
     # how many requests the engine serves at once; 0 = not said.
     slots: Annotated[int, OMITEMPTY] = 0
+    # opod addition: model id → why its load failed on this worker, so the
+    # leader can say so and try elsewhere instead of waiting.
+    load_errors: Annotated[dict[str, str] | None, OMITEMPTY] = None
 
 
 class HeartbeatResponse(WireModel):

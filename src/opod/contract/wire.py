@@ -20,7 +20,7 @@ cannot hold it leaves the zero value, and a wrong JSON type is a
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, timezone, UTC
 from typing import Annotated, Any, ClassVar, Self
 
 from pydantic import (
@@ -70,7 +70,7 @@ OMITZERO = _Omit("zero")
 Nanoseconds = int
 SECOND: Nanoseconds = 1_000_000_000
 
-ZERO_TIME = datetime(1, 1, 1, tzinfo=timezone.utc)
+ZERO_TIME = datetime(1, 1, 1, tzinfo=UTC)
 """Go's zero ``time.Time``."""
 
 

@@ -1,0 +1,71 @@
+"""What every opod command shares: consoles, logging, and talking to the leader's admin API."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import urllib.error
+import urllib.request
+from typing import Any
+
+import typer
+from rich.console import Console
+
+from opod import config
+
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+
+def setup_logging(verbose: bool = False) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+    )
+    for noisy in ("uvicorn.error", "uvicorn.access", "httpx", "aiohttp.access", "gguf", "gguf.gguf_writer"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def fail(message: str, code: int = 1) -> typer.Exit:
+    err.print(f"[red]error:[/] {message}")
+    return typer.Exit(code)
+
+
+def admin_url() -> str:
+    return (config.read("OPOD_ADMIN_URL") or "http://127.0.0.1:9090").rstrip("/")
+
+
+def admin_key() -> str:
+    key = config.read("OPOD_ADMIN_KEY")
+    if key:
+        return key
+    path = config.home() / "admin.key"
+    if not path.exists():
+        raise fail(f"no admin key: {path} does not exist. Run this on the leader's machine (after opod up), or set OPOD_ADMIN_KEY.")
+    return path.read_text().strip()
+
+
+def call(method: str, path: str, body: Any = None) -> Any:
+    """Call the leader's management API; a refusal or an unreachable leader exits with its reason."""
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(admin_url() + path, data=data, method=method)
+    request.add_header("Authorization", f"Bearer {admin_key()}")
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            text = response.read().decode()
+    except urllib.error.HTTPError as error:
+        text = error.read().decode()
+        try:
+            message = json.loads(text)["error"]
+        except (ValueError, KeyError, TypeError):
+            message = text.strip() or error.reason
+        raise fail(f"{message} (HTTP {error.code})") from None
+    except (urllib.error.URLError, OSError) as error:
+        reason = getattr(error, "reason", error)
+        raise fail(f"cannot reach the leader's admin API at {admin_url()}: {reason}. Is opod up running? (OPOD_ADMIN_URL names another)") from None
+    return json.loads(text) if text else None

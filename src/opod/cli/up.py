@@ -1,0 +1,71 @@
+"""``opod up``: a leader and, unless ``--no-worker``, a local worker, in one command."""
+
+from __future__ import annotations
+
+import typer
+import uvloop
+
+from opod import __version__, config
+from opod.cli.common import fail, out, setup_logging
+
+
+def command(
+    no_worker: bool = typer.Option(False, "--no-worker", help="Run the leader only; workers join with opod join."),
+    listen: str = typer.Option("", help="Public listener host:port [default: 0.0.0.0:8080, or OPOD_LISTEN]."),
+    admin_listen: str = typer.Option("", help="Admin listener host:port [default: 127.0.0.1:9090, or OPOD_ADMIN_LISTEN]."),
+    worker_listen: str = typer.Option("", help="Local worker listener host:port [default: 127.0.0.1:8081]."),
+    engine: str = typer.Option("llamacpp", help="The local worker's engine: llamacpp, vllm, sglang, ollama or sim."),
+    threads: int = typer.Option(0, help="CPU threads per engine (0 = the engine's default)."),
+    open_access: bool = typer.Option(False, "--open", help="Serve /v1 without API keys (trusted networks only)."),
+    no_default_models: bool = typer.Option(False, "--no-default-models", help="Do not add the CPU default models on first start."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log debug detail."),
+) -> None:
+    """Start a leader (and a local worker): one OpenAI-compatible endpoint on :8080."""
+    from opod.leader.leader import LeaderSettings
+    from opod.leader.run import UpSettings
+    from opod.serving import parse_listen
+    from opod.worker.run import WorkerSettings, engine_flags
+
+    setup_logging(verbose)
+    home = config.home()
+    try:
+        settings = UpSettings(
+            leader=LeaderSettings(home=home, database_url=config.read("OPOD_DATABASE_URL"), require_keys=not open_access,
+                                  default_models=not no_default_models),
+            listen=parse_listen(listen or config.read("OPOD_LISTEN") or "0.0.0.0:8080", "0.0.0.0", "--listen"),
+            admin_listen=parse_listen(admin_listen or config.read("OPOD_ADMIN_LISTEN") or "127.0.0.1:9090", "127.0.0.1", "--admin-listen"),
+            worker=None if no_worker else WorkerSettings(
+                leader_url="", token="", home=home, engine=engine, threads=threads, flags=engine_flags(),
+                listen=parse_listen(worker_listen or config.read("OPOD_WORKER_LISTEN") or "127.0.0.1:8081", "127.0.0.1", "--worker-listen"),
+            ),
+        )
+    except ValueError as error:
+        raise fail(str(error)) from None
+    for line in config.retired_warnings():
+        out.print(f"[yellow]warning:[/] {line}")
+    uvloop.run(_run(settings))
+
+
+async def _run(settings) -> None:
+    from opod.leader.run import Up
+    from opod.serving import ListenError
+
+    up = Up(settings, say=lambda line: out.print(line))
+    try:
+        await up.start()
+    except (ListenError, RuntimeError, ValueError) as error:
+        raise fail(str(error)) from None
+    assert up.leader is not None
+    public, admin = up.listeners[0], up.listeners[1]
+    host, port = settings.listen
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    out.print(f"[bold]opod {__version__}[/]: OpenAI API on http://{shown}:{public.port}/v1, admin API on http://{admin.address}/api/v1")
+    out.print(f"data in {settings.leader.home}")
+    if up.leader.new_admin_key:
+        out.print(f"[bold]admin key[/] (shown once; also in {settings.leader.home / 'admin.key'}, mode 0600):")
+        out.print(f"  {up.leader.new_admin_key}")
+    if up.worker is not None:
+        out.print(f"local worker {up.worker.node_id} on {up.worker.listener.address} with engine {settings.worker.engine}")
+    example = f"curl http://{shown}:{public.port}/v1/chat/completions -H \"Authorization: Bearer $(cat {settings.leader.home / 'admin.key'})\" -H 'Content-Type: application/json' -d '{{\"model\": \"smollm2-135m-instruct\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'"
+    out.print(f"[dim]try: {example}[/]")
+    await up.run()

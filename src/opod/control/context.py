@@ -1,0 +1,58 @@
+"""What the management API works on: the store and the leader's in-memory state, shared with the gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from opod.catalog import Catalog
+from opod.fleet.models import ModelRegistry
+from opod.fleet.state import Fleet
+from opod.fleet.tokens import NodeTokenBook
+from opod.gateway.keytable import KeyTable
+
+
+@dataclass
+class ControlContext:
+    store: Any
+    """The leader's ``opod.store.Store`` (synchronous; called off the event loop)."""
+    keys: KeyTable
+    tokens: NodeTokenBook
+    fleet: Fleet
+    models: ModelRegistry
+    catalog: Catalog
+    models_changed: Callable[[], None]
+    model_status: Callable[[str], str]
+
+    async def db(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.to_thread(getattr(self.store, method), *args, **kwargs)
+
+
+class ControlError(Exception):
+    """A refusal of the management API: ``{"error": "..."}`` with a status."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(h|m|s|d)")
+
+
+def parse_lifetime(text: str | None, field: str = "expires_in") -> timedelta | None:
+    """A lifetime such as ``720h``, ``30d`` or ``1h30m``; empty or ``none`` = never expires."""
+    if text is None or text.strip().lower() in ("", "none", "never"):
+        return None
+    value = text.strip().lower()
+    parts = _DURATION.findall(value)
+    if not parts or "".join(n + u for n, u in parts) != value:
+        raise ControlError(400, f"{field}: {text!r} is not a lifetime; write it like 720h, 30d or 1h30m (or none)")
+    seconds = sum(float(n) * {"d": 86400, "h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
+    if seconds <= 0:
+        raise ControlError(400, f"{field}: a lifetime must be longer than zero")
+    return timedelta(seconds=seconds)

@@ -1,0 +1,41 @@
+"""The one liveness rule: whether a worker takes new work now.
+
+The router, ``/readyz``, ``/v1/models`` and node listings all call
+:func:`takes_new_work`, so they never disagree about a worker.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from opod.contract.nodeapi import EngineStateWord
+
+if TYPE_CHECKING:
+    from opod.fleet.state import NodeState
+
+HEARTBEAT_MAX_AGE = 15.0
+"""Three missed heartbeats (every 5 s) and a worker stops taking work."""
+
+
+def takes_new_work(node: NodeState, now: float) -> tuple[bool, str]:
+    """``(True, "")`` when the worker may be given new requests, else ``(False, why)``."""
+    if node.drained:
+        return False, "drained"
+    if node.goodbye:
+        return False, "said goodbye (worker stopped)"
+    age = now - node.last_heartbeat
+    if age > HEARTBEAT_MAX_AGE:
+        return False, f"no heartbeat for {age:.0f}s (limit {HEARTBEAT_MAX_AGE:.0f}s)"
+    if node.engine is not None:
+        word = node.engine.word
+        if word is EngineStateWord.CRASH_LOOPING:
+            return False, "engine crash-looping" + (f": {node.engine.detail}" if node.engine.detail else "")
+        if word is EngineStateWord.STOPPED:
+            return False, "engine stopped" + (f": {node.engine.detail}" if node.engine.detail else "")
+    if node.sleeping:
+        return False, "sleeping"
+    if not node.address:
+        return False, "no address to reach it"
+    if node.cooldown_until > now:
+        return False, f"cooling down after failures ({node.cooldown_until - now:.0f}s left)"
+    return True, ""

@@ -1,0 +1,65 @@
+"""The models this leader knows, in memory: added ones and what is wanted where.
+
+The gateway asks it whether a name is a model at all (404) or a model with no
+worker ready (503); the control plane and the reconciler change it together
+with the store.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from opod.contract.catalog import Entry
+
+ANY_NODE = "*"
+
+
+@dataclass(slots=True)
+class KnownModel:
+    id: str
+    entry: Entry | None = None
+    """The catalog entry (bundled, or written for a model added by path or repo)."""
+    engine: str = ""
+    wanted: dict[str, str] = field(default_factory=dict)
+    """node id (or ``*``) → ``loaded`` | ``unloaded``."""
+    removed: bool = False
+    """Removed from the store; kept here only until no worker holds it."""
+
+    @property
+    def capabilities(self) -> list[str]:
+        return list(self.entry.capabilities) if self.entry is not None else ["chat"]
+
+    def wants_loaded(self) -> bool:
+        return any(state == "loaded" for state in self.wanted.values())
+
+
+class ModelRegistry:
+    def __init__(self) -> None:
+        self._models: dict[str, KnownModel] = {}
+
+    def put(self, model: KnownModel) -> None:
+        self._models[model.id] = model
+
+    def get(self, model_id: str) -> KnownModel | None:
+        return self._models.get(model_id)
+
+    def active(self, model_id: str) -> KnownModel | None:
+        """The model unless it was removed."""
+        model = self._models.get(model_id)
+        return None if model is None or model.removed else model
+
+    def remove(self, model_id: str) -> None:
+        self._models.pop(model_id, None)
+
+    def ids(self) -> list[str]:
+        return sorted(m for m, model in self._models.items() if not model.removed)
+
+    def __iter__(self):
+        return iter(self._models[i] for i in sorted(self._models))
+
+    def default_for(self, capability: str) -> str | None:
+        """The first wanted model with ``capability``: what ``model: ""`` or ``"auto"`` means."""
+        for model in self:
+            if not model.removed and model.wants_loaded() and capability in model.capabilities:
+                return model.id
+        return None

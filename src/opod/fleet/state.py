@@ -1,0 +1,180 @@
+"""The fleet as the leader sees it, in memory: workers, what they hold, how busy they are.
+
+Rebuilt from registrations and heartbeats; the request path reads only this,
+never the store. Placement is what heartbeats report, never what a request
+claimed. A heartbeat whose ``loaded_models`` is ``null`` ("the engine did not
+answer in time") advances liveness and changes nothing recorded about models;
+``[]`` means the worker holds nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from opod.contract import nodeapi
+from opod.fleet.liveness import takes_new_work
+
+
+@dataclass(slots=True)
+class NodeState:
+    id: str
+    address: str
+    hostname: str = ""
+    boot_id: str = ""
+    token_id: str = ""
+    hardware: nodeapi.Capabilities = field(default_factory=nodeapi.Capabilities)
+    registered_at: float = 0.0
+    last_heartbeat: float = 0.0
+    """``time.monotonic()`` of the last register or heartbeat."""
+    loaded_models: frozenset[str] = frozenset()
+    resident_models: frozenset[str] | None = None
+    sleeping: bool = False
+    engine: nodeapi.EngineState | None = None
+    load: nodeapi.EngineLoad | None = None
+    slots: int = 0
+    load_errors: dict[str, str] = field(default_factory=dict)
+    drained: bool = False
+    goodbye: bool = False
+    in_flight: int = 0
+    failures: int = 0
+    cooldown_until: float = 0.0
+
+    @property
+    def engine_id(self) -> str:
+        return self.hardware.engine
+
+    def base_url(self) -> str:
+        return f"http://{self.address}"
+
+
+COOLDOWN_AFTER = 3
+"""Consecutive failed attempts before a worker is set aside."""
+COOLDOWN_SECONDS = 10.0
+
+
+class Fleet:
+    def __init__(self) -> None:
+        self._nodes: dict[str, NodeState] = {}
+        self._holders: dict[str, list[NodeState]] = {}
+        """model → nodes reporting it, kept in step with heartbeats so the router never scans the fleet."""
+        self.changed_at = time.monotonic()
+
+    def _reindex(self) -> None:
+        holders: dict[str, list[NodeState]] = {}
+        for node in sorted(self._nodes.values(), key=lambda n: n.id):
+            for model in node.loaded_models:
+                holders.setdefault(model, []).append(node)
+        self._holders = holders
+        self.changed_at = time.monotonic()
+
+    # --- what workers tell us ---------------------------------------------
+
+    def register(self, req: nodeapi.RegisterRequest, token_id: str, hardware: nodeapi.Capabilities) -> NodeState:
+        now = time.monotonic()
+        node = self._nodes.get(req.id)
+        restarted = node is not None and node.boot_id != req.boot_id
+        if node is None or restarted:
+            drained = node.drained if node else False
+            node = NodeState(id=req.id, address=req.address, drained=drained)
+            self._nodes[req.id] = node
+            self._reindex()
+        node.address = req.address
+        node.hostname = req.hostname
+        node.boot_id = req.boot_id
+        node.token_id = token_id
+        node.hardware = hardware
+        node.registered_at = node.registered_at or now
+        node.last_heartbeat = now
+        node.goodbye = False
+        self.changed_at = now
+        return node
+
+    def heartbeat(self, hb: nodeapi.Heartbeat) -> NodeState | None:
+        """Apply a heartbeat; ``None`` when the node is unknown (it must register first)."""
+        node = self._nodes.get(hb.id)
+        if node is None:
+            return None
+        now = time.monotonic()
+        node.last_heartbeat = now
+        if hb.boot_id and node.boot_id and hb.boot_id != node.boot_id:
+            node.boot_id = hb.boot_id
+        if hb.loaded_models is not None:
+            models = frozenset(hb.loaded_models)
+            if models != node.loaded_models:
+                node.loaded_models = models
+                self._reindex()
+            node.resident_models = frozenset(hb.resident_models) if hb.resident_models is not None else None
+        node.sleeping = hb.sleeping
+        node.engine = hb.engine
+        node.goodbye = hb.engine is not None and hb.engine.word is nodeapi.EngineStateWord.STOPPED and not hb.loaded_models
+        if hb.load is not None:
+            node.load = hb.load
+        if hb.slots:
+            node.slots = hb.slots
+        node.load_errors = dict(hb.load_errors or {})
+        return node
+
+    def set_drained(self, node_id: str, drained: bool) -> NodeState | None:
+        node = self._nodes.get(node_id)
+        if node is not None:
+            node.drained = drained
+            self.changed_at = time.monotonic()
+        return node
+
+    def remove(self, node_id: str) -> None:
+        self._nodes.pop(node_id, None)
+        self._reindex()
+
+    def restore(self, node: NodeState) -> None:
+        """Put back a node known from the store: reachable by heartbeat, not live until one arrives."""
+        node.last_heartbeat = 0.0
+        self._nodes.setdefault(node.id, node)
+        self._reindex()
+
+    # --- what the router and listings ask ----------------------------------
+
+    def get(self, node_id: str) -> NodeState | None:
+        return self._nodes.get(node_id)
+
+    def __iter__(self) -> Iterator[NodeState]:
+        return iter(sorted(self._nodes.values(), key=lambda n: n.id))
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def live(self, now: float | None = None) -> list[NodeState]:
+        now = time.monotonic() if now is None else now
+        return [n for n in self if takes_new_work(n, now)[0]]
+
+    def workers_for(self, model: str, now: float | None = None) -> list[NodeState]:
+        """Live workers whose engine reports ``model`` loaded, in node id order."""
+        now = time.monotonic() if now is None else now
+        return [n for n in self._holders.get(model, ()) if takes_new_work(n, now)[0]]
+
+    def serves(self, model: str, now: float | None = None) -> bool:
+        """Whether some live worker reports ``model``."""
+        now = time.monotonic() if now is None else now
+        return any(takes_new_work(n, now)[0] for n in self._holders.get(model, ()))
+
+    def served_models(self, now: float | None = None) -> set[str]:
+        out: set[str] = set()
+        for node in self.live(now):
+            out |= node.loaded_models
+        return out
+
+    def holders(self, model: str) -> Iterable[NodeState]:
+        """Every known worker reporting ``model``, live or not."""
+        return (n for n in self if model in n.loaded_models)
+
+    # --- outcomes of requests ----------------------------------------------
+
+    def succeeded(self, node: NodeState) -> None:
+        node.failures = 0
+
+    def failed(self, node: NodeState) -> None:
+        node.failures += 1
+        if node.failures >= COOLDOWN_AFTER:
+            node.cooldown_until = time.monotonic() + COOLDOWN_SECONDS
+            node.failures = 0

@@ -1,0 +1,177 @@
+"""The OpenAI-compatible ``/v1`` routes: plain Starlette handlers on the hot path.
+
+Each request: a request id, the key check (memory), a body read under the
+route's cap, the model, then the relay. Unknown request fields travel to the
+engine untouched; ``model``, ``stream`` and ``stream_options`` are opod's.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import secrets
+import time
+from dataclasses import dataclass
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from opod.fleet.models import ModelRegistry
+from opod.fleet.state import Fleet
+from opod.gateway.errors import BadRequest, BodyTooLarge, GatewayError, ModelNotFound, NotSupported, error_response
+from opod.gateway.keytable import KeyTable
+from opod.gateway.relay import Relay
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class RouteSpec:
+    path: str
+    capability: str
+    body_cap: int
+
+
+ROUTES = (
+    RouteSpec("/v1/chat/completions", "chat", 32 * MiB),
+    RouteSpec("/v1/completions", "chat", 32 * MiB),
+    RouteSpec("/v1/embeddings", "embedding", 8 * MiB),
+    RouteSpec("/v1/rerank", "rerank", 8 * MiB),
+)
+
+_UNSUPPORTED = {
+    "embedding": ("embeddings_not_supported", "does not produce embeddings; use an embedding model such as all-minilm-l6-v2"),
+    "rerank": ("rerank_not_supported", "cannot rerank; use a reranker such as bge-reranker-v2-m3-gguf"),
+    "chat": ("chat_not_supported", "does not generate text; use a chat model"),
+}
+
+
+_ids = itertools.count(1)
+_ID_PREFIX = "req_" + secrets.token_hex(4)
+
+
+def request_id_for(request: Request) -> str:
+    """The client's ``X-Request-Id`` when it is sane, else a new one unique to this process and boot."""
+    given = request.headers.get("x-request-id", "")
+    if 0 < len(given) <= 128 and given.isascii() and given.isprintable():
+        return given
+    return f"{_ID_PREFIX}{next(_ids):x}"
+
+
+class Gateway:
+    def __init__(self, fleet: Fleet, models: ModelRegistry, keys: KeyTable, relay: Relay, require_keys: bool = True) -> None:
+        self.fleet = fleet
+        self.models = models
+        self.keys = keys
+        self.relay = relay
+        self.require_keys = require_keys
+
+    def routes(self) -> list[Route]:
+        return [Route(path, handler, methods=[method]) for (method, path), handler in self.handlers().items()]
+
+    def handlers(self) -> dict[tuple[str, str], object]:
+        """(method, path) → handler, for :class:`opod.fastpath.FastPath`."""
+        out = {("GET", "/v1/models"): self.list_models}
+        for spec in ROUTES:
+            out[("POST", spec.path)] = self._endpoint(spec)
+        return out
+
+    def _endpoint(self, spec: RouteSpec):
+        async def endpoint(request: Request) -> Response:
+            request_id = request_id_for(request)
+            try:
+                return await self.serve(request, spec, request_id)
+            except GatewayError as err:
+                return error_response(err, request_id)
+
+        return endpoint
+
+    def authenticate(self, request: Request) -> None:
+        if self.require_keys:
+            self.keys.check(request.headers.get("authorization"))
+
+    async def list_models(self, request: Request) -> Response:
+        request_id = request_id_for(request)
+        try:
+            self.authenticate(request)
+        except GatewayError as err:
+            return error_response(err, request_id)
+        now = int(time.time())
+        data = [{"id": m, "object": "model", "created": now, "owned_by": "opod"} for m in sorted(self.fleet.served_models())]
+        return JSONResponse({"object": "list", "data": data}, headers={"X-Request-Id": request_id})
+
+    async def serve(self, request: Request, spec: RouteSpec, request_id: str) -> Response:
+        self.authenticate(request)
+        body = await read_body(request, spec.body_cap)
+        try:
+            payload = json.loads(body)
+        except ValueError as err:
+            raise BadRequest(f"The body is not valid JSON: {err}.") from None
+        if not isinstance(payload, dict):
+            raise BadRequest("The body must be a JSON object.")
+        model = self.resolve_model(payload, spec)
+        changed = model != payload.get("model")
+        payload["model"] = model
+        stream = payload.get("stream") is True
+        strip_usage = False
+        if spec.capability == "chat":
+            for name in ("n", "best_of"):
+                value = payload.get(name)
+                if value is not None and value != 1:
+                    raise BadRequest(f"{name}={value!r} is not supported: ask for one answer per request.", param=name)
+            if stream:
+                options = payload.get("stream_options")
+                if not isinstance(options, dict) or options.get("include_usage") is not True:
+                    # Always count tokens; the usage chunk is dropped if the client did not ask for it.
+                    payload["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+                    strip_usage = changed = True
+        if changed:
+            body = json.dumps(payload).encode()
+        return await self.relay.forward(spec.path, model, body, stream=stream, strip_usage=strip_usage, request_id=request_id)
+
+    def resolve_model(self, payload: dict, spec: RouteSpec) -> str:
+        model = payload.get("model")
+        if model is not None and not isinstance(model, str):
+            raise BadRequest("model must be a string naming a model (GET /v1/models lists them).", param="model")
+        if not model or model == "auto":
+            model = self.models.default_for(spec.capability) or ""
+            if not model:
+                raise BadRequest(f"No model given and no default model for {spec.path}; name one (GET /v1/models).", param="model")
+        known = self.models.active(model)
+        if known is None and not self.fleet.serves(model):
+            raise ModelNotFound(model, sorted(self.fleet.served_models() | set(self.models.ids())))
+        if known is not None and spec.capability not in known.capabilities:
+            code, what = _UNSUPPORTED[spec.capability]
+            raise NotSupported(f"The model {model!r} {what}.", code)
+        return model
+
+
+DRAIN_LIMIT = 64 * MiB
+"""How much of an oversized body is read and dropped so the client can read its 413; beyond it, the connection closes."""
+
+
+async def read_body(request: Request, cap: int) -> bytes:
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > cap:
+        await _drain(request, int(length))
+        raise BodyTooLarge(cap)
+    chunks = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > cap:
+            await _drain(request, DRAIN_LIMIT)
+            raise BodyTooLarge(cap)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _drain(request: Request, expected: int) -> None:
+    if expected > DRAIN_LIMIT:
+        return
+    drained = 0
+    async for chunk in request.stream():
+        drained += len(chunk)
+        if drained > DRAIN_LIMIT:
+            return

@@ -1,0 +1,189 @@
+"""Relaying one request to a worker and its answer back, with retries only before the first byte.
+
+A connect error, a 5xx, a worker that does not hold the model, or an answer
+that ends before its first byte moves the request to the next worker. Once a
+byte has gone to the client nothing is replayed: a failure mid-stream ends the
+stream with an error event. When no worker can serve, the client gets 503 with
+``Retry-After``, never a 502.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+
+import aiohttp
+from starlette.responses import Response, StreamingResponse
+
+from opod.fleet import router
+from opod.fleet.state import Fleet, NodeState
+from opod.fleet.workers import WorkerClient, WorkerUnavailable
+from opod.gateway.errors import NoCapacity
+
+MAX_ATTEMPTS = 3
+WORKER_ERROR_HEADER = "X-Opod-Worker-Error"
+"""Set by a worker on refusals of its own (not the engine's), which another worker may not share."""
+MODEL_HEADER = "X-Opod-Model"
+WORKER_HEADER = "X-Opod-Worker"
+
+
+class Relay:
+    def __init__(self, fleet: Fleet, workers: WorkerClient) -> None:
+        self.fleet = fleet
+        self.workers = workers
+        self.local: dict[str, Callable[[str], str | None]] = {}
+        """Workers in this process: node id → (model → its engine's base URL, or None when not serving).
+
+        Their engines are called directly, saving a hop; the engine listens on loopback only.
+        """
+
+    async def forward(
+        self, path: str, model: str, body: bytes, *, stream: bool, strip_usage: bool, request_id: str
+    ) -> Response:
+        tried: list[str] = []
+        problems: list[str] = []
+        for _ in range(MAX_ATTEMPTS):
+            node = router.pick(self.fleet, model, exclude=tried)
+            if node is None:
+                break
+            tried.append(node.id)
+            answer = await self._attempt(node, path, model, body, stream, strip_usage, request_id, problems)
+            if answer is not None:
+                return answer
+        if not tried:
+            raise NoCapacity(f"No worker is serving {model!r} right now; it may still be loading. Retry shortly.")
+        raise NoCapacity(f"No worker could serve {model!r}: {'; '.join(problems)}. Retry shortly.")
+
+    async def _attempt(
+        self,
+        node: NodeState,
+        path: str,
+        model: str,
+        body: bytes,
+        stream: bool,
+        strip_usage: bool,
+        request_id: str,
+        problems: list[str],
+    ) -> Response | None:
+        node.in_flight += 1
+        handed_over = False
+        resp: aiohttp.ClientResponse | None = None
+        try:
+            in_process = self.local.get(node.id)
+            if in_process is not None:
+                engine = in_process(model)
+                if engine is None:
+                    problems.append(f"{node.id}: model_not_loaded")
+                    return None
+                url, headers = engine + path, {"X-Request-Id": request_id, "Content-Type": "application/json"}
+            else:
+                url = node.base_url() + path
+                headers = self.workers.signed_headers(node, "POST", path)
+                headers.update({MODEL_HEADER: model, "X-Request-Id": request_id, "Content-Type": "application/json"})
+            resp = await self.workers.session.post(url, data=body, headers=headers)
+            if resp.status >= 500 or WORKER_ERROR_HEADER in resp.headers:
+                reason = resp.headers.get(WORKER_ERROR_HEADER) or f"HTTP {resp.status}"
+                detail = (await resp.text())[:200].strip()
+                problems.append(f"{node.id}: {reason}" + (f" ({detail})" if detail else ""))
+                self.fleet.failed(node)
+                return None
+            out_headers = {"X-Request-Id": request_id, WORKER_HEADER: node.id}
+            if not stream or resp.status != 200:
+                data = await resp.read()
+                self.fleet.succeeded(node)
+                return Response(data, status_code=resp.status, headers=out_headers, media_type=resp.content_type or "application/json")
+            first = await resp.content.readany()
+            if not first:
+                problems.append(f"{node.id}: the answer ended before its first byte")
+                self.fleet.failed(node)
+                return None
+            self.fleet.succeeded(node)
+            handed_over = True
+            return StreamingResponse(
+                self._stream(node, resp, first, strip_usage),
+                media_type="text/event-stream",
+                headers={**out_headers, "Cache-Control": "no-cache"},
+            )
+        except (WorkerUnavailable, aiohttp.ClientError, TimeoutError, OSError) as err:
+            problems.append(f"{node.id}: {err or type(err).__name__}")
+            self.fleet.failed(node)
+            return None
+        finally:
+            if not handed_over:
+                node.in_flight -= 1
+                if resp is not None:
+                    resp.release()
+
+    async def _stream(self, node: NodeState, resp: aiohttp.ClientResponse, first: bytes, strip_usage: bool) -> AsyncIterator[bytes]:
+        scanner = SSEFilter(strip_usage)
+        try:
+            out = scanner.feed(first)
+            if out:
+                yield out
+            async for chunk in resp.content.iter_any():
+                out = scanner.feed(chunk)
+                if out:
+                    yield out
+            tail = scanner.flush()
+            if tail:
+                yield tail
+        except (aiohttp.ClientError, TimeoutError, OSError) as err:
+            yield interrupted_event(node.id, err)
+        finally:
+            node.in_flight -= 1
+            resp.close()
+
+
+def interrupted_event(node_id: str, err: BaseException) -> bytes:
+    error = {
+        "message": f"The answer was cut off: the engine on worker {node_id} stopped mid-stream ({type(err).__name__}). Retry the request.",
+        "type": "server_error",
+        "code": "upstream_interrupted",
+    }
+    return b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
+
+
+class SSEFilter:
+    """Passes SSE bytes through, dropping the usage-only chunk when the client did not ask for it.
+
+    Events are split on blank lines; only events that mention ``"usage"`` are
+    parsed, so a long stream costs a byte search per chunk.
+    """
+
+    def __init__(self, strip_usage: bool) -> None:
+        self.strip_usage = strip_usage
+        self._pending = b""
+        self.usage: dict | None = None
+
+    def feed(self, chunk: bytes) -> bytes:
+        if not self.strip_usage and b'"usage"' not in chunk and not self._pending:
+            return chunk
+        data = self._pending + chunk
+        end = data.rfind(b"\n\n")
+        if end < 0:
+            self._pending = data
+            return b""
+        self._pending = data[end + 2 :]
+        return self._filter(data[: end + 2])
+
+    def flush(self) -> bytes:
+        rest, self._pending = self._pending, b""
+        return self._filter(rest) if rest else b""
+
+    def _filter(self, block: bytes) -> bytes:
+        if b'"usage"' not in block:
+            return block
+        kept = []
+        for event in block.split(b"\n\n"):
+            if b'"usage"' in event and event.startswith(b"data: {"):
+                try:
+                    payload = json.loads(event[6:])
+                except ValueError:
+                    kept.append(event)
+                    continue
+                if isinstance(payload, dict) and payload.get("usage"):
+                    self.usage = payload["usage"]
+                    if self.strip_usage and not payload.get("choices"):
+                        continue
+            kept.append(event)
+        return b"\n\n".join(kept)

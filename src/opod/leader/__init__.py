@@ -1,0 +1,1 @@
+"""The leader: the composition root of ``opod up``: fleet state, node registry, listeners, lifecycle."""

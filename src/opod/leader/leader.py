@@ -1,0 +1,223 @@
+"""The leader, assembled: the store, the in-memory state rebuilt from it, and the listeners' apps.
+
+Start-up reads the store once (keys, node tokens, nodes, models, placements);
+from then on the request path reads memory only, and every change is written
+to the store first and to memory in the same moment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from datetime import datetime, timezone, UTC
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from opod.catalog import Catalog, load_catalog
+from opod.contract import nodeapi
+from opod.contract.catalog import Entry
+from opod.control.app import create_app as create_control_app
+from opod.control.context import ControlContext
+from opod.fastpath import FastPath
+from opod.fleet.models import ANY_NODE, KnownModel, ModelRegistry
+from opod.fleet.state import Fleet, NodeState
+from opod.fleet.tokens import NodeToken, NodeTokenBook
+from opod.fleet.workers import WorkerClient
+from opod.gateway.app import Gateway
+from opod.gateway.keytable import KeyEntry, KeyTable
+from opod.gateway.relay import Relay
+from opod.leader.nodes import NodeRegistry
+from opod.leader.reconciler import Reconciler
+from opod.security.keys import ADMIN_PREFIX, display_prefix, hash_key, new_secret
+from opod.security.nodetokens import NodeTokenMinter, load_or_create_secret
+from opod.store import Store
+
+log = logging.getLogger("opod.leader")
+
+DEFAULT_MODELS = ("smollm2-135m-instruct", "all-minilm-l6-v2")
+LOCAL_TOKEN_ID = "t_local"
+
+
+@dataclass
+class LeaderSettings:
+    home: Path
+    database_url: str | None = None
+    require_keys: bool = True
+    default_models: bool = True
+
+
+@dataclass
+class Leader:
+    settings: LeaderSettings
+    store: Store
+    catalog: Catalog
+    keys: KeyTable = field(default_factory=KeyTable)
+    fleet: Fleet = field(default_factory=Fleet)
+    models: ModelRegistry = field(default_factory=ModelRegistry)
+    tokens: NodeTokenBook | None = None
+    workers: WorkerClient | None = None
+    reconciler: Reconciler | None = None
+    gateway: Gateway | None = None
+    registry: NodeRegistry | None = None
+    new_admin_key: str | None = None
+    """The admin key's plaintext when this start created it: shown once, then forgotten."""
+    boot: int = 0
+
+    # --- start-up -------------------------------------------------------------
+
+    @classmethod
+    def open(cls, settings: LeaderSettings) -> Leader:
+        settings.home.mkdir(parents=True, exist_ok=True)
+        store = Store.open(settings.database_url, home=settings.home)
+        leader = cls(settings=settings, store=store, catalog=load_catalog())
+        for problem in leader.catalog.problems:
+            log.warning("catalog: %s", problem)
+        leader.boot = store.next_boot()
+        minter = NodeTokenMinter(load_or_create_secret(settings.home / "node-secret"))
+        leader.tokens = NodeTokenBook(minter)
+        leader.workers = WorkerClient(leader.tokens.token_for_node)
+        leader.reconciler = Reconciler(leader.fleet, leader.models, leader.workers)
+        leader.gateway = Gateway(leader.fleet, leader.models, leader.keys, Relay(leader.fleet, leader.workers), settings.require_keys)
+        leader.registry = NodeRegistry(leader.fleet, leader.tokens, leader.persist, leader.reconciler.kick)
+        leader._load_keys()
+        leader._ensure_admin_key()
+        leader._load_nodes()
+        leader._load_models()
+        return leader
+
+    def _load_keys(self) -> None:
+        assert self.tokens is not None
+        for record in self.store.list_keys():
+            if record.kind == "node":
+                self.tokens.put(NodeToken(record.id, record.name, record.expires_at, revoked=record.revoked_at is not None))
+            else:
+                self.keys.put(KeyEntry(record.id, record.kind, record.name, record.hash, record.expires_at, record.revoked_at is not None, record.team, record.admission_class))
+
+    def _ensure_admin_key(self) -> None:
+        path = self.settings.home / "admin.key"
+        admins = [r for r in self.store.list_keys("admin") if r.revoked_at is None]
+        if admins and path.exists() and any(r.hash == hash_key(path.read_text().strip()) for r in admins):
+            return
+        now = datetime.now(UTC)
+        for stale in admins:
+            # The file that held the old key is gone or differs: that key can no longer be handed out.
+            self.store.revoke_key(stale.id, now)
+            self.keys.revoke(stale.id)
+        secret = new_secret(ADMIN_PREFIX)
+        record = self.store.create_key(kind="admin", name="admin", hash=hash_key(secret), prefix=display_prefix(secret))
+        self.keys.put(KeyEntry(record.id, "admin", record.name, record.hash))
+        tmp = path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secret + "\n")
+        os.replace(tmp, path)
+        self.new_admin_key = secret
+
+    def _load_nodes(self) -> None:
+        assert self.tokens is not None
+        for record in self.store.list_nodes():
+            try:
+                hardware = nodeapi.decode_hardware(record.hardware_json)
+            except ValueError:
+                hardware = nodeapi.Capabilities()
+            node = NodeState(id=record.id, address=record.address, hostname=record.hostname, boot_id=record.boot_id,
+                             token_id=record.token_id or "", hardware=hardware, drained=record.drained)
+            self.fleet.restore(node)
+            if record.token_id:
+                self.tokens.bind(record.id, record.token_id)
+
+    def _load_models(self) -> None:
+        records = self.store.list_models()
+        if not records and self.settings.default_models and self.store.get_meta("default_models") is None:
+            for model_id in DEFAULT_MODELS:
+                entry = self.catalog.get(model_id)
+                if entry is not None:
+                    self.store.add_model(model_id, source_json=json.dumps(entry.source.to_wire()))
+                    self.store.set_placement(model_id, ANY_NODE, "loaded")
+            self.store.set_meta("default_models", "added")
+            records = self.store.list_models()
+        placements: dict[str, dict[str, str]] = {}
+        for placement in self.store.list_placements():
+            placements.setdefault(placement.model_id, {})[placement.node_id] = placement.wanted
+        for record in records:
+            entry = Entry.from_wire(record.entry_json) if record.entry_json else self.catalog.get(record.id)
+            self.models.put(KnownModel(id=record.id, entry=entry, engine=record.engine, wanted=placements.get(record.id, {})))
+
+    def local_worker_token(self) -> str:
+        """The token the worker of ``opod up`` joins with (created on first use)."""
+        assert self.tokens is not None
+        token = self.tokens.minter.token(LOCAL_TOKEN_ID)
+        existing = [r for r in self.store.list_keys("node") if r.id == LOCAL_TOKEN_ID]
+        if not existing:
+            self.store.create_key(kind="node", name="opod up's local worker", hash=hash_key(token), prefix=display_prefix(token), id=LOCAL_TOKEN_ID)
+            self.tokens.put(NodeToken(LOCAL_TOKEN_ID, "local worker"))
+        elif existing[0].revoked_at is not None:
+            raise RuntimeError("the local worker's node token (t_local) was revoked; run opod up --no-worker, or remove ~/.opod to start afresh")
+        return token
+
+    # --- running -------------------------------------------------------------------
+
+    async def persist(self, method: str, kwargs: dict) -> None:
+        """Write to the store off the event loop; a failure is logged, never raised into a request."""
+        try:
+            await asyncio.to_thread(getattr(self.store, method), **kwargs)
+        except Exception as err:  # the in-memory state stays right; the store catches up on the next write
+            log.warning("store %s failed: %s", method, err)
+
+    def control_context(self) -> ControlContext:
+        assert self.tokens is not None and self.reconciler is not None
+        return ControlContext(
+            store=self.store, keys=self.keys, tokens=self.tokens, fleet=self.fleet, models=self.models,
+            catalog=self.catalog, models_changed=self.reconciler.kick, model_status=self.reconciler.status,
+        )
+
+    def admin_app(self):
+        return create_control_app(self.control_context())
+
+    def public_app(self):
+        assert self.gateway is not None and self.registry is not None
+        metrics = CollectorRegistry()
+        workers_gauge = Gauge("opod_workers_live", "Workers taking new work", registry=metrics)
+        models_gauge = Gauge("opod_models_served", "Models served by at least one live worker", registry=metrics)
+
+        async def healthz(request: Request) -> Response:
+            return PlainTextResponse("ok\n")
+
+        async def readyz(request: Request) -> Response:
+            served = sorted(self.fleet.served_models())
+            if served:
+                return JSONResponse({"ready": True, "models": served})
+            wanted = [m.id for m in self.models if m.wants_loaded()]
+            why = f"no live worker serves a model yet (waiting for: {', '.join(wanted)})" if wanted else "no model is loaded; add one with opod model add"
+            return JSONResponse({"ready": False, "reason": why}, status_code=503, headers={"Retry-After": "5"})
+
+        async def metrics_endpoint(request: Request) -> Response:
+            workers_gauge.set(len(self.fleet.live()))
+            models_gauge.set(len(self.fleet.served_models()))
+            return Response(generate_latest(metrics), media_type="text/plain; version=0.0.4")
+
+        routes = [
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/readyz", readyz, methods=["GET"]),
+            Route("/metrics", metrics_endpoint, methods=["GET"]),
+            *self.registry.routes(),
+            *self.gateway.routes(),
+        ]
+        return FastPath(self.gateway.handlers(), Starlette(routes=routes))
+
+    async def close(self) -> None:
+        if self.workers is not None:
+            await self.workers.close()
+        await asyncio.to_thread(self.store.close)
+
+    def wait_ready(self) -> bool:
+        return bool(self.fleet.served_models())
+

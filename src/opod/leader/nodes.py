@@ -1,0 +1,123 @@
+"""The worker → leader half of the node protocol: register and heartbeat.
+
+Both calls are signed (``X-Opod-Auth``, no bearer fallback) and replay-checked.
+Register records the node in memory and in the store; a heartbeat updates the
+fleet in memory and, at most every ``TOUCH_EVERY`` seconds, the node's last-seen
+time in the store. A heartbeat from an unknown node is answered 404, which tells
+the worker to register again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timezone, UTC
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from opod.contract import nodeapi
+from opod.contract.nodeauth import HEADER, AuthRefused, Refusal
+from opod.contract.wire import WireError
+from opod.fleet.state import Fleet
+from opod.fleet.tokens import NodeTokenBook
+
+log = logging.getLogger("opod.leader")
+
+BODY_CAP = 4 << 20
+TOUCH_EVERY = 30.0
+
+
+def admin_error(status: int, message: str, kind: str) -> Response:
+    """The leader's own error shape on /admin/v1: ``{"error": {"message", "type"}}``."""
+    return Response(json.dumps({"error": {"message": message, "type": kind}}), status_code=status, media_type="application/json")
+
+
+def refusal_response(err: AuthRefused) -> Response:
+    status = 403 if err.reason in (Refusal.UNKNOWN_NODE, Refusal.REPLAYED) else 401
+    return admin_error(status, str(err), "unauthorized" if status == 401 else "forbidden")
+
+
+class NodeRegistry:
+    def __init__(
+        self,
+        fleet: Fleet,
+        tokens: NodeTokenBook,
+        persist: Callable[[str, dict], Awaitable[None]],
+        on_change: Callable[[], None],
+    ) -> None:
+        self.fleet = fleet
+        self.tokens = tokens
+        self._persist = persist
+        self._on_change = on_change
+        self._touched: dict[str, float] = {}
+
+    def routes(self) -> list[Route]:
+        return [
+            Route(nodeapi.PATH_REGISTER, self.register, methods=["POST"]),
+            Route(nodeapi.PATH_HEARTBEAT, self.heartbeat, methods=["POST"]),
+        ]
+
+    async def _body(self, request: Request, kind: type[nodeapi.WireModel]):
+        data = await request.body()
+        if len(data) > BODY_CAP:
+            raise WireError(kind.__name__, [f"body is larger than {BODY_CAP >> 20} MiB"])
+        return kind.from_wire(data)
+
+    async def register(self, request: Request) -> Response:
+        try:
+            header, token_id = self.tokens.check(request.headers.get(HEADER), "POST", request.url.path, registering=True)
+            req = await self._body(request, nodeapi.RegisterRequest)
+            hardware = req.hardware()
+        except AuthRefused as err:
+            log.warning("register refused: %s", err)
+            return refusal_response(err)
+        except WireError as err:
+            return admin_error(400, str(err), "invalid_request")
+        if req.id != header.node_id:
+            return admin_error(403, f"the body names node {req.id!r} but the signature is node {header.node_id!r}", "forbidden")
+        if not req.address:
+            return admin_error(400, "RegisterRequest: address: required (host:port the leader can dial)", "invalid_request")
+        self.tokens.bind(req.id, token_id)
+        node = self.fleet.register(req, token_id, hardware)
+        log.info("node %s registered from %s (engine %s)", node.id, node.address, hardware.engine or "unstated")
+        now = datetime.now(UTC)
+        await self._persist(
+            "upsert_node",
+            dict(
+                id=req.id, hostname=req.hostname, os=req.os, arch=req.arch, ram_gb=req.ram_gb, address=req.address,
+                hardware_json=req.hardware_json or "{}", boot_id=req.boot_id, token_id=token_id, at=now,
+            ),
+        )
+        self._on_change()
+        body = nodeapi.RegisterResponse(status=nodeapi.Status.REGISTERED, id=req.id)
+        return Response(body.to_json(), media_type="application/json")
+
+    async def heartbeat(self, request: Request) -> Response:
+        try:
+            header, _ = self.tokens.check(request.headers.get(HEADER), "POST", request.url.path)
+            hb = await self._body(request, nodeapi.Heartbeat)
+        except AuthRefused as err:
+            if err.reason is Refusal.UNKNOWN_NODE and self.fleet.get(err.node_id) is None and self.tokens.token_id_of(err.node_id) is None:
+                return admin_error(404, str(err), "not_found")
+            return refusal_response(err)
+        except WireError as err:
+            return admin_error(400, str(err), "invalid_request")
+        if hb.id != header.node_id:
+            return admin_error(403, f"the body names node {hb.id!r} but the signature is node {header.node_id!r}", "forbidden")
+        before = self.fleet.get(hb.id)
+        models_before = before.loaded_models if before else None
+        node = self.fleet.heartbeat(hb)
+        if node is None:
+            return admin_error(404, f"node {hb.id!r} is not registered with this leader; register first", "not_found")
+        if node.loaded_models != models_before:
+            self._on_change()
+        now = time.monotonic()
+        if now - self._touched.get(node.id, 0.0) > TOUCH_EVERY:
+            self._touched[node.id] = now
+            asyncio.get_running_loop().create_task(self._persist("touch_node", dict(id=node.id, at=datetime.now(UTC))))
+        return Response(nodeapi.HeartbeatResponse(status=nodeapi.Status.OK).to_json(), media_type="application/json")

@@ -1,0 +1,1 @@
+"""Secrets: API keys and their hashes, node tokens, and the anti-replay window for signed calls."""

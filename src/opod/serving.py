@@ -1,0 +1,87 @@
+"""Serving several ASGI apps in one event loop, with one place that handles signals.
+
+uvicorn's own signal handling assumes one server per process; ``opod up`` runs
+the public, admin and worker listeners together, so they share one stop event.
+Sockets are bound before serving so a taken port is a clear error, not a log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import uvicorn
+
+
+class QuietServer(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class ListenError(OSError):
+    pass
+
+
+def parse_listen(text: str, default_host: str, field: str) -> tuple[str, int]:
+    """``host:port``, ``:port`` or ``port`` → (host, port), with a clear error naming ``field``."""
+    value = text.strip()
+    host, _, port = value.rpartition(":") if ":" in value else ("", "", value)
+    host = host.strip("[]") or default_host
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{field}: {text!r} is not host:port (e.g. 0.0.0.0:8080)")
+    return host, int(port)
+
+
+def bind(host: str, port: int, what: str) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        if err.errno == errno.EADDRINUSE:
+            raise ListenError(f"{what} cannot listen on {host}:{port}: the port is in use (another opod?). Choose another with its --listen option.") from None
+        raise ListenError(f"{what} cannot listen on {host}:{port}: {err.strerror}") from None
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+@dataclass
+class Listener:
+    app: object
+    sock: socket.socket
+    name: str
+
+    @property
+    def address(self) -> str:
+        host, port = self.sock.getsockname()[:2]
+        return f"{host}:{port}"
+
+    @property
+    def port(self) -> int:
+        return self.sock.getsockname()[1]
+
+
+async def serve(listeners: list[Listener], stop: asyncio.Event) -> None:
+    """Serve every listener until ``stop`` is set, then shut them down gracefully."""
+    servers = []
+    for listener in listeners:
+        config = uvicorn.Config(
+            listener.app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=5,
+            http="httptools", loop="none", proxy_headers=False, server_header=False, date_header=False,
+        )
+        servers.append(QuietServer(config))
+    tasks = [asyncio.create_task(s.serve(sockets=[l.sock])) for s, l in zip(servers, listeners)]
+    waiter = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait([waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
+    for server in servers:
+        server.should_exit = True
+    await asyncio.gather(*tasks, return_exceptions=True)
+    waiter.cancel()

@@ -1,0 +1,340 @@
+"""The engines a worker runs: one engine process per loaded model, started on request.
+
+A load is accepted at once and carried out in the background (the weights may
+take minutes to arrive): resolve the catalog source to a local file, start the
+engine with its driver's argv under the supervisor, and report it in
+``loaded_models`` once it answers its readiness probe. An engine that dies with
+SIGILL (a prebuilt llama-server on a CPU without AVX-512) is started again on
+the portable build, and the reason is said in the engine state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone, UTC
+from pathlib import Path
+
+import aiohttp
+
+from opod import weights
+from opod.catalog import Catalog
+from opod.contract import nodeapi
+from opod.contract.catalog import Entry, Source
+from opod.engines.base import EngineDriver, LaunchSpec, LoadSample, MetricsState
+from opod.engines.registry import get_driver
+from opod.worker.supervisor import ProcessConfig, Supervisor
+
+log = logging.getLogger("opod.worker")
+
+CPU_CONTEXT_CAP = 8192
+"""Default context on a CPU engine: a catalog's 128K window would reserve gigabytes of KV cache."""
+DEFAULT_PARALLEL = 4
+
+
+class LoadRefused(Exception):
+    """A load the worker cannot carry out; ``status`` is the HTTP status to answer with."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(slots=True)
+class ModelEngine:
+    model_id: str
+    driver: EngineDriver
+    state: str = "fetching"
+    """fetching → starting → serving; failed or stopped when it ends."""
+    detail: str = ""
+    port: int = 0
+    spec: LaunchSpec | None = None
+    process_id: str = ""
+    since: datetime = field(default_factory=lambda: datetime.now(UTC))
+    metrics: MetricsState | None = None
+    sample: LoadSample | None = None
+    task: asyncio.Task | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def enter(self, state: str, detail: str = "") -> None:
+        self.state = state
+        self.detail = detail
+        self.since = datetime.now(UTC)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class EngineManager:
+    def __init__(
+        self,
+        *,
+        engine_id: str,
+        home: Path,
+        catalog: Catalog,
+        supervisor: Supervisor,
+        threads: int = 0,
+        flags: dict | None = None,
+        on_change: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.driver = get_driver(engine_id)
+        self.home = home
+        self.catalog = catalog
+        self.supervisor = supervisor
+        self.threads = threads
+        self.flags = flags or {}
+        self.on_change = on_change
+        self.engines: dict[str, ModelEngine] = {}
+        self.sleeping = False
+        (home / "logs").mkdir(parents=True, exist_ok=True)
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60), auto_decompress=False)
+        return self._session
+
+    # --- loading ------------------------------------------------------------
+
+    def entry_for(self, req: nodeapi.LoadModelRequest) -> Entry | None:
+        return self.catalog.get(req.id)
+
+    async def load(self, req: nodeapi.LoadModelRequest) -> nodeapi.LoadModelResponse:
+        if not req.id:
+            raise LoadRefused(400, "LoadModelRequest: id: required (the catalog id the model is served under)")
+        current = self.engines.get(req.id)
+        if current is not None and current.state in ("fetching", "starting", "serving"):
+            return nodeapi.LoadModelResponse(status=nodeapi.Status.READY, model=req.id)
+        source = self._source(req)
+        engine = ModelEngine(model_id=req.id, driver=self.driver)
+        self.engines[req.id] = engine
+        engine.task = asyncio.get_running_loop().create_task(self._bring_up(engine, req, source))
+        self.on_change()
+        return nodeapi.LoadModelResponse(status=nodeapi.Status.READY, model=req.id)
+
+    def _source(self, req: nodeapi.LoadModelRequest) -> Source | None:
+        """Where the weights come from; ``None`` when the engine loads by name (simulator, Ollama)."""
+        if self.driver.native in ("id", "ollama_name"):
+            return None
+        entry = self.entry_for(req)
+        if entry is not None:
+            return entry.source
+        if req.path:
+            return Source(type="file", path=req.path)
+        if req.repo:
+            return Source(type="huggingface", repo=req.repo, file=req.file)
+        raise LoadRefused(400, f"model {req.id!r} is not in this worker's catalog and the request names no path or repo to load it from")
+
+    async def _bring_up(self, engine: ModelEngine, req: nodeapi.LoadModelRequest, source: Source | None) -> None:
+        entry = self.entry_for(req)
+        try:
+            model_ref = req.id
+            if source is not None:
+                model_ref = str(await self._fetch(engine, req, source, entry))
+            caps = entry.capabilities if entry is not None else ["chat"]
+            context = int(self.flags.get("ctx") or 0) or min(entry.context_window if entry else CPU_CONTEXT_CAP, CPU_CONTEXT_CAP)
+            engine.port = free_port()
+            engine.spec = LaunchSpec(
+                model_id=req.id,
+                model=model_ref,
+                port=engine.port,
+                context=context,
+                parallel=int(self.flags.get("np") or 0) or DEFAULT_PARALLEL,
+                threads=self.threads,
+                embeddings="embedding" in caps,
+                rerank="rerank" in caps,
+                flags=self.flags,
+            )
+            await self._start(engine)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # any failure of a background load is reported, never lost
+            log.error("loading %s failed: %s", req.id, err)
+            engine.enter("failed", f"{req.id}: {err}")
+            self.on_change()
+
+    async def _fetch(self, engine: ModelEngine, req: nodeapi.LoadModelRequest, source: Source, entry: Entry | None) -> Path:
+        def progress(done: int, total: int | None) -> None:
+            # Whole tens of percent: enough to see it move, few enough to print each step.
+            pct = f" {int(10 * done / total) * 10}%" if total else ""
+            engine.detail = f"{req.id}: fetching weights{pct}"
+
+        target = entry or Entry(
+            id=req.id, display_name=req.id, source=source, size_bytes=1, context_window=CPU_CONTEXT_CAP,
+            capabilities=["chat"], recommended_engines=[self.driver.id], hardware={"min_ram_gb": 0}, tags=[],
+        )
+        engine.enter("fetching", f"{req.id}: fetching weights")
+        return await weights.aresolve(target, self.home, progress=progress)
+
+    async def _start(self, engine: ModelEngine) -> None:
+        assert engine.spec is not None
+        argv = self.driver.argv(engine.spec)
+        engine.process_id = f"engine-{engine.model_id}"
+        engine.enter("starting", f"{engine.model_id}: starting {self.driver.id}")
+        self.on_change()
+        config = ProcessConfig(
+            id=engine.process_id,
+            argv=argv,
+            env=self.driver.env(engine.spec),
+            ready_url=engine.base_url + self.driver.health_path,
+            ready_timeout=600.0,
+            restart=True,
+            max_restarts=5,
+            backoff=1.0,
+            log_lines=200,
+            log_file=self.home / "logs" / f"{engine.process_id}.log",
+        )
+        previous = self.supervisor.get(engine.process_id)
+        if previous is not None:
+            if previous.live:
+                await self.supervisor.stop(engine.process_id)
+            self.supervisor.forget(engine.process_id)
+        await self.supervisor.start(config)
+        ready = await self._await_ready(engine.process_id, config.ready_timeout)
+        if ready:
+            engine.enter("serving")
+            log.info("%s serving on %s", engine.model_id, engine.base_url)
+        else:
+            process = self.supervisor.get(engine.process_id)
+            fallback = self._fallback(engine, process)
+            if fallback is not None:
+                await self.supervisor.stop(engine.process_id)
+                engine.spec = fallback
+                await self._start(engine)
+                return
+            reason = process.exit_reason if process is not None else "did not start"
+            tail = process.last_lines(3) if process is not None else []
+            engine.enter("failed", f"{engine.model_id}: {reason}" + (f" ({tail[-1]})" if tail else ""))
+        self.on_change()
+
+    async def _await_ready(self, process_id: str, timeout: float) -> bool:
+        """Ready, or not: stops waiting at the first exit that a fallback can answer (SIGILL)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            process = self.supervisor.get(process_id)
+            if process is None:
+                return False
+            if process.ready:
+                return True
+            if not process.live or (process.exit_code is not None and self.driver_wants_fallback(process.exit_code)):
+                return False
+            await asyncio.sleep(0.1)
+        return False
+
+    def driver_wants_fallback(self, exit_code: int) -> bool:
+        from opod.engines.llama_binary import is_sigill
+
+        return hasattr(self.driver, "fallback_after_exit") and is_sigill(exit_code)
+
+    def _fallback(self, engine: ModelEngine, process) -> LaunchSpec | None:
+        """The portable llama-server when the first one died by SIGILL; ``None`` otherwise."""
+        if process is None or engine.spec is None:
+            return None
+        choose = getattr(self.driver, "fallback_after_exit", None)
+        if choose is None:
+            return None
+        decision = choose(engine.spec, process.exit_code)
+        if decision is None:
+            return None
+        spec, message = decision
+        log.warning("%s", message)
+        engine.detail = message
+        return spec
+
+    # --- unloading ------------------------------------------------------------
+
+    async def unload(self, req: nodeapi.UnloadModelRequest) -> nodeapi.UnloadModelResponse:
+        engine = self.engines.pop(req.id, None)
+        if engine is None:
+            return nodeapi.UnloadModelResponse(status=nodeapi.Status.NOOP, model=req.id, reason="not resident in this worker's engine")
+        if engine.task is not None and not engine.task.done():
+            engine.task.cancel()
+        if engine.process_id:
+            await self.supervisor.stop(engine.process_id)
+        self.on_change()
+        return nodeapi.UnloadModelResponse(status=nodeapi.Status.UNLOADED, model=req.id)
+
+    async def stop_all(self) -> None:
+        for engine in list(self.engines.values()):
+            if engine.task is not None and not engine.task.done():
+                engine.task.cancel()
+        await self.supervisor.stop_all(grace=10.0)
+        for engine in self.engines.values():
+            engine.enter("stopped")
+        if self._session is not None:
+            await self._session.close()
+
+    # --- what the heartbeat says ------------------------------------------------
+
+    def serving(self, model_id: str) -> ModelEngine | None:
+        engine = self.engines.get(model_id)
+        if engine is None or engine.state != "serving":
+            return None
+        process = self.supervisor.get(engine.process_id)
+        if process is not None and process.state.value not in ("running",):
+            return None
+        return engine
+
+    def load_errors(self) -> dict[str, str]:
+        return {m: e.detail for m, e in self.engines.items() if e.state == "failed"}
+
+    def loaded_models(self) -> list[str]:
+        return sorted(m for m in self.engines if self.serving(m) is not None)
+
+    def engine_state(self) -> nodeapi.EngineState:
+        """One word for the worker: serving while any engine serves; the worst state otherwise."""
+        states = {}
+        for engine in self.engines.values():
+            process = self.supervisor.get(engine.process_id) if engine.process_id else None
+            word = process.engine_state() if process is not None and engine.state != "fetching" else None
+            states[engine.model_id] = (engine, word)
+        problems = [f"{e.detail}" for e, w in states.values() if e.state == "failed" or (w is not None and w.state in ("crash-looping", "stopped"))]
+        if any(self.serving(m) for m in self.engines) or not self.engines:
+            return nodeapi.EngineState(state="serving", detail="; ".join(problems)[:300])
+        for engine, word in states.values():
+            if word is not None and word.state == "crash-looping":
+                return word
+        if any(e.state in ("fetching", "starting") for e in self.engines.values()):
+            busy = next(e for e in self.engines.values() if e.state in ("fetching", "starting"))
+            return nodeapi.EngineState(state="starting", since=busy.since.strftime("%Y-%m-%dT%H:%M:%SZ"), detail=busy.detail[:300])
+        return nodeapi.EngineState(state="stopped", detail="; ".join(problems)[:300])
+
+    async def sample(self) -> tuple[LoadSample | None, int]:
+        """Aggregate load over serving engines (max KV, summed queue and rate) and total slots."""
+        engines = [e for e in self.engines.values() if self.serving(e.model_id)]
+        if not engines:
+            return None, 0
+        results = await asyncio.gather(*(self.driver.sample(self.session, e.base_url, e.metrics, spec=e.spec) for e in engines), return_exceptions=True)
+        samples: list[LoadSample] = []
+        for engine, result in zip(engines, results):
+            if isinstance(result, tuple):
+                engine.sample, engine.metrics = result
+                samples.append(result[0])
+        if not samples:
+            return None, 0
+        kv = [s.kv_used_pct for s in samples if s.kv_used_pct is not None]
+        hits = [s.prefix_hit_pct for s in samples if s.prefix_hit_pct is not None]
+        slots = sum(s.slots or 0 for s in samples)
+        return (
+            LoadSample(
+                sampled_at=time.time(),
+                kv_used_pct=max(kv) if kv else None,
+                queue_depth=sum(s.queue_depth or 0 for s in samples),
+                running=sum(s.running or 0 for s in samples),
+                tokens_per_s=sum(s.tokens_per_s or 0.0 for s in samples),
+                prefix_hit_pct=sum(hits) / len(hits) if hits else None,
+                slots=slots or None,
+            ),
+            slots,
+        )

@@ -1,0 +1,104 @@
+"""A worker, assembled: identity, inventory, the engine manager, its listener and its agent.
+
+``opod join`` runs one on its own; ``opod up`` runs one beside the leader in the
+same event loop. Stopping it stops the engines first, then sends the final
+"stopped" heartbeat, so the leader stops routing here at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from opod import config
+from opod.catalog import load_catalog
+from opod.contract import env as contract_env
+from opod.engines.registry import get_driver
+from opod.serving import Listener, bind
+from opod.worker import identity, inventory
+from opod.worker.agent import Agent
+from opod.worker.api import WorkerAPI
+from opod.worker.engines import EngineManager
+from opod.worker.supervisor import Supervisor
+
+log = logging.getLogger("opod.worker")
+
+
+@dataclass
+class WorkerSettings:
+    leader_url: str
+    token: str
+    home: Path
+    listen: tuple[str, int] = ("0.0.0.0", 8081)
+    engine: str = "llamacpp"
+    threads: int = 0
+    node_id: str | None = None
+    flags: dict = field(default_factory=dict)
+
+
+def engine_flags() -> dict:
+    """``OPOD_ENGINE_FLAGS``: a JSON object of engine flags, or a clear error."""
+    text = config.read(contract_env.ENV_ENGINE_FLAGS)
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError as err:
+        raise ValueError(f"{contract_env.ENV_ENGINE_FLAGS} is not JSON: {err}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{contract_env.ENV_ENGINE_FLAGS} must be a JSON object such as {{\"ctx\": 4096}}")
+    return value
+
+
+class Worker:
+    def __init__(self, settings: WorkerSettings) -> None:
+        self.settings = settings
+        get_driver(settings.engine)  # an unknown engine is refused before anything starts
+        self.node_id = settings.node_id or identity.node_id(settings.home)
+        self.boot_id = identity.boot_id()
+        self.supervisor = Supervisor(on_change=lambda _process: self._changed())
+        self.manager = EngineManager(
+            engine_id=settings.engine,
+            home=settings.home,
+            catalog=load_catalog(),
+            supervisor=self.supervisor,
+            threads=settings.threads,
+            flags=settings.flags,
+            on_change=self._changed,
+        )
+        self.agent: Agent | None = None
+        self.listener: Listener | None = None
+
+    def _changed(self) -> None:
+        if self.agent is not None:
+            self.agent.kick()
+
+    def bind(self) -> Listener:
+        host, port = self.settings.listen
+        sock = bind(host, port, "the worker")
+        api = WorkerAPI(self.node_id, self.settings.token, self.manager, self.supervisor, self.settings.home)
+        self.listener = Listener(api.app(), sock, "worker")
+        address = identity.advertise_address(host, self.listener.port, self.settings.leader_url)
+        caps = inventory.take(self.settings.home).capabilities(engine=self.manager.driver.id)
+        self.agent = Agent(
+            leader_url=self.settings.leader_url,
+            node_id=self.node_id,
+            token=self.settings.token,
+            boot_id=self.boot_id,
+            address=address,
+            capabilities=caps,
+            manager=self.manager,
+        )
+        return self.listener
+
+    async def run(self, stop: asyncio.Event) -> None:
+        assert self.agent is not None, "bind() first"
+        await self.agent.run(stop)
+
+    async def shutdown(self) -> None:
+        await self.manager.stop_all()
+        if self.agent is not None:
+            await self.agent.goodbye()

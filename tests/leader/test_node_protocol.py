@@ -1,0 +1,189 @@
+"""The node protocol as a worker speaks it to a live leader, and as a leader speaks it to a live worker.
+
+Every call is signed with ``X-Opod-Auth``; a forged, skewed or replayed
+signature is refused with a reason, a bearer token is never accepted, and a
+heartbeat's ``loaded_models`` keeps ``null`` ("no report") apart from ``[]``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from opod.contract import nodeapi
+from opod.contract.nodeauth import HEADER, sign
+from tests.support.opod_process import Leader, OpodProcess, clean_env, free_port, http, wait_until
+
+NODE = "n_fake-1"
+
+
+@pytest.fixture(scope="module")
+def leader(tmp_path_factory: pytest.TempPathFactory):
+    leader = Leader(tmp_path_factory.mktemp("proto") / "home", worker=False, extra=["--no-default-models"])
+    yield leader
+    leader.process.stop()
+
+
+@pytest.fixture(scope="module")
+def token(leader: Leader) -> str:
+    return leader.node_token()
+
+
+class FakeWorker:
+    """The test's worker: signs with the contract's helpers, one fresh nonce per call."""
+
+    def __init__(self, leader: Leader, token: str, node_id: str = NODE) -> None:
+        import secrets
+
+        self.leader, self.token, self.node_id = leader, token, node_id
+        self.counter = 0
+        self.boot = secrets.token_hex(4)  # a new sender boot: its counters start again
+
+    def header(self, path: str, *, now: float | None = None, nonce: str | None = None) -> str:
+        self.counter += 1
+        return sign(self.node_id, self.token, "POST", path, now=now, nonce=f"{self.boot}.{self.counter}" if nonce is None else nonce)
+
+    def post(self, path: str, body: nodeapi.WireModel | bytes, header: str | None = None, extra: dict | None = None):
+        import urllib.request
+
+        data = body if isinstance(body, bytes) else body.to_json().encode()
+        request = urllib.request.Request(self.leader.url + path, data=data, method="POST")
+        request.add_header("Content-Type", "application/json")
+        if header is not None:
+            request.add_header(HEADER, header)
+        for k, v in (extra or {}).items():
+            request.add_header(k, v)
+        import urllib.error
+
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read())
+
+    def register(self, **kw):
+        req = nodeapi.RegisterRequest(
+            id=self.node_id, hostname="fake", os="linux", arch="amd64", ram_gb=8, address="127.0.0.1:9",
+            hardware_json=nodeapi.encode_hardware(nodeapi.Capabilities(hostname="fake", engine="sim")), boot_id="boot-1",
+        )
+        return self.post(nodeapi.PATH_REGISTER, req, kw.get("header", self.header(nodeapi.PATH_REGISTER)))
+
+    def heartbeat(self, hb: nodeapi.Heartbeat, header: str | None = None):
+        return self.post(nodeapi.PATH_HEARTBEAT, hb, header or self.header(nodeapi.PATH_HEARTBEAT))
+
+
+def _models_of(leader: Leader, node_id: str) -> list[str] | None:
+    status, body = leader.admin("GET", "/api/v1/nodes")
+    return next((n["models"] for n in body if n["id"] == node_id), None)
+
+
+def test_register_with_a_token_then_heartbeat(leader: Leader, token: str) -> None:
+    worker = FakeWorker(leader, token)
+    status, body = worker.register()
+    assert (status, body) == (200, {"status": "registered", "id": NODE})
+    status, body = worker.heartbeat(nodeapi.Heartbeat(id=NODE, loaded_models=[], boot_id="boot-1"))
+    assert (status, body) == (200, {"status": "ok"})
+
+
+def test_null_loaded_models_never_clears_what_was_reported(leader: Leader, token: str) -> None:
+    worker = FakeWorker(leader, token)
+    worker.register()
+    assert worker.heartbeat(nodeapi.Heartbeat(id=NODE, loaded_models=["m1", "m2"], boot_id="boot-1"))[0] == 200
+    assert _models_of(leader, NODE) == ["m1", "m2"]
+    assert worker.heartbeat(nodeapi.Heartbeat(id=NODE, loaded_models=None, boot_id="boot-1"))[0] == 200
+    assert _models_of(leader, NODE) == ["m1", "m2"]
+    assert worker.heartbeat(nodeapi.Heartbeat(id=NODE, loaded_models=[], boot_id="boot-1"))[0] == 200
+    assert _models_of(leader, NODE) == []
+
+
+def test_a_crash_looping_engine_takes_the_worker_out_everywhere(leader: Leader, token: str) -> None:
+    worker = FakeWorker(leader, token, "n_fake-loop")
+    worker.register()
+    looping = nodeapi.EngineState(state="crash-looping", restarts=4, detail="exit status 1: out of memory")
+    worker.heartbeat(nodeapi.Heartbeat(id="n_fake-loop", loaded_models=["m9"], boot_id="b", engine=looping))
+    status, body = leader.admin("GET", "/api/v1/nodes")
+    node = next(n for n in body if n["id"] == "n_fake-loop")
+    assert node["state"] == "engine crash-looping: exit status 1: out of memory"
+    status, _, models = http("GET", leader.url + "/v1/models", key=leader.key)
+    assert "m9" not in {m["id"] for m in models["data"]}
+    worker.heartbeat(nodeapi.Heartbeat(id="n_fake-loop", loaded_models=["m9"], boot_id="b", engine=nodeapi.EngineState(state="serving")))
+    status, _, models = http("GET", leader.url + "/v1/models", key=leader.key)
+    assert "m9" in {m["id"] for m in models["data"]}
+
+
+def test_an_unknown_node_heartbeat_is_404_so_the_worker_registers(leader: Leader, token: str) -> None:
+    stranger = FakeWorker(leader, token, "n_never-registered")
+    status, body = stranger.heartbeat(nodeapi.Heartbeat(id="n_never-registered", loaded_models=[], boot_id="x"))
+    assert status == 404 and "register" in body["error"]["message"]
+
+
+def test_forged_skewed_replayed_and_bearer_calls_are_refused(leader: Leader, token: str) -> None:
+    worker = FakeWorker(leader, token)
+    worker.register()
+    hb = nodeapi.Heartbeat(id=NODE, loaded_models=[], boot_id="boot-1")
+    forged = FakeWorker(leader, "sk-node-t_nothing.wrong")
+    status, body = worker.heartbeat(hb, header=forged.header(nodeapi.PATH_HEARTBEAT))
+    assert status == 401 and "signature does not match" in body["error"]["message"]
+    status, body = worker.heartbeat(hb, header=worker.header(nodeapi.PATH_HEARTBEAT, now=time.time() - 400))
+    assert status == 401 and "sync the clocks" in body["error"]["message"]
+    once = worker.header(nodeapi.PATH_HEARTBEAT)
+    assert worker.heartbeat(hb, header=once)[0] == 200
+    status, body = worker.heartbeat(hb, header=once)
+    assert status == 403 and "replayed" in body["error"]["message"]
+    plain = sign(NODE, token, "POST", nodeapi.PATH_HEARTBEAT)
+    assert worker.heartbeat(hb, header=plain)[0] == 200
+    assert worker.heartbeat(hb, header=plain)[0] == 403
+    status, body = worker.post(nodeapi.PATH_HEARTBEAT, hb, header=None, extra={"Authorization": f"Bearer {token}"})
+    assert status == 401 and "no X-Opod-Auth header" in body["error"]["message"]
+
+
+def test_a_body_that_does_not_fit_names_the_field(leader: Leader, token: str) -> None:
+    worker = FakeWorker(leader, token)
+    worker.register()
+    status, body = worker.post(nodeapi.PATH_HEARTBEAT, b'{"id":"n_fake-1","loaded_models":"m1"}', worker.header(nodeapi.PATH_HEARTBEAT))
+    assert status == 400 and "loaded_models: expected an array" in body["error"]["message"]
+
+
+def test_a_revoked_node_token_is_refused_at_once(leader: Leader) -> None:
+    status, created = leader.admin("POST", "/api/v1/node-tokens", {"name": "short-lived"})
+    worker = FakeWorker(leader, created["secret"], "n_fake-revoked")
+    assert worker.register()[0] == 200
+    assert leader.admin("DELETE", f"/api/v1/node-tokens/{created['id']}")[0] == 200
+    status, body = worker.heartbeat(nodeapi.Heartbeat(id="n_fake-revoked", loaded_models=[], boot_id="b"))
+    assert status == 403 and "revoked" in body["error"]["message"]
+
+
+def test_the_worker_refuses_unsigned_and_replayed_leader_calls(leader: Leader, token: str, tmp_path: Path) -> None:
+    port = free_port()
+    home = tmp_path / "w"
+    worker = OpodProcess(["join", leader.url, "--token", token, "--engine", "sim", "--listen", f"127.0.0.1:{port}"], home,
+                         env=clean_env(home, OPOD_NODE_ID="n_real-1"))
+    try:
+        worker.wait_for_line("registered with", timeout=30)
+        url = f"http://127.0.0.1:{port}{nodeapi.PATH_MODEL_LOAD}"
+        body = nodeapi.LoadModelRequest(id="sim-x").to_wire()
+        status, _, text = http("POST", url, body)
+        assert status == 401 and "no X-Opod-Auth header" in text
+        status, _, text = http("POST", url, body, key=token)
+        assert status == 401
+        signed = sign("n_real-1", token, "POST", nodeapi.PATH_MODEL_LOAD, nonce="lead.1")
+        import urllib.request
+
+        def call(header: str) -> int:
+            request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST", headers={HEADER: header, "Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=10) as response:
+                    return response.status
+            except urllib.error.HTTPError as error:
+                return error.code
+
+        import urllib.error
+
+        assert call(signed) == 200
+        assert call(signed) == 401
+        wait_until(lambda: "sim-x" in (_models_of(leader, "n_real-1") or []), 30, "the worker to report the loaded model")
+    finally:
+        worker.stop()
