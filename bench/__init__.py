@@ -1,0 +1,1 @@
+"""opod's benchmarks: side-by-side measurements (direct, through opod, through peers) that print a table and save plots."""

@@ -1,0 +1,18 @@
+"""``python -m bench <benchmark> [options]``: run one of opod's benchmarks."""
+
+from __future__ import annotations
+
+import typer
+
+from bench import dataplane
+
+app = typer.Typer(help="opod's benchmarks. Results go to bench/results/ as a markdown table and PNG plots.", no_args_is_help=True)
+app.command("dataplane")(dataplane.command)
+
+
+@app.callback()
+def main() -> None:
+    """Run one benchmark; each prints a table and writes its results."""
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,115 @@
+"""Load generators: closed loop (N clients back to back) and open loop (Poisson arrivals at a fixed rate).
+
+Latency is measured per request from the moment it is due (open loop) or sent
+(closed loop) to the last byte, with one pooled aiohttp session, so two targets
+measured the same way compare fairly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+
+
+@dataclass
+class Result:
+    latencies: list[float] = field(default_factory=list)
+    errors: int = 0
+    statuses: dict[int, int] = field(default_factory=dict)
+    elapsed: float = 0.0
+    tokens: int = 0
+
+    @property
+    def rps(self) -> float:
+        return len(self.latencies) / self.elapsed if self.elapsed else 0.0
+
+    def pct(self, q: float) -> float:
+        if not self.latencies:
+            return float("nan")
+        ordered = sorted(self.latencies)
+        return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
+
+
+def _session(limit: int) -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=limit, keepalive_timeout=60),
+                                 timeout=aiohttp.ClientTimeout(total=120))
+
+
+async def _one(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict, result: Result, started: float) -> None:
+    try:
+        async with session.post(url, data=body, headers=headers) as resp:
+            data = await resp.read()
+            result.statuses[resp.status] = result.statuses.get(resp.status, 0) + 1
+            if resp.status != 200:
+                result.errors += 1
+                return
+            if b'"completion_tokens"' in data:
+                try:
+                    result.tokens += json.loads(data)["usage"]["completion_tokens"]
+                except (ValueError, KeyError, TypeError):
+                    pass
+    except (TimeoutError, aiohttp.ClientError):
+        result.errors += 1
+        return
+    result.latencies.append(time.perf_counter() - started)
+
+
+async def closed_loop(url: str, body: bytes, headers: dict, concurrency: int, seconds: float, warmup: float = 1.0) -> Result:
+    result = Result()
+    async with _session(concurrency) as session:
+        stop_at = time.perf_counter() + warmup + seconds
+        measure_from = time.perf_counter() + warmup
+
+        async def client() -> None:
+            while time.perf_counter() < stop_at:
+                started = time.perf_counter()
+                sink = result if started >= measure_from else Result()
+                await _one(session, url, body, headers, sink, started)
+
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+        result.elapsed = seconds
+    return result
+
+
+async def open_loop(url: str, body: bytes, headers: dict, rate: float, seconds: float, seed: int = 0,
+                    tick: Callable[[], None] | None = None) -> Result:
+    result = Result()
+    rng = random.Random(seed)
+    async with _session(0) as session:
+        tasks = []
+        start = time.perf_counter()
+        due = start
+        while due - start < seconds:
+            due += rng.expovariate(rate)
+            delay = due - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(_one(session, url, body, headers, result, due)))
+            if tick is not None:
+                tick()
+        await asyncio.gather(*tasks)
+        result.elapsed = time.perf_counter() - start
+    return result
+
+
+async def stream_tokens(url: str, body: dict, headers: dict, runs: int) -> tuple[int, float]:
+    """Sequential streamed requests: total completion tokens and seconds spent generating them."""
+    total_tokens, total_time = 0, 0.0
+    payload = json.dumps({**body, "stream": True, "stream_options": {"include_usage": True}}).encode()
+    async with _session(4) as session:
+        for _ in range(runs):
+            started = time.perf_counter()
+            async with session.post(url, data=payload, headers=headers) as resp:
+                async for line in resp.content:
+                    if line.startswith(b"data: {") and b'"usage"' in line:
+                        usage = json.loads(line[6:]).get("usage")
+                        if usage:
+                            total_tokens += usage["completion_tokens"]
+            total_time += time.perf_counter() - started
+    return total_tokens, total_time

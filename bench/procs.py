@@ -1,0 +1,68 @@
+"""Starting opod processes for a benchmark and finding the engines they run."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+OPOD = [sys.executable, "-m", "opod"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Proc:
+    def __init__(self, args: list[str], home: Path, env: dict[str, str] | None = None) -> None:
+        base = {k: v for k, v in os.environ.items() if not k.startswith("OPOD_")}
+        base.update(OPOD_HOME=str(home), PYTHONUNBUFFERED="1", COLUMNS="200", NO_COLOR="1", **(env or {}))
+        self.proc = subprocess.Popen(OPOD + args, env=base, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self.lines: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip())
+
+    def wait_for(self, pattern: str, timeout: float = 120) -> re.Match:
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in list(self.lines):
+                match = regex.search(line)
+                if match:
+                    return match
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise RuntimeError(f"{pattern!r} not seen within {timeout}s:\n" + "\n".join(self.lines[-30:]))
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def wait_http(url: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{url} did not answer within {timeout}s")
