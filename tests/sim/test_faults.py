@@ -68,7 +68,8 @@ def test_a_stall_delays_the_first_token_or_the_middle_of_the_stream(sim) -> None
                 now = time.perf_counter()
                 gaps.append(now - last)
                 last = now
-    assert max(gaps[2:]) >= 0.3 and gaps[1] < 0.3  # the role chunk and the first token came at once
+    # A 300 ms stall; the gap seen by the client may be a hair shorter (the chunk before it can arrive late).
+    assert max(gaps[2:]) >= 0.28 and gaps[1] < 0.28  # the role chunk and the first token came at once
 
 
 def test_bad_fault_settings_are_refused_by_name(sim) -> None:
