@@ -185,5 +185,13 @@ def test_the_worker_refuses_unsigned_and_replayed_leader_calls(leader: Leader, t
         assert call(signed) == 200
         assert call(signed) == 401
         wait_until(lambda: "sim-x" in (_models_of(leader, "n_real-1") or []), 30, "the worker to report the loaded model")
+        tokenize = nodeapi.TokenizeRequest(model="sim-x", messages=[nodeapi.TokenizeMessage(role="user", content="hello there")])
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}{nodeapi.PATH_TOKENIZE}", data=tokenize.to_json().encode(), method="POST",
+            headers={HEADER: sign("n_real-1", token, "POST", nodeapi.PATH_TOKENIZE, nonce="lead.2"), "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            tokens = nodeapi.TokenizeResponse.from_wire(response.read()).tokens
+        assert tokens and all(isinstance(t, int) for t in tokens)
     finally:
         worker.stop()

@@ -25,7 +25,7 @@ def setup_logging(verbose: bool = False) -> None:
         datefmt="%H:%M:%S",
         stream=sys.stderr,
     )
-    for noisy in ("uvicorn.error", "uvicorn.access", "httpx", "aiohttp.access", "gguf", "gguf.gguf_writer"):
+    for noisy in ("uvicorn.error", "uvicorn.access", "httpx", "aiohttp.access", "gguf", "gguf.gguf_writer", "alembic"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 

@@ -66,6 +66,11 @@ async def _run(settings) -> None:
         out.print(f"  {up.leader.new_admin_key}")
     if up.worker is not None:
         out.print(f"local worker {up.worker.node_id} on {up.worker.listener.address} with engine {settings.worker.engine}")
-    example = f"curl http://{shown}:{public.port}/v1/chat/completions -H \"Authorization: Bearer $(cat {settings.leader.home / 'admin.key'})\" -H 'Content-Type: application/json' -d '{{\"model\": \"smollm2-135m-instruct\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'"
-    out.print(f"[dim]try: {example}[/]")
+    chat_model = up.leader.models.default_for("chat")
+    if chat_model:
+        example = (f"curl http://{shown}:{public.port}/v1/chat/completions -H \"Authorization: Bearer $(cat {settings.leader.home / 'admin.key'})\" "
+                   f"-H 'Content-Type: application/json' -d '{{\"model\": \"{chat_model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'")
+        out.print(f"[dim]try, once it is served: {example}[/]")
+    else:
+        out.print("[dim]no model yet: opod model add smollm2-135m-instruct (opod catalog ls lists more)[/]")
     await up.run()

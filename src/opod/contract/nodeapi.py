@@ -184,6 +184,8 @@ class Heartbeat(WireModel):
     # opod addition: model id → why its load failed on this worker, so the
     # leader can say so and try elsewhere instead of waiting.
     load_errors: Annotated[dict[str, str] | None, OMITEMPTY] = None
+    # opod addition: model id → how far its load has come ("fetching weights 40%").
+    load_progress: Annotated[dict[str, str] | None, OMITEMPTY] = None
 
 
 class HeartbeatResponse(WireModel):

@@ -6,6 +6,7 @@ memory, so it survives a restart; the reconciler carries it out.
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from pathlib import Path
@@ -71,13 +72,15 @@ def entry_for(ctx: ControlContext, body: ModelAddRequest) -> Entry:
         return Entry(
             id=name, display_name=name, description=body.description or "served by the engine simulator",
             source=Source(type="file", path="(simulated)"), size_bytes=1, context_window=8192,
-            capabilities=["chat", "embedding"], recommended_engines=["llamacpp"], hardware={"min_ram_gb": 0},
+            capabilities=["chat", "embedding", "rerank"], recommended_engines=["llamacpp"], hardware={"min_ram_gb": 0},
             tags=["simulated"], license="unknown",
         )
     if not body.source:
         entry = ctx.catalog.get(name)
         if entry is None:
-            raise ControlError(404, f"{name!r} is not in the catalog; give a catalog id (opod catalog ls), a GGUF path, or a Hugging Face repo")
+            close = difflib.get_close_matches(name, ctx.catalog.ids(), n=3, cutoff=0.5)
+            hint = f" Did you mean {', '.join(close)}?" if close else ""
+            raise ControlError(404, f"{name!r} is not in the catalog.{hint} Give a catalog id (opod catalog ls), a GGUF path, or a Hugging Face repo")
         return entry
     if body.source.startswith(("/", "./", "~")) or body.source.endswith(".gguf"):
         path = Path(body.source).expanduser()

@@ -7,7 +7,7 @@ import time
 from fastapi import APIRouter
 from pydantic import BaseModel
 
-from opod.control.context import ControlContext
+from opod.control.context import ControlContext, ControlError
 from opod.fleet.liveness import takes_new_work
 
 
@@ -50,5 +50,19 @@ def router(ctx: ControlContext) -> APIRouter:
                 )
             )
         return out
+
+    @api.delete("/api/v1/nodes/{node_id}")
+    async def delete_node(node_id: str) -> dict:
+        """Forget a node that has gone; a live node serving models must be drained or stopped first."""
+        node = ctx.fleet.get(node_id)
+        if node is None:
+            raise ControlError(404, f"node {node_id!r} is not known; `opod node ls` lists them")
+        live, _ = takes_new_work(node, time.monotonic())
+        if live and node.loaded_models:
+            raise ControlError(409, f"node {node_id!r} is live and serving {', '.join(sorted(node.loaded_models))}; stop its worker first")
+        ctx.fleet.remove(node_id)
+        ctx.tokens.unbind(node_id)
+        await ctx.db("delete_node", node_id)
+        return {"removed": node_id}
 
     return api

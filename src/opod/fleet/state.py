@@ -35,6 +35,7 @@ class NodeState:
     load: nodeapi.EngineLoad | None = None
     slots: int = 0
     load_errors: dict[str, str] = field(default_factory=dict)
+    load_progress: dict[str, str] = field(default_factory=dict)
     drained: bool = False
     goodbye: bool = False
     in_flight: int = 0
@@ -114,6 +115,7 @@ class Fleet:
         if hb.slots:
             node.slots = hb.slots
         node.load_errors = dict(hb.load_errors or {})
+        node.load_progress = dict(hb.load_progress or {})
         return node
 
     def set_drained(self, node_id: str, drained: bool) -> NodeState | None:

@@ -47,6 +47,9 @@ class NodeTokenBook:
     def bind(self, node_id: str, token_id: str) -> None:
         self._bound[node_id] = token_id
 
+    def unbind(self, node_id: str) -> None:
+        self._bound.pop(node_id, None)
+
     def token_id_of(self, node_id: str) -> str | None:
         return self._bound.get(node_id)
 

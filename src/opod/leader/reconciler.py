@@ -23,6 +23,8 @@ log = logging.getLogger("opod.leader")
 PENDING_FOR = 900.0
 """How long a load may take to show up in heartbeats (weights may be downloading)."""
 RETRY_AFTER = 20.0
+"""The first wait before a failed load is tried again; it doubles with each failure, up to ``RETRY_MAX``."""
+RETRY_MAX = 600.0
 
 
 @dataclass(slots=True)
@@ -30,6 +32,10 @@ class Attempt:
     node_id: str
     started: float
     error: str = ""
+    failures: int = 0
+
+    def retry_after(self) -> float:
+        return min(RETRY_AFTER * 2 ** max(self.failures - 1, 0), RETRY_MAX)
 
 
 class Reconciler:
@@ -66,7 +72,12 @@ class Reconciler:
         if failed:
             return f"failed on {failed[0].node_id}: {failed[0].error}"
         if pending:
-            return "loading on " + ", ".join(a.node_id for a in pending)
+            parts = []
+            for attempt in pending:
+                node = self.fleet.get(attempt.node_id)
+                progress = node.load_progress.get(model_id, "") if node is not None else ""
+                parts.append(attempt.node_id + (f" ({progress})" if progress else ""))
+            return "loading on " + ", ".join(parts)
         if model is not None and model.wants_loaded():
             return "waiting for a worker"
         return "not loaded"
@@ -102,12 +113,13 @@ class Reconciler:
             holder = self.fleet.get(node_id)
             if m == model.id and not attempt.error and holder is not None and model.id in holder.load_errors:
                 attempt.error = holder.load_errors[model.id]
+                attempt.failures += 1
         busy = [a for (m, _), a in self.attempts.items() if m == model.id and not a.error and now - a.started < PENDING_FOR]
         if busy:
             return []
         for node in sorted(candidates, key=lambda n: (len(n.loaded_models), n.id)):
             attempt = self.attempts.get((model.id, node.id))
-            if attempt is not None and attempt.error and now - attempt.started < RETRY_AFTER:
+            if attempt is not None and attempt.error and now - attempt.started < attempt.retry_after():
                 continue
             if model.engine and node.engine_id and model.engine != node.engine_id:
                 continue
@@ -122,7 +134,8 @@ class Reconciler:
             del self.attempts[key]
 
     async def _load(self, model: KnownModel, node: NodeState) -> None:
-        attempt = Attempt(node.id, time.monotonic())
+        previous = self.attempts.get((model.id, node.id))
+        attempt = Attempt(node.id, time.monotonic(), failures=previous.failures if previous is not None else 0)
         self.attempts[(model.id, node.id)] = attempt
         source = model.entry.source if model.entry is not None else None
         req = nodeapi.LoadModelRequest(
@@ -136,9 +149,11 @@ class Reconciler:
             status, body = await self.workers.call_json(node, "POST", nodeapi.PATH_MODEL_LOAD, req.to_wire(), timeout=30)
         except WorkerUnavailable as err:
             attempt.error = str(err)
+            attempt.failures += 1
             return
         if status != 200:
             attempt.error = (body if isinstance(body, str) else str(body)).strip()[:300] or f"HTTP {status}"
+            attempt.failures += 1
             log.warning("loading %s on %s refused: %s", model.id, node.id, attempt.error)
         else:
             log.info("loading %s on %s", model.id, node.id)

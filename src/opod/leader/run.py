@@ -102,15 +102,8 @@ class Up:
                 if model.removed or not model.wants_loaded():
                     continue
                 status = self.leader.reconciler.status(model.id)
-                detail = self._progress(model.id)
-                line = f"{model.id}: {status}" + (f" ({detail})" if detail and status.startswith("loading") else "")
+                line = f"{model.id}: {status}"
                 if said.get(model.id) != line:
                     said[model.id] = line
                     self.say(line)
             await asyncio.sleep(0.5)
-
-    def _progress(self, model_id: str) -> str:
-        if self.worker is None:
-            return ""
-        engine = self.worker.manager.engines.get(model_id)
-        return engine.detail.split(": ", 1)[-1] if engine is not None and engine.detail else ""

@@ -10,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from opod.sim import rerank
 from opod.sim.embeddings import embed, encode_base64
 from opod.sim.errors import SimHTTPError, bad_request
 from opod.sim.parse import embedding_inputs, parse_chat, parse_completion, read_json, resolve_model
@@ -151,8 +152,26 @@ def openai_routes(state: SimState, before_answer: Callable[[str], Awaitable[obje
         }
         return Response(dumps(out), media_type=_JSON)
 
+    async def rerank_route(request: Request) -> Response:
+        early = unavailable_while_loading(state)
+        if early is not None:
+            return early
+        try:
+            body = await read_json(request)
+            model = resolve_model(body, state.served)
+            problem = rerank.check(body)
+            if problem is not None:
+                raise bad_request("documents" if "documents" in problem else "query", problem)
+        except SimHTTPError as err:
+            return state.error(err)
+        if state.faults.on_request().fail:
+            return state.error(state.injected())
+        answer = rerank.rerank(body, model, lambda text: len(tokenizer.encode(text)))
+        return Response(rerank.dumps(answer), media_type=_JSON)
+
     return [
         Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/rerank", rerank_route, methods=["POST"]),
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/embeddings", embeddings, methods=["POST"]),

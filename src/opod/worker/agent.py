@@ -103,6 +103,7 @@ class Agent:
             engine=self.manager.engine_state(),
             slots=slots,
             load_errors=self.manager.load_errors() or None,
+            load_progress=self.manager.load_progress() or None,
         )
 
     async def run(self, stop: asyncio.Event) -> None:

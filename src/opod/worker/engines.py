@@ -286,6 +286,10 @@ class EngineManager:
             return None
         return engine
 
+    def load_progress(self) -> dict[str, str]:
+        """Loads under way and how far each has come."""
+        return {m: e.detail.split(": ", 1)[-1] for m, e in self.engines.items() if e.state in ("fetching", "starting") and e.detail}
+
     def load_errors(self) -> dict[str, str]:
         return {m: e.detail for m, e in self.engines.items() if e.state == "failed"}
 
