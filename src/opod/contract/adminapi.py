@@ -248,3 +248,46 @@ class PolicySnapshot(WireModel):
     guardrails: list[GuardrailRule] | None = None
     auth: Annotated[PolicyAuth, OMITZERO] = Field(default_factory=PolicyAuth)
     admission: Annotated[PolicyAdmission, OMITZERO] = Field(default_factory=PolicyAdmission)
+
+
+# --- the plan file (OPOD_PLAN_FILE) -----------------------------------------
+
+
+class PlanSnapshot(WireModel):
+    """opod: the plan a manager mounts: the one model this endpoint serves, and its bounds.
+
+    The contract names the plan file without its keys (§2.10); these are opod's.
+    """
+
+    revision: int = 0
+    model: str = ""
+    """The model id the endpoint serves; requests for any other model are refused."""
+    adapters: Annotated[list[str] | None, OMITEMPTY] = None
+    """LoRA adapter names served as ``<model>:<name>``."""
+    floor: Annotated[int, OMITEMPTY] = 0
+    """Workers the manager keeps at least; 0 = scaling to zero (sleeping is healthy)."""
+    max: Annotated[int, OMITEMPTY] = 0
+    """Workers the manager allows at most; 0 = no bound stated."""
+
+
+# --- the door's routes file (opod up --role door --routes FILE) -----------------
+
+
+class DoorRoute(WireModel):
+    """opod: one model name served by one leader behind the door."""
+
+    alias: str = ""
+    """The model name clients ask for."""
+    upstream: str = ""
+    """The leader's base URL (``http://host:8080``)."""
+    model: Annotated[str, OMITEMPTY] = ""
+    """The name the leader serves it under, when it differs from ``alias``."""
+    key: Annotated[str, OMITEMPTY] = ""
+    """The API key the door presents to that leader; empty = the client's own."""
+
+
+class DoorRoutes(WireModel):
+    """opod: the door's whole routing table, applied whole or not at all."""
+
+    revision: str = ""
+    routes: list[DoorRoute] | None = None

@@ -11,7 +11,7 @@ Fields are declared in wire order; their aliases are the JSON keys.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field
 
@@ -220,6 +220,9 @@ class LoadModelRequest(WireModel):
     file: Annotated[str, OMITEMPTY] = ""
     path: str = ""
     pin: bool = False
+    # opod addition: engine flags for this load (for example the RPC parts of a
+    # sharded model: {"rpc": "10.0.0.2:50052,10.0.0.3:50052"}); absent = none.
+    flags: Annotated[dict[str, Any] | None, OMITEMPTY] = None
 
 
 class LoadModelResponse(WireModel):
