@@ -33,6 +33,11 @@ CONFIG_OVERRIDES: tuple[Override, ...] = (
     Override("OPOD_URL", "Base URL of the leader that opod commands talk to (default http://127.0.0.1:8080)."),
     Override("OPOD_ADMIN_URL", "Base URL of the leader's admin listener that opod commands talk to (default http://127.0.0.1:9090)."),
     Override("OPOD_ADMIN_KEY", "Admin key for opod commands (default: the contents of ~/.opod/admin.key)."),
+    Override("OPOD_PROBE_LISTEN", "host:port of a plain listener that serves only /healthz, /readyz, /loadz and /metrics; unset = none."),
+    Override("OPOD_USAGE_RETENTION_DAYS", "Days usage rows and lifecycle events are kept in the store (default 30)."),
+    Override("OPOD_TLS_CERT", "PEM certificate of the leader's public listener; with OPOD_TLS_KEY it serves HTTPS."),
+    Override("OPOD_TLS_KEY", "PEM private key for OPOD_TLS_CERT."),
+    Override("OPOD_DOOR_ROUTES", "Path of the door's routes file (opod up --role door); --routes names it too."),
 )
 
 _OVERRIDE_NAMES = frozenset(o.name for o in CONFIG_OVERRIDES)
