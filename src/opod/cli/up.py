@@ -34,6 +34,7 @@ def command(
                                   default_models=not no_default_models),
             listen=parse_listen(listen or config.read("OPOD_LISTEN") or "0.0.0.0:8080", "0.0.0.0", "--listen"),
             admin_listen=parse_listen(admin_listen or config.read("OPOD_ADMIN_LISTEN") or "127.0.0.1:9090", "127.0.0.1", "--admin-listen"),
+            probe_listen=parse_listen(probe, "0.0.0.0", "OPOD_PROBE_LISTEN") if (probe := config.read("OPOD_PROBE_LISTEN")) else None,
             worker=None if no_worker else WorkerSettings(
                 leader_url="", token="", home=home, engine=engine, threads=threads, flags=engine_flags(),
                 listen=parse_listen(worker_listen or config.read("OPOD_WORKER_LISTEN") or "127.0.0.1:8081", "127.0.0.1", "--worker-listen"),
@@ -61,6 +62,9 @@ async def _run(settings) -> None:
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     out.print(f"[bold]opod {__version__}[/]: OpenAI API on http://{shown}:{public.port}/v1, admin API on http://{admin.address}/api/v1")
     out.print(f"data in {settings.leader.home}")
+    probes = [listener for listener in up.listeners if listener.name == "probe"]
+    if probes:
+        out.print(f"probes (/healthz /readyz /loadz /metrics) also on http://{probes[0].address}")
     if up.leader.new_admin_key:
         out.print(f"[bold]admin key[/] (shown once; also in {settings.leader.home / 'admin.key'}, mode 0600):")
         out.print(f"  {up.leader.new_admin_key}")

@@ -46,7 +46,11 @@ def create_app(ctx: ControlContext) -> FastAPI:
                 ctx.keys.check(request.headers.get("authorization"), kinds=("admin",))
             except Unauthorized as err:
                 return JSONResponse({"error": err.message.replace("API key", "admin key") + " The admin key is in ~/.opod/admin.key."}, status_code=401)
-        return await call_next(request)
+        response = await call_next(request)
+        if request.method not in ("GET", "HEAD"):
+            actor = request.headers.get("x-llmgw-actor", "") or "unknown"
+            ctx.emit("admin.call", request.url.path, {"method": request.method, "status": response.status_code, "actor": actor[:64]})
+        return response
 
     @app.exception_handler(ControlError)
     async def control_error(request: Request, err: ControlError) -> JSONResponse:

@@ -27,6 +27,7 @@ class ControlContext:
     catalog: Catalog
     models_changed: Callable[[], None]
     model_status: Callable[[str], str]
+    emit: Callable[[str, str, dict], None] = lambda *_: None
 
     async def db(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return await asyncio.to_thread(getattr(self.store, method), *args, **kwargs)

@@ -63,6 +63,7 @@ def router(ctx: ControlContext) -> APIRouter:
         ctx.fleet.remove(node_id)
         ctx.tokens.unbind(node_id)
         await ctx.db("delete_node", node_id)
+        ctx.emit("node.removed", node_id, {})
         return {"removed": node_id}
 
     return api

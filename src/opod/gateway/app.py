@@ -11,7 +11,9 @@ import itertools
 import json
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -21,7 +23,9 @@ from opod.fleet.models import ModelRegistry
 from opod.fleet.state import Fleet
 from opod.gateway.errors import BadRequest, BodyTooLarge, GatewayError, ModelNotFound, NotSupported, error_response
 from opod.gateway.keytable import KeyTable
+from opod.gateway.exchange import Exchange
 from opod.gateway.relay import Relay
+from opod.gateway.stats import GatewayStats
 
 MiB = 1 << 20
 
@@ -66,6 +70,13 @@ class Gateway:
         self.keys = keys
         self.relay = relay
         self.require_keys = require_keys
+        self.stats = GatewayStats()
+        self.ledger: Any = None
+        """``opod.ledger.Ledger``: one usage row per request, when the leader has one."""
+        self.admission: Any = None
+        """``opod.gateway.admission.Admission``: engine slots by class and team, when configured."""
+        self.plan: Callable[[], Any] = lambda: None
+        """The mounted plan (``PlanSnapshot``) or ``None``: only its model is served."""
 
     def routes(self) -> list[Route]:
         return [Route(path, handler, methods=[method]) for (method, path), handler in self.handlers().items()]
@@ -78,18 +89,25 @@ class Gateway:
         return out
 
     def _endpoint(self, spec: RouteSpec):
+        protocol = "openai" + spec.path.removeprefix("/v1").replace("/", ".")
+
         async def endpoint(request: Request) -> Response:
             request_id = request_id_for(request)
+            exchange = Exchange(self.stats, self.ledger, request_id, protocol, request.headers)
             try:
-                return await self.serve(request, spec, request_id)
+                return await self.serve(request, spec, exchange)
             except GatewayError as err:
+                exchange.refuse(err.status)
                 return error_response(err, request_id)
 
         return endpoint
 
-    def authenticate(self, request: Request) -> None:
-        if self.require_keys:
-            self.keys.check(request.headers.get("authorization"))
+    def authenticate(self, request: Request):
+        """The caller's key entry; ``None`` when keys are not required and none was sent."""
+        header = request.headers.get("authorization")
+        if not self.require_keys and not header:
+            return None
+        return self.keys.check(header)
 
     async def list_models(self, request: Request) -> Response:
         request_id = request_id_for(request)
@@ -101,8 +119,9 @@ class Gateway:
         data = [{"id": m, "object": "model", "created": now, "owned_by": "opod"} for m in sorted(self.fleet.served_models())]
         return JSONResponse({"object": "list", "data": data}, headers={"X-Request-Id": request_id})
 
-    async def serve(self, request: Request, spec: RouteSpec, request_id: str) -> Response:
-        self.authenticate(request)
+    async def serve(self, request: Request, spec: RouteSpec, exchange: Exchange) -> Response:
+        key = self.authenticate(request)
+        exchange.identify(key)
         body = await read_body(request, spec.body_cap)
         try:
             payload = json.loads(body)
@@ -111,6 +130,7 @@ class Gateway:
         if not isinstance(payload, dict):
             raise BadRequest("The body must be a JSON object.")
         model = self.resolve_model(payload, spec)
+        exchange.model = model
         changed = model != payload.get("model")
         payload["model"] = model
         stream = payload.get("stream") is True
@@ -128,16 +148,27 @@ class Gateway:
                     strip_usage = changed = True
         if changed:
             body = json.dumps(payload).encode()
-        return await self.relay.forward(spec.path, model, body, stream=stream, strip_usage=strip_usage, request_id=request_id)
+        if self.admission is not None:
+            klass = self.admission.resolve_class(getattr(key, "admission_class", ""), request.headers.get("x-opod-class"))
+            exchange.permit = await self.admission.admit(model, klass, getattr(key, "team", "") or exchange.key_id)
+            exchange.route = {"class": klass}
+        exchange.begin(model)
+        return await self.relay.forward(
+            spec.path, model, body, stream=stream, strip_usage=strip_usage, request_id=exchange.request_id,
+            done=exchange.done, started=exchange.started,
+        )
 
     def resolve_model(self, payload: dict, spec: RouteSpec) -> str:
         model = payload.get("model")
         if model is not None and not isinstance(model, str):
             raise BadRequest("model must be a string naming a model (GET /v1/models lists them).", param="model")
+        plan = self.plan()
         if not model or model == "auto":
-            model = self.models.default_for(spec.capability) or ""
+            model = (plan.model if plan is not None else "") or self.models.default_for(spec.capability) or ""
             if not model:
                 raise BadRequest(f"No model given and no default model for {spec.path}; name one (GET /v1/models).", param="model")
+        if plan is not None and plan.model and model != plan.model and not _is_plan_adapter(model, plan):
+            raise ModelNotFound(model, [plan.model])
         known = self.models.active(model)
         if known is None and not self.fleet.serves(model):
             raise ModelNotFound(model, sorted(self.fleet.served_models() | set(self.models.ids())))
@@ -145,6 +176,11 @@ class Gateway:
             code, what = _UNSUPPORTED[spec.capability]
             raise NotSupported(f"The model {model!r} {what}.", code)
         return model
+
+
+def _is_plan_adapter(model: str, plan: Any) -> bool:
+    base, _, adapter = model.partition(":")
+    return base == plan.model and adapter in (plan.adapters or [])
 
 
 DRAIN_LIMIT = 64 * MiB

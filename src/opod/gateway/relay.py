@@ -10,7 +10,9 @@ stream with an error event. When no worker can serve, the client gets 503 with
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 
 import aiohttp
 from starlette.responses import Response, StreamingResponse
@@ -27,6 +29,22 @@ MODEL_HEADER = "X-Opod-Model"
 WORKER_HEADER = "X-Opod-Worker"
 
 
+@dataclass(slots=True)
+class Outcome:
+    """How one relayed request ended, reported once to the caller's ``done`` (usage, stats, admission)."""
+
+    status: int
+    outcome: str
+    """``ok``, ``error`` or ``cancelled`` (the client left)."""
+    node_id: str = ""
+    usage: dict | None = None
+    ttft_ms: int = 0
+    tokens_sent: int = 0
+
+
+Done = Callable[[Outcome], None]
+
+
 class Relay:
     def __init__(self, fleet: Fleet, workers: WorkerClient) -> None:
         self.fleet = fleet
@@ -38,8 +56,10 @@ class Relay:
         """
 
     async def forward(
-        self, path: str, model: str, body: bytes, *, stream: bool, strip_usage: bool, request_id: str
+        self, path: str, model: str, body: bytes, *, stream: bool, strip_usage: bool, request_id: str,
+        done: Done, started: float,
     ) -> Response:
+        """Relay to the best worker; ``done`` is called once, before the client has the answer's end."""
         tried: list[str] = []
         problems: list[str] = []
         for _ in range(MAX_ATTEMPTS):
@@ -47,7 +67,7 @@ class Relay:
             if node is None:
                 break
             tried.append(node.id)
-            answer = await self._attempt(node, path, model, body, stream, strip_usage, request_id, problems)
+            answer = await self._attempt(node, path, model, body, stream, strip_usage, request_id, problems, done, started)
             if answer is not None:
                 return answer
         if not tried:
@@ -64,6 +84,8 @@ class Relay:
         strip_usage: bool,
         request_id: str,
         problems: list[str],
+        done: Done,
+        started: float,
     ) -> Response | None:
         node.in_flight += 1
         handed_over = False
@@ -91,6 +113,7 @@ class Relay:
             if not stream or resp.status != 200:
                 data = await resp.read()
                 self.fleet.succeeded(node)
+                done(Outcome(resp.status, "ok" if resp.status < 400 else "error", node.id, _usage_of(data)))
                 return Response(data, status_code=resp.status, headers=out_headers, media_type=resp.content_type or "application/json")
             first = await resp.content.readany()
             if not first:
@@ -99,8 +122,9 @@ class Relay:
                 return None
             self.fleet.succeeded(node)
             handed_over = True
+            ttft_ms = int((time.perf_counter() - started) * 1000)
             return StreamingResponse(
-                self._stream(node, resp, first, strip_usage),
+                self._stream(node, resp, first, strip_usage, done, ttft_ms),
                 media_type="text/event-stream",
                 headers={**out_headers, "Cache-Control": "no-cache"},
             )
@@ -114,24 +138,51 @@ class Relay:
                 if resp is not None:
                     resp.release()
 
-    async def _stream(self, node: NodeState, resp: aiohttp.ClientResponse, first: bytes, strip_usage: bool) -> AsyncIterator[bytes]:
+    async def _stream(
+        self, node: NodeState, resp: aiohttp.ClientResponse, first: bytes, strip_usage: bool, done: Done, ttft_ms: int
+    ) -> AsyncIterator[bytes]:
         scanner = SSEFilter(strip_usage)
+        sent = 0
+        reported = False
+
+        def report(outcome: str, status: int = 200) -> None:
+            nonlocal reported
+            if not reported:
+                reported = True
+                done(Outcome(status, outcome, node.id, scanner.usage, ttft_ms, sent))
+
         try:
-            out = scanner.feed(first)
-            if out:
-                yield out
-            async for chunk in resp.content.iter_any():
+            chunk: bytes | None = first
+            while chunk is not None:
                 out = scanner.feed(chunk)
                 if out:
+                    sent += out.count(b'"content":"') - out.count(b'"content":""')
+                    if b"data: [DONE]" in out:
+                        report("ok")  # recorded before the client sees the end of its answer
                     yield out
+                chunk = await resp.content.readany() or None
             tail = scanner.flush()
             if tail:
                 yield tail
+            report("ok")
         except (aiohttp.ClientError, TimeoutError, OSError) as err:
+            report("error", 502)
             yield interrupted_event(node.id, err)
         finally:
+            # A client that left raises GeneratorExit/CancelledError here: the tokens it got are what it used.
+            report("cancelled", 499)
             node.in_flight -= 1
             resp.close()
+
+
+def _usage_of(data: bytes) -> dict | None:
+    if b'"usage"' not in data:
+        return None
+    try:
+        usage = json.loads(data).get("usage")
+    except (ValueError, AttributeError):
+        return None
+    return usage if isinstance(usage, dict) else None
 
 
 def interrupted_event(node_id: str, err: BaseException) -> bytes:

@@ -12,21 +12,16 @@ import json
 import logging
 import os
 from dataclasses import dataclass, field
-from datetime import datetime, timezone, UTC
+from datetime import datetime, UTC
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Gauge, generate_latest
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import Route
+from typing import Any
 
 from opod.catalog import Catalog, load_catalog
 from opod.contract import nodeapi
 from opod.contract.catalog import Entry
 from opod.control.app import create_app as create_control_app
 from opod.control.context import ControlContext
-from opod.fastpath import FastPath
 from opod.fleet.models import ANY_NODE, KnownModel, ModelRegistry
 from opod.fleet.state import Fleet, NodeState
 from opod.fleet.tokens import NodeToken, NodeTokenBook
@@ -34,7 +29,9 @@ from opod.fleet.workers import WorkerClient
 from opod.gateway.app import Gateway
 from opod.gateway.keytable import KeyEntry, KeyTable
 from opod.gateway.relay import Relay
+from opod.leader.adminv1.context import AdminContext
 from opod.leader.nodes import NodeRegistry
+from opod.leader.public import probe_app, public_app
 from opod.leader.reconciler import Reconciler
 from opod.security.keys import ADMIN_PREFIX, display_prefix, hash_key, new_secret
 from opod.security.nodetokens import NodeTokenMinter, load_or_create_secret
@@ -67,6 +64,11 @@ class Leader:
     reconciler: Reconciler | None = None
     gateway: Gateway | None = None
     registry: NodeRegistry | None = None
+    ledger: Any = None
+    """``opod.ledger.Ledger``: usage rows and lifecycle events."""
+    shards: Any = None
+    """``opod.shards.ShardManager`` when sharded models are available."""
+    _admin: AdminContext | None = None
     new_admin_key: str | None = None
     """The admin key's plaintext when this start created it: shown once, then forgotten."""
     boot: int = 0
@@ -86,7 +88,7 @@ class Leader:
         leader.workers = WorkerClient(leader.tokens.token_for_node)
         leader.reconciler = Reconciler(leader.fleet, leader.models, leader.workers)
         leader.gateway = Gateway(leader.fleet, leader.models, leader.keys, Relay(leader.fleet, leader.workers), settings.require_keys)
-        leader.registry = NodeRegistry(leader.fleet, leader.tokens, leader.persist, leader.reconciler.kick)
+        leader.registry = NodeRegistry(leader.fleet, leader.tokens, leader.persist, leader.reconciler.kick, leader.emit)
         leader._load_keys()
         leader._ensure_admin_key()
         leader._load_nodes()
@@ -176,42 +178,34 @@ class Leader:
         assert self.tokens is not None and self.reconciler is not None
         return ControlContext(
             store=self.store, keys=self.keys, tokens=self.tokens, fleet=self.fleet, models=self.models,
-            catalog=self.catalog, models_changed=self.reconciler.kick, model_status=self.reconciler.status,
+            catalog=self.catalog, models_changed=self.reconciler.kick, model_status=self.reconciler.status, emit=self.emit,
         )
 
     def admin_app(self):
         return create_control_app(self.control_context())
 
+    def emit(self, type: str, subject: str, data: dict | None = None) -> None:
+        """A lifecycle event for the event stream; logged when the leader has no ledger."""
+        if self.ledger is not None:
+            self.ledger.event(type, subject, data or {})
+        else:
+            log.info("event %s %s %s", type, subject, data or {})
+
+    def admin_context(self) -> AdminContext:
+        if self._admin is None:
+            assert self.workers is not None and self.reconciler is not None and self.gateway is not None
+            self._admin = AdminContext(
+                store=self.store, fleet=self.fleet, models=self.models, workers=self.workers, stats=self.gateway.stats,
+                kick_reconciler=self.reconciler.kick, emit=self.emit, ledger=self.ledger, shards=self.shards,
+                plan=self.gateway.plan,
+            )
+        return self._admin
+
     def public_app(self):
-        assert self.gateway is not None and self.registry is not None
-        metrics = CollectorRegistry()
-        workers_gauge = Gauge("opod_workers_live", "Workers taking new work", registry=metrics)
-        models_gauge = Gauge("opod_models_served", "Models served by at least one live worker", registry=metrics)
+        return public_app(self, self.admin_context())
 
-        async def healthz(request: Request) -> Response:
-            return PlainTextResponse("ok\n")
-
-        async def readyz(request: Request) -> Response:
-            served = sorted(self.fleet.served_models())
-            if served:
-                return JSONResponse({"ready": True, "models": served})
-            wanted = [m.id for m in self.models if m.wants_loaded()]
-            why = f"no live worker serves a model yet (waiting for: {', '.join(wanted)})" if wanted else "no model is loaded; add one with opod model add"
-            return JSONResponse({"ready": False, "reason": why}, status_code=503, headers={"Retry-After": "5"})
-
-        async def metrics_endpoint(request: Request) -> Response:
-            workers_gauge.set(len(self.fleet.live()))
-            models_gauge.set(len(self.fleet.served_models()))
-            return Response(generate_latest(metrics), media_type="text/plain; version=0.0.4")
-
-        routes = [
-            Route("/healthz", healthz, methods=["GET"]),
-            Route("/readyz", readyz, methods=["GET"]),
-            Route("/metrics", metrics_endpoint, methods=["GET"]),
-            *self.registry.routes(),
-            *self.gateway.routes(),
-        ]
-        return FastPath(self.gateway.handlers(), Starlette(routes=routes))
+    def probe_app(self):
+        return probe_app(self, self.admin_context())
 
     async def close(self) -> None:
         if self.workers is not None:

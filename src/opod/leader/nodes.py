@@ -14,7 +14,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timezone, UTC
+from datetime import datetime, UTC
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -49,12 +49,15 @@ class NodeRegistry:
         tokens: NodeTokenBook,
         persist: Callable[[str, dict], Awaitable[None]],
         on_change: Callable[[], None],
+        emit: Callable[[str, str, dict], None] = lambda *_: None,
     ) -> None:
         self.fleet = fleet
         self.tokens = tokens
         self._persist = persist
         self._on_change = on_change
+        self._emit = emit
         self._touched: dict[str, float] = {}
+        self._silent: set[str] = set()
 
     def routes(self) -> list[Route]:
         return [
@@ -84,6 +87,7 @@ class NodeRegistry:
             return admin_error(400, "RegisterRequest: address: required (host:port the leader can dial)", "invalid_request")
         self.tokens.bind(req.id, token_id)
         node = self.fleet.register(req, token_id, hardware)
+        self._emit("node.registered", req.id, {"address": req.address, "engine": hardware.engine, "boot_id": req.boot_id})
         log.info("node %s registered from %s (engine %s)", node.id, node.address, hardware.engine or "unstated")
         now = datetime.now(UTC)
         await self._persist(
@@ -114,10 +118,27 @@ class NodeRegistry:
         node = self.fleet.heartbeat(hb)
         if node is None:
             return admin_error(404, f"node {hb.id!r} is not registered with this leader; register first", "not_found")
-        if node.loaded_models != models_before:
-            self._on_change()
+        self._report_changes(node, hb, models_before)
         now = time.monotonic()
         if now - self._touched.get(node.id, 0.0) > TOUCH_EVERY:
             self._touched[node.id] = now
             asyncio.get_running_loop().create_task(self._persist("touch_node", dict(id=node.id, at=datetime.now(UTC))))
         return Response(nodeapi.HeartbeatResponse(status=nodeapi.Status.OK).to_json(), media_type="application/json")
+
+    def _report_changes(self, node, hb: nodeapi.Heartbeat, before: frozenset[str] | None) -> None:
+        """Events for what this heartbeat changed: models on the node, and the engine going silent or back."""
+        if hb.loaded_models is None:
+            if node.id not in self._silent:
+                self._silent.add(node.id)
+                self._emit("node.engine_silent", node.id, {"reason": "the engine did not answer the worker in time"})
+            return
+        if node.id in self._silent:
+            self._silent.discard(node.id)
+            self._emit("node.engine_reporting", node.id, {})
+        before = before or frozenset()
+        for model in sorted(node.loaded_models - before):
+            self._emit("model.loaded", model, {"node": node.id})
+        for model in sorted(before - node.loaded_models):
+            self._emit("model.unloaded", model, {"node": node.id})
+        if node.loaded_models != before:
+            self._on_change()

@@ -103,7 +103,8 @@ class Reconciler:
             if any(model.id in n.loaded_models for n in live):
                 self._forget(model.id)
                 return []
-            candidates = live
+            # A node where the model is explicitly not wanted is never chosen for "anywhere".
+            candidates = [n for n in live if model.wanted.get(n.id) != "unloaded"]
         else:
             candidates = [n for n in live if n.id == node_key]
             if candidates and model.id in candidates[0].loaded_models:

@@ -25,6 +25,8 @@ class UpSettings:
     leader: LeaderSettings
     listen: tuple[str, int] = ("0.0.0.0", 8080)
     admin_listen: tuple[str, int] = ("127.0.0.1", 9090)
+    probe_listen: tuple[str, int] | None = None
+    """A plain listener serving only the probes (``OPOD_PROBE_LISTEN``)."""
     worker: WorkerSettings | None = None
     """The local worker; ``leader_url`` and ``token`` are filled in here."""
 
@@ -44,6 +46,8 @@ class Up:
         public = Listener(self.leader.public_app(), bind(*s.listen, "the leader"), "public")
         admin = Listener(self.leader.admin_app(), bind(*s.admin_listen, "the admin listener"), "admin")
         self.listeners = [public, admin]
+        if s.probe_listen is not None:
+            self.listeners.append(Listener(self.leader.probe_app(), bind(*s.probe_listen, "the probe listener"), "probe"))
         if s.worker is not None:
             s.worker.leader_url = f"http://127.0.0.1:{public.port}"
             s.worker.token = await asyncio.to_thread(self.leader.local_worker_token)

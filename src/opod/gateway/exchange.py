@@ -1,0 +1,91 @@
+"""One ``/v1`` request's bookkeeping: its usage row, the gateway's counters and its admission slot.
+
+Every request ends exactly once, whatever happens: answered, refused before
+relaying, cut off, or left by its client. The usage row is written before the
+client has the end of its answer, so an answer that arrived is never missing
+from the stream.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from opod.contract.adminapi import SNAPSHOT_KEY_PREFIX
+from opod.gateway.relay import Outcome
+from opod.gateway.stats import PROBE_HEADER, GatewayStats
+
+if TYPE_CHECKING:
+    from opod.gateway.keytable import KeyEntry
+
+
+class Exchange:
+    __slots__ = ("stats", "ledger", "request_id", "protocol", "probe", "started", "key_id", "model", "ticket",
+                 "permit", "ended", "route", "_begun")
+
+    def __init__(self, stats: GatewayStats, ledger: Any, request_id: str, protocol: str, headers) -> None:
+        self.stats = stats
+        self.ledger = ledger
+        self.request_id = request_id
+        self.protocol = protocol
+        self.probe = PROBE_HEADER in headers
+        self.started = time.perf_counter()
+        self.key_id = ""
+        self.model = ""
+        self.ticket: Any = None
+        self.permit: Any = None
+        self.route: dict | None = None
+        self.ended = False
+        self._begun = False
+
+    def identify(self, key: KeyEntry | None) -> None:
+        if key is not None:
+            # Keys from the mounted auth file are recorded as k_cp_<id>, so a manager finds its own ids.
+            from_file = getattr(key, "from_file", False)
+            self.key_id = SNAPSHOT_KEY_PREFIX + key.id.removeprefix(SNAPSHOT_KEY_PREFIX) if from_file else key.id
+
+    def begin(self, model: str) -> None:
+        """The request is about to be relayed: count it in flight and journal its start."""
+        self.model = model
+        self._begun = True
+        if self.probe:
+            return
+        self.stats.started()
+        if self.ledger is not None:
+            self.ticket = self.ledger.begin(request_id=self.request_id, api_key_id=self.key_id, user_id="",
+                                            model=model, protocol=self.protocol)
+
+    def done(self, outcome: Outcome) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        if self.permit is not None:
+            self.permit.release()
+        if self.probe:
+            return
+        if self._begun:
+            self.stats.finished(outcome.status)
+        else:
+            self.stats.refused(outcome.status)
+        if outcome.ttft_ms:
+            self.stats.ttft(outcome.ttft_ms)
+        if self.ledger is None:
+            return
+        if self.ticket is None:
+            self.ticket = self.ledger.begin(request_id=self.request_id, api_key_id=self.key_id, user_id="",
+                                            model=self.model, protocol=self.protocol)
+        usage = outcome.usage or {}
+        completion = usage.get("completion_tokens")
+        self.ledger.end(
+            self.ticket,
+            outcome=outcome.outcome,
+            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            completion_tokens=int(completion if isinstance(completion, int) else outcome.tokens_sent),
+            latency_ms=int((time.perf_counter() - self.started) * 1000),
+            ttft_ms=outcome.ttft_ms,
+            node_id=outcome.node_id,
+            route=self.route,
+        )
+
+    def refuse(self, status: int) -> None:
+        self.done(Outcome(status, "error"))
