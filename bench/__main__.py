@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import typer
 
-from bench import dataplane
+from bench import admission, dataplane
 
 app = typer.Typer(help="opod's benchmarks. Results go to bench/results/ as a markdown table and PNG plots.", no_args_is_help=True)
 app.command("dataplane")(dataplane.command)
+app.command("admission")(admission.command)
 
 
 @app.callback()

@@ -21,6 +21,7 @@ from starlette.routing import Route
 
 from opod.fleet.models import ModelRegistry
 from opod.fleet.state import Fleet
+from opod.gateway.admission import resolve_class
 from opod.gateway.errors import BadRequest, BodyTooLarge, GatewayError, ModelNotFound, NotSupported, error_response
 from opod.gateway.keytable import KeyTable
 from opod.gateway.exchange import Exchange
@@ -149,9 +150,9 @@ class Gateway:
         if changed:
             body = json.dumps(payload).encode()
         if self.admission is not None:
-            klass = self.admission.resolve_class(getattr(key, "admission_class", ""), request.headers.get("x-opod-class"))
-            exchange.permit = await self.admission.admit(model, klass, getattr(key, "team", "") or exchange.key_id)
-            exchange.route = {"class": klass}
+            klass = resolve_class(getattr(key, "admission_class", "") or "", request.headers.get("x-opod-class"))
+            exchange.permit = await self.admission.admit(model, klass, team=getattr(key, "team", "") or "", key_id=exchange.key_id)
+            exchange.route = {"class": str(klass)}
         exchange.begin(model)
         return await self.relay.forward(
             spec.path, model, body, stream=stream, strip_usage=strip_usage, request_id=exchange.request_id,

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from opod.catalog import Catalog, load_catalog
-from opod.contract import nodeapi
+from opod.contract import adminapi, nodeapi
 from opod.contract.catalog import Entry
 from opod.control.app import create_app as create_control_app
 from opod.control.context import ControlContext
@@ -26,6 +26,7 @@ from opod.fleet.models import ANY_NODE, KnownModel, ModelRegistry
 from opod.fleet.state import Fleet, NodeState
 from opod.fleet.tokens import NodeToken, NodeTokenBook
 from opod.fleet.workers import WorkerClient
+from opod.gateway.admission import Admission, fleet_capacity
 from opod.gateway.app import Gateway
 from opod.gateway.keytable import KeyEntry, KeyTable
 from opod.gateway.relay import Relay
@@ -40,6 +41,10 @@ from opod.store import Store
 log = logging.getLogger("opod.leader")
 
 DEFAULT_MODELS = ("smollm2-135m-instruct", "all-minilm-l6-v2")
+
+DEFAULT_ADMISSION = adminapi.PolicyAdmission(hold_ms=30_000, max_held=1024)
+"""Without a policy file, a request waits up to 30 s for an engine slot; a mounted policy's admission
+block replaces this whole (and there, as the contract says, zero means shed at once)."""
 LOCAL_TOKEN_ID = "t_local"
 
 
@@ -88,6 +93,7 @@ class Leader:
         leader.workers = WorkerClient(leader.tokens.token_for_node)
         leader.reconciler = Reconciler(leader.fleet, leader.models, leader.workers)
         leader.gateway = Gateway(leader.fleet, leader.models, leader.keys, Relay(leader.fleet, leader.workers), settings.require_keys)
+        leader.gateway.admission = Admission(fleet_capacity(leader.fleet), DEFAULT_ADMISSION)
         leader.registry = NodeRegistry(leader.fleet, leader.tokens, leader.persist, leader.reconciler.kick, leader.emit)
         leader._load_keys()
         leader._ensure_admin_key()
