@@ -19,8 +19,20 @@ def command(
     open_access: bool = typer.Option(False, "--open", help="Serve /v1 without API keys (trusted networks only)."),
     no_default_models: bool = typer.Option(False, "--no-default-models", help="Do not add the CPU default models on first start."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log debug detail."),
+    role: str = typer.Option("leader", "--role", help="leader (default), or door: a model-name router in front of several leaders."),
+    routes: str = typer.Option("", "--routes", help="With --role door: the routes file (model name → leader) [or OPOD_DOOR_ROUTES]."),
 ) -> None:
     """Start a leader (and a local worker): one OpenAI-compatible endpoint on :8080."""
+    if role == "door":
+        from opod.cli.door import run as run_door
+
+        setup_logging(verbose)
+        run_door(routes or None, listen)
+        return
+    if role != "leader":
+        raise fail(f"--role {role!r}: choose leader or door")
+    if routes:
+        raise fail("--routes is for --role door")
     from opod.leader.leader import LeaderSettings
     from opod.leader.run import UpSettings
     from opod.serving import parse_listen

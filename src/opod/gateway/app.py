@@ -78,6 +78,11 @@ class Gateway:
         """``opod.gateway.admission.Admission``: engine slots by class and team, when configured."""
         self.plan: Callable[[], Any] = lambda: None
         """The mounted plan (``PlanSnapshot``) or ``None``: only its model is served."""
+        self.policy: Callable[[], Any] = lambda: None
+        """The mounted policy's view (``opod.snapshots.policy.PolicyView``) or ``None``."""
+        self.guardrails: Any = None
+        """``opod.gateway.guardrails.Guardrails``: the policy's webhooks."""
+        self.access_log = False
 
     def routes(self) -> list[Route]:
         return [Route(path, handler, methods=[method]) for (method, path), handler in self.handlers().items()]
@@ -95,6 +100,7 @@ class Gateway:
         async def endpoint(request: Request) -> Response:
             request_id = request_id_for(request)
             exchange = Exchange(self.stats, self.ledger, request_id, protocol, request.headers)
+            exchange.access_log = self.access_log
             try:
                 return await self.serve(request, spec, exchange)
             except GatewayError as err:
@@ -104,11 +110,8 @@ class Gateway:
         return endpoint
 
     def authenticate(self, request: Request):
-        """The caller's key entry; ``None`` when keys are not required and none was sent."""
-        header = request.headers.get("authorization")
-        if not self.require_keys and not header:
-            return None
-        return self.keys.check(header)
+        """The caller's key entry; ``None`` for an anonymous request that keys are not required for."""
+        return self.keys.authenticate(request.headers.get("authorization"), self.require_keys)
 
     async def list_models(self, request: Request) -> Response:
         request_id = request_id_for(request)
@@ -149,15 +152,34 @@ class Gateway:
                     strip_usage = changed = True
         if changed:
             body = json.dumps(payload).encode()
+        policy = self.policy()
+        if policy is not None and self.guardrails is not None and policy.guardrails:
+            body = await self.guardrails.pre(policy, exchange.request_id, model, body)
         if self.admission is not None:
             klass = resolve_class(getattr(key, "admission_class", "") or "", request.headers.get("x-opod-class"))
             exchange.permit = await self.admission.admit(model, klass, team=getattr(key, "team", "") or "", key_id=exchange.key_id)
             exchange.route = {"class": str(klass)}
         exchange.begin(model)
-        return await self.relay.forward(
+        response = await self.relay.forward(
             spec.path, model, body, stream=stream, strip_usage=strip_usage, request_id=exchange.request_id,
             done=exchange.done, started=exchange.started,
         )
+        if policy is not None and self.guardrails is not None and policy.guardrails:
+            response = await self._after(policy, exchange, model, body, response, stream)
+        return response
+
+    async def _after(self, policy: Any, exchange: Exchange, model: str, body: bytes, response: Response, stream: bool) -> Response:
+        """The policy's post and logging-only webhooks; a streamed answer is only logged (it is already on its way)."""
+        answer = None if stream else response.body
+        if not stream and response.status_code == 200 and policy.guardrails_for("post"):
+            checked = await self.guardrails.post(policy, exchange.request_id, model, body, answer)
+            if checked is not answer:
+                response = Response(checked, status_code=200, media_type="application/json", headers=dict(response.headers))
+                response.headers["content-length"] = str(len(checked))
+                answer = checked
+        if policy.guardrails_for("logging_only"):
+            self.guardrails.log(policy, exchange.request_id, model, body, answer=answer, status=response.status_code)
+        return response
 
     def resolve_model(self, payload: dict, spec: RouteSpec) -> str:
         model = payload.get("model")

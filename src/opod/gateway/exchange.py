@@ -8,6 +8,7 @@ from the stream.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -15,13 +16,15 @@ from opod.contract.adminapi import SNAPSHOT_KEY_PREFIX
 from opod.gateway.relay import Outcome
 from opod.gateway.stats import PROBE_HEADER, GatewayStats
 
+access = logging.getLogger("opod.access")
+
 if TYPE_CHECKING:
     from opod.gateway.keytable import KeyEntry
 
 
 class Exchange:
     __slots__ = ("stats", "ledger", "request_id", "protocol", "probe", "started", "key_id", "model", "ticket",
-                 "permit", "ended", "route", "_begun")
+                 "permit", "ended", "route", "_begun", "access_log")
 
     def __init__(self, stats: GatewayStats, ledger: Any, request_id: str, protocol: str, headers) -> None:
         self.stats = stats
@@ -37,11 +40,12 @@ class Exchange:
         self.route: dict | None = None
         self.ended = False
         self._begun = False
+        self.access_log = False
 
     def identify(self, key: KeyEntry | None) -> None:
         if key is not None:
             # Keys from the mounted auth file are recorded as k_cp_<id>, so a manager finds its own ids.
-            from_file = getattr(key, "from_file", False)
+            from_file = getattr(key, "source", "") == "snapshot"
             self.key_id = SNAPSHOT_KEY_PREFIX + key.id.removeprefix(SNAPSHOT_KEY_PREFIX) if from_file else key.id
 
     def begin(self, model: str) -> None:
@@ -61,6 +65,9 @@ class Exchange:
         self.ended = True
         if self.permit is not None:
             self.permit.release()
+        if self.access_log:
+            access.info("%s %s %s %d %s %dms node=%s key=%s", self.request_id, self.protocol, self.model or "-", outcome.status,
+                        outcome.outcome, (time.perf_counter() - self.started) * 1000, outcome.node_id or "-", self.key_id or "-")
         if self.probe:
             return
         if self._begun:

@@ -1,16 +1,31 @@
 """The keys the gateway accepts, in memory: checking a key never touches the store.
 
-The control plane updates this table in the same moment it writes the store, so a
-revoked key is refused by the very next request.
+Two sources feed the table. Keys minted here (``opod token create``, the admin
+key) are put and revoked one by one; the control plane updates this table in
+the same moment it writes the store, so a revoked key is refused by the very
+next request. Keys from a manager's auth file (:mod:`opod.snapshots.auth`)
+arrive as one whole snapshot that replaces the previous one in a single
+assignment, so a reader sees the old set or the new one, never a mix; the file
+never touches a local key.
+
+Tombstones (the auth file's ``revokedKeys``) only ever grow: an id once
+tombstoned is refused for as long as this table lives, and the auth file
+persists them so a restart does not lift them either.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime, timezone, UTC
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from types import MappingProxyType
 
-from opod.gateway.errors import Unauthorized
+from opod.contract.adminapi import SNAPSHOT_KEY_PREFIX
+from opod.gateway.errors import GatewayError, Unauthorized
 from opod.security.keys import hash_key
+
+LOCAL = "local"
+SNAPSHOT = "snapshot"
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,11 +38,47 @@ class KeyEntry:
     revoked: bool = False
     team: str = ""
     admission_class: str = ""
+    scope: str = ""
+    source: str = LOCAL
+    """``local`` (minted here) or ``snapshot`` (from the auth file; ``id`` is ``k_cp_<file id>``)."""
+
+
+class StaleSnapshot(GatewayError):
+    """Keys from an auth snapshot older than the policy allows: the manager has to write a fresh one."""
+
+    status = 503
+    type = "service_unavailable"
+    code = "auth_snapshot_stale"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers={"Retry-After": "10"})
+
+
+@dataclass(frozen=True, slots=True)
+class AuthState:
+    """What the last applied auth file says, held as one object so it is swapped whole."""
+
+    revision: str
+    require_keys: bool
+    issued_at: datetime | None
+    by_hash: Mapping[str, KeyEntry] = field(default_factory=dict)
+
+
+def snapshot_key_id(file_id: str) -> str:
+    """The id a key from the auth file carries here and in usage rows: ``k_cp_<id>``."""
+    return file_id if file_id.startswith(SNAPSHOT_KEY_PREFIX) else SNAPSHOT_KEY_PREFIX + file_id
 
 
 class KeyTable:
     def __init__(self) -> None:
         self._by_hash: dict[str, KeyEntry] = {}
+        self._auth: AuthState | None = None
+        """None until an auth file is applied: then the leader's own settings hold."""
+        self._tombstones: frozenset[str] = frozenset()
+        self.max_snapshot_age_sec = 0
+        """The policy's ``auth.maxSnapshotAgeSec``; 0 = fail-static (serve from any snapshot age)."""
+
+    # --- local keys ----------------------------------------------------------
 
     def put(self, entry: KeyEntry) -> None:
         self._by_hash[entry.hash] = entry
@@ -38,7 +89,67 @@ class KeyTable:
                 self._by_hash[digest] = KeyEntry(**{**_fields(entry), "revoked": True})
 
     def __len__(self) -> int:
-        return len(self._by_hash)
+        return len(self._by_hash) + (len(self._auth.by_hash) if self._auth else 0)
+
+    # --- the auth file's keys --------------------------------------------------
+
+    def apply_snapshot(self, revision: str, require_keys: bool, issued_at: datetime | None, entries: Iterable[KeyEntry]) -> None:
+        """Replace every key that came from the auth file with ``entries``, in one assignment.
+
+        A tombstoned entry stays listed so its holder hears "revoked", not "unknown"; it is never accepted.
+        """
+        by_hash = {e.hash: e for e in entries}
+        self._auth = AuthState(revision, require_keys, issued_at, MappingProxyType(by_hash))
+
+    def add_tombstones(self, key_ids: Iterable[str]) -> frozenset[str]:
+        """Refuse these snapshot key ids for good (``bob`` and ``k_cp_bob`` both name ``k_cp_bob``); returns the new ones."""
+        ids = {snapshot_key_id(k) for k in key_ids if k}
+        new = frozenset(ids - self._tombstones)
+        if new:
+            self._tombstones = self._tombstones | new
+        return new
+
+    @property
+    def tombstones(self) -> frozenset[str]:
+        return self._tombstones
+
+    @property
+    def auth(self) -> AuthState | None:
+        """The applied auth file's state, or None when no file was ever applied."""
+        return self._auth
+
+    def snapshot_keys(self) -> list[KeyEntry]:
+        """The auth file's keys that are accepted (tombstoned ones left out)."""
+        if self._auth is None:
+            return []
+        return [e for e in self._auth.by_hash.values() if e.id not in self._tombstones]
+
+    def require_keys(self, default: bool) -> bool:
+        """The auth file's ``requireKeys`` once one is applied, else the leader's own setting."""
+        return self._auth.require_keys if self._auth is not None else default
+
+    def snapshot_age_sec(self, now: datetime | None = None) -> float | None:
+        """Seconds since the auth file's ``issuedAt``; None when no file or no ``issuedAt`` (age unknown)."""
+        auth = self._auth
+        if auth is None or auth.issued_at is None:
+            return None
+        return max(0.0, ((now or datetime.now(UTC)) - auth.issued_at).total_seconds())
+
+    def staleness(self, now: datetime | None = None) -> str | None:
+        """Why keys from the auth file are refused right now, or None when they are not."""
+        limit = self.max_snapshot_age_sec
+        age = self.snapshot_age_sec(now)
+        if limit <= 0 or age is None or age <= limit:
+            return None
+        assert self._auth is not None
+        return (
+            f"The auth snapshot (revision {self._auth.revision!r}) was issued {int(age)} s ago, older than the "
+            f"policy's auth.maxSnapshotAgeSec of {limit} s, so keys from it are refused. The manager must write a "
+            f"fresh auth file (a newer issuedAt) more often than every {limit} s, or set maxSnapshotAgeSec to 0 to "
+            f"keep serving from the last snapshot."
+        )
+
+    # --- checking a request ------------------------------------------------------
 
     def check(self, authorization: str | None, kinds: tuple[str, ...] = ("api", "admin")) -> KeyEntry:
         """The entry for a ``Bearer`` header, or :class:`Unauthorized` saying what is wrong."""
@@ -48,14 +159,40 @@ class KeyTable:
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
             raise Unauthorized("The Authorization header must be `Bearer <key>`.")
-        entry = self._by_hash.get(hash_key(token))
+        digest = hash_key(token)
+        # A local key wins over a file key with the same hash: the file never touches local keys.
+        entry = self._by_hash.get(digest)
+        if entry is None and self._auth is not None:
+            entry = self._auth.by_hash.get(digest)
         if entry is None or entry.kind not in kinds:
             raise Unauthorized("This API key is not known here; check it, or create one with `opod token create`.")
         if entry.revoked:
             raise Unauthorized(f"API key {entry.id} was revoked; ask for a new one.")
+        if entry.source == SNAPSHOT:
+            if entry.id in self._tombstones:
+                raise Unauthorized(f"API key {entry.id} was revoked by the manager (auth file revokedKeys); ask for a new one.")
+            stale = self.staleness()
+            if stale is not None:
+                raise StaleSnapshot(stale)
         if entry.expires_at is not None and entry.expires_at <= datetime.now(UTC):
             raise Unauthorized(f"API key {entry.id} expired at {entry.expires_at:%Y-%m-%d %H:%M} UTC; ask for a new one.")
         return entry
+
+    def authenticate(self, authorization: str | None, default_require: bool) -> KeyEntry | None:
+        """The gateway's check: the caller's key entry, or None for an anonymous request that is allowed.
+
+        When keys are required (the auth file's ``requireKeys``, else ``default_require``)
+        a missing or refused key raises. When they are not, a valid key still names the
+        caller (for usage rows) and anything else is served anonymously.
+        """
+        if self.require_keys(default_require):
+            return self.check(authorization, kinds=("api", "admin"))
+        if not authorization:
+            return None
+        try:
+            return self.check(authorization, kinds=("api", "admin"))
+        except GatewayError:
+            return None
 
 
 def _fields(entry: KeyEntry) -> dict:

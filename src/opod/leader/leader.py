@@ -30,12 +30,15 @@ from opod.gateway.admission import Admission, fleet_capacity
 from opod.gateway.app import Gateway
 from opod.gateway.keytable import KeyEntry, KeyTable
 from opod.gateway.relay import Relay
+from opod.gateway.guardrails import Guardrails
 from opod.leader.adminv1.context import AdminContext
 from opod.leader.nodes import NodeRegistry
 from opod.leader.public import probe_app, public_app
 from opod.leader.reconciler import Reconciler
 from opod.security.keys import ADMIN_PREFIX, display_prefix, hash_key, new_secret
 from opod.security.nodetokens import NodeTokenMinter, load_or_create_secret
+from opod.snapshots.auth import meta_tombstones
+from opod.snapshots.service import Snapshots
 from opod.store import Store
 
 log = logging.getLogger("opod.leader")
@@ -73,6 +76,8 @@ class Leader:
     """``opod.ledger.Ledger``: usage rows and lifecycle events."""
     shards: Any = None
     """``opod.shards.ShardManager`` when sharded models are available."""
+    snapshots: Any = None
+    """``opod.snapshots.service.Snapshots``: the mounted auth, policy and plan files."""
     _admin: AdminContext | None = None
     new_admin_key: str | None = None
     """The admin key's plaintext when this start created it: shown once, then forgotten."""
@@ -212,6 +217,34 @@ class Leader:
 
     def probe_app(self):
         return probe_app(self, self.admin_context())
+
+    async def start_snapshots(self) -> None:
+        """Watch the auth, policy and plan files a manager mounts (CONTRACT.md §3), and apply them live."""
+        assert self.gateway is not None
+        load, add = meta_tombstones(self.store.get_meta, self.store.set_meta)
+        self.snapshots = Snapshots(self.keys, self.emit, load_tombstones=load, add_tombstones=add, client_certs_verified=False)
+        gateway = self.gateway
+        gateway.guardrails = Guardrails()
+        gateway.policy = lambda: self.snapshots.policy.view() if self.snapshots.policy.current() is not None else None
+        gateway.plan = self.snapshots.plan.current
+        self.snapshots.policy.subscribe(self._policy_applied)
+        await self.snapshots.start()
+
+    def _policy_applied(self, view) -> None:
+        assert self.gateway is not None
+        if view.access_log is not None:
+            self.gateway.access_log = view.access_log
+        admission = view.snapshot.admission
+        # An empty admission block means "as before": opod's own default, not shedding at once.
+        policy = admission if admission.to_wire() else DEFAULT_ADMISSION
+        if self.gateway.admission is not None:
+            self.gateway.admission.configure(policy)
+
+    async def stop_snapshots(self) -> None:
+        if self.snapshots is not None:
+            await self.snapshots.stop()
+        if self.gateway is not None and self.gateway.guardrails is not None:
+            await self.gateway.guardrails.close()
 
     async def close(self) -> None:
         if self.workers is not None:

@@ -43,6 +43,7 @@ class Up:
     async def start(self) -> None:
         s = self.settings
         self.leader = await asyncio.to_thread(Leader.open, s.leader)
+        await self.leader.start_snapshots()
         public = Listener(self.leader.public_app(), bind(*s.listen, "the leader"), "public")
         admin = Listener(self.leader.admin_app(), bind(*s.admin_listen, "the admin listener"), "admin")
         self.listeners = [public, admin]
@@ -85,6 +86,7 @@ class Up:
         await asyncio.gather(*tasks, return_exceptions=True)
         servers_stop.set()
         await serving
+        await self.leader.stop_snapshots()
         await self.leader.close()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)

@@ -1,0 +1,241 @@
+"""The auth file (``OPOD_AUTH_FILE``) applied to the gateway's key table.
+
+Keys from the file enter as ``k_cp_<id>`` (usage rows name them so), with
+their expiry, class and team; the whole set replaces the previous file's in one
+swap, so a key removed from the file stops working at once. Locally minted
+keys are never touched. ``revokedKeys`` are tombstones: once seen they are
+refused for good, even when a later file omits the id or lists the key again,
+and they are handed to the lead's persistence (the store's meta table) before
+they take effect in memory, so a restart does not lift them.
+
+Worker client certificates (``nodeMtls``, ``nodeCertCa``, ``revokedCerts``) are
+parsed, validated and held. Nothing in opod verifies a worker's certificate
+yet: that needs a TLS listener on the join path which asks for client
+certificates, and opod does not have one. Until the lead builds it (and passes
+``client_certs_verified=True``), ``allow`` is held but changes nothing (the
+join token stays the credential, and the event says so), and ``require`` is
+refused with a reason rather than pretended.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import ssl
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from opod.contract.adminapi import AuthSnapshot
+from opod.gateway.keytable import SNAPSHOT, KeyEntry, KeyTable, snapshot_key_id
+from opod.snapshots.parsing import decode, rfc3339
+from opod.snapshots.watch import SnapshotError
+
+log = logging.getLogger("opod.snapshots")
+
+_HEX = frozenset("0123456789abcdef")
+
+
+# --- worker client certificates -------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NodeMtls:
+    """The auth file's worker-certificate policy, as held (not necessarily enforced: see ``enforced``)."""
+
+    mode: str = "off"
+    """``off``, ``allow`` or ``require`` (an empty ``nodeMtls`` is ``off``)."""
+    ca_pem: str = ""
+    revoked_serials: frozenset[str] = frozenset()
+    """Lowercase hex serial numbers without separators."""
+    enforced: bool = False
+    """True only when a TLS listener on the join path really checks client certificates."""
+
+    def describe(self) -> str:
+        if self.mode == "off":
+            return "off"
+        if self.enforced:
+            return self.mode
+        return f"{self.mode} (held, not enforced: no TLS listener checks worker certificates; the join token stays the credential)"
+
+    def is_revoked(self, serial: int | str) -> bool:
+        """Whether a peer certificate's serial (an int, or hex text with or without colons) is revoked."""
+        text = format(serial, "x") if isinstance(serial, int) else _serial(serial)
+        return text in {_serial(s) for s in self.revoked_serials}
+
+    def server_context(self, certfile: str, keyfile: str) -> ssl.SSLContext:
+        """A TLS server context that asks workers for a certificate signed by ``ca_pem``.
+
+        For the lead's future TLS join listener: ``allow`` asks (optional), ``require``
+        insists. Revoked serials are not checked by the context; check ``is_revoked``
+        on the peer certificate after the handshake.
+        """
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(certfile, keyfile)
+        if self.mode in ("allow", "require") and self.ca_pem:
+            context.load_verify_locations(cadata=self.ca_pem)
+            context.verify_mode = ssl.CERT_REQUIRED if self.mode == "require" else ssl.CERT_OPTIONAL
+        return context
+
+
+def _serial(text: str) -> str:
+    return text.lower().replace(":", "").lstrip("0") or "0"
+
+
+def _node_mtls(snap: AuthSnapshot, client_certs_verified: bool) -> NodeMtls:
+    mode = snap.node_mtls or "off"
+    for i, serial in enumerate(snap.revoked_certs or []):
+        if not serial or not set(serial) <= _HEX:
+            raise SnapshotError(
+                f"revokedCerts[{i}]: {serial!r} is not a serial number in lowercase hex without separators (e.g. 0a1b2c)"
+            )
+    ca = snap.node_cert_ca.strip()
+    if ca:
+        if "-----BEGIN CERTIFICATE-----" not in ca:
+            raise SnapshotError("nodeCertCa: not PEM; give one or more -----BEGIN CERTIFICATE----- blocks")
+        try:
+            ssl.create_default_context(cadata=ca)
+        except (ssl.SSLError, ValueError) as err:
+            raise SnapshotError(f"nodeCertCa: the PEM does not load as CA certificates ({err}); give the CA that signs worker certificates") from None
+    if mode in ("allow", "require") and not ca:
+        raise SnapshotError(f"nodeMtls: {mode!r} needs nodeCertCa, the PEM of the CA that signs worker certificates")
+    if mode == "require" and not client_certs_verified:
+        raise SnapshotError(
+            "nodeMtls: 'require' cannot be honoured: this leader has no TLS listener that checks worker client "
+            "certificates, so every worker would be refused. Write 'allow' or 'off' (the join token stays the credential)."
+        )
+    return NodeMtls(mode, ca, frozenset(snap.revoked_certs or []), enforced=client_certs_verified and mode != "off")
+
+
+# --- tombstone persistence ----------------------------------------------------------------
+
+LoadTombstones = Callable[[], Iterable[str]]
+AddTombstones = Callable[[Collection[str]], None]
+
+TOMBSTONES_META_KEY = "auth_file.revoked_keys"
+
+
+def meta_tombstones(get_meta: Callable[[str], str | None], set_meta: Callable[[str, str], None],
+                    key: str = TOMBSTONES_META_KEY) -> tuple[LoadTombstones, AddTombstones]:
+    """Tombstones kept as a JSON list under one key of the store's meta table (``store.get_meta``, ``store.set_meta``)."""
+
+    def load() -> list[str]:
+        text = get_meta(key)
+        if not text:
+            return []
+        value = json.loads(text)
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ValueError(f"meta {key!r} does not hold a JSON list of key ids")
+        return value
+
+    def add(ids: Collection[str]) -> None:
+        # Read, merge, write: a tombstone is never dropped by a later write.
+        merged = sorted(set(load()) | set(ids))
+        set_meta(key, json.dumps(merged))
+
+    return load, add
+
+
+# --- the applier ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedAuth:
+    snapshot: AuthSnapshot
+    entries: tuple[KeyEntry, ...]
+    issued_at: datetime | None
+    mtls: NodeMtls
+    revoked: frozenset[str] = field(default_factory=frozenset)
+
+
+class AuthFile:
+    """Applies auth snapshots to ``keys``. Pass it to a :class:`~opod.snapshots.watch.FileWatcher`."""
+
+    kind = "auth"
+
+    def __init__(self, keys: KeyTable, *, load_tombstones: LoadTombstones | None = None,
+                 add_tombstones: AddTombstones | None = None, client_certs_verified: bool = False) -> None:
+        self.keys = keys
+        self._add_tombstones = add_tombstones
+        self.client_certs_verified = client_certs_verified
+        """Set by the lead only once the join path's TLS listener checks worker certificates."""
+        self._revision: str | None = None
+        self._mtls = NodeMtls()
+        if load_tombstones is not None:
+            # Before any file: an id revoked before a restart is refused from the first request on.
+            keys.add_tombstones(load_tombstones())
+
+    @property
+    def revision(self) -> str | None:
+        return self._revision
+
+    @property
+    def node_mtls(self) -> NodeMtls:
+        """The current worker-certificate policy (mode ``off`` until a file says otherwise)."""
+        return self._mtls
+
+    def parse(self, data: bytes) -> ParsedAuth:
+        snap = decode(AuthSnapshot, data, "auth file")
+        issued_at = rfc3339(snap.issued_at, "issuedAt")
+        revoked = set()
+        for i, key_id in enumerate(snap.revoked_keys or []):
+            if not key_id.strip():
+                raise SnapshotError(f"revokedKeys[{i}]: empty; list the ids of revoked keys")
+            revoked.add(snapshot_key_id(key_id.strip()))
+        entries = []
+        ids: dict[str, int] = {}
+        hashes: dict[str, str] = {}
+        for i, key in enumerate(snap.keys or []):
+            where = f"keys[{i}]"
+            if not key.id or not key.id.isprintable() or any(c.isspace() for c in key.id):
+                raise SnapshotError(f"{where}.id: {key.id!r} must be a non-empty id without spaces (e.g. alice-laptop)")
+            key_id = snapshot_key_id(key.id)  # "bob" and "k_cp_bob" are the same key here
+            if key_id in ids:
+                raise SnapshotError(f"{where}.id: {key.id!r} is also keys[{ids[key_id]}].id; each key needs its own id")
+            ids[key_id] = i
+            if len(key.hash) != 64 or not set(key.hash) <= _HEX:
+                raise SnapshotError(
+                    f"{where}.hash (id {key.id!r}): must be the lowercase hex SHA-256 of the key, 64 characters; never the key itself"
+                )
+            if key.hash in hashes:
+                raise SnapshotError(f"{where}.hash (id {key.id!r}): the same hash as key {hashes[key.hash]!r}; one key, one id")
+            hashes[key.hash] = key.id
+            expires = rfc3339(key.expires_at, f"{where}.expiresAt (id {key.id!r})")
+            entries.append(KeyEntry(
+                id=key_id, kind="api", name=key.name or key.id, hash=key.hash, expires_at=expires,
+                team=key.team, admission_class=key.admission_class, scope=key.scope, source=SNAPSHOT,
+            ))
+        mtls = _node_mtls(snap, self.client_certs_verified)
+        return ParsedAuth(snap, tuple(entries), issued_at, mtls, frozenset(revoked))
+
+    def apply(self, parsed: ParsedAuth) -> dict[str, Any]:
+        snap = parsed.snapshot
+        new = parsed.revoked - self.keys.tombstones
+        persisted = True
+        if new and self._add_tombstones is not None:
+            try:
+                self._add_tombstones(sorted(new))
+            except Exception as err:  # still refuse them now; say that a restart could forget them
+                persisted = False
+                log.error("could not persist revoked keys %s: %s", sorted(new), err)
+        self.keys.add_tombstones(new)
+        self.keys.apply_snapshot(snap.revision, snap.require_keys, parsed.issued_at, parsed.entries)
+        self._mtls = parsed.mtls
+        self._revision = snap.revision
+        served = len(self.keys.snapshot_keys())
+        data: dict[str, Any] = {
+            "revision": snap.revision,
+            "keys": served,
+            "require_keys": snap.require_keys,
+            "issued_at": snap.issued_at,
+            "revoked_keys": len(self.keys.tombstones),
+            "node_mtls": parsed.mtls.describe(),
+        }
+        if new:
+            data["new_revoked_keys"] = sorted(new)
+        if len(parsed.entries) != served:
+            data["refused_rows"] = sorted(e.id for e in parsed.entries if e.id in self.keys.tombstones)
+        if not persisted:
+            data["warning"] = "revoked keys apply now but could not be saved; a restart may forget those the file no longer lists"
+        return data

@@ -1,0 +1,95 @@
+"""What the snapshot, guardrail and door tests share: atomic writes, real servers on free ports, events."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+
+from opod.fleet.models import ModelRegistry
+from opod.fleet.state import Fleet
+from opod.fleet.workers import WorkerClient
+from opod.gateway.app import Gateway
+from opod.gateway.keytable import KeyTable
+from opod.gateway.relay import Relay
+from opod.serving import QuietServer, bind
+
+
+def write_atomic(path: Path, content: Any) -> None:
+    """What a manager does: write a temp file beside the target, then rename it over."""
+    data = content if isinstance(content, (bytes, str)) else json.dumps(content, indent=2)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+    os.replace(tmp, path)
+
+
+class Events:
+    """An ``emit`` that records what it is given."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[str, str, dict[str, Any]]] = []
+
+    def __call__(self, type_: str, subject: str, data: dict[str, Any]) -> None:
+        self.items.append((type_, subject, data))
+
+    def of(self, type_: str) -> list[dict[str, Any]]:
+        return [d for t, _, d in self.items if t == type_]
+
+    def types(self) -> list[str]:
+        return [t for t, _, _ in self.items]
+
+
+async def eventually(check: Callable[[], Any] | Callable[[], Awaitable[Any]], within: float = 2.0, step: float = 0.05) -> float:
+    """Wait until ``check()`` is truthy; returns the seconds it took, fails after ``within``."""
+    start = time.monotonic()
+    while True:
+        value = check()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return time.monotonic() - start
+        if time.monotonic() - start > within:
+            raise AssertionError(f"not true within {within} s")
+        await asyncio.sleep(step)
+
+
+@contextlib.asynccontextmanager
+async def serving(app: Any) -> AsyncIterator[str]:
+    """Serve an ASGI app on a free loopback port in this event loop; yields its base URL."""
+    sock = bind("127.0.0.1", 0, "a test server")
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", loop="none",
+                            timeout_graceful_shutdown=1)
+    server = QuietServer(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()
+
+
+class WiredGateway(Gateway):
+    """The real gateway with the one line the lead adds: keys checked through the auth file's rules."""
+
+    def authenticate(self, request) -> None:  # type: ignore[override]
+        self.keys.authenticate(request.headers.get("authorization"), self.require_keys)
+
+
+def gateway_app(keys: KeyTable, require_keys: bool = True) -> Starlette:
+    fleet = Fleet()
+    gateway = WiredGateway(fleet, ModelRegistry(), keys, Relay(fleet, WorkerClient(lambda _: None)), require_keys)
+    return Starlette(routes=gateway.routes())
