@@ -37,6 +37,7 @@ from opod.leader.public import probe_app, public_app
 from opod.leader.reconciler import Reconciler
 from opod.security.keys import ADMIN_PREFIX, display_prefix, hash_key, new_secret
 from opod.security.nodetokens import NodeTokenMinter, load_or_create_secret
+from opod.ledger import Ledger
 from opod.snapshots.auth import meta_tombstones
 from opod.snapshots.service import Snapshots
 from opod.store import Store
@@ -93,12 +94,14 @@ class Leader:
         for problem in leader.catalog.problems:
             log.warning("catalog: %s", problem)
         leader.boot = store.next_boot()
+        leader.ledger = Ledger.open(store, settings.home, boot=leader.boot)
         minter = NodeTokenMinter(load_or_create_secret(settings.home / "node-secret"))
         leader.tokens = NodeTokenBook(minter)
         leader.workers = WorkerClient(leader.tokens.token_for_node)
         leader.reconciler = Reconciler(leader.fleet, leader.models, leader.workers)
         leader.gateway = Gateway(leader.fleet, leader.models, leader.keys, Relay(leader.fleet, leader.workers), settings.require_keys)
         leader.gateway.admission = Admission(fleet_capacity(leader.fleet), DEFAULT_ADMISSION)
+        leader.gateway.ledger = leader.ledger
         leader.registry = NodeRegistry(leader.fleet, leader.tokens, leader.persist, leader.reconciler.kick, leader.emit)
         leader._load_keys()
         leader._ensure_admin_key()
@@ -249,6 +252,9 @@ class Leader:
     async def close(self) -> None:
         if self.workers is not None:
             await self.workers.close()
+        if self.ledger is not None:
+            await self.ledger.flush()
+            self.ledger.close()
         await asyncio.to_thread(self.store.close)
 
     def wait_ready(self) -> bool:

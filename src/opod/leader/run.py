@@ -74,6 +74,8 @@ class Up:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.stop.set)
         serving = asyncio.create_task(serve(self.listeners, servers_stop))
+        ledger_stop = asyncio.Event()
+        writer = asyncio.create_task(self.leader.ledger.run(ledger_stop))
         tasks = [asyncio.create_task(self.leader.reconciler.run(self.stop)), asyncio.create_task(self._report())]
         if self.worker is not None:
             tasks.append(asyncio.create_task(self._run_worker()))
@@ -86,6 +88,8 @@ class Up:
         await asyncio.gather(*tasks, return_exceptions=True)
         servers_stop.set()
         await serving
+        ledger_stop.set()  # after the listeners: the last answers' rows are written before the leader exits
+        await writer
         await self.leader.stop_snapshots()
         await self.leader.close()
         for sig in (signal.SIGINT, signal.SIGTERM):

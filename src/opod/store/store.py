@@ -14,15 +14,17 @@ from sqlalchemy.exc import DBAPIError
 
 from opod.store.engine import make_engine, mask, reason, resolve_url
 from opod.store.errors import StoreError
+from opod.store.events import EventsRepo
 from opod.store.keys import KeysRepo
 from opod.store.meta import MetaRepo
 from opod.store.migrate import upgrade
 from opod.store.models import ModelsRepo
 from opod.store.nodes import NodesRepo
 from opod.store.placements import PlacementsRepo
+from opod.store.usage import UsageRepo
 
 
-class Store(KeysRepo, NodesRepo, ModelsRepo, PlacementsRepo, MetaRepo):
+class Store(KeysRepo, NodesRepo, ModelsRepo, PlacementsRepo, MetaRepo, UsageRepo, EventsRepo):
     def __init__(self, engine: Engine) -> None:
         """Use :meth:`open`; this wraps an engine whose database is already migrated."""
         self._engine = engine

@@ -202,8 +202,8 @@ def router(ctx: AdminContext) -> APIRouter:
     def _paging(after: int, limit: int | None) -> None:
         if after < 0:
             raise AdminError(400, "after must be a cursor id ≥ 0 (the `next` of the previous page)")
-        if limit is not None and limit < 1:
-            raise AdminError(400, "limit must be between 1 and 1000 (default 500)")
+        if limit is not None and limit < 0:
+            raise AdminError(400, "limit must be between 1 and 1000 (0 or absent = 500; more than 1000 reads as 1000)")
 
     @api.get("/admin/v1/usage/stream")
     async def usage_stream(after: int = 0, limit: int | None = None) -> Response:

@@ -1,0 +1,186 @@
+"""Journal records: how a request's start and end and a lifecycle event are written, and read back.
+
+Every record is a flat JSON object; ``rec`` says which kind, ``entry`` is the ledger's own key
+(unique per ledger instance and counter; the store keeps it UNIQUE, so a replay stores nothing
+twice) and ``ts_us`` is unix microseconds.
+
+- ``start``: ``entry, ts_us, request_id, api_key_id, user_id, model, protocol``
+- ``end``: the start's fields with the end's ``ts_us``, plus ``outcome, prompt_tokens,
+  completion_tokens, latency_ms, ttft_ms, node_id, route_json`` (JSON text or null). Complete on
+  its own: a row is built from it without its start.
+- ``event``: ``entry, ts_us, type, subject, data_json`` (JSON object text)
+
+Recovery: an end becomes its row; a start without an end becomes an ``interrupted`` row (at the
+start's time, counts 0: the journal does not know how far it got); an event becomes its event.
+
+Values are cleaned on the way in (text cut to the store's limit, NUL removed, counts made whole
+numbers ≥ 0), because ``end`` runs on the request path and must never raise, and a value the
+store would refuse must not block a whole batch later. Each cleaning is logged, naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from opod.ledger.journal import Line
+from opod.store.base import MAX_TEXT
+from opod.store.events import INT64_MAX, NewEvent
+from opod.store.usage import NewUsage
+
+log = logging.getLogger("opod.ledger")
+
+OUTCOMES = ("ok", "error", "cancelled", "interrupted")
+INTERRUPTED = "interrupted"
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_START_FIELDS = ("request_id", "api_key_id", "user_id", "model", "protocol")
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def at_us(ts_us: int) -> datetime:
+    # Integer arithmetic: a float of seconds would round some microseconds away.
+    return EPOCH + timedelta(microseconds=ts_us)
+
+
+def text(value: object, name: str) -> str:
+    """``value`` as text the store keeps; anything else is converted, and the change logged."""
+    if type(value) is str and len(value) <= MAX_TEXT and "\x00" not in value:
+        return value  # the common case, first and cheap
+    if value is None:
+        return ""
+    cleaned = (value if isinstance(value, str) else str(value)).replace("\x00", "")[:MAX_TEXT]
+    log.warning("ledger: %s %r was stored as %r; pass text of at most %d characters without NUL", name, value, cleaned, MAX_TEXT)
+    return cleaned
+
+
+def count(value: object, name: str) -> int:
+    """``value`` as a whole number from 0 to 2^63-1; anything else is converted, and logged."""
+    if type(value) is int and 0 <= value <= INT64_MAX:
+        return value
+    try:
+        number = int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError, OverflowError):
+        number = 0
+    number = min(max(number, 0), INT64_MAX)
+    log.warning("ledger: %s %r was stored as %d; pass a whole number ≥ 0", name, value, number)
+    return number
+
+
+def outcome(value: object) -> str:
+    if value in OUTCOMES:
+        return value  # type: ignore[return-value]
+    # Kept as given (the wire field is free text), but it is a gateway bug worth seeing.
+    log.warning("ledger: outcome %r is not one of %s; stored as given", value, ", ".join(OUTCOMES))
+    return text(value, "outcome") or "error"
+
+
+def json_text(value: object, name: str) -> str:
+    """A dict as compact JSON text; values JSON cannot hold are written with str()."""
+    if not isinstance(value, Mapping):
+        log.warning("ledger: %s must be a dict, not %s; stored under the key \"value\"", name, type(value).__name__)
+        value = {"value": value}
+    try:
+        return json.dumps(value, separators=(",", ":"), default=str)
+    except (ValueError, TypeError) as err:  # a cycle, or keys JSON cannot hold
+        log.warning("ledger: %s cannot be written as JSON (%s); stored as its text", name, err)
+        return json.dumps({"value": str(value)})
+
+
+@dataclass(slots=True)
+class UsageTicket:
+    """One request between ``Ledger.begin`` and ``Ledger.end``."""
+
+    entry: str
+    request_id: str
+    api_key_id: str
+    user_id: str
+    model: str
+    protocol: str
+    started_us: int
+    ended: bool = field(default=False)
+
+
+def start_record(ticket: UsageTicket) -> dict[str, Any]:
+    return {
+        "rec": "start",
+        "entry": ticket.entry,
+        "ts_us": ticket.started_us,
+        "request_id": ticket.request_id,
+        "api_key_id": ticket.api_key_id,
+        "user_id": ticket.user_id,
+        "model": ticket.model,
+        "protocol": ticket.protocol,
+    }
+
+
+def end_record(ticket: UsageTicket, ts_us: int, result: dict[str, Any]) -> dict[str, Any]:
+    return {**start_record(ticket), "rec": "end", "ts_us": ts_us, **result}
+
+
+def interrupted_record(start: dict[str, Any]) -> dict[str, Any]:
+    zeros = {"prompt_tokens": 0, "completion_tokens": 0, "latency_ms": 0, "ttft_ms": 0}
+    return {**start, "rec": "end", "outcome": INTERRUPTED, **zeros, "node_id": "", "route_json": None}
+
+
+def event_record(entry: str, ts_us: int, type: str, subject: str, data_json: str) -> dict[str, Any]:
+    return {"rec": "event", "entry": entry, "ts_us": ts_us, "type": type, "subject": subject, "data_json": data_json}
+
+
+def to_row(record: dict[str, Any]) -> NewUsage | NewEvent:
+    """The store row for an end or event record; ValueError when the record is not one."""
+    kind, entry, ts_us = record.get("rec"), record.get("entry"), record.get("ts_us")
+    if not isinstance(entry, str) or not entry or type(ts_us) is not int:
+        raise ValueError("a record needs an entry (text) and ts_us (unix microseconds)")
+    if kind == "event":
+        return NewEvent(
+            entry=entry, ts=at_us(ts_us), type=text(record.get("type"), "event type") or "unknown",
+            subject=text(record.get("subject"), "event subject"), data_json=record.get("data_json") or "{}",
+        )
+    if kind != "end":
+        raise ValueError(f"rec {kind!r} is neither an end nor an event")
+    route = record.get("route_json")
+    return NewUsage(
+        entry=entry,
+        ts=at_us(ts_us),
+        **{name: text(record.get(name), name) for name in (*_START_FIELDS, "node_id")},
+        prompt_tokens=count(record.get("prompt_tokens"), "prompt_tokens"),
+        completion_tokens=count(record.get("completion_tokens"), "completion_tokens"),
+        latency_ms=count(record.get("latency_ms"), "latency_ms"),
+        ttft_ms=count(record.get("ttft_ms"), "ttft_ms"),
+        outcome=text(record.get("outcome"), "outcome") or "error",
+        route_json=route if isinstance(route, str) else None,
+    )
+
+
+@dataclass(slots=True)
+class Recovered:
+    records: list[dict[str, Any]]  # ends (real and interrupted) and events, oldest first
+    ended: int = 0
+    interrupted: int = 0
+    events: int = 0
+
+
+def recover(lines: Iterable[Line]) -> Recovered:
+    """What the journal says must be in the store. A record seen twice (a start carried into a
+    newer segment, a segment replayed twice) counts once."""
+    starts: dict[str, dict[str, Any]] = {}
+    ends: dict[str, dict[str, Any]] = {}
+    events: dict[str, dict[str, Any]] = {}
+    for line in lines:
+        record, entry = line.record, line.record.get("entry")
+        kind = record.get("rec")
+        if not isinstance(entry, str) or kind not in ("start", "end", "event"):
+            log.error("ledger journal %s line %d is not a start, end or event; skipped", line.segment, line.number)
+            continue
+        {"start": starts, "end": ends, "event": events}[kind].setdefault(entry, record)
+    interrupted = [interrupted_record(start) for entry, start in starts.items() if entry not in ends]
+    records = sorted([*ends.values(), *interrupted, *events.values()], key=lambda r: r.get("ts_us") if type(r.get("ts_us")) is int else 0)
+    return Recovered(records, ended=len(ends), interrupted=len(interrupted), events=len(events))

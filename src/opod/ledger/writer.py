@@ -1,0 +1,111 @@
+"""Group commit: records waiting in memory go to the store in batches, one transaction per batch.
+
+While one batch commits, the next one fills, so the batch size follows the load by itself: one
+row per transaction when idle, up to ``BATCH_MAX`` under load. A record leaves memory only after
+its transaction committed; a failed commit leaves it queued (and in the journal) for the retry.
+
+A record the store refuses (InvalidInput: something ``records.py`` failed to clean) would block
+every later one, so a refused batch is retried record by record, and a record refused on its own
+is moved to ``rejected.jsonl`` beside the journal, with the reason, and logged: kept for a person
+to look at, instead of blocking the ledger or vanishing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import Sequence
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+from opod.ledger.records import to_row
+from opod.store import InvalidInput, Store
+from opod.store.events import NewEvent
+from opod.store.usage import NewUsage
+
+log = logging.getLogger("opod.ledger")
+
+BATCH_MAX = 2000
+
+
+def commit_records(store: Store, records: Sequence[dict[str, Any]], rejected: Path) -> int:
+    """Store end and event records in one transaction; refused ones go to ``rejected``.
+
+    Returns how many were new to the store (a replayed record may be there already). Raises
+    StoreError when the store cannot be written at all: nothing was stored, retry later.
+    """
+    new = 0
+    usage: list[NewUsage] = []
+    events: list[NewEvent] = []
+    source: dict[int, dict[str, Any]] = {}  # id(row) → its record, to name a refused one
+    bad: list[tuple[dict[str, Any], str]] = []
+    for record in records:
+        try:
+            row = to_row(record)
+        except ValueError as err:
+            bad.append((record, str(err)))
+            continue
+        source[id(row)] = record
+        (events if isinstance(row, NewEvent) else usage).append(row)
+    try:
+        new += sum(store.append_ledger(usage, events))
+    except InvalidInput:
+        for row in (*usage, *events):
+            try:
+                new += sum(store.append_ledger([row], []) if isinstance(row, NewUsage) else store.append_ledger([], [row]))
+            except InvalidInput as err:
+                bad.append((source[id(row)], str(err)))
+    for record, why in bad:
+        _reject(rejected, record, why)
+    return new
+
+
+def _reject(path: Path, record: dict[str, Any], why: str) -> None:
+    log.error("LEDGER: a record was refused (%s); it is kept in %s for a person to look at", why, path)
+    line = json.dumps({"refused_at_us": time.time_ns() // 1000, "why": why, "record": record}, default=str) + "\n"
+    try:
+        with path.open("a", encoding="utf-8") as handle:
+            handle.write(line)
+    except OSError as err:
+        log.error("LEDGER: cannot write %s (%s); the refused record was: %s", path, err.strerror, line.strip())
+
+
+class Writer:
+    def __init__(self, store: Store, rejected: Path, *, batch_max: int = BATCH_MAX) -> None:
+        self.store = store
+        self.rejected = rejected
+        self.batch_max = batch_max
+        self._pending: deque[tuple[int, dict[str, Any]]] = deque()
+        self.recorded = 0  # sequence number of the last record added
+        self.committed = 0  # every record up to this number is in the store
+        self._lock: asyncio.Lock | None = None
+
+    @property
+    def backlog(self) -> int:
+        return len(self._pending)
+
+    def add(self, record: dict[str, Any]) -> None:
+        """Queue one end or event record. The caller serializes calls (the ledger's lock)."""
+        self.recorded += 1
+        self._pending.append((self.recorded, record))
+
+    async def drain(self, upto: int | None = None) -> None:
+        """Commit until every record up to ``upto`` (default: all added so far) is in the store.
+
+        Raises StoreError when a commit fails; what is not committed stays queued.
+        """
+        target = self.recorded if upto is None else upto
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            while self.committed < target and self._pending:
+                batch = list(islice(self._pending, self.batch_max))
+                await asyncio.to_thread(commit_records, self.store, [record for _, record in batch], self.rejected)
+                # Only this coroutine (under the lock) removes from the left; add() appends on the right.
+                for _ in batch:
+                    self._pending.popleft()
+                self.committed = batch[-1][0]

@@ -1,0 +1,133 @@
+"""The writer and the request path under faults: a store that fails, a journal that cannot be
+written, values the store would refuse, ends from other threads, a clean stop."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import threading
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from opod.ledger import Ledger
+from opod.store import Store
+from tests.ledger.conftest import request
+
+
+async def _until(condition, seconds: float = 10.0) -> None:
+    for _ in range(int(seconds / 0.01)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("timed out")
+
+
+async def test_the_running_writer_commits_soon_after_end(ledger: Ledger) -> None:
+    stop = asyncio.Event()
+    writer = asyncio.create_task(ledger.run(stop))
+    request(ledger, 5)
+    await _until(lambda: len(ledger.store.usage_after(0, 10)) == 5, 5)
+    stop.set()
+    await writer
+
+
+async def test_rows_wait_out_a_failing_store_and_are_committed_when_it_is_back(
+    db_url: str, store: Store, home: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ledger = Ledger.open(store, home, keep=timedelta(days=1))
+    ledger.writer.store = broken = Store.open(db_url)
+    broken.close()  # every commit now fails with "the store is closed"
+    stop = asyncio.Event()
+    writer = asyncio.create_task(ledger.run(stop))
+    request(ledger, 10)
+    await _until(lambda: "cannot commit 10 records" in caplog.text)
+    assert store.usage_after(0, 100) == [] and ledger.writer.backlog == 10
+    ledger.writer.store = store  # the database is back
+    await _until(lambda: len(store.usage_after(0, 100)) == 10, 15)
+    stop.set()
+    await writer
+    ledger.close()
+
+
+async def test_a_stop_commits_what_is_left_and_trims_the_journal(ledger: Ledger, home: Path) -> None:
+    stop = asyncio.Event()
+    writer = asyncio.create_task(ledger.run(stop))
+    in_flight = ledger.begin(request_id="long", api_key_id="", user_id="", model="m", protocol="openai")
+    request(ledger, 50)
+    stop.set()
+    await writer
+    assert len(ledger.store.usage_after(0, 100)) == 50
+    [segment] = sorted((home / "ledger").glob("journal-*.jsonl"))
+    lines = [json.loads(line) for line in segment.read_text().splitlines()]
+    # The committed ends are gone from the journal; the start still in flight was carried over.
+    assert [line.get("rec") for line in lines] == [None, "start"] and lines[1]["request_id"] == "long"
+    ledger.close()
+    assert in_flight.ended is False
+
+
+async def test_a_journal_that_cannot_be_written_keeps_the_row_in_memory(ledger: Ledger, caplog: pytest.LogCaptureFixture) -> None:
+    # Swap the journal's descriptor for a read-only one: every write now fails with EBADF.
+    read_only = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(read_only, ledger.journal._fd)  # type: ignore[arg-type]
+    os.close(read_only)
+    with caplog.at_level(logging.ERROR, logger="opod.ledger"):
+        request(ledger, 3)
+    assert caplog.text.count("LEDGER JOURNAL WRITE FAILED") == 1  # loud once, not once per request
+    await ledger.flush()
+    assert [row.request_id for row in ledger.store.usage_after(0, 10)] == ["r0", "r1", "r2"]
+    stop = asyncio.Event()
+    writer = asyncio.create_task(ledger.run(stop))
+    await _until(lambda: not ledger.journal.broken)  # the writer started a fresh segment
+    stop.set()
+    await writer
+
+
+async def test_bad_values_never_raise_into_the_request_and_are_stored_cleaned(ledger: Ledger, caplog: pytest.LogCaptureFixture) -> None:
+    ticket = ledger.begin(request_id=None, api_key_id="k\x00", user_id=7, model="m" * 5000, protocol="openai")  # type: ignore[arg-type]
+    loop = {"self": None}
+    loop["self"] = loop  # a cycle: not JSON
+    ledger.end(ticket, outcome="exploded", prompt_tokens=-4, completion_tokens="12", latency_ms=2.7, ttft_ms=None, node_id=None, route=loop)  # type: ignore[arg-type]
+    ledger.end("not a ticket", outcome="ok", prompt_tokens=1, completion_tokens=1, latency_ms=1)  # type: ignore[arg-type]
+    ledger.end(ticket, outcome="ok", prompt_tokens=1, completion_tokens=1, latency_ms=1)  # a second end
+    ledger.event(None, "n", ["not", "a", "dict"])  # type: ignore[arg-type]
+    await ledger.flush()
+    [row] = ledger.store.usage_after(0, 10)
+    assert (row.request_id, row.api_key_id, row.user_id, len(row.model)) == ("", "k", "7", 1024)
+    assert (row.outcome, row.prompt_tokens, row.completion_tokens, row.latency_ms, row.ttft_ms) == ("exploded", 0, 12, 2, 0)
+    assert json.loads(row.route_json or "")["value"].startswith("{'self'")
+    [event] = (await ledger.events_page(0, None)).events
+    assert (event.type, event.data) == ("unknown", {"value": ["not", "a", "dict"]})
+    for words in ("outcome 'exploded' is not one of ok, error, cancelled, interrupted", "prompt_tokens -4 was stored as 0",
+                  "end() needs the ticket begin() returned", "ended twice"):
+        assert words in caplog.text
+
+
+async def test_a_record_the_store_refuses_is_set_aside_not_lost(store: Store, home: Path) -> None:
+    (home / "ledger").mkdir(parents=True)
+    good = {"rec": "end", "entry": "a-1", "ts_us": 1_700_000_000_000_000, "request_id": "good", "outcome": "ok"}
+    bad = {"rec": "event", "entry": "a-2", "ts_us": 1_700_000_000_000_000, "type": "x", "subject": "", "data_json": "[1, 2]"}
+    (home / "ledger" / "journal-000001.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (good, bad)))
+    ledger = Ledger.open(store, home, keep=timedelta(days=1))
+    assert [row.request_id for row in store.usage_after(0, 10)] == ["good"] and store.events_after(0, 10) == []
+    [rejected] = [json.loads(line) for line in (home / "ledger" / "rejected.jsonl").read_text().splitlines()]
+    assert rejected["record"] == bad and "must be a JSON object" in rejected["why"]
+    ledger.close()
+
+
+async def test_ends_from_other_threads_wake_the_writer(ledger: Ledger) -> None:
+    stop = asyncio.Event()
+    writer = asyncio.create_task(ledger.run(stop))
+    await asyncio.sleep(0.05)
+    threads = [threading.Thread(target=request, args=(ledger, 100)) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    await _until(lambda: len(ledger.store.usage_after(0, 1000)) == 400, 5)
+    stop.set()
+    await writer
+    assert len({row.entry for row in ledger.store.usage_after(0, 1000)}) == 400
