@@ -122,6 +122,9 @@ class UsageData(WireModel):
     outcome: str = ""
     cost_usd: float = 0.0
     node_id: str = ""
+    # opod additions: the request's X-Request-Id, and how it was routed (worker, reason, class).
+    request_id: Annotated[str, OMITEMPTY] = ""
+    route: Annotated[dict[str, Any] | None, OMITEMPTY] = None
 
 
 class UsageEvent(WireModel):

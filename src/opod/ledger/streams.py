@@ -77,7 +77,8 @@ def usage_batch(records: Sequence[UsageRecord], after: int, limit: int, boot: in
             data=UsageData(
                 api_key_id=r.api_key_id, ttft_ms=r.ttft_ms, user_id=r.user_id, model=r.model, protocol=r.protocol,
                 prompt_tokens=r.prompt_tokens, completion_tokens=r.completion_tokens, latency_ms=r.latency_ms,
-                outcome=r.outcome, cost_usd=0.0, node_id=r.node_id,
+                outcome=r.outcome, cost_usd=0.0, node_id=r.node_id, request_id=r.request_id,
+                route=json.loads(r.route_json) if r.route_json else None,
             ),
         )
         for r in page

@@ -143,18 +143,20 @@ class EngineManager:
             if source is not None:
                 model_ref = str(await self._fetch(engine, req, source, entry))
             caps = entry.capabilities if entry is not None else ["chat"]
-            context = int(self.flags.get("ctx") or 0) or min(entry.context_window if entry else CPU_CONTEXT_CAP, CPU_CONTEXT_CAP)
+            # A load's own flags (the RPC parts of a sharded model) pin over the worker's plan flags.
+            flags = {**self.flags, **(req.flags or {})}
+            context = int(flags.get("ctx") or 0) or min(entry.context_window if entry else CPU_CONTEXT_CAP, CPU_CONTEXT_CAP)
             engine.port = free_port()
             engine.spec = LaunchSpec(
                 model_id=req.id,
                 model=model_ref,
                 port=engine.port,
                 context=context,
-                parallel=int(self.flags.get("np") or 0) or DEFAULT_PARALLEL,
+                parallel=int(flags.get("np") or 0) or DEFAULT_PARALLEL,
                 threads=self.threads,
                 embeddings="embedding" in caps,
                 rerank="rerank" in caps,
-                flags=self.flags,
+                flags=flags,
             )
             await self._start(engine)
         except asyncio.CancelledError:
