@@ -26,7 +26,7 @@ async def test_a_row_is_offered_only_once_it_is_committed(ledger: Ledger, home) 
     assert [e.data.model_dump() for e in page.events] == [
         {
             "api_key_id": "k_1", "ttft_ms": 30, "user_id": "u_1", "model": "m", "protocol": "openai", "prompt_tokens": 7,
-            "completion_tokens": 9, "latency_ms": 120, "outcome": "ok", "cost_usd": 0.0, "node_id": "n1",
+            "completion_tokens": 9, "latency_ms": 120, "outcome": "ok", "cost_usd": 0.0, "node_id": "n1", "request_id": "r-1",
         }
     ]
     assert page.next == page.events[0].id and page.more is False
