@@ -155,8 +155,11 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.1):
 class Leader:
     """``opod up`` on free ports with its own home; ``key`` is its admin key."""
 
-    def __init__(self, home: Path, *, worker: bool = True, extra: list[str] | None = None, env: dict[str, str] | None = None) -> None:
-        self.port, self.admin_port, self.worker_port = free_port(), free_port(), free_port()
+    def __init__(self, home: Path, *, worker: bool = True, extra: list[str] | None = None, env: dict[str, str] | None = None,
+                 ports: tuple[int, int] | None = None) -> None:
+        """``ports`` = (public, admin) to come back on the same addresses after a restart."""
+        self.port, self.admin_port = ports or (free_port(), free_port())
+        self.worker_port = free_port()
         args = ["up", "--listen", f"127.0.0.1:{self.port}", "--admin-listen", f"127.0.0.1:{self.admin_port}"]
         args += ["--worker-listen", f"127.0.0.1:{self.worker_port}"] if worker else ["--no-worker"]
         self.home = home
