@@ -70,6 +70,27 @@ def home(environ: Mapping[str, str] | None = None) -> Path:
     return Path(value).expanduser() if value else Path.home() / ".opod"
 
 
+ACTED_ON = frozenset({
+    "OPOD_PLAN_FILE", "OPOD_AUTH_FILE", "OPOD_POLICY_FILE", "OPOD_COORDINATOR_NODE", "OPOD_ENGINE_FLAGS",
+    "OPOD_REJECT_BEARER", "OPOD_SLEEP_MODE", "OPOD_PLAN_REVISION", "OPOD_ADVERTISE_ADDR", "OPOD_NODE_ID",
+    "OPOD_CATALOG_DIR", "OPOD_CATALOG_PUBKEY", "OPOD_CATALOG_REQUIRE_SIGNED", "OPOD_SKIP_SOURCE_CHECK",
+    "HF_TOKEN", "HF_ENDPOINT", "OPOD_MODEL_REVISION", "OPOD_MODEL_SHA256",
+})
+"""Contract variables this build acts on. OPOD_REJECT_BEARER and OPOD_SKIP_SOURCE_CHECK hold always:
+workers never accept a bearer token, and no model source is ever checked ahead of a download."""
+
+
+def unsupported_warnings(environ: Mapping[str, str] | None = None) -> list[str]:
+    """One line for each contract variable that is set but that this build does not act on."""
+    source = os.environ if environ is None else environ
+    lines = []
+    for row in contract_env.env():
+        if row.name in source and row.name not in ACTED_ON:
+            feature = f" (feature {row.since} is not offered)" if row.since and not row.since.startswith("v") else ""
+            lines.append(f"{row.name} is set but this build of opod does not act on it{feature}; it is ignored.")
+    return lines
+
+
 def retired_warnings(environ: Mapping[str, str] | None = None) -> list[str]:
     """One line for each retired variable set in the environment, naming what to do instead."""
     source = os.environ if environ is None else environ

@@ -25,6 +25,8 @@ def command(
     from opod.worker.run import Worker, WorkerSettings, engine_flags
 
     setup_logging(verbose)
+    for line in config.retired_warnings() + config.unsupported_warnings():
+        out.print(f"[yellow]warning:[/] {line}")
     if not leader_url.startswith(("http://", "https://")):
         raise fail(f"URL {leader_url!r} must start with http:// or https://")
     try:

@@ -54,7 +54,7 @@ def command(
         )
     except ValueError as error:
         raise fail(str(error)) from None
-    for line in config.retired_warnings():
+    for line in config.retired_warnings() + config.unsupported_warnings():
         out.print(f"[yellow]warning:[/] {line}")
     uvloop.run(_run(settings))
 

@@ -85,6 +85,7 @@ class EngineManager:
         supervisor: Supervisor,
         threads: int = 0,
         flags: dict | None = None,
+        sleep_mode: bool = False,
         on_change: Callable[[], None] = lambda: None,
     ) -> None:
         self.driver = get_driver(engine_id)
@@ -93,6 +94,7 @@ class EngineManager:
         self.supervisor = supervisor
         self.threads = threads
         self.flags = flags or {}
+        self.sleep_mode = sleep_mode
         self.on_change = on_change
         self.engines: dict[str, ModelEngine] = {}
         self.sleeping = False
@@ -157,6 +159,7 @@ class EngineManager:
                 embeddings="embedding" in caps,
                 rerank="rerank" in caps,
                 flags=flags,
+                sleep_mode=self.sleep_mode,
             )
             await self._start(engine)
         except asyncio.CancelledError:

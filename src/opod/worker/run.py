@@ -53,6 +53,16 @@ def engine_flags() -> dict:
     return value
 
 
+def plan_revision() -> int:
+    """``OPOD_PLAN_REVISION``: the plan revision this worker was started for (0 = not stated)."""
+    text = config.read(contract_env.ENV_PLAN_REVISION)
+    if not text:
+        return 0
+    if not text.isdigit():
+        raise ValueError(f"{contract_env.ENV_PLAN_REVISION}={text!r} must be a whole number (the plan revision)")
+    return int(text)
+
+
 class Worker:
     def __init__(self, settings: WorkerSettings) -> None:
         self.settings = settings
@@ -67,6 +77,7 @@ class Worker:
             supervisor=self.supervisor,
             threads=settings.threads,
             flags=settings.flags,
+            sleep_mode=config.flag(contract_env.ENV_SLEEP_MODE),
             on_change=self._changed,
         )
         self.agent: Agent | None = None
@@ -82,7 +93,7 @@ class Worker:
         api = WorkerAPI(self.node_id, self.settings.token, self.manager, self.supervisor, self.settings.home)
         self.listener = Listener(api.app(), sock, "worker")
         address = identity.advertise_address(host, self.listener.port, self.settings.leader_url)
-        caps = inventory.take(self.settings.home).capabilities(engine=self.manager.driver.id)
+        caps = inventory.take(self.settings.home).capabilities(engine=self.manager.driver.id, plan_revision=plan_revision())
         self.agent = Agent(
             leader_url=self.settings.leader_url,
             node_id=self.node_id,
