@@ -39,3 +39,21 @@ def takes_new_work(node: NodeState, now: float) -> tuple[bool, str]:
     if node.cooldown_until > now:
         return False, f"cooling down after failures ({node.cooldown_until - now:.0f}s left)"
     return True, ""
+
+
+def can_place(node: NodeState, now: float) -> tuple[bool, str]:
+    """Whether a model may be loaded on the worker now: it is reachable and not drained.
+
+    Looser than :func:`takes_new_work`: a worker whose engines crash-loop or sleep
+    can still be given a model to load (the reconciler and moves use this).
+    """
+    if node.drained:
+        return False, "drained"
+    if node.goodbye:
+        return False, "said goodbye (worker stopped)"
+    age = now - node.last_heartbeat
+    if age > HEARTBEAT_MAX_AGE:
+        return False, f"no heartbeat for {age:.0f}s (limit {HEARTBEAT_MAX_AGE:.0f}s)"
+    if not node.address:
+        return False, "no address to reach it"
+    return True, ""

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from opod.contract import nodeapi
-from opod.fleet.liveness import takes_new_work
+from opod.fleet.liveness import can_place, takes_new_work
 
 
 @dataclass(slots=True)
@@ -149,6 +149,11 @@ class Fleet:
     def live(self, now: float | None = None) -> list[NodeState]:
         now = time.monotonic() if now is None else now
         return [n for n in self if takes_new_work(n, now)[0]]
+
+    def placeable(self, now: float | None = None) -> list[NodeState]:
+        """Workers a model may be loaded on now (reachable, not drained)."""
+        now = time.monotonic() if now is None else now
+        return [n for n in self if can_place(n, now)[0]]
 
     def workers_for(self, model: str, now: float | None = None) -> list[NodeState]:
         """Live workers whose engine reports ``model`` loaded, in node id order."""

@@ -37,7 +37,10 @@ from opod.leader.public import probe_app, public_app
 from opod.leader.reconciler import Reconciler
 from opod.security.keys import ADMIN_PREFIX, display_prefix, hash_key, new_secret
 from opod.security.nodetokens import NodeTokenMinter, load_or_create_secret
+from opod import config
+from opod.contract import env as contract_env
 from opod.ledger import Ledger
+from opod.shards import ShardError, ShardManager
 from opod.snapshots.auth import meta_tombstones
 from opod.snapshots.service import Snapshots
 from opod.store import Store
@@ -102,6 +105,16 @@ class Leader:
         leader.gateway = Gateway(leader.fleet, leader.models, leader.keys, Relay(leader.fleet, leader.workers), settings.require_keys)
         leader.gateway.admission = Admission(fleet_capacity(leader.fleet), DEFAULT_ADMISSION)
         leader.gateway.ledger = leader.ledger
+        leader.shards = ShardManager(
+            leader.fleet, leader.workers, leader._entry_for, emit=leader.emit,
+            coordinator_node=config.read(contract_env.ENV_COORDINATOR_NODE) or None,
+        )
+        saved = store.get_meta("shards")
+        if saved:
+            try:
+                leader.shards.from_json(saved)
+            except ShardError as err:
+                log.error("the saved gangs could not be restored (%s); they must be created again", err)
         leader.registry = NodeRegistry(leader.fleet, leader.tokens, leader.persist, leader.reconciler.kick, leader.emit)
         leader._load_keys()
         leader._ensure_admin_key()
@@ -166,6 +179,10 @@ class Leader:
         for record in records:
             entry = Entry.from_wire(record.entry_json) if record.entry_json else self.catalog.get(record.id)
             self.models.put(KnownModel(id=record.id, entry=entry, engine=record.engine, wanted=placements.get(record.id, {})))
+
+    def _entry_for(self, model_id: str) -> Entry | None:
+        known = self.models.get(model_id)
+        return known.entry if known is not None and known.entry is not None else self.catalog.get(model_id)
 
     def local_worker_token(self) -> str:
         """The token the worker of ``opod up`` joins with (created on first use)."""

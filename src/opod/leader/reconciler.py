@@ -84,7 +84,7 @@ class Reconciler:
 
     async def reconcile(self) -> None:
         now = time.monotonic()
-        live = self.fleet.live()
+        live = self.fleet.placeable(now)
         jobs = []
         for model in self.models:
             for node_key, wanted in model.wanted.items():

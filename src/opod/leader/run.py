@@ -62,6 +62,8 @@ class Up:
 
             assert self.leader.gateway is not None
             self.leader.gateway.relay.local[self.worker.node_id] = engine_url
+            if self.leader.shards is not None:
+                self.leader.shards.local_node = self.worker.node_id
 
     async def run(self) -> None:
         assert self.leader is not None and self.leader.reconciler is not None
@@ -77,6 +79,8 @@ class Up:
         ledger_stop = asyncio.Event()
         writer = asyncio.create_task(self.leader.ledger.run(ledger_stop))
         tasks = [asyncio.create_task(self.leader.reconciler.run(self.stop)), asyncio.create_task(self._report())]
+        if self.leader.shards is not None:
+            tasks.append(asyncio.create_task(self.leader.shards.run_healer(self.stop)))
         if self.worker is not None:
             tasks.append(asyncio.create_task(self._run_worker()))
         await self.stop.wait()

@@ -129,6 +129,9 @@ class EngineManager:
         """Where the weights come from; ``None`` when the engine loads by name (simulator, Ollama)."""
         if self.driver.native in ("id", "ollama_name"):
             return None
+        if req.path and Path(req.path).is_file():
+            # A path the leader sent that exists here wins: an uploaded file (a shard's weights) or a shared mount.
+            return Source(type="file", path=req.path)
         entry = self.entry_for(req)
         if entry is not None:
             return entry.source
@@ -302,7 +305,13 @@ class EngineManager:
         return sorted(m for m in self.engines if self.serving(m) is not None)
 
     def engine_state(self) -> nodeapi.EngineState:
-        """One word for the worker: serving while any engine serves; the worst state otherwise."""
+        """One word for the worker's engines.
+
+        ``serving`` while any engine serves, or none is running (an idle worker takes loads);
+        ``crash-looping`` or ``starting`` when that is the best any engine can say. Never
+        ``stopped`` while the worker lives: that word is the worker's goodbye. A model that
+        failed to load is reported in ``load_errors`` and named in the detail.
+        """
         states = {}
         for engine in self.engines.values():
             process = self.supervisor.get(engine.process_id) if engine.process_id else None
@@ -317,7 +326,7 @@ class EngineManager:
         if any(e.state in ("fetching", "starting") for e in self.engines.values()):
             busy = next(e for e in self.engines.values() if e.state in ("fetching", "starting"))
             return nodeapi.EngineState(state="starting", since=busy.since.strftime("%Y-%m-%dT%H:%M:%SZ"), detail=busy.detail[:300])
-        return nodeapi.EngineState(state="stopped", detail="; ".join(problems)[:300])
+        return nodeapi.EngineState(state="serving", detail="; ".join(problems)[:300])
 
     async def sample(self) -> tuple[LoadSample | None, int]:
         """Aggregate load over serving engines (max KV, summed queue and rate) and total slots."""

@@ -34,7 +34,7 @@ class Mover:
         if model_id not in ctx.node(source).loaded_models:
             raise AdminError(409, f"node {source!r} does not hold {model_id!r}; GET /admin/v1/models shows where it is", "conflict")
         ctx.node(target)
-        if target not in [n.id for n in ctx.fleet.live()]:
+        if target not in [n.id for n in ctx.fleet.placeable()]:
             raise AdminError(409, f"node {target!r} is not taking work now (GET /admin/v1/nodes says why)", "conflict")
         if model_id in self.moving and not self.moving[model_id].done():
             raise AdminError(409, f"{model_id!r} is already moving; wait for model.moved or model.move_failed", "conflict")

@@ -224,21 +224,33 @@ def router(ctx: AdminContext) -> APIRouter:
             raise AdminError(501, "sharded models are not available on this leader", "not_supported")
         return ctx.shards
 
+    async def _shard_call(op, *args, status: int = 200) -> JSONResponse:
+        from opod.shards import ShardError
+
+        try:
+            result = await op(*args)
+        except ShardError as err:
+            return JSONResponse(err.to_body(), status_code=err.status)
+        await ctx.db("set_meta", "shards", ctx.shards.to_json())  # gangs survive a leader restart
+        if isinstance(result, list):
+            return JSONResponse([g.model_dump(mode="json") for g in result], status_code=status)
+        return JSONResponse(result.model_dump(mode="json"), status_code=status)
+
     @api.get("/admin/v1/shards")
     async def shards_list() -> JSONResponse:
-        return JSONResponse(await _shards().list_json())
+        return await _shard_call(_shards().list)
 
     @api.post("/admin/v1/shards/create")
     async def shards_create(body: ShardCreate) -> JSONResponse:
-        return JSONResponse(await _shards().create_json(body.model, body.shards), status_code=201)
+        return await _shard_call(_shards().create, body.model, body.shards, status=201)
 
     @api.delete("/admin/v1/shards/{model_id}")
     async def shards_delete(model_id: str) -> JSONResponse:
-        return JSONResponse(await _shards().delete_json(model_id))
+        return await _shard_call(_shards().delete, model_id)
 
     @api.delete("/admin/v1/shards/{model_id}/{gang_id}")
     async def shards_delete_gang(model_id: str, gang_id: str) -> JSONResponse:
-        return JSONResponse(await _shards().delete_gang_json(model_id, gang_id))
+        return await _shard_call(_shards().delete_gang, model_id, gang_id)
 
     return api
 
