@@ -8,7 +8,7 @@ changes in the same moment as the store.
 from __future__ import annotations
 
 import secrets
-from datetime import datetime, timezone, UTC
+from datetime import datetime, UTC
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel

@@ -1,42 +1,140 @@
 """Choosing the worker for a request, from in-memory state only.
 
-Least loaded first: requests this leader has in flight on the worker plus the
-engine's own queue. Workers that tie take turns (a rotation per model), so
-equal workers share the load even when it is light; the order is deterministic
-for a given sequence of requests.
+A worker's score is its load (requests this leader has in flight there, plus
+the engine's own queue, plus ``kvWeight`` × its KV-cache use) minus
+``prefixBlockWeight`` × the leading blocks of the request its engine already
+holds. A worker at or above ``kvSaturationPct`` goes behind every worker with
+headroom. For engines that report no cache events, the sticky prefix pin
+(``prefixAffinity``) stands in for the block credit. Workers that tie take
+turns in a fixed rotation, so equal workers share the load and the choice is
+deterministic for a given sequence of requests. A canary revision, when the
+policy splits traffic, narrows the candidates to that revision's workers.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
 
+from opod.fleet.affinity import AffinityTable
+from opod.fleet.prefix_index import PrefixIndex
 from opod.fleet.state import Fleet, NodeState
+
+PIN_CREDIT = 1.0
+"""What the sticky pin is worth, in requests of load, on a worker that reports no cache events."""
 
 _turns: dict[str, itertools.count] = {}
 
 
-def score(node: NodeState) -> float:
-    queue = node.load.queue_depth if node.load is not None else 0
-    return node.in_flight + queue
+@dataclass(frozen=True, slots=True)
+class RoutingPolicy:
+    kv_weight: float = 0.0
+    kv_saturation_pct: float = 0.0
+    prefix_affinity: bool = False
+    prefix_block_weight: float = 0.0
+    revisions: tuple[tuple[int, float], ...] = ()
+    """(plan revision, share) pairs; shares sum to 1; empty = no split."""
 
 
-def pick(fleet: Fleet, model: str, exclude: Collection[str] = ()) -> NodeState | None:
-    """The best live worker holding ``model``, skipping ``exclude``; ``None`` when none can serve."""
-    best: list[NodeState] = []
-    best_score = 0.0
-    for node in fleet.workers_for(model, time.monotonic()):
-        if node.id in exclude:
-            continue
-        value = score(node)
-        if not best or value < best_score:
-            best, best_score = [node], value
-        elif value == best_score:
-            best.append(node)
-    if not best:
+@dataclass(slots=True)
+class RouteRequest:
+    model: str
+    hashes: Sequence[str] = ()
+    """The request's chained block hashes, when computed (prefix routing)."""
+    pin_key: str | None = None
+    revision: int | None = None
+    """The canary group chosen for this request, once; retries stay in it."""
+
+
+@dataclass(slots=True)
+class Decision:
+    node: NodeState
+    reason: str
+    """``prefix`` (held blocks decided), ``pin`` (the sticky pin decided), ``load``, or ``only`` (one candidate)."""
+    blocks: int = 0
+    of_blocks: int = 0
+    load: float = 0.0
+    queue: int = 0
+    revision: int | None = None
+    extra: dict = field(default_factory=dict)
+
+    def record(self) -> dict:
+        out = {"worker": self.node.id, "reason": self.reason, "load": round(self.load, 2), "queue": self.queue}
+        if self.of_blocks:
+            out["blocks"] = f"{self.blocks}/{self.of_blocks}"
+        if self.revision is not None:
+            out["canary"] = self.revision
+        out.update(self.extra)
+        return out
+
+    def header(self) -> str:
+        return "; ".join(f"{k}={v}" for k, v in self.record().items())
+
+
+def choose_revision(revisions: Sequence[tuple[int, float]], request_id: str, present: Collection[int]) -> int | None:
+    """The canary group for a request: a share-weighted draw fixed by its id; groups with no live worker are skipped."""
+    groups = [(rev, share) for rev, share in revisions if rev in present and share > 0]
+    if not groups:
         return None
+    total = sum(share for _, share in groups)
+    point = int.from_bytes(hashlib.blake2b(request_id.encode(), digest_size=8).digest(), "big") / 2**64 * total
+    for rev, share in groups:
+        point -= share
+        if point < 0:
+            return rev
+    return groups[-1][0]
+
+
+def _load(node: NodeState, policy: RoutingPolicy) -> tuple[float, float, int]:
+    queue = node.load.queue_depth if node.load is not None else 0
+    kv = node.load.kv_used_pct if node.load is not None else 0.0
+    return node.in_flight + queue + policy.kv_weight * kv / 100.0, kv, queue
+
+
+def pick(
+    fleet: Fleet,
+    request: RouteRequest,
+    policy: RoutingPolicy = RoutingPolicy(),
+    index: PrefixIndex | None = None,
+    pins: AffinityTable | None = None,
+    exclude: Collection[str] = (),
+) -> Decision | None:
+    """The best live worker holding the model, skipping ``exclude``; ``None`` when none can serve."""
+    candidates = [n for n in fleet.workers_for(request.model, time.monotonic()) if n.id not in exclude]
+    if request.revision is not None:
+        group = [n for n in candidates if n.hardware.plan_revision == request.revision]
+        candidates = group or candidates
+    if not candidates:
+        return None
+    held = index.leading_blocks(request.hashes) if index is not None and request.hashes and policy.prefix_block_weight else {}
+    pinned = pins.get(request.pin_key) if pins is not None and policy.prefix_affinity and request.pin_key else None
+    best: list[tuple[NodeState, float, float, int]] = []
+    best_key: tuple[bool, float] | None = None
+    for node in candidates:
+        load, kv, queue = _load(node, policy)
+        score = load - policy.prefix_block_weight * held.get(node.id, 0)
+        if node.id == pinned and (index is None or not index.reports(node.id)):
+            score -= PIN_CREDIT
+        key = (bool(policy.kv_saturation_pct) and kv >= policy.kv_saturation_pct, score)
+        if best_key is None or key < best_key:
+            best, best_key = [(node, score, load, queue)], key
+        elif key == best_key:
+            best.append((node, score, load, queue))
     if len(best) == 1:
-        return best[0]
-    turn = next(_turns.setdefault(model, itertools.count()))
-    return best[turn % len(best)]
+        chosen = best[0]
+    else:
+        chosen = best[next(_turns.setdefault(request.model, itertools.count())) % len(best)]
+    node, _, load, queue = chosen
+    blocks = held.get(node.id, 0)
+    if len(candidates) == 1:
+        reason = "only"
+    elif blocks and blocks > min(held.get(n.id, 0) for n in candidates):
+        reason = "prefix"
+    elif node.id == pinned:
+        reason = "pin"
+    else:
+        reason = "load"
+    return Decision(node, reason, blocks, len(request.hashes) if held or request.hashes else 0, load, queue, request.revision)

@@ -8,7 +8,7 @@ registered node joined with, so a signed call is checked without the store.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone, UTC
+from datetime import datetime, UTC
 
 from opod.contract.nodeauth import AuthRefused, Refusal, SignedHeader, parse_header, verify
 from opod.security.nodetokens import NodeTokenMinter

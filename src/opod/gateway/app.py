@@ -19,12 +19,22 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from opod.fleet.affinity import prefix_key
 from opod.fleet.models import ModelRegistry
+from opod.fleet.router import RouteRequest, RoutingPolicy, choose_revision
 from opod.fleet.state import Fleet
 from opod.gateway.admission import resolve_class
-from opod.gateway.errors import BadRequest, BodyTooLarge, GatewayError, ModelNotFound, NotSupported, error_response
-from opod.gateway.keytable import KeyTable
+from opod.gateway.errors import (
+    BadRequest,
+    BodyTooLarge,
+    GatewayError,
+    ModelNotFound,
+    NoCapacity,
+    NotSupported,
+    error_response,
+)
 from opod.gateway.exchange import Exchange
+from opod.gateway.keytable import KeyTable
 from opod.gateway.relay import Relay
 from opod.gateway.stats import GatewayStats
 
@@ -83,6 +93,8 @@ class Gateway:
         self.guardrails: Any = None
         """``opod.gateway.guardrails.Guardrails``: the policy's webhooks."""
         self.access_log = False
+        self.prefix: Any = None
+        """``opod.gateway.prefix.PrefixHasher``: a request's block hashes for prefix routing."""
 
     def routes(self) -> list[Route]:
         return [Route(path, handler, methods=[method]) for (method, path), handler in self.handlers().items()]
@@ -159,13 +171,61 @@ class Gateway:
             klass = resolve_class(getattr(key, "admission_class", "") or "", request.headers.get("x-opod-class"))
             exchange.permit = await self.admission.admit(model, klass, team=getattr(key, "team", "") or "", key_id=exchange.key_id)
             exchange.route = {"class": str(klass)}
+        routing = routing_policy(policy)
+        route = await self.route_request(model, payload, routing, exchange.request_id)
         exchange.begin(model)
-        response = await self.relay.forward(
-            spec.path, model, body, stream=stream, strip_usage=strip_usage, request_id=exchange.request_id,
-            done=exchange.done, started=exchange.started,
-        )
+
+        def decided(decision) -> None:
+            exchange.route = {**(exchange.route or {}), **decision.record()}
+
+        try:
+            response = await self.relay.forward(
+                spec.path, route, body, stream=stream, strip_usage=strip_usage, request_id=exchange.request_id,
+                done=exchange.done, started=exchange.started, policy=routing, decided=decided,
+            )
+        except NoCapacity as refusal:
+            response = await self.fallback(spec, model, payload, stream, strip_usage, exchange, policy, refusal)
         if policy is not None and self.guardrails is not None and policy.guardrails:
             response = await self._after(policy, exchange, model, body, response, stream)
+        return response
+
+    async def route_request(self, model: str, payload: dict, routing: RoutingPolicy, request_id: str) -> RouteRequest:
+        """What the router needs to know about this request: its prefix, its pin, its canary group."""
+        route = RouteRequest(model=model)
+        if routing.prefix_block_weight and self.prefix is not None:
+            route.hashes = await self.prefix.hashes(model, payload)
+        if routing.prefix_affinity:
+            route.pin_key = prefix_key(model, payload)
+        if routing.revisions:
+            present = {n.hardware.plan_revision for n in self.fleet.workers_for(model)}
+            route.revision = choose_revision(routing.revisions, request_id, present)
+        return route
+
+    async def fallback(self, spec: RouteSpec, model: str, payload: dict, stream: bool, strip_usage: bool, exchange: Exchange,
+                       policy: Any, refusal: NoCapacity) -> Response:
+        """No worker could take the request before its first byte: the model's catalog fallbacks, then the policy's URL."""
+        known = self.models.active(model)
+        for alternative in (known.entry.fallback or []) if known is not None and known.entry is not None else []:
+            if alternative == model or not self.fleet.serves(alternative):
+                continue
+            body = json.dumps({**payload, "model": alternative}).encode()
+            try:
+                response = await self.relay.forward(
+                    spec.path, RouteRequest(model=alternative), body, stream=stream, strip_usage=strip_usage,
+                    request_id=exchange.request_id, done=exchange.done, started=exchange.started,
+                    decided=lambda d: setattr(exchange, "route", {**(exchange.route or {}), **d.record(), "fallback": alternative}),
+                )
+            except NoCapacity:
+                continue
+            response.headers[FALLBACK_HEADER] = alternative
+            return response
+        target = policy.routing.fallback if policy is not None else None
+        if target is None:
+            raise refusal
+        exchange.route = {**(exchange.route or {}), "fallback": target.url}
+        response = await self.relay.external(target, spec.path, payload, stream=stream, strip_usage=strip_usage,
+                                             request_id=exchange.request_id, done=exchange.done, started=exchange.started)
+        response.headers[FALLBACK_HEADER] = target.url
         return response
 
     async def _after(self, policy: Any, exchange: Exchange, model: str, body: bytes, response: Response, stream: bool) -> Response:
@@ -199,6 +259,20 @@ class Gateway:
             code, what = _UNSUPPORTED[spec.capability]
             raise NotSupported(f"The model {model!r} {what}.", code)
         return model
+
+
+FALLBACK_HEADER = "X-Opod-Fallback"
+
+
+def routing_policy(view: Any) -> RoutingPolicy:
+    """The router's settings from the mounted policy's view; the defaults (load only) without one."""
+    if view is None:
+        return RoutingPolicy()
+    r = view.routing
+    return RoutingPolicy(
+        kv_weight=r.kv_weight, kv_saturation_pct=r.kv_saturation_pct, prefix_affinity=r.prefix_affinity,
+        prefix_block_weight=r.prefix_block_weight, revisions=tuple((x.revision, x.share) for x in r.revisions),
+    )
 
 
 def _is_plan_adapter(model: str, plan: Any) -> bool:

@@ -9,6 +9,7 @@ stream with an error event. When no worker can serve, the client gets 503 with
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -18,6 +19,9 @@ import aiohttp
 from starlette.responses import Response, StreamingResponse
 
 from opod.fleet import router
+from opod.fleet.affinity import AffinityTable
+from opod.fleet.prefix_index import PrefixIndex
+from opod.fleet.router import Decision, RouteRequest, RoutingPolicy
 from opod.fleet.state import Fleet, NodeState
 from opod.fleet.workers import WorkerClient, WorkerUnavailable
 from opod.gateway.errors import NoCapacity
@@ -27,6 +31,9 @@ WORKER_ERROR_HEADER = "X-Opod-Worker-Error"
 """Set by a worker on refusals of its own (not the engine's), which another worker may not share."""
 MODEL_HEADER = "X-Opod-Model"
 WORKER_HEADER = "X-Opod-Worker"
+ROUTE_HEADER = "X-Opod-Route"
+FIRST_BYTE_TIMEOUT = 120.0
+"""A stream whose first byte takes longer than this is treated as a failed attempt (a stalled engine)."""
 
 
 @dataclass(slots=True)
@@ -49,6 +56,8 @@ class Relay:
     def __init__(self, fleet: Fleet, workers: WorkerClient) -> None:
         self.fleet = fleet
         self.workers = workers
+        self.index = PrefixIndex()
+        self.pins = AffinityTable()
         self.local: dict[str, Callable[[str], str | None]] = {}
         """Workers in this process: node id → (model → its engine's base URL, or None when not serving).
 
@@ -56,19 +65,25 @@ class Relay:
         """
 
     async def forward(
-        self, path: str, model: str, body: bytes, *, stream: bool, strip_usage: bool, request_id: str,
-        done: Done, started: float,
+        self, path: str, route: RouteRequest, body: bytes, *, stream: bool, strip_usage: bool, request_id: str,
+        done: Done, started: float, policy: RoutingPolicy = RoutingPolicy(),
+        decided: Callable[[Decision], None] = lambda _: None,
     ) -> Response:
         """Relay to the best worker; ``done`` is called once, before the client has the answer's end."""
+        model = route.model
         tried: list[str] = []
         problems: list[str] = []
         for _ in range(MAX_ATTEMPTS):
-            node = router.pick(self.fleet, model, exclude=tried)
-            if node is None:
+            decision = router.pick(self.fleet, route, policy, self.index, self.pins, exclude=tried)
+            if decision is None:
                 break
+            node = decision.node
             tried.append(node.id)
-            answer = await self._attempt(node, path, model, body, stream, strip_usage, request_id, problems, done, started)
+            decided(decision)
+            answer = await self._attempt(node, path, model, body, stream, strip_usage, request_id, problems, done, started, decision)
             if answer is not None:
+                if route.pin_key and policy.prefix_affinity:
+                    self.pins.pin(route.pin_key, node.id)
                 return answer
         if not tried:
             raise NoCapacity(f"No worker is serving {model!r} right now; it may still be loading. Retry shortly.")
@@ -86,6 +101,7 @@ class Relay:
         problems: list[str],
         done: Done,
         started: float,
+        decision: Decision,
     ) -> Response | None:
         node.in_flight += 1
         handed_over = False
@@ -109,15 +125,19 @@ class Relay:
                 problems.append(f"{node.id}: {reason}" + (f" ({detail})" if detail else ""))
                 self.fleet.failed(node)
                 return None
-            out_headers = {"X-Request-Id": request_id, WORKER_HEADER: node.id}
+            out_headers = {"X-Request-Id": request_id, WORKER_HEADER: node.id, ROUTE_HEADER: decision.header()}
             if not stream or resp.status != 200:
                 data = await resp.read()
                 self.fleet.succeeded(node)
                 done(Outcome(resp.status, "ok" if resp.status < 400 else "error", node.id, _usage_of(data)))
                 return Response(data, status_code=resp.status, headers=out_headers, media_type=resp.content_type or "application/json")
-            first = await resp.content.readany()
+            try:
+                first = await asyncio.wait_for(resp.content.readany(), FIRST_BYTE_TIMEOUT)
+                why = "the answer ended before its first byte"
+            except TimeoutError:
+                first, why = b"", f"no first byte within {FIRST_BYTE_TIMEOUT:.0f}s"
             if not first:
-                problems.append(f"{node.id}: the answer ended before its first byte")
+                problems.append(f"{node.id}: {why}")
                 self.fleet.failed(node)
                 return None
             self.fleet.succeeded(node)
@@ -137,6 +157,34 @@ class Relay:
                 node.in_flight -= 1
                 if resp is not None:
                     resp.release()
+
+    async def external(
+        self, target, path: str, payload: dict, *, stream: bool, strip_usage: bool, request_id: str, done: Done, started: float,
+    ) -> Response:
+        """Send the request to the policy's fallback (an OpenAI-compatible base URL such as https://host/v1)."""
+        url = target.url.rstrip("/") + path.removeprefix("/v1")
+        body = json.dumps({**payload, "model": target.model or payload.get("model")}).encode()
+        headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
+        if target.key:
+            headers["Authorization"] = f"Bearer {target.key}"
+        try:
+            resp = await self.workers.session.post(url, data=body, headers=headers)
+        except (aiohttp.ClientError, TimeoutError, OSError) as err:
+            raise NoCapacity(f"No worker could serve the request and the fallback at {target.url} did not answer ({err}). Retry shortly.") from None
+        if resp.status >= 500:
+            detail = (await resp.text())[:200]
+            resp.release()
+            raise NoCapacity(f"No worker could serve the request and the fallback answered HTTP {resp.status} ({detail}). Retry shortly.")
+        out_headers = {"X-Request-Id": request_id, ROUTE_HEADER: f"fallback={target.url}"}
+        if not stream or resp.status != 200:
+            data = await resp.read()
+            resp.release()
+            done(Outcome(resp.status, "ok" if resp.status < 400 else "error", "", _usage_of(data)))
+            return Response(data, status_code=resp.status, headers=out_headers, media_type=resp.content_type or "application/json")
+        first = await resp.content.readany()
+        ttft_ms = int((time.perf_counter() - started) * 1000)
+        return StreamingResponse(_external_stream(resp, first, strip_usage, done, ttft_ms, target.url),
+                                 media_type="text/event-stream", headers={**out_headers, "Cache-Control": "no-cache"})
 
     async def _stream(
         self, node: NodeState, resp: aiohttp.ClientResponse, first: bytes, strip_usage: bool, done: Done, ttft_ms: int
@@ -173,6 +221,35 @@ class Relay:
             report("cancelled", 499)
             node.in_flight -= 1
             resp.close()
+
+
+async def _external_stream(resp: aiohttp.ClientResponse, first: bytes, strip_usage: bool, done: Done, ttft_ms: int,
+                           target: str) -> AsyncIterator[bytes]:
+    scanner = SSEFilter(strip_usage)
+    sent, reported = 0, False
+    try:
+        chunk: bytes | None = first
+        while chunk is not None:
+            out = scanner.feed(chunk)
+            if out:
+                sent += out.count(b'"content":"') - out.count(b'"content":""')
+                if b"data: [DONE]" in out and not reported:
+                    reported = True
+                    done(Outcome(200, "ok", "", scanner.usage, ttft_ms, sent))
+                yield out
+            chunk = await resp.content.readany() or None
+        tail = scanner.flush()
+        if tail:
+            yield tail
+    except (aiohttp.ClientError, TimeoutError, OSError) as err:
+        if not reported:
+            reported = True
+            done(Outcome(502, "error", "", scanner.usage, ttft_ms, sent))
+        yield interrupted_event(target, err)
+    finally:
+        if not reported:
+            done(Outcome(200 if sent else 499, "ok" if scanner.usage else "cancelled", "", scanner.usage, ttft_ms, sent))
+        resp.close()
 
 
 def _usage_of(data: bytes) -> dict | None:

@@ -28,6 +28,7 @@ from opod.fleet.tokens import NodeToken, NodeTokenBook
 from opod.fleet.workers import WorkerClient
 from opod.gateway.admission import Admission, fleet_capacity
 from opod.gateway.app import Gateway
+from opod.gateway.prefix import PrefixHasher
 from opod.gateway.keytable import KeyEntry, KeyTable
 from opod.gateway.relay import Relay
 from opod.gateway.guardrails import Guardrails
@@ -105,6 +106,7 @@ class Leader:
         leader.gateway = Gateway(leader.fleet, leader.models, leader.keys, Relay(leader.fleet, leader.workers), settings.require_keys)
         leader.gateway.admission = Admission(fleet_capacity(leader.fleet), DEFAULT_ADMISSION)
         leader.gateway.ledger = leader.ledger
+        leader.gateway.prefix = PrefixHasher(leader.fleet, leader.gateway.relay.index, leader.workers)
         leader.shards = ShardManager(
             leader.fleet, leader.workers, leader._entry_for, emit=leader.emit,
             coordinator_node=config.read(contract_env.ENV_COORDINATOR_NODE) or None,
@@ -115,7 +117,8 @@ class Leader:
                 leader.shards.from_json(saved)
             except ShardError as err:
                 log.error("the saved gangs could not be restored (%s); they must be created again", err)
-        leader.registry = NodeRegistry(leader.fleet, leader.tokens, leader.persist, leader.reconciler.kick, leader.emit)
+        leader.registry = NodeRegistry(leader.fleet, leader.tokens, leader.persist, leader.reconciler.kick, leader.emit,
+                                       index=leader.gateway.relay.index)
         leader._load_keys()
         leader._ensure_admin_key()
         leader._load_nodes()
@@ -228,7 +231,7 @@ class Leader:
             self._admin = AdminContext(
                 store=self.store, fleet=self.fleet, models=self.models, workers=self.workers, stats=self.gateway.stats,
                 kick_reconciler=self.reconciler.kick, emit=self.emit, ledger=self.ledger, shards=self.shards,
-                plan=self.gateway.plan,
+                plan=self.gateway.plan, prefix_index=self.gateway.relay.index.stats,
             )
         return self._admin
 

@@ -23,6 +23,7 @@ from starlette.routing import Route
 from opod.contract import nodeapi
 from opod.contract.nodeauth import HEADER, AuthRefused, Refusal
 from opod.contract.wire import WireError
+from opod.fleet.prefix_index import PrefixIndex
 from opod.fleet.state import Fleet
 from opod.fleet.tokens import NodeTokenBook
 
@@ -50,12 +51,14 @@ class NodeRegistry:
         persist: Callable[[str, dict], Awaitable[None]],
         on_change: Callable[[], None],
         emit: Callable[[str, str, dict], None] = lambda *_: None,
+        index: PrefixIndex | None = None,
     ) -> None:
         self.fleet = fleet
         self.tokens = tokens
         self._persist = persist
         self._on_change = on_change
         self._emit = emit
+        self._index = index
         self._touched: dict[str, float] = {}
         self._silent: set[str] = set()
 
@@ -119,6 +122,8 @@ class NodeRegistry:
         if node is None:
             return admin_error(404, f"node {hb.id!r} is not registered with this leader; register first", "not_found")
         self._report_changes(node, hb, models_before)
+        if hb.kv_blocks is not None and self._index is not None:
+            self._index.apply(node.id, node.boot_id, hb.kv_blocks)
         now = time.monotonic()
         if now - self._touched.get(node.id, 0.0) > TOUCH_EVERY:
             self._touched[node.id] = now

@@ -1,0 +1,138 @@
+"""Which worker's engine holds which prompt prefix: the leader's index of reported KV-cache blocks.
+
+Workers report their engines' cache changes as the contract's chained block
+hashes (``Heartbeat.kv_blocks``); a hash names a whole prefix, so "worker W
+holds the first k blocks of this request" is k lookups. The index is bounded:
+each worker's blocks are kept in least-recently-reported order and the oldest
+go first past ``per_worker`` blocks or ``max_age`` seconds. A gap in a
+worker's batch counter, a new boot, or ``cleared`` drops everything held for
+that worker, which is rebuilt from what follows (an empty index routes like no
+index; a wrong one routes worse than none).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from opod.contract import adminapi, nodeapi
+
+
+@dataclass(slots=True)
+class _Worker:
+    blocks: OrderedDict[str, float] = field(default_factory=OrderedDict)
+    seq: int = 0
+    boot_id: str = ""
+    block_size: int = 0
+
+
+class PrefixIndex:
+    def __init__(self, per_worker: int = 500_000, max_age: float = 3600.0) -> None:
+        self.per_worker = per_worker
+        self.max_age = max_age
+        self._workers: dict[str, _Worker] = {}
+        self._holders: dict[str, set[str]] = {}
+        self.resets = 0
+        """How many times a worker's blocks were dropped to rebuild (gaps, boots, cleared)."""
+
+    # --- what workers report -----------------------------------------------------
+
+    def apply(self, node_id: str, boot_id: str, kv: nodeapi.KVBlocks, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        worker = self._workers.get(node_id)
+        if worker is None:
+            worker = self._workers[node_id] = _Worker(boot_id=boot_id)
+        if worker.boot_id != boot_id or kv.cleared or (worker.seq and kv.seq != worker.seq + 1):
+            self._drop(node_id, worker)
+            worker.boot_id = boot_id
+        worker.seq = kv.seq
+        if kv.block_size:
+            worker.block_size = kv.block_size
+        for digest in kv.removed or ():
+            if worker.blocks.pop(digest, None) is not None:
+                self._unhold(digest, node_id)
+        for digest in kv.stored or ():
+            if digest in worker.blocks:
+                worker.blocks.move_to_end(digest)
+            else:
+                self._holders.setdefault(digest, set()).add(node_id)
+            worker.blocks[digest] = now
+        while len(worker.blocks) > self.per_worker:
+            digest, _ = worker.blocks.popitem(last=False)
+            self._unhold(digest, node_id)
+
+    def forget(self, node_id: str) -> None:
+        worker = self._workers.pop(node_id, None)
+        if worker is not None:
+            self._drop(node_id, worker)
+
+    def sweep(self, now: float | None = None) -> int:
+        """Drop blocks reported longer ago than ``max_age``; returns how many went."""
+        now = time.monotonic() if now is None else now
+        horizon = now - self.max_age
+        dropped = 0
+        for node_id, worker in self._workers.items():
+            while worker.blocks:
+                digest, seen = next(iter(worker.blocks.items()))
+                if seen >= horizon:
+                    break
+                worker.blocks.popitem(last=False)
+                self._unhold(digest, node_id)
+                dropped += 1
+        return dropped
+
+    def _drop(self, node_id: str, worker: _Worker) -> None:
+        if worker.blocks:
+            self.resets += 1
+        for digest in worker.blocks:
+            self._unhold(digest, node_id)
+        worker.blocks.clear()
+        worker.seq = 0
+
+    def _unhold(self, digest: str, node_id: str) -> None:
+        holders = self._holders.get(digest)
+        if holders is not None:
+            holders.discard(node_id)
+            if not holders:
+                del self._holders[digest]
+
+    # --- what the router asks ---------------------------------------------------------
+
+    def block_size(self, node_ids: Sequence[str]) -> int:
+        """The block size these workers report (the first one known); 0 = none reports."""
+        for node_id in node_ids:
+            worker = self._workers.get(node_id)
+            if worker is not None and worker.block_size:
+                return worker.block_size
+        return 0
+
+    def reports(self, node_id: str) -> bool:
+        return node_id in self._workers
+
+    def leading_blocks(self, hashes: Sequence[str]) -> dict[str, int]:
+        """For each worker holding the first block, how many leading blocks of ``hashes`` it holds in a row."""
+        if not hashes:
+            return {}
+        first = self._holders.get(hashes[0])
+        if not first:
+            return {}
+        run = dict.fromkeys(first, 1)
+        alive = set(first)
+        for depth, digest in enumerate(hashes[1:], start=1):
+            holders = self._holders.get(digest)
+            if not holders:
+                break
+            alive &= holders
+            if not alive:
+                break
+            for node_id in alive:
+                run[node_id] = depth + 1
+        return run
+
+    def stats(self) -> adminapi.PrefixIndex | None:
+        """What ``/loadz`` says; ``None`` while no worker reports cache events."""
+        if not self._workers:
+            return None
+        return adminapi.PrefixIndex(workers_reporting=len(self._workers), blocks=sum(len(w.blocks) for w in self._workers.values()))

@@ -1,0 +1,83 @@
+"""A request's prefix, as block hashes the prefix index can look up.
+
+The hashes must be the ones the engine's cache holds, so they come from the
+model's own tokens with its chat template applied: for a simulated model the
+leader runs the simulator's tokenizer itself (exact, microseconds); for any
+other engine it asks a worker holding the model (``/v1/tokenize``, signed,
+with a short timeout). No answer in time means no hashes: the request is
+routed by load and the sticky pin instead, never held up.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from opod.contract import nodeapi
+from opod.contract.blockhash import block_hashes
+from opod.fleet.prefix_index import PrefixIndex
+from opod.fleet.state import Fleet
+from opod.fleet.workers import WorkerClient, WorkerUnavailable
+
+log = logging.getLogger("opod.gateway")
+
+MAX_BLOCKS = 256
+"""Only a prompt's leading blocks matter for matching; beyond this many the rest is not hashed."""
+TOKENIZE_TIMEOUT = 0.25
+
+
+class PrefixHasher:
+    def __init__(self, fleet: Fleet, index: PrefixIndex, workers: WorkerClient) -> None:
+        self.fleet = fleet
+        self.index = index
+        self.workers = workers
+        self._sim = None
+
+    async def hashes(self, model: str, payload: dict[str, Any]) -> list[str]:
+        holders = [n for n in self.fleet.workers_for(model) if self.index.reports(n.id)]
+        if not holders:
+            return []
+        block_size = self.index.block_size([n.id for n in holders])
+        if block_size <= 0:
+            return []
+        if all(n.engine_id == "sim" for n in holders):
+            tokens = self._sim_tokens(payload)
+        else:
+            tokens = await self._worker_tokens(model, payload, holders)
+        if not tokens:
+            return []
+        return block_hashes(tokens[: MAX_BLOCKS * block_size], block_size)
+
+    def _sim_tokens(self, payload: dict[str, Any]) -> list[int]:
+        from opod.sim.tokenizer import Tokenizer
+
+        if self._sim is None:
+            self._sim = Tokenizer()
+        messages = payload.get("messages")
+        if isinstance(messages, list) and messages and all(isinstance(m, dict) for m in messages):
+            return self._sim.encode_chat(messages)
+        prompt = payload.get("prompt")
+        return self._sim.encode(prompt) if isinstance(prompt, str) else []
+
+    async def _worker_tokens(self, model: str, payload: dict[str, Any], holders: list) -> list[int]:
+        messages = payload.get("messages")
+        request = nodeapi.TokenizeRequest(model=model)
+        if isinstance(messages, list):
+            request.messages = [
+                nodeapi.TokenizeMessage(role=str(m.get("role", "user")), content=m["content"] if isinstance(m.get("content"), str) else "")
+                for m in messages if isinstance(m, dict)
+            ]
+        elif isinstance(payload.get("prompt"), str):
+            request.prompt = payload["prompt"]
+        else:
+            return []
+        node = min(holders, key=lambda n: n.in_flight)
+        try:
+            status, body = await self.workers.call_json(node, "POST", nodeapi.PATH_TOKENIZE, request.to_wire(), timeout=TOKENIZE_TIMEOUT)
+        except WorkerUnavailable as err:
+            log.debug("tokenize on %s failed: %s", node.id, err)
+            return []
+        if status != 200 or not isinstance(body, dict):
+            return []
+        tokens = body.get("tokens")
+        return tokens if isinstance(tokens, list) else []
