@@ -26,12 +26,14 @@ def takes_new_work(node: NodeState, now: float) -> tuple[bool, str]:
     age = now - node.last_heartbeat
     if age > HEARTBEAT_MAX_AGE:
         return False, f"no heartbeat for {age:.0f}s (limit {HEARTBEAT_MAX_AGE:.0f}s)"
-    if node.engine is not None:
-        word = node.engine.word
+    word = node.engine_word
+    if word is not None:
         if word is EngineStateWord.CRASH_LOOPING:
-            return False, "engine crash-looping" + (f": {node.engine.detail}" if node.engine.detail else "")
+            detail = node.engine.detail if node.engine is not None else ""
+            return False, "engine crash-looping" + (f": {detail}" if detail else "")
         if word is EngineStateWord.STOPPED:
-            return False, "engine stopped" + (f": {node.engine.detail}" if node.engine.detail else "")
+            detail = node.engine.detail if node.engine is not None else ""
+            return False, "engine stopped" + (f": {detail}" if detail else "")
     if node.sleeping:
         return False, "sleeping"
     if not node.address:

@@ -118,17 +118,25 @@ class PrefixIndex:
         first = self._holders.get(hashes[0])
         if not first:
             return {}
-        run = dict.fromkeys(first, 1)
+        run: dict[str, int] = {}
         alive = set(first)
+        depth = 1
+        # Each worker is written once, when its run ends: a Python loop per block per worker costs too much.
+        holders_of = self._holders.get
         for depth, digest in enumerate(hashes[1:], start=1):
-            holders = self._holders.get(digest)
-            if not holders:
-                break
-            alive &= holders
+            holders = holders_of(digest)
+            if holders is not None and holders.issuperset(alive):
+                continue  # everyone still in the run holds this block too: no allocation, the common case
+            still = alive & holders if holders else set()
+            for node_id in alive - still:
+                run[node_id] = depth
+            alive = still
             if not alive:
                 break
-            for node_id in alive:
-                run[node_id] = depth + 1
+        else:
+            depth = len(hashes)
+        for node_id in alive:
+            run[node_id] = depth
         return run
 
     def stats(self) -> adminapi.PrefixIndex | None:

@@ -111,23 +111,30 @@ def pick(
         return None
     held = index.leading_blocks(request.hashes) if index is not None and request.hashes and policy.prefix_block_weight else {}
     pinned = pins.get(request.pin_key) if pins is not None and policy.prefix_affinity and request.pin_key else None
-    best: list[tuple[NodeState, float, float, int]] = []
-    best_key: tuple[bool, float] | None = None
-    for node in candidates:
-        load, kv, queue = _load(node, policy)
-        score = load - policy.prefix_block_weight * held.get(node.id, 0)
-        if node.id == pinned and (index is None or not index.reports(node.id)):
+    best: list[NodeState] = []
+    best_key = (True, float("inf"))
+    kv_weight, saturation, block_weight = policy.kv_weight / 100.0, policy.kv_saturation_pct, policy.prefix_block_weight
+    for node in candidates:  # the hot loop: plain arithmetic, no calls
+        sample = node.load
+        if sample is not None:
+            score = node.in_flight + sample.queue_depth + kv_weight * sample.kv_used_pct
+            saturated = bool(saturation) and sample.kv_used_pct >= saturation
+        else:
+            score, saturated = float(node.in_flight), False
+        if held:
+            score -= block_weight * held.get(node.id, 0)
+        if pinned is not None and node.id == pinned and (index is None or not index.reports(node.id)):
             score -= PIN_CREDIT
-        key = (bool(policy.kv_saturation_pct) and kv >= policy.kv_saturation_pct, score)
-        if best_key is None or key < best_key:
-            best, best_key = [(node, score, load, queue)], key
+        key = (saturated, score)
+        if key < best_key:
+            best, best_key = [node], key
         elif key == best_key:
-            best.append((node, score, load, queue))
+            best.append(node)
     if len(best) == 1:
-        chosen = best[0]
+        node = best[0]
     else:
-        chosen = best[next(_turns.setdefault(request.model, itertools.count())) % len(best)]
-    node, _, load, queue = chosen
+        node = best[next(_turns.setdefault(request.model, itertools.count())) % len(best)]
+    load, _, queue = _load(node, policy)
     blocks = held.get(node.id, 0)
     if len(candidates) == 1:
         reason = "only"

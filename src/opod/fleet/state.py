@@ -32,6 +32,8 @@ class NodeState:
     resident_models: frozenset[str] | None = None
     sleeping: bool = False
     engine: nodeapi.EngineState | None = None
+    engine_word: nodeapi.EngineStateWord | None = None
+    """``engine.word``, parsed once per heartbeat (the router reads it for every request)."""
     load: nodeapi.EngineLoad | None = None
     slots: int = 0
     load_errors: dict[str, str] = field(default_factory=dict)
@@ -50,6 +52,8 @@ class NodeState:
         return f"http://{self.address}"
 
 
+LIVE_CACHE = 0.5
+"""Seconds a model's live workers are remembered; liveness by heartbeat age moves in whole seconds."""
 COOLDOWN_AFTER = 3
 """Consecutive failed attempts before a worker is set aside."""
 COOLDOWN_SECONDS = 10.0
@@ -61,6 +65,13 @@ class Fleet:
         self._holders: dict[str, list[NodeState]] = {}
         """model → nodes reporting it, kept in step with heartbeats so the router never scans the fleet."""
         self.changed_at = time.monotonic()
+        self._version = 0
+        self._live: dict[str, tuple[float, int, list[NodeState]]] = {}
+        """model → (until, version, live holders): the router's answer, kept for LIVE_CACHE seconds."""
+
+    def touched(self) -> None:
+        """Something that decides liveness changed: cached answers are stale."""
+        self._version += 1
 
     def _reindex(self) -> None:
         holders: dict[str, list[NodeState]] = {}
@@ -69,6 +80,7 @@ class Fleet:
                 holders.setdefault(model, []).append(node)
         self._holders = holders
         self.changed_at = time.monotonic()
+        self._version += 1
 
     # --- what workers tell us ---------------------------------------------
 
@@ -98,6 +110,8 @@ class Fleet:
         if node is None:
             return None
         now = time.monotonic()
+        if not takes_new_work(node, now)[0]:
+            self._version += 1  # it may take work again from this heartbeat on
         node.last_heartbeat = now
         if hb.boot_id and node.boot_id and hb.boot_id != node.boot_id:
             node.boot_id = hb.boot_id
@@ -107,8 +121,12 @@ class Fleet:
                 node.loaded_models = models
                 self._reindex()
             node.resident_models = frozenset(hb.resident_models) if hb.resident_models is not None else None
+        word = hb.engine.word if hb.engine is not None else None
+        if hb.sleeping != node.sleeping or word is not node.engine_word:
+            self._version += 1
         node.sleeping = hb.sleeping
         node.engine = hb.engine
+        node.engine_word = word
         node.goodbye = hb.engine is not None and hb.engine.word is nodeapi.EngineStateWord.STOPPED and not hb.loaded_models
         if hb.load is not None:
             node.load = hb.load
@@ -123,6 +141,7 @@ class Fleet:
         if node is not None:
             node.drained = drained
             self.changed_at = time.monotonic()
+            self._version += 1
         return node
 
     def remove(self, node_id: str) -> None:
@@ -156,9 +175,19 @@ class Fleet:
         return [n for n in self if can_place(n, now)[0]]
 
     def workers_for(self, model: str, now: float | None = None) -> list[NodeState]:
-        """Live workers whose engine reports ``model`` loaded, in node id order."""
+        """Live workers whose engine reports ``model`` loaded, in node id order.
+
+        Kept for up to ``LIVE_CACHE`` seconds, or until something that decides liveness
+        changes (a registration, a drain, a failure, an engine changing state): the
+        router asks this for every request.
+        """
         now = time.monotonic() if now is None else now
-        return [n for n in self._holders.get(model, ()) if takes_new_work(n, now)[0]]
+        cached = self._live.get(model)
+        if cached is not None and cached[0] > now and cached[1] == self._version:
+            return cached[2]
+        live = [n for n in self._holders.get(model, ()) if takes_new_work(n, now)[0]]
+        self._live[model] = (now + LIVE_CACHE, self._version, live)
+        return live
 
     def serves(self, model: str, now: float | None = None) -> bool:
         """Whether some live worker reports ``model``."""
@@ -185,3 +214,4 @@ class Fleet:
         if node.failures >= COOLDOWN_AFTER:
             node.cooldown_until = time.monotonic() + COOLDOWN_SECONDS
             node.failures = 0
+            self._version += 1
