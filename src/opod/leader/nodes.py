@@ -1,6 +1,12 @@
 """The worker → leader half of the node protocol: register and heartbeat.
 
 Both calls are signed (``X-Opod-Auth``, no bearer fallback) and replay-checked.
+On a TLS listener the auth file's ``nodeMtls`` adds a second credential: a
+worker's client certificate naming the node (:mod:`opod.tls.identity`). In
+``allow`` a certificate authenticates the call and a signature, if also sent,
+must verify too (it binds the token the leader signs its own calls to the
+worker with); without a certificate the token decides. In ``require`` a call
+without a certificate is refused. ``off`` ignores certificates.
 Register records the node in memory and in the store; a heartbeat updates the
 fleet in memory and, at most every ``TOUCH_EVERY`` seconds, the node's last-seen
 time in the store. A heartbeat from an unknown node is answered 404, which tells
@@ -14,6 +20,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import datetime, UTC
 
 from starlette.requests import Request
@@ -43,6 +50,35 @@ def refusal_response(err: AuthRefused) -> Response:
     return admin_error(status, str(err), "unauthorized" if status == 401 else "forbidden")
 
 
+def cert_refusal_response(err: CertRefused) -> Response:
+    response = admin_error(err.status, str(err), err.kind)
+    if err.status == 421:
+        # Make the client drop this connection, so its retry gets a fresh handshake.
+        response.headers["Connection"] = "close"
+    return response
+
+
+class _Refused(Exception):
+    def __init__(self, response: Response) -> None:
+        self.response = response
+
+
+@dataclass(frozen=True, slots=True)
+class _Caller:
+    """Who a register or heartbeat comes from, and by which credentials."""
+
+    node_id: str
+    header: SignedHeader | None
+    """The verified signature, when one was sent."""
+    token_id: str | None
+    """The token that signed it."""
+    by_cert: bool
+
+    @property
+    def credential(self) -> str:
+        return "certificate+token" if self.by_cert and self.header else "certificate" if self.by_cert else "token"
+
+
 class NodeRegistry:
     def __init__(
         self,
@@ -61,6 +97,9 @@ class NodeRegistry:
         self._index = index
         self._touched: dict[str, float] = {}
         self._silent: set[str] = set()
+        self.node_mtls: Callable[[], NodeMtls] = NodeMtls
+        """The auth file's worker-certificate policy now; ``opod.tls.enable_leader_tls`` connects it.
+        The default (off) leaves the token the only credential."""
 
     def routes(self) -> list[Route]:
         return [
@@ -74,24 +113,60 @@ class NodeRegistry:
             raise WireError(kind.__name__, [f"body is larger than {BODY_CAP >> 20} MiB"])
         return kind.from_wire(data)
 
+    def _authenticate(self, request: Request, *, registering: bool) -> _Caller:
+        """The caller's credentials, checked; raises ``AuthRefused`` or ``_Refused``."""
+        policy = self.node_mtls()
+        try:
+            cert_id = certificate_identity(policy, connection_of(request.scope))
+        except CertRefused as err:
+            log.warning("%s refused: %s", request.url.path.rsplit("/", 1)[-1], err)
+            raise _Refused(cert_refusal_response(err)) from None
+        value = request.headers.get(HEADER)
+        if cert_id is None and policy.mode == "require" and certificates_checked(policy):
+            raise _Refused(admin_error(401, required_refusal(), "unauthorized"))
+        if cert_id is not None and value is None:
+            return _Caller(cert_id, None, None, by_cert=True)
+        # A signature that is sent must verify, certificate or not: it is replay-checked, and it
+        # binds the token the leader signs its calls to this worker with.
+        header, token_id = self.tokens.check(value, "POST", request.url.path, registering=registering)
+        if cert_id is not None and header.node_id != cert_id:
+            raise _Refused(admin_error(
+                403, f"the client certificate names node {cert_id!r} but the signature is node {header.node_id!r}", "forbidden"))
+        return _Caller(header.node_id, header, token_id, by_cert=cert_id is not None)
+
+    def _body_names(self, caller: _Caller, body_id: str) -> Response | None:
+        if body_id == caller.node_id:
+            return None
+        what = "the client certificate names" if caller.by_cert else "the signature is"
+        return admin_error(403, f"the body names node {body_id!r} but {what} node {caller.node_id!r}", "forbidden")
+
     async def register(self, request: Request) -> Response:
         try:
-            header, token_id = self.tokens.check(request.headers.get(HEADER), "POST", request.url.path, registering=True)
+            caller = self._authenticate(request, registering=True)
             req = await self._body(request, nodeapi.RegisterRequest)
             hardware = req.hardware()
+        except _Refused as refused:
+            return refused.response
         except AuthRefused as err:
             log.warning("register refused: %s", err)
             return refusal_response(err)
         except WireError as err:
             return admin_error(400, str(err), "invalid_request")
-        if req.id != header.node_id:
-            return admin_error(403, f"the body names node {req.id!r} but the signature is node {header.node_id!r}", "forbidden")
+        mismatch = self._body_names(caller, req.id)
+        if mismatch is not None:
+            return mismatch
         if not req.address:
             return admin_error(400, "RegisterRequest: address: required (host:port the leader can dial)", "invalid_request")
-        self.tokens.bind(req.id, token_id)
-        node = self.fleet.register(req, token_id, hardware)
-        self._emit("node.registered", req.id, {"address": req.address, "engine": hardware.engine, "boot_id": req.boot_id})
-        log.info("node %s registered from %s (engine %s)", node.id, node.address, hardware.engine or "unstated")
+        if caller.token_id is not None:
+            self.tokens.bind(req.id, caller.token_id)
+        # A certificate-only register keeps the token the node joined with before, if any.
+        token_id = caller.token_id or self.tokens.token_id_of(req.id)
+        node = self.fleet.register(req, token_id or "", hardware)
+        event = {"address": req.address, "engine": hardware.engine, "boot_id": req.boot_id, "credential": caller.credential}
+        if token_id is None:
+            event["warning"] = "registered by certificate without a signed header: the leader holds no token to sign its calls to this worker"
+        self._emit("node.registered", req.id, event)
+        log.info("node %s registered from %s (engine %s, by %s)", node.id, node.address, hardware.engine or "unstated", caller.credential)
         now = datetime.now(UTC)
         await self._persist(
             "upsert_node",
@@ -106,16 +181,19 @@ class NodeRegistry:
 
     async def heartbeat(self, request: Request) -> Response:
         try:
-            header, _ = self.tokens.check(request.headers.get(HEADER), "POST", request.url.path)
+            caller = self._authenticate(request, registering=False)
             hb = await self._body(request, nodeapi.Heartbeat)
+        except _Refused as refused:
+            return refused.response
         except AuthRefused as err:
             if err.reason is Refusal.UNKNOWN_NODE and self.fleet.get(err.node_id) is None and self.tokens.token_id_of(err.node_id) is None:
                 return admin_error(404, str(err), "not_found")
             return refusal_response(err)
         except WireError as err:
             return admin_error(400, str(err), "invalid_request")
-        if hb.id != header.node_id:
-            return admin_error(403, f"the body names node {hb.id!r} but the signature is node {header.node_id!r}", "forbidden")
+        mismatch = self._body_names(caller, hb.id)
+        if mismatch is not None:
+            return mismatch
         before = self.fleet.get(hb.id)
         models_before = before.loaded_models if before else None
         node = self.fleet.heartbeat(hb)

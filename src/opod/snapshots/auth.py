@@ -9,12 +9,12 @@ and they are handed to the lead's persistence (the store's meta table) before
 they take effect in memory, so a restart does not lift them.
 
 Worker client certificates (``nodeMtls``, ``nodeCertCa``, ``revokedCerts``) are
-parsed, validated and held. Nothing in opod verifies a worker's certificate
-yet: that needs a TLS listener on the join path which asks for client
-certificates, and opod does not have one. Until the lead builds it (and passes
-``client_certs_verified=True``), ``allow`` is held but changes nothing (the
-join token stays the credential, and the event says so), and ``require`` is
-refused with a reason rather than pretended.
+parsed, validated and held here, and enforced by :mod:`opod.tls` on a leader
+whose public listener serves TLS (``client_certs_verified``, set by
+:meth:`AuthFile.verify_client_certs`). Without that listener nothing can check a
+certificate: ``allow`` is held but changes nothing (the join token stays the
+credential, and the event says so), and ``require`` is refused with a reason
+rather than pretended.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import json
 import logging
 import ssl
 from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -67,20 +67,26 @@ class NodeMtls:
     def server_context(self, certfile: str, keyfile: str) -> ssl.SSLContext:
         """A TLS server context that asks workers for a certificate signed by ``ca_pem``.
 
-        For the lead's future TLS join listener: ``allow`` asks (optional), ``require``
-        insists. Revoked serials are not checked by the context; check ``is_revoked``
-        on the peer certificate after the handshake.
+        Optional in ``require`` too: the same listener serves ``/v1`` clients, which have
+        none, so ``require`` is enforced on the join paths (:mod:`opod.tls.identity`).
+        Revoked serials are not checked by the context; check ``is_revoked`` on the
+        peer certificate after the handshake. :class:`opod.tls.LeaderTLS` builds the
+        listener's contexts (one per CA) and is what serves.
         """
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(certfile, keyfile)
         if self.mode in ("allow", "require") and self.ca_pem:
             context.load_verify_locations(cadata=self.ca_pem)
-            context.verify_mode = ssl.CERT_REQUIRED if self.mode == "require" else ssl.CERT_OPTIONAL
+            context.verify_mode = ssl.CERT_OPTIONAL
         return context
 
 
 def _serial(text: str) -> str:
     return text.lower().replace(":", "").lstrip("0") or "0"
+
+
+REQUIRE_WITHOUT_TLS = "nodeMtls: 'require' cannot be honoured"
+"""How the refusal of ``require`` on a leader without a TLS listener begins."""
 
 
 def _node_mtls(snap: AuthSnapshot, client_certs_verified: bool) -> NodeMtls:
@@ -102,7 +108,7 @@ def _node_mtls(snap: AuthSnapshot, client_certs_verified: bool) -> NodeMtls:
         raise SnapshotError(f"nodeMtls: {mode!r} needs nodeCertCa, the PEM of the CA that signs worker certificates")
     if mode == "require" and not client_certs_verified:
         raise SnapshotError(
-            "nodeMtls: 'require' cannot be honoured: this leader has no TLS listener that checks worker client "
+            REQUIRE_WITHOUT_TLS + ": this leader has no TLS listener that checks worker client "
             "certificates, so every worker would be refused. Write 'allow' or 'off' (the join token stays the credential)."
         )
     return NodeMtls(mode, ca, frozenset(snap.revoked_certs or []), enforced=client_certs_verified and mode != "off")
@@ -169,6 +175,12 @@ class AuthFile:
     @property
     def revision(self) -> str | None:
         return self._revision
+
+    def verify_client_certs(self) -> None:
+        """A TLS listener now checks worker certificates: enforce the held policy, and accept ``require`` from now on."""
+        self.client_certs_verified = True
+        if self._mtls.mode != "off" and not self._mtls.enforced:
+            self._mtls = replace(self._mtls, enforced=True)
 
     @property
     def node_mtls(self) -> NodeMtls:

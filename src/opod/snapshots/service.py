@@ -13,7 +13,7 @@ from typing import Any
 
 from opod.contract import env as contract_env
 from opod.gateway.keytable import KeyTable
-from opod.snapshots.auth import AddTombstones, AuthFile, LoadTombstones
+from opod.snapshots.auth import REQUIRE_WITHOUT_TLS, AddTombstones, AuthFile, LoadTombstones
 from opod.snapshots.plan import PlanFile
 from opod.snapshots.policy import PolicyFile, PolicyView
 from opod.snapshots.watch import (
@@ -70,6 +70,9 @@ class Snapshots:
         self.plan = PlanFile()
         self.policy.subscribe(self._policy_applied)
         self.watchers: list[FileWatcher[Any]] = []
+        self._emit = emit
+        self._interval = interval
+        self._started = False
         for path, applier in ((self.paths.auth, self.auth), (self.paths.policy, self.policy), (self.paths.plan, self.plan)):
             if path is not None:
                 self.watchers.append(FileWatcher(path, applier, emit, interval=interval))
@@ -79,13 +82,30 @@ class Snapshots:
 
     async def start(self) -> None:
         """Apply the files present now (policy before auth, so a stale bound holds from the first request), then watch."""
+        self._started = True
         order = {"policy": 0, "auth": 1, "plan": 2}
         for watcher in sorted(self.watchers, key=lambda w: order[w.applier.kind]):
             await watcher.start()
 
     async def stop(self) -> None:
+        self._started = False
         for watcher in self.watchers:
             await watcher.stop()
+
+    async def verify_client_certs(self) -> None:
+        """The leader's TLS listener now checks worker certificates (``opod.tls.enable_leader_tls``).
+
+        The held ``nodeMtls`` becomes enforced. An auth file refused before because it said
+        ``require`` is judged again: a new watcher on the same path reads it afresh.
+        """
+        self.auth.verify_client_certs()
+        for i, watcher in enumerate(self.watchers):
+            refused_for_tls = (watcher.last_error or "").startswith(REQUIRE_WITHOUT_TLS)
+            if watcher.applier is self.auth and self._started and refused_for_tls:
+                await watcher.stop()
+                fresh: FileWatcher[Any] = FileWatcher(watcher.path, self.auth, self._emit, interval=self._interval)
+                self.watchers[i] = fresh
+                await fresh.start()
 
     def status(self) -> dict[str, Any]:
         """Per file: path, revision held, why the newest version is not held; plus the auth snapshot's age."""
