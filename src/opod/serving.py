@@ -3,6 +3,8 @@
 uvicorn's own signal handling assumes one server per process; ``opod up`` runs
 the public, admin and worker listeners together, so they share one stop event.
 Sockets are bound before serving so a taken port is a clear error, not a log line.
+A listener given an ``ssl`` context serves HTTPS, and its requests carry the
+TLS peer in the ASGI scope (:mod:`opod.tls.protocol`).
 """
 
 from __future__ import annotations
@@ -11,10 +13,13 @@ import asyncio
 import contextlib
 import errno
 import socket
+import ssl as ssl_module
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import uvicorn
+
+from opod.tls.protocol import TLSHttpToolsProtocol
 
 
 class QuietServer(uvicorn.Server):
@@ -58,6 +63,12 @@ class Listener:
     app: object
     sock: socket.socket
     name: str
+    ssl: ssl_module.SSLContext | None = None
+    """HTTPS with this context (``opod.tls.LeaderTLS.context``); None = plain HTTP."""
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.ssl is not None else "http"
 
     @property
     def address(self) -> str:
@@ -75,8 +86,13 @@ async def serve(listeners: list[Listener], stop: asyncio.Event) -> None:
     for listener in listeners:
         config = uvicorn.Config(
             listener.app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=5,
-            http="httptools", loop="none", proxy_headers=False, server_header=False, date_header=False,
+            http="httptools" if listener.ssl is None else TLSHttpToolsProtocol, loop="none",
+            proxy_headers=False, server_header=False, date_header=False,
         )
+        if listener.ssl is not None:
+            # uvicorn builds its own context from file names; opod's changes while serving.
+            config.load()
+            config.ssl = listener.ssl
         servers.append(QuietServer(config))
     tasks = [asyncio.create_task(s.serve(sockets=[l.sock])) for s, l in zip(servers, listeners)]
     waiter = asyncio.create_task(stop.wait())

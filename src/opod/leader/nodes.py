@@ -28,11 +28,14 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from opod.contract import nodeapi
-from opod.contract.nodeauth import HEADER, AuthRefused, Refusal
+from opod.contract.nodeauth import HEADER, AuthRefused, Refusal, SignedHeader
 from opod.contract.wire import WireError
 from opod.fleet.prefix_index import PrefixIndex
 from opod.fleet.state import Fleet
 from opod.fleet.tokens import NodeTokenBook
+from opod.snapshots.auth import NodeMtls
+from opod.tls.identity import CertRefused, certificate_identity, certificates_checked, required_refusal
+from opod.tls.peer import connection_of
 
 log = logging.getLogger("opod.leader")
 

@@ -13,7 +13,12 @@ from typing import Any
 
 from opod.contract import env as contract_env
 from opod.gateway.keytable import KeyTable
-from opod.snapshots.auth import REQUIRE_WITHOUT_TLS, AddTombstones, AuthFile, LoadTombstones
+from opod.snapshots.auth import (
+    REQUIRE_WITHOUT_TLS,
+    AddTombstones,
+    AuthFile,
+    LoadTombstones,
+)
 from opod.snapshots.plan import PlanFile
 from opod.snapshots.policy import PolicyFile, PolicyView
 from opod.snapshots.watch import (

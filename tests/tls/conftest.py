@@ -1,0 +1,126 @@
+"""A leader in this process with its public listener on HTTPS (loopback, a free port), and workers for it.
+
+The leader is the real one (``opod.leader.Leader``) with the auth file watched
+at a path the test writes; workers are the real ``Agent`` that ``opod join``
+runs, given a certificate or not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import ssl
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from opod.contract import nodeapi
+from opod.leader.leader import Leader, LeaderSettings
+from opod.serving import Listener, bind, serve
+from opod.tls.server import LeaderTLS, enable_leader_tls
+from opod.worker.agent import Agent
+from opod.worker.engines import EngineManager
+from opod.worker.supervisor import Supervisor
+from tests.tls.certs import Certs, Pair, available, make_all
+
+
+@pytest.fixture(scope="session")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    if not available():
+        pytest.skip("the openssl command is needed to make the test certificates")
+    return make_all(tmp_path_factory.mktemp("certs"))
+
+
+def auth_body(revision: str, mode: str = "", ca: str = "", revoked: Iterable[str] = ()) -> dict:
+    body: dict = {"revision": revision, "requireKeys": True, "keys": []}
+    if mode:
+        body["nodeMtls"] = mode
+    if ca:
+        body["nodeCertCa"] = ca
+    if revoked:
+        body["revokedCerts"] = list(revoked)
+    return body
+
+
+def write_atomically(path: Path, body: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(body))
+    os.replace(tmp, path)
+
+
+@dataclass
+class TLSLeader:
+    leader: Leader
+    tls: LeaderTLS
+    url: str
+    auth_path: Path
+    token: str
+    certs: Certs
+    home: Path
+    _revisions: int = 0
+
+    async def set_auth(self, mode: str = "", ca: str | None = None, revoked: Iterable[str] = ()) -> None:
+        """Write the auth file (``ca`` defaults to the test CA) and wait until the leader holds it."""
+        self._revisions += 1
+        revision = f"r{self._revisions}"
+        pem = self.certs.ca.pem if ca is None else ca
+        write_atomically(self.auth_path, auth_body(revision, mode, pem if mode else "", revoked))
+        for _ in range(100):
+            if self.leader.snapshots.auth.revision == revision:
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"the leader did not apply auth revision {revision}: {self.leader.snapshots.status()}")
+
+    def agent(self, node_id: str, cert: Pair | None = None, *, leader_ca: str | None = None, token: str | None = None) -> Agent:
+        manager = EngineManager(engine_id="sim", home=self.home / node_id, catalog=self.leader.catalog, supervisor=Supervisor())
+        return Agent(
+            leader_url=self.url, node_id=node_id, token=token or self.token, boot_id=f"boot-{node_id}", address="127.0.0.1:9",
+            capabilities=nodeapi.Capabilities(hostname=node_id, engine="sim"), manager=manager,
+            leader_ca=str(self.certs.ca.cert) if leader_ca is None else leader_ca,
+            client_cert=cert.cert if cert else None, client_key=cert.key if cert else None,
+        )
+
+    def client(self, cert: Pair | None = None) -> aiohttp.ClientSession:
+        """A plain HTTPS client trusting the test CA, with a client certificate or without."""
+        context = ssl.create_default_context(cafile=str(self.certs.ca.cert))
+        if cert is not None:
+            context.load_cert_chain(str(cert.cert), str(cert.key))
+        return aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context))
+
+
+@contextlib.asynccontextmanager
+async def running_leader(certs: Certs, home: Path, monkeypatch: pytest.MonkeyPatch, auth: dict | None = None) -> AsyncIterator[TLSLeader]:
+    auth_path = home / "auth.json"
+    home.mkdir(parents=True, exist_ok=True)
+    if auth is not None:
+        write_atomically(auth_path, auth)
+    monkeypatch.setenv("OPOD_AUTH_FILE", str(auth_path))
+    monkeypatch.setenv("OPOD_POLICY_FILE", "off")
+    monkeypatch.setenv("OPOD_PLAN_FILE", "off")
+    leader = await asyncio.to_thread(Leader.open, LeaderSettings(home=home / "leader", default_models=False))
+    stop = asyncio.Event()
+    serving = None
+    try:
+        await leader.start_snapshots()
+        tls = await enable_leader_tls(leader, certs.leader.cert, certs.leader.key)
+        public = Listener(leader.public_app(), bind("127.0.0.1", 0, "the leader"), "public", ssl=tls.context)
+        serving = asyncio.create_task(serve([public], stop))
+        token = await asyncio.to_thread(leader.local_worker_token)
+        yield TLSLeader(leader, tls, f"https://127.0.0.1:{public.port}", auth_path, token, certs, home)
+    finally:
+        stop.set()
+        if serving is not None:
+            await serving
+        await leader.stop_snapshots()
+        await leader.close()
+
+
+@pytest.fixture
+async def tls_leader(certs: Certs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[TLSLeader]:
+    async with running_leader(certs, tmp_path, monkeypatch) as running:
+        yield running
