@@ -146,6 +146,9 @@ class EngineDriver(ABC):
     """The plan flags this driver reads; others are reported by :meth:`unused_flags`."""
     default_port: ClassVar[int] = 0
     """The port the engine listens on when nobody says (a daemon's well-known port)."""
+    publishes_kv_events: ClassVar[bool] = False
+    """True when the engine publishes vLLM-format KV-cache events on ``LaunchSpec.kv_events_endpoint``;
+    the worker then listens and reports block hashes in its heartbeats."""
 
     @abstractmethod
     def argv(self, spec: LaunchSpec) -> list[str]:

@@ -26,6 +26,7 @@ class SimDriver(VllmDriver):
     aliases = ()
     native = "id"
     dialect = "vllm"
+    publishes_kv_events = True  # ``--kv-events``: the same frames as vLLM's
     flag_keys = frozenset({"dialect", "seed", "max_num_seqs", "np", "max_model_len", "ctx", "time_scale", "block_size",
                            "kv_blocks", "load_ms", "mode", "extra"})
     reserved = frozenset({"--host", "--port", "--model", "--dialect", "--kv-events"})

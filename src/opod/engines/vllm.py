@@ -66,6 +66,7 @@ class VllmDriver(EngineDriver):
     loading_status = None
     can_sleep = True
     can_tokenize = True
+    publishes_kv_events = True
     flag_keys = frozenset({
         "tp", "pp", "max_model_len", "ctx", "max_num_seqs", "np", "gpu_memory_utilization", "kv_cache_dtype",
         "dtype", "enforce_eager", "trust_remote_code", "revision", "block_size", "extra",

@@ -4,18 +4,30 @@ A heartbeat answered 404 means the leader does not know this node (it restarted
 with an empty store, or forgot it): register again. A refused token is said
 plainly. On shutdown the last heartbeat declares the engine stopped, so the
 leader stops routing here at once instead of waiting for silence.
+
+To a TLS leader (an ``https://`` URL) the agent trusts exactly ``leader_ca``
+(``OPOD_LEADER_CA``) when given, and presents its client certificate when it
+has one; every call is still signed with the token, which the leader needs to
+sign its own calls to this worker. A 421 answer means the connection predates
+the leader's current node CA: the call is made again at once on a new one. A
+leader that does not accept the certificate closes the connection during the
+handshake (Python's ssl cannot let it through to the token), so the agent then
+tries without it, and says so.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from datetime import datetime, timezone, UTC
+from pathlib import Path
 
 import aiohttp
 
 from opod.contract import nodeapi
 from opod.security.signer import Signer
+from opod.tls.client import worker_context
 from opod.worker.engines import EngineManager
 
 log = logging.getLogger("opod.worker")
@@ -39,7 +51,15 @@ class Agent:
         address: str,
         capabilities: nodeapi.Capabilities,
         manager: EngineManager,
+        leader_ca: str | None = None,
+        client_cert: str | Path | None = None,
+        client_key: str | Path | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
+        """``leader_ca``: path or PEM of the one certificate trusted for an https leader
+        (``OPOD_LEADER_CA``); ``client_cert``/``client_key``: this worker's certificate, whose
+        URI SAN is ``spiffe://<trust domain>/opod/node/<node_id>``; ``ssl_context``: a ready
+        context instead of those (opod up's own worker pins the listener's certificate)."""
         self.leader_url = leader_url.rstrip("/")
         self.node_id = node_id
         self.boot_id = boot_id
@@ -49,22 +69,79 @@ class Agent:
         self.signer = Signer(node_id, token)
         self.registered = asyncio.Event()
         self._kick = asyncio.Event()
-        self._session: aiohttp.ClientSession | None = None
+        self._contexts = _contexts(self.leader_url, leader_ca, client_cert, client_key, ssl_context)
+        """True → the context presenting the certificate; False → the same without it."""
+        self.has_cert = True in self._contexts and False in self._contexts
+        self._with_cert = self.has_cert
+        """Whether calls present the certificate now; False after the leader refused it at the handshake."""
+        self._sessions: dict[bool, aiohttp.ClientSession] = {}
+        self._trusts_one = bool(leader_ca)
 
     def kick(self) -> None:
         """Send a heartbeat now (an engine changed state)."""
         self._kick.set()
 
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
-        return self._session
+    def _session(self, with_cert: bool) -> aiohttp.ClientSession:
+        session = self._sessions.get(with_cert)
+        if session is None or session.closed:
+            context = self._contexts.get(with_cert, self._contexts.get(True))
+            connector = aiohttp.TCPConnector(ssl=context if context is not None else True)
+            session = self._sessions[with_cert] = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=10))
+        return session
+
+    async def _attempt(self, path: str, body: nodeapi.WireModel, with_cert: bool) -> tuple[int, str]:
+        headers = {"Content-Type": "application/json", **self.signer.headers("POST", path)}  # a fresh nonce each try
+        async with self._session(with_cert).post(self.leader_url + path, data=body.to_json(), headers=headers) as resp:
+            return resp.status, await resp.text()
 
     async def _post(self, path: str, body: nodeapi.WireModel) -> tuple[int, str]:
-        headers = {"Content-Type": "application/json", **self.signer.headers("POST", path)}
-        async with self.session.post(self.leader_url + path, data=body.to_json(), headers=headers) as resp:
-            return resp.status, await resp.text()
+        status, text = await self._send(path, body)
+        if status == 421:
+            # The connection's handshake predates the leader's node CA; the leader closed it.
+            status, text = await self._send(path, body)
+        return status, text
+
+    async def _send(self, path: str, body: nodeapi.WireModel) -> tuple[int, str]:
+        if not self._with_cert:
+            status, text = await self._attempt(path, body, False)
+            if status in (401, 403) and self.has_cert:
+                # Refused without the certificate: perhaps the leader accepts it by now.
+                try:
+                    answer = await self._attempt(path, body, True)
+                except aiohttp.ClientConnectionError:
+                    return status, text
+                self._with_cert = True
+                return answer
+            return status, text
+        try:
+            return await self._attempt(path, body, True)
+        except aiohttp.ClientConnectorCertificateError:
+            raise  # this worker does not trust the leader: no fallback
+        except aiohttp.ClientConnectionError as err:
+            # Either the network failed, or the leader ended the handshake over this certificate.
+            # Asking once without it tells them apart.
+            first_error = err
+        try:
+            status, text = await self._attempt(path, body, False)
+        except (aiohttp.ClientError, OSError):
+            raise first_error from None
+        if status in (401, 403):
+            # Refused without it: the certificate is needed; one more try with it.
+            try:
+                return await self._attempt(path, body, True)
+            except aiohttp.ClientConnectionError:
+                raise TokenRefused(
+                    f"the leader at {self.leader_url} refused this worker: {_message(text)}; and it ends the TLS handshake "
+                    "when this worker presents its client certificate (is the certificate signed by the leader's nodeCertCa, "
+                    "unexpired, and for this node?)"
+                ) from None
+        log.warning(
+            "the leader at %s ends the TLS handshake when this worker presents its client certificate, but answers "
+            "without it: it does not accept the certificate (is it signed by the leader's nodeCertCa, and unexpired?); "
+            "going on with the join token alone", self.leader_url,
+        )
+        self._with_cert = False
+        return status, text
 
     async def register(self) -> None:
         req = nodeapi.RegisterRequest(
@@ -77,6 +154,7 @@ class Agent:
             hardware_json=nodeapi.encode_hardware(self.capabilities),
             boot_id=self.boot_id,
         )
+        self._with_cert = self.has_cert  # each registration tries the certificate again
         status, text = await self._post(nodeapi.PATH_REGISTER, req)
         if status in (401, 403):
             raise TokenRefused(f"the leader at {self.leader_url} refused this worker: {_message(text)}")
@@ -104,34 +182,61 @@ class Agent:
             slots=slots,
             load_errors=self.manager.load_errors() or None,
             load_progress=self.manager.load_progress() or None,
+            kv_blocks=self.manager.kv_blocks(),
         )
+
+    async def beat(self) -> bool:
+        """One heartbeat. False when the leader does not know this node (register again);
+        raises :class:`TokenRefused` when it refuses this worker, ``RuntimeError`` on another answer."""
+        body = await self.heartbeat_body()
+        status = 0
+        try:
+            status, text = await self._post(nodeapi.PATH_HEARTBEAT, body)
+        finally:
+            if status != 200 and body.kv_blocks is not None:
+                self.manager.kv_lost()  # the leader may not have applied this cache batch: the next one starts over
+        if status == 404:
+            log.info("the leader does not know this node (%s); registering again", _message(text))
+            self.registered.clear()
+            return False
+        if status in (401, 403):
+            self.registered.clear()
+            raise TokenRefused(f"heartbeat refused: {_message(text)}")
+        if status != 200:
+            raise RuntimeError(f"heartbeat answered HTTP {status}: {_message(text)}")
+        return True
 
     async def run(self, stop: asyncio.Event) -> None:
         """Register (retrying with back-off), then heartbeat until ``stop`` is set."""
         backoff = 1.0
         while not stop.is_set():
+            # Cleared before the heartbeat is built: a kick while it is sent (cache changes) asks for the next one.
+            self._kick.clear()
+            delivered = False
             try:
                 if not self.registered.is_set():
                     await self.register()
-                status, text = await self._post(nodeapi.PATH_HEARTBEAT, await self.heartbeat_body())
-                if status == 404:
-                    log.info("the leader does not know this node (%s); registering again", _message(text))
-                    self.registered.clear()
+                if not await self.beat():
                     continue
-                if status in (401, 403):
-                    self.registered.clear()
-                    raise TokenRefused(f"heartbeat refused: {_message(text)}")
-                if status != 200:
-                    raise RuntimeError(f"heartbeat answered HTTP {status}: {_message(text)}")
                 backoff = 1.0
                 wait = HEARTBEAT_EVERY
+                delivered = True
             except TokenRefused:
                 raise
+            except aiohttp.ClientConnectorCertificateError as err:
+                log.error(
+                    "the leader at %s is not trusted: its certificate does not verify against %s (%s); retrying in %.0fs",
+                    self.leader_url, "OPOD_LEADER_CA" if self._trusts_one else "the system's trust store (set OPOD_LEADER_CA)",
+                    err.certificate_error, backoff,
+                )
+                wait = backoff
+                backoff = min(backoff * 2, MAX_BACKOFF)
             except (aiohttp.ClientError, OSError, RuntimeError, TimeoutError) as err:
                 log.warning("leader at %s unreachable (%s); retrying in %.0fs", self.leader_url, err or type(err).__name__, backoff)
                 wait = backoff
                 backoff = min(backoff * 2, MAX_BACKOFF)
-            self._kick.clear()
+            if not delivered:
+                self._kick.clear()  # kicks do not cut a back-off short
             try:
                 await asyncio.wait_for(_first(stop, self._kick), timeout=wait)
             except TimeoutError:
@@ -143,11 +248,15 @@ class Agent:
             return
         try:
             await asyncio.wait_for(self._post(nodeapi.PATH_HEARTBEAT, await self.heartbeat_body(goodbye=True)), timeout=3)
-        except (aiohttp.ClientError, OSError, TimeoutError) as err:
+        except (aiohttp.ClientError, OSError, TimeoutError, TokenRefused) as err:
             log.info("could not say goodbye to the leader: %s", err or type(err).__name__)
         finally:
-            if self._session is not None:
-                await self._session.close()
+            await self.close()
+
+    async def close(self) -> None:
+        for session in self._sessions.values():
+            await session.close()
+        self._sessions.clear()
 
 
 async def _first(*events: asyncio.Event) -> None:
@@ -157,6 +266,21 @@ async def _first(*events: asyncio.Event) -> None:
     finally:
         for waiter in waiters:
             waiter.cancel()
+
+
+def _contexts(leader_url: str, leader_ca: str | None, cert: str | Path | None, key: str | Path | None,
+              given: ssl.SSLContext | None) -> dict[bool, ssl.SSLContext]:
+    """The TLS contexts for the leader: with the certificate (True) and without it (False)."""
+    if not leader_url.startswith("https://"):
+        if leader_ca or cert or given is not None:
+            log.warning("%s is plain http: OPOD_LEADER_CA and the client certificate are not used; give an https:// URL", leader_url)
+        return {}
+    if given is not None:
+        return {True: given}
+    contexts = {True: worker_context(leader_ca, cert, key)}
+    if cert:
+        contexts[False] = worker_context(leader_ca)
+    return contexts
 
 
 def _now() -> str:

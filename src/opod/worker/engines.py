@@ -6,6 +6,11 @@ engine with its driver's argv under the supervisor, and report it in
 ``loaded_models`` once it answers its readiness probe. An engine that dies with
 SIGILL (a prebuilt llama-server on a CPU without AVX-512) is started again on
 the portable build, and the reason is said in the engine state.
+
+An engine whose driver publishes KV-cache events gets a listener of its own
+(:mod:`opod.worker.kvlistener`), started before the engine and closed after it;
+all of them feed one :class:`~opod.worker.kvevents.KVReport`, which each
+heartbeat drains (:meth:`EngineManager.kv_blocks`).
 """
 
 from __future__ import annotations
@@ -27,7 +32,9 @@ from opod.contract import nodeapi
 from opod.contract.catalog import Entry, Source
 from opod.engines.base import EngineDriver, LaunchSpec, LoadSample, MetricsState
 from opod.engines.registry import get_driver
-from opod.worker.supervisor import ProcessConfig, Supervisor
+from opod.worker.kvevents import KVReport
+from opod.worker.kvlistener import KVEventListener, KVListenError
+from opod.worker.supervisor import ProcessConfig, ProcessState, Supervisor
 
 log = logging.getLogger("opod.worker")
 
@@ -58,6 +65,8 @@ class ModelEngine:
     metrics: MetricsState | None = None
     sample: LoadSample | None = None
     task: asyncio.Task | None = None
+    kv: KVEventListener | None = None
+    """The engine's KV-cache event listener, when its driver publishes events."""
 
     @property
     def base_url(self) -> str:
@@ -98,6 +107,10 @@ class EngineManager:
         self.on_change = on_change
         self.engines: dict[str, ModelEngine] = {}
         self.sleeping = False
+        self.kv_report: KVReport | None = None
+        if self.driver.publishes_kv_events:
+            # Cache changes ask for an early heartbeat through on_change (the report debounces them).
+            self.kv_report = KVReport(on_pending=lambda: self.on_change())
         (home / "logs").mkdir(parents=True, exist_ok=True)
         self._session: aiohttp.ClientSession | None = None
 
@@ -119,6 +132,8 @@ class EngineManager:
         if current is not None and current.state in ("fetching", "starting", "serving"):
             return nodeapi.LoadModelResponse(status=nodeapi.Status.READY, model=req.id)
         source = self._source(req)
+        if current is not None:
+            await self._stop_kv(current)  # a failed or stopped engine's listener; the new one gets its own
         engine = ModelEngine(model_id=req.id, driver=self.driver)
         self.engines[req.id] = engine
         engine.task = asyncio.get_running_loop().create_task(self._bring_up(engine, req, source))
@@ -152,6 +167,7 @@ class EngineManager:
             flags = {**self.flags, **(req.flags or {})}
             context = int(flags.get("ctx") or 0) or min(entry.context_window if entry else CPU_CONTEXT_CAP, CPU_CONTEXT_CAP)
             engine.port = free_port()
+            kv_endpoint = self._listen(engine, caps)
             engine.spec = LaunchSpec(
                 model_id=req.id,
                 model=model_ref,
@@ -162,6 +178,7 @@ class EngineManager:
                 embeddings="embedding" in caps,
                 rerank="rerank" in caps,
                 flags=flags,
+                kv_events_endpoint=kv_endpoint,
                 sleep_mode=self.sleep_mode,
             )
             await self._start(engine)
@@ -170,6 +187,7 @@ class EngineManager:
         except Exception as err:  # any failure of a background load is reported, never lost
             log.error("loading %s failed: %s", req.id, err)
             engine.enter("failed", f"{req.id}: {err}")
+            await self._stop_kv(engine)
             self.on_change()
 
     async def _fetch(self, engine: ModelEngine, req: nodeapi.LoadModelRequest, source: Source, entry: Entry | None) -> Path:
@@ -224,6 +242,7 @@ class EngineManager:
             reason = process.exit_reason if process is not None else "did not start"
             tail = process.last_lines(3) if process is not None else []
             engine.enter("failed", f"{engine.model_id}: {reason}" + (f" ({tail[-1]})" if tail else ""))
+            await self._stop_kv(engine)
         self.on_change()
 
     async def _await_ready(self, process_id: str, timeout: float) -> bool:
@@ -270,6 +289,7 @@ class EngineManager:
             engine.task.cancel()
         if engine.process_id:
             await self.supervisor.stop(engine.process_id)
+        await self._stop_kv(engine)
         self.on_change()
         return nodeapi.UnloadModelResponse(status=nodeapi.Status.UNLOADED, model=req.id)
 
@@ -280,8 +300,53 @@ class EngineManager:
         await self.supervisor.stop_all(grace=10.0)
         for engine in self.engines.values():
             engine.enter("stopped")
+            await self._stop_kv(engine)
+        if self.kv_report is not None:
+            self.kv_report.close()
         if self._session is not None:
             await self._session.close()
+
+    # --- KV-cache events ---------------------------------------------------------
+
+    def _listen(self, engine: ModelEngine, caps: list[str]) -> str:
+        """Start hearing the engine's cache events; the endpoint it should publish on (``""``: none)."""
+        if self.kv_report is None or "embedding" in caps or "rerank" in caps:
+            return ""  # pooling models share no prompt prefixes worth routing on
+        if engine.kv is not None:
+            return engine.kv.engine_endpoint
+        listener = KVEventListener(self.kv_report, name=engine.model_id)
+        try:
+            endpoint = listener.start()
+        except KVListenError as err:
+            log.warning("%s; %s runs without cache events", err, engine.model_id)
+            return ""
+        engine.kv = listener
+        return endpoint
+
+    async def _stop_kv(self, engine: ModelEngine) -> None:
+        if engine.kv is not None:
+            listener, engine.kv = engine.kv, None
+            await listener.close()
+
+    def kv_blocks(self) -> nodeapi.KVBlocks | None:
+        """This heartbeat's ``kv_blocks``: cache changes since the last one; ``None`` when no engine publishes events."""
+        if self.kv_report is None:
+            return None
+        for engine in self.engines.values():
+            process = self.supervisor.get(engine.process_id) if engine.process_id else None
+            if engine.kv is None or process is None:
+                continue
+            # The supervisor may have relaunched the engine: its cache started empty, whatever the events said.
+            if process.state in (ProcessState.STARTING, ProcessState.RUNNING) and process.started_at is not None:
+                engine.kv.engine_started(process.started_at.timestamp())
+            else:
+                engine.kv.engine_exited()
+        return self.kv_report.drain()
+
+    def kv_lost(self) -> None:
+        """The last ``kv_blocks`` may not have reached the leader: the next one starts over (``cleared``)."""
+        if self.kv_report is not None:
+            self.kv_report.resync()
 
     # --- what the heartbeat says ------------------------------------------------
 
