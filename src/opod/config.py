@@ -37,6 +37,8 @@ CONFIG_OVERRIDES: tuple[Override, ...] = (
     Override("OPOD_USAGE_RETENTION_DAYS", "Days usage rows and lifecycle events are kept in the store (default 30)."),
     Override("OPOD_TLS_CERT", "PEM certificate of the leader's public listener; with OPOD_TLS_KEY it serves HTTPS."),
     Override("OPOD_TLS_KEY", "PEM private key for OPOD_TLS_CERT."),
+    Override("OPOD_NODE_CERT", "PEM client certificate a worker presents to a TLS leader; its URI SAN spiffe://<trust domain>/opod/node/<id> names the node. With OPOD_NODE_KEY."),
+    Override("OPOD_NODE_KEY", "PEM private key for OPOD_NODE_CERT."),
     Override("OPOD_DOOR_ROUTES", "Path of the door's routes file (opod up --role door); --routes names it too."),
 )
 
@@ -72,7 +74,7 @@ def home(environ: Mapping[str, str] | None = None) -> Path:
 
 ACTED_ON = frozenset({
     "OPOD_PLAN_FILE", "OPOD_AUTH_FILE", "OPOD_POLICY_FILE", "OPOD_COORDINATOR_NODE", "OPOD_ENGINE_FLAGS",
-    "OPOD_REJECT_BEARER", "OPOD_SLEEP_MODE", "OPOD_PLAN_REVISION", "OPOD_ADVERTISE_ADDR", "OPOD_NODE_ID",
+    "OPOD_REJECT_BEARER", "OPOD_SLEEP_MODE", "OPOD_PLAN_REVISION", "OPOD_ADVERTISE_ADDR", "OPOD_NODE_ID", "OPOD_LEADER_CA",
     "OPOD_CATALOG_DIR", "OPOD_CATALOG_PUBKEY", "OPOD_CATALOG_REQUIRE_SIGNED", "OPOD_SKIP_SOURCE_CHECK",
     "HF_TOKEN", "HF_ENDPOINT", "OPOD_MODEL_REVISION", "OPOD_MODEL_SHA256",
 })

@@ -132,3 +132,30 @@ def test_catalog_fallback_then_the_policys_url_and_never_on_a_4xx(fleet, tmp_pat
     finally:
         outside.stop()
         http("POST", leader.url + "/admin/v1/nodes/n_rev8/undrain", key=leader.key)
+
+
+def test_requests_sharing_a_long_prefix_go_where_it_is_cached(fleet) -> None:
+    leader, _ = fleet
+    _write(leader.files / "policy.json", adminapi.PolicySnapshot(revision="prefix", routing=adminapi.PolicyRouting(
+        prefix_block_weight=1.0, kv_weight=1.0, prefix_affinity=True)))
+    system = "You are a support agent for a large hardware store. " * 40
+    for name in ("n_rev7", "n_rev8"):
+        http("POST", leader.url + f"/admin/v1/nodes/{name}/undrain", key=leader.key)
+    assert leader.admin("POST", f"/api/v1/models/{MAIN}/load", {"node": "n_rev7"})[0] == 200
+    assert leader.admin("POST", f"/api/v1/models/{MAIN}/load", {"node": "n_rev8"})[0] == 200
+    wait_until(lambda: len([n for n in http("GET", leader.url + "/admin/v1/nodes", key=leader.key)[2] if MAIN in n["loaded_models"]]) == 2,
+               30, "both workers to hold the model")
+
+    def ask(user: str) -> dict:
+        body = {"model": MAIN, "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}], "max_tokens": 2}
+        status, headers, _ = http("POST", leader.url + "/v1/chat/completions", body, key=leader.key)
+        assert status == 200
+        return dict(part.split("=", 1) for part in headers["x-opod-route"].split("; "))
+
+    first = ask("Where are the hammers?")
+    second = ask("Do you sell nails?")
+    assert second["worker"] == first["worker"], "before the cache events arrive, the sticky pin keeps the prefix together"
+    wait_until(lambda: ask("And screws?")["reason"] == "prefix", 10, "the cached prefix to steer the request")
+    routes = [ask(f"Question number {i}?") for i in range(8)]
+    assert {r["worker"] for r in routes} == {first["worker"]}, routes
+    assert all(r["reason"] == "prefix" and int(r["blocks"].split("/")[0]) >= 20 for r in routes), routes

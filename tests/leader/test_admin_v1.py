@@ -88,8 +88,10 @@ def test_loadz_has_every_field_from_live_samples(fleet: Leader) -> None:
     load = adminapi.Load.from_wire(body)
     assert "kv_busy_workers" in body and load.workers == 1 and load.rpm_1m >= 5
     assert load.ts >= int(time.time()) - 5 and load.last_request_unix >= int(time.time()) - 60
-    assert "prefix_index" not in body, "no KV block index is reported yet, so the pointer field stays absent"
     wait_until(lambda: adminapi.Load.from_wire(http("GET", fleet.url + "/loadz")[2]).reporting == 1, 15, "a load sample")
+    # The simulator publishes KV-cache events, so the leader's block index reports its size.
+    index = wait_until(lambda: adminapi.Load.from_wire(http("GET", fleet.url + "/loadz")[2]).prefix_index, 10, "the prefix index")
+    assert index.workers_reporting >= 1 and index.blocks > 0
 
 
 def test_probe_requests_are_counted_nowhere(fleet: Leader) -> None:

@@ -22,6 +22,7 @@ def command(
 ) -> None:
     """Join a leader as a worker and run its models on this machine's engines."""
     from opod.serving import parse_listen
+    from opod.tls.client import TLSClientError
     from opod.worker.run import Worker, WorkerSettings, engine_flags
 
     setup_logging(verbose)
@@ -33,9 +34,10 @@ def command(
         settings = WorkerSettings(
             leader_url=leader_url, token=token.strip(), home=config.home(), engine=engine, threads=threads, flags=engine_flags(),
             listen=parse_listen(listen or config.read("OPOD_WORKER_LISTEN") or "0.0.0.0:8081", "0.0.0.0", "--listen"),
+            **WorkerSettings.tls_from_env(),
         )
         worker = Worker(settings)
-    except (ValueError, KeyError) as error:
+    except (ValueError, KeyError, TLSClientError) as error:
         raise fail(str(error)) from None
     uvloop.run(_run(worker))
 

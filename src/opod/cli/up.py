@@ -47,6 +47,8 @@ def command(
             listen=parse_listen(listen or config.read("OPOD_LISTEN") or "0.0.0.0:8080", "0.0.0.0", "--listen"),
             admin_listen=parse_listen(admin_listen or config.read("OPOD_ADMIN_LISTEN") or "127.0.0.1:9090", "127.0.0.1", "--admin-listen"),
             probe_listen=parse_listen(probe, "0.0.0.0", "OPOD_PROBE_LISTEN") if (probe := config.read("OPOD_PROBE_LISTEN")) else None,
+            tls_cert=config.read("OPOD_TLS_CERT"),
+            tls_key=config.read("OPOD_TLS_KEY"),
             worker=None if no_worker else WorkerSettings(
                 leader_url="", token="", home=home, engine=engine, threads=threads, flags=engine_flags(),
                 listen=parse_listen(worker_listen or config.read("OPOD_WORKER_LISTEN") or "127.0.0.1:8081", "127.0.0.1", "--worker-listen"),
@@ -62,17 +64,20 @@ def command(
 async def _run(settings) -> None:
     from opod.leader.run import Up
     from opod.serving import ListenError
+    from opod.tls.server import TLSConfigError
 
+    if bool(settings.tls_cert) != bool(settings.tls_key):
+        raise fail("OPOD_TLS_CERT and OPOD_TLS_KEY go together: set both to serve HTTPS, or neither")
     up = Up(settings, say=lambda line: out.print(line))
     try:
         await up.start()
-    except (ListenError, RuntimeError, ValueError) as error:
+    except (ListenError, RuntimeError, ValueError, TLSConfigError) as error:
         raise fail(str(error)) from None
     assert up.leader is not None
     public, admin = up.listeners[0], up.listeners[1]
     host, port = settings.listen
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    out.print(f"[bold]opod {__version__}[/]: OpenAI API on http://{shown}:{public.port}/v1, admin API on http://{admin.address}/api/v1")
+    out.print(f"[bold]opod {__version__}[/]: OpenAI API on {public.scheme}://{shown}:{public.port}/v1, admin API on http://{admin.address}/api/v1")
     out.print(f"data in {settings.leader.home}")
     probes = [listener for listener in up.listeners if listener.name == "probe"]
     if probes:
@@ -84,7 +89,7 @@ async def _run(settings) -> None:
         out.print(f"local worker {up.worker.node_id} on {up.worker.listener.address} with engine {settings.worker.engine}")
     chat_model = up.leader.models.default_for("chat")
     if chat_model:
-        example = (f"curl http://{shown}:{public.port}/v1/chat/completions -H \"Authorization: Bearer $(cat {settings.leader.home / 'admin.key'})\" "
+        example = (f"curl {public.scheme}://{shown}:{public.port}/v1/chat/completions -H \"Authorization: Bearer $(cat {settings.leader.home / 'admin.key'})\" "
                    f"-H 'Content-Type: application/json' -d '{{\"model\": \"{chat_model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'")
         out.print(f"[dim]try, once it is served: {example}[/]")
     else:

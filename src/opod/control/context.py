@@ -28,6 +28,8 @@ class ControlContext:
     models_changed: Callable[[], None]
     model_status: Callable[[str], str]
     emit: Callable[[str, str, dict], None] = lambda *_: None
+    forget_node: Callable[[str], None] = lambda _: None
+    """Drop what the leader derived from a node (its cached prefix blocks)."""
 
     async def db(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return await asyncio.to_thread(getattr(self.store, method), *args, **kwargs)

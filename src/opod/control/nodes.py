@@ -62,6 +62,7 @@ def router(ctx: ControlContext) -> APIRouter:
             raise ControlError(409, f"node {node_id!r} is live and serving {', '.join(sorted(node.loaded_models))}; stop its worker first")
         ctx.fleet.remove(node_id)
         ctx.tokens.unbind(node_id)
+        ctx.forget_node(node_id)
         await ctx.db("delete_node", node_id)
         ctx.emit("node.removed", node_id, {})
         return {"removed": node_id}

@@ -100,6 +100,23 @@ class PrefixIndex:
 
     # --- what the router asks ---------------------------------------------------------
 
+    def touch(self, node_id: str, hashes: Sequence[str], now: float | None = None) -> None:
+        """The engine is about to hit these blocks: they are fresh again.
+
+        A cache hit produces no event, so without this a prefix in steady use would
+        age out of the index while the engine still holds it.
+        """
+        worker = self._workers.get(node_id)
+        if worker is None:
+            return
+        now = time.monotonic() if now is None else now
+        blocks = worker.blocks
+        for digest in hashes:
+            if digest not in blocks:
+                break
+            blocks[digest] = now
+            blocks.move_to_end(digest)
+
     def block_size(self, node_ids: Sequence[str]) -> int:
         """The block size these workers report (the first one known); 0 = none reports."""
         for node_id in node_ids:

@@ -5,7 +5,8 @@ the engine's own queue, plus ``kvWeight`` × its KV-cache use) minus
 ``prefixBlockWeight`` × the leading blocks of the request its engine already
 holds. A worker at or above ``kvSaturationPct`` goes behind every worker with
 headroom. For engines that report no cache events, the sticky prefix pin
-(``prefixAffinity``) stands in for the block credit. Workers that tie take
+(``prefixAffinity``) stands in for the block credit, and bridges the second
+before a new prefix's events reach the leader. Workers that tie take
 turns in a fixed rotation, so equal workers share the load and the choice is
 deterministic for a given sequence of requests. A canary revision, when the
 policy splits traffic, narrows the candidates to that revision's workers.
@@ -123,8 +124,8 @@ def pick(
             score, saturated = float(node.in_flight), False
         if held:
             score -= block_weight * held.get(node.id, 0)
-        if pinned is not None and node.id == pinned and (index is None or not index.reports(node.id)):
-            score -= PIN_CREDIT
+        if pinned is not None and node.id == pinned and not held:
+            score -= PIN_CREDIT  # no worker reports holding this prefix (no events, or not yet): the pin decides
         key = (saturated, score)
         if key < best_key:
             best, best_key = [node], key

@@ -84,6 +84,8 @@ class Relay:
             if answer is not None:
                 if route.pin_key and policy.prefix_affinity:
                     self.pins.pin(route.pin_key, node.id)
+                if decision.blocks:
+                    self.index.touch(node.id, route.hashes[: decision.blocks])
                 return answer
         if not tried:
             raise NoCapacity(f"No worker is serving {model!r} right now; it may still be loading. Retry shortly.")

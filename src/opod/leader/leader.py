@@ -81,6 +81,8 @@ class Leader:
     """``opod.ledger.Ledger``: usage rows and lifecycle events."""
     shards: Any = None
     """``opod.shards.ShardManager`` when sharded models are available."""
+    tls: Any = None
+    """``opod.tls.server.LeaderTLS`` when the public listener serves HTTPS."""
     snapshots: Any = None
     """``opod.snapshots.service.Snapshots``: the mounted auth, policy and plan files."""
     _admin: AdminContext | None = None
@@ -107,6 +109,7 @@ class Leader:
         leader.gateway.admission = Admission(fleet_capacity(leader.fleet), DEFAULT_ADMISSION)
         leader.gateway.ledger = leader.ledger
         leader.gateway.prefix = PrefixHasher(leader.fleet, leader.gateway.relay.index, leader.workers)
+        leader.reconciler.housekeeping = leader.gateway.relay.index.sweep
         leader.shards = ShardManager(
             leader.fleet, leader.workers, leader._entry_for, emit=leader.emit,
             coordinator_node=config.read(contract_env.ENV_COORDINATOR_NODE) or None,
@@ -213,6 +216,7 @@ class Leader:
         return ControlContext(
             store=self.store, keys=self.keys, tokens=self.tokens, fleet=self.fleet, models=self.models,
             catalog=self.catalog, models_changed=self.reconciler.kick, model_status=self.reconciler.status, emit=self.emit,
+            forget_node=self.gateway.relay.index.forget if self.gateway is not None else (lambda _: None),
         )
 
     def admin_app(self):
@@ -231,7 +235,7 @@ class Leader:
             self._admin = AdminContext(
                 store=self.store, fleet=self.fleet, models=self.models, workers=self.workers, stats=self.gateway.stats,
                 kick_reconciler=self.reconciler.kick, emit=self.emit, ledger=self.ledger, shards=self.shards,
-                plan=self.gateway.plan, prefix_index=self.gateway.relay.index.stats,
+                plan=self.gateway.plan, prefix_index=self.gateway.relay.index.stats, tls=lambda: self.tls is not None,
             )
         return self._admin
 

@@ -39,10 +39,12 @@ class Attempt:
 
 
 class Reconciler:
-    def __init__(self, fleet: Fleet, models: ModelRegistry, workers: WorkerClient) -> None:
+    def __init__(self, fleet: Fleet, models: ModelRegistry, workers: WorkerClient, housekeeping=None) -> None:
         self.fleet = fleet
         self.models = models
         self.workers = workers
+        self.housekeeping = housekeeping
+        """Called once per round (sweeping the prefix index by age)."""
         self.attempts: dict[tuple[str, str], Attempt] = {}
         self._wake = asyncio.Event()
 
@@ -54,6 +56,8 @@ class Reconciler:
             self._wake.clear()
             try:
                 await self.reconcile()
+                if self.housekeeping is not None:
+                    self.housekeeping()
             except Exception:  # one bad round must not stop the loop
                 log.exception("reconcile round failed")
             try:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from opod.leader.leader import Leader, LeaderSettings
+from opod.tls.server import enable_leader_tls
 from opod.serving import Listener, bind, serve
 from opod.worker.run import Worker, WorkerSettings
 
@@ -27,6 +28,9 @@ class UpSettings:
     admin_listen: tuple[str, int] = ("127.0.0.1", 9090)
     probe_listen: tuple[str, int] | None = None
     """A plain listener serving only the probes (``OPOD_PROBE_LISTEN``)."""
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    """``OPOD_TLS_CERT`` / ``OPOD_TLS_KEY``: serve the public listener over HTTPS."""
     worker: WorkerSettings | None = None
     """The local worker; ``leader_url`` and ``token`` are filled in here."""
 
@@ -44,13 +48,17 @@ class Up:
         s = self.settings
         self.leader = await asyncio.to_thread(Leader.open, s.leader)
         await self.leader.start_snapshots()
-        public = Listener(self.leader.public_app(), bind(*s.listen, "the leader"), "public")
+        tls = await enable_leader_tls(self.leader, s.tls_cert, s.tls_key) if s.tls_cert and s.tls_key else None
+        self.leader.tls = tls
+        public = Listener(self.leader.public_app(), bind(*s.listen, "the leader"), "public", ssl=tls.context if tls else None)
         admin = Listener(self.leader.admin_app(), bind(*s.admin_listen, "the admin listener"), "admin")
         self.listeners = [public, admin]
         if s.probe_listen is not None:
             self.listeners.append(Listener(self.leader.probe_app(), bind(*s.probe_listen, "the probe listener"), "probe"))
         if s.worker is not None:
-            s.worker.leader_url = f"http://127.0.0.1:{public.port}"
+            s.worker.leader_url = f"{public.scheme}://127.0.0.1:{public.port}"
+            if tls is not None:
+                s.worker.leader_ssl = tls.local_worker_context()
             s.worker.token = await asyncio.to_thread(self.leader.local_worker_token)
             self.worker = Worker(s.worker)
             self.listeners.append(self.worker.bind())

@@ -12,6 +12,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from opod import config
 from opod.catalog import load_catalog
@@ -37,6 +38,20 @@ class WorkerSettings:
     threads: int = 0
     node_id: str | None = None
     flags: dict = field(default_factory=dict)
+    leader_ca: str | None = None
+    """``OPOD_LEADER_CA``: the one certificate trusted for an https leader (a path or the PEM)."""
+    client_cert: str | None = None
+    client_key: str | None = None
+    leader_ssl: Any = None
+    """A ready TLS context for the leader (``opod up``'s own worker pins the listener's certificate)."""
+
+    @classmethod
+    def tls_from_env(cls) -> dict:
+        """The TLS settings of ``opod join`` from the environment."""
+        cert, key = config.read("OPOD_NODE_CERT"), config.read("OPOD_NODE_KEY")
+        if bool(cert) != bool(key):
+            raise ValueError("OPOD_NODE_CERT and OPOD_NODE_KEY go together: set both, or neither")
+        return {"leader_ca": config.read(contract_env.ENV_LEADER_CA), "client_cert": cert, "client_key": key}
 
 
 def engine_flags() -> dict:
@@ -102,6 +117,10 @@ class Worker:
             address=address,
             capabilities=caps,
             manager=self.manager,
+            leader_ca=self.settings.leader_ca,
+            client_cert=self.settings.client_cert,
+            client_key=self.settings.client_key,
+            ssl_context=self.settings.leader_ssl,
         )
         return self.listener
 

@@ -11,7 +11,8 @@ SUPPORTED = frozenset({
     "probe_header", "probe_port", "router_only_ready", "tool_calls", "response_format", "openai_passthrough",
     "rerank", "worker_sleep", "worker_goodbye", "ttft", "engines", "heartbeat_no_report", "model_move",
     "worker_engine", "resident_models", "worker_unload", "node_drain", "model_revision",
-    "auth_file", "policy_file", "plan_file", "shards",
+    "auth_file", "policy_file", "plan_file", "shards", "tls_listener", "mtls",
+    "routing_load_aware", "routing_weights", "kv_block_events",
 })
 """Feature keys listed only because their behaviour works in this build (a missing key means false)."""
 

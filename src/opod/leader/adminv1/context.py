@@ -43,6 +43,8 @@ class AdminContext:
     """``opod.shards.ShardManager`` when sharding is available."""
     plan: Callable[[], Any] = lambda: None
     prefix_index: Callable[[], Any] = lambda: None
+    tls: Callable[[], bool] = lambda: False
+    """Whether the public listener serves TLS (then worker certificates are verified)."""
 
     async def db(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return await asyncio.to_thread(getattr(self.store, method), *args, **kwargs)

@@ -80,8 +80,10 @@ def router(ctx: AdminContext) -> APIRouter:
 
     @api.get("/admin/v1/capabilities")
     async def get_capabilities() -> Response:
-        off = frozenset() if ctx.shards is not None else frozenset({"shards"})
-        return _wire(capabilities(off))
+        off = set() if ctx.shards is not None else {"shards"}
+        if not ctx.tls():
+            off |= {"tls_listener", "mtls"}  # worker certificates are verified only on a TLS listener
+        return _wire(capabilities(frozenset(off)))
 
     @api.get("/admin/v1/nodes")
     async def nodes() -> JSONResponse:
