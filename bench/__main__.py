@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import typer
 
-from bench import admission, dataplane, usage
+from bench import admission, dataplane, routing, usage
 
 app = typer.Typer(help="opod's benchmarks. Results go to bench/results/ as a markdown table and PNG plots.", no_args_is_help=True)
 app.command("dataplane")(dataplane.command)
 app.command("admission")(admission.command)
 app.command("usage")(usage.command)
+app.command("routing")(routing.command)
 
 
 @app.callback()

@@ -51,7 +51,7 @@ def test_more_workers_never_lower_the_oracle() -> None:
     assert rates == sorted(rates) and rates[-1] > rates[0] > 0
 
 
-@pytest.mark.parametrize("capacity", [6, 40])
+@pytest.mark.parametrize("capacity", [40, 400])
 def test_on_one_engine_the_oracle_equals_what_the_simulator_counts(capacity: int) -> None:
     """Requests one at a time through a real simulator engine hit exactly what the oracle predicts for one worker."""
     shape = PrefixShape(groups=3, system_tokens=40, question_tokens=6, history_tokens=6, output_tokens=5, turns=2, rate=10.0, seconds=3.0)
@@ -68,5 +68,5 @@ def test_on_one_engine_the_oracle_equals_what_the_simulator_counts(capacity: int
             seq.produced = len(answer)
             seq.finish("length")
 
-    asyncio.run(replay())
+    asyncio.run(asyncio.wait_for(replay(), 10))  # a request the cache cannot hold would wait forever
     assert (engine.stats.prompt_tokens, engine.stats.cached_tokens) == (expected.prompt_tokens, expected.hit_tokens)

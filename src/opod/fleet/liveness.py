@@ -18,14 +18,13 @@ HEARTBEAT_MAX_AGE = 15.0
 
 
 def takes_new_work(node: NodeState, now: float) -> tuple[bool, str]:
-    """``(True, "")`` when the worker may be given new requests, else ``(False, why)``."""
-    if node.drained:
-        return False, "drained"
-    if node.goodbye:
-        return False, "said goodbye (worker stopped)"
-    age = now - node.last_heartbeat
-    if age > HEARTBEAT_MAX_AGE:
-        return False, f"no heartbeat for {age:.0f}s (limit {HEARTBEAT_MAX_AGE:.0f}s)"
+    """``(True, "")`` when the worker may be given new requests, else ``(False, why)``.
+
+    Everything :func:`can_place` asks, and an engine that serves, awake, out of cooldown.
+    """
+    placeable, why = can_place(node, now)
+    if not placeable:
+        return False, why
     word = node.engine_word
     if word is not None:
         if word is EngineStateWord.CRASH_LOOPING:
@@ -36,8 +35,6 @@ def takes_new_work(node: NodeState, now: float) -> tuple[bool, str]:
             return False, "engine stopped" + (f": {detail}" if detail else "")
     if node.sleeping:
         return False, "sleeping"
-    if not node.address:
-        return False, "no address to reach it"
     if node.cooldown_until > now:
         return False, f"cooling down after failures ({node.cooldown_until - now:.0f}s left)"
     return True, ""
