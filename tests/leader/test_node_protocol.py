@@ -193,5 +193,21 @@ def test_the_worker_refuses_unsigned_and_replayed_leader_calls(leader: Leader, t
         with urllib.request.urlopen(request, timeout=10) as response:
             tokens = nodeapi.TokenizeResponse.from_wire(response.read()).tokens
         assert tokens and all(isinstance(t, int) for t in tokens)
+        # The data path through the worker (a leader on another machine uses it): signed, routed by X-Opod-Model.
+        chat = json.dumps({"model": "sim-x", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}).encode()
+        relay = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/chat/completions", data=chat, method="POST",
+            headers={HEADER: sign("n_real-1", token, "POST", "/v1/chat/completions", nonce="lead.3"), "Content-Type": "application/json",
+                     "X-Opod-Model": "sim-x"},
+        )
+        with urllib.request.urlopen(relay, timeout=10) as response:
+            assert json.loads(response.read())["choices"][0]["message"]["content"]
+        relay.headers[HEADER.capitalize()] = sign("n_real-1", token, "POST", "/v1/chat/completions", nonce="lead.4")
+        relay.headers["X-opod-model"] = "not-here"
+        try:
+            urllib.request.urlopen(relay, timeout=10)
+            raise AssertionError("a model the worker does not hold must be refused")
+        except urllib.error.HTTPError as error:
+            assert error.code == 409 and error.headers["X-Opod-Worker-Error"] == "model_not_loaded"
     finally:
         worker.stop()

@@ -186,6 +186,9 @@ class Heartbeat(WireModel):
     load_errors: Annotated[dict[str, str] | None, OMITEMPTY] = None
     # opod addition: model id → how far its load has come ("fetching weights 40%").
     load_progress: Annotated[dict[str, str] | None, OMITEMPTY] = None
+    # opod addition: model id → its engine's loopback URL. A leader on the same machine
+    # calls the engine directly instead of through the worker's listener (one hop less).
+    engine_urls: Annotated[dict[str, str] | None, OMITEMPTY] = None
 
 
 class HeartbeatResponse(WireModel):

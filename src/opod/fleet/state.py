@@ -38,6 +38,9 @@ class NodeState:
     slots: int = 0
     load_errors: dict[str, str] = field(default_factory=dict)
     load_progress: dict[str, str] = field(default_factory=dict)
+    engine_urls: dict[str, str] = field(default_factory=dict)
+    same_host: bool = False
+    """The worker registered from this machine (loopback): its engines' loopback URLs reach them."""
     drained: bool = False
     goodbye: bool = False
     in_flight: int = 0
@@ -134,6 +137,7 @@ class Fleet:
             node.slots = hb.slots
         node.load_errors = dict(hb.load_errors or {})
         node.load_progress = dict(hb.load_progress or {})
+        node.engine_urls = dict(hb.engine_urls or {}) if node.same_host else {}
         return node
 
     def set_drained(self, node_id: str, drained: bool) -> NodeState | None:

@@ -110,11 +110,12 @@ class Relay:
         resp: aiohttp.ClientResponse | None = None
         try:
             in_process = self.local.get(node.id)
-            if in_process is not None:
-                engine = in_process(model)
-                if engine is None:
-                    problems.append(f"{node.id}: model_not_loaded")
-                    return None
+            engine = in_process(model) if in_process is not None else node.engine_urls.get(model) if node.same_host else None
+            if in_process is not None and engine is None:
+                problems.append(f"{node.id}: model_not_loaded")
+                return None
+            if engine is not None:
+                # The engine is on this machine: call it on loopback, one hop less than through its worker.
                 url, headers = engine + path, {"X-Request-Id": request_id, "Content-Type": "application/json"}
             else:
                 url = node.base_url() + path

@@ -16,6 +16,7 @@ the worker to register again.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import time
@@ -41,6 +42,13 @@ log = logging.getLogger("opod.leader")
 
 BODY_CAP = 4 << 20
 TOUCH_EVERY = 30.0
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def admin_error(status: int, message: str, kind: str) -> Response:
@@ -165,6 +173,7 @@ class NodeRegistry:
         # A certificate-only register keeps the token the node joined with before, if any.
         token_id = caller.token_id or self.tokens.token_id_of(req.id)
         node = self.fleet.register(req, token_id or "", hardware)
+        node.same_host = _loopback(request.client.host if request.client else "") and _loopback(req.address.rsplit(":", 1)[0])
         event = {"address": req.address, "engine": hardware.engine, "boot_id": req.boot_id, "credential": caller.credential}
         if token_id is None:
             event["warning"] = "registered by certificate without a signed header: the leader holds no token to sign its calls to this worker"

@@ -182,6 +182,7 @@ class Agent:
             slots=slots,
             load_errors=self.manager.load_errors() or None,
             load_progress=self.manager.load_progress() or None,
+            engine_urls=self.manager.engine_urls() or None,
             kv_blocks=self.manager.kv_blocks(),
         )
 

@@ -359,6 +359,10 @@ class EngineManager:
             return None
         return engine
 
+    def engine_urls(self) -> dict[str, str]:
+        """Serving engines' loopback URLs, for a leader on the same machine."""
+        return {m: e.base_url for m in self.engines if (e := self.serving(m)) is not None}
+
     def load_progress(self) -> dict[str, str]:
         """Loads under way and how far each has come."""
         return {m: e.detail.split(": ", 1)[-1] for m, e in self.engines.items() if e.state in ("fetching", "starting") and e.detail}

@@ -1,0 +1,76 @@
+"""The load generator against a tiny local server: TTFT from the first text chunk, tokens from usage, errors kept."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from aiohttp import web
+
+from bench.routing.load import Target, closed_loop, open_loop
+
+
+async def _serve() -> tuple[web.AppRunner, str, list[str]]:
+    seen: list[str] = []
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        seen.append(request.headers.get("Content-Type", ""))
+        body = await request.json()
+        if body.get("fail"):
+            return web.json_response({"error": "busy"}, status=503)
+        if not body.get("stream"):
+            return web.json_response({"choices": [{"message": {"content": "hi"}}], "usage": {"completion_tokens": 2}})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n')
+        await asyncio.sleep(0.05)
+        for word in ("a", "b", "c"):
+            await resp.write(b'data: {"choices":[{"delta":{"content":"' + word.encode() + b'"}}]}\n\n')
+            await asyncio.sleep(0.01)
+        await resp.write(b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3}}\n\n')
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, f"http://127.0.0.1:{port}", seen
+
+
+def test_streamed_answers_give_ttft_gaps_and_tokens_and_refusals_are_errors() -> None:
+    async def go():
+        runner, base, seen = await _serve()
+        try:
+            ok = json.dumps({"stream": True}).encode()
+            bad = json.dumps({"stream": True, "fail": True}).encode()
+            phase = await open_loop(Target("t", (base,)), [(0.0, ok), (0.01, bad), (0.02, ok)], stream=True, drain=5)
+        finally:
+            await runner.cleanup()
+        return phase, seen
+
+    phase, seen = asyncio.run(go())
+    assert set(seen) == {"application/json"}  # routers refuse a body sent as application/octet-stream
+    good = [s for s in phase.samples if s.ok]
+    assert len(good) == 2 and phase.sent == 3
+    for s in good:
+        assert 0.04 < s.ttft < 1.0  # the role chunk does not count as the first token
+        assert s.tokens == 3 and len(s.gaps) == 2
+    failed = next(s for s in phase.samples if not s.ok)
+    assert failed.status == 503 and failed.error.startswith("HTTP 503")
+
+
+def test_a_closed_loop_counts_completions_in_its_window() -> None:
+    async def go():
+        runner, base, _ = await _serve()
+        try:
+            return await closed_loop(Target("t", (base,)), json.dumps({}).encode(), concurrency=4, seconds=0.5, warmup=0.1)
+        finally:
+            await runner.cleanup()
+
+    phase = asyncio.run(go())
+    assert phase.samples and all(s.ok and s.tokens == 2 for s in phase.samples)
+    assert phase.seconds == 0.5
