@@ -104,3 +104,11 @@ def test_the_report_names_a_peer_that_did_not_run_and_why(tmp_path) -> None:
     pytest.importorskip("matplotlib")
     report.write(run, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["routing-added-latency.png", "routing-saturation.png", "routing-ttft-cdf.png", "routing.md"]
+
+
+def test_opod_overloaded_at_half_the_direct_capacity_misses_the_latency_goals() -> None:
+    opod = _path("opod", 150, 0.2, 0.21, _stream(0.1, 2000))
+    opod.open.clear()
+    opod.overloaded[200.0] = 150.0  # 200 req/s offered is over 1.5× its 150 req/s: not run
+    found = {g.row: g.met for g in goals.check(_run([_path("direct", 1000, 0.2, 0.21, None), opod]))}
+    assert found["added p50"] is False and found["added p99"] is False

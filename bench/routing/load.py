@@ -1,0 +1,202 @@
+"""The load generator: one process, one asyncio loop, one pooled aiohttp session per phase.
+
+Bodies are serialized before a phase starts and streamed answers are read line
+by line with byte checks (JSON is parsed only for the usage line), so the
+generator spends as little of the shared CPUs as it can. Every request is
+timed from the moment it was due (open loop) or sent (closed loop), so a
+router that queues requests pays for the queueing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import aiohttp
+
+_TOKEN = re.compile(rb'"content":\s*"(?!")')
+"""A chunk whose delta carries text (the opening role chunk has an empty or null content)."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a path sends its requests: one router, or (direct) the engines in turn."""
+
+    name: str
+    bases: tuple[str, ...]
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def url(self, i: int) -> str:
+        return self.bases[i % len(self.bases)] + "/v1/chat/completions"
+
+
+@dataclass
+class Sample:
+    due: float
+    """perf_counter when the request was due (open loop) or sent (closed loop)."""
+    done: float = 0.0
+    ok: bool = False
+    status: int = 0
+    ttft: float | None = None
+    gaps: list[float] = field(default_factory=list)
+    """Seconds between consecutive text chunks (streamed answers)."""
+    tokens: int = 0
+    error: str = ""
+
+    @property
+    def latency(self) -> float:
+        return self.done - self.due
+
+
+@dataclass
+class Phase:
+    samples: list[Sample]
+    seconds: float
+    """The measured window (closed loop) or first due time to last completion (open loop)."""
+    sent: int
+
+
+KEEPALIVE_SECONDS = 3.0
+"""Below the servers' own idle timeout (uvicorn's is 5 s), so the client never reuses a connection the server is closing."""
+
+
+def _session(limit: int, timeout: float) -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=limit, keepalive_timeout=KEEPALIVE_SECONDS),
+                                 timeout=aiohttp.ClientTimeout(total=timeout), skip_auto_headers=("User-Agent",),
+                                 headers={"Content-Type": "application/json"})
+
+
+async def _send(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str], stream: bool, sample: Sample) -> None:
+    try:
+        async with session.post(url, data=body, headers=headers) as resp:
+            sample.status = resp.status
+            if resp.status != 200:
+                sample.error = f"HTTP {resp.status}: {(await resp.read())[:200]!r}"
+                return
+            if not stream:
+                data = await resp.read()
+                sample.done = time.perf_counter()
+                sample.ok = True
+                usage = _usage(data)
+                sample.tokens = usage or 0
+                return
+            last = 0.0
+            async for line in resp.content:
+                if not line.startswith(b"data:"):
+                    continue
+                if _TOKEN.search(line):
+                    now = time.perf_counter()
+                    if sample.ttft is None:
+                        sample.ttft = now - sample.due
+                    else:
+                        sample.gaps.append(now - last)
+                    last = now
+                    sample.tokens += 1
+                elif b'"usage"' in line and b'"completion_tokens"' in line:
+                    counted = _usage(line[5:])
+                    if counted:
+                        sample.tokens = counted
+            sample.done = time.perf_counter()
+            sample.ok = sample.ttft is not None
+            if not sample.ok:
+                sample.error = "stream ended without a token"
+    except asyncio.CancelledError:
+        sample.error = "unfinished when the phase ended"
+        raise
+    except (TimeoutError, asyncio.TimeoutError):
+        sample.error = "timed out"
+    except aiohttp.ClientError as err:
+        sample.error = f"{type(err).__name__}: {err}"[:200]
+
+
+def _usage(data: bytes) -> int | None:
+    if b'"completion_tokens"' not in data:
+        return None
+    try:
+        usage = json.loads(data).get("usage") or {}
+        return int(usage.get("completion_tokens") or 0) or None
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
+async def closed_loop(target: Target, body: bytes, concurrency: int, seconds: float, warmup: float = 0.5,
+                      timeout: float = 30.0, grace: float = 5.0) -> Phase:
+    """``concurrency`` clients back to back; counts what completes inside the measured window."""
+    samples: list[Sample] = []
+    counter = iter(range(1 << 62))
+    async with _session(concurrency, timeout) as session:
+        begin = time.perf_counter()
+        window = (begin + warmup, begin + warmup + seconds)
+
+        async def client() -> None:
+            while time.perf_counter() < window[1]:
+                sample = Sample(time.perf_counter())
+                await _send(session, target.url(next(counter)), body, target.headers, False, sample)
+                if not sample.ok:
+                    sample.done = time.perf_counter()
+                if window[0] <= sample.done <= window[1]:
+                    samples.append(sample)
+                if not sample.ok:
+                    await asyncio.sleep(0.01)  # a refusing router must not turn the client into a busy loop
+
+        tasks = [asyncio.create_task(client()) for _ in range(concurrency)]
+        _done, pending = await asyncio.wait(tasks, timeout=warmup + seconds + grace)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+    return Phase(samples, seconds, len(samples))
+
+
+async def open_loop(target: Target, schedule: Sequence[tuple[float, bytes]], stream: bool, timeout: float = 60.0,
+                    drain: float = 30.0, tick: Callable[[], None] | None = None) -> Phase:
+    """Send each body at its time (seconds from the start), whatever is still running; wait ``drain`` s at most after the last."""
+    samples: list[Sample] = []
+    tasks: list[asyncio.Task] = []
+    async with _session(0, timeout) as session:
+        start = time.perf_counter()
+
+        async def one(i: int, body: bytes, sample: Sample) -> None:
+            try:
+                await _send(session, target.url(i), body, target.headers, stream, sample)
+            finally:
+                if not sample.done:
+                    sample.done = time.perf_counter()
+                if tick is not None:
+                    tick()
+
+        for i, (at, body) in enumerate(schedule):
+            due = start + at
+            delay = due - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            sample = Sample(due)
+            samples.append(sample)
+            tasks.append(asyncio.create_task(one(i, body, sample)))
+        if tasks:
+            _done, pending = await asyncio.wait(tasks, timeout=drain)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+    end = max((s.done for s in samples if s.ok), default=start)
+    return Phase(samples, max(end - start, 1e-9), len(samples))
+
+
+def probe(target: Target, body: bytes, timeout: float = 10.0) -> tuple[int, float]:
+    """One request through the path, outside any phase: (HTTP status or 0, seconds)."""
+    request = urllib.request.Request(target.url(0), data=body, method="POST", headers={"Content-Type": "application/json", **target.headers})
+    started = time.perf_counter()
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            response.read()
+            status = response.status
+    except urllib.error.HTTPError as err:
+        status = err.code
+    except OSError:
+        status = 0
+    return status, time.perf_counter() - started

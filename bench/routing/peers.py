@@ -1,0 +1,230 @@
+"""The peers opod is compared with, each installed into its own virtual environment and run on loopback.
+
+Every peer lives in ``<peers dir>/<name>`` (default ``~/.cache/opod-bench/peers``),
+created on first use with ``python -m venv`` and ``pip install`` of a pinned
+version, so the project's own environment never sees them. A peer that cannot
+be installed or started raises :class:`PeerUnavailable` with the reason, and
+the report shows that reason in its row instead of leaving the row out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.procs import free_port
+
+MARKER = ".opod-bench-requirement"
+DEFAULT_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "opod-bench" / "peers"
+
+
+class PeerUnavailable(RuntimeError):
+    """This peer cannot run here; the message is the reason the report prints."""
+
+
+@dataclass(frozen=True)
+class PeerSpec:
+    name: str
+    requirement: str
+    first_install: str
+    """What the first install costs, measured on the project's 2-core machine."""
+
+
+SPECS = {
+    # Versions the project's notes show installing and serving on this machine kind.
+    "litellm": PeerSpec("litellm", "litellm[proxy]==1.108.7", "about 45-75 s, 760 MB"),
+    "vllm-router": PeerSpec("vllm-router", "vllm-router==0.1.17", "about 15 s, 130 MB"),
+    "sglang-router": PeerSpec("sglang-router", "sglang-router==0.3.2", "about 15 s, 150 MB"),
+}
+
+
+def ensure_installed(spec: PeerSpec, root: Path, timeout: float = 1800) -> Path:
+    """The peer's venv, created and installed on first use; raises PeerUnavailable when pip cannot."""
+    venv = root / spec.name
+    marker = venv / MARKER
+    if marker.is_file() and marker.read_text().strip() == spec.requirement:
+        return venv
+    root.mkdir(parents=True, exist_ok=True)
+    log = root / f"{spec.name}.install.log"
+    with log.open("w") as out:
+        steps = ([sys.executable, "-m", "venv", str(venv)],
+                 [str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "-q", spec.requirement])
+        for argv in steps:
+            try:
+                code = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, timeout=timeout).returncode
+            except subprocess.TimeoutExpired:
+                raise PeerUnavailable(f"`{' '.join(argv[-2:])}` took longer than {timeout:.0f}s (log: {log})") from None
+            if code != 0:
+                raise PeerUnavailable(f"`{' '.join(argv[-2:])}` failed with exit {code}: {_tail(log)} (log: {log})")
+    marker.write_text(spec.requirement + "\n")
+    return venv
+
+
+def _tail(path: Path, lines: int = 2) -> str:
+    try:
+        text = [line for line in path.read_text(errors="replace").splitlines() if line.strip() and not line.startswith("WARNING: Location")]
+    except OSError:
+        return ""
+    return " | ".join(text[-lines:])[:300]
+
+
+@dataclass
+class RunningPeer:
+    name: str
+    label: str
+    """What the report calls this row, mode included."""
+    url: str
+    headers: dict[str, str]
+    proc: subprocess.Popen
+    log: Path
+    notes: list[str] = field(default_factory=list)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=5)
+            except ProcessLookupError:
+                pass
+
+
+def _spawn(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    full = {**{k: v for k, v in os.environ.items() if not k.startswith("OPOD_")}, "NO_COLOR": "1", **(env or {})}
+    with log.open("w") as out:
+        # Its own session, so stopping it takes every child with it.
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=full, start_new_session=True)
+
+
+def _wait_ready(peer: RunningPeer, model: str, timeout: float) -> None:
+    """Until one chat request through the peer answers 200; the peer is stopped and reported otherwise."""
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "ready?"}], "max_tokens": 2}).encode()
+    deadline = time.monotonic() + timeout
+    last = "no answer"
+    while time.monotonic() < deadline:
+        if peer.proc.poll() is not None:
+            peer.stop()
+            raise PeerUnavailable(f"exited with {peer.proc.returncode} while starting: {_tail(peer.log, 3)}")
+        request = urllib.request.Request(peer.url + "/v1/chat/completions", data=body, method="POST",
+                                         headers={"Content-Type": "application/json", **peer.headers})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                if response.status == 200:
+                    return
+        except urllib.error.HTTPError as err:
+            last = f"HTTP {err.code}: {err.read()[:200]!r}"
+        except OSError as err:
+            last = str(err)
+        time.sleep(0.3)
+    peer.stop()
+    raise PeerUnavailable(f"no successful chat request within {timeout:.0f}s (last: {last}; log: {_tail(peer.log, 2)})")
+
+
+# -- the peers ----------------------------------------------------------------------------------
+
+
+def start_litellm(venv: Path, engines: list[str], model: str, scratch: Path) -> RunningPeer:
+    """LiteLLM's proxy with one deployment per engine under one model name (its default simple-shuffle routing)."""
+    key = "sk-" + secrets.token_hex(16)
+    deployments = [{"model_name": model, "litellm_params": {"model": f"openai/{model}", "api_base": base + "/v1", "api_key": "none"}}
+                   for base in engines]
+    config = {"model_list": deployments, "litellm_settings": {"drop_params": True, "telemetry": False},
+              "router_settings": {"routing_strategy": "simple-shuffle"}, "general_settings": {}}
+    path = scratch / "litellm.json"
+    path.write_text(json.dumps(config))  # YAML is a superset of JSON, so the proxy reads it as its config
+    port = free_port()
+    log = scratch / "litellm.log"
+    proc = _spawn([str(venv / "bin" / "litellm"), "--config", str(path), "--host", "127.0.0.1", "--port", str(port)], log,
+                  env={"LITELLM_MASTER_KEY": key, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_TELEMETRY": "False",
+                       "LITELLM_LOG": "ERROR"})
+    peer = RunningPeer("litellm", "LiteLLM proxy (simple-shuffle)", f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {key}"}, proc, log)
+    _wait_ready(peer, model, 180)
+    return peer
+
+
+def kv_aware_gap(engines: list[str]) -> str:
+    """Why vllm-router's kv_aware cannot score these engines; empty when it can.
+
+    kv_aware needs each engine's ZMQ KV events (``GET /kv_event_sources``) and
+    the render endpoint it tokenizes through (``POST /v1/chat/completions/render``).
+    """
+    missing = []
+    base = engines[0]
+    try:
+        with urllib.request.urlopen(base + "/kv_event_sources", timeout=5) as response:
+            sources = json.loads(response.read() or b"{}")
+        endpoint = str((sources.get("0") or {}).get("endpoint") or "")
+        if not endpoint:
+            missing.append("publish no KV events (their workers start them without --kv-events)")
+        elif "*" not in endpoint and "0.0.0.0" not in endpoint:
+            # The engine connects out to its opod worker's listener; the router's SUB socket connects too, so
+            # nobody binds for the router to reach.
+            missing.append(f"send their KV events to their opod worker (the engine connects to {endpoint}; vllm-router can only "
+                           "subscribe to an engine that binds)")
+    except (OSError, ValueError, AttributeError):
+        missing.append("publish no KV events (no /kv_event_sources)")
+    request = urllib.request.Request(base + "/v1/chat/completions/render", data=b'{"messages":[{"role":"user","content":"x"}]}',
+                                     method="POST", headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=5):
+            pass
+    except urllib.error.HTTPError as err:
+        if err.code in (404, 405):
+            missing.append("serve no POST /v1/chat/completions/render")
+    except OSError:
+        missing.append("serve no POST /v1/chat/completions/render")
+    return "the simulator engines " + " and ".join(missing) if missing else ""
+
+
+def _kv_sources(engines: list[str]) -> list[str]:
+    args = []
+    for base in engines:
+        with urllib.request.urlopen(base + "/kv_event_sources", timeout=5) as response:
+            source = json.loads(response.read())["0"]
+        endpoint = source["endpoint"].replace("*", "127.0.0.1")  # the router connects; the engine binds
+        args += ["--kv-event-source", f"{base}={endpoint}"]
+        if source.get("replay_endpoint"):
+            args += ["--kv-event-replay-source", f"{base}={source['replay_endpoint'].replace('*', '127.0.0.1')}"]
+    return args
+
+
+def start_vllm_router(venv: Path, engines: list[str], model: str, block_size: int, scratch: Path) -> RunningPeer:
+    """vllm-router in kv_aware where the engines allow it, else in cache_aware (labelled so)."""
+    port = free_port()
+    argv = [str(venv / "bin" / "vllm-router"), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *engines,
+            "--prometheus-port", str(free_port()), "--log-level", "warning"]
+    gap = kv_aware_gap(engines)
+    if gap:
+        argv += ["--policy", "cache_aware"]
+        label = "vllm-router (cache_aware; kv_aware impossible here)"
+    else:
+        argv += ["--policy", "kv_aware", "--kv-event-block-size", str(block_size), "--kv-event-model", model, *_kv_sources(engines)]
+        label = "vllm-router (kv_aware)"
+    log = scratch / "vllm-router.log"
+    peer = RunningPeer("vllm-router", label, f"http://127.0.0.1:{port}", {}, _spawn(argv, log), log)
+    if gap:
+        peer.notes.append(f"kv_aware not run: {gap}; ran cache_aware, its best mode that works here")
+    _wait_ready(peer, model, 60)
+    return peer
+
+
+def start_sglang_router(venv: Path, engines: list[str], model: str, scratch: Path) -> RunningPeer:
+    """sglang-router's cache-aware policy (an approximate radix tree over request text), as shipped."""
+    port = free_port()
+    argv = [str(venv / "bin" / "python"), "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
+            "--worker-urls", *engines, "--policy", "cache_aware", "--prometheus-port", str(free_port()), "--log-level", "warn"]
+    log = scratch / "sglang-router.log"
+    peer = RunningPeer("sglang-router", "sglang-router (cache_aware)", f"http://127.0.0.1:{port}", {}, _spawn(argv, log), log)
+    _wait_ready(peer, model, 60)
+    return peer

@@ -1,0 +1,292 @@
+"""The run's results as one table (rich on the terminal, markdown in bench/results/routing.md) and three plots."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+from rich.table import Table
+
+from bench.routing import goals as goals_mod
+from bench.routing import peers
+from bench.routing.runner import PathResult, RunResult
+
+DASH = "—"
+
+
+def _ms(seconds: float, signed: bool = False) -> str:
+    if seconds is None or math.isnan(seconds):
+        return DASH
+    return f"{seconds * 1000:+.2f}" if signed else f"{seconds * 1000:.2f}"
+
+
+def _s(seconds: float) -> str:
+    return DASH if seconds is None or math.isnan(seconds) else f"{seconds:.3f}"
+
+
+def _n(value: float, digits: int = 0) -> str:
+    return DASH if value is None or math.isnan(value) else f"{value:,.{digits}f}"
+
+
+def _pct(value: float) -> str:
+    return DASH if value is None or math.isnan(value) else f"{value:.1%}"
+
+
+Cell = Callable[[PathResult], str]
+
+
+def _open_cell(p: PathResult, rate: float) -> str:
+    if rate in p.overloaded:
+        return f"not run: over {p.overloaded[rate]:,.0f} req/s capacity"
+    if rate not in p.open:
+        return DASH
+    s = p.open[rate]
+    return f"{_ms(s.p50)} / {_ms(s.p99)}; {s.errors}"
+
+
+def _rows(run: RunResult) -> list[tuple[str, Cell, str]]:
+    """(measure, cell for one path, goal key) for every row of the main table."""
+    rate = goals_mod.half_load(run)
+    direct = run.path("direct")
+    oracle = run.oracle.hit_rate
+    slo = run.settings.ttft_slo
+    levels = run.settings.concurrency
+
+    def added_cell(q: int) -> Cell:
+        def cell(p: PathResult) -> str:
+            if p.key == "direct":
+                return f"{_ms(getattr(p.open[rate], f'p{q}'))} (itself)" if rate in p.open else DASH
+            if rate in p.overloaded:
+                return f"overloaded (capacity {p.overloaded[rate]:,.0f} req/s)"
+            return _ms(goals_mod.added(run, p, rate, q), signed=True)
+        return cell
+
+    def stream_added(attr: str) -> Cell:
+        def cell(p: PathResult) -> str:
+            if p.stream is None:
+                return DASH
+            value = getattr(p.stream, attr)
+            if p.key == "direct":
+                return f"{_ms(value)} (itself)"
+            base = getattr(direct.stream, attr) if direct and direct.stream else math.nan
+            return _ms(value - base, signed=True)
+        return cell
+
+    def prefix(fn: Callable[[PathResult], str]) -> Cell:
+        return lambda p: DASH if p.prefix is None else fn(p)
+
+    def errors_w1(p: PathResult) -> str:
+        if not p.sweep and not p.open:
+            return DASH
+        return str(sum(s.errors for s in p.sweep.values()) + sum(s.errors for s in p.open.values()))
+
+    half = f"{rate:,.0f} req/s (½ direct capacity)" if rate else "½ direct capacity"
+    return [
+        (f"1 short chat: req/s at saturation (best of concurrency {levels[0]}…{levels[-1]})", lambda p: _n(p.saturation), "saturation"),
+        (f"1 short chat: added p50 ms at {half}", added_cell(50), "added p50"),
+        (f"1 short chat: added p99 ms at {half}", added_cell(99), "added p99"),
+        ("1 short chat: errors (closed + open loop)", errors_w1, ""),
+        ("2 streamed: TTFT p50 ms added", stream_added("ttft_p50"), ""),
+        ("2 streamed: TTFT p99 ms added", stream_added("ttft_p99"), ""),
+        ("2 streamed: inter-token p50 ms added", stream_added("itl_p50"), ""),
+        ("2 streamed: errors", lambda p: DASH if p.stream is None else str(p.stream.errors), ""),
+        ("3 shared prefix: TTFT p50 s", prefix(lambda p: _s(p.prefix.ttft_p50)), ""),
+        ("3 shared prefix: TTFT p90 s", prefix(lambda p: _s(p.prefix.ttft_p90)), "prefix TTFT p90"),
+        ("3 shared prefix: output tokens/s", prefix(lambda p: _n(p.prefix.output_tps)), "prefix output tok/s"),
+        (f"3 shared prefix: cache-hit rate (oracle {oracle:.1%})",
+         prefix(lambda p: f"{_pct(p.prefix_hit_rate)} ({_pct(p.prefix_hit_rate / oracle if oracle else math.nan)} of oracle)"),
+         "prefix cache hits"),
+        (f"3 shared prefix: goodput req/s (TTFT ≤ {slo:g} s)", prefix(lambda p: _n(p.prefix.goodput, 1)), ""),
+        ("3 shared prefix: error rate", prefix(lambda p: f"{_pct(p.prefix.error_rate)} ({p.prefix.errors}/{p.prefix.sent})"), "prefix error rate"),
+    ]
+
+
+def _cells(run: RunResult) -> tuple[list[str], list[list[str]]]:
+    goals = {g.row: g for g in goals_mod.check(run)}
+    header = ["measure", *[p.key for p in run.paths], "goal (opod)"]
+    # The first rows say what each column is and whether it ran, so a peer that could not is reported with its reason.
+    body = [["what ran", *[p.label for p in run.paths], ""],
+            ["status", *["ran" if p.ran else f"not run: {p.reason}" for p in run.paths], ""]]
+    for measure, cell, goal_key in _rows(run):
+        row = [measure]
+        for path in run.paths:
+            if not path.ran:
+                row.append("not run")
+                continue
+            try:
+                row.append(cell(path))
+            except (KeyError, AttributeError, TypeError, ZeroDivisionError):
+                row.append(DASH)
+        goal = goals.get(goal_key)
+        row.append(f"{goal.target}: {goal.verdict}" if goal else "")
+        body.append(row)
+    return header, body
+
+
+def rich_table(run: RunResult) -> Table:
+    header, body = _cells(run)
+    table = Table(title=f"Routing: {run.settings.workers} simulator workers, {run.cores} CPU cores", header_style="bold", show_lines=False)
+    for name in header:
+        table.add_column(name, overflow="fold")
+    for row in body:
+        table.add_row(*[f"[{'green' if c.endswith(': met') else 'red' if c.endswith(': missed') else 'white'}]{c}[/]"
+                        if i == len(row) - 1 and c else c for i, c in enumerate(row)])
+    return table
+
+
+def _md_table(header: list[str], body: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in body]
+    return lines
+
+
+def markdown(run: RunResult) -> str:
+    s = run.settings
+    shape, prof = s.prefix, s.profile
+    header, body = _cells(run)
+    lines = [
+        f"# Routing benchmark ({run.started}; {run.cores} CPU cores, {run.machine}; {'quick' if s.quick else 'full'} run, {run.seconds / 60:.1f} min, seed {s.seed})",
+        "",
+        f"One run, side by side, on loopback, against the same {s.workers} simulator engines (each started by an `opod join` worker). "
+        "Paths run one after another; every engine's prefix cache is emptied before each phase. The load generator, opod, the "
+        f"peers and the {s.workers} engines share the machine's {run.cores} cores, so the engines' latency model (not the CPUs) "
+        "is meant to set the answer times. Columns are the paths; `added` is the path's value minus the direct path's.",
+        "",
+        *_md_table(header, body),
+        "",
+        "## Paths",
+        "",
+        "| path | what ran | status |",
+        "|---|---|---|",
+    ]
+    for p in run.paths:
+        status = "ran" if p.ran else f"**not run**: {p.reason}"
+        if p.notes:
+            status += "; " + "; ".join(p.notes)
+        lines.append(f"| {p.key} | {p.label} | {status.replace('|', '/')} |")
+    installs = ", ".join(f"{spec.requirement} ({spec.first_install})" for spec in peers.SPECS.values())
+    lines += [
+        "",
+        f"Peers run from their own virtual environments under `{s.peers_dir}`, installed on first use: {installs}.",
+        "",
+        "## 1. Short chat: saturation (closed loop, req/s; p50 ms in brackets)",
+        "",
+        *_md_table(["concurrency", *[p.key for p in run.paths if p.ran]],
+                   [[str(c), *[f"{_n(p.sweep[c].rps)} ({_ms(p.sweep[c].p50)})" if c in p.sweep else DASH for p in run.paths if p.ran]]
+                    for c in s.concurrency]),
+        "",
+        "## 1. Short chat: open loop, Poisson arrivals (p50 / p99 ms; errors)",
+        "",
+        *_md_table(["offered req/s", *[p.key for p in run.paths if p.ran]],
+                   [[f"{rate:,.0f}", *[_open_cell(p, rate) for p in run.paths if p.ran]] for rate in run.offered]),
+        "",
+        "## How it was measured",
+        "",
+        f"- **Simulator** (`opod sim`, vLLM dialect, through `OPOD_ENGINE_FLAGS`): block size {prof.block_size}, {prof.kv_blocks} KV blocks "
+        f"per engine, {prof.max_num_seqs} sequences at once, TTFT {prof.ttft_ms:g} ms + {prof.prefill_ms_per_token:g} ms per uncached "
+        f"prompt token, {prof.itl_ms:g} ms per token + {prof.itl_ms_per_request:g} ms per running request.",
+        "- **Direct** sends each request straight to the next engine in turn (client-side round robin, no hop), so every path "
+        "loads each engine alike and `added` is the router's own cost rather than a batch-size difference. It runs no workload 3: "
+        "with no router there is no placement to judge (`opod-rr` is the round-robin baseline).",
+        f"- **1 short chat**: 8 answer tokens, not streamed; closed loop {s.closed_seconds:g} s per concurrency level; open loop "
+        f"{s.open_seconds:g} s per offered load, at {', '.join(f'{f:.0%}' for f in s.loads)} of the direct path's capacity; a load "
+        "above 1.5× a path's own saturation rate is not run for it (marked overloaded). Before each phase the harness waits until "
+        "the path answers a request within 2 s (an overloaded proxy drains its backlog, a router closes its circuit breakers) "
+        "and empties the engines' prefix caches.",
+        f"- **2 streamed chat**: {s.stream_tokens} answer tokens, Poisson at {s.stream_rate:g} req/s for {s.stream_seconds:g} s; "
+        "TTFT = due time to first text chunk; inter-token = gap between text chunks.",
+        f"- **3 shared prefix** (llm-d's capacity benchmark, scaled down): {shape.groups} system prompts of {shape.system_tokens} tokens, "
+        f"sessions of {shape.turns} turns starting at Poisson arrivals for {shape.seconds:g} s ({shape.rate:g} req/s offered, "
+        f"{run.prefix_requests} requests), each turn re-sending the conversation plus a {shape.question_tokens}-token question, "
+        f"history answers of {shape.history_tokens} tokens, {shape.output_tokens} answer tokens, streamed; a turn follows the previous "
+        f"one after {shape.think_s:g} s on average. Output tokens/s and goodput divide by first send to last answer; requests not "
+        f"answered {s.drain:g} s after the last send count as errors.",
+        f"- **Cache-hit rate**: the engines' own counters (`vllm:prefix_cache_hits` / `vllm:prefix_cache_queries`) over the phase. "
+        f"**Oracle**: the trace replayed through one LRU cache as large as all engines' caches together ({run.oracle.capacity_blocks} "
+        f"blocks), with the simulator's rules: {run.oracle.hit_rate:.1%}.",
+        "",
+        "Plots: `routing-saturation.png`, `routing-added-latency.png`, `routing-ttft-cdf.png`.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def plots(run: RunResult, out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ran = [p for p in run.paths if p.ran]
+    written = []
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for p in ran:
+        levels = sorted(p.sweep)
+        if levels:
+            ax.plot(levels, [p.sweep[c].rps for c in levels], marker="o", label=p.label)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrent clients")
+    ax.set_ylabel("requests/s")
+    ax.set_title(f"1 short chat: saturation ({run.cores} cores shared)")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    written.append(out / "routing-saturation.png")
+    fig.savefig(written[-1], dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    lowest = 0.0
+    for p in ran:
+        if p.key == "direct":
+            continue
+        rates = [r for r in run.offered if r in p.open]
+        if rates:
+            p50 = [goals_mod.added(run, p, r, 50) * 1000 for r in rates]
+            p99 = [goals_mod.added(run, p, r, 99) * 1000 for r in rates]
+            lowest = min([lowest, *[v for v in p50 + p99 if not math.isnan(v)]])
+            line, = ax.plot(rates, p50, marker="o", label=f"{p.label} p50")
+            ax.plot(rates, p99, marker="x", linestyle="--", color=line.get_color(), label=f"{p.label} p99")
+    ax.axhline(1, color="grey", linewidth=0.8, linestyle=":")
+    ax.axhline(5, color="grey", linewidth=0.8, linestyle=":")
+    ax.set_yscale("symlog", linthresh=1)
+    ax.set_ylim(bottom=lowest * 1.5 if lowest < 0 else 0)  # no empty negative half when nothing came out faster than direct
+    ax.set_xlabel("offered load (req/s, Poisson)")
+    ax.set_ylabel("latency added over direct (ms)")
+    ax.set_title("1 short chat: added latency by offered load (goals: p50 ≤ 1 ms, p99 ≤ 5 ms)")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    written.append(out / "routing-added-latency.png")
+    fig.savefig(written[-1], dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for p in ran:
+        if p.prefix_ttfts:
+            values = p.prefix_ttfts
+            ax.plot(values, [(i + 1) / len(values) for i in range(len(values))], label=p.label)
+    ax.set_xscale("log")
+    ax.set_xlabel("time to first token (s)")
+    ax.set_ylabel("fraction of answered requests")
+    ax.set_title(f"3 shared prefix: TTFT CDF ({run.prefix_requests} requests)")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    written.append(out / "routing-ttft-cdf.png")
+    fig.savefig(written[-1], dpi=120)
+    plt.close(fig)
+    return written
+
+
+def write(run: RunResult, out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "routing.md"
+    path.write_text(markdown(run))
+    plots(run, out)
+    return path
