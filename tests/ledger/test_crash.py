@@ -154,7 +154,7 @@ def test_every_end_that_returned_before_a_kill_is_a_row(db_url: str, store: Stor
     # The journal was rotated and trimmed while the child ran (16 KiB segments), and the starts in
     # flight were carried across; after the replay only a fresh segment is left.
     [last] = _segments(home)
-    assert int(last.stem.split("-")[1]) > 5, last.name
+    assert int(last.stem.split("-")[1]) >= 3, last.name
 
 
 def test_a_second_leader_on_the_same_home_is_refused(store: Store, tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ log = logging.getLogger("opod.ledger")
 BATCH_MAX = 2000
 
 
-def commit_records(store: Store, records: Sequence[dict[str, Any]], rejected: Path) -> int:
+def commit_records(store: Store, records: Sequence[dict[str, Any]], rejected: Path, *, check_known: bool = True) -> int:
     """Store end and event records in one transaction; refused ones go to ``rejected``.
 
     Returns how many were new to the store (a replayed record may be there already). Raises
@@ -52,7 +52,7 @@ def commit_records(store: Store, records: Sequence[dict[str, Any]], rejected: Pa
         source[id(row)] = record
         (events if isinstance(row, NewEvent) else usage).append(row)
     try:
-        new += sum(store.append_ledger(usage, events))
+        new += sum(store.append_ledger(usage, events, check_known=check_known))
     except InvalidInput:
         for row in (*usage, *events):
             try:
@@ -104,7 +104,9 @@ class Writer:
         async with self._lock:
             while self.committed < target and self._pending:
                 batch = list(islice(self._pending, self.batch_max))
-                await asyncio.to_thread(commit_records, self.store, [record for _, record in batch], self.rejected)
+                # The live writer's records are new to the store (a retried batch whose commit did land
+                # is caught by ON CONFLICT), so the look-up for known entries is skipped.
+                await asyncio.to_thread(commit_records, self.store, [record for _, record in batch], self.rejected, check_known=False)
                 # Only this coroutine (under the lock) removes from the left; add() appends on the right.
                 for _ in batch:
                     self._pending.popleft()

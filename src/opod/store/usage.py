@@ -128,7 +128,7 @@ def _record(row: Row[Any]) -> UsageRecord:
 
 
 class UsageRepo(Repository):
-    def append_ledger(self, rows: Sequence[NewUsage], events: Sequence[NewEvent] = ()) -> tuple[int, int]:
+    def append_ledger(self, rows: Sequence[NewUsage], events: Sequence[NewEvent] = (), *, check_known: bool = True) -> tuple[int, int]:
         """Append usage rows and events in ONE transaction: all of them are stored, or none.
 
         A row or event whose ``entry`` is already stored is skipped, so appending the same batch
@@ -140,7 +140,8 @@ class UsageRepo(Repository):
         event_rows = [event_values(row) for row in events]
         with self._write() as conn:
             serialize_appends(conn)
-            return insert_new(conn, usage, values), insert_new(conn, events_table, event_rows)
+            return (insert_new(conn, usage, values, check_known=check_known),
+                    insert_new(conn, events_table, event_rows, check_known=check_known))
 
     def usage_after(self, after: int, limit: int) -> list[UsageRecord]:
         """Up to ``limit`` usage rows with an id above ``after``, by id."""
