@@ -34,7 +34,10 @@ class PrefixHasher:
         self._sim = None
 
     async def hashes(self, model: str, payload: dict[str, Any]) -> list[str]:
-        holders = [n for n in self.fleet.workers_for(model) if self.index.reports(n.id)]
+        serving = self.fleet.workers_for(model)
+        if len(serving) < 2:
+            return []  # one place to go: the hashes would not change where it goes
+        holders = [n for n in serving if self.index.reports(n.id)]
         if not holders:
             return []
         block_size = self.index.block_size([n.id for n in holders])

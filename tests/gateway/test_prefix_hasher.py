@@ -1,0 +1,40 @@
+"""The request's block hashes: the contract's hashes of the model's chat tokens, and none where they could not change the choice."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from opod.contract import nodeapi
+from opod.contract.blockhash import block_hashes
+from opod.fleet.prefix_index import PrefixIndex
+from opod.fleet.state import Fleet
+from opod.gateway.prefix import PrefixHasher
+from opod.sim.tokenizer import Tokenizer
+
+MODEL = "sim-chat"
+MESSAGES = [{"role": "system", "content": " ".join(f"rule {i}." for i in range(60))}, {"role": "user", "content": "hi"}]
+
+
+def serving(*node_ids: str) -> tuple[Fleet, PrefixIndex]:
+    fleet, index = Fleet(), PrefixIndex()
+    for port, node_id in enumerate(node_ids, 9000):
+        fleet.register(nodeapi.RegisterRequest(id=node_id, address=f"127.0.0.1:{port}", boot_id="b"), "t", nodeapi.Capabilities(engine="sim"))
+        load = nodeapi.EngineLoad(sampled_at=int(time.time()))
+        fleet.heartbeat(nodeapi.Heartbeat(id=node_id, boot_id="b", loaded_models=[MODEL], load=load))
+        index.apply(node_id, "b", nodeapi.KVBlocks(seq=1, block_size=16, stored=[]))
+    return fleet, index
+
+
+def hashes_for(fleet: Fleet, index: PrefixIndex) -> list[str]:
+    return asyncio.run(PrefixHasher(fleet, index, workers=None).hashes(MODEL, {"model": MODEL, "messages": MESSAGES}))
+
+
+def test_two_workers_get_the_contracts_hashes_of_the_chat_tokens() -> None:
+    expected = block_hashes(Tokenizer().encode_chat(MESSAGES), 16)
+    assert len(expected) >= 4
+    assert hashes_for(*serving("a", "b")) == expected
+
+
+def test_a_model_with_one_worker_is_not_hashed() -> None:
+    assert hashes_for(*serving("a")) == []
