@@ -19,6 +19,7 @@ from opod.cli.main import app
         (["--fail-rate", "1.5"], "--fail-rate"),
         (["--output-min", "50", "--output-max", "10"], "--output-min"),
         (["--kv-events", "localhost:5557"], "--kv-events"),
+        (["--kv-events-bind", "localhost:5557"], "--kv-events-bind"),
         (["--model", "a", "--model", "a"], "--model"),
         (["--stall-at", "end"], "--stall-at"),
     ],

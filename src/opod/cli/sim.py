@@ -32,6 +32,7 @@ def command(
     itl_ms_per_request: float = typer.Option(_D.itl_ms_per_request, "--itl-ms-per-request", help="Inter-token latency added per running request, ms."),
     time_scale: float = typer.Option(_D.time_scale, "--time-scale", help="Multiplies every latency; 0 turns the latency model off."),
     kv_events: str = typer.Option(_D.kv_events, "--kv-events", help="Publish vLLM KV-cache events on this ZMQ endpoint (tcp://127.0.0.1:5557 connects, tcp://*:5557 binds)."),
+    kv_events_bind: str = typer.Option(_D.kv_events_bind, "--kv-events-bind", help="Also bind the KV-event PUB socket here (tcp://*:5560), so an outside subscriber such as vllm-router can connect; same events, same sequence numbers."),
     kv_events_replay: str = typer.Option(_D.kv_events_replay, "--kv-events-replay", help="Serve event replay on this ZMQ ROUTER endpoint (binds)."),
     kv_events_topic: str = typer.Option(_D.kv_events_topic, "--kv-events-topic", help="Topic frame of every event message."),
     fail_rate: float = typer.Option(_D.fail_rate, "--fail-rate", help="Fraction of requests answered with an error (0..1)."),
@@ -51,7 +52,7 @@ def command(
             block_size=block_size, kv_blocks=kv_blocks, max_batch=max_batch, max_model_len=max_model_len,
             output_min=output_min, output_max=output_max, ttft_ms=ttft_ms, prefill_ms_per_token=prefill_ms_per_token,
             itl_ms=itl_ms, itl_ms_per_request=itl_ms_per_request, time_scale=time_scale,
-            kv_events=kv_events, kv_events_replay=kv_events_replay, kv_events_topic=kv_events_topic,
+            kv_events=kv_events, kv_events_bind=kv_events_bind, kv_events_replay=kv_events_replay, kv_events_topic=kv_events_topic,
             fail_rate=fail_rate, fail_status=fail_status, stall_rate=stall_rate, stall_ms=stall_ms, stall_at=stall_at,
             crash_after=crash_after, crash_after_tokens=crash_after_tokens, load_ms=load_ms, embedding_dim=embedding_dim,
         )

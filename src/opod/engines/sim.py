@@ -8,7 +8,9 @@ suite uses that to test those drivers, each through its own driver.
 
 from __future__ import annotations
 
+import re
 import sys
+from collections.abc import Mapping
 
 import aiohttp
 
@@ -21,6 +23,21 @@ DEFAULT_MAX_BATCH = 64
 """Requests the simulator runs at once unless told; opod always says it, so the slot count is known."""
 
 
+_BIND = re.compile(r"^tcp://(\*|[A-Za-z0-9.\-]+|\[[0-9A-Fa-f:.]+\]):(\*|\d{1,5})$")
+
+
+def _bind_endpoint(flags: Mapping[str, object]) -> str | None:
+    """``kv_events_bind``: a second endpoint the sim's KV-event PUB socket binds, for an outside subscriber."""
+    value = fl.str_flag(flags, "kv_events_bind")
+    if value is None:
+        return None
+    match = _BIND.match(value)
+    if not match or (match.group(2) != "*" and not 0 < int(match.group(2)) < 65536):
+        raise LaunchError("flags.kv_events_bind", f"{value!r} is not a tcp://HOST:PORT endpoint to bind",
+                          "use e.g. tcp://127.0.0.1:5560 (or tcp://*:5560 for every interface), a port of its own per engine")
+    return value
+
+
 class SimDriver(VllmDriver):
     id = "sim"
     aliases = ()
@@ -28,7 +45,7 @@ class SimDriver(VllmDriver):
     dialect = "vllm"
     publishes_kv_events = True  # ``--kv-events``: the same frames as vLLM's
     flag_keys = frozenset({"dialect", "seed", "max_num_seqs", "np", "max_model_len", "ctx", "time_scale", "block_size",
-                           "kv_blocks", "load_ms", "mode", "extra"})
+                           "kv_blocks", "load_ms", "mode", "kv_events_bind", "extra"})
     reserved = frozenset({"--host", "--port", "--model", "--dialect", "--kv-events"})
 
     def max_batch(self, spec: LaunchSpec) -> int:
@@ -64,6 +81,9 @@ class SimDriver(VllmDriver):
             out += ["--mode", mode]
         if spec.kv_events_endpoint:
             out += ["--kv-events", spec.kv_events_endpoint]
+        bind = _bind_endpoint(f)
+        if bind:
+            out += ["--kv-events-bind", bind]
         return out + fl.extra_args(f, self.reserved)
 
     def env(self, spec: LaunchSpec) -> dict[str, str]:

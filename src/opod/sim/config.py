@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["DIALECTS", "STALL_POINTS", "MODES", "SimConfig", "SimConfigError"]
+__all__ = ["DIALECTS", "MODES", "STALL_POINTS", "SimConfig", "SimConfigError"]
 
 DIALECTS = ("vllm", "sglang", "llamacpp", "ollama")
 STALL_POINTS = ("first", "mid")
@@ -57,6 +57,8 @@ class SimConfig:
 
     # KV-cache events (vLLM's ZMQ publisher).
     kv_events: str = _opt("", "--kv-events")
+    kv_events_bind: str = _opt("", "--kv-events-bind")
+    """A second endpoint the PUB socket binds (always, wildcard or not), for an outside subscriber such as vllm-router."""
     kv_events_replay: str = _opt("", "--kv-events-replay")
     kv_events_topic: str = _opt("", "--kv-events-topic")
     kv_events_buffer: int = _opt(10000, "--kv-events-buffer", lo=1)
@@ -100,11 +102,15 @@ class SimConfig:
             raise SimConfigError(f"--model was given the same name twice ({', '.join(self.models)})")
         if self.output_min > self.output_max:
             raise SimConfigError(f"--output-min ({self.output_min}) must not exceed --output-max ({self.output_max})")
-        for flag, url in (("--kv-events", self.kv_events), ("--kv-events-replay", self.kv_events_replay)):
+        for flag, url in (("--kv-events", self.kv_events), ("--kv-events-bind", self.kv_events_bind),
+                          ("--kv-events-replay", self.kv_events_replay)):
             if url and "://" not in url:
                 raise SimConfigError(f"{flag} must be a ZMQ endpoint such as tcp://127.0.0.1:5557 (got {url!r})")
-        if self.kv_events_replay and not self.kv_events:
-            raise SimConfigError("--kv-events-replay needs --kv-events (replay serves what the publisher sent)")
+        if self.kv_events_bind and self.kv_events_bind == self.kv_events:
+            raise SimConfigError(f"--kv-events-bind must differ from --kv-events (both are {self.kv_events!r}); "
+                                 "it is a second endpoint for another subscriber")
+        if self.kv_events_replay and not (self.kv_events or self.kv_events_bind):
+            raise SimConfigError("--kv-events-replay needs --kv-events or --kv-events-bind (replay serves what the publisher sent)")
         return self
 
     @property

@@ -58,8 +58,9 @@ def control_routes(state: SimState) -> list[Route]:
             "prompt_tokens": s.prompt_tokens,
             "cached_tokens": s.cached_tokens,
             "generation_tokens": s.generation_tokens,
-            "kv_events": state.publisher.bound_endpoint if state.publisher else None,
+            "kv_events": state.publisher.bound_endpoint if state.publisher and cfg.kv_events else None,
             "kv_events_replay": state.publisher.replay_bound_endpoint if state.publisher and cfg.kv_events_replay else None,
+            "kv_events_bind": state.publisher.extra_bound_endpoint if state.publisher and cfg.kv_events_bind else None,
         }
         return Response(dumps(body), media_type=_JSON)
 

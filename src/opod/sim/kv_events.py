@@ -3,6 +3,10 @@
 * PUB socket: multipart ``[topic, seq as 8-byte big-endian, payload]``; ``seq``
   counts batches from 0. Like vLLM, the socket binds when the endpoint has a
   wildcard (``*`` or ``::``) or is ``ipc://``/``inproc://``, and connects otherwise.
+* An extra endpoint the same PUB socket always binds (``--kv-events-bind``): an
+  outside subscriber such as vllm-router dials it while the opod worker's own
+  listener keeps receiving through the first endpoint. One socket sends every
+  frame to every peer, so both see the same batches with the same ``seq``.
 * Payload: msgpack array ``[ts (float64), [event maps…], data_parallel_rank]``;
   each event is a map whose first key is ``type`` (built by the prefix cache).
 * A batch is one "scheduler step": every event queued during one turn of the
@@ -28,7 +32,7 @@ import msgpack
 import zmq
 import zmq.asyncio
 
-__all__ = ["KVEventPublisher", "binds", "encode_batch"]
+__all__ = ["KVEventPublisher", "KVEventsError", "binds", "encode_batch"]
 
 _SEQ = struct.Struct(">Q")
 _END_SEQ = _SEQ.pack(0xFFFFFFFFFFFFFFFF)
@@ -43,11 +47,21 @@ def encode_batch(ts: float, events: list[dict[str, Any]], dp_rank: int = 0) -> b
     return msgpack.packb([float(ts), events, dp_rank], use_bin_type=True)
 
 
+class KVEventsError(RuntimeError):
+    """A KV-event socket could not bind or connect; ``endpoint`` says which one."""
+
+    def __init__(self, endpoint: str, reason: str) -> None:
+        super().__init__(f"cannot open {endpoint}: {reason}")
+        self.endpoint = endpoint
+
+
 class KVEventPublisher:
     """Owns the sockets; ``publish`` is called from the event loop's thread only."""
 
-    def __init__(self, endpoint: str, topic: str = "", replay_endpoint: str = "", buffer_steps: int = 10000) -> None:
+    def __init__(self, endpoint: str, topic: str = "", replay_endpoint: str = "", buffer_steps: int = 10000,
+                 bind_endpoint: str = "") -> None:
         self.endpoint = endpoint
+        self.bind_endpoint = bind_endpoint
         self.topic = topic.encode()
         self.replay_endpoint = replay_endpoint
         # The PUB socket is a plain (blocking-API) socket used with NOBLOCK: sends never wait.
@@ -56,30 +70,52 @@ class KVEventPublisher:
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.setsockopt(zmq.SNDHWM, 100_000)
         self._pub.setsockopt(zmq.LINGER, 0)
-        if binds(endpoint):
-            self._pub.bind(endpoint)
-        else:
-            self._pub.connect(endpoint)
-        self._router: zmq.asyncio.Socket | None = None
-        if replay_endpoint:
-            self._router = self._actx.socket(zmq.ROUTER)
-            self._router.setsockopt(zmq.LINGER, 0)
-            self._router.bind(replay_endpoint)
         self._seq = 0
         self._pending: list[dict[str, Any]] = []
         self._deferred: list[dict[str, Any]] = []
         self._scheduled = False
         self._buffer: collections.deque[tuple[int, bytes]] = collections.deque(maxlen=buffer_steps)
         self._replay_task: asyncio.Task[None] | None = None
+        self._router: zmq.asyncio.Socket | None = None
+        # Read after each bind/connect: LAST_ENDPOINT only remembers the latest one.
+        self._main_at = self._bind_at = self._replay_at = ""
+        try:
+            if endpoint:
+                self._main_at = self._open(self._pub, endpoint, bind=binds(endpoint))
+            if bind_endpoint:
+                self._bind_at = self._open(self._pub, bind_endpoint, bind=True)
+            if replay_endpoint:
+                self._router = self._actx.socket(zmq.ROUTER)
+                self._router.setsockopt(zmq.LINGER, 0)
+                self._replay_at = self._open(self._router, replay_endpoint, bind=True)
+        except KVEventsError:
+            self.close()
+            raise
+
+    @staticmethod
+    def _open(sock: zmq.Socket, endpoint: str, bind: bool) -> str:
+        try:
+            if bind:
+                sock.bind(endpoint)
+            else:
+                sock.connect(endpoint)
+        except zmq.ZMQError as err:
+            raise KVEventsError(endpoint, str(err)) from None
+        return sock.getsockopt_string(zmq.LAST_ENDPOINT) or endpoint
 
     @property
     def bound_endpoint(self) -> str:
-        """Where the PUB socket ended up (useful with ``tcp://*:0``)."""
-        return self._pub.getsockopt_string(zmq.LAST_ENDPOINT) or self.endpoint
+        """Where the PUB socket's main endpoint ended up (useful with ``tcp://*:0``)."""
+        return self._main_at or self.endpoint
+
+    @property
+    def extra_bound_endpoint(self) -> str:
+        """Where the extra bound endpoint ended up (``tcp://127.0.0.1:*`` → the port chosen); empty when none."""
+        return self._bind_at
 
     @property
     def replay_bound_endpoint(self) -> str:
-        return self._router.getsockopt_string(zmq.LAST_ENDPOINT) if self._router is not None else ""
+        return self._replay_at
 
     def start(self) -> None:
         if self._router is not None and self._replay_task is None:

@@ -1,4 +1,4 @@
-"""vLLM's own endpoints (0.32, dev mode on): health, version, load, tokenize, sleep, prefix-cache reset, metrics."""
+"""vLLM's own endpoints (0.32, dev mode and scale-out on): health, version, load, tokenize, chat render, sleep, prefix-cache reset, metrics."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ from starlette.routing import Route
 
 from opod.sim.errors import SimHTTPError, bad_request
 from opod.sim.metrics import CONTENT_TYPE, VLLMCollector, registry_for, render
-from opod.sim.parse import read_json, resolve_model
+from opod.sim.parse import parse_chat, read_json, resolve_model
+from opod.sim.render import render_body
 from opod.sim.shapes import dumps
 from opod.sim.state import SimState
 
-__all__ = ["vllm_routes", "tokenize_body"]
+__all__ = ["tokenize_body", "vllm_routes"]
 
 VERSION = "0.32.0"
 _JSON = "application/json"
@@ -48,10 +49,11 @@ def vllm_routes(state: SimState) -> list[Route]:
         return Response(dumps({"server_load": engine.running + engine.waiting}), media_type=_JSON)
 
     async def kv_event_sources(request: Request) -> Response:
-        if not cfg.kv_events:
+        if not (cfg.kv_events or cfg.kv_events_bind):
             return Response(b"{}", media_type=_JSON)
         source = {
-            "enable_kv_cache_events": True, "publisher": "zmq", "endpoint": cfg.kv_events,
+            # The bound endpoint when there is one: it is the one an outside subscriber can dial.
+            "enable_kv_cache_events": True, "publisher": "zmq", "endpoint": cfg.kv_events_bind or cfg.kv_events,
             "replay_endpoint": cfg.kv_events_replay or None, "buffer_steps": cfg.kv_events_buffer,
             "hwm": 100000, "max_queue_size": 100000, "topic": cfg.kv_events_topic,
         }
@@ -66,6 +68,15 @@ def vllm_routes(state: SimState) -> list[Route]:
             return state.error(err)
         strs = engine.tokenizer.token_strs(ids) if body.get("return_token_strs") else None
         return Response(dumps({"count": len(ids), "max_model_len": cfg.max_model_len, "tokens": ids, "token_strs": strs}), media_type=_JSON)
+
+    async def render_chat(request: Request) -> Response:
+        # Always served here; a real vLLM answers 403 unless started with --enable-scale-out.
+        try:
+            body = await read_json(request)
+            reply = render_body(parse_chat(body, state.served, engine.tokenizer, cfg.max_model_len), body, cfg.seed)
+        except SimHTTPError as err:
+            return state.error(err)
+        return Response(dumps(reply), media_type=_JSON)
 
     async def detokenize(request: Request) -> Response:
         try:
@@ -111,6 +122,7 @@ def vllm_routes(state: SimState) -> list[Route]:
         Route("/kv_event_sources", kv_event_sources, methods=["GET"]),
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
+        Route("/v1/chat/completions/render", render_chat, methods=["POST"]),
         Route("/sleep", sleep, methods=["POST"]),
         Route("/wake_up", wake_up, methods=["POST"]),
         Route("/is_sleeping", is_sleeping, methods=["GET"]),

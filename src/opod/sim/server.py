@@ -57,7 +57,7 @@ async def _serve(server: uvicorn.Server, state: SimState, sock: socket.socket) -
 
 def banner(cfg: SimConfig, host: str, port: int) -> str:
     models = ", ".join(cfg.models)
-    events = f", KV events {cfg.kv_events}" if cfg.kv_events else ""
+    events = ", KV events " + " and ".join(e for e in (cfg.kv_events, cfg.kv_events_bind) if e) if cfg.kv_events or cfg.kv_events_bind else ""
     return f"opod sim: listening on http://{host}:{port} (dialect {cfg.dialect}, model {models}, seed {cfg.seed}{events})"
 
 

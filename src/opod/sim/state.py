@@ -6,11 +6,11 @@ import time
 
 from starlette.responses import Response
 
-from opod.sim.config import SimConfig
+from opod.sim.config import SimConfig, SimConfigError
 from opod.sim.engine import Engine
 from opod.sim.errors import SimHTTPError, error_response
 from opod.sim.faults import FaultInjector
-from opod.sim.kv_events import KVEventPublisher
+from opod.sim.kv_events import KVEventPublisher, KVEventsError
 from opod.sim.shapes import SHAPES, Shape
 
 __all__ = ["SimState"]
@@ -18,12 +18,21 @@ __all__ = ["SimState"]
 _FLAVORS = {"vllm": "openai", "sglang": "openai", "llamacpp": "llamacpp", "ollama": "openai"}
 
 
+def _publisher(cfg: SimConfig) -> KVEventPublisher:
+    """The KV-event sockets, or a config error naming the option whose endpoint would not open."""
+    try:
+        return KVEventPublisher(cfg.kv_events, cfg.kv_events_topic, cfg.kv_events_replay, cfg.kv_events_buffer, cfg.kv_events_bind)
+    except KVEventsError as err:
+        flag = {cfg.kv_events: "--kv-events", cfg.kv_events_bind: "--kv-events-bind"}.get(err.endpoint, "--kv-events-replay")
+        raise SimConfigError(f"{flag}: {err}") from None
+
+
 class SimState:
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
         self.publisher: KVEventPublisher | None = None
-        if cfg.kv_events:
-            self.publisher = KVEventPublisher(cfg.kv_events, cfg.kv_events_topic, cfg.kv_events_replay, cfg.kv_events_buffer)
+        if cfg.kv_events or cfg.kv_events_bind:
+            self.publisher = _publisher(cfg)
         pub = self.publisher
         self.engine = Engine(cfg, pub.publish if pub else None, pub.step if pub else None)
         self.faults = FaultInjector(cfg)
