@@ -55,7 +55,7 @@ def command(
     peers_dir: Path = typer.Option(peers.DEFAULT_DIR, help="Where the peers' virtual environments live."),
     results: Path = typer.Option(RESULTS, help="Where routing.md and the plots go."),
 ) -> None:
-    """Routing side by side in one run: direct, opod (prefix policy and round robin), LiteLLM, vllm-router, sglang-router.
+    """Routing side by side in one run: direct, opod (prefix policy and round robin), LiteLLM, vllm-router (kv_aware and cache_aware), sglang-router.
 
     All paths reach the same simulator engines, started by opod's workers. Workload 1: short chat, closed loop (req/s at saturation) and open loop (latency added over direct). Workload 2: streamed chat (TTFT and inter-token latency added). Workload 3: shared-prefix multi-turn sessions (TTFT p50/p90, output tokens/s, cache-hit rate against an oracle, goodput, error rate). Results: bench/results/routing.md and routing-*.png.
 

@@ -4,6 +4,10 @@ The engines are started by opod's workers (so the "through opod" path is the
 real one), and their loopback addresses are read from the workers' logs so that
 the direct path and the peers reach the very same processes: every path sees
 the same caches and the same latency model.
+
+Each engine's KV-event PUB socket also binds a loopback port of its own (the
+plan flag ``kv_events_bind``, one ``OPOD_ENGINE_FLAGS`` per worker), so
+vllm-router's ``kv_aware`` subscribes to the very events opod's worker hears.
 """
 
 from __future__ import annotations
@@ -49,6 +53,14 @@ class SimProfile:
                 "max_model_len": self.max_model_len, "seed": self.seed, "extra": extra}
 
 
+def worker_flags(profile: SimProfile, kv_port: int) -> dict:
+    """One worker's ``OPOD_ENGINE_FLAGS``: the shared profile, plus the KV-event port its engine binds for outside subscribers.
+
+    Each worker starts one engine, so each needs a port of its own.
+    """
+    return {**profile.engine_flags(), "kv_events_bind": f"tcp://127.0.0.1:{kv_port}"}
+
+
 @dataclass
 class Fleet:
     leader: Proc
@@ -59,6 +71,8 @@ class Fleet:
     workers: dict[str, Proc] = field(default_factory=dict)
     engines: list[str] = field(default_factory=list)
     """The sim engines' base URLs, in worker order."""
+    kv_sources: dict[str, str] = field(default_factory=dict)
+    """Engine base URL → the ``tcp://127.0.0.1:PORT`` its KV-event PUB socket binds for outside subscribers."""
 
     # -- opod's routing policy -----------------------------------------------------------------
 
@@ -141,10 +155,10 @@ def start(home: Path, workers: int, profile: SimProfile, on_step=lambda text: No
         leader.wait_for("OpenAI API on", 90)
         fleet.key = (home / "leader" / "admin.key").read_text().strip()
         token = _post_json(fleet.admin_url + "/api/v1/node-tokens", {"name": "bench"}, fleet.key)["secret"]
-        flags = json.dumps(profile.engine_flags())
         on_step(f"starting {workers} opod workers (sim engine)")
         for i in range(workers):
             node = f"n_bench-{i}"
+            flags = json.dumps(worker_flags(profile, free_port()))
             fleet.workers[node] = Proc(["join", fleet.url, "--token", token, "--engine", "sim", "--listen", f"127.0.0.1:{free_port()}"],
                                        home / node, env={"OPOD_NODE_ID": node, "OPOD_ENGINE_FLAGS": flags})
         for worker in fleet.workers.values():
@@ -157,11 +171,23 @@ def start(home: Path, workers: int, profile: SimProfile, on_step=lambda text: No
             fleet.engines.append(worker.wait_for(rf"{MODEL} serving on (http://127\.0\.0\.1:\d+)", 180).group(1))
         for base in fleet.engines:
             wait_http(base + "/health", 60)
+        fleet.kv_sources = kv_sources(fleet.engines)
         _wait_served(fleet, workers)
     except BaseException:
         fleet.stop()
         raise
     return fleet
+
+
+def kv_sources(engines: list[str]) -> dict[str, str]:
+    """Where each engine's KV-event PUB socket bound for outside subscribers, as the engine itself reports it."""
+    out = {}
+    for base in engines:
+        with urllib.request.urlopen(base + "/sim/state", timeout=10) as response:
+            bound = json.loads(response.read()).get("kv_events_bind")
+        if bound:
+            out[base] = bound
+    return out
 
 
 def _wait_served(fleet: Fleet, workers: int, timeout: float = 90.0) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -18,6 +19,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,6 +89,10 @@ class RunningPeer:
     proc: subprocess.Popen
     log: Path
     notes: list[str] = field(default_factory=list)
+    metrics_url: str = ""
+    """The peer's Prometheus page, where it has one."""
+    policy: str = ""
+    """The routing policy it really runs (after any fallback)."""
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -153,70 +159,112 @@ def start_litellm(venv: Path, engines: list[str], model: str, scratch: Path) -> 
     return peer
 
 
-def kv_aware_gap(engines: list[str]) -> str:
+_DIALABLE = re.compile(r"^tcp://[^*:/\s]+:[1-9]\d{0,4}$")
+"""What vllm-router's SUB socket can connect to: a concrete host and a nonzero port (its own rule)."""
+
+
+def kv_aware_gap(engines: list[str], sources: Mapping[str, str]) -> str:
     """Why vllm-router's kv_aware cannot score these engines; empty when it can.
 
-    kv_aware needs each engine's ZMQ KV events (``GET /kv_event_sources``) and
-    the render endpoint it tokenizes through (``POST /v1/chat/completions/render``).
+    kv_aware needs, for every engine, a KV-event PUB endpoint it can dial
+    (``sources``: engine URL → ``tcp://HOST:PORT``) and the render endpoint it
+    tokenizes through (``POST /v1/chat/completions/render``).
     """
     missing = []
-    base = engines[0]
-    try:
-        with urllib.request.urlopen(base + "/kv_event_sources", timeout=5) as response:
-            sources = json.loads(response.read() or b"{}")
-        endpoint = str((sources.get("0") or {}).get("endpoint") or "")
-        if not endpoint:
-            missing.append("publish no KV events (their workers start them without --kv-events)")
-        elif "*" not in endpoint and "0.0.0.0" not in endpoint:
-            # The engine connects out to its opod worker's listener; the router's SUB socket connects too, so
-            # nobody binds for the router to reach.
-            missing.append(f"send their KV events to their opod worker (the engine connects to {endpoint}; vllm-router can only "
-                           "subscribe to an engine that binds)")
-    except (OSError, ValueError, AttributeError):
-        missing.append("publish no KV events (no /kv_event_sources)")
-    request = urllib.request.Request(base + "/v1/chat/completions/render", data=b'{"messages":[{"role":"user","content":"x"}]}',
+    lacking = [base for base in engines if not _DIALABLE.match(sources.get(base, ""))]
+    if lacking:
+        missing.append(f"publish no KV events vllm-router can subscribe to ({len(lacking)} of {len(engines)} bind no "
+                       "tcp://HOST:PORT endpoint; their workers start them without the kv_events_bind flag)")
+    request = urllib.request.Request(engines[0] + "/v1/chat/completions/render", data=b'{"messages":[{"role":"user","content":"x"}]}',
                                      method="POST", headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=5):
             pass
     except urllib.error.HTTPError as err:
-        if err.code in (404, 405):
+        if err.code in (403, 404, 405):  # vLLM answers 403 without --enable-scale-out
             missing.append("serve no POST /v1/chat/completions/render")
     except OSError:
         missing.append("serve no POST /v1/chat/completions/render")
     return "the simulator engines " + " and ".join(missing) if missing else ""
 
 
-def _kv_sources(engines: list[str]) -> list[str]:
-    args = []
-    for base in engines:
-        with urllib.request.urlopen(base + "/kv_event_sources", timeout=5) as response:
-            source = json.loads(response.read())["0"]
-        endpoint = source["endpoint"].replace("*", "127.0.0.1")  # the router connects; the engine binds
-        args += ["--kv-event-source", f"{base}={endpoint}"]
-        if source.get("replay_endpoint"):
-            args += ["--kv-event-replay-source", f"{base}={source['replay_endpoint'].replace('*', '127.0.0.1')}"]
-    return args
-
-
-def start_vllm_router(venv: Path, engines: list[str], model: str, block_size: int, scratch: Path) -> RunningPeer:
-    """vllm-router in kv_aware where the engines allow it, else in cache_aware (labelled so)."""
-    port = free_port()
+def start_vllm_router(venv: Path, engines: list[str], model: str, block_size: int, scratch: Path, *,
+                      policy: str = "kv_aware", kv_sources: Mapping[str, str] | None = None) -> RunningPeer:
+    """vllm-router in ``policy``; kv_aware subscribes to every engine's KV events, and falls back to cache_aware (labelled so) where it cannot."""
+    port, metrics_port = free_port(), free_port()
     argv = [str(venv / "bin" / "vllm-router"), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *engines,
-            "--prometheus-port", str(free_port()), "--log-level", "warning"]
-    gap = kv_aware_gap(engines)
-    if gap:
+            "--prometheus-port", str(metrics_port), "--log-level", "warning"]
+    gap = kv_aware_gap(engines, kv_sources or {}) if policy == "kv_aware" else ""
+    if policy != "kv_aware" or gap:
         argv += ["--policy", "cache_aware"]
-        label = "vllm-router (cache_aware; kv_aware impossible here)"
+        label = "vllm-router (cache_aware; kv_aware impossible here)" if gap else "vllm-router (cache_aware)"
     else:
-        argv += ["--policy", "kv_aware", "--kv-event-block-size", str(block_size), "--kv-event-model", model, *_kv_sources(engines)]
+        argv += ["--policy", "kv_aware", "--kv-event-block-size", str(block_size), "--kv-event-model", model]
+        for base in engines:
+            argv += ["--kv-event-source", f"{base}={kv_sources[base]}"]  # type: ignore[index]
         label = "vllm-router (kv_aware)"
-    log = scratch / "vllm-router.log"
-    peer = RunningPeer("vllm-router", label, f"http://127.0.0.1:{port}", {}, _spawn(argv, log), log)
+    log = scratch / f"vllm-router-{policy}.log"
+    peer = RunningPeer("vllm-router", label, f"http://127.0.0.1:{port}", {}, _spawn(argv, log), log,
+                       metrics_url=f"http://127.0.0.1:{metrics_port}/metrics", policy=argv[argv.index("--policy") + 1])
     if gap:
         peer.notes.append(f"kv_aware not run: {gap}; ran cache_aware, its best mode that works here")
     _wait_ready(peer, model, 60)
     return peer
+
+
+# -- what vllm-router's kv_aware says it did -------------------------------------------------------
+
+KV_COUNTERS = ("vllm_router_kv_placement_lookups_total", "vllm_router_kv_routing_inputs_total")
+
+
+def router_counters(peer: RunningPeer) -> dict[str, float]:
+    """The peer's KV counters as ``name{labels}`` → value; empty when it exposes none (or no metrics port)."""
+    if not peer.metrics_url:
+        return {}
+    try:
+        with urllib.request.urlopen(peer.metrics_url, timeout=5) as response:
+            return parse_kv_counters(response.read().decode())
+    except OSError:
+        return {}
+
+
+def parse_kv_counters(text: str) -> dict[str, float]:
+    """The ``vllm_router_kv_*`` samples of a Prometheus page."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(KV_COUNTERS):
+            key, _, value = line.rpartition(" ")
+            try:
+                out[key] = float(value)
+            except ValueError:
+                continue
+    return out
+
+
+def _by_result(counters: Mapping[str, float], name: str) -> dict[str, float]:
+    found = {}
+    for key, value in counters.items():
+        if key.startswith(name + "{"):
+            match = re.search(r'result="([^"]*)"', key)
+            if match:
+                found[match.group(1)] = found.get(match.group(1), 0.0) + value
+    return found
+
+
+def kv_credit_note(before: Mapping[str, float], after: Mapping[str, float], phase: str) -> str:
+    """Did kv_aware credit any worker with a cached prefix during ``phase``? From its placement-lookup counters."""
+    delta = {key: moved for key in after if (moved := after[key] - before.get(key, 0.0)) > 0}
+    lookups = _by_result(delta, KV_COUNTERS[0])
+    inputs = _by_result(delta, KV_COUNTERS[1])
+    if not lookups and not inputs:
+        return f"kv_aware during {phase}: its metrics show no KV lookups (no vllm_router_kv_* counters moved)"
+    hits = lookups.get("hit", 0.0)
+    total = sum(lookups.values())
+    detail = ", ".join(f"{result} {count:,.0f}" for result, count in sorted(lookups.items()))
+    rendered = ", ".join(f"{result} {count:,.0f}" for result, count in sorted(inputs.items()))
+    verdict = "prefix credit appeared" if hits else "no prefix credit"
+    return (f"kv_aware during {phase}: {verdict}: {hits:,.0f} of {total:,.0f} placement lookups hit a worker's cached blocks "
+            f"(vllm_router_kv_placement_lookups_total: {detail or 'none'}; token inputs: {rendered or 'none'})")
 
 
 def start_sglang_router(venv: Path, engines: list[str], model: str, scratch: Path) -> RunningPeer:

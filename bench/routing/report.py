@@ -186,6 +186,12 @@ def markdown(run: RunResult) -> str:
         f"- **Simulator** (`opod sim`, vLLM dialect, through `OPOD_ENGINE_FLAGS`): block size {prof.block_size}, {prof.kv_blocks} KV blocks "
         f"per engine, {prof.max_num_seqs} sequences at once, TTFT {prof.ttft_ms:g} ms + {prof.prefill_ms_per_token:g} ms per uncached "
         f"prompt token, {prof.itl_ms:g} ms per token + {prof.itl_ms_per_request:g} ms per running request.",
+        f"- **vllm-router kv_aware** subscribes (`--kv-event-source`) to every engine's KV events on a second endpoint the "
+        "engine's PUB socket binds (plan flag `kv_events_bind`, one port per worker), the very events opod's worker hears, with "
+        f"`--kv-event-block-size {prof.block_size}` and `--kv-event-model`; it tokenizes through each engine's "
+        "`POST /v1/chat/completions/render`. Whether it credited a cached prefix is read from its own "
+        "`vllm_router_kv_placement_lookups_total` over the shared-prefix phase (the path's notes). **vllm-router cache_aware** "
+        "is the same router with its text-based radix tree.",
         "- **Direct** sends each request straight to the next engine in turn (client-side round robin, no hop), so every path "
         "loads each engine alike and `added` is the router's own cost rather than a batch-size difference. It runs no workload 3: "
         "with no router there is no placement to judge (`opod-rr` is the round-robin baseline).",

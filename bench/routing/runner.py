@@ -26,15 +26,18 @@ from bench.routing.fleet import Fleet, SimProfile
 from bench.routing.metrics import LatencySummary, StreamSummary
 from bench.routing.workloads import PrefixShape
 
-PATHS = ("direct", "opod", "opod-rr", "litellm", "vllm-router", "sglang-router")
+PATHS = ("direct", "opod", "opod-rr", "litellm", "vllm-router", "vllm-router-cache", "sglang-router")
 LABELS = {
     "direct": "direct (client → engines, no hop)",
     "opod": "opod (prefix policy)",
     "opod-rr": "opod (round robin, no policy)",
     "litellm": "LiteLLM proxy",
-    "vllm-router": "vllm-router",
+    "vllm-router": "vllm-router (kv_aware)",
+    "vllm-router-cache": "vllm-router (cache_aware)",
     "sglang-router": "sglang-router (cache_aware)",
 }
+PEER = {"vllm-router-cache": "vllm-router"}
+"""Paths that run a peer under another name than their own (the same install, another policy)."""
 
 
 @dataclass(frozen=True)
@@ -131,7 +134,7 @@ def _target(result: PathResult, fleet: Fleet, settings: Settings, scratch: Path,
         policy = fleet_mod.PREFIX_POLICY if key == "opod" else {}
         fleet.set_policy(policy, f"{key}-{time.monotonic_ns()}")
         return load.Target(key, (fleet.url,), {"Authorization": f"Bearer {fleet.key}"}), None
-    spec = peers.SPECS[key]
+    spec = peers.SPECS[PEER.get(key, key)]
     venv = settings.peers_dir / spec.name
     if not (venv / peers.MARKER).is_file():
         say(escape(f"installing {spec.requirement} into {venv} (first time only: {spec.first_install})"))
@@ -140,7 +143,10 @@ def _target(result: PathResult, fleet: Fleet, settings: Settings, scratch: Path,
     if key == "litellm":
         peer = peers.start_litellm(venv, fleet.engines, fleet_mod.MODEL, scratch)
     elif key == "vllm-router":
-        peer = peers.start_vllm_router(venv, fleet.engines, fleet_mod.MODEL, settings.profile.block_size, scratch)
+        peer = peers.start_vllm_router(venv, fleet.engines, fleet_mod.MODEL, settings.profile.block_size, scratch,
+                                       policy="kv_aware", kv_sources=fleet.kv_sources)
+    elif key == "vllm-router-cache":
+        peer = peers.start_vllm_router(venv, fleet.engines, fleet_mod.MODEL, settings.profile.block_size, scratch, policy="cache_aware")
     else:
         peer = peers.start_sglang_router(venv, fleet.engines, fleet_mod.MODEL, scratch)
     result.label = peer.label
@@ -168,7 +174,7 @@ def _run_path(result: PathResult, fleet: Fleet, settings: Settings, trace: list[
             ("streamed chat", lambda: _stream(result, target, settings, step)),
         ]
         if result.key != "direct":
-            phases.append(("shared prefix", lambda: _prefix(result, target, fleet, settings, trace, step)))
+            phases.append(("shared prefix", lambda: _prefix(result, target, fleet, settings, trace, step, peer)))
         for name, phase in phases:
             if not _settle(target, result, name) or not _reset(fleet, result):
                 break
@@ -265,12 +271,18 @@ def _stream(result: PathResult, target: load.Target, settings: Settings, step: S
     _note_errors(result, "streamed chat", result.stream.errors, result.stream.first_error)
 
 
-def _prefix(result: PathResult, target: load.Target, fleet: Fleet, settings: Settings, trace: list[workloads.TraceRequest], step: Step) -> None:
+def _prefix(result: PathResult, target: load.Target, fleet: Fleet, settings: Settings, trace: list[workloads.TraceRequest], step: Step,
+            peer: peers.RunningPeer | None = None) -> None:
+    # A kv_aware router's own counters say whether it credited any worker with a cached prefix in this phase.
+    kv_aware = peer is not None and peer.policy == "kv_aware"
+    router_before = peers.router_counters(peer) if kv_aware else {}
     before = fleet.cache_counters()
     advance = step(f"{result.key}: shared prefix ({len(trace)} requests)", len(trace))
     schedule = [(r.at, r.body) for r in trace]
     phase = asyncio.run(load.open_loop(target, schedule, stream=True, timeout=settings.drain * 2, drain=settings.drain, tick=advance))
     after = fleet.cache_counters()
+    if kv_aware:
+        result.notes.append(peers.kv_credit_note(router_before, peers.router_counters(peer), "the shared-prefix phase"))
     queried, hits = after[0] - before[0], after[1] - before[1]
     result.prefix = metrics.stream_summary(phase, settings.ttft_slo)
     result.prefix_hit_rate = hits / queried if queried else math.nan
