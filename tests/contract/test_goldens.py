@@ -220,6 +220,13 @@ def test_hardware_json_is_byte_exact() -> None:
     assert CASES["register_request"][1].hardware() == CAPS_FULL
 
 
+def test_opods_disk_keys_follow_the_contracts_and_are_absent_when_unknown() -> None:
+    with_disk = CAPS_FULL.model_copy(update={"disk_free_gb": 120, "disk_total_gb": 500})
+    assert n.encode_hardware(with_disk) == HW_GOLDEN[:-1] + ',"DiskFreeGB":120,"DiskTotalGB":500}'
+    assert n.decode_hardware(n.encode_hardware(with_disk)) == with_disk
+    assert "Disk" not in n.encode_hardware(CAPS_FULL)  # zero: not reported, and the golden bytes stand
+
+
 def test_hardware_json_uses_go_escaping() -> None:
     caps = n.Capabilities(hostname="a<b>&c\u2028é")
     assert n.encode_hardware(caps).startswith('{"Hostname":"a\\u003cb\\u003e\\u0026c\\u2028é"')

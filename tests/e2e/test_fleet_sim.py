@@ -6,6 +6,7 @@ first byte move to the other worker, and the dead worker leaves the rotation.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -58,6 +59,25 @@ def test_requests_spread_over_both_workers(fleet) -> None:
         assert status == 200, body
         seen.add(headers["x-opod-worker"])
     assert seen == set(workers)
+
+
+def test_node_ls_shows_each_worker_its_machine_and_models_and_rm_refuses_a_live_one(fleet) -> None:
+    leader, workers = fleet
+    listed = opod_cli(leader, "node", "ls", "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = {row["id"]: row for row in json.loads(listed.stdout)}
+    assert set(rows) == set(workers)
+    for row in rows.values():
+        assert (row["state"], row["engines"], row["models"]) == ("ready", ["sim"], [MODEL])
+        assert row["os"].startswith("linux/") and row["cpu_count"] >= 1
+        assert 0 < row["disk_free_gb"] <= row["disk_total_gb"], row  # the filesystem holding the worker's home
+    table = opod_cli(leader, "node", "ls")
+    assert table.returncode == 0, table.stderr
+    for name in workers:
+        line = next(line for line in table.stdout.splitlines() if line.startswith(name))
+        assert "ready" in line and "GiB free" in line and MODEL in line, line
+    refused = opod_cli(leader, "node", "rm", "n_sim-a")
+    assert refused.returncode == 1 and "is live and serving sim-chat; stop its worker first (HTTP 409)" in refused.stderr, refused.stderr
 
 
 def test_a_worker_killed_under_load_costs_no_client_an_error(fleet) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from opod import __version__
-from opod.cli import catalog, join, model, sim, token, up
+from opod.cli import catalog, join, model, node, sim, token, up
 
 app = typer.Typer(
     name="opod",
@@ -18,6 +18,7 @@ app.command("up")(up.command)
 app.command("join")(join.command)
 app.add_typer(token.app, name="token")
 app.add_typer(model.app, name="model")
+app.add_typer(node.app, name="node")
 app.add_typer(catalog.app, name="catalog")
 app.command("sim")(sim.command)
 

@@ -92,6 +92,10 @@ class Capabilities(WireModel):
     role: Annotated[str, OMITEMPTY] = Field("", alias="Role")
     plan_revision: Annotated[int, OMITEMPTY] = Field(0, alias="PlanRevision")
     engine: Annotated[str, OMITEMPTY] = Field("", alias="Engine")
+    # opod's keys (docs/contract.md): the filesystem holding the worker's weights, GiB. Omitted when
+    # zero (unknown), so contract bodies stay byte-exact; other receivers ignore them as unknown keys.
+    disk_free_gb: Annotated[int, OMITEMPTY] = Field(0, alias="DiskFreeGB")
+    disk_total_gb: Annotated[int, OMITEMPTY] = Field(0, alias="DiskTotalGB")
 
 
 def encode_hardware(caps: Capabilities) -> str:

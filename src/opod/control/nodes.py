@@ -18,6 +18,11 @@ class NodeView(BaseModel):
     state: str
     memory_gb: int
     cpu_count: int
+    os: str = ""
+    """Operating system and architecture, as the worker read them (``linux/amd64``)."""
+    disk_free_gb: int = 0
+    """Free space where the worker keeps weights, GiB, as of its registration; 0 = not reported (unknown, not full)."""
+    disk_total_gb: int = 0
     engines: list[str]
     models: list[str]
     engine_state: str = ""
@@ -42,6 +47,9 @@ def router(ctx: ControlContext) -> APIRouter:
                     state="ready" if live else why,
                     memory_gb=node.hardware.ram_gb,
                     cpu_count=node.hardware.cpu_cores,
+                    os="/".join(part for part in (node.hardware.os, node.hardware.arch) if part),
+                    disk_free_gb=node.hardware.disk_free_gb,
+                    disk_total_gb=node.hardware.disk_total_gb,
                     engines=[node.engine_id] if node.engine_id else [],
                     models=sorted(node.loaded_models),
                     engine_state=node.engine.state if node.engine else "",

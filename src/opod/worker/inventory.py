@@ -22,6 +22,7 @@ class Inventory:
     cpu_cores: int
     ram_gb: int
     disk_free_gb: int
+    disk_total_gb: int
     gpus: tuple[nodeapi.GPU, ...]
 
     def capabilities(self, engine: str, role: str = "", plan_revision: int = 0) -> nodeapi.Capabilities:
@@ -35,6 +36,8 @@ class Inventory:
             role=role,
             plan_revision=plan_revision,
             engine=engine,
+            disk_free_gb=self.disk_free_gb,
+            disk_total_gb=self.disk_total_gb,
         )
 
 
@@ -74,7 +77,9 @@ def nvidia_gpus() -> tuple[nodeapi.GPU, ...]:
 
 
 def take(home: Path) -> Inventory:
+    """The machine as the worker sees it; disk is the filesystem of ``home``, where its weights go."""
     home.mkdir(parents=True, exist_ok=True)
+    disk = shutil.disk_usage(home)
     machine = platform.machine().lower()
     return Inventory(
         hostname=socket.gethostname(),
@@ -82,6 +87,7 @@ def take(home: Path) -> Inventory:
         arch=_GO_ARCH.get(machine, machine),
         cpu_cores=os.cpu_count() or 1,
         ram_gb=_ram_gb(),
-        disk_free_gb=shutil.disk_usage(home).free // (1 << 30),
+        disk_free_gb=disk.free // (1 << 30),
+        disk_total_gb=disk.total // (1 << 30),
         gpus=nvidia_gpus(),
     )
