@@ -56,6 +56,23 @@ def test_vllm_argv_and_env() -> None:
         driver.argv(spec(flags={"gpu_memory_utilization": 1.5}))
 
 
+@pytest.mark.parametrize("engine", ["vllm", "sim"])
+def test_runtime_lora_is_turned_on_by_the_rank_flag(engine: str) -> None:
+    driver = get_driver(engine)
+    plain = spec()
+    assert "--enable-lora" not in driver.argv(plain) and "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in driver.env(plain)
+    assert driver.lora_rank(plain) == 0
+    lora = spec(flags={"max_lora_rank": 32, "max_loras": 4})
+    argv = driver.argv(lora)
+    assert argv[argv.index("--enable-lora"):][:5] == ["--enable-lora", "--max-lora-rank", "32", "--max-loras", "4"]
+    assert driver.lora_rank(lora) == 32
+    if engine == "vllm":
+        assert driver.env(lora)["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    with pytest.raises(LaunchError, match="flags.max_lora_rank: 24 is not a rank vLLM can be started for; use one of 1, 8, 16"):
+        driver.argv(spec(flags={"max_lora_rank": 24}))
+    assert get_driver("llamacpp").lora_ranks == () and get_driver("sglang").lora_ranks == ()
+
+
 def test_sglang_argv() -> None:
     argv = get_driver("sglang").argv(spec(model="Qwen/Qwen3-8B", context=8192, parallel=16, flags={"tp": 4, "dp": 2, "mem_fraction_static": 0.8}))
     assert argv[:3] == [sys.executable, "-m", "sglang.launch_server"]

@@ -149,9 +149,10 @@ def test_healthcheck_probes_every_worker(fleet: Leader) -> None:
     assert status == 200 and body["healthy"] and {n["id"] for n in body["nodes"]} >= {"n_a", "n_b"}
 
 
-def test_adapters_answer_honestly_when_no_engine_can(fleet: Leader) -> None:
+def test_adapters_answer_honestly_when_the_engine_was_started_without_lora(fleet: Leader) -> None:
     status, body = admin(fleet, "POST", "/admin/v1/adapters", {"base": MODEL, "name": "support", "source": "x/y"})
     assert status == 501 and body["results"][0]["status"] == 501
+    assert "start it with LoRA on (the plan flag max_lora_rank, or OPOD_ADAPTERS)" in body["results"][0]["answer"]
 
 
 def test_bad_bodies_name_the_field(fleet: Leader) -> None:

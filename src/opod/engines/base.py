@@ -149,6 +149,8 @@ class EngineDriver(ABC):
     publishes_kv_events: ClassVar[bool] = False
     """True when the engine publishes vLLM-format KV-cache events on ``LaunchSpec.kv_events_endpoint``;
     the worker then listens and reports block hashes in its heartbeats."""
+    lora_ranks: ClassVar[tuple[int, ...]] = ()
+    """The ranks the engine can be started for to attach LoRA adapters at run time; empty = it cannot."""
 
     @abstractmethod
     def argv(self, spec: LaunchSpec) -> list[str]:
@@ -251,3 +253,16 @@ class EngineDriver(ABC):
     async def unload(self, session: aiohttp.ClientSession, base_url: str, model: str) -> None:
         """Drop a model without stopping the engine (only when ``can_unload``)."""
         raise NotImplementedError(f"{self.id} cannot drop its model; stop the engine process instead")
+
+    # --- LoRA adapters, attached at run time and served as ``<base>:<name>`` ----------------------
+
+    def lora_rank(self, spec: LaunchSpec) -> int:
+        """The largest adapter rank the engine launched from ``spec`` takes; 0 = it takes none at run time."""
+        return 0
+
+    async def attach_adapter(self, session: aiohttp.ClientSession, base_url: str, adapter_id: str, source: str) -> None:
+        """Serve the adapter at ``source`` under the model name ``adapter_id`` (only when :meth:`lora_rank` > 0)."""
+        raise NotImplementedError(f"{self.id} cannot attach LoRA adapters at run time")
+
+    async def detach_adapter(self, session: aiohttp.ClientSession, base_url: str, adapter_id: str) -> None:
+        raise NotImplementedError(f"{self.id} cannot detach LoRA adapters at run time")

@@ -45,8 +45,8 @@ class SimDriver(VllmDriver):
     dialect = "vllm"
     publishes_kv_events = True  # ``--kv-events``: the same frames as vLLM's
     flag_keys = frozenset({"dialect", "seed", "max_num_seqs", "np", "max_model_len", "ctx", "time_scale", "block_size",
-                           "kv_blocks", "load_ms", "mode", "kv_events_bind", "extra"})
-    reserved = frozenset({"--host", "--port", "--model", "--dialect", "--kv-events"})
+                           "kv_blocks", "load_ms", "mode", "kv_events_bind", "max_lora_rank", "max_loras", "extra"})
+    reserved = frozenset({"--host", "--port", "--model", "--dialect", "--kv-events", "--enable-lora", "--max-lora-rank"})
 
     def max_batch(self, spec: LaunchSpec) -> int:
         f = spec.flags
@@ -84,7 +84,7 @@ class SimDriver(VllmDriver):
         bind = _bind_endpoint(f)
         if bind:
             out += ["--kv-events-bind", bind]
-        return out + fl.extra_args(f, self.reserved)
+        return out + self.lora_args(spec) + fl.extra_args(f, self.reserved)
 
     def env(self, spec: LaunchSpec) -> dict[str, str]:
         return {}

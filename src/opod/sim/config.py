@@ -55,6 +55,11 @@ class SimConfig:
     time_scale: float = _opt(1.0, "--time-scale", lo=0)
     """Multiplies every latency above: 0.01 runs a hundred times faster, 0 removes them."""
 
+    # LoRA adapters attached at run time (vLLM's /v1/load_lora_adapter).
+    enable_lora: bool = _opt(False, "--enable-lora")
+    max_lora_rank: int = _opt(16, "--max-lora-rank", lo=1)
+    max_loras: int = _opt(1, "--max-loras", lo=1)
+
     # KV-cache events (vLLM's ZMQ publisher).
     kv_events: str = _opt("", "--kv-events")
     kv_events_bind: str = _opt("", "--kv-events-bind")
@@ -85,7 +90,7 @@ class SimConfig:
             flag = meta["flag"]
             if "choices" in meta and value not in meta["choices"]:
                 raise SimConfigError(f"{flag} must be one of {', '.join(meta['choices'])} (got {value!r})")
-            if value is None or isinstance(value, (str, tuple)):
+            if value is None or isinstance(value, (str, tuple)) or (f.type == "bool" and isinstance(value, bool)):
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise SimConfigError(f"{flag} must be a number (got {value!r})")
@@ -106,6 +111,8 @@ class SimConfig:
                           ("--kv-events-replay", self.kv_events_replay)):
             if url and "://" not in url:
                 raise SimConfigError(f"{flag} must be a ZMQ endpoint such as tcp://127.0.0.1:5557 (got {url!r})")
+        if self.enable_lora and self.dialect != "vllm":
+            raise SimConfigError(f"--enable-lora is vLLM's runtime LoRA API; the {self.dialect} dialect has none")
         if self.kv_events_bind and self.kv_events_bind == self.kv_events:
             raise SimConfigError(f"--kv-events-bind must differ from --kv-events (both are {self.kv_events!r}); "
                                  "it is a second endpoint for another subscriber")

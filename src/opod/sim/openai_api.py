@@ -41,7 +41,11 @@ def openai_routes(state: SimState, before_answer: Callable[[str], Awaitable[obje
     extra_headers = {"X-Accel-Buffering": "no"} if cfg.dialect == "llamacpp" else None
 
     async def models(request: Request) -> Response:
-        return Response(dumps(shape.models(state.listed, state.created, cfg.max_model_len, cfg.embedding_dim)), media_type=_JSON)
+        listing = shape.models(state.listed, state.created, cfg.max_model_len, cfg.embedding_dim)
+        for card in listing["data"] if state.adapters else ():
+            if card["id"] in state.adapters:  # vLLM lists an adapter with its path as root and the base as parent
+                card.update(root=state.adapters[card["id"]], parent=cfg.models[0])
+        return Response(dumps(listing), media_type=_JSON)
 
     async def _generate(request: Request, kind: str) -> Response:
         early = unavailable_while_loading(state)

@@ -45,10 +45,24 @@ class SimState:
         if cfg.dialect == "ollama":
             self.listed = tuple(m if ":" in m else f"{m}:latest" for m in cfg.models)
             self.served = tuple(dict.fromkeys([*cfg.models, *self.listed]))
+        self.adapters: dict[str, str] = {}
+        """LoRA adapters attached at run time: name → the path they were loaded from."""
         self.created = int(time.time())
         self.ready_at = time.monotonic() + cfg.load_ms / 1000.0
         self.loaded_before_listen = False
         """Set when the load phase was spent with the socket not listening (vLLM's way)."""
+
+    def attach(self, name: str, path: str) -> None:
+        """Serve an adapter under ``name`` (over the first model); requests and /v1/models see it at once."""
+        self.adapters[name] = path
+        self._list()
+
+    def detach(self, name: str) -> None:
+        del self.adapters[name]
+        self._list()
+
+    def _list(self) -> None:
+        self.served = self.listed = (*self.cfg.models, *self.adapters)
 
     def loading(self) -> bool:
         """In the start-up load phase (Ollama has none: its models load on first use)."""

@@ -26,6 +26,7 @@ from opod.contract.nodeauth import AuthRefused
 from opod.contract.wire import WireError
 from opod.fastpath import FastPath
 from opod.security.signer import Verifier
+from opod.worker.adapters import AdapterRefused
 from opod.worker.engines import EngineManager, LoadRefused
 from opod.worker.supervisor import ProcessConfig, Supervisor
 
@@ -113,7 +114,10 @@ class WorkerAPI:
         req = await self._read(request, nodeapi.UnloadModelRequest)
         if not req.id:
             return _text(400, "UnloadModelRequest: id: required")
-        return _json(await self.manager.unload(req))
+        try:
+            return _json(await self.manager.unload(req))
+        except (LoadRefused, AdapterRefused) as err:
+            return _text(err.status, str(err))
 
     async def sleep(self, request: Request) -> Response:
         return await self._sleep_or_resume(sleep=True)
@@ -150,10 +154,20 @@ class WorkerAPI:
         return _json(nodeapi.TokenizeResponse(tokens=tokens))
 
     async def adapters(self, request: Request) -> Response:
-        return Response("[]", media_type="application/json")
+        held = self.manager.adapters.held()
+        return Response("[" + ",".join(a.to_json() for a in held) + "]", media_type="application/json")
 
     async def adapters_change(self, request: Request) -> Response:
-        return _text(501, f"the {self.manager.driver.id} engine on this worker cannot attach LoRA adapters at run time; start it with the adapters instead (OPOD_ADAPTERS)")
+        table = self.manager.adapters
+        try:
+            if request.url.path == nodeapi.PATH_ADAPTERS_LOAD:
+                answer = await table.attach(await self._read(request, nodeapi.LoadAdapterRequest))
+            else:
+                answer = await table.detach(await self._read(request, nodeapi.UnloadAdapterRequest))
+        except AdapterRefused as err:
+            return _text(err.status, str(err))
+        self.manager.on_change()
+        return _json(answer)
 
     # --- helper processes -------------------------------------------------------
 

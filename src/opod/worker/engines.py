@@ -32,6 +32,7 @@ from opod.contract import nodeapi
 from opod.contract.catalog import Entry, Source
 from opod.engines.base import EngineDriver, LaunchSpec, LoadSample, MetricsState
 from opod.engines.registry import get_driver
+from opod.worker.adapters import Adapters, lora_flags
 from opod.worker.kvevents import KVReport
 from opod.worker.kvlistener import KVEventListener, KVListenError
 from opod.worker.supervisor import ProcessConfig, ProcessState, Supervisor
@@ -96,13 +97,15 @@ class EngineManager:
         flags: dict | None = None,
         sleep_mode: bool = False,
         on_change: Callable[[], None] = lambda: None,
+        adapters: list[nodeapi.Adapter] | None = None,
     ) -> None:
         self.driver = get_driver(engine_id)
         self.home = home
         self.catalog = catalog
         self.supervisor = supervisor
         self.threads = threads
-        self.flags = flags or {}
+        self.flags = lora_flags(self.driver, flags or {}, adapters or [])
+        self.adapters = Adapters(self.driver, lambda: self.session, self._engine_of, adapters)
         self.sleep_mode = sleep_mode
         self.on_change = on_change
         self.engines: dict[str, ModelEngine] = {}
@@ -282,6 +285,14 @@ class EngineManager:
     # --- unloading ------------------------------------------------------------
 
     async def unload(self, req: nodeapi.UnloadModelRequest) -> nodeapi.UnloadModelResponse:
+        if req.id in self.adapters.attached:  # an adapter named as a model: detach it
+            base, _, name = req.id.partition(":")
+            await self.adapters.detach(nodeapi.UnloadAdapterRequest(base=base, name=name))
+            self.on_change()
+            return nodeapi.UnloadModelResponse(status=nodeapi.Status.UNLOADED, model=req.id)
+        riding = self.adapters.on(req.id)
+        if riding and req.id in self.engines:
+            raise LoadRefused(409, f"adapters are attached to {req.id!r} on this worker ({', '.join(riding)}); unload them first")
         engine = self.engines.pop(req.id, None)
         if engine is None:
             return nodeapi.UnloadModelResponse(status=nodeapi.Status.NOOP, model=req.id, reason="not resident in this worker's engine")
@@ -351,6 +362,10 @@ class EngineManager:
     # --- what the heartbeat says ------------------------------------------------
 
     def serving(self, model_id: str) -> ModelEngine | None:
+        """The engine answering for ``model_id`` (an attached adapter's is its base's), when it serves now."""
+        if model_id not in self.engines:
+            base = self.adapters.base_of(model_id)
+            return self.serving(base) if base is not None else None
         engine = self.engines.get(model_id)
         if engine is None or engine.state != "serving":
             return None
@@ -360,8 +375,8 @@ class EngineManager:
         return engine
 
     def engine_urls(self) -> dict[str, str]:
-        """Serving engines' loopback URLs, for a leader on the same machine."""
-        return {m: e.base_url for m in self.engines if (e := self.serving(m)) is not None}
+        """Serving engines' loopback URLs, for a leader on the same machine (an adapter's is its base's)."""
+        return {m: e.base_url for m in self.loaded_models() if (e := self.serving(m)) is not None}
 
     def load_progress(self) -> dict[str, str]:
         """Loads under way and how far each has come."""
@@ -371,7 +386,21 @@ class EngineManager:
         return {m: e.detail for m, e in self.engines.items() if e.state == "failed"}
 
     def loaded_models(self) -> list[str]:
-        return sorted(m for m in self.engines if self.serving(m) is not None)
+        return sorted([m for m in self.engines if self.serving(m) is not None] + self.adapters.live())
+
+    def _engine_of(self, model_id: str) -> tuple[str, float, int] | None:
+        """A serving base model's engine: its URL, when its process started, and the LoRA rank it was started for."""
+        engine = self.engines.get(model_id)
+        if engine is None or self.serving(model_id) is None or engine.spec is None:
+            return None
+        process = self.supervisor.get(engine.process_id)
+        started = process.started_at.timestamp() if process is not None and process.started_at is not None else 0.0
+        return engine.base_url, started, self.driver.lora_rank(engine.spec)
+
+    async def reconcile_adapters(self) -> None:
+        """Before a heartbeat: adapters a restarted engine lost, and the wanted ones, attached (again)."""
+        if self.adapters.attached or self.adapters.wanted:
+            await self.adapters.reconcile([m for m in self.engines if self.serving(m) is not None])
 
     def engine_state(self) -> nodeapi.EngineState:
         """One word for the worker's engines.

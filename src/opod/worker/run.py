@@ -17,6 +17,8 @@ from typing import Any
 from opod import config
 from opod.catalog import load_catalog
 from opod.contract import env as contract_env
+from opod.contract import nodeapi
+from opod.contract.wire import WireError
 from opod.engines.registry import get_driver
 from opod.serving import Listener, bind
 from opod.worker import identity, inventory
@@ -68,6 +70,30 @@ def engine_flags() -> dict:
     return value
 
 
+def wanted_adapters() -> list[nodeapi.Adapter]:
+    """``OPOD_ADAPTERS``: the LoRA adapters attached to every model this worker serves (``[]`` when unset)."""
+    text = config.read(contract_env.ENV_ADAPTERS)
+    if not text:
+        return []
+    try:
+        value = json.loads(text)
+    except ValueError as err:
+        raise ValueError(f"{contract_env.ENV_ADAPTERS} is not JSON: {err}") from None
+    example = '[{"name": "support", "source": "/data/adapters/support", "rank": 16}]'
+    if not isinstance(value, list):
+        raise ValueError(f"{contract_env.ENV_ADAPTERS} must be a JSON list such as {example}")
+    adapters = []
+    for i, item in enumerate(value):
+        try:
+            adapter = nodeapi.Adapter.from_wire(json.dumps(item))
+        except WireError as err:
+            raise ValueError(f"{contract_env.ENV_ADAPTERS}[{i}]: {err}") from None
+        if not adapter.name or not adapter.source or ":" in adapter.name:
+            raise ValueError(f"{contract_env.ENV_ADAPTERS}[{i}]: needs a name (without ':') and a source, as in {example}")
+        adapters.append(adapter)
+    return adapters
+
+
 def plan_revision() -> int:
     """``OPOD_PLAN_REVISION``: the plan revision this worker was started for (0 = not stated)."""
     text = config.read(contract_env.ENV_PLAN_REVISION)
@@ -94,6 +120,7 @@ class Worker:
             flags=settings.flags,
             sleep_mode=config.flag(contract_env.ENV_SLEEP_MODE),
             on_change=self._changed,
+            adapters=wanted_adapters(),
         )
         self.agent: Agent | None = None
         self.listener: Listener | None = None

@@ -12,7 +12,7 @@ SUPPORTED = frozenset({
     "rerank", "worker_sleep", "worker_goodbye", "ttft", "engines", "heartbeat_no_report", "model_move",
     "worker_engine", "resident_models", "worker_unload", "node_drain", "model_revision",
     "auth_file", "policy_file", "plan_file", "shards", "tls_listener", "mtls",
-    "routing_load_aware", "routing_weights", "kv_block_events",
+    "routing_load_aware", "routing_weights", "kv_block_events", "lora", "adapters_runtime",
 })
 """Feature keys listed only because their behaviour works in this build (a missing key means false)."""
 

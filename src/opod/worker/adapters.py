@@ -1,0 +1,169 @@
+"""LoRA adapters on a worker's engines, served as ``<base>:<name>``.
+
+An adapter is attached to the engine serving its base model at run time (the
+driver's :meth:`~opod.engines.base.EngineDriver.attach_adapter`), under the full
+id, so requests reach the engine with their body unchanged. The heartbeat names
+it in ``loaded_models`` while its base serves. An engine the supervisor
+restarted has lost its adapters: :meth:`Adapters.reconcile`, run before each
+heartbeat, attaches them again, and attaches the ``OPOD_ADAPTERS`` list to every
+model this worker brings up.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aiohttp
+
+from opod.contract import nodeapi
+from opod.engines.base import EngineDriver
+from opod.engines.errors import EngineCallError
+
+log = logging.getLogger("opod.worker")
+
+DEFAULT_RANK = 16
+"""The rank an engine is started for when OPOD_ADAPTERS states none (vLLM's own default)."""
+
+
+class AdapterRefused(Exception):
+    """An adapter change the worker cannot make; ``status`` is the HTTP status to answer with."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(slots=True)
+class Attached:
+    base: str
+    name: str
+    source: str
+    engine_start: float
+    """When the engine process it lives in started: a later start means it is gone from the engine."""
+
+    @property
+    def id(self) -> str:
+        return f"{self.base}:{self.name}"
+
+
+def lora_flags(driver: EngineDriver, flags: dict, wanted: list[nodeapi.Adapter]) -> dict:
+    """``flags`` with the LoRA rank the wanted adapters need, unless the plan already says one.
+
+    Raises ``ValueError`` when adapters are wanted from an engine that cannot attach them.
+    """
+    if not wanted:
+        return flags
+    if not driver.lora_ranks:
+        raise ValueError(f"OPOD_ADAPTERS names {len(wanted)} adapter(s), but the {driver.id} engine cannot attach LoRA adapters "
+                         "at run time; use the vllm engine, or leave OPOD_ADAPTERS unset")
+    if "max_lora_rank" in flags:
+        return flags
+    need = max([a.rank for a in wanted] + [DEFAULT_RANK])
+    fitting = [r for r in driver.lora_ranks if r >= need]
+    if not fitting:
+        raise ValueError(f"OPOD_ADAPTERS: an adapter of rank {need} is larger than any rank {driver.id} can be started for "
+                         f"(at most {driver.lora_ranks[-1]})")
+    return {**flags, "max_lora_rank": fitting[0]}
+
+
+class Adapters:
+    """The adapters attached on this worker; ``engine_of(model)`` gives the serving engine's (url, start time, rank)."""
+
+    def __init__(self, driver: EngineDriver, session: Callable[[], aiohttp.ClientSession],
+                 engine_of: Callable[[str], tuple[str, float, int] | None], wanted: list[nodeapi.Adapter] | None = None) -> None:
+        self.driver = driver
+        self._session = session
+        self._engine_of = engine_of
+        self.wanted = list(wanted or [])
+        self.attached: dict[str, Attached] = {}
+        self._refused: dict[str, float] = {}
+        """Wanted adapters the engine refused, by id → that engine's start: not tried again until it restarts."""
+
+    def base_of(self, model_id: str) -> str | None:
+        """The base model whose engine serves ``model_id`` when it is an attached adapter that is live there."""
+        held = self.attached.get(model_id)
+        if held is None:
+            return None
+        engine = self._engine_of(held.base)
+        return held.base if engine is not None and engine[1] == held.engine_start else None
+
+    def live(self) -> list[str]:
+        return [a for a in self.attached if self.base_of(a) is not None]
+
+    def on(self, base: str) -> list[str]:
+        return sorted(a.id for a in self.attached.values() if a.base == base)
+
+    def held(self) -> list[nodeapi.HeldAdapter]:
+        return [nodeapi.HeldAdapter(id=a.id, name=a.name, source=a.source) for a in sorted(self.attached.values(), key=lambda a: a.id)]
+
+    async def attach(self, req: nodeapi.LoadAdapterRequest) -> nodeapi.AdapterResponse:
+        missing = [key for key in ("base", "name", "source") if not getattr(req, key)]
+        if missing:
+            raise AdapterRefused(400, f"LoadAdapterRequest: {', '.join(missing)}: required")
+        if ":" in req.name:
+            raise AdapterRefused(400, f"LoadAdapterRequest: name: {req.name!r} must not contain ':' (it is served as <base>:<name>)")
+        engine = self._engine_of(req.base)
+        if engine is None:
+            raise AdapterRefused(409, f"model {req.base!r} is not serving on this worker; load it before attaching adapters to it")
+        url, started, rank = engine
+        if not rank:
+            raise AdapterRefused(501, f"the {self.driver.id} engine serving {req.base!r} cannot attach LoRA adapters at run time: "
+                                 "start it with LoRA on (the plan flag max_lora_rank, or OPOD_ADAPTERS)" if self.driver.lora_ranks else
+                                 f"the {self.driver.id} engine cannot attach LoRA adapters at run time")
+        if req.rank > rank:
+            raise AdapterRefused(409, f"adapter {req.name!r} has rank {req.rank}, but the engine serving {req.base!r} was started "
+                                 f"for rank {rank} at most; raise the plan flag max_lora_rank and reload {req.base!r}")
+        adapter_id = f"{req.base}:{req.name}"
+        current = self.attached.get(adapter_id)
+        if current is not None and current.engine_start == started and current.source == req.source:
+            return nodeapi.AdapterResponse(status=nodeapi.Status.READY, model=adapter_id)
+        try:
+            if current is not None and current.engine_start == started:
+                await self.driver.detach_adapter(self._session(), url, adapter_id)  # another source under the same name
+            await self.driver.attach_adapter(self._session(), url, adapter_id, req.source)
+        except EngineCallError as err:
+            raise AdapterRefused(409 if err.status == 400 else 502, str(err)) from None
+        self.attached[adapter_id] = Attached(req.base, req.name, req.source, started)
+        log.info("adapter %s attached (%s)", adapter_id, req.source)
+        return nodeapi.AdapterResponse(status=nodeapi.Status.READY, model=adapter_id)
+
+    async def detach(self, req: nodeapi.UnloadAdapterRequest) -> nodeapi.AdapterResponse:
+        adapter_id = f"{req.base}:{req.name}"
+        held = self.attached.get(adapter_id)
+        if held is None:
+            raise AdapterRefused(404, f"adapter {adapter_id!r} is not attached on this worker (GET /v1/adapters lists them)")
+        engine = self._engine_of(held.base)
+        if engine is not None and engine[1] == held.engine_start:
+            try:
+                await self.driver.detach_adapter(self._session(), engine[0], adapter_id)
+            except EngineCallError as err:
+                if err.status != 404:  # already gone from the engine is what was asked
+                    raise AdapterRefused(502, str(err)) from None
+        del self.attached[adapter_id]
+        return nodeapi.AdapterResponse(status=nodeapi.Status.UNLOADED, model=adapter_id)
+
+    def forget(self, base: str) -> None:
+        """The base model was unloaded: its adapters went with its engine."""
+        for adapter_id in self.on(base):
+            del self.attached[adapter_id]
+
+    async def reconcile(self, bases: list[str]) -> bool:
+        """Attach again what a restarted engine lost, and the wanted adapters to each serving base; True when anything changed."""
+        todo = [nodeapi.LoadAdapterRequest(base=a.base, name=a.name, source=a.source) for a in self.attached.values()
+                if a.base in bases and self.base_of(a.id) is None]
+        todo += [nodeapi.LoadAdapterRequest(base=base, name=w.name, source=w.source, rank=w.rank)
+                 for base in bases for w in self.wanted if f"{base}:{w.name}" not in self.attached]
+        changed = False
+        for req in todo:
+            adapter_id, engine = f"{req.base}:{req.name}", self._engine_of(req.base)
+            if engine is None or self._refused.get(adapter_id) == engine[1]:
+                continue
+            try:
+                await self.attach(req)
+                changed = True
+            except AdapterRefused as err:
+                self._refused[adapter_id] = engine[1]
+                log.warning("adapter %s not attached: %s", adapter_id, err)
+        return changed

@@ -1,0 +1,115 @@
+"""The worker's adapter table against a real simulator speaking vLLM's runtime LoRA API."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import aiohttp
+import httpx
+import pytest
+
+from opod.contract import nodeapi
+from opod.engines.registry import get_driver
+from opod.sim import SimConfig, running
+from opod.worker.adapters import AdapterRefused, Adapters, lora_flags
+
+CONFIG = SimConfig(port=0, models=("base",), time_scale=0.0, enable_lora=True)
+
+
+def listed(url: str) -> list[str]:
+    return [m["id"] for m in httpx.get(url + "/v1/models").json()["data"]]
+
+
+class Engine:
+    """Stands for the worker's view of the base model's engine: its URL, when it started, its LoRA rank."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self.started, self.rank = url, 1.0, 16
+
+    def of(self, model: str) -> tuple[str, float, int] | None:
+        return (self.url, self.started, self.rank) if model == "base" else None
+
+
+async def _with_table(engine: Engine, wanted=None, body=None):
+    async with aiohttp.ClientSession() as session:
+        table = Adapters(get_driver("sim"), lambda: session, engine.of, wanted)
+        return await body(table)
+
+
+def test_attach_serves_the_adapter_under_base_colon_name_and_detach_removes_it() -> None:
+    with running(CONFIG) as sim:
+        engine = Engine(sim.url)
+
+        async def body(table: Adapters) -> None:
+            answer = await table.attach(nodeapi.LoadAdapterRequest(base="base", name="sql", source="/a/sql", rank=8))
+            assert (answer.status, answer.model) == ("ready", "base:sql")
+            assert listed(sim.url) == ["base", "base:sql"] and table.live() == ["base:sql"] and table.base_of("base:sql") == "base"
+            assert [a.to_json() for a in table.held()] == ['{"id":"base:sql","name":"sql","source":"/a/sql"}']
+            assert (await table.detach(nodeapi.UnloadAdapterRequest(base="base", name="sql"))).status == "unloaded"
+            assert listed(sim.url) == ["base"] and table.held() == []
+
+        asyncio.run(_with_table(engine, body=body))
+
+
+@pytest.mark.parametrize(("request_", "status", "words"), [
+    (nodeapi.LoadAdapterRequest(base="base", name="wide", source="/x", rank=64), 409, "rank 64, but the engine serving 'base' was started for rank 16"),
+    (nodeapi.LoadAdapterRequest(base="other", name="x", source="/x"), 409, "'other' is not serving on this worker"),
+    (nodeapi.LoadAdapterRequest(base="base", name="a:b", source="/x"), 400, "must not contain ':'"),
+    (nodeapi.LoadAdapterRequest(base="base", name="x"), 400, "source: required"),
+])
+def test_refusals_say_why(request_: nodeapi.LoadAdapterRequest, status: int, words: str) -> None:
+    with running(CONFIG) as sim:
+        async def body(table: Adapters) -> None:
+            with pytest.raises(AdapterRefused) as caught:
+                await table.attach(request_)
+            assert caught.value.status == status and words in str(caught.value)
+
+        asyncio.run(_with_table(Engine(sim.url), body=body))
+
+
+def test_an_engine_started_without_lora_is_told_how_to_turn_it_on() -> None:
+    with running(CONFIG) as sim:
+        engine = Engine(sim.url)
+        engine.rank = 0
+
+        async def body(table: Adapters) -> None:
+            with pytest.raises(AdapterRefused, match="start it with LoRA on .the plan flag max_lora_rank, or OPOD_ADAPTERS.") as caught:
+                await table.attach(nodeapi.LoadAdapterRequest(base="base", name="x", source="/x"))
+            assert caught.value.status == 501
+
+        asyncio.run(_with_table(engine, body=body))
+
+
+def test_a_restarted_engine_gets_its_adapters_again_and_the_wanted_ones_too() -> None:
+    wanted = [nodeapi.Adapter(name="support", source="/a/support", rank=8), nodeapi.Adapter(name="huge", source="/a/huge", rank=128)]
+    with contextlib.ExitStack() as stack:
+        first = stack.enter_context(running(CONFIG))
+        engine = Engine(first.url)
+
+        async def body(table: Adapters) -> None:
+            assert await table.reconcile(["base"])
+            assert listed(first.url) == ["base", "base:support"], "the wanted adapter that fits is attached; the rank-128 one is not"
+            await table.attach(nodeapi.LoadAdapterRequest(base="base", name="sql", source="/a/sql"))
+            assert not await table.reconcile(["base"]), "nothing to do, and a refused adapter is not retried on the same engine"
+
+            second = stack.enter_context(running(CONFIG))  # the supervisor's relaunch: a fresh engine, no adapters
+            engine.url, engine.started = second.url, 2.0
+            assert table.live() == [] and table.base_of("base:sql") is None
+            assert await table.reconcile(["base"])
+            assert sorted(listed(second.url)) == ["base", "base:sql", "base:support"]
+            assert sorted(table.live()) == ["base:sql", "base:support"]
+
+        asyncio.run(_with_table(engine, wanted, body))
+
+
+def test_lora_flags_size_the_engine_for_the_largest_wanted_adapter() -> None:
+    vllm, llamacpp = get_driver("vllm"), get_driver("llamacpp")
+    assert lora_flags(vllm, {}, []) == {}
+    assert lora_flags(vllm, {"ctx": 4}, [nodeapi.Adapter(name="a", source="s", rank=8)]) == {"ctx": 4, "max_lora_rank": 16}
+    assert lora_flags(vllm, {}, [nodeapi.Adapter(name="a", source="s", rank=40)])["max_lora_rank"] == 64
+    assert lora_flags(vllm, {"max_lora_rank": 256}, [nodeapi.Adapter(name="a", source="s", rank=40)])["max_lora_rank"] == 256
+    with pytest.raises(ValueError, match="the llamacpp engine cannot attach LoRA adapters at run time; use the vllm engine"):
+        lora_flags(llamacpp, {}, [nodeapi.Adapter(name="a", source="s")])
+    with pytest.raises(ValueError, match="rank 1024 is larger than any rank vllm can be started for .at most 512."):
+        lora_flags(vllm, {}, [nodeapi.Adapter(name="a", source="s", rank=1024)])
