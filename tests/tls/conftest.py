@@ -20,6 +20,7 @@ import aiohttp
 import pytest
 
 from opod.contract import nodeapi
+from opod.fleet.tokens import NodeToken
 from opod.leader.leader import Leader, LeaderSettings
 from opod.serving import Listener, bind, serve
 from opod.tls.server import LeaderTLS, enable_leader_tls
@@ -62,6 +63,8 @@ class TLSLeader:
     token: str
     certs: Certs
     home: Path
+    local_token: str
+    """The token opod up's own worker joins with; ``token`` is an ordinary node token."""
     _revisions: int = 0
 
     async def set_auth(self, mode: str = "", ca: str | None = None, revoked: Iterable[str] = ()) -> None:
@@ -110,8 +113,10 @@ async def running_leader(certs: Certs, home: Path, monkeypatch: pytest.MonkeyPat
         tls = await enable_leader_tls(leader, certs.leader.cert, certs.leader.key)
         public = Listener(leader.public_app(), bind("127.0.0.1", 0, "the leader"), "public", ssl=tls.context)
         serving = asyncio.create_task(serve([public], stop))
-        token = await asyncio.to_thread(leader.local_worker_token)
-        yield TLSLeader(leader, tls, f"https://127.0.0.1:{public.port}", auth_path, token, certs, home)
+        local_token = await asyncio.to_thread(leader.local_worker_token)
+        leader.tokens.put(NodeToken("t_joiners", "workers joining in tests"))
+        token = leader.tokens.minter.token("t_joiners")
+        yield TLSLeader(leader, tls, f"https://127.0.0.1:{public.port}", auth_path, token, certs, home, local_token)
     finally:
         stop.set()
         if serving is not None:

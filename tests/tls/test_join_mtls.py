@@ -120,6 +120,20 @@ async def test_require_refuses_a_token_only_worker_and_takes_a_certificate_worke
     assert tls_leader.leader.fleet.get("n_plain") is None
 
 
+async def test_require_still_takes_opod_ups_own_worker_on_loopback(tls_leader: TLSLeader, caplog: pytest.LogCaptureFixture) -> None:
+    # The worker opod up runs beside its leader has no certificate; it signs with the local token only the leader holds.
+    await tls_leader.set_auth("require")
+    own = tls_leader.agent("n_own", token=tls_leader.local_token)
+    with caplog.at_level(logging.INFO, logger="opod.leader"):
+        try:
+            await own.register()
+            assert await own.beat()
+        finally:
+            await own.close()
+    assert tls_leader.leader.fleet.get("n_own") is not None
+    assert "node n_own registered from 127.0.0.1:9 (engine sim, by token)" in caplog.messages
+
+
 async def test_require_a_certificate_without_a_node_is_refused(tls_leader: TLSLeader) -> None:
     await tls_leader.set_auth("require")
     async with tls_leader.client(tls_leader.certs.no_node) as session:

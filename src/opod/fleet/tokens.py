@@ -15,6 +15,10 @@ from opod.security.nodetokens import NodeTokenMinter
 from opod.security.replay import ReplayGuard
 
 
+LOCAL_TOKEN_ID = "t_local"
+"""The token ``opod up``'s own worker joins with, minted by the leader for its in-process worker."""
+
+
 @dataclass(frozen=True, slots=True)
 class NodeToken:
     id: str

@@ -24,7 +24,7 @@ from opod.control.app import create_app as create_control_app
 from opod.control.context import ControlContext
 from opod.fleet.models import ANY_NODE, KnownModel, ModelRegistry
 from opod.fleet.state import Fleet, NodeState
-from opod.fleet.tokens import NodeToken, NodeTokenBook
+from opod.fleet.tokens import LOCAL_TOKEN_ID, NodeToken, NodeTokenBook
 from opod.fleet.workers import WorkerClient
 from opod.gateway.admission import Admission, fleet_capacity
 from opod.gateway.app import Gateway
@@ -53,7 +53,6 @@ DEFAULT_MODELS = ("smollm2-135m-instruct", "all-minilm-l6-v2")
 DEFAULT_ADMISSION = adminapi.PolicyAdmission(hold_ms=30_000, max_held=1024)
 """Without a policy file, a request waits up to 30 s for an engine slot; a mounted policy's admission
 block replaces this whole (and there, as the contract says, zero means shed at once)."""
-LOCAL_TOKEN_ID = "t_local"
 
 
 @dataclass

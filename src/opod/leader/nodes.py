@@ -6,7 +6,9 @@ worker's client certificate naming the node (:mod:`opod.tls.identity`). In
 ``allow`` a certificate authenticates the call and a signature, if also sent,
 must verify too (it binds the token the leader signs its own calls to the
 worker with); without a certificate the token decides. In ``require`` a call
-without a certificate is refused. ``off`` ignores certificates.
+without a certificate is refused, save from ``opod up``'s own worker: on
+loopback, signed with the local token that only the leader holds. ``off``
+ignores certificates.
 Register records the node in memory and in the store; a heartbeat updates the
 fleet in memory and, at most every ``TOUCH_EVERY`` seconds, the node's last-seen
 time in the store. A heartbeat from an unknown node is answered 404, which tells
@@ -33,7 +35,7 @@ from opod.contract.nodeauth import HEADER, AuthRefused, Refusal, SignedHeader
 from opod.contract.wire import WireError
 from opod.fleet.prefix_index import PrefixIndex
 from opod.fleet.state import Fleet
-from opod.fleet.tokens import NodeTokenBook
+from opod.fleet.tokens import LOCAL_TOKEN_ID, NodeTokenBook
 from opod.snapshots.auth import NodeMtls
 from opod.tls.identity import CertRefused, certificate_identity, certificates_checked, required_refusal
 from opod.tls.peer import connection_of
@@ -134,7 +136,10 @@ class NodeRegistry:
             raise _Refused(cert_refusal_response(err)) from None
         value = request.headers.get(HEADER)
         if cert_id is None and policy.mode == "require" and certificates_checked(policy):
-            raise _Refused(admin_error(401, required_refusal(), "unauthorized"))
+            local = self._own_worker(request, value, registering)
+            if local is None:
+                raise _Refused(admin_error(401, required_refusal(), "unauthorized"))
+            return local
         if cert_id is not None and value is None:
             return _Caller(cert_id, None, None, by_cert=True)
         # A signature that is sent must verify, certificate or not: it is replay-checked, and it
@@ -144,6 +149,17 @@ class NodeRegistry:
             raise _Refused(admin_error(
                 403, f"the client certificate names node {cert_id!r} but the signature is node {header.node_id!r}", "forbidden"))
         return _Caller(header.node_id, header, token_id, by_cert=cert_id is not None)
+
+    def _own_worker(self, request: Request, value: str | None, registering: bool) -> _Caller | None:
+        """``opod up``'s own worker under ``require``: on loopback, signed with the local token only the leader holds.
+
+        It runs in the leader's process and has no certificate to show; anyone else still needs one.
+        """
+        client = request.client
+        if value is None or client is None or not _loopback(client.host):
+            return None
+        header, token_id = self.tokens.check(value, "POST", request.url.path, registering=registering)
+        return _Caller(header.node_id, header, token_id, by_cert=False) if token_id == LOCAL_TOKEN_ID else None
 
     def _body_names(self, caller: _Caller, body_id: str) -> Response | None:
         if body_id == caller.node_id:
