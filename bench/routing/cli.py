@@ -40,7 +40,7 @@ def command(
     stream_rate: float = typer.Option(10.0, min=0.1, help="Workload 2: streamed requests per second (Poisson)."),
     stream_seconds: float = typer.Option(None, min=0.5, help="Workload 2: seconds of arrivals (quick 4, full 10)."),
     stream_tokens: int = typer.Option(32, min=2, help="Workload 2: answer tokens per streamed request."),
-    prefix_rate: float = typer.Option(48.0, min=0.1, help="Workload 3: offered requests per second, all sessions together."),
+    prefix_rate: float = typer.Option(96.0, min=0.1, help="Workload 3: offered requests per second, all sessions together (96: about twice what round robin can carry on the default fleet, llm-d's comparison point)."),
     prefix_seconds: float = typer.Option(None, min=1.0, help="Workload 3: seconds during which sessions start (quick 10, full 60)."),
     groups: int = typer.Option(16, min=1, help="Workload 3: distinct long system prompts."),
     system_tokens: int = typer.Option(1000, min=16, help="Workload 3: tokens per system prompt."),

@@ -203,7 +203,9 @@ def markdown(run: RunResult) -> str:
         f"- **2 streamed chat**: {s.stream_tokens} answer tokens, Poisson at {s.stream_rate:g} req/s for {s.stream_seconds:g} s; "
         "TTFT = due time to first text chunk; inter-token = gap between text chunks.",
         f"- **3 shared prefix** (llm-d's capacity benchmark, scaled down): {shape.groups} system prompts of {shape.system_tokens} tokens, "
-        f"sessions of {shape.turns} turns starting at Poisson arrivals for {shape.seconds:g} s ({shape.rate:g} req/s offered, "
+        f"sessions of {shape.turns} turns starting at Poisson arrivals for {shape.seconds:g} s ({shape.rate:g} req/s offered: "
+        "the default 96 is about twice what round robin carries on the default fleet, the kind of load at which llm-d compares "
+        "routers; below round robin's capacity every placement delivers the offered tokens and only TTFT tells them apart; "
         f"{run.prefix_requests} requests), each turn re-sending the conversation plus a {shape.question_tokens}-token question, "
         f"history answers of {shape.history_tokens} tokens, {shape.output_tokens} answer tokens, streamed; a turn follows the previous "
         f"one after {shape.think_s:g} s on average. Output tokens/s and goodput divide by first send to last answer; requests not "

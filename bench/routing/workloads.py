@@ -63,8 +63,9 @@ class PrefixShape:
     """max_tokens of every answer (llm-d: 1,000)."""
     turns: int = 3
     """Requests per user session; turn k re-sends turns 1..k-1."""
-    rate: float = 48.0
-    """Offered requests per second, all sessions together."""
+    rate: float = 96.0
+    """Offered requests per second, all sessions together: past what round robin carries (about 48 here) and
+    within what cache-aware placement carries, the load at which llm-d compares its routers."""
     seconds: float = 60.0
     """Sessions start during this many seconds (their later turns may come after)."""
     think_s: float = 2.0
