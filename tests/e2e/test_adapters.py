@@ -11,7 +11,7 @@ import json
 import openai
 import pytest
 
-from tests.support.opod_process import Leader, OpodProcess, clean_env, free_port, http, opod_cli, wait_until
+from tests.support.opod_process import Leader, http, opod_cli, sim_worker, wait_until
 
 MODEL = "sim-chat"
 WANTED = [{"name": "support", "source": "/data/adapters/support", "rank": 8}]
@@ -22,8 +22,7 @@ def leader(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("adapters")
     leader = Leader(root / "leader", worker=False, extra=["--no-default-models"])
     home = root / "n_lora"
-    worker = OpodProcess(["join", leader.url, "--token", leader.node_token(), "--engine", "sim", "--listen", f"127.0.0.1:{free_port()}"],
-                         home, env=clean_env(home, OPOD_NODE_ID="n_lora", OPOD_ADAPTERS=json.dumps(WANTED)))
+    worker = sim_worker(leader, home, "n_lora", OPOD_ADAPTERS=json.dumps(WANTED))
     worker.wait_for_line("registered with", timeout=30)
     assert opod_cli(leader, "model", "add", MODEL, "--engine", "sim").returncode == 0
     leader.wait_served(MODEL, f"{MODEL}:support")

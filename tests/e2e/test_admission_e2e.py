@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from opod.contract import adminapi
-from tests.support.opod_process import Leader, OpodProcess, clean_env, free_port, http, opod_cli, wait_until
+from tests.support.opod_process import Leader, http, opod_cli, sim_worker, wait_until
 
 MODEL = "sim-busy"
 
@@ -65,8 +65,7 @@ def busy(tmp_path_factory: pytest.TempPathFactory):
     leader = Leader(root / "leader", worker=False, extra=["--no-default-models"],
                     env={"OPOD_AUTH_FILE": str(files / "auth.json"), "OPOD_POLICY_FILE": str(files / "policy.json")})
     home = root / "worker"
-    worker = OpodProcess(["join", leader.url, "--token", leader.node_token(), "--engine", "sim", "--listen", f"127.0.0.1:{free_port()}"],
-                         home, env=clean_env(home, OPOD_NODE_ID="n_busy", OPOD_ENGINE_FLAGS=json.dumps({"max_num_seqs": 2})))
+    worker = sim_worker(leader, home, "n_busy", OPOD_ENGINE_FLAGS=json.dumps({"max_num_seqs": 2}))
     worker.wait_for_line("registered with", timeout=30)
     assert opod_cli(leader, "model", "add", MODEL, "--engine", "sim").returncode == 0
     leader.wait_served(MODEL)

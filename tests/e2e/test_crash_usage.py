@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
 
 from opod.contract import adminapi
-from tests.support.opod_process import Leader, OpodProcess, clean_env, free_port, http, opod_cli, wait_until
+from tests.support.opod_process import Leader, http, opod_cli, sim_worker, wait_until
 
 MODEL = "sim-slow"
 
@@ -51,8 +50,7 @@ def test_sigkill_under_load_keeps_every_answered_request_and_marks_the_rest(tmp_
     home = tmp_path / "leader"
     leader = Leader(home, worker=False, extra=["--no-default-models"])
     worker_home = tmp_path / "worker"
-    worker = OpodProcess(["join", leader.url, "--token", leader.node_token(), "--engine", "sim", "--listen", f"127.0.0.1:{free_port()}"],
-                         worker_home, env=clean_env(worker_home, OPOD_NODE_ID="n_w", OPOD_ENGINE_FLAGS=json.dumps({"time_scale": 1.0})))
+    worker = sim_worker(leader, worker_home, "n_w", OPOD_ENGINE_FLAGS=json.dumps({"time_scale": 1.0}))
     try:
         worker.wait_for_line("registered with", timeout=30)
         assert opod_cli(leader, "model", "add", MODEL, "--engine", "sim").returncode == 0

@@ -11,7 +11,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.support.opod_process import Leader, OpodProcess, clean_env, free_port, http, opod_cli, wait_until
+from tests.support.opod_process import Leader, OpodProcess, http, opod_cli, sim_worker, wait_until
 
 MODEL = "sim-chat"
 
@@ -21,8 +21,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("faults")
     leader = Leader(root / "leader", worker=False, extra=["--no-default-models"])
     home = root / "worker"
-    worker = OpodProcess(["join", leader.url, "--token", leader.node_token(), "--engine", "sim", "--listen", f"127.0.0.1:{free_port()}"],
-                         home, env=clean_env(home, OPOD_NODE_ID="n_faulty"))
+    worker = sim_worker(leader, home, "n_faulty")
     worker.wait_for_line("registered with", timeout=30)
     assert opod_cli(leader, "model", "add", MODEL, "--engine", "sim").returncode == 0
     leader.wait_served(MODEL, timeout=60)
@@ -98,8 +97,7 @@ def test_a_client_that_disconnects_mid_stream_stops_the_generation(fleet) -> Non
 def test_a_forgotten_worker_that_is_still_alive_registers_again(fleet, tmp_path: Path) -> None:
     leader, _ = fleet
     home = tmp_path / "spare"
-    spare = OpodProcess(["join", leader.url, "--token", leader.node_token(), "--engine", "sim", "--listen", f"127.0.0.1:{free_port()}"],
-                        home, env=clean_env(home, OPOD_NODE_ID="n_spare"))
+    spare = sim_worker(leader, home, "n_spare")
     try:
         spare.wait_for_line("registered with", timeout=30)
         status, body = leader.admin("DELETE", "/api/v1/nodes/n_spare")

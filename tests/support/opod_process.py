@@ -195,6 +195,12 @@ class Leader:
         return clean_env(self.home, OPOD_ADMIN_URL=self.admin_url)
 
 
+def sim_worker(leader: Leader, home: Path, node_id: str, *, token: str | None = None, **env: str) -> OpodProcess:
+    """``opod join`` with the simulator engine, as node ``node_id``, with its own home and ``env`` on top."""
+    args = ["join", leader.url, "--token", token or leader.node_token(), "--engine", "sim", "--listen", f"127.0.0.1:{free_port()}"]
+    return OpodProcess(args, home, env=clean_env(home, OPOD_NODE_ID=node_id, **env))
+
+
 def opod_cli(leader: Leader, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(OPOD + list(args), env=leader.cli_env(), capture_output=True, text=True, timeout=timeout)
 
