@@ -12,7 +12,8 @@ import pytest
 from opod.contract import nodeapi
 from opod.engines.registry import get_driver
 from opod.sim import SimConfig, running
-from opod.worker.adapters import AdapterRefused, Adapters, lora_flags
+from opod.worker.adapters import Adapters, lora_flags
+from opod.worker.refusals import AdapterRefused
 
 CONFIG = SimConfig(port=0, models=("base",), time_scale=0.0, enable_lora=True)
 

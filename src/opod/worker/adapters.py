@@ -20,19 +20,12 @@ import aiohttp
 from opod.contract import nodeapi
 from opod.engines.base import EngineDriver
 from opod.engines.errors import EngineCallError
+from opod.worker.refusals import AdapterRefused
 
 log = logging.getLogger("opod.worker")
 
 DEFAULT_RANK = 16
 """The rank an engine is started for when OPOD_ADAPTERS states none (vLLM's own default)."""
-
-
-class AdapterRefused(Exception):
-    """An adapter change the worker cannot make; ``status`` is the HTTP status to answer with."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass(slots=True)

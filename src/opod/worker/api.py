@@ -26,8 +26,8 @@ from opod.contract.nodeauth import AuthRefused
 from opod.contract.wire import WireError
 from opod.fastpath import FastPath
 from opod.security.signer import Verifier
-from opod.worker.adapters import AdapterRefused
-from opod.worker.engines import EngineManager, LoadRefused
+from opod.worker.engines import EngineManager
+from opod.worker.refusals import LoadRefused, Refused
 from opod.worker.supervisor import ProcessConfig, Supervisor
 
 log = logging.getLogger("opod.worker")
@@ -116,7 +116,7 @@ class WorkerAPI:
             return _text(400, "UnloadModelRequest: id: required")
         try:
             return _json(await self.manager.unload(req))
-        except (LoadRefused, AdapterRefused) as err:
+        except Refused as err:
             return _text(err.status, str(err))
 
     async def sleep(self, request: Request) -> Response:
@@ -164,7 +164,7 @@ class WorkerAPI:
                 answer = await table.attach(await self._read(request, nodeapi.LoadAdapterRequest))
             else:
                 answer = await table.detach(await self._read(request, nodeapi.UnloadAdapterRequest))
-        except AdapterRefused as err:
+        except Refused as err:
             return _text(err.status, str(err))
         self.manager.on_change()
         return _json(answer)

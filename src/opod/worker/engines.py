@@ -21,7 +21,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone, UTC
+from datetime import datetime, UTC
 from pathlib import Path
 
 import aiohttp
@@ -35,6 +35,7 @@ from opod.engines.registry import get_driver
 from opod.worker.adapters import Adapters, lora_flags
 from opod.worker.kvevents import KVReport
 from opod.worker.kvlistener import KVEventListener, KVListenError
+from opod.worker.refusals import LoadRefused
 from opod.worker.supervisor import ProcessConfig, ProcessState, Supervisor
 
 log = logging.getLogger("opod.worker")
@@ -42,14 +43,6 @@ log = logging.getLogger("opod.worker")
 CPU_CONTEXT_CAP = 8192
 """Default context on a CPU engine: a catalog's 128K window would reserve gigabytes of KV cache."""
 DEFAULT_PARALLEL = 4
-
-
-class LoadRefused(Exception):
-    """A load the worker cannot carry out; ``status`` is the HTTP status to answer with."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass(slots=True)
