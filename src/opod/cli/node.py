@@ -14,12 +14,12 @@ app = typer.Typer(help="Nodes: list the workers the leader knows (state, machine
 
 def _disk(row: dict) -> str:
     free, total = row.get("disk_free_gb", 0), row.get("disk_total_gb", 0)
-    return f"{free}/{total} GiB free" if total else "-"
+    return f"{free}/{total} GiB" if total else "-"
 
 
 def _seen(row: dict) -> str:
     age = row.get("last_heartbeat_s")
-    return "never" if age is None else f"{age:g}s ago"
+    return "never" if age is None else f"{age:g}s"
 
 
 @app.command("ls")
@@ -29,12 +29,12 @@ def list_nodes(as_json: bool = typer.Option(False, "--json", help="The API's row
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    for column in ("NODE", "STATE", "HOST", "CPU", "RAM", "DISK", "ENGINE", "MODELS", "HEARTBEAT"):
-        table.add_column(column, no_wrap=column not in ("STATE", "MODELS"))
+    table = Table(box=None, pad_edge=False, collapse_padding=True, header_style="bold")
+    for column in ("NODE", "STATE", "HOST", "CPU", "RAM", "DISK FREE", "ENGINE", "MODELS", "SEEN"):
+        table.add_column(column, no_wrap=column not in ("STATE", "MODELS"), overflow="fold", min_width=12 if column == "MODELS" else None)
     for row in rows:
         table.add_row(row["id"], row["state"], row["hostname"], str(row["cpu_count"]), f"{row['memory_gb']} GiB", _disk(row),
-                      ",".join(row["engines"]) or "-", ",".join(row["models"]) or "-", _seen(row))
+                      ",".join(row["engines"]) or "-", "\n".join(row["models"]) or "-", _seen(row))
     out.print(table)
     if not rows:
         out.print("[dim]no workers yet: opod token create --node, then on another machine opod join URL --token T[/]")
