@@ -14,6 +14,7 @@ from opod.engines.registry import get_driver
 from opod.sim import SimConfig, running
 from opod.worker.adapters import Adapters, lora_flags
 from opod.worker.refusals import AdapterRefused
+from opod.worker.run import wanted_adapters
 
 CONFIG = SimConfig(port=0, models=("base",), time_scale=0.0, enable_lora=True)
 
@@ -114,3 +115,24 @@ def test_lora_flags_size_the_engine_for_the_largest_wanted_adapter() -> None:
         lora_flags(llamacpp, {}, [nodeapi.Adapter(name="a", source="s")])
     with pytest.raises(ValueError, match="rank 1024 is larger than any rank vllm can be started for .at most 512."):
         lora_flags(vllm, {}, [nodeapi.Adapter(name="a", source="s", rank=1024)])
+
+
+@pytest.mark.parametrize(("value", "words"), [
+    ("[{", "OPOD_ADAPTERS is not JSON"),
+    ('{"name": "a"}', "OPOD_ADAPTERS must be a JSON list such as"),
+    ('[{"name": "a", "rank": "big"}]', "OPOD_ADAPTERS[0]:"),
+    ('[{"name": "a"}]', "OPOD_ADAPTERS[0]: needs a name (without ':') and a source"),
+    ('[{"name": "a:b", "source": "/x"}]', "OPOD_ADAPTERS[0]: needs a name (without ':')"),
+])
+def test_a_bad_opod_adapters_is_refused_naming_the_element(monkeypatch: pytest.MonkeyPatch, value: str, words: str) -> None:
+    monkeypatch.setenv("OPOD_ADAPTERS", value)
+    with pytest.raises(ValueError) as caught:
+        wanted_adapters()
+    assert words in str(caught.value)
+
+
+def test_opod_adapters_is_read_as_the_contracts_adapter_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPOD_ADAPTERS", raising=False)
+    assert wanted_adapters() == []
+    monkeypatch.setenv("OPOD_ADAPTERS", '[{"name": "support", "source": "/a/support", "rank": 64}, {"name": "legal", "source": "org/legal"}]')
+    assert wanted_adapters() == [nodeapi.Adapter(name="support", source="/a/support", rank=64), nodeapi.Adapter(name="legal", source="org/legal")]
