@@ -67,7 +67,7 @@ class FakeWorker:
     def register(self, **kw):
         req = nodeapi.RegisterRequest(
             id=self.node_id, hostname="fake", os="linux", arch="amd64", ram_gb=8, address="127.0.0.1:9",
-            hardware_json=nodeapi.encode_hardware(nodeapi.Capabilities(hostname="fake", engine="sim")), boot_id="boot-1",
+            hardware_json=nodeapi.encode_hardware(kw.get("caps") or nodeapi.Capabilities(hostname="fake", engine="sim")), boot_id="boot-1",
         )
         return self.post(nodeapi.PATH_REGISTER, req, kw.get("header", self.header(nodeapi.PATH_REGISTER)))
 
@@ -97,6 +97,21 @@ def test_null_loaded_models_never_clears_what_was_reported(leader: Leader, token
     assert _models_of(leader, NODE) == ["m1", "m2"]
     assert worker.heartbeat(nodeapi.Heartbeat(id=NODE, loaded_models=[], boot_id="boot-1"))[0] == 200
     assert _models_of(leader, NODE) == []
+
+
+def test_free_disk_follows_the_heartbeat_and_total_comes_from_registration(leader: Leader, token: str) -> None:
+    worker = FakeWorker(leader, token, "n_fake-disk")
+    assert worker.register(caps=nodeapi.Capabilities(hostname="fake", engine="sim", disk_free_gb=100, disk_total_gb=500))[0] == 200
+
+    def disk() -> tuple[int, int]:
+        node = next(n for n in leader.admin("GET", "/api/v1/nodes")[1] if n["id"] == "n_fake-disk")
+        return node["disk_free_gb"], node["disk_total_gb"]
+
+    assert disk() == (100, 500)
+    assert worker.heartbeat(nodeapi.Heartbeat(id="n_fake-disk", loaded_models=[], boot_id="b", disk_free_gb=42))[0] == 200
+    assert disk() == (42, 500)
+    assert worker.heartbeat(nodeapi.Heartbeat(id="n_fake-disk", loaded_models=[], boot_id="b"))[0] == 200
+    assert disk() == (42, 500), "a heartbeat that does not say keeps the last figure"
 
 
 def test_a_crash_looping_engine_takes_the_worker_out_everywhere(leader: Leader, token: str) -> None:

@@ -193,6 +193,9 @@ class Heartbeat(WireModel):
     # opod addition: model id → its engine's loopback URL. A leader on the same machine
     # calls the engine directly instead of through the worker's listener (one hop less).
     engine_urls: Annotated[dict[str, str] | None, OMITEMPTY] = None
+    # opod addition: free GiB where the worker keeps weights, now (Capabilities' DiskFreeGB is as of
+    # registration); 0 = not said.
+    disk_free_gb: Annotated[int, OMITEMPTY] = 0
 
 
 class HeartbeatResponse(WireModel):

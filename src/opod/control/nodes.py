@@ -21,7 +21,7 @@ class NodeView(BaseModel):
     os: str = ""
     """Operating system and architecture, as the worker read them (``linux/amd64``)."""
     disk_free_gb: int = 0
-    """Free space where the worker keeps weights, GiB, as of its registration; 0 = not reported (unknown, not full)."""
+    """Free space where the worker keeps weights, GiB, as of its last heartbeat; 0 = not reported (unknown, not full)."""
     disk_total_gb: int = 0
     engines: list[str]
     models: list[str]

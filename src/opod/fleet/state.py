@@ -135,6 +135,8 @@ class Fleet:
             node.load = hb.load
         if hb.slots:
             node.slots = hb.slots
+        if hb.disk_free_gb and hb.disk_free_gb != node.hardware.disk_free_gb:
+            node.hardware = node.hardware.model_copy(update={"disk_free_gb": hb.disk_free_gb})
         node.load_errors = dict(hb.load_errors or {})
         node.load_progress = dict(hb.load_progress or {})
         node.engine_urls = dict(hb.engine_urls or {}) if node.same_host else {}

@@ -28,6 +28,7 @@ import aiohttp
 from opod.contract import nodeapi
 from opod.security.signer import Signer
 from opod.tls.client import worker_context
+from opod.worker import inventory
 from opod.worker.engines import EngineManager
 
 log = logging.getLogger("opod.worker")
@@ -184,6 +185,7 @@ class Agent:
             load_errors=self.manager.load_errors() or None,
             load_progress=self.manager.load_progress() or None,
             engine_urls=self.manager.engine_urls() or None,
+            disk_free_gb=inventory.disk_free_gb(self.manager.home),
             kv_blocks=self.manager.kv_blocks(),
         )
 

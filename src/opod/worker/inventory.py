@@ -76,6 +76,14 @@ def nvidia_gpus() -> tuple[nodeapi.GPU, ...]:
         pynvml.nvmlShutdown()
 
 
+def disk_free_gb(home: Path) -> int:
+    """Free GiB on the filesystem holding ``home`` (where the worker's weights go); 0 when it cannot be read."""
+    try:
+        return shutil.disk_usage(home).free // (1 << 30)
+    except OSError:
+        return 0
+
+
 def take(home: Path) -> Inventory:
     """The machine as the worker sees it; disk is the filesystem of ``home``, where its weights go."""
     home.mkdir(parents=True, exist_ok=True)
