@@ -124,3 +124,23 @@ def test_a_full_cache_makes_requests_wait_instead_of_evicting_held_blocks() -> N
     assert cache.allocate(_ids(50, 4), cache.keys(_ids(50, 4)), 4) is None
     cache.release(a)
     assert cache.allocate(_ids(50, 4), cache.keys(_ids(50, 4)), 4) is not None
+
+
+def test_an_adapters_blocks_are_its_own_and_say_so_in_their_events() -> None:
+    batches: list[list[dict]] = []
+    cache = PrefixCache(total_blocks=12, block_size=4, sink=batches.append)
+    tokens = _ids(10, 10)
+    base = cache.keys(tokens)
+    cache.finish(cache.allocate(tokens, base, total_tokens=10), tokens, base)
+    batches.clear()
+    sql = cache.keys(tokens, "base:sql")
+    assert len(sql) == 2 and not set(sql) & set(base) and sql != cache.keys(tokens, "base:legal")
+    alloc = cache.allocate(tokens, sql, total_tokens=14, lora="base:sql")
+    assert alloc is not None and alloc.hit_blocks == 0, "the base model's cached blocks are not the adapter's"
+    [stored] = batches.pop()
+    assert (stored["lora_name"], stored["block_hashes"]) == ("base:sql", [engine_hash(k) for k in sql])
+    assert isinstance(stored["lora_id"], int)
+    cache.finish(alloc, tokens + [7, 7], sql)
+    [tail] = batches.pop()
+    assert tail["lora_name"] == "base:sql" and tail["parent_block_hash"] == engine_hash(sql[1])
+    assert cache.allocate(tokens, sql, total_tokens=10, lora="base:sql").hit_blocks == 2

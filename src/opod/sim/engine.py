@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from opod.sim.config import SimConfig
 from opod.sim.latency import LatencyModel
@@ -127,7 +127,9 @@ class Engine:
         self.running = 0
         self.sleep_level = 0
         self._on_step = on_step
-        self._waiters: collections.deque[tuple[asyncio.Future[Allocation], list[int], list[str], int]] = collections.deque()
+        self._waiters: collections.deque[tuple[asyncio.Future[Allocation], list[int], list[str], int, str]] = collections.deque()
+        self.adapters: Mapping[str, str] = {}
+        """The LoRA adapters served now (name → path); a request for one runs under it."""
         self._slots: list[Sequence | None] = [None] * cfg.max_batch
         self._free_slots = list(range(cfg.max_batch - 1, -1, -1))
         self._tasks = 0
@@ -150,21 +152,24 @@ class Engine:
 
     # -- admission -----------------------------------------------------------------------------
 
-    async def admit(self, prompt: list[int], plan: Plan, max_tokens: int) -> Sequence:
-        """Wait for a batch slot and room in the cache; the caller must ``finish`` the sequence."""
+    async def admit(self, prompt: list[int], plan: Plan, max_tokens: int, lora: str = "") -> Sequence:
+        """Wait for a batch slot and room in the cache; the caller must ``finish`` the sequence.
+
+        ``lora``: the adapter the request runs under, whose cached blocks are its own.
+        """
         arrived = _now()
         if self._on_step is not None:
             self._on_step()  # what waited for a scheduler step (a cache clear) goes out before this request's events
-        keys = self.cache.keys(prompt)
+        keys = self.cache.keys(prompt, lora)
         total = len(prompt) + len(plan.ids)
         alloc: Allocation | None = None
         if not self._waiters and not self.sleep_level and self.running < self.cfg.max_batch:
-            alloc = self.cache.allocate(prompt, keys, total)
+            alloc = self.cache.allocate(prompt, keys, total, lora)
             if alloc is not None:
                 self.running += 1
         if alloc is None:
             fut: asyncio.Future[Allocation] = asyncio.get_running_loop().create_future()
-            entry = (fut, prompt, keys, total)
+            entry = (fut, prompt, keys, total, lora)
             self._waiters.append(entry)
             self._pump()  # admits it at once when only given-up requests were ahead of it
             try:
@@ -204,11 +209,11 @@ class Engine:
         """Admit waiting requests in arrival order while there is room."""
         waiters = self._waiters
         while waiters and not self.sleep_level and self.running < self.cfg.max_batch:
-            fut, prompt, keys, total = waiters[0]
+            fut, prompt, keys, total, lora = waiters[0]
             if fut.done():
                 waiters.popleft()
                 continue
-            alloc = self.cache.allocate(prompt, keys, total)
+            alloc = self.cache.allocate(prompt, keys, total, lora)
             if alloc is None:
                 return
             waiters.popleft()

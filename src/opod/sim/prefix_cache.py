@@ -16,11 +16,16 @@ Engine-side hashes (the integers in events) are the simulator's own: the last
 8 bytes of SHA-256 over ``b"opod-sim:"`` and the contract hash's hex text.
 They differ from the contract hash on purpose, as a real engine's do, so a
 consumer has to recompute contract hashes from ``token_ids``.
+
+A LoRA adapter's blocks are its own, as in vLLM: their chain starts from the
+adapter's name instead of the seed, so they never match the base model's or
+another adapter's, and their events carry ``lora_id`` and ``lora_name``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -55,18 +60,20 @@ class Allocation:
     anon: int = 0
     """Private blocks: the prompt's partial tail and the answer's tokens."""
     hit_blocks: int = 0
+    lora: str = ""
+    """The adapter the request ran under; empty for the base model."""
 
 
-def _stored(ehashes: list[int], parent: int | None, tokens: Sequence[int], block_size: int) -> Event:
+def _stored(ehashes: list[int], parent: int | None, tokens: Sequence[int], block_size: int, lora: str = "") -> Event:
     return {
         "type": "BlockStored",
         "block_hashes": ehashes,
         "parent_block_hash": parent,
         "token_ids": list(tokens),
         "block_size": block_size,
-        "lora_id": None,
+        "lora_id": zlib.crc32(lora.encode()) & 0x7FFFFFFF if lora else None,
         "medium": "GPU",
-        "lora_name": None,
+        "lora_name": lora or None,
         "extra_keys": [None] * len(ehashes),
         "group_idx": 0,
         "kv_cache_spec_kind": "full_attention",
@@ -101,8 +108,14 @@ class PrefixCache:
     def usage(self) -> float:
         return self.held / self.total
 
-    def keys(self, tokens: Sequence[int]) -> list[str]:
-        return block_hashes(tokens, self.block_size)
+    def keys(self, tokens: Sequence[int], lora: str = "") -> list[str]:
+        if not lora:
+            return block_hashes(tokens, self.block_size)
+        out, parent, bs = [], f"lora:{lora}", self.block_size
+        for start in range(0, len(tokens) - bs + 1, bs):
+            parent = block_hash(parent, tokens[start : start + bs])
+            out.append(parent)
+        return out
 
     def blocks_for(self, n_tokens: int) -> int:
         return -(-n_tokens // self.block_size)
@@ -112,7 +125,7 @@ class PrefixCache:
 
     # -- allocation ----------------------------------------------------------------------------
 
-    def allocate(self, tokens: Sequence[int], keys: list[str], total_tokens: int) -> Allocation | None:
+    def allocate(self, tokens: Sequence[int], keys: list[str], total_tokens: int, lora: str = "") -> Allocation | None:
         """Hold the blocks for a request of ``total_tokens`` (prompt and answer); ``None`` when the pool is full now."""
         index = self._index
         bs = self.block_size
@@ -147,18 +160,18 @@ class PrefixCache:
                     run_start = i
                 run.append(b.ehash)
             elif run:
-                events.append(_stored(run, parent, tokens[run_start * bs : (run_start + len(run)) * bs], bs))
+                events.append(_stored(run, parent, tokens[run_start * bs : (run_start + len(run)) * bs], bs, lora))
                 run = []
             held.append(b)
             if not run:
                 parent = b.ehash
         if run:
-            events.append(_stored(run, parent, tokens[run_start * bs : (run_start + len(run)) * bs], bs))
+            events.append(_stored(run, parent, tokens[run_start * bs : (run_start + len(run)) * bs], bs, lora))
         self._private += anon
         self.held += anon
         if emit and events:
             self.sink(events)  # type: ignore[misc]
-        return Allocation(blocks=held, anon=anon, hit_blocks=hits)
+        return Allocation(blocks=held, anon=anon, hit_blocks=hits, lora=lora)
 
     def fits_at_all(self, total_tokens: int) -> bool:
         return self.blocks_for(total_tokens) <= self.total
@@ -167,7 +180,7 @@ class PrefixCache:
         """Cache the answer's full blocks (``tokens`` = prompt + answer), then let go of everything."""
         bs = self.block_size
         full = len(tokens) // bs
-        parent_key = keys[-1] if keys else ""
+        parent_key = keys[-1] if keys else (f"lora:{alloc.lora}" if alloc.lora else "")
         parent_hash = alloc.blocks[-1].ehash if alloc.blocks else None
         run: list[int] = []
         run_start = len(keys)
@@ -192,13 +205,13 @@ class PrefixCache:
             else:
                 self._hold(b)
                 if run:
-                    events.append(_stored(run, parent_hash, tokens[run_start * bs : (run_start + len(run)) * bs], bs))
+                    events.append(_stored(run, parent_hash, tokens[run_start * bs : (run_start + len(run)) * bs], bs, alloc.lora))
                     run = []
             alloc.blocks.append(b)
             if not run:
                 parent_hash = b.ehash
         if run:
-            events.append(_stored(run, parent_hash, tokens[run_start * bs : (run_start + len(run)) * bs], bs))
+            events.append(_stored(run, parent_hash, tokens[run_start * bs : (run_start + len(run)) * bs], bs, alloc.lora))
         if emit and events:
             self.sink(events)  # type: ignore[misc]
         self.release(alloc)

@@ -4,7 +4,7 @@ An attached adapter is served under its ``lora_name`` over the first model:
 requests may name it, and ``/v1/models`` lists it with its path as ``root``
 and the base as ``parent``. Answers are vLLM's: plain text on success, its
 JSON error shape otherwise. The simulator loads no weights, so any path is
-accepted; an adapter's cached blocks are not kept apart from the base's.
+accepted. An adapter's cached blocks are its own (see :mod:`opod.sim.prefix_cache`).
 """
 
 from __future__ import annotations

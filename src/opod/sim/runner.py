@@ -55,7 +55,8 @@ class TokenRun:
 
     async def start(self) -> None:
         """Wait for admission and prefill: returns when the first token is ready."""
-        self.seq = await self.engine.admit(self.req.prompt, self.plan, self.req.max_tokens)
+        lora = self.req.model if self.req.model in self.engine.adapters else ""
+        self.seq = await self.engine.admit(self.req.prompt, self.plan, self.req.max_tokens, lora)
         await self.seq.wait_first(self.decision.stall_first)
         self.first_at = time.monotonic()
 

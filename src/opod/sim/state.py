@@ -47,6 +47,7 @@ class SimState:
             self.served = tuple(dict.fromkeys([*cfg.models, *self.listed]))
         self.adapters: dict[str, str] = {}
         """LoRA adapters attached at run time: name → the path they were loaded from."""
+        self.engine.adapters = self.adapters
         self.created = int(time.time())
         self.ready_at = time.monotonic() + cfg.load_ms / 1000.0
         self.loaded_before_listen = False
