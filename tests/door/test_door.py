@@ -43,6 +43,9 @@ class Recorder:
             body = await request.body()
             self.calls.append((request.url.path, dict(request.headers), body))
             payload = json.loads(body)
+            if payload["model"] == "saturated":
+                return JSONResponse({"error": {"message": "No free slot", "code": "no_capacity"}}, status_code=503,
+                                    headers={"Retry-After": "3"})
             if payload["model"] == "limited":
                 return JSONResponse({"error": {"message": "slow down", "code": "rate_limited"}}, status_code=429,
                                     headers={"Retry-After": "7"})
@@ -211,6 +214,24 @@ async def test_unknown_model_is_404_and_an_unreachable_leader_is_503(setup: Setu
         assert resp.status_code == 400 and resp.json()["error"]["param"] == "model"
 
 
+async def test_an_alias_listed_twice_fails_over_to_its_next_leader(setup: Setup) -> None:
+    write_atomic(setup.routes_path, routes("r2", setup.sim, setup.rec,
+                                           {"alias": "steady", "upstream": free_url()}, {"alias": "steady", "upstream": setup.rec},
+                                           {"alias": "saturated", "upstream": setup.rec}, {"alias": "saturated", "upstream": setup.sim, "model": "sim-a"},
+                                           {"alias": "full", "upstream": setup.rec, "model": "saturated"}))
+    await eventually(lambda: setup.server.routes.revision == "r2")
+    async with httpx.AsyncClient(base_url=setup.door) as client:
+        resp = await client.post("/v1/chat/completions", json={"model": "steady", "messages": []})
+        assert resp.status_code == 200 and resp.json()["model"] == "steady", "the unreachable first leader is passed over"
+        resp = await client.post("/v1/chat/completions", json={"model": "saturated", "messages": [{"role": "user", "content": "hi"}],
+                                                                "max_tokens": 2})
+        assert resp.status_code == 200 and resp.json()["model"] == "sim-a", "a 503 from the first leader hands over to the next"
+        resp = await client.post("/v1/chat/completions", json={"model": "full", "messages": []})
+        assert resp.status_code == 503 and resp.headers["Retry-After"] == "3", "with no leader left the last 503 passes on"
+        assert resp.json()["error"]["code"] == "no_capacity"
+        assert [m["id"] for m in (await client.get("/v1/models")).json()["data"]].count("steady") == 1
+
+
 async def test_the_routes_file_applies_whole_or_not_at_all(setup: Setup) -> None:
     async with httpx.AsyncClient(base_url=setup.door) as client:
         write_atomic(setup.routes_path, routes("r2", setup.sim, setup.rec, {"alias": "delta", "upstream": setup.rec}))
@@ -220,7 +241,8 @@ async def test_the_routes_file_applies_whole_or_not_at_all(setup: Setup) -> None
 
         assert await eventually(delta_served) < 2.0
         bad_files = [
-            (routes("r3", setup.sim, setup.rec, {"alias": "beta", "upstream": setup.rec}), "routes[5] (alias 'beta').alias: 'beta' is also routes[1].alias"),
+            (routes("r3", setup.sim, setup.rec, {"alias": "beta", "upstream": setup.rec + "/v1"}),
+             f"routes[5] (alias 'beta').upstream: {setup.rec} already serves this alias (routes[1]); list each leader once per alias"),
             (routes("r3", setup.sim, setup.rec, {"alias": "eps", "upstream": ""}), "routes[5] (alias 'eps').upstream: empty"),
             (routes("r3", setup.sim, setup.rec, {"alias": "eps", "upstream": "leader:8080"}), "routes[5] (alias 'eps').upstream: 'leader:8080' is not an http(s) URL"),
             (routes("r3", setup.sim, setup.rec, {"alias": "", "upstream": setup.rec}), "routes[5].alias"),
@@ -241,8 +263,8 @@ async def test_a_door_will_not_start_without_a_good_routes_file(tmp_path: Path) 
     with pytest.raises(DoorError, match="does not exist; write it first"):
         await DoorServer(tmp_path / "none.json", ("127.0.0.1", 0)).start()
     path = tmp_path / "routes.json"
-    write_atomic(path, {"revision": "1", "routes": [{"alias": "a", "upstream": "http://x:1"}, {"alias": "a", "upstream": "http://y:1"}]})
-    with pytest.raises(DoorError, match=r"routes\[1\] \(alias 'a'\).alias"):
+    write_atomic(path, {"revision": "1", "routes": [{"alias": "a", "upstream": "http://x:1"}, {"alias": "a", "upstream": "http://x:1/v1"}]})
+    with pytest.raises(DoorError, match=r"routes\[1\] \(alias 'a'\).upstream: http://x:1 already serves this alias"):
         await DoorServer(path, ("127.0.0.1", 0)).start()
 
 
@@ -252,10 +274,10 @@ def test_route_targets_join_paths_and_keep_names() -> None:
         {"alias": "a", "upstream": "https://leader.example:8443/v1/"},
         {"alias": "b", "upstream": "http://10.0.0.2:8080/base", "model": "qwen3-8b", "key": "sk-b"},
     ]}).encode()))
-    a, b = holder.lookup("a"), holder.lookup("b")
-    assert a is not None and (a.base, a.model, a.key, a.rewrites_model) == ("https://leader.example:8443", "a", "", False)
-    assert b is not None and (b.base, b.model, b.key, b.rewrites_model) == ("http://10.0.0.2:8080/base", "qwen3-8b", "sk-b", True)
-    assert holder.lookup("c") is None
+    [a], [b] = holder.lookup("a"), holder.lookup("b")
+    assert (a.base, a.model, a.key, a.rewrites_model) == ("https://leader.example:8443", "a", "", False)
+    assert (b.base, b.model, b.key, b.rewrites_model) == ("http://10.0.0.2:8080/base", "qwen3-8b", "sk-b", True)
+    assert holder.lookup("c") == ()
 
 
 def test_cli_run_serves_until_ctrl_c(tmp_path: Path) -> None:

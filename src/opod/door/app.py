@@ -4,9 +4,10 @@
 - ``POST /v1/...``: the body's ``model`` picks the route. When the route names
   an upstream model, that field is rewritten (and only then is the body
   re-encoded); when it names a key, the door presents it instead of the client's.
-- An unknown model is 404 ``model_not_found``; a leader that cannot be reached
-  (or that drops the connection before answering) is 503 with ``Retry-After``,
-  never 502. Whatever the leader answers, status included, is passed on.
+- An unknown model is 404 ``model_not_found``. A leader that cannot be reached
+  (or that drops the connection before answering), or that answers 503, hands
+  the request to the alias's next leader; when none is left the answer is 503
+  with ``Retry-After``, never 502. Any other answer, status included, is passed on.
 - Every answer carries ``X-Request-Id`` (the client's, or a new one), which is
   also sent to the leader.
 """
@@ -116,7 +117,7 @@ class Door:
     async def get_model(self, request: Request) -> Response:
         request_id = request_id_for(request)
         alias = request.path_params["alias"]
-        if self.routes.lookup(alias) is None:
+        if not self.routes.lookup(alias):
             return error_response(ModelNotFound(alias, self._aliases()), request_id)
         return JSONResponse({"id": alias, "object": "model", "created": int(time.time()), "owned_by": "opod"},
                             headers={"X-Request-Id": request_id})
@@ -144,15 +145,27 @@ class Door:
         model = payload.get("model")
         if not isinstance(model, str) or not model:
             raise BadRequest("model must name a model (GET /v1/models lists those behind this door).", param="model")
-        target = self.routes.lookup(model)
-        if target is None:
+        targets = self.routes.lookup(model)
+        if not targets:
             raise ModelNotFound(model, self._aliases())
-        if target.rewrites_model:
-            payload["model"] = target.model
-            body = json.dumps(payload).encode()
-        return await self._forward(request, target, body, request_id)
+        refusal: NoCapacity | None = None
+        for i, target in enumerate(targets):
+            sent = json.dumps({**payload, "model": target.model}).encode() if target.rewrites_model else body
+            try:
+                resp = await self._send(request, target, sent, request_id)
+            except NoCapacity as err:
+                refusal = err
+                continue
+            if resp.status == 503 and i + 1 < len(targets):
+                resp.release()  # this leader has nothing to serve with now; the next one may
+                continue
+            out = {k: v for k, v in resp.headers.items() if k.lower() not in _NOT_DOWNSTREAM}
+            out["X-Request-Id"] = request_id
+            return StreamingResponse(self._relay(resp, target), status_code=resp.status, headers=out)
+        assert refusal is not None
+        raise refusal
 
-    async def _forward(self, request: Request, target: Target, body: bytes, request_id: str) -> Response:
+    async def _send(self, request: Request, target: Target, body: bytes, request_id: str) -> aiohttp.ClientResponse:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _NOT_UPSTREAM}
         if target.key:
             headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
@@ -160,15 +173,12 @@ class Door:
         headers["X-Request-Id"] = request_id
         url = target.base + request.url.path + (f"?{request.url.query}" if request.url.query else "")
         try:
-            resp = await self.session.request("POST", url, data=body, headers=headers, allow_redirects=False)
+            return await self.session.request("POST", url, data=body, headers=headers, allow_redirects=False)
         except (aiohttp.ClientError, TimeoutError, OSError) as err:
             raise NoCapacity(
                 f"The leader serving {target.alias!r} ({target.base}) cannot be reached: {err or type(err).__name__}. Retry shortly.",
                 retry_after=RETRY_AFTER_S,
             ) from None
-        out = {k: v for k, v in resp.headers.items() if k.lower() not in _NOT_DOWNSTREAM}
-        out["X-Request-Id"] = request_id
-        return StreamingResponse(self._relay(resp, target), status_code=resp.status, headers=out)
 
     async def _relay(self, resp: aiohttp.ClientResponse, target: Target) -> AsyncIterator[bytes]:
         try:

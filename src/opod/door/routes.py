@@ -1,8 +1,10 @@
 """The door's routes file (``DoorRoutes``): model name → leader, applied whole or not at all.
 
-A file with a duplicate alias, an empty upstream or a bad URL is refused as a
-whole, with a message naming the entry, and the door keeps routing by the last
-good table.
+An alias listed more than once goes to its leaders in file order: the first
+serves, the next takes over when one cannot be reached or answers 503. A file
+that names the same leader twice for an alias, an empty upstream or a bad URL
+is refused as a whole, with a message naming the entry, and the door keeps
+routing by the last good table.
 """
 
 from __future__ import annotations
@@ -38,28 +40,32 @@ class Target:
 @dataclass(frozen=True, slots=True)
 class RouteTable:
     revision: str
-    targets: Mapping[str, Target]
+    targets: Mapping[str, tuple[Target, ...]]
+    """Alias → its leaders, in the order they are tried."""
 
     def aliases(self) -> list[str]:
         return sorted(self.targets)
 
 
 def build_table(routes: DoorRoutes) -> RouteTable:
-    targets: dict[str, Target] = {}
-    where: dict[str, int] = {}
+    targets: dict[str, tuple[Target, ...]] = {}
+    where: dict[tuple[str, str], int] = {}
     for i, route in enumerate(routes.routes or []):
-        targets[route.alias] = _target(route, i, where)
-        where[route.alias] = i
+        target = _target(route, i)
+        earlier = where.get((target.alias, target.base))
+        if earlier is not None:
+            raise SnapshotError(f"routes[{i}] (alias {target.alias!r}).upstream: {target.base} already serves this alias "
+                                f"(routes[{earlier}]); list each leader once per alias")
+        where[(target.alias, target.base)] = i
+        targets[target.alias] = (*targets.get(target.alias, ()), target)
     return RouteTable(routes.revision, MappingProxyType(targets))
 
 
-def _target(route: DoorRoute, i: int, seen: dict[str, int]) -> Target:
+def _target(route: DoorRoute, i: int) -> Target:
     entry = f"routes[{i}]" + (f" (alias {route.alias!r})" if route.alias else "")
     alias = route.alias
     if not alias.strip() or alias != alias.strip():
         raise SnapshotError(f"{entry}.alias: {alias!r} must be a model name without surrounding spaces")
-    if alias in seen:
-        raise SnapshotError(f"{entry}.alias: {alias!r} is also routes[{seen[alias]}].alias; each alias goes to one leader")
     if not route.upstream.strip():
         raise SnapshotError(f"{entry}.upstream: empty; give the leader's base URL (e.g. http://leader-a:8080)")
     http_url(route.upstream, f"{entry}.upstream")
@@ -92,9 +98,10 @@ class DoorRoutesFile:
         """The table in force; None before any good file."""
         return self._table
 
-    def lookup(self, alias: str) -> Target | None:
+    def lookup(self, alias: str) -> tuple[Target, ...]:
+        """The alias's leaders in the order to try them; empty for an unknown alias."""
         table = self._table
-        return table.targets.get(alias) if table is not None else None
+        return table.targets.get(alias, ()) if table is not None else ()
 
     def parse(self, data: bytes) -> RouteTable:
         return build_table(decode(DoorRoutes, data, "routes file"))
