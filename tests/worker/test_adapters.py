@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from pathlib import Path
 
 import aiohttp
 import httpx
 import pytest
 
+from opod.catalog import load_catalog
 from opod.contract import nodeapi
 from opod.engines.registry import get_driver
 from opod.sim import SimConfig, running
 from opod.worker.adapters import Adapters, lora_flags
-from opod.worker.refusals import AdapterRefused
+from opod.worker.engines import EngineManager
+from opod.worker.refusals import AdapterRefused, LoadRefused
 from opod.worker.run import wanted_adapters
+from opod.worker.supervisor import Supervisor
 
 CONFIG = SimConfig(port=0, models=("base",), time_scale=0.0, enable_lora=True)
 
@@ -136,3 +140,32 @@ def test_opod_adapters_is_read_as_the_contracts_adapter_list(monkeypatch: pytest
     assert wanted_adapters() == []
     monkeypatch.setenv("OPOD_ADAPTERS", '[{"name": "support", "source": "/a/support", "rank": 64}, {"name": "legal", "source": "org/legal"}]')
     assert wanted_adapters() == [nodeapi.Adapter(name="support", source="/a/support", rank=64), nodeapi.Adapter(name="legal", source="org/legal")]
+
+
+async def test_the_engine_manager_serves_adapters_with_their_base_and_unloads_them_with_it(tmp_path: Path) -> None:
+    manager = EngineManager(engine_id="sim", home=tmp_path, catalog=load_catalog(), supervisor=Supervisor(),
+                            flags={"time_scale": 0}, adapters=[nodeapi.Adapter(name="support", source="/a/support", rank=8)])
+    try:
+        assert manager.flags["max_lora_rank"] == 16
+        await manager.load(nodeapi.LoadModelRequest(id="sim-model"))
+        engine = manager.engines["sim-model"]
+        for _ in range(300):
+            if engine.state in ("serving", "failed"):
+                break
+            await asyncio.sleep(0.05)
+        assert engine.state == "serving", engine.detail
+        await manager.reconcile_adapters()  # what the agent does before each heartbeat
+        assert manager.loaded_models() == ["sim-model", "sim-model:support"]
+        assert manager.serving("sim-model:support") is engine
+        assert manager.engine_urls() == {"sim-model": engine.base_url, "sim-model:support": engine.base_url}
+
+        await manager.adapters.attach(nodeapi.LoadAdapterRequest(base="sim-model", name="legal", source="/a/legal"))
+        with pytest.raises(LoadRefused, match=r"adapters are attached to 'sim-model' on this worker \(sim-model:legal\)") as caught:
+            await manager.unload(nodeapi.UnloadModelRequest(id="sim-model"))
+        assert caught.value.status == 409
+        assert (await manager.unload(nodeapi.UnloadModelRequest(id="sim-model:legal"))).status == "unloaded"
+        # OPOD_ADAPTERS' adapter does not hold its base: it goes with it, and comes back with it.
+        assert (await manager.unload(nodeapi.UnloadModelRequest(id="sim-model"))).status == "unloaded"
+        assert manager.loaded_models() == [] and manager.adapters.held() == []
+    finally:
+        await manager.stop_all()

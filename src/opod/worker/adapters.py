@@ -88,6 +88,11 @@ class Adapters:
     def on(self, base: str) -> list[str]:
         return sorted(a.id for a in self.attached.values() if a.base == base)
 
+    def attached_by_a_manager(self, base: str) -> list[str]:
+        """The adapters on ``base`` that were attached at run time, not from OPOD_ADAPTERS (those come back with the base)."""
+        wanted = {w.name for w in self.wanted}
+        return sorted(a.id for a in self.attached.values() if a.base == base and a.name not in wanted)
+
     def held(self) -> list[nodeapi.HeldAdapter]:
         return [nodeapi.HeldAdapter(id=a.id, name=a.name, source=a.source) for a in sorted(self.attached.values(), key=lambda a: a.id)]
 

@@ -283,9 +283,10 @@ class EngineManager:
             await self.adapters.detach(nodeapi.UnloadAdapterRequest(base=base, name=name))
             self.on_change()
             return nodeapi.UnloadModelResponse(status=nodeapi.Status.UNLOADED, model=req.id)
-        riding = self.adapters.on(req.id)
+        riding = self.adapters.attached_by_a_manager(req.id)
         if riding and req.id in self.engines:
             raise LoadRefused(409, f"adapters are attached to {req.id!r} on this worker ({', '.join(riding)}); unload them first")
+        self.adapters.forget(req.id)  # OPOD_ADAPTERS' adapters go with their base and come back when it is loaded again
         engine = self.engines.pop(req.id, None)
         if engine is None:
             return nodeapi.UnloadModelResponse(status=nodeapi.Status.NOOP, model=req.id, reason="not resident in this worker's engine")
