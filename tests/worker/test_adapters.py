@@ -169,3 +169,17 @@ async def test_the_engine_manager_serves_adapters_with_their_base_and_unloads_th
         assert manager.loaded_models() == [] and manager.adapters.held() == []
     finally:
         await manager.stop_all()
+
+
+def test_a_local_adapters_own_rank_is_read_when_the_request_states_none(tmp_path: Path) -> None:
+    adapter = tmp_path / "wide"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text('{"peft_type": "LORA", "r": 64, "lora_alpha": 16}')
+    with running(CONFIG) as sim:
+        async def body(table: Adapters) -> None:
+            with pytest.raises(AdapterRefused, match="adapter 'wide' has rank 64, but the engine serving 'base' was started for rank 16"):
+                await table.attach(nodeapi.LoadAdapterRequest(base="base", name="wide", source=str(adapter)))
+            (adapter / "adapter_config.json").write_text('{"r": 8}')
+            assert (await table.attach(nodeapi.LoadAdapterRequest(base="base", name="wide", source=str(adapter)))).status == "ready"
+
+        asyncio.run(_with_table(Engine(sim.url), body=body))

@@ -11,8 +11,10 @@ model this worker brings up.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from dataclasses import dataclass
 
 import aiohttp
@@ -39,6 +41,16 @@ class Attached:
     @property
     def id(self) -> str:
         return f"{self.base}:{self.name}"
+
+
+def local_rank(source: str) -> int:
+    """The rank ``r`` in a local adapter directory's ``adapter_config.json`` (PEFT's layout); 0 when there is none to read."""
+    try:
+        config = json.loads((Path(source) / "adapter_config.json").read_text())
+    except (OSError, ValueError):
+        return 0
+    rank = config.get("r") if isinstance(config, dict) else None
+    return rank if isinstance(rank, int) and not isinstance(rank, bool) and rank > 0 else 0
 
 
 def lora_flags(driver: EngineDriver, flags: dict, wanted: list[nodeapi.Adapter]) -> dict:
@@ -110,8 +122,9 @@ class Adapters:
             raise AdapterRefused(501, f"the {self.driver.id} engine serving {req.base!r} cannot attach LoRA adapters at run time: "
                                  "start it with LoRA on (the plan flag max_lora_rank, or OPOD_ADAPTERS)" if self.driver.lora_ranks else
                                  f"the {self.driver.id} engine cannot attach LoRA adapters at run time")
-        if req.rank > rank:
-            raise AdapterRefused(409, f"adapter {req.name!r} has rank {req.rank}, but the engine serving {req.base!r} was started "
+        adapter_rank = req.rank or local_rank(req.source)
+        if adapter_rank > rank:
+            raise AdapterRefused(409, f"adapter {req.name!r} has rank {adapter_rank}, but the engine serving {req.base!r} was started "
                                  f"for rank {rank} at most; raise the plan flag max_lora_rank and reload {req.base!r}")
         adapter_id = f"{req.base}:{req.name}"
         current = self.attached.get(adapter_id)
