@@ -19,6 +19,7 @@ from opod.worker.engines import EngineManager
 from opod.worker.refusals import AdapterRefused, LoadRefused
 from opod.worker.run import wanted_adapters
 from opod.worker.supervisor import Supervisor
+from tests.support.engine_manager import load_and_serve
 
 CONFIG = SimConfig(port=0, models=("base",), time_scale=0.0, enable_lora=True)
 
@@ -147,13 +148,7 @@ async def test_the_engine_manager_serves_adapters_with_their_base_and_unloads_th
                             flags={"time_scale": 0}, adapters=[nodeapi.Adapter(name="support", source="/a/support", rank=8)])
     try:
         assert manager.flags["max_lora_rank"] == 16
-        await manager.load(nodeapi.LoadModelRequest(id="sim-model"))
-        engine = manager.engines["sim-model"]
-        for _ in range(300):
-            if engine.state in ("serving", "failed"):
-                break
-            await asyncio.sleep(0.05)
-        assert engine.state == "serving", engine.detail
+        engine = await load_and_serve(manager, "sim-model")
         await manager.reconcile_adapters()  # what the agent does before each heartbeat
         assert manager.loaded_models() == ["sim-model", "sim-model:support"]
         assert manager.serving("sim-model:support") is engine

@@ -43,6 +43,7 @@ from opod.worker.kvlistener import (
     split_message,
 )
 from opod.worker.supervisor import Supervisor
+from tests.support.engine_manager import load_and_serve
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDED = REPO.parent / "shared" / "notes" / "engine-wire"
@@ -636,13 +637,7 @@ async def test_a_worker_reports_its_sim_engines_blocks_in_heartbeats(tmp_path: P
     try:
         body = (await agent.heartbeat_body()).to_wire()
         assert "kv_blocks" not in body  # nothing loaded: no engine reports yet
-        await manager.load(nodeapi.LoadModelRequest(id="sim-model"))
-        engine = manager.engines["sim-model"]
-        for _ in range(300):
-            if engine.state in ("serving", "failed"):
-                break
-            await asyncio.sleep(0.05)
-        assert engine.state == "serving", engine.detail
+        engine = await load_and_serve(manager, "sim-model")
         assert engine.spec is not None and engine.spec.kv_events_endpoint.startswith("tcp://127.0.0.1:")
         assert engine.kv is not None
         await asyncio.sleep(0.5)
