@@ -147,7 +147,7 @@ class Relay:
             handed_over = True
             ttft_ms = int((time.perf_counter() - started) * 1000)
             return StreamingResponse(
-                self._stream(node, resp, first, strip_usage, done, ttft_ms),
+                relay_sse(resp, first, strip_usage, done, ttft_ms, node.id, node.id, on_close=lambda: _leave(node)),
                 media_type="text/event-stream",
                 headers={**out_headers, "Cache-Control": "no-cache"},
             )
@@ -186,73 +186,53 @@ class Relay:
             return Response(data, status_code=resp.status, headers=out_headers, media_type=resp.content_type or "application/json")
         first = await resp.content.readany()
         ttft_ms = int((time.perf_counter() - started) * 1000)
-        return StreamingResponse(_external_stream(resp, first, strip_usage, done, ttft_ms, target.url),
+        return StreamingResponse(relay_sse(resp, first, strip_usage, done, ttft_ms, target.url),
                                  media_type="text/event-stream", headers={**out_headers, "Cache-Control": "no-cache"})
 
-    async def _stream(
-        self, node: NodeState, resp: aiohttp.ClientResponse, first: bytes, strip_usage: bool, done: Done, ttft_ms: int
-    ) -> AsyncIterator[bytes]:
-        scanner = SSEFilter(strip_usage)
-        sent = 0
-        reported = False
+async def relay_sse(resp: aiohttp.ClientResponse, first: bytes, strip_usage: bool, done: Done, ttft_ms: int, source: str,
+                    node_id: str = "", on_close: Callable[[], None] | None = None) -> AsyncIterator[bytes]:
+    """An upstream's SSE answer, passed on as it comes; its outcome is recorded once.
 
-        def report(outcome: str, status: int = 200) -> None:
-            nonlocal reported
-            if not reported:
-                reported = True
-                done(Outcome(status, outcome, node.id, scanner.usage, ttft_ms, sent))
-
-        try:
-            chunk: bytes | None = first
-            while chunk is not None:
-                out = scanner.feed(chunk)
-                if out:
-                    sent += out.count(b'"content":"') - out.count(b'"content":""')
-                    if b"data: [DONE]" in out:
-                        report("ok")  # recorded before the client sees the end of its answer
-                    yield out
-                chunk = await resp.content.readany() or None
-            tail = scanner.flush()
-            if tail:
-                yield tail
-            report("ok")
-        except (aiohttp.ClientError, TimeoutError, OSError) as err:
-            report("error", 502)
-            yield interrupted_event(node.id, err)
-        finally:
-            # A client that left raises GeneratorExit/CancelledError here: the tokens it got are what it used.
-            report("cancelled", 499)
-            node.in_flight -= 1
-            resp.close()
-
-
-async def _external_stream(resp: aiohttp.ClientResponse, first: bytes, strip_usage: bool, done: Done, ttft_ms: int,
-                           target: str) -> AsyncIterator[bytes]:
+    ``ok`` at ``[DONE]`` (before the client sees the end of its answer) or at the end of the stream;
+    ``error`` when the upstream breaks off (the client gets an error event naming ``source``);
+    ``cancelled`` when the client leaves, with the tokens it got.
+    """
     scanner = SSEFilter(strip_usage)
     sent, reported = 0, False
+
+    def report(outcome: str, status: int = 200) -> None:
+        nonlocal reported
+        if not reported:
+            reported = True
+            done(Outcome(status, outcome, node_id, scanner.usage, ttft_ms, sent))
+
     try:
         chunk: bytes | None = first
         while chunk is not None:
             out = scanner.feed(chunk)
             if out:
                 sent += out.count(b'"content":"') - out.count(b'"content":""')
-                if b"data: [DONE]" in out and not reported:
-                    reported = True
-                    done(Outcome(200, "ok", "", scanner.usage, ttft_ms, sent))
+                if b"data: [DONE]" in out:
+                    report("ok")
                 yield out
             chunk = await resp.content.readany() or None
         tail = scanner.flush()
         if tail:
             yield tail
+        report("ok")
     except (aiohttp.ClientError, TimeoutError, OSError) as err:
-        if not reported:
-            reported = True
-            done(Outcome(502, "error", "", scanner.usage, ttft_ms, sent))
-        yield interrupted_event(target, err)
+        report("error", 502)
+        yield interrupted_event(source, err)
     finally:
-        if not reported:
-            done(Outcome(200 if sent else 499, "ok" if scanner.usage else "cancelled", "", scanner.usage, ttft_ms, sent))
+        # A client that left raises GeneratorExit/CancelledError here: the tokens it got are what it used.
+        report("cancelled", 499)
+        if on_close is not None:
+            on_close()
         resp.close()
+
+
+def _leave(node: NodeState) -> None:
+    node.in_flight -= 1
 
 
 def _usage_of(data: bytes) -> dict | None:
