@@ -238,13 +238,7 @@ def plots(run: RunResult, out: Path) -> list[Path]:
     ax.set_xlabel("concurrent clients")
     ax.set_ylabel("requests/s")
     ax.set_title(f"1 short chat: saturation ({run.cores} cores shared)")
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    written.append(out / "routing-saturation.png")
-    fig.savefig(written[-1], dpi=120)
-    plt.close(fig)
+    written.append(_save(fig, ax, out / "routing-saturation.png", legend_size=7))
 
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     lowest = 0.0
@@ -265,13 +259,7 @@ def plots(run: RunResult, out: Path) -> list[Path]:
     ax.set_xlabel("offered load (req/s, Poisson)")
     ax.set_ylabel("latency added over direct (ms)")
     ax.set_title("1 short chat: added latency by offered load (goals: p50 ≤ 1 ms, p99 ≤ 5 ms)")
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=6)
-    fig.tight_layout()
-    written.append(out / "routing-added-latency.png")
-    fig.savefig(written[-1], dpi=120)
-    plt.close(fig)
+    written.append(_save(fig, ax, out / "routing-added-latency.png", legend_size=6))
 
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     for p in ran:
@@ -282,14 +270,21 @@ def plots(run: RunResult, out: Path) -> list[Path]:
     ax.set_xlabel("time to first token (s)")
     ax.set_ylabel("fraction of answered requests")
     ax.set_title(f"3 shared prefix: TTFT CDF ({run.prefix_requests} requests)")
+    written.append(_save(fig, ax, out / "routing-ttft-cdf.png", legend_size=7))
+    return written
+
+
+def _save(fig, ax, path: Path, legend_size: int) -> Path:  # type: ignore[no-untyped-def]
+    """Grid, legend (when anything was drawn), then the PNG; the figure is closed."""
+    import matplotlib.pyplot as plt
+
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=legend_size)
     fig.tight_layout()
-    written.append(out / "routing-ttft-cdf.png")
-    fig.savefig(written[-1], dpi=120)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
-    return written
+    return path
 
 
 def write(run: RunResult, out: Path) -> Path:
