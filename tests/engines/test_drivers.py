@@ -13,7 +13,7 @@ from opod.contract import nodeapi
 from opod.engines.base import LaunchSpec
 from opod.engines.errors import EngineCallError, LaunchError
 from opod.engines.registry import get_driver
-from tests.engines.conftest import fake_engine
+from tests.engines.conftest import fake_engine, status
 
 
 def spec(**kw: object) -> LaunchSpec:
@@ -186,3 +186,18 @@ async def test_engines_that_hold_one_model_refuse_load_and_unload(session: aioht
             await driver.load(session, "http://127.0.0.1:1", "x")
         with pytest.raises(NotImplementedError, match="stop the engine process"):
             await driver.unload(session, "http://127.0.0.1:1", "x")
+
+
+async def test_vllm_lora_calls_pass_the_engines_refusal_and_explain_a_missing_route(session: aiohttp.ClientSession) -> None:
+    driver = get_driver("vllm")
+    routes = {("POST", "/v1/load_lora_adapter"): status(400, '{"error":{"message":"The lora adapter \'m1:a\' has already been loaded."}}'),
+              ("POST", "/v1/unload_lora_adapter"): status(200, "Success: LoRA adapter 'm1:a' removed successfully.")}
+    async with fake_engine(routes) as url:
+        with pytest.raises(EngineCallError, match="already been loaded") as caught:
+            await driver.attach_adapter(session, url, "m1:a", "/a")
+        assert caught.value.status == 400
+        await driver.detach_adapter(session, url, "m1:a")  # a plain-text success is a success
+    async with fake_engine({}) as url:  # started without runtime LoRA: the routes are not there
+        with pytest.raises(EngineCallError, match="started without runtime LoRA .give the worker the plan flag max_lora_rank") as caught:
+            await driver.attach_adapter(session, url, "m1:a", "/a")
+        assert caught.value.status == 0

@@ -12,6 +12,29 @@ from opod.engines.errors import EngineCallError
 _TIMEOUT = aiohttp.ClientTimeout(total=10)
 
 
+async def call_text(
+    session: aiohttp.ClientSession,
+    method: str,
+    url: str,
+    *,
+    engine: str,
+    what: str,
+    body: Any = None,
+    params: dict[str, str] | None = None,
+    timeout: aiohttp.ClientTimeout = _TIMEOUT,
+) -> str:
+    """The answer's text; :class:`EngineCallError` (with the engine's status) when it is an error or none came."""
+    try:
+        async with session.request(method, url, json=body, params=params, timeout=timeout) as resp:
+            text = await resp.text()
+            if resp.status >= 400:
+                raise EngineCallError(engine, what, f"HTTP {resp.status} from {url}: {text[:300]}",
+                                     status=resp.status, answer=text)
+    except (aiohttp.ClientError, TimeoutError, OSError) as err:
+        raise EngineCallError(engine, what, f"no answer from {url} ({type(err).__name__}: {err})") from err
+    return text
+
+
 async def call_json(
     session: aiohttp.ClientSession,
     method: str,
@@ -24,13 +47,7 @@ async def call_json(
     timeout: aiohttp.ClientTimeout = _TIMEOUT,
 ) -> Any:
     """The decoded JSON answer (``None`` for an empty body); :class:`EngineCallError` otherwise."""
-    try:
-        async with session.request(method, url, json=body, params=params, timeout=timeout) as resp:
-            text = await resp.text()
-            if resp.status >= 400:
-                raise EngineCallError(engine, what, f"HTTP {resp.status} from {url}: {text[:300]}")
-    except (aiohttp.ClientError, TimeoutError, OSError) as err:
-        raise EngineCallError(engine, what, f"no answer from {url} ({type(err).__name__}: {err})") from err
+    text = await call_text(session, method, url, engine=engine, what=what, body=body, params=params, timeout=timeout)
     if not text.strip():
         return None
     try:

@@ -38,10 +38,12 @@ class MetricsParseError(ValueError):
 class EngineCallError(RuntimeError):
     """An engine endpoint answered with an error, or did not answer."""
 
-    def __init__(self, engine: str, what: str, detail: str, status: int = 0) -> None:
+    def __init__(self, engine: str, what: str, detail: str, status: int = 0, answer: str = "") -> None:
         self.engine = engine
         self.what = what
         self.detail = detail
         self.status = status
         """The engine's HTTP status when it answered with an error; 0 when it did not answer."""
+        self.answer = answer
+        """The engine's error body, as it sent it."""
         super().__init__(f"{engine}: {what} failed: {detail}")

@@ -28,7 +28,7 @@ from opod.contract import nodeapi
 from opod.engines import flags as fl
 from opod.engines import promtext
 from opod.engines.base import EngineDriver, LaunchSpec, LoadSample, MetricsState
-from opod.engines.enginehttp import call_json
+from opod.engines.enginehttp import call_json, call_text
 from opod.engines.errors import EngineCallError, LaunchError
 
 P = "vllm:"
@@ -159,18 +159,15 @@ class VllmDriver(EngineDriver):
         await self._lora_call(session, base_url, "unload_lora_adapter", {"lora_name": adapter_id}, "detach the adapter")
 
     async def _lora_call(self, session: aiohttp.ClientSession, base_url: str, path: str, body: dict, what: str) -> None:
-        url = f"{base_url}/v1/{path}"
+        """vLLM answers these in plain text; a 404 that is not about an adapter means the route is not there."""
         try:
-            async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=300)) as resp:
-                text = (await resp.text()).strip()
-                status = resp.status
-        except (aiohttp.ClientError, TimeoutError, OSError) as err:
-            raise EngineCallError(self.id, what, f"no answer from {url} ({type(err).__name__}: {err})") from err
-        if status == 404 and "lora" not in text.lower():
-            raise EngineCallError(self.id, what, f"{url} does not exist: the engine was started without runtime LoRA "
-                                  "(give the worker the plan flag max_lora_rank, or OPOD_ADAPTERS)")
-        if status >= 400:
-            raise EngineCallError(self.id, what, f"HTTP {status} from {url}: {text[:300]}", status=status)
+            await call_text(session, "POST", f"{base_url}/v1/{path}", engine=self.id, what=what, body=body,
+                            timeout=aiohttp.ClientTimeout(total=300))
+        except EngineCallError as err:
+            if err.status == 404 and "lora" not in err.answer.lower():
+                raise EngineCallError(self.id, what, f"{base_url}/v1/{path} does not exist: the engine was started without "
+                                      "runtime LoRA (give the worker the plan flag max_lora_rank, or OPOD_ADAPTERS)") from err
+            raise
 
     def parse_metrics(self, text: str, previous: MetricsState | None, now: float | None = None) -> tuple[LoadSample, MetricsState]:
         return parse_vllm_metrics(self.id, text, previous, time.time() if now is None else now)
