@@ -33,6 +33,19 @@ async def post(session: aiohttp.ClientSession, url: str, path: str, body: str, h
         return resp.status, json.loads(await resp.text())
 
 
+async def joins(tls_leader: TLSLeader, agent, caplog: pytest.LogCaptureFixture) -> str:  # type: ignore[no-untyped-def]
+    """Register and heartbeat once; what the leader logged after "node N registered from ": address, engine, credentials."""
+    with caplog.at_level(logging.INFO, logger="opod.leader"):
+        try:
+            await agent.register()
+            assert await agent.beat()
+        finally:
+            await agent.close()
+    assert tls_leader.leader.fleet.get(agent.node_id) is not None
+    [line] = [m for m in caplog.messages if m.startswith(f"node {agent.node_id} registered from ")]
+    return line.split(" registered from ", 1)[1]
+
+
 async def test_v1_over_https_needs_no_client_certificate(tls_leader: TLSLeader) -> None:
     await tls_leader.set_auth("allow")
     key = tls_leader.leader.new_admin_key
@@ -43,16 +56,8 @@ async def test_v1_over_https_needs_no_client_certificate(tls_leader: TLSLeader) 
 
 async def test_allow_a_certificate_worker_registers_and_heartbeats(tls_leader: TLSLeader, caplog: pytest.LogCaptureFixture) -> None:
     await tls_leader.set_auth("allow")
-    agent = tls_leader.agent("n_alpha", tls_leader.certs.workers["n_alpha"])
-    with caplog.at_level(logging.INFO, logger="opod.leader"):
-        try:
-            await agent.register()
-            assert await agent.beat()
-        finally:
-            await agent.close()
-    assert tls_leader.leader.fleet.get("n_alpha") is not None
     # opod's worker signs as well: the certificate names the node, the token is what the leader signs back with.
-    assert "node n_alpha registered from 127.0.0.1:9 (engine sim, by certificate+token)" in caplog.messages
+    assert await joins(tls_leader, tls_leader.agent("n_alpha", tls_leader.certs.workers["n_alpha"]), caplog) == "127.0.0.1:9 (engine sim, by certificate+token)"
 
 
 async def test_allow_a_certificate_alone_authenticates(tls_leader: TLSLeader) -> None:
@@ -95,14 +100,7 @@ async def test_allow_a_revoked_serial_is_refused(tls_leader: TLSLeader) -> None:
 
 async def test_allow_a_token_only_worker_still_joins(tls_leader: TLSLeader, caplog: pytest.LogCaptureFixture) -> None:
     await tls_leader.set_auth("allow")
-    agent = tls_leader.agent("n_plain")
-    with caplog.at_level(logging.INFO, logger="opod.leader"):
-        try:
-            await agent.register()
-            assert await agent.beat()
-        finally:
-            await agent.close()
-    assert "node n_plain registered from 127.0.0.1:9 (engine sim, by token)" in caplog.messages
+    assert await joins(tls_leader, tls_leader.agent("n_plain"), caplog) == "127.0.0.1:9 (engine sim, by token)"
 
 
 async def test_require_refuses_a_token_only_worker_and_takes_a_certificate_worker(tls_leader: TLSLeader) -> None:
@@ -123,15 +121,7 @@ async def test_require_refuses_a_token_only_worker_and_takes_a_certificate_worke
 async def test_require_still_takes_opod_ups_own_worker_on_loopback(tls_leader: TLSLeader, caplog: pytest.LogCaptureFixture) -> None:
     # The worker opod up runs beside its leader has no certificate; it signs with the local token only the leader holds.
     await tls_leader.set_auth("require")
-    own = tls_leader.agent("n_own", token=tls_leader.local_token)
-    with caplog.at_level(logging.INFO, logger="opod.leader"):
-        try:
-            await own.register()
-            assert await own.beat()
-        finally:
-            await own.close()
-    assert tls_leader.leader.fleet.get("n_own") is not None
-    assert "node n_own registered from 127.0.0.1:9 (engine sim, by token)" in caplog.messages
+    assert await joins(tls_leader, tls_leader.agent("n_own", token=tls_leader.local_token), caplog) == "127.0.0.1:9 (engine sim, by token)"
 
 
 async def test_require_a_certificate_without_a_node_is_refused(tls_leader: TLSLeader) -> None:
