@@ -20,7 +20,8 @@ from opod.sim.state import SimState
 __all__ = ["lora_routes"]
 
 
-def _name(body: dict, *keys: str) -> dict[str, str]:
+def _strings(body: dict, *keys: str) -> dict[str, str]:
+    """The named fields, each a non-empty string; a 400 naming the first that is not."""
     out = {}
     for key in keys:
         value = body.get(key)
@@ -33,7 +34,7 @@ def _name(body: dict, *keys: str) -> dict[str, str]:
 def lora_routes(state: SimState) -> list[Route]:
     async def load(request: Request) -> Response:
         try:
-            fields = _name(await read_json(request), "lora_name", "lora_path")
+            fields = _strings(await read_json(request), "lora_name", "lora_path")
             name = fields["lora_name"]
             if name in state.adapters or name in state.cfg.models:
                 raise SimHTTPError(400, f"The lora adapter '{name}' has already been loaded.", kind="InvalidUserInput")
@@ -44,7 +45,7 @@ def lora_routes(state: SimState) -> list[Route]:
 
     async def unload(request: Request) -> Response:
         try:
-            name = _name(await read_json(request), "lora_name")["lora_name"]
+            name = _strings(await read_json(request), "lora_name")["lora_name"]
             if name not in state.adapters:
                 raise SimHTTPError(404, f"The lora adapter '{name}' cannot be found.", kind="NotFoundError")
         except SimHTTPError as err:

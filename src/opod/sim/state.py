@@ -48,6 +48,8 @@ class SimState:
         self.adapters: dict[str, str] = {}
         """LoRA adapters attached at run time: name → the path they were loaded from."""
         self.engine.adapters = self.adapters
+        self._served, self._listed = self.served, self.listed
+        """The configured names, before any adapter."""
         self.created = int(time.time())
         self.ready_at = time.monotonic() + cfg.load_ms / 1000.0
         self.loaded_before_listen = False
@@ -63,7 +65,7 @@ class SimState:
         self._list()
 
     def _list(self) -> None:
-        self.served = self.listed = (*self.cfg.models, *self.adapters)
+        self.served, self.listed = (*self._served, *self.adapters), (*self._listed, *self.adapters)
 
     def loading(self) -> bool:
         """In the start-up load phase (Ollama has none: its models load on first use)."""

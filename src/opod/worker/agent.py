@@ -172,7 +172,7 @@ class Agent:
                 boot_id=self.boot_id,
                 engine=nodeapi.EngineState(state="stopped", since=_now(), detail="worker stopped"),
             )
-        await self.manager.reconcile_adapters()
+        self.manager.reconcile_adapters()
         sample, slots = await self.manager.sample()
         return nodeapi.Heartbeat(
             id=self.node_id,

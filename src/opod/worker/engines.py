@@ -99,6 +99,7 @@ class EngineManager:
         self.threads = threads
         self.flags = lora_flags(self.driver, flags or {}, adapters or [])
         self.adapters = Adapters(self.driver, lambda: self.session, self._engine_of, adapters)
+        self._reconciling: asyncio.Task | None = None
         self.sleep_mode = sleep_mode
         self.on_change = on_change
         self.engines: dict[str, ModelEngine] = {}
@@ -299,6 +300,8 @@ class EngineManager:
         return nodeapi.UnloadModelResponse(status=nodeapi.Status.UNLOADED, model=req.id)
 
     async def stop_all(self) -> None:
+        if self._reconciling is not None:
+            self._reconciling.cancel()
         for engine in list(self.engines.values()):
             if engine.task is not None and not engine.task.done():
                 engine.task.cancel()
@@ -391,10 +394,21 @@ class EngineManager:
         started = process.started_at.timestamp() if process is not None and process.started_at is not None else 0.0
         return engine.base_url, started, self.driver.lora_rank(engine.spec)
 
-    async def reconcile_adapters(self) -> None:
-        """Before a heartbeat: adapters a restarted engine lost, and the wanted ones, attached (again)."""
-        if self.adapters.attached or self.adapters.wanted:
-            await self.adapters.reconcile([m for m in self.engines if self.serving(m) is not None])
+    def reconcile_adapters(self) -> asyncio.Task | None:
+        """Before a heartbeat: attach (again) what a restarted engine lost and the wanted adapters, in the background.
+
+        An engine may take minutes over an adapter; the heartbeat does not wait, and a change asks for an
+        early one. Returns the task doing it (one at a time), or None when there is nothing to do.
+        """
+        if not (self.adapters.attached or self.adapters.wanted):
+            return None
+        if self._reconciling is None or self._reconciling.done():
+            self._reconciling = asyncio.get_running_loop().create_task(self._reconcile(), name="adapters")
+        return self._reconciling
+
+    async def _reconcile(self) -> None:
+        if await self.adapters.reconcile([m for m in self.engines if self.serving(m) is not None]):
+            self.on_change()
 
     def engine_state(self) -> nodeapi.EngineState:
         """One word for the worker's engines.
