@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import struct
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -162,6 +164,20 @@ def decoded_stored(hashes: list[int], parent: int | None, tokens: list[int]) -> 
 
 def batch(events: list[dict[str, Any]]) -> bytes:
     return msgpack.packb([time.time(), events, 0], use_bin_type=True)
+
+
+@contextlib.asynccontextmanager
+async def fake_engine_pub(listener: KVEventListener) -> AsyncIterator[zmq.asyncio.Socket]:
+    """A PUB socket dialling the listener as an engine would; closed when the block ends."""
+    ctx = zmq.asyncio.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.connect(listener.engine_endpoint)
+    try:
+        yield pub
+    finally:
+        pub.close(0)
+        ctx.term()
 
 
 async def publish_until_heard(pub: zmq.asyncio.Socket, listener: KVEventListener, payload: bytes, topic: bytes = b"") -> None:

@@ -10,9 +10,6 @@ import json
 import struct
 import time
 
-import zmq
-import zmq.asyncio
-
 from opod.contract.blockhash import block_hashes
 from opod.worker.kvevents import BlockRemoved, BlockStored, EngineBlocks, KVReport
 from opod.worker.kvlistener import engine_binds
@@ -22,6 +19,7 @@ from tests.worker.kv_support import (
     LeaderView,
     batch,
     decoded_stored,
+    fake_engine_pub,
     free_port,
     leading_shared,
     publish_until_heard,
@@ -155,11 +153,7 @@ async def test_without_replay_a_gap_after_known_blocks_is_cleared(listeners) -> 
     """A fake engine skips a batch: the blocks known before are forgotten, and the orphan is not guessed at."""
     report = KVReport()
     listener = listeners(report)
-    ctx = zmq.asyncio.Context()
-    pub = ctx.socket(zmq.PUB)
-    pub.setsockopt(zmq.LINGER, 0)
-    pub.connect(listener.engine_endpoint)
-    try:
+    async with fake_engine_pub(listener) as pub:
         first = list(range(100, 132))
         await publish_until_heard(pub, listener, batch([stored_event([11, 12], None, first)]))
         view = LeaderView()
@@ -178,9 +172,6 @@ async def test_without_replay_a_gap_after_known_blocks_is_cleared(listeners) -> 
         await settle(report, quiet=0.2)
         kv = view.apply(report.drain())
         assert kv is not None and kv.cleared and not view.blocks and listener.lost == 2
-    finally:
-        pub.close(0)
-        ctx.term()
 
 
 async def test_pending_changes_stay_bounded(sims, listeners) -> None:

@@ -7,8 +7,6 @@ from typing import Any
 
 import msgpack
 import pytest
-import zmq
-import zmq.asyncio
 
 from opod.contract.blockhash import block_hashes
 from opod.sim.kv_events import binds as sim_binds
@@ -20,7 +18,13 @@ from opod.worker.kvlistener import (
     engine_binds,
     split_message,
 )
-from tests.worker.kv_support import RECORDED, LeaderView, publish_until_heard, settle
+from tests.worker.kv_support import (
+    RECORDED,
+    LeaderView,
+    fake_engine_pub,
+    publish_until_heard,
+    settle,
+)
 
 # --- vLLM's wire ------------------------------------------------------------------------------------------
 
@@ -146,12 +150,8 @@ async def test_recorded_frames_through_a_listener_say_cleared_at_each_gap(listen
     items = [i for i in _recorded() if "bytes-hash" not in i["file"]]
     report = KVReport()
     listener = listeners(report)
-    ctx = zmq.asyncio.Context()
-    pub = ctx.socket(zmq.PUB)
-    pub.setsockopt(zmq.LINGER, 0)
-    pub.connect(listener.engine_endpoint)
     view = LeaderView()
-    try:
+    async with fake_engine_pub(listener) as pub:
         # The first batch is sent until it is heard (the subscription takes a moment to reach the publisher).
         await publish_until_heard(pub, listener, (RECORDED / items[0]["file"]).read_bytes(), topic=b"kv-events")
         for item in items[1:]:
@@ -160,9 +160,6 @@ async def test_recorded_frames_through_a_listener_say_cleared_at_each_gap(listen
                                       (RECORDED / item["file"]).read_bytes()])
         await settle(report)
         view.apply(report.drain())
-    finally:
-        pub.close(0)
-        ctx.term()
     # Resets: AllBlocksCleared at 12, the gap before 38 (whose 40 removals name blocks forgotten there),
     # the gap before 45, and 45's two AllBlocksCleared.
     assert listener.lost == 2 and listener.blocks is not None
