@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from opod.ledger import Ledger
+from opod.ledger.ledger import COMMIT_EVERY_S
 from opod.store import Store
 from tests.ledger.conftest import request
 
@@ -33,6 +34,24 @@ async def test_the_running_writer_commits_soon_after_end(ledger: Ledger) -> None
     await _until(lambda: len(ledger.store.usage_after(0, 10)) == 5, 5)
     stop.set()
     await writer
+
+
+async def test_under_a_steady_load_rows_gather_into_one_commit_per_interval(ledger: Ledger) -> None:
+    # One end every 2 ms for about half a second: a commit per row would be ~250 transactions.
+    stop = asyncio.Event()
+    writer = asyncio.create_task(ledger.run(stop))
+    await asyncio.sleep(0.05)
+    began = asyncio.get_running_loop().time()
+    for i in range(250):
+        request(ledger, 1, latency_ms=i)
+        await asyncio.sleep(0.002)
+    spent = asyncio.get_running_loop().time() - began
+    await _until(lambda: len(ledger.store.usage_after(0, 1000)) == 250, 5)
+    stop.set()
+    await writer
+    intervals = spent / COMMIT_EVERY_S
+    assert ledger.writer.commits <= intervals + 3, f"{ledger.writer.commits} commits for {spent:.2f}s of load"
+    assert ledger.writer.commits < 100
 
 
 async def test_rows_wait_out_a_failing_store_and_are_committed_when_it_is_back(

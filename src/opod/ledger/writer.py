@@ -1,6 +1,7 @@
 """Group commit: records waiting in memory go to the store in batches, one transaction per batch.
 
-While one batch commits, the next one fills, so the batch size follows the load by itself: one
+While one batch commits, the next one fills, and the ledger's loop starts a commit no sooner than
+``COMMIT_EVERY_S`` after the previous one began, so the batch size follows the load by itself: one
 row per transaction when idle, up to ``BATCH_MAX`` under load. A record leaves memory only after
 its transaction committed; a failed commit leaves it queued (and in the journal) for the retry.
 
@@ -82,6 +83,7 @@ class Writer:
         self._pending: deque[tuple[int, dict[str, Any]]] = deque()
         self.recorded = 0  # sequence number of the last record added
         self.committed = 0  # every record up to this number is in the store
+        self.commits = 0  # transactions that stored a batch
         self._lock: asyncio.Lock | None = None
 
     @property
@@ -111,3 +113,4 @@ class Writer:
                 for _ in batch:
                     self._pending.popleft()
                 self.committed = batch[-1][0]
+                self.commits += 1
