@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import gc
 import socket
 import ssl as ssl_module
 from collections.abc import Iterator
@@ -20,6 +21,24 @@ from dataclasses import dataclass
 import uvicorn
 
 from opod.tls.protocol import TLSHttpToolsProtocol
+
+YOUNG_COLLECTION_AT = 20_000
+"""Allocations between two collections of the youngest generation (Python's default is 700).
+
+Each request in flight holds a few hundred tracked objects (coroutines, futures, headers). At
+the default the collector walks them over and over while they live: a leader with about a
+hundred requests in flight spent 3 to 4 young collections a second, about 1 ms each and up to
+13 ms, holding up every request in flight. A request's objects mostly die by reference counting
+long before 20,000 allocations have passed. Measured on the routing bench's leader at 487 req/s:
+collection time fell from about 6 ms to 0.3 ms per second of load."""
+
+
+def settle_memory() -> None:
+    """Before serving: what start-up built lives as long as the process, so it leaves the
+    collector's passes (``gc.freeze``), and young collections come less often."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(YOUNG_COLLECTION_AT, *gc.get_threshold()[1:])
 
 
 class QuietServer(uvicorn.Server):

@@ -43,7 +43,7 @@ def command(
 
 
 async def _run(worker) -> None:
-    from opod.serving import ListenError, serve
+    from opod.serving import ListenError, serve, settle_memory
     from opod.worker.agent import TokenRefused
 
     try:
@@ -56,6 +56,7 @@ async def _run(worker) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    settle_memory()
     serving = asyncio.create_task(serve([listener], servers_stop))
     refused: TokenRefused | None = None
     try:

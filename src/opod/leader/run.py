@@ -7,15 +7,14 @@ heartbeat, and only then do the listeners close.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from opod.leader.leader import Leader, LeaderSettings
+from opod.serving import Listener, bind, serve, settle_memory
 from opod.tls.server import enable_leader_tls
-from opod.serving import Listener, bind, serve
 from opod.worker.run import Worker, WorkerSettings
 
 log = logging.getLogger("opod.leader")
@@ -75,10 +74,7 @@ class Up:
 
     async def run(self) -> None:
         assert self.leader is not None and self.leader.reconciler is not None
-        # Everything built at start-up lives as long as the process: keep it out of the
-        # collector's full passes, which would otherwise pause requests for tens of milliseconds.
-        gc.collect()
-        gc.freeze()
+        settle_memory()
         servers_stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
