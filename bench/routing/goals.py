@@ -41,11 +41,18 @@ def half_load(run: RunResult) -> float | None:
 
 
 def added(run: RunResult, path: PathResult, rate: float | None, q: int) -> float:
-    """Latency (s) the path adds over direct at this offered rate, percentile ``q`` (50, 90 or 99)."""
+    """Latency (s) the path adds over direct at this offered rate, percentile ``q`` (50, 90 or 99).
+
+    Against the direct runs made in turns with this path when there are some (the goals' load),
+    else against the direct path's own column.
+    """
     direct = run.path("direct")
-    if rate is None or direct is None or rate not in path.open or rate not in direct.open:
+    if rate is None or rate not in path.open:
         return math.nan
-    return getattr(path.open[rate], f"p{q}") - getattr(direct.open[rate], f"p{q}")
+    baseline = path.paired.get(rate) or (direct.open.get(rate) if direct is not None else None)
+    if baseline is None:
+        return math.nan
+    return getattr(path.open[rate], f"p{q}") - getattr(baseline, f"p{q}")
 
 
 def _ran(run: RunResult, key: str) -> PathResult | None:

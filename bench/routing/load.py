@@ -187,6 +187,11 @@ async def open_loop(target: Target, schedule: Sequence[tuple[float, bytes]], str
     return Phase(samples, max(end - start, 1e-9), len(samples))
 
 
+def merge(phases: Sequence[Phase]) -> Phase:
+    """Several phases of one kind as one: their samples together, their windows added up."""
+    return Phase([s for p in phases for s in p.samples], sum(p.seconds for p in phases), sum(p.sent for p in phases))
+
+
 def probe(target: Target, body: bytes, timeout: float = 10.0) -> tuple[int, float]:
     """One request through the path, outside any phase: (HTTP status or 0, seconds)."""
     request = urllib.request.Request(target.url(0), data=body, method="POST", headers={"Content-Type": "application/json", **target.headers})

@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.table import Table
 
 from bench.routing import goals as goals_mod
-from bench.routing import peers
+from bench.routing import peers, runner
 from bench.routing.runner import PathResult, RunResult
 
 DASH = "—"
@@ -199,7 +199,9 @@ def markdown(run: RunResult) -> str:
         f"{s.open_seconds:g} s per offered load, at {', '.join(f'{f:.0%}' for f in s.loads)} of the direct path's capacity; a load "
         "above 1.5× a path's own saturation rate is not run for it (marked overloaded). Before each phase the harness waits until "
         "the path answers a request within 2 s (an overloaded proxy drains its backlog, a router closes its circuit breakers) "
-        "and empties the engines' prefix caches.",
+        "and empties the engines' prefix caches. At the load nearest half the direct capacity (the latency goals' load) each "
+        f"path runs {runner.PAIRED_ROUNDS} times in turns with direct, and its `added` rows compare the two: a shared machine's "
+        "speed drifts over a run, and a path measured many minutes after the direct column would be charged the drift.",
         f"- **2 streamed chat**: {s.stream_tokens} answer tokens, Poisson at {s.stream_rate:g} req/s for {s.stream_seconds:g} s; "
         "TTFT = due time to first text chunk; inter-token = gap between text chunks.",
         f"- **3 shared prefix** (llm-d's capacity benchmark, scaled down): {shape.groups} system prompts of {shape.system_tokens} tokens, "

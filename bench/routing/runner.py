@@ -75,6 +75,8 @@ class PathResult:
     """Offered rate (req/s) → what the open loop saw."""
     overloaded: dict[float, float] = field(default_factory=dict)
     """Offered rates not run because they exceed this path's own capacity by far → that capacity (req/s)."""
+    paired: dict[float, LatencySummary] = field(default_factory=dict)
+    """Offered rate → the direct path, measured in turns with this path at that rate (the goals' load only)."""
     stream: StreamSummary | None = None
     prefix: StreamSummary | None = None
     prefix_hit_rate: float = math.nan
@@ -170,7 +172,7 @@ def _run_path(result: PathResult, fleet: Fleet, settings: Settings, trace: list[
     try:
         phases: list[tuple[str, Callable[[], None]]] = [
             ("short chat, closed loop", lambda: _sweep(result, target, settings, step)),
-            ("short chat, open loop", lambda: _open(result, target, settings, offered, step)),
+            ("short chat, open loop", lambda: _open(result, target, fleet, settings, offered, step)),
             ("streamed chat", lambda: _stream(result, target, settings, step)),
         ]
         if result.key != "direct":
@@ -240,7 +242,12 @@ def _sweep(result: PathResult, target: load.Target, settings: Settings, step: St
         advance()
 
 
-def _open(result: PathResult, target: load.Target, settings: Settings, offered: list[float], step: Step) -> None:
+PAIRED_FRACTION = 0.5
+"""The offered load (a fraction of direct capacity) at which each path runs in turns with direct: the latency goals' load."""
+PAIRED_ROUNDS = 2
+
+
+def _open(result: PathResult, target: load.Target, fleet: Fleet, settings: Settings, offered: list[float], step: Step) -> None:
     if not offered:
         capacity = result.saturation if result.key == "direct" else math.nan
         if not capacity > 0:
@@ -249,15 +256,28 @@ def _open(result: PathResult, target: load.Target, settings: Settings, offered: 
     body = workloads.short_chat_body()
     schedules = [[(at, body) for at in workloads.poisson_arrivals(rate, settings.open_seconds, settings.seed + i)]
                  for i, rate in enumerate(offered)]
-    advance = step(f"{result.key}: short chat, open loop", sum(len(s) for s in schedules))
+    paired_rate = math.nan if result.key == "direct" else \
+        offered[min(range(len(offered)), key=lambda i: abs(settings.loads[i] - PAIRED_FRACTION))]
+    sends = [len(s) * (2 * PAIRED_ROUNDS if rate == paired_rate else 1) for rate, s in zip(offered, schedules)]
+    advance = step(f"{result.key}: short chat, open loop", sum(sends))
     capacity = result.saturation
-    for rate, schedule in zip(offered, schedules):
+    direct = load.Target("direct", tuple(fleet.engines))
+    drain = min(settings.drain, 30.0)
+    for rate, schedule, count in zip(offered, schedules, sends):
         if result.key != "direct" and capacity > 0 and rate > OVERLOAD * capacity:
             result.overloaded[rate] = capacity
-            for _ in schedule:
+            for _ in range(count):
                 advance()
             continue
-        phase = asyncio.run(load.open_loop(target, schedule, stream=False, drain=min(settings.drain, 30.0), tick=advance))
+        if rate == paired_rate:
+            # Direct and this path in turns, so a machine whose speed drifts over the run does not
+            # charge the drift to the path.
+            rounds = [asyncio.run(load.open_loop(t, schedule, stream=False, drain=drain, tick=advance))
+                      for _ in range(PAIRED_ROUNDS) for t in (direct, target)]
+            result.paired[rate] = metrics.latency_summary(load.merge(rounds[0::2]))
+            phase = load.merge(rounds[1::2])
+        else:
+            phase = asyncio.run(load.open_loop(target, schedule, stream=False, drain=drain, tick=advance))
         result.open[rate] = summary = metrics.latency_summary(phase)
         _note_errors(result, f"short chat at {rate:g} req/s", summary.errors, summary.first_error)
 

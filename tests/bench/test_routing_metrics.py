@@ -112,3 +112,18 @@ def test_opod_overloaded_at_half_the_direct_capacity_misses_the_latency_goals() 
     opod.overloaded[200.0] = 150.0  # 200 req/s offered is over 1.5× its 150 req/s: not run
     found = {g.row: g.met for g in goals.check(_run([_path("direct", 1000, 0.2, 0.21, None), opod]))}
     assert found["added p50"] is False and found["added p99"] is False
+
+
+def test_added_latency_compares_with_the_direct_runs_made_in_turns_with_the_path() -> None:
+    # The direct column was measured when the machine was faster; in turns with opod, direct was as slow as opod.
+    opod = _path("opod", 900, 0.2050, 0.2200, _stream(0.1, 2000))
+    opod.paired[200.0] = LatencySummary(200.0, 0.2045, 0.2045, 0.2180, 10, 0)
+    run = _run([_path("direct", 1000, 0.2000, 0.2100, None), opod])
+    assert goals.added(run, opod, 200.0, 50) == pytest.approx(0.0005)
+    assert math.isnan(goals.added(run, opod, 100.0, 50))  # not run at that load: unknown
+    found = {g.row: g.met for g in goals.check(run)}
+    assert found["added p50"] is True and found["added p99"] is True
+    # Without the paired runs the same numbers are judged against the direct column: 5 ms added.
+    opod.paired.clear()
+    assert {g.row: g.met for g in goals.check(run)}["added p50"] is False
+
