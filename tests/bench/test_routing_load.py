@@ -8,6 +8,7 @@ import json
 from aiohttp import web
 
 from bench.routing.load import Target, closed_loop, open_loop
+from tests.bench.chat_server import serve_chat
 
 
 async def _serve() -> tuple[web.AppRunner, str, list[str]]:
@@ -31,14 +32,8 @@ async def _serve() -> tuple[web.AppRunner, str, list[str]]:
         await resp.write(b"data: [DONE]\n\n")
         return resp
 
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", chat)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    return runner, f"http://127.0.0.1:{port}", seen
+    runner, base = await serve_chat(chat)
+    return runner, base, seen
 
 
 def test_streamed_answers_give_ttft_gaps_and_tokens_and_refusals_are_errors() -> None:

@@ -12,6 +12,7 @@ from aiohttp import web
 from bench.routing import runner, workloads
 from bench.routing.load import Target
 from bench.routing.runner import PathResult, Settings
+from tests.bench.chat_server import serve_chat
 
 
 class Servers:
@@ -41,13 +42,7 @@ class Servers:
                 self.order.append(name)
             return web.json_response({"choices": [{"message": {"content": "hi"}}], "usage": {"completion_tokens": 1}})
 
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", chat)
-        app_runner = web.AppRunner(app)
-        await app_runner.setup()
-        site = web.TCPSite(app_runner, "127.0.0.1", 0)
-        await site.start()
-        self.urls[name] = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+        _, self.urls[name] = await serve_chat(chat)
 
     def stop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
