@@ -22,6 +22,7 @@ class Servers:
         self.seen: Counter[str] = Counter()
         self.order: list[str] = []
         self.urls: dict[str, str] = {}
+        self.runners: list[web.AppRunner] = []
         self.loop = asyncio.new_event_loop()
         ready = threading.Event()
         threading.Thread(target=self._run, args=(ready,), daemon=True).start()
@@ -42,9 +43,15 @@ class Servers:
                 self.order.append(name)
             return web.json_response({"choices": [{"message": {"content": "hi"}}], "usage": {"completion_tokens": 1}})
 
-        _, self.urls[name] = await serve_chat(chat)
+        runner_, self.urls[name] = await serve_chat(chat)
+        self.runners.append(runner_)
 
     def stop(self) -> None:
+        async def cleanup() -> None:
+            for runner_ in self.runners:
+                await runner_.cleanup()
+
+        asyncio.run_coroutine_threadsafe(cleanup(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
 
 
