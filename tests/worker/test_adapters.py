@@ -14,7 +14,7 @@ from opod.catalog import load_catalog
 from opod.contract import nodeapi
 from opod.engines.registry import get_driver
 from opod.sim import SimConfig, running
-from opod.worker.adapters import Adapters, lora_flags
+from opod.worker.adapters import Adapters, Attached, lora_flags
 from opod.worker.engines import EngineManager
 from opod.worker.refusals import AdapterRefused, LoadRefused
 from opod.worker.run import wanted_adapters
@@ -178,3 +178,14 @@ def test_a_local_adapters_own_rank_is_read_when_the_request_states_none(tmp_path
             assert (await table.attach(nodeapi.LoadAdapterRequest(base="base", name="wide", source=str(adapter)))).status == "ready"
 
         asyncio.run(_with_table(Engine(sim.url), body=body))
+
+
+async def test_an_adapter_on_a_base_whose_name_holds_a_colon_unloads_by_its_model_id(tmp_path: Path) -> None:
+    # Ollama-style ids carry a tag ("llama3:8b"); the adapter is served as "llama3:8b:support".
+    manager = EngineManager(engine_id="sim", home=tmp_path, catalog=load_catalog(), supervisor=Supervisor(), flags={"time_scale": 0})
+    try:
+        manager.adapters.attached["llama3:8b:support"] = Attached("llama3:8b", "support", "/a/support", engine_start=1.0)
+        answer = await manager.unload(nodeapi.UnloadModelRequest(id="llama3:8b:support"))
+        assert (answer.status, answer.model) == ("unloaded", "llama3:8b:support") and manager.adapters.held() == []
+    finally:
+        await manager.stop_all()

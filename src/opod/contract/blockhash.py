@@ -31,12 +31,15 @@ def block_hash(parent: str, tokens: Sequence[int]) -> str:
     return digest.hexdigest()[:16]
 
 
-def block_hashes(tokens: Sequence[int], block_size: int) -> list[str]:
-    """The chained hash of every full block; a trailing partial block is dropped."""
+def block_hashes(tokens: Sequence[int], block_size: int, parent: str = "") -> list[str]:
+    """The chained hash of every full block; a trailing partial block is dropped.
+
+    The chain starts from ``parent`` (empty: the seed, as the contract has it); the simulator
+    starts a LoRA adapter's chain elsewhere so that its blocks never match the base model's.
+    """
     if block_size <= 0:
         return []
     out: list[str] = []
-    parent = ""
     for start in range(0, len(tokens) - block_size + 1, block_size):
         parent = block_hash(parent, tokens[start : start + block_size])
         out.append(parent)

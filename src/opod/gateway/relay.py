@@ -147,7 +147,7 @@ class Relay:
             handed_over = True
             ttft_ms = int((time.perf_counter() - started) * 1000)
             return StreamingResponse(
-                relay_sse(resp, first, strip_usage, done, ttft_ms, node.id, node.id, on_close=lambda: _leave(node)),
+                relay_sse(resp, first, strip_usage, done, ttft_ms, node_id=node.id, on_close=lambda: _leave(node)),
                 media_type="text/event-stream",
                 headers={**out_headers, "Cache-Control": "no-cache"},
             )
@@ -186,15 +186,16 @@ class Relay:
             return Response(data, status_code=resp.status, headers=out_headers, media_type=resp.content_type or "application/json")
         first = await resp.content.readany()
         ttft_ms = int((time.perf_counter() - started) * 1000)
-        return StreamingResponse(relay_sse(resp, first, strip_usage, done, ttft_ms, target.url),
+        return StreamingResponse(relay_sse(resp, first, strip_usage, done, ttft_ms, source=target.url),
                                  media_type="text/event-stream", headers={**out_headers, "Cache-Control": "no-cache"})
 
-async def relay_sse(resp: aiohttp.ClientResponse, first: bytes, strip_usage: bool, done: Done, ttft_ms: int, source: str,
-                    node_id: str = "", on_close: Callable[[], None] | None = None) -> AsyncIterator[bytes]:
+async def relay_sse(resp: aiohttp.ClientResponse, first: bytes, strip_usage: bool, done: Done, ttft_ms: int, *,
+                    node_id: str = "", source: str = "", on_close: Callable[[], None] | None = None) -> AsyncIterator[bytes]:
     """An upstream's SSE answer, passed on as it comes; its outcome is recorded once.
 
+    The upstream is worker ``node_id``, or the fallback URL ``source``.
     ``ok`` at ``[DONE]`` (before the client sees the end of its answer) or at the end of the stream;
-    ``error`` when the upstream breaks off (the client gets an error event naming ``source``);
+    ``error`` when the upstream breaks off (the client gets an error event naming it);
     ``cancelled`` when the client leaves, with the tokens it got.
     """
     scanner = SSEFilter(strip_usage)
@@ -222,7 +223,7 @@ async def relay_sse(resp: aiohttp.ClientResponse, first: bytes, strip_usage: boo
         report("ok")
     except (aiohttp.ClientError, TimeoutError, OSError) as err:
         report("error", 502)
-        yield interrupted_event(source, err)
+        yield interrupted_event(node_id or source, err)
     finally:
         # A client that left raises GeneratorExit/CancelledError here: the tokens it got are what it used.
         report("cancelled", 499)

@@ -64,6 +64,11 @@ class Allocation:
     """The adapter the request ran under; empty for the base model."""
 
 
+def _chain_root(lora: str) -> str:
+    """Where a request's block chain starts: the contract's seed for the base model, the adapter's name for an adapter."""
+    return f"lora:{lora}" if lora else ""
+
+
 def _stored(ehashes: list[int], parent: int | None, tokens: Sequence[int], block_size: int, lora: str = "") -> Event:
     return {
         "type": "BlockStored",
@@ -109,13 +114,7 @@ class PrefixCache:
         return self.held / self.total
 
     def keys(self, tokens: Sequence[int], lora: str = "") -> list[str]:
-        if not lora:
-            return block_hashes(tokens, self.block_size)
-        out, parent, bs = [], f"lora:{lora}", self.block_size
-        for start in range(0, len(tokens) - bs + 1, bs):
-            parent = block_hash(parent, tokens[start : start + bs])
-            out.append(parent)
-        return out
+        return block_hashes(tokens, self.block_size, _chain_root(lora))
 
     def blocks_for(self, n_tokens: int) -> int:
         return -(-n_tokens // self.block_size)
@@ -180,7 +179,7 @@ class PrefixCache:
         """Cache the answer's full blocks (``tokens`` = prompt + answer), then let go of everything."""
         bs = self.block_size
         full = len(tokens) // bs
-        parent_key = keys[-1] if keys else (f"lora:{alloc.lora}" if alloc.lora else "")
+        parent_key = keys[-1] if keys else _chain_root(alloc.lora)
         parent_hash = alloc.blocks[-1].ehash if alloc.blocks else None
         run: list[int] = []
         run_start = len(keys)

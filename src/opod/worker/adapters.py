@@ -30,6 +30,11 @@ DEFAULT_RANK = 16
 """The rank an engine is started for when OPOD_ADAPTERS states none (vLLM's own default)."""
 
 
+def adapter_id(base: str, name: str) -> str:
+    """The model id an adapter is served as, and the ``lora_name`` it is attached under."""
+    return f"{base}:{name}"
+
+
 @dataclass(slots=True)
 class Attached:
     base: str
@@ -40,7 +45,7 @@ class Attached:
 
     @property
     def id(self) -> str:
-        return f"{self.base}:{self.name}"
+        return adapter_id(self.base, self.name)
 
 
 def local_rank(source: str) -> int:
@@ -126,55 +131,55 @@ class Adapters:
         if adapter_rank > rank:
             raise AdapterRefused(409, f"adapter {req.name!r} has rank {adapter_rank}, but the engine serving {req.base!r} was started "
                                  f"for rank {rank} at most; raise the plan flag max_lora_rank and reload {req.base!r}")
-        adapter_id = f"{req.base}:{req.name}"
-        current = self.attached.get(adapter_id)
+        served_as = adapter_id(req.base, req.name)
+        current = self.attached.get(served_as)
         if current is not None and current.engine_start == started and current.source == req.source:
-            return nodeapi.AdapterResponse(status=nodeapi.Status.READY, model=adapter_id)
+            return nodeapi.AdapterResponse(status=nodeapi.Status.READY, model=served_as)
         try:
             if current is not None and current.engine_start == started:
-                await self.driver.detach_adapter(self._session(), url, adapter_id)  # another source under the same name
-            await self.driver.attach_adapter(self._session(), url, adapter_id, req.source)
+                await self.driver.detach_adapter(self._session(), url, served_as)  # another source under the same name
+            await self.driver.attach_adapter(self._session(), url, served_as, req.source)
         except EngineCallError as err:
             raise AdapterRefused(409 if err.status == 400 else 502, str(err)) from None
-        self.attached[adapter_id] = Attached(req.base, req.name, req.source, started)
-        log.info("adapter %s attached (%s)", adapter_id, req.source)
-        return nodeapi.AdapterResponse(status=nodeapi.Status.READY, model=adapter_id)
+        self.attached[served_as] = Attached(req.base, req.name, req.source, started)
+        log.info("adapter %s attached (%s)", served_as, req.source)
+        return nodeapi.AdapterResponse(status=nodeapi.Status.READY, model=served_as)
 
     async def detach(self, req: nodeapi.UnloadAdapterRequest) -> nodeapi.AdapterResponse:
-        adapter_id = f"{req.base}:{req.name}"
-        held = self.attached.get(adapter_id)
+        served_as = adapter_id(req.base, req.name)
+        held = self.attached.get(served_as)
         if held is None:
-            raise AdapterRefused(404, f"adapter {adapter_id!r} is not attached on this worker (GET /v1/adapters lists them)")
+            raise AdapterRefused(404, f"adapter {served_as!r} is not attached on this worker (GET /v1/adapters lists them)")
         engine = self._engine_of(held.base)
         if engine is not None and engine[1] == held.engine_start:
             try:
-                await self.driver.detach_adapter(self._session(), engine[0], adapter_id)
+                await self.driver.detach_adapter(self._session(), engine[0], served_as)
             except EngineCallError as err:
                 if err.status != 404:  # already gone from the engine is what was asked
                     raise AdapterRefused(502, str(err)) from None
-        del self.attached[adapter_id]
-        return nodeapi.AdapterResponse(status=nodeapi.Status.UNLOADED, model=adapter_id)
+        del self.attached[served_as]
+        return nodeapi.AdapterResponse(status=nodeapi.Status.UNLOADED, model=served_as)
 
     def forget(self, base: str) -> None:
         """The base model was unloaded: its adapters went with its engine."""
-        for adapter_id in self.on(base):
-            del self.attached[adapter_id]
+        for served_as in self.on(base):
+            del self.attached[served_as]
 
     async def reconcile(self, bases: list[str]) -> bool:
         """Attach again what a restarted engine lost, and the wanted adapters to each serving base; True when anything changed."""
         todo = [nodeapi.LoadAdapterRequest(base=a.base, name=a.name, source=a.source) for a in self.attached.values()
                 if a.base in bases and self.base_of(a.id) is None]
         todo += [nodeapi.LoadAdapterRequest(base=base, name=w.name, source=w.source, rank=w.rank)
-                 for base in bases for w in self.wanted if f"{base}:{w.name}" not in self.attached]
+                 for base in bases for w in self.wanted if adapter_id(base, w.name) not in self.attached]
         changed = False
         for req in todo:
-            adapter_id, engine = f"{req.base}:{req.name}", self._engine_of(req.base)
-            if engine is None or self._refused.get(adapter_id) == engine[1]:
+            served_as, engine = adapter_id(req.base, req.name), self._engine_of(req.base)
+            if engine is None or self._refused.get(served_as) == engine[1]:
                 continue
             try:
                 await self.attach(req)
                 changed = True
             except AdapterRefused as err:
-                self._refused[adapter_id] = engine[1]
-                log.warning("adapter %s not attached: %s", adapter_id, err)
+                self._refused[served_as] = engine[1]
+                log.warning("adapter %s not attached: %s", served_as, err)
         return changed

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from datetime import datetime, UTC
+from datetime import UTC, datetime
 from pathlib import Path
 
 import aiohttp

@@ -21,7 +21,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, UTC
+from datetime import UTC, datetime
 from pathlib import Path
 
 import aiohttp
@@ -279,9 +279,9 @@ class EngineManager:
     # --- unloading ------------------------------------------------------------
 
     async def unload(self, req: nodeapi.UnloadModelRequest) -> nodeapi.UnloadModelResponse:
-        if req.id in self.adapters.attached:  # an adapter named as a model: detach it
-            base, _, name = req.id.partition(":")
-            await self.adapters.detach(nodeapi.UnloadAdapterRequest(base=base, name=name))
+        held = self.adapters.attached.get(req.id)
+        if held is not None:  # an adapter named as a model: detach it (its base may hold a ':' itself)
+            await self.adapters.detach(nodeapi.UnloadAdapterRequest(base=held.base, name=held.name))
             self.on_change()
             return nodeapi.UnloadModelResponse(status=nodeapi.Status.UNLOADED, model=req.id)
         riding = self.adapters.attached_by_a_manager(req.id)

@@ -29,7 +29,7 @@ import re
 import shlex
 from collections.abc import Callable, Sequence
 from contextlib import suppress
-from datetime import datetime, UTC
+from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import BinaryIO
