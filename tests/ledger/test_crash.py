@@ -189,3 +189,15 @@ def test_a_journal_from_a_newer_opod_is_not_guessed_at(store: Store, tmp_path: P
     with pytest.raises(JournalError, match="written by journal version 2, this opod reads version 1; run the opod that wrote it"):
         Ledger.open(store, tmp_path, keep=timedelta(days=1))
     assert (tmp_path / "ledger" / "journal-000009.jsonl").exists()
+
+
+def test_text_beyond_ascii_survives_the_journal(store: Store, tmp_path: Path) -> None:
+    ledger = Ledger.open(store, tmp_path, keep=timedelta(days=1))
+    ticket = ledger.begin(request_id="r-ü", api_key_id="", user_id="ユーザー", model="modèle:adaptér", protocol="openai")
+    ledger.end(ticket, outcome="ok", prompt_tokens=3, completion_tokens=2, latency_ms=5, route={"why": "préfixe", "blocks": 2})
+    ledger.journal.close()  # as a crash would: only the journal holds the row
+    again = Ledger.open(store, tmp_path, keep=timedelta(days=1))
+    [row] = _rows(store)
+    assert (row.request_id, row.user_id, row.model, row.completion_tokens) == ("r-ü", "ユーザー", "modèle:adaptér", 2)
+    assert row.route_json is not None and '"why":"préfixe"' in row.route_json
+    again.close()

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import aiohttp
 from starlette.responses import Response, StreamingResponse
 
+from opod import fastjson
 from opod.fleet import router
 from opod.fleet.affinity import AffinityTable
 from opod.fleet.prefix_index import PrefixIndex
@@ -240,7 +241,7 @@ def _usage_of(data: bytes) -> dict | None:
     if b'"usage"' not in data:
         return None
     try:
-        usage = json.loads(data).get("usage")
+        usage = fastjson.loads(data).get("usage")
     except (ValueError, AttributeError):
         return None
     return usage if isinstance(usage, dict) else None
@@ -289,7 +290,7 @@ class SSEFilter:
         for event in block.split(b"\n\n"):
             if b'"usage"' in event and event.startswith(b"data: {"):
                 try:
-                    payload = json.loads(event[6:])
+                    payload = fastjson.loads(event[6:])
                 except ValueError:
                     kept.append(event)
                     continue

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import logging
 import os
 import re
@@ -32,6 +31,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from opod import fastjson
 
 log = logging.getLogger("opod.ledger")
 
@@ -57,8 +58,8 @@ def _number(segment: Path) -> int:
 
 
 def encode(record: dict[str, Any]) -> bytes:
-    """One journal line. ASCII-only JSON, so any text (even lone surrogates) encodes."""
-    return (json.dumps(record, separators=(",", ":")) + "\n").encode("ascii")
+    """One journal line: compact JSON, UTF-8 (text with lone surrogates is escaped instead)."""
+    return fastjson.line(record)
 
 
 class Journal:
@@ -105,7 +106,7 @@ class Journal:
             with segment.open("rb") as handle:
                 for number, raw in enumerate(handle, start=1):
                     try:
-                        record = json.loads(raw)
+                        record = fastjson.loads(raw)
                     except ValueError:
                         record = None
                     if not isinstance(record, dict):

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from opod import fastjson
 from opod.ledger.journal import Line
 from opod.store.base import MAX_TEXT
 from opod.store.events import INT64_MAX, NewEvent
@@ -88,7 +89,7 @@ def json_text(value: object, name: str) -> str:
         log.warning("ledger: %s must be a dict, not %s; stored under the key \"value\"", name, type(value).__name__)
         value = {"value": value}
     try:
-        return json.dumps(value, separators=(",", ":"), default=str)
+        return fastjson.dumps(value).decode()
     except (ValueError, TypeError) as err:  # a cycle, or keys JSON cannot hold
         log.warning("ledger: %s cannot be written as JSON (%s); stored as its text", name, err)
         return json.dumps({"value": str(value)})
