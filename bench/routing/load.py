@@ -22,6 +22,8 @@ import aiohttp
 
 _TOKEN = re.compile(rb'"content":\s*"(?!")')
 """A chunk whose delta carries text (the opening role chunk has an empty or null content)."""
+_OWN_TIME = re.compile(r"(?:^|,)\s*opod;dur=([0-9.]+)")
+"""opod's own share of an answer's time, from its ``Server-Timing`` header (milliseconds)."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,8 @@ class Sample:
     """Seconds between consecutive text chunks (streamed answers)."""
     tokens: int = 0
     error: str = ""
+    own: float | None = None
+    """Seconds the router says it spent on the request itself (opod's ``Server-Timing``); None when it does not say."""
 
     @property
     def latency(self) -> float:
@@ -76,6 +80,9 @@ async def _send(session: aiohttp.ClientSession, url: str, body: bytes, headers: 
     try:
         async with session.post(url, data=body, headers=headers) as resp:
             sample.status = resp.status
+            timing = resp.headers.get("Server-Timing")
+            if timing and (own := _OWN_TIME.search(timing)):
+                sample.own = float(own.group(1)) / 1000
             if resp.status != 200:
                 sample.error = f"HTTP {resp.status}: {(await resp.read())[:200]!r}"
                 return

@@ -37,6 +37,9 @@ class LatencySummary:
     ok: int
     errors: int
     first_error: str = ""
+    own_p50: float = NAN
+    own_p99: float = NAN
+    """The router's own time per request, as its ``Server-Timing`` header says (opod); NaN when it says nothing."""
 
     @property
     def error_rate(self) -> float:
@@ -50,8 +53,9 @@ def _first_error(phase: Phase) -> str:
 
 def latency_summary(phase: Phase) -> LatencySummary:
     good = [s.latency for s in phase.samples if s.ok]
+    own = [s.own for s in phase.samples if s.ok and s.own is not None]
     return LatencySummary(len(good) / phase.seconds if phase.seconds else 0.0, pct(good, 50), pct(good, 90), pct(good, 99),
-                          len(good), phase.sent - len(good), _first_error(phase))
+                          len(good), phase.sent - len(good), _first_error(phase), pct(own, 50), pct(own, 99))
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,12 @@ def _rows(run: RunResult) -> list[tuple[str, Cell, str]]:
             return _ms(goals_mod.added(run, p, rate, q), signed=True)
         return cell
 
+    def own_cell(p: PathResult) -> str:
+        s = p.open.get(rate)
+        if s is None or math.isnan(s.own_p50):
+            return DASH
+        return f"{_ms(s.own_p50)} / {_ms(s.own_p99)}"
+
     def stream_added(attr: str) -> Cell:
         def cell(p: PathResult) -> str:
             if p.stream is None:
@@ -86,6 +92,7 @@ def _rows(run: RunResult) -> list[tuple[str, Cell, str]]:
         (f"1 short chat: req/s at saturation (best of concurrency {levels[0]}…{levels[-1]})", lambda p: _n(p.saturation), "saturation"),
         (f"1 short chat: added p50 ms at {half}", added_cell(50), "added p50"),
         (f"1 short chat: added p99 ms at {half}", added_cell(99), "added p99"),
+        (f"1 short chat: the router's own time p50 / p99 ms at {half} (its Server-Timing)", own_cell, ""),
         ("1 short chat: errors (closed + open loop)", errors_w1, ""),
         ("2 streamed: TTFT p50 ms added", stream_added("ttft_p50"), ""),
         ("2 streamed: TTFT p99 ms added", stream_added("ttft_p99"), ""),
@@ -201,7 +208,9 @@ def markdown(run: RunResult) -> str:
         "the path answers a request within 2 s (an overloaded proxy drains its backlog, a router closes its circuit breakers) "
         "and empties the engines' prefix caches. At the load nearest half the direct capacity (the latency goals' load) each "
         f"path runs {runner.PAIRED_ROUNDS} times in turns with direct, and its `added` rows compare the two: a shared machine's "
-        "speed drifts over a run, and a path measured many minutes after the direct column would be charged the drift.",
+        "speed drifts over a run, and a path measured many minutes after the direct column would be charged the drift. "
+        "The router's own time is what opod's `Server-Timing` header says it spent per request (reading, routing, recording), "
+        "without the engine's time and without the extra hops on either side of it; the peers send no such header.",
         f"- **2 streamed chat**: {s.stream_tokens} answer tokens, Poisson at {s.stream_rate:g} req/s for {s.stream_seconds:g} s; "
         "TTFT = due time to first text chunk; inter-token = gap between text chunks.",
         f"- **3 shared prefix** (llm-d's capacity benchmark, scaled down): {shape.groups} system prompts of {shape.system_tokens} tokens, "

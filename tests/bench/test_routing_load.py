@@ -20,7 +20,8 @@ async def _serve() -> tuple[web.AppRunner, str, list[str]]:
         if body.get("fail"):
             return web.json_response({"error": "busy"}, status=503)
         if not body.get("stream"):
-            return web.json_response({"choices": [{"message": {"content": "hi"}}], "usage": {"completion_tokens": 2}})
+            timing = {"Server-Timing": "opod;dur=0.250, upstream;dur=3.5"} if body.get("timed") else {}
+            return web.json_response({"choices": [{"message": {"content": "hi"}}], "usage": {"completion_tokens": 2}}, headers=timing)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         await resp.write(b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n')
@@ -69,3 +70,17 @@ def test_a_closed_loop_counts_completions_in_its_window() -> None:
     phase = asyncio.run(go())
     assert phase.samples and all(s.ok and s.tokens == 2 for s in phase.samples)
     assert phase.seconds == 0.5
+
+
+def test_a_routers_own_time_is_read_from_its_server_timing_header() -> None:
+    async def go():
+        runner, base, _ = await _serve()
+        try:
+            timed, plain = json.dumps({"timed": True}).encode(), json.dumps({}).encode()
+            return await open_loop(Target("t", (base,)), [(0.0, timed), (0.01, plain)], stream=False, drain=5)
+        finally:
+            await runner.cleanup()
+
+    phase = asyncio.run(go())
+    own = {s.own for s in phase.samples}
+    assert all(s.ok for s in phase.samples) and own == {0.00025, None}  # milliseconds on the wire, seconds here

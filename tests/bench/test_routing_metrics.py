@@ -30,6 +30,20 @@ def test_a_latency_summary_counts_only_answered_requests_and_keeps_the_first_err
     s = latency_summary(phase)
     assert (s.rps, s.p50, s.p99, s.ok, s.errors, s.error_rate) == (1.5, 0.2, 0.3, 3, 1, 0.25)
     assert s.first_error == "HTTP 503: busy"
+    assert math.isnan(s.own_p50) and math.isnan(s.own_p99)  # no router said how long it took itself
+
+
+def test_the_routers_own_time_is_summarized_and_shown_where_it_was_reported() -> None:
+    from bench.routing import report
+
+    timed = [Sample(0, done=0.2, ok=True, status=200, own=own) for own in (0.0003, 0.0001, 0.0002, 0.004)]
+    s = latency_summary(Phase(timed, seconds=1.0, sent=4))
+    assert (s.own_p50, s.own_p99) == (0.0002, 0.004)
+    opod = _path("opod", 900, 0.2008, 0.214, _stream(0.1, 2000))
+    opod.open[200.0] = LatencySummary(200.0, 0.2008, 0.2008, 0.214, 10, 0, own_p50=0.0002, own_p99=0.004)
+    row = next(line for line in report.markdown(_run([_path("direct", 1000, 0.2, 0.21, None), opod])).splitlines()
+               if "own time" in line)
+    assert row.split(" | ")[1:3] == ["—", "0.20 / 4.00"]
 
 
 def test_a_stream_summary_gives_throughput_goodput_under_the_slo_and_error_rate() -> None:

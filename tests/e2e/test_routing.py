@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import urllib.request
 from collections import Counter
 from pathlib import Path
@@ -159,3 +160,16 @@ def test_requests_sharing_a_long_prefix_go_where_it_is_cached(fleet) -> None:
     routes = [ask(f"Question number {i}?") for i in range(8)]
     assert {r["worker"] for r in routes} == {first["worker"]}, routes
     assert all(r["reason"] == "prefix" and int(r["blocks"].split("/")[0]) >= 20 for r in routes), routes
+
+
+def test_every_answer_says_where_its_time_went(fleet) -> None:
+    leader, _ = fleet
+    started = time.perf_counter()
+    status, headers, _ = chat(leader)
+    total_ms = (time.perf_counter() - started) * 1000
+    assert status == 200
+    timing = {name: float(dur.removeprefix("dur=")) for name, dur in (part.strip().split(";") for part in headers["server-timing"].split(","))}
+    assert set(timing) == {"opod", "upstream"}
+    # The simulated engine takes at least its 20 ms to a first token; opod's own share is a small part.
+    assert timing["upstream"] >= 20 and 0 < timing["opod"] < timing["upstream"]
+    assert timing["opod"] + timing["upstream"] <= total_ms

@@ -33,6 +33,12 @@ WORKER_ERROR_HEADER = "X-Opod-Worker-Error"
 MODEL_HEADER = "X-Opod-Model"
 WORKER_HEADER = "X-Opod-Worker"
 ROUTE_HEADER = "X-Opod-Route"
+TIMING_HEADER = "Server-Timing"
+"""``opod;dur=<ms>, upstream;dur=<ms>``: where an answer's time went before its headers left.
+
+``upstream`` is the answering worker's time, from sending it the request to its whole answer
+(to its first byte when streamed); ``opod`` is the rest, from the request's arrival: reading,
+checking, queueing for a slot, routing, failed attempts, and recording the answer."""
 FIRST_BYTE_TIMEOUT = 120.0
 """A stream whose first byte takes longer than this is treated as a failed attempt (a stalled engine)."""
 
@@ -122,6 +128,7 @@ class Relay:
                 url = node.base_url() + path
                 headers = self.workers.signed_headers(node, "POST", path)
                 headers.update({MODEL_HEADER: model, "X-Request-Id": request_id, "Content-Type": "application/json"})
+            sent = time.perf_counter()
             resp = await self.workers.session.post(url, data=body, headers=headers)
             if resp.status >= 500 or WORKER_ERROR_HEADER in resp.headers:
                 reason = resp.headers.get(WORKER_ERROR_HEADER) or f"HTTP {resp.status}"
@@ -132,8 +139,10 @@ class Relay:
             out_headers = {"X-Request-Id": request_id, WORKER_HEADER: node.id, ROUTE_HEADER: decision.header()}
             if not stream or resp.status != 200:
                 data = await resp.read()
+                answered = time.perf_counter()
                 self.fleet.succeeded(node)
                 done(Outcome(resp.status, "ok" if resp.status < 400 else "error", node.id, _usage_of(data)))
+                out_headers[TIMING_HEADER] = server_timing(started, sent, answered)
                 return Response(data, status_code=resp.status, headers=out_headers, media_type=resp.content_type or "application/json")
             try:
                 first = await asyncio.wait_for(resp.content.readany(), FIRST_BYTE_TIMEOUT)
@@ -144,9 +153,11 @@ class Relay:
                 problems.append(f"{node.id}: {why}")
                 self.fleet.failed(node)
                 return None
+            answered = time.perf_counter()
             self.fleet.succeeded(node)
             handed_over = True
-            ttft_ms = int((time.perf_counter() - started) * 1000)
+            ttft_ms = int((answered - started) * 1000)
+            out_headers[TIMING_HEADER] = server_timing(started, sent, answered)
             return StreamingResponse(
                 relay_sse(resp, first, strip_usage, done, ttft_ms, node_id=node.id, on_close=lambda: _leave(node)),
                 media_type="text/event-stream",
@@ -171,6 +182,7 @@ class Relay:
         headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
         if target.key:
             headers["Authorization"] = f"Bearer {target.key}"
+        sent = time.perf_counter()
         try:
             resp = await self.workers.session.post(url, data=body, headers=headers)
         except (aiohttp.ClientError, TimeoutError, OSError) as err:
@@ -182,11 +194,15 @@ class Relay:
         out_headers = {"X-Request-Id": request_id, ROUTE_HEADER: f"fallback={target.url}"}
         if not stream or resp.status != 200:
             data = await resp.read()
+            answered = time.perf_counter()
             resp.release()
             done(Outcome(resp.status, "ok" if resp.status < 400 else "error", "", _usage_of(data)))
+            out_headers[TIMING_HEADER] = server_timing(started, sent, answered)
             return Response(data, status_code=resp.status, headers=out_headers, media_type=resp.content_type or "application/json")
         first = await resp.content.readany()
-        ttft_ms = int((time.perf_counter() - started) * 1000)
+        answered = time.perf_counter()
+        ttft_ms = int((answered - started) * 1000)
+        out_headers[TIMING_HEADER] = server_timing(started, sent, answered)
         return StreamingResponse(relay_sse(resp, first, strip_usage, done, ttft_ms, source=target.url),
                                  media_type="text/event-stream", headers={**out_headers, "Cache-Control": "no-cache"})
 
@@ -231,6 +247,12 @@ async def relay_sse(resp: aiohttp.ClientResponse, first: bytes, strip_usage: boo
         if on_close is not None:
             on_close()
         resp.close()
+
+
+def server_timing(started: float, sent: float, answered: float) -> str:
+    """The ``Server-Timing`` value for an answer whose last attempt was sent at ``sent`` and answered at ``answered``."""
+    upstream = answered - sent
+    return f"opod;dur={(time.perf_counter() - started - upstream) * 1000:.3f}, upstream;dur={upstream * 1000:.3f}"
 
 
 def _leave(node: NodeState) -> None:
