@@ -15,7 +15,7 @@ import pytest
 
 from opod.contract import nodeapi
 from opod.contract.nodeauth import HEADER, sign
-from tests.support.opod_process import Leader, OpodProcess, clean_env, free_port, http, wait_until
+from tests.support.opod_process import Leader, OpodProcess, clean_env, free_port, http, opod_cli, wait_until
 
 NODE = "n_fake-1"
 
@@ -112,6 +112,22 @@ def test_free_disk_follows_the_heartbeat_and_total_comes_from_registration(leade
     assert disk() == (42, 500)
     assert worker.heartbeat(nodeapi.Heartbeat(id="n_fake-disk", loaded_models=[], boot_id="b"))[0] == 200
     assert disk() == (42, 500), "a heartbeat that does not say keeps the last figure"
+
+
+def test_a_workers_gpus_show_in_the_node_list_and_the_cli(leader: Leader, token: str) -> None:
+    h200 = nodeapi.GPU(name="NVIDIA H200", vram_gb=139)
+    worker = FakeWorker(leader, token, "n_fake-gpu")
+    assert worker.register(caps=nodeapi.Capabilities(hostname="gpu-box", engine="llamacpp", gpus=[h200, h200]))[0] == 200
+    FakeWorker(leader, token, "n_fake-cpu").register()
+    nodes = {n["id"]: n for n in leader.admin("GET", "/api/v1/nodes")[1]}
+    gpu, cpu = nodes["n_fake-gpu"], nodes["n_fake-cpu"]
+    assert (gpu["gpu_total"], gpu["gpu_classes"]) == (2, ["NVIDIA H200"])
+    assert gpu["gpus"][1] == {"index": 1, "name": "NVIDIA H200", "label": "1", "class": "NVIDIA H200", "card": 1, "memory_total_mb": 139 * 1024}
+    assert (cpu["gpu_total"], cpu["gpus"], cpu["gpu_classes"]) == (0, [], [])
+    listed = opod_cli(leader, "node", "ls")
+    assert listed.returncode == 0
+    line = next(line for line in listed.stdout.splitlines() if line.startswith("n_fake-gpu"))
+    assert "2× NVIDIA H200 (139 GiB)" in line
 
 
 def test_a_crash_looping_engine_takes_the_worker_out_everywhere(leader: Leader, token: str) -> None:

@@ -17,6 +17,15 @@ def _disk(row: dict) -> str:
     return f"{free}/{total} GiB" if total else "-"
 
 
+def _gpus(row: dict) -> str:
+    """``1× NVIDIA H200 (139 GiB)``, a line per kind of card; ``-`` for none."""
+    kinds: dict[tuple[str, int], int] = {}
+    for gpu in row.get("gpus") or []:
+        kind = (gpu["name"], gpu["memory_total_mb"] // 1024)
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return "\n".join(f"{n}× {name} ({gib} GiB)" for (name, gib), n in kinds.items()) or "-"
+
+
 def _seen(row: dict) -> str:
     age = row.get("last_heartbeat_s")
     return "never" if age is None else f"{age:g}s"
@@ -30,10 +39,10 @@ def list_nodes(as_json: bool = typer.Option(False, "--json", help="The API's row
         typer.echo(json.dumps(rows, indent=2))
         return
     table = Table(box=None, pad_edge=False, collapse_padding=True, header_style="bold")
-    for column in ("NODE", "STATE", "HOST", "CPU", "RAM", "DISK FREE", "ENGINE", "MODELS", "SEEN"):
+    for column in ("NODE", "STATE", "HOST", "CPU", "RAM", "GPU", "DISK FREE", "ENGINE", "MODELS", "SEEN"):
         table.add_column(column, no_wrap=column not in ("STATE", "MODELS"), overflow="fold", min_width=12 if column == "MODELS" else None)
     for row in rows:
-        table.add_row(row["id"], row["state"], row["hostname"], str(row["cpu_count"]), f"{row['memory_gb']} GiB", _disk(row),
+        table.add_row(row["id"], row["state"], row["hostname"], str(row["cpu_count"]), f"{row['memory_gb']} GiB", _gpus(row), _disk(row),
                       ",".join(row["engines"]) or "-", "\n".join(row["models"]) or "-", _seen(row))
     out.print(table)
     if not rows:

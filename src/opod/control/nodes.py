@@ -5,10 +5,32 @@ from __future__ import annotations
 import time
 
 from fastapi import APIRouter
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
+from opod.contract import nodeapi
 from opod.control.context import ControlContext, ControlError
 from opod.fleet.liveness import takes_new_work
+
+
+class GPUView(BaseModel):
+    """One card as the worker reported it at registration (its name and whole GiB of memory)."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    index: int
+    name: str
+    label: str
+    """The card as people are shown it: its index."""
+    class_: str = Field(alias="class")
+    """The card's model name: the worker reports no finer class (no MIG profiles)."""
+    card: int
+    memory_total_mb: int
+    """The worker reports whole GiB (rounded down), so this is that times 1024."""
+
+
+def gpu_views(gpus: list[nodeapi.GPU] | None) -> list[GPUView]:
+    return [GPUView(index=i, name=g.name, label=str(i), class_=g.name, card=i, memory_total_mb=g.vram_gb * 1024)
+            for i, g in enumerate(gpus or [])]
 
 
 class NodeView(BaseModel):
@@ -23,6 +45,10 @@ class NodeView(BaseModel):
     disk_free_gb: int = 0
     """Free space where the worker keeps weights, GiB, as of its last heartbeat; 0 = not reported (unknown, not full)."""
     disk_total_gb: int = 0
+    gpu_total: int = 0
+    gpus: list[GPUView] = []
+    gpu_classes: list[str] = []
+    """The cards' model names, each once, in the order the cards come."""
     engines: list[str]
     models: list[str]
     engine_state: str = ""
@@ -39,6 +65,7 @@ def router(ctx: ControlContext) -> APIRouter:
         out = []
         for node in ctx.fleet:
             live, why = takes_new_work(node, now)
+            gpus = gpu_views(node.hardware.gpus)
             out.append(
                 NodeView(
                     id=node.id,
@@ -50,6 +77,9 @@ def router(ctx: ControlContext) -> APIRouter:
                     os="/".join(part for part in (node.hardware.os, node.hardware.arch) if part),
                     disk_free_gb=node.hardware.disk_free_gb,
                     disk_total_gb=node.hardware.disk_total_gb,
+                    gpu_total=len(gpus),
+                    gpus=gpus,
+                    gpu_classes=list(dict.fromkeys(g.class_ for g in gpus)),
                     engines=[node.engine_id] if node.engine_id else [],
                     models=sorted(node.loaded_models),
                     engine_state=node.engine.state if node.engine else "",
