@@ -31,7 +31,8 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m opod.engines.xllama", allow_abbrev=False, add_help=True,
                 description="llama.cpp's server from xllamacpp, taking a subset of llama-server's flags.")
-    p.add_argument("-m", "--model", required=True)
+    p.add_argument("--list-devices", action="store_true", help="List the devices llama.cpp can use, as llama-server does, and exit.")
+    p.add_argument("-m", "--model")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("-a", "--alias")
@@ -63,6 +64,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key")
     p.add_argument("-to", "--timeout", type=int)
     return p
+
+
+def device_list(devices: list[dict[str, Any]]) -> str:
+    """``llama-server --list-devices``'s text for xllamacpp's devices: the accelerators, the CPU left out."""
+    lines = ["Available devices:"]
+    for d in devices:
+        if str(d.get("type", "")).endswith("_CPU") or d.get("name") == "CPU":
+            continue
+        mib = 1 << 20
+        lines.append(f"  {d.get('name', '?')}: {d.get('description', '')} ({d.get('memory_total', 0) // mib} MiB, {d.get('memory_free', 0) // mib} MiB free)")
+    return "\n".join(lines if len(lines) > 1 else [*lines, "  (none)"])
 
 
 def _ggml_type(xlc: Any, flag: str, name: str) -> Any:
@@ -136,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "for the full flag set\n"
         )
         return EXIT_USAGE
-    if not Path(args.model).is_file():
+    if not args.list_devices and not (args.model and Path(args.model).is_file()):
         sys.stderr.write(f"opod.engines.xllama: -m {args.model}: no such model file; give the path of a GGUF file\n")
         return EXIT_USAGE
     try:
@@ -144,6 +156,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError:
         sys.stderr.write("opod.engines.xllama: the xllamacpp package is not installed; pip install xllamacpp\n")
         return EXIT_USAGE
+    if args.list_devices:
+        print(device_list(xlc.get_device_info()))
+        return 0
     try:
         params = to_params(args, xlc)
     except ValueError as err:

@@ -19,6 +19,8 @@ from opod.catalog import load_catalog
 from opod.contract import env as contract_env
 from opod.contract import nodeapi
 from opod.contract.wire import WireError
+from opod.engines import llama_binary, llama_devices
+from opod.engines.errors import LaunchError
 from opod.engines.registry import get_driver
 from opod.serving import Listener, bind
 from opod.worker import identity, inventory
@@ -153,7 +155,23 @@ class Worker:
 
     async def run(self, stop: asyncio.Event) -> None:
         assert self.agent is not None, "bind() first"
+        await self._check_gpu_use(self.agent.capabilities.gpus or [])
         await self.agent.run(stop)
+
+    async def _check_gpu_use(self, gpus: list[nodeapi.GPU]) -> None:
+        """On a machine with GPUs, say when the llama-server this worker starts cannot use them."""
+        if not gpus or self.manager.driver.id != "llamacpp":
+            return
+        try:
+            route = llama_binary.resolve()
+        except LaunchError:
+            return  # the first launch names what is wrong with OPOD_LLAMA_SERVER
+        devices = await asyncio.to_thread(llama_devices.list_devices, route.argv)
+        warning = llama_devices.unused_gpus_warning(gpus, devices, route.why)
+        if warning:
+            log.warning("%s", warning)
+        elif devices:
+            log.info("llama.cpp can use: %s", "; ".join(devices))
 
     async def shutdown(self) -> None:
         await self.manager.stop_all()
