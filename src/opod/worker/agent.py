@@ -236,6 +236,8 @@ class Agent:
                 wait = backoff
                 backoff = min(backoff * 2, MAX_BACKOFF)
             except (aiohttp.ClientError, OSError, RuntimeError, TimeoutError) as err:
+                if stop.is_set():
+                    break  # cut off because this process is stopping (opod up stops its leader too): nothing to retry
                 log.warning("leader at %s unreachable (%s); retrying in %.0fs", self.leader_url, err or type(err).__name__, backoff)
                 wait = backoff
                 backoff = min(backoff * 2, MAX_BACKOFF)
