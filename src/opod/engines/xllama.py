@@ -68,11 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def device_list(devices: list[dict[str, Any]]) -> str:
     """``llama-server --list-devices``'s text for xllamacpp's devices: the accelerators, the CPU left out."""
-    lines = ["Available devices:"]
+    lines, mib = ["Available devices:"], 1 << 20
     for d in devices:
         if str(d.get("type", "")).endswith("_CPU") or d.get("name") == "CPU":
             continue
-        mib = 1 << 20
         lines.append(f"  {d.get('name', '?')}: {d.get('description', '')} ({d.get('memory_total', 0) // mib} MiB, {d.get('memory_free', 0) // mib} MiB free)")
     return "\n".join(lines if len(lines) > 1 else [*lines, "  (none)"])
 
