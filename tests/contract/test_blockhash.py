@@ -35,3 +35,13 @@ def test_seed_negative_tokens_and_self_check_vectors() -> None:
     assert block_hash("", [-1]) == "a90245e9c1f3b0a4"
     assert block_hashes([1, 2, 3], 1) == ["fe65e41fdcee66a0", "fc9392937987de54", "6e9f85d5fcccf7b4"]
     assert block_hashes(list(range(10)), 4) == ["c4287deae0a67cd6", "f563bbdf5f985414"]
+
+
+def test_a_long_prompt_chains_exactly_as_block_by_block() -> None:
+    tokens = [(i * 7919) % 151_000 for i in range(1000)] + [-1, 2**64 - 1, 2**63]
+    for size, parent in ((16, ""), (7, ""), (16, "a-lora-chain")):
+        expected, chained = [], parent
+        for start in range(0, len(tokens) - size + 1, size):
+            chained = block_hash(chained, tokens[start : start + size])
+            expected.append(chained)
+        assert block_hashes(tokens, size, parent) == expected
