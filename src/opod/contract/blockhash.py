@@ -26,9 +26,15 @@ def block_hash(parent: str, tokens: Sequence[int]) -> str:
     Returns the first 8 bytes of the digest as 16 lowercase hex characters.
     Negative token ids are written as their 64-bit two's complement.
     """
-    digest = hashlib.sha256((parent or BLOCK_HASH_SEED).encode())
-    digest.update(b"".join(_U64.pack(t & _MASK) for t in tokens))
-    return digest.hexdigest()[:16]
+    return _chain(parent, _pack(tokens))
+
+
+def _pack(tokens: Sequence[int]) -> bytes:
+    return struct.pack(f">{len(tokens)}Q", *[t & _MASK for t in tokens])
+
+
+def _chain(parent: str, packed: bytes) -> str:
+    return hashlib.sha256((parent or BLOCK_HASH_SEED).encode() + packed).hexdigest()[:16]
 
 
 def block_hashes(tokens: Sequence[int], block_size: int, parent: str = "") -> list[str]:
@@ -42,13 +48,12 @@ def block_hashes(tokens: Sequence[int], block_size: int, parent: str = "") -> li
     whole = len(tokens) // block_size * block_size
     if not whole:
         return []
-    # One pack for the whole prompt, then a slice per block: the same bytes as block_hash, at a
-    # fraction of the cost for a long prompt (the leader hashes every request's prompt).
-    packed = struct.pack(f">{whole}Q", *[t & _MASK for t in tokens[:whole]])
+    # One pack for the whole prompt, then a slice per block: a fraction of the cost of packing
+    # block by block for a long prompt (the leader hashes every request's prompt).
+    packed = _pack(tokens[:whole])
     step = block_size * _U64.size
     out: list[str] = []
-    sha256 = hashlib.sha256
     for start in range(0, len(packed), step):
-        parent = sha256((parent or BLOCK_HASH_SEED).encode() + packed[start : start + step]).hexdigest()[:16]
+        parent = _chain(parent, packed[start : start + step])
         out.append(parent)
     return out

@@ -155,8 +155,12 @@ class Worker:
 
     async def run(self, stop: asyncio.Event) -> None:
         assert self.agent is not None, "bind() first"
-        await self._check_gpu_use(self.agent.capabilities.gpus or [])
-        await self.agent.run(stop)
+        # Beside registration, not before it: the binary may take seconds to list its devices.
+        check = asyncio.create_task(self._check_gpu_use(self.agent.capabilities.gpus or []))
+        try:
+            await self.agent.run(stop)
+        finally:
+            check.cancel()
 
     async def _check_gpu_use(self, gpus: list[nodeapi.GPU]) -> None:
         """On a machine with GPUs, say when the llama-server this worker starts cannot use them."""
