@@ -1,7 +1,8 @@
 """Calls from the leader to its workers, signed as each worker's node identity.
 
 One pooled aiohttp session for every worker (keep-alive connections, no limit on
-their number), and one signer per worker so each call carries a fresh nonce.
+their number) for control calls, the lean ``Upstreams`` pool for relayed
+``/v1`` requests, and one signer per worker so each call carries a fresh nonce.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 import aiohttp
 
 from opod.fleet.state import NodeState
+from opod.fleet.upstream import Upstreams
 from opod.security.signer import Signer
 
 CONNECT_TIMEOUT = 3.0
@@ -26,6 +28,8 @@ class WorkerClient:
         self._token_for = token_for
         self._signers: dict[tuple[str, str], Signer] = {}
         self._session: aiohttp.ClientSession | None = None
+        self.upstream = Upstreams(CONNECT_TIMEOUT)
+        """Keep-alive connections for relaying ``/v1`` requests to workers and same-host engines."""
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -36,6 +40,7 @@ class WorkerClient:
         return self._session
 
     async def close(self) -> None:
+        await self.upstream.close()
         if self._session is not None:
             await self._session.close()
 

@@ -15,7 +15,6 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-import aiohttp
 from starlette.responses import Response, StreamingResponse
 
 from opod import fastjson
@@ -24,6 +23,7 @@ from opod.fleet.affinity import AffinityTable
 from opod.fleet.prefix_index import PrefixIndex
 from opod.fleet.router import Decision, RouteRequest, RoutingPolicy
 from opod.fleet.state import Fleet, NodeState
+from opod.fleet.upstream import UpstreamResponse, origin, split_url
 from opod.fleet.workers import WorkerClient, WorkerUnavailable
 from opod.gateway.errors import NoCapacity
 
@@ -114,7 +114,7 @@ class Relay:
     ) -> Response | None:
         node.in_flight += 1
         handed_over = False
-        resp: aiohttp.ClientResponse | None = None
+        resp: UpstreamResponse | None = None
         try:
             in_process = self.local.get(node.id)
             engine = in_process(model) if in_process is not None else node.engine_urls.get(model) if node.same_host else None
@@ -123,13 +123,14 @@ class Relay:
                 return None
             if engine is not None:
                 # The engine is on this machine: call it on loopback, one hop less than through its worker.
-                url, headers = engine + path, {"X-Request-Id": request_id, "Content-Type": "application/json"}
+                where = origin(engine)
+                headers = {"X-Request-Id": request_id, "Content-Type": "application/json"}
             else:
-                url = node.base_url() + path
+                where = origin(node.base_url())
                 headers = self.workers.signed_headers(node, "POST", path)
                 headers.update({MODEL_HEADER: model, "X-Request-Id": request_id, "Content-Type": "application/json"})
             sent = time.perf_counter()
-            resp = await self.workers.session.post(url, data=body, headers=headers)
+            resp = await self.workers.upstream.post(where, path, body, headers)
             if resp.status >= 500 or WORKER_ERROR_HEADER in resp.headers:
                 reason = resp.headers.get(WORKER_ERROR_HEADER) or f"HTTP {resp.status}"
                 detail = (await resp.text())[:200].strip()
@@ -145,7 +146,7 @@ class Relay:
                 out_headers[TIMING_HEADER] = server_timing(started, sent, answered)
                 return Response(data, status_code=resp.status, headers=out_headers, media_type=resp.content_type or "application/json")
             try:
-                first = await asyncio.wait_for(resp.content.readany(), FIRST_BYTE_TIMEOUT)
+                first = await asyncio.wait_for(resp.readany(), FIRST_BYTE_TIMEOUT)
                 why = "the answer ended before its first byte"
             except TimeoutError:
                 first, why = b"", f"no first byte within {FIRST_BYTE_TIMEOUT:.0f}s"
@@ -163,7 +164,7 @@ class Relay:
                 media_type="text/event-stream",
                 headers={**out_headers, "Cache-Control": "no-cache"},
             )
-        except (WorkerUnavailable, aiohttp.ClientError, TimeoutError, OSError) as err:
+        except (WorkerUnavailable, TimeoutError, OSError) as err:
             problems.append(f"{node.id}: {err or type(err).__name__}")
             self.fleet.failed(node)
             return None
@@ -177,15 +178,15 @@ class Relay:
         self, target, path: str, payload: dict, *, stream: bool, strip_usage: bool, request_id: str, done: Done, started: float,
     ) -> Response:
         """Send the request to the policy's fallback (an OpenAI-compatible base URL such as https://host/v1)."""
-        url = target.url.rstrip("/") + path.removeprefix("/v1")
         body = json.dumps({**payload, "model": target.model or payload.get("model")}).encode()
         headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
         if target.key:
             headers["Authorization"] = f"Bearer {target.key}"
         sent = time.perf_counter()
         try:
-            resp = await self.workers.session.post(url, data=body, headers=headers)
-        except (aiohttp.ClientError, TimeoutError, OSError) as err:
+            where, target_path = split_url(target.url.rstrip("/") + path.removeprefix("/v1"))
+            resp = await self.workers.upstream.post(where, target_path, body, headers)
+        except OSError as err:
             raise NoCapacity(f"No worker could serve the request and the fallback at {target.url} did not answer ({err}). Retry shortly.") from None
         if resp.status >= 500:
             detail = (await resp.text())[:200]
@@ -199,14 +200,14 @@ class Relay:
             done(Outcome(resp.status, "ok" if resp.status < 400 else "error", "", _usage_of(data)))
             out_headers[TIMING_HEADER] = server_timing(started, sent, answered)
             return Response(data, status_code=resp.status, headers=out_headers, media_type=resp.content_type or "application/json")
-        first = await resp.content.readany()
+        first = await resp.readany()
         answered = time.perf_counter()
         ttft_ms = int((answered - started) * 1000)
         out_headers[TIMING_HEADER] = server_timing(started, sent, answered)
         return StreamingResponse(relay_sse(resp, first, strip_usage, done, ttft_ms, source=target.url),
                                  media_type="text/event-stream", headers={**out_headers, "Cache-Control": "no-cache"})
 
-async def relay_sse(resp: aiohttp.ClientResponse, first: bytes, strip_usage: bool, done: Done, ttft_ms: int, *,
+async def relay_sse(resp: UpstreamResponse, first: bytes, strip_usage: bool, done: Done, ttft_ms: int, *,
                     node_id: str = "", source: str = "", on_close: Callable[[], None] | None = None) -> AsyncIterator[bytes]:
     """An upstream's SSE answer, passed on as it comes; its outcome is recorded once.
 
@@ -233,12 +234,12 @@ async def relay_sse(resp: aiohttp.ClientResponse, first: bytes, strip_usage: boo
                 if b"data: [DONE]" in out:
                     report("ok")
                 yield out
-            chunk = await resp.content.readany() or None
+            chunk = await resp.readany() or None
         tail = scanner.flush()
         if tail:
             yield tail
         report("ok")
-    except (aiohttp.ClientError, TimeoutError, OSError) as err:
+    except (TimeoutError, OSError) as err:
         report("error", 502)
         yield interrupted_event(node_id or source, err)
     finally:
@@ -247,7 +248,6 @@ async def relay_sse(resp: aiohttp.ClientResponse, first: bytes, strip_usage: boo
         if on_close is not None:
             on_close()
         resp.close()
-
 
 def server_timing(started: float, sent: float, answered: float) -> str:
     """The ``Server-Timing`` value for an answer whose last attempt was sent at ``sent`` and answered at ``answered``."""

@@ -1,0 +1,172 @@
+"""The relay's HTTP/1.1 client against real loopback servers that answer in each way an upstream can."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from opod.fleet.upstream import Origin, UpstreamError, Upstreams, origin, split_url
+
+
+class Server:
+    """A loopback HTTP server whose answer to each request is scripted; it counts connections and keeps requests."""
+
+    def __init__(self, answer) -> None:
+        self.answer = answer
+        self.connections = 0
+        self.requests: list[bytes] = []
+        self.writers: list[asyncio.StreamWriter] = []
+
+    async def __aenter__(self) -> Server:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+        self.origin = Origin("127.0.0.1", self.port, False)
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        for w in self.writers:
+            w.close()
+        self.server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self.writers.append(writer)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+                request = head + await reader.readexactly(length)
+                self.requests.append(request)
+                if await self.answer(request, writer) == "close":
+                    writer.close()
+                    return
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+
+def plain(body: bytes, status: str = "200 OK", content_type: str = "application/json"):
+    async def answer(request, writer):
+        writer.write(f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+        await writer.drain()
+    return answer
+
+
+async def test_answer_with_length_and_kept_connection():
+    async with Server(plain(b'{"ok":true}')) as server:
+        pool = Upstreams()
+        for _ in range(3):
+            resp = await pool.post(server.origin, "/v1/chat/completions", b'{"a":1}', {"X-Request-Id": "r1"})
+            assert (resp.status, resp.content_type) == (200, "application/json")
+            assert await resp.read() == b'{"ok":true}'
+        assert server.connections == 1 and pool.opened == 1
+        first = server.requests[0]
+        assert first.startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
+        assert f"Host: 127.0.0.1:{server.port}\r\n".encode() in first
+        assert b"X-Request-Id: r1\r\n" in first and first.endswith(b'\r\n\r\n{"a":1}')
+        await pool.close()
+
+
+async def test_chunked_stream_arrives_piece_by_piece():
+    release = asyncio.Event()
+
+    async def answer(request, writer):
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+        writer.write(b"8\r\ndata: 1\n\r\n")
+        await writer.drain()
+        await release.wait()
+        writer.write(b"8\r\ndata: 2\n\r\n0\r\n\r\n")
+        await writer.drain()
+
+    async with Server(answer) as server:
+        pool = Upstreams()
+        resp = await pool.post(server.origin, "/s", b"{}", {})
+        assert resp.content_type == "text/event-stream"
+        assert await resp.readany() == b"data: 1\n"
+        release.set()
+        assert await resp.readany() == b"data: 2\n"
+        assert await resp.readany() == b""
+        resp.release()
+        assert pool.idle(server.origin) == 1
+        await pool.close()
+
+
+async def test_unfinished_answer_released_closes_its_connection():
+    async def answer(request, writer):
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial")
+        await writer.drain()
+
+    async with Server(answer) as server:
+        pool = Upstreams()
+        resp = await pool.post(server.origin, "/", b"", {})
+        assert await resp.readany() == b"partial"
+        resp.release()
+        assert pool.idle(server.origin) == 0
+        await pool.close()
+
+
+async def test_idle_connection_closed_by_the_upstream_is_replaced():
+    async def answer(request, writer):
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        return "close"  # without saying Connection: close, as an idle timeout does
+
+    async with Server(answer) as server:
+        pool = Upstreams()
+        assert await (await pool.post(server.origin, "/", b"", {})).read() == b"ok"
+        await asyncio.sleep(0.05)
+        assert await (await pool.post(server.origin, "/", b"", {})).read() == b"ok"
+        assert server.connections == 2
+        await pool.close()
+
+
+async def test_upstream_breaking_off_mid_answer_is_a_connection_error():
+    async def answer(request, writer):
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\nhalf")
+        await writer.drain()
+        return "close"
+
+    async with Server(answer) as server:
+        pool = Upstreams()
+        resp = await pool.post(server.origin, "/", b"", {})
+        with pytest.raises(UpstreamError, match="closed the connection"):
+            await resp.read()
+        await pool.close()
+
+
+async def test_refused_connection_and_garbage_are_connection_errors():
+    pool = Upstreams()
+    probe = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = probe.sockets[0].getsockname()[1]
+    probe.close()
+    await probe.wait_closed()
+    with pytest.raises(ConnectionError, match=f"cannot connect to 127.0.0.1:{port}"):
+        await pool.post(Origin("127.0.0.1", port, False), "/", b"", {})
+
+    async def garbage(request, writer):
+        writer.write(b"SSH-2.0-OpenSSH\r\n\r\n")
+        await writer.drain()
+
+    async with Server(garbage) as server:
+        with pytest.raises(UpstreamError, match="not valid HTTP/1.1"):
+            await pool.post(server.origin, "/", b"", {})
+    await pool.close()
+
+
+async def test_slow_reader_pauses_the_upstream_and_gets_every_byte():
+    body = bytes(range(256)) * 16 * 1024  # 4 MiB, past the pause threshold
+
+    async with Server(plain(body, content_type="application/octet-stream")) as server:
+        pool = Upstreams()
+        resp = await pool.post(server.origin, "/", b"", {})
+        await asyncio.sleep(0.2)  # let it pile up unread
+        assert await resp.read() == body
+        await pool.close()
+
+
+def test_origins_and_targets():
+    assert origin("http://127.0.0.1:8081") == Origin("127.0.0.1", 8081, False)
+    assert origin("https://api.example.com") == Origin("api.example.com", 443, True)
+    assert split_url("https://api.example.com/v1/chat/completions?x=1") == (Origin("api.example.com", 443, True), "/v1/chat/completions?x=1")
+    with pytest.raises(UpstreamError, match="not an http:// or https://"):
+        origin("ftp://host/")
