@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import uvicorn
 
+from opod.fastpath import FastHttpProtocol
 from opod.tls.protocol import TLSHttpToolsProtocol
 
 YOUNG_COLLECTION_AT = 20_000
@@ -105,7 +106,7 @@ async def serve(listeners: list[Listener], stop: asyncio.Event) -> None:
     for listener in listeners:
         config = uvicorn.Config(
             listener.app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=5,
-            http="httptools" if listener.ssl is None else TLSHttpToolsProtocol, loop="none",
+            http=FastHttpProtocol if listener.ssl is None else TLSHttpToolsProtocol, loop="none",
             proxy_headers=False, server_header=False, date_header=False,
         )
         if listener.ssl is not None:

@@ -1,0 +1,158 @@
+"""The hot routes' short way through uvicorn answers exactly as the usual way does, on a real socket."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from opod.fastpath import BODY_LIMIT, FastPath
+from opod.serving import Listener, bind, serve
+
+
+def way(request: Request) -> str:
+    """Which way the request came: the short way's body source is the protocol's own."""
+    return "short" if "FastHttpProtocol" in request.receive.__qualname__ else "usual"
+
+
+class App:
+    """A FastPath app: ``POST /echo`` and ``POST /stream`` are hot; ``/cold`` is not. Handlers record how they ran."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.stream_closed = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def echo(self, request: Request) -> Response:
+        body = await request.body()
+        self.calls.append(way(request))
+        if body == b"boom":
+            raise RuntimeError("handler failed")
+        return JSONResponse({"len": len(body), "sum": sum(body) % 997, "id": request.headers.get("x-request-id"),
+                             "query": request.url.query}, headers={"X-Seen": "yes"})
+
+    async def stream(self, request: Request) -> Response:
+        self.calls.append(way(request))
+
+        async def pieces():
+            try:
+                yield b"data: 1\n\n"
+                await self.release.wait()
+                yield b"data: 2\n\n"
+            finally:
+                self.stream_closed.set()
+
+        return StreamingResponse(pieces(), media_type="text/event-stream")
+
+    def asgi(self) -> FastPath:
+        async def cold(request: Request) -> Response:
+            return JSONResponse({"cold": True})
+
+        hot = {("POST", "/echo"): self.echo, ("POST", "/stream"): self.stream}
+        return FastPath(hot, Starlette(routes=[Route("/cold", cold, methods=["GET"])]))
+
+
+@pytest.fixture
+async def served():
+    app = App()
+    sock = bind("127.0.0.1", 0, "test listener")
+    stop = asyncio.Event()
+    task = asyncio.create_task(serve([Listener(app.asgi(), sock, "test")], stop))
+    await asyncio.sleep(0.05)
+    yield app, sock.getsockname()[1]
+    stop.set()
+    await task
+
+
+async def exchange(port: int, raw: bytes, answers: int = 1) -> tuple[list[tuple[bytes, dict, bytes]], bool]:
+    """Send raw bytes on one connection; read ``answers`` responses; also say whether the server then closed it."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(raw)
+    out = []
+    for _ in range(answers):
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        if head.startswith(b"HTTP/1.1 100 "):
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        lines = head.decode().split("\r\n")
+        headers = {k.lower(): v for k, v in (line.split(": ", 1) for line in lines[1:] if line)}
+        if "content-length" in headers:
+            body = await reader.readexactly(int(headers["content-length"]))
+        else:
+            body = b""
+            while True:
+                size = int((await reader.readuntil(b"\r\n")).strip(), 16)
+                piece = await reader.readexactly(size + 2)
+                if size == 0:
+                    break
+                body += piece[:-2]
+        out.append((lines[0].encode(), headers, body))
+    try:
+        closed = await asyncio.wait_for(reader.read(1), 0.3) == b""
+    except TimeoutError:
+        closed = False
+    writer.close()
+    return out, closed
+
+
+def post(path: str, body: bytes, *extra: str) -> bytes:
+    head = [f"POST {path} HTTP/1.1", "Host: t", f"Content-Length: {len(body)}", *extra]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+async def test_hot_and_usual_ways_answer_alike(served):
+    app, port = served
+    body = bytes(range(256)) * 40
+    (short,), _ = await exchange(port, post("/echo?x=1", body, "X-Request-Id: r-1"))
+    # Expect: 100-continue sends the same request the usual way.
+    (usual,), _ = await exchange(port, post("/echo?x=1", body, "X-Request-Id: r-1", "Expect: 100-continue"))
+    assert short[0] == usual[0] == b"HTTP/1.1 200 OK"
+    assert short[1] == usual[1]
+    assert short[2] == usual[2]
+    assert json.loads(short[2]) == {"len": len(body), "sum": sum(body) % 997, "id": "r-1", "query": "x=1"}
+    assert short[1]["x-seen"] == "yes" and app.calls == ["short", "usual"]
+
+
+async def test_keep_alive_pipelining_and_close(served):
+    app, port = served
+    # Two pipelined requests and a cold one, on one connection, answered in order; then Connection: close.
+    raw = post("/echo", b"a") + post("/echo", b"bb") + b"GET /cold HTTP/1.1\r\nHost: t\r\n\r\n" + post("/echo", b"ccc", "Connection: close")
+    answers, closed = await exchange(port, raw, answers=4)
+    assert [json.loads(b).get("len", "cold") for _, _, b in answers] == [1, 2, "cold", 3]
+    assert answers[3][1].get("connection") == "close" and closed
+    # The first request goes the short way; the ones queued behind it wait the usual way.
+    assert app.calls[0] == "short"
+
+
+async def test_large_body_takes_the_usual_way_whole(served):
+    app, port = served
+    body = b"x" * (BODY_LIMIT + 10)
+    (answer,), _ = await exchange(port, post("/echo", body))
+    assert json.loads(answer[2])["len"] == len(body) and app.calls == ["usual"]
+
+
+async def test_stream_is_chunked_and_a_leaving_client_closes_it(served):
+    app, port = served
+    app.release.set()
+    (answer,), _ = await exchange(port, post("/stream", b"{}"))
+    assert answer[1]["transfer-encoding"] == "chunked" and answer[1]["content-type"].startswith("text/event-stream")
+    assert answer[2] == b"data: 1\n\ndata: 2\n\n" and app.calls == ["short"]
+
+    app.release.clear()
+    app.stream_closed.clear()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(post("/stream", b"{}"))
+    await asyncio.wait_for(reader.readuntil(b"data: 1\n\n"), 5)
+    writer.close()  # the client leaves while the stream waits for its next piece
+    await asyncio.wait_for(app.stream_closed.wait(), 5)
+
+
+async def test_failing_handler_gets_500_and_a_closed_connection(served):
+    app, port = served
+    (answer,), closed = await exchange(port, post("/echo", b"boom"))
+    assert answer[0] == b"HTTP/1.1 500 Internal Server Error" and answer[2] == b"Internal Server Error"
+    assert closed
