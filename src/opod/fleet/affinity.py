@@ -9,10 +9,11 @@ answered that key, for ``ttl`` seconds.
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from collections import OrderedDict
 from typing import Any
+
+from opod import fastjson
 
 PREFIX_CHARS = 1024
 
@@ -21,7 +22,7 @@ def prefix_key(model: str, payload: dict[str, Any]) -> str | None:
     """A key for the request's opening text; ``None`` when it has none to speak of."""
     messages = payload.get("messages")
     if isinstance(messages, list) and messages:
-        text = json.dumps(messages, separators=(",", ":"), ensure_ascii=False)[:PREFIX_CHARS]
+        text = fastjson.dumps(messages).decode()[:PREFIX_CHARS]
     elif isinstance(payload.get("prompt"), str):
         text = payload["prompt"][:PREFIX_CHARS]
     else:

@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from opod import fastjson
 from opod.fleet.affinity import prefix_key
 from opod.fleet.models import ModelRegistry
 from opod.fleet.router import RouteRequest, RoutingPolicy, choose_revision
@@ -140,7 +141,7 @@ class Gateway:
         exchange.identify(key)
         body = await read_body(request, spec.body_cap)
         try:
-            payload = json.loads(body)
+            payload = fastjson.loads(body)
         except ValueError as err:
             raise BadRequest(f"The body is not valid JSON: {err}.") from None
         if not isinstance(payload, dict):
