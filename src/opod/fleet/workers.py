@@ -13,8 +13,8 @@ from typing import Any
 import aiohttp
 
 from opod.fleet.state import NodeState
-from opod.fleet.upstream import Upstreams
 from opod.security.signer import Signer
+from opod.upstream import Upstreams
 
 CONNECT_TIMEOUT = 3.0
 

@@ -23,9 +23,9 @@ from opod.fleet.affinity import AffinityTable
 from opod.fleet.prefix_index import PrefixIndex
 from opod.fleet.router import Decision, RouteRequest, RoutingPolicy
 from opod.fleet.state import Fleet, NodeState
-from opod.fleet.upstream import UpstreamResponse, origin, split_url
 from opod.fleet.workers import WorkerClient, WorkerUnavailable
 from opod.gateway.errors import NoCapacity
+from opod.upstream import UpstreamResponse, origin, split_url
 
 MAX_ATTEMPTS = 3
 WORKER_ERROR_HEADER = "X-Opod-Worker-Error"

@@ -26,6 +26,7 @@ from opod.contract.nodeauth import AuthRefused
 from opod.contract.wire import WireError
 from opod.fastpath import FastPath
 from opod.security.signer import Verifier
+from opod.upstream import origin
 from opod.worker.engines import EngineManager
 from opod.worker.refusals import LoadRefused, Refused
 from opod.worker.supervisor import ProcessConfig, Supervisor
@@ -267,21 +268,20 @@ class WorkerAPI:
         if "x-request-id" in request.headers:
             headers["X-Request-Id"] = request.headers["x-request-id"]
         try:
-            upstream = await self.manager.session.post(engine.base_url + request.url.path, data=body, headers=headers)
-        except (aiohttp.ClientError, OSError) as err:
+            upstream = await self.manager.upstream.post(origin(engine.base_url), request.url.path, body, headers)
+        except OSError as err:
             return _text(503, f"the engine for {model!r} did not answer: {err}", "engine_unreachable")
-        media = upstream.headers.get("Content-Type", "application/json")
+        media = upstream.headers.get("content-type", "application/json")
         if "text/event-stream" not in media:
             data = await upstream.read()
-            upstream.release()
             return Response(data, status_code=upstream.status, media_type=media)
 
         async def stream():
             try:
-                async for chunk in upstream.content.iter_any():
+                while chunk := await upstream.readany():
                     yield chunk
             finally:
-                upstream.close()
+                upstream.release()
 
         return StreamingResponse(stream(), status_code=upstream.status, media_type=media)
 

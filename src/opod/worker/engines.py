@@ -32,6 +32,7 @@ from opod.contract import nodeapi
 from opod.contract.catalog import Entry, Source
 from opod.engines.base import EngineDriver, LaunchSpec, LoadSample, MetricsState
 from opod.engines.registry import get_driver
+from opod.upstream import Upstreams
 from opod.worker.adapters import Adapters, lora_flags
 from opod.worker.kvevents import KVReport
 from opod.worker.kvlistener import KVEventListener, KVListenError
@@ -110,6 +111,8 @@ class EngineManager:
             self.kv_report = KVReport(on_pending=lambda: self.on_change())
         (home / "logs").mkdir(parents=True, exist_ok=True)
         self._session: aiohttp.ClientSession | None = None
+        self.upstream = Upstreams()
+        """Keep-alive connections for relaying ``/v1`` requests to the engines."""
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -311,6 +314,7 @@ class EngineManager:
             await self._stop_kv(engine)
         if self.kv_report is not None:
             self.kv_report.close()
+        await self.upstream.close()
         if self._session is not None:
             await self._session.close()
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from opod.fleet.upstream import Origin, UpstreamError, Upstreams, origin, split_url
+from opod.upstream import Origin, UpstreamError, Upstreams, origin, split_url
 
 
 class Server:
