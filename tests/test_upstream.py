@@ -45,11 +45,17 @@ class Server:
             writer.close()
 
 
-def plain(body: bytes, status: str = "200 OK", content_type: str = "application/json"):
+def raw(data: bytes, then: str | None = None):
+    """An answer that writes ``data`` as it is, then closes the connection when ``then`` is "close"."""
     async def answer(request, writer):
-        writer.write(f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+        writer.write(data)
         await writer.drain()
+        return then
     return answer
+
+
+def plain(body: bytes, status: str = "200 OK", content_type: str = "application/json"):
+    return raw(f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
 
 
 async def test_answer_with_length_and_kept_connection():
@@ -92,11 +98,7 @@ async def test_chunked_stream_arrives_piece_by_piece():
 
 
 async def test_unfinished_answer_released_closes_its_connection():
-    async def answer(request, writer):
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial")
-        await writer.drain()
-
-    async with Server(answer) as server:
+    async with Server(raw(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial")) as server:
         pool = Upstreams()
         resp = await pool.post(server.origin, "/", b"", {})
         assert await resp.readany() == b"partial"
@@ -106,12 +108,8 @@ async def test_unfinished_answer_released_closes_its_connection():
 
 
 async def test_idle_connection_closed_by_the_upstream_is_replaced():
-    async def answer(request, writer):
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-        await writer.drain()
-        return "close"  # without saying Connection: close, as an idle timeout does
-
-    async with Server(answer) as server:
+    # Closed after the answer without saying Connection: close, as an idle timeout does.
+    async with Server(raw(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", then="close")) as server:
         pool = Upstreams()
         assert await (await pool.post(server.origin, "/", b"", {})).read() == b"ok"
         await asyncio.sleep(0.05)
@@ -121,12 +119,7 @@ async def test_idle_connection_closed_by_the_upstream_is_replaced():
 
 
 async def test_upstream_breaking_off_mid_answer_is_a_connection_error():
-    async def answer(request, writer):
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\nhalf")
-        await writer.drain()
-        return "close"
-
-    async with Server(answer) as server:
+    async with Server(raw(b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\nhalf", then="close")) as server:
         pool = Upstreams()
         resp = await pool.post(server.origin, "/", b"", {})
         with pytest.raises(UpstreamError, match="closed the connection"):
@@ -143,11 +136,7 @@ async def test_refused_connection_and_garbage_are_connection_errors():
     with pytest.raises(ConnectionError, match=f"cannot connect to 127.0.0.1:{port}"):
         await pool.post(Origin("127.0.0.1", port, False), "/", b"", {})
 
-    async def garbage(request, writer):
-        writer.write(b"SSH-2.0-OpenSSH\r\n\r\n")
-        await writer.drain()
-
-    async with Server(garbage) as server:
+    async with Server(raw(b"SSH-2.0-OpenSSH\r\n\r\n")) as server:
         with pytest.raises(UpstreamError, match="not valid HTTP/1.1"):
             await pool.post(server.origin, "/", b"", {})
     await pool.close()
