@@ -10,13 +10,17 @@ Two layers, one table of (method, path) → handler:
   no ``Expect``, nothing pipelined ahead of it) is read whole and handed to its
   handler directly, and the handler's response is written to the socket in one
   piece (or, when streamed, in chunks as they come). That skips the ASGI
-  messages, the per-request event and task plumbing, and the header checks,
-  which cost the leader about a seventh of its CPU per relayed request. Any
-  other request takes uvicorn's usual way to the same :class:`FastPath` app,
-  so the two ways answer alike.
+  messages, the per-request event and cycle objects, and the header checks:
+  about 5 % of the leader's CPU per relayed request at 487 req/s. Any other
+  request takes uvicorn's usual way to the same :class:`FastPath` app, so the
+  two ways answer alike.
 
 A streamed answer whose client goes away is cancelled, as Starlette cancels it:
 the stream's own cleanup reports the tokens that were sent.
+
+The shortcut reads uvicorn's per-connection state (``parser``, ``url``,
+``headers``, ``scope``, ``cycle``, ``flow``, ``tasks``); ``tests/test_fastpath.py``
+checks on a real socket that requests still take it and answer alike.
 """
 
 from __future__ import annotations
