@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 import urllib.request
 from collections import Counter
@@ -173,3 +174,41 @@ def test_every_answer_says_where_its_time_went(fleet) -> None:
     # The simulated engine takes at least its 20 ms to a first token; opod's own share is a small part.
     assert timing["upstream"] >= 20 and 0 < timing["opod"] < timing["upstream"]
     assert timing["opod"] + timing["upstream"] <= total_ms
+
+
+def _usage_row(leader: Leader, request_id: str) -> adminapi.UsageData | None:
+    after = 0
+    while True:
+        status, _, body = http("GET", f"{leader.url}/admin/v1/usage/stream?after={after}&limit=1000", key=leader.key)
+        assert status == 200, body
+        page = adminapi.UsageBatch.from_wire(body)
+        for event in page.events or []:
+            if event.data.request_id == request_id:
+                return event.data
+        after = page.next
+        if not page.more:
+            return None
+
+
+def test_a_client_that_leaves_mid_stream_is_recorded_with_the_tokens_it_got(fleet) -> None:
+    leader, _ = fleet
+    request_id = f"leaves-{time.time_ns()}"
+    body = json.dumps({"model": MAIN, "messages": [{"role": "user", "content": "a long answer, please"}],
+                       "max_tokens": 1000, "stream": True}).encode()
+    host, port = leader.url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: opod\r\nContent-Type: application/json\r\n"
+                     + f"Authorization: Bearer {leader.key}\r\nX-Request-Id: {request_id}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                     + body)
+        seen = b""
+        while (got := seen.count(b'"content":"') - seen.count(b'"content":""')) < 3:
+            seen += conn.recv(65536)
+        assert seen.startswith(b"HTTP/1.1 200 ")
+    left = time.monotonic()
+    # 1,000 tokens at the simulator's 8 ms each would take 8 s: the row comes long before, marked as cancelled.
+    wait_until(lambda: _usage_row(leader, request_id) is not None, 5, "the usage row of the request whose client left")
+    assert time.monotonic() - left < 5
+    row = _usage_row(leader, request_id)
+    assert row.outcome == "cancelled"
+    # At least the tokens the client read; maybe a few more that were on their way when it left.
+    assert got <= row.completion_tokens < 1000
