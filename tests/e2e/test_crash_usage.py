@@ -13,8 +13,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from opod.contract import adminapi
-from tests.support.opod_process import Leader, http, opod_cli, sim_worker, wait_until
+from tests.support.opod_process import Leader, opod_cli, sim_worker, usage_rows, wait_until
 
 MODEL = "sim-slow"
 
@@ -30,20 +29,6 @@ def _chat(leader: Leader, request_id: str) -> bool:
             return response.status == 200 and bool(answer["choices"][0]["message"]["content"])
     except (urllib.error.URLError, ConnectionError, OSError, ValueError):
         return False
-
-
-def _all_rows(leader: Leader) -> list[adminapi.UsageEvent]:
-    rows: dict[int, adminapi.UsageEvent] = {}
-    after = 0
-    while True:
-        status, _, body = http("GET", f"{leader.url}/admin/v1/usage/stream?after={after}&limit=1000", key=leader.key)
-        assert status == 200, body
-        page = adminapi.UsageBatch.from_wire(body)
-        for event in page.events or []:
-            rows[event.id] = event
-        after = page.next
-        if not page.more:
-            return list(rows.values())
 
 
 def test_sigkill_under_load_keeps_every_answered_request_and_marks_the_rest(tmp_path: Path) -> None:
@@ -78,7 +63,7 @@ def test_sigkill_under_load_keeps_every_answered_request_and_marks_the_rest(tmp_
         assert len(sent) > len(answered), "some requests must have been in flight at the kill"
 
         leader = Leader(home, worker=False, extra=["--no-default-models"])
-        rows = _all_rows(leader)
+        rows = usage_rows(leader)
         by_id = {r.data.request_id: r for r in rows if r.data.request_id.startswith("crash-")}
         missing = [rid for rid in answered if rid not in by_id or by_id[rid].data.outcome != "ok"]
         assert missing == [], f"{len(missing)} answered requests have no ok usage row: {missing[:5]}"

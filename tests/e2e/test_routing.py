@@ -15,7 +15,7 @@ import yaml
 
 from opod.catalog import bundled_dir
 from opod.contract import adminapi
-from tests.support.opod_process import Leader, OpodProcess, clean_env, free_port, http, opod_cli, wait_until
+from tests.support.opod_process import Leader, OpodProcess, clean_env, free_port, http, opod_cli, usage_rows, wait_until
 
 MAIN, BACKUP = "sim-main", "sim-backup"
 
@@ -177,17 +177,7 @@ def test_every_answer_says_where_its_time_went(fleet) -> None:
 
 
 def _usage_row(leader: Leader, request_id: str) -> adminapi.UsageData | None:
-    after = 0
-    while True:
-        status, _, body = http("GET", f"{leader.url}/admin/v1/usage/stream?after={after}&limit=1000", key=leader.key)
-        assert status == 200, body
-        page = adminapi.UsageBatch.from_wire(body)
-        for event in page.events or []:
-            if event.data.request_id == request_id:
-                return event.data
-        after = page.next
-        if not page.more:
-            return None
+    return next((row.data for row in usage_rows(leader) if row.data.request_id == request_id), None)
 
 
 def test_a_client_that_leaves_mid_stream_is_recorded_with_the_tokens_it_got(fleet) -> None:

@@ -201,6 +201,23 @@ def sim_worker(leader: Leader, home: Path, node_id: str, *, token: str | None = 
     return OpodProcess(args, home, env=clean_env(home, OPOD_NODE_ID=node_id, **env))
 
 
+def usage_rows(leader: Leader) -> list:
+    """Every usage row the leader offers on ``/admin/v1/usage/stream``, read page by page to the end."""
+    from opod.contract import adminapi
+
+    rows: dict[int, adminapi.UsageEvent] = {}
+    after = 0
+    while True:
+        status, _, body = http("GET", f"{leader.url}/admin/v1/usage/stream?after={after}&limit=1000", key=leader.key)
+        assert status == 200, body
+        page = adminapi.UsageBatch.from_wire(body)
+        for event in page.events or []:
+            rows[event.id] = event
+        after = page.next
+        if not page.more:
+            return list(rows.values())
+
+
 def opod_cli(leader: Leader, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(OPOD + list(args), env=leader.cli_env(), capture_output=True, text=True, timeout=timeout)
 
