@@ -22,7 +22,7 @@ from opod.contract import env as contract_env
 from opod.contract.blockhash import block_hashes
 from opod.contract.catalog import Entry
 from opod.contract.nodeauth import HEADER, sign
-from tests.support.opod_process import Leader, OpodProcess, clean_env, free_port, http, opod_cli, wait_until
+from tests.support.opod_process import Leader, OpodProcess, clean_env, free_port, http, opod_cli, usage_rows, wait_until
 
 MODEL = "sim-chat"
 
@@ -139,8 +139,9 @@ def test_recipe_5_write_the_auth_file_a_leader_watches(manager: Leader) -> None:
     )
     write_atomically(manager.files / "auth.json", snap)
     wait_until(lambda: chat(manager, plaintext) == 200, 2.5, "the new key to work within 2 s")
-    rows = get(manager, "/admin/v1/usage/stream?after=0&limit=1000", adminapi.UsageBatch)
-    assert any(e.data.api_key_id == "k_cp_alice-laptop" for e in rows.events or [])
+    # The stream offers committed rows only; the writer commits within moments of the answer.
+    wait_until(lambda: any(e.data.api_key_id == "k_cp_alice-laptop" for e in usage_rows(manager)), 2,
+               "the key's usage row on the stream, under the manager's id for it")
     revoked = snap.model_copy(update={"revision": "#8", "revoked_keys": ["bob-old", "alice-laptop"]})
     write_atomically(manager.files / "auth.json", revoked)
     started = time.monotonic()

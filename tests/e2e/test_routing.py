@@ -88,12 +88,8 @@ def test_every_answer_says_which_worker_and_why(fleet) -> None:
     assert route["worker"] in ("n_rev7", "n_rev8") and route["reason"] in ("load", "prefix", "pin", "only")
     assert {"load", "queue"} <= set(route)
 
-    def row() -> dict | None:
-        rows = http("GET", leader.url + "/admin/v1/usage/stream?after=0&limit=1000", key=leader.key)[2]["events"]
-        return next((r for r in rows if r["data"].get("request_id") == headers["x-request-id"]), None)
-
-    kept = wait_until(row, 5, "the usage row")
-    assert kept["data"]["route"]["worker"] == route["worker"], "the same record is kept with the usage row"
+    kept = wait_until(lambda: _usage_row(leader, headers["x-request-id"]), 5, "the usage row")
+    assert kept.route["worker"] == route["worker"], "the same record is kept with the usage row"
 
 
 def test_a_ten_percent_canary_gets_about_ten_percent(fleet) -> None:
