@@ -26,14 +26,12 @@ checks on a real socket that requests still take it and answer alike.
 from __future__ import annotations
 
 import asyncio
-import http
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 
-import httptools
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -58,15 +56,6 @@ class FastPath:
         await self.app(scope, receive, send)
 
 
-def _status_line(status: int) -> bytes:
-    try:
-        phrase = http.HTTPStatus(status).phrase
-    except ValueError:
-        phrase = ""
-    return f"HTTP/1.1 {status} {phrase}\r\n".encode("latin-1")
-
-
-_STATUS = {s.value: _status_line(s.value) for s in http.HTTPStatus}
 _CLOSE = b"connection: close\r\n"
 _INTERNAL_ERROR = (b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain; charset=utf-8\r\n"
                    b"content-length: 21\r\nconnection: close\r\n\r\nInternal Server Error")
@@ -104,28 +93,24 @@ class FastHttpProtocol(HttpToolsProtocol):
         self.hot: _Exchange | None = None
 
     def on_headers_complete(self) -> None:
-        handler = self._hot_handler()
-        if handler is None:
-            self.hot = None
+        self.hot = self._hot_exchange()
+        if self.hot is None:
             super().on_headers_complete()
-            return
-        scope = self.scope
-        scope["method"] = self.parser.get_method().decode("ascii")
-        parsed = httptools.parse_url(self.url)
-        scope["path"] = parsed.path.decode("ascii")
-        scope["raw_path"] = parsed.path
-        scope["query_string"] = parsed.query or b""
-        self.hot = self.cycle = _Exchange(handler, scope, self.parser.should_keep_alive())
+        else:
+            self.cycle = self.hot
 
-    def _hot_handler(self) -> Handler | None:
+    def _hot_exchange(self) -> _Exchange | None:
+        """The short way's exchange for this request, or None when it must take uvicorn's usual way."""
         if not self.hot_routes or self.expect_100_continue or self.parser.get_http_version() != "1.1":
             return None
         if self.parser.should_upgrade() or (self.cycle is not None and not self.cycle.response_complete):
             return None
-        url = self.url
-        path = url.split(b"?", 1)[0]
-        handler = self.hot_routes.get((self.parser.get_method().decode("ascii"), path.decode("latin-1")))
-        if handler is None or b"%" in path:
+        path, _, query = self.url.partition(b"?")
+        if b"%" in path or b"#" in self.url:
+            return None  # escaped paths and fragments are uvicorn's to decode
+        method = self.parser.get_method().decode("ascii")
+        handler = self.hot_routes.get((method, path.decode("latin-1")))
+        if handler is None:
             return None
         length = None
         for name, value in self.headers:
@@ -135,7 +120,9 @@ class FastHttpProtocol(HttpToolsProtocol):
                 return None
         if length is not None and (not length.isdigit() or int(length) > BODY_LIMIT):
             return None
-        return handler
+        scope = self.scope
+        scope.update(method=method, path=path.decode("ascii"), raw_path=path, query_string=query)
+        return _Exchange(handler, scope, self.parser.should_keep_alive())
 
     def on_body(self, body: bytes) -> None:
         if self.hot is None:
@@ -188,7 +175,7 @@ class FastHttpProtocol(HttpToolsProtocol):
 
     def _head(self, hot: _Exchange, response: Response, extra: bytes = b"") -> list[bytes]:
         status = response.status_code
-        out = [_STATUS.get(status) or _status_line(status)]
+        out = [STATUS_LINE[status]]
         for name, value in response.raw_headers:
             out += (name, b": ", value, b"\r\n")
         if extra:

@@ -179,7 +179,7 @@ class UpstreamResponse:
         while chunk := await conn.next_chunk():
             parts.append(chunk)
         self.release()
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        return b"".join(parts)
 
     async def text(self) -> str:
         return (await self.read()).decode("utf-8", "replace")
@@ -189,8 +189,6 @@ class UpstreamResponse:
         conn, self._conn = self._conn, None
         if conn is not None:
             self._pool._release(conn)
-
-    close = release
 
 
 class Origin(NamedTuple):

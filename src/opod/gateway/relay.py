@@ -207,6 +207,7 @@ class Relay:
         return StreamingResponse(relay_sse(resp, first, strip_usage, done, ttft_ms, source=target.url),
                                  media_type="text/event-stream", headers={**out_headers, "Cache-Control": "no-cache"})
 
+
 async def relay_sse(resp: UpstreamResponse, first: bytes, strip_usage: bool, done: Done, ttft_ms: int, *,
                     node_id: str = "", source: str = "", on_close: Callable[[], None] | None = None) -> AsyncIterator[bytes]:
     """An upstream's SSE answer, passed on as it comes; its outcome is recorded once.
@@ -247,7 +248,8 @@ async def relay_sse(resp: UpstreamResponse, first: bytes, strip_usage: bool, don
         report("cancelled", 499)
         if on_close is not None:
             on_close()
-        resp.close()
+        resp.release()
+
 
 def server_timing(started: float, sent: float, answered: float) -> str:
     """The ``Server-Timing`` value for an answer whose last attempt was sent at ``sent`` and answered at ``answered``."""
