@@ -202,6 +202,9 @@ def markdown(run: RunResult) -> str:
         "- **Direct** sends each request straight to the next engine in turn (client-side round robin, no hop), so every path "
         "loads each engine alike and `added` is the router's own cost rather than a batch-size difference. It runs no workload 3: "
         "with no router there is no placement to judge (`opod-rr` is the round-robin baseline).",
+        "- **relay-floor** is a yardstick, not a router: a bare Python relay (uvloop and httptools, round robin, kept "
+        "connections; no key check, routing state or accounting; `bench/routing/floor.py`). Its `added` is what one Python "
+        "hop costs on this machine, so opod's `added` minus it is opod's own work. It runs no workload 3 either.",
         f"- **1 short chat**: 8 answer tokens, not streamed; closed loop {s.closed_seconds:g} s per concurrency level; open loop "
         f"{s.open_seconds:g} s per offered load, at {', '.join(f'{f:.0%}' for f in s.loads)} of the direct path's capacity; a load "
         "above 1.5× a path's own saturation rate is not run for it (marked overloaded). Before each phase the harness waits until "

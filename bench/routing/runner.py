@@ -26,16 +26,19 @@ from bench.routing.fleet import Fleet, SimProfile
 from bench.routing.metrics import LatencySummary, StreamSummary
 from bench.routing.workloads import PrefixShape
 
-PATHS = ("direct", "opod", "opod-rr", "litellm", "vllm-router", "vllm-router-cache", "sglang-router")
+PATHS = ("direct", "opod", "opod-rr", "relay-floor", "litellm", "vllm-router", "vllm-router-cache", "sglang-router")
 LABELS = {
     "direct": "direct (client → engines, no hop)",
     "opod": "opod (prefix policy)",
     "opod-rr": "opod (round robin, no policy)",
+    "relay-floor": "bare Python relay (a yardstick)",
     "litellm": "LiteLLM proxy",
     "vllm-router": "vllm-router (kv_aware)",
     "vllm-router-cache": "vllm-router (cache_aware)",
     "sglang-router": "sglang-router (cache_aware)",
 }
+YARDSTICKS = ("direct", "relay-floor")
+"""Paths that measure the machine, not a router: they skip the shared-prefix workload."""
 PEER = {"vllm-router-cache": "vllm-router"}
 """Paths that run a peer under another name than their own (the same install, another policy)."""
 
@@ -136,6 +139,10 @@ def _target(result: PathResult, fleet: Fleet, settings: Settings, scratch: Path,
         policy = fleet_mod.PREFIX_POLICY if key == "opod" else {}
         fleet.set_policy(policy, f"{key}-{time.monotonic_ns()}")
         return load.Target(key, (fleet.url,), {"Authorization": f"Bearer {fleet.key}"}), None
+    if key == "relay-floor":
+        peer = peers.start_floor(fleet.engines, fleet_mod.MODEL, scratch)
+        result.label = peer.label
+        return load.Target(key, (peer.url,), peer.headers), peer
     spec = peers.SPECS[PEER.get(key, key)]
     venv = settings.peers_dir / spec.name
     if not (venv / peers.MARKER).is_file():
@@ -175,7 +182,7 @@ def _run_path(result: PathResult, fleet: Fleet, settings: Settings, trace: list[
             ("short chat, open loop", lambda: _open(result, target, fleet, settings, offered, step)),
             ("streamed chat", lambda: _stream(result, target, settings, step)),
         ]
-        if result.key != "direct":
+        if result.key not in YARDSTICKS:
             phases.append(("shared prefix", lambda: _prefix(result, target, fleet, settings, trace, step, peer)))
         for name, phase in phases:
             if not _settle(target, result, name) or not _reset(fleet, result):
