@@ -3,8 +3,9 @@
 uvloop and httptools, round robin over the engines, kept connections, and nothing else: no key
 check, no routing state, no accounting. The request's bytes go to the engine as received and the
 answer's bytes come back as they arrive, so streamed answers stream. Set beside opod in the same
-run, it splits opod's added latency into what any Python hop costs here and what opod's own work
-costs. One request at a time per client connection, as the bench's load generator sends them.
+run, it shows how much latency any Python hop adds on this machine at that moment; both figures
+carry the machine's noise, so read them side by side rather than subtract them. One request at a
+time per client connection, as the bench's load generator sends them.
 
 Run: ``python -m bench.routing.floor PORT ENGINE_URL...``; it prints ``ready`` once it listens.
 """

@@ -204,7 +204,8 @@ def markdown(run: RunResult) -> str:
         "with no router there is no placement to judge (`opod-rr` is the round-robin baseline).",
         "- **relay-floor** is a yardstick, not a router: a bare Python relay (uvloop and httptools, round robin, kept "
         "connections; no key check, routing state or accounting; `bench/routing/floor.py`). Its `added` is what one Python "
-        "hop costs on this machine, so opod's `added` minus it is opod's own work. It runs no workload 3 either.",
+        "hop costs on this machine during the run; read opod's beside it (each carries the machine's noise). "
+        "It runs no workload 3 either.",
         f"- **1 short chat**: 8 answer tokens, not streamed; closed loop {s.closed_seconds:g} s per concurrency level; open loop "
         f"{s.open_seconds:g} s per offered load, at {', '.join(f'{f:.0%}' for f in s.loads)} of the direct path's capacity; a load "
         "above 1.5× a path's own saturation rate is not run for it (marked overloaded). Before each phase the harness waits until "
