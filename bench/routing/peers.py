@@ -26,8 +26,6 @@ from pathlib import Path
 from bench.procs import free_port
 
 MARKER = ".opod-bench-requirement"
-REPO = Path(__file__).resolve().parents[2]
-"""The checkout the bench runs from: where ``python -m bench...`` finds the package."""
 DEFAULT_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "opod-bench" / "peers"
 
 
@@ -108,11 +106,11 @@ class RunningPeer:
                 pass
 
 
-def _spawn(argv: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.Popen:
+def _spawn(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     full = {**{k: v for k, v in os.environ.items() if not k.startswith("OPOD_")}, "NO_COLOR": "1", **(env or {})}
     with log.open("w") as out:
         # Its own session, so stopping it takes every child with it.
-        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=full, start_new_session=True, cwd=cwd)
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=full, start_new_session=True)
 
 
 def _wait_ready(peer: RunningPeer, model: str, timeout: float) -> None:
@@ -283,9 +281,9 @@ def start_sglang_router(venv: Path, engines: list[str], model: str, scratch: Pat
 def start_floor(engines: list[str], model: str, scratch: Path) -> RunningPeer:
     """The bare Python relay (``bench.routing.floor``): a yardstick run from this interpreter, nothing to install."""
     port = free_port()
-    argv = [sys.executable, "-m", "bench.routing.floor", str(port), *engines]
+    argv = [sys.executable, str(Path(__file__).with_name("floor.py")), str(port), *engines]
     log = scratch / "relay-floor.log"
     peer = RunningPeer("relay-floor", "bare Python relay (uvloop + httptools, round robin; a yardstick)",
-                       f"http://127.0.0.1:{port}", {}, _spawn(argv, log, cwd=REPO), log)
+                       f"http://127.0.0.1:{port}", {}, _spawn(argv, log), log)
     _wait_ready(peer, model, 30)
     return peer

@@ -141,8 +141,15 @@ def _target(result: PathResult, fleet: Fleet, settings: Settings, scratch: Path,
         return load.Target(key, (fleet.url,), {"Authorization": f"Bearer {fleet.key}"}), None
     if key == "relay-floor":
         peer = peers.start_floor(fleet.engines, fleet_mod.MODEL, scratch)
-        result.label = peer.label
-        return load.Target(key, (peer.url,), peer.headers), peer
+    else:
+        peer = _start_peer(key, fleet, settings, scratch, say)
+    result.label = peer.label
+    result.notes += peer.notes
+    return load.Target(key, (peer.url,), peer.headers), peer
+
+
+def _start_peer(key: str, fleet: Fleet, settings: Settings, scratch: Path, say: Callable[[str], None]) -> peers.RunningPeer:
+    """A peer router from its own virtual environment, installed on first use."""
     spec = peers.SPECS[PEER.get(key, key)]
     venv = settings.peers_dir / spec.name
     if not (venv / peers.MARKER).is_file():
@@ -150,17 +157,13 @@ def _target(result: PathResult, fleet: Fleet, settings: Settings, scratch: Path,
     venv = peers.ensure_installed(spec, settings.peers_dir)
     say(f"starting {key}")
     if key == "litellm":
-        peer = peers.start_litellm(venv, fleet.engines, fleet_mod.MODEL, scratch)
-    elif key == "vllm-router":
-        peer = peers.start_vllm_router(venv, fleet.engines, fleet_mod.MODEL, settings.profile.block_size, scratch,
+        return peers.start_litellm(venv, fleet.engines, fleet_mod.MODEL, scratch)
+    if key == "vllm-router":
+        return peers.start_vllm_router(venv, fleet.engines, fleet_mod.MODEL, settings.profile.block_size, scratch,
                                        policy="kv_aware", kv_sources=fleet.kv_sources)
-    elif key == "vllm-router-cache":
-        peer = peers.start_vllm_router(venv, fleet.engines, fleet_mod.MODEL, settings.profile.block_size, scratch, policy="cache_aware")
-    else:
-        peer = peers.start_sglang_router(venv, fleet.engines, fleet_mod.MODEL, scratch)
-    result.label = peer.label
-    result.notes += peer.notes
-    return load.Target(key, (peer.url,), peer.headers), peer
+    if key == "vllm-router-cache":
+        return peers.start_vllm_router(venv, fleet.engines, fleet_mod.MODEL, settings.profile.block_size, scratch, policy="cache_aware")
+    return peers.start_sglang_router(venv, fleet.engines, fleet_mod.MODEL, scratch)
 
 
 def _run_path(result: PathResult, fleet: Fleet, settings: Settings, trace: list[workloads.TraceRequest], offered: list[float],

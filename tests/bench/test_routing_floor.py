@@ -26,7 +26,7 @@ async def _engine(name: str, seen: list[str], left: asyncio.Event) -> tuple[web.
                 await asyncio.sleep(0.03)
                 await resp.write(b'data: {"choices":[{"delta":{"content":"' + word.encode() + b'"}}]}\n\n')
             await resp.write(b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3}}\n\ndata: [DONE]\n\n')
-        except (ConnectionResetError, ConnectionError):
+        except ConnectionError:
             left.set()
         return resp
 
