@@ -124,7 +124,8 @@ def report(sims: list[dict], llama: dict | None, out: Path) -> str:
     import os
 
     lines = [f"# Data plane: direct vs through opod ({time.strftime('%Y-%m-%d %H:%M')}, {platform.machine()}, {os.cpu_count()} CPUs)", ""]
-    lines += ["Load generator, opod and the engine share the same CPUs; both paths reach the same engine process.", ""]
+    lines += ["Load generator, opod and the engine share the same CPUs; both paths reach the same engine process. "
+              "The load generator's garbage collector is paused while it measures.", ""]
     for sim in sims:
         d, o = sim["open_direct"], sim["open_opod"]
         lines += [

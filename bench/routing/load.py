@@ -10,15 +10,18 @@ router that queues requests pays for the queueing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
+
+from bench.loadgen import collector_paused
 
 _TOKEN = re.compile(rb'"content":\s*"(?!")')
 """A chunk whose delta carries text (the opening role chunk has an empty or null content)."""
@@ -70,10 +73,14 @@ KEEPALIVE_SECONDS = 3.0
 """Below the servers' own idle timeout (uvicorn's is 5 s), so the client never reuses a connection the server is closing."""
 
 
-def _session(limit: int, timeout: float) -> aiohttp.ClientSession:
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=limit, keepalive_timeout=KEEPALIVE_SECONDS),
-                                 timeout=aiohttp.ClientTimeout(total=timeout), skip_auto_headers=("User-Agent",),
-                                 headers={"Content-Type": "application/json"})
+@contextlib.asynccontextmanager
+async def _session(limit: int, timeout: float) -> AsyncIterator[aiohttp.ClientSession]:
+    """The phase's pooled session; the generator's collector is paused meanwhile (``collector_paused``)."""
+    with collector_paused():
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=limit, keepalive_timeout=KEEPALIVE_SECONDS),
+                                         timeout=aiohttp.ClientTimeout(total=timeout), skip_auto_headers=("User-Agent",),
+                                         headers={"Content-Type": "application/json"}) as session:
+            yield session
 
 
 async def _send(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str], stream: bool, sample: Sample) -> None:

@@ -158,7 +158,8 @@ def markdown(run: RunResult) -> str:
         f"One run, side by side, on loopback, against the same {s.workers} simulator engines (each started by an `opod join` worker). "
         "Paths run one after another; every engine's prefix cache is emptied before each phase. The load generator, opod, the "
         f"peers and the {s.workers} engines share the machine's {run.cores} cores, so the engines' latency model (not the CPUs) "
-        "is meant to set the answer times. Columns are the paths; `added` is the path's value minus the direct path's (at the latency goals' load, minus direct measured in turns with the path).",
+        "is meant to set the answer times; the load generator's garbage collector is paused while it measures, and the simulators "
+        "freeze their start-up objects, so neither stalls requests in whichever window a collection falls. Columns are the paths; `added` is the path's value minus the direct path's (at the latency goals' load, minus direct measured in turns with the path).",
         "",
         *_md_table(header, body),
         "",

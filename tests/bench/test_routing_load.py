@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 
 from aiohttp import web
@@ -84,3 +85,27 @@ def test_a_routers_own_time_is_read_from_its_server_timing_header() -> None:
     phase = asyncio.run(go())
     own = {s.own for s in phase.samples}
     assert all(s.ok for s in phase.samples) and own == {0.00025, None}  # milliseconds on the wire, seconds here
+
+
+def test_the_generators_collector_is_paused_while_it_measures_and_restored_after() -> None:
+    # A full collection in the generator stalls every request in flight: noise in whichever path's window it falls.
+    async def go():
+        enabled: list[bool] = []
+
+        async def chat(request: web.Request) -> web.Response:
+            enabled.append(gc.isenabled())  # the server shares the generator's process here
+            return web.json_response({"choices": [], "usage": {"completion_tokens": 1}})
+
+        runner, base = await serve_chat(chat)
+        try:
+            body = json.dumps({}).encode()
+            await open_loop(Target("t", (base,)), [(0.0, body), (0.01, body)], stream=False, drain=5)
+            await closed_loop(Target("t", (base,)), body, concurrency=2, seconds=0.2, warmup=0.05)
+        finally:
+            await runner.cleanup()
+        return enabled
+
+    frozen_before = gc.get_freeze_count()
+    enabled = asyncio.run(go())
+    assert len(enabled) >= 3 and not any(enabled)
+    assert gc.isenabled() and gc.get_freeze_count() == frozen_before

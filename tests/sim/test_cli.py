@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import httpx
@@ -9,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from opod.cli.main import app
+from opod.serving import YOUNG_COLLECTION_AT
 
 
 @pytest.mark.parametrize(
@@ -46,3 +49,22 @@ def test_python_m_opod_sim_prints_a_banner_and_vllm_refuses_connections_while_lo
             time.sleep(0.05)
     assert (r.status_code, r.content) == (200, b"")
     assert [m["id"] for m in httpx.get(p.url + "/v1/models").json()["data"]] == ["a", "b"]
+
+
+def test_a_served_simulator_keeps_its_start_up_objects_out_of_the_collectors_passes() -> None:
+    # A collector pass over the simulator's heap would stall every request in flight and show as
+    # engine latency that the latency model did not ask for.
+    script = (
+        "import gc, os\n"
+        "from opod.sim.config import SimConfig\n"
+        "from opod.sim.server import serve\n"
+        "def announce(line):\n"
+        "    print(gc.get_freeze_count(), gc.get_threshold()[0], flush=True)\n"
+        "    os._exit(0)\n"
+        "serve(SimConfig(port=0), announce=announce)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    frozen, young_threshold = map(int, done.stdout.split())
+    assert frozen > 10_000, "start-up objects (modules, the app) should be frozen before serving"
+    assert young_threshold == YOUNG_COLLECTION_AT

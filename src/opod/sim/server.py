@@ -21,6 +21,7 @@ import uvicorn
 import uvloop
 from starlette.applications import Starlette
 
+from opod.serving import settle_memory
 from opod.sim.app import build_app
 from opod.sim.config import SimConfig, SimConfigError
 from opod.sim.state import SimState
@@ -67,6 +68,7 @@ def serve(config: SimConfig, announce: Callable[[str], None] | None = print) -> 
     sock = bind(config.host, config.port)
     port = sock.getsockname()[1]
     app = build_app(config)
+    settle_memory()  # the simulated engine's timing is the product here: no collector pauses in it
     if announce is not None:
         announce(banner(config, config.host, port))
     uvloop.run(_serve(_uvicorn(app), app.state.sim, sock))
