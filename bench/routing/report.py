@@ -93,6 +93,8 @@ def _rows(run: RunResult) -> list[tuple[str, Cell, str]]:
         (f"1 short chat: added p50 ms at {half}", added_cell(50), "added p50"),
         (f"1 short chat: added p99 ms at {half}", added_cell(99), "added p99"),
         (f"1 short chat: the router's own time p50 / p99 ms at {half} (its Server-Timing)", own_cell, ""),
+        (f"1 short chat: the router's CPU ms per request at {half} (its processes)",
+         lambda p: _ms(p.cpu_per_request), ""),
         ("1 short chat: errors (closed + open loop)", errors_w1, ""),
         ("2 streamed: TTFT p50 ms added", stream_added("ttft_p50"), ""),
         ("2 streamed: TTFT p99 ms added", stream_added("ttft_p99"), ""),
@@ -215,7 +217,9 @@ def markdown(run: RunResult) -> str:
         f"path runs {runner.PAIRED_ROUNDS} times in turns with direct, and its `added` rows compare the two: a shared machine's "
         "speed drifts over a run, and a path measured many minutes after the direct column would be charged the drift. "
         "The router's own time is what opod's `Server-Timing` header says it spent per request (reading, routing, recording), "
-        "without the engine's time and without the extra hops on either side of it; the peers send no such header.",
+        "without the engine's time and without the extra hops on either side of it; the peers send no such header. "
+        "The router's CPU per request is the user and system time of its process and its children (from /proc) over its runs "
+        "at that load, divided by the requests sent; the engines and the load generator are not in it.",
         f"- **2 streamed chat**: {s.stream_tokens} answer tokens, Poisson at {s.stream_rate:g} req/s for {s.stream_seconds:g} s; "
         "TTFT = due time to first text chunk; inter-token = gap between text chunks.",
         f"- **3 shared prefix** (llm-d's capacity benchmark, scaled down): {shape.groups} system prompts of {shape.system_tokens} tokens, "

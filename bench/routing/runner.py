@@ -80,6 +80,8 @@ class PathResult:
     """Offered rates not run because they exceed this path's own capacity by far → that capacity (req/s)."""
     paired: dict[float, LatencySummary] = field(default_factory=dict)
     """Offered rate → the direct path, measured in turns with this path at that rate (the goals' load only)."""
+    cpu_per_request: float = math.nan
+    """Seconds of CPU the router's processes spent per request sent, over its runs at the goals' load."""
     stream: StreamSummary | None = None
     prefix: StreamSummary | None = None
     prefix_hit_rate: float = math.nan
@@ -138,14 +140,14 @@ def _target(result: PathResult, fleet: Fleet, settings: Settings, scratch: Path,
     if key in ("opod", "opod-rr"):
         policy = fleet_mod.PREFIX_POLICY if key == "opod" else {}
         fleet.set_policy(policy, f"{key}-{time.monotonic_ns()}")
-        return load.Target(key, (fleet.url,), {"Authorization": f"Bearer {fleet.key}"}), None
+        return load.Target(key, (fleet.url,), {"Authorization": f"Bearer {fleet.key}"}, fleet.leader.proc.pid), None
     if key == "relay-floor":
         peer = peers.start_floor(fleet.engines, fleet_mod.MODEL, scratch)
     else:
         peer = _start_peer(key, fleet, settings, scratch, say)
     result.label = peer.label
     result.notes += peer.notes
-    return load.Target(key, (peer.url,), peer.headers), peer
+    return load.Target(key, (peer.url,), peer.headers, peer.proc.pid), peer
 
 
 def _start_peer(key: str, fleet: Fleet, settings: Settings, scratch: Path, say: Callable[[str], None]) -> peers.RunningPeer:
@@ -282,10 +284,16 @@ def _open(result: PathResult, target: load.Target, fleet: Fleet, settings: Setti
         if rate == paired_rate:
             # Direct and this path in turns, so a machine whose speed drifts over the run does not
             # charge the drift to the path.
-            rounds = [asyncio.run(load.open_loop(t, schedule, stream=False, drain=drain, tick=advance))
-                      for _ in range(PAIRED_ROUNDS) for t in (direct, target)]
+            rounds, spent = [], 0.0
+            for _ in range(PAIRED_ROUNDS):
+                rounds.append(asyncio.run(load.open_loop(direct, schedule, stream=False, drain=drain, tick=advance)))
+                before = load.cpu_seconds(target.pid) if target.pid else 0.0
+                rounds.append(asyncio.run(load.open_loop(target, schedule, stream=False, drain=drain, tick=advance)))
+                spent += load.cpu_seconds(target.pid) - before if target.pid else 0.0
             result.paired[rate] = metrics.latency_summary(load.merge(rounds[0::2]))
             phase = load.merge(rounds[1::2])
+            if target.pid and phase.sent:
+                result.cpu_per_request = spent / phase.sent
         else:
             phase = asyncio.run(load.open_loop(target, schedule, stream=False, drain=drain, tick=advance))
         result.open[rate] = summary = metrics.latency_summary(phase)

@@ -5,10 +5,14 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import os
+import signal
+import subprocess
+import sys
 
 from aiohttp import web
 
-from bench.routing.load import Target, closed_loop, open_loop
+from bench.routing.load import Target, closed_loop, cpu_seconds, open_loop
 from tests.bench.chat_server import serve_chat
 
 
@@ -109,3 +113,24 @@ def test_the_generators_collector_is_paused_while_it_measures_and_restored_after
     enabled = asyncio.run(go())
     assert len(enabled) >= 3 and not any(enabled)
     assert gc.isenabled() and gc.get_freeze_count() == frozen_before
+
+
+BURN = "import time\nend = time.process_time() + 0.4\nwhile time.process_time() < end: pass\n"
+
+
+def test_a_routers_cpu_time_counts_its_own_process_and_its_children() -> None:
+    # The parent burns 0.4 s of CPU, starts a child that burns 0.4 s, then both wait to be read.
+    child = BURN + "print('burnt', flush=True)\ntime.sleep(60)\n"
+    parent = (f"{BURN}import subprocess, sys\n"
+              f"c = subprocess.Popen([sys.executable, '-c', {child!r}], stdout=subprocess.PIPE, text=True)\n"
+              "print(c.pid, c.stdout.readline().strip(), flush=True)\ntime.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        child_pid, said = proc.stdout.readline().split()  # type: ignore[union-attr]
+        assert said == "burnt"
+        family, alone = cpu_seconds(proc.pid), cpu_seconds(int(child_pid))
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert 0.35 <= alone < 0.7
+    assert family >= alone + 0.35

@@ -141,3 +141,13 @@ def test_added_latency_compares_with_the_direct_runs_made_in_turns_with_the_path
     opod.paired.clear()
     assert {g.row: g.met for g in goals.check(run)}["added p50"] is False
 
+
+
+def test_the_routers_cpu_per_request_is_shown_where_it_was_measured() -> None:
+    from bench.routing import report
+
+    opod = _path("opod", 900, 0.2008, 0.214, _stream(0.1, 2000))
+    opod.cpu_per_request = 0.00053
+    row = next(line for line in report.markdown(_run([_path("direct", 1000, 0.2, 0.21, None), opod])).splitlines()
+               if "CPU ms per request" in line)
+    assert row.split(" | ")[1:3] == ["—", "0.53"]
