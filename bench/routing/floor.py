@@ -7,7 +7,8 @@ run, it shows how much latency any Python hop adds on this machine at that momen
 carry the machine's noise, so read them side by side rather than subtract them. One request at a
 time per client connection, as the bench's load generator sends them.
 
-Run: ``python -m bench.routing.floor PORT ENGINE_URL...``; it prints ``ready`` once it listens.
+Run: ``python bench/routing/floor.py PORT ENGINE_URL...`` (it imports nothing from the bench);
+it prints ``ready`` once it listens.
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ async def serve(port: int, engine_urls: list[str]) -> None:
 
 def main(argv: list[str]) -> None:
     if len(argv) < 2 or not argv[0].isdigit():
-        sys.exit("usage: python -m bench.routing.floor PORT ENGINE_URL...")
+        sys.exit("usage: python bench/routing/floor.py PORT ENGINE_URL...")
     uvloop.run(serve(int(argv[0]), argv[1:]))
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import re
 import time
 import urllib.error
@@ -23,6 +22,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from bench.loadgen import collector_paused
+from opod.worker import processes
 
 _TOKEN = re.compile(rb'"content":\s*"(?!")')
 """A chunk whose delta carries text (the opening role chunk has an empty or null content)."""
@@ -38,40 +38,16 @@ class Target:
     bases: tuple[str, ...]
     headers: dict[str, str] = field(default_factory=dict)
     pid: int | None = None
-    """The router's process (its CPU time is read around the goals' phase); None for direct."""
+    """The router's process, started in a process group of its own (its CPU time is read around the goals'
+    phase); None for direct."""
 
     def url(self, i: int) -> str:
         return self.bases[i % len(self.bases)] + "/v1/chat/completions"
 
 
-_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def cpu_seconds(pid: int) -> float:
-    """CPU time (user and system) of a process and its live descendants so far; 0 where /proc cannot tell."""
-    parents: dict[int, int] = {}
-    spent: dict[int, float] = {}
-    try:
-        entries = [int(name) for name in os.listdir("/proc") if name.isdigit()]
-    except OSError:
-        return 0.0
-    for entry in entries:
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as handle:
-                fields = handle.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # gone meanwhile
-        parents[entry] = int(fields[1])
-        spent[entry] = (int(fields[11]) + int(fields[12])) / _TICK
-
-    def descends(entry: int) -> bool:
-        for _ in range(64):  # process trees are shallow; this only guards the walk
-            if entry == pid or entry not in parents:
-                break
-            entry = parents[entry]
-        return entry == pid
-
-    return sum(seconds for entry, seconds in spent.items() if descends(entry))
+def cpu_seconds(pgid: int) -> float:
+    """CPU time (user and system) spent so far by a router's process group: its process and the ones it started."""
+    return sum(processes.cpu_seconds(pid) for pid in processes.group_members(pgid))
 
 
 @dataclass

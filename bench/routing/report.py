@@ -218,7 +218,7 @@ def markdown(run: RunResult) -> str:
         "speed drifts over a run, and a path measured many minutes after the direct column would be charged the drift. "
         "The router's own time is what opod's `Server-Timing` header says it spent per request (reading, routing, recording), "
         "without the engine's time and without the extra hops on either side of it; the peers send no such header. "
-        "The router's CPU per request is the user and system time of its process and its children (from /proc) over its runs "
+        "The router's CPU per request is the user and system time of its process group (its process and those it started; from /proc) over its runs "
         "at that load, divided by the requests sent; the engines and the load generator are not in it.",
         f"- **2 streamed chat**: {s.stream_tokens} answer tokens, Poisson at {s.stream_rate:g} req/s for {s.stream_seconds:g} s; "
         "TTFT = due time to first text chunk; inter-token = gap between text chunks.",

@@ -284,16 +284,15 @@ def _open(result: PathResult, target: load.Target, fleet: Fleet, settings: Setti
         if rate == paired_rate:
             # Direct and this path in turns, so a machine whose speed drifts over the run does not
             # charge the drift to the path.
-            rounds, spent = [], 0.0
+            directs, turns, spent = [], [], 0.0
             for _ in range(PAIRED_ROUNDS):
-                rounds.append(asyncio.run(load.open_loop(direct, schedule, stream=False, drain=drain, tick=advance)))
-                before = load.cpu_seconds(target.pid) if target.pid else 0.0
-                rounds.append(asyncio.run(load.open_loop(target, schedule, stream=False, drain=drain, tick=advance)))
-                spent += load.cpu_seconds(target.pid) - before if target.pid else 0.0
-            result.paired[rate] = metrics.latency_summary(load.merge(rounds[0::2]))
-            phase = load.merge(rounds[1::2])
-            if target.pid and phase.sent:
-                result.cpu_per_request = spent / phase.sent
+                directs.append(asyncio.run(load.open_loop(direct, schedule, stream=False, drain=drain, tick=advance)))
+                before = load.cpu_seconds(target.pid) if target.pid else math.nan
+                turns.append(asyncio.run(load.open_loop(target, schedule, stream=False, drain=drain, tick=advance)))
+                spent += load.cpu_seconds(target.pid) - before if target.pid else math.nan
+            result.paired[rate] = metrics.latency_summary(load.merge(directs))
+            phase = load.merge(turns)
+            result.cpu_per_request = spent / phase.sent if phase.sent else math.nan
         else:
             phase = asyncio.run(load.open_loop(target, schedule, stream=False, drain=drain, tick=advance))
         result.open[rate] = summary = metrics.latency_summary(phase)

@@ -13,6 +13,7 @@ import sys
 from aiohttp import web
 
 from bench.routing.load import Target, closed_loop, cpu_seconds, open_loop
+from opod.worker import processes
 from tests.bench.chat_server import serve_chat
 
 
@@ -118,8 +119,8 @@ def test_the_generators_collector_is_paused_while_it_measures_and_restored_after
 BURN = "import time\nend = time.process_time() + 0.4\nwhile time.process_time() < end: pass\n"
 
 
-def test_a_routers_cpu_time_counts_its_own_process_and_its_children() -> None:
-    # The parent burns 0.4 s of CPU, starts a child that burns 0.4 s, then both wait to be read.
+def test_a_routers_cpu_time_counts_its_process_group_its_own_process_and_its_children() -> None:
+    # The parent burns 0.4 s of CPU in a session of its own, starts a child that burns 0.4 s, then both wait to be read.
     child = BURN + "print('burnt', flush=True)\ntime.sleep(60)\n"
     parent = (f"{BURN}import subprocess, sys\n"
               f"c = subprocess.Popen([sys.executable, '-c', {child!r}], stdout=subprocess.PIPE, text=True)\n"
@@ -128,7 +129,7 @@ def test_a_routers_cpu_time_counts_its_own_process_and_its_children() -> None:
     try:
         child_pid, said = proc.stdout.readline().split()  # type: ignore[union-attr]
         assert said == "burnt"
-        family, alone = cpu_seconds(proc.pid), cpu_seconds(int(child_pid))
+        family, alone = cpu_seconds(proc.pid), processes.cpu_seconds(int(child_pid))
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()

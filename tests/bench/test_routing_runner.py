@@ -70,8 +70,8 @@ def test_at_the_goals_load_the_path_runs_in_turns_with_direct_and_is_compared_wi
             return lambda: ticks.append(1)
 
         fleet = SimpleNamespace(engines=[servers.urls["direct"]])
-        # The "router" is this process (the servers' thread), so its CPU time is what the rounds cost here.
-        path = Target("opod", (servers.urls["path"],), pid=os.getpid())
+        # The "router" is this process's group (the servers run in a thread here), so its CPU time is what the rounds cost.
+        path = Target("opod", (servers.urls["path"],), pid=os.getpgrp())
         runner._open(result, path, fleet, settings, offered, step)  # type: ignore[arg-type]
     finally:
         servers.stop()

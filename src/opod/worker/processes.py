@@ -103,16 +103,27 @@ def _child_setup(parent_pid: int, death_signal: int) -> None:
         os.kill(os.getpid(), death_signal)
 
 
-def proc_stat(pid: int) -> tuple[str, int, int] | None:
-    """``(state, ppid, pgrp)`` from ``/proc/<pid>/stat``, or None when there is no such process."""
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state first), or None when there is no such process."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
     except OSError:
         return None
     # The command name may hold spaces and parentheses; the fields after the last ')' are fixed.
-    fields = data[data.rindex(b")") + 2 :].split()
-    return fields[0].decode(), int(fields[1]), int(fields[2])
+    return data[data.rindex(b")") + 2 :].split()
+
+
+def proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """``(state, ppid, pgrp)`` from ``/proc/<pid>/stat``, or None when there is no such process."""
+    fields = _stat_fields(pid)
+    return None if fields is None else (fields[0].decode(), int(fields[1]), int(fields[2]))
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time a process has spent so far; 0 when there is no such process."""
+    fields = _stat_fields(pid)
+    return 0.0 if fields is None else (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def group_members(pgid: int) -> set[int]:
