@@ -16,7 +16,7 @@ import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["VOCAB_SIZE", "BOS", "EOS", "Tokenizer", "message_text", "render_chat"]
+__all__ = ["VOCAB_SIZE", "BOS", "EOS", "Tokenizer", "message_text", "render_chat", "render_message"]
 
 VOCAB_SIZE = 32000
 UNK, BOS, EOS = 0, 1, 2
@@ -26,6 +26,9 @@ _FIRST_PLAIN = 256
 
 _PIECES = re.compile(r"<\|[a-z_]+\|>|</?s>| ?[^\W_]+| ?_+| ?[^\w\s]|\s+")
 _CACHE_LIMIT = 200_000
+MESSAGE_CACHE_CHARS = 8_000_000
+"""Rendered messages whose ids are kept, in characters of text: system prompts and earlier turns come back with every request."""
+_GENERATION_PROMPT = "<|assistant|>\n"
 
 
 def message_text(content: Any) -> str:
@@ -39,13 +42,16 @@ def message_text(content: Any) -> str:
     return str(content)
 
 
+def render_message(message: Mapping[str, Any]) -> str:
+    """One message in the simulator's chat template."""
+    return f"<|{message.get('role') or 'user'}|>\n{message_text(message.get('content'))}\n"
+
+
 def render_chat(messages: Iterable[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
     """The simulator's chat template."""
-    parts = ["<s>"]
-    for m in messages:
-        parts.append(f"<|{m.get('role') or 'user'}|>\n{message_text(m.get('content'))}\n")
+    parts = ["<s>", *(render_message(m) for m in messages)]
     if add_generation_prompt:
-        parts.append("<|assistant|>\n")
+        parts.append(_GENERATION_PROMPT)
     return "".join(parts)
 
 
@@ -55,6 +61,8 @@ class Tokenizer:
     def __init__(self) -> None:
         self._ids: dict[str, int] = dict(_SPECIAL)
         self._pieces: dict[int, str] = {v: k for k, v in _SPECIAL.items()}
+        self._messages: dict[str, list[int]] = {}
+        self._message_chars = 0
 
     def piece_id(self, piece: str) -> int:
         tid = self._ids.get(piece)
@@ -80,7 +88,30 @@ class Tokenizer:
         return out
 
     def encode_chat(self, messages: Iterable[Mapping[str, Any]], add_generation_prompt: bool = True) -> list[int]:
-        return self.encode(render_chat(messages, add_generation_prompt))
+        """The ids of ``render_chat``'s text, message by message.
+
+        A rendered message starts with ``<`` and ends with a newline, so no piece spans two
+        messages and the ids join up exactly; each message's ids are kept for the next request.
+        """
+        out = [BOS]
+        for message in messages:
+            out += self._message_ids(render_message(message))
+        if add_generation_prompt:
+            out += self._message_ids(_GENERATION_PROMPT)
+        return out
+
+    def _message_ids(self, text: str) -> list[int]:
+        ids = self._messages.get(text)
+        if ids is None:
+            ids = self.encode(text)
+            if len(text) <= MESSAGE_CACHE_CHARS // 4:
+                while self._messages and self._message_chars + len(text) > MESSAGE_CACHE_CHARS:
+                    oldest = next(iter(self._messages))
+                    del self._messages[oldest]
+                    self._message_chars -= len(oldest)
+                self._messages[text] = ids
+                self._message_chars += len(text)
+        return ids
 
     def decode(self, ids: Sequence[int]) -> str:
         """Unknown ids decode to nothing, as vLLM's ``/detokenize`` answers for an out-of-vocabulary id."""
