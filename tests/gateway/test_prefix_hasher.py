@@ -10,7 +10,7 @@ from opod.contract.blockhash import block_hashes
 from opod.fleet.prefix_index import PrefixIndex
 from opod.fleet.state import Fleet
 from opod.gateway.prefix import PrefixHasher
-from opod.sim.tokenizer import Tokenizer
+from opod.sim.tokenizer import Tokenizer, render_chat
 
 MODEL = "sim-chat"
 MESSAGES = [{"role": "system", "content": " ".join(f"rule {i}." for i in range(60))}, {"role": "user", "content": "hi"}]
@@ -31,10 +31,26 @@ def hashes_for(fleet: Fleet, index: PrefixIndex) -> list[str]:
 
 
 def test_two_workers_get_the_contracts_hashes_of_the_chat_tokens() -> None:
-    expected = block_hashes(Tokenizer().encode_chat(MESSAGES), 16)
+    expected = block_hashes(Tokenizer().encode(render_chat(MESSAGES)), 16)
     assert len(expected) >= 4
     assert hashes_for(*serving("a", "b")) == expected
 
 
 def test_a_model_with_one_worker_is_not_hashed() -> None:
     assert hashes_for(*serving("a")) == []
+
+
+def test_a_change_in_what_workers_report_applies_to_the_next_request() -> None:
+    fleet, index = serving("a", "b")
+    hasher = PrefixHasher(fleet, index, workers=None)
+    payload = {"model": MODEL, "messages": MESSAGES}
+    tokens = Tokenizer().encode(render_chat(MESSAGES))
+    assert asyncio.run(hasher.hashes(MODEL, payload)) == block_hashes(tokens, 16)
+    # The engines restart with another block size: the next request is hashed by it.
+    for node_id in ("a", "b"):
+        index.apply(node_id, "b2", nodeapi.KVBlocks(seq=1, block_size=32, stored=[]))
+    assert asyncio.run(hasher.hashes(MODEL, payload)) == block_hashes(tokens, 32)
+    # Nobody reports blocks any more: nothing to match, so nothing is hashed.
+    index.forget("a")
+    index.forget("b")
+    assert asyncio.run(hasher.hashes(MODEL, payload)) == []

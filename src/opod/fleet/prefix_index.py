@@ -36,6 +36,8 @@ class PrefixIndex:
         self._holders: dict[str, set[str]] = {}
         self.resets = 0
         """How many times a worker's blocks were dropped to rebuild (gaps, boots, cleared)."""
+        self.generation = 0
+        """Changes when a worker starts or stops reporting, or its block size changes: what readers may cache by."""
 
     # --- what workers report -----------------------------------------------------
 
@@ -44,12 +46,14 @@ class PrefixIndex:
         worker = self._workers.get(node_id)
         if worker is None:
             worker = self._workers[node_id] = _Worker(boot_id=boot_id)
+            self.generation += 1
         if worker.boot_id != boot_id or kv.cleared or (worker.seq and kv.seq != worker.seq + 1):
             self._drop(node_id, worker)
             worker.boot_id = boot_id
         worker.seq = kv.seq
-        if kv.block_size:
+        if kv.block_size and kv.block_size != worker.block_size:
             worker.block_size = kv.block_size
+            self.generation += 1
         for digest in kv.removed or ():
             if worker.blocks.pop(digest, None) is not None:
                 self._unhold(digest, node_id)
@@ -66,6 +70,7 @@ class PrefixIndex:
     def forget(self, node_id: str) -> None:
         worker = self._workers.pop(node_id, None)
         if worker is not None:
+            self.generation += 1
             self._drop(node_id, worker)
 
     def sweep(self, now: float | None = None) -> int:

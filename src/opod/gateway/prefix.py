@@ -11,6 +11,7 @@ routed by load and the sticky pin instead, never held up.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from opod.contract import nodeapi
@@ -26,30 +27,49 @@ MAX_BLOCKS = 256
 TOKENIZE_TIMEOUT = 0.25
 
 
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    serving: list
+    generation: int
+    holders: list
+    block_size: int
+    """0: not worth hashing."""
+    simulated: bool
+    """Every holder runs the simulator, whose tokenizer the leader has."""
+
+
 class PrefixHasher:
     def __init__(self, fleet: Fleet, index: PrefixIndex, workers: WorkerClient) -> None:
         self.fleet = fleet
         self.index = index
         self.workers = workers
         self._sim = None
+        self._plans: dict[str, _Plan] = {}
 
     async def hashes(self, model: str, payload: dict[str, Any]) -> list[str]:
-        serving = self.fleet.workers_for(model)
-        if len(serving) < 2:
-            return []  # one place to go: the hashes would not change where it goes
-        holders = [n for n in serving if self.index.reports(n.id)]
-        if not holders:
+        plan = self._plan(model)
+        if plan.block_size <= 0:
             return []
-        block_size = self.index.block_size([n.id for n in holders])
-        if block_size <= 0:
-            return []
-        if all(n.engine_id == "sim" for n in holders):
+        if plan.simulated:
             tokens = self._sim_tokens(payload)
         else:
-            tokens = await self._worker_tokens(model, payload, holders)
+            tokens = await self._worker_tokens(model, payload, plan.holders)
         if not tokens:
             return []
-        return block_hashes(tokens[: MAX_BLOCKS * block_size], block_size)
+        return block_hashes(tokens[: MAX_BLOCKS * plan.block_size], plan.block_size)
+
+    def _plan(self, model: str) -> _Plan:
+        """How to hash ``model``'s requests, kept while its live workers and the index's reporters stay the same."""
+        serving = self.fleet.workers_for(model)
+        plan = self._plans.get(model)
+        if plan is not None and plan.serving is serving and plan.generation == self.index.generation:
+            return plan
+        holders = [n for n in serving if self.index.reports(n.id)]
+        # One place to go, or nobody reporting blocks: the hashes would not change where it goes.
+        block_size = self.index.block_size([n.id for n in holders]) if len(serving) >= 2 and holders else 0
+        plan = _Plan(serving, self.index.generation, holders, block_size, all(n.engine_id == "sim" for n in holders))
+        self._plans[model] = plan
+        return plan
 
     def _sim_tokens(self, payload: dict[str, Any]) -> list[int]:
         from opod.sim.tokenizer import Tokenizer
