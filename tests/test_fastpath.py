@@ -11,13 +11,20 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from opod.fastpath import BODY_LIMIT, FastPath
+from opod.fastpath import (
+    BODY_LIMIT,
+    FastPath,
+    PreparedResponse,
+    ReadRequest,
+    headers_of,
+    read_whole,
+)
 from opod.serving import Listener, bind, serve
 
 
 def way(request: Request) -> str:
-    """Which way the request came: the short way's body source is the protocol's own."""
-    return "short" if "FastHttpProtocol" in request.receive.__qualname__ else "usual"
+    """Which way the request came: the short way hands over a request read whole."""
+    return "short" if isinstance(request, ReadRequest) else "usual"
 
 
 class App:
@@ -36,6 +43,14 @@ class App:
         return JSONResponse({"len": len(body), "sum": sum(body) % 997, "id": request.headers.get("x-request-id"),
                              "query": request.url.query}, headers={"X-Seen": "yes"})
 
+    async def prepared(self, request: Request) -> Response:
+        """Reads the way the gateway does: the headers as one dictionary, the body handed over when read whole."""
+        self.calls.append(way(request))
+        whole = read_whole(request)
+        body = whole if whole is not None else await request.body()
+        tag = headers_of(request).get("x-tag", "none")
+        return PreparedResponse(body[::-1], 201, [(b"x-first-tag", tag.encode()), (b"content-type", b"application/octet-stream")])
+
     async def stream(self, request: Request) -> Response:
         self.calls.append(way(request))
 
@@ -53,7 +68,7 @@ class App:
         async def cold(request: Request) -> Response:
             return JSONResponse({"cold": True})
 
-        hot = {("POST", "/echo"): self.echo, ("POST", "/stream"): self.stream}
+        hot = {("POST", "/echo"): self.echo, ("POST", "/stream"): self.stream, ("POST", "/prepared"): self.prepared}
         return FastPath(hot, Starlette(routes=[Route("/cold", cold, methods=["GET"])]))
 
 
@@ -115,6 +130,21 @@ async def test_hot_and_usual_ways_answer_alike(served):
     assert short[2] == usual[2]
     assert json.loads(short[2]) == {"len": len(body), "sum": sum(body) % 997, "id": "r-1", "query": "x=1"}
     assert short[1]["x-seen"] == "yes" and app.calls == ["short", "usual"]
+
+
+async def test_prepared_answers_and_header_maps_alike_both_ways(served):
+    app, port = served
+    body = b"0123456789" * 100
+    tags = ("X-Tag: first", "X-Tag: second")
+    (short,), _ = await exchange(port, post("/prepared", body, *tags))
+    (usual,), _ = await exchange(port, post("/prepared", body, *tags, "Expect: 100-continue"))
+    assert app.calls == ["short", "usual"]
+    assert short[0] == usual[0] == b"HTTP/1.1 201 Created"
+    assert short[2] == usual[2] == body[::-1]
+    for _, headers, _ in (short, usual):
+        # A repeated header reads as its first value, as Starlette's Headers.get has it.
+        assert headers["x-first-tag"] == "first"
+        assert headers["content-length"] == str(len(body)) and headers["content-type"] == "application/octet-stream"
 
 
 async def test_keep_alive_pipelining_and_close(served):

@@ -41,6 +41,49 @@ BODY_LIMIT = 1 << 20
 """Bodies up to this size take the short way; larger ones (and bodies of unknown size) uvicorn's, which streams them."""
 
 
+class ReadRequest(Request):
+    """A hot request whose body the server has already read whole.
+
+    The body sits where Starlette caches a read body, so ``body()`` and ``stream()``
+    return it; :func:`read_whole` hands it over without an async iteration, and
+    ``header_map`` holds the headers as a plain dictionary, built once.
+    """
+
+    def __init__(self, scope: dict, body: bytes) -> None:
+        super().__init__(scope)
+        self._body = body
+        self.header_map = header_map(scope["headers"])
+
+
+def header_map(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    """ASGI headers (lower-case names) as a dictionary; the first of a repeated one wins, as in ``Headers.get``."""
+    return {name.decode("latin-1"): value.decode("latin-1") for name, value in reversed(raw)}
+
+
+def headers_of(request: Request) -> dict[str, str]:
+    """A request's headers as a plain dictionary (the hot way built it already)."""
+    if isinstance(request, ReadRequest):
+        return request.header_map
+    return header_map(request.scope["headers"])
+
+
+def read_whole(request: Request) -> bytes | None:
+    """The body the server read already, or None when it must be read from the ASGI stream."""
+    return request._body if isinstance(request, ReadRequest) else None
+
+
+class PreparedResponse(Response):
+    """A whole answer whose header lines are bytes already: Starlette's Response without building them again."""
+
+    def __init__(self, body: bytes, status_code: int, raw_headers: list[tuple[bytes, bytes]]) -> None:
+        self.status_code = status_code
+        self.background = None
+        self.body = body
+        if status_code >= 200 and status_code not in (204, 304):
+            raw_headers.append((b"content-length", b"%d" % len(body)))
+        self.raw_headers = raw_headers
+
+
 class FastPath:
     def __init__(self, routes: Mapping[tuple[str, str], Handler], app) -> None:
         self.routes = dict(routes)
@@ -141,19 +184,9 @@ class FastHttpProtocol(HttpToolsProtocol):
         self.tasks.add(task)
 
     async def _serve(self, hot: _Exchange) -> None:
-        body = b"".join(hot.body)
-        sent = False
-
-        async def receive() -> dict:
-            nonlocal sent
-            if sent:
-                return {"type": "http.disconnect"}
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
         started = False
         try:
-            response = await hot.handler(Request(hot.scope, receive))
+            response = await hot.handler(ReadRequest(hot.scope, b"".join(hot.body)))
             started = True
             if isinstance(response, StreamingResponse):
                 await self._write_stream(hot, response)

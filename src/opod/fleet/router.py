@@ -71,9 +71,6 @@ class Decision:
         out.update(self.extra)
         return out
 
-    def header(self) -> str:
-        return "; ".join(f"{k}={v}" for k, v in self.record().items())
-
 
 def choose_revision(revisions: Sequence[tuple[int, float]], request_id: str, present: Collection[int]) -> int | None:
     """The canary group for a request: a share-weighted draw fixed by its id; groups with no live worker are skipped."""

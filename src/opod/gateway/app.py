@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from opod import fastjson
+from opod.fastpath import headers_of, read_whole
 from opod.fleet.affinity import prefix_key
 from opod.fleet.models import ModelRegistry
 from opod.fleet.router import RouteRequest, RoutingPolicy, choose_revision
@@ -69,8 +70,12 @@ _ID_PREFIX = "req_" + secrets.token_hex(4)
 
 def request_id_for(request: Request) -> str:
     """The client's ``X-Request-Id`` when it is sane, else a new one unique to this process and boot."""
-    given = request.headers.get("x-request-id", "")
-    if 0 < len(given) <= 128 and given.isascii() and given.isprintable():
+    return sane_request_id(request.headers.get("x-request-id"))
+
+
+def sane_request_id(given: str | None) -> str:
+    """``given`` (an ``X-Request-Id``) when it is sane, else a new id unique to this process and boot."""
+    if given and len(given) <= 128 and given.isascii() and given.isprintable():
         return given
     return f"{_ID_PREFIX}{next(_ids):x}"
 
@@ -96,6 +101,7 @@ class Gateway:
         self.access_log = False
         self.prefix: Any = None
         """``opod.gateway.prefix.PrefixHasher``: a request's block hashes for prefix routing."""
+        self._routing: tuple[Any, RoutingPolicy] = (None, RoutingPolicy())
 
     def routes(self) -> list[Route]:
         return [Route(path, handler, methods=[method]) for (method, path), handler in self.handlers().items()]
@@ -111,33 +117,35 @@ class Gateway:
         protocol = "openai" + spec.path.removeprefix("/v1").replace("/", ".")
 
         async def endpoint(request: Request) -> Response:
-            request_id = request_id_for(request)
-            exchange = Exchange(self.stats, self.ledger, request_id, protocol, request.headers)
+            headers = headers_of(request)
+            request_id = sane_request_id(headers.get("x-request-id"))
+            exchange = Exchange(self.stats, self.ledger, request_id, protocol, headers)
             exchange.access_log = self.access_log
             try:
-                return await self.serve(request, spec, exchange)
+                return await self.serve(request, headers, spec, exchange)
             except GatewayError as err:
                 exchange.refuse(err.status)
                 return error_response(err, request_id)
 
         return endpoint
 
-    def authenticate(self, request: Request):
+    def authenticate(self, headers: dict[str, str]):
         """The caller's key entry; ``None`` for an anonymous request that keys are not required for."""
-        return self.keys.authenticate(request.headers.get("authorization"), self.require_keys)
+        return self.keys.authenticate(headers.get("authorization"), self.require_keys)
 
     async def list_models(self, request: Request) -> Response:
-        request_id = request_id_for(request)
+        headers = headers_of(request)
+        request_id = sane_request_id(headers.get("x-request-id"))
         try:
-            self.authenticate(request)
+            self.authenticate(headers)
         except GatewayError as err:
             return error_response(err, request_id)
         now = int(time.time())
         data = [{"id": m, "object": "model", "created": now, "owned_by": "opod"} for m in sorted(self.fleet.served_models())]
         return JSONResponse({"object": "list", "data": data}, headers={"X-Request-Id": request_id})
 
-    async def serve(self, request: Request, spec: RouteSpec, exchange: Exchange) -> Response:
-        key = self.authenticate(request)
+    async def serve(self, request: Request, headers: dict[str, str], spec: RouteSpec, exchange: Exchange) -> Response:
+        key = self.authenticate(headers)
         exchange.identify(key)
         body = await read_body(request, spec.body_cap)
         try:
@@ -169,26 +177,30 @@ class Gateway:
         if policy is not None and self.guardrails is not None and policy.guardrails:
             body = await self.guardrails.pre(policy, exchange.request_id, model, body)
         if self.admission is not None:
-            klass = resolve_class(getattr(key, "admission_class", "") or "", request.headers.get("x-opod-class"))
+            klass = resolve_class(getattr(key, "admission_class", "") or "", headers.get("x-opod-class"))
             exchange.permit = await self.admission.admit(model, klass, team=getattr(key, "team", "") or "", key_id=exchange.key_id)
             exchange.route = {"class": str(klass)}
-        routing = routing_policy(policy)
+        routing = self.routing_policy(policy)
         route = await self.route_request(model, payload, routing, exchange.request_id)
         exchange.begin(model)
-
-        def decided(decision) -> None:
-            exchange.route = {**(exchange.route or {}), **decision.record()}
-
         try:
             response = await self.relay.forward(
                 spec.path, route, body, stream=stream, strip_usage=strip_usage, request_id=exchange.request_id,
-                done=exchange.done, started=exchange.started, policy=routing, decided=decided,
+                done=exchange.done, started=exchange.started, policy=routing, decided=exchange.decided,
             )
         except NoCapacity as refusal:
             response = await self.fallback(spec, model, payload, stream, strip_usage, exchange, policy, refusal)
         if policy is not None and self.guardrails is not None and policy.guardrails:
             response = await self._after(policy, exchange, model, body, response, stream)
         return response
+
+    def routing_policy(self, view: Any) -> RoutingPolicy:
+        """The router's settings for the mounted policy's view, made once per view."""
+        made_for, routing = self._routing
+        if view is not made_for:
+            routing = routing_policy(view)
+            self._routing = (view, routing)
+        return routing
 
     async def route_request(self, model: str, payload: dict, routing: RoutingPolicy, request_id: str) -> RouteRequest:
         """What the router needs to know about this request: its prefix, its pin, its canary group."""
@@ -214,7 +226,7 @@ class Gateway:
                 response = await self.relay.forward(
                     spec.path, RouteRequest(model=alternative), body, stream=stream, strip_usage=strip_usage,
                     request_id=exchange.request_id, done=exchange.done, started=exchange.started,
-                    decided=lambda d: setattr(exchange, "route", {**(exchange.route or {}), **d.record(), "fallback": alternative}),
+                    decided=lambda record: exchange.decided({**record, "fallback": alternative}),
                 )
             except NoCapacity:
                 continue
@@ -286,6 +298,9 @@ DRAIN_LIMIT = 64 * MiB
 
 
 async def read_body(request: Request, cap: int) -> bytes:
+    whole = read_whole(request)
+    if whole is not None and len(whole) <= cap:
+        return whole
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > cap:
         await _drain(request, int(length))

@@ -48,6 +48,10 @@ class Exchange:
             from_file = getattr(key, "source", "") == "snapshot"
             self.key_id = SNAPSHOT_KEY_PREFIX + key.id.removeprefix(SNAPSHOT_KEY_PREFIX) if from_file else key.id
 
+    def decided(self, record: dict) -> None:
+        """The router chose a worker: its record (``Decision.record``) goes with the usage row, after the admission class."""
+        self.route = record if self.route is None else {**self.route, **record}
+
     def begin(self, model: str) -> None:
         """The request is about to be relayed: count it in flight and journal its start."""
         self.model = model

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from starlette.responses import Response, StreamingResponse
 
 from opod import fastjson
+from opod.fastpath import PreparedResponse
 from opod.fleet import router
 from opod.fleet.affinity import AffinityTable
 from opod.fleet.prefix_index import PrefixIndex
-from opod.fleet.router import Decision, RouteRequest, RoutingPolicy
+from opod.fleet.router import RouteRequest, RoutingPolicy
 from opod.fleet.state import Fleet, NodeState
 from opod.fleet.workers import WorkerClient, WorkerUnavailable
 from opod.gateway.errors import NoCapacity
@@ -74,9 +75,12 @@ class Relay:
     async def forward(
         self, path: str, route: RouteRequest, body: bytes, *, stream: bool, strip_usage: bool, request_id: str,
         done: Done, started: float, policy: RoutingPolicy = RoutingPolicy(),
-        decided: Callable[[Decision], None] = lambda _: None,
+        decided: Callable[[dict], None] = lambda _: None,
     ) -> Response:
-        """Relay to the best worker; ``done`` is called once, before the client has the answer's end."""
+        """Relay to the best worker; ``done`` is called once, before the client has the answer's end.
+
+        ``decided`` gets each attempt's routing record (``Decision.record``) before the attempt.
+        """
         model = route.model
         tried: list[str] = []
         problems: list[str] = []
@@ -86,8 +90,10 @@ class Relay:
                 break
             node = decision.node
             tried.append(node.id)
-            decided(decision)
-            answer = await self._attempt(node, path, model, body, stream, strip_usage, request_id, problems, done, started, decision)
+            record = decision.record()
+            decided(record)
+            answer = await self._attempt(node, path, model, body, stream, strip_usage, request_id, problems, done, started,
+                                         route_header(record))
             if answer is not None:
                 if route.pin_key and policy.prefix_affinity:
                     self.pins.pin(route.pin_key, node.id)
@@ -110,7 +116,7 @@ class Relay:
         problems: list[str],
         done: Done,
         started: float,
-        decision: Decision,
+        route: str,
     ) -> Response | None:
         node.in_flight += 1
         handed_over = False
@@ -137,14 +143,19 @@ class Relay:
                 problems.append(f"{node.id}: {reason}" + (f" ({detail})" if detail else ""))
                 self.fleet.failed(node)
                 return None
-            out_headers = {"X-Request-Id": request_id, WORKER_HEADER: node.id, ROUTE_HEADER: decision.header()}
             if not stream or resp.status != 200:
                 data = await resp.read()
                 answered = time.perf_counter()
                 self.fleet.succeeded(node)
                 done(Outcome(resp.status, "ok" if resp.status < 400 else "error", node.id, _usage_of(data)))
-                out_headers[TIMING_HEADER] = server_timing(started, sent, answered)
-                return Response(data, status_code=resp.status, headers=out_headers, media_type=resp.content_type or "application/json")
+                return PreparedResponse(data, resp.status, [
+                    (b"x-request-id", request_id.encode("latin-1")),
+                    (b"x-opod-worker", node.id.encode("latin-1")),
+                    (b"x-opod-route", route.encode("latin-1")),
+                    (b"server-timing", server_timing(started, sent, answered).encode("latin-1")),
+                    (b"content-type", (resp.content_type or "application/json").encode("latin-1")),
+                ])
+            out_headers = {"X-Request-Id": request_id, WORKER_HEADER: node.id, ROUTE_HEADER: route}
             try:
                 first = await asyncio.wait_for(resp.readany(), FIRST_BYTE_TIMEOUT)
                 why = "the answer ended before its first byte"
@@ -249,6 +260,11 @@ async def relay_sse(resp: UpstreamResponse, first: bytes, strip_usage: bool, don
         if on_close is not None:
             on_close()
         resp.release()
+
+
+def route_header(record: dict) -> str:
+    """The ``X-Opod-Route`` value: a routing record as ``key=value`` pairs."""
+    return "; ".join(f"{k}={v}" for k, v in record.items())
 
 
 def server_timing(started: float, sent: float, answered: float) -> str:
