@@ -4,18 +4,23 @@ written, values the store would refuse, ends from other threads, a clean stop.""
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
 import os
 import threading
+from collections.abc import Iterator, Mapping
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
-from opod.ledger import Ledger
+from opod.ledger import Ledger, journal
 from opod.ledger.ledger import COMMIT_EVERY_S
+from opod.ledger.records import live_values, to_row
 from opod.store import Store
+from opod.store.events import event_values
+from opod.store.usage import usage_values
 from tests.ledger.conftest import request
 
 
@@ -81,14 +86,19 @@ async def test_a_stop_commits_what_is_left_and_trims_the_journal(ledger: Ledger,
     await writer
     assert len(ledger.store.usage_after(0, 100)) == 50
     [segment] = sorted((home / "ledger").glob("journal-*.jsonl"))
-    lines = [json.loads(line) for line in segment.read_text().splitlines()]
+    lines = [json.loads(line) for line in segment.read_bytes().rstrip(b"\0").splitlines()]  # NUL: room reserved, unused
     # The committed ends are gone from the journal; the start still in flight was carried over.
     assert [line.get("rec") for line in lines] == [None, "start"] and lines[1]["request_id"] == "long"
     ledger.close()
     assert in_flight.ended is False
 
 
-async def test_a_journal_that_cannot_be_written_keeps_the_row_in_memory(ledger: Ledger, caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_journal_that_cannot_be_written_keeps_the_row_in_memory(
+    open_ledger, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(journal, "MAPPABLE", frozenset())  # a filesystem the journal does not map: os.write
+    ledger = open_ledger()
+    assert not ledger.journal.mapped
     # Swap the journal's descriptor for a read-only one: every write now fails with EBADF.
     read_only = os.open(os.devnull, os.O_RDONLY)
     os.dup2(read_only, ledger.journal._fd)  # type: ignore[arg-type]
@@ -101,6 +111,32 @@ async def test_a_journal_that_cannot_be_written_keeps_the_row_in_memory(ledger: 
     stop = asyncio.Event()
     writer = asyncio.create_task(ledger.run(stop))
     await _until(lambda: not ledger.journal.broken)  # the writer started a fresh segment
+    stop.set()
+    await writer
+
+
+async def test_a_full_mapped_segment_on_a_full_disk_keeps_the_rows_in_memory(
+    open_ledger, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    ledger = open_ledger(rotate_bytes=4096)  # segments of 8 KiB: full after about fifteen requests
+    if not ledger.journal.mapped:
+        pytest.skip(f"the journal is not mapped on {journal.filesystem(ledger.journal.directory)!r}")
+
+    def disk_full(*args: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(journal, "_mapped", disk_full)
+        patch.setattr(journal, "_written", disk_full)
+        with caplog.at_level(logging.ERROR, logger="opod.ledger"):
+            request(ledger, 40)
+    assert caplog.text.count("LEDGER JOURNAL WRITE FAILED") == 1 and ledger.journal.broken
+    await ledger.flush()
+    assert len(ledger.store.usage_after(0, 100)) == 40
+    stop = asyncio.Event()
+    writer = asyncio.create_task(ledger.run(stop))
+    await _until(lambda: not ledger.journal.broken)  # space again: the writer started a fresh segment
+    assert ledger.journal.mapped
     stop.set()
     await writer
 
@@ -150,3 +186,53 @@ async def test_ends_from_other_threads_wake_the_writer(ledger: Ledger) -> None:
     stop.set()
     await writer
     assert len({row.entry for row in ledger.store.usage_after(0, 1000)}) == 400
+
+
+class _Mapping(Mapping):
+    def __init__(self, data: dict) -> None:
+        self._data = data
+
+    def __getitem__(self, key: str) -> object:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+async def test_the_live_writer_stores_what_the_checking_path_would(ledger: Ledger) -> None:
+    # The live writer skips the store's checks; the records' cleaning must leave nothing they would refuse.
+    ticket = ledger.begin(request_id="r\ud800", api_key_id="k\x00", user_id=7, model="m\udfff" * 600, protocol="openai")  # type: ignore[arg-type]
+    ledger.end(ticket, outcome="  ", prompt_tokens=True, completion_tokens=2**70, latency_ms=1.5, node_id="n\udc80",  # type: ignore[arg-type]
+               route={"why": "\ud800", "nan": float("nan"), 3: "int key"})
+    ledger.event(" ", "n\ud800", _Mapping({"k": "v"}))
+    ledger.event("x", "", {("a", "b"): 1})  # a key JSON cannot hold
+    records = [record for _, record in ledger.writer._pending]
+    for record in records:
+        checked = event_values(to_row(record)) if record["rec"] == "event" else usage_values(to_row(record))  # type: ignore[arg-type]
+        assert live_values(record) == checked
+    await ledger.flush()
+    [row] = ledger.store.usage_after(0, 10)
+    assert (row.request_id, row.outcome, row.completion_tokens, row.node_id) == ("r?", "error", 2**63 - 1, "n?")
+    assert (len(row.model), row.model[:2]) == (1024, "m?")
+    events = (await ledger.events_page(0, None)).events
+    assert [(e.type, e.subject, e.data) for e in events][0] == ("unknown", "n?", {"k": "v"})
+    assert not (ledger.journal.directory / "rejected.jsonl").exists()
+
+
+@pytest.mark.parametrize("whole", [True, False])  # the database refuses its NULL entry; not of the ledger's shape
+async def test_a_live_record_the_store_refuses_is_set_aside_and_its_batch_stored(ledger: Ledger, whole: bool) -> None:
+    request(ledger, 2)
+    ticket = ledger.begin(request_id="model", api_key_id="", user_id="", model="m", protocol="openai")
+    ledger.end(ticket, outcome="ok", prompt_tokens=1, completion_tokens=1, latency_ms=1)
+    odd = {"rec": "end", "entry": None, "ts_us": 1_700_000_000_000_000, "request_id": "odd"}
+    ledger.writer.add(record := {**ledger.writer._pending[-1][1], **odd} if whole else odd)
+    request(ledger, 1, latency_ms=7)
+    await ledger.flush()
+    assert sorted((row.request_id, row.latency_ms) for row in ledger.store.usage_after(0, 10)) == [
+        ("model", 1), ("r0", 7), ("r0", 10), ("r1", 10)]
+    [rejected] = [json.loads(line) for line in (ledger.journal.directory / "rejected.jsonl").read_text().splitlines()]
+    assert rejected["record"] == record and "needs an entry" in rejected["why"]
+    assert ledger.writer.backlog == 0

@@ -11,8 +11,8 @@ from datetime import datetime
 import pytest
 
 from opod.store import InvalidInput, Store
-from opod.store.events import NewEvent
-from opod.store.usage import NewUsage
+from opod.store.events import NewEvent, event_values
+from opod.store.usage import NewUsage, usage_values
 from tests.store.conftest import T0, at
 
 
@@ -52,6 +52,16 @@ def test_a_bad_row_stores_nothing_of_its_batch(store: Store) -> None:
     with pytest.raises(InvalidInput, match="data_json of event 'node.registered' must be a JSON object"):
         store.append_ledger([usage("a")], [event("e", data_json="[]")])
     assert store.usage_after(0, 10) == [] and store.events_after(0, 10) == []
+
+
+def test_trusted_values_are_stored_once_and_a_refusal_by_the_database_stores_nothing(store: Store) -> None:
+    rows = [usage_values(usage(f"t{i}")) for i in range(3)]
+    assert store.append_ledger_trusted(rows, [event_values(event("e"))]) == (3, 1)
+    assert store.append_ledger_trusted(rows[:1], []) == (1, 0)  # known entries are not looked up; ON CONFLICT skips them
+    assert [r.entry for r in store.usage_after(0, 10)] == ["t0", "t1", "t2"]
+    with pytest.raises(InvalidInput, match="the database refused a ledger batch"):
+        store.append_ledger_trusted([usage_values(usage("t3")), {**usage_values(usage("t4")), "model": None}])
+    assert [r.entry for r in store.usage_after(0, 10)] == ["t0", "t1", "t2"]
 
 
 @pytest.mark.parametrize(

@@ -8,12 +8,27 @@ Files live in ``<home>/ledger/``:
   flight into ``interrupted`` rows.
 - ``journal-<n>.jsonl``: segments, oldest first. Each line is one JSON object ending in ``\\n``:
   a header ``{"journal": "opod-ledger", "version": 1, "boot": …, "ts_us": …}`` opening the
-  segment, then records (``"rec": "start" | "end" | "event"``, see ``records.py``).
+  segment, then records (``"rec": "start" | "end" | "event"``, see ``records.py``). A segment may
+  end in NUL bytes: room reserved for lines that were never written. Readers skip them.
 
-Each record is one ``os.write`` on an ``O_APPEND`` descriptor, without fsync: once the call
-returns, the line is in the kernel's page cache and survives the death of this process, which is
-the failure this file is for. A power loss or kernel crash can lose the last lines written since
-the OS last flushed them; that is not covered (fsync per request would cost milliseconds).
+Appending a record copies its line into the active segment, mapped into memory (``MAP_SHARED``)
+with its space reserved up front (``posix_fallocate``). Once the copy ends the line is in the
+kernel's page cache, as after a returned ``write``: it survives the death of this process (even
+SIGKILL), which is the failure this file is for. The copy makes no system call, so the request
+path neither pays for one nor hands the GIL to the writer thread. A line that does not fit starts
+a new segment; ``close`` cuts the active segment to the length used. A writer that died leaves
+NUL padding after its last line, and one killed mid-copy a torn line, skipped and counted.
+
+Without fsync, a power loss or kernel crash can lose the last lines written since the OS last
+flushed them; that is not covered (fsync per request would cost milliseconds).
+
+Segments are mapped only on filesystems that write a reserved block without allocating
+(``MAPPABLE``). Elsewhere (btrfs, ZFS, NFS, overlay) a write into a mapping can need space the disk
+no longer has, and the kernel answers with SIGBUS, which ends the process, not with an error. There,
+and when the reservation fails (a full disk), each record is one ``os.write`` on an ``O_APPEND``
+descriptor: the same guarantee, and a failed write is reported while the record stays in memory.
+A mapped segment that fails under the leader (a dying disk, truncated by another process) ends it
+with SIGBUS; the next start replays what reached the page cache.
 
 A new segment starts when the old one has grown (``rotate``): it first repeats the start
 records of the requests still in flight, so an old segment may be deleted as soon as every end
@@ -25,6 +40,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import logging
+import mmap
 import os
 import re
 from collections.abc import Iterator
@@ -39,6 +55,8 @@ log = logging.getLogger("opod.ledger")
 FORMAT = "opod-ledger"
 VERSION = 1
 _SEGMENT = re.compile(r"^journal-(\d{6,})\.jsonl$")
+MAPPABLE = frozenset({"ext4", "xfs", "tmpfs"})
+"""Filesystems whose reserved (fallocated) blocks take writes through a mapping without allocating."""
 
 
 class JournalError(Exception):
@@ -62,20 +80,50 @@ def encode(record: dict[str, Any]) -> bytes:
     return fastjson.line(record)
 
 
+def filesystem(directory: Path) -> str:
+    """The type of the filesystem holding ``directory`` (``"ext4"``, …), or "" when unknown."""
+    try:
+        device = os.stat(directory).st_dev
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as handle:
+            mounts = handle.read().splitlines()
+    except OSError:
+        return ""
+    wanted = f"{os.major(device)}:{os.minor(device)}"
+    for mount in mounts:
+        # id parent major:minor root mount-point options [optional fields] - type source options
+        fields = mount.split(" ")
+        if len(fields) > 8 and fields[2] == wanted and "-" in fields[6:]:
+            return fields[fields.index("-", 6) + 1]
+    return ""
+
+
 class Journal:
-    def __init__(self, directory: Path, lock_fd: int) -> None:
+    def __init__(self, directory: Path, lock_fd: int, reserve: int) -> None:
         """Use :meth:`open`."""
         self.directory = directory
+        self.reserve = reserve  # bytes a mapped segment reserves; 0: appends with os.write
         self._lock_fd = lock_fd
         self._fd: int | None = None
+        self._view: mmap.mmap | None = None  # the active segment, when mapped
+        self._capacity = 0  # its reserved bytes
+        self._header = b""  # the active boot's header, opening a segment started by a full one
         self._number = 0
-        self.size = 0  # bytes in the active segment
+        self.size = 0  # bytes used in the active segment
         self.broken = False  # the last write failed; rotate() tries a fresh segment
         self.bad_lines = 0  # lines skipped by read(): torn or not JSON
 
+    @property
+    def mapped(self) -> bool:
+        """Whether the active segment is appended to by copying into its mapping."""
+        return self._view is not None
+
     @classmethod
-    def open(cls, directory: Path) -> Journal:
-        """Take the directory for this process; JournalError when another live process holds it."""
+    def open(cls, directory: Path, *, reserve: int = 0) -> Journal:
+        """Take the directory for this process; JournalError when another live process holds it.
+
+        ``reserve``: the bytes each segment reserves and maps, where the filesystem allows it
+        (``MAPPABLE``); 0, or another filesystem, appends with ``os.write``.
+        """
         try:
             directory.mkdir(mode=0o700, parents=True, exist_ok=True)
             lock_fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -90,7 +138,9 @@ class Journal:
                     f"another running opod leader uses the ledger in {directory}; stop it, or give this one its own OPOD_HOME"
                 ) from None
             raise JournalError(f"cannot lock {directory / 'lock'}: {err.strerror}") from None
-        return cls(directory, lock_fd)
+        if reserve > 0 and filesystem(directory) not in MAPPABLE:
+            reserve = 0
+        return cls(directory, lock_fd, max(reserve, 0))
 
     def segments(self) -> list[Path]:
         """The segment files, oldest first."""
@@ -105,12 +155,17 @@ class Journal:
         for segment in self.segments():
             with segment.open("rb") as handle:
                 for number, raw in enumerate(handle, start=1):
+                    if raw.endswith(b"\0"):
+                        # Room a mapped writer reserved and never wrote: the segment's end.
+                        raw = raw.rstrip(b"\0")
+                        if not raw:
+                            continue
                     try:
                         record = fastjson.loads(raw)
                     except ValueError:
                         record = None
                     if not isinstance(record, dict):
-                        # A torn last line (power loss) or a short write; the rest is still good.
+                        # A torn last line (power loss, a kill mid-copy) or a short write; the rest is still good.
                         self.bad_lines += 1
                         log.error("ledger journal %s line %d is not a record; skipped", segment, number)
                         continue
@@ -132,25 +187,21 @@ class Journal:
         made, the current segment stays active and OSError propagates.
         """
         older = self.segments()
-        number = max([self._number, *(_number(path) for path in older)]) + 1
-        path = self.directory / f"journal-{number:06d}.jsonl"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600)
-        try:
-            data = encode(header) + b"".join(carried)
-            written = os.write(fd, data)
-            if written != len(data):
-                raise OSError(errno.ENOSPC, f"short write to {path}")
-        except BaseException:
-            os.close(fd)
-            path.unlink(missing_ok=True)
-            raise
-        if self._fd is not None:
-            os.close(self._fd)
-        self._fd, self._number, self.size, self.broken = fd, number, len(data), False
+        head = encode(header)
+        self._start(max([self._number, *(_number(path) for path in older)]) + 1, head + b"".join(carried))
+        self._header = head
         return older
 
     def append(self, line: bytes) -> bool:
         """Write one line; False when it could not be written whole (the caller keeps the record)."""
+        view = self._view
+        if view is not None:
+            end = self.size + len(line)
+            if end <= self._capacity:
+                view[self.size : end] = line
+                self.size = end
+                return True
+            return self._spill(line)
         if self._fd is None:
             self._failed("the journal is closed")
             return False
@@ -170,6 +221,47 @@ class Journal:
             return False
         return True
 
+    def _spill(self, line: bytes) -> bool:
+        # The full segment stays until the next rotate() lists it with the older ones.
+        if self.broken:
+            return False  # the writer's next rotate() tries again, not every request meanwhile
+        try:
+            self._start(self._number + 1, self._header + line)
+        except OSError as err:
+            self._failed(f"cannot start a new segment: {err.strerror}")
+            return False
+        return True
+
+    def _start(self, number: int, data: bytes) -> None:
+        """Make segment ``number``, holding ``data``, the active one; OSError leaves the old one active."""
+        path = self.directory / f"journal-{number:06d}.jsonl"
+        view = None
+        if self.reserve:
+            try:
+                fd, view, capacity = _mapped(path, data, self.reserve)
+            except OSError as err:
+                if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    log.warning("ledger: cannot map journal segments in %s (%s); appending with write() instead",
+                                self.directory, err.strerror)
+                    self.reserve = 0
+        if view is None:
+            fd, capacity = _written(path, data), 0
+        self._close_active(truncate=False)  # it goes once committed: cutting it now would cost the loop
+        self._fd, self._view, self._capacity, self._number, self.size, self.broken = fd, view, capacity, number, len(data), False
+
+    def _close_active(self, *, truncate: bool) -> None:
+        if self._view is not None:
+            self._view.close()
+            self._view = None
+            if truncate and self._fd is not None:
+                try:
+                    os.ftruncate(self._fd, self.size)
+                except OSError as err:
+                    log.warning("ledger: cannot cut the journal segment %06d to its length: %s", self._number, err.strerror)
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
     def _failed(self, why: str) -> None:
         if not self.broken:
             log.error(
@@ -180,9 +272,36 @@ class Journal:
         self.broken = True
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        self._close_active(truncate=True)
         if self._lock_fd >= 0:
             os.close(self._lock_fd)  # releases the flock
             self._lock_fd = -1
+
+
+def _mapped(path: Path, data: bytes, reserve: int) -> tuple[int, mmap.mmap, int]:
+    """A new segment holding ``data``, its room reserved and mapped: (descriptor, mapping, capacity)."""
+    capacity = -(-max(reserve, len(data)) // mmap.PAGESIZE) * mmap.PAGESIZE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, capacity)  # blocks allocated now: a page write later cannot find the disk full
+        view = mmap.mmap(fd, capacity, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        view[: len(data)] = data
+    except BaseException:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+        raise
+    return fd, view, capacity
+
+
+def _written(path: Path, data: bytes) -> int:
+    """A new segment holding ``data``, appended to with ``os.write``: its descriptor."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    try:
+        written = os.write(fd, data)
+        if written != len(data):
+            raise OSError(errno.ENOSPC, f"short write to {path}")
+    except BaseException:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+        raise
+    return fd

@@ -88,7 +88,8 @@ class Ledger:
         keep = retention_days() if keep is None else keep
         if not isinstance(keep, timedelta) or keep <= timedelta(0):
             raise ValueError(f"keep must be a positive timedelta, not {keep!r}")
-        journal = Journal.open(Path(home) / "ledger")
+        # Room for a segment's growth between the writer's checks, so a full one rarely starts another.
+        journal = Journal.open(Path(home) / "ledger", reserve=rotate_bytes + rotate_bytes // 2)
         try:
             number = store.next_boot() if boot is None else boot
             if isinstance(number, bool) or not isinstance(number, int) or not 0 < number <= INT64_MAX:
@@ -199,7 +200,7 @@ class Ledger:
             record = rec.event_record(
                 self._prefix + format(next(self._ids), "x"),
                 rec.now_us(),
-                rec.text(type, "event type") or "unknown",
+                rec.label(type, "event type", "unknown"),
                 rec.text(subject, "event subject"),
                 "{}" if data is None else rec.json_text(data, "event data"),
             )

@@ -13,9 +13,13 @@ twice) and ``ts_us`` is unix microseconds.
 Recovery: an end becomes its row; a start without an end becomes an ``interrupted`` row (at the
 start's time, counts 0: the journal does not know how far it got); an event becomes its event.
 
-Values are cleaned on the way in (text cut to the store's limit, NUL removed, counts made whole
-numbers ≥ 0), because ``end`` runs on the request path and must never raise, and a value the
-store would refuse must not block a whole batch later. Each cleaning is logged, naming the field.
+Values are cleaned on the way in (text cut to the store's limit, NUL and lone surrogates replaced,
+counts made whole numbers ≥ 0, names never blank, JSON always an object), because ``end`` runs on
+the request path and must never raise, and a value the store would refuse must not block a whole
+batch later. Each cleaning is logged, naming the field. The live writer relies on it: a record
+``Ledger`` built goes to the store through :func:`live_values`, unchecked, while a record read
+back from the journal (which may hold anything) is cleaned again by :func:`to_row` and checked
+by the store.
 """
 
 from __future__ import annotations
@@ -53,12 +57,15 @@ def at_us(ts_us: int) -> datetime:
 
 def text(value: object, name: str) -> str:
     """``value`` as text the store keeps; anything else is converted, and the change logged."""
-    if type(value) is str and len(value) <= MAX_TEXT and "\x00" not in value:
+    if type(value) is str and len(value) <= MAX_TEXT and "\x00" not in value and (value.isascii() or _utf8(value)):
         return value  # the common case, first and cheap
     if value is None:
         return ""
     cleaned = (value if isinstance(value, str) else str(value)).replace("\x00", "")[:MAX_TEXT]
-    log.warning("ledger: %s %r was stored as %r; pass text of at most %d characters without NUL", name, value, cleaned, MAX_TEXT)
+    if not _utf8(cleaned):
+        # A lone surrogate (JSON's "\ud800" parses into one) cannot be encoded for the database.
+        cleaned = cleaned.encode("utf-8", "replace").decode("utf-8")
+    log.warning("ledger: %s %r was stored as %r; pass text of at most %d characters, without NUL or lone surrogates", name, value, cleaned, MAX_TEXT)
     return cleaned
 
 
@@ -75,19 +82,38 @@ def count(value: object, name: str) -> int:
     return number
 
 
+def _utf8(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def label(value: object, name: str, default: str) -> str:
+    """Text the store requires to be non-blank (an outcome, an event type): ``default`` when it is."""
+    cleaned = text(value, name)
+    if cleaned.strip():
+        return cleaned
+    log.warning("ledger: %s %r is blank; stored as %r", name, value, default)
+    return default
+
+
 def outcome(value: object) -> str:
     if value in OUTCOMES:
         return value  # type: ignore[return-value]
     # Kept as given (the wire field is free text), but it is a gateway bug worth seeing.
     log.warning("ledger: outcome %r is not one of %s; stored as given", value, ", ".join(OUTCOMES))
-    return text(value, "outcome") or "error"
+    return label(value, "outcome", "error")
 
 
 def json_text(value: object, name: str) -> str:
-    """A dict as compact JSON text; values JSON cannot hold are written with str()."""
+    """A dict as compact JSON object text; values JSON cannot hold are written with str()."""
     if not isinstance(value, Mapping):
         log.warning("ledger: %s must be a dict, not %s; stored under the key \"value\"", name, type(value).__name__)
         value = {"value": value}
+    elif type(value) is not dict:
+        value = dict(value)  # the standard library would write another Mapping with str(), not as an object
     try:
         return fastjson.dumps(value).decode()
     except (ValueError, TypeError) as err:  # a cycle, or keys JSON cannot hold
@@ -135,15 +161,32 @@ def event_record(entry: str, ts_us: int, type: str, subject: str, data_json: str
     return {"rec": "event", "entry": entry, "ts_us": ts_us, "type": type, "subject": subject, "data_json": data_json}
 
 
+_USAGE_COLUMNS = ("entry", *_START_FIELDS, "outcome", "prompt_tokens", "completion_tokens", "latency_ms", "ttft_ms", "node_id", "route_json")
+_EVENT_COLUMNS = ("entry", "type", "subject", "data_json")
+
+
+def live_values(record: dict[str, Any]) -> dict[str, Any]:
+    """The store's column values for an end or event record ``Ledger`` built in this process.
+
+    Such a record was cleaned when it was built, so nothing is checked or parsed again here; the
+    store takes these values unchecked (``append_ledger_trusted``). KeyError or TypeError for a
+    record of another shape. A record read back from the journal goes through :func:`to_row`.
+    """
+    values = {name: record[name] for name in (_EVENT_COLUMNS if record["rec"] == "event" else _USAGE_COLUMNS)}
+    values["ts"] = at_us(record["ts_us"])
+    return values
+
+
 def to_row(record: dict[str, Any]) -> NewUsage | NewEvent:
-    """The store row for an end or event record; ValueError when the record is not one."""
+    """The store row for an end or event record of any origin, cleaned again; ValueError when the
+    record is not one. The store checks the row once more."""
     kind, entry, ts_us = record.get("rec"), record.get("entry"), record.get("ts_us")
     if not isinstance(entry, str) or not entry or type(ts_us) is not int:
         raise ValueError("a record needs an entry (text) and ts_us (unix microseconds)")
     if kind == "event":
         return NewEvent(
-            entry=entry, ts=at_us(ts_us), type=text(record.get("type"), "event type") or "unknown",
-            subject=text(record.get("subject"), "event subject"), data_json=record.get("data_json") or "{}",
+            entry=entry, ts=at_us(ts_us), type=label(record.get("type"), "event type", "unknown"),
+            subject=text(record.get("subject"), "event subject"), data_json=_json_field(record.get("data_json") or "{}"),
         )
     if kind != "end":
         raise ValueError(f"rec {kind!r} is neither an end nor an event")
@@ -156,9 +199,17 @@ def to_row(record: dict[str, Any]) -> NewUsage | NewEvent:
         completion_tokens=count(record.get("completion_tokens"), "completion_tokens"),
         latency_ms=count(record.get("latency_ms"), "latency_ms"),
         ttft_ms=count(record.get("ttft_ms"), "ttft_ms"),
-        outcome=text(record.get("outcome"), "outcome") or "error",
-        route_json=route if isinstance(route, str) else None,
+        outcome=label(record.get("outcome"), "outcome", "error"),
+        route_json=_json_field(route) if isinstance(route, str) else None,
     )
+
+
+def _json_field(value: Any) -> Any:
+    """JSON text read from the journal, left for the store to check; a lone surrogate in it (only a
+    damaged journal holds one) is replaced, since the database could not encode it."""
+    if not isinstance(value, str):
+        return value
+    return value if value.isascii() or _utf8(value) else value.encode("utf-8", "replace").decode("utf-8")
 
 
 @dataclass(slots=True)

@@ -5,10 +5,14 @@ While one batch commits, the next one fills, and the ledger's loop starts a comm
 row per transaction when idle, up to ``BATCH_MAX`` under load. A record leaves memory only after
 its transaction committed; a failed commit leaves it queued (and in the journal) for the retry.
 
+The records queued here were built by ``Ledger`` and cleaned as they were, so they go to the
+store as column values with no second check (:func:`commit_live`); records replayed from the
+journal are cleaned and checked again (:func:`commit_records`).
+
 A record the store refuses (InvalidInput: something ``records.py`` failed to clean) would block
-every later one, so a refused batch is retried record by record, and a record refused on its own
-is moved to ``rejected.jsonl`` beside the journal, with the reason, and logged: kept for a person
-to look at, instead of blocking the ledger or vanishing.
+every later one, so a refused batch is retried record by record, checked, and a record refused
+on its own is moved to ``rejected.jsonl`` beside the journal, with the reason, and logged: kept
+for a person to look at, instead of blocking the ledger or vanishing.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from opod.ledger.records import to_row
+from opod.ledger.records import live_values, to_row
 from opod.store import InvalidInput, Store
 from opod.store.events import NewEvent
 from opod.store.usage import NewUsage
@@ -63,6 +67,23 @@ def commit_records(store: Store, records: Sequence[dict[str, Any]], rejected: Pa
     for record, why in bad:
         _reject(rejected, record, why)
     return new
+
+
+def commit_live(store: Store, records: Sequence[dict[str, Any]], rejected: Path) -> int:
+    """:func:`commit_records` for records ``Ledger.end`` and ``Ledger.event`` built in this process.
+
+    They are new to the store (a retried batch whose commit did land is caught by ON CONFLICT),
+    so known entries are not looked up, and their values go in unchecked. When the store refuses
+    the batch, or a record is not of the ledger's making, the batch takes the checking path.
+    """
+    usage: list[dict[str, Any]] = []
+    events: list[dict[str, Any]] = []
+    try:
+        for record in records:
+            (events if record["rec"] == "event" else usage).append(live_values(record))
+        return sum(store.append_ledger_trusted(usage, events))
+    except (InvalidInput, LookupError, TypeError):
+        return commit_records(store, records, rejected, check_known=False)
 
 
 def _reject(path: Path, record: dict[str, Any], why: str) -> None:
@@ -106,9 +127,7 @@ class Writer:
         async with self._lock:
             while self.committed < target and self._pending:
                 batch = list(islice(self._pending, self.batch_max))
-                # The live writer's records are new to the store (a retried batch whose commit did land
-                # is caught by ON CONFLICT), so the look-up for known entries is skipped.
-                await asyncio.to_thread(commit_records, self.store, [record for _, record in batch], self.rejected, check_known=False)
+                await asyncio.to_thread(commit_live, self.store, [record for _, record in batch], self.rejected)
                 # Only this coroutine (under the lock) removes from the left; add() appends on the right.
                 for _ in batch:
                     self._pending.popleft()

@@ -23,6 +23,7 @@ from sqlalchemy import (
     UniqueConstraint,
     select,
 )
+from sqlalchemy.exc import IntegrityError
 
 from opod.store.base import Repository, aware, json_arg, text_arg
 from opod.store.errors import InvalidInput
@@ -136,12 +137,27 @@ class UsageRepo(Repository):
         bad one raises InvalidInput naming the field, and nothing is written. Returns how many
         usage rows and events were new.
         """
-        values = [usage_values(row) for row in rows]
-        event_rows = [event_values(row) for row in events]
+        return self._append_ledger([usage_values(row) for row in rows], [event_values(row) for row in events], check_known)
+
+    def append_ledger_trusted(self, rows: Sequence[dict[str, Any]], events: Sequence[dict[str, Any]] = ()) -> tuple[int, int]:
+        """:meth:`append_ledger` for column values their producer has already made valid.
+
+        For the ledger's live writer only, whose records are cleaned as they are built
+        (``opod.ledger.records.live_values``): nothing is checked or parsed here, and known entries
+        are not looked up (ON CONFLICT still skips them; the counts returned include them). A
+        value the database itself refuses (a constraint) raises InvalidInput, and nothing of the
+        batch is written: the caller then takes :meth:`append_ledger`, which names the field.
+        """
+        try:
+            return self._append_ledger(list(rows), list(events), False)
+        except IntegrityError as err:
+            raise InvalidInput(f"the database refused a ledger batch: {err.orig}") from None
+
+    def _append_ledger(self, rows: list[dict[str, Any]], events: list[dict[str, Any]], check_known: bool) -> tuple[int, int]:
         with self._write() as conn:
             serialize_appends(conn)
-            return (insert_new(conn, usage, values, check_known=check_known),
-                    insert_new(conn, events_table, event_rows, check_known=check_known))
+            return (insert_new(conn, usage, rows, check_known=check_known),
+                    insert_new(conn, events_table, events, check_known=check_known))
 
     def usage_after(self, after: int, limit: int) -> list[UsageRecord]:
         """Up to ``limit`` usage rows with an id above ``after``, by id."""
