@@ -48,8 +48,8 @@ class App:
         self.calls.append(way(request))
         whole = read_whole(request)
         body = whole if whole is not None else await request.body()
-        tag = headers_of(request).get("x-tag", "none")
-        return PreparedResponse(body[::-1], 201, [(b"x-first-tag", tag.encode()), (b"content-type", b"application/octet-stream")])
+        tag = headers_of(request).get(b"x-tag", b"none")
+        return PreparedResponse(body[::-1], 201, [(b"x-first-tag", tag), (b"content-type", b"application/octet-stream")])
 
     async def stream(self, request: Request) -> Response:
         self.calls.append(way(request))

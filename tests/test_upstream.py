@@ -97,6 +97,23 @@ async def test_chunked_stream_arrives_piece_by_piece():
         await pool.close()
 
 
+async def test_a_kept_connection_reads_chunked_and_sized_answers_in_turn():
+    async def answer(request, writer):
+        if b"/chunked" in request.split(b"\r\n", 1)[0]:
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-Kind: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
+        else:
+            writer.write(b"HTTP/1.1 201 Created\r\nContent-Length: 2\r\nX-Kind: sized\r\n\r\nok")
+        await writer.drain()
+
+    async with Server(answer) as server:
+        pool = Upstreams()
+        for path, status, kind, body in [("/chunked", 200, "chunked", b"abc"), ("/sized", 201, "sized", b"ok")] * 2:
+            resp = await pool.post(server.origin, path, b"{}", {})
+            assert (resp.status, resp.headers.get("x-kind"), await resp.read()) == (status, kind, body)
+        assert server.connections == 1 and pool.opened == 1
+        await pool.close()
+
+
 async def test_unfinished_answer_released_closes_its_connection():
     async with Server(raw(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial")) as server:
         pool = Upstreams()

@@ -55,13 +55,14 @@ class ReadRequest(Request):
         self.header_map = header_map(scope["headers"])
 
 
-def header_map(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
-    """ASGI headers (lower-case names) as a dictionary; the first of a repeated one wins, as in ``Headers.get``."""
-    return {name.decode("latin-1"): value.decode("latin-1") for name, value in reversed(raw)}
+def header_map(raw: list[tuple[bytes, bytes]]) -> dict[bytes, bytes]:
+    """ASGI headers as a dictionary of raw bytes by lower-case name; the first of a repeated one wins,
+    as in ``Headers.get``. Built by ``dict`` itself: a request's handler decodes only what it reads."""
+    return dict(reversed(raw))
 
 
-def headers_of(request: Request) -> dict[str, str]:
-    """A request's headers as a plain dictionary (the hot way built it already)."""
+def headers_of(request: Request) -> dict[bytes, bytes]:
+    """A request's headers as a dictionary of raw bytes (the hot way built it already)."""
     if isinstance(request, ReadRequest):
         return request.header_map
     return header_map(request.scope["headers"])

@@ -45,10 +45,11 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.error: Exception | None = None
+        # One parser for the connection's life: after a whole answer it waits for the next one.
+        self.parser = httptools.HttpResponseParser(self)
         self._reset()
 
     def _reset(self) -> None:
-        self.parser = httptools.HttpResponseParser(self)
         self.headers: dict[str, str] = {}
         self.status = 0
         self._chunks: deque[bytes] = deque()

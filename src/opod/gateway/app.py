@@ -38,7 +38,7 @@ from opod.gateway.errors import (
 from opod.gateway.exchange import Exchange
 from opod.gateway.keytable import KeyTable
 from opod.gateway.relay import Relay
-from opod.gateway.stats import GatewayStats
+from opod.gateway.stats import PROBE_HEADER, GatewayStats
 
 MiB = 1 << 20
 
@@ -64,6 +64,7 @@ _UNSUPPORTED = {
 }
 
 
+PROBE = PROBE_HEADER.encode()
 _ids = itertools.count(1)
 _ID_PREFIX = "req_" + secrets.token_hex(4)
 
@@ -73,11 +74,17 @@ def request_id_for(request: Request) -> str:
     return sane_request_id(request.headers.get("x-request-id"))
 
 
-def sane_request_id(given: str | None) -> str:
+def sane_request_id(given: str | bytes | None) -> str:
     """``given`` (an ``X-Request-Id``) when it is sane, else a new id unique to this process and boot."""
-    if given and len(given) <= 128 and given.isascii() and given.isprintable():
-        return given
+    if given and len(given) <= 128 and given.isascii():
+        text = given if isinstance(given, str) else given.decode("ascii")
+        if text.isprintable():
+            return text
     return f"{_ID_PREFIX}{next(_ids):x}"
+
+
+def _text(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("latin-1")
 
 
 class Gateway:
@@ -118,8 +125,8 @@ class Gateway:
 
         async def endpoint(request: Request) -> Response:
             headers = headers_of(request)
-            request_id = sane_request_id(headers.get("x-request-id"))
-            exchange = Exchange(self.stats, self.ledger, request_id, protocol, headers)
+            request_id = sane_request_id(headers.get(b"x-request-id"))
+            exchange = Exchange(self.stats, self.ledger, request_id, protocol, PROBE in headers)
             exchange.access_log = self.access_log
             try:
                 return await self.serve(request, headers, spec, exchange)
@@ -129,13 +136,13 @@ class Gateway:
 
         return endpoint
 
-    def authenticate(self, headers: dict[str, str]):
+    def authenticate(self, headers: dict[bytes, bytes]):
         """The caller's key entry; ``None`` for an anonymous request that keys are not required for."""
-        return self.keys.authenticate(headers.get("authorization"), self.require_keys)
+        return self.keys.authenticate(_text(headers.get(b"authorization")), self.require_keys)
 
     async def list_models(self, request: Request) -> Response:
         headers = headers_of(request)
-        request_id = sane_request_id(headers.get("x-request-id"))
+        request_id = sane_request_id(headers.get(b"x-request-id"))
         try:
             self.authenticate(headers)
         except GatewayError as err:
@@ -144,7 +151,7 @@ class Gateway:
         data = [{"id": m, "object": "model", "created": now, "owned_by": "opod"} for m in sorted(self.fleet.served_models())]
         return JSONResponse({"object": "list", "data": data}, headers={"X-Request-Id": request_id})
 
-    async def serve(self, request: Request, headers: dict[str, str], spec: RouteSpec, exchange: Exchange) -> Response:
+    async def serve(self, request: Request, headers: dict[bytes, bytes], spec: RouteSpec, exchange: Exchange) -> Response:
         key = self.authenticate(headers)
         exchange.identify(key)
         body = await read_body(request, spec.body_cap)
@@ -177,7 +184,7 @@ class Gateway:
         if policy is not None and self.guardrails is not None and policy.guardrails:
             body = await self.guardrails.pre(policy, exchange.request_id, model, body)
         if self.admission is not None:
-            klass = resolve_class(getattr(key, "admission_class", "") or "", headers.get("x-opod-class"))
+            klass = resolve_class(getattr(key, "admission_class", "") or "", _text(headers.get(b"x-opod-class")))
             exchange.permit = await self.admission.admit(model, klass, team=getattr(key, "team", "") or "", key_id=exchange.key_id)
             exchange.route = {"class": str(klass)}
         routing = self.routing_policy(policy)

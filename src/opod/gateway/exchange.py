@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from opod.contract.adminapi import SNAPSHOT_KEY_PREFIX
 from opod.gateway.relay import Outcome
-from opod.gateway.stats import PROBE_HEADER, GatewayStats
+from opod.gateway.stats import GatewayStats
 
 access = logging.getLogger("opod.access")
 
@@ -26,12 +26,13 @@ class Exchange:
     __slots__ = ("stats", "ledger", "request_id", "protocol", "probe", "started", "key_id", "model", "ticket",
                  "permit", "ended", "route", "_begun", "access_log")
 
-    def __init__(self, stats: GatewayStats, ledger: Any, request_id: str, protocol: str, headers) -> None:
+    def __init__(self, stats: GatewayStats, ledger: Any, request_id: str, protocol: str, probe: bool) -> None:
         self.stats = stats
         self.ledger = ledger
         self.request_id = request_id
         self.protocol = protocol
-        self.probe = PROBE_HEADER in headers
+        self.probe = probe
+        """The request carries ``X-Opod-Probe`` (``opod.gateway.stats.PROBE_HEADER``): served, counted nowhere."""
         self.started = time.perf_counter()
         self.key_id = ""
         self.model = ""

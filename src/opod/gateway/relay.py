@@ -264,7 +264,7 @@ async def relay_sse(resp: UpstreamResponse, first: bytes, strip_usage: bool, don
 
 def route_header(record: dict) -> str:
     """The ``X-Opod-Route`` value: a routing record as ``key=value`` pairs."""
-    return "; ".join(f"{k}={v}" for k, v in record.items())
+    return "; ".join([f"{k}={v}" for k, v in record.items()])
 
 
 def server_timing(started: float, sent: float, answered: float) -> str:
