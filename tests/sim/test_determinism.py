@@ -47,3 +47,21 @@ def test_echo_mode_repeats_the_user_message(sim) -> None:
     h = sim(mode="echo")
     r = httpx.post(h.url + "/v1/chat/completions", json={"model": "sim-model", "messages": [{"role": "user", "content": "ping pong"}], "max_tokens": 4, "ignore_eos": True})
     assert r.json()["choices"][0]["message"]["content"] == "ping pong ping pong"
+
+
+def test_the_short_and_the_usual_way_through_the_server_answer_alike(sim) -> None:
+    # The generation routes take the server's short way; a request with Expect: 100-continue takes the
+    # usual ASGI way to the same handler.
+    h = sim(seed=9)
+    body = {"model": "sim-model", "messages": [{"role": "user", "content": "both ways"}], "max_tokens": 10}
+    short = httpx.post(h.url + "/v1/chat/completions", json=body)
+    usual = httpx.post(h.url + "/v1/chat/completions", json=body, headers={"Expect": "100-continue"})
+    assert short.status_code == usual.status_code == 200
+    assert short.headers["content-type"] == usual.headers["content-type"]
+    for key in ("choices", "usage", "model"):
+        assert short.json()[key] == usual.json()[key]
+    streamed = [httpx.post(h.url + "/v1/chat/completions", json={**body, "stream": True}, headers=extra).text
+                for extra in ({}, {"Expect": "100-continue"})]
+    contents = [[json.loads(line[6:])["choices"][0]["delta"].get("content") for line in text.split("\n\n")
+                 if line.startswith("data: {") and json.loads(line[6:])["choices"]] for text in streamed]
+    assert contents[0] == contents[1] and streamed[0].endswith("data: [DONE]\n\n") and streamed[1].endswith("data: [DONE]\n\n")

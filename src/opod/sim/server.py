@@ -20,7 +20,9 @@ from dataclasses import dataclass
 import uvicorn
 import uvloop
 from starlette.applications import Starlette
+from starlette.routing import Route
 
+from opod.fastpath import FastHttpProtocol, FastPath
 from opod.serving import settle_memory
 from opod.sim.app import build_app
 from opod.sim.config import SimConfig, SimConfigError
@@ -43,8 +45,15 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+HOT_PATHS = ("/v1/chat/completions", "/v1/completions")
+"""The generation routes take the short way through the server (``opod.fastpath``), as a worker's data path does."""
+
+
 def _uvicorn(app: Starlette) -> uvicorn.Server:
-    config = uvicorn.Config(app, loop="none", http="httptools", lifespan="on", log_level="warning", access_log=False, timeout_keep_alive=30)
+    hot = {("POST", route.path): route.endpoint for route in app.routes
+           if isinstance(route, Route) and route.path in HOT_PATHS and "POST" in (route.methods or ())}
+    config = uvicorn.Config(FastPath(hot, app), loop="none", http=FastHttpProtocol, lifespan="on", log_level="warning",
+                            access_log=False, timeout_keep_alive=30, proxy_headers=False)
     return uvicorn.Server(config)
 
 
