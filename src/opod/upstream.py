@@ -38,7 +38,7 @@ class UpstreamError(ConnectionError):
 class _Connection(asyncio.Protocol):
     """One keep-alive connection: a request at a time, its answer parsed as it arrives."""
 
-    __slots__ = ("transport", "parser", "closed", "error", "headers", "status", "_chunks", "_buffered", "_waiter",
+    __slots__ = ("transport", "_loop", "parser", "closed", "error", "headers", "status", "_chunks", "_buffered", "_waiter",
                  "_head", "complete", "keep_alive", "received", "_paused")
 
     def __init__(self) -> None:
@@ -65,6 +65,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        self._loop = asyncio.get_running_loop()  # asked once: each ask costs a getpid() system call
 
     def data_received(self, data: bytes) -> None:
         self.received = True
@@ -121,7 +122,7 @@ class _Connection(asyncio.Protocol):
 
     async def send(self, request: bytes) -> None:
         """Write ``request`` and wait for the answer's status line and headers."""
-        self._head = asyncio.get_running_loop().create_future()
+        self._head = self._loop.create_future()
         self.transport.write(request)
         await self._head
 
@@ -132,7 +133,7 @@ class _Connection(asyncio.Protocol):
                 return b""
             if self.error is not None:
                 raise self.error
-            self._waiter = asyncio.get_running_loop().create_future()
+            self._waiter = self._loop.create_future()
             try:
                 await self._waiter
             finally:

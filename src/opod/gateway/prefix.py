@@ -72,9 +72,10 @@ class PrefixHasher:
         return plan
 
     def _sim_tokens(self, payload: dict[str, Any]) -> list[int]:
-        from opod.sim.tokenizer import Tokenizer
-
         if self._sim is None:
+            # Imported here, once: only a leader in front of simulated engines needs it.
+            from opod.sim.tokenizer import Tokenizer
+
             self._sim = Tokenizer()
         messages = payload.get("messages")
         if isinstance(messages, list) and messages and all(isinstance(m, dict) for m in messages):
