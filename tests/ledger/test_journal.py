@@ -9,12 +9,14 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
 from opod.ledger import Ledger, journal
+from opod.ledger import ledger as ledger_module
 from opod.ledger.journal import Journal
 from opod.store import Store
 from tests.ledger.conftest import request
@@ -155,7 +157,7 @@ async def test_full_segments_start_new_ones_and_all_go_once_committed(store: Sto
         request(ledger, 5, latency_ms=3)
         assert len(_segments(tmp_path)) >= 4 or not ledger.journal.mapped
         await ledger.flush()
-        ledger._rotate()  # what the running writer does once the segment has grown
+        await ledger._rotate_aside()  # what the running writer does once the segment has grown
         assert len(_segments(tmp_path)) == 1
         assert len(store.usage_after(0, 100)) == 65 and store.events_after(0, 10)[0].type == "big"
     finally:
@@ -169,6 +171,39 @@ async def test_full_segments_start_new_ones_and_all_go_once_committed(store: Sto
     again = Ledger.open(store, tmp_path, keep=timedelta(days=1))
     again.close()
     assert len(store.usage_after(0, 100)) == 66  # the one in flight became interrupted, nothing twice
+
+
+async def test_a_running_writer_reserves_unmaps_and_deletes_segments_off_the_event_loop(
+        store: Store, mappable_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each takes a millisecond or more; on the loop it would hold up every request in flight.
+    work: list[tuple[str, int]] = []
+
+    def traced(name: str, function):
+        def call(*args, **options):
+            work.append((name, threading.get_ident()))
+            return function(*args, **options)
+        return call
+
+    monkeypatch.setattr(journal, "_mapped", traced("reserve", journal._mapped))
+    monkeypatch.setattr(Journal, "release", traced("unmap", Journal.release))
+    monkeypatch.setattr(ledger_module, "_delete", traced("delete", ledger_module._delete))
+    ledger = Ledger.open(store, mappable_dir, keep=timedelta(days=1), rotate_bytes=4096)
+    try:
+        assert ledger.journal.mapped
+        request(ledger, 11)  # past rotate_bytes, within the segment's reserved room
+        assert ledger.journal.size >= 4096 and len(_segments(mappable_dir)) == 1
+        await ledger.flush()
+        work.clear()
+        await ledger._rotate_aside()
+        assert {name for name, _ in work} == {"reserve", "unmap", "delete"}
+        assert all(thread != threading.get_ident() for _, thread in work), work
+        # The new segment holds what comes next; the old one, committed, is gone.
+        assert len(_segments(mappable_dir)) == 1 and ledger.journal.mapped
+        request(ledger, 2)
+        await ledger.flush()
+        assert len(store.usage_after(0, 100)) == 13
+    finally:
+        ledger.close()
 
 
 def test_only_filesystems_that_reserve_blocks_are_mapped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -122,7 +122,7 @@ async def test_a_full_mapped_segment_on_a_full_disk_keeps_the_rows_in_memory(
     if not ledger.journal.mapped:
         pytest.skip(f"the journal is not mapped on {journal.filesystem(ledger.journal.directory)!r}")
 
-    def disk_full(*args: object) -> None:
+    def disk_full(*args: object, **options: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
     with monkeypatch.context() as patch:

@@ -33,6 +33,9 @@ with SIGBUS; the next start replays what reached the page cache.
 A new segment starts when the old one has grown (``rotate``): it first repeats the start
 records of the requests still in flight, so an old segment may be deleted as soon as every end
 and event in it is committed to the store, without losing the evidence of what was in flight.
+Reserving, writing and mapping the next segment (``prepare``) and unmapping the old one
+(``release``) take milliseconds; the running ledger does them in a thread, so the event loop's
+share of a rotation is copying the starts in flight (about 0.3 ms).
 """
 
 from __future__ import annotations
@@ -107,6 +110,7 @@ class Journal:
         self._view: mmap.mmap | None = None  # the active segment, when mapped
         self._capacity = 0  # its reserved bytes
         self._header = b""  # the active boot's header, opening a segment started by a full one
+        self._retired: list[tuple[int, mmap.mmap | None]] = []  # replaced segments, for release()
         self._number = 0
         self.size = 0  # bytes used in the active segment
         self.broken = False  # the last write failed; rotate() tries a fresh segment
@@ -179,18 +183,59 @@ class Journal:
                         continue
                     yield Line(segment, number, record)
 
-    def rotate(self, header: dict[str, Any], carried: list[bytes]) -> list[Path]:
+    def rotate(self, header: dict[str, Any], carried: list[bytes], spare: Spare | None = None) -> list[Path]:
         """Start segment n+1 (header, then ``carried`` lines) and write there from now on.
 
         Returns the older segments: delete them once every end and event written in them is
         committed. The new file is complete before it becomes the active one; if it cannot be
-        made, the current segment stays active and OSError propagates.
+        made, the current segment stays active and OSError propagates. ``spare`` (from
+        :meth:`prepare`) is used when it still fits; the replaced segment's mapping is then left
+        for :meth:`release` instead of being unmapped here.
         """
-        older = self.segments()
         head = encode(header)
-        self._start(max([self._number, *(_number(path) for path in older)]) + 1, head + b"".join(carried))
+        data = head + b"".join(carried)
+        if spare is not None and spare.number > self._number and len(data) <= spare.capacity:
+            spare.view[: len(data)] = data
+            self._retire_active()
+            self._fd, self._view, self._capacity, self._number = spare.fd, spare.view, spare.capacity, spare.number
+            self.size, self.broken = len(data), False
+        else:
+            if spare is not None:
+                spare.discard()
+            self._start(max([self._number, *(_number(path) for path in self.segments())]) + 1, data, written=True)
         self._header = head
-        return older
+        return [path for path in self.segments() if _number(path) < self._number]
+
+    def prepare(self) -> Spare | None:
+        """The next segment, reserved and mapped ahead of :meth:`rotate`, which then only copies into it.
+
+        Reserving and unmapping take milliseconds, so the ledger calls this and :meth:`release`
+        from a thread: the event loop's share of a rotation is a copy. None where segments are
+        not mapped, or the reservation fails (rotate makes one itself then). It reads the active
+        segment's number only.
+        """
+        if not self.reserve:
+            return None
+        number = max([self._number, *(_number(path) for path in self.segments())]) + 1
+        path = self.directory / f"journal-{number:06d}.jsonl"
+        try:
+            fd, view, capacity = _mapped(path, b"", self.reserve, written=True)
+        except OSError:
+            return None
+        return Spare(number, path, fd, view, capacity)
+
+    def release(self) -> None:
+        """Unmap and close the segments :meth:`rotate` replaced (call it from a thread)."""
+        retired, self._retired = self._retired, []
+        for fd, view in retired:
+            if view is not None:
+                view.close()
+            os.close(fd)
+
+    def _retire_active(self) -> None:
+        if self._fd is not None:
+            self._retired.append((self._fd, self._view))
+        self._fd, self._view = None, None
 
     def append(self, line: bytes) -> bool:
         """Write one line; False when it could not be written whole (the caller keeps the record)."""
@@ -232,13 +277,16 @@ class Journal:
             return False
         return True
 
-    def _start(self, number: int, data: bytes) -> None:
-        """Make segment ``number``, holding ``data``, the active one; OSError leaves the old one active."""
+    def _start(self, number: int, data: bytes, *, written: bool = False) -> None:
+        """Make segment ``number``, holding ``data``, the active one; OSError leaves the old one active.
+
+        ``written`` as in :func:`_mapped`: not for a segment started on the request path (a spill).
+        """
         path = self.directory / f"journal-{number:06d}.jsonl"
         view = None
         if self.reserve:
             try:
-                fd, view, capacity = _mapped(path, data, self.reserve)
+                fd, view, capacity = _mapped(path, data, self.reserve, written=written)
             except OSError as err:
                 if err.errno not in (errno.ENOSPC, errno.EDQUOT):
                     log.warning("ledger: cannot map journal segments in %s (%s); appending with write() instead",
@@ -272,18 +320,42 @@ class Journal:
         self.broken = True
 
     def close(self) -> None:
+        self.release()
         self._close_active(truncate=True)
         if self._lock_fd >= 0:
             os.close(self._lock_fd)  # releases the flock
             self._lock_fd = -1
 
 
-def _mapped(path: Path, data: bytes, reserve: int) -> tuple[int, mmap.mmap, int]:
-    """A new segment holding ``data``, its room reserved and mapped: (descriptor, mapping, capacity)."""
+@dataclass(slots=True)
+class Spare:
+    """A segment made by :meth:`Journal.prepare`: reserved and mapped, nothing written yet."""
+
+    number: int
+    path: Path
+    fd: int
+    view: mmap.mmap
+    capacity: int
+
+    def discard(self) -> None:
+        self.view.close()
+        os.close(self.fd)
+        self.path.unlink(missing_ok=True)
+
+
+def _mapped(path: Path, data: bytes, reserve: int, *, written: bool = False) -> tuple[int, mmap.mmap, int]:
+    """A new segment holding ``data``, its room reserved and mapped: (descriptor, mapping, capacity).
+
+    ``written``: also write the room with zeros (tens of milliseconds, without the GIL). A first write
+    through the mapping into a reserved but never written block makes the filesystem convert it, about
+    0.15 ms a page; into a written one it costs a plain page fault.
+    """
     capacity = -(-max(reserve, len(data)) // mmap.PAGESIZE) * mmap.PAGESIZE
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
         os.posix_fallocate(fd, 0, capacity)  # blocks allocated now: a page write later cannot find the disk full
+        if written:
+            os.pwrite(fd, bytes(capacity), 0)
         view = mmap.mmap(fd, capacity, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         view[: len(data)] = data
     except BaseException:

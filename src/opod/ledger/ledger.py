@@ -19,7 +19,7 @@ from typing import Any
 
 from opod.contract.adminapi import EventsBatch, UsageBatch
 from opod.ledger import records as rec
-from opod.ledger.journal import FORMAT, VERSION, Journal, JournalError, encode
+from opod.ledger.journal import FORMAT, VERSION, Journal, JournalError, Spare, encode
 from opod.ledger.records import UsageTicket
 from opod.ledger.retention import Pruned, prune, retention_days
 from opod.ledger.streams import events_batch, parse_after, parse_limit, usage_batch
@@ -248,7 +248,9 @@ class Ledger:
     async def flush(self) -> None:
         """Wait until everything recorded so far is in the store; StoreError when it cannot be."""
         await self.writer.drain()
-        self._trim()
+        due = self._due_segments()
+        if due:
+            await asyncio.to_thread(_delete, due)  # unlinking a segment takes a millisecond or more
 
     async def prune(self, now: datetime | None = None) -> Pruned:
         """Delete usage rows and events older than the retention (the writer does this by itself)."""
@@ -279,7 +281,7 @@ class Ledger:
                     backoff = min(backoff * 2, BACKOFF_S[1])
                     continue
                 if self.journal.size >= self.rotate_bytes or self.journal.broken:
-                    self._rotate()
+                    await self._rotate_aside()
                 if not self.writer.backlog:
                     await self._idle(IDLE_WAKE_S)
                 gather = began + COMMIT_EVERY_S - loop.time()
@@ -323,27 +325,43 @@ class Ledger:
                       self.writer.backlog, err)
             return
         self._rotate()
+        self._trim()
 
-    def _rotate(self) -> None:
+    async def _rotate_aside(self) -> None:
+        """:meth:`_rotate` with the file work (reserving, unmapping, deleting) in a thread: the
+        event loop only copies the starts in flight into the new segment."""
+        spare = await asyncio.to_thread(self.journal.prepare)
+        self._rotate(spare)
+        await asyncio.to_thread(self.journal.release)
+        due = self._due_segments()
+        if due:
+            await asyncio.to_thread(_delete, due)
+
+    def _rotate(self, spare: Spare | None = None) -> None:
         """Start a new journal segment carrying the starts in flight; the old ones go once committed."""
         with self._lock:
             if self._closed:
+                if spare is not None:
+                    spare.discard()
                 return
             try:
-                older = self.journal.rotate(self._header(), list(self._open.values()))
+                older = self.journal.rotate(self._header(), list(self._open.values()), spare)
             except OSError as err:
                 log.error("ledger: cannot start a new journal segment in %s: %s", self.journal.directory, err)
                 return
             self._retired.append((self.writer.recorded, older))
-        self._trim()
 
     def _trim(self) -> None:
-        while self._retired and self._retired[0][0] <= self.writer.committed:
-            for path in self._retired.pop(0)[1]:
-                try:
-                    path.unlink(missing_ok=True)
-                except OSError as err:
-                    log.warning("ledger: cannot delete the committed journal segment %s: %s", path, err.strerror)
+        self.journal.release()
+        _delete(self._due_segments())
+
+    def _due_segments(self) -> list[Path]:
+        """Retired segments whose every end and event is committed, taken off the list."""
+        due: list[Path] = []
+        with self._lock:
+            while self._retired and self._retired[0][0] <= self.writer.committed:
+                due += self._retired.pop(0)[1]
+        return due
 
     def close(self) -> None:
         """Close the journal. Records not yet committed stay in it and are replayed at the next open;
@@ -352,12 +370,21 @@ class Ledger:
             return
         if not self.writer.backlog:
             self._rotate()  # everything is committed: leave only the starts in flight behind
+            self._trim()
         with self._lock:
             self._closed = True
             if self.writer.backlog or self._open:
                 log.info("ledger: closed with %d records to commit and %d requests in flight; the next start replays them",
                          self.writer.backlog, len(self._open))
             self.journal.close()
+
+
+def _delete(segments: list[Path]) -> None:
+    for path in segments:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as err:
+            log.warning("ledger: cannot delete the committed journal segment %s: %s", path, err.strerror)
 
 
 async def _wait(event: asyncio.Event, seconds: float) -> None:
