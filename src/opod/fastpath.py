@@ -46,7 +46,7 @@ class ReadRequest(Request):
 
     The body sits where Starlette caches a read body, so ``body()`` and ``stream()``
     return it; :func:`read_whole` hands it over without an async iteration, and
-    ``header_map`` holds the headers as a plain dictionary, built once.
+    ``header_map`` holds the headers as a dictionary of raw bytes, built once.
     """
 
     def __init__(self, scope: dict, body: bytes) -> None:
