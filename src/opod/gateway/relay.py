@@ -40,6 +40,7 @@ TIMING_HEADER = "Server-Timing"
 ``upstream`` is the answering worker's time, from sending it the request to its whole answer
 (to its first byte when streamed); ``opod`` is the rest, from the request's arrival: reading,
 checking, queueing for a slot, routing, failed attempts, and recording the answer."""
+_REQUEST_ID, _WORKER, _ROUTE, _TIMING = (name.lower().encode() for name in ("X-Request-Id", WORKER_HEADER, ROUTE_HEADER, TIMING_HEADER))
 FIRST_BYTE_TIMEOUT = 120.0
 """A stream whose first byte takes longer than this is treated as a failed attempt (a stalled engine)."""
 
@@ -149,10 +150,10 @@ class Relay:
                 self.fleet.succeeded(node)
                 done(Outcome(resp.status, "ok" if resp.status < 400 else "error", node.id, _usage_of(data)))
                 return PreparedResponse(data, resp.status, [
-                    (b"x-request-id", request_id.encode("latin-1")),
-                    (b"x-opod-worker", node.id.encode("latin-1")),
-                    (b"x-opod-route", route.encode("latin-1")),
-                    (b"server-timing", server_timing(started, sent, answered).encode("latin-1")),
+                    (_REQUEST_ID, request_id.encode("latin-1")),
+                    (_WORKER, node.id.encode("latin-1")),
+                    (_ROUTE, route.encode("latin-1")),
+                    (_TIMING, server_timing(started, sent, answered).encode("latin-1")),
                     (b"content-type", (resp.content_type or "application/json").encode("latin-1")),
                 ])
             out_headers = {"X-Request-Id": request_id, WORKER_HEADER: node.id, ROUTE_HEADER: route}

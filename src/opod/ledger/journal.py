@@ -194,17 +194,16 @@ class Journal:
         """
         head = encode(header)
         data = head + b"".join(carried)
+        listed = self.segments()
         if spare is not None and spare.number > self._number and len(data) <= spare.capacity:
             spare.view[: len(data)] = data
-            self._retire_active()
-            self._fd, self._view, self._capacity, self._number = spare.fd, spare.view, spare.capacity, spare.number
-            self.size, self.broken = len(data), False
+            self._activate(spare.fd, spare.view, spare.capacity, spare.number, len(data))
         else:
             if spare is not None:
                 spare.discard()
-            self._start(max([self._number, *(_number(path) for path in self.segments())]) + 1, data, written=True)
+            self._start(max([self._number, *(_number(path) for path in listed)]) + 1, data, written=True)
         self._header = head
-        return [path for path in self.segments() if _number(path) < self._number]
+        return [path for path in listed if _number(path) < self._number]
 
     def prepare(self) -> Spare | None:
         """The next segment, reserved and mapped ahead of :meth:`rotate`, which then only copies into it.
@@ -224,18 +223,25 @@ class Journal:
             return None
         return Spare(number, path, fd, view, capacity)
 
+    @property
+    def unreleased(self) -> bool:
+        """Replaced segments wait for :meth:`release`."""
+        return bool(self._retired)
+
     def release(self) -> None:
-        """Unmap and close the segments :meth:`rotate` replaced (call it from a thread)."""
-        retired, self._retired = self._retired, []
-        for fd, view in retired:
+        """Unmap and close the segments replaced by a newer one (call it from a thread)."""
+        while self._retired:
+            fd, view = self._retired.pop(0)  # one at a time: a spill on the loop may add one meanwhile
             if view is not None:
                 view.close()
             os.close(fd)
 
-    def _retire_active(self) -> None:
+    def _activate(self, fd: int, view: mmap.mmap | None, capacity: int, number: int, size: int) -> None:
+        """Make a new segment the active one; the one it replaces waits for :meth:`release`
+        (unmapping takes a millisecond or more, so not on the request path)."""
         if self._fd is not None:
             self._retired.append((self._fd, self._view))
-        self._fd, self._view = None, None
+        self._fd, self._view, self._capacity, self._number, self.size, self.broken = fd, view, capacity, number, size, False
 
     def append(self, line: bytes) -> bool:
         """Write one line; False when it could not be written whole (the caller keeps the record)."""
@@ -294,21 +300,7 @@ class Journal:
                     self.reserve = 0
         if view is None:
             fd, capacity = _written(path, data), 0
-        self._close_active(truncate=False)  # it goes once committed: cutting it now would cost the loop
-        self._fd, self._view, self._capacity, self._number, self.size, self.broken = fd, view, capacity, number, len(data), False
-
-    def _close_active(self, *, truncate: bool) -> None:
-        if self._view is not None:
-            self._view.close()
-            self._view = None
-            if truncate and self._fd is not None:
-                try:
-                    os.ftruncate(self._fd, self.size)
-                except OSError as err:
-                    log.warning("ledger: cannot cut the journal segment %06d to its length: %s", self._number, err.strerror)
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        self._activate(fd, view, capacity, number, len(data))
 
     def _failed(self, why: str) -> None:
         if not self.broken:
@@ -320,8 +312,18 @@ class Journal:
         self.broken = True
 
     def close(self) -> None:
+        """Release every segment; the active one is cut to the length used."""
+        if self._view is not None:
+            self._view.close()
+            self._view = None
+            try:
+                os.ftruncate(self._fd, self.size)
+            except OSError as err:
+                log.warning("ledger: cannot cut the journal segment %06d to its length: %s", self._number, err.strerror)
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
         self.release()
-        self._close_active(truncate=True)
         if self._lock_fd >= 0:
             os.close(self._lock_fd)  # releases the flock
             self._lock_fd = -1

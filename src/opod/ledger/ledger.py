@@ -248,9 +248,7 @@ class Ledger:
     async def flush(self) -> None:
         """Wait until everything recorded so far is in the store; StoreError when it cannot be."""
         await self.writer.drain()
-        due = self._due_segments()
-        if due:
-            await asyncio.to_thread(_delete, due)  # unlinking a segment takes a millisecond or more
+        await self._trim_aside()
 
     async def prune(self, now: datetime | None = None) -> Pruned:
         """Delete usage rows and events older than the retention (the writer does this by itself)."""
@@ -332,10 +330,7 @@ class Ledger:
         event loop only copies the starts in flight into the new segment."""
         spare = await asyncio.to_thread(self.journal.prepare)
         self._rotate(spare)
-        await asyncio.to_thread(self.journal.release)
-        due = self._due_segments()
-        if due:
-            await asyncio.to_thread(_delete, due)
+        await self._trim_aside()
 
     def _rotate(self, spare: Spare | None = None) -> None:
         """Start a new journal segment carrying the starts in flight; the old ones go once committed."""
@@ -352,8 +347,20 @@ class Ledger:
             self._retired.append((self.writer.recorded, older))
 
     def _trim(self) -> None:
+        """Unmap replaced segments and delete committed ones."""
         self.journal.release()
         _delete(self._due_segments())
+
+    async def _trim_aside(self) -> None:
+        """:meth:`_trim` in a thread, when there is anything to do: each unmap or unlink takes a
+        millisecond or more."""
+        due = self._due_segments()
+        if due or self.journal.unreleased:
+            await asyncio.to_thread(self._release_and_delete, due)
+
+    def _release_and_delete(self, due: list[Path]) -> None:
+        self.journal.release()
+        _delete(due)
 
     def _due_segments(self) -> list[Path]:
         """Retired segments whose every end and event is committed, taken off the list."""

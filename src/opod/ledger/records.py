@@ -57,14 +57,11 @@ def at_us(ts_us: int) -> datetime:
 
 def text(value: object, name: str) -> str:
     """``value`` as text the store keeps; anything else is converted, and the change logged."""
-    if type(value) is str and len(value) <= MAX_TEXT and "\x00" not in value and (value.isascii() or _utf8(value)):
+    if type(value) is str and len(value) <= MAX_TEXT and "\x00" not in value and (value.isascii() or _encodable(value) is value):
         return value  # the common case, first and cheap
     if value is None:
         return ""
-    cleaned = (value if isinstance(value, str) else str(value)).replace("\x00", "")[:MAX_TEXT]
-    if not _utf8(cleaned):
-        # A lone surrogate (JSON's "\ud800" parses into one) cannot be encoded for the database.
-        cleaned = cleaned.encode("utf-8", "replace").decode("utf-8")
+    cleaned = _encodable((value if isinstance(value, str) else str(value)).replace("\x00", "")[:MAX_TEXT])
     log.warning("ledger: %s %r was stored as %r; pass text of at most %d characters, without NUL or lone surrogates", name, value, cleaned, MAX_TEXT)
     return cleaned
 
@@ -82,12 +79,14 @@ def count(value: object, name: str) -> int:
     return number
 
 
-def _utf8(value: str) -> bool:
+def _encodable(value: str) -> str:
+    """``value`` with any lone surrogate replaced (JSON's "\\ud800" parses into one): the database
+    could not encode it. The same object when there is none."""
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        return False
-    return True
+        return value.encode("utf-8", "replace").decode("utf-8")
+    return value
 
 
 def label(value: object, name: str, default: str) -> str:
@@ -207,9 +206,7 @@ def to_row(record: dict[str, Any]) -> NewUsage | NewEvent:
 def _json_field(value: Any) -> Any:
     """JSON text read from the journal, left for the store to check; a lone surrogate in it (only a
     damaged journal holds one) is replaced, since the database could not encode it."""
-    if not isinstance(value, str):
-        return value
-    return value if value.isascii() or _utf8(value) else value.encode("utf-8", "replace").decode("utf-8")
+    return _encodable(value) if isinstance(value, str) else value
 
 
 @dataclass(slots=True)
