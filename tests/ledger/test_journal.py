@@ -132,6 +132,27 @@ def test_padding_is_skipped_and_a_line_torn_by_a_kill_mid_copy_is_counted(tmp_pa
         opened.close()
 
 
+def test_a_segment_filled_while_the_next_one_is_prepared_keeps_every_line(mappable_dir: Path) -> None:
+    # The writer's thread prepares the next segment while requests fill the active one and start
+    # another on the loop: both must get a segment of their own, and every line stay on disk.
+    opened = Journal.open(mappable_dir, reserve=4096)
+    header = {"journal": journal.FORMAT, "version": journal.VERSION, "boot": 1, "ts_us": 1}
+    try:
+        opened.rotate(header, [])
+        spare = opened.prepare()
+        assert spare is not None
+        entries = [f"e{i:03d}" for i in range(60)]  # about four pages of ends: the active segment fills
+        assert all(opened.append(_end(entry)) for entry in entries[:30])
+        opened.rotate(header, [], spare)  # the spare's number is behind the spilled segment now: not used
+        assert all(opened.append(_end(entry)) for entry in entries[30:])
+        assert opened.mapped and not opened.broken
+        opened.release()
+        assert [line.record["entry"] for line in opened.read()] == entries
+        assert len(opened.segments()) == len({path.name for path in opened.segments()}) >= 3
+    finally:
+        opened.close()
+
+
 def test_a_journal_in_the_previous_format_still_reads(store: Store, tmp_path: Path) -> None:
     # Plain appended files, no padding, the last one torn by a power loss.
     directory = tmp_path / "ledger"

@@ -46,7 +46,8 @@ import logging
 import mmap
 import os
 import re
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -112,6 +113,8 @@ class Journal:
         self._header = b""  # the active boot's header, opening a segment started by a full one
         self._retired: list[tuple[int, mmap.mmap | None]] = []  # replaced segments, for release()
         self._number = 0
+        self._allocated = 0  # the highest segment number handed out
+        self._numbers = threading.Lock()  # prepare() takes a number in a thread, a spill on the loop
         self.size = 0  # bytes used in the active segment
         self.broken = False  # the last write failed; rotate() tries a fresh segment
         self.bad_lines = 0  # lines skipped by read(): torn or not JSON
@@ -201,7 +204,7 @@ class Journal:
         else:
             if spare is not None:
                 spare.discard()
-            self._start(max([self._number, *(_number(path) for path in listed)]) + 1, data, written=True)
+            self._start(self._allocate(listed), data, written=True)
         self._header = head
         return [path for path in listed if _number(path) < self._number]
 
@@ -215,13 +218,22 @@ class Journal:
         """
         if not self.reserve:
             return None
-        number = max([self._number, *(_number(path) for path in self.segments())]) + 1
+        number = self._allocate(self.segments())
         path = self.directory / f"journal-{number:06d}.jsonl"
         try:
             fd, view, capacity = _mapped(path, b"", self.reserve, written=True)
         except OSError:
             return None
         return Spare(number, path, fd, view, capacity)
+
+    def _allocate(self, listed: Iterable[Path] = ()) -> int:
+        """A segment number no one has used: above the active one, every one handed out, and ``listed``.
+
+        A spill on the loop may start a segment while :meth:`prepare` makes one in a thread; with
+        one number each, neither finds the other's file, and the spare then goes unused."""
+        with self._numbers:
+            self._allocated = max([self._allocated, self._number, *(_number(path) for path in listed)]) + 1
+            return self._allocated
 
     @property
     def unreleased(self) -> bool:
@@ -277,7 +289,7 @@ class Journal:
         if self.broken:
             return False  # the writer's next rotate() tries again, not every request meanwhile
         try:
-            self._start(self._number + 1, self._header + line)
+            self._start(self._allocate(), self._header + line)
         except OSError as err:
             self._failed(f"cannot start a new segment: {err.strerror}")
             return False
