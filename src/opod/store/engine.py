@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, Connection, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError
+from sqlalchemy.exc import ArgumentError
 
 from opod import config
 from opod.store.errors import StoreError
@@ -44,9 +44,12 @@ def mask(url: URL | str) -> str:
     return f"{scheme}{sep}{userinfo.split(':', 1)[0]}:***@{host}"
 
 
-def reason(err: DBAPIError) -> str:
-    """The driver's own first line (e.g. 'connection refused'), without SQLAlchemy's boilerplate."""
-    text = str(err.orig).strip() if err.orig is not None else str(err).strip()
+def reason(err: Exception) -> str:
+    """The driver's own first line (e.g. 'connection refused'), without SQLAlchemy's boilerplate.
+
+    ``err`` is SQLAlchemy's DBAPIError, or the driver's own error."""
+    orig = getattr(err, "orig", None)
+    text = str(orig).strip() if orig is not None else str(err).strip()
     return text.splitlines()[0] if text else type(err.orig or err).__name__
 
 

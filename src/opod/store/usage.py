@@ -23,9 +23,9 @@ from sqlalchemy import (
     UniqueConstraint,
     select,
 )
-from sqlalchemy.exc import IntegrityError
 
 from opod.store.base import Repository, aware, json_arg, text_arg
+from opod.store.bulk import LedgerAppender
 from opod.store.errors import InvalidInput
 from opod.store.events import (
     CURSOR_ID,
@@ -129,6 +129,8 @@ def _record(row: Row[Any]) -> UsageRecord:
 
 
 class UsageRepo(Repository):
+    _appender: LedgerAppender | None = None
+
     def append_ledger(self, rows: Sequence[NewUsage], events: Sequence[NewEvent] = (), *, check_known: bool = True) -> tuple[int, int]:
         """Append usage rows and events in ONE transaction: all of them are stored, or none.
 
@@ -143,15 +145,17 @@ class UsageRepo(Repository):
         """:meth:`append_ledger` for column values their producer has already made valid.
 
         For the ledger's live writer only, whose records are cleaned as they are built
-        (``opod.ledger.records.live_values``): nothing is checked or parsed here, and known entries
-        are not looked up (ON CONFLICT still skips them; the counts returned include them). A
+        (``opod.ledger.records.live_values``): nothing is checked or parsed here, known entries
+        are not looked up (ON CONFLICT still skips them; the counts returned include them), and
+        the rows go through the driver's cursor (``opod.store.bulk``). A
         value the database itself refuses (a constraint) raises InvalidInput, and nothing of the
         batch is written: the caller then takes :meth:`append_ledger`, which names the field.
         """
-        try:
-            return self._append_ledger(list(rows), list(events), False)
-        except IntegrityError as err:
-            raise InvalidInput(f"the database refused a ledger batch: {err.orig}") from None
+        appender = self._appender
+        if appender is None or appender.engine is not self.engine:
+            appender = self._appender = LedgerAppender(self.engine, usage, events_table)
+        appender.append(rows, events)
+        return len(rows), len(events)
 
     def _append_ledger(self, rows: list[dict[str, Any]], events: list[dict[str, Any]], check_known: bool) -> tuple[int, int]:
         with self._write() as conn:
