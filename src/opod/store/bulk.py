@@ -1,8 +1,8 @@
 """Appending the live ledger's rows through the database driver, under one transaction.
 
 The ledger's writer commits every few tens of milliseconds under load, and once per request when
-idle. Through SQLAlchemy's execution machinery each commit cost about 160 µs before its first row
-and about 14 µs per row; on the driver's own cursor it is about 40 µs and 5 µs (SQLite), and the
+idle. Through SQLAlchemy's execution machinery a one-row commit cost 180 to 380 µs of CPU on
+SQLite; on the driver's own cursor it costs about 70 µs (figures in ``docs/dataplane.md``), and the
 writer thread holds the GIL, which the event loop waits for, that much less.
 
 Only the types are SQLAlchemy's: each column's bind processor (``UTCDateTime`` to the text
