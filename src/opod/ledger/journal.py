@@ -227,12 +227,12 @@ class Journal:
         return Spare(number, path, fd, view, capacity)
 
     def _allocate(self, listed: Iterable[Path] = ()) -> int:
-        """A segment number no one has used: above the active one, every one handed out, and ``listed``.
+        """A segment number no one has used: above every one handed out (the active one too) and ``listed``.
 
         A spill on the loop may start a segment while :meth:`prepare` makes one in a thread; with
         one number each, neither finds the other's file, and the spare then goes unused."""
         with self._numbers:
-            self._allocated = max([self._allocated, self._number, *(_number(path) for path in listed)]) + 1
+            self._allocated = max([self._allocated, *(_number(path) for path in listed)]) + 1
             return self._allocated
 
     @property

@@ -348,8 +348,7 @@ class Ledger:
 
     def _trim(self) -> None:
         """Unmap replaced segments and delete committed ones."""
-        self.journal.release()
-        _delete(self._due_segments())
+        self._release_and_delete(self._due_segments())
 
     async def _trim_aside(self) -> None:
         """:meth:`_trim` in a thread, when there is anything to do: each unmap or unlink takes a

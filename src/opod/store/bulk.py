@@ -5,11 +5,10 @@ idle. Through SQLAlchemy's execution machinery a one-row commit cost 180 to 380 
 SQLite; on the driver's own cursor it costs about 70 µs (figures in ``docs/dataplane.md``), and the
 writer thread holds the GIL, which the event loop waits for, that much less.
 
-Only the types are SQLAlchemy's: each column's bind processor (``UTCDateTime`` to the text
-SQLite keeps, for one) is taken from the table once per dialect, so a row is stored exactly as
-the SQLAlchemy path would store it. The statement is the same INSERT … ON CONFLICT (entry) DO
-NOTHING on both databases, and the transaction is taken the way the store's hooks take a write
-transaction: ``BEGIN IMMEDIATE`` on SQLite, the appends' advisory lock on PostgreSQL.
+The statements are the store's own, compiled once per dialect: ``insert_ignoring_known`` with each
+column's bind processor (``UTCDateTime`` to the text SQLite keeps, for one), so a row is stored
+exactly as the SQLAlchemy path stores it; the transaction starts the way the store's write
+transactions do (``BEGIN_WRITE`` on SQLite, ``serialize_appends``' lock on PostgreSQL).
 """
 
 from __future__ import annotations
@@ -17,35 +16,38 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import Engine, Table
+from sqlalchemy import ClauseElement, Engine, Table
 from sqlalchemy.exc import DBAPIError
 
-from opod.store.engine import mask, reason
+from opod.store.engine import BEGIN_WRITE, mask, reason
 from opod.store.errors import InvalidInput, StoreError
-from opod.store.events import APPEND_LOCK_ID
+from opod.store.events import APPEND_LOCK, APPEND_LOCK_ID, insert_ignoring_known
 
 
-class _Insert:
-    """One table's INSERT in the dialect's parameter style, and how to turn a row of values into its parameters."""
+class _Statement:
+    """A store statement compiled once for the engine's dialect; its parameters in the driver's form."""
 
-    def __init__(self, engine: Engine, table: Table) -> None:
-        dialect = engine.dialect
-        columns = [c for c in table.columns if not c.primary_key]
-        marker = {"qmark": "?", "format": "%s", "pyformat": "%s"}.get(dialect.paramstyle)
-        if marker is None:
-            raise StoreError(f"the {dialect.name} driver's parameter style {dialect.paramstyle!r} is not one opod writes")
-        self.names = tuple(c.name for c in columns)
-        self.convert: tuple[Callable[[Any], Any] | None, ...] = tuple(
-            c.type.dialect_impl(dialect).bind_processor(dialect) for c in columns
-        )
-        self.sql = (
-            f"INSERT INTO {table.name} ({', '.join(self.names)}) VALUES ({', '.join([marker] * len(columns))}) "
-            "ON CONFLICT (entry) DO NOTHING"
-        )
+    def __init__(self, engine: Engine, clause: ClauseElement, names: Sequence[str],
+                 convert: dict[str, Callable[[Any], Any] | None] | None = None) -> None:
+        compiled = clause.compile(dialect=engine.dialect, column_keys=list(names))
+        self.sql = compiled.string
+        # sqlite3 takes a tuple in the statement's order (qmark); psycopg a dict by name (pyformat).
+        self.positional = compiled.positiontup is not None
+        self.names = tuple(compiled.positiontup or names)
+        self.convert = tuple((convert or {}).get(name) for name in self.names)
 
-    def parameters(self, rows: Sequence[dict[str, Any]]) -> list[tuple]:
-        pairs = tuple(zip(self.names, self.convert))
-        return [tuple(row[name] if convert is None else convert(row[name]) for name, convert in pairs) for row in rows]
+    def parameters(self, values: dict[str, Any]) -> tuple | dict[str, Any]:
+        converted = [values[name] if convert is None else convert(values[name]) for name, convert in zip(self.names, self.convert)]
+        return tuple(converted) if self.positional else dict(zip(self.names, converted))
+
+
+def _insert(engine: Engine, table: Table) -> _Statement:
+    """The store's own INSERT … ON CONFLICT (entry) DO NOTHING (``insert_ignoring_known``), with each
+    column's bind processor: a row is stored as the SQLAlchemy path stores it."""
+    dialect = engine.dialect
+    columns = [c for c in table.columns if not c.primary_key]
+    convert = {c.name: c.type.dialect_impl(dialect).bind_processor(dialect) for c in columns}
+    return _Statement(engine, insert_ignoring_known(dialect, table), list(convert), convert)
 
 
 class LedgerAppender:
@@ -53,19 +55,21 @@ class LedgerAppender:
 
     def __init__(self, engine: Engine, usage: Table, events: Table) -> None:
         self.engine = engine
-        self.usage = _Insert(engine, usage)
-        self.events = _Insert(engine, events)
+        self.usage = _insert(engine, usage)
+        self.events = _insert(engine, events)
         self._dbapi = engine.dialect.dbapi
         if engine.dialect.name == "sqlite":
-            self._begin, self._begin_parameters = "BEGIN IMMEDIATE", ()
+            self._begin, self._begin_parameters = BEGIN_WRITE, ()
         else:
-            # The same lock as ``serialize_appends``: ids commit in order, for the streams' cursors.
-            self._begin, self._begin_parameters = "SELECT pg_advisory_xact_lock(%s)", (APPEND_LOCK_ID,)
+            # ``serialize_appends``' lock: ids commit in order, for the streams' cursors.
+            lock = _Statement(engine, APPEND_LOCK, ["id"])
+            self._begin, self._begin_parameters = lock.sql, lock.parameters({"id": APPEND_LOCK_ID})
 
     def append(self, usage: Sequence[dict[str, Any]], events: Sequence[dict[str, Any]]) -> None:
         """Store every row, or none. InvalidInput when the database refuses one (a constraint);
         StoreError when it cannot be written at all."""
-        batches = [(insert.sql, insert.parameters(rows)) for insert, rows in ((self.usage, usage), (self.events, events)) if rows]
+        batches = [(insert.sql, [insert.parameters(row) for row in rows])
+                   for insert, rows in ((self.usage, usage), (self.events, events)) if rows]
         if not batches:
             return
         try:

@@ -29,6 +29,8 @@ DB_FILE = "opod.db"
 
 # Execution option read by the SQLite "begin" hook: the transaction will write.
 WRITE_OPTION = "opod_write"
+BEGIN_WRITE = "BEGIN IMMEDIATE"
+"""How a write transaction starts on SQLite: two writers queue on the busy timeout instead of failing."""
 
 
 def mask(url: URL | str) -> str:
@@ -141,4 +143,4 @@ def _sqlite_hooks(engine: Engine) -> None:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get(WRITE_OPTION) else "BEGIN")
+        conn.exec_driver_sql(BEGIN_WRITE if conn.get_execution_options().get(WRITE_OPTION) else "BEGIN")

@@ -30,6 +30,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Dialect
 
 from opod.store.base import Repository, aware, text_arg
 from opod.store.errors import InvalidInput
@@ -46,6 +47,7 @@ CURSOR_ID = BigInteger().with_variant(Integer(), "sqlite")
 
 # pg_advisory_xact_lock id taken by every append (the bytes of "opodldgr"): see serialize_appends.
 APPEND_LOCK_ID = int.from_bytes(b"opodldgr", "big") & 0x7FFF_FFFF_FFFF_FFFF
+APPEND_LOCK = text("SELECT pg_advisory_xact_lock(:id)")
 
 events = Table(
     "events",
@@ -91,12 +93,12 @@ def serialize_appends(conn: Connection) -> None:
     only after the commit is visible. SQLite's ``BEGIN IMMEDIATE`` already serializes writers.
     """
     if conn.dialect.name == "postgresql":
-        conn.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": APPEND_LOCK_ID})
+        conn.execute(APPEND_LOCK, {"id": APPEND_LOCK_ID})
 
 
-def insert_ignoring_known(conn: Connection, table: Table) -> Insert:
+def insert_ignoring_known(dialect: Dialect, table: Table) -> Insert:
     """INSERT that skips a row whose ``entry`` is already stored: replaying a journal is safe."""
-    if conn.dialect.name == "postgresql":
+    if dialect.name == "postgresql":
         return postgresql.insert(table).on_conflict_do_nothing(index_elements=["entry"])
     return sqlite.insert(table).on_conflict_do_nothing(index_elements=["entry"])
 
@@ -156,7 +158,7 @@ def insert_new(conn: Connection, table: Table, values: list[dict[str, Any]], *, 
     if not values:
         return 0
     if not check_known:
-        conn.execute(insert_ignoring_known(conn, table), values)
+        conn.execute(insert_ignoring_known(conn.dialect, table), values)
         return len(values)
     known: set[str] = set()
     entries = [v["entry"] for v in values]
@@ -165,7 +167,7 @@ def insert_new(conn: Connection, table: Table, values: list[dict[str, Any]], *, 
         known.update(conn.execute(select(table.c.entry).where(table.c.entry.in_(chunk))).scalars())
     fresh = [v for v in values if v["entry"] not in known] if known else values
     if fresh:
-        conn.execute(insert_ignoring_known(conn, table), fresh)
+        conn.execute(insert_ignoring_known(conn.dialect, table), fresh)
     return len(fresh)
 
 

@@ -151,10 +151,10 @@ class UsageRepo(Repository):
         value the database itself refuses (a constraint) raises InvalidInput, and nothing of the
         batch is written: the caller then takes :meth:`append_ledger`, which names the field.
         """
-        appender = self._appender
-        if appender is None or appender.engine is not self.engine:
-            appender = self._appender = LedgerAppender(self.engine, usage, events_table)
-        appender.append(rows, events)
+        engine = self.engine  # StoreError once the store is closed
+        if self._appender is None:
+            self._appender = LedgerAppender(engine, usage, events_table)
+        self._appender.append(rows, events)
         return len(rows), len(events)
 
     def _append_ledger(self, rows: list[dict[str, Any]], events: list[dict[str, Any]], check_known: bool) -> tuple[int, int]:
