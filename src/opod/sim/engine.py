@@ -31,7 +31,7 @@ class Sequence:
 
     __slots__ = (
         "engine", "prompt", "keys", "plan", "alloc", "slot", "arrived", "admitted", "first_at", "last_at",
-        "produced", "cached_tokens", "max_tokens", "done", "task_id",
+        "produced", "cached_tokens", "max_tokens", "done", "task_id", "due",
     )
 
     def __init__(self, engine: Engine, prompt: list[int], keys: list[str], plan: Plan, alloc: Allocation, arrived: float, max_tokens: int) -> None:
@@ -50,21 +50,25 @@ class Sequence:
         self.done = False
         self.slot = -1
         self.task_id = 0
+        self.due = self.admitted
+        """When the latest token is due (monotonic seconds): each is due a step after the one before it."""
 
     @property
     def prompt_tokens(self) -> int:
         return len(self.prompt)
 
     async def wait_first(self, extra: float = 0.0) -> None:
-        """Prefill time for the uncached part of the prompt (plus an injected stall)."""
-        delay = self.engine.latency.prefill(len(self.prompt) - self.cached_tokens) + extra
-        if delay > 0:
-            await asyncio.sleep(delay)
+        """Until the first token is due: the prefill time for the uncached part of the prompt after
+        admission (plus an injected stall)."""
+        self.due = self.admitted + self.engine.latency.prefill(len(self.prompt) - self.cached_tokens) + extra
+        await _until(self.due)
 
     async def wait_next(self, extra: float = 0.0) -> None:
-        delay = self.engine.latency.decode_step(self.engine.running) + extra
-        if delay > 0:
-            await asyncio.sleep(delay)
+        """Until the next token is due: one decode step (at the batch's present size) after the last
+        one was due, so a wake-up that came late shortens the next wait instead of delaying every
+        token after it, as an engine's own steps would not wait for a process it shares a CPU with."""
+        self.due += self.engine.latency.decode_step(self.engine.running) + extra
+        await _until(self.due)
 
     def emit(self, n: int = 1) -> None:
         """``n`` tokens were produced now."""
@@ -114,6 +118,12 @@ class Sequence:
         else:
             engine.cache.release(self.alloc)
         engine._leave(self)
+
+
+async def _until(deadline: float) -> None:
+    delay = deadline - _now()
+    if delay > 0:
+        await asyncio.sleep(delay)
 
 
 class Engine:
