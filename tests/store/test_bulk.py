@@ -3,6 +3,7 @@ checked path stores them, all or nothing, and a database fault named, on both da
 
 from __future__ import annotations
 
+import sqlite3
 from dataclasses import asdict
 from datetime import datetime, timedelta, timezone
 
@@ -10,6 +11,7 @@ import pytest
 from sqlalchemy import text
 
 from opod.store import InvalidInput, Store, StoreError
+from opod.store.engine import reason
 from opod.store.events import event_values
 from opod.store.usage import usage_values
 from tests.store.test_usage_events import event, usage
@@ -51,3 +53,9 @@ def test_a_database_that_cannot_take_the_rows_is_named_and_keeps_nothing(store: 
         conn.execute(text("ALTER TABLE events_elsewhere RENAME TO events"))
     assert store.usage_after(0, 10) == []  # the usage rows of the failed batch were rolled back with it
     assert store.append_ledger_trusted([usage_values(usage("lost"))], [event_values(event("e"))]) == (1, 1)
+
+
+def test_a_driver_error_without_a_message_is_named_by_its_kind() -> None:
+    # The driver path hands reason() the driver's own error, which has no SQLAlchemy ``orig``.
+    assert reason(sqlite3.OperationalError()) == "OperationalError"
+    assert reason(sqlite3.OperationalError("disk I/O error\nmore")) == "disk I/O error"

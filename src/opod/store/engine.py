@@ -52,7 +52,7 @@ def reason(err: Exception) -> str:
     ``err`` is SQLAlchemy's DBAPIError, or the driver's own error."""
     orig = getattr(err, "orig", None)
     text = str(orig).strip() if orig is not None else str(err).strip()
-    return text.splitlines()[0] if text else type(err.orig or err).__name__
+    return text.splitlines()[0] if text else type(orig or err).__name__
 
 
 def resolve_url(url: str | None, home: Path | None) -> URL:
