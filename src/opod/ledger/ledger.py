@@ -129,15 +129,7 @@ class Ledger:
         """A request starts: journal it, so a crash before its end leaves an ``interrupted`` row."""
         entry = self._prefix + format(next(self._ids), "x")
         try:
-            ticket = UsageTicket(
-                entry=entry,
-                request_id=rec.text(request_id, "request_id"),
-                api_key_id=rec.text(api_key_id, "api_key_id"),
-                user_id=rec.text(user_id, "user_id"),
-                model=rec.text(model, "model"),
-                protocol=rec.text(protocol, "protocol"),
-                started_us=rec.now_us(),
-            )
+            ticket = UsageTicket(entry, *rec.start_texts(request_id, api_key_id, user_id, model, protocol), rec.now_us())
             line = encode(rec.start_record(ticket))
             with self._lock:
                 if self._closed:
@@ -168,16 +160,8 @@ class Ledger:
             if not isinstance(ticket, UsageTicket):
                 log.error("ledger: end() needs the ticket begin() returned, not %s; no row recorded", type(ticket).__name__)
                 return
-            result = {
-                "outcome": rec.outcome(outcome),
-                "prompt_tokens": rec.count(prompt_tokens, "prompt_tokens"),
-                "completion_tokens": rec.count(completion_tokens, "completion_tokens"),
-                "latency_ms": rec.count(latency_ms, "latency_ms"),
-                "ttft_ms": rec.count(ttft_ms, "ttft_ms"),
-                "node_id": rec.text(node_id, "node_id"),
-                "route_json": None if route is None else rec.json_text(route, "route"),
-            }
-            record = rec.end_record(ticket, rec.now_us(), result)
+            record = rec.finished_record(ticket, rec.now_us(), outcome, prompt_tokens, completion_tokens, latency_ms,
+                                         ttft_ms, node_id, route)
             line = encode(record)
             with self._lock:
                 if ticket.ended:

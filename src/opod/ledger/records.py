@@ -108,7 +108,9 @@ def outcome(value: object) -> str:
 
 def json_text(value: object, name: str) -> str:
     """A dict as compact JSON object text; values JSON cannot hold are written with str()."""
-    if not isinstance(value, Mapping):
+    if type(value) is dict:
+        pass  # the gateway's own records: the isinstance checks below cost more than the dump
+    elif not isinstance(value, Mapping):
         log.warning("ledger: %s must be a dict, not %s; stored under the key \"value\"", name, type(value).__name__)
         value = {"value": value}
     elif type(value) is not dict:
@@ -147,8 +149,54 @@ def start_record(ticket: UsageTicket) -> dict[str, Any]:
     }
 
 
-def end_record(ticket: UsageTicket, ts_us: int, result: dict[str, Any]) -> dict[str, Any]:
-    return {**start_record(ticket), "rec": "end", "ts_us": ts_us, **result}
+def start_texts(request_id: object, api_key_id: object, user_id: object, model: object, protocol: object) -> tuple[str, str, str, str, str]:
+    """A start's text fields as :func:`text` cleans them, with one check for the usual case (short
+    ASCII text without NUL) instead of one call per field: this runs for every request."""
+    if type(request_id) is str and type(api_key_id) is str and type(user_id) is str and type(model) is str and type(protocol) is str:
+        joined = request_id + api_key_id + user_id + model + protocol
+        if len(joined) <= MAX_TEXT and joined.isascii() and "\x00" not in joined:
+            return request_id, api_key_id, user_id, model, protocol
+    return (text(request_id, "request_id"), text(api_key_id, "api_key_id"), text(user_id, "user_id"), text(model, "model"),
+            text(protocol, "protocol"))
+
+
+def finished_record(ticket: UsageTicket, ts_us: int, outcome_: object, prompt_tokens: object, completion_tokens: object,
+                    latency_ms: object, ttft_ms: object, node_id: object, route: object) -> dict[str, Any]:
+    """The end record for ``ticket``, its values cleaned as :func:`outcome`, :func:`count`, :func:`text`
+    and :func:`json_text` clean them; the usual case (a known outcome, counts that are whole numbers
+    in range, short ASCII node id) is checked inline, since this runs for every request."""
+    usual = (
+        outcome_ in OUTCOMES
+        and type(prompt_tokens) is int and 0 <= prompt_tokens <= INT64_MAX
+        and type(completion_tokens) is int and 0 <= completion_tokens <= INT64_MAX
+        and type(latency_ms) is int and 0 <= latency_ms <= INT64_MAX
+        and type(ttft_ms) is int and 0 <= ttft_ms <= INT64_MAX
+        and type(node_id) is str and len(node_id) <= MAX_TEXT and node_id.isascii() and "\x00" not in node_id
+    )
+    if not usual:
+        outcome_ = outcome(outcome_)
+        prompt_tokens = count(prompt_tokens, "prompt_tokens")
+        completion_tokens = count(completion_tokens, "completion_tokens")
+        latency_ms = count(latency_ms, "latency_ms")
+        ttft_ms = count(ttft_ms, "ttft_ms")
+        node_id = text(node_id, "node_id")
+    return {
+        "rec": "end",
+        "entry": ticket.entry,
+        "ts_us": ts_us,
+        "request_id": ticket.request_id,
+        "api_key_id": ticket.api_key_id,
+        "user_id": ticket.user_id,
+        "model": ticket.model,
+        "protocol": ticket.protocol,
+        "outcome": outcome_,
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "latency_ms": latency_ms,
+        "ttft_ms": ttft_ms,
+        "node_id": node_id,
+        "route_json": None if route is None else json_text(route, "route"),
+    }
 
 
 def interrupted_record(start: dict[str, Any]) -> dict[str, Any]:
