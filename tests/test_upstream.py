@@ -114,6 +114,41 @@ async def test_a_kept_connection_reads_chunked_and_sized_answers_in_turn():
         await pool.close()
 
 
+async def test_an_answer_already_in_is_taken_at_once_and_its_connection_kept():
+    async with Server(plain(b'{"ok":true}')) as server:
+        pool = Upstreams()
+        for _ in range(3):
+            resp = await pool.post(server.origin, "/", b"{}", {})
+            for _ in range(100):  # the body may come in a packet after the headers
+                if resp._conn is None or resp._conn.complete:
+                    break
+                await asyncio.sleep(0.01)
+            assert resp.read_now() == b'{"ok":true}'
+            assert resp.read_now() == b"" and await resp.read() == b""  # taken: nothing is left
+        assert server.connections == 1 and pool.idle(server.origin) == 1
+        await pool.close()
+
+
+async def test_an_answer_still_coming_is_not_taken_at_once():
+    release = asyncio.Event()
+
+    async def answer(request, writer):
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nab")
+        await writer.drain()
+        await release.wait()
+        writer.write(b"cd")
+        await writer.drain()
+
+    async with Server(answer) as server:
+        pool = Upstreams()
+        resp = await pool.post(server.origin, "/", b"{}", {})
+        assert resp.read_now() is None
+        release.set()
+        assert await resp.read() == b"abcd"
+        assert pool.idle(server.origin) == 1
+        await pool.close()
+
+
 async def test_unfinished_answer_released_closes_its_connection():
     async with Server(raw(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial")) as server:
         pool = Upstreams()

@@ -85,6 +85,22 @@ async def test_a_model_no_live_worker_holds_is_left_to_the_relay():
 # --- shedding ---------------------------------------------------------------------
 
 
+async def test_admit_now_grants_a_free_slot_and_leaves_a_full_pool_to_admit():
+    adm = admission_of(fixed(1), policy(5000))
+    held = adm.admit_now(MODEL)
+    assert held is not None and adm.stats()[MODEL].in_use == 1
+    assert adm.admit_now(MODEL) is None  # full: nothing queued, nothing shed
+    stats = adm.stats()[MODEL]
+    assert (sum(stats.waiting_by_class.values()), sum(stats.shed_by_class.values())) == (0, 0)
+    waiter = asyncio.create_task(adm.admit(MODEL))
+    await settle()
+    assert sum(adm.stats()[MODEL].waiting_by_class.values()) == 1
+    held.release()
+    (await waiter).release()
+    with pytest.raises(ValueError, match="not one of"):
+        adm.admit_now(MODEL, "urgent")
+
+
 async def test_an_empty_policy_sheds_at_once_when_full_with_an_honest_503():
     adm = admission_of(fixed(1))
     held = await adm.admit(MODEL)

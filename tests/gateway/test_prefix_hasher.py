@@ -16,10 +16,10 @@ MODEL = "sim-chat"
 MESSAGES = [{"role": "system", "content": " ".join(f"rule {i}." for i in range(60))}, {"role": "user", "content": "hi"}]
 
 
-def serving(*node_ids: str) -> tuple[Fleet, PrefixIndex]:
+def serving(*node_ids: str, engine: str = "sim") -> tuple[Fleet, PrefixIndex]:
     fleet, index = Fleet(), PrefixIndex()
     for port, node_id in enumerate(node_ids, 9000):
-        fleet.register(nodeapi.RegisterRequest(id=node_id, address=f"127.0.0.1:{port}", boot_id="b"), "t", nodeapi.Capabilities(engine="sim"))
+        fleet.register(nodeapi.RegisterRequest(id=node_id, address=f"127.0.0.1:{port}", boot_id="b"), "t", nodeapi.Capabilities(engine=engine))
         load = nodeapi.EngineLoad(sampled_at=int(time.time()))
         fleet.heartbeat(nodeapi.Heartbeat(id=node_id, boot_id="b", loaded_models=[MODEL], load=load))
         index.apply(node_id, "b", nodeapi.KVBlocks(seq=1, block_size=16, stored=[]))
@@ -34,6 +34,14 @@ def test_two_workers_get_the_contracts_hashes_of_the_chat_tokens() -> None:
     expected = block_hashes(Tokenizer().encode(render_chat(MESSAGES)), 16)
     assert len(expected) >= 4
     assert hashes_for(*serving("a", "b")) == expected
+
+
+def test_hashes_are_ready_at_once_only_where_no_worker_has_to_tokenize() -> None:
+    payload = {"model": MODEL, "messages": MESSAGES}
+    simulated = PrefixHasher(*serving("a", "b"), workers=None)
+    assert simulated.hashes_now(MODEL, payload) == block_hashes(Tokenizer().encode(render_chat(MESSAGES)), 16)
+    assert PrefixHasher(*serving("a"), workers=None).hashes_now(MODEL, payload) == []  # one worker: nothing to hash
+    assert PrefixHasher(*serving("a", "b", engine="vllm"), workers=None).hashes_now(MODEL, payload) is None
 
 
 def test_a_model_with_one_worker_is_not_hashed() -> None:

@@ -404,14 +404,8 @@ class Admission:
             if pool.waiting:
                 pool.pump()
 
-    async def admit(
-        self, model: str, admission_class: str = AdmissionClass.STANDARD, *, team: str = "", key_id: str = ""
-    ) -> Permit:
-        """A slot of ``model``'s pool, waiting for one if needed; raises :class:`Shed` when it may not wait.
-
-        Inside a class, requests of one ``team`` share as one flow; a key with no
-        team is a flow of its own (``key_id``).
-        """
+    def admit_now(self, model: str, admission_class: str = AdmissionClass.STANDARD) -> Permit | None:
+        """A slot of ``model``'s pool when this class may have one at once; ``None`` when :meth:`admit` must wait or shed."""
         pool = self._pools.get(model)
         if pool is None:
             pool = self._pools[model] = _Pool(self, model)
@@ -428,6 +422,20 @@ class Admission:
             # class has nobody waiting and nobody of a higher class can take the slot.
             if pool.in_use < size and pool.using[rank] < self.config.cap(rank, size):
                 return pool.grant(rank, None)
+        return None
+
+    async def admit(
+        self, model: str, admission_class: str = AdmissionClass.STANDARD, *, team: str = "", key_id: str = ""
+    ) -> Permit:
+        """A slot of ``model``'s pool, waiting for one if needed; raises :class:`Shed` when it may not wait.
+
+        Inside a class, requests of one ``team`` share as one flow; a key with no
+        team is a flow of its own (``key_id``).
+        """
+        permit = self.admit_now(model, admission_class)
+        if permit is not None:
+            return permit
+        pool, rank, size = self._pools[model], _RANK[admission_class], self.capacity(model)
         return await pool.wait(rank, ("team", team) if team else ("key", key_id), size)
 
     def stats(self) -> dict[str, PoolStats]:

@@ -21,7 +21,6 @@ from starlette.routing import Route
 
 from opod import fastjson
 from opod.fastpath import headers_of, read_whole
-from opod.fleet.affinity import prefix_key
 from opod.fleet.models import ModelRegistry
 from opod.fleet.router import RouteRequest, RoutingPolicy, choose_revision
 from opod.fleet.state import Fleet
@@ -154,7 +153,9 @@ class Gateway:
     async def serve(self, request: Request, headers: dict[bytes, bytes], spec: RouteSpec, exchange: Exchange) -> Response:
         key = self.authenticate(headers)
         exchange.identify(key)
-        body = await read_body(request, spec.body_cap)
+        body = read_whole(request)
+        if body is None or len(body) > spec.body_cap:
+            body = await read_body(request, spec.body_cap)
         try:
             payload = fastjson.loads(body)
         except ValueError as err:
@@ -185,7 +186,10 @@ class Gateway:
             body = await self.guardrails.pre(policy, exchange.request_id, model, body)
         if self.admission is not None:
             klass = resolve_class(getattr(key, "admission_class", "") or "", _text(headers.get(b"x-opod-class")))
-            exchange.permit = await self.admission.admit(model, klass, team=getattr(key, "team", "") or "", key_id=exchange.key_id)
+            permit = self.admission.admit_now(model, klass)
+            if permit is None:
+                permit = await self.admission.admit(model, klass, team=getattr(key, "team", "") or "", key_id=exchange.key_id)
+            exchange.permit = permit
             exchange.route = {"class": str(klass)}
         routing = self.routing_policy(policy)
         route = await self.route_request(model, payload, routing, exchange.request_id)
@@ -213,9 +217,10 @@ class Gateway:
         """What the router needs to know about this request: its prefix, its pin, its canary group."""
         route = RouteRequest(model=model)
         if routing.prefix_block_weight and self.prefix is not None:
-            route.hashes = await self.prefix.hashes(model, payload)
+            hashes = self.prefix.hashes_now(model, payload)
+            route.hashes = hashes if hashes is not None else await self.prefix.hashes(model, payload)
         if routing.prefix_affinity:
-            route.pin_key = prefix_key(model, payload)
+            route.payload = payload
         if routing.revisions:
             present = {n.hardware.plan_revision for n in self.fleet.workers_for(model)}
             route.revision = choose_revision(routing.revisions, request_id, present)

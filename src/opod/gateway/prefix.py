@@ -46,16 +46,27 @@ class PrefixHasher:
         self._sim = None
         self._plans: dict[str, _Plan] = {}
 
-    async def hashes(self, model: str, payload: dict[str, Any]) -> list[str]:
+    def hashes_now(self, model: str, payload: dict[str, Any]) -> list[str] | None:
+        """:meth:`hashes` when no worker needs to be asked (a simulated model, or nothing to hash); else ``None``."""
         plan = self._plan(model)
         if plan.block_size <= 0:
             return []
-        if plan.simulated:
-            tokens = self._sim_tokens(payload)
-        else:
-            tokens = await self._worker_tokens(model, payload, plan.holders)
-        if not tokens:
-            return []
+        if not plan.simulated:
+            return None
+        tokens = self._sim_tokens(payload)
+        return self._hash(tokens, plan) if tokens else []
+
+    async def hashes(self, model: str, payload: dict[str, Any]) -> list[str]:
+        """The request's block hashes; empty when there is nothing to hash or no worker answered in time."""
+        ready = self.hashes_now(model, payload)
+        if ready is not None:
+            return ready
+        plan = self._plan(model)
+        tokens = await self._worker_tokens(model, payload, plan.holders)
+        return self._hash(tokens, plan) if tokens else []
+
+    @staticmethod
+    def _hash(tokens: list[int], plan: _Plan) -> list[str]:
         return block_hashes(tokens[: MAX_BLOCKS * plan.block_size], plan.block_size)
 
     def _plan(self, model: str) -> _Plan:
