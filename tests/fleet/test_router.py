@@ -64,6 +64,23 @@ def test_the_sticky_pin_stands_in_for_engines_without_events() -> None:
         assert decision.node.id == "b" and decision.reason == "pin"
 
 
+def test_the_pin_key_is_made_from_the_payload_only_when_the_index_does_not_place_the_prefix() -> None:
+    fleet = fleet_of(("a", {}), ("b", {}))
+    messages = [{"role": "user", "content": "a question long enough to make a pin key of its own"}]
+    pins = AffinityTable()
+    unplaced = RouteRequest(MODEL, payload={"messages": messages})
+    pins.pin(unplaced.pin() or "", "b")
+    decision = pick(fleet, RouteRequest(MODEL, payload={"messages": messages}), RoutingPolicy(prefix_affinity=True), PrefixIndex(), pins)
+    assert decision.node.id == "b" and decision.reason == "pin"
+    hashes = block_hashes(list(range(32)), 16)
+    index = PrefixIndex()
+    index.apply("a", "b", nodeapi.KVBlocks(seq=1, block_size=16, stored=hashes))
+    placed = RouteRequest(MODEL, hashes=hashes, payload={"messages": messages})
+    decision = pick(fleet, placed, RoutingPolicy(prefix_affinity=True, prefix_block_weight=1.0), index, pins)
+    assert decision.node.id == "a" and decision.reason == "prefix"
+    assert placed.pin_key is None, "held blocks decided: no key was made"
+
+
 def test_a_canary_of_ten_percent_measures_ten_plus_minus_two_over_5000_requests() -> None:
     groups = Counter(choose_revision([(7, 0.9), (8, 0.1)], uuid.uuid4().hex, {7, 8}) for _ in range(5000))
     assert abs(groups[8] / 5000 - 0.10) <= 0.02, groups

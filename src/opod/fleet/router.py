@@ -20,7 +20,7 @@ import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
-from opod.fleet.affinity import AffinityTable
+from opod.fleet.affinity import AffinityTable, prefix_key
 from opod.fleet.prefix_index import PrefixIndex
 from opod.fleet.state import Fleet, NodeState
 
@@ -46,8 +46,18 @@ class RouteRequest:
     hashes: Sequence[str] = ()
     """The request's chained block hashes, when computed (prefix routing)."""
     pin_key: str | None = None
+    """The sticky pin's key; when not given, made from ``payload`` by :meth:`pin` the first time it is needed."""
     revision: int | None = None
     """The canary group chosen for this request, once; retries stay in it."""
+    payload: dict | None = None
+
+    def pin(self) -> str | None:
+        """The sticky pin's key, made once and only when asked: the pin is read and written only for
+        requests whose prefix the index does not place, and making the key costs a dump and a hash."""
+        if self.pin_key is None and self.payload is not None:
+            self.pin_key = prefix_key(self.model, self.payload) or ""
+            self.payload = None
+        return self.pin_key or None
 
 
 @dataclass(slots=True)
@@ -108,7 +118,8 @@ def pick(
     if not candidates:
         return None
     held = index.leading_blocks(request.hashes) if index is not None and request.hashes and policy.prefix_block_weight else {}
-    pinned = pins.get(request.pin_key) if pins is not None and policy.prefix_affinity and request.pin_key else None
+    key = request.pin() if pins is not None and policy.prefix_affinity and not held else None
+    pinned = pins.get(key) if key else None
     best: list[NodeState] = []
     best_key = (True, float("inf"))
     kv_weight, saturation, block_weight = policy.kv_weight / 100.0, policy.kv_saturation_pct, policy.prefix_block_weight

@@ -96,8 +96,8 @@ class Relay:
             answer = await self._attempt(node, path, model, body, stream, strip_usage, request_id, problems, done, started,
                                          route_header(record))
             if answer is not None:
-                if route.pin_key and policy.prefix_affinity:
-                    self.pins.pin(route.pin_key, node.id)
+                if policy.prefix_affinity and not decision.blocks and (key := route.pin()):
+                    self.pins.pin(key, node.id)  # the index does not place this prefix (yet): the pin does
                 if decision.blocks:
                     self.index.touch(node.id, route.hashes[: decision.blocks])
                 return answer
@@ -145,7 +145,9 @@ class Relay:
                 self.fleet.failed(node)
                 return None
             if not stream or resp.status != 200:
-                data = await resp.read()
+                data = resp.read_now()
+                if data is None:
+                    data = await resp.read()
                 answered = time.perf_counter()
                 self.fleet.succeeded(node)
                 done(Outcome(resp.status, "ok" if resp.status < 400 else "error", node.id, _usage_of(data)))
