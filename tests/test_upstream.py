@@ -73,17 +73,25 @@ async def test_answer_with_length_and_kept_connection():
         await pool.close()
 
 
-async def test_chunked_stream_arrives_piece_by_piece():
+def in_two_parts(first: bytes, rest: bytes):
+    """An answer that writes ``first``, then ``rest`` once the returned event is set."""
     release = asyncio.Event()
 
     async def answer(request, writer):
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
-        writer.write(b"8\r\ndata: 1\n\r\n")
+        writer.write(first)
         await writer.drain()
         await release.wait()
-        writer.write(b"8\r\ndata: 2\n\r\n0\r\n\r\n")
+        writer.write(rest)
         await writer.drain()
 
+    return answer, release
+
+
+async def test_chunked_stream_arrives_piece_by_piece():
+    answer, release = in_two_parts(
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n8\r\ndata: 1\n\r\n",
+        b"8\r\ndata: 2\n\r\n0\r\n\r\n",
+    )
     async with Server(answer) as server:
         pool = Upstreams()
         resp = await pool.post(server.origin, "/s", b"{}", {})
@@ -130,15 +138,7 @@ async def test_an_answer_already_in_is_taken_at_once_and_its_connection_kept():
 
 
 async def test_an_answer_still_coming_is_not_taken_at_once():
-    release = asyncio.Event()
-
-    async def answer(request, writer):
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nab")
-        await writer.drain()
-        await release.wait()
-        writer.write(b"cd")
-        await writer.drain()
-
+    answer, release = in_two_parts(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nab", b"cd")
     async with Server(answer) as server:
         pool = Upstreams()
         resp = await pool.post(server.origin, "/", b"{}", {})
