@@ -111,7 +111,9 @@ def pick(
     exclude: Collection[str] = (),
 ) -> Decision | None:
     """The best live worker holding the model, skipping ``exclude``; ``None`` when none can serve."""
-    candidates = [n for n in fleet.workers_for(request.model, time.monotonic()) if n.id not in exclude]
+    candidates = fleet.workers_for(request.model, time.monotonic())
+    if exclude:
+        candidates = [n for n in candidates if n.id not in exclude]
     if request.revision is not None:
         group = [n for n in candidates if n.hardware.plan_revision == request.revision]
         candidates = group or candidates
@@ -127,12 +129,12 @@ def pick(
         sample = node.load
         if sample is not None:
             score = node.in_flight + sample.queue_depth + kv_weight * sample.kv_used_pct
-            saturated = bool(saturation) and sample.kv_used_pct >= saturation
+            saturated = sample.kv_used_pct >= saturation if saturation else False
         else:
-            score, saturated = float(node.in_flight), False
+            score, saturated = node.in_flight, False
         if held:
             score -= block_weight * held.get(node.id, 0)
-        if pinned is not None and node.id == pinned and not held:
+        elif node.id == pinned:
             score -= PIN_CREDIT  # no worker reports holding this prefix (no events, or not yet): the pin decides
         key = (saturated, score)
         if key < best_key:
