@@ -186,3 +186,15 @@ async def test_failing_handler_gets_500_and_a_closed_connection(served):
     (answer,), closed = await exchange(port, post("/echo", b"boom"))
     assert answer[0] == b"HTTP/1.1 500 Internal Server Error" and answer[2] == b"Internal Server Error"
     assert closed
+
+
+async def test_a_chunked_body_takes_the_usual_way_and_the_next_request_the_short_one(served):
+    app, port = served
+    chunked = b"POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
+    answers, _ = await exchange(port, chunked + post("/echo", b"abcde") + post("/echo?q=2", b"abcde"), answers=3)
+    assert [json.loads(body) for _, _, body in answers] == [
+        {"len": 5, "sum": sum(b"abcde") % 997, "id": None, "query": query} for query in ("", "", "q=2")
+    ]
+    assert app.calls[0] == "usual"
+    (again,), _ = await exchange(port, post("/echo", b"abcde"))  # the target known from before, on a new connection
+    assert json.loads(again[2])["len"] == 5 and app.calls[-1] == "short"

@@ -89,6 +89,9 @@ class FastPath:
     def __init__(self, routes: Mapping[tuple[str, str], Handler], app) -> None:
         self.routes = dict(routes)
         self.app = app
+        self.targets: dict[tuple[bytes, bytes], tuple[Handler, str, str]] = {}
+        """(method, request target) as received → (handler, method, path), for targets that name a hot route
+        exactly (no query, nothing escaped): the server's per-request lookup. Bounded by the routes."""
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
@@ -134,10 +137,25 @@ class FastHttpProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         app = self.app
         self.hot_routes: dict[tuple[str, str], Handler] = app.routes if isinstance(app, FastPath) else {}
+        self.hot_targets: dict[tuple[bytes, bytes], tuple[Handler, str, str]] = app.targets if isinstance(app, FastPath) else {}
         self.hot: _Exchange | None = None
+        self.body_length: bytes | None = None
+        self.body_chunked = False
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        # uvicorn's, noting on the way the two headers that decide whether the body can be read whole.
+        name = name.lower()
+        if name == b"content-length":
+            self.body_length = value
+        elif name == b"transfer-encoding":
+            self.body_chunked = True
+        elif name == b"expect" and value.lower() == b"100-continue":
+            self.expect_100_continue = True
+        self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         self.hot = self._hot_exchange()
+        self.body_length, self.body_chunked = None, False
         if self.hot is None:
             super().on_headers_complete()
         else:
@@ -149,24 +167,27 @@ class FastHttpProtocol(HttpToolsProtocol):
             return None
         if self.parser.should_upgrade() or (self.cycle is not None and not self.cycle.response_complete):
             return None
-        path, _, query = self.url.partition(b"?")
-        if b"%" in path or b"#" in self.url:
+        length = self.body_length
+        if self.body_chunked or (length is not None and (not length.isdigit() or int(length) > BODY_LIMIT)):
+            return None
+        url, raw_method = self.url, self.parser.get_method()
+        known = self.hot_targets.get((raw_method, url))
+        if known is not None:
+            handler, method, path = known
+            self.scope.update(method=method, path=path, raw_path=url, query_string=b"")
+            return _Exchange(handler, self.scope, self.parser.should_keep_alive())
+        raw_path, _, query = url.partition(b"?")
+        if b"%" in raw_path or b"#" in url:
             return None  # escaped paths and fragments are uvicorn's to decode
-        method = self.parser.get_method().decode("ascii")
-        handler = self.hot_routes.get((method, path.decode("latin-1")))
+        method = raw_method.decode("ascii")
+        handler = self.hot_routes.get((method, raw_path.decode("latin-1")))
         if handler is None:
             return None
-        length = None
-        for name, value in self.headers:
-            if name == b"content-length":
-                length = value
-            elif name == b"transfer-encoding":
-                return None
-        if length is not None and (not length.isdigit() or int(length) > BODY_LIMIT):
-            return None
-        scope = self.scope
-        scope.update(method=method, path=path.decode("ascii"), raw_path=path, query_string=query)
-        return _Exchange(handler, scope, self.parser.should_keep_alive())
+        path = raw_path.decode("ascii")
+        if not query and b"?" not in url:
+            self.hot_targets[raw_method, url] = (handler, method, path)
+        self.scope.update(method=method, path=path, raw_path=raw_path, query_string=query)
+        return _Exchange(handler, self.scope, self.parser.should_keep_alive())
 
     def on_body(self, body: bytes) -> None:
         if self.hot is None:
