@@ -180,23 +180,11 @@ def finished_record(ticket: UsageTicket, ts_us: int, outcome_: object, prompt_to
         latency_ms = count(latency_ms, "latency_ms")
         ttft_ms = count(ttft_ms, "ttft_ms")
         node_id = text(node_id, "node_id")
-    return {
-        "rec": "end",
-        "entry": ticket.entry,
-        "ts_us": ts_us,
-        "request_id": ticket.request_id,
-        "api_key_id": ticket.api_key_id,
-        "user_id": ticket.user_id,
-        "model": ticket.model,
-        "protocol": ticket.protocol,
-        "outcome": outcome_,
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "latency_ms": latency_ms,
-        "ttft_ms": ttft_ms,
-        "node_id": node_id,
-        "route_json": None if route is None else json_text(route, "route"),
-    }
+    record = start_record(ticket)
+    record.update(rec="end", ts_us=ts_us, outcome=outcome_, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                  latency_ms=latency_ms, ttft_ms=ttft_ms, node_id=node_id,
+                  route_json=None if route is None else json_text(route, "route"))
+    return record
 
 
 def interrupted_record(start: dict[str, Any]) -> dict[str, Any]:
