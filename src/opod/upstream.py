@@ -145,6 +145,15 @@ class _Connection(asyncio.Protocol):
             self.transport.resume_reading()
         return chunk
 
+    def take_whole(self) -> bytes | None:
+        """The whole body when all of it has arrived and nothing of it was taken yet, else ``None``."""
+        if not self.complete or self.error is not None or self._paused:
+            return None
+        data = b"".join(self._chunks)
+        self._chunks.clear()
+        self._buffered = 0
+        return data
+
     def reusable(self) -> bool:
         return self.complete and self.keep_alive and not self.closed and not self._chunks and self.error is None
 
@@ -181,19 +190,18 @@ class UpstreamResponse:
         conn = self._conn
         if conn is None:
             return b""
-        if not conn.complete or conn.error is not None or conn._paused:
-            return None
-        data = b"".join(conn._chunks)
-        conn._chunks.clear()
-        conn._buffered = 0
-        self.release()
+        data = conn.take_whole()
+        if data is not None:
+            self.release()
         return data
 
     async def read(self) -> bytes:
         """The whole body; the connection goes back to the pool."""
+        data = self.read_now()
+        if data is not None:
+            return data
         conn = self._conn
-        if conn is None:
-            return b""
+        assert conn is not None  # read_now answers b"" once released
         parts = []
         while chunk := await conn.next_chunk():
             parts.append(chunk)
