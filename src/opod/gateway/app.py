@@ -188,7 +188,7 @@ class Gateway:
             klass = resolve_class(getattr(key, "admission_class", "") or "", _text(headers.get(b"x-opod-class")))
             permit = self.admission.admit_now(model, klass)
             if permit is None:
-                permit = await self.admission.admit(model, klass, team=getattr(key, "team", "") or "", key_id=exchange.key_id)
+                permit = await self.admission.wait(model, klass, team=getattr(key, "team", "") or "", key_id=exchange.key_id)
             exchange.permit = permit
             exchange.route = {"class": str(klass)}
         routing = self.routing_policy(policy)

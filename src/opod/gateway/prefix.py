@@ -59,8 +59,10 @@ class PrefixHasher:
     async def hashes(self, model: str, payload: dict[str, Any]) -> list[str]:
         """The request's block hashes; empty when there is nothing to hash or no worker answered in time."""
         ready = self.hashes_now(model, payload)
-        if ready is not None:
-            return ready
+        return ready if ready is not None else await self.hashes_from_worker(model, payload)
+
+    async def hashes_from_worker(self, model: str, payload: dict[str, Any]) -> list[str]:
+        """The hashes of tokens a worker holding ``model`` gives back: where :meth:`hashes_now` said ``None``."""
         plan = self._plan(model)
         tokens = await self._worker_tokens(model, payload, plan.holders)
         return self._hash(tokens, plan) if tokens else []
