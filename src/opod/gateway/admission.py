@@ -433,8 +433,10 @@ class Admission:
         team is a flow of its own (``key_id``).
         """
         permit = self.admit_now(model, admission_class)
-        if permit is not None:
-            return permit
+        return permit if permit is not None else await self.wait(model, admission_class, team=team, key_id=key_id)
+
+    async def wait(self, model: str, admission_class: str = AdmissionClass.STANDARD, *, team: str = "", key_id: str = "") -> Permit:
+        """:meth:`admit` after :meth:`admit_now` said ``None``: queue for a slot, or shed."""
         pool, rank, size = self._pools[model], _RANK[admission_class], self.capacity(model)
         return await pool.wait(rank, ("team", team) if team else ("key", key_id), size)
 

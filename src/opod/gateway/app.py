@@ -218,7 +218,7 @@ class Gateway:
         route = RouteRequest(model=model)
         if routing.prefix_block_weight and self.prefix is not None:
             hashes = self.prefix.hashes_now(model, payload)
-            route.hashes = hashes if hashes is not None else await self.prefix.hashes(model, payload)
+            route.hashes = hashes if hashes is not None else await self.prefix.hashes_from_worker(model, payload)
         if routing.prefix_affinity:
             route.payload = payload
         if routing.revisions:
