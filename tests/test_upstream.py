@@ -159,6 +159,29 @@ async def test_unfinished_answer_released_closes_its_connection():
         await pool.close()
 
 
+async def test_on_sent_runs_while_the_upstream_works_on_the_request():
+    # The upstream answers only once on_sent has run: a pool that called it after the answer would hang.
+    called = asyncio.Event()
+    answer = plain(b"ok")
+
+    async def after_on_sent(request, writer):
+        await called.wait()
+        return await answer(request, writer)
+
+    calls = []
+
+    def on_sent():
+        calls.append(len(server.requests))
+        called.set()
+
+    async with Server(after_on_sent) as server:
+        pool = Upstreams()
+        resp = await asyncio.wait_for(pool.post(server.origin, "/", b'{"a":1}', {}, on_sent=on_sent), 5)
+        assert await resp.read() == b"ok"
+        assert calls == [0], "on_sent runs once, before the upstream has even read the request"
+        await pool.close()
+
+
 async def test_idle_connection_closed_by_the_upstream_is_replaced():
     # Closed after the answer without saying Connection: close, as an idle timeout does.
     async with Server(raw(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", then="close")) as server:

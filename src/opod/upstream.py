@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections import deque
+from collections.abc import Callable
 from functools import lru_cache
 from typing import NamedTuple
 from urllib.parse import urlsplit
@@ -120,10 +121,12 @@ class _Connection(asyncio.Protocol):
             if future is not None and not future.done():
                 future.set_exception(err)
 
-    async def send(self, request: bytes) -> None:
-        """Write ``request`` and wait for the answer's status line and headers."""
+    async def send(self, request: bytes, on_sent: Callable[[], None] | None) -> None:
+        """Write ``request``, call ``on_sent``, and wait for the answer's status line and headers."""
         self._head = self._loop.create_future()
         self.transport.write(request)
+        if on_sent is not None:
+            on_sent()
         await self._head
 
     async def next_chunk(self) -> bytes:
@@ -252,8 +255,12 @@ class Upstreams:
         self.opened = 0
         """Connections opened so far (a figure for tests and benchmarks)."""
 
-    async def post(self, key: Origin, path: str, body: bytes, headers: dict[str, str]) -> UpstreamResponse:
+    async def post(self, key: Origin, path: str, body: bytes, headers: dict[str, str],
+                   on_sent: Callable[[], None] | None = None) -> UpstreamResponse:
         """Send one POST to ``path`` at ``key`` and return once the answer's headers are in.
+
+        ``on_sent`` is called each time the request has been written, while the upstream works on it:
+        work that need not delay the request goes there.
 
         Raises ``UpstreamError`` (a ``ConnectionError``) when the upstream cannot be reached or breaks off.
         """
@@ -275,7 +282,7 @@ class Upstreams:
                 continue
             conn._reset()
             try:
-                await conn.send(request)
+                await conn.send(request, on_sent)
             except UpstreamError:
                 self._discard(conn)
                 if conn.received:
@@ -287,7 +294,7 @@ class Upstreams:
             return UpstreamResponse(conn, self)
         conn = await self._open(key)
         try:
-            await conn.send(request)
+            await conn.send(request, on_sent)
         except BaseException:
             self._discard(conn)
             raise

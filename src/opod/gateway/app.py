@@ -197,7 +197,7 @@ class Gateway:
         try:
             response = await self.relay.forward(
                 spec.path, route, body, stream=stream, strip_usage=strip_usage, request_id=exchange.request_id,
-                done=exchange.done, started=exchange.started, policy=routing, decided=exchange.decided,
+                done=exchange.done, started=exchange.started, policy=routing, decided=exchange.decided, on_sent=exchange.sent,
             )
         except NoCapacity as refusal:
             response = await self.fallback(spec, model, payload, stream, strip_usage, exchange, policy, refusal)
@@ -238,7 +238,7 @@ class Gateway:
                 response = await self.relay.forward(
                     spec.path, RouteRequest(model=alternative), body, stream=stream, strip_usage=strip_usage,
                     request_id=exchange.request_id, done=exchange.done, started=exchange.started,
-                    decided=lambda record: exchange.decided({**record, "fallback": alternative}),
+                    decided=lambda record: exchange.decided({**record, "fallback": alternative}), on_sent=exchange.sent,
                 )
             except NoCapacity:
                 continue
@@ -249,7 +249,8 @@ class Gateway:
             raise refusal
         exchange.route = {**(exchange.route or {}), "fallback": target.url}
         response = await self.relay.external(target, spec.path, payload, stream=stream, strip_usage=strip_usage,
-                                             request_id=exchange.request_id, done=exchange.done, started=exchange.started)
+                                             request_id=exchange.request_id, done=exchange.done, started=exchange.started,
+                                             on_sent=exchange.sent)
         response.headers[FALLBACK_HEADER] = target.url
         return response
 

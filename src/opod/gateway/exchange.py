@@ -54,15 +54,24 @@ class Exchange:
         self.route = record if self.route is None else {**self.route, **record}
 
     def begin(self, model: str) -> None:
-        """The request is about to be relayed: count it in flight and journal its start."""
+        """The request is about to be relayed: count it in flight."""
         self.model = model
         self._begun = True
-        if self.probe:
-            return
-        self.stats.started()
-        if self.ledger is not None:
-            self.ticket = self.ledger.begin(request_id=self.request_id, api_key_id=self.key_id, user_id="",
-                                            model=model, protocol=self.protocol)
+        if not self.probe:
+            self.stats.started()
+
+    def sent(self) -> None:
+        """The request is on its way to an engine: journal its start (once), while the engine works on it.
+
+        Journaling here rather than before the write keeps it off the request's way to the engine;
+        a crash in between loses only a request whose answer nobody received.
+        """
+        if self.ticket is None and self.ledger is not None and not self.probe:
+            self._journal_start()
+
+    def _journal_start(self) -> None:
+        self.ticket = self.ledger.begin(request_id=self.request_id, api_key_id=self.key_id, user_id="",
+                                        model=self.model, protocol=self.protocol)
 
     def done(self, outcome: Outcome) -> None:
         if self.ended:
@@ -84,8 +93,7 @@ class Exchange:
         if self.ledger is None:
             return
         if self.ticket is None:
-            self.ticket = self.ledger.begin(request_id=self.request_id, api_key_id=self.key_id, user_id="",
-                                            model=self.model, protocol=self.protocol)
+            self._journal_start()
         usage = outcome.usage or {}
         completion = usage.get("completion_tokens")
         self.ledger.end(

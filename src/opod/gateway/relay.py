@@ -76,11 +76,12 @@ class Relay:
     async def forward(
         self, path: str, route: RouteRequest, body: bytes, *, stream: bool, strip_usage: bool, request_id: str,
         done: Done, started: float, policy: RoutingPolicy = RoutingPolicy(),
-        decided: Callable[[dict], None] = lambda _: None,
+        decided: Callable[[dict], None] = lambda _: None, on_sent: Callable[[], None] | None = None,
     ) -> Response:
         """Relay to the best worker; ``done`` is called once, before the client has the answer's end.
 
-        ``decided`` gets each attempt's routing record (``Decision.record``) before the attempt.
+        ``decided`` gets each attempt's routing record (``Decision.record``) before the attempt;
+        ``on_sent`` is called once each attempt's request has been written.
         """
         model = route.model
         tried: list[str] = []
@@ -94,7 +95,7 @@ class Relay:
             record = decision.record()
             decided(record)
             answer = await self._attempt(node, path, model, body, stream, strip_usage, request_id, problems, done, started,
-                                         route_header(record))
+                                         route_header(record), on_sent)
             if answer is not None:
                 if policy.prefix_affinity and not decision.blocks and (key := route.pin()):
                     self.pins.pin(key, node.id)  # the index does not place this prefix (yet): the pin does
@@ -118,6 +119,7 @@ class Relay:
         done: Done,
         started: float,
         route: str,
+        on_sent: Callable[[], None] | None,
     ) -> Response | None:
         node.in_flight += 1
         handed_over = False
@@ -137,7 +139,7 @@ class Relay:
                 headers = self.workers.signed_headers(node, "POST", path)
                 headers.update({MODEL_HEADER: model, "X-Request-Id": request_id, "Content-Type": "application/json"})
             sent = time.perf_counter()
-            resp = await self.workers.upstream.post(where, path, body, headers)
+            resp = await self.workers.upstream.post(where, path, body, headers, on_sent)
             if resp.status >= 500 or WORKER_ERROR_HEADER in resp.headers:
                 reason = resp.headers.get(WORKER_ERROR_HEADER) or f"HTTP {resp.status}"
                 detail = (await resp.text())[:200].strip()
@@ -190,6 +192,7 @@ class Relay:
 
     async def external(
         self, target, path: str, payload: dict, *, stream: bool, strip_usage: bool, request_id: str, done: Done, started: float,
+        on_sent: Callable[[], None] | None = None,
     ) -> Response:
         """Send the request to the policy's fallback (an OpenAI-compatible base URL such as https://host/v1)."""
         body = json.dumps({**payload, "model": target.model or payload.get("model")}).encode()
@@ -199,7 +202,7 @@ class Relay:
         sent = time.perf_counter()
         try:
             where, target_path = split_url(target.url.rstrip("/") + path.removeprefix("/v1"))
-            resp = await self.workers.upstream.post(where, target_path, body, headers)
+            resp = await self.workers.upstream.post(where, target_path, body, headers, on_sent)
         except OSError as err:
             raise NoCapacity(f"No worker could serve the request and the fallback at {target.url} did not answer ({err}). Retry shortly.") from None
         if resp.status >= 500:
