@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 from opod.contract.blockhash import block_hashes
 from opod.contract.nodeapi import KVBlocks
 from opod.fleet.prefix_index import PrefixIndex
@@ -61,3 +63,39 @@ def test_memory_is_bounded_per_worker_and_by_age() -> None:
     # The newest 100 blocks were reported at t=11..20, 10 at a time; at t=25 those before t=15 are too old.
     assert index.sweep(now=25.0) == 40
     assert index.stats().blocks == 60
+
+
+def test_leading_blocks_match_a_walk_of_each_workers_blocks_through_random_reports() -> None:
+    # Stores, removals that leave holes, restarts, forgotten workers whose places are taken by new ones:
+    # after each report the index must say what walking each worker's own blocks from the first says.
+    rng = random.Random(7)
+    prompt = hashes(list(range(16 * 40)))
+    index = PrefixIndex()
+    held: dict[str, set[str]] = {}
+    seqs: dict[str, int] = {}
+    for step in range(600):
+        node_id = f"w{rng.randrange(12)}"
+        action = rng.random()
+        if action < 0.05:
+            index.forget(node_id)
+            held.pop(node_id, None)
+            seqs.pop(node_id, None)
+            continue
+        seq = seqs.get(node_id, 0) + 1
+        seqs[node_id] = seq
+        mine = held.setdefault(node_id, set())
+        if action < 0.6:
+            blocks = prompt[: rng.randrange(1, len(prompt) + 1)]
+            index.apply(node_id, "b", KVBlocks(seq=seq, block_size=BS, stored=blocks))
+            mine.update(blocks)
+        else:
+            gone = rng.sample(sorted(mine), min(len(mine), rng.randrange(1, 4))) if mine else []
+            index.apply(node_id, "b", KVBlocks(seq=seq, block_size=BS, removed=gone))
+            mine.difference_update(gone)
+        expected = {}
+        for worker, blocks in held.items():
+            run = next((i for i, digest in enumerate(prompt) if digest not in blocks), len(prompt))
+            if run:
+                expected[worker] = run
+        assert index.leading_blocks(prompt) == expected, f"after step {step}"
+    assert index.leading_blocks(prompt[:1]) == {worker: 1 for worker, blocks in held.items() if prompt[0] in blocks}

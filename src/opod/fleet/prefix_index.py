@@ -2,7 +2,9 @@
 
 Workers report their engines' cache changes as the contract's chained block
 hashes (``Heartbeat.kv_blocks``); a hash names a whole prefix, so "worker W
-holds the first k blocks of this request" is k lookups. The index is bounded:
+holds the first k blocks of this request" is k lookups. Each block's holders are
+one integer, a bit per worker, so following a prompt's blocks costs one ``&`` per
+block however many workers hold them. The index is bounded:
 each worker's blocks are kept in least-recently-reported order and the oldest
 go first past ``per_worker`` blocks or ``max_age`` seconds. A gap in a
 worker's batch counter, a new boot, or ``cleared`` drops everything held for
@@ -16,12 +18,15 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import compress
 
 from opod.contract import adminapi, nodeapi
 
 
 @dataclass(slots=True)
 class _Worker:
+    slot: int
+    """This worker's bit in the holder masks: ``1 << slot``."""
     blocks: OrderedDict[str, float] = field(default_factory=OrderedDict)
     seq: int = 0
     boot_id: str = ""
@@ -33,7 +38,10 @@ class PrefixIndex:
         self.per_worker = per_worker
         self.max_age = max_age
         self._workers: dict[str, _Worker] = {}
-        self._holders: dict[str, set[str]] = {}
+        self._holders: dict[str, int] = {}
+        """Block hash → the workers holding it, as a mask of their slots' bits."""
+        self._slot_ids: list[str] = []
+        """Slot → the worker in it (``""``: free, a forgotten worker's, taken by the next new one)."""
         self.resets = 0
         """How many times a worker's blocks were dropped to rebuild (gaps, boots, cleared)."""
         self.generation = 0
@@ -45,7 +53,7 @@ class PrefixIndex:
         now = time.monotonic() if now is None else now
         worker = self._workers.get(node_id)
         if worker is None:
-            worker = self._workers[node_id] = _Worker(boot_id=boot_id)
+            worker = self._workers[node_id] = _Worker(self._take_slot(node_id), boot_id=boot_id)
             self.generation += 1
         if worker.boot_id != boot_id or kv.cleared or (worker.seq and kv.seq != worker.seq + 1):
             self._drop(node_id, worker)
@@ -54,24 +62,27 @@ class PrefixIndex:
         if kv.block_size and kv.block_size != worker.block_size:
             worker.block_size = kv.block_size
             self.generation += 1
+        bit = 1 << worker.slot
         for digest in kv.removed or ():
             if worker.blocks.pop(digest, None) is not None:
-                self._unhold(digest, node_id)
+                self._unhold(digest, bit)
+        holders = self._holders
         for digest in kv.stored or ():
             if digest in worker.blocks:
                 worker.blocks.move_to_end(digest)
             else:
-                self._holders.setdefault(digest, set()).add(node_id)
+                holders[digest] = holders.get(digest, 0) | bit
             worker.blocks[digest] = now
         while len(worker.blocks) > self.per_worker:
             digest, _ = worker.blocks.popitem(last=False)
-            self._unhold(digest, node_id)
+            self._unhold(digest, bit)
 
     def forget(self, node_id: str) -> None:
         worker = self._workers.pop(node_id, None)
         if worker is not None:
             self.generation += 1
             self._drop(node_id, worker)
+            self._slot_ids[worker.slot] = ""
 
     def sweep(self, now: float | None = None) -> int:
         """Drop blocks reported longer ago than ``max_age``; returns how many went."""
@@ -84,24 +95,36 @@ class PrefixIndex:
                 if seen >= horizon:
                     break
                 worker.blocks.popitem(last=False)
-                self._unhold(digest, node_id)
+                self._unhold(digest, 1 << worker.slot)
                 dropped += 1
         return dropped
 
     def _drop(self, node_id: str, worker: _Worker) -> None:
         if worker.blocks:
             self.resets += 1
+        bit = 1 << worker.slot
         for digest in worker.blocks:
-            self._unhold(digest, node_id)
+            self._unhold(digest, bit)
         worker.blocks.clear()
         worker.seq = 0
 
-    def _unhold(self, digest: str, node_id: str) -> None:
+    def _unhold(self, digest: str, bit: int) -> None:
         holders = self._holders.get(digest)
         if holders is not None:
-            holders.discard(node_id)
-            if not holders:
+            holders &= ~bit
+            if holders:
+                self._holders[digest] = holders
+            else:
                 del self._holders[digest]
+
+    def _take_slot(self, node_id: str) -> int:
+        slots = self._slot_ids
+        for slot, taken in enumerate(slots):
+            if not taken:
+                slots[slot] = node_id
+                return slot
+        slots.append(node_id)
+        return len(slots) - 1
 
     # --- what the router asks ---------------------------------------------------------
 
@@ -137,28 +160,20 @@ class PrefixIndex:
         """For each worker holding the first block, how many leading blocks of ``hashes`` it holds in a row."""
         if not hashes:
             return {}
-        first = self._holders.get(hashes[0])
-        if not first:
-            return {}
-        run: dict[str, int] = {}
-        alive = set(first)
-        depth = 1
-        # Each worker is written once, when its run ends: a Python loop per block per worker costs too much.
         holders_of = self._holders.get
+        alive = holders_of(hashes[0], 0)
+        if not alive:
+            return {}
+        ids = self._slot_ids
+        run: dict[str, int] = {}
         for depth, digest in enumerate(hashes[1:], start=1):
-            holders = holders_of(digest)
-            if holders is not None and holders.issuperset(alive):
-                continue  # everyone still in the run holds this block too: no allocation, the common case
-            still = alive & holders if holders else set()
-            for node_id in alive - still:
-                run[node_id] = depth
-            alive = still
-            if not alive:
-                break
-        else:
-            depth = len(hashes)
-        for node_id in alive:
-            run[node_id] = depth
+            still = alive & holders_of(digest, 0)
+            if still != alive:
+                _name(alive & ~still, depth, ids, run)  # these workers' runs end here
+                alive = still
+                if not alive:
+                    return run
+        _name(alive, len(hashes), ids, run)
         return run
 
     def stats(self) -> adminapi.PrefixIndex | None:
@@ -166,3 +181,15 @@ class PrefixIndex:
         if not self._workers:
             return None
         return adminapi.PrefixIndex(workers_reporting=len(self._workers), blocks=sum(len(w.blocks) for w in self._workers.values()))
+
+
+_BITS = bytes.maketrans(b"01", b"\x00\x01")
+
+
+def _name(mask: int, depth: int, ids: list[str], run: dict[str, int]) -> None:
+    """``run[id] = depth`` for each worker whose bit is in ``mask``."""
+    if not mask & (mask - 1):
+        run[ids[mask.bit_length() - 1]] = depth
+        return
+    # Several at once: the mask's bits, lowest first, pick the ids in C.
+    run.update(dict.fromkeys(compress(ids, bin(mask)[:1:-1].encode().translate(_BITS)), depth))

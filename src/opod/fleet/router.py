@@ -26,6 +26,8 @@ from opod.fleet.state import Fleet, NodeState
 
 PIN_CREDIT = 1.0
 """What the sticky pin is worth, in requests of load, on a worker that reports no cache events."""
+SATURATED = 1e9
+"""Added to the score of a worker at ``kvSaturationPct``: it goes behind every worker with headroom."""
 
 _turns: dict[str, itertools.count] = {}
 
@@ -123,23 +125,26 @@ def pick(
     key = request.pin() if pins is not None and policy.prefix_affinity and not held else None
     pinned = pins.get(key) if key else None
     best: list[NodeState] = []
-    best_key = (True, float("inf"))
+    best_score = float("inf")
+    least = len(request.hashes)  # becomes the fewest leading blocks any candidate holds
     kv_weight, saturation, block_weight = policy.kv_weight / 100.0, policy.kv_saturation_pct, policy.prefix_block_weight
-    for node in candidates:  # the hot loop: plain arithmetic, no calls
+    for node in candidates:  # the hot loop: plain arithmetic and one lookup
         sample = node.load
+        score = node.in_flight
         if sample is not None:
-            score = node.in_flight + sample.queue_depth + kv_weight * sample.kv_used_pct
-            saturated = sample.kv_used_pct >= saturation if saturation else False
-        else:
-            score, saturated = node.in_flight, False
+            score += sample.queue_depth + kv_weight * sample.kv_used_pct
+            if saturation and sample.kv_used_pct >= saturation:
+                score += SATURATED
         if held:
-            score -= block_weight * held.get(node.id, 0)
+            credit = held.get(node.id, 0)
+            score -= block_weight * credit
+            if credit < least:
+                least = credit
         elif node.id == pinned:
             score -= PIN_CREDIT  # no worker reports holding this prefix (no events, or not yet): the pin decides
-        key = (saturated, score)
-        if key < best_key:
-            best, best_key = [node], key
-        elif key == best_key:
+        if score < best_score:
+            best, best_score = [node], score
+        elif score == best_score:
             best.append(node)
     if len(best) == 1:
         node = best[0]
@@ -149,7 +154,7 @@ def pick(
     blocks = held.get(node.id, 0)
     if len(candidates) == 1:
         reason = "only"
-    elif blocks and blocks > min(held.get(n.id, 0) for n in candidates):
+    elif blocks > least:
         reason = "prefix"
     elif node.id == pinned:
         reason = "pin"
