@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from bench.routing.decision import GOAL_P99, WORKERS
 from bench.routing.runner import PathResult, RunResult
 
 HALF = 0.5
@@ -79,6 +80,10 @@ def check(run: RunResult) -> list[Goal]:
     overloaded = bool(opod and rate in opod.overloaded)
     goals.append(Goal("added p50", "≤ 1 ms", False if overloaded else verdict(p50 <= 0.001, p50)))
     goals.append(Goal("added p99", "≤ 5 ms", False if overloaded else verdict(p99 <= 0.005, p99)))
+
+    slowest = max((d.p99 for d in run.decisions if d.judged), default=math.nan)
+    goals.append(Goal("routing decision", f"p99 ≤ {GOAL_P99 * 1e6:.0f} µs with {WORKERS} workers, each judged scenario",
+                      verdict(slowest <= GOAL_P99, slowest)))
 
     sat = opod.saturation if opod else math.nan
     lite = _ran(run, "litellm")

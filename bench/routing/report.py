@@ -8,8 +8,8 @@ from pathlib import Path
 
 from rich.table import Table
 
+from bench.routing import decision, peers, runner
 from bench.routing import goals as goals_mod
-from bench.routing import peers, runner
 from bench.routing.runner import PathResult, RunResult
 
 DASH = "—"
@@ -87,8 +87,15 @@ def _rows(run: RunResult) -> list[tuple[str, Cell, str]]:
             return DASH
         return str(sum(s.errors for s in p.sweep.values()) + sum(s.errors for s in p.open.values()))
 
+    def decision_cell(p: PathResult) -> str:
+        slowest = max((d for d in run.decisions if d.judged), key=lambda d: d.p99, default=None)
+        if p.key != "opod" or slowest is None:
+            return DASH
+        return f"{slowest.p50 * 1e6:.0f} / {slowest.p99 * 1e6:.0f} ({slowest.scenario})"
+
     half = f"{rate:,.0f} req/s (½ direct capacity)" if rate else "½ direct capacity"
     return [
+        (f"routing decision p50 / p99 µs, {decision.WORKERS} workers, in process (slowest judged scenario)", decision_cell, "routing decision"),
         (f"1 short chat: req/s at saturation (best of concurrency {levels[0]}…{levels[-1]})", lambda p: _n(p.saturation), "saturation"),
         (f"1 short chat: added p50 ms at {half}", added_cell(50), "added p50"),
         (f"1 short chat: added p99 ms at {half}", added_cell(99), "added p99"),
@@ -191,8 +198,21 @@ def markdown(run: RunResult) -> str:
         *_md_table(["offered req/s", *[p.key for p in run.paths if p.ran]],
                    [[f"{rate:,.0f}", *[_open_cell(p, rate) for p in run.paths if p.ran]] for rate in run.offered]),
         "",
+        f"## Routing decision (opod's router in process, {decision.WORKERS} workers; µs per decision)",
+        "",
+        *_md_table(["scenario", "p50 µs", "p99 µs", "decisions", "goal"],
+                   [[d.scenario, f"{d.p50 * 1e6:.1f}", f"{d.p99 * 1e6:.1f}", f"{d.samples:,}",
+                     "judged" if d.judged else "not judged: a state prefix routing keeps a fleet out of"] for d in run.decisions]
+                   or [["not measured: the opod path did not run", DASH, DASH, DASH, DASH]]),
+        "",
         "## How it was measured",
         "",
+        f"- **Routing decision**: `opod.fleet.router.pick` timed one call at a time (`bench/routing/decision.py`), before the "
+        f"fleet starts, with {decision.WORKERS} workers registered and heartbeating through the leader's own calls, the bench's "
+        f"prefix policy and the leader's collector setting; the prompt is {decision.PROMPT_BLOCKS} blocks of "
+        f"{decision.BLOCK_SIZE} tokens. The request's block hashes are made before the decision and are not in it. "
+        "The scenarios are described in that module; a p99 there includes whatever the machine itself interrupts a "
+        "decision with (on a shared VM, a few percent of decisions of tens of µs each).",
         f"- **Simulator** (`opod sim`, vLLM dialect, through `OPOD_ENGINE_FLAGS`): block size {prof.block_size}, {prof.kv_blocks} KV blocks "
         f"per engine, {prof.max_num_seqs} sequences at once, TTFT {prof.ttft_ms:g} ms + {prof.prefill_ms_per_token:g} ms per uncached "
         f"prompt token, {prof.itl_ms:g} ms per token + {prof.itl_ms_per_request:g} ms per running request.",

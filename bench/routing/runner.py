@@ -20,8 +20,8 @@ from pathlib import Path
 
 from rich.markup import escape
 
+from bench.routing import decision, load, metrics, oracle, peers, workloads
 from bench.routing import fleet as fleet_mod
-from bench.routing import load, metrics, oracle, peers, workloads
 from bench.routing.fleet import Fleet, SimProfile
 from bench.routing.metrics import LatencySummary, StreamSummary
 from bench.routing.workloads import PrefixShape
@@ -103,6 +103,8 @@ class RunResult:
     machine: str = field(default_factory=lambda: f"{platform.machine()}, {platform.python_implementation()} {platform.python_version()}")
     started: str = field(default_factory=lambda: time.strftime("%Y-%m-%d %H:%M"))
     seconds: float = 0.0
+    decisions: list[decision.DecisionCost] = field(default_factory=list)
+    """opod's routing decision timed in process with 100 workers, per scenario (when the opod path runs)."""
 
     def path(self, key: str) -> PathResult | None:
         return next((p for p in self.paths if p.key == key), None)
@@ -119,6 +121,10 @@ def run(settings: Settings, step: Step, say: Callable[[str], None]) -> RunResult
                                    settings.workers, settings.profile.kv_blocks)
     results = [PathResult(key, LABELS[key]) for key in PATHS if key in settings.paths or key == "direct"]
     offered: list[float] = []
+    decisions = []
+    if "opod" in settings.paths:
+        say(f"timing opod's routing decision with {decision.WORKERS} workers, in process")
+        decisions = decision.measure()
     with tempfile.TemporaryDirectory(prefix="opod-bench-routing-") as scratch_name:
         scratch = Path(scratch_name)
         say(f"starting the fleet: an opod leader and {settings.workers} workers, one simulator engine each")
@@ -128,7 +134,7 @@ def run(settings: Settings, step: Step, say: Callable[[str], None]) -> RunResult
                 _run_path(result, fleet, settings, trace, offered, scratch, step, say)
         finally:
             fleet.stop()
-    out = RunResult(settings, results, best, len(trace), offered)
+    out = RunResult(settings, results, best, len(trace), offered, decisions=decisions)
     out.seconds = time.monotonic() - began
     return out
 

@@ -7,6 +7,7 @@ import math
 import pytest
 
 from bench.routing import goals
+from bench.routing.decision import DecisionCost
 from bench.routing.load import Phase, Sample
 from bench.routing.metrics import LatencySummary, StreamSummary, latency_summary, pct, saturation, stream_summary
 from bench.routing.oracle import OracleResult
@@ -65,8 +66,9 @@ def _stream(p90: float, tps: float, errors: int = 0) -> StreamSummary:
     return StreamSummary(p90 / 2, p90, p90, 0.02, 0.03, tps, 1.0, 100 - errors, errors, 100)
 
 
-def _run(paths: list[PathResult], oracle_hits: int = 90) -> RunResult:
-    return RunResult(Settings(loads=(0.25, 0.5)), paths, OracleResult(100, oracle_hits, 1000), prefix_requests=100, offered=[100.0, 200.0])
+def _run(paths: list[PathResult], oracle_hits: int = 90, decisions: list[DecisionCost] | None = None) -> RunResult:
+    return RunResult(Settings(loads=(0.25, 0.5)), paths, OracleResult(100, oracle_hits, 1000), prefix_requests=100, offered=[100.0, 200.0],
+                     decisions=decisions if decisions is not None else [DecisionCost("load", 30e-6, 60e-6, 5000)])
 
 
 def _path(key: str, sat: float, p50: float, p99: float, prefix: StreamSummary | None, hit: float = math.nan) -> PathResult:
@@ -93,7 +95,27 @@ def test_goals_are_judged_at_half_the_direct_capacity_against_the_named_peers() 
         "prefix output tok/s": True,  # 2,000 ≥ 2 × 900
         "prefix cache hits": True,  # 85% ≥ 90% of the oracle's 90%
         "prefix error rate": True,
+        "routing decision": True,  # 60 µs at p99
     }
+
+
+def test_the_slowest_routing_decision_is_judged_and_each_scenario_reported() -> None:
+    from bench.routing import report
+
+    paths = [_path("direct", 1000, 0.2, 0.21, None), _path("opod", 900, 0.2008, 0.214, _stream(0.1, 2000), hit=0.85)]
+    stress = DecisionCost("stress", 150e-6, 300e-6, 5000, judged=False)
+    costs = [DecisionCost("load", 30e-6, 60e-6, 5000), DecisionCost("prefix, shared", 90e-6, 140e-6, 5000), stress]
+    found = {g.row: g for g in goals.check(_run(paths, decisions=costs))}
+    assert found["routing decision"].met is False, "140 µs at p99 in one judged scenario misses the 100 µs goal"
+    text = report.markdown(_run(paths, decisions=costs))
+    row = next(line for line in text.splitlines() if line.startswith("| routing decision"))
+    assert row.split(" | ")[1:3] == ["—", "90 / 140 (prefix, shared)"]
+    assert row.endswith("each judged scenario: missed |")
+    assert "| load | 30.0 | 60.0 | 5,000 | judged |" in text
+    assert "| stress | 150.0 | 300.0 | 5,000 | not judged" in text
+    met = {g.row: g.met for g in goals.check(_run(paths, decisions=[costs[0], stress]))}
+    assert met["routing decision"] is True, "the stress scenario is reported, not judged"
+    assert {g.row: g.met for g in goals.check(_run(paths, decisions=[]))}["routing decision"] is None, "not measured: unknown"
 
 
 def test_a_goal_against_a_peer_that_did_not_run_is_unknown_not_met() -> None:
