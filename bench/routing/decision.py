@@ -41,6 +41,8 @@ GOAL_P99 = 100e-6
 MODEL = "sim-chat"
 POLICY = RoutingPolicy(kv_weight=1.0, prefix_block_weight=1.0, prefix_affinity=True)
 """The bench's prefix policy (``bench.routing.fleet.PREFIX_POLICY``) as the router sees it."""
+STRESS = "stress: every worker holds a different part"
+"""The scenario reported beside the goal, not judged by it."""
 
 
 @dataclass(frozen=True)
@@ -79,8 +81,6 @@ def _time(decide, samples: int) -> tuple[float, float]:
     spent.sort()
     return spent[len(spent) // 2] / 1e9, spent[min(len(spent) - 1, int(0.99 * len(spent)))] / 1e9
 
-
-STRESS = "stress: every worker holds a different part"
 
 
 def scenarios(workers: int = WORKERS) -> dict[str, Callable[[], Decision | None]]:

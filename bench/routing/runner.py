@@ -121,7 +121,7 @@ def run(settings: Settings, step: Step, say: Callable[[str], None]) -> RunResult
                                    settings.workers, settings.profile.kv_blocks)
     results = [PathResult(key, LABELS[key]) for key in PATHS if key in settings.paths or key == "direct"]
     offered: list[float] = []
-    decisions = []
+    decisions: list[decision.DecisionCost] = []
     if "opod" in settings.paths:
         say(f"timing opod's routing decision with {decision.WORKERS} workers, in process")
         decisions = decision.measure()
