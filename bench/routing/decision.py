@@ -56,11 +56,10 @@ class DecisionCost:
     """False for the stress scenario: reported beside the goal, not judged by it."""
 
 
-def _fleet(workers: int) -> Fleet:
+def _fleet(ids: list[str]) -> Fleet:
     fleet = Fleet()
     now = int(time.time())
-    for i in range(workers):
-        node_id = f"w{i:03d}"
+    for i, node_id in enumerate(ids):
         fleet.register(nodeapi.RegisterRequest(id=node_id, address=f"10.0.{i // 250}.{i % 250 + 1}:8081", boot_id="b"), "t",
                        nodeapi.Capabilities(engine="sim"))
         load = nodeapi.EngineLoad(kv_used_pct=float(i % 90), queue_depth=i % 3, sampled_at=now)
@@ -85,9 +84,9 @@ def _time(decide, samples: int) -> tuple[float, float]:
 
 def scenarios(workers: int = WORKERS) -> dict[str, Callable[[], Decision | None]]:
     """Each scenario's decision, ready to be made again and again on the same state."""
-    fleet = _fleet(workers)
-    hashes = block_hashes(list(range(PROMPT_BLOCKS * BLOCK_SIZE)), BLOCK_SIZE)
     ids = [f"w{i:03d}" for i in range(workers)]
+    fleet = _fleet(ids)
+    hashes = block_hashes(list(range(PROMPT_BLOCKS * BLOCK_SIZE)), BLOCK_SIZE)
     three = {ids[0], ids[workers // 3], ids[2 * workers // 3]}
     held_by_three = _index({node_id: PROMPT_BLOCKS for node_id in three}, hashes)
     shared = _index({node_id: PROMPT_BLOCKS if node_id == ids[-1] else PROMPT_BLOCKS // 2 for node_id in ids}, hashes)

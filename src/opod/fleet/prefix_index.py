@@ -56,7 +56,7 @@ class PrefixIndex:
             worker = self._workers[node_id] = _Worker(self._take_slot(node_id), boot_id=boot_id)
             self.generation += 1
         if worker.boot_id != boot_id or kv.cleared or (worker.seq and kv.seq != worker.seq + 1):
-            self._drop(node_id, worker)
+            self._drop(worker)
             worker.boot_id = boot_id
         worker.seq = kv.seq
         if kv.block_size and kv.block_size != worker.block_size:
@@ -81,7 +81,7 @@ class PrefixIndex:
         worker = self._workers.pop(node_id, None)
         if worker is not None:
             self.generation += 1
-            self._drop(node_id, worker)
+            self._drop(worker)
             self._slot_ids[worker.slot] = ""
 
     def sweep(self, now: float | None = None) -> int:
@@ -89,17 +89,18 @@ class PrefixIndex:
         now = time.monotonic() if now is None else now
         horizon = now - self.max_age
         dropped = 0
-        for node_id, worker in self._workers.items():
+        for worker in self._workers.values():
+            bit = 1 << worker.slot
             while worker.blocks:
                 digest, seen = next(iter(worker.blocks.items()))
                 if seen >= horizon:
                     break
                 worker.blocks.popitem(last=False)
-                self._unhold(digest, 1 << worker.slot)
+                self._unhold(digest, bit)
                 dropped += 1
         return dropped
 
-    def _drop(self, node_id: str, worker: _Worker) -> None:
+    def _drop(self, worker: _Worker) -> None:
         if worker.blocks:
             self.resets += 1
         bit = 1 << worker.slot
