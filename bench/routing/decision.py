@@ -30,7 +30,7 @@ from opod.fleet.affinity import AffinityTable
 from opod.fleet.prefix_index import PrefixIndex
 from opod.fleet.router import Decision, RouteRequest, RoutingPolicy, pick
 from opod.fleet.state import Fleet
-from opod.serving import YOUNG_COLLECTION_AT
+from opod.http.serving import YOUNG_COLLECTION_AT
 
 WORKERS = 100
 BLOCK_SIZE = 16

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from opod.contract.blockhash import block_hashes
-from opod.sim.tokenizer import Tokenizer
+from opod.contract.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from bench.routing.workloads import PrefixShape, shared_prefix_trace
 from opod.sim.config import SimConfig
 from opod.sim.engine import Engine
 from opod.sim.textgen import Plan
-from opod.sim.tokenizer import Tokenizer
+from opod.contract.tokenizer import Tokenizer
 
 BS = 4
 

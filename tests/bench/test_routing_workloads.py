@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from bench.routing.workloads import PrefixShape, poisson_arrivals, shared_prefix_trace
-from opod.sim.tokenizer import Tokenizer
+from opod.contract.tokenizer import Tokenizer
 
 SMALL = PrefixShape(groups=3, system_tokens=64, question_tokens=8, history_tokens=8, output_tokens=4, turns=3, rate=30.0, seconds=4.0, think_s=1.0)
 

@@ -23,7 +23,7 @@ from starlette.routing import Route
 
 from opod.door.routes import DoorRoutesFile
 from opod.door.server import DoorError, DoorServer
-from opod.serving import bind
+from opod.http.serving import bind
 from opod.sim import SimConfig, running
 from tests.snapshots.helpers import Events, eventually, serving, write_atomic
 

@@ -12,7 +12,7 @@ from opod.contract.adminapi import AdmissionClass, PolicyAdmission, PolicyAdmiss
 from opod.fleet.state import Fleet
 from opod.gateway import admission as admission_module
 from opod.gateway.admission import Admission, Shed, ShedReason, fleet_capacity, resolve_class
-from opod.gateway.errors import BadRequest, error_response
+from opod.http.errors import BadRequest, error_response
 
 MODEL = "m"
 

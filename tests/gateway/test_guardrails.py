@@ -15,9 +15,9 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from opod.contract.adminapi import GuardrailRule, PolicySnapshot
-from opod.gateway.errors import error_response
+from opod.http.errors import error_response
 from opod.gateway.guardrails import GuardrailBlocked, Guardrails, GuardrailUnavailable
-from opod.serving import bind
+from opod.http.serving import bind
 from tests.snapshots.helpers import eventually, serving
 
 BODY = b'{"model": "m1", "messages": [{"role": "user", "content": "my card is 4111"}]}'

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from opod.cli.main import app
-from opod.serving import YOUNG_COLLECTION_AT
+from opod.http.serving import YOUNG_COLLECTION_AT
 
 
 @pytest.mark.parametrize(

@@ -18,9 +18,9 @@ from opod.fleet.models import ModelRegistry
 from opod.fleet.state import Fleet
 from opod.fleet.workers import WorkerClient
 from opod.gateway.app import Gateway
-from opod.gateway.keytable import KeyTable
+from opod.access.keytable import KeyTable
 from opod.gateway.relay import Relay
-from opod.serving import QuietServer, bind
+from opod.http.serving import QuietServer, bind
 
 
 def write_atomic(path: Path, content: Any) -> None:

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from opod.contract.wire import format_time
-from opod.gateway.keytable import KeyEntry, KeyTable
+from opod.access.keytable import KeyEntry, KeyTable
 from opod.security.keys import hash_key
 from opod.snapshots.auth import AuthFile, meta_tombstones
 from opod.snapshots.service import SnapshotPaths, Snapshots

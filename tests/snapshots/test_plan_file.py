@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from opod.gateway.errors import GatewayError
-from opod.gateway.keytable import KeyTable
+from opod.http.errors import GatewayError
+from opod.access.keytable import KeyTable
 from opod.snapshots.plan import PlanFile
 from opod.snapshots.service import SnapshotPaths, Snapshots
 from opod.snapshots.watch import SnapshotError

@@ -22,7 +22,7 @@ def run(routes_path: str | Path | None, listen: str = "") -> None:
     ``routes_path``: the routes file (else ``OPOD_DOOR_ROUTES``); ``listen``: host:port
     (else ``OPOD_LISTEN``, else ``0.0.0.0:8080``). Problems exit with a message via typer.
     """
-    from opod.serving import ListenError, parse_listen
+    from opod.http.serving import ListenError, parse_listen
 
     path = routes_path or config.read("OPOD_DOOR_ROUTES")
     if not path:

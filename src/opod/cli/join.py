@@ -21,8 +21,8 @@ def command(
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Join a leader as a worker and run its models on this machine's engines."""
-    from opod.serving import parse_listen
-    from opod.tls.client import TLSClientError
+    from opod.http.serving import parse_listen
+    from opod.http.tls.client import TLSClientError
     from opod.worker.run import Worker, WorkerSettings, engine_flags
 
     setup_logging(verbose)
@@ -43,7 +43,7 @@ def command(
 
 
 async def _run(worker) -> None:
-    from opod.serving import ListenError, serve, settle_memory
+    from opod.http.serving import ListenError, serve, settle_memory
     from opod.worker.agent import TokenRefused
 
     try:

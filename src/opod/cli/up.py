@@ -35,7 +35,7 @@ def command(
         raise fail("--routes is for --role door")
     from opod.leader.leader import LeaderSettings
     from opod.leader.run import UpSettings
-    from opod.serving import parse_listen
+    from opod.http.serving import parse_listen
     from opod.worker.run import WorkerSettings, engine_flags
 
     setup_logging(verbose)
@@ -63,8 +63,8 @@ def command(
 
 async def _run(settings) -> None:
     from opod.leader.run import Up
-    from opod.serving import ListenError
-    from opod.tls.server import TLSConfigError
+    from opod.http.serving import ListenError
+    from opod.http.tls.server import TLSConfigError
 
     if bool(settings.tls_cert) != bool(settings.tls_key):
         raise fail("OPOD_TLS_CERT and OPOD_TLS_KEY go together: set both to serve HTTPS, or neither")

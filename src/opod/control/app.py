@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from opod import __version__
 from opod.control import keys, models, nodes
 from opod.control.context import ControlContext, ControlError
-from opod.gateway.errors import Unauthorized
+from opod.http.errors import Unauthorized
 from opod.store.errors import Conflict, InvalidInput, NotFound, StoreError
 
 

@@ -12,8 +12,8 @@ from typing import Any
 from opod.catalog import Catalog
 from opod.fleet.models import ModelRegistry
 from opod.fleet.state import Fleet
-from opod.fleet.tokens import NodeTokenBook
-from opod.gateway.keytable import KeyTable
+from opod.access.nodetokens import NodeTokenBook
+from opod.access.keytable import KeyTable
 
 
 @dataclass

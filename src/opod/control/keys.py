@@ -14,8 +14,8 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel
 
 from opod.control.context import ControlContext, ControlError, parse_lifetime
-from opod.fleet.tokens import NodeToken
-from opod.gateway.keytable import KeyEntry
+from opod.access.nodetokens import NodeToken
+from opod.access.keytable import KeyEntry
 from opod.security.keys import API_PREFIX, display_prefix, hash_key, new_secret
 
 

@@ -30,8 +30,8 @@ from starlette.responses import (
 from starlette.routing import Route
 
 from opod.door.routes import DoorRoutesFile, Target
-from opod.gateway.app import read_body, request_id_for
-from opod.gateway.errors import (
+from opod.http.inbound import read_body, request_id_for
+from opod.http.errors import (
     BadRequest,
     GatewayError,
     ModelNotFound,

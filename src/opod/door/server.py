@@ -11,7 +11,7 @@ from pathlib import Path
 
 from opod.door.app import Door
 from opod.door.routes import DoorRoutesFile
-from opod.serving import Listener, bind, serve
+from opod.http.serving import Listener, bind, serve
 from opod.snapshots.watch import POLL_INTERVAL, Emit, FileWatcher, no_events
 
 

@@ -13,7 +13,7 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from opod import fastjson
+from opod.http import fastjson
 
 PREFIX_CHARS = 1024
 

@@ -14,7 +14,7 @@ import aiohttp
 
 from opod.fleet.state import NodeState
 from opod.security.signer import Signer
-from opod.upstream import Upstreams
+from opod.http.upstream import Upstreams
 
 CONNECT_TIMEOUT = 3.0
 

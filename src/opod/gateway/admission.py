@@ -30,7 +30,7 @@ from typing import Self
 
 from opod.contract.adminapi import AdmissionClass, PolicyAdmission
 from opod.fleet.state import Fleet
-from opod.gateway.errors import BadRequest, NoCapacity
+from opod.http.errors import BadRequest, NoCapacity
 from opod.gateway.fairqueue import FairQueue, Ticket
 
 CLASS_HEADER = "X-Opod-Class"

@@ -7,9 +7,7 @@ engine untouched; ``model``, ``stream`` and ``stream_options`` are opod's.
 
 from __future__ import annotations
 
-import itertools
 import json
-import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,15 +17,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from opod import fastjson
-from opod.fastpath import headers_of, read_whole
+from opod.http import fastjson
+from opod.http.fastpath import headers_of, read_whole
+from opod.http.inbound import read_body, sane_request_id
 from opod.fleet.models import ModelRegistry
 from opod.fleet.router import RouteRequest, RoutingPolicy, choose_revision
 from opod.fleet.state import Fleet
 from opod.gateway.admission import resolve_class
-from opod.gateway.errors import (
+from opod.http.errors import (
     BadRequest,
-    BodyTooLarge,
     GatewayError,
     ModelNotFound,
     NoCapacity,
@@ -35,7 +33,7 @@ from opod.gateway.errors import (
     error_response,
 )
 from opod.gateway.exchange import Exchange
-from opod.gateway.keytable import KeyTable
+from opod.access.keytable import KeyTable
 from opod.gateway.relay import Relay
 from opod.gateway.stats import PROBE_HEADER, GatewayStats
 
@@ -64,24 +62,6 @@ _UNSUPPORTED = {
 
 
 PROBE = PROBE_HEADER.encode()
-_ids = itertools.count(1)
-_ID_PREFIX = "req_" + secrets.token_hex(4)
-
-
-def request_id_for(request: Request) -> str:
-    """The client's ``X-Request-Id`` when it is sane, else a new one unique to this process and boot."""
-    return sane_request_id(request.headers.get("x-request-id"))
-
-
-def sane_request_id(given: str | bytes | None) -> str:
-    """``given`` (an ``X-Request-Id``) when it is sane, else a new id unique to this process and boot."""
-    if given and len(given) <= 128 and given.isascii():
-        text = given if isinstance(given, str) else given.decode("ascii")
-        if text.isprintable():
-            return text
-    return f"{_ID_PREFIX}{next(_ids):x}"
-
-
 def _text(value: bytes | None) -> str | None:
     return None if value is None else value.decode("latin-1")
 
@@ -113,7 +93,7 @@ class Gateway:
         return [Route(path, handler, methods=[method]) for (method, path), handler in self.handlers().items()]
 
     def handlers(self) -> dict[tuple[str, str], object]:
-        """(method, path) → handler, for :class:`opod.fastpath.FastPath`."""
+        """(method, path) → handler, for :class:`opod.http.fastpath.FastPath`."""
         out = {("GET", "/v1/models"): self.list_models}
         for spec in ROUTES:
             out[("POST", spec.path)] = self._endpoint(spec)
@@ -304,36 +284,3 @@ def routing_policy(view: Any) -> RoutingPolicy:
 def _is_plan_adapter(model: str, plan: Any) -> bool:
     base, _, adapter = model.partition(":")
     return base == plan.model and adapter in (plan.adapters or [])
-
-
-DRAIN_LIMIT = 64 * MiB
-"""How much of an oversized body is read and dropped so the client can read its 413; beyond it, the connection closes."""
-
-
-async def read_body(request: Request, cap: int) -> bytes:
-    whole = read_whole(request)
-    if whole is not None and len(whole) <= cap:
-        return whole
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > cap:
-        await _drain(request, int(length))
-        raise BodyTooLarge(cap)
-    chunks = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > cap:
-            await _drain(request, DRAIN_LIMIT)
-            raise BodyTooLarge(cap)
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-async def _drain(request: Request, expected: int) -> None:
-    if expected > DRAIN_LIMIT:
-        return
-    drained = 0
-    async for chunk in request.stream():
-        drained += len(chunk)
-        if drained > DRAIN_LIMIT:
-            return

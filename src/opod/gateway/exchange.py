@@ -19,7 +19,7 @@ from opod.gateway.stats import GatewayStats
 access = logging.getLogger("opod.access")
 
 if TYPE_CHECKING:
-    from opod.gateway.keytable import KeyEntry
+    from opod.access.keytable import KeyEntry
 
 
 class Exchange:

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import aiohttp
 
 from opod.contract.adminapi import GuardrailRule, PolicySnapshot
-from opod.gateway.errors import GatewayError
+from opod.http.errors import GatewayError
 
 if TYPE_CHECKING:
     from opod.snapshots.policy import PolicyView

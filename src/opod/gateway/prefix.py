@@ -87,7 +87,7 @@ class PrefixHasher:
     def _sim_tokens(self, payload: dict[str, Any]) -> list[int]:
         if self._sim is None:
             # Imported here, once: only a leader in front of simulated engines needs it.
-            from opod.sim.tokenizer import Tokenizer
+            from opod.contract.tokenizer import Tokenizer
 
             self._sim = Tokenizer()
         messages = payload.get("messages")

@@ -24,12 +24,12 @@ from opod.control.app import create_app as create_control_app
 from opod.control.context import ControlContext
 from opod.fleet.models import ANY_NODE, KnownModel, ModelRegistry
 from opod.fleet.state import Fleet, NodeState
-from opod.fleet.tokens import LOCAL_TOKEN_ID, NodeToken, NodeTokenBook
+from opod.access.nodetokens import LOCAL_TOKEN_ID, NodeToken, NodeTokenBook
 from opod.fleet.workers import WorkerClient
 from opod.gateway.admission import Admission, fleet_capacity
 from opod.gateway.app import Gateway
 from opod.gateway.prefix import PrefixHasher
-from opod.gateway.keytable import KeyEntry, KeyTable
+from opod.access.keytable import KeyEntry, KeyTable
 from opod.gateway.relay import Relay
 from opod.gateway.guardrails import Guardrails
 from opod.leader.adminv1.context import AdminContext
@@ -81,7 +81,7 @@ class Leader:
     shards: Any = None
     """``opod.shards.ShardManager`` when sharded models are available."""
     tls: Any = None
-    """``opod.tls.server.LeaderTLS`` when the public listener serves HTTPS."""
+    """``opod.http.tls.server.LeaderTLS`` when the public listener serves HTTPS."""
     snapshots: Any = None
     """``opod.snapshots.service.Snapshots``: the mounted auth, policy and plan files."""
     _admin: AdminContext | None = None

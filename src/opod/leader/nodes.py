@@ -2,7 +2,7 @@
 
 Both calls are signed (``X-Opod-Auth``, no bearer fallback) and replay-checked.
 On a TLS listener the auth file's ``nodeMtls`` adds a second credential: a
-worker's client certificate naming the node (:mod:`opod.tls.identity`). In
+worker's client certificate naming the node (:mod:`opod.http.tls.identity`). In
 ``allow`` a certificate authenticates the call and a signature, if also sent,
 must verify too (it binds the token the leader signs its own calls to the
 worker with); without a certificate the token decides. In ``require`` a call
@@ -35,10 +35,10 @@ from opod.contract.nodeauth import HEADER, AuthRefused, Refusal, SignedHeader
 from opod.contract.wire import WireError
 from opod.fleet.prefix_index import PrefixIndex
 from opod.fleet.state import Fleet
-from opod.fleet.tokens import LOCAL_TOKEN_ID, NodeTokenBook
-from opod.snapshots.auth import NodeMtls
-from opod.tls.identity import CertRefused, certificate_identity, certificates_checked, required_refusal
-from opod.tls.peer import connection_of
+from opod.access.nodetokens import LOCAL_TOKEN_ID, NodeTokenBook
+from opod.http.tls.policy import NodeMtls
+from opod.http.tls.identity import CertRefused, certificate_identity, certificates_checked, required_refusal
+from opod.http.tls.peer import connection_of
 
 log = logging.getLogger("opod.leader")
 
@@ -111,7 +111,7 @@ class NodeRegistry:
         self._touched: dict[str, float] = {}
         self._silent: set[str] = set()
         self.node_mtls: Callable[[], NodeMtls] = NodeMtls
-        """The auth file's worker-certificate policy now; ``opod.tls.enable_leader_tls`` connects it.
+        """The auth file's worker-certificate policy now; ``opod.leader.tls.enable_leader_tls`` connects it.
         The default (off) leaves the token the only credential."""
 
     def routes(self) -> list[Route]:

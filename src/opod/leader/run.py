@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from opod.leader.leader import Leader, LeaderSettings
-from opod.serving import Listener, bind, serve, settle_memory
-from opod.tls.server import enable_leader_tls
+from opod.http.serving import Listener, bind, serve, settle_memory
+from opod.leader.tls import enable_leader_tls
 from opod.worker.run import Worker, WorkerSettings
 
 log = logging.getLogger("opod.leader")

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from opod import fastjson
+from opod.http import fastjson
 
 log = logging.getLogger("opod.ledger")
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from opod import fastjson
+from opod.http import fastjson
 from opod.ledger.journal import Line
 from opod.store.base import MAX_TEXT
 from opod.store.events import INT64_MAX, NewEvent

@@ -19,7 +19,7 @@ from opod.sim.latency import LatencyModel
 from opod.sim.prefix_cache import Allocation, PrefixCache
 from opod.sim.stats import Stats, sglang_buckets, vllm_buckets
 from opod.sim.textgen import Plan
-from opod.sim.tokenizer import Tokenizer
+from opod.contract.tokenizer import Tokenizer
 
 __all__ = ["Engine", "Sequence"]
 

@@ -12,7 +12,7 @@ from typing import Any
 from starlette.requests import Request
 
 from opod.sim.errors import SimHTTPError, bad_request, model_not_found
-from opod.sim.tokenizer import BOS, Tokenizer, message_text
+from opod.contract.tokenizer import BOS, Tokenizer, message_text
 
 __all__ = ["GenRequest", "read_json", "parse_chat", "parse_completion", "resolve_model", "embedding_inputs"]
 

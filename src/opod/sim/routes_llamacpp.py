@@ -13,7 +13,7 @@ from opod.sim.metrics_llamacpp import LlamaCppMetrics
 from opod.sim.parse import read_json
 from opod.sim.shapes import dumps
 from opod.sim.state import SimState
-from opod.sim.tokenizer import BOS, render_chat
+from opod.contract.tokenizer import BOS, render_chat
 
 __all__ = ["llamacpp_routes"]
 

@@ -22,8 +22,8 @@ import uvloop
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from opod.fastpath import FastHttpProtocol, FastPath
-from opod.serving import settle_memory
+from opod.http.fastpath import FastHttpProtocol, FastPath
+from opod.http.serving import settle_memory
 from opod.sim.app import build_app
 from opod.sim.config import SimConfig, SimConfigError
 from opod.sim.state import SimState
@@ -46,7 +46,7 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 HOT_PATHS = ("/v1/chat/completions", "/v1/completions")
-"""The generation routes take the short way through the server (``opod.fastpath``), as a worker's data path does."""
+"""The generation routes take the short way through the server (``opod.http.fastpath``), as a worker's data path does."""
 
 
 def _uvicorn(app: Starlette) -> uvicorn.Server:

@@ -14,7 +14,7 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from opod.sim.tokenizer import Tokenizer
+from opod.contract.tokenizer import Tokenizer
 
 __all__ = ["Plan", "plan_answer", "request_rng"]
 

@@ -9,7 +9,7 @@ and they are handed to the lead's persistence (the store's meta table) before
 they take effect in memory, so a restart does not lift them.
 
 Worker client certificates (``nodeMtls``, ``nodeCertCa``, ``revokedCerts``) are
-parsed, validated and held here, and enforced by :mod:`opod.tls` on a leader
+parsed, validated and held here, and enforced by :mod:`opod.http.tls` on a leader
 whose public listener serves TLS (``client_certs_verified``, set by
 :meth:`AuthFile.verify_client_certs`). Without that listener nothing can check a
 certificate: ``allow`` is held but changes nothing (the join token stays the
@@ -28,7 +28,8 @@ from datetime import datetime
 from typing import Any
 
 from opod.contract.adminapi import AuthSnapshot
-from opod.gateway.keytable import SNAPSHOT, KeyEntry, KeyTable, snapshot_key_id
+from opod.http.tls.policy import NodeMtls
+from opod.access.keytable import SNAPSHOT, KeyEntry, KeyTable, snapshot_key_id
 from opod.snapshots.parsing import decode, rfc3339
 from opod.snapshots.watch import SnapshotError
 
@@ -38,51 +39,6 @@ _HEX = frozenset("0123456789abcdef")
 
 
 # --- worker client certificates -------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class NodeMtls:
-    """The auth file's worker-certificate policy, as held (not necessarily enforced: see ``enforced``)."""
-
-    mode: str = "off"
-    """``off``, ``allow`` or ``require`` (an empty ``nodeMtls`` is ``off``)."""
-    ca_pem: str = ""
-    revoked_serials: frozenset[str] = frozenset()
-    """Lowercase hex serial numbers without separators."""
-    enforced: bool = False
-    """True only when a TLS listener on the join path really checks client certificates."""
-
-    def describe(self) -> str:
-        if self.mode == "off":
-            return "off"
-        if self.enforced:
-            return self.mode
-        return f"{self.mode} (held, not enforced: no TLS listener checks worker certificates; the join token stays the credential)"
-
-    def is_revoked(self, serial: int | str) -> bool:
-        """Whether a peer certificate's serial (an int, or hex text with or without colons) is revoked."""
-        text = format(serial, "x") if isinstance(serial, int) else _serial(serial)
-        return text in {_serial(s) for s in self.revoked_serials}
-
-    def server_context(self, certfile: str, keyfile: str) -> ssl.SSLContext:
-        """A TLS server context that asks workers for a certificate signed by ``ca_pem``.
-
-        Optional in ``require`` too: the same listener serves ``/v1`` clients, which have
-        none, so ``require`` is enforced on the join paths (:mod:`opod.tls.identity`).
-        Revoked serials are not checked by the context; check ``is_revoked`` on the
-        peer certificate after the handshake. :class:`opod.tls.LeaderTLS` builds the
-        listener's contexts (one per CA) and is what serves.
-        """
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(certfile, keyfile)
-        if self.mode in ("allow", "require") and self.ca_pem:
-            context.load_verify_locations(cadata=self.ca_pem)
-            context.verify_mode = ssl.CERT_OPTIONAL
-        return context
-
-
-def _serial(text: str) -> str:
-    return text.lower().replace(":", "").lstrip("0") or "0"
 
 
 REQUIRE_WITHOUT_TLS = "nodeMtls: 'require' cannot be honoured"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from opod.contract.adminapi import PlanSnapshot
-from opod.gateway.errors import ModelNotFound
+from opod.http.errors import ModelNotFound
 from opod.snapshots.parsing import decode
 from opod.snapshots.watch import SnapshotError
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from opod.contract import env as contract_env
-from opod.gateway.keytable import KeyTable
+from opod.access.keytable import KeyTable
 from opod.snapshots.auth import (
     REQUIRE_WITHOUT_TLS,
     AddTombstones,
@@ -98,7 +98,7 @@ class Snapshots:
             await watcher.stop()
 
     async def verify_client_certs(self) -> None:
-        """The leader's TLS listener now checks worker certificates (``opod.tls.enable_leader_tls``).
+        """The leader's TLS listener now checks worker certificates (``opod.leader.tls.enable_leader_tls``).
 
         The held ``nodeMtls`` becomes enforced. An auth file refused before because it said
         ``require`` is judged again: a new watcher on the same path reads it afresh.

@@ -27,7 +27,7 @@ import aiohttp
 
 from opod.contract import nodeapi
 from opod.security.signer import Signer
-from opod.tls.client import worker_context
+from opod.http.tls.client import worker_context
 from opod.worker import inventory
 from opod.worker.engines import EngineManager
 

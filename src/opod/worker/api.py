@@ -24,9 +24,9 @@ from starlette.routing import Route
 from opod.contract import nodeapi
 from opod.contract.nodeauth import AuthRefused
 from opod.contract.wire import WireError
-from opod.fastpath import FastPath
+from opod.http.fastpath import FastPath
 from opod.security.signer import Verifier
-from opod.upstream import origin
+from opod.http.upstream import origin
 from opod.worker.engines import EngineManager
 from opod.worker.refusals import LoadRefused, Refused
 from opod.worker.supervisor import ProcessConfig, Supervisor

@@ -32,7 +32,7 @@ from opod.contract import nodeapi
 from opod.contract.catalog import Entry, Source
 from opod.engines.base import EngineDriver, LaunchSpec, LoadSample, MetricsState
 from opod.engines.registry import get_driver
-from opod.upstream import Upstreams
+from opod.http.upstream import Upstreams
 from opod.worker.adapters import Adapters, lora_flags
 from opod.worker.kvevents import KVReport
 from opod.worker.kvlistener import KVEventListener, KVListenError

@@ -22,7 +22,7 @@ from opod.contract.wire import WireError
 from opod.engines import llama_binary, llama_devices
 from opod.engines.errors import LaunchError
 from opod.engines.registry import get_driver
-from opod.serving import Listener, bind
+from opod.http.serving import Listener, bind
 from opod.worker import identity, inventory
 from opod.worker.agent import Agent
 from opod.worker.api import WorkerAPI

@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from opod.fastpath import (
+from opod.http.fastpath import (
     BODY_LIMIT,
     FastPath,
     PreparedResponse,
@@ -19,7 +19,7 @@ from opod.fastpath import (
     headers_of,
     read_whole,
 )
-from opod.serving import Listener, bind, serve
+from opod.http.serving import Listener, bind, serve
 
 
 def way(request: Request) -> str:

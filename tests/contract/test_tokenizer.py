@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import random
 
-from opod.sim import tokenizer as tok
-from opod.sim.tokenizer import BOS, Tokenizer, render_chat
+from opod.contract import tokenizer as tok
+from opod.contract.tokenizer import BOS, Tokenizer, render_chat
 
 # Pieces chosen to sit on the template's edges: specials, whitespace runs, punctuation, underscores, non-ASCII.
 ALPHABET = ["a", "b", " ", "\n", "\t", "_", "<", "|", ">", "s", "/", "é", "1", "!", "<|user|>", "</s>", "<s>", "  ", "\r\n", "x_y"]

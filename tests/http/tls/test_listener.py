@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import uvloop
 
-from opod.serving import Listener, bind, serve
-from opod.snapshots.auth import NodeMtls
-from opod.tls.peer import connection_of
-from opod.tls.server import LeaderTLS, TLSConfigError
-from tests.tls.certs import Certs, Pair
+from opod.http.serving import Listener, bind, serve
+from opod.http.tls.policy import NodeMtls
+from opod.http.tls.peer import connection_of
+from opod.http.tls.server import LeaderTLS, TLSConfigError
+from tests.http.tls.certs import Certs, Pair
 
 
 async def echo_tls(scope, receive, send) -> None:

@@ -8,8 +8,8 @@ import logging
 import aiohttp
 import pytest
 
-from opod.tls.client import TLSClientError, worker_context
-from tests.tls.conftest import TLSLeader
+from opod.http.tls.client import TLSClientError, worker_context
+from tests.http.tls.conftest import TLSLeader
 
 
 async def test_a_worker_trusting_another_ca_refuses_the_leader(tls_leader: TLSLeader, caplog: pytest.LogCaptureFixture) -> None:

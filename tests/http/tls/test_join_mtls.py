@@ -17,7 +17,7 @@ import pytest
 from opod.contract import nodeapi
 from opod.contract.nodeauth import HEADER, sign
 from opod.worker.agent import TokenRefused
-from tests.tls.conftest import TLSLeader, auth_body, running_leader
+from tests.http.tls.conftest import TLSLeader, auth_body, running_leader
 
 
 def register_body(node_id: str) -> str:

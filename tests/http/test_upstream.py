@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from opod.upstream import Origin, UpstreamError, Upstreams, origin, split_url
+from opod.http.upstream import Origin, UpstreamError, Upstreams, origin, split_url
 
 
 class Server:

@@ -1,4 +1,4 @@
-"""Typed refusals of the /v1 path, each mapped to an honest status and OpenAI's error shape."""
+"""Typed refusals shared by the listeners, each with an honest status, and OpenAI's error body that `/v1` and the door answer with."""
 
 from __future__ import annotations
 

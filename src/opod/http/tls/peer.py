@@ -1,6 +1,6 @@
 """What a TLS handshake proved about the peer, in the form the join handlers read.
 
-The listener's protocol (:mod:`opod.tls.protocol`) builds one :class:`TLSConnection`
+The listener's protocol (:mod:`opod.http.tls.protocol`) builds one :class:`TLSConnection`
 per connection and puts it in every request's ASGI scope under
 ``scope["extensions"][SCOPE_KEY]``. A plain (non-TLS) connection has none.
 """
@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-SCOPE_KEY = "opod.tls"
+SCOPE_KEY = "opod.http.tls"
 
 _SPIFFE_NODE = re.compile(r"spiffe://([a-z0-9._-]+)/opod/node/([^/?#\s]+)")
 """The one SAN shape read (CONTRACT.md §4.2): ``spiffe://<trust domain>/opod/node/<id>``."""

@@ -4,7 +4,7 @@ uvicorn's own signal handling assumes one server per process; ``opod up`` runs
 the public, admin and worker listeners together, so they share one stop event.
 Sockets are bound before serving so a taken port is a clear error, not a log line.
 A listener given an ``ssl`` context serves HTTPS, and its requests carry the
-TLS peer in the ASGI scope (:mod:`opod.tls.protocol`).
+TLS peer in the ASGI scope (:mod:`opod.http.tls.protocol`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from opod.fastpath import FastHttpProtocol
-from opod.tls.protocol import TLSHttpToolsProtocol
+from opod.http.fastpath import FastHttpProtocol
+from opod.http.tls.protocol import TLSHttpToolsProtocol
 
 YOUNG_COLLECTION_AT = 20_000
 """Allocations between two collections of the youngest generation (Python's default is 700).
@@ -84,7 +84,7 @@ class Listener:
     sock: socket.socket
     name: str
     ssl: ssl_module.SSLContext | None = None
-    """HTTPS with this context (``opod.tls.LeaderTLS.context``); None = plain HTTP."""
+    """HTTPS with this context (``opod.http.tls.LeaderTLS.context``); None = plain HTTP."""
 
     @property
     def scheme(self) -> str:

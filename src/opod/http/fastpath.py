@@ -35,7 +35,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 Handler = Callable[[Request], Awaitable[Response]]
 
-log = logging.getLogger("opod.fastpath")
+log = logging.getLogger("opod.http.fastpath")
 
 BODY_LIMIT = 1 << 20
 """Bodies up to this size take the short way; larger ones (and bodies of unknown size) uvicorn's, which streams them."""

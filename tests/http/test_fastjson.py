@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from opod import fastjson
+from opod.http import fastjson
 from opod.gateway.relay import _usage_of
 
 

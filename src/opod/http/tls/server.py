@@ -7,7 +7,7 @@ loaded context. So :class:`LeaderTLS` hands the server a context whose
 a plain context built for the CA in force now, rebuilt when the CA, the mode
 or the certificate files change. Connections already open keep the context of
 their handshake; the join handlers notice when that is stale
-(:mod:`opod.tls.identity`).
+(:mod:`opod.http.tls.identity`).
 
 Client certificates are asked for (``CERT_OPTIONAL``) only while ``nodeMtls``
 is ``allow`` or ``require``: ``/v1`` clients never need one, so ``require`` is
@@ -25,15 +25,12 @@ import ssl
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Self
+from typing import Self
 
-from opod.snapshots.auth import NodeMtls
-from opod.tls.protocol import NODE_CA_ATTR
+from opod.http.tls.policy import NodeMtls
+from opod.http.tls.protocol import NODE_CA_ATTR
 
-if TYPE_CHECKING:
-    from opod.leader.leader import Leader
-
-log = logging.getLogger("opod.tls")
+log = logging.getLogger("opod.http.tls")
 
 FILES_CHECK_EVERY = 1.0
 """Seconds between looks at the certificate files' modification times (renewal without a restart)."""
@@ -74,7 +71,7 @@ class LeaderTLS:
     """HTTPS for the public listener, asking workers for certificates as the auth file says.
 
     ``policy`` returns the auth file's current :class:`NodeMtls` (``AuthFile.node_mtls``);
-    pass ``context`` to :class:`opod.serving.Listener` as ``ssl``.
+    pass ``context`` to :class:`opod.http.serving.Listener` as ``ssl``.
     """
 
     def __init__(self, certfile: str | Path, keyfile: str | Path, policy: Callable[[], NodeMtls] = NodeMtls) -> None:
@@ -162,21 +159,3 @@ class LeaderTLS:
         context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN  # the leaf as its own trust anchor
         context.load_verify_locations(cadata=leaf)
         return context
-
-
-async def enable_leader_tls(leader: Leader, certfile: str | Path, keyfile: str | Path) -> LeaderTLS:
-    """Serve ``leader``'s public listener over HTTPS and let workers authenticate with certificates.
-
-    Call after ``leader.start_snapshots()`` and before binding the public listener; then
-    pass ``.context`` as the public :class:`~opod.serving.Listener`'s ``ssl``. It tells the
-    auth file that worker certificates are now verified (so ``nodeMtls: require`` is
-    accepted, and a ``require`` file refused before is judged again) and gives the
-    register and heartbeat handlers the auth file's policy.
-    """
-    if leader.snapshots is None or leader.registry is None:
-        raise RuntimeError("enable_leader_tls needs a started leader: call leader.start_snapshots() first")
-    auth = leader.snapshots.auth
-    tls = LeaderTLS(certfile, keyfile, lambda: auth.node_mtls)
-    await leader.snapshots.verify_client_certs()
-    leader.registry.node_mtls = lambda: auth.node_mtls
-    return tls

@@ -3,8 +3,8 @@
 uvicorn does not put the client certificate in the ASGI scope, and an ASGI
 middleware cannot reach the transport. This protocol reads the peer once, when
 the connection is made (after the handshake), and wraps its app so every
-request on that connection carries a :class:`~opod.tls.peer.TLSConnection`
-under ``scope["extensions"]["opod.tls"]``. Only TLS listeners use it.
+request on that connection carries a :class:`~opod.http.tls.peer.TLSConnection`
+under ``scope["extensions"]["opod.http.tls"]``. Only TLS listeners use it.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from opod.tls.peer import SCOPE_KEY, PeerCert, TLSConnection
+from opod.http.tls.peer import SCOPE_KEY, PeerCert, TLSConnection
 
-log = logging.getLogger("opod.tls")
+log = logging.getLogger("opod.http.tls")
 
 NODE_CA_ATTR = "opod_node_ca"
-"""Set by :class:`~opod.tls.server.LeaderTLS` on each context it builds: the node CA it verifies against."""
+"""Set by :class:`~opod.http.tls.server.LeaderTLS` on each context it builds: the node CA it verifies against."""
 
 
 def read_connection(transport: asyncio.BaseTransport) -> TLSConnection | None:

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from types import MappingProxyType
 
 from opod.contract.adminapi import SNAPSHOT_KEY_PREFIX
-from opod.gateway.errors import GatewayError, Unauthorized
+from opod.http.errors import GatewayError, Unauthorized
 from opod.security.keys import hash_key
 
 LOCAL = "local"

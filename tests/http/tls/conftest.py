@@ -20,14 +20,15 @@ import aiohttp
 import pytest
 
 from opod.contract import nodeapi
-from opod.fleet.tokens import NodeToken
+from opod.access.nodetokens import NodeToken
 from opod.leader.leader import Leader, LeaderSettings
-from opod.serving import Listener, bind, serve
-from opod.tls.server import LeaderTLS, enable_leader_tls
+from opod.http.serving import Listener, bind, serve
+from opod.http.tls.server import LeaderTLS
+from opod.leader.tls import enable_leader_tls
 from opod.worker.agent import Agent
 from opod.worker.engines import EngineManager
 from opod.worker.supervisor import Supervisor
-from tests.tls.certs import Certs, Pair, available, make_all
+from tests.http.tls.certs import Certs, Pair, available, make_all
 
 
 @pytest.fixture(scope="session")
