@@ -132,7 +132,7 @@ async def _send(session: aiohttp.ClientSession, url: str, body: bytes, headers: 
     except asyncio.CancelledError:
         sample.error = "unfinished when the phase ended"
         raise
-    except (TimeoutError, asyncio.TimeoutError):
+    except TimeoutError:
         sample.error = "timed out"
     except aiohttp.ClientError as err:
         sample.error = f"{type(err).__name__}: {err}"[:200]

@@ -182,7 +182,7 @@ def _run_path(result: PathResult, fleet: Fleet, settings: Settings, trace: list[
         result.reason = str(err)
         say(f"[yellow]{result.key} not run:[/] {escape(str(err))}")
         return
-    except Exception as err:  # noqa: BLE001 - a path that cannot start is reported, the run goes on
+    except Exception as err:
         result.reason = f"could not start: {type(err).__name__}: {err}"
         say(f"[yellow]{result.key} not run:[/] {escape(result.reason)}")
         return
@@ -200,7 +200,7 @@ def _run_path(result: PathResult, fleet: Fleet, settings: Settings, trace: list[
                 break
             try:
                 phase()
-            except Exception as err:  # noqa: BLE001 - one failed phase is reported in the row, the others still run
+            except Exception as err:
                 result.notes.append(f"{name} failed: {type(err).__name__}: {err}")
                 say(f"[red]{result.key}: {name} failed:[/] {escape(str(err))}")
     finally:

@@ -6,8 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from opod.http.errors import Unauthorized
 from opod.access.keytable import KeyEntry, KeyTable, StaleSnapshot, snapshot_key_id
+from opod.http.errors import Unauthorized
 from opod.security.keys import hash_key
 
 

@@ -8,10 +8,10 @@ import pytest
 
 from bench.routing.oracle import oracle_for_trace, pooled_lru_hits
 from bench.routing.workloads import PrefixShape, shared_prefix_trace
+from opod.contract.tokenizer import Tokenizer
 from opod.sim.config import SimConfig
 from opod.sim.engine import Engine
 from opod.sim.textgen import Plan
-from opod.contract.tokenizer import Tokenizer
 
 BS = 4
 

@@ -15,8 +15,8 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from opod.contract.adminapi import GuardrailRule, PolicySnapshot
-from opod.http.errors import error_response
 from opod.gateway.guardrails import GuardrailBlocked, Guardrails, GuardrailUnavailable
+from opod.http.errors import error_response
 from opod.http.serving import bind
 from tests.snapshots.helpers import eventually, serving
 

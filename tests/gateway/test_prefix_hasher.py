@@ -7,10 +7,10 @@ import time
 
 from opod.contract import nodeapi
 from opod.contract.blockhash import block_hashes
+from opod.contract.tokenizer import Tokenizer, render_chat
 from opod.fleet.prefix_index import PrefixIndex
 from opod.fleet.state import Fleet
 from opod.gateway.prefix import PrefixHasher
-from opod.contract.tokenizer import Tokenizer, render_chat
 
 MODEL = "sim-chat"
 MESSAGES = [{"role": "system", "content": " ".join(f"rule {i}." for i in range(60))}, {"role": "user", "content": "hi"}]

@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from opod.http import fastjson
 from opod.gateway.relay import _usage_of
+from opod.http import fastjson
 
 
 @pytest.mark.parametrize("value", [

@@ -24,9 +24,9 @@ from typing import Any
 from opod.catalog.loader import load_entry
 from opod.contract.catalog import Entry
 from opod.engines import llama_binary, rpc_binary
+from opod.http.serving import serve
 from opod.leader.leader import LeaderSettings
 from opod.leader.run import Up, UpSettings
-from opod.http.serving import serve
 from opod.shards import ShardManager, Timing
 from opod.weights.tiny import write_tiny_llama
 from tests.support.opod_process import (

@@ -14,12 +14,12 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 
+from opod.access.keytable import KeyTable
 from opod.fleet.models import ModelRegistry
 from opod.fleet.state import Fleet
-from opod.fleet.workers import WorkerClient
 from opod.gateway.app import Gateway
-from opod.access.keytable import KeyTable
 from opod.gateway.relay import Relay
+from opod.http.nodeclient import WorkerClient
 from opod.http.serving import QuietServer, bind
 
 

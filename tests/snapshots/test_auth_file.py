@@ -10,8 +10,8 @@ import certifi
 import httpx
 import pytest
 
-from opod.contract.wire import format_time
 from opod.access.keytable import KeyEntry, KeyTable
+from opod.contract.wire import format_time
 from opod.security.keys import hash_key
 from opod.snapshots.auth import AuthFile, meta_tombstones
 from opod.snapshots.service import SnapshotPaths, Snapshots

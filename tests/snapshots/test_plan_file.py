@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from opod.http.errors import GatewayError
 from opod.access.keytable import KeyTable
+from opod.http.errors import GatewayError
 from opod.snapshots.plan import PlanFile
 from opod.snapshots.service import SnapshotPaths, Snapshots
 from opod.snapshots.watch import SnapshotError

@@ -9,7 +9,8 @@ from pathlib import Path
 import gguf
 import pytest
 
-from opod.weights import DigestMismatchError, WeightsError, hub as hubapi
+from opod.weights import DigestMismatchError, WeightsError
+from opod.weights import hub as hubapi
 from opod.weights.hub import HubClient, HubError
 from tests.support.hubserver import HubServer
 

@@ -8,12 +8,11 @@ registered node joined with, so a signed call is checked without the store.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, UTC
+from datetime import UTC, datetime
 
 from opod.contract.nodeauth import AuthRefused, Refusal, SignedHeader, parse_header, verify
 from opod.security.nodetokens import NodeTokenMinter
 from opod.security.replay import ReplayGuard
-
 
 LOCAL_TOKEN_ID = "t_local"
 """The token ``opod up``'s own worker joins with, minted by the leader for its in-process worker."""

@@ -33,9 +33,9 @@ def command(
         raise fail(f"--role {role!r}: choose leader or door")
     if routes:
         raise fail("--routes is for --role door")
+    from opod.http.serving import parse_listen
     from opod.leader.leader import LeaderSettings
     from opod.leader.run import UpSettings
-    from opod.http.serving import parse_listen
     from opod.worker.run import WorkerSettings, engine_flags
 
     setup_logging(verbose)
@@ -62,9 +62,9 @@ def command(
 
 
 async def _run(settings) -> None:
-    from opod.leader.run import Up
     from opod.http.serving import ListenError
     from opod.http.tls.server import TLSConfigError
+    from opod.leader.run import Up
 
     if bool(settings.tls_cert) != bool(settings.tls_key):
         raise fail("OPOD_TLS_CERT and OPOD_TLS_KEY go together: set both to serve HTTPS, or neither")

@@ -20,7 +20,7 @@ cannot hold it leaves the zero value, and a wrong JSON type is a
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, UTC
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, ClassVar, Self
 
 from pydantic import (

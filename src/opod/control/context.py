@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from opod.access.keytable import KeyTable
+from opod.access.nodetokens import NodeTokenBook
 from opod.catalog import Catalog
 from opod.fleet.models import ModelRegistry
 from opod.fleet.state import Fleet
-from opod.access.nodetokens import NodeTokenBook
-from opod.access.keytable import KeyTable
 
 
 @dataclass

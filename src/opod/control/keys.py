@@ -8,14 +8,14 @@ changes in the same moment as the store.
 from __future__ import annotations
 
 import secrets
-from datetime import datetime, UTC
+from datetime import UTC, datetime
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel
 
-from opod.control.context import ControlContext, ControlError, parse_lifetime
-from opod.access.nodetokens import NodeToken
 from opod.access.keytable import KeyEntry
+from opod.access.nodetokens import NodeToken
+from opod.control.context import ControlContext, ControlError, parse_lifetime
 from opod.security.keys import API_PREFIX, display_prefix, hash_key, new_secret
 
 

@@ -30,7 +30,6 @@ from starlette.responses import (
 from starlette.routing import Route
 
 from opod.door.routes import DoorRoutesFile, Target
-from opod.http.inbound import read_body, request_id_for
 from opod.http.errors import (
     BadRequest,
     GatewayError,
@@ -38,6 +37,7 @@ from opod.http.errors import (
     NoCapacity,
     error_response,
 )
+from opod.http.inbound import read_body, request_id_for
 
 MiB = 1 << 20
 BODY_CAP = 32 * MiB

@@ -30,8 +30,8 @@ from typing import Self
 
 from opod.contract.adminapi import AdmissionClass, PolicyAdmission
 from opod.fleet.state import Fleet
-from opod.http.errors import BadRequest, NoCapacity
 from opod.gateway.fairqueue import FairQueue, Ticket
+from opod.http.errors import BadRequest, NoCapacity
 
 CLASS_HEADER = "X-Opod-Class"
 CLASSES: tuple[AdmissionClass, ...] = (AdmissionClass.CRITICAL, AdmissionClass.STANDARD, AdmissionClass.SHEDDABLE)

@@ -17,13 +17,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from opod.http import fastjson
-from opod.http.fastpath import headers_of, read_whole
-from opod.http.inbound import read_body, sane_request_id
+from opod.access.keytable import KeyTable
 from opod.fleet.models import ModelRegistry
 from opod.fleet.router import RouteRequest, RoutingPolicy, choose_revision
 from opod.fleet.state import Fleet
 from opod.gateway.admission import resolve_class
+from opod.gateway.exchange import Exchange
+from opod.gateway.relay import Relay
+from opod.gateway.stats import PROBE_HEADER, GatewayStats
+from opod.http import fastjson
 from opod.http.errors import (
     BadRequest,
     GatewayError,
@@ -32,10 +34,8 @@ from opod.http.errors import (
     NotSupported,
     error_response,
 )
-from opod.gateway.exchange import Exchange
-from opod.access.keytable import KeyTable
-from opod.gateway.relay import Relay
-from opod.gateway.stats import PROBE_HEADER, GatewayStats
+from opod.http.fastpath import headers_of, read_whole
+from opod.http.inbound import read_body, sane_request_id
 
 MiB = 1 << 20
 

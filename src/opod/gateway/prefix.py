@@ -18,7 +18,7 @@ from opod.contract import nodeapi
 from opod.contract.blockhash import block_hashes
 from opod.fleet.prefix_index import PrefixIndex
 from opod.fleet.state import Fleet
-from opod.fleet.workers import WorkerClient, WorkerUnavailable
+from opod.http.nodeclient import WorkerClient, WorkerUnavailable
 
 log = logging.getLogger("opod.gateway")
 

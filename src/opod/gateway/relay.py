@@ -17,15 +17,15 @@ from dataclasses import dataclass
 
 from starlette.responses import Response, StreamingResponse
 
-from opod.http import fastjson
-from opod.http.fastpath import PreparedResponse
 from opod.fleet import router
 from opod.fleet.affinity import AffinityTable
 from opod.fleet.prefix_index import PrefixIndex
 from opod.fleet.router import RouteRequest, RoutingPolicy
 from opod.fleet.state import Fleet, NodeState
-from opod.fleet.workers import WorkerClient, WorkerUnavailable
+from opod.http import fastjson
 from opod.http.errors import NoCapacity
+from opod.http.fastpath import PreparedResponse
+from opod.http.nodeclient import WorkerClient, WorkerUnavailable
 from opod.http.upstream import UpstreamResponse, origin, split_url
 
 MAX_ATTEMPTS = 3

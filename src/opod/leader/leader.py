@@ -12,35 +12,34 @@ import json
 import logging
 import os
 from dataclasses import dataclass, field
-from datetime import datetime, UTC
+from datetime import UTC, datetime
 from pathlib import Path
-
 from typing import Any
 
+from opod import config
+from opod.access.keytable import KeyEntry, KeyTable
+from opod.access.nodetokens import LOCAL_TOKEN_ID, NodeToken, NodeTokenBook
 from opod.catalog import Catalog, load_catalog
 from opod.contract import adminapi, nodeapi
+from opod.contract import env as contract_env
 from opod.contract.catalog import Entry
 from opod.control.app import create_app as create_control_app
 from opod.control.context import ControlContext
 from opod.fleet.models import ANY_NODE, KnownModel, ModelRegistry
 from opod.fleet.state import Fleet, NodeState
-from opod.access.nodetokens import LOCAL_TOKEN_ID, NodeToken, NodeTokenBook
-from opod.fleet.workers import WorkerClient
 from opod.gateway.admission import Admission, fleet_capacity
 from opod.gateway.app import Gateway
-from opod.gateway.prefix import PrefixHasher
-from opod.access.keytable import KeyEntry, KeyTable
-from opod.gateway.relay import Relay
 from opod.gateway.guardrails import Guardrails
+from opod.gateway.prefix import PrefixHasher
+from opod.gateway.relay import Relay
+from opod.http.nodeclient import WorkerClient
 from opod.leader.adminv1.context import AdminContext
 from opod.leader.nodes import NodeRegistry
 from opod.leader.public import probe_app, public_app
 from opod.leader.reconciler import Reconciler
+from opod.ledger import Ledger
 from opod.security.keys import ADMIN_PREFIX, display_prefix, hash_key, new_secret
 from opod.security.nodetokens import NodeTokenMinter, load_or_create_secret
-from opod import config
-from opod.contract import env as contract_env
-from opod.ledger import Ledger
 from opod.shards import ShardError, ShardManager
 from opod.snapshots.auth import meta_tombstones
 from opod.snapshots.service import Snapshots

@@ -24,21 +24,21 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime, UTC
+from datetime import UTC, datetime
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from opod.access.nodetokens import LOCAL_TOKEN_ID, NodeTokenBook
 from opod.contract import nodeapi
 from opod.contract.nodeauth import HEADER, AuthRefused, Refusal, SignedHeader
 from opod.contract.wire import WireError
 from opod.fleet.prefix_index import PrefixIndex
 from opod.fleet.state import Fleet
-from opod.access.nodetokens import LOCAL_TOKEN_ID, NodeTokenBook
-from opod.http.tls.policy import NodeMtls
 from opod.http.tls.identity import CertRefused, certificate_identity, certificates_checked, required_refusal
 from opod.http.tls.peer import connection_of
+from opod.http.tls.policy import NodeMtls
 
 log = logging.getLogger("opod.leader")
 

@@ -19,8 +19,8 @@ from starlette.routing import Route
 
 from opod import __version__
 from opod.contract import nodeapi
-from opod.http.fastpath import FastPath
 from opod.http.errors import Unauthorized
+from opod.http.fastpath import FastPath
 from opod.leader.adminv1.context import AdminContext, AdminError
 from opod.leader.adminv1.routes import loadz_response, router
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from opod.contract import nodeapi
 from opod.fleet.models import ANY_NODE, KnownModel, ModelRegistry
 from opod.fleet.state import Fleet, NodeState
-from opod.fleet.workers import WorkerClient, WorkerUnavailable
+from opod.http.nodeclient import WorkerClient, WorkerUnavailable
 
 log = logging.getLogger("opod.leader")
 

@@ -12,8 +12,8 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from opod.leader.leader import Leader, LeaderSettings
 from opod.http.serving import Listener, bind, serve, settle_memory
+from opod.leader.leader import Leader, LeaderSettings
 from opod.leader.tls import enable_leader_tls
 from opod.worker.run import Worker, WorkerSettings
 

@@ -256,7 +256,7 @@ class Ledger:
                 try:
                     await self.flush()
                     backoff = BACKOFF_S[0]
-                except Exception as err:  # noqa: BLE001 - the writer must outlive any one failure
+                except Exception as err:
                     log.error("ledger: cannot commit %d records (%s); they stay in the journal, retrying in %.1f s",
                               self.writer.backlog, err, backoff)
                     await self._idle(backoff)
@@ -293,7 +293,7 @@ class Ledger:
     async def _prune_logged(self) -> None:
         try:
             gone = await self.prune()
-        except Exception as err:  # noqa: BLE001 - retention is retried at the next interval
+        except Exception as err:
             log.error("ledger: retention could not delete old rows (%s); trying again in %.0f s", err, PRUNE_EVERY_S)
             return
         if gone.usage or gone.events:
@@ -302,7 +302,7 @@ class Ledger:
     async def _final_flush(self) -> None:
         try:
             await self.flush()
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:
             log.error("ledger: %d records could not be committed at stop (%s); the next start replays them from the journal",
                       self.writer.backlog, err)
             return

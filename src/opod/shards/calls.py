@@ -1,6 +1,6 @@
 """The leader's calls to one worker for a gang: start and stop an RPC part, load and unload the coordinator.
 
-All go through :class:`opod.fleet.workers.WorkerClient` (signed as the
+All go through :class:`opod.http.nodeclient.WorkerClient` (signed as the
 worker's node). A part is started by trying: each port the plan allows, and
 for each the RPC server commands in order, until one listens and stays up.
 """
@@ -20,7 +20,7 @@ from opod.contract.catalog import Source
 from opod.contract.wire import SECOND
 from opod.engines import rpc_binary
 from opod.fleet.state import NodeState
-from opod.fleet.workers import WorkerClient, WorkerUnavailable
+from opod.http.nodeclient import WorkerClient, WorkerUnavailable
 from opod.shards.errors import worker_failed
 
 log = logging.getLogger("opod.shards")

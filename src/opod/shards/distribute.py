@@ -26,7 +26,7 @@ import aiohttp
 from opod.contract import nodeapi
 from opod.contract.catalog import Source
 from opod.fleet.state import NodeState
-from opod.fleet.workers import WorkerClient, WorkerUnavailable
+from opod.http.nodeclient import WorkerClient, WorkerUnavailable
 from opod.shards.errors import bad_request, worker_failed
 
 CHUNK = 1 << 20

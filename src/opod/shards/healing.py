@@ -29,7 +29,7 @@ import aiohttp
 
 from opod.contract import nodeapi
 from opod.engines import rpc_binary
-from opod.fleet.workers import WorkerUnavailable
+from opod.http.nodeclient import WorkerUnavailable
 from opod.shards import calls
 from opod.shards.distribute import checked_digest, leader_file, place_file
 from opod.shards.errors import ShardError

@@ -20,7 +20,7 @@ from opod.contract.catalog import Entry
 from opod.engines import rpc_binary
 from opod.engines.errors import LaunchError
 from opod.fleet.state import Fleet, NodeState
-from opod.fleet.workers import WorkerClient, WorkerUnavailable
+from opod.http.nodeclient import WorkerClient, WorkerUnavailable
 from opod.shards import calls
 from opod.shards.calls import Timing
 from opod.shards.distribute import Digests, checked_digest, leader_file, place_file

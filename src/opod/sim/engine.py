@@ -14,12 +14,12 @@ import collections
 import time
 from collections.abc import Callable, Mapping
 
+from opod.contract.tokenizer import Tokenizer
 from opod.sim.config import SimConfig
 from opod.sim.latency import LatencyModel
 from opod.sim.prefix_cache import Allocation, PrefixCache
 from opod.sim.stats import Stats, sglang_buckets, vllm_buckets
 from opod.sim.textgen import Plan
-from opod.contract.tokenizer import Tokenizer
 
 __all__ = ["Engine", "Sequence"]
 

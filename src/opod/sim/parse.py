@@ -11,8 +11,8 @@ from typing import Any
 
 from starlette.requests import Request
 
-from opod.sim.errors import SimHTTPError, bad_request, model_not_found
 from opod.contract.tokenizer import BOS, Tokenizer, message_text
+from opod.sim.errors import SimHTTPError, bad_request, model_not_found
 
 __all__ = ["GenRequest", "read_json", "parse_chat", "parse_completion", "resolve_model", "embedding_inputs"]
 

@@ -8,12 +8,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from opod.contract.tokenizer import BOS, render_chat
 from opod.sim.errors import SimHTTPError, bad_request
 from opod.sim.metrics_llamacpp import LlamaCppMetrics
 from opod.sim.parse import read_json
 from opod.sim.shapes import dumps
 from opod.sim.state import SimState
-from opod.contract.tokenizer import BOS, render_chat
 
 __all__ = ["llamacpp_routes"]
 

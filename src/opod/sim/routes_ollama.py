@@ -13,7 +13,7 @@ import hashlib
 import re
 import time
 from collections.abc import AsyncIterator
-from datetime import datetime, timedelta, UTC
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from starlette.requests import Request

@@ -27,9 +27,9 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+from opod.access.keytable import SNAPSHOT, KeyEntry, KeyTable, snapshot_key_id
 from opod.contract.adminapi import AuthSnapshot
 from opod.http.tls.policy import NodeMtls
-from opod.access.keytable import SNAPSHOT, KeyEntry, KeyTable, snapshot_key_id
 from opod.snapshots.parsing import decode, rfc3339
 from opod.snapshots.watch import SnapshotError
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from opod.contract import env as contract_env
 from opod.access.keytable import KeyTable
+from opod.contract import env as contract_env
 from opod.snapshots.auth import (
     REQUIRE_WITHOUT_TLS,
     AddTombstones,

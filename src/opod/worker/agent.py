@@ -26,8 +26,8 @@ from pathlib import Path
 import aiohttp
 
 from opod.contract import nodeapi
-from opod.security.signer import Signer
 from opod.http.tls.client import worker_context
+from opod.security.signer import Signer
 from opod.worker import inventory
 from opod.worker.engines import EngineManager
 

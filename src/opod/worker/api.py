@@ -25,8 +25,8 @@ from opod.contract import nodeapi
 from opod.contract.nodeauth import AuthRefused
 from opod.contract.wire import WireError
 from opod.http.fastpath import FastPath
-from opod.security.signer import Verifier
 from opod.http.upstream import origin
+from opod.security.signer import Verifier
 from opod.worker.engines import EngineManager
 from opod.worker.refusals import LoadRefused, Refused
 from opod.worker.supervisor import ProcessConfig, Supervisor

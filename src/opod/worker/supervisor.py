@@ -245,7 +245,7 @@ class Supervisor:
         if config.log_file is not None:
             try:
                 Path(config.log_file).parent.mkdir(parents=True, exist_ok=True)
-                mp._log = open(config.log_file, "ab")  # noqa: SIM115 - held for the process's life
+                mp._log = open(config.log_file, "ab")
             except OSError as exc:
                 self._finish(mp, ProcessState.FAILED, f"cannot open log file: {exc}", abnormal=True)
                 raise SpawnError(f"process {config.id!r}: cannot open log file {config.log_file}: {exc.strerror}") from exc

@@ -19,11 +19,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from opod.contract import nodeapi
 from opod.access.nodetokens import NodeToken
-from opod.leader.leader import Leader, LeaderSettings
+from opod.contract import nodeapi
 from opod.http.serving import Listener, bind, serve
 from opod.http.tls.server import LeaderTLS
+from opod.leader.leader import Leader, LeaderSettings
 from opod.leader.tls import enable_leader_tls
 from opod.worker.agent import Agent
 from opod.worker.engines import EngineManager

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from opod.http.tls.policy import NodeMtls
 from opod.http.tls.identity import CertRefused, certificate_identity
 from opod.http.tls.peer import PeerCert, TLSConnection, spiffe_node_ids
+from opod.http.tls.policy import NodeMtls
 
 CA = "-----BEGIN CERTIFICATE-----\nCA1\n-----END CERTIFICATE-----\n"
 ALLOW = NodeMtls("allow", CA, frozenset({"a03"}), enforced=True)

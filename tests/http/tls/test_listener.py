@@ -17,8 +17,8 @@ import pytest
 import uvloop
 
 from opod.http.serving import Listener, bind, serve
-from opod.http.tls.policy import NodeMtls
 from opod.http.tls.peer import connection_of
+from opod.http.tls.policy import NodeMtls
 from opod.http.tls.server import LeaderTLS, TLSConfigError
 from tests.http.tls.certs import Certs, Pair
 

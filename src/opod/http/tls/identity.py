@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import time
 
-from opod.http.tls.policy import NodeMtls
 from opod.http.tls.peer import TLSConnection
+from opod.http.tls.policy import NodeMtls
 
 SAN_SHAPE = "spiffe://<trust domain>/opod/node/<id>"
 

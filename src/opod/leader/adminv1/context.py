@@ -12,8 +12,8 @@ from starlette.responses import Response
 
 from opod.fleet.models import ModelRegistry
 from opod.fleet.state import Fleet
-from opod.fleet.workers import WorkerClient
 from opod.gateway.stats import GatewayStats
+from opod.http.nodeclient import WorkerClient
 
 
 class AdminError(Exception):

@@ -15,7 +15,7 @@ from opod import __version__
 from opod.contract import adminapi, nodeapi
 from opod.fleet.liveness import takes_new_work
 from opod.fleet.models import ANY_NODE
-from opod.fleet.workers import WorkerUnavailable
+from opod.http.nodeclient import WorkerUnavailable
 from opod.leader import loadz
 from opod.leader.adminv1.capabilities import capabilities
 from opod.leader.adminv1.context import AdminContext, AdminError

@@ -8,15 +8,26 @@ their number) for control calls, the lean ``Upstreams`` pool for relayed
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
-from opod.fleet.state import NodeState
-from opod.security.signer import Signer
 from opod.http.upstream import Upstreams
+from opod.security.signer import Signer
 
 CONNECT_TIMEOUT = 3.0
+
+
+class NodeAddress(Protocol):
+    """What a call needs to know of a worker: its node id (whose token signs) and where it listens."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def address(self) -> str: ...
+
+    def base_url(self) -> str: ...
 
 
 class WorkerUnavailable(Exception):
@@ -44,7 +55,7 @@ class WorkerClient:
         if self._session is not None:
             await self._session.close()
 
-    def signed_headers(self, node: NodeState, method: str, path: str) -> dict[str, str]:
+    def signed_headers(self, node: NodeAddress, method: str, path: str) -> dict[str, str]:
         token = self._token_for(node.id)
         if token is None:
             raise WorkerUnavailable(f"no token for worker {node.id}: its node token was revoked or removed")
@@ -56,7 +67,7 @@ class WorkerClient:
 
     async def call_json(
         self,
-        node: NodeState,
+        node: NodeAddress,
         method: str,
         path: str,
         body: Any = None,
