@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from starlette.responses import Response, StreamingResponse
 
+from opod.contract.nodeapi import WORKER_ERROR_HEADER
 from opod.fleet import router
 from opod.fleet.affinity import AffinityTable
 from opod.fleet.prefix_index import PrefixIndex
@@ -29,8 +30,6 @@ from opod.http.nodeclient import WorkerClient, WorkerUnavailable
 from opod.http.upstream import UpstreamResponse, origin, split_url
 
 MAX_ATTEMPTS = 3
-WORKER_ERROR_HEADER = "X-Opod-Worker-Error"
-"""Set by a worker on refusals of its own (not the engine's), which another worker may not share."""
 MODEL_HEADER = "X-Opod-Model"
 WORKER_HEADER = "X-Opod-Worker"
 ROUTE_HEADER = "X-Opod-Route"

@@ -33,7 +33,6 @@ from opod.worker.supervisor import ProcessConfig, Supervisor
 
 log = logging.getLogger("opod.worker")
 
-WORKER_ERROR_HEADER = "X-Opod-Worker-Error"
 DATA_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/rerank")
 CONTROL_BODY_CAP = 1 << 20
 
@@ -43,7 +42,7 @@ def _json(model: nodeapi.WireModel, status: int = 200) -> Response:
 
 
 def _text(status: int, message: str, worker_error: str | None = None) -> Response:
-    headers = {WORKER_ERROR_HEADER: worker_error} if worker_error else None
+    headers = {nodeapi.WORKER_ERROR_HEADER: worker_error} if worker_error else None
     return PlainTextResponse(message + "\n", status_code=status, headers=headers)
 
 
