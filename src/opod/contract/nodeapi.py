@@ -17,10 +17,10 @@ from pydantic import Field
 
 from opod.contract.wire import OMITEMPTY, OMITNIL, ZERO_TIME, GoTime, Nanoseconds, WireModel
 
-# Paths. Worker → leader on the leader's listener; the rest on the worker's.
 WORKER_ERROR_HEADER = "X-Opod-Worker-Error"
 """Set by a worker on refusals of its own (not its engine's), which another worker may not share."""
 
+# Paths. Worker → leader on the leader's listener; the rest on the worker's.
 PATH_REGISTER = "/admin/v1/nodes/register"
 PATH_HEARTBEAT = "/admin/v1/nodes/heartbeat"
 PATH_MODEL_LOAD = "/v1/model/load"
