@@ -7,6 +7,10 @@ every millisecond; ``max`` = back to back), the writer (``Ledger.run``) commits 
 and a follower pages the stream as a manager would (``usage_page``, 1000 rows, polling every
 millisecond when it has caught up). ``prompt_tokens`` carries each request's number, so the
 follower knows when each row's ``end()`` returned.
+
+``python -m bench.usage paths`` compares, side by side in turns, the journal's way of writing a line
+against an mmap copy, and the store's way of committing a batch against SQLAlchemy Core and against
+unchecked values (``bench/results/usage-write-paths.md``).
 """
 
 from __future__ import annotations
@@ -239,3 +243,194 @@ def command(
     if len(backends) == 1:
         console.print(f"[dim]PostgreSQL not measured: set {POSTGRES_ENV}=postgresql+psycopg://USER:PASSWORD@HOST/DB[/]")
     console.print(f"[dim]written: {results / 'usage.md'} and {results / 'usage.png'}[/]")
+
+
+# --- side by side: the journal's and the store's ways of writing a usage row ---------------------
+
+
+class MappedSegment:
+    """A journal segment appended to by copying into a shared mapping, for this comparison only.
+
+    The journal writes with ``os.write`` on an ``O_APPEND`` descriptor; this is the other way it
+    could: room reserved (``posix_fallocate``) and written with zeros up front, mapped
+    ``MAP_SHARED``, each line copied in. Installed as the journal's ``append`` so the ledger around
+    it is the same.
+    """
+
+    def __init__(self, path: Path, capacity: int) -> None:
+        import mmap
+
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        os.posix_fallocate(self.fd, 0, capacity)
+        os.pwrite(self.fd, bytes(capacity), 0)
+        self.view = mmap.mmap(self.fd, capacity, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self.size = 0
+
+    def append(self, line: bytes) -> bool:
+        end = self.size + len(line)
+        self.view[self.size : end] = line
+        self.size = end
+        return True
+
+    def close(self) -> None:
+        self.view.close()
+        os.close(self.fd)
+
+
+@dataclass
+class Sample:
+    """One repeat of one way: a median (and p99) of what it costs per request or per commit."""
+
+    way: str
+    case: str
+    median_us: float
+    p99_us: float
+
+
+def _journal_repeat(way: str, scratch: Path, store: Store, index: int, rate: float, seconds: float) -> Sample:
+    home = scratch / f"journal-{index}"
+    store.delete_usage_before(_far_future(), limit=10**9)
+    # No rotation in either way: a segment big enough for the whole repeat.
+    ledger = Ledger.open(store, home, boot=index + 1, keep=timedelta(days=30), rotate_bytes=1 << 30)
+    segment = None
+    try:
+        if way == "mmap copy":
+            segment = MappedSegment(home / "ledger" / "mapped.jsonl", 64 << 20)
+            ledger.journal.append = segment.append  # type: ignore[method-assign]
+        run = Run("sqlite", f"{rate:g}")
+        asyncio.run(_measure(ledger, run, rate, seconds, lambda done: None))
+    finally:
+        ledger.close()
+        if segment is not None:
+            segment.close()
+    return Sample(way, f"begin+end at {rate:g}/s", statistics.median(run.call_us), run.pct(run.call_us, 99))
+
+
+def _end_records(ledger_prefix: str, n: int) -> list[dict]:
+    from opod.ledger import records
+
+    found = []
+    for i in range(n):
+        ticket = records.UsageTicket(f"{ledger_prefix}-{i}", f"req-{i}", "k_bench", "u", "m", "openai", records.now_us())
+        found.append(records.finished_record(ticket, records.now_us(), "ok", i, 128, 900, 40, "node-a",
+                                             {"worker": "node-a", "reason": "prefix"}))
+    return found
+
+
+def _store_ways(store: Store, rejected: Path) -> dict[str, Callable[[list[dict]], object]]:
+    """The ways a batch of end records can reach the store, each one transaction: the ledger's own
+    (``commit_records``: rows checked, written through the driver's cursor), the same rows written
+    through SQLAlchemy Core, and the records' values taken as built, unchecked, through the cursor."""
+    from opod.ledger.records import at_us, to_row
+    from opod.ledger.writer import commit_records
+    from opod.store.bulk import LedgerAppender
+    from opod.store.events import APPEND_LOCK, APPEND_LOCK_ID, events, insert_ignoring_known
+    from opod.store.usage import usage, usage_values
+
+    appender = LedgerAppender(store.engine, usage, events)
+    columns = [c.name for c in usage.columns if not c.primary_key and c.name != "ts"]
+
+    def through_core(batch: list[dict]) -> None:
+        values = [usage_values(to_row(record)) for record in batch]  # type: ignore[arg-type]
+        with store._write() as conn:
+            if conn.dialect.name == "postgresql":
+                conn.execute(APPEND_LOCK, {"id": APPEND_LOCK_ID})
+            conn.execute(insert_ignoring_known(conn.dialect, usage), values)
+
+    def as_built(batch: list[dict]) -> None:
+        values = [{**{name: record[name] for name in columns}, "ts": at_us(record["ts_us"])} for record in batch]
+        appender.append(values, [], skip_known=False)
+
+    return {
+        "commit_records: checked, raw cursor": lambda batch: commit_records(store, batch, rejected, check_known=False),
+        "checked, SQLAlchemy Core": through_core,
+        "as built (unchecked), raw cursor": as_built,
+    }
+
+
+def _store_repeat(way: str, commit: Callable[[list[dict]], object], backend: str, rows: int, commits: int, index: int) -> Sample:
+    cpu = []
+    for n in range(commits):
+        batch = _end_records(f"{way[:6]}-{index}-{n}", rows)
+        started = time.thread_time()
+        commit(batch)
+        cpu.append((time.thread_time() - started) * 1e6)
+    return Sample(way, f"{backend}, {rows} row{'s' if rows > 1 else ''} a commit (CPU)", statistics.median(cpu),
+                  statistics.quantiles(cpu, n=100)[98])
+
+
+def _summary(samples: list[Sample]) -> list[list[str]]:
+    table = []
+    for case in dict.fromkeys(s.case for s in samples):
+        for way in dict.fromkeys(s.way for s in samples if s.case == case):
+            mine = [s.median_us for s in samples if s.case == case and s.way == way]
+            tails = [s.p99_us for s in samples if s.case == case and s.way == way]
+            table.append([case, way, str(len(mine)), _f(statistics.median(mine)), f"{_f(min(mine))}–{_f(max(mine))}",
+                          _f(statistics.median(tails))])
+    return table
+
+
+PATH_HEADERS = ["case", "way", "repeats", "median of medians µs", "spread of medians µs", "median p99 µs"]
+
+
+def paths(
+    repeats: int = typer.Option(5, help="Repeats of each way, in turns."),
+    seconds: float = typer.Option(1.5, help="Seconds of begin/end calls per journal repeat."),
+    rate: float = typer.Option(5000.0, help="Offered requests/s in the journal repeats."),
+    commits: int = typer.Option(200, help="Commits per store repeat; 0 leaves the store's ways out."),
+    results: Path = typer.Option(RESULTS, help="Where usage-write-paths.md goes."),
+) -> None:
+    """The journal's (os.write vs an mmap copy) and the store's ways of writing a row, side by side in turns."""
+    backends = ["sqlite"] + (["postgresql"] if os.environ.get(POSTGRES_ENV, "").strip() else [])
+    samples: list[Sample] = []
+    with tempfile.TemporaryDirectory() as scratch:
+        with _database("sqlite", Path(scratch)) as url:
+            store = Store.open(url)
+            try:
+                for i in range(repeats):
+                    order = ("os.write", "mmap copy") if i % 2 == 0 else ("mmap copy", "os.write")
+                    for j, way in enumerate(order):
+                        samples.append(_journal_repeat(way, Path(scratch), store, 2 * i + j, rate, seconds))
+                        console.print(f"[dim]journal {way}: {samples[-1].median_us:.1f} µs[/]")
+            finally:
+                store.close()
+        for backend in backends if commits > 0 else []:
+            with _database(backend, Path(scratch) / backend if backend == "sqlite" else Path(scratch)) as url:
+                if backend == "sqlite":
+                    (Path(scratch) / backend).mkdir(exist_ok=True)
+                store = Store.open(url)
+                try:
+                    ways = _store_ways(store, Path(scratch) / "rejected.jsonl")
+                    for i in range(repeats):
+                        names = list(ways) if i % 2 == 0 else list(reversed(ways))
+                        for rows in (1, 25):
+                            for way in names:
+                                samples.append(_store_repeat(way, ways[way], backend, rows, commits, i))
+                                console.print(f"[dim]{backend} {rows} {way}: {samples[-1].median_us:.1f} µs[/]")
+                finally:
+                    store.close()
+    table = Table(title="usage write paths, side by side", header_style="bold")
+    for header in PATH_HEADERS:
+        table.add_column(header)
+    summary = _summary(samples)
+    for row in summary:
+        table.add_row(*row)
+    console.print(table)
+    lines = [
+        f"# Usage write paths side by side ({time.strftime('%Y-%m-%d %H:%M')}, {platform.machine()}, {os.cpu_count()} CPUs)",
+        "",
+        f"`python -m bench.usage paths --repeats {repeats} --seconds {seconds:g} --rate {rate:g} --commits {commits}`",
+        "",
+        "| " + " | ".join(PATH_HEADERS) + " |", "|" + "---|" * len(PATH_HEADERS),
+        *("| " + " | ".join(row) + " |" for row in summary),
+    ]
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "usage-write-paths.md").write_text("\n".join(lines) + "\n")
+    console.print(f"[dim]written: {results / 'usage-write-paths.md'}[/]")
+
+
+if __name__ == "__main__":
+    cli = typer.Typer(no_args_is_help=True)
+    cli.command("usage")(command)
+    cli.command("paths")(paths)
+    cli()

@@ -17,10 +17,7 @@ import pytest
 
 from opod.ledger import Ledger, journal
 from opod.ledger.ledger import COMMIT_EVERY_S
-from opod.ledger.records import live_values, to_row
 from opod.store import Store
-from opod.store.events import event_values
-from opod.store.usage import usage_values
 from tests.ledger.conftest import request
 
 
@@ -86,7 +83,7 @@ async def test_a_stop_commits_what_is_left_and_trims_the_journal(ledger: Ledger,
     await writer
     assert len(ledger.store.usage_after(0, 100)) == 50
     [segment] = sorted((home / "ledger").glob("journal-*.jsonl"))
-    lines = [json.loads(line) for line in segment.read_bytes().rstrip(b"\0").splitlines()]  # NUL: room reserved, unused
+    lines = [json.loads(line) for line in segment.read_bytes().splitlines()]
     # The committed ends are gone from the journal; the start still in flight was carried over.
     assert [line.get("rec") for line in lines] == [None, "start"] and lines[1]["request_id"] == "long"
     ledger.close()
@@ -96,9 +93,7 @@ async def test_a_stop_commits_what_is_left_and_trims_the_journal(ledger: Ledger,
 async def test_a_journal_that_cannot_be_written_keeps_the_row_in_memory(
     open_ledger, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(journal, "MAPPABLE", frozenset())  # a filesystem the journal does not map: os.write
     ledger = open_ledger()
-    assert not ledger.journal.mapped
     # Swap the journal's descriptor for a read-only one: every write now fails with EBADF.
     read_only = os.open(os.devnull, os.O_RDONLY)
     os.dup2(read_only, ledger.journal._fd)  # type: ignore[arg-type]
@@ -115,30 +110,27 @@ async def test_a_journal_that_cannot_be_written_keeps_the_row_in_memory(
     await writer
 
 
-async def test_a_full_mapped_segment_on_a_full_disk_keeps_the_rows_in_memory(
+async def test_a_segment_that_cannot_be_started_on_a_full_disk_leaves_the_old_one_in_use(
     open_ledger, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    ledger = open_ledger(rotate_bytes=4096)  # segments of 8 KiB: full after about fifteen requests
-    if not ledger.journal.mapped:
-        pytest.skip(f"the journal is not mapped on {journal.filesystem(ledger.journal.directory)!r}")
+    ledger = open_ledger(rotate_bytes=4096)
+    [segment] = sorted(ledger.journal.directory.glob("journal-*.jsonl"))
 
     def disk_full(*args: object, **options: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    with monkeypatch.context() as patch:
-        patch.setattr(journal, "_mapped", disk_full)
-        patch.setattr(journal, "_written", disk_full)
-        with caplog.at_level(logging.ERROR, logger="opod.ledger"):
-            request(ledger, 40)
-    assert caplog.text.count("LEDGER JOURNAL WRITE FAILED") == 1 and ledger.journal.broken
-    await ledger.flush()
-    assert len(ledger.store.usage_after(0, 100)) == 40
+    monkeypatch.setattr(journal, "_written", disk_full)
     stop = asyncio.Event()
     writer = asyncio.create_task(ledger.run(stop))
-    await _until(lambda: not ledger.journal.broken)  # space again: the writer started a fresh segment
-    assert ledger.journal.mapped
+    request(ledger, 40)  # past rotate_bytes: the writer tries to start a new segment, and cannot
+    await _until(lambda: "cannot start a new journal segment" in caplog.text)
+    request(ledger, 5, latency_ms=3)
     stop.set()
     await writer
+    assert len(ledger.store.usage_after(0, 100)) == 45 and not ledger.journal.broken
+    # Every end is still journaled, in the segment that stayed in use.
+    ends = [json.loads(line) for line in segment.read_bytes().splitlines() if b'"end"' in line]
+    assert len(ends) == 45
 
 
 async def test_bad_values_never_raise_into_the_request_and_are_stored_cleaned(ledger: Ledger, caplog: pytest.LogCaptureFixture) -> None:
@@ -202,17 +194,13 @@ class _Mapping(Mapping):
         return len(self._data)
 
 
-async def test_the_live_writer_stores_what_the_checking_path_would(ledger: Ledger) -> None:
-    # The live writer skips the store's checks; the records' cleaning must leave nothing they would refuse.
+async def test_values_the_store_would_refuse_are_stored_cleaned_not_set_aside(ledger: Ledger) -> None:
+    # Lone surrogates, NUL, overlong text, counts out of range, blank names, odd JSON: cleaned on the request path.
     ticket = ledger.begin(request_id="r\ud800", api_key_id="k\x00", user_id=7, model="m\udfff" * 600, protocol="openai")  # type: ignore[arg-type]
     ledger.end(ticket, outcome="  ", prompt_tokens=True, completion_tokens=2**70, latency_ms=1.5, node_id="n\udc80",  # type: ignore[arg-type]
                route={"why": "\ud800", "nan": float("nan"), 3: "int key"})
     ledger.event(" ", "n\ud800", _Mapping({"k": "v"}))
     ledger.event("x", "", {("a", "b"): 1})  # a key JSON cannot hold
-    records = [record for _, record in ledger.writer._pending]
-    for record in records:
-        checked = event_values(to_row(record)) if record["rec"] == "event" else usage_values(to_row(record))  # type: ignore[arg-type]
-        assert live_values(record) == checked
     await ledger.flush()
     [row] = ledger.store.usage_after(0, 10)
     assert (row.request_id, row.outcome, row.completion_tokens, row.node_id) == ("r?", "error", 2**63 - 1, "n?")

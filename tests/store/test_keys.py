@@ -83,29 +83,6 @@ def test_an_expired_key_is_not_usable(store: Store) -> None:
     assert key.usable(at(59)) and not key.usable(at(60))
 
 
-def test_a_node_token_binds_to_one_node_only(store: Store) -> None:
-    token = make_key(store, "nt-secret", kind="node", name="join token")
-    bound = store.bind_node_token(token.id, "node-a")
-    assert bound.node_id == "node-a" and store.get_key(token.id).node_id == "node-a"
-    assert store.bind_node_token(token.id, "node-a").node_id == "node-a"  # the same node again: fine
-    with pytest.raises(Conflict, match=f"node token '{token.id}' is bound to node 'node-a'"):
-        store.bind_node_token(token.id, "node-b")
-    assert store.get_key(token.id).node_id == "node-a"
-
-
-def test_only_live_node_tokens_bind(store: Store) -> None:
-    api = make_key(store, "sk-api")
-    with pytest.raises(Conflict, match="is an api key; only node tokens bind"):
-        store.bind_node_token(api.id, "node-a")
-    token = make_key(store, "nt-old", kind="node")
-    store.revoke_key(token.id, at(5))
-    with pytest.raises(Conflict, match="was revoked"):
-        store.bind_node_token(token.id, "node-a")
-    with pytest.raises(NotFound, match="node token 'k_missing' does not exist"):
-        store.bind_node_token("k_missing", "node-a")
-    assert store.get_key(api.id).node_id is None and store.get_key(token.id).node_id is None
-
-
 def test_a_node_token_may_be_created_bound(store: Store) -> None:
     token = make_key(store, "nt-bound", kind="node", node_id="node-z")
     assert store.get_key(token.id).node_id == "node-z"
@@ -113,17 +90,17 @@ def test_a_node_token_may_be_created_bound(store: Store) -> None:
         make_key(store, "sk-x", node_id="node-z")
 
 
-def test_mark_key_used_only_moves_forward(store: Store) -> None:
-    key = make_key(store)
-    store.mark_key_used(key.id, at(10))
-    assert store.get_key(key.id).last_used_at == at(10)
-    store.mark_key_used(key.id, at(5))  # a late batch does not move it back
-    assert store.get_key(key.id).last_used_at == at(10)
-    store.mark_key_used(key.id, at(30))
-    assert store.get_key(key.id).last_used_at == at(30)
-    store.mark_key_used(key.id, at(30))
-    with pytest.raises(NotFound, match="key 'k_gone' does not exist"):
-        store.mark_key_used("k_gone", at(1))
+def test_keys_used_are_marked_in_one_batch_and_times_only_move_forward(store: Store) -> None:
+    first, second = make_key(store, "sk-first"), make_key(store, "sk-second")
+    untouched = make_key(store, "sk-third")
+    assert store.mark_keys_used([first.id, second.id, "k_cp_from_the_auth_file"], at(10)) == 2
+    assert store.get_key(first.id).last_used_at == at(10) and store.get_key(second.id).last_used_at == at(10)
+    assert store.get_key(untouched.id).last_used_at is None
+    assert store.mark_keys_used([first.id], at(5)) == 0  # a late batch does not move it back
+    assert store.get_key(first.id).last_used_at == at(10)
+    store.mark_keys_used([first.id], at(30))
+    assert store.get_key(first.id).last_used_at == at(30)
+    assert store.mark_keys_used([], at(40)) == 0
 
 
 def test_get_key_names_the_missing_key(store: Store) -> None:

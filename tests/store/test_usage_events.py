@@ -11,8 +11,8 @@ from datetime import datetime
 import pytest
 
 from opod.store import InvalidInput, Store
-from opod.store.events import NewEvent, event_values
-from opod.store.usage import NewUsage, usage_values
+from opod.store.events import NewEvent
+from opod.store.usage import NewUsage
 from tests.store.conftest import T0, at
 
 
@@ -30,7 +30,7 @@ def event(entry: str, ts: datetime = T0, **changes: object) -> NewEvent:
 
 def test_rows_and_events_are_stored_with_their_own_ids(store: Store) -> None:
     assert store.append_ledger([usage("a"), usage("b", at(1))], [event("e1")]) == (2, 1)
-    assert store.append_events([event("e2", at(2), type="node.drained", data_json="{}")]) == 1
+    assert store.append_ledger([], [event("e2", at(2), type="node.drained", data_json="{}")]) == (0, 1)
     rows, events = store.usage_after(0, 10), store.events_after(0, 10)
     assert [(r.id, r.entry, r.ts) for r in rows] == [(1, "a", T0), (2, "b", at(1))]
     assert rows[0].route_json == '{"worker": "n1"}' and rows[0].request_id == "req-a" and rows[0].ttft_ms == 40
@@ -54,14 +54,14 @@ def test_a_bad_row_stores_nothing_of_its_batch(store: Store) -> None:
     assert store.usage_after(0, 10) == [] and store.events_after(0, 10) == []
 
 
-def test_trusted_values_are_stored_once_and_a_refusal_by_the_database_stores_nothing(store: Store) -> None:
-    rows = [usage_values(usage(f"t{i}")) for i in range(3)]
-    assert store.append_ledger_trusted(rows, [event_values(event("e"))]) == (3, 1)
-    assert store.append_ledger_trusted(rows[:1], []) == (1, 0)  # known entries are not looked up; ON CONFLICT skips them
-    assert [r.entry for r in store.usage_after(0, 10)] == ["t0", "t1", "t2"]
-    with pytest.raises(InvalidInput, match="the database refused a ledger batch"):
-        store.append_ledger_trusted([usage_values(usage("t3")), {**usage_values(usage("t4")), "model": None}])
-    assert [r.entry for r in store.usage_after(0, 10)] == ["t0", "t1", "t2"]
+def test_rows_not_looked_up_first_are_still_stored_once_and_counted_exactly(store: Store) -> None:
+    # The live ledger's batches skip the look-up of known entries; a batch retried after a commit
+    # that did land must still store nothing twice, and say so.
+    batch = [usage(f"t{i}") for i in range(3)]
+    assert store.append_ledger(batch, [event("e")], check_known=False) == (3, 1)
+    assert store.append_ledger([*batch, usage("t3")], [event("e")], check_known=False) == (1, 0)
+    assert [r.entry for r in store.usage_after(0, 10)] == ["t0", "t1", "t2", "t3"]
+    assert len(store.events_after(0, 10)) == 1
 
 
 @pytest.mark.parametrize(

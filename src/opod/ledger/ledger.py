@@ -13,13 +13,14 @@ import itertools
 import logging
 import secrets
 import threading
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from opod.contract.adminapi import EventsBatch, UsageBatch
 from opod.ledger import records as rec
-from opod.ledger.journal import FORMAT, VERSION, Journal, JournalError, Spare, encode
+from opod.ledger.journal import FORMAT, VERSION, Journal, JournalError, encode
 from opod.ledger.records import UsageTicket
 from opod.ledger.retention import Pruned, prune, retention_days
 from opod.ledger.streams import events_batch, parse_after, parse_limit, usage_batch
@@ -88,8 +89,7 @@ class Ledger:
         keep = retention_days() if keep is None else keep
         if not isinstance(keep, timedelta) or keep <= timedelta(0):
             raise ValueError(f"keep must be a positive timedelta, not {keep!r}")
-        # Room for a segment's growth between the writer's checks, so a full one rarely starts another.
-        journal = Journal.open(Path(home) / "ledger", reserve=rotate_bytes + rotate_bytes // 2)
+        journal = Journal.open(Path(home) / "ledger")
         try:
             number = store.next_boot() if boot is None else boot
             if isinstance(number, bool) or not isinstance(number, int) or not 0 < number <= INT64_MAX:
@@ -152,7 +152,7 @@ class Ledger:
         latency_ms: int,
         ttft_ms: int = 0,
         node_id: str = "",
-        route: dict | None = None,
+        route: Mapping[str, object] | None = None,
     ) -> None:
         """A request ends (ok, error, cancelled: completion tokens actually sent). Call it before the
         answer's last byte goes out: once it returns, the row survives a crash of this process."""
@@ -178,7 +178,7 @@ class Ledger:
         except Exception:
             log.exception("ledger: cannot record the end of request %r", getattr(ticket, "request_id", "?"))
 
-    def event(self, type: str, subject: str, data: dict | None = None) -> None:
+    def event(self, type: str, subject: str, data: Mapping[str, object] | None = None) -> None:
         """A lifecycle event (``node.registered``, …): journaled, then committed like usage rows."""
         try:
             record = rec.event_record(
@@ -263,7 +263,8 @@ class Ledger:
                     backoff = min(backoff * 2, BACKOFF_S[1])
                     continue
                 if self.journal.size >= self.rotate_bytes or self.journal.broken:
-                    await self._rotate_aside()
+                    self._rotate()
+                    await self._trim_aside()
                 if not self.writer.backlog:
                     await self._idle(IDLE_WAKE_S)
                 gather = began + COMMIT_EVERY_S - loop.time()
@@ -309,41 +310,28 @@ class Ledger:
         self._rotate()
         self._trim()
 
-    async def _rotate_aside(self) -> None:
-        """:meth:`_rotate` with the file work (reserving, unmapping, deleting) in a thread: the
-        event loop only copies the starts in flight into the new segment."""
-        spare = await asyncio.to_thread(self.journal.prepare)
-        self._rotate(spare)
-        await self._trim_aside()
-
-    def _rotate(self, spare: Spare | None = None) -> None:
+    def _rotate(self) -> None:
         """Start a new journal segment carrying the starts in flight; the old ones go once committed."""
         with self._lock:
             if self._closed:
-                if spare is not None:
-                    spare.discard()
                 return
             try:
-                older = self.journal.rotate(self._header(), list(self._open.values()), spare)
+                older = self.journal.rotate(self._header(), list(self._open.values()))
             except OSError as err:
                 log.error("ledger: cannot start a new journal segment in %s: %s", self.journal.directory, err)
                 return
             self._retired.append((self.writer.recorded, older))
 
     def _trim(self) -> None:
-        """Unmap replaced segments and delete committed ones."""
-        self._release_and_delete(self._due_segments())
+        """Delete the retired segments that are committed."""
+        _delete(self._due_segments())
 
     async def _trim_aside(self) -> None:
-        """:meth:`_trim` in a thread, when there is anything to do: each unmap or unlink takes a
-        millisecond or more."""
+        """:meth:`_trim` in a thread, when there is anything to do: unlinking a grown segment can
+        take a millisecond or more, which every request in flight would wait for on the loop."""
         due = self._due_segments()
-        if due or self.journal.unreleased:
-            await asyncio.to_thread(self._release_and_delete, due)
-
-    def _release_and_delete(self, due: list[Path]) -> None:
-        self.journal.release()
-        _delete(due)
+        if due:
+            await asyncio.to_thread(_delete, due)
 
     def _due_segments(self) -> list[Path]:
         """Retired segments whose every end and event is committed, taken off the list."""

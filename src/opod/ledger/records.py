@@ -16,10 +16,11 @@ start's time, counts 0: the journal does not know how far it got); an event beco
 Values are cleaned on the way in (text cut to the store's limit, NUL and lone surrogates replaced,
 counts made whole numbers ≥ 0, names never blank, JSON always an object), because ``end`` runs on
 the request path and must never raise, and a value the store would refuse must not block a whole
-batch later. Each cleaning is logged, naming the field. The live writer relies on it: a record
-``Ledger`` built goes to the store through :func:`live_values`, unchecked, while a record read
-back from the journal (which may hold anything) is cleaned again by :func:`to_row` and checked
-by the store.
+batch later. Each cleaning is logged, naming the field. The parameters say what the gateway
+passes; a value of another type (a caller's bug the type checker missed) is converted too, and
+logged, rather than losing the row. Every end and event record, built a moment ago or read back
+from the journal (which may hold anything), becomes its store row through :func:`to_row`, and
+the store checks the row once more.
 """
 
 from __future__ import annotations
@@ -43,7 +44,6 @@ log = logging.getLogger("opod.ledger")
 OUTCOMES = ("ok", "error", "cancelled", "interrupted")
 INTERRUPTED = "interrupted"
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_START_FIELDS = ("request_id", "api_key_id", "user_id", "model", "protocol")
 
 
 def now_us() -> int:
@@ -55,8 +55,8 @@ def at_us(ts_us: int) -> datetime:
     return EPOCH + timedelta(microseconds=ts_us)
 
 
-def text(value: object, name: str) -> str:
-    """``value`` as text the store keeps; anything else is converted, and the change logged."""
+def text(value: str, name: str) -> str:
+    """``value`` as text the store keeps (cut to its length, without NUL or lone surrogates); the change logged."""
     if type(value) is str and len(value) <= MAX_TEXT and "\x00" not in value and (value.isascii() or _encodable(value) is value):
         return value  # the common case, first and cheap
     if value is None:
@@ -66,12 +66,12 @@ def text(value: object, name: str) -> str:
     return cleaned
 
 
-def count(value: object, name: str) -> int:
-    """``value`` as a whole number from 0 to 2^63-1; anything else is converted, and logged."""
+def count(value: int, name: str) -> int:
+    """``value`` as a whole number from 0 to 2^63-1; the change logged."""
     if type(value) is int and 0 <= value <= INT64_MAX:
         return value
     try:
-        number = int(value)  # type: ignore[call-overload]
+        number = int(value)
     except (TypeError, ValueError, OverflowError):
         number = 0
     number = min(max(number, 0), INT64_MAX)
@@ -89,7 +89,7 @@ def _encodable(value: str) -> str:
     return value
 
 
-def label(value: object, name: str, default: str) -> str:
+def label(value: str, name: str, default: str) -> str:
     """Text the store requires to be non-blank (an outcome, an event type): ``default`` when it is."""
     cleaned = text(value, name)
     if cleaned.strip():
@@ -98,16 +98,16 @@ def label(value: object, name: str, default: str) -> str:
     return default
 
 
-def outcome(value: object) -> str:
+def outcome(value: str) -> str:
     if value in OUTCOMES:
-        return value  # type: ignore[return-value]
+        return value
     # Kept as given (the wire field is free text), but it is a gateway bug worth seeing.
     log.warning("ledger: outcome %r is not one of %s; stored as given", value, ", ".join(OUTCOMES))
     return label(value, "outcome", "error")
 
 
-def json_text(value: object, name: str) -> str:
-    """A dict as compact JSON object text; values JSON cannot hold are written with str()."""
+def json_text(value: Mapping[str, object], name: str) -> str:
+    """A mapping as compact JSON object text; values JSON cannot hold are written with str()."""
     if type(value) is dict:
         pass  # the gateway's own records: the isinstance checks below cost more than the dump
     elif not isinstance(value, Mapping):
@@ -149,7 +149,7 @@ def start_record(ticket: UsageTicket) -> dict[str, Any]:
     }
 
 
-def start_texts(request_id: object, api_key_id: object, user_id: object, model: object, protocol: object) -> tuple[str, str, str, str, str]:
+def start_texts(request_id: str, api_key_id: str, user_id: str, model: str, protocol: str) -> tuple[str, str, str, str, str]:
     """A start's text fields as :func:`text` cleans them, with one check for the usual case (short
     ASCII text without NUL) instead of one call per field: this runs for every request."""
     if type(request_id) is str and type(api_key_id) is str and type(user_id) is str and type(model) is str and type(protocol) is str:
@@ -160,8 +160,8 @@ def start_texts(request_id: object, api_key_id: object, user_id: object, model: 
             text(protocol, "protocol"))
 
 
-def finished_record(ticket: UsageTicket, ts_us: int, outcome_: object, prompt_tokens: object, completion_tokens: object,
-                    latency_ms: object, ttft_ms: object, node_id: object, route: object) -> dict[str, Any]:
+def finished_record(ticket: UsageTicket, ts_us: int, outcome_: str, prompt_tokens: int, completion_tokens: int,
+                    latency_ms: int, ttft_ms: int, node_id: str, route: Mapping[str, object] | None) -> dict[str, Any]:
     """The end record for ``ticket``, its values cleaned as :func:`outcome`, :func:`count`, :func:`text`
     and :func:`json_text` clean them; the usual case (a known outcome, counts that are whole numbers
     in range, short ASCII node id) is checked inline, since this runs for every request."""
@@ -196,45 +196,35 @@ def event_record(entry: str, ts_us: int, type: str, subject: str, data_json: str
     return {"rec": "event", "entry": entry, "ts_us": ts_us, "type": type, "subject": subject, "data_json": data_json}
 
 
-_USAGE_COLUMNS = ("entry", *_START_FIELDS, "outcome", "prompt_tokens", "completion_tokens", "latency_ms", "ttft_ms", "node_id", "route_json")
-_EVENT_COLUMNS = ("entry", "type", "subject", "data_json")
-
-
-def live_values(record: dict[str, Any]) -> dict[str, Any]:
-    """The store's column values for an end or event record ``Ledger`` built in this process.
-
-    Such a record was cleaned when it was built, so nothing is checked or parsed again here; the
-    store takes these values unchecked (``append_ledger_trusted``). KeyError or TypeError for a
-    record of another shape. A record read back from the journal goes through :func:`to_row`.
-    """
-    values = {name: record[name] for name in (_EVENT_COLUMNS if record["rec"] == "event" else _USAGE_COLUMNS)}
-    values["ts"] = at_us(record["ts_us"])
-    return values
-
-
 def to_row(record: dict[str, Any]) -> NewUsage | NewEvent:
-    """The store row for an end or event record of any origin, cleaned again; ValueError when the
-    record is not one. The store checks the row once more."""
+    """The store row for an end or event record, cleaned (again, for one read back from the journal);
+    ValueError when the record is not one. The store checks the row once more."""
     kind, entry, ts_us = record.get("rec"), record.get("entry"), record.get("ts_us")
     if not isinstance(entry, str) or not entry or type(ts_us) is not int:
         raise ValueError("a record needs an entry (text) and ts_us (unix microseconds)")
+    get = record.get
     if kind == "event":
         return NewEvent(
-            entry=entry, ts=at_us(ts_us), type=label(record.get("type"), "event type", "unknown"),
-            subject=text(record.get("subject"), "event subject"), data_json=_json_field(record.get("data_json") or "{}"),
+            entry=entry, ts=at_us(ts_us), type=label(get("type", ""), "event type", "unknown"),
+            subject=text(get("subject", ""), "event subject"), data_json=_json_field(get("data_json") or "{}"),
         )
     if kind != "end":
         raise ValueError(f"rec {kind!r} is neither an end nor an event")
-    route = record.get("route_json")
+    route = get("route_json")
     return NewUsage(
         entry=entry,
+        request_id=text(get("request_id", ""), "request_id"),
         ts=at_us(ts_us),
-        **{name: text(record.get(name), name) for name in (*_START_FIELDS, "node_id")},
-        prompt_tokens=count(record.get("prompt_tokens"), "prompt_tokens"),
-        completion_tokens=count(record.get("completion_tokens"), "completion_tokens"),
-        latency_ms=count(record.get("latency_ms"), "latency_ms"),
-        ttft_ms=count(record.get("ttft_ms"), "ttft_ms"),
-        outcome=label(record.get("outcome"), "outcome", "error"),
+        api_key_id=text(get("api_key_id", ""), "api_key_id"),
+        user_id=text(get("user_id", ""), "user_id"),
+        model=text(get("model", ""), "model"),
+        protocol=text(get("protocol", ""), "protocol"),
+        prompt_tokens=count(get("prompt_tokens", 0), "prompt_tokens"),
+        completion_tokens=count(get("completion_tokens", 0), "completion_tokens"),
+        latency_ms=count(get("latency_ms", 0), "latency_ms"),
+        ttft_ms=count(get("ttft_ms", 0), "ttft_ms"),
+        outcome=label(get("outcome", ""), "outcome", "error"),
+        node_id=text(get("node_id", ""), "node_id"),
         route_json=_json_field(route) if isinstance(route, str) else None,
     )
 
@@ -253,6 +243,11 @@ class Recovered:
     events: int = 0
 
 
+def _ts_us(record: dict[str, Any]) -> int:
+    ts_us = record.get("ts_us")
+    return ts_us if type(ts_us) is int else 0
+
+
 def recover(lines: Iterable[Line]) -> Recovered:
     """What the journal says must be in the store. A record seen twice (a start carried into a
     newer segment, a segment replayed twice) counts once."""
@@ -267,5 +262,5 @@ def recover(lines: Iterable[Line]) -> Recovered:
             continue
         {"start": starts, "end": ends, "event": events}[kind].setdefault(entry, record)
     interrupted = [interrupted_record(start) for entry, start in starts.items() if entry not in ends]
-    records = sorted([*ends.values(), *interrupted, *events.values()], key=lambda r: r.get("ts_us") if type(r.get("ts_us")) is int else 0)
+    records = sorted([*ends.values(), *interrupted, *events.values()], key=_ts_us)
     return Recovered(records, ended=len(ends), interrupted=len(interrupted), events=len(events))

@@ -5,9 +5,9 @@ While one batch commits, the next one fills, and the ledger's loop starts a comm
 row per transaction when idle, up to ``BATCH_MAX`` under load. A record leaves memory only after
 its transaction committed; a failed commit leaves it queued (and in the journal) for the retry.
 
-The records queued here were built by ``Ledger`` and cleaned as they were, so they go to the
-store as column values with no second check (:func:`commit_live`); records replayed from the
-journal are cleaned and checked again (:func:`commit_records`).
+Every record reaches the store the same way, whether ``Ledger`` built it a moment ago or it was
+replayed from the journal (which may hold anything): :func:`commit_records` turns it into a row
+(``records.to_row``), and the store checks the row and writes the batch in one transaction.
 
 A record the store refuses (InvalidInput: something ``records.py`` failed to clean) would block
 every later one, so a refused batch is retried record by record, checked, and a record refused
@@ -27,7 +27,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from opod.ledger.records import live_values, to_row
+from opod.ledger.records import to_row
 from opod.store import InvalidInput, Store
 from opod.store.events import NewEvent
 from opod.store.usage import NewUsage
@@ -42,6 +42,8 @@ def commit_records(store: Store, records: Sequence[dict[str, Any]], rejected: Pa
 
     Returns how many were new to the store (a replayed record may be there already). Raises
     StoreError when the store cannot be written at all: nothing was stored, retry later.
+    ``check_known=False`` for records not yet stored (the live writer's): the store does not
+    look their entries up first.
     """
     new = 0
     usage: list[NewUsage] = []
@@ -55,35 +57,24 @@ def commit_records(store: Store, records: Sequence[dict[str, Any]], rejected: Pa
             bad.append((record, str(err)))
             continue
         source[id(row)] = record
-        (events if isinstance(row, NewEvent) else usage).append(row)
+        if isinstance(row, NewEvent):
+            events.append(row)
+        else:
+            usage.append(row)
     try:
         new += sum(store.append_ledger(usage, events, check_known=check_known))
     except InvalidInput:
-        for row in (*usage, *events):
+        # One of them is refused: store the others, each on its own, and set that one aside.
+        alone: list[tuple[list[NewUsage], list[NewEvent], dict[str, Any]]] = [
+            *(([row], [], source[id(row)]) for row in usage), *(([], [event], source[id(event)]) for event in events)]
+        for usage_row, event_row, record in alone:
             try:
-                new += sum(store.append_ledger([row], []) if isinstance(row, NewUsage) else store.append_ledger([], [row]))
+                new += sum(store.append_ledger(usage_row, event_row))
             except InvalidInput as err:
-                bad.append((source[id(row)], str(err)))
+                bad.append((record, str(err)))
     for record, why in bad:
         _reject(rejected, record, why)
     return new
-
-
-def commit_live(store: Store, records: Sequence[dict[str, Any]], rejected: Path) -> int:
-    """:func:`commit_records` for records ``Ledger.end`` and ``Ledger.event`` built in this process.
-
-    They are new to the store (a retried batch whose commit did land is caught by ON CONFLICT),
-    so known entries are not looked up, and their values go in unchecked. When the store refuses
-    the batch, or a record is not of the ledger's making, the batch takes the checking path.
-    """
-    usage: list[dict[str, Any]] = []
-    events: list[dict[str, Any]] = []
-    try:
-        for record in records:
-            (events if record["rec"] == "event" else usage).append(live_values(record))
-        return sum(store.append_ledger_trusted(usage, events))
-    except (InvalidInput, LookupError, TypeError):
-        return commit_records(store, records, rejected, check_known=False)
 
 
 def _reject(path: Path, record: dict[str, Any], why: str) -> None:
@@ -127,7 +118,8 @@ class Writer:
         async with self._lock:
             while self.committed < target and self._pending:
                 batch = list(islice(self._pending, self.batch_max))
-                await asyncio.to_thread(commit_live, self.store, [record for _, record in batch], self.rejected)
+                await asyncio.to_thread(commit_records, self.store, [record for _, record in batch], self.rejected,
+                                        check_known=False)
                 # Only this coroutine (under the lock) removes from the left; add() appends on the right.
                 for _ in batch:
                     self._pending.popleft()

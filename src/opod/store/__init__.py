@@ -1,4 +1,4 @@
-"""opod.store: the leader's durable state (keys, nodes, models, placements, meta).
+"""opod.store: the leader's durable state (keys, nodes, models, placements, meta, usage rows and events).
 
 SQLAlchemy 2 over SQLite (the embedded default, ``~/.opod/opod.db``) or PostgreSQL (several leaders
 sharing one store), with Alembic migrations run at open.

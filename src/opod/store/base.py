@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -12,6 +11,7 @@ from sqlalchemy import Connection, Engine, Insert, Table
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 
+from opod.http import fastjson
 from opod.store.engine import WRITE_OPTION, mask, reason
 from opod.store.errors import InvalidInput, StoreError
 
@@ -79,6 +79,8 @@ def when(value: datetime | None, field: str) -> datetime:
 
 
 def aware(value: datetime, field: str) -> datetime:
+    if type(value) is datetime and value.tzinfo is UTC:
+        return value  # the usual case, first and cheap: the ledger writes a row per request
     if not isinstance(value, datetime):
         raise InvalidInput(f"{field} must be a datetime, not {type(value).__name__}")
     if value.tzinfo is None or value.utcoffset() is None:
@@ -86,7 +88,7 @@ def aware(value: datetime, field: str) -> datetime:
     return value.astimezone(UTC)
 
 
-def text_arg(value: object, field: str, *, empty: bool = False) -> str:
+def text_arg(value: str, field: str, *, empty: bool = False) -> str:
     """A short text field: a str, not over MAX_TEXT characters, not empty unless allowed."""
     if not isinstance(value, str):
         raise InvalidInput(f"{field} must be text, not {type(value).__name__}")
@@ -99,12 +101,12 @@ def text_arg(value: object, field: str, *, empty: bool = False) -> str:
     return value
 
 
-def json_arg(value: object, field: str) -> str:
+def json_arg(value: str, field: str) -> str:
     """JSON text, checked to parse and kept exactly as given."""
     if not isinstance(value, str):
         raise InvalidInput(f"{field} must be JSON text (str), not {type(value).__name__}")
     try:
-        json.loads(value)
+        fastjson.loads(value)
     except ValueError as err:
         raise InvalidInput(f"{field} is not valid JSON: {err}") from None
     if "\x00" in value:

@@ -1,77 +1,125 @@
-"""Appending the live ledger's rows through the database driver, under one transaction.
+"""Appending usage rows and events through the database driver's cursor, under one transaction.
 
 The ledger's writer commits every few tens of milliseconds under load, and once per request when
-idle. Through SQLAlchemy's execution machinery a one-row commit cost 180 to 380 µs of CPU on
-SQLite; on the driver's own cursor it costs about 70 µs (figures in ``docs/dataplane.md``), and the
-writer thread holds the GIL, which the event loop waits for, that much less.
+idle, in a thread that holds the GIL the event loop waits for. Through SQLAlchemy's execution
+machinery a commit costs clearly more CPU than on the driver's own cursor (measured side by side:
+``bench/results/usage-write-paths.md``), so the ledger's tables are appended to here, and only here.
 
-The statements are the store's own, compiled once per dialect: ``insert_ignoring_known`` with each
-column's bind processor (``UTCDateTime`` to the text SQLite keeps, for one), so a row is stored
-exactly as the SQLAlchemy path stores it; the transaction starts the way the store's write
-transactions do (``BEGIN_WRITE`` on SQLite, ``serialize_appends``' lock on PostgreSQL).
+The statements are the store's own, compiled once per dialect: INSERT … ON CONFLICT (entry) DO
+NOTHING with each column's bind processor (``UTCDateTime`` to the text SQLite keeps, for one), so
+a row is stored exactly as SQLAlchemy would store it; the transaction starts the way the store's
+write transactions do (``BEGIN_WRITE`` on SQLite, the append lock on PostgreSQL).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import ClauseElement, Engine, Table
+from sqlalchemy.engine.interfaces import DBAPICursor, DBAPIModule
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.pool import PoolProxiedConnection
+from sqlalchemy.sql.compiler import SQLCompiler
 
 from opod.store.engine import BEGIN_WRITE, mask, reason
 from opod.store.errors import InvalidInput, StoreError
 from opod.store.events import APPEND_LOCK, APPEND_LOCK_ID, insert_ignoring_known
+
+KNOWN_CHUNK = 500  # entries one look-up asks for; below every SQLite build's limit on parameters
+
+Parameters = tuple[Any, ...] | dict[str, Any]
+BindProcessor = Callable[[Any], Any]
 
 
 class _Statement:
     """A store statement compiled once for the engine's dialect; its parameters in the driver's form."""
 
     def __init__(self, engine: Engine, clause: ClauseElement, names: Sequence[str],
-                 convert: dict[str, Callable[[Any], Any] | None] | None = None) -> None:
+                 convert: Mapping[str, BindProcessor | None] | None = None) -> None:
         compiled = clause.compile(dialect=engine.dialect, column_keys=list(names))
+        assert isinstance(compiled, SQLCompiler)  # a statement, not DDL
         self.sql = compiled.string
         # sqlite3 takes a tuple in the statement's order (qmark); psycopg a dict by name (pyformat).
         self.positional = compiled.positiontup is not None
         self.names = tuple(compiled.positiontup or names)
         self.convert = tuple((convert or {}).get(name) for name in self.names)
 
-    def parameters(self, values: dict[str, Any]) -> tuple | dict[str, Any]:
+    def parameters(self, values: dict[str, Any]) -> Parameters:
         converted = [values[name] if convert is None else convert(values[name]) for name, convert in zip(self.names, self.convert)]
         return tuple(converted) if self.positional else dict(zip(self.names, converted))
 
+    def many(self, rows: list[dict[str, Any]]) -> list[tuple[Any, ...]] | list[dict[str, Any]]:
+        """:meth:`parameters` for each row, for ``executemany``."""
+        converts = list(zip(self.names, self.convert))
+        if self.positional:
+            return [tuple(row[name] if convert is None else convert(row[name]) for name, convert in converts) for row in rows]
+        return [{name: row[name] if convert is None else convert(row[name]) for name, convert in converts} for row in rows]
 
-def _insert(engine: Engine, table: Table) -> _Statement:
-    """The store's own INSERT … ON CONFLICT (entry) DO NOTHING (``insert_ignoring_known``), with each
-    column's bind processor: a row is stored as the SQLAlchemy path stores it."""
-    dialect = engine.dialect
-    columns = [c for c in table.columns if not c.primary_key]
-    convert = {c.name: c.type.dialect_impl(dialect).bind_processor(dialect) for c in columns}
-    return _Statement(engine, insert_ignoring_known(dialect, table), list(convert), convert)
+
+class _Table:
+    """One ledger table's statements: the insert that skips known entries, and the look-up of them."""
+
+    def __init__(self, engine: Engine, table: Table) -> None:
+        dialect = engine.dialect
+        columns = [c for c in table.columns if not c.primary_key]
+        convert = {c.name: c.type.dialect_impl(dialect).bind_processor(dialect) for c in columns}
+        self.insert = _Statement(engine, insert_ignoring_known(dialect, table), list(convert), convert)
+        self._name = dialect.identifier_preparer.format_table(table)
+        self._mark = "?" if dialect.paramstyle == "qmark" else "%s"  # psycopg takes %s with a tuple too
+
+    def unknown(self, cursor: DBAPICursor, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The rows whose entry is not stored yet."""
+        known: set[str] = set()
+        entries = [row["entry"] for row in rows]
+        for start in range(0, len(entries), KNOWN_CHUNK):
+            chunk = entries[start : start + KNOWN_CHUNK]
+            cursor.execute(f"SELECT entry FROM {self._name} WHERE entry IN ({', '.join([self._mark] * len(chunk))})", tuple(chunk))
+            known.update(entry for (entry,) in cursor.fetchall())
+        return [row for row in rows if row["entry"] not in known] if known else rows
+
+    def append(self, cursor: DBAPICursor, rows: list[dict[str, Any]]) -> int:
+        """Insert the rows; how many were new (the driver sums an executemany's changes)."""
+        if not rows:
+            return 0
+        cursor.executemany(self.insert.sql, self.insert.many(rows))
+        return max(cursor.rowcount, 0)
 
 
 class LedgerAppender:
-    """Appends usage rows and events, as column values already made valid, in one transaction."""
+    """Appends usage rows and events, as checked column values, in one transaction."""
 
     def __init__(self, engine: Engine, usage: Table, events: Table) -> None:
         self.engine = engine
-        self.usage = _insert(engine, usage)
-        self.events = _insert(engine, events)
-        self._dbapi = engine.dialect.dbapi
+        self.usage = _Table(engine, usage)
+        self.events = _Table(engine, events)
+        self._dbapi: DBAPIModule = engine.dialect.loaded_dbapi
+        self._begin_parameters: Parameters
         if engine.dialect.name == "sqlite":
             self._begin, self._begin_parameters = BEGIN_WRITE, ()
         else:
-            # ``serialize_appends``' lock: ids commit in order, for the streams' cursors.
+            # Ids commit in order, for the streams' cursors: see ``events.APPEND_LOCK``.
             lock = _Statement(engine, APPEND_LOCK, ["id"])
             self._begin, self._begin_parameters = lock.sql, lock.parameters({"id": APPEND_LOCK_ID})
 
-    def append(self, usage: Sequence[dict[str, Any]], events: Sequence[dict[str, Any]]) -> None:
-        """Store every row, or none. InvalidInput when the database refuses one (a constraint);
-        StoreError when it cannot be written at all."""
-        batches = [(insert.sql, [insert.parameters(row) for row in rows])
-                   for insert, rows in ((self.usage, usage), (self.events, events)) if rows]
-        if not batches:
-            return
+    def append(self, usage: list[dict[str, Any]], events: list[dict[str, Any]], *, skip_known: bool) -> tuple[int, int]:
+        """Store every row, or none; how many usage rows and events were new.
+
+        ``skip_known``: leave out rows whose entry is stored before inserting (a replayed journal
+        then consumes no ids); ON CONFLICT skips them either way. InvalidInput when the database
+        refuses a row (a constraint); StoreError when it cannot be written at all.
+        """
+        if not usage and not events:
+            return 0, 0
+        with self._transaction() as cursor:
+            if skip_known:
+                usage = self.usage.unknown(cursor, usage) if usage else usage
+                events = self.events.unknown(cursor, events) if events else events
+            return self.usage.append(cursor, usage), self.events.append(cursor, events)
+
+    @contextmanager
+    def _transaction(self) -> Iterator[DBAPICursor]:
         try:
             connection = self.engine.raw_connection()
         except DBAPIError as err:
@@ -81,8 +129,7 @@ class LedgerAppender:
             try:
                 # sqlite3 and psycopg both commit and roll back what is open, whatever their autocommit setting.
                 cursor.execute(self._begin, self._begin_parameters)
-                for sql, parameters in batches:
-                    cursor.executemany(sql, parameters)
+                yield cursor
                 connection.commit()
             except self._dbapi.Error as err:
                 self._roll_back(connection, cursor, err)
@@ -97,7 +144,7 @@ class LedgerAppender:
         finally:
             connection.close()
 
-    def _roll_back(self, connection: Any, cursor: Any, err: BaseException | None) -> None:
+    def _roll_back(self, connection: PoolProxiedConnection, cursor: DBAPICursor, err: DBAPIModule.Error | None) -> None:
         """Undo the batch; a connection the database dropped, or that cannot roll back, leaves the pool."""
         if err is not None and self.engine.dialect.is_disconnect(err, connection.dbapi_connection, cursor):
             connection.invalidate(err)

@@ -18,7 +18,9 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, Connection, make_url
+from sqlalchemy.engine.interfaces import DBAPIConnection, DBAPICursor
 from sqlalchemy.exc import ArgumentError
+from sqlalchemy.pool import ConnectionPoolEntry
 
 from opod import config
 from opod.store.errors import StoreError
@@ -109,7 +111,7 @@ def make_engine(url: URL) -> Engine:
     return create_engine(url, pool_pre_ping=True, connect_args=connect_args)
 
 
-def _enable_wal(cursor: sqlite3.Cursor, url: URL) -> None:
+def _enable_wal(cursor: DBAPICursor, url: URL) -> None:
     # Two connections switching a new file to WAL at once both hold a shared lock and want an
     # exclusive one; SQLite answers one of them "locked" at once, without the busy handler. Retry.
     deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
@@ -129,7 +131,7 @@ def _sqlite_hooks(engine: Engine) -> None:
     url = engine.url
 
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+    def _on_connect(dbapi_conn: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
         # sqlite3's own transaction handling skips BEGIN before DDL; the "begin" hook below owns it.
         dbapi_conn.isolation_level = None
         cursor = dbapi_conn.cursor()

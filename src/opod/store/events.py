@@ -3,13 +3,12 @@
 The table lives here rather than in ``schema.py`` because it belongs to the ledger's cursor
 streams; it is registered on the same ``metadata``, so the schema test and Alembic see it.
 The cursor helpers shared with the usage table (the id type, the writers' lock, the page and
-retention checks) are here too, because ``usage.py`` builds on this module.
+retention checks) are here too, because ``usage.py`` builds on this module. Both tables are
+appended to by ``UsageRepo.append_ledger`` only.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -32,6 +31,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Dialect
 
+from opod.http import fastjson
 from opod.store.base import Repository, aware, text_arg
 from opod.store.errors import InvalidInput
 from opod.store.schema import UTCDateTime, metadata
@@ -45,7 +45,10 @@ DELETE_BATCH = 5_000  # rows one retention transaction deletes, so writers never
 # after retention deletes the newest rows; SQLite integers are 64-bit anyway.
 CURSOR_ID = BigInteger().with_variant(Integer(), "sqlite")
 
-# pg_advisory_xact_lock id taken by every append (the bytes of "opodldgr"): see serialize_appends.
+# Every append on PostgreSQL takes this transaction-scoped lock first (id: the bytes of "opodldgr"),
+# so appends commit in id order and a cursor never skips a row committed late: two writers (two
+# leaders on one PostgreSQL) could otherwise take ids 7 and 8, commit 8 first, and a reader that
+# saw 8 would pass over 7 for good. SQLite's BEGIN IMMEDIATE already serializes writers.
 APPEND_LOCK_ID = int.from_bytes(b"opodldgr", "big") & 0x7FFF_FFFF_FFFF_FFFF
 APPEND_LOCK = text("SELECT pg_advisory_xact_lock(:id)")
 
@@ -85,17 +88,6 @@ class EventRecord:
     data_json: str
 
 
-def serialize_appends(conn: Connection) -> None:
-    """Make appends commit in id order, so a cursor never skips a row committed late.
-
-    Two writers (two leaders on one PostgreSQL) could otherwise take ids 7 and 8, commit 8 first,
-    and a reader that saw 8 would pass over 7 for good. The transaction-scoped lock is released
-    only after the commit is visible. SQLite's ``BEGIN IMMEDIATE`` already serializes writers.
-    """
-    if conn.dialect.name == "postgresql":
-        conn.execute(APPEND_LOCK, {"id": APPEND_LOCK_ID})
-
-
 def insert_ignoring_known(dialect: Dialect, table: Table) -> Insert:
     """INSERT that skips a row whose ``entry`` is already stored: replaying a journal is safe."""
     if dialect.name == "postgresql":
@@ -103,7 +95,7 @@ def insert_ignoring_known(dialect: Dialect, table: Table) -> Insert:
     return sqlite.insert(table).on_conflict_do_nothing(index_elements=["entry"])
 
 
-def count_arg(value: object, field: str) -> int:
+def count_arg(value: int, field: str) -> int:
     """A count, duration or id: an int from 0 to 2^63-1 (bool refused)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidInput(f"{field} must be a whole number, not {type(value).__name__}")
@@ -112,7 +104,7 @@ def count_arg(value: object, field: str) -> int:
     return value
 
 
-def page_args(after: object, limit: object) -> tuple[int, int]:
+def page_args(after: int, limit: int) -> tuple[int, int]:
     after = count_arg(after, "after")
     limit = count_arg(limit, "limit")
     if not 1 <= limit <= PAGE_MAX:
@@ -120,12 +112,12 @@ def page_args(after: object, limit: object) -> tuple[int, int]:
     return after, limit
 
 
-def object_json_arg(value: object, field: str) -> str:
+def object_json_arg(value: str, field: str) -> str:
     """JSON text holding an object, kept exactly as given."""
     if not isinstance(value, str):
         raise InvalidInput(f"{field} must be JSON text (str), not {type(value).__name__}")
     try:
-        parsed = json.loads(value)
+        parsed = fastjson.loads(value)
     except ValueError as err:
         raise InvalidInput(f"{field} is not valid JSON: {err}") from None
     if not isinstance(parsed, dict):
@@ -147,30 +139,6 @@ def event_values(row: NewEvent) -> dict[str, Any]:
     }
 
 
-def insert_new(conn: Connection, table: Table, values: list[dict[str, Any]], *, check_known: bool = True) -> int:
-    """Insert the rows whose ``entry`` is not stored yet; returns how many were new.
-
-    Known entries are left out before the INSERT (a replayed journal then consumes no ids); the
-    ON CONFLICT clause stays as the guarantee. ``check_known=False`` skips that look-up for
-    records that cannot be stored yet (the live writer's), which halves a batch's work.
-    Callers hold ``serialize_appends``.
-    """
-    if not values:
-        return 0
-    if not check_known:
-        conn.execute(insert_ignoring_known(conn.dialect, table), values)
-        return len(values)
-    known: set[str] = set()
-    entries = [v["entry"] for v in values]
-    for start in range(0, len(entries), 1000):
-        chunk = entries[start : start + 1000]
-        known.update(conn.execute(select(table.c.entry).where(table.c.entry.in_(chunk))).scalars())
-    fresh = [v for v in values if v["entry"] not in known] if known else values
-    if fresh:
-        conn.execute(insert_ignoring_known(conn.dialect, table), fresh)
-    return len(fresh)
-
-
 def delete_before(conn: Connection, table: Table, cutoff: datetime, limit: int) -> int:
     """Delete up to ``limit`` rows older than ``cutoff``, oldest ids first."""
     oldest = select(table.c.id).where(table.c.ts < cutoff).order_by(table.c.id).limit(limit)
@@ -182,14 +150,6 @@ def _record(row: Row[Any]) -> EventRecord:
 
 
 class EventsRepo(Repository):
-    def append_events(self, rows: Sequence[NewEvent]) -> int:
-        """Append events in one transaction; one whose entry is already stored is skipped.
-        Returns how many were new."""
-        values = [event_values(row) for row in rows]
-        with self._write() as conn:
-            serialize_appends(conn)
-            return insert_new(conn, events, values)
-
     def events_after(self, after: int, limit: int) -> list[EventRecord]:
         """Up to ``limit`` events with an id above ``after``, by id."""
         after, limit = page_args(after, limit)

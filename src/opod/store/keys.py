@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
 import re
-import secrets
+from collections.abc import Collection
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any, Literal, cast
@@ -12,12 +11,15 @@ from typing import Any, Literal, cast
 from sqlalchemy import Connection, Row, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
+from opod.security.keys import hash_key as hash_secret
+from opod.security.keys import new_key_id
 from opod.store.base import Repository, aware, text_arg, when
 from opod.store.errors import Conflict, InvalidInput, NotFound
 from opod.store.schema import KEY_KINDS, keys
 
 KeyKind = Literal["admin", "api", "node"]
 
+_IDS_PER_STATEMENT = 500  # below SQLite's bound-parameter limit
 PREFIX_MAX = 24  # enough to recognise a key in a listing, far too little to use it
 _HASH = re.compile(r"^[0-9a-f]{64}$")
 
@@ -42,13 +44,8 @@ class KeyRecord:
         return self.revoked_at is None and (self.expires_at is None or at < self.expires_at)
 
 
-def hash_secret(secret: str) -> str:
-    """The hex SHA-256 of a key's secret text: what ``create_key`` and ``key_by_hash`` take."""
-    return hashlib.sha256(secret.encode("utf-8")).hexdigest()
-
-
-def new_key_id() -> str:
-    return "k_" + secrets.token_hex(8)
+__all__ = ["KeyKind", "KeyRecord", "KeysRepo", "hash_secret", "new_key_id"]
+"""``hash_secret`` and ``new_key_id`` are :mod:`opod.security.keys`' own, named here for the store's callers."""
 
 
 def _record(row: Row[Any]) -> KeyRecord:
@@ -90,9 +87,9 @@ class KeysRepo(Repository):
         id: str | None = None,
         created_at: datetime | None = None,
     ) -> KeyRecord:
-        """Store a new key by its hash. ``id`` defaults to a fresh ``k_…``; ``node_id`` only for node tokens."""
+        """Store a new key by its hash. ``id`` defaults to a fresh one for its kind; ``node_id`` only for node tokens."""
         record = KeyRecord(
-            id=text_arg(id, "key id") if id is not None else new_key_id(),
+            id=text_arg(id, "key id") if id is not None else new_key_id(_kind(kind)),
             kind=_kind(kind),
             name=text_arg(name, "key name", empty=True),
             hash=_hash(hash),
@@ -152,40 +149,23 @@ class KeysRepo(Repository):
             raise NotFound(f"key {id!r} does not exist, so it cannot be revoked; list the keys to find its id")
         return _record(row)
 
-    def bind_node_token(self, key_id: str, node_id: str) -> KeyRecord:
-        """Bind a node token to the node that registered with it; a token binds to one node only."""
-        node_id = text_arg(node_id, "node id")
-        with self._write() as conn:
-            bound = conn.execute(
-                update(keys)
-                .where(
-                    keys.c.id == key_id,
-                    keys.c.kind == "node",
-                    keys.c.revoked_at.is_(None),
-                    or_(keys.c.node_id.is_(None), keys.c.node_id == node_id),
-                )
-                .values(node_id=node_id)
-            ).rowcount
-            row = conn.execute(select(keys).where(keys.c.id == key_id)).first()
-        if row is None:
-            raise NotFound(f"node token {key_id!r} does not exist; create a node token first")
-        record = _record(row)
-        if bound == 0:
-            if record.kind != "node":
-                raise Conflict(f"key {key_id!r} is an {record.kind} key; only node tokens bind to a node")
-            if record.revoked_at is not None:
-                raise Conflict(f"node token {key_id!r} was revoked; create a new node token for {node_id!r}")
-            raise Conflict(f"node token {key_id!r} is bound to node {record.node_id!r}; create a new token for {node_id!r}")
-        return record
+    def mark_keys_used(self, ids: Collection[str], at: datetime | None = None) -> int:
+        """Record that these keys were used by ``at``, in one statement; returns how many moved.
 
-    def mark_key_used(self, id: str, at: datetime | None = None) -> None:
-        """Record a use of the key. Times only move forward, so late or batched marks are harmless."""
+        The leader collects the keys it authenticated and calls this every few seconds, so
+        the request path never waits on the store. Times only move forward, so a late batch
+        is harmless; an id that is not stored (a key from the auth file, a key deleted since)
+        is skipped.
+        """
         stamp = when(at, "last_used_at")
+        wanted = sorted({text_arg(i, "key id") for i in ids})
+        moved = 0
         with self._write() as conn:
-            moved = conn.execute(
-                update(keys)
-                .where(keys.c.id == id, or_(keys.c.last_used_at.is_(None), keys.c.last_used_at < stamp))
-                .values(last_used_at=stamp)
-            ).rowcount
-            if moved == 0 and conn.execute(select(keys.c.id).where(keys.c.id == id)).first() is None:
-                raise NotFound(f"key {id!r} does not exist; it may have been deleted")
+            for start in range(0, len(wanted), _IDS_PER_STATEMENT):
+                chunk = wanted[start:start + _IDS_PER_STATEMENT]
+                moved += conn.execute(
+                    update(keys)
+                    .where(keys.c.id.in_(chunk), or_(keys.c.last_used_at.is_(None), keys.c.last_used_at < stamp))
+                    .values(last_used_at=stamp)
+                ).rowcount
+        return moved

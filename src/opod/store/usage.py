@@ -34,9 +34,7 @@ from opod.store.events import (
     count_arg,
     delete_before,
     event_values,
-    insert_new,
     page_args,
-    serialize_appends,
 )
 from opod.store.events import events as events_table
 from opod.store.schema import UTCDateTime, metadata
@@ -104,24 +102,27 @@ class UsageRecord:
     route_json: str | None
 
 
-_TEXT = ("request_id", "api_key_id", "user_id", "model", "protocol", "node_id")
-_COUNTS = ("prompt_tokens", "completion_tokens", "latency_ms", "ttft_ms")
-
-
 def usage_values(row: NewUsage) -> dict[str, Any]:
+    """The row's column values, each checked; InvalidInput naming the first bad field."""
     if not isinstance(row, NewUsage):
         raise InvalidInput(f"a usage row to append must be a NewUsage, not {type(row).__name__}")
-    values: dict[str, Any] = {
-        "entry": text_arg(row.entry, "usage entry"),
+    entry = text_arg(row.entry, "usage entry")
+    return {
+        "entry": entry,
+        "request_id": text_arg(row.request_id, "request_id", empty=True),
         "ts": aware(row.ts, "usage ts"),
-        "outcome": text_arg(row.outcome, f"outcome of usage entry {row.entry!r}"),
-        "route_json": None if row.route_json is None else json_arg(row.route_json, f"route_json of usage entry {row.entry!r}"),
+        "api_key_id": text_arg(row.api_key_id, "api_key_id", empty=True),
+        "user_id": text_arg(row.user_id, "user_id", empty=True),
+        "model": text_arg(row.model, "model", empty=True),
+        "protocol": text_arg(row.protocol, "protocol", empty=True),
+        "prompt_tokens": count_arg(row.prompt_tokens, "prompt_tokens"),
+        "completion_tokens": count_arg(row.completion_tokens, "completion_tokens"),
+        "latency_ms": count_arg(row.latency_ms, "latency_ms"),
+        "ttft_ms": count_arg(row.ttft_ms, "ttft_ms"),
+        "outcome": text_arg(row.outcome, f"outcome of usage entry {entry!r}"),
+        "node_id": text_arg(row.node_id, "node_id", empty=True),
+        "route_json": None if row.route_json is None else json_arg(row.route_json, f"route_json of usage entry {entry!r}"),
     }
-    for name in _TEXT:
-        values[name] = text_arg(getattr(row, name), name, empty=True)
-    for name in _COUNTS:
-        values[name] = count_arg(getattr(row, name), name)
-    return values
 
 
 def _record(row: Row[Any]) -> UsageRecord:
@@ -136,32 +137,18 @@ class UsageRepo(Repository):
 
         A row or event whose ``entry`` is already stored is skipped, so appending the same batch
         twice (a journal replayed after a crash) stores it once. Every row is checked first; a
-        bad one raises InvalidInput naming the field, and nothing is written. Returns how many
-        usage rows and events were new.
+        bad one raises InvalidInput naming the field, and nothing is written; a row the database
+        itself refuses (a constraint) raises InvalidInput too. Returns how many usage rows and
+        events were new. ``check_known=False`` does not look the entries up first, for rows that
+        cannot be stored yet (the live ledger's): they are still stored once, but a known one
+        would consume an id on PostgreSQL.
         """
-        return self._append_ledger([usage_values(row) for row in rows], [event_values(row) for row in events], check_known)
-
-    def append_ledger_trusted(self, rows: Sequence[dict[str, Any]], events: Sequence[dict[str, Any]] = ()) -> tuple[int, int]:
-        """:meth:`append_ledger` for column values their producer has already made valid.
-
-        For the ledger's live writer only, whose records are cleaned as they are built
-        (``opod.ledger.records.live_values``): nothing is checked or parsed here, known entries
-        are not looked up (ON CONFLICT still skips them; the counts returned include them), and
-        the rows go through the driver's cursor (``opod.store.bulk``). A
-        value the database itself refuses (a constraint) raises InvalidInput, and nothing of the
-        batch is written: the caller then takes :meth:`append_ledger`, which names the field.
-        """
+        usage_rows = [usage_values(row) for row in rows]
+        event_rows = [event_values(row) for row in events]
         engine = self.engine  # StoreError once the store is closed
-        if self._appender is None:
+        if self._appender is None or self._appender.engine is not engine:
             self._appender = LedgerAppender(engine, usage, events_table)
-        self._appender.append(rows, events)
-        return len(rows), len(events)
-
-    def _append_ledger(self, rows: list[dict[str, Any]], events: list[dict[str, Any]], check_known: bool) -> tuple[int, int]:
-        with self._write() as conn:
-            serialize_appends(conn)
-            return (insert_new(conn, usage, rows, check_known=check_known),
-                    insert_new(conn, events_table, events, check_known=check_known))
+        return self._appender.append(usage_rows, event_rows, skip_known=check_known)
 
     def usage_after(self, after: int, limit: int) -> list[UsageRecord]:
         """Up to ``limit`` usage rows with an id above ``after``, by id."""
