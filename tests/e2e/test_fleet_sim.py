@@ -31,7 +31,7 @@ def fleet(tmp_path: Path):
         workers[name] = OpodProcess(
             ["join", leader.url, "--token", token, "--engine", "sim", "--listen", f"127.0.0.1:{free_port()}"], home, env=env
         )
-    for name, worker in workers.items():
+    for worker in workers.values():
         worker.wait_for_line("registered with", timeout=30)
     added = opod_cli(leader, "model", "add", MODEL, "--engine", "sim", "--no-load")
     assert added.returncode == 0, added.stderr

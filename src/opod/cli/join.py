@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from typing import TYPE_CHECKING
 
 import typer
 import uvloop
 
 from opod import config
 from opod.cli.common import fail, out, setup_logging
+
+if TYPE_CHECKING:
+    from opod.worker.run import Worker
 
 
 def command(
@@ -21,9 +25,9 @@ def command(
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Join a leader as a worker and run its models on this machine's engines."""
-    from opod.http.serving import parse_listen
+    from opod.http.serving import ListenError, parse_listen
     from opod.http.tls.client import TLSClientError
-    from opod.worker.run import Worker, WorkerSettings, engine_flags
+    from opod.worker.run import WorkerSettings, engine_flags, open_worker
 
     setup_logging(verbose)
     for line in config.retired_warnings() + config.unsupported_warnings():
@@ -36,37 +40,30 @@ def command(
             listen=parse_listen(listen or config.read("OPOD_WORKER_LISTEN") or "0.0.0.0:8081", "0.0.0.0", "--listen"),
             **WorkerSettings.tls_from_env(),
         )
-        worker = Worker(settings)
-    except (ValueError, KeyError, TLSClientError) as error:
+        worker = open_worker(settings)
+    except (ValueError, KeyError, TLSClientError, ListenError) as error:
         raise fail(str(error)) from None
     uvloop.run(_run(worker))
 
 
-async def _run(worker) -> None:
-    from opod.http.serving import ListenError, serve, settle_memory
+async def _run(worker: Worker) -> None:
+    from opod.http.serving import settle_memory
     from opod.worker.agent import TokenRefused
 
-    try:
-        listener = worker.bind()
-    except ListenError as error:
-        raise fail(str(error)) from None
-    out.print(f"worker {worker.node_id} on {listener.address}, joining {worker.settings.leader_url} with engine {worker.settings.engine}")
+    out.print(f"worker {worker.node_id} on {worker.listener.address}, joining {worker.settings.leader_url} with engine {worker.settings.engine}")
     stop = asyncio.Event()
-    servers_stop = asyncio.Event()
+
+    def on_signal() -> None:
+        if not stop.is_set():
+            out.print("stopping: engines first")
+        stop.set()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
     settle_memory()
-    serving = asyncio.create_task(serve([listener], servers_stop))
-    refused: TokenRefused | None = None
     try:
         await worker.run(stop)
     except TokenRefused as error:
-        refused = error
-    out.print("stopping: engines first")
-    await worker.shutdown()
-    servers_stop.set()
-    await serving
-    if refused is not None:
-        raise fail(f"{refused}. Create a node token on the leader with `opod token create --node` and join again.")
+        raise fail(f"{error}. Create a node token on the leader with `opod token create --node` and join again.") from None
     out.print("stopped")

@@ -75,8 +75,7 @@ def float_flag(flags: Mapping[str, object], key: str, *, low: float, high: float
             value = float(value)
         except ValueError:
             pass
-    number = isinstance(value, int | float) and not isinstance(value, bool)
-    if not number or not ((value >= low if low_inclusive else value > low) and value <= high):
+    if isinstance(value, bool) or not isinstance(value, int | float) or not ((value >= low if low_inclusive else value > low) and value <= high):
         bracket = "[" if low_inclusive else "("
         raise LaunchError(f"flags.{key}", f"{value!r} is not a number in {bracket}{low:g}, {high:g}]", f"set {key} within that range, or remove it")
     return float(value)

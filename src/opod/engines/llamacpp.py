@@ -67,9 +67,9 @@ class LlamaCppDriver(EngineDriver):
             if value:
                 out += [flag, str(value)]
         for key, flag in (("ctk", "-ctk"), ("ctv", "-ctv")):
-            value = fl.str_flag(f, key, choices=CACHE_TYPES)
-            if value:
-                out += [flag, value]
+            cache_type = fl.str_flag(f, key, choices=CACHE_TYPES)
+            if cache_type:
+                out += [flag, cache_type]
         if spec.rerank:
             out += ["--reranking"]
         elif spec.embeddings:
@@ -151,6 +151,6 @@ class LlamaCppDriver(EngineDriver):
         tokens = answer.get("tokens") if isinstance(answer, dict) else None
         if not isinstance(tokens, list):
             return None
-        ids = [t if isinstance(t, int) else t.get("id") for t in tokens if isinstance(t, int | dict)]
-        ids = [i for i in ids if isinstance(i, int)]
+        named = [t if isinstance(t, int) else t.get("id") for t in tokens if isinstance(t, int | dict)]
+        ids = [i for i in named if isinstance(i, int)]
         return ids[: request.max_tokens] if request.max_tokens > 0 else ids

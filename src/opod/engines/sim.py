@@ -73,9 +73,9 @@ class SimDriver(VllmDriver):
             if value is not None:
                 out += [flag, str(value)]
         for key, flag in (("time_scale", "--time-scale"), ("load_ms", "--load-ms")):
-            value = fl.float_flag(f, key, low=0.0, high=1e9, low_inclusive=True)
-            if value is not None:
-                out += [flag, f"{value:g}"]
+            amount = fl.float_flag(f, key, low=0.0, high=1e9, low_inclusive=True)
+            if amount is not None:
+                out += [flag, f"{amount:g}"]
         mode = fl.str_flag(f, "mode", choices=("random", "echo"))
         if mode:
             out += ["--mode", mode]

@@ -107,9 +107,9 @@ class VllmDriver(EngineDriver):
         if util is not None:
             out += ["--gpu-memory-utilization", f"{util:g}"]
         for key, flag in (("kv_cache_dtype", "--kv-cache-dtype"), ("dtype", "--dtype"), ("revision", "--revision")):
-            value = fl.str_flag(f, key)
-            if value:
-                out += [flag, value]
+            text = fl.str_flag(f, key)
+            if text:
+                out += [flag, text]
         if fl.bool_flag(f, "enforce_eager"):
             out += ["--enforce-eager"]
         if fl.bool_flag(f, "trust_remote_code"):  # off unless the plan says: it runs the repository's code

@@ -16,14 +16,14 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 EXIT_USAGE = 2
 POOLING = ("none", "mean", "cls", "last", "rank")
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse's default prints usage; say what to do instead
+    def error(self, message: str) -> NoReturn:  # argparse's default prints usage; say what to do instead
         sys.stderr.write(f"opod.engines.xllama: {message}\n")
         raise SystemExit(EXIT_USAGE)
 

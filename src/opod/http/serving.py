@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import uvicorn
+from starlette.types import ASGIApp
 
 from opod.http.fastpath import FastHttpProtocol
 from opod.http.tls.protocol import TLSHttpToolsProtocol
@@ -62,7 +63,12 @@ def parse_listen(text: str, default_host: str, field: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def bind(host: str, port: int, what: str) -> socket.socket:
+def bind(host: str, port: int, what: str, *, option: str = "its --listen option", listen: bool = True) -> socket.socket:
+    """A socket bound to ``host:port``, or a :class:`ListenError` naming ``what`` and the ``option`` that moves it.
+
+    ``listen=False`` leaves it bound but not listening: connections are refused
+    until the server starts on it, as a loading vLLM refuses them.
+    """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -71,16 +77,17 @@ def bind(host: str, port: int, what: str) -> socket.socket:
     except OSError as err:
         sock.close()
         if err.errno == errno.EADDRINUSE:
-            raise ListenError(f"{what} cannot listen on {host}:{port}: the port is in use (another opod?). Choose another with its --listen option.") from None
+            raise ListenError(f"{what} cannot listen on {host}:{port}: the port is in use (another opod?). Choose another with {option}.") from None
         raise ListenError(f"{what} cannot listen on {host}:{port}: {err.strerror}") from None
-    sock.listen(2048)
+    if listen:
+        sock.listen(2048)
     sock.setblocking(False)
     return sock
 
 
 @dataclass
 class Listener:
-    app: object
+    app: ASGIApp
     sock: socket.socket
     name: str
     ssl: ssl_module.SSLContext | None = None
@@ -114,9 +121,9 @@ async def serve(listeners: list[Listener], stop: asyncio.Event) -> None:
             config.load()
             config.ssl = listener.ssl
         servers.append(QuietServer(config))
-    tasks = [asyncio.create_task(s.serve(sockets=[l.sock])) for s, l in zip(servers, listeners)]
+    tasks = [asyncio.create_task(server.serve(sockets=[listener.sock])) for server, listener in zip(servers, listeners, strict=True)]
     waiter = asyncio.create_task(stop.wait())
-    done, _ = await asyncio.wait([waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.wait([waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
     for server in servers:
         server.should_exit = True
     await asyncio.gather(*tasks, return_exceptions=True)

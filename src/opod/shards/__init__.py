@@ -52,7 +52,8 @@ keep them across restarts.
 Modules: :mod:`~opod.shards.records` (the gang record and the request and
 response shapes), :mod:`~opod.shards.planning` (plan and placement, pure),
 :mod:`~opod.shards.calls` (calls to one worker), :mod:`~opod.shards.distribute`
-(the GGUF to the coordinator's worker), :mod:`~opod.shards.manager` (the
+(the GGUF to the coordinator's worker), :mod:`~opod.shards.gangs` (the records
+and the steps creating and healing share), :mod:`~opod.shards.manager` (the
 operations), :mod:`~opod.shards.healing`. Where the RPC server binary comes
 from: :mod:`opod.engines.rpc_binary`.
 """

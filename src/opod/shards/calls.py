@@ -165,7 +165,7 @@ async def _try_part(workers: WorkerClient, node: NodeState, process_id: str, por
             return info.exit_err
         return f"HTTP {status}: {str(body).strip()[:200]}"
     deadline = time.monotonic() + timing.part_ready + 5
-    info: nodeapi.ProcessInfo | None = None
+    info = None
     while time.monotonic() < deadline:
         info = await get_process(workers, node, process_id)
         if info is None or info.status != nodeapi.ProcessStatus.STARTING:

@@ -7,7 +7,7 @@ count, and why each other one does not.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Set
 from dataclasses import dataclass
 
 from opod.contract.catalog import Entry
@@ -116,7 +116,7 @@ class Placement:
     """One distinct worker per part, in part index order."""
 
 
-def _coordinator_problem(node: NodeState, model: str, busy: set[str], now: float, suspect: dict[str, str]) -> str:
+def _coordinator_problem(node: NodeState, model: str, busy: Set[str], now: float, suspect: dict[str, str]) -> str:
     ok, why = usable(node, now, suspect)
     if not ok:
         return why
@@ -135,7 +135,7 @@ def choose_coordinator(
     *,
     pinned: str | None = None,
     local_node: str | None = None,
-    busy: set[str] = frozenset(),
+    busy: Set[str] = frozenset(),
     suspect: dict[str, str] | None = None,
     now: float | None = None,
 ) -> NodeState:

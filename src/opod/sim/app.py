@@ -1,9 +1,9 @@
-"""``build_app``: one simulator as an ASGI app, speaking the configured engine's dialect."""
+"""One simulator as an ASGI app, speaking the configured engine's dialect: :func:`sim_app` over a state, :func:`build_app` from a config."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -23,7 +23,7 @@ from opod.sim.routes_vllm import vllm_routes
 from opod.sim.shapes import dumps
 from opod.sim.state import SimState
 
-__all__ = ["build_app"]
+__all__ = ["build_app", "sim_app"]
 
 
 def _routes(state: SimState) -> list[BaseRoute]:
@@ -49,7 +49,7 @@ def _routes(state: SimState) -> list[BaseRoute]:
     return routes
 
 
-def _not_found_handler(dialect: str):  # type: ignore[no-untyped-def]
+def _not_found_handler(dialect: str) -> Callable[[Request, Exception], Awaitable[Response]]:
     """Each engine answers an unknown path (or a wrong method) in its own way."""
 
     async def handler(request: Request, exc: Exception) -> Response:
@@ -65,9 +65,13 @@ def _not_found_handler(dialect: str):  # type: ignore[no-untyped-def]
 
 
 def build_app(config: SimConfig) -> Starlette:
-    """An ASGI app for ``config`` (validated here). KV-event sockets open with the app's lifespan."""
+    """An ASGI app for ``config`` (validated here), to serve in-process. KV-event sockets open with the app's lifespan."""
     config.validate()
-    state = SimState(config)
+    return sim_app(SimState(config))
+
+
+def sim_app(state: SimState) -> Starlette:
+    """The ASGI app over one simulator's state; its lifespan starts the load phase and the KV-event sockets, and closes them."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -79,7 +83,5 @@ def build_app(config: SimConfig) -> Starlette:
         finally:
             state.close()
 
-    handler = _not_found_handler(config.dialect)
-    app = Starlette(routes=_routes(state), lifespan=lifespan, exception_handlers={404: handler, 405: handler})
-    app.state.sim = state
-    return app
+    handler = _not_found_handler(state.cfg.dialect)
+    return Starlette(routes=_routes(state), lifespan=lifespan, exception_handlers={404: handler, 405: handler})

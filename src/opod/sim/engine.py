@@ -127,7 +127,15 @@ async def _until(deadline: float) -> None:
 
 
 class Engine:
-    def __init__(self, cfg: SimConfig, event_sink: Callable[[list[dict]], None] | None = None, on_step: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        cfg: SimConfig,
+        event_sink: Callable[[list[dict]], None] | None = None,
+        on_step: Callable[[], None] | None = None,
+        adapters: Mapping[str, str] | None = None,
+    ) -> None:
+        """``adapters``: the LoRA adapters served now (name → path), a live view of what the state
+        attaches at run time; a request for one runs under it."""
         self.cfg = cfg
         self.tokenizer = Tokenizer()
         self.cache = PrefixCache(cfg.kv_blocks, cfg.block_size, sink=event_sink)
@@ -138,8 +146,7 @@ class Engine:
         self.sleep_level = 0
         self._on_step = on_step
         self._waiters: collections.deque[tuple[asyncio.Future[Allocation], list[int], list[str], int, str]] = collections.deque()
-        self.adapters: Mapping[str, str] = {}
-        """The LoRA adapters served now (name → path); a request for one runs under it."""
+        self.adapters: Mapping[str, str] = adapters if adapters is not None else {}
         self._slots: list[Sequence | None] = [None] * cfg.max_batch
         self._free_slots = list(range(cfg.max_batch - 1, -1, -1))
         self._tasks = 0

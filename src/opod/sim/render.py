@@ -46,7 +46,7 @@ def _number(body: dict[str, Any], name: str, default: float) -> float:
 def render_body(req: GenRequest, body: dict[str, Any], seed: int) -> dict[str, Any]:
     """The reply, key for key in vLLM's order; ``req`` is the parsed chat request, ``body`` what was sent."""
     rng = request_rng(seed, req.prompt, f"render|{req.model}")
-    sampling = {name: _number(body, name, default) for name, default in _DEFAULTS.items()}
+    sampling: dict[str, object] = {name: _number(body, name, default) for name, default in _DEFAULTS.items()}
     stop_ids = body.get("stop_token_ids") or []
     if not isinstance(stop_ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in stop_ids):
         raise bad_request("stop_token_ids", "`stop_token_ids` must be a list of integer token ids")

@@ -168,10 +168,10 @@ def ollama_routes(state: SimState, models: OllamaModels) -> list[Route]:
         if empty:
             models.keep(name, keep_alive)
             reason = "unload" if keep_alive == 0 else "load"
-            line: dict[str, Any] = {"model": name, "created_at": _stamp(time.time())}
-            line.update({"message": {"role": "assistant", "content": ""}} if chat else {"response": ""})
-            line.update({"done": True, "done_reason": reason})
-            return Response(dumps(line), media_type="application/json")
+            loaded: dict[str, Any] = {"model": name, "created_at": _stamp(time.time())}
+            loaded.update({"message": {"role": "assistant", "content": ""}} if chat else {"response": ""})
+            loaded.update({"done": True, "done_reason": reason})
+            return Response(dumps(loaded), media_type="application/json")
         decision = state.faults.on_request()
         if decision.fail:
             return fail(state.injected())

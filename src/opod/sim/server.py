@@ -23,27 +23,12 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from opod.http.fastpath import FastHttpProtocol, FastPath
-from opod.http.serving import settle_memory
-from opod.sim.app import build_app
+from opod.http.serving import ListenError, bind, settle_memory
+from opod.sim.app import sim_app
 from opod.sim.config import SimConfig, SimConfigError
 from opod.sim.state import SimState
 
-__all__ = ["SimHandle", "bind", "running", "serve"]
-
-
-def bind(host: str, port: int) -> socket.socket:
-    """A bound, not yet listening, TCP socket; a clear error when the address is taken."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as err:
-        sock.close()
-        raise SimConfigError(f"--host/--port: cannot listen on {host}:{port} ({err.strerror}); pick another port, or 0 for any free one") from None
-    sock.set_inheritable(True)
-    return sock
-
+__all__ = ["SimHandle", "Simulator", "open_simulator", "running", "serve"]
 
 HOT_PATHS = ("/v1/chat/completions", "/v1/completions")
 """The generation routes take the short way through the server (``opod.http.fastpath``), as a worker's data path does."""
@@ -57,30 +42,56 @@ def _uvicorn(app: Starlette) -> uvicorn.Server:
     return uvicorn.Server(config)
 
 
-async def _serve(server: uvicorn.Server, state: SimState, sock: socket.socket) -> None:
-    cfg = state.cfg
-    if cfg.dialect == "vllm" and cfg.load_ms:
-        await asyncio.sleep(cfg.load_ms / 1000.0)
-        state.loaded_before_listen = True
-    await server.serve(sockets=[sock])
+@dataclass(frozen=True, slots=True)
+class Simulator:
+    """One simulator, built complete by :func:`open_simulator`: its bound socket, its state and its server."""
+
+    config: SimConfig
+    sock: socket.socket
+    state: SimState
+    server: uvicorn.Server
+
+    @property
+    def port(self) -> int:
+        return int(self.sock.getsockname()[1])
+
+    def banner(self) -> str:
+        cfg = self.config
+        models = ", ".join(cfg.models)
+        events = ", KV events " + " and ".join(e for e in (cfg.kv_events, cfg.kv_events_bind) if e) if cfg.kv_events or cfg.kv_events_bind else ""
+        return f"opod sim: listening on http://{cfg.host}:{self.port} (dialect {cfg.dialect}, model {models}, seed {cfg.seed}{events})"
+
+    async def serve(self) -> None:
+        """The simulator's lifespan: the load phase (before listening, for vLLM), then serve until told to exit."""
+        if self.state.loads_before_listening:
+            await asyncio.sleep(self.config.load_ms / 1000.0)
+        await self.server.serve(sockets=[self.sock])
 
 
-def banner(cfg: SimConfig, host: str, port: int) -> str:
-    models = ", ".join(cfg.models)
-    events = ", KV events " + " and ".join(e for e in (cfg.kv_events, cfg.kv_events_bind) if e) if cfg.kv_events or cfg.kv_events_bind else ""
-    return f"opod sim: listening on http://{host}:{port} (dialect {cfg.dialect}, model {models}, seed {cfg.seed}{events})"
+def open_simulator(config: SimConfig) -> Simulator:
+    """The one place a simulator is built. The socket is bound first, so port 0 works and the real port is known at once."""
+    config.validate()
+    # A loading vLLM has nothing listening yet: connections are refused until the load is over.
+    loads_first = config.dialect == "vllm" and config.load_ms > 0
+    try:
+        sock = bind(config.host, config.port, "opod sim", option="--port (0 picks a free one)", listen=not loads_first)
+    except ListenError as err:
+        raise SimConfigError(f"--host/--port: {err}") from None
+    try:
+        state = SimState(config, loads_before_listening=loads_first)
+    except BaseException:
+        sock.close()
+        raise
+    return Simulator(config, sock, state, _uvicorn(sim_app(state)))
 
 
 def serve(config: SimConfig, announce: Callable[[str], None] | None = print) -> None:
     """Run a simulator in the foreground until interrupted; ``announce`` gets the one-line banner."""
-    config.validate()
-    sock = bind(config.host, config.port)
-    port = sock.getsockname()[1]
-    app = build_app(config)
+    sim = open_simulator(config)
     settle_memory()  # the simulated engine's timing is the product here: no collector pauses in it
     if announce is not None:
-        announce(banner(config, config.host, port))
-    uvloop.run(_serve(_uvicorn(app), app.state.sim, sock))
+        announce(sim.banner())
+    uvloop.run(sim.serve())
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,33 +111,29 @@ def running(config: SimConfig, start_timeout: float = 10.0) -> Iterator[SimHandl
 
     Crash faults end the whole process, so test them against ``opod sim`` run as a subprocess.
     """
-    config.validate()
-    sock = bind(config.host, config.port)
-    port = sock.getsockname()[1]
-    app = build_app(config)
-    server = _uvicorn(app)
+    sim = open_simulator(config)
     failure: list[BaseException] = []
 
     def target() -> None:
         try:
-            uvloop.run(_serve(server, app.state.sim, sock))
+            uvloop.run(sim.serve())
         except BaseException as err:  # surfaced to the caller below
             failure.append(err)
 
-    thread = threading.Thread(target=target, name=f"opod-sim-{port}", daemon=True)
+    thread = threading.Thread(target=target, name=f"opod-sim-{sim.port}", daemon=True)
     thread.start()
     deadline = time.monotonic() + start_timeout + config.load_ms / 1000.0
-    while not server.started:
+    while not sim.server.started:
         if failure or not thread.is_alive():
             raise RuntimeError(f"the simulator did not start: {failure[0] if failure else 'its thread ended'}")
         if time.monotonic() > deadline:
-            server.should_exit = True
-            raise TimeoutError(f"the simulator on port {port} did not start within {start_timeout} s")
+            sim.server.should_exit = True
+            raise TimeoutError(f"the simulator on port {sim.port} did not start within {start_timeout} s")
         time.sleep(0.005)
     host = f"[{config.host}]" if ":" in config.host else config.host
     try:
-        yield SimHandle(f"http://{host}:{port}", port, app.state.sim)
+        yield SimHandle(f"http://{host}:{sim.port}", sim.port, sim.state)
     finally:
-        server.should_exit = True
+        sim.server.should_exit = True
         thread.join(10)
-        sock.close()
+        sim.sock.close()

@@ -28,13 +28,17 @@ def _publisher(cfg: SimConfig) -> KVEventPublisher:
 
 
 class SimState:
-    def __init__(self, cfg: SimConfig) -> None:
+    def __init__(self, cfg: SimConfig, *, loads_before_listening: bool = False) -> None:
+        """``loads_before_listening``: the server spends the load phase before it listens (vLLM's
+        way), so the app counts none of it; an app served in-process counts it from its start."""
         self.cfg = cfg
         self.publisher: KVEventPublisher | None = None
         if cfg.kv_events or cfg.kv_events_bind:
             self.publisher = _publisher(cfg)
         pub = self.publisher
-        self.engine = Engine(cfg, pub.publish if pub else None, pub.step if pub else None)
+        self.adapters: dict[str, str] = {}
+        """LoRA adapters attached at run time: name → the path they were loaded from."""
+        self.engine = Engine(cfg, pub.publish if pub else None, pub.step if pub else None, adapters=self.adapters)
         self.faults = FaultInjector(cfg)
         self.shape: Shape = SHAPES[cfg.dialect]()
         self.flavor = _FLAVORS[cfg.dialect]
@@ -45,15 +49,11 @@ class SimState:
         if cfg.dialect == "ollama":
             self.listed = tuple(m if ":" in m else f"{m}:latest" for m in cfg.models)
             self.served = tuple(dict.fromkeys([*cfg.models, *self.listed]))
-        self.adapters: dict[str, str] = {}
-        """LoRA adapters attached at run time: name → the path they were loaded from."""
-        self.engine.adapters = self.adapters
         self._served, self._listed = self.served, self.listed
         """The configured names, before any adapter."""
         self.created = int(time.time())
         self.ready_at = time.monotonic() + cfg.load_ms / 1000.0
-        self.loaded_before_listen = False
-        """Set when the load phase was spent with the socket not listening (vLLM's way)."""
+        self.loads_before_listening = loads_before_listening
 
     def attach(self, name: str, path: str) -> None:
         """Serve an adapter under ``name`` (over the first model); requests and /v1/models see it at once."""
@@ -73,7 +73,7 @@ class SimState:
 
     def start_loading_now(self) -> None:
         """The load phase counts from when the app starts serving."""
-        self.ready_at = time.monotonic() + (0.0 if self.loaded_before_listen else self.cfg.load_ms / 1000.0)
+        self.ready_at = time.monotonic() + (0.0 if self.loads_before_listening else self.cfg.load_ms / 1000.0)
 
     def error(self, err: SimHTTPError) -> Response:
         return error_response(self.flavor, err)

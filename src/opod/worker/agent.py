@@ -56,11 +56,14 @@ class Agent:
         client_cert: str | Path | None = None,
         client_key: str | Path | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        kick: asyncio.Event | None = None,
     ) -> None:
         """``leader_ca``: path or PEM of the one certificate trusted for an https leader
         (``OPOD_LEADER_CA``); ``client_cert``/``client_key``: this worker's certificate, whose
         URI SAN is ``spiffe://<trust domain>/opod/node/<node_id>``; ``ssl_context``: a ready
-        context instead of those (opod up's own worker pins the listener's certificate)."""
+        context instead of those (opod up's own worker pins the listener's certificate);
+        ``kick``: set to ask for a heartbeat now, by the engines and processes built before
+        the agent (so they hold this event, not the agent)."""
         self.leader_url = leader_url.rstrip("/")
         self.node_id = node_id
         self.boot_id = boot_id
@@ -69,7 +72,7 @@ class Agent:
         self.manager = manager
         self.signer = Signer(node_id, token)
         self.registered = asyncio.Event()
-        self._kick = asyncio.Event()
+        self._kick = kick if kick is not None else asyncio.Event()
         self._contexts = _contexts(self.leader_url, leader_ca, client_cert, client_key, ssl_context)
         """True → the context presenting the certificate; False → the same without it."""
         self.has_cert = True in self._contexts and False in self._contexts

@@ -29,7 +29,7 @@ import aiohttp
 from opod import weights
 from opod.catalog import Catalog
 from opod.contract import nodeapi
-from opod.contract.catalog import Entry, Source
+from opod.contract.catalog import Entry, Hardware, Source
 from opod.engines.base import EngineDriver, LaunchSpec, LoadSample, MetricsState
 from opod.engines.registry import get_driver
 from opod.http.upstream import Upstreams
@@ -198,7 +198,7 @@ class EngineManager:
 
         target = entry or Entry(
             id=req.id, display_name=req.id, source=source, size_bytes=1, context_window=CPU_CONTEXT_CAP,
-            capabilities=["chat"], recommended_engines=[self.driver.id], hardware={"min_ram_gb": 0}, tags=[],
+            capabilities=["chat"], recommended_engines=[self.driver.id], hardware=Hardware(min_ram_gb=0), tags=[],
         )
         engine.enter("fetching", f"{req.id}: fetching weights")
         return await weights.aresolve(target, self.home, progress=progress)
@@ -430,7 +430,7 @@ class EngineManager:
         problems = [f"{e.detail}" for e, w in states.values() if e.state == "failed" or (w is not None and w.state in ("crash-looping", "stopped"))]
         if any(self.serving(m) for m in self.engines) or not self.engines:
             return nodeapi.EngineState(state="serving", detail="; ".join(problems)[:300])
-        for engine, word in states.values():
+        for _engine, word in states.values():
             if word is not None and word.state == "crash-looping":
                 return word
         if any(e.state in ("fetching", "starting") for e in self.engines.values()):

@@ -199,7 +199,7 @@ class _Output:
             self._emit(bytes(self._partial[:MAX_LINE]))
             del self._partial[:MAX_LINE]
 
-    def _emit(self, line: bytes) -> None:
+    def _emit(self, line: bytes | bytearray) -> None:
         self._on_line(line.decode("utf-8", "replace").rstrip("\r"))
 
     def close(self) -> None:
@@ -305,8 +305,9 @@ class Child:
     async def _finish(self) -> None:
         try:
             if self._stop_deadline is not None:
-                # A stop is under way: the rest of the group keeps its grace to shut down.
-                while self._loop.time() < self._stop_deadline and self._live_members():
+                # A stop is under way: the rest of the group keeps its grace to shut down. Nothing
+                # signals when another process's children exit, so this looks, briefly, in turn.
+                while self._loop.time() < self._stop_deadline and self._live_members():  # noqa: ASYNC110
                     await asyncio.sleep(0.02)
             self.signal_group(signal.SIGKILL)
             stragglers = group_members(self.pid) - {self.pid}

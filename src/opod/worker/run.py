@@ -1,8 +1,11 @@
-"""A worker, assembled: identity, inventory, the engine manager, its listener and its agent.
+"""A worker, assembled in one place (:func:`open_worker`): identity, inventory, the engine manager, its listener and its agent.
 
 ``opod join`` runs one on its own; ``opod up`` runs one beside the leader in the
 same event loop. Stopping it stops the engines first, then sends the final
 "stopped" heartbeat, so the leader stops routing here at once.
+
+:class:`WorkerSettings` is plain data: the caller completes it (``opod up`` fills
+in its own leader's URL, token and TLS context) before the worker is built.
 """
 
 from __future__ import annotations
@@ -10,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from opod import config
 from opod.catalog import load_catalog
@@ -22,7 +25,7 @@ from opod.contract.wire import WireError
 from opod.engines import llama_binary, llama_devices
 from opod.engines.errors import LaunchError
 from opod.engines.registry import get_driver
-from opod.http.serving import Listener, bind
+from opod.http.serving import Listener, bind, serve
 from opod.worker import identity, inventory
 from opod.worker.agent import Agent
 from opod.worker.api import WorkerAPI
@@ -46,7 +49,7 @@ class WorkerSettings:
     """``OPOD_LEADER_CA``: the one certificate trusted for an https leader (a path or the PEM)."""
     client_cert: str | None = None
     client_key: str | None = None
-    leader_ssl: Any = None
+    leader_ssl: ssl.SSLContext | None = None
     """A ready TLS context for the leader (``opod up``'s own worker pins the listener's certificate)."""
 
     @classmethod
@@ -107,60 +110,69 @@ def plan_revision() -> int:
 
 
 class Worker:
-    def __init__(self, settings: WorkerSettings) -> None:
+    """One worker, built complete by :func:`open_worker`: its engines, their supervisor, its listener and its agent.
+
+    :meth:`run` is the worker's one lifespan: it serves the listener and keeps the
+    agent registering and heartbeating until ``stop`` is set, then stops in the
+    order the leader needs (engines, then the goodbye heartbeat, then the
+    listener), so the leader stops routing here before the port closes.
+    """
+
+    def __init__(
+        self,
+        *,
+        settings: WorkerSettings,
+        node_id: str,
+        supervisor: Supervisor,
+        manager: EngineManager,
+        listener: Listener,
+        agent: Agent,
+    ) -> None:
         self.settings = settings
-        get_driver(settings.engine)  # an unknown engine is refused before anything starts
-        self.node_id = settings.node_id or identity.node_id(settings.home)
-        self.boot_id = identity.boot_id()
-        self.supervisor = Supervisor(on_change=lambda _process: self._changed())
-        self.manager = EngineManager(
-            engine_id=settings.engine,
-            home=settings.home,
-            catalog=load_catalog(),
-            supervisor=self.supervisor,
-            threads=settings.threads,
-            flags=settings.flags,
-            sleep_mode=config.flag(contract_env.ENV_SLEEP_MODE),
-            on_change=self._changed,
-            adapters=wanted_adapters(),
-        )
-        self.agent: Agent | None = None
-        self.listener: Listener | None = None
+        self.node_id = node_id
+        self.supervisor = supervisor
+        self.manager = manager
+        self.listener = listener
+        self.agent = agent
+        self._listener_stop = asyncio.Event()
+        self._serving: asyncio.Task[None] | None = None
+        self._stopping: asyncio.Future[None] | None = None
 
-    def _changed(self) -> None:
-        if self.agent is not None:
-            self.agent.kick()
-
-    def bind(self) -> Listener:
-        host, port = self.settings.listen
-        sock = bind(host, port, "the worker")
-        api = WorkerAPI(self.node_id, self.settings.token, self.manager, self.supervisor, self.settings.home)
-        self.listener = Listener(api.app(), sock, "worker")
-        address = identity.advertise_address(host, self.listener.port, self.settings.leader_url)
-        caps = inventory.take(self.settings.home).capabilities(engine=self.manager.driver.id, plan_revision=plan_revision())
-        self.agent = Agent(
-            leader_url=self.settings.leader_url,
-            node_id=self.node_id,
-            token=self.settings.token,
-            boot_id=self.boot_id,
-            address=address,
-            capabilities=caps,
-            manager=self.manager,
-            leader_ca=self.settings.leader_ca,
-            client_cert=self.settings.client_cert,
-            client_key=self.settings.client_key,
-            ssl_context=self.settings.leader_ssl,
-        )
-        return self.listener
+    def engine_url(self, model: str) -> str | None:
+        """The loopback URL of the engine serving ``model`` here, for a leader in the same process."""
+        engine = self.manager.serving(model)
+        return engine.base_url if engine is not None else None
 
     async def run(self, stop: asyncio.Event) -> None:
-        assert self.agent is not None, "bind() first"
+        """Serve and heartbeat until ``stop`` is set (or the leader refuses the token), then stop everything.
+
+        Raises :class:`~opod.worker.agent.TokenRefused` after stopping when the leader refused this worker.
+        """
+        self._serving = asyncio.create_task(serve([self.listener], self._listener_stop), name="worker listener")
         # Beside registration, not before it: the binary may take seconds to list its devices.
         check = asyncio.create_task(self._check_gpu_use(self.agent.capabilities.gpus or []))
         try:
             await self.agent.run(stop)
         finally:
             check.cancel()
+            await self.stop()
+
+    async def stop(self) -> None:
+        """Stop the engines, say goodbye, close the listener; a second call waits for the first."""
+        if self._stopping is None:
+            self._stopping = asyncio.ensure_future(self._stop())
+        await asyncio.shield(self._stopping)
+
+    async def _stop(self) -> None:
+        try:
+            await self.manager.stop_all()
+            await self.agent.goodbye()
+        finally:
+            self._listener_stop.set()
+            if self._serving is not None:
+                await self._serving
+            else:
+                self.listener.sock.close()
 
     async def _check_gpu_use(self, gpus: list[nodeapi.GPU]) -> None:
         """On a machine with GPUs, say when the llama-server this worker starts cannot use them."""
@@ -177,7 +189,51 @@ class Worker:
         elif devices:
             log.info("llama.cpp can use: %s", "; ".join(devices))
 
-    async def shutdown(self) -> None:
-        await self.manager.stop_all()
-        if self.agent is not None:
-            await self.agent.goodbye()
+
+def open_worker(settings: WorkerSettings) -> Worker:
+    """The one place a worker is built: every part complete before the next that needs it.
+
+    Binds the listener first, so a taken port is refused (``ListenError``) before
+    anything starts, and the advertised address carries the real port. Engines and
+    processes ask for an early heartbeat through one event that the agent, built
+    last because it reports on them, waits on.
+    """
+    get_driver(settings.engine)  # an unknown engine is refused before anything starts
+    node_id = settings.node_id or identity.node_id(settings.home)
+    host, port = settings.listen
+    sock = bind(host, port, "the worker")
+    try:
+        kick = asyncio.Event()
+        supervisor = Supervisor(on_change=lambda _process: kick.set())
+        manager = EngineManager(
+            engine_id=settings.engine,
+            home=settings.home,
+            catalog=load_catalog(),
+            supervisor=supervisor,
+            threads=settings.threads,
+            flags=settings.flags,
+            sleep_mode=config.flag(contract_env.ENV_SLEEP_MODE),
+            on_change=kick.set,
+            adapters=wanted_adapters(),
+        )
+        api = WorkerAPI(node_id, settings.token, manager, supervisor, settings.home)
+        listener = Listener(api.app(), sock, "worker")
+        caps = inventory.take(settings.home).capabilities(engine=manager.driver.id, plan_revision=plan_revision())
+        agent = Agent(
+            leader_url=settings.leader_url,
+            node_id=node_id,
+            token=settings.token,
+            boot_id=identity.boot_id(),
+            address=identity.advertise_address(host, listener.port, settings.leader_url),
+            capabilities=caps,
+            manager=manager,
+            leader_ca=settings.leader_ca,
+            client_cert=settings.client_cert,
+            client_key=settings.client_key,
+            ssl_context=settings.leader_ssl,
+            kick=kick,
+        )
+    except BaseException:
+        sock.close()
+        raise
+    return Worker(settings=settings, node_id=node_id, supervisor=supervisor, manager=manager, listener=listener, agent=agent)

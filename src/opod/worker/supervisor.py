@@ -245,7 +245,7 @@ class Supervisor:
         if config.log_file is not None:
             try:
                 Path(config.log_file).parent.mkdir(parents=True, exist_ok=True)
-                mp._log = open(config.log_file, "ab")
+                mp._log = open(config.log_file, "ab")  # noqa: ASYNC230 (a local file opened to append: no wait worth a thread)
             except OSError as exc:
                 self._finish(mp, ProcessState.FAILED, f"cannot open log file: {exc}", abnormal=True)
                 raise SpawnError(f"process {config.id!r}: cannot open log file {config.log_file}: {exc.strerror}") from exc
