@@ -6,6 +6,7 @@ import asyncio
 import json
 
 import pytest
+import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -18,6 +19,7 @@ from opod.http.fastpath import (
     ReadRequest,
     headers_of,
     read_whole,
+    uvicorn_seam_problems,
 )
 from opod.http.serving import Listener, bind, serve
 
@@ -198,3 +200,19 @@ async def test_a_chunked_body_takes_the_usual_way_and_the_next_request_the_short
     assert app.calls[0] == "usual"
     (again,), _ = await exchange(port, post("/echo", b"abcde"))  # the target known from before, on a new connection
     assert json.loads(again[2])["len"] == 5 and app.calls[-1] == "short"
+
+
+def test_the_uvicorn_internals_the_short_way_reads_are_still_there():
+    problems = uvicorn_seam_problems()
+    assert not problems, (
+        f"uvicorn {uvicorn.__version__} changed what opod.http.fastpath reads of it (UVICORN_INTERNALS): "
+        + "; ".join(problems) + ". Pin uvicorn to a tested version or follow the change in fastpath."
+    )
+
+
+def test_a_missing_uvicorn_internal_is_named_with_uvicorn_s_version(monkeypatch):
+    from opod.http import fastpath
+
+    moved = {**fastpath.UVICORN_INTERNALS, "attributes": ("parser", "renamed_state")}
+    monkeypatch.setattr(fastpath, "UVICORN_INTERNALS", moved)
+    assert uvicorn_seam_problems() == [f"uvicorn {uvicorn.__version__}: HttpToolsProtocol no longer sets self.renamed_state"]

@@ -6,18 +6,28 @@ The router, ``/readyz``, ``/v1/models`` and node listings all call
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from opod.contract.nodeapi import EngineStateWord
+from opod.contract.nodeapi import EngineState, EngineStateWord
 
-if TYPE_CHECKING:
-    from opod.fleet.state import NodeState
+
+class WorkerLiveness(Protocol):
+    """What the rule reads of a worker (``opod.fleet.state.NodeState`` has it all)."""
+
+    address: str
+    last_heartbeat: float
+    engine: EngineState | None
+    engine_word: EngineStateWord | None
+    sleeping: bool
+    drained: bool
+    goodbye: bool
+    cooldown_until: float
 
 HEARTBEAT_MAX_AGE = 15.0
 """Three missed heartbeats (every 5 s) and a worker stops taking work."""
 
 
-def takes_new_work(node: NodeState, now: float) -> tuple[bool, str]:
+def takes_new_work(node: WorkerLiveness, now: float) -> tuple[bool, str]:
     """``(True, "")`` when the worker may be given new requests, else ``(False, why)``.
 
     Everything :func:`can_place` asks, and an engine that serves, awake, out of cooldown.
@@ -40,7 +50,7 @@ def takes_new_work(node: NodeState, now: float) -> tuple[bool, str]:
     return True, ""
 
 
-def can_place(node: NodeState, now: float) -> tuple[bool, str]:
+def can_place(node: WorkerLiveness, now: float) -> tuple[bool, str]:
     """Whether a model may be loaded on the worker now: it is reachable and not drained.
 
     Looser than :func:`takes_new_work`: a worker whose engines crash-loop or sleep

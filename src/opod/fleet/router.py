@@ -123,14 +123,14 @@ def pick(
         return None
     held = index.leading_blocks(request.hashes) if index is not None and request.hashes and policy.prefix_block_weight else {}
     key = request.pin() if pins is not None and policy.prefix_affinity and not held else None
-    pinned = pins.get(key) if key else None
+    pinned = pins.get(key) if key and pins is not None else None
     best: list[NodeState] = []
     best_score = float("inf")
     least = len(request.hashes)  # becomes the fewest leading blocks any candidate holds
     kv_weight, saturation, block_weight = policy.kv_weight / 100.0, policy.kv_saturation_pct, policy.prefix_block_weight
     for node in candidates:  # the hot loop: plain arithmetic and one lookup
         sample = node.load
-        score = node.in_flight
+        score: float = node.in_flight
         if sample is not None:
             score += sample.queue_depth + kv_weight * sample.kv_used_pct
             if saturation and sample.kv_used_pct >= saturation:

@@ -10,7 +10,7 @@ answer in time") advances liveness and changes nothing recorded about models;
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from opod.contract import nodeapi
@@ -44,6 +44,7 @@ class NodeState:
     drained: bool = False
     goodbye: bool = False
     in_flight: int = 0
+    """Requests this leader has relayed there and not yet finished: changed by :class:`Lease` only."""
     failures: int = 0
     cooldown_until: float = 0.0
 
@@ -62,6 +63,26 @@ COOLDOWN_AFTER = 3
 COOLDOWN_SECONDS = 10.0
 
 
+class Lease:
+    """One relayed request's hold on a worker: counted in its ``in_flight`` until :meth:`release` (idempotent)."""
+
+    __slots__ = ("node", "_held")
+
+    def __init__(self, node: NodeState) -> None:
+        node.in_flight += 1
+        self.node = node
+        self._held = True
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self.node.in_flight -= 1
+
+
+CapacityListener = Callable[[], None]
+"""Called when the slots a model's live workers offer may have changed (see :meth:`Fleet.on_capacity_change`)."""
+
+
 class Fleet:
     def __init__(self) -> None:
         self._nodes: dict[str, NodeState] = {}
@@ -71,6 +92,23 @@ class Fleet:
         self._version = 0
         self._live: dict[str, tuple[float, int, list[NodeState]]] = {}
         """model → (until, version, live holders): the router's answer, kept for LIVE_CACHE seconds."""
+        self._capacity_listeners: list[CapacityListener] = []
+
+    def on_capacity_change(self, listener: CapacityListener) -> None:
+        """Call ``listener`` whenever a worker joins, leaves, drains, comes back, or reports other slots or models.
+
+        A cooldown running out is not announced (nothing happens at that moment); listeners
+        that must notice it look again on their own.
+        """
+        self._capacity_listeners.append(listener)
+
+    def _capacity_changed(self) -> None:
+        for listener in self._capacity_listeners:
+            listener()
+
+    def lease(self, node: NodeState) -> Lease:
+        """Count a request in flight on ``node`` until the returned lease is released."""
+        return Lease(node)
 
     def touched(self) -> None:
         """Something that decides liveness changed: cached answers are stale."""
@@ -105,6 +143,8 @@ class Fleet:
         node.last_heartbeat = now
         node.goodbye = False
         self.changed_at = now
+        self._version += 1
+        self._capacity_changed()
         return node
 
     def heartbeat(self, hb: nodeapi.Heartbeat) -> NodeState | None:
@@ -113,6 +153,7 @@ class Fleet:
         if node is None:
             return None
         now = time.monotonic()
+        version, slots = self._version, node.slots
         if not takes_new_work(node, now)[0]:
             self._version += 1  # it may take work again from this heartbeat on
         node.last_heartbeat = now
@@ -140,6 +181,8 @@ class Fleet:
         node.load_errors = dict(hb.load_errors or {})
         node.load_progress = dict(hb.load_progress or {})
         node.engine_urls = dict(hb.engine_urls or {}) if node.same_host else {}
+        if self._version != version or node.slots != slots:
+            self._capacity_changed()
         return node
 
     def set_drained(self, node_id: str, drained: bool) -> NodeState | None:
@@ -148,11 +191,13 @@ class Fleet:
             node.drained = drained
             self.changed_at = time.monotonic()
             self._version += 1
+            self._capacity_changed()
         return node
 
     def remove(self, node_id: str) -> None:
         self._nodes.pop(node_id, None)
         self._reindex()
+        self._capacity_changed()
 
     def restore(self, node: NodeState) -> None:
         """Put back a node known from the store: reachable by heartbeat, not live until one arrives."""
@@ -221,3 +266,4 @@ class Fleet:
             node.cooldown_until = time.monotonic() + COOLDOWN_SECONDS
             node.failures = 0
             self._version += 1
+            self._capacity_changed()

@@ -14,6 +14,11 @@ past its hold is shed: :class:`Shed`, a 503 with an estimated ``Retry-After``.
 A pool of size 0 (no live worker holds the model) admits everything: the
 relay then says which worker is missing, which a queue would only hide.
 
+The fleet tells the pools when its slots change (:func:`fleet_capacity`), so a
+waiter takes a slot a new or returning worker brings at once; a slow recheck
+covers what no event announces (a worker's cooldown running out). Time is read
+from a :class:`~opod.gateway.clock.Clock`, the event loop's unless a test gives its own.
+
 Everything runs on the event loop; no locks are needed because nothing here
 awaits while the pools are being changed.
 """
@@ -22,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -30,6 +34,7 @@ from typing import Self
 
 from opod.contract.adminapi import AdmissionClass, PolicyAdmission
 from opod.fleet.state import Fleet
+from opod.gateway.clock import LOOP_CLOCK, Clock, Timer
 from opod.gateway.fairqueue import FairQueue, Ticket
 from opod.http.errors import BadRequest, NoCapacity
 
@@ -42,8 +47,8 @@ DEFAULT_SLOTS = 4
 """Slots counted for a worker whose engine does not say how many requests it serves at once."""
 DEFAULT_MAX_HELD = 256
 """How many requests may wait at once in one model's pool when the policy says 0."""
-RECHECK_S = 0.25
-"""How often a pool with waiters looks at the fleet again, so added slots are used without a release."""
+RECHECK_S = 1.0
+"""How often a pool with waiters looks at the fleet again, for slots no event announced (a cooldown ran out)."""
 RETRY_AFTER_MAX = 300
 _FIRST_HOLD_GUESS = 2.0
 """Assumed slot hold (seconds) for ``Retry-After`` before any request has come back."""
@@ -134,24 +139,44 @@ class AdmissionConfig:
 # --- capacity -----------------------------------------------------------------
 
 
-def fleet_capacity(fleet: Fleet, default_slots: int = DEFAULT_SLOTS, ttl: float = 1.0) -> Callable[[str], int]:
-    """model → slots on the live workers holding it, cached for ``ttl`` seconds or until the fleet changes.
+class FleetCapacity:
+    """model → slots on the live workers holding it, cached for ``ttl`` seconds or until the fleet says its slots changed.
 
     A worker reporting 0 slots counts ``default_slots``, so a model whose engine
     does not say is never blocked by admission.
     """
-    cache: dict[str, tuple[int, float, float]] = {}
 
-    def capacity(model: str) -> int:
-        now = time.monotonic()
-        hit = cache.get(model)
-        if hit is not None and now < hit[1] and hit[2] == fleet.changed_at:
+    def __init__(self, fleet: Fleet, default_slots: int = DEFAULT_SLOTS, ttl: float = 1.0, clock: Clock = LOOP_CLOCK) -> None:
+        self.fleet = fleet
+        self.default_slots = default_slots
+        self.ttl = ttl
+        self._now = clock.now
+        self._cache: dict[str, tuple[int, float]] = {}
+        self._listeners: list[Callable[[], None]] = []
+        fleet.on_capacity_change(self._changed)
+
+    def __call__(self, model: str) -> int:
+        now = self._now()
+        hit = self._cache.get(model)
+        if hit is not None and now < hit[1]:
             return hit[0]
-        size = sum(node.slots or default_slots for node in fleet.workers_for(model, now))
-        cache[model] = (size, now + ttl, fleet.changed_at)
+        size = sum(node.slots or self.default_slots for node in self.fleet.workers_for(model))
+        self._cache[model] = (size, now + self.ttl)
         return size
 
-    return capacity
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` after the fleet's slots changed, once the cache has forgotten them."""
+        self._listeners.append(listener)
+
+    def _changed(self) -> None:
+        self._cache.clear()
+        for listener in self._listeners:
+            listener()
+
+
+def fleet_capacity(fleet: Fleet, default_slots: int = DEFAULT_SLOTS, ttl: float = 1.0) -> FleetCapacity:
+    """The pool sizes an :class:`Admission` reads from ``fleet``, which it follows as the fleet changes."""
+    return FleetCapacity(fleet, default_slots, ttl)
 
 
 # --- permits and waiters ------------------------------------------------------
@@ -196,7 +221,7 @@ class _Waiter(Ticket):
         self.future: asyncio.Future[Permit] | None = future
         self.rank = rank
         self.since = since
-        self.timer: asyncio.TimerHandle | None = None
+        self.timer: Timer | None = None
 
 
 # --- the pool -----------------------------------------------------------------
@@ -230,7 +255,7 @@ class _Pool:
         self.shed = [0, 0, 0]
         self.shed_reasons: dict[str, int] = {}
         self.mean_hold = 0.0
-        self.recheck: asyncio.TimerHandle | None = None
+        self.recheck: Timer | None = None
 
     def size(self) -> int:
         return self.owner.capacity(self.model)
@@ -239,10 +264,10 @@ class _Pool:
         self.in_use += 1
         self.using[rank] += 1
         self.admitted[rank] += 1
-        return Permit(self, rank, ticket, time.monotonic())
+        return Permit(self, rank, ticket, self.owner.now())
 
     def release(self, permit: Permit) -> None:
-        held_s = time.monotonic() - permit.started
+        held_s = self.owner.now() - permit.started
         self.in_use -= 1
         self.using[permit.rank] -= 1
         self.mean_hold = held_s if not self.mean_hold else self.mean_hold + _HOLD_EWMA * (held_s - self.mean_hold)
@@ -258,24 +283,24 @@ class _Pool:
             raise self.shed_error(rank, ShedReason.NO_HOLD, size)
         if self.waiting >= config.max_held and not self.displace(rank, size):
             raise self.shed_error(rank, ShedReason.QUEUE_FULL, size)
-        loop = asyncio.get_running_loop()
-        waiter = _Waiter(loop.create_future(), rank, time.monotonic())
+        clock = self.owner.clock
+        future: asyncio.Future[Permit] = asyncio.get_running_loop().create_future()
+        waiter = _Waiter(future, rank, clock.now())
         self.queues[rank].push(flow, waiter)
         self.waiting += 1
-        waiter.timer = loop.call_later(hold, self.expire, waiter)
+        timer = waiter.timer = clock.call_later(hold, self.expire, waiter)
         if self.recheck is None:
-            self.recheck = loop.call_later(RECHECK_S, self.on_recheck)
+            self.recheck = clock.call_later(RECHECK_S, self.on_recheck)
         try:
-            return await waiter.future
+            return await future
         except asyncio.CancelledError:
             # The request went away: out of the queue, or, if a slot reached it in the same moment, give it back.
             if not self.withdraw(waiter):
-                future = waiter.future
                 if future.done() and not future.cancelled() and future.exception() is None:
                     future.result().release()
             raise
         finally:
-            waiter.timer.cancel()
+            timer.cancel()
             # The permit keeps the waiter (its flow's ticket); drop what would make a reference cycle.
             waiter.future = waiter.timer = None
 
@@ -287,7 +312,7 @@ class _Pool:
 
     def expire(self, waiter: _Waiter) -> None:
         if self.withdraw(waiter) and waiter.future is not None and not waiter.future.done():
-            waited_ms = (time.monotonic() - waiter.since) * 1000
+            waited_ms = (self.owner.now() - waiter.since) * 1000
             waiter.future.set_exception(self.shed_error(waiter.rank, ShedReason.HOLD_EXPIRED, self.size(), waited_ms))
 
     def displace(self, rank: int, size: int) -> bool:
@@ -327,7 +352,7 @@ class _Pool:
         if self.waiting:
             self.pump()
         if self.waiting:
-            self.recheck = asyncio.get_running_loop().call_later(RECHECK_S, self.on_recheck)
+            self.recheck = self.owner.clock.call_later(RECHECK_S, self.on_recheck)
 
     def retry_after(self, rank: int, size: int) -> int:
         """Seconds until a slot is likely free for this class: the queue ahead of it at the recent pace."""
@@ -379,13 +404,20 @@ class Admission:
     """Slot pools for every model, under one admission policy.
 
     ``capacity(model)`` gives a model's pool size; it is called on every
-    admission, so it must be cheap (:func:`fleet_capacity` caches).
+    admission, so it must be cheap (:func:`fleet_capacity` caches). A
+    :class:`FleetCapacity` also says when the sizes change, and the pools
+    hand the new slots to waiters at once.
     """
 
-    def __init__(self, capacity: Callable[[str], int], policy: PolicyAdmission | None = None) -> None:
+    def __init__(self, capacity: Callable[[str], int], policy: PolicyAdmission | None = None, *,
+                 clock: Clock = LOOP_CLOCK) -> None:
         self.capacity = capacity
         self.config = AdmissionConfig.from_policy(policy or PolicyAdmission())
+        self.clock = clock
+        self.now = clock.now
         self._pools: dict[str, _Pool] = {}
+        if isinstance(capacity, FleetCapacity):
+            capacity.on_change(self.capacity_changed)
 
     def configure(self, policy: PolicyAdmission) -> None:
         """Swap the policy whole; held permits and waiting requests carry on (a waiter keeps its deadline).

@@ -9,21 +9,24 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from opod.access.keytable import KeyTable
+from opod.access.keytable import KeyEntry, KeyTable
+from opod.contract.adminapi import PlanSnapshot
 from opod.fleet.models import ModelRegistry
 from opod.fleet.router import RouteRequest, RoutingPolicy, choose_revision
 from opod.fleet.state import Fleet
-from opod.gateway.admission import resolve_class
-from opod.gateway.exchange import Exchange
-from opod.gateway.relay import Relay
+from opod.gateway.admission import Admission, resolve_class
+from opod.gateway.exchange import Exchange, UsageRecorder
+from opod.gateway.guardrails import Guardrails
+from opod.gateway.prefix import PrefixHasher
+from opod.gateway.relay import Relay, RelayCall
 from opod.gateway.stats import PROBE_HEADER, GatewayStats
 from opod.http import fastjson
 from opod.http.errors import (
@@ -36,6 +39,7 @@ from opod.http.errors import (
 )
 from opod.http.fastpath import headers_of, read_whole
 from opod.http.inbound import read_body, sane_request_id
+from opod.snapshots.policy import PolicyView
 
 MiB = 1 << 20
 
@@ -62,60 +66,73 @@ _UNSUPPORTED = {
 
 
 PROBE = PROBE_HEADER.encode()
+Handler = Callable[[Request], Awaitable[Response]]
+
+
 def _text(value: bytes | None) -> str | None:
     return None if value is None else value.decode("latin-1")
 
 
+class Policies(Protocol):
+    """The files a manager mounts, as the gateway reads them per request (``opod.snapshots.service.Snapshots``)."""
+
+    def current_policy(self) -> PolicyView | None:
+        """The mounted policy's view, or ``None`` without one."""
+
+    def current_plan(self) -> PlanSnapshot | None:
+        """The mounted plan, or ``None``: with one, only its model is served."""
+
+
 class Gateway:
-    def __init__(self, fleet: Fleet, models: ModelRegistry, keys: KeyTable, relay: Relay, require_keys: bool = True) -> None:
+    def __init__(
+        self, *, fleet: Fleet, models: ModelRegistry, keys: KeyTable, relay: Relay, admission: Admission,
+        usage: UsageRecorder, prefix: PrefixHasher, policies: Policies, guardrails: Guardrails, require_keys: bool = True,
+    ) -> None:
         self.fleet = fleet
         self.models = models
         self.keys = keys
         self.relay = relay
+        self.admission = admission
+        """Engine slots by class and team; the leader swaps its policy with ``admission.configure``."""
+        self.usage = usage
+        """One usage row per request."""
+        self.prefix = prefix
+        """A request's block hashes for prefix routing."""
+        self.policies = policies
+        self.guardrails = guardrails
+        """The policy's webhooks."""
         self.require_keys = require_keys
         self.stats = GatewayStats()
-        self.ledger: Any = None
-        """``opod.ledger.Ledger``: one usage row per request, when the leader has one."""
-        self.admission: Any = None
-        """``opod.gateway.admission.Admission``: engine slots by class and team, when configured."""
-        self.plan: Callable[[], Any] = lambda: None
-        """The mounted plan (``PlanSnapshot``) or ``None``: only its model is served."""
-        self.policy: Callable[[], Any] = lambda: None
-        """The mounted policy's view (``opod.snapshots.policy.PolicyView``) or ``None``."""
-        self.guardrails: Any = None
-        """``opod.gateway.guardrails.Guardrails``: the policy's webhooks."""
-        self.access_log = False
-        self.prefix: Any = None
-        """``opod.gateway.prefix.PrefixHasher``: a request's block hashes for prefix routing."""
-        self._routing: tuple[Any, RoutingPolicy] = (None, RoutingPolicy())
+        self._routing: tuple[PolicyView | None, RoutingPolicy] = (None, RoutingPolicy())
 
     def routes(self) -> list[Route]:
         return [Route(path, handler, methods=[method]) for (method, path), handler in self.handlers().items()]
 
-    def handlers(self) -> dict[tuple[str, str], object]:
+    def handlers(self) -> dict[tuple[str, str], Handler]:
         """(method, path) → handler, for :class:`opod.http.fastpath.FastPath`."""
-        out = {("GET", "/v1/models"): self.list_models}
+        out: dict[tuple[str, str], Handler] = {("GET", "/v1/models"): self.list_models}
         for spec in ROUTES:
             out[("POST", spec.path)] = self._endpoint(spec)
         return out
 
-    def _endpoint(self, spec: RouteSpec):
+    def _endpoint(self, spec: RouteSpec) -> Handler:
         protocol = "openai" + spec.path.removeprefix("/v1").replace("/", ".")
 
         async def endpoint(request: Request) -> Response:
             headers = headers_of(request)
             request_id = sane_request_id(headers.get(b"x-request-id"))
-            exchange = Exchange(self.stats, self.ledger, request_id, protocol, PROBE in headers)
-            exchange.access_log = self.access_log
+            policy = self.policies.current_policy()
+            access_log = policy is not None and policy.access_log is True
+            exchange = Exchange(self.stats, self.usage, request_id, protocol, PROBE in headers, access_log)
             try:
-                return await self.serve(request, headers, spec, exchange)
+                return await self.serve(request, headers, spec, exchange, policy)
             except GatewayError as err:
                 exchange.refuse(err.status)
                 return error_response(err, request_id)
 
         return endpoint
 
-    def authenticate(self, headers: dict[bytes, bytes]):
+    def authenticate(self, headers: dict[bytes, bytes]) -> KeyEntry | None:
         """The caller's key entry; ``None`` for an anonymous request that keys are not required for."""
         return self.keys.authenticate(_text(headers.get(b"authorization")), self.require_keys)
 
@@ -130,7 +147,8 @@ class Gateway:
         data = [{"id": m, "object": "model", "created": now, "owned_by": "opod"} for m in sorted(self.fleet.served_models())]
         return JSONResponse({"object": "list", "data": data}, headers={"X-Request-Id": request_id})
 
-    async def serve(self, request: Request, headers: dict[bytes, bytes], spec: RouteSpec, exchange: Exchange) -> Response:
+    async def serve(self, request: Request, headers: dict[bytes, bytes], spec: RouteSpec, exchange: Exchange,
+                    policy: PolicyView | None) -> Response:
         key = self.authenticate(headers)
         exchange.identify(key)
         body = read_whole(request)
@@ -159,33 +177,30 @@ class Gateway:
                     # Always count tokens; the usage chunk is dropped if the client did not ask for it.
                     payload["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
                     strip_usage = changed = True
+            changed = json_object_as_schema(payload) or changed
         if changed:
             body = json.dumps(payload).encode()
-        policy = self.policy()
-        if policy is not None and self.guardrails is not None and policy.guardrails:
+        if policy is not None and policy.guardrails:
             body = await self.guardrails.pre(policy, exchange.request_id, model, body)
-        if self.admission is not None:
-            klass = resolve_class(getattr(key, "admission_class", "") or "", _text(headers.get(b"x-opod-class")))
-            permit = self.admission.admit_now(model, klass)
-            if permit is None:
-                permit = await self.admission.wait(model, klass, team=getattr(key, "team", "") or "", key_id=exchange.key_id)
-            exchange.permit = permit
-            exchange.route = {"class": str(klass)}
+        klass = resolve_class(key.admission_class if key is not None else "", _text(headers.get(b"x-opod-class")))
+        permit = self.admission.admit_now(model, klass)
+        if permit is None:
+            permit = await self.admission.wait(model, klass, team=key.team if key is not None else "", key_id=exchange.key_id)
+        exchange.permit = permit
+        exchange.route = {"class": str(klass)}
         routing = self.routing_policy(policy)
         route = await self.route_request(model, payload, routing, exchange.request_id)
         exchange.begin(model)
+        call = RelayCall(spec.path, body, stream, strip_usage, exchange)
         try:
-            response = await self.relay.forward(
-                spec.path, route, body, stream=stream, strip_usage=strip_usage, request_id=exchange.request_id,
-                done=exchange.done, started=exchange.started, policy=routing, decided=exchange.decided, on_sent=exchange.sent,
-            )
+            response = await self.relay.forward(call, route, routing)
         except NoCapacity as refusal:
-            response = await self.fallback(spec, model, payload, stream, strip_usage, exchange, policy, refusal)
-        if policy is not None and self.guardrails is not None and policy.guardrails:
+            response = await self.fallback(call, model, payload, exchange, policy, refusal)
+        if policy is not None and policy.guardrails:
             response = await self._after(policy, exchange, model, body, response, stream)
         return response
 
-    def routing_policy(self, view: Any) -> RoutingPolicy:
+    def routing_policy(self, view: PolicyView | None) -> RoutingPolicy:
         """The router's settings for the mounted policy's view, made once per view."""
         made_for, routing = self._routing
         if view is not made_for:
@@ -196,7 +211,7 @@ class Gateway:
     async def route_request(self, model: str, payload: dict, routing: RoutingPolicy, request_id: str) -> RouteRequest:
         """What the router needs to know about this request: its prefix, its pin, its canary group."""
         route = RouteRequest(model=model)
-        if routing.prefix_block_weight and self.prefix is not None:
+        if routing.prefix_block_weight:
             hashes = self.prefix.hashes_now(model, payload)
             route.hashes = hashes if hashes is not None else await self.prefix.hashes_from_worker(model, payload)
         if routing.prefix_affinity:
@@ -206,20 +221,19 @@ class Gateway:
             route.revision = choose_revision(routing.revisions, request_id, present)
         return route
 
-    async def fallback(self, spec: RouteSpec, model: str, payload: dict, stream: bool, strip_usage: bool, exchange: Exchange,
-                       policy: Any, refusal: NoCapacity) -> Response:
+    async def fallback(self, call: RelayCall, model: str, payload: dict, exchange: Exchange, policy: PolicyView | None,
+                       refusal: NoCapacity) -> Response:
         """No worker could take the request before its first byte: the model's catalog fallbacks, then the policy's URL."""
         known = self.models.active(model)
         for alternative in (known.entry.fallback or []) if known is not None and known.entry is not None else []:
             if alternative == model or not self.fleet.serves(alternative):
                 continue
+            # The usage row's route names the fallback; each attempt's routing record joins it.
+            exchange.route = {**(exchange.route or {}), "fallback": alternative}
             body = json.dumps({**payload, "model": alternative}).encode()
             try:
-                response = await self.relay.forward(
-                    spec.path, RouteRequest(model=alternative), body, stream=stream, strip_usage=strip_usage,
-                    request_id=exchange.request_id, done=exchange.done, started=exchange.started,
-                    decided=lambda record: exchange.decided({**record, "fallback": alternative}), on_sent=exchange.sent,
-                )
+                response = await self.relay.forward(RelayCall(call.path, body, call.stream, call.strip_usage, exchange),
+                                                    RouteRequest(model=alternative))
             except NoCapacity:
                 continue
             response.headers[FALLBACK_HEADER] = alternative
@@ -228,16 +242,14 @@ class Gateway:
         if target is None:
             raise refusal
         exchange.route = {**(exchange.route or {}), "fallback": target.url}
-        response = await self.relay.external(target, spec.path, payload, stream=stream, strip_usage=strip_usage,
-                                             request_id=exchange.request_id, done=exchange.done, started=exchange.started,
-                                             on_sent=exchange.sent)
+        response = await self.relay.external(target, call, payload)
         response.headers[FALLBACK_HEADER] = target.url
         return response
 
-    async def _after(self, policy: Any, exchange: Exchange, model: str, body: bytes, response: Response, stream: bool) -> Response:
+    async def _after(self, policy: PolicyView, exchange: Exchange, model: str, body: bytes, response: Response, stream: bool) -> Response:
         """The policy's post and logging-only webhooks; a streamed answer is only logged (it is already on its way)."""
-        answer = None if stream else response.body
-        if not stream and response.status_code == 200 and policy.guardrails_for("post"):
+        answer = None if stream else bytes(response.body)
+        if answer is not None and response.status_code == 200 and policy.guardrails_for("post"):
             checked = await self.guardrails.post(policy, exchange.request_id, model, body, answer)
             if checked is not answer:
                 response = Response(checked, status_code=200, media_type="application/json", headers=dict(response.headers))
@@ -251,7 +263,7 @@ class Gateway:
         model = payload.get("model")
         if model is not None and not isinstance(model, str):
             raise BadRequest("model must be a string naming a model (GET /v1/models lists them).", param="model")
-        plan = self.plan()
+        plan = self.policies.current_plan()
         if not model or model == "auto":
             model = (plan.model if plan is not None else "") or self.models.default_for(spec.capability) or ""
             if not model:
@@ -269,8 +281,24 @@ class Gateway:
 
 FALLBACK_HEADER = "X-Opod-Fallback"
 
+JSON_OBJECT_SCHEMA = {"type": "object"}
 
-def routing_policy(view: Any) -> RoutingPolicy:
+
+def json_object_as_schema(payload: dict) -> bool:
+    """Give ``response_format: {"type": "json_object"}`` the schema it stands for; True when the payload changed.
+
+    OpenAI's ``json_object`` promises an answer that is one JSON object. llama.cpp's server builds
+    its grammar from a schema and, given none, constrains nothing; ``{"type": "object"}`` is exactly
+    the promise, and engines that build ``json_object``'s grammar themselves ignore the key.
+    """
+    response_format = payload.get("response_format")
+    if not isinstance(response_format, dict) or response_format.get("type") != "json_object" or response_format.get("schema"):
+        return False
+    payload["response_format"] = {**response_format, "schema": JSON_OBJECT_SCHEMA}
+    return True
+
+
+def routing_policy(view: PolicyView | None) -> RoutingPolicy:
     """The router's settings from the mounted policy's view; the defaults (load only) without one."""
     if view is None:
         return RoutingPolicy()
@@ -281,6 +309,6 @@ def routing_policy(view: Any) -> RoutingPolicy:
     )
 
 
-def _is_plan_adapter(model: str, plan: Any) -> bool:
+def _is_plan_adapter(model: str, plan: PlanSnapshot) -> bool:
     base, _, adapter = model.partition(":")
     return base == plan.model and adapter in (plan.adapters or [])

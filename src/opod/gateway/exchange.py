@@ -10,38 +10,50 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Protocol
 
+from opod.access.keytable import KeyEntry
 from opod.contract.adminapi import SNAPSHOT_KEY_PREFIX
+from opod.gateway.admission import Permit
 from opod.gateway.relay import Outcome
 from opod.gateway.stats import GatewayStats
+from opod.ledger.records import UsageTicket
 
 access = logging.getLogger("opod.access")
 
-if TYPE_CHECKING:
-    from opod.access.keytable import KeyEntry
+
+class UsageRecorder(Protocol):
+    """Where usage rows go: what the gateway calls on ``opod.ledger.Ledger``."""
+
+    def begin(self, *, request_id: str, api_key_id: str, user_id: str, model: str, protocol: str) -> UsageTicket: ...
+
+    def end(self, ticket: UsageTicket, *, outcome: str, prompt_tokens: int, completion_tokens: int, latency_ms: int,
+            ttft_ms: int = 0, node_id: str = "", route: dict | None = None) -> None: ...
 
 
 class Exchange:
+    """Implements ``opod.gateway.relay.RelayObserver``: the relay tells it what happened, it records it."""
+
     __slots__ = ("stats", "ledger", "request_id", "protocol", "probe", "started", "key_id", "model", "ticket",
                  "permit", "ended", "route", "_begun", "access_log")
 
-    def __init__(self, stats: GatewayStats, ledger: Any, request_id: str, protocol: str, probe: bool) -> None:
+    def __init__(self, stats: GatewayStats, ledger: UsageRecorder, request_id: str, protocol: str, probe: bool,
+                 access_log: bool) -> None:
         self.stats = stats
         self.ledger = ledger
         self.request_id = request_id
         self.protocol = protocol
         self.probe = probe
         """The request carries ``X-Opod-Probe`` (``opod.gateway.stats.PROBE_HEADER``): served, counted nowhere."""
+        self.access_log = access_log
         self.started = time.perf_counter()
         self.key_id = ""
         self.model = ""
-        self.ticket: Any = None
-        self.permit: Any = None
+        self.ticket: UsageTicket | None = None
+        self.permit: Permit | None = None
         self.route: dict | None = None
         self.ended = False
         self._begun = False
-        self.access_log = False
 
     def identify(self, key: KeyEntry | None) -> None:
         if key is not None:
@@ -66,12 +78,13 @@ class Exchange:
         Journaling here rather than before the write keeps it off the request's way to the engine;
         a crash in between loses only a request whose answer nobody received.
         """
-        if self.ticket is None and self.ledger is not None and not self.probe:
+        if self.ticket is None and not self.probe:
             self._journal_start()
 
-    def _journal_start(self) -> None:
-        self.ticket = self.ledger.begin(request_id=self.request_id, api_key_id=self.key_id, user_id="",
-                                        model=self.model, protocol=self.protocol)
+    def _journal_start(self) -> UsageTicket:
+        ticket = self.ticket = self.ledger.begin(request_id=self.request_id, api_key_id=self.key_id, user_id="",
+                                                 model=self.model, protocol=self.protocol)
+        return ticket
 
     def done(self, outcome: Outcome) -> None:
         if self.ended:
@@ -90,14 +103,11 @@ class Exchange:
             self.stats.refused(outcome.status)
         if outcome.ttft_ms:
             self.stats.ttft(outcome.ttft_ms)
-        if self.ledger is None:
-            return
-        if self.ticket is None:
-            self._journal_start()
+        ticket = self.ticket if self.ticket is not None else self._journal_start()
         usage = outcome.usage or {}
         completion = usage.get("completion_tokens")
         self.ledger.end(
-            self.ticket,
+            ticket,
             outcome=outcome.outcome,
             prompt_tokens=int(usage.get("prompt_tokens") or 0),
             completion_tokens=int(completion if isinstance(completion, int) else outcome.tokens_sent),

@@ -38,15 +38,13 @@ import asyncio
 import json
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any
 
 import aiohttp
 
 from opod.contract.adminapi import GuardrailRule, PolicySnapshot
 from opod.http.errors import GatewayError
-
-if TYPE_CHECKING:
-    from opod.snapshots.policy import PolicyView
+from opod.snapshots.policy import PolicyView
 
 log = logging.getLogger("opod.guardrails")
 
@@ -86,14 +84,14 @@ class _WebhookFailed(Exception):
     """The webhook did not give a usable answer; the message says what happened."""
 
 
-Rules: TypeAlias = "PolicySnapshot | PolicyView | Sequence[GuardrailRule] | None"
+Rules = PolicySnapshot | PolicyView | Sequence[GuardrailRule] | None
 """What the phases accept: the policy as held, its view, or the rules themselves."""
 
 
-def _rules(policy: Any, phase: str) -> list[GuardrailRule]:
+def _rules(policy: Rules, phase: str) -> list[GuardrailRule]:
     if policy is None:
         return []
-    rules = getattr(policy, "guardrails", policy)  # a PolicySnapshot, a PolicyView, or the rules themselves
+    rules = policy.guardrails if isinstance(policy, PolicySnapshot | PolicyView) else policy
     return [r for r in rules or () if r.phase == phase]
 
 
@@ -196,7 +194,9 @@ class Guardrails:
         """None to go on unchanged, a new body for a rewrite; raises a refusal for a block or a closed failure."""
         try:
             answer = await self._call(rule, payload, request_id)
-            action = answer.get("action", "allow") if answer else "allow"
+            if not answer:
+                return None
+            action = answer.get("action", "allow")
             if action == "allow":
                 return None
             if action == "block":

@@ -1,11 +1,10 @@
 """A request's prefix, as block hashes the prefix index can look up.
 
 The hashes must be the ones the engine's cache holds, so they come from the
-model's own tokens with its chat template applied: for a simulated model the
-leader runs the simulator's tokenizer itself (exact, microseconds); for any
-other engine it asks a worker holding the model (``/v1/tokenize``, signed,
-with a short timeout). No answer in time means no hashes: the request is
-routed by load and the sticky pin instead, never held up.
+model's own tokens with its chat template applied, which only the engine
+knows: the leader asks a worker holding the model (``/v1/tokenize``, signed,
+with a short timeout), whatever its engine. No answer in time means no
+hashes: the request is routed by load and the sticky pin instead, never held up.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from typing import Any
 from opod.contract import nodeapi
 from opod.contract.blockhash import block_hashes
 from opod.fleet.prefix_index import PrefixIndex
-from opod.fleet.state import Fleet
+from opod.fleet.state import Fleet, NodeState
 from opod.http.nodeclient import WorkerClient, WorkerUnavailable
 
 log = logging.getLogger("opod.gateway")
@@ -29,13 +28,11 @@ TOKENIZE_TIMEOUT = 0.25
 
 @dataclass(frozen=True, slots=True)
 class _Plan:
-    serving: list
+    serving: list[NodeState]
     generation: int
-    holders: list
+    holders: list[NodeState]
     block_size: int
     """0: not worth hashing."""
-    simulated: bool
-    """Every holder runs the simulator, whose tokenizer the leader has."""
 
 
 class PrefixHasher:
@@ -43,18 +40,11 @@ class PrefixHasher:
         self.fleet = fleet
         self.index = index
         self.workers = workers
-        self._sim = None
         self._plans: dict[str, _Plan] = {}
 
     def hashes_now(self, model: str, payload: dict[str, Any]) -> list[str] | None:
-        """:meth:`hashes` when no worker needs to be asked (a simulated model, or nothing to hash); else ``None``."""
-        plan = self._plan(model)
-        if plan.block_size <= 0:
-            return []
-        if not plan.simulated:
-            return None
-        tokens = self._sim_tokens(payload)
-        return self._hash(tokens, plan) if tokens else []
+        """``[]`` when hashing would not change where the request goes; ``None`` when a worker must be asked."""
+        return [] if self._plan(model).block_size <= 0 else None
 
     async def hashes(self, model: str, payload: dict[str, Any]) -> list[str]:
         """The request's block hashes; empty when there is nothing to hash or no worker answered in time."""
@@ -80,23 +70,11 @@ class PrefixHasher:
         holders = [n for n in serving if self.index.reports(n.id)]
         # One place to go, or nobody reporting blocks: the hashes would not change where it goes.
         block_size = self.index.block_size([n.id for n in holders]) if len(serving) >= 2 and holders else 0
-        plan = _Plan(serving, self.index.generation, holders, block_size, all(n.engine_id == "sim" for n in holders))
+        plan = _Plan(serving, self.index.generation, holders, block_size)
         self._plans[model] = plan
         return plan
 
-    def _sim_tokens(self, payload: dict[str, Any]) -> list[int]:
-        if self._sim is None:
-            # Imported here, once: only a leader in front of simulated engines needs it.
-            from opod.contract.tokenizer import Tokenizer
-
-            self._sim = Tokenizer()
-        messages = payload.get("messages")
-        if isinstance(messages, list) and messages and all(isinstance(m, dict) for m in messages):
-            return self._sim.encode_chat(messages)
-        prompt = payload.get("prompt")
-        return self._sim.encode(prompt) if isinstance(prompt, str) else []
-
-    async def _worker_tokens(self, model: str, payload: dict[str, Any], holders: list) -> list[int]:
+    async def _worker_tokens(self, model: str, payload: dict[str, Any], holders: list[NodeState]) -> list[int]:
         messages = payload.get("messages")
         request = nodeapi.TokenizeRequest(model=model)
         if isinstance(messages, list):

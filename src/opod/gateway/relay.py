@@ -14,20 +14,23 @@ import json
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from starlette.responses import Response, StreamingResponse
 
 from opod.contract.nodeapi import WORKER_ERROR_HEADER
 from opod.fleet import router
 from opod.fleet.affinity import AffinityTable
+from opod.fleet.local import LocalEngines
 from opod.fleet.prefix_index import PrefixIndex
 from opod.fleet.router import RouteRequest, RoutingPolicy
-from opod.fleet.state import Fleet, NodeState
+from opod.fleet.state import Fleet, Lease, NodeState
 from opod.http import fastjson
 from opod.http.errors import NoCapacity
 from opod.http.fastpath import PreparedResponse
 from opod.http.nodeclient import WorkerClient, WorkerUnavailable
 from opod.http.upstream import UpstreamResponse, origin, split_url
+from opod.snapshots.policy import Fallback
 
 MAX_ATTEMPTS = 3
 MODEL_HEADER = "X-Opod-Model"
@@ -46,7 +49,7 @@ FIRST_BYTE_TIMEOUT = 120.0
 
 @dataclass(slots=True)
 class Outcome:
-    """How one relayed request ended, reported once to the caller's ``done`` (usage, stats, admission)."""
+    """How one relayed request ended, reported once to its observer (usage, stats, admission)."""
 
     status: int
     outcome: str
@@ -57,31 +60,47 @@ class Outcome:
     tokens_sent: int = 0
 
 
-Done = Callable[[Outcome], None]
+class RelayObserver(Protocol):
+    """One request's bookkeeping, told what the relay does with it (``opod.gateway.exchange.Exchange``)."""
+
+    request_id: str
+    started: float
+    """``time.perf_counter()`` at the request's arrival: the ``Server-Timing`` header counts from it."""
+
+    def decided(self, record: dict) -> None:
+        """The router chose a worker for the next attempt; ``record`` is its ``Decision.record()``."""
+
+    def sent(self) -> None:
+        """An attempt's request has been written, and its upstream works on it."""
+
+    def done(self, outcome: Outcome) -> None:
+        """The request ended (called once, before the client has the end of its answer)."""
+
+
+@dataclass(slots=True)
+class RelayCall:
+    """What is relayed: the body for ``path``, whole or streamed, and who hears how it goes."""
+
+    path: str
+    body: bytes
+    stream: bool
+    strip_usage: bool
+    """The usage-only chunk of a stream is dropped: the client did not ask for it."""
+    observer: RelayObserver
 
 
 class Relay:
-    def __init__(self, fleet: Fleet, workers: WorkerClient) -> None:
+    def __init__(self, fleet: Fleet, workers: WorkerClient, *, index: PrefixIndex, pins: AffinityTable,
+                 local: LocalEngines) -> None:
         self.fleet = fleet
         self.workers = workers
-        self.index = PrefixIndex()
-        self.pins = AffinityTable()
-        self.local: dict[str, Callable[[str], str | None]] = {}
-        """Workers in this process: node id → (model → its engine's base URL, or None when not serving).
+        self.index = index
+        self.pins = pins
+        self.local = local
+        """Workers in this process: their engines are called directly, saving a hop."""
 
-        Their engines are called directly, saving a hop; the engine listens on loopback only.
-        """
-
-    async def forward(
-        self, path: str, route: RouteRequest, body: bytes, *, stream: bool, strip_usage: bool, request_id: str,
-        done: Done, started: float, policy: RoutingPolicy = RoutingPolicy(),
-        decided: Callable[[dict], None] = lambda _: None, on_sent: Callable[[], None] | None = None,
-    ) -> Response:
-        """Relay to the best worker; ``done`` is called once, before the client has the answer's end.
-
-        ``decided`` gets each attempt's routing record (``Decision.record``) before the attempt;
-        ``on_sent`` is called once each attempt's request has been written.
-        """
+    async def forward(self, call: RelayCall, route: RouteRequest, policy: RoutingPolicy = RoutingPolicy()) -> Response:
+        """Relay to the best worker, trying the next one on a failure before the first byte."""
         model = route.model
         tried: list[str] = []
         problems: list[str] = []
@@ -92,9 +111,8 @@ class Relay:
             node = decision.node
             tried.append(node.id)
             record = decision.record()
-            decided(record)
-            answer = await self._attempt(node, path, model, body, stream, strip_usage, request_id, problems, done, started,
-                                         route_header(record), on_sent)
+            call.observer.decided(record)
+            answer = await self._attempt(node, call, model, route_header(record), problems)
             if answer is not None:
                 if policy.prefix_affinity and not decision.blocks and (key := route.pin()):
                     self.pins.pin(key, node.id)  # the index does not place this prefix (yet): the pin does
@@ -105,61 +123,57 @@ class Relay:
             raise NoCapacity(f"No worker is serving {model!r} right now; it may still be loading. Retry shortly.")
         raise NoCapacity(f"No worker could serve {model!r}: {'; '.join(problems)}. Retry shortly.")
 
-    async def _attempt(
-        self,
-        node: NodeState,
-        path: str,
-        model: str,
-        body: bytes,
-        stream: bool,
-        strip_usage: bool,
-        request_id: str,
-        problems: list[str],
-        done: Done,
-        started: float,
-        route: str,
-        on_sent: Callable[[], None] | None,
-    ) -> Response | None:
-        node.in_flight += 1
+    def _where(self, node: NodeState, model: str, request_id: str, path: str) -> tuple[str, dict[str, str]] | None:
+        """The URL to send to and its headers: the engine itself when it is on this machine, else its worker.
+
+        ``None`` when the worker is in this process and serves no engine for ``model``.
+        """
+        engine = self.local.url(node.id, model)
+        if engine is None:
+            if node.id in self.local:
+                return None
+            engine = node.engine_urls.get(model) if node.same_host else None
+        if engine is not None:
+            # The engine is on this machine: call it on loopback, one hop less than through its worker.
+            return engine, {"X-Request-Id": request_id, "Content-Type": "application/json"}
+        headers = self.workers.signed_headers(node, "POST", path)
+        headers.update({MODEL_HEADER: model, "X-Request-Id": request_id, "Content-Type": "application/json"})
+        return node.base_url(), headers
+
+    async def _attempt(self, node: NodeState, call: RelayCall, model: str, route: str, problems: list[str]) -> Response | None:
+        observer = call.observer
+        request_id = observer.request_id
+        lease = self.fleet.lease(node)
         handed_over = False
         resp: UpstreamResponse | None = None
         try:
-            in_process = self.local.get(node.id)
-            engine = in_process(model) if in_process is not None else node.engine_urls.get(model) if node.same_host else None
-            if in_process is not None and engine is None:
+            where = self._where(node, model, request_id, call.path)
+            if where is None:
                 problems.append(f"{node.id}: model_not_loaded")
                 return None
-            if engine is not None:
-                # The engine is on this machine: call it on loopback, one hop less than through its worker.
-                where = origin(engine)
-                headers = {"X-Request-Id": request_id, "Content-Type": "application/json"}
-            else:
-                where = origin(node.base_url())
-                headers = self.workers.signed_headers(node, "POST", path)
-                headers.update({MODEL_HEADER: model, "X-Request-Id": request_id, "Content-Type": "application/json"})
+            url, headers = where
             sent = time.perf_counter()
-            resp = await self.workers.upstream.post(where, path, body, headers, on_sent)
+            resp = await self.workers.upstream.post(origin(url), call.path, call.body, headers, observer.sent)
             if resp.status >= 500 or WORKER_ERROR_HEADER in resp.headers:
                 reason = resp.headers.get(WORKER_ERROR_HEADER) or f"HTTP {resp.status}"
                 detail = (await resp.text())[:200].strip()
                 problems.append(f"{node.id}: {reason}" + (f" ({detail})" if detail else ""))
                 self.fleet.failed(node)
                 return None
-            if not stream or resp.status != 200:
+            if not call.stream or resp.status != 200:
                 data = resp.read_now()
                 if data is None:
                     data = await resp.read()
                 answered = time.perf_counter()
                 self.fleet.succeeded(node)
-                done(Outcome(resp.status, "ok" if resp.status < 400 else "error", node.id, _usage_of(data)))
+                observer.done(Outcome(resp.status, "ok" if resp.status < 400 else "error", node.id, _usage_of(data)))
                 return PreparedResponse(data, resp.status, [
                     (_REQUEST_ID, request_id.encode("latin-1")),
                     (_WORKER, node.id.encode("latin-1")),
                     (_ROUTE, route.encode("latin-1")),
-                    (_TIMING, server_timing(started, sent, answered).encode("latin-1")),
+                    (_TIMING, server_timing(observer.started, sent, answered).encode("latin-1")),
                     (b"content-type", (resp.content_type or "application/json").encode("latin-1")),
                 ])
-            out_headers = {"X-Request-Id": request_id, WORKER_HEADER: node.id, ROUTE_HEADER: route}
             try:
                 first = await asyncio.wait_for(resp.readany(), FIRST_BYTE_TIMEOUT)
                 why = "the answer ended before its first byte"
@@ -172,63 +186,59 @@ class Relay:
             answered = time.perf_counter()
             self.fleet.succeeded(node)
             handed_over = True
-            ttft_ms = int((answered - started) * 1000)
-            out_headers[TIMING_HEADER] = server_timing(started, sent, answered)
-            return StreamingResponse(
-                relay_sse(resp, first, strip_usage, done, ttft_ms, node_id=node.id, on_close=lambda: _leave(node)),
-                media_type="text/event-stream",
-                headers={**out_headers, "Cache-Control": "no-cache"},
-            )
+            ttft_ms = int((answered - observer.started) * 1000)
+            headers = {"X-Request-Id": request_id, WORKER_HEADER: node.id, ROUTE_HEADER: route,
+                       TIMING_HEADER: server_timing(observer.started, sent, answered), "Cache-Control": "no-cache"}
+            return StreamingResponse(relay_sse(resp, first, call.strip_usage, observer.done, ttft_ms, node_id=node.id, lease=lease),
+                                     media_type="text/event-stream", headers=headers)
         except (WorkerUnavailable, TimeoutError, OSError) as err:
             problems.append(f"{node.id}: {err or type(err).__name__}")
             self.fleet.failed(node)
             return None
         finally:
             if not handed_over:
-                node.in_flight -= 1
+                lease.release()
                 if resp is not None:
                     resp.release()
 
-    async def external(
-        self, target, path: str, payload: dict, *, stream: bool, strip_usage: bool, request_id: str, done: Done, started: float,
-        on_sent: Callable[[], None] | None = None,
-    ) -> Response:
+    async def external(self, target: Fallback, call: RelayCall, payload: dict) -> Response:
         """Send the request to the policy's fallback (an OpenAI-compatible base URL such as https://host/v1)."""
+        observer = call.observer
         body = json.dumps({**payload, "model": target.model or payload.get("model")}).encode()
-        headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
+        headers = {"Content-Type": "application/json", "X-Request-Id": observer.request_id}
         if target.key:
             headers["Authorization"] = f"Bearer {target.key}"
         sent = time.perf_counter()
         try:
-            where, target_path = split_url(target.url.rstrip("/") + path.removeprefix("/v1"))
-            resp = await self.workers.upstream.post(where, target_path, body, headers, on_sent)
+            where, target_path = split_url(target.url.rstrip("/") + call.path.removeprefix("/v1"))
+            resp = await self.workers.upstream.post(where, target_path, body, headers, observer.sent)
         except OSError as err:
             raise NoCapacity(f"No worker could serve the request and the fallback at {target.url} did not answer ({err}). Retry shortly.") from None
         if resp.status >= 500:
             detail = (await resp.text())[:200]
             resp.release()
             raise NoCapacity(f"No worker could serve the request and the fallback answered HTTP {resp.status} ({detail}). Retry shortly.")
-        out_headers = {"X-Request-Id": request_id, ROUTE_HEADER: f"fallback={target.url}"}
-        if not stream or resp.status != 200:
+        out_headers = {"X-Request-Id": observer.request_id, ROUTE_HEADER: f"fallback={target.url}"}
+        if not call.stream or resp.status != 200:
             data = await resp.read()
             answered = time.perf_counter()
             resp.release()
-            done(Outcome(resp.status, "ok" if resp.status < 400 else "error", "", _usage_of(data)))
-            out_headers[TIMING_HEADER] = server_timing(started, sent, answered)
+            observer.done(Outcome(resp.status, "ok" if resp.status < 400 else "error", "", _usage_of(data)))
+            out_headers[TIMING_HEADER] = server_timing(observer.started, sent, answered)
             return Response(data, status_code=resp.status, headers=out_headers, media_type=resp.content_type or "application/json")
         first = await resp.readany()
         answered = time.perf_counter()
-        ttft_ms = int((answered - started) * 1000)
-        out_headers[TIMING_HEADER] = server_timing(started, sent, answered)
-        return StreamingResponse(relay_sse(resp, first, strip_usage, done, ttft_ms, source=target.url),
+        ttft_ms = int((answered - observer.started) * 1000)
+        out_headers[TIMING_HEADER] = server_timing(observer.started, sent, answered)
+        return StreamingResponse(relay_sse(resp, first, call.strip_usage, observer.done, ttft_ms, source=target.url),
                                  media_type="text/event-stream", headers={**out_headers, "Cache-Control": "no-cache"})
 
 
-async def relay_sse(resp: UpstreamResponse, first: bytes, strip_usage: bool, done: Done, ttft_ms: int, *,
-                    node_id: str = "", source: str = "", on_close: Callable[[], None] | None = None) -> AsyncIterator[bytes]:
+async def relay_sse(resp: UpstreamResponse, first: bytes, strip_usage: bool, done: Callable[[Outcome], None], ttft_ms: int, *,
+                    node_id: str = "", source: str = "", lease: Lease | None = None) -> AsyncIterator[bytes]:
     """An upstream's SSE answer, passed on as it comes; its outcome is recorded once.
 
-    The upstream is worker ``node_id``, or the fallback URL ``source``.
+    The upstream is worker ``node_id`` (held by ``lease`` until the stream ends), or the fallback URL ``source``.
     ``ok`` at ``[DONE]`` (before the client sees the end of its answer) or at the end of the stream;
     ``error`` when the upstream breaks off (the client gets an error event naming it);
     ``cancelled`` when the client leaves, with the tokens it got.
@@ -262,8 +272,8 @@ async def relay_sse(resp: UpstreamResponse, first: bytes, strip_usage: bool, don
     finally:
         # A client that left raises GeneratorExit/CancelledError here: the tokens it got are what it used.
         report("cancelled", 499)
-        if on_close is not None:
-            on_close()
+        if lease is not None:
+            lease.release()
         resp.release()
 
 
@@ -276,10 +286,6 @@ def server_timing(started: float, sent: float, answered: float) -> str:
     """The ``Server-Timing`` value for an answer whose last attempt was sent at ``sent`` and answered at ``answered``."""
     upstream = answered - sent
     return f"opod;dur={(time.perf_counter() - started - upstream) * 1000:.3f}, upstream;dur={upstream * 1000:.3f}"
-
-
-def _leave(node: NodeState) -> None:
-    node.in_flight -= 1
 
 
 def _usage_of(data: bytes) -> dict | None:

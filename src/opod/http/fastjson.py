@@ -1,8 +1,8 @@
 """JSON on the request path: orjson, with the standard library for the values orjson refuses.
 
 Each ``/v1`` request writes two journal lines and a route record and reads its answer's usage;
-with the standard library that was about a tenth of the leader's CPU per request. orjson does
-the same work in a fifth of the time. It refuses a few things the standard library takes (text
+with the standard library that was a visible share of the leader's CPU per request, and orjson
+does the same work in a fraction of the time. It refuses a few things the standard library takes (text
 with lone surrogates, integers past 64 bits, NaN on input), so those fall back, and the
 result is the same JSON either way.
 """

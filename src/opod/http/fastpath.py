@@ -10,27 +10,35 @@ Two layers, one table of (method, path) → handler:
   no ``Expect``, nothing pipelined ahead of it) is read whole and handed to its
   handler directly, and the handler's response is written to the socket in one
   piece (or, when streamed, in chunks as they come). That skips the ASGI
-  messages, the per-request event and cycle objects, and the header checks:
-  about 5 % of the leader's CPU per relayed request at 487 req/s. Any other
+  messages, the per-request event and cycle objects, and the header checks
+  (the data-plane bench measures what that saves). Any other
   request takes uvicorn's usual way to the same :class:`FastPath` app, so the
   two ways answer alike.
 
 A streamed answer whose client goes away is cancelled, as Starlette cancels it:
 the stream's own cleanup reports the tokens that were sent.
 
-The shortcut reads uvicorn's per-connection state (``parser``, ``url``,
-``headers``, ``scope``, ``cycle``, ``flow``, ``tasks``); ``tests/test_fastpath.py``
-checks on a real socket that requests still take it and answer alike.
+The shortcut stands on uvicorn's internals: :class:`FastHttpProtocol` subclasses
+its private httptools protocol and reads that protocol's per-connection state.
+Everything it reads is named in :data:`UVICORN_INTERNALS` and checked by
+:func:`uvicorn_seam_problems`, which ``tests/http/test_fastpath.py`` runs, so an
+upgrade that moves them fails by name; the same tests check on a real socket
+that requests still take the short way and answer alike.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from typing import cast
 
+import uvicorn
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+from uvicorn.protocols.http import httptools_impl
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -49,7 +57,7 @@ class ReadRequest(Request):
     ``header_map`` holds the headers as a dictionary of raw bytes, built once.
     """
 
-    def __init__(self, scope: dict, body: bytes) -> None:
+    def __init__(self, scope: Scope, body: bytes) -> None:
         super().__init__(scope)
         self._body = body
         self.header_map = header_map(scope["headers"])
@@ -74,26 +82,26 @@ def read_whole(request: Request) -> bytes | None:
 
 
 class PreparedResponse(Response):
-    """A whole answer whose header lines are bytes already: Starlette's Response without building them again."""
+    """A whole answer given its header lines as bytes (lower-case names), which Starlette adds unchanged.
+
+    Starlette's own ``init_headers`` sets the framing (``content-length``); a relayed
+    answer's other headers are known as bytes already, so they are not encoded again.
+    """
 
     def __init__(self, body: bytes, status_code: int, raw_headers: list[tuple[bytes, bytes]]) -> None:
-        self.status_code = status_code
-        self.background = None
-        self.body = body
-        if status_code >= 200 and status_code not in (204, 304):
-            raw_headers.append((b"content-length", b"%d" % len(body)))
-        self.raw_headers = raw_headers
+        super().__init__(body, status_code)
+        self.raw_headers += raw_headers
 
 
 class FastPath:
-    def __init__(self, routes: Mapping[tuple[str, str], Handler], app) -> None:
+    def __init__(self, routes: Mapping[tuple[str, str], Handler], app: ASGIApp) -> None:
         self.routes = dict(routes)
         self.app = app
         self.targets: dict[tuple[bytes, bytes], tuple[Handler, str, str]] = {}
         """(method, request target) as received → (handler, method, path), for targets that name a hot route
         exactly (no query, nothing escaped): the server's per-request lookup. Bounded by the routes."""
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             handler = self.routes.get((scope["method"], scope["path"]))
             if handler is not None:
@@ -113,7 +121,7 @@ class _Exchange:
 
     __slots__ = ("handler", "scope", "body", "keep_alive", "response_complete", "disconnected", "streaming", "task")
 
-    def __init__(self, handler: Handler, scope: dict, keep_alive: bool) -> None:
+    def __init__(self, handler: Handler, scope: Scope, keep_alive: bool) -> None:
         self.handler = handler
         self.scope = scope
         self.body: list[bytes] = []
@@ -132,8 +140,44 @@ class _Exchange:
             self.task.cancel()
 
 
+UVICORN_INTERNALS = {
+    "attributes": ("app", "loop", "parser", "tasks", "transport", "flow", "url", "headers", "scope", "cycle",
+                   "expect_100_continue"),
+    "methods": ("connection_made", "on_header", "on_headers_complete", "on_body", "on_message_complete",
+                "on_response_complete"),
+    "connection_lost": ("self.cycle.disconnected = True", "self.cycle.message_event.set()"),
+}
+"""What :class:`FastHttpProtocol` reads or overrides of uvicorn's ``HttpToolsProtocol``: its per-connection
+attributes, the parser callbacks it overrides, and how a lost connection tells the request in progress
+(``cycle``, which a hot request's :class:`_Exchange` stands in for)."""
+
+
+def uvicorn_seam_problems() -> list[str]:
+    """What of :data:`UVICORN_INTERNALS` the installed uvicorn no longer has; empty when the seam holds."""
+    problems = []
+    source = inspect.getsource(HttpToolsProtocol)
+    for name in UVICORN_INTERNALS["attributes"]:
+        if f"self.{name} =" not in source and f"self.{name}:" not in source:
+            problems.append(f"HttpToolsProtocol no longer sets self.{name}")
+    for name in UVICORN_INTERNALS["methods"]:
+        if not callable(getattr(HttpToolsProtocol, name, None)):
+            problems.append(f"HttpToolsProtocol has no method {name}()")
+    lost = inspect.getsource(HttpToolsProtocol.connection_lost)
+    for line in UVICORN_INTERNALS["connection_lost"]:
+        if line not in lost:
+            problems.append(f"HttpToolsProtocol.connection_lost no longer does {line!r}")
+    status_line = getattr(httptools_impl, "STATUS_LINE", None)
+    ok_line = status_line.get(200) if isinstance(status_line, dict) else None
+    if not isinstance(ok_line, bytes) or not ok_line.startswith(b"HTTP/1.1 200"):
+        problems.append("httptools_impl.STATUS_LINE is no longer a dict of status → b'HTTP/1.1 <code> ...' lines")
+    for name in ("get_http_version", "get_method", "should_upgrade", "should_keep_alive"):
+        if not hasattr(httptools_impl.httptools.HttpRequestParser, name):
+            problems.append(f"httptools' HttpRequestParser has no {name}()")
+    return [f"uvicorn {uvicorn.__version__}: {p}" for p in problems]
+
+
 class FastHttpProtocol(HttpToolsProtocol):
-    def connection_made(self, transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         app = self.app
         self.hot_routes: dict[tuple[str, str], Handler] = app.routes if isinstance(app, FastPath) else {}
@@ -159,7 +203,7 @@ class FastHttpProtocol(HttpToolsProtocol):
         if self.hot is None:
             super().on_headers_complete()
         else:
-            self.cycle = self.hot
+            self.cycle = self.hot  # type: ignore[assignment]  # uvicorn reads only what _Exchange has (UVICORN_INTERNALS)
 
     def _hot_exchange(self) -> _Exchange | None:
         """The short way's exchange for this request, or None when it must take uvicorn's usual way."""
@@ -171,23 +215,24 @@ class FastHttpProtocol(HttpToolsProtocol):
         if self.body_chunked or (length is not None and (not length.isdigit() or int(length) > BODY_LIMIT)):
             return None
         url, raw_method = self.url, self.parser.get_method()
+        scope = cast(Scope, self.scope)
         known = self.hot_targets.get((raw_method, url))
         if known is not None:
             handler, method, path = known
-            self.scope.update(method=method, path=path, raw_path=url, query_string=b"")
-            return _Exchange(handler, self.scope, self.parser.should_keep_alive())
+            scope.update(method=method, path=path, raw_path=url, query_string=b"")
+            return _Exchange(handler, scope, self.parser.should_keep_alive())
         raw_path, _, query = url.partition(b"?")
         if b"%" in raw_path or b"#" in url:
             return None  # escaped paths and fragments are uvicorn's to decode
         method = raw_method.decode("ascii")
-        handler = self.hot_routes.get((method, raw_path.decode("latin-1")))
-        if handler is None:
+        found = self.hot_routes.get((method, raw_path.decode("latin-1")))
+        if found is None:
             return None
         path = raw_path.decode("ascii")
         if not query and b"?" not in url:
-            self.hot_targets[raw_method, url] = (handler, method, path)
-        self.scope.update(method=method, path=path, raw_path=raw_path, query_string=query)
-        return _Exchange(handler, self.scope, self.parser.should_keep_alive())
+            self.hot_targets[raw_method, url] = (found, method, path)
+        scope.update(method=method, path=path, raw_path=raw_path, query_string=query)
+        return _Exchange(found, scope, self.parser.should_keep_alive())
 
     def on_body(self, body: bytes) -> None:
         if self.hot is None:
@@ -228,9 +273,9 @@ class FastHttpProtocol(HttpToolsProtocol):
             return
         self._complete(hot)
 
-    def _head(self, hot: _Exchange, response: Response, extra: bytes = b"") -> list[bytes]:
+    def _head(self, hot: _Exchange, response: Response, extra: bytes = b"") -> list[bytes | memoryview]:
         status = response.status_code
-        out = [STATUS_LINE[status]]
+        out: list[bytes | memoryview] = [STATUS_LINE[status]]
         for name, value in response.raw_headers:
             out += (name, b": ", value, b"\r\n")
         if extra:
@@ -258,8 +303,8 @@ class FastHttpProtocol(HttpToolsProtocol):
             async for chunk in iterator:
                 if hot.disconnected:
                     return
-                if isinstance(chunk, str):
-                    chunk = chunk.encode(response.charset)
+                if not isinstance(chunk, bytes):
+                    chunk = chunk.encode(response.charset) if isinstance(chunk, str) else bytes(chunk)
                 if chunk:
                     self.transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
                     if self.flow.write_paused:

@@ -13,7 +13,6 @@ from typing import Any, Protocol
 import aiohttp
 
 from opod.http.upstream import Upstreams
-from opod.security.signer import Signer
 
 CONNECT_TIMEOUT = 3.0
 
@@ -30,14 +29,25 @@ class NodeAddress(Protocol):
     def base_url(self) -> str: ...
 
 
+class NodeSigner(Protocol):
+    """Signs one node identity's calls (``opod.security.signer.Signer``): a fresh nonce each time."""
+
+    def headers(self, method: str, path: str) -> dict[str, str]: ...
+
+
+SignerFactory = Callable[[str, str], NodeSigner]
+"""(node id, node token) → its signer; the composition root passes ``opod.security.signer.Signer``."""
+
+
 class WorkerUnavailable(Exception):
     """The worker could not be reached, or its token is gone."""
 
 
 class WorkerClient:
-    def __init__(self, token_for: Callable[[str], str | None]) -> None:
+    def __init__(self, token_for: Callable[[str], str | None], signer: SignerFactory) -> None:
         self._token_for = token_for
-        self._signers: dict[tuple[str, str], Signer] = {}
+        self._new_signer = signer
+        self._signers: dict[tuple[str, str], NodeSigner] = {}
         self._session: aiohttp.ClientSession | None = None
         self.upstream = Upstreams(CONNECT_TIMEOUT)
         """Keep-alive connections for relaying ``/v1`` requests to workers and same-host engines."""
@@ -62,7 +72,7 @@ class WorkerClient:
         key = (node.id, token)
         signer = self._signers.get(key)
         if signer is None:
-            signer = self._signers[key] = Signer(node.id, token)
+            signer = self._signers[key] = self._new_signer(node.id, token)
         return signer.headers(method, path)
 
     async def call_json(

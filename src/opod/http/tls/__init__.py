@@ -1,8 +1,7 @@
 """TLS for opod: the leader's HTTPS public listener, and workers identified by client certificates.
 
 - :mod:`opod.http.tls.server`: :class:`~opod.http.tls.server.LeaderTLS`, the listener's context, rebuilt
-  when the auth file's ``nodeCertCa`` changes; :func:`opod.leader.tls.enable_leader_tls`
-  wires it to a leader.
+  when the auth file's ``nodeCertCa`` changes; the leader builds it when ``OPOD_TLS_CERT`` is set.
 - :mod:`opod.http.tls.peer`: what the handshake proved about the peer, carried in the ASGI scope.
 - :mod:`opod.http.tls.protocol`: the uvicorn protocol that puts it there.
 - :mod:`opod.http.tls.identity`: the node a certificate names, judged against the auth file's policy.

@@ -36,7 +36,8 @@ def worker_context(leader_ca: str | None = None, cert: str | Path | None = None,
             else:
                 context.load_verify_locations(cafile=str(Path(leader_ca).expanduser()))
         except (ssl.SSLError, ValueError) as err:
-            raise TLSClientError(f"OPOD_LEADER_CA: not a PEM certificate ({err.reason or err}); give the leader's CA certificate, -----BEGIN CERTIFICATE----- …") from None
+            why = (err.reason if isinstance(err, ssl.SSLError) else None) or err
+            raise TLSClientError(f"OPOD_LEADER_CA: not a PEM certificate ({why}); give the leader's CA certificate, -----BEGIN CERTIFICATE----- …") from None
         except OSError as err:  # after SSLError, which is an OSError too
             raise TLSClientError(f"OPOD_LEADER_CA: cannot read {leader_ca!r}: {err.strerror or err}; give the path of the leader's CA certificate (PEM) or the PEM itself") from None
     else:

@@ -59,11 +59,11 @@ class _SwitchingContext(ssl.SSLContext):
     def __init__(self, owner: LeaderTLS) -> None:
         self._owner = owner
 
-    def wrap_bio(self, incoming, outgoing, server_side=False, server_hostname=None, session=None):  # type: ignore[override]
+    def wrap_bio(self, incoming, outgoing, server_side=False, server_hostname=None, session=None):
         return self._owner.current().wrap_bio(incoming, outgoing, server_side=server_side,
                                               server_hostname=server_hostname, session=session)
 
-    def wrap_socket(self, sock, *args, **kwargs):  # type: ignore[override]
+    def wrap_socket(self, sock, *args, **kwargs):
         return self._owner.current().wrap_socket(sock, *args, **kwargs)
 
 

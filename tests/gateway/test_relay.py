@@ -1,0 +1,176 @@
+"""A /v1 request through a gateway built as the leader builds it, to a simulated engine on this machine:
+the answer, its usage row, the worker given back, and the next worker after a failure before the first byte."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+
+from opod.access.keytable import KeyTable
+from opod.contract import nodeapi
+from opod.contract.adminapi import PlanSnapshot, PolicyAdmission
+from opod.fleet.affinity import AffinityTable
+from opod.fleet.local import LocalEngines
+from opod.fleet.models import ModelRegistry
+from opod.fleet.prefix_index import PrefixIndex
+from opod.fleet.state import Fleet
+from opod.gateway.admission import Admission, fleet_capacity
+from opod.gateway.app import Gateway
+from opod.gateway.guardrails import Guardrails
+from opod.gateway.prefix import PrefixHasher
+from opod.gateway.relay import Relay
+from opod.http.fastpath import FastPath
+from opod.http.nodeclient import WorkerClient
+from opod.http.serving import Listener, bind, serve
+from opod.ledger.records import UsageTicket
+from opod.security.signer import Signer
+from opod.sim import SimConfig, running
+from opod.snapshots.policy import PolicyView
+
+MODEL = "sim-model"
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Say something."}], "max_tokens": 8}
+
+
+@dataclass
+class Row:
+    request_id: str
+    model: str
+    ended: dict = field(default_factory=dict)
+
+
+class Usage:
+    """The ledger's side of the gateway (the edge here): rows begun and ended."""
+
+    def __init__(self) -> None:
+        self.rows: list[Row] = []
+
+    def begin(self, *, request_id: str, api_key_id: str, user_id: str, model: str, protocol: str) -> UsageTicket:
+        self.rows.append(Row(request_id, model))
+        return UsageTicket(str(len(self.rows) - 1), request_id, api_key_id, user_id, model, protocol, 0)
+
+    def end(self, ticket: UsageTicket, **ended: object) -> None:
+        self.rows[int(ticket.entry)].ended = dict(ended)
+
+
+class NoFiles:
+    def current_policy(self) -> PolicyView | None:
+        return None
+
+    def current_plan(self) -> PlanSnapshot | None:
+        return None
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[str]:
+    # Tokens 30 ms apart: a stream is still coming while the test looks at the fleet.
+    config = SimConfig(port=0, models=(MODEL,), ttft_ms=0.0, prefill_ms_per_token=0.0, itl_ms=30.0, itl_ms_per_request=0.0)
+    with running(config) as handle:
+        yield handle.url
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def join(fleet: Fleet, node_id: str, address: str, queue: int = 0) -> None:
+    fleet.register(nodeapi.RegisterRequest(id=node_id, address=address, boot_id="b"), "t", nodeapi.Capabilities(engine="sim"))
+    fleet.heartbeat(nodeapi.Heartbeat(id=node_id, boot_id="b", loaded_models=[MODEL], slots=4,
+                                      load=nodeapi.EngineLoad(queue_depth=queue)))
+
+
+@dataclass
+class Setup:
+    fleet: Fleet
+    local: LocalEngines
+    gateway: Gateway
+    usage: Usage
+    client: httpx.AsyncClient
+
+
+@pytest.fixture
+async def setup() -> AsyncIterator[Setup]:
+    fleet, local, usage = Fleet(), LocalEngines(), Usage()
+    workers = WorkerClient(lambda _: "node-token", Signer)
+    index = PrefixIndex()
+    relay = Relay(fleet, workers, index=index, pins=AffinityTable(), local=local)
+    gateway = Gateway(
+        fleet=fleet, models=ModelRegistry(), keys=KeyTable(), relay=relay,
+        admission=Admission(fleet_capacity(fleet), PolicyAdmission(hold_ms=5000)), usage=usage,
+        prefix=PrefixHasher(fleet, index, workers), policies=NoFiles(), guardrails=Guardrails(), require_keys=False,
+    )
+    # Served as the leader's public listener serves /v1: the hot routes' short way in front of Starlette.
+    sock = bind("127.0.0.1", 0, "the test's public listener")
+    stop = asyncio.Event()
+    server = asyncio.create_task(serve([Listener(FastPath(gateway.handlers(), Starlette(routes=gateway.routes())), sock, "public")], stop))
+    await asyncio.sleep(0.05)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{sock.getsockname()[1]}") as client:
+        yield Setup(fleet, local, gateway, usage, client)
+    stop.set()
+    await server
+    await gateway.guardrails.close()
+    await workers.close()
+
+
+def in_flight(setup: Setup) -> dict[str, int]:
+    return {node.id: node.in_flight for node in setup.fleet}
+
+
+async def test_an_answer_is_relayed_recorded_once_and_the_worker_given_back(setup: Setup, sim: str) -> None:
+    join(setup.fleet, "here", "127.0.0.1:1")
+    setup.local.attach("here", lambda model: sim if model == MODEL else None)
+    response = await setup.client.post("/v1/chat/completions", json=CHAT, headers={"X-Request-Id": "r1"})
+    assert response.status_code == 200, response.text
+    assert response.headers["x-opod-worker"] == "here" and response.headers["x-request-id"] == "r1"
+    assert int(response.headers["content-length"]) == len(response.content)
+    assert response.json()["choices"][0]["message"]["content"]
+    [row] = setup.usage.rows
+    assert row.request_id == "r1" and row.ended["outcome"] == "ok" and row.ended["node_id"] == "here"
+    assert row.ended["completion_tokens"] > 0 and row.ended["route"]["worker"] == "here"
+    assert in_flight(setup) == {"here": 0}
+    assert setup.gateway.admission.stats()[MODEL].in_use == 0
+
+
+async def test_a_stream_holds_its_worker_until_it_ends(setup: Setup, sim: str) -> None:
+    join(setup.fleet, "here", "127.0.0.1:1")
+    setup.local.attach("here", lambda model: sim)
+    async with setup.client.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as response:
+        assert response.status_code == 200
+        assert in_flight(setup) == {"here": 1}
+        events = [line async for line in response.aiter_lines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    # The client did not ask for usage: the chunk opod asked for to count tokens is not passed on.
+    assert not any('"usage"' in e and not json.loads(e[6:]).get("choices") for e in events[:-1])
+    [row] = setup.usage.rows
+    assert row.ended["outcome"] == "ok" and row.ended["completion_tokens"] > 0 and row.ended["ttft_ms"] >= 0
+    assert in_flight(setup) == {"here": 0}
+
+
+async def test_a_worker_that_cannot_be_reached_hands_the_request_to_the_next(setup: Setup, sim: str) -> None:
+    join(setup.fleet, "gone", f"127.0.0.1:{closed_port()}")  # the least loaded: tried first
+    join(setup.fleet, "here", "127.0.0.1:1", queue=3)
+    setup.local.attach("here", lambda model: sim)
+    response = await setup.client.post("/v1/chat/completions", json=CHAT)
+    assert response.status_code == 200 and response.headers["x-opod-worker"] == "here"
+    [row] = setup.usage.rows
+    assert row.ended["outcome"] == "ok" and row.ended["node_id"] == "here"
+    assert in_flight(setup) == {"gone": 0, "here": 0}
+
+
+async def test_an_in_process_worker_without_the_model_is_a_503_that_says_so(setup: Setup) -> None:
+    join(setup.fleet, "here", "127.0.0.1:1")
+    setup.local.attach("here", lambda model: None)  # its engine is not serving yet
+    response = await setup.client.post("/v1/chat/completions", json=CHAT)
+    assert response.status_code == 503 and "Retry-After" in response.headers
+    assert "here: model_not_loaded" in response.json()["error"]["message"]
+    [row] = setup.usage.rows
+    assert row.ended["outcome"] == "error"
+    assert in_flight(setup) == {"here": 0}
