@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -15,6 +16,24 @@ from tests.support.opod_process import Leader, http, opod_cli, wait_until
 def _models(leader: Leader, key: str) -> tuple[int, object]:
     status, _, body = http("GET", leader.url + "/v1/models", key=key)
     return status, body
+
+
+def test_a_keys_last_use_is_recorded_after_a_v1_request(tmp_path: Path) -> None:
+    leader = Leader(tmp_path / "home", worker=False, extra=["--no-default-models"])
+    try:
+        created = json.loads(opod_cli(leader, "token", "create", "--name", "app", "--json").stdout)
+        assert "last_used_at" not in created, "a key nobody used has no last use"
+        assert _models(leader, created["secret"])[0] == 200
+
+        def last_used() -> str | None:
+            status, rows = leader.admin("GET", "/api/v1/keys")
+            assert status == 200 and isinstance(rows, list)
+            return next(r for r in rows if r["id"] == created["id"]).get("last_used_at")
+
+        stamp = wait_until(last_used, 20, "the key's last use to show in the listing")
+        assert stamp >= created["created_at"]
+    finally:
+        leader.process.stop()
 
 
 def test_api_keys_are_created_listed_expired_and_revoked_at_once(tmp_path: Path) -> None:

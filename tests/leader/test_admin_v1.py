@@ -17,7 +17,7 @@ from tests.support.opod_process import Leader, OpodProcess, clean_env, free_port
 MODEL = "sim-chat"
 
 
-def test_every_frozen_route_is_served_by_the_real_app(tmp_path: Path) -> None:
+async def test_every_frozen_route_is_served_by_the_real_app(tmp_path: Path) -> None:
     leader = InProcessLeader.open(LeaderSettings(home=tmp_path, default_models=False))
     try:
         app = leader.public_app()
@@ -29,7 +29,7 @@ def test_every_frozen_route_is_served_by_the_real_app(tmp_path: Path) -> None:
         missing = [(r.method, r.path) for r in frozen_routes() if (r.method, r.path) not in served]
         assert missing == [], f"frozen routes not served: {missing}"
     finally:
-        leader.store.close()
+        await leader.close()
 
 
 @pytest.fixture(scope="module")

@@ -6,21 +6,33 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
 
-from opod.access.keytable import KeyTable
+from opod.access.service import AccessService
+from opod.fleet.affinity import AffinityTable
+from opod.fleet.local import LocalEngines
 from opod.fleet.models import ModelRegistry
+from opod.fleet.prefix_index import PrefixIndex
 from opod.fleet.state import Fleet
+from opod.gateway.admission import Admission, fleet_capacity
 from opod.gateway.app import Gateway
+from opod.gateway.guardrails import Guardrails
+from opod.gateway.prefix import PrefixHasher
 from opod.gateway.relay import Relay
 from opod.http.nodeclient import WorkerClient
 from opod.http.serving import QuietServer, bind
+from opod.ledger import Ledger
+from opod.security.nodetokens import NodeTokenMinter
+from opod.security.signer import Signer
+from opod.snapshots.service import SnapshotPaths, Snapshots
+from opod.store import Store
 
 
 def write_atomic(path: Path, content: Any) -> None:
@@ -82,7 +94,29 @@ async def serving(app: Any) -> AsyncIterator[str]:
         sock.close()
 
 
-def gateway_app(keys: KeyTable, require_keys: bool = True) -> Starlette:
-    fleet = Fleet()
-    gateway = Gateway(fleet, ModelRegistry(), keys, Relay(fleet, WorkerClient(lambda _: None)), require_keys)
-    return Starlette(routes=gateway.routes())
+def open_access(home: Path) -> AccessService:
+    """The leader's access service over a SQLite store in ``home`` (opened again after a close: a restart)."""
+    home.mkdir(parents=True, exist_ok=True)
+    return AccessService.load(Store.open(home=home), NodeTokenMinter(secrets.token_bytes(32)))
+
+
+@contextlib.contextmanager
+def gateway_app(access: AccessService, home: Path, require_keys: bool = True, snapshots: Snapshots | None = None) -> Iterator[Starlette]:
+    """The real ``/v1`` gateway reading ``access``'s key table, with no worker behind it.
+
+    Give the test's ``snapshots`` when it has them: a second set would apply its own (empty) policy.
+    """
+    policies = snapshots if snapshots is not None else Snapshots(access, paths=SnapshotPaths())
+    ledger = Ledger.open(access.store, home / "gateway")
+    try:
+        fleet, index = Fleet(), PrefixIndex()
+        workers = WorkerClient(lambda _: None, Signer)
+        relay = Relay(fleet, workers, index=index, pins=AffinityTable(), local=LocalEngines())
+        gateway = Gateway(
+            fleet=fleet, models=ModelRegistry(), keys=access.keys, relay=relay, admission=Admission(fleet_capacity(fleet)),
+            usage=ledger, prefix=PrefixHasher(fleet, index, workers), policies=policies,
+            guardrails=Guardrails(), require_keys=require_keys,
+        )
+        yield Starlette(routes=gateway.routes())
+    finally:
+        ledger.close()

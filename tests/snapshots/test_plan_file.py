@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from opod.access.keytable import KeyTable
+from opod.access.service import AccessService
 from opod.http.errors import GatewayError
 from opod.snapshots.plan import PlanFile
 from opod.snapshots.service import SnapshotPaths, Snapshots
@@ -52,11 +52,11 @@ def test_a_bad_plan_names_the_field(plan: dict, field: str) -> None:
     assert field in str(caught.value)
 
 
-async def test_the_plan_is_watched_and_a_bad_one_keeps_the_last_good(tmp_path: Path) -> None:
+async def test_the_plan_is_watched_and_a_bad_one_keeps_the_last_good(tmp_path: Path, access: AccessService) -> None:
     path = tmp_path / "plan.json"
     write_atomic(path, {"revision": 1, "model": "qwen3-8b"})
     events = Events()
-    snaps = Snapshots(KeyTable(), events, paths=SnapshotPaths(plan=path))
+    snaps = Snapshots(access, events, paths=SnapshotPaths(plan=path))
     await snaps.start()
     try:
         assert snaps.plan.loadz() == (1, "qwen3-8b")

@@ -8,6 +8,10 @@ arrive as one whole snapshot that replaces the previous one in a single
 assignment, so a reader sees the old set or the new one, never a mix; the file
 never touches a local key.
 
+Only :class:`opod.access.service.AccessService` changes the table; the others read it.
+A key that authenticates is noted in memory (a set add) and the service writes
+the notes to the store in batches, off the request path.
+
 Tombstones (the auth file's ``revokedKeys``) only ever grow: an id once
 tombstoned is refused for as long as this table lives, and the auth file
 persists them so a restart does not lift them either.
@@ -75,6 +79,8 @@ class KeyTable:
         self._auth: AuthState | None = None
         """None until an auth file is applied: then the leader's own settings hold."""
         self._tombstones: frozenset[str] = frozenset()
+        self._used: set[str] = set()
+        """Ids of local keys that authenticated since the last :meth:`take_used`."""
         self.max_snapshot_age_sec = 0
         """The policy's ``auth.maxSnapshotAgeSec``; 0 = fail-static (serve from any snapshot age)."""
 
@@ -176,7 +182,18 @@ class KeyTable:
                 raise StaleSnapshot(stale)
         if entry.expires_at is not None and entry.expires_at <= datetime.now(UTC):
             raise Unauthorized(f"API key {entry.id} expired at {entry.expires_at:%Y-%m-%d %H:%M} UTC; ask for a new one.")
+        if entry.source == LOCAL:
+            self._used.add(entry.id)
         return entry
+
+    def take_used(self) -> set[str]:
+        """The local keys that authenticated since the last call (the auth file's keys are not stored here)."""
+        used, self._used = self._used, set()
+        return used
+
+    def return_used(self, ids: Iterable[str]) -> None:
+        """Put back ids whose use could not be stored, so the next batch carries them."""
+        self._used.update(ids)
 
     def authenticate(self, authorization: str | None, default_require: bool) -> KeyEntry | None:
         """The gateway's check: the caller's key entry, or None for an anonymous request that is allowed.

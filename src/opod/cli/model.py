@@ -25,6 +25,7 @@ def add(
     """Add a model; unless --no-load, it is loaded on a worker and kept loaded across restarts."""
     if gguf is not None and model:
         raise fail("give either an ID/hf:OWNER/REPO or --gguf PATH, not both")
+    body: dict[str, object]
     if gguf is not None:
         if not gguf.is_file():
             raise fail(f"--gguf {gguf}: no such file")

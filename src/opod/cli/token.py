@@ -47,13 +47,13 @@ def list_keys(
         typer.echo(json.dumps(rows, indent=2))
         return
     table = Table(box=None, pad_edge=False, header_style="bold")
-    for column in ("ID", "NAME", "PREFIX", "STATE", "CREATED", "EXPIRES") + (("NODE",) if node else ()):
+    # A key's last use is recorded when it authenticates a request; node tokens sign calls instead.
+    for column in ("ID", "NAME", "PREFIX", "STATE", "CREATED", "EXPIRES") + (("NODE",) if node else ("LAST USED",)):
         table.add_column(column, no_wrap=True)
     for row in rows:
         cells = [row["id"], row["name"], row["prefix"] + "…", row["state"], row["created_at"][:19].replace("T", " "),
                  (row.get("expires_at") or "never")[:19].replace("T", " ")]
-        if node:
-            cells.append(row.get("node_id") or "")
+        cells.append(row.get("node_id") or "" if node else (row.get("last_used_at") or "never")[:19].replace("T", " "))
         table.add_row(*cells)
     out.print(table)
     if not rows:

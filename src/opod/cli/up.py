@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 import typer
 import uvloop
 
 from opod import __version__, config
 from opod.cli.common import fail, out, setup_logging
+
+if TYPE_CHECKING:
+    from opod.leader.run import UpSettings
 
 
 def command(
@@ -40,15 +46,17 @@ def command(
 
     setup_logging(verbose)
     home = config.home()
+    tls_cert, tls_key = config.read("OPOD_TLS_CERT"), config.read("OPOD_TLS_KEY")
+    if bool(tls_cert) != bool(tls_key):
+        raise fail("OPOD_TLS_CERT and OPOD_TLS_KEY go together: set both to serve HTTPS, or neither")
     try:
         settings = UpSettings(
             leader=LeaderSettings(home=home, database_url=config.read("OPOD_DATABASE_URL"), require_keys=not open_access,
-                                  default_models=not no_default_models),
+                                  default_models=not no_default_models,
+                                  tls_cert=Path(tls_cert) if tls_cert else None, tls_key=Path(tls_key) if tls_key else None),
             listen=parse_listen(listen or config.read("OPOD_LISTEN") or "0.0.0.0:8080", "0.0.0.0", "--listen"),
             admin_listen=parse_listen(admin_listen or config.read("OPOD_ADMIN_LISTEN") or "127.0.0.1:9090", "127.0.0.1", "--admin-listen"),
             probe_listen=parse_listen(probe, "0.0.0.0", "OPOD_PROBE_LISTEN") if (probe := config.read("OPOD_PROBE_LISTEN")) else None,
-            tls_cert=config.read("OPOD_TLS_CERT"),
-            tls_key=config.read("OPOD_TLS_KEY"),
             worker=None if no_worker else WorkerSettings(
                 leader_url="", token="", home=home, engine=engine, threads=threads, flags=engine_flags(),
                 listen=parse_listen(worker_listen or config.read("OPOD_WORKER_LISTEN") or "127.0.0.1:8081", "127.0.0.1", "--worker-listen"),
@@ -61,19 +69,16 @@ def command(
     uvloop.run(_run(settings))
 
 
-async def _run(settings) -> None:
+async def _run(settings: UpSettings) -> None:
     from opod.http.serving import ListenError
     from opod.http.tls.server import TLSConfigError
     from opod.leader.run import Up
 
-    if bool(settings.tls_cert) != bool(settings.tls_key):
-        raise fail("OPOD_TLS_CERT and OPOD_TLS_KEY go together: set both to serve HTTPS, or neither")
     up = Up(settings, say=lambda line: out.print(line))
     try:
         await up.start()
     except (ListenError, RuntimeError, ValueError, TLSConfigError) as error:
         raise fail(str(error)) from None
-    assert up.leader is not None
     public, admin = up.listeners[0], up.listeners[1]
     host, port = settings.listen
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
@@ -86,7 +91,7 @@ async def _run(settings) -> None:
         out.print(f"[bold]admin key[/] (shown once; also in {settings.leader.home / 'admin.key'}, mode 0600):")
         out.print(f"  {up.leader.new_admin_key}")
     if up.worker is not None:
-        out.print(f"local worker {up.worker.node_id} on {up.worker.listener.address} with engine {settings.worker.engine}")
+        out.print(f"local worker {up.worker.node_id} on {up.worker.listener.address} with engine {up.worker.settings.engine}")
     chat_model = up.leader.models.default_for("chat")
     if chat_model:
         example = (f"curl {public.scheme}://{shown}:{public.port}/v1/chat/completions -H \"Authorization: Bearer $(cat {settings.leader.home / 'admin.key'})\" "

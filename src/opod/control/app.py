@@ -43,7 +43,7 @@ def create_app(ctx: ControlContext) -> FastAPI:
             return JSONResponse({"error": "send a JSON body with Content-Type: application/json"}, status_code=415)
         if request.url.path.startswith("/api/") and request.url.path != "/api/v1/openapi.json":
             try:
-                ctx.keys.check(request.headers.get("authorization"), kinds=("admin",))
+                ctx.access.keys.check(request.headers.get("authorization"), kinds=("admin",))
             except Unauthorized as err:
                 return JSONResponse({"error": err.message.replace("API key", "admin key") + " The admin key is in ~/.opod/admin.key."}, status_code=401)
         response = await call_next(request)

@@ -2,37 +2,32 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
-from opod.access.keytable import KeyTable
-from opod.access.nodetokens import NodeTokenBook
+from opod.access.service import AccessService
 from opod.catalog import Catalog
 from opod.fleet.models import ModelRegistry
 from opod.fleet.state import Fleet
+from opod.store import Store
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class ControlContext:
-    store: Any
-    """The leader's ``opod.store.Store`` (synchronous; called off the event loop)."""
-    keys: KeyTable
-    tokens: NodeTokenBook
+    store: Store
+    """Synchronous: called through :func:`opod.access.offloop.run_sync`."""
+    access: AccessService
+    """The one writer of keys and node tokens."""
     fleet: Fleet
     models: ModelRegistry
     catalog: Catalog
     models_changed: Callable[[], None]
     model_status: Callable[[str], str]
-    emit: Callable[[str, str, dict], None] = lambda *_: None
-    forget_node: Callable[[str], None] = lambda _: None
+    emit: Callable[[str, str, dict], None]
+    forget_node: Callable[[str], None]
     """Drop what the leader derived from a node (its cached prefix blocks)."""
-
-    async def db(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return await asyncio.to_thread(getattr(self.store, method), *args, **kwargs)
 
 
 class ControlError(Exception):

@@ -14,9 +14,11 @@ from pathlib import Path
 from fastapi import APIRouter
 from pydantic import BaseModel
 
-from opod.contract.catalog import ID_PATTERN, Entry, Source
+from opod.access.offloop import run_sync
+from opod.contract.catalog import ID_PATTERN, Entry, Hardware, Source
 from opod.control.context import ControlContext, ControlError
 from opod.fleet.models import ANY_NODE, KnownModel
+from opod.store import Wanted
 
 
 class ModelAddRequest(BaseModel):
@@ -72,7 +74,7 @@ def entry_for(ctx: ControlContext, body: ModelAddRequest) -> Entry:
         return Entry(
             id=name, display_name=name, description=body.description or "served by the engine simulator",
             source=Source(type="file", path="(simulated)"), size_bytes=1, context_window=8192,
-            capabilities=["chat", "embedding", "rerank"], recommended_engines=["llamacpp"], hardware={"min_ram_gb": 0},
+            capabilities=["chat", "embedding", "rerank"], recommended_engines=["llamacpp"], hardware=Hardware(min_ram_gb=0),
             tags=["simulated"], license="unknown",
         )
     if not body.source:
@@ -99,7 +101,7 @@ def entry_for(ctx: ControlContext, body: ModelAddRequest) -> Entry:
         raise ControlError(400, f"name: {name!r} must be lower-case letters, digits, '-' and '.'")
     return Entry(
         id=name, display_name=name, description=body.description, source=source, size_bytes=max(size, 1),
-        context_window=4096, capabilities=["chat"], recommended_engines=["llamacpp"], hardware={"min_ram_gb": 1},
+        context_window=4096, capabilities=["chat"], recommended_engines=["llamacpp"], hardware=Hardware(min_ram_gb=1),
         tags=["added"], license="unknown", released="",
     )
 
@@ -140,13 +142,13 @@ def router(ctx: ControlContext) -> APIRouter:
         if ctx.models.active(entry.id) is not None:
             raise ControlError(409, f"model {entry.id!r} is already added; remove it first or choose another name")
         in_catalog = ctx.catalog.get(entry.id) is entry
-        await ctx.db(
-            "add_model", entry.id, source_json=json.dumps(entry.source.to_wire()),
+        await run_sync(
+            ctx.store.add_model, entry.id, source_json=json.dumps(entry.source.to_wire()),
             entry_json=None if in_catalog else entry.to_json(), engine=body.engine,
         )
         model = KnownModel(id=entry.id, entry=entry, engine=body.engine)
         if body.load:
-            await ctx.db("set_placement", entry.id, ANY_NODE, "loaded")
+            await run_sync(ctx.store.set_placement, entry.id, ANY_NODE, "loaded")
             model.wanted[ANY_NODE] = "loaded"
         ctx.models.put(model)
         ctx.models_changed()
@@ -165,13 +167,13 @@ def router(ctx: ControlContext) -> APIRouter:
     async def unload(name: str, body: PlacementRequest | None = None) -> ModelView:
         return await place(name, (body.node if body else "") or ANY_NODE, "unloaded")
 
-    async def place(name: str, node: str, wanted: str) -> ModelView:
+    async def place(name: str, node: str, wanted: Wanted) -> ModelView:
         model = known(name)
         if node != ANY_NODE and ctx.fleet.get(node) is None:
             raise ControlError(404, f"node {node!r} is not known; `opod node ls` lists them")
         targets = [node] if node != ANY_NODE or wanted == "loaded" else sorted({ANY_NODE, *model.wanted})
         for target in targets:
-            await ctx.db("set_placement", name, target, wanted)
+            await run_sync(ctx.store.set_placement, name, target, wanted)
             model.wanted[target] = wanted
         ctx.models_changed()
         return view(model)
@@ -179,7 +181,7 @@ def router(ctx: ControlContext) -> APIRouter:
     @api.delete("/api/v1/models/{name}")
     async def delete_model(name: str) -> dict:
         model = known(name)
-        await ctx.db("remove_model", name)
+        await run_sync(ctx.store.remove_model, name)
         model.wanted = {ANY_NODE: "unloaded"}
         model.removed = True
         ctx.models_changed()

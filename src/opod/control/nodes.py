@@ -7,6 +7,7 @@ import time
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
+from opod.access.offloop import run_sync
 from opod.contract import nodeapi
 from opod.control.context import ControlContext, ControlError
 from opod.fleet.liveness import takes_new_work
@@ -98,10 +99,10 @@ def router(ctx: ControlContext) -> APIRouter:
         live, _ = takes_new_work(node, time.monotonic())
         if live and node.loaded_models:
             raise ControlError(409, f"node {node_id!r} is live and serving {', '.join(sorted(node.loaded_models))}; stop its worker first")
+        await run_sync(ctx.store.delete_node, node_id)
         ctx.fleet.remove(node_id)
-        ctx.tokens.unbind(node_id)
+        ctx.access.forget_node(node_id)
         ctx.forget_node(node_id)
-        await ctx.db("delete_node", node_id)
         ctx.emit("node.removed", node_id, {})
         return {"removed": node_id}
 

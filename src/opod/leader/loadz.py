@@ -30,11 +30,11 @@ def compute(fleet: Fleet, stats: GatewayStats, plan: adminapi.PlanSnapshot | Non
     model = plan.model if plan is not None else ""
     holders = _holders(fleet, model)
     live = [n for n in holders if takes_new_work(n, now)[0]]
-    reporting = [n for n in live if n.load is not None and now_wall - n.load.sampled_at < SAMPLE_MAX_AGE]
+    reporting = [n.load for n in live if n.load is not None and now_wall - n.load.sampled_at < SAMPLE_MAX_AGE]
     unhealthy = [n for n in holders if n.engine is not None and n.engine.word in (nodeapi.EngineStateWord.CRASH_LOOPING, nodeapi.EngineStateWord.STOPPED)]
     p50, p95 = stats.ttft_percentiles()
-    kv = [n.load.kv_used_pct for n in reporting]  # type: ignore[union-attr]
-    hits = [n.load.prefix_hit_pct for n in reporting]  # type: ignore[union-attr]
+    kv = [sample.kv_used_pct for sample in reporting]
+    hits = [sample.prefix_hit_pct for sample in reporting]
     load = adminapi.Load(
         plan_revision=plan.revision if plan is not None else 0,
         plan_model=model,
@@ -44,8 +44,8 @@ def compute(fleet: Fleet, stats: GatewayStats, plan: adminapi.PlanSnapshot | Non
         last_request_unix=stats.last_request_unix,
         ts=int(now_wall),
         kv_used_pct=max(kv) if kv else 0.0,
-        queue_depth=sum(n.load.queue_depth for n in reporting),  # type: ignore[union-attr]
-        tokens_per_s=sum(n.load.tokens_per_s for n in reporting),  # type: ignore[union-attr]
+        queue_depth=sum(sample.queue_depth for sample in reporting),
+        tokens_per_s=sum(sample.tokens_per_s for sample in reporting),
         prefix_hit_pct=sum(hits) / len(hits) if hits else 0.0,
         workers=len(live),
         reporting=len(reporting),
@@ -63,7 +63,7 @@ def compute(fleet: Fleet, stats: GatewayStats, plan: adminapi.PlanSnapshot | Non
 def _worst(nodes: list[NodeState]) -> str:
     looping = [n for n in nodes if n.engine is not None and n.engine.word is nodeapi.EngineStateWord.CRASH_LOOPING]
     chosen = (looping or nodes)[:1]
-    if not chosen or chosen[0].engine is None:
+    engine = chosen[0].engine if chosen else None
+    if engine is None:
         return ""
-    node = chosen[0]
-    return f"{node.id}: {node.engine.state}" + (f": {node.engine.detail}" if node.engine.detail else "")
+    return f"{chosen[0].id}: {engine.state}" + (f": {engine.detail}" if engine.detail else "")

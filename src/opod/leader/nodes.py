@@ -18,29 +18,37 @@ the worker to register again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
-import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import ParamSpec, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from opod.access.nodetokens import LOCAL_TOKEN_ID, NodeTokenBook
+from opod.access.nodetokens import LOCAL_TOKEN_ID
+from opod.access.offloop import run_sync
+from opod.access.service import AccessService
 from opod.contract import nodeapi
 from opod.contract.nodeauth import HEADER, AuthRefused, Refusal, SignedHeader
 from opod.contract.wire import WireError
 from opod.fleet.prefix_index import PrefixIndex
-from opod.fleet.state import Fleet
+from opod.fleet.state import Fleet, NodeState
 from opod.http.tls.identity import CertRefused, certificate_identity, certificates_checked, required_refusal
 from opod.http.tls.peer import connection_of
 from opod.http.tls.policy import NodeMtls
+from opod.leader.adminv1.context import Emit, admin_error_response
+from opod.store import Store
 
 log = logging.getLogger("opod.leader")
+
+W = TypeVar("W", bound=nodeapi.WireModel)
+P = ParamSpec("P")
 
 BODY_CAP = 4 << 20
 TOUCH_EVERY = 30.0
@@ -53,18 +61,13 @@ def _loopback(host: str) -> bool:
         return host == "localhost"
 
 
-def admin_error(status: int, message: str, kind: str) -> Response:
-    """The leader's own error shape on /admin/v1: ``{"error": {"message", "type"}}``."""
-    return Response(json.dumps({"error": {"message": message, "type": kind}}), status_code=status, media_type="application/json")
-
-
 def refusal_response(err: AuthRefused) -> Response:
     status = 403 if err.reason in (Refusal.UNKNOWN_NODE, Refusal.REPLAYED) else 401
-    return admin_error(status, str(err), "unauthorized" if status == 401 else "forbidden")
+    return admin_error_response(status, str(err), "unauthorized" if status == 401 else "forbidden")
 
 
 def cert_refusal_response(err: CertRefused) -> Response:
-    response = admin_error(err.status, str(err), err.kind)
+    response = admin_error_response(err.status, str(err), err.kind)
     if err.status == 421:
         # Make the client drop this connection, so its retry gets a fresh handshake.
         response.headers["Connection"] = "close"
@@ -93,26 +96,50 @@ class _Caller:
 
 
 class NodeRegistry:
+    """The join paths. ``node_mtls`` is the auth file's worker-certificate policy now
+    (``AuthFile.node_mtls``); on a leader without TLS it is never enforced."""
+
     def __init__(
         self,
         fleet: Fleet,
-        tokens: NodeTokenBook,
-        persist: Callable[[str, dict], Awaitable[None]],
+        access: AccessService,
+        store: Store,
         on_change: Callable[[], None],
-        emit: Callable[[str, str, dict], None] = lambda *_: None,
-        index: PrefixIndex | None = None,
+        emit: Emit,
+        index: PrefixIndex,
+        node_mtls: Callable[[], NodeMtls],
     ) -> None:
         self.fleet = fleet
-        self.tokens = tokens
-        self._persist = persist
+        self.access = access
+        self.tokens = access.tokens
+        self.store = store
         self._on_change = on_change
         self._emit = emit
         self._index = index
+        self.node_mtls = node_mtls
         self._touched: dict[str, float] = {}
         self._silent: set[str] = set()
-        self.node_mtls: Callable[[], NodeMtls] = NodeMtls
-        """The auth file's worker-certificate policy now; ``opod.leader.tls.enable_leader_tls`` connects it.
-        The default (off) leaves the token the only credential."""
+        self._writes: set[asyncio.Task[None]] = set()
+        """Last-seen writes in flight: held so none is collected mid-way, cancelled at :meth:`close`."""
+
+    async def close(self) -> None:
+        """Cancel the last-seen writes still in flight (the next start reads heartbeats afresh)."""
+        writes, self._writes = self._writes, set()
+        for task in writes:
+            task.cancel()
+        for task in writes:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _store_quietly(self, what: str, call: Callable[P, object], /, *args: P.args, **kwargs: P.kwargs) -> None:
+        """Write to the store off the event loop; a failure is logged, never raised into a worker's call.
+
+        The fleet in memory is already right, and the node's next register or heartbeat writes again.
+        """
+        try:
+            await run_sync(call, *args, **kwargs)
+        except Exception as err:
+            log.warning("storing %s failed: %s", what, err)
 
     def routes(self) -> list[Route]:
         return [
@@ -120,7 +147,7 @@ class NodeRegistry:
             Route(nodeapi.PATH_HEARTBEAT, self.heartbeat, methods=["POST"]),
         ]
 
-    async def _body(self, request: Request, kind: type[nodeapi.WireModel]):
+    async def _body(self, request: Request, kind: type[W]) -> W:
         data = await request.body()
         if len(data) > BODY_CAP:
             raise WireError(kind.__name__, [f"body is larger than {BODY_CAP >> 20} MiB"])
@@ -138,7 +165,7 @@ class NodeRegistry:
         if cert_id is None and policy.mode == "require" and certificates_checked(policy):
             local = self._own_worker(request, value, registering)
             if local is None:
-                raise _Refused(admin_error(401, required_refusal(), "unauthorized"))
+                raise _Refused(admin_error_response(401, required_refusal(), "unauthorized"))
             return local
         if cert_id is not None and value is None:
             return _Caller(cert_id, None, None, by_cert=True)
@@ -146,7 +173,7 @@ class NodeRegistry:
         # binds the token the leader signs its calls to this worker with.
         header, token_id = self.tokens.check(value, "POST", request.url.path, registering=registering)
         if cert_id is not None and header.node_id != cert_id:
-            raise _Refused(admin_error(
+            raise _Refused(admin_error_response(
                 403, f"the client certificate names node {cert_id!r} but the signature is node {header.node_id!r}", "forbidden"))
         return _Caller(header.node_id, header, token_id, by_cert=cert_id is not None)
 
@@ -165,7 +192,7 @@ class NodeRegistry:
         if body_id == caller.node_id:
             return None
         what = "the client certificate names" if caller.by_cert else "the signature is"
-        return admin_error(403, f"the body names node {body_id!r} but {what} node {caller.node_id!r}", "forbidden")
+        return admin_error_response(403, f"the body names node {body_id!r} but {what} node {caller.node_id!r}", "forbidden")
 
     async def register(self, request: Request) -> Response:
         try:
@@ -178,14 +205,14 @@ class NodeRegistry:
             log.warning("register refused: %s", err)
             return refusal_response(err)
         except WireError as err:
-            return admin_error(400, str(err), "invalid_request")
+            return admin_error_response(400, str(err), "invalid_request")
         mismatch = self._body_names(caller, req.id)
         if mismatch is not None:
             return mismatch
         if not req.address:
-            return admin_error(400, "RegisterRequest: address: required (host:port the leader can dial)", "invalid_request")
+            return admin_error_response(400, "RegisterRequest: address: required (host:port the leader can dial)", "invalid_request")
         if caller.token_id is not None:
-            self.tokens.bind(req.id, caller.token_id)
+            self.access.bind_node(req.id, caller.token_id)
         # A certificate-only register keeps the token the node joined with before, if any.
         token_id = caller.token_id or self.tokens.token_id_of(req.id)
         node = self.fleet.register(req, token_id or "", hardware)
@@ -196,12 +223,11 @@ class NodeRegistry:
         self._emit("node.registered", req.id, event)
         log.info("node %s registered from %s (engine %s, by %s)", node.id, node.address, hardware.engine or "unstated", caller.credential)
         now = datetime.now(UTC)
-        await self._persist(
-            "upsert_node",
-            dict(
-                id=req.id, hostname=req.hostname, os=req.os, arch=req.arch, ram_gb=req.ram_gb, address=req.address,
-                hardware_json=req.hardware_json or "{}", boot_id=req.boot_id, token_id=token_id, at=now,
-            ),
+        # The node's row also keeps which token it joined with: the binding outlives a restart.
+        await self._store_quietly(
+            f"node {req.id}", self.store.upsert_node,
+            req.id, hostname=req.hostname, os=req.os, arch=req.arch, ram_gb=req.ram_gb, address=req.address,
+            hardware_json=req.hardware_json or "{}", boot_id=req.boot_id, token_id=token_id, at=now,
         )
         self._on_change()
         body = nodeapi.RegisterResponse(status=nodeapi.Status.REGISTERED, id=req.id)
@@ -215,10 +241,10 @@ class NodeRegistry:
             return refused.response
         except AuthRefused as err:
             if err.reason is Refusal.UNKNOWN_NODE and self.fleet.get(err.node_id) is None and self.tokens.token_id_of(err.node_id) is None:
-                return admin_error(404, str(err), "not_found")
+                return admin_error_response(404, str(err), "not_found")
             return refusal_response(err)
         except WireError as err:
-            return admin_error(400, str(err), "invalid_request")
+            return admin_error_response(400, str(err), "invalid_request")
         mismatch = self._body_names(caller, hb.id)
         if mismatch is not None:
             return mismatch
@@ -226,17 +252,20 @@ class NodeRegistry:
         models_before = before.loaded_models if before else None
         node = self.fleet.heartbeat(hb)
         if node is None:
-            return admin_error(404, f"node {hb.id!r} is not registered with this leader; register first", "not_found")
+            return admin_error_response(404, f"node {hb.id!r} is not registered with this leader; register first", "not_found")
         self._report_changes(node, hb, models_before)
         if hb.kv_blocks is not None and self._index is not None:
             self._index.apply(node.id, node.boot_id, hb.kv_blocks)
         now = time.monotonic()
         if now - self._touched.get(node.id, 0.0) > TOUCH_EVERY:
             self._touched[node.id] = now
-            asyncio.get_running_loop().create_task(self._persist("touch_node", dict(id=node.id, at=datetime.now(UTC))))
+            task = asyncio.create_task(
+                self._store_quietly(f"node {node.id}'s last-seen time", self.store.touch_node, node.id, datetime.now(UTC)))
+            self._writes.add(task)
+            task.add_done_callback(self._writes.discard)
         return Response(nodeapi.HeartbeatResponse(status=nodeapi.Status.OK).to_json(), media_type="application/json")
 
-    def _report_changes(self, node, hb: nodeapi.Heartbeat, before: frozenset[str] | None) -> None:
+    def _report_changes(self, node: NodeState, hb: nodeapi.Heartbeat, before: frozenset[str] | None) -> None:
         """Events for what this heartbeat changed: models on the node, and the engine going silent or back."""
         if hb.loaded_models is None:
             if node.id not in self._silent:

@@ -8,7 +8,8 @@ the probe routes alone, so nothing else can leak onto it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -18,19 +19,25 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from opod import __version__
+from opod.access.keytable import KeyTable
 from opod.contract import nodeapi
 from opod.http.errors import Unauthorized
-from opod.http.fastpath import FastPath
+from opod.http.fastpath import FastPath, Handler
 from opod.leader.adminv1.context import AdminContext, AdminError
 from opod.leader.adminv1.routes import loadz_response, router
-
-if TYPE_CHECKING:
-    from opod.leader.leader import Leader
 
 SIGNED_PATHS = frozenset({nodeapi.PATH_REGISTER, nodeapi.PATH_HEARTBEAT})
 
 
-def probe_routes(leader: Leader, ctx: AdminContext) -> list[Route]:
+class DataPath(Protocol):
+    """What the public app needs of the ``/v1`` gateway: its routes, and the same as hot-route handlers."""
+
+    def routes(self) -> list[Route]: ...
+
+    def handlers(self) -> Mapping[tuple[str, str], Handler]: ...
+
+
+def probe_routes(ctx: AdminContext) -> list[Route]:
     metrics = CollectorRegistry()
     workers_gauge = Gauge("opod_workers_live", "Workers taking new work", registry=metrics)
     models_gauge = Gauge("opod_models_served", "Models served by at least one live worker", registry=metrics)
@@ -40,10 +47,10 @@ def probe_routes(leader: Leader, ctx: AdminContext) -> list[Route]:
         return PlainTextResponse("ok\n")
 
     async def readyz(request: Request) -> Response:
-        served = sorted(leader.fleet.served_models())
+        served = sorted(ctx.fleet.served_models())
         if served:
             return JSONResponse({"ready": True, "models": served})
-        wanted = [m.id for m in leader.models if m.wants_loaded()]
+        wanted = [m.id for m in ctx.models if m.wants_loaded()]
         why = f"no live worker serves a model yet (waiting for: {', '.join(wanted)})" if wanted else "no model is loaded; add one with opod model add"
         return JSONResponse({"ready": False, "reason": why}, status_code=503, headers={"Retry-After": "5"})
 
@@ -51,8 +58,8 @@ def probe_routes(leader: Leader, ctx: AdminContext) -> list[Route]:
         return loadz_response(ctx)
 
     async def metrics_endpoint(request: Request) -> Response:
-        workers_gauge.set(len(leader.fleet.live()))
-        models_gauge.set(len(leader.fleet.served_models()))
+        workers_gauge.set(len(ctx.fleet.live()))
+        models_gauge.set(len(ctx.fleet.served_models()))
         in_flight.set(ctx.stats.in_flight)
         return Response(generate_latest(metrics), media_type="text/plain; version=0.0.4")
 
@@ -64,8 +71,8 @@ def probe_routes(leader: Leader, ctx: AdminContext) -> list[Route]:
     ]
 
 
-def public_app(leader: Leader, ctx: AdminContext):
-    assert leader.gateway is not None and leader.registry is not None
+def public_app(ctx: AdminContext, keys: KeyTable, join_routes: list[Route], data_path: DataPath) -> FastPath:
+    """``/v1`` from ``data_path``, the join paths, the probes and ``/admin/v1`` behind the admin key in ``keys``."""
     app = FastAPI(title="opod", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.middleware("http")
@@ -74,7 +81,7 @@ def public_app(leader: Leader, ctx: AdminContext):
         if not path.startswith("/admin/v1/") or path in SIGNED_PATHS:
             return await call_next(request)
         try:
-            leader.keys.check(request.headers.get("authorization"), kinds=("admin",))
+            keys.check(request.headers.get("authorization"), kinds=("admin",))
         except Unauthorized as err:
             message = err.message.replace("API key", "admin key") + " The admin key is in ~/.opod/admin.key on the leader."
             return AdminError(401, message, "unauthorized").response()
@@ -94,10 +101,10 @@ def public_app(leader: Leader, ctx: AdminContext):
 
     # Routes are added one by one (not include_router) so the app's route table lists every
     # /admin/v1 path itself: the frozen-route test walks it.
-    for route in [*probe_routes(leader, ctx), *leader.registry.routes(), *leader.gateway.routes(), *router(ctx).routes]:
+    for route in [*probe_routes(ctx), *join_routes, *data_path.routes(), *router(ctx).routes]:
         app.router.routes.append(route)
-    return FastPath(leader.gateway.handlers(), app)
+    return FastPath(data_path.handlers(), app)
 
 
-def probe_app(leader: Leader, ctx: AdminContext) -> Starlette:
-    return Starlette(routes=probe_routes(leader, ctx))
+def probe_app(ctx: AdminContext) -> Starlette:
+    return Starlette(routes=probe_routes(ctx))

@@ -123,8 +123,8 @@ class Reconciler:
         if busy:
             return []
         for node in sorted(candidates, key=lambda n: (len(n.loaded_models), n.id)):
-            attempt = self.attempts.get((model.id, node.id))
-            if attempt is not None and attempt.error and now - attempt.started < attempt.retry_after():
+            tried = self.attempts.get((model.id, node.id))
+            if tried is not None and tried.error and now - tried.started < tried.retry_after():
                 continue
             if model.engine and node.engine_id and model.engine != node.engine_id:
                 continue

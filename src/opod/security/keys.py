@@ -29,4 +29,6 @@ def display_prefix(plaintext: str) -> str:
 
 
 def new_key_id(kind: str) -> str:
-    return f"{kind[0]}_{secrets.token_hex(6)}"
+    """A fresh id for a stored key: ``t_<16 hex>`` for a node token (it is part of the token's text,
+    ``sk-node-<id>.…``, and tells a token from a key in a listing), ``k_<16 hex>`` for the others."""
+    return ("t_" if kind == "node" else "k_") + secrets.token_hex(8)

@@ -1,17 +1,17 @@
-"""The auth file (``OPOD_AUTH_FILE``) applied to the gateway's key table.
+"""The auth file (``OPOD_AUTH_FILE``) applied to the gateway's key table through the access service.
 
 Keys from the file enter as ``k_cp_<id>`` (usage rows name them so), with
 their expiry, class and team; the whole set replaces the previous file's in one
 swap, so a key removed from the file stops working at once. Locally minted
 keys are never touched. ``revokedKeys`` are tombstones: once seen they are
 refused for good, even when a later file omits the id or lists the key again,
-and they are handed to the lead's persistence (the store's meta table) before
-they take effect in memory, so a restart does not lift them.
+and :class:`~opod.access.service.AccessService` stores them before they take
+effect in memory, so a restart does not lift them.
 
 Worker client certificates (``nodeMtls``, ``nodeCertCa``, ``revokedCerts``) are
 parsed, validated and held here, and enforced by :mod:`opod.http.tls` on a leader
-whose public listener serves TLS (``client_certs_verified``, set by
-:meth:`AuthFile.verify_client_certs`). Without that listener nothing can check a
+whose public listener serves TLS (``client_certs_verified``, decided when the
+leader is built). Without that listener nothing can check a
 certificate: ``allow`` is held but changes nothing (the join token stays the
 credential, and the event says so), and ``require`` is refused with a reason
 rather than pretended.
@@ -19,21 +19,17 @@ rather than pretended.
 
 from __future__ import annotations
 
-import json
-import logging
 import ssl
-from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from opod.access.keytable import SNAPSHOT, KeyEntry, KeyTable, snapshot_key_id
+from opod.access.keytable import SNAPSHOT, KeyEntry, snapshot_key_id
+from opod.access.service import AccessService
 from opod.contract.adminapi import AuthSnapshot
 from opod.http.tls.policy import NodeMtls
 from opod.snapshots.parsing import decode, rfc3339
 from opod.snapshots.watch import SnapshotError
-
-log = logging.getLogger("opod.snapshots")
 
 _HEX = frozenset("0123456789abcdef")
 
@@ -70,35 +66,6 @@ def _node_mtls(snap: AuthSnapshot, client_certs_verified: bool) -> NodeMtls:
     return NodeMtls(mode, ca, frozenset(snap.revoked_certs or []), enforced=client_certs_verified and mode != "off")
 
 
-# --- tombstone persistence ----------------------------------------------------------------
-
-LoadTombstones = Callable[[], Iterable[str]]
-AddTombstones = Callable[[Collection[str]], None]
-
-TOMBSTONES_META_KEY = "auth_file.revoked_keys"
-
-
-def meta_tombstones(get_meta: Callable[[str], str | None], set_meta: Callable[[str, str], None],
-                    key: str = TOMBSTONES_META_KEY) -> tuple[LoadTombstones, AddTombstones]:
-    """Tombstones kept as a JSON list under one key of the store's meta table (``store.get_meta``, ``store.set_meta``)."""
-
-    def load() -> list[str]:
-        text = get_meta(key)
-        if not text:
-            return []
-        value = json.loads(text)
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ValueError(f"meta {key!r} does not hold a JSON list of key ids")
-        return value
-
-    def add(ids: Collection[str]) -> None:
-        # Read, merge, write: a tombstone is never dropped by a later write.
-        merged = sorted(set(load()) | set(ids))
-        set_meta(key, json.dumps(merged))
-
-    return load, add
-
-
 # --- the applier ----------------------------------------------------------------------------
 
 
@@ -112,31 +79,20 @@ class ParsedAuth:
 
 
 class AuthFile:
-    """Applies auth snapshots to ``keys``. Pass it to a :class:`~opod.snapshots.watch.FileWatcher`."""
+    """Applies auth snapshots through ``access``. Pass it to a :class:`~opod.snapshots.watch.FileWatcher`."""
 
     kind = "auth"
 
-    def __init__(self, keys: KeyTable, *, load_tombstones: LoadTombstones | None = None,
-                 add_tombstones: AddTombstones | None = None, client_certs_verified: bool = False) -> None:
-        self.keys = keys
-        self._add_tombstones = add_tombstones
+    def __init__(self, access: AccessService, *, client_certs_verified: bool = False) -> None:
+        self.access = access
         self.client_certs_verified = client_certs_verified
-        """Set by the lead only once the join path's TLS listener checks worker certificates."""
+        """True when the leader's public listener serves TLS and so can check worker certificates."""
         self._revision: str | None = None
         self._mtls = NodeMtls()
-        if load_tombstones is not None:
-            # Before any file: an id revoked before a restart is refused from the first request on.
-            keys.add_tombstones(load_tombstones())
 
     @property
     def revision(self) -> str | None:
         return self._revision
-
-    def verify_client_certs(self) -> None:
-        """A TLS listener now checks worker certificates: enforce the held policy, and accept ``require`` from now on."""
-        self.client_certs_verified = True
-        if self._mtls.mode != "off" and not self._mtls.enforced:
-            self._mtls = replace(self._mtls, enforced=True)
 
     @property
     def node_mtls(self) -> NodeMtls:
@@ -179,31 +135,24 @@ class AuthFile:
 
     def apply(self, parsed: ParsedAuth) -> dict[str, Any]:
         snap = parsed.snapshot
-        new = parsed.revoked - self.keys.tombstones
-        persisted = True
-        if new and self._add_tombstones is not None:
-            try:
-                self._add_tombstones(sorted(new))
-            except Exception as err:  # still refuse them now; say that a restart could forget them
-                persisted = False
-                log.error("could not persist revoked keys %s: %s", sorted(new), err)
-        self.keys.add_tombstones(new)
-        self.keys.apply_snapshot(snap.revision, snap.require_keys, parsed.issued_at, parsed.entries)
+        added = self.access.add_tombstones(parsed.revoked)
+        self.access.apply_auth_file(snap.revision, snap.require_keys, parsed.issued_at, parsed.entries)
         self._mtls = parsed.mtls
         self._revision = snap.revision
-        served = len(self.keys.snapshot_keys())
+        keys = self.access.keys
+        served = len(keys.snapshot_keys())
         data: dict[str, Any] = {
             "revision": snap.revision,
             "keys": served,
             "require_keys": snap.require_keys,
             "issued_at": snap.issued_at,
-            "revoked_keys": len(self.keys.tombstones),
+            "revoked_keys": len(keys.tombstones),
             "node_mtls": parsed.mtls.describe(),
         }
-        if new:
-            data["new_revoked_keys"] = sorted(new)
+        if added.new:
+            data["new_revoked_keys"] = sorted(added.new)
         if len(parsed.entries) != served:
-            data["refused_rows"] = sorted(e.id for e in parsed.entries if e.id in self.keys.tombstones)
-        if not persisted:
+            data["refused_rows"] = sorted(e.id for e in parsed.entries if e.id in keys.tombstones)
+        if not added.persisted:
             data["warning"] = "revoked keys apply now but could not be saved; a restart may forget those the file no longer lists"
         return data

@@ -1,7 +1,9 @@
 """The three mounted files of a leader, wired together: one object for the lead to start and stop.
 
-The policy's ``auth.maxSnapshotAgeSec`` is handed to the key table as each
+The policy's ``auth.maxSnapshotAgeSec`` is handed to the access service as each
 policy applies, so the staleness bound and the keys it guards live side by side.
+The gateway reads the policy and the plan through :meth:`Snapshots.current_policy`
+and :meth:`Snapshots.current_plan`.
 """
 
 from __future__ import annotations
@@ -11,14 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from opod.access.keytable import KeyTable
+from opod.access.service import AccessService
 from opod.contract import env as contract_env
-from opod.snapshots.auth import (
-    REQUIRE_WITHOUT_TLS,
-    AddTombstones,
-    AuthFile,
-    LoadTombstones,
-)
+from opod.contract.adminapi import PlanSnapshot
+from opod.snapshots.auth import AuthFile
 from opod.snapshots.plan import PlanFile
 from opod.snapshots.policy import PolicyFile, PolicyView
 from opod.snapshots.watch import (
@@ -59,65 +57,52 @@ class SnapshotPaths:
 class Snapshots:
     """The auth, policy and plan files of one leader.
 
-    Readers: ``keys`` (the gateway's key table, fed by the auth file),
-    ``policy.view()`` / ``policy.current()``, ``plan.current()`` / ``plan.check_model()``,
-    ``auth.node_mtls``.
+    Built unstarted (so the gateway can be given it); :meth:`start` applies the files and
+    watches them. Readers: :meth:`current_policy`, :meth:`current_plan`, ``auth.node_mtls``,
+    ``policy.subscribe``. ``client_certs_verified`` says the public listener serves TLS,
+    so worker certificates can be checked (and ``nodeMtls: require`` is accepted).
     """
 
-    def __init__(self, keys: KeyTable, emit: Emit = no_events, *, paths: SnapshotPaths | None = None,
-                 load_tombstones: LoadTombstones | None = None, add_tombstones: AddTombstones | None = None,
+    def __init__(self, access: AccessService, emit: Emit = no_events, *, paths: SnapshotPaths | None = None,
                  client_certs_verified: bool = False, interval: float = POLL_INTERVAL) -> None:
-        self.keys = keys
+        self.access = access
         self.paths = paths if paths is not None else SnapshotPaths.from_env()
-        self.auth = AuthFile(keys, load_tombstones=load_tombstones, add_tombstones=add_tombstones,
-                             client_certs_verified=client_certs_verified)
+        self.auth = AuthFile(access, client_certs_verified=client_certs_verified)
         self.policy = PolicyFile()
         self.plan = PlanFile()
         self.policy.subscribe(self._policy_applied)
         self.watchers: list[FileWatcher[Any]] = []
-        self._emit = emit
-        self._interval = interval
-        self._started = False
         for path, applier in ((self.paths.auth, self.auth), (self.paths.policy, self.policy), (self.paths.plan, self.plan)):
             if path is not None:
                 self.watchers.append(FileWatcher(path, applier, emit, interval=interval))
 
     def _policy_applied(self, view: PolicyView) -> None:
-        self.keys.max_snapshot_age_sec = view.max_snapshot_age_sec
+        self.access.set_max_snapshot_age(view.max_snapshot_age_sec)
+
+    def current_policy(self) -> PolicyView | None:
+        """The mounted policy's view, or None while no policy file is applied (opod's own defaults hold)."""
+        return self.policy.view() if self.policy.revision is not None else None
+
+    def current_plan(self) -> PlanSnapshot | None:
+        """The mounted plan, or None: with a plan only its model is served."""
+        return self.plan.current()
 
     async def start(self) -> None:
         """Apply the files present now (policy before auth, so a stale bound holds from the first request), then watch."""
-        self._started = True
         order = {"policy": 0, "auth": 1, "plan": 2}
         for watcher in sorted(self.watchers, key=lambda w: order[w.applier.kind]):
             await watcher.start()
 
     async def stop(self) -> None:
-        self._started = False
         for watcher in self.watchers:
             await watcher.stop()
-
-    async def verify_client_certs(self) -> None:
-        """The leader's TLS listener now checks worker certificates (``opod.leader.tls.enable_leader_tls``).
-
-        The held ``nodeMtls`` becomes enforced. An auth file refused before because it said
-        ``require`` is judged again: a new watcher on the same path reads it afresh.
-        """
-        self.auth.verify_client_certs()
-        for i, watcher in enumerate(self.watchers):
-            refused_for_tls = (watcher.last_error or "").startswith(REQUIRE_WITHOUT_TLS)
-            if watcher.applier is self.auth and self._started and refused_for_tls:
-                await watcher.stop()
-                fresh: FileWatcher[Any] = FileWatcher(watcher.path, self.auth, self._emit, interval=self._interval)
-                self.watchers[i] = fresh
-                await fresh.start()
 
     def status(self) -> dict[str, Any]:
         """Per file: path, revision held, why the newest version is not held; plus the auth snapshot's age."""
         out: dict[str, Any] = {}
         for watcher in self.watchers:
             out[watcher.applier.kind] = {"path": str(watcher.path), "revision": watcher.applier.revision, "error": watcher.last_error}
-        age = self.keys.snapshot_age_sec()
+        age = self.access.keys.snapshot_age_sec()
         out["auth_snapshot_age_sec"] = None if age is None else int(age)
         out["node_mtls"] = self.auth.node_mtls.describe()
         return out

@@ -19,12 +19,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from opod.access.nodetokens import NodeToken
+from opod.access.offloop import run_sync
 from opod.contract import nodeapi
-from opod.http.serving import Listener, bind, serve
+from opod.http.serving import Listener, bind
 from opod.http.tls.server import LeaderTLS
 from opod.leader.leader import Leader, LeaderSettings
-from opod.leader.tls import enable_leader_tls
 from opod.worker.agent import Agent
 from opod.worker.engines import EngineManager
 from opod.worker.supervisor import Supervisor
@@ -106,24 +105,23 @@ async def running_leader(certs: Certs, home: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("OPOD_AUTH_FILE", str(auth_path))
     monkeypatch.setenv("OPOD_POLICY_FILE", "off")
     monkeypatch.setenv("OPOD_PLAN_FILE", "off")
-    leader = await asyncio.to_thread(Leader.open, LeaderSettings(home=home / "leader", default_models=False))
+    settings = LeaderSettings(home=home / "leader", default_models=False, tls_cert=certs.leader.cert, tls_key=certs.leader.key)
+    leader = await run_sync(Leader.open, settings)
+    assert leader.tls is not None, "a leader given a certificate serves HTTPS"
     stop = asyncio.Event()
-    serving = None
+    running = None
     try:
-        await leader.start_snapshots()
-        tls = await enable_leader_tls(leader, certs.leader.cert, certs.leader.key)
-        public = Listener(leader.public_app(), bind("127.0.0.1", 0, "the leader"), "public", ssl=tls.context)
-        serving = asyncio.create_task(serve([public], stop))
-        local_token = await asyncio.to_thread(leader.local_worker_token)
-        leader.tokens.put(NodeToken("t_joiners", "workers joining in tests"))
-        token = leader.tokens.minter.token("t_joiners")
-        yield TLSLeader(leader, tls, f"https://127.0.0.1:{public.port}", auth_path, token, certs, home, local_token)
+        public = Listener(leader.public_app(), bind("127.0.0.1", 0, "the leader"), "public", ssl=leader.tls.context)
+        local_token = await run_sync(leader.access.local_worker_token)
+        _, token = await leader.access.create("node", "workers joining in tests")
+        running = asyncio.create_task(leader.run([public], stop))
+        yield TLSLeader(leader, leader.tls, f"https://127.0.0.1:{public.port}", auth_path, token, certs, home, local_token)
     finally:
         stop.set()
-        if serving is not None:
-            await serving
-        await leader.stop_snapshots()
-        await leader.close()
+        if running is not None:
+            await running
+        else:
+            await leader.close()
 
 
 @pytest.fixture

@@ -1,19 +1,28 @@
-"""What the ``/admin/v1`` handlers work on."""
+"""What the ``/admin/v1`` handlers work on, and the one shape of their errors."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from starlette.responses import Response
 
+from opod.contract import adminapi
 from opod.fleet.models import ModelRegistry
-from opod.fleet.state import Fleet
+from opod.fleet.state import Fleet, NodeState
 from opod.gateway.stats import GatewayStats
 from opod.http.nodeclient import WorkerClient
+from opod.ledger import Ledger
+from opod.shards import ShardManager
+from opod.store import Store
+
+Emit = Callable[[str, str, dict], None]
+
+
+def admin_error_response(status: int, message: str, kind: str = "invalid_request") -> Response:
+    """The leader's error body on /admin/v1 and the join paths: ``{"error": {"message", "type"}}``."""
+    return Response(json.dumps({"error": {"message": message, "type": kind}}), status_code=status, media_type="application/json")
 
 
 class AdminError(Exception):
@@ -24,32 +33,26 @@ class AdminError(Exception):
         self.kind = kind
 
     def response(self) -> Response:
-        return Response(json.dumps({"error": {"message": self.message, "type": self.kind}}), status_code=self.status,
-                        media_type="application/json")
+        return admin_error_response(self.status, self.message, self.kind)
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class AdminContext:
-    store: Any
+    store: Store
     fleet: Fleet
     models: ModelRegistry
     workers: WorkerClient
     stats: GatewayStats
     kick_reconciler: Callable[[], None]
-    emit: Callable[[str, str, dict], None]
-    ledger: Any = None
-    """``opod.ledger.Ledger`` when the streams are available."""
-    shards: Any = None
-    """``opod.shards.ShardManager`` when sharding is available."""
-    plan: Callable[[], Any] = lambda: None
-    prefix_index: Callable[[], Any] = lambda: None
-    tls: Callable[[], bool] = lambda: False
+    emit: Emit
+    ledger: Ledger
+    shards: ShardManager
+    plan: Callable[[], adminapi.PlanSnapshot | None]
+    prefix_index: Callable[[], adminapi.PrefixIndex | None]
+    tls: bool
     """Whether the public listener serves TLS (then worker certificates are verified)."""
 
-    async def db(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return await asyncio.to_thread(getattr(self.store, method), *args, **kwargs)
-
-    def node(self, node_id: str):
+    def node(self, node_id: str) -> NodeState:
         node = self.fleet.get(node_id)
         if node is None:
             raise AdminError(404, f"node {node_id!r} is not known to this leader; GET /admin/v1/nodes lists them", "not_found")

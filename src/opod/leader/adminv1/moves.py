@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 
+from opod.access.offloop import run_sync
 from opod.leader.adminv1.context import AdminContext, AdminError
 
 log = logging.getLogger("opod.leader")
@@ -20,7 +21,7 @@ MOVE_LIMIT = 900.0
 class Mover:
     def __init__(self, ctx: AdminContext) -> None:
         self.ctx = ctx
-        self.moving: dict[str, asyncio.Task] = {}
+        self.moving: dict[str, asyncio.Task[None]] = {}
 
     async def start(self, model_id: str, source: str, target: str) -> dict:
         ctx = self.ctx
@@ -38,7 +39,7 @@ class Mover:
             raise AdminError(409, f"node {target!r} is not taking work now (GET /admin/v1/nodes says why)", "conflict")
         if model_id in self.moving and not self.moving[model_id].done():
             raise AdminError(409, f"{model_id!r} is already moving; wait for model.moved or model.move_failed", "conflict")
-        await ctx.db("set_placement", model_id, target, "loaded")
+        await run_sync(ctx.store.set_placement, model_id, target, "loaded")
         model.wanted[target] = "loaded"
         ctx.emit("model.move_started", model_id, {"from": source, "to": target})
         ctx.kick_reconciler()
@@ -58,7 +59,7 @@ class Mover:
             return
         if model is not None:
             # "Not here" on the source; "anywhere" stays satisfied by the target.
-            await ctx.db("set_placement", model_id, source, "unloaded")
+            await run_sync(ctx.store.set_placement, model_id, source, "unloaded")
             model.wanted[source] = "unloaded"
         ctx.kick_reconciler()
         ctx.emit("model.moved", model_id, {"from": source, "to": target})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -12,14 +13,17 @@ from pydantic import BaseModel
 from starlette.responses import JSONResponse, Response
 
 from opod import __version__
+from opod.access.offloop import run_sync
 from opod.contract import adminapi, nodeapi
 from opod.fleet.liveness import takes_new_work
 from opod.fleet.models import ANY_NODE
+from opod.fleet.state import NodeState
 from opod.http.nodeclient import WorkerUnavailable
 from opod.leader import loadz
 from opod.leader.adminv1.capabilities import capabilities
 from opod.leader.adminv1.context import AdminContext, AdminError
 from opod.leader.adminv1.moves import Mover
+from opod.shards import ShardError
 
 
 def _wire(model: nodeapi.WireModel, status: int = 200) -> Response:
@@ -50,7 +54,7 @@ class ShardCreate(BaseModel):
     shards: int | None = None
 
 
-def node_view(node, now: float) -> dict[str, Any]:
+def node_view(node: NodeState, now: float) -> dict[str, Any]:
     live, why = takes_new_work(node, now)
     return {
         "id": node.id,
@@ -80,10 +84,9 @@ def router(ctx: AdminContext) -> APIRouter:
 
     @api.get("/admin/v1/capabilities")
     async def get_capabilities() -> Response:
-        off = set() if ctx.shards is not None else {"shards"}
-        if not ctx.tls():
-            off |= {"tls_listener", "mtls"}  # worker certificates are verified only on a TLS listener
-        return _wire(capabilities(frozenset(off)))
+        # Worker certificates are verified only on a TLS listener.
+        off = frozenset() if ctx.tls else frozenset({"tls_listener", "mtls"})
+        return _wire(capabilities(off))
 
     @api.get("/admin/v1/nodes")
     async def nodes() -> JSONResponse:
@@ -110,7 +113,7 @@ def router(ctx: AdminContext) -> APIRouter:
 
     async def _drain(node_id: str, drained: bool) -> JSONResponse:
         ctx.node(node_id)
-        await ctx.db("set_drained", node_id, drained)
+        await run_sync(ctx.store.set_drained, node_id, drained)
         ctx.fleet.set_drained(node_id, drained)
         ctx.emit("node.drained" if drained else "node.undrained", node_id, {})
         ctx.kick_reconciler()
@@ -148,7 +151,7 @@ def router(ctx: AdminContext) -> APIRouter:
         node = (body.node if body else "") or ANY_NODE
         if node != ANY_NODE:
             ctx.node(node)
-        await ctx.db("set_placement", model_id, node, "loaded")
+        await run_sync(ctx.store.set_placement, model_id, node, "loaded")
         model.wanted[node] = "loaded"
         ctx.kick_reconciler()
         serving = [n.id for n in ctx.fleet.workers_for(model_id)]
@@ -171,21 +174,22 @@ def router(ctx: AdminContext) -> APIRouter:
         holders = [ctx.node(node_id)] if node_id else ctx.fleet.workers_for(base)
         if not holders:
             raise AdminError(409, f"no live worker holds {base!r}; load it first", "conflict")
-        results = []
+        results: list[dict[str, Any]] = []
+        worst = 0
         for node in holders:
             try:
                 status, answer = await ctx.workers.call_json(node, "POST", path, req.to_wire(), timeout=120)
             except WorkerUnavailable as err:
                 status, answer = 503, str(err)
+            worst = max(worst, status)
             results.append({"node": node.id, "status": status, "answer": answer if isinstance(answer, dict) else str(answer).strip()})
-        worst = max(r["status"] for r in results)
         return JSONResponse({"results": results}, status_code=200 if worst < 400 else worst)
 
     @api.post("/admin/v1/healthcheck")
     async def healthcheck() -> JSONResponse:
         now = time.monotonic()
 
-        async def probe(node) -> dict[str, Any]:
+        async def probe(node: NodeState) -> dict[str, Any]:
             started = time.perf_counter()
             try:
                 async with ctx.workers.session.get(node.base_url() + "/healthz", timeout=aiohttp.ClientTimeout(total=3)) as resp:
@@ -210,49 +214,38 @@ def router(ctx: AdminContext) -> APIRouter:
     @api.get("/admin/v1/usage/stream")
     async def usage_stream(after: int = 0, limit: int | None = None) -> Response:
         _paging(after, limit)
-        if ctx.ledger is None:
-            raise AdminError(503, "the usage stream is not available on this leader", "unavailable")
         return _wire(await ctx.ledger.usage_page(after, limit))
 
     @api.get("/admin/v1/events/stream")
     async def events_stream(after: int = 0, limit: int | None = None) -> Response:
         _paging(after, limit)
-        if ctx.ledger is None:
-            raise AdminError(503, "the event stream is not available on this leader", "unavailable")
         return _wire(await ctx.ledger.events_page(after, limit))
 
-    def _shards():
-        if ctx.shards is None:
-            raise AdminError(501, "sharded models are not available on this leader", "not_supported")
-        return ctx.shards
-
-    async def _shard_call(op, *args, status: int = 200) -> JSONResponse:
-        from opod.shards import ShardError
-
+    async def _shard_call(op: Callable[..., Awaitable[Any]], *args: Any, status: int = 200) -> JSONResponse:
         try:
             result = await op(*args)
         except ShardError as err:
             return JSONResponse(err.to_body(), status_code=err.status)
-        await ctx.db("set_meta", "shards", ctx.shards.to_json())  # gangs survive a leader restart
+        await run_sync(ctx.store.set_meta, "shards", ctx.shards.to_json())  # gangs survive a leader restart
         if isinstance(result, list):
             return JSONResponse([g.model_dump(mode="json") for g in result], status_code=status)
         return JSONResponse(result.model_dump(mode="json"), status_code=status)
 
     @api.get("/admin/v1/shards")
     async def shards_list() -> JSONResponse:
-        return await _shard_call(_shards().list)
+        return await _shard_call(ctx.shards.list)
 
     @api.post("/admin/v1/shards/create")
     async def shards_create(body: ShardCreate) -> JSONResponse:
-        return await _shard_call(_shards().create, body.model, body.shards, status=201)
+        return await _shard_call(ctx.shards.create, body.model, body.shards, status=201)
 
     @api.delete("/admin/v1/shards/{model_id}")
     async def shards_delete(model_id: str) -> JSONResponse:
-        return await _shard_call(_shards().delete, model_id)
+        return await _shard_call(ctx.shards.delete, model_id)
 
     @api.delete("/admin/v1/shards/{model_id}/{gang_id}")
     async def shards_delete_gang(model_id: str, gang_id: str) -> JSONResponse:
-        return await _shard_call(_shards().delete_gang, model_id, gang_id)
+        return await _shard_call(ctx.shards.delete_gang, model_id, gang_id)
 
     return api
 
