@@ -23,7 +23,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from bench import loadgen
@@ -72,7 +72,10 @@ def run_sim(seconds: float, concurrency: int, progress: Progress, flags: dict, l
             rate = min(cap_direct.rps, cap_opod.rps) / 2
             total = int(rate * seconds) * 2
             task = progress.add_task(f"simulator ({label}): open loop at {rate:.0f} req/s", total=total)
-            tick = lambda: progress.advance(task)
+
+            def tick(task: TaskID = task) -> None:
+                progress.advance(task)
+
             open_direct = asyncio.run(loadgen.open_loop(direct + "/v1/chat/completions", body, headers, rate, seconds, seed=1, tick=tick))
             open_opod = asyncio.run(loadgen.open_loop(url + "/v1/chat/completions", body, headers, rate, seconds, seed=1, tick=tick))
         finally:

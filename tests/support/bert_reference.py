@@ -123,7 +123,7 @@ class BertEncoder:
             p = f"encoder.layer.{i}."
             head_dim = x.shape[1] // heads
 
-            def split(t: np.ndarray) -> np.ndarray:
+            def split(t: np.ndarray, head_dim: int = head_dim) -> np.ndarray:
                 return t.reshape(n, heads, head_dim).transpose(1, 0, 2)
 
             q, k, v = (split(self._linear(x, p + f"attention.self.{m}")) for m in ("query", "key", "value"))

@@ -357,7 +357,7 @@ class HubServer:
 
     async def _cdn(self, request: web.Request, sha256: str) -> web.StreamResponse:
         for record in self._repos.values():
-            for name, files in record.revisions.items():
+            for files in record.revisions.values():
                 for path, f in files.items():
                     if f.sha256 == sha256:
                         return await self._body(request, path, f.data, {"ETag": f'"{sha256}"'})

@@ -79,10 +79,10 @@ class OpodProcess:
             self.proc.send_signal(signal.SIGINT)
         try:
             code = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as err:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
-            raise AssertionError(f"{' '.join(self.args)} did not stop within {timeout}s after Ctrl-C; output:\n{self.output}")
+            raise AssertionError(f"{' '.join(self.args)} did not stop within {timeout}s after Ctrl-C; output:\n{self.output}") from err
         self._reader.join(timeout=5)
         return code
 

@@ -197,12 +197,12 @@ class RequestIds:
     def __init__(self, app: Starlette) -> None:
         self.app = app
 
-    async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+    async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
 
-        async def send_with_id(message) -> None:  # type: ignore[no-untyped-def]
+        async def send_with_id(message) -> None:
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers", []))
                 if not any(name.lower() == b"x-request-id" for name, _ in headers):

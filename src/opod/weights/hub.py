@@ -273,7 +273,8 @@ class HubClient:
             for entry in data:
                 if not isinstance(entry, dict) or entry.get("type") != "file":
                     continue
-                lfs = entry.get("lfs") if isinstance(entry.get("lfs"), dict) else {}
+                lfs_entry = entry.get("lfs")
+                lfs: dict[str, Any] = lfs_entry if isinstance(lfs_entry, dict) else {}
                 oid = str(lfs.get("oid") or "").lower()
                 files.append(
                     HubFile(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from opod.weights.bert_gguf import BertShape, write_bert_gguf
 from opod.weights.errors import WeightsError
@@ -56,7 +56,7 @@ def _shape(config: dict[str, Any], where: Path) -> BertShape:
         raise WeightsError(f"{where}: missing {err.args[0]!r}, which a BERT config.json has") from None
 
 
-def _pooling(model_dir: Path) -> str:
+def _pooling(model_dir: Path) -> Literal["mean", "cls"]:
     path = model_dir / "1_Pooling" / "config.json"
     if not path.is_file():
         return "mean"  # sentence-transformers' default for BERT encoders

@@ -19,7 +19,7 @@ from pathlib import Path
 from urllib.parse import urljoin, urlsplit
 
 import aiohttp
-from multidict import CIMultiDict, CIMultiDictProxy
+from multidict import CIMultiDict
 
 from opod.weights.errors import WeightsError
 from opod.weights.files import CHUNK, Progress
@@ -63,7 +63,7 @@ async def open_following(
     url: str,
     headers: Mapping[str, str],
     method: str = "GET",
-    on_first: Callable[[CIMultiDictProxy[str] | CIMultiDict[str]], None] | None = None,
+    on_first: Callable[[CIMultiDict[str]], None] | None = None,
 ) -> tuple[aiohttp.ClientResponse, CIMultiDict[str]]:
     """Send the request and follow redirects; returns the final response (body unread) and the first hop's headers.
 
