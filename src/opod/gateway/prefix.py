@@ -1,10 +1,13 @@
 """A request's prefix, as block hashes the prefix index can look up.
 
 The hashes must be the ones the engine's cache holds, so they come from the
-model's own tokens with its chat template applied, which only the engine
-knows: the leader asks a worker holding the model (``/v1/tokenize``, signed,
-with a short timeout), whatever its engine. No answer in time means no
-hashes: the request is routed by load and the sticky pin instead, never held up.
+model's own tokens with its chat template applied. Where the leader holds the
+engine's tokenizer itself (``LOCAL_TOKENIZERS``: the simulator's, in contract) it
+tokenizes in process; for any other engine it asks a worker holding the model
+(``/v1/tokenize``, signed, with a short timeout). The routing benchmark measures
+the worker's round trip on every request as well beyond its noise, so the local
+way stays where it exists. No answer in time means no hashes: the request is
+routed by load and the sticky pin instead, never held up.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 
 from opod.contract import nodeapi
 from opod.contract.blockhash import block_hashes
+from opod.contract.tokenizer import Tokenizer
 from opod.fleet.prefix_index import PrefixIndex
 from opod.fleet.state import Fleet, NodeState
 from opod.http.nodeclient import WorkerClient, WorkerUnavailable
@@ -25,6 +29,9 @@ MAX_BLOCKS = 256
 """Only a prompt's leading blocks matter for matching; beyond this many the rest is not hashed."""
 TOKENIZE_TIMEOUT = 0.25
 
+LOCAL_TOKENIZERS: dict[str, type[Tokenizer]] = {"sim": Tokenizer}
+"""Engines whose tokenizer (and chat template) the leader has: engine id → tokenizer."""
+
 
 @dataclass(frozen=True, slots=True)
 class _Plan:
@@ -33,6 +40,8 @@ class _Plan:
     holders: list[NodeState]
     block_size: int
     """0: not worth hashing."""
+    local: Tokenizer | None
+    """The tokenizer every holder's engine uses, when the leader has it; None means ask a worker."""
 
 
 class PrefixHasher:
@@ -41,10 +50,17 @@ class PrefixHasher:
         self.index = index
         self.workers = workers
         self._plans: dict[str, _Plan] = {}
+        self._tokenizers: dict[str, Tokenizer] = {}
 
     def hashes_now(self, model: str, payload: dict[str, Any]) -> list[str] | None:
         """``[]`` when hashing would not change where the request goes; ``None`` when a worker must be asked."""
-        return [] if self._plan(model).block_size <= 0 else None
+        plan = self._plan(model)
+        if plan.block_size <= 0:
+            return []
+        if plan.local is None:
+            return None
+        tokens = _local_tokens(plan.local, payload)
+        return self._hash(tokens, plan) if tokens else []
 
     async def hashes(self, model: str, payload: dict[str, Any]) -> list[str]:
         """The request's block hashes; empty when there is nothing to hash or no worker answered in time."""
@@ -70,9 +86,22 @@ class PrefixHasher:
         holders = [n for n in serving if self.index.reports(n.id)]
         # One place to go, or nobody reporting blocks: the hashes would not change where it goes.
         block_size = self.index.block_size([n.id for n in holders]) if len(serving) >= 2 and holders else 0
-        plan = _Plan(serving, self.index.generation, holders, block_size)
+        plan = _Plan(serving, self.index.generation, holders, block_size, self._local_tokenizer(holders))
         self._plans[model] = plan
         return plan
+
+    def _local_tokenizer(self, holders: list[NodeState]) -> Tokenizer | None:
+        engines = {n.engine_id for n in holders}
+        if len(engines) != 1:
+            return None
+        engine = engines.pop()
+        make = LOCAL_TOKENIZERS.get(engine)
+        if make is None:
+            return None
+        tokenizer = self._tokenizers.get(engine)
+        if tokenizer is None:
+            tokenizer = self._tokenizers[engine] = make()
+        return tokenizer
 
     async def _worker_tokens(self, model: str, payload: dict[str, Any], holders: list[NodeState]) -> list[int]:
         messages = payload.get("messages")
@@ -96,3 +125,11 @@ class PrefixHasher:
             return []
         tokens = body.get("tokens")
         return tokens if isinstance(tokens, list) else []
+
+
+def _local_tokens(tokenizer: Tokenizer, payload: dict[str, Any]) -> list[int]:
+    messages = payload.get("messages")
+    if isinstance(messages, list) and messages and all(isinstance(m, dict) for m in messages):
+        return tokenizer.encode_chat(messages)
+    prompt = payload.get("prompt")
+    return tokenizer.encode(prompt) if isinstance(prompt, str) else []
