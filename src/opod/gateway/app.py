@@ -189,7 +189,7 @@ class Gateway:
         exchange.permit = permit
         exchange.route = {"class": str(klass)}
         routing = self.routing_policy(policy)
-        route = await self.route_request(model, payload, routing, exchange.request_id)
+        route = self.route_request(model, payload, routing, exchange.request_id)
         exchange.begin(model)
         call = RelayCall(spec.path, body, stream, strip_usage, exchange)
         try:
@@ -208,12 +208,11 @@ class Gateway:
             self._routing = (view, routing)
         return routing
 
-    async def route_request(self, model: str, payload: dict, routing: RoutingPolicy, request_id: str) -> RouteRequest:
+    def route_request(self, model: str, payload: dict, routing: RoutingPolicy, request_id: str) -> RouteRequest:
         """What the router needs to know about this request: its prefix, its pin, its canary group."""
         route = RouteRequest(model=model)
         if routing.prefix_block_weight:
-            hashes = self.prefix.hashes_now(model, payload)
-            route.hashes = hashes if hashes is not None else await self.prefix.hashes_from_worker(model, payload)
+            route.hashes = self.prefix.hashes(model, payload)
         if routing.prefix_affinity:
             route.payload = payload
         if routing.revisions:

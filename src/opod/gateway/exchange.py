@@ -15,7 +15,7 @@ from typing import Protocol
 from opod.access.keytable import KeyEntry
 from opod.contract.adminapi import SNAPSHOT_KEY_PREFIX
 from opod.gateway.admission import Permit
-from opod.gateway.relay import Outcome
+from opod.gateway.outcome import Outcome
 from opod.gateway.stats import GatewayStats
 from opod.ledger.records import UsageTicket
 

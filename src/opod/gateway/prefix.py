@@ -1,24 +1,32 @@
 """A request's prefix, as block hashes the prefix index can look up.
 
 The hashes must be the ones the engine's cache holds, so they come from the
-model's own tokens with its chat template applied. Where the leader holds the
-engine's tokenizer itself (``LOCAL_TOKENIZERS``: the simulator's, in contract) it
-tokenizes in process; for any other engine it asks a worker holding the model
-(``/v1/tokenize``, signed, with a short timeout). The routing benchmark measures
-the worker's round trip on every request as well beyond its noise, so the local
-way stays where it exists. No answer in time means no hashes: the request is
-routed by load and the sticky pin instead, never held up.
+model's own tokens with its chat template applied, which only a worker holding
+the model can produce (``/v1/tokenize``). Asking on every request would put a
+round trip to a worker in front of every request, which the latency goal cannot
+pay, so the leader learns instead: a request's hashes are looked up in memory,
+by the chain of its leading messages, and when the whole request was not known,
+a worker is asked for its tokens in the background and the answer is kept for
+the requests that come after it. The previous turns of a conversation, and a
+system prompt many conversations share, are what a cache reuses, and those were
+seen before.
+
+A message list the leader learnt also teaches its shorter prefixes: each keeps
+the hashes every continuation seen so far has in common (the one continuation
+seen, until a second one differs). A prefix never seen is not hashed: the
+request is routed by load and the sticky pin, never held up.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
 from opod.contract import nodeapi
 from opod.contract.blockhash import block_hashes
-from opod.contract.tokenizer import Tokenizer
 from opod.fleet.prefix_index import PrefixIndex
 from opod.fleet.state import Fleet, NodeState
 from opod.http.nodeclient import WorkerClient, WorkerUnavailable
@@ -27,10 +35,14 @@ log = logging.getLogger("opod.gateway")
 
 MAX_BLOCKS = 256
 """Only a prompt's leading blocks matter for matching; beyond this many the rest is not hashed."""
-TOKENIZE_TIMEOUT = 0.25
+PREFIXES_KEPT = 50_000
+"""Message prefixes remembered, least recently used forgotten first."""
+LEARNING_AT_ONCE = 8
+"""Tokenize calls in flight; a request seen while all are busy is learnt the next time it comes."""
+TOKENIZE_TIMEOUT = 2.0
+"""Off the request's path, so a slow worker delays only what the leader learns."""
 
-LOCAL_TOKENIZERS: dict[str, type[Tokenizer]] = {"sim": Tokenizer}
-"""Engines whose tokenizer (and chat template) the leader has: engine id → tokenizer."""
+Hashes = tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,42 +52,117 @@ class _Plan:
     holders: list[NodeState]
     block_size: int
     """0: not worth hashing."""
-    local: Tokenizer | None
-    """The tokenizer every holder's engine uses, when the leader has it; None means ask a worker."""
+
+
+@dataclass(slots=True)
+class _Known:
+    own: Hashes | None = None
+    """The hashes of exactly this message list, as a request (generation prompt included)."""
+    shared: Hashes | None = None
+    """What the hashes of every longer message list seen beginning with this one have in common."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Prompt:
+    """A request reduced to what its tokens depend on."""
+
+    model: str
+    keys: list[int]
+    """One key per leading message (or one for a text prompt): ``keys[i]`` names the first ``i + 1``."""
+    messages: list[tuple[str, str]]
+    """The leading text messages, role and content; empty for a text prompt."""
+    text: str = ""
+
+    def request(self) -> nodeapi.TokenizeRequest:
+        if not self.messages:
+            return nodeapi.TokenizeRequest(model=self.model, prompt=self.text)
+        return nodeapi.TokenizeRequest(model=self.model, messages=[nodeapi.TokenizeMessage(role=r, content=c) for r, c in self.messages])
 
 
 class PrefixHasher:
-    def __init__(self, fleet: Fleet, index: PrefixIndex, workers: WorkerClient) -> None:
+    def __init__(self, fleet: Fleet, index: PrefixIndex, workers: WorkerClient, *,
+                 kept: int = PREFIXES_KEPT, at_once: int = LEARNING_AT_ONCE) -> None:
         self.fleet = fleet
         self.index = index
         self.workers = workers
+        self.kept = kept
+        self.at_once = at_once
         self._plans: dict[str, _Plan] = {}
-        self._tokenizers: dict[str, Tokenizer] = {}
+        self._known: OrderedDict[int, _Known] = OrderedDict()
+        self._learning: dict[int, asyncio.Task[None]] = {}
 
-    def hashes_now(self, model: str, payload: dict[str, Any]) -> list[str] | None:
-        """``[]`` when hashing would not change where the request goes; ``None`` when a worker must be asked."""
+    def hashes(self, model: str, payload: dict[str, Any]) -> list[str]:
+        """The request's block hashes as far as the leader knows them; empty when hashing would not change where it goes."""
         plan = self._plan(model)
         if plan.block_size <= 0:
             return []
-        if plan.local is None:
-            return None
-        tokens = _local_tokens(plan.local, payload)
-        return self._hash(tokens, plan) if tokens else []
+        prompt = _prompt(model, plan.block_size, payload)
+        if prompt is None:
+            return []
+        found = self._lookup(prompt.keys)
+        whole = self._known.get(prompt.keys[-1])
+        if whole is None or whole.own is None:
+            self._learn_later(prompt, plan)
+        return list(found)
 
-    async def hashes(self, model: str, payload: dict[str, Any]) -> list[str]:
-        """The request's block hashes; empty when there is nothing to hash or no worker answered in time."""
-        ready = self.hashes_now(model, payload)
-        return ready if ready is not None else await self.hashes_from_worker(model, payload)
+    async def settle(self) -> None:
+        """Wait for the tokenize calls in flight; what they learn applies from the next request."""
+        while self._learning:
+            await asyncio.gather(*self._learning.values(), return_exceptions=True)
 
-    async def hashes_from_worker(self, model: str, payload: dict[str, Any]) -> list[str]:
-        """The hashes of tokens a worker holding ``model`` gives back: where :meth:`hashes_now` said ``None``."""
-        plan = self._plan(model)
-        tokens = await self._worker_tokens(model, payload, plan.holders)
-        return self._hash(tokens, plan) if tokens else []
+    async def close(self) -> None:
+        for task in self._learning.values():
+            task.cancel()
+        await asyncio.gather(*self._learning.values(), return_exceptions=True)
+        self._learning.clear()
 
-    @staticmethod
-    def _hash(tokens: list[int], plan: _Plan) -> list[str]:
-        return block_hashes(tokens[: MAX_BLOCKS * plan.block_size], plan.block_size)
+    def _lookup(self, keys: list[int]) -> Hashes:
+        for depth in range(len(keys), 0, -1):
+            known = self._known.get(keys[depth - 1])
+            if known is None:
+                continue
+            self._known.move_to_end(keys[depth - 1])
+            if depth == len(keys) and known.own is not None:
+                return known.own
+            return known.shared or known.own or ()
+        return ()
+
+    def _learn_later(self, prompt: _Prompt, plan: _Plan) -> None:
+        key = prompt.keys[-1]
+        if key in self._learning or len(self._learning) >= self.at_once or not plan.holders:
+            return
+        node = min(plan.holders, key=lambda n: n.in_flight)
+        task = asyncio.create_task(self._learn(prompt, node, plan.block_size), name="learn a prefix")
+        self._learning[key] = task
+        task.add_done_callback(lambda _: self._learning.pop(key, None))
+
+    async def _learn(self, prompt: _Prompt, node: NodeState, block_size: int) -> None:
+        try:
+            status, body = await self.workers.call_json(node, "POST", nodeapi.PATH_TOKENIZE, prompt.request().to_wire(),
+                                                        timeout=TOKENIZE_TIMEOUT)
+        except WorkerUnavailable as err:
+            log.debug("tokenize on %s failed: %s", node.id, err)
+            return
+        tokens = body.get("tokens") if status == 200 and isinstance(body, dict) else None
+        if not isinstance(tokens, list) or not tokens:
+            return
+        self._remember(prompt.keys, tuple(block_hashes(tokens[: MAX_BLOCKS * block_size], block_size)))
+
+    def _remember(self, keys: list[int], hashes: Hashes) -> None:
+        self._entry(keys[-1]).own = hashes
+        for key in keys[:-1]:
+            entry = self._entry(key)
+            entry.shared = hashes if entry.shared is None else _common(entry.shared, hashes)
+        while len(self._known) > self.kept:
+            self._known.popitem(last=False)
+
+    def _entry(self, key: int) -> _Known:
+        entry = self._known.get(key)
+        if entry is None:
+            entry = self._known[key] = _Known()
+        else:
+            self._known.move_to_end(key)
+        return entry
 
     def _plan(self, model: str) -> _Plan:
         """How to hash ``model``'s requests, kept while its live workers and the index's reporters stay the same."""
@@ -86,50 +173,43 @@ class PrefixHasher:
         holders = [n for n in serving if self.index.reports(n.id)]
         # One place to go, or nobody reporting blocks: the hashes would not change where it goes.
         block_size = self.index.block_size([n.id for n in holders]) if len(serving) >= 2 and holders else 0
-        plan = _Plan(serving, self.index.generation, holders, block_size, self._local_tokenizer(holders))
+        plan = _Plan(serving, self.index.generation, holders, block_size)
         self._plans[model] = plan
         return plan
 
-    def _local_tokenizer(self, holders: list[NodeState]) -> Tokenizer | None:
-        engines = {n.engine_id for n in holders}
-        if len(engines) != 1:
-            return None
-        engine = engines.pop()
-        make = LOCAL_TOKENIZERS.get(engine)
-        if make is None:
-            return None
-        tokenizer = self._tokenizers.get(engine)
-        if tokenizer is None:
-            tokenizer = self._tokenizers[engine] = make()
-        return tokenizer
 
-    async def _worker_tokens(self, model: str, payload: dict[str, Any], holders: list[NodeState]) -> list[int]:
-        messages = payload.get("messages")
-        request = nodeapi.TokenizeRequest(model=model)
-        if isinstance(messages, list):
-            request.messages = [
-                nodeapi.TokenizeMessage(role=str(m.get("role", "user")), content=m["content"] if isinstance(m.get("content"), str) else "")
-                for m in messages if isinstance(m, dict)
-            ]
-        elif isinstance(payload.get("prompt"), str):
-            request.prompt = payload["prompt"]
-        else:
-            return []
-        node = min(holders, key=lambda n: n.in_flight)
-        try:
-            status, body = await self.workers.call_json(node, "POST", nodeapi.PATH_TOKENIZE, request.to_wire(), timeout=TOKENIZE_TIMEOUT)
-        except WorkerUnavailable as err:
-            log.debug("tokenize on %s failed: %s", node.id, err)
-            return []
-        if status != 200 or not isinstance(body, dict):
-            return []
-        tokens = body.get("tokens")
-        return tokens if isinstance(tokens, list) else []
+def _prompt(model: str, block_size: int, payload: dict[str, Any]) -> _Prompt | None:
+    """The keys of a chat's leading text messages, or of a text prompt; None when neither is there.
 
-
-def _local_tokens(tokenizer: Tokenizer, payload: dict[str, Any]) -> list[int]:
+    A message whose content is not text (image parts, say) ends what is hashed: the
+    tokens after it depend on what the engine makes of it.
+    """
+    key = hash((model, block_size))
     messages = payload.get("messages")
-    if isinstance(messages, list) and messages and all(isinstance(m, dict) for m in messages):
-        return tokenizer.encode_chat(messages)
+    if isinstance(messages, list):
+        keys: list[int] = []
+        kept: list[tuple[str, str]] = []
+        for message in messages:
+            content = message.get("content") if isinstance(message, dict) else None
+            if not isinstance(content, str):
+                break
+            role = str(message.get("role", "user"))
+            key = hash((key, role, content))
+            keys.append(key)
+            kept.append((role, content))
+        return _Prompt(model, keys, kept) if keys else None
     prompt = payload.get("prompt")
-    return tokenizer.encode(prompt) if isinstance(prompt, str) else []
+    if isinstance(prompt, str) and prompt:
+        return _Prompt(model, [hash((key, prompt))], [], prompt)
+    return None
+
+
+def _common(a: Hashes, b: Hashes) -> Hashes:
+    if a is b:
+        return a
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return a if n == len(a) else a[:n]

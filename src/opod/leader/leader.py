@@ -258,8 +258,10 @@ class Leader:
             await self.access.flush_key_uses()
 
     async def close(self) -> None:
-        """Release what the leader holds: the guardrails' and workers' connections, the last key uses, the ledger, the store."""
+        """Release what the leader holds: the guardrails' connections, the tokenize calls in flight, the
+        workers' connections, the last key uses, the ledger, the store."""
         await self.guardrails.close()
+        await self.gateway.prefix.close()
         await self.workers.close()
         await self.access.flush_key_uses()
         await self.ledger.flush()

@@ -1,0 +1,36 @@
+"""How one relayed request ended, and who is told: the relay reports, the exchange records."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(slots=True)
+class Outcome:
+    """How one relayed request ended, reported once to its observer (usage, stats, admission)."""
+
+    status: int
+    outcome: str
+    """``ok``, ``error`` or ``cancelled`` (the client left)."""
+    node_id: str = ""
+    usage: dict | None = None
+    ttft_ms: int = 0
+    tokens_sent: int = 0
+
+
+class RelayObserver(Protocol):
+    """One request's bookkeeping, told what the relay does with it (``opod.gateway.exchange.Exchange``)."""
+
+    request_id: str
+    started: float
+    """``time.perf_counter()`` at the request's arrival: the ``Server-Timing`` header counts from it."""
+
+    def decided(self, record: dict) -> None:
+        """The router chose a worker for the next attempt; ``record`` is its ``Decision.record()``."""
+
+    def sent(self) -> None:
+        """An attempt's request has been written, and its upstream works on it."""
+
+    def done(self, outcome: Outcome) -> None:
+        """The request ended (called once, before the client has the end of its answer)."""
