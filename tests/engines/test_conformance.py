@@ -97,6 +97,8 @@ def test_plan_sizing_flags_reach_the_command_line(driver: EngineDriver) -> None:
     keys = {"ctx": 4321, "max_model_len": 4321, "np": 7, "max_num_seqs": 7, "tp": 2, "ngl": 33}
     flags = {k: v for k, v in keys.items() if k in driver.flag_keys}
     argv = driver.argv(spec_for(driver, flags=flags))
+    if driver.dialect == "llamacpp":
+        flags["ctx"] = flags["ctx"] * flags["np"]  # llama-server's --ctx-size is shared by its slots
     for key, value in flags.items():
         assert str(value) in argv, f"{driver.id}: flags.{key}={value} is not in {argv}"
 

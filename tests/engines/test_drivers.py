@@ -24,10 +24,22 @@ def test_llamacpp_argv() -> None:
     argv = get_driver("llamacpp").argv(spec(model="/w/m.gguf", context=4096, parallel=2, threads=2, binary="/opt/llama-server",
                                             flags={"ngl": "all", "ctk": "q8_0", "rpc": ["10.0.0.2:50052", "10.0.0.3:50052"]}))
     assert argv == ["/opt/llama-server", "-m", "/w/m.gguf", "--host", "127.0.0.1", "--port", "9000", "--alias", "m1", "--metrics",
-                    "-c", "4096", "-np", "2", "-t", "2", "-ngl", "all", "-ctk", "q8_0", "--rpc", "10.0.0.2:50052,10.0.0.3:50052"]
+                    "-c", "8192", "-np", "2", "-t", "2", "-ngl", "all", "-ctk", "q8_0", "--jinja", "--rpc", "10.0.0.2:50052,10.0.0.3:50052"]
     emb = get_driver("llamacpp").argv(spec(binary="ls", embeddings=True, flags={"pooling": "mean", "np": 4}))
     assert emb[-5:] == ["-np", "4", "--embeddings", "--pooling", "mean"]
     assert get_driver("llamacpp").argv(spec(binary="ls", rerank=True))[-1] == "--reranking"
+    assert "--jinja" not in emb
+
+
+def test_llamacpp_gives_each_slot_the_context_a_request_is_promised() -> None:
+    """llama-server splits --ctx-size across its slots: each of 4 slots holds 8192 tokens only with -c 32768."""
+    driver = get_driver("llamacpp")
+    argv = driver.argv(spec(binary="ls", context=8192, parallel=4))
+    assert argv[argv.index("-c") + 1] == "32768" and argv[argv.index("-np") + 1] == "4"
+    pinned = driver.argv(spec(binary="ls", context=8192, parallel=4, flags={"ctx": 2048, "np": 3}))
+    assert pinned[pinned.index("-c") + 1] == "6144" and pinned[pinned.index("-np") + 1] == "3"
+    default_slots = driver.argv(spec(binary="ls", context=4096))
+    assert default_slots[default_slots.index("-c") + 1] == "4096" and "-np" not in default_slots
     with pytest.raises(LaunchError, match="flags.ctk: 'q9' is not one of"):
         get_driver("llamacpp").argv(spec(binary="ls", flags={"ctk": "q9"}))
     with pytest.raises(LaunchError, match="holds a comma"):

@@ -143,9 +143,11 @@ def test_the_portable_launcher_maps_driver_flags_onto_common_params() -> None:
     args = xllama.build_parser().parse_args(argv[3:])
     p = xllama.to_params(args, xlc)
     assert (p.model.path, p.hostnames, p.port, p.model_alias) == ("/m/e.gguf", ["127.0.0.1"], 9123, {"emb"})
-    assert (p.n_ctx, p.n_parallel, p.cpuparams.n_threads, p.n_gpu_layers) == (512, 2, 3, 0)
+    assert (p.n_ctx, p.n_parallel, p.cpuparams.n_threads, p.n_gpu_layers) == (1024, 2, 3, 0), "512 tokens for each of 2 slots"
     assert p.endpoint_metrics and p.embedding
     assert p.pooling_type == xlc.llama_pooling_type.LLAMA_POOLING_TYPE_MEAN
     assert p.cache_type_k == xlc.ggml_type.GGML_TYPE_Q8_0
+    chat = get_driver("llamacpp").argv(LaunchSpec(model_id="c", model="/m/c.gguf", port=9124, launcher=llama_binary.portable_route().argv))
+    assert xllama.to_params(xllama.build_parser().parse_args(chat[3:]), xlc).use_jinja, "a chat model gets its own template (tools)"
     rerank = xllama.to_params(xllama.build_parser().parse_args(["-m", "r.gguf", "--reranking"]), xlc)
     assert rerank.embedding and rerank.pooling_type == xlc.llama_pooling_type.LLAMA_POOLING_TYPE_RANK

@@ -62,7 +62,8 @@ class LaunchSpec:
     host: str = "127.0.0.1"
     port: int = 0
     context: int = 0
-    """Context length in tokens; 0 = the engine's default."""
+    """Tokens one request may use, prompt and answer (vLLM's ``--max-model-len``); 0 = the engine's default.
+    A driver whose engine shares one context across its slots (llama-server) sizes it for all of them."""
     parallel: int = 0
     """Requests served at once (slots / max sequences); 0 = the engine's default."""
     threads: int = 0

@@ -45,6 +45,11 @@ class LlamaCppDriver(EngineDriver):
         """``<route> -m FILE --host H --port P --alias ID --metrics`` plus sizing and plan flags.
 
         Plan flags pin over the spec: ``ctx`` over ``spec.context``, ``np`` over ``spec.parallel``.
+        ``ctx`` is what each request may use, as with every engine; llama-server splits its
+        ``--ctx-size`` evenly across its ``--parallel`` slots, so it gets ``ctx × slots``.
+        (A unified KV buffer, ``--kv-unified``, would let one request use it all, but a full
+        buffer fails every request in flight at once.) A chat model gets ``--jinja``: the
+        model's own chat template, which is what renders ``tools`` and parses tool calls.
         """
         fl.check_spec(spec)
         if "," in spec.model_id:
@@ -52,9 +57,9 @@ class LlamaCppDriver(EngineDriver):
         f = spec.flags
         out = list(self.launch_prefix(spec)) + ["-m", spec.model, "--host", spec.host, "--port", str(spec.port), "--alias", spec.model_id, "--metrics"]
         ctx = fl.int_flag(f, "ctx") or spec.context
-        if ctx:
-            out += ["-c", str(ctx)]
         slots = fl.int_flag(f, "np", minimum=1) or spec.parallel
+        if ctx:
+            out += ["-c", str(ctx * slots if slots else ctx)]
         if slots:
             out += ["-np", str(slots)]
         if spec.threads:
@@ -77,6 +82,8 @@ class LlamaCppDriver(EngineDriver):
             pooling = fl.str_flag(f, "pooling", choices=POOLING)
             if pooling:
                 out += ["--pooling", pooling]
+        else:
+            out += ["--jinja"]
         split = fl.list_flag(f, "tensor_split")
         if split:
             out += ["--tensor-split", ",".join(split)]

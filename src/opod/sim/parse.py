@@ -6,15 +6,20 @@ A bad field is a 400 that names it (``param``) and says what is accepted.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.requests import Request
 
 from opod.contract.tokenizer import BOS, Tokenizer, message_text
 from opod.sim.errors import SimHTTPError, bad_request, model_not_found
+from opod.sim.tools import PlannedCall, plan_tool_calls, tools_prompt
 
-__all__ = ["GenRequest", "read_json", "parse_chat", "parse_completion", "resolve_model", "embedding_inputs"]
+__all__ = ["MAX_N", "GenRequest", "read_json", "parse_chat", "parse_completion", "resolve_model", "embedding_inputs"]
+
+
+MAX_N = 128
+"""The most choices one request may ask for (OpenAI's limit)."""
 
 
 @dataclass(slots=True)
@@ -30,6 +35,10 @@ class GenRequest:
     ignore_eos: bool
     min_tokens: int
     echo_text: str
+    n: int = 1
+    """Choices to answer (``n``)."""
+    tool_calls: list[PlannedCall] = field(default_factory=list)
+    """The tools the answer calls; empty for a text answer."""
 
 
 async def read_json(request: Request) -> dict[str, Any]:
@@ -77,9 +86,9 @@ def _bool(body: dict[str, Any], name: str) -> bool:
 
 
 def _common(body: dict[str, Any], model: str, prompt: list[int], echo_text: str, max_model_len: int) -> GenRequest:
-    n = _int(body, "n", 1)
-    if n is not None and n > 1:
-        raise bad_request("n", f"n={n} is not supported: the simulator answers one choice per request; send n=1 or leave it out")
+    n = _int(body, "n", 1) or 1
+    if n > MAX_N:
+        raise bad_request("n", f"n={n} is more than {MAX_N} choices; ask for fewer")
     asked = _int(body, "max_completion_tokens", 1)
     if asked is None:
         asked = _int(body, "max_tokens", 1)
@@ -114,6 +123,7 @@ def _common(body: dict[str, Any], model: str, prompt: list[int], echo_text: str,
         ignore_eos=_bool(body, "ignore_eos"),
         min_tokens=_int(body, "min_tokens", 0) or 0,
         echo_text=echo_text,
+        n=n,
     )
 
 
@@ -125,9 +135,13 @@ def parse_chat(body: dict[str, Any], served: tuple[str, ...], tokenizer: Tokeniz
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise bad_request(f"messages[{i}]", f"messages[{i}] must be an object with a string `role`")
-    prompt = tokenizer.encode_chat(messages, add_generation_prompt=True)
+    calls = plan_tool_calls(body)
+    tools = tools_prompt(body)
+    prompt = tokenizer.encode_chat([tools, *messages] if tools else messages, add_generation_prompt=True)
     last_user = next((m for m in reversed(messages) if m.get("role") == "user"), messages[-1])
-    return _common(body, model, prompt, message_text(last_user.get("content")), max_model_len)
+    req = _common(body, model, prompt, message_text(last_user.get("content")), max_model_len)
+    req.tool_calls = calls
+    return req
 
 
 def parse_completion(body: dict[str, Any], served: tuple[str, ...], tokenizer: Tokenizer, max_model_len: int, add_bos: bool = False) -> GenRequest:

@@ -15,7 +15,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Answer", "SHAPES", "Shape", "sse", "dumps"]
+__all__ = ["Answer", "Choice", "SHAPES", "Shape", "sse", "dumps", "tool_call_delta"]
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
@@ -44,6 +44,27 @@ class Answer:
     predicted_ms: float = 0.0
 
 
+@dataclass(slots=True)
+class Choice:
+    """One choice of a whole answer: its text, or the tool calls it makes."""
+
+    index: int
+    text: str
+    finish_reason: str
+    tool_calls: list[dict[str, Any]] | None = None
+    """OpenAI's ``message.tool_calls``: ``[{"id", "type": "function", "function": {"name", "arguments"}}]``."""
+
+
+def tool_call_delta(call_index: int, *, call_id: str | None = None, name: str | None = None, arguments: str = "") -> dict[str, Any]:
+    """A stream's ``delta`` for a tool call: the first names the call (id, name), the rest carry argument text."""
+    call: dict[str, Any] = {"index": call_index}
+    if call_id is not None:
+        call.update(id=call_id, type="function", function={"name": name, "arguments": arguments})
+    else:
+        call["function"] = {"arguments": arguments}
+    return {"tool_calls": [call]}
+
+
 class Shape:
     """vLLM's shapes."""
 
@@ -64,19 +85,33 @@ class Shape:
     # -- whole answers -------------------------------------------------------------------------
 
     def chat(self, a: Answer, text: str) -> dict[str, Any]:
-        message = {"role": "assistant", "content": text, "refusal": None, "annotations": None, "audio": None, "function_call": None, "reasoning": None}
-        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": a.finish_reason, "stop_reason": None, "token_ids": None, "routed_experts": None}
+        return self.chat_choices(a, [Choice(0, text, a.finish_reason)])
+
+    def completion(self, a: Answer, text: str) -> dict[str, Any]:
+        return self.completion_choices(a, [Choice(0, text, a.finish_reason)])
+
+    def chat_choices(self, a: Answer, choices: list[Choice]) -> dict[str, Any]:
         return {
-            "id": a.id, "object": "chat.completion", "created": a.created, "model": a.model, "choices": [choice],
+            "id": a.id, "object": "chat.completion", "created": a.created, "model": a.model, "choices": [self._chat_choice(c) for c in choices],
             "service_tier": None, "system_fingerprint": self.fingerprint, "usage": {**self.usage(a), "completion_tokens_details": None},
             "prompt_logprobs": None, "prompt_token_ids": None, "prompt_text": None, "kv_transfer_params": None,
             "ec_transfer_params": None, "metrics": None,
         }
 
-    def completion(self, a: Answer, text: str) -> dict[str, Any]:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": a.finish_reason, "stop_reason": None, "token_ids": None, "prompt_logprobs": None, "prompt_token_ids": None}
+    def _chat_choice(self, c: Choice) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": None if c.tool_calls else c.text, "refusal": None, "annotations": None,
+                                   "audio": None, "function_call": None}
+        if c.tool_calls:
+            message["tool_calls"] = c.tool_calls
+        message["reasoning"] = None
+        return {"index": c.index, "message": message, "logprobs": None, "finish_reason": c.finish_reason, "stop_reason": None,
+                "token_ids": None, "routed_experts": None}
+
+    def completion_choices(self, a: Answer, choices: list[Choice]) -> dict[str, Any]:
+        out = [{"index": c.index, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason, "stop_reason": None, "token_ids": None,
+                "prompt_logprobs": None, "prompt_token_ids": None} for c in choices]
         return {
-            "id": a.id, "object": "text_completion", "created": a.created, "model": a.model, "choices": [choice],
+            "id": a.id, "object": "text_completion", "created": a.created, "model": a.model, "choices": out,
             "service_tier": None, "system_fingerprint": self.fingerprint, "usage": self.usage(a), "kv_transfer_params": None,
         }
 
@@ -85,14 +120,17 @@ class Shape:
     def _chunk(self, a: Answer, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": a.id, "object": obj, "created": a.created, "model": a.model, "choices": choices}
 
-    def chat_start(self, a: Answer) -> list[dict[str, Any]]:
-        c = self._chunk(a, "chat.completion.chunk", [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}])
+    def chat_start(self, a: Answer, index: int = 0) -> list[dict[str, Any]]:
+        c = self._chunk(a, "chat.completion.chunk", [{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}])
         c["prompt_token_ids"] = None
         c["prompt_text"] = None
         return [c]
 
-    def chat_token(self, a: Answer, piece: str, finish: str | None) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "delta": {"content": piece}, "logprobs": None, "finish_reason": finish}
+    def chat_token(self, a: Answer, piece: str, finish: str | None, index: int = 0) -> dict[str, Any]:
+        return self.chat_delta(a, {"content": piece}, finish, index)
+
+    def chat_delta(self, a: Answer, delta: dict[str, Any], finish: str | None, index: int = 0) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
         if finish is not None:
             choice["stop_reason"] = None
         choice["token_ids"] = None
@@ -101,11 +139,11 @@ class Shape:
             c["system_fingerprint"] = self.fingerprint
         return c
 
-    def completion_start(self, a: Answer) -> list[dict[str, Any]]:
+    def completion_start(self, a: Answer, index: int = 0) -> list[dict[str, Any]]:
         return []
 
-    def completion_token(self, a: Answer, piece: str, finish: str | None) -> dict[str, Any]:
-        c = self._chunk(a, "text_completion", [{"index": 0, "text": piece, "logprobs": None, "finish_reason": finish, "stop_reason": None}])
+    def completion_token(self, a: Answer, piece: str, finish: str | None, index: int = 0) -> dict[str, Any]:
+        c = self._chunk(a, "text_completion", [{"index": index, "text": piece, "logprobs": None, "finish_reason": finish, "stop_reason": None}])
         if finish is not None and not a.include_usage:
             c["system_fingerprint"] = self.fingerprint
         return c
@@ -169,26 +207,32 @@ class LlamaCppShape(Shape):
     def _wrap(self, a: Answer, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"choices": choices, "created": a.created, "model": a.model, "system_fingerprint": self.fingerprint, "object": obj, "id": a.id}
 
-    def chat(self, a: Answer, text: str) -> dict[str, Any]:
-        body = self._wrap(a, "chat.completion", [{"finish_reason": a.finish_reason, "index": 0, "message": {"role": "assistant", "content": text}}])
+    def chat_choices(self, a: Answer, choices: list[Choice]) -> dict[str, Any]:
+        out = []
+        for c in choices:
+            message: dict[str, Any] = {"role": "assistant", "content": None if c.tool_calls else c.text}
+            if c.tool_calls:
+                message["tool_calls"] = c.tool_calls
+            out.append({"finish_reason": c.finish_reason, "index": c.index, "message": message})
+        body = self._wrap(a, "chat.completion", out)
         body["usage"] = self.usage(a)
         body["timings"] = self.timings(a)
         return body
 
-    def completion(self, a: Answer, text: str) -> dict[str, Any]:
-        body = self._wrap(a, "text_completion", [{"text": text, "index": 0, "logprobs": None, "finish_reason": a.finish_reason}])
+    def completion_choices(self, a: Answer, choices: list[Choice]) -> dict[str, Any]:
+        body = self._wrap(a, "text_completion", [{"text": c.text, "index": c.index, "logprobs": None, "finish_reason": c.finish_reason} for c in choices])
         body["usage"] = self.usage(a)
         body["timings"] = self.timings(a)
         return body
 
-    def chat_start(self, a: Answer) -> list[dict[str, Any]]:
-        return [self._wrap(a, "chat.completion.chunk", [{"finish_reason": None, "index": 0, "delta": {"role": "assistant", "content": None}}])]
+    def chat_start(self, a: Answer, index: int = 0) -> list[dict[str, Any]]:
+        return [self._wrap(a, "chat.completion.chunk", [{"finish_reason": None, "index": index, "delta": {"role": "assistant", "content": None}}])]
 
-    def chat_token(self, a: Answer, piece: str, finish: str | None) -> dict[str, Any]:
-        return self._wrap(a, "chat.completion.chunk", [{"finish_reason": None, "index": 0, "delta": {"content": piece}}])
+    def chat_delta(self, a: Answer, delta: dict[str, Any], finish: str | None, index: int = 0) -> dict[str, Any]:
+        return self._wrap(a, "chat.completion.chunk", [{"finish_reason": None, "index": index, "delta": delta}])
 
-    def completion_token(self, a: Answer, piece: str, finish: str | None) -> dict[str, Any]:
-        return self._wrap(a, "text_completion", [{"text": piece, "index": 0, "logprobs": None, "finish_reason": None}])
+    def completion_token(self, a: Answer, piece: str, finish: str | None, index: int = 0) -> dict[str, Any]:
+        return self._wrap(a, "text_completion", [{"text": piece, "index": index, "logprobs": None, "finish_reason": None}])
 
     def stream_end(self, a: Answer, obj: str) -> list[dict[str, Any]]:
         chat = obj == "chat.completion.chunk"
@@ -236,24 +280,30 @@ class OllamaShape(Shape):
     def _wrap(self, a: Answer, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": a.id, "object": obj, "created": a.created, "model": a.model, "system_fingerprint": self.fingerprint, "choices": choices}
 
-    def chat(self, a: Answer, text: str) -> dict[str, Any]:
-        body = self._wrap(a, "chat.completion", [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": a.finish_reason}])
+    def chat_choices(self, a: Answer, choices: list[Choice]) -> dict[str, Any]:
+        out = []
+        for c in choices:
+            message: dict[str, Any] = {"role": "assistant", "content": "" if c.tool_calls else c.text}
+            if c.tool_calls:
+                message["tool_calls"] = c.tool_calls
+            out.append({"index": c.index, "message": message, "finish_reason": c.finish_reason})
+        body = self._wrap(a, "chat.completion", out)
         body["usage"] = self.usage(a)
         return body
 
-    def completion(self, a: Answer, text: str) -> dict[str, Any]:
-        body = self._wrap(a, "text_completion", [{"text": text, "index": 0, "finish_reason": a.finish_reason}])
+    def completion_choices(self, a: Answer, choices: list[Choice]) -> dict[str, Any]:
+        body = self._wrap(a, "text_completion", [{"text": c.text, "index": c.index, "finish_reason": c.finish_reason} for c in choices])
         body["usage"] = self.usage(a)
         return body
 
-    def chat_start(self, a: Answer) -> list[dict[str, Any]]:
+    def chat_start(self, a: Answer, index: int = 0) -> list[dict[str, Any]]:
         return []
 
-    def chat_token(self, a: Answer, piece: str, finish: str | None) -> dict[str, Any]:
-        return self._wrap(a, "chat.completion.chunk", [{"index": 0, "delta": {"role": "assistant", "content": piece}, "finish_reason": None}])
+    def chat_delta(self, a: Answer, delta: dict[str, Any], finish: str | None, index: int = 0) -> dict[str, Any]:
+        return self._wrap(a, "chat.completion.chunk", [{"index": index, "delta": {"role": "assistant", "content": "", **delta}, "finish_reason": None}])
 
-    def completion_token(self, a: Answer, piece: str, finish: str | None) -> dict[str, Any]:
-        return self._wrap(a, "text_completion", [{"text": piece, "index": 0, "finish_reason": None}])
+    def completion_token(self, a: Answer, piece: str, finish: str | None, index: int = 0) -> dict[str, Any]:
+        return self._wrap(a, "text_completion", [{"text": piece, "index": index, "finish_reason": None}])
 
     def stream_end(self, a: Answer, obj: str) -> list[dict[str, Any]]:
         if obj == "chat.completion.chunk":

@@ -12,11 +12,11 @@ import hashlib
 import random
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from opod.contract.tokenizer import Tokenizer
 
-__all__ = ["Plan", "plan_answer", "request_rng"]
+__all__ = ["CallSpan", "Plan", "plan_answer", "plan_tool_answer", "request_rng"]
 
 _WORDS = (
     "the of and to in is that it for was on are as with his they at be this have from or one had by word but not "
@@ -40,7 +40,20 @@ class Plan:
     pieces: list[str]
     ids: list[int]
     finish_reason: str
-    """``stop`` when the answer ended by itself, ``length`` when the token budget cut it."""
+    """``stop`` when the answer ended by itself, ``length`` when the token budget cut it,
+    ``tool_calls`` when it is complete tool calls."""
+    calls: list[CallSpan] = field(default_factory=list)
+    """For an answer that calls tools: each call, its pieces being its arguments' text."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallSpan:
+    """One tool call of a plan: ``pieces[start:end]`` are its arguments."""
+
+    id: str
+    name: str
+    start: int
+    end: int
 
 
 def request_rng(seed: int, prompt: Sequence[int], extra: str = "") -> random.Random:
@@ -96,3 +109,19 @@ def plan_answer(
     pieces = _random_pieces(rng, n) if echo_text is None else _echo_pieces(tokenizer, echo_text, n)
     pid = tokenizer.piece_id
     return Plan(pieces=pieces, ids=[pid(p) for p in pieces], finish_reason=reason)
+
+
+def plan_tool_answer(tokenizer: Tokenizer, rng: random.Random, calls: Sequence[tuple[str, str]], *, budget: int) -> Plan:
+    """An answer made of tool calls (name, arguments JSON): each call's arguments as pieces, cut at ``budget``."""
+    pieces: list[str] = []
+    spans: list[CallSpan] = []
+    for name, arguments in calls:
+        start = len(pieces)
+        pieces += tokenizer.pieces(arguments)
+        spans.append(CallSpan(f"call_{rng.getrandbits(96):024x}", name, start, len(pieces)))
+    reason = "tool_calls"
+    if len(pieces) > budget:
+        pieces, reason = pieces[:budget], "length"
+        spans = [CallSpan(s.id, s.name, s.start, min(s.end, budget)) for s in spans if s.start < budget]
+    pid = tokenizer.piece_id
+    return Plan(pieces=pieces, ids=[pid(p) for p in pieces], finish_reason=reason, calls=spans)

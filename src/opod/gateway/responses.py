@@ -1,0 +1,527 @@
+"""OpenAI's Responses API (``POST /v1/responses``), served by translating onto chat completions.
+
+Every engine opod runs answers ``/v1/chat/completions``; only vLLM also has its own
+``/v1/responses``. Translating here, for every engine, keeps one path: the request
+goes through the chat route whole (its rules, admission, routing, retries before the
+first byte, the usage row), so a Responses call is served, limited and counted exactly
+as the chat call it stands for, on any engine and any fallback. An engine's own
+Responses server would also store responses (``previous_response_id``), which opod
+does not: a request that needs stored state is refused with a 400 saying so.
+
+The translation is stateless and streaming: a chat answer becomes a ``response``
+object, a chat stream becomes the Responses event stream (``response.created`` …
+``response.completed``, each event with its ``type`` and ``sequence_number``).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from opod.http import fastjson
+from opod.http.errors import BadRequest, GatewayError, error_response
+from opod.http.fastpath import ReadRequest, headers_of, read_whole
+from opod.http.inbound import json_object, read_body, sane_request_id
+
+__all__ = ["CHAT_PATH", "ResponseStream", "chat_request", "responses_endpoint", "response_object", "translate_stream"]
+
+Handler = Callable[[Request], Awaitable[Response]]
+Authenticate = Callable[[dict[bytes, bytes]], object]
+
+RESPONSES_PATH = "/v1/responses"
+CHAT_PATH = "/v1/chat/completions"
+BODY_CAP = 32 << 20
+"""As the chat route's."""
+
+_RESPONSES_ONLY = frozenset({
+    "input", "instructions", "max_output_tokens", "text", "tools", "tool_choice", "stream", "stream_options", "store",
+    "include", "truncation", "reasoning", "metadata", "prompt_cache_key", "prompt_cache_retention", "safety_identifier",
+    "max_tool_calls", "top_logprobs", "background", "previous_response_id", "conversation", "prompt", "context_management",
+})
+"""Keys the translation reads or drops; any other key (an engine's extension, such as ``top_k``) travels to the chat route."""
+_STATELESS = {
+    "previous_response_id": "opod does not store responses; send the whole conversation in `input`",
+    "conversation": "opod does not store conversations; send the whole conversation in `input`",
+    "background": "opod answers in the foreground only; leave out `background` or set it to false",
+    "prompt": "opod does not store prompt templates; send the text in `input` and `instructions`",
+}
+_ROLES = frozenset({"user", "system", "developer", "assistant"})
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(24)}"
+
+
+# --- the request ---------------------------------------------------------------------------------
+
+
+def chat_request(body: dict[str, Any]) -> dict[str, Any]:
+    """A Responses request as the chat completions request that answers it; a 400 naming the field otherwise."""
+    for key, why in _STATELESS.items():
+        if body.get(key) not in (None, False):
+            raise BadRequest(f"{key} is not supported: {why}.", param=key)
+    # Keys with the same name and meaning in both APIs (model, temperature, top_p, user, parallel_tool_calls...) are copied.
+    chat: dict[str, Any] = {k: v for k, v in body.items() if k not in _RESPONSES_ONLY}
+    messages: list[dict[str, Any]] = []
+    instructions = body.get("instructions")
+    if instructions is not None:
+        if not isinstance(instructions, str):
+            raise BadRequest("instructions must be a string (the system message).", param="instructions")
+        messages.append({"role": "system", "content": instructions})
+    messages += _input_messages(body.get("input"))
+    chat["messages"] = messages
+    limit = body.get("max_output_tokens")
+    if limit is not None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise BadRequest(f"max_output_tokens must be a whole number of at least 1 (got {limit!r}).", param="max_output_tokens")
+        chat["max_tokens"] = limit
+    top_logprobs = body.get("top_logprobs")
+    if top_logprobs:
+        chat["logprobs"], chat["top_logprobs"] = True, top_logprobs
+    response_format = _response_format(body.get("text"))
+    if response_format is not None:
+        chat["response_format"] = response_format
+    tools = body.get("tools")
+    if tools is not None:
+        chat["tools"] = _tools(tools)
+    choice = body.get("tool_choice")
+    if choice is not None:
+        chat["tool_choice"] = _tool_choice(choice)
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise BadRequest(f"stream must be true or false (got {stream!r}).", param="stream")
+    if stream:
+        chat["stream"] = True
+        chat["stream_options"] = {"include_usage": True}
+    return chat
+
+
+def _input_messages(value: Any) -> list[dict[str, Any]]:
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    if not isinstance(value, list) or not value:
+        raise BadRequest("input is required: a string, or a non-empty list of input items (messages, function calls and "
+                         "their outputs).", param="input")
+    out: list[dict[str, Any]] = []
+    for i, item in enumerate(value):
+        where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise BadRequest(f"{where} must be an object such as {{\"role\": \"user\", \"content\": \"...\"}}.", param=where)
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role not in _ROLES:
+                raise BadRequest(f"{where}.role must be one of {', '.join(sorted(_ROLES))} (got {role!r}).", param=f"{where}.role")
+            out.append({"role": role, "content": _content(item.get("content"), f"{where}.content")})
+        elif kind == "function_call":
+            call = {"id": _text_field(item, "call_id", where), "type": "function",
+                    "function": {"name": _text_field(item, "name", where), "arguments": _text_field(item, "arguments", where)}}
+            last = out[-1] if out else None
+            if last is not None and last["role"] == "assistant" and last.get("tool_calls") and not last.get("content"):
+                last["tool_calls"].append(call)  # consecutive calls are one assistant turn's parallel calls
+            else:
+                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item.get("output")
+            text = output if isinstance(output, str) else _content(output, f"{where}.output")
+            out.append({"role": "tool", "tool_call_id": _text_field(item, "call_id", where), "content": text})
+        elif kind == "reasoning":
+            continue  # a previous turn's reasoning: chat templates drop it too
+        else:
+            raise BadRequest(f"{where}.type {kind!r} is not supported here; send message, function_call or "
+                             "function_call_output items.", param=f"{where}.type")
+    return out
+
+
+def _text_field(item: dict[str, Any], name: str, where: str) -> str:
+    value = item.get(name)
+    if not isinstance(value, str):
+        raise BadRequest(f"{where}.{name} must be a string.", param=f"{where}.{name}")
+    return value
+
+
+def _content(value: Any, where: str) -> str | list[dict[str, Any]]:
+    """Responses content (a string or input parts) as chat content."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise BadRequest(f"{where} must be a string or a list of content parts.", param=where)
+    parts: list[dict[str, Any]] = []
+    for j, part in enumerate(value):
+        kind = part.get("type") if isinstance(part, dict) else None
+        at = f"{where}[{j}]"
+        if kind in ("input_text", "output_text", "text") and isinstance(part.get("text"), str):
+            parts.append({"type": "text", "text": part["text"]})
+        elif kind == "refusal" and isinstance(part.get("refusal"), str):
+            parts.append({"type": "text", "text": part["refusal"]})
+        elif kind == "input_image":
+            url = part.get("image_url")
+            if not isinstance(url, str):
+                raise BadRequest(f"{at}.image_url must be a URL or a data: URL (file_id is not supported).", param=f"{at}.image_url")
+            image: dict[str, Any] = {"url": url}
+            if part.get("detail") is not None:
+                image["detail"] = part["detail"]
+            parts.append({"type": "image_url", "image_url": image})
+        elif kind == "input_audio" and isinstance(part.get("input_audio"), dict):
+            parts.append({"type": "input_audio", "input_audio": part["input_audio"]})
+        else:
+            raise BadRequest(f"{at} must be an input_text, input_image or input_audio part with its field (got type {kind!r}).",
+                             param=f"{at}.type")
+    return parts
+
+
+def _response_format(text: Any) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    fmt = text.get("format") if isinstance(text, dict) else None
+    if fmt is None:
+        return None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema" and isinstance(fmt.get("schema"), dict):
+        schema: dict[str, Any] = {"name": fmt.get("name") or "response", "schema": fmt["schema"]}
+        if fmt.get("strict") is not None:
+            schema["strict"] = fmt["strict"]
+        return {"type": "json_schema", "json_schema": schema}
+    raise BadRequest("text.format must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+                     "{\"type\": \"json_schema\", \"name\": ..., \"schema\": {...}}.", param="text.format")
+
+
+def _tools(tools: Any) -> list[dict[str, Any]]:
+    if not isinstance(tools, list):
+        raise BadRequest("tools must be a list of function tools.", param="tools")
+    out = []
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("name"), str):
+            kind = tool.get("type") if isinstance(tool, dict) else None
+            raise BadRequest(f"tools[{i}] must be a function tool {{\"type\": \"function\", \"name\": ..., \"parameters\": {{...}}}}; "
+                             f"opod has no built-in tools (got type {kind!r}).", param=f"tools[{i}]")
+        fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def _tool_choice(choice: Any) -> Any:
+    if choice in ("none", "auto", "required"):
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    raise BadRequest("tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"name\": ...}.",
+                     param="tool_choice")
+
+
+# --- the answer ----------------------------------------------------------------------------------
+
+
+def _echo(body: dict[str, Any]) -> dict[str, Any]:
+    """The request's settings, as a response object repeats them."""
+    return {
+        "instructions": body.get("instructions"),
+        "max_output_tokens": body.get("max_output_tokens"),
+        "metadata": body.get("metadata") or {},
+        "parallel_tool_calls": body.get("parallel_tool_calls", True),
+        "temperature": body.get("temperature"),
+        "text": body.get("text") or {"format": {"type": "text"}},
+        "tool_choice": body.get("tool_choice", "auto"),
+        "tools": body.get("tools") or [],
+        "top_p": body.get("top_p"),
+        "truncation": "disabled",
+        "store": False,
+        "user": body.get("user"),
+    }
+
+
+def _skeleton(response_id: str, created: int, model: str, body: dict[str, Any], status: str) -> dict[str, Any]:
+    return {"id": response_id, "object": "response", "created_at": created, "status": status, "error": None,
+            "incomplete_details": None, "model": model, "output": [], "usage": None, **_echo(body)}
+
+
+def _usage(usage: Any) -> dict[str, Any] | None:
+    if not isinstance(usage, dict):
+        return None
+    prompt = int(usage.get("prompt_tokens") or 0)
+    completion = int(usage.get("completion_tokens") or 0)
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": int(cached or 0), "cache_write_tokens": 0}, "output_tokens": completion,
+            "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": prompt + completion}
+
+
+def _finish(response: dict[str, Any], finish_reason: str | None) -> None:
+    if finish_reason == "length":
+        response["status"], response["incomplete_details"] = "incomplete", {"reason": "max_output_tokens"}
+    elif finish_reason == "content_filter":
+        response["status"], response["incomplete_details"] = "incomplete", {"reason": "content_filter"}
+    else:
+        response["status"] = "completed"
+        response["completed_at"] = int(time.time())
+
+
+def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    return {"id": item_id, "type": "message", "status": status, "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
+
+
+def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
+    return {"id": item_id, "type": "function_call", "status": status, "call_id": call_id, "name": name, "arguments": arguments}
+
+
+def response_object(chat: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+    """A whole chat completion as the ``response`` object the Responses API answers."""
+    created = chat.get("created")
+    created = created if isinstance(created, int) else int(time.time())
+    response = _skeleton(_new_id("resp"), created, str(chat.get("model") or body.get("model") or ""), body, "completed")
+    choices = chat.get("choices") or [{}]
+    choice = choices[0] if isinstance(choices[0], dict) else {}
+    message = choice.get("message") or {}
+    status = "incomplete" if choice.get("finish_reason") == "length" else "completed"
+    text = message.get("content")
+    if isinstance(text, str) and text:
+        response["output"].append(_message_item(_new_id("msg"), text, status))
+    for call in message.get("tool_calls") or []:
+        fn = call.get("function") or {}
+        response["output"].append(_call_item(_new_id("fc"), str(call.get("id") or _new_id("call")), str(fn.get("name") or ""),
+                                             str(fn.get("arguments") or ""), "completed"))
+    if not response["output"]:
+        response["output"].append(_message_item(_new_id("msg"), "", status))
+    response["usage"] = _usage(chat.get("usage"))
+    _finish(response, choice.get("finish_reason"))
+    return response
+
+
+class ResponseStream:
+    """A chat completion stream's events (parsed ``data:`` objects) in, the Responses event stream out.
+
+    Items open as the chat deltas bring them (the text, each tool call) and close, in order,
+    when the next one opens or the answer ends; ``response.completed`` (or ``response.incomplete``,
+    for an answer cut at ``max_output_tokens``) carries the whole response and its usage.
+    """
+
+    def __init__(self, body: dict[str, Any], model: str) -> None:
+        self.response = _skeleton(_new_id("resp"), int(time.time()), model, body, "in_progress")
+        self.sequence = 0
+        self.finish_reason: str | None = None
+        self.usage: dict[str, Any] | None = None
+        self._open: dict[str, Any] | None = None
+        """The output item being streamed (with its text or arguments so far)."""
+        self._calls: dict[int, dict[str, Any]] = {}
+        """Tool call index in the chat stream → its output item."""
+        self.ended = False
+
+    def _event(self, kind: str, **fields: Any) -> bytes:
+        data = {"type": kind, "sequence_number": self.sequence, **fields}
+        self.sequence += 1
+        return f"event: {kind}\ndata: ".encode() + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+    def start(self) -> list[bytes]:
+        snapshot = {**self.response, "output": []}
+        return [self._event("response.created", response=snapshot), self._event("response.in_progress", response=snapshot)]
+
+    def feed(self, chunk: dict[str, Any]) -> list[bytes]:
+        """One chat chunk's events."""
+        out: list[bytes] = []
+        if isinstance(chunk.get("model"), str) and chunk["model"]:
+            self.response["model"] = chunk["model"]
+        if chunk.get("usage"):
+            self.usage = _usage(chunk["usage"])
+        for choice in chunk.get("choices") or []:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            text = delta.get("content")
+            if isinstance(text, str) and text:
+                out += self._text(text)
+            for call in delta.get("tool_calls") or []:
+                if isinstance(call, dict):
+                    out += self._call(call)
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+        return out
+
+    def _text(self, text: str) -> list[bytes]:
+        out: list[bytes] = []
+        item = self._open
+        if item is None or item["type"] != "message":
+            out += self._close()
+            item = self._open = _message_item(_new_id("msg"), "", "in_progress")
+            index = len(self.response["output"])
+            self.response["output"].append(item)
+            out.append(self._event("response.output_item.added", output_index=index, item={**item, "content": []}))
+            out.append(self._event("response.content_part.added", item_id=item["id"], output_index=index, content_index=0,
+                                   part={"type": "output_text", "text": "", "annotations": [], "logprobs": []}))
+        part = item["content"][0]
+        part["text"] += text
+        out.append(self._event("response.output_text.delta", item_id=item["id"], output_index=self._index(item), content_index=0,
+                               delta=text, logprobs=[]))
+        return out
+
+    def _call(self, call: dict[str, Any]) -> list[bytes]:
+        out: list[bytes] = []
+        index = call.get("index", 0)
+        fn = call.get("function") or {}
+        item = self._calls.get(index)
+        if item is None:
+            out += self._close()
+            item = _call_item(_new_id("fc"), str(call.get("id") or _new_id("call")), str(fn.get("name") or ""), "", "in_progress")
+            self._calls[index] = self._open = item
+            self.response["output"].append(item)
+            out.append(self._event("response.output_item.added", output_index=self._index(item), item=dict(item)))
+        fragment = fn.get("arguments")
+        if isinstance(fragment, str) and fragment:
+            item["arguments"] += fragment
+            out.append(self._event("response.function_call_arguments.delta", item_id=item["id"], output_index=self._index(item),
+                                   delta=fragment))
+        return out
+
+    def _index(self, item: dict[str, Any]) -> int:
+        return next(i for i, x in enumerate(self.response["output"]) if x is item)
+
+    def _close(self) -> list[bytes]:
+        item, self._open = self._open, None
+        if item is None:
+            return []
+        index = self._index(item)
+        done = "incomplete" if self.finish_reason == "length" else "completed"
+        out: list[bytes] = []
+        if item["type"] == "message":
+            part = item["content"][0]
+            out.append(self._event("response.output_text.done", item_id=item["id"], output_index=index, content_index=0,
+                                   text=part["text"], logprobs=[]))
+            out.append(self._event("response.content_part.done", item_id=item["id"], output_index=index, content_index=0, part=part))
+        else:
+            out.append(self._event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                                   name=item["name"], arguments=item["arguments"]))
+        item["status"] = done
+        out.append(self._event("response.output_item.done", output_index=index, item=item))
+        return out
+
+    def end(self) -> list[bytes]:
+        """The answer is complete: close the open item, then the whole response."""
+        if self.ended:
+            return []
+        self.ended = True
+        out = self._close()
+        self.response["usage"] = self.usage
+        _finish(self.response, self.finish_reason)
+        kind = "response.incomplete" if self.response["status"] == "incomplete" else "response.completed"
+        out.append(self._event(kind, response=self.response))
+        return out
+
+    def fail(self, error: dict[str, Any]) -> list[bytes]:
+        """The chat stream broke off (the relay's error event): an ``error`` event, then ``response.failed``."""
+        if self.ended:
+            return []
+        self.ended = True
+        message = str(error.get("message") or "the answer was cut off")
+        code = str(error.get("code") or "server_error")
+        out = [self._event("error", code=code, message=message, param=None)]
+        self.response.update(status="failed", error={"code": "server_error", "message": message}, usage=self.usage)
+        out.append(self._event("response.failed", response=self.response))
+        return out
+
+
+async def translate_stream(chunks: AsyncIterable[str | bytes | memoryview], body: dict[str, Any], model: str) -> AsyncIterator[bytes]:
+    """A chat SSE byte stream as the Responses event stream; closing it closes the chat stream (its usage row says so)."""
+    events = ResponseStream(body, model)
+    pending = b""
+    try:
+        for event in events.start():
+            yield event
+        async for chunk in chunks:
+            pending += chunk.encode() if isinstance(chunk, str) else bytes(chunk)
+            *blocks, pending = pending.split(b"\n\n")
+            out: list[bytes] = []
+            for block in blocks:
+                out += _block(events, block)
+            if out:
+                yield b"".join(out)
+        tail = _block(events, pending) + events.end()
+        if tail:
+            yield b"".join(tail)
+    finally:
+        close = getattr(chunks, "aclose", None)
+        if close is not None:
+            await close()
+
+
+def _block(events: ResponseStream, block: bytes) -> list[bytes]:
+    out: list[bytes] = []
+    for line in block.split(b"\n"):
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            out += events.end()
+            continue
+        try:
+            chunk = fastjson.loads(data)
+        except ValueError:
+            continue
+        if not isinstance(chunk, dict):
+            continue
+        if isinstance(chunk.get("error"), dict):
+            out += events.fail(chunk["error"])
+        else:
+            out += events.feed(chunk)
+    return out
+
+
+# --- the route -----------------------------------------------------------------------------------
+
+_DROP = frozenset({"content-length", "content-type"})
+
+
+def responses_endpoint(chat: Handler, authenticate: Authenticate | None = None) -> Handler:
+    """``POST /v1/responses``, answered by ``chat``, the gateway's own ``/v1/chat/completions`` handler.
+
+    ``authenticate`` (the gateway's key check, raising on a bad key) runs before the body is
+    read, so a caller without a key hears 401 whatever it sent, as on every other route.
+    """
+
+    async def endpoint(request: Request) -> Response:
+        headers = headers_of(request)
+        request_id = sane_request_id(headers.get(b"x-request-id"))
+        try:
+            if authenticate is not None:
+                authenticate(headers)
+            raw = read_whole(request)
+            if raw is None:
+                raw = await read_body(request, BODY_CAP)
+            body = json_object(raw)
+            payload = chat_request(body)
+        except GatewayError as err:
+            return error_response(err, request_id)
+        answer = await chat(_as_chat(request, json.dumps(payload).encode()))
+        kept = {k: v for k, v in answer.headers.items() if k.lower() not in _DROP}
+        if isinstance(answer, StreamingResponse):
+            model = str(payload.get("model") or "")
+            return StreamingResponse(translate_stream(answer.body_iterator, body, model), status_code=answer.status_code,
+                                     media_type="text/event-stream", headers=kept)
+        if answer.status_code != 200:
+            return answer
+        try:
+            chat_body = fastjson.loads(bytes(answer.body))
+        except ValueError:
+            return answer
+        if not isinstance(chat_body, dict):
+            return answer
+        return Response(json.dumps(response_object(chat_body, body)).encode(), media_type="application/json", headers=kept)
+
+    return endpoint
+
+
+def _as_chat(request: Request, body: bytes) -> Request:
+    """The request as the chat route receives it: the chat path and the translated body, every other header as sent."""
+    raw = [(k, v) for k, v in request.scope["headers"] if k.lower() != b"content-length"]
+    raw.append((b"content-length", str(len(body)).encode()))
+    scope = {**request.scope, "path": CHAT_PATH, "raw_path": CHAT_PATH.encode(), "headers": raw}
+    return ReadRequest(scope, body)
