@@ -18,7 +18,7 @@ from opod.contract import nodeapi
 from opod.contract.adminapi import PlanSnapshot, PolicyAdmission
 from opod.fleet.affinity import AffinityTable
 from opod.fleet.local import LocalEngines
-from opod.fleet.models import ModelRegistry
+from opod.fleet.models import KnownModel, ModelRegistry
 from opod.fleet.prefix_index import PrefixIndex
 from opod.fleet.state import Fleet
 from opod.gateway.admission import Admission, fleet_capacity
@@ -26,6 +26,7 @@ from opod.gateway.app import Gateway
 from opod.gateway.guardrails import Guardrails
 from opod.gateway.prefix import PrefixHasher
 from opod.gateway.relay import Relay
+from opod.gateway.tokenize import worker_tokenizer
 from opod.http.fastpath import FastPath
 from opod.http.nodeclient import WorkerClient
 from opod.http.serving import Listener, bind, serve
@@ -105,7 +106,7 @@ async def setup() -> AsyncIterator[Setup]:
     gateway = Gateway(
         fleet=fleet, models=ModelRegistry(), keys=KeyTable(), relay=relay,
         admission=Admission(fleet_capacity(fleet), PolicyAdmission(hold_ms=5000)), usage=usage,
-        prefix=PrefixHasher(fleet, index, workers), policies=NoFiles(), guardrails=Guardrails(), require_keys=False,
+        prefix=PrefixHasher(fleet, index, worker_tokenizer(fleet, workers)), policies=NoFiles(), guardrails=Guardrails(), require_keys=False,
     )
     # Served as the leader's public listener serves /v1: the hot routes' short way in front of Starlette.
     sock = bind("127.0.0.1", 0, "the test's public listener")
@@ -174,3 +175,83 @@ async def test_an_in_process_worker_without_the_model_is_a_503_that_says_so(setu
     [row] = setup.usage.rows
     assert row.ended["outcome"] == "error"
     assert in_flight(setup) == {"here": 0}
+
+
+OTHER = "sim-other"
+
+
+@pytest.fixture
+def sims() -> Iterator[tuple[str, str]]:
+    """Two engines of the same model (as on two workers), the first also serving a second model; faults set per test."""
+    config = SimConfig(port=0, models=(MODEL, OTHER), ttft_ms=0.0, prefill_ms_per_token=0.0, itl_ms=1.0, itl_ms_per_request=0.0)
+    with running(config) as first, running(SimConfig(port=0, models=(MODEL,), ttft_ms=0.0, itl_ms=1.0)) as second:
+        yield first.url, second.url
+
+
+async def faults(url: str, **settings: object) -> None:
+    async with httpx.AsyncClient() as client:
+        assert (await client.post(url + "/sim/faults", json=settings)).status_code == 200
+
+
+def failures(setup: Setup, node_id: str, model: str = MODEL) -> int:
+    node = setup.fleet.get(node_id)
+    assert node is not None
+    health = node.health.get(model)
+    return health.failures if health is not None else 0
+
+
+async def test_an_engine_that_refuses_the_content_is_a_400_that_names_it_and_never_counts_against_the_worker(
+        setup: Setup, sims: tuple[str, str]) -> None:
+    join(setup.fleet, "here", "127.0.0.1:1")
+    join(setup.fleet, "there", "127.0.0.1:2", queue=3)
+    setup.local.attach("here", lambda model: sims[0])
+    setup.local.attach("there", lambda model: sims[1])
+    await faults(sims[0], fail_next=5, fail_status=400)
+    for _ in range(5):
+        response = await setup.client.post("/v1/chat/completions", json=CHAT)
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["type"] == "invalid_request_error" and "injected failure" in error["message"]
+        assert response.headers["x-opod-worker"] == "here", "the same model refuses the same input anywhere: no other worker is tried"
+    assert failures(setup, "here") == 0 and setup.fleet.serves(MODEL)
+    response = await setup.client.post("/v1/chat/completions", json=CHAT)
+    assert response.status_code == 200 and response.headers["x-opod-worker"] == "here"
+    assert [row.ended["outcome"] for row in setup.usage.rows] == ["error"] * 5 + ["ok"]
+    assert in_flight(setup) == {"here": 0, "there": 0}
+
+
+async def test_a_live_engines_500_moves_on_once_and_is_charged_only_when_another_worker_serves_the_request(
+        setup: Setup, sims: tuple[str, str]) -> None:
+    join(setup.fleet, "here", "127.0.0.1:1")
+    join(setup.fleet, "there", "127.0.0.1:2", queue=3)
+    setup.local.attach("here", lambda model: sims[0])
+    setup.local.attach("there", lambda model: sims[1])
+    await faults(sims[0], fail_next=1, fail_status=500)
+    response = await setup.client.post("/v1/chat/completions", json=CHAT)
+    assert response.status_code == 200 and response.headers["x-opod-worker"] == "there"
+    assert failures(setup, "here") == 1, "served elsewhere: the first engine's error was its own"
+    await faults(sims[0], fail_next=1, fail_status=500)
+    await faults(sims[1], fail_next=1, fail_status=500)
+    response = await setup.client.post("/v1/chat/completions", json=CHAT)
+    assert response.status_code == 400, response.text
+    assert "HTTP 500" in response.json()["error"]["message"]
+    assert failures(setup, "there") == 0, "two engines answered the same input with an error: the input is at fault"
+
+
+async def test_three_failures_of_one_model_leave_the_other_model_on_the_same_worker_answering(
+        setup: Setup, sims: tuple[str, str]) -> None:
+    join(setup.fleet, "here", "127.0.0.1:1")
+    node = setup.fleet.get("here")
+    assert node is not None
+    setup.fleet.heartbeat(nodeapi.Heartbeat(id="here", boot_id="b", loaded_models=[MODEL, OTHER], slots=4))
+    setup.gateway.models.put(KnownModel(id=MODEL))  # added: a model that cannot serve now is a 503, not a 404
+    dead = f"http://127.0.0.1:{closed_port()}"
+    setup.local.attach("here", lambda model: dead if model == MODEL else sims[0])
+    for _ in range(3):
+        assert (await setup.client.post("/v1/chat/completions", json=CHAT)).status_code == 503
+    answer = await setup.client.post("/v1/chat/completions", json={**CHAT, "model": OTHER})
+    assert answer.status_code == 200, answer.text
+    down = await setup.client.post("/v1/chat/completions", json=CHAT)
+    assert down.status_code == 503
+    assert "cooling down after 3 failed requests" in down.json()["error"]["message"]
+    assert 1 <= int(down.headers["retry-after"]) <= 10

@@ -26,6 +26,13 @@ def _gpus(row: dict) -> str:
     return "\n".join(f"{n}× {name} ({gib} GiB)" for (name, gib), n in kinds.items()) or "-"
 
 
+def _models(row: dict) -> str:
+    """A line per model: its name, and why it cannot serve when it cannot (``chat: its engine crashed … and is restarting``)."""
+    states = row.get("model_states") or {}
+    names = sorted({*row["models"], *states})
+    return "\n".join(name if states.get(name, "serving") == "serving" else f"{name}: {states[name]}" for name in names) or "-"
+
+
 def _seen(row: dict) -> str:
     age = row.get("last_heartbeat_s")
     return "never" if age is None else f"{age:g}s"
@@ -43,7 +50,7 @@ def list_nodes(as_json: bool = typer.Option(False, "--json", help="The API's row
         table.add_column(column, no_wrap=column not in ("STATE", "MODELS"), overflow="fold", min_width=12 if column == "MODELS" else None)
     for row in rows:
         table.add_row(row["id"], row["state"], row["hostname"], str(row["cpu_count"]), f"{row['memory_gb']} GiB", _gpus(row), _disk(row),
-                      ",".join(row["engines"]) or "-", "\n".join(row["models"]) or "-", _seen(row))
+                      ",".join(row["engines"]) or "-", _models(row), _seen(row))
     out.print(table)
     if not rows:
         out.print("[dim]no workers yet: opod token create --node, then on another machine opod join URL --token T[/]")

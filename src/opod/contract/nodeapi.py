@@ -199,6 +199,11 @@ class Heartbeat(WireModel):
     # opod addition: free GiB where the worker keeps weights, now (Capabilities' DiskFreeGB is as of
     # registration); 0 = not said.
     disk_free_gb: Annotated[int, OMITEMPTY] = 0
+    # opod addition: model id → the state of the engine process serving it (serving, starting,
+    # crash-looping, stopped; its restarts and why it last ended). ``engine`` is one word for all of
+    # them; this says which model's engine crashed, so the leader keeps the others serving.
+    # Absent = not said.
+    model_engines: Annotated[dict[str, EngineState] | None, OMITEMPTY] = None
 
 
 class HeartbeatResponse(WireModel):

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from opod.access.offloop import run_sync
 from opod.contract import nodeapi
 from opod.control.context import ControlContext, ControlError
-from opod.fleet.liveness import takes_new_work
+from opod.fleet.liveness import model_states, takes_new_work
 
 
 class GPUView(BaseModel):
@@ -52,6 +52,8 @@ class NodeView(BaseModel):
     """The cards' model names, each once, in the order the cards come."""
     engines: list[str]
     models: list[str]
+    model_states: dict[str, str] = {}
+    """Each model the worker holds or says anything of: ``serving``, or why it cannot (as its clients are told)."""
     engine_state: str = ""
     engine_detail: str = ""
     last_heartbeat_s: float | None = None
@@ -83,6 +85,7 @@ def router(ctx: ControlContext) -> APIRouter:
                     gpu_classes=list(dict.fromkeys(g.class_ for g in gpus)),
                     engines=[node.engine_id] if node.engine_id else [],
                     models=sorted(node.loaded_models),
+                    model_states=model_states(node, now),
                     engine_state=node.engine.state if node.engine else "",
                     engine_detail=node.engine.detail if node.engine else "",
                     last_heartbeat_s=round(now - node.last_heartbeat, 1) if node.last_heartbeat else None,

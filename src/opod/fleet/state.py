@@ -1,7 +1,11 @@
 """The fleet as the leader sees it, in memory: workers, what they hold, how busy they are.
 
 Rebuilt from registrations and heartbeats; the request path reads only this,
-never the store. Placement is what heartbeats report, never what a request
+never the store. The relay's failed attempts are counted per served model on a
+worker (its engine process), never per worker: three in a row set that model
+aside there for ``COOLDOWN_SECONDS``, and the worker's other models go on serving.
+A heartbeat that reports the model's engine back (the model listed again, or its
+engine restarted) ends the cool-down: a restarted engine takes work once ready. Placement is what heartbeats report, never what a request
 claimed. A heartbeat whose ``loaded_models`` is ``null`` ("the engine did not
 answer in time") advances liveness and changes nothing recorded about models;
 ``[]`` means the worker holds nothing.
@@ -14,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from opod.contract import nodeapi
-from opod.fleet.liveness import can_place, takes_new_work
+from opod.fleet.liveness import Availability, ModelHealth, availability, can_place, takes_model, takes_new_work
 
 
 @dataclass(slots=True)
@@ -45,8 +49,10 @@ class NodeState:
     goodbye: bool = False
     in_flight: int = 0
     """Requests this leader has relayed there and not yet finished: changed by :class:`Lease` only."""
-    failures: int = 0
-    cooldown_until: float = 0.0
+    model_engines: dict[str, nodeapi.EngineState] = field(default_factory=dict)
+    """model → the state of the engine process serving it, as the worker last said (empty = not said)."""
+    health: dict[str, ModelHealth] = field(default_factory=dict)
+    """model → the relay's record of it here: failures in a row and its cool-down."""
 
     @property
     def engine_id(self) -> str:
@@ -59,7 +65,7 @@ class NodeState:
 LIVE_CACHE = 0.5
 """Seconds a model's live workers are remembered; liveness by heartbeat age moves in whole seconds."""
 COOLDOWN_AFTER = 3
-"""Consecutive failed attempts before a worker is set aside."""
+"""Consecutive failed attempts before a model is set aside on a worker."""
 COOLDOWN_SECONDS = 10.0
 
 
@@ -162,6 +168,8 @@ class Fleet:
         if hb.loaded_models is not None:
             models = frozenset(hb.loaded_models)
             if models != node.loaded_models:
+                for back in models - node.loaded_models:
+                    node.health.pop(back, None)  # its engine is reported serving again: a fresh start
                 node.loaded_models = models
                 self._reindex()
             node.resident_models = frozenset(hb.resident_models) if hb.resident_models is not None else None
@@ -181,9 +189,20 @@ class Fleet:
         node.load_errors = dict(hb.load_errors or {})
         node.load_progress = dict(hb.load_progress or {})
         node.engine_urls = dict(hb.engine_urls or {}) if node.same_host else {}
+        if hb.model_engines is not None or node.model_engines:
+            self._engines_reported(node, dict(hb.model_engines or {}))
         if self._version != version or node.slots != slots:
             self._capacity_changed()
         return node
+
+    def _engines_reported(self, node: NodeState, engines: dict[str, nodeapi.EngineState]) -> None:
+        """Take the worker's word for each model's engine; an engine relaunched since is a fresh start."""
+        for model, engine in engines.items():
+            before = node.model_engines.get(model)
+            if before is not None and engine.restarts != before.restarts and model in node.health:
+                del node.health[model]
+                self._version += 1
+        node.model_engines = engines
 
     def set_drained(self, node_id: str, drained: bool) -> NodeState | None:
         node = self._nodes.get(node_id)
@@ -236,20 +255,23 @@ class Fleet:
         cached = self._live.get(model)
         if cached is not None and cached[0] > now and cached[1] == self._version:
             return cached[2]
-        live = [n for n in self._holders.get(model, ()) if takes_new_work(n, now)[0]]
+        live = [n for n in self._holders.get(model, ()) if takes_model(n, model, now)]
         self._live[model] = (now + LIVE_CACHE, self._version, live)
         return live
 
     def serves(self, model: str, now: float | None = None) -> bool:
-        """Whether some live worker reports ``model``."""
+        """Whether some live worker serves ``model`` now."""
         now = time.monotonic() if now is None else now
-        return any(takes_new_work(n, now)[0] for n in self._holders.get(model, ()))
+        return any(takes_model(n, model, now) for n in self._holders.get(model, ()))
 
     def served_models(self, now: float | None = None) -> set[str]:
-        out: set[str] = set()
-        for node in self.live(now):
-            out |= node.loaded_models
-        return out
+        """Models some live worker serves now (a model cooling down everywhere is not among them)."""
+        now = time.monotonic() if now is None else now
+        return {model for model, holders in self._holders.items() if any(takes_model(n, model, now) for n in holders)}
+
+    def availability(self, model: str, now: float | None = None) -> Availability:
+        """Whether ``model`` can be served now, and if not why, per worker (:func:`opod.fleet.liveness.availability`)."""
+        return availability(model, self, time.monotonic() if now is None else now)
 
     def holders(self, model: str) -> Iterable[NodeState]:
         """Every known worker reporting ``model``, live or not."""
@@ -257,13 +279,23 @@ class Fleet:
 
     # --- outcomes of requests ----------------------------------------------
 
-    def succeeded(self, node: NodeState) -> None:
-        node.failures = 0
+    def succeeded(self, node: NodeState, model: str) -> None:
+        """An attempt at ``model`` on ``node`` was answered: its run of failures ends."""
+        health = node.health.get(model)
+        if health is not None and health.failures:
+            health.failures = 0
 
-    def failed(self, node: NodeState) -> None:
-        node.failures += 1
-        if node.failures >= COOLDOWN_AFTER:
-            node.cooldown_until = time.monotonic() + COOLDOWN_SECONDS
-            node.failures = 0
+    def failed(self, node: NodeState, model: str, problem: str = "") -> None:
+        """An attempt at ``model`` on ``node`` failed for a reason of the worker's (never the request's content).
+
+        The ``COOLDOWN_AFTER``-th in a row sets that model aside there for ``COOLDOWN_SECONDS``;
+        the worker's other models are not touched.
+        """
+        health = node.health.setdefault(model, ModelHealth())
+        health.failures += 1
+        health.last_problem = problem[:200]
+        if health.failures >= COOLDOWN_AFTER:
+            health.cooldown_until = time.monotonic() + COOLDOWN_SECONDS
+            health.cooled_after, health.failures = health.failures, 0
             self._version += 1
             self._capacity_changed()

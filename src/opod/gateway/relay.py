@@ -1,10 +1,29 @@
 """Relaying one request to a worker and its answer back, with retries only before the first byte.
 
-A connect error, a 5xx, a worker that does not hold the model, or an answer
-that ends before its first byte moves the request to the next worker. Once a
-byte has gone to the client nothing is replayed: a failure mid-stream ends the
-stream with an error event. When no worker can serve, the client gets 503 with
-``Retry-After``, never a 502.
+A fault is charged to what failed. An engine that answered HTTP with an error of
+its own is alive, and its answer is about the request, so it is never counted
+against the worker:
+
+* **Faults of the worker** (counted against the model on that worker, see
+  ``Fleet.failed``; the request moves to the next worker): no connection, a
+  timeout, an answer that ends before its first byte, a refusal of the worker's
+  own (``X-Opod-Worker-Error``: the model is not loaded there, its engine is
+  unreachable), and 502, 503 and 504 (the engine cannot serve now: loading, or
+  gone behind a proxy), 401 and 403 (the engine does not accept opod's call).
+* **Busy** (408, 429): moves on, not counted.
+* **Refusals of the content** (every other 4xx): the engine read the request and
+  said no. The client gets 400 in OpenAI's shape with the engine's words; no
+  other worker is tried, since the same model refuses the same input anywhere.
+* **An error answer of a live engine** (500, 501 and the other 5xx): as a rule
+  an input that always fails (llama-server answers 500 to a body it cannot
+  parse, an image to a text model, an input over its batch). The request moves
+  on at most once; when another worker serves it, the first one is charged with
+  a failure after all, and otherwise the client gets the engine's words as a 400.
+
+Once a byte has gone to the client nothing is replayed: a failure mid-stream
+ends the stream with an error event. When no worker can serve, the client gets
+503 with ``Retry-After`` saying why (the model's engine crashed and restarts, it
+is cooling down, loading, failed to load), never a 502.
 """
 
 from __future__ import annotations
@@ -23,6 +42,7 @@ from opod.fleet.local import LocalEngines
 from opod.fleet.prefix_index import PrefixIndex
 from opod.fleet.router import RouteRequest, RoutingPolicy
 from opod.fleet.state import Fleet, NodeState
+from opod.gateway.engine_refusal import Refusal, refusal_body
 from opod.gateway.outcome import Outcome, RelayObserver
 from opod.gateway.sse import relay_sse
 from opod.http import fastjson
@@ -74,6 +94,8 @@ class Relay:
         model = route.model
         tried: list[str] = []
         problems: list[str] = []
+        suspect: Refusal | None = None
+        """A live engine's 5xx answer: moved on from once, and the client's answer if no one does better."""
         for _ in range(MAX_ATTEMPTS):
             decision = router.pick(self.fleet, route, policy, self.index, self.pins, exclude=tried)
             if decision is None:
@@ -83,15 +105,43 @@ class Relay:
             record = decision.record()
             call.observer.decided(record)
             answer = await self._attempt(node, call, model, route_header(record), problems)
+            if isinstance(answer, Refusal):
+                if answer.final or suspect is not None:
+                    return self._refused(answer, call)
+                suspect = answer
+                continue
             if answer is not None:
+                if suspect is not None:  # the same request was served here: that engine's error was its own
+                    self.fleet.failed(suspect.node, model, f"HTTP {suspect.status} ({suspect.message[:120]})")
                 if policy.prefix_affinity and not decision.blocks and (key := route.pin()):
                     self.pins.pin(key, node.id)  # the index does not place this prefix (yet): the pin does
                 if decision.blocks:
                     self.index.touch(node.id, route.hashes[: decision.blocks])
                 return answer
+        if suspect is not None:
+            return self._refused(suspect, call)
+        availability = self.fleet.availability(model)
         if not tried:
-            raise NoCapacity(f"No worker is serving {model!r} right now; it may still be loading. Retry shortly.")
-        raise NoCapacity(f"No worker could serve {model!r}: {'; '.join(problems)}. Retry shortly.")
+            wait = availability.retry_after()
+            raise NoCapacity(f"The model {model!r} cannot serve right now: {availability.why()}. Retry in {wait}s.", retry_after=wait)
+        if availability.ok:  # others still serve it: the next try may well land there
+            raise NoCapacity(f"No worker could serve {model!r}: {'; '.join(problems)}. Retry in 1s.", retry_after=1)
+        wait = availability.retry_after()
+        raise NoCapacity(f"No worker could serve {model!r}: {'; '.join(problems)}. It cannot serve now: {availability.why()}. Retry in {wait}s.",
+                         retry_after=wait)
+
+    def _refused(self, refusal: Refusal, call: RelayCall) -> Response:
+        """The engine's refusal of the request's content, as the client's 400 in OpenAI's shape."""
+        observer = call.observer
+        body = json.dumps(refusal_body(refusal)).encode()
+        observer.done(Outcome(400, "error", refusal.node.id, None))
+        return PreparedResponse(body, 400, [
+            (_REQUEST_ID, observer.request_id.encode("latin-1")),
+            (_WORKER, refusal.node.id.encode("latin-1")),
+            (_ROUTE, refusal.route.encode("latin-1")),
+            (_TIMING, server_timing(observer.started, refusal.sent, refusal.answered).encode("latin-1")),
+            (b"content-type", b"application/json"),
+        ])
 
     def _where(self, node: NodeState, model: str, request_id: str, path: str) -> tuple[str, dict[str, str]] | None:
         """The URL to send to and its headers: the engine itself when it is on this machine, else its worker.
@@ -110,7 +160,9 @@ class Relay:
         headers.update({MODEL_HEADER: model, "X-Request-Id": request_id, "Content-Type": "application/json"})
         return node.base_url(), headers
 
-    async def _attempt(self, node: NodeState, call: RelayCall, model: str, route: str, problems: list[str]) -> Response | None:
+    async def _attempt(self, node: NodeState, call: RelayCall, model: str, route: str,
+                       problems: list[str]) -> Response | Refusal | None:
+        """The answer; a :class:`Refusal` when the engine refused the request's content; ``None`` to move on."""
         observer = call.observer
         request_id = observer.request_id
         lease = self.fleet.lease(node)
@@ -124,19 +176,28 @@ class Relay:
             url, headers = where
             sent = time.perf_counter()
             resp = await self.workers.upstream.post(origin(url), call.path, call.body, headers, observer.sent)
-            if resp.status >= 500 or WORKER_ERROR_HEADER in resp.headers:
-                reason = resp.headers.get(WORKER_ERROR_HEADER) or f"HTTP {resp.status}"
-                detail = (await resp.text())[:200].strip()
-                problems.append(f"{node.id}: {reason}" + (f" ({detail})" if detail else ""))
-                self.fleet.failed(node)
+            status = resp.status
+            if status >= 400:
+                kind = answer_kind(status, WORKER_ERROR_HEADER in resp.headers)
+                data = resp.read_now()
+                if data is None:
+                    data = await resp.read()
+                if kind in (REFUSED, ENGINE_ERROR):
+                    return Refusal.of(node, status, data, final=kind == REFUSED, route=route, sent=sent, answered=time.perf_counter())
+                reason = resp.headers.get(WORKER_ERROR_HEADER) or f"HTTP {status}"
+                detail = data[:200].decode(errors="replace").strip()
+                problem = reason + (f" ({detail})" if detail else "")
+                problems.append(f"{node.id}: {problem}")
+                if kind == FAULT:
+                    self.fleet.failed(node, model, problem)
                 return None
             if not call.stream or resp.status != 200:
                 data = resp.read_now()
                 if data is None:
                     data = await resp.read()
                 answered = time.perf_counter()
-                self.fleet.succeeded(node)
-                observer.done(Outcome(resp.status, "ok" if resp.status < 400 else "error", node.id, _usage_of(data)))
+                self.fleet.succeeded(node, model)
+                observer.done(Outcome(resp.status, "ok", node.id, _usage_of(data)))
                 return PreparedResponse(data, resp.status, [
                     (_REQUEST_ID, request_id.encode("latin-1")),
                     (_WORKER, node.id.encode("latin-1")),
@@ -151,10 +212,10 @@ class Relay:
                 first, why = b"", f"no first byte within {FIRST_BYTE_TIMEOUT:.0f}s"
             if not first:
                 problems.append(f"{node.id}: {why}")
-                self.fleet.failed(node)
+                self.fleet.failed(node, model, why)
                 return None
             answered = time.perf_counter()
-            self.fleet.succeeded(node)
+            self.fleet.succeeded(node, model)
             handed_over = True
             ttft_ms = int((answered - observer.started) * 1000)
             headers = {"X-Request-Id": request_id, WORKER_HEADER: node.id, ROUTE_HEADER: route,
@@ -162,8 +223,9 @@ class Relay:
             return StreamingResponse(relay_sse(resp, first, call.strip_usage, observer.done, ttft_ms, node_id=node.id, lease=lease),
                                      media_type="text/event-stream", headers=headers)
         except (WorkerUnavailable, TimeoutError, OSError) as err:
-            problems.append(f"{node.id}: {err or type(err).__name__}")
-            self.fleet.failed(node)
+            problem = str(err) or type(err).__name__
+            problems.append(f"{node.id}: {problem}")
+            self.fleet.failed(node, model, problem)
             return None
         finally:
             if not handed_over:
@@ -202,6 +264,18 @@ class Relay:
         out_headers[TIMING_HEADER] = server_timing(observer.started, sent, answered)
         return StreamingResponse(relay_sse(resp, first, call.strip_usage, observer.done, ttft_ms, source=target.url),
                                  media_type="text/event-stream", headers={**out_headers, "Cache-Control": "no-cache"})
+
+
+FAULT, BUSY, REFUSED, ENGINE_ERROR = "fault", "busy", "refused", "engine_error"
+
+
+def answer_kind(status: int, worker_error: bool) -> str:
+    """Which of the module docstring's kinds an error answer (status ≥ 400) is."""
+    if worker_error or status in (401, 403, 502, 503, 504):
+        return FAULT
+    if status in (408, 429):
+        return BUSY
+    return REFUSED if status < 500 else ENGINE_ERROR
 
 
 def route_header(record: dict) -> str:

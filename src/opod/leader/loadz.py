@@ -29,7 +29,8 @@ def compute(fleet: Fleet, stats: GatewayStats, plan: adminapi.PlanSnapshot | Non
     now_wall, now = time.time(), time.monotonic()
     model = plan.model if plan is not None else ""
     holders = _holders(fleet, model)
-    live = [n for n in holders if takes_new_work(n, now)[0]]
+    # With a plan, its model's own health counts (a cooling-down engine is not live for it).
+    live = fleet.workers_for(model, now) if model else [n for n in holders if takes_new_work(n, now)[0]]
     reporting = [n.load for n in live if n.load is not None and now_wall - n.load.sampled_at < SAMPLE_MAX_AGE]
     unhealthy = [n for n in holders if n.engine is not None and n.engine.word in (nodeapi.EngineStateWord.CRASH_LOOPING, nodeapi.EngineStateWord.STOPPED)]
     p50, p95 = stats.ttft_percentiles()

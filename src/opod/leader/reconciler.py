@@ -66,15 +66,23 @@ class Reconciler:
                 pass
 
     def status(self, model_id: str) -> str:
-        """A short word for listings: serving, loading, failed: …, wanted, not wanted."""
+        """A short phrase for listings, in the words a client's 503 uses (``Fleet.availability``).
+
+        ``serving on n1`` (and why any other holder cannot, in brackets), ``failed on n1: …``
+        when a load was refused, ``cannot serve: n1: its engine crashed (…) and is restarting``,
+        ``loading on n1 (…)``, ``waiting for a worker`` or ``not loaded``.
+        """
         model = self.models.get(model_id)
-        holders = [n.id for n in self.fleet.workers_for(model_id)]
-        if holders:
-            return "serving on " + ", ".join(holders)
+        availability = self.fleet.availability(model_id)
+        if availability.ok:
+            others = f" ({availability.why()})" if availability.down else ""
+            return "serving on " + ", ".join(availability.serving) + others
         pending = [a for (m, _), a in self.attempts.items() if m == model_id]
         failed = [a for a in pending if a.error]
         if failed:
             return f"failed on {failed[0].node_id}: {failed[0].error}"
+        if any(state.word == "down" and not state.why.startswith("loading") for _, state in availability.down):
+            return f"cannot serve: {availability.why()}"
         if pending:
             parts = []
             for attempt in pending:
@@ -82,6 +90,8 @@ class Reconciler:
                 progress = node.load_progress.get(model_id, "") if node is not None else ""
                 parts.append(attempt.node_id + (f" ({progress})" if progress else ""))
             return "loading on " + ", ".join(parts)
+        if availability.down:
+            return f"cannot serve: {availability.why()}"
         if model is not None and model.wants_loaded():
             return "waiting for a worker"
         return "not loaded"

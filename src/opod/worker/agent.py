@@ -188,6 +188,7 @@ class Agent:
             load_errors=self.manager.load_errors() or None,
             load_progress=self.manager.load_progress() or None,
             engine_urls=self.manager.engine_urls() or None,
+            model_engines=self.manager.model_engines() or None,
             disk_free_gb=inventory.disk_free_gb(self.manager.home),
             kv_blocks=self.manager.kv_blocks(),
         )

@@ -33,6 +33,7 @@ from opod.contract.catalog import Entry, Hardware, Source
 from opod.engines.base import EngineDriver, LaunchSpec, LoadSample, MetricsState
 from opod.engines.registry import get_driver
 from opod.http.upstream import Upstreams
+from opod.weights.progress import FetchMeter
 from opod.worker.adapters import Adapters, lora_flags
 from opod.worker.kvevents import KVReport
 from opod.worker.kvlistener import KVEventListener, KVListenError
@@ -191,10 +192,11 @@ class EngineManager:
             self.on_change()
 
     async def _fetch(self, engine: ModelEngine, req: nodeapi.LoadModelRequest, source: Source, entry: Entry | None) -> Path:
+        meter = FetchMeter(f"{req.id}: fetching weights", say=log.info)
+
         def progress(done: int, total: int | None) -> None:
-            # Whole tens of percent: enough to see it move, few enough to print each step.
-            pct = f" {int(10 * done / total) * 10}%" if total else ""
-            engine.detail = f"{req.id}: fetching weights{pct}"
+            meter(done, total)
+            engine.detail = meter.describe()  # size, share and rate: what the heartbeat's load_progress says
 
         target = entry or Entry(
             id=req.id, display_name=req.id, source=source, size_bytes=1, context_window=CPU_CONTEXT_CAP,
@@ -385,6 +387,16 @@ class EngineManager:
 
     def load_errors(self) -> dict[str, str]:
         return {m: e.detail for m, e in self.engines.items() if e.state == "failed"}
+
+    def model_engines(self) -> dict[str, nodeapi.EngineState]:
+        """Each model's engine process, in the heartbeat's words: the leader keeps a crashed model's
+        neighbours serving and tells its clients why it cannot (crashed and restarting, crash-looping)."""
+        out = {}
+        for model, engine in self.engines.items():
+            process = self.supervisor.get(engine.process_id) if engine.process_id else None
+            if process is not None and engine.state != "fetching":
+                out[model] = process.engine_state()
+        return out
 
     def loaded_models(self) -> list[str]:
         return sorted([m for m in self.engines if self.serving(m) is not None] + self.adapters.live())

@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response
 from opod import __version__
 from opod.access.offloop import run_sync
 from opod.contract import adminapi, nodeapi
-from opod.fleet.liveness import takes_new_work
+from opod.fleet.liveness import model_states, takes_new_work
 from opod.fleet.models import ANY_NODE
 from opod.fleet.state import NodeState
 from opod.http.nodeclient import WorkerUnavailable
@@ -68,6 +68,7 @@ def node_view(node: NodeState, now: float) -> dict[str, Any]:
         "load": node.load.to_wire() if node.load is not None else None,
         "slots": node.slots,
         "loaded_models": sorted(node.loaded_models),
+        "model_states": model_states(node, now),
         "resident_models": sorted(node.resident_models) if node.resident_models is not None else None,
         "last_heartbeat_s": round(now - node.last_heartbeat, 1) if node.last_heartbeat else None,
         "hardware": node.hardware.to_wire(),
