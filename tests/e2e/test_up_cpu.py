@@ -6,9 +6,12 @@ llama.cpp's llama-server with SmolLM2-135M-Instruct for chat and all-MiniLM-L6-v
 
 from __future__ import annotations
 
+import json
 import math
 import stat
 import time
+import urllib.error
+import urllib.request
 
 import openai
 import pytest
@@ -138,9 +141,60 @@ def test_refusals_have_openai_shape_and_honest_codes(up: Leader, client: openai.
         client.chat.completions.create(model=CHAT, messages=[{"role": "user", "content": "x"}], n=2)
     assert many.value.code == "invalid_request" and "n=2" in str(many.value)
     status, headers, body = http("POST", up.url + "/v1/rerank", {"model": CHAT, "query": "q", "documents": ["a"]}, key=up.key)
-    assert status == 501 and body["error"]["code"] == "rerank_not_supported" and headers["x-request-id"]
+    assert status == 400 and body["error"]["code"] == "rerank_not_supported" and headers["x-request-id"]
     status, _, body = http("POST", up.url + "/v1/embeddings", {"model": CHAT, "input": "x"}, key=up.key)
-    assert status == 501 and body["error"]["code"] == "embeddings_not_supported"
+    assert status == 400 and body["error"]["code"] == "embeddings_not_supported"
+    with pytest.raises(openai.BadRequestError) as chat_on_embed:
+        client.chat.completions.create(model=EMBED, messages=[{"role": "user", "content": "x"}])
+    assert chat_on_embed.value.code == "chat_not_supported"
+    with pytest.raises(openai.NotFoundError) as retrieved:
+        client.models.retrieve("no-such-model")
+    assert retrieved.value.code == "model_not_found"
+    assert client.models.retrieve(CHAT).id == CHAT
+    status, headers, body = http("GET", up.url + "/v1/chat/completions", key=up.key)
+    assert status == 405 and headers["allow"] == "POST" and set(body["error"]) == {"message", "type", "param", "code"}
+    status, _, body = http("GET", up.url + "/v1/no-such-route", key=up.key)
+    assert status == 404 and set(body["error"]) == {"message", "type", "param", "code"}
+
+
+IMAGE = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]
+INVALID = [
+    ("messages", {"messages": []}),
+    ("messages[0].role", {"messages": [{"role": "wizard", "content": "hi"}]}),
+    ("max_tokens", {"max_tokens": 0}),
+    ("temperature", {"temperature": -3}),
+    ("model", {"model": None}),
+    ("model", {"model": ""}),
+    ("messages[0].content[0].type", {"messages": IMAGE}),
+    ("messages", {"messages": [{"role": "user", "content": "lorem ipsum " * ((20 << 20) // 12)}]}),
+]
+
+
+@pytest.mark.parametrize(("param", "fields"), INVALID, ids=[f"{p}-{i}" for i, (p, _) in enumerate(INVALID)])
+def test_invalid_requests_are_refused_before_the_engine_with_a_400_naming_the_field(up: Leader, param: str, fields: dict) -> None:
+    started = time.monotonic()
+    body = {"model": CHAT, "messages": [{"role": "user", "content": "x"}], "max_tokens": 3, **fields}
+    status, _, answer = http("POST", up.url + "/v1/chat/completions", body, key=up.key)
+    assert status == 400 and answer["error"]["param"] == param, answer
+    assert time.monotonic() - started < 5, "refused only after the engine tokenised it"
+
+
+def test_a_text_plain_body_and_bad_embeddings_are_refused_and_the_models_keep_serving(up: Leader, client: openai.OpenAI) -> None:
+    data = b'{"model": "%s", "messages": [{"role": "user", "content": "x"}]}' % CHAT.encode()
+    request = urllib.request.Request(up.url + "/v1/chat/completions", data=data, method="POST",
+                                     headers={"Authorization": f"Bearer {up.key}", "Content-Type": "text/plain"})
+    with pytest.raises(urllib.error.HTTPError) as plain:
+        urllib.request.urlopen(request, timeout=30)
+    assert plain.value.code == 400 and "application/json" in json.loads(plain.value.read())["error"]["message"]
+    for _ in range(3):
+        with pytest.raises(openai.BadRequestError) as long_input:
+            client.embeddings.create(model=EMBED, input="hello " * 600)
+        assert long_input.value.code == "context_length_exceeded"
+        with pytest.raises(openai.BadRequestError):
+            client.chat.completions.create(model=CHAT, messages=IMAGE, max_tokens=3)
+    assert client.embeddings.create(model=EMBED, input="hi").data
+    assert client.chat.completions.create(model=CHAT, messages=[{"role": "user", "content": "Hi"}], max_tokens=3).choices
+    assert http("GET", up.url + "/readyz")[0] == 200
 
 
 def test_a_body_over_the_route_cap_is_refused_with_413(up: Leader) -> None:

@@ -74,7 +74,7 @@ def entry_for(ctx: ControlContext, body: ModelAddRequest) -> Entry:
         return Entry(
             id=name, display_name=name, description=body.description or "served by the engine simulator",
             source=Source(type="file", path="(simulated)"), size_bytes=1, context_window=8192,
-            capabilities=["chat", "embedding", "rerank"], recommended_engines=["llamacpp"], hardware=Hardware(min_ram_gb=0),
+            capabilities=["chat", "embedding", "rerank", "tools"], recommended_engines=["llamacpp"], hardware=Hardware(min_ram_gb=0),
             tags=["simulated"], license="unknown",
         )
     if not body.source:

@@ -37,7 +37,7 @@ from opod.http.errors import (
     NoCapacity,
     error_response,
 )
-from opod.http.inbound import read_body, request_id_for
+from opod.http.inbound import json_object, read_body, request_id_for
 
 MiB = 1 << 20
 BODY_CAP = 32 * MiB
@@ -136,12 +136,7 @@ class Door:
 
     async def _proxy(self, request: Request, request_id: str) -> Response:
         body = await read_body(request, BODY_CAP)
-        try:
-            payload = json.loads(body)
-        except ValueError as err:
-            raise BadRequest(f"The body is not valid JSON: {err}.") from None
-        if not isinstance(payload, dict):
-            raise BadRequest("The body must be a JSON object.")
+        payload = json_object(body)
         model = payload.get("model")
         if not isinstance(model, str) or not model:
             raise BadRequest("model must name a model (GET /v1/models lists those behind this door).", param="model")

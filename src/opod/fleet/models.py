@@ -29,6 +29,18 @@ class KnownModel:
     def capabilities(self) -> list[str]:
         return list(self.entry.capabilities) if self.entry is not None else ["chat"]
 
+    @property
+    def stated_capabilities(self) -> frozenset[str] | None:
+        """The entry's capabilities as the request rules read them; ``None`` (unknown: nothing refused) when it lists none."""
+        if self.entry is None or not self.entry.capabilities:
+            return None
+        return frozenset(self.entry.capabilities)
+
+    @property
+    def context_length(self) -> int | None:
+        """Tokens one request may use, as the catalog states it; ``None`` when unknown."""
+        return self.entry.context_window if self.entry is not None and self.entry.context_window > 0 else None
+
     def wants_loaded(self) -> bool:
         return any(state == "loaded" for state in self.wanted.values())
 
@@ -58,7 +70,7 @@ class ModelRegistry:
         return iter(self._models[i] for i in sorted(self._models))
 
     def default_for(self, capability: str) -> str | None:
-        """The first wanted model with ``capability``: what ``model: ""`` or ``"auto"`` means."""
+        """The first wanted model with ``capability``: what ``model: "auto"`` means."""
         for model in self:
             if not model.removed and model.wants_loaded() and capability in model.capabilities:
                 return model.id

@@ -1,8 +1,10 @@
 """The OpenAI-compatible ``/v1`` routes: plain Starlette handlers on the hot path.
 
 Each request: a request id, the key check (memory), a body read under the
-route's cap, the model, then the relay. Unknown request fields travel to the
-engine untouched; ``model``, ``stream`` and ``stream_options`` are opod's.
+route's cap, the model, the route's rules (``opod.gateway.validate``), then the
+relay. Unknown request fields travel to the engine untouched; ``model``,
+``stream`` and ``stream_options`` are opod's. Every other ``/v1`` path answers
+OpenAI's error shape too: 405 with ``Allow`` for a known path, 404 otherwise.
 """
 
 from __future__ import annotations
@@ -27,18 +29,32 @@ from opod.gateway.exchange import Exchange, UsageRecorder
 from opod.gateway.guardrails import Guardrails
 from opod.gateway.prefix import PrefixHasher
 from opod.gateway.relay import Relay, RelayCall
+from opod.gateway.responses import RESPONSES_PATH, responses_endpoint
 from opod.gateway.stats import PROBE_HEADER, GatewayStats
-from opod.http import fastjson
+from opod.gateway.usagecount import PromptCounter
+from opod.gateway.validate import (
+    Check,
+    ModelTraits,
+    check_chat,
+    check_completion,
+    check_content_type,
+    check_embeddings,
+    check_rerank,
+    no_check,
+    require_model,
+)
 from opod.http.errors import (
     BadRequest,
     GatewayError,
+    MethodNotAllowed,
     ModelNotFound,
     NoCapacity,
     NotSupported,
+    UnknownRoute,
     error_response,
 )
 from opod.http.fastpath import headers_of, read_whole
-from opod.http.inbound import read_body, sane_request_id
+from opod.http.inbound import json_object, read_body, sane_request_id
 from opod.snapshots.policy import PolicyView
 
 MiB = 1 << 20
@@ -49,13 +65,15 @@ class RouteSpec:
     path: str
     capability: str
     body_cap: int
+    check: Check = no_check
+    """The route's request rules, run before admission."""
 
 
 ROUTES = (
-    RouteSpec("/v1/chat/completions", "chat", 32 * MiB),
-    RouteSpec("/v1/completions", "chat", 32 * MiB),
-    RouteSpec("/v1/embeddings", "embedding", 8 * MiB),
-    RouteSpec("/v1/rerank", "rerank", 8 * MiB),
+    RouteSpec("/v1/chat/completions", "chat", 32 * MiB, check_chat),
+    RouteSpec("/v1/completions", "chat", 32 * MiB, check_completion),
+    RouteSpec("/v1/embeddings", "embedding", 8 * MiB, check_embeddings),
+    RouteSpec("/v1/rerank", "rerank", 8 * MiB, check_rerank),
 )
 
 _UNSUPPORTED = {
@@ -64,6 +82,9 @@ _UNSUPPORTED = {
     "chat": ("chat_not_supported", "does not generate text; use a chat model"),
 }
 
+
+ANY_METHOD = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+"""What the ``/v1`` fallback answers (Starlette gives a route without methods GET alone)."""
 
 PROBE = PROBE_HEADER.encode()
 Handler = Callable[[Request], Awaitable[Response]]
@@ -86,7 +107,8 @@ class Policies(Protocol):
 class Gateway:
     def __init__(
         self, *, fleet: Fleet, models: ModelRegistry, keys: KeyTable, relay: Relay, admission: Admission,
-        usage: UsageRecorder, prefix: PrefixHasher, policies: Policies, guardrails: Guardrails, require_keys: bool = True,
+        usage: UsageRecorder, prefix: PrefixHasher, policies: Policies, guardrails: Guardrails, prompts: PromptCounter | None = None,
+        require_keys: bool = True,
     ) -> None:
         self.fleet = fleet
         self.models = models
@@ -101,29 +123,36 @@ class Gateway:
         self.policies = policies
         self.guardrails = guardrails
         """The policy's webhooks."""
+        self.prompts = prompts
+        """Counts the prompts of streams cut short, for their usage rows."""
         self.require_keys = require_keys
         self.stats = GatewayStats()
         self._routing: tuple[PolicyView | None, RoutingPolicy] = (None, RoutingPolicy())
 
     def routes(self) -> list[Route]:
-        return [Route(path, handler, methods=[method]) for (method, path), handler in self.handlers().items()]
+        """The hot routes, ``GET /v1/models/{id}``, then every other ``/v1`` path (last: it matches them all)."""
+        hot = [Route(path, handler, methods=[method]) for (method, path), handler in self.handlers().items()]
+        return [*hot, Route("/v1/models/{model:path}", self.retrieve_model, methods=["GET"]),
+                Route("/v1", self.unknown_route, methods=ANY_METHOD), Route("/v1/{rest:path}", self.unknown_route, methods=ANY_METHOD)]
 
     def handlers(self) -> dict[tuple[str, str], Handler]:
         """(method, path) → handler, for :class:`opod.http.fastpath.FastPath`."""
         out: dict[tuple[str, str], Handler] = {("GET", "/v1/models"): self.list_models}
         for spec in ROUTES:
             out[("POST", spec.path)] = self._endpoint(spec)
+        # The Responses API, translated onto chat completions; its usage rows name their own protocol.
+        out[("POST", RESPONSES_PATH)] = responses_endpoint(self._endpoint(ROUTES[0], "openai.responses"), self.authenticate)
         return out
 
-    def _endpoint(self, spec: RouteSpec) -> Handler:
-        protocol = "openai" + spec.path.removeprefix("/v1").replace("/", ".")
+    def _endpoint(self, spec: RouteSpec, protocol: str = "") -> Handler:
+        protocol = protocol or "openai" + spec.path.removeprefix("/v1").replace("/", ".")
 
         async def endpoint(request: Request) -> Response:
             headers = headers_of(request)
             request_id = sane_request_id(headers.get(b"x-request-id"))
             policy = self.policies.current_policy()
             access_log = policy is not None and policy.access_log is True
-            exchange = Exchange(self.stats, self.usage, request_id, protocol, PROBE in headers, access_log)
+            exchange = Exchange(self.stats, self.usage, request_id, protocol, PROBE in headers, access_log, self.prompts)
             try:
                 return await self.serve(request, headers, spec, exchange, policy)
             except GatewayError as err:
@@ -144,8 +173,56 @@ class Gateway:
         except GatewayError as err:
             return error_response(err, request_id)
         now = int(time.time())
-        data = [{"id": m, "object": "model", "created": now, "owned_by": "opod"} for m in sorted(self.fleet.served_models())]
+        data = [self.model_object(m, now) for m in sorted(self.fleet.served_models())]
         return JSONResponse({"object": "list", "data": data}, headers={"X-Request-Id": request_id})
+
+    async def retrieve_model(self, request: Request) -> Response:
+        """``GET /v1/models/{id}`` (``client.models.retrieve``): a model served here or known to this leader."""
+        headers = headers_of(request)
+        request_id = sane_request_id(headers.get(b"x-request-id"))
+        model = request.path_params["model"]
+        try:
+            self.authenticate(headers)
+            if not model:
+                raise UnknownRoute(request.method, request.url.path, self.known_paths())
+            if self.models.active(model) is None and not self.fleet.serves(model):
+                raise ModelNotFound(model, sorted(self.fleet.served_models() | set(self.models.ids())))
+        except GatewayError as err:
+            return error_response(err, request_id)
+        return JSONResponse(self.model_object(model, int(time.time())), headers={"X-Request-Id": request_id})
+
+    def model_object(self, model: str, created: int) -> dict:
+        """OpenAI's model object, with ``max_model_len`` (vLLM's name for the context) where it is known."""
+        out: dict = {"id": model, "object": "model", "created": created, "owned_by": "opod"}
+        context = self.traits(model).context
+        if context is not None:
+            out["max_model_len"] = context
+        return out
+
+    def known_paths(self) -> list[str]:
+        return sorted({path for _, path in self.handlers()} | {"/v1/models/{id}"})
+
+    async def unknown_route(self, request: Request) -> Response:
+        """A ``/v1`` path no route answers, or a route asked with a method it does not answer, in OpenAI's error shape."""
+        request_id = sane_request_id(headers_of(request).get(b"x-request-id"))
+        path, method = request.url.path, request.method
+        allowed = sorted(m for m, p in self.handlers() if p == path)
+        if not allowed and path.startswith("/v1/models/"):
+            allowed = ["GET"]
+        error: GatewayError = MethodNotAllowed(method, path, allowed) if allowed else UnknownRoute(method, path, self.known_paths())
+        return error_response(error, request_id)
+
+    def traits(self, model: str) -> ModelTraits:
+        """What the request rules need of ``model``: its context and capabilities (the catalog), the engines serving it."""
+        known = self.models.active(model)
+        if known is None and ":" in model:
+            known = self.models.active(model.partition(":")[0])  # an adapter: its base model's traits
+        engines = frozenset(n.engine_id for n in self.fleet.workers_for(model) if n.engine_id)
+        if known is None:
+            return ModelTraits(model, engines=engines)
+        if not engines and known.engine:
+            engines = frozenset((known.engine,))
+        return ModelTraits(model, context=known.context_length, capabilities=known.stated_capabilities, engines=engines)
 
     async def serve(self, request: Request, headers: dict[bytes, bytes], spec: RouteSpec, exchange: Exchange,
                     policy: PolicyView | None) -> Response:
@@ -154,23 +231,17 @@ class Gateway:
         body = read_whole(request)
         if body is None or len(body) > spec.body_cap:
             body = await read_body(request, spec.body_cap)
-        try:
-            payload = fastjson.loads(body)
-        except ValueError as err:
-            raise BadRequest(f"The body is not valid JSON: {err}.") from None
-        if not isinstance(payload, dict):
-            raise BadRequest("The body must be a JSON object.")
+        check_content_type(headers.get(b"content-type"))
+        payload = json_object(body)
         model = self.resolve_model(payload, spec)
         exchange.model = model
-        changed = model != payload.get("model")
+        changed = spec.check(payload, self.traits(model))
+        changed = model != payload.get("model") or changed
         payload["model"] = model
+        exchange.payload = payload
         stream = payload.get("stream") is True
         strip_usage = False
         if spec.capability == "chat":
-            for name in ("n", "best_of"):
-                value = payload.get(name)
-                if value is not None and value != 1:
-                    raise BadRequest(f"{name}={value!r} is not supported: ask for one answer per request.", param=name)
             if stream:
                 options = payload.get("stream_options")
                 if not isinstance(options, dict) or options.get("include_usage") is not True:
@@ -259,14 +330,14 @@ class Gateway:
         return response
 
     def resolve_model(self, payload: dict, spec: RouteSpec) -> str:
-        model = payload.get("model")
-        if model is not None and not isinstance(model, str):
-            raise BadRequest("model must be a string naming a model (GET /v1/models lists them).", param="model")
+        """The model a request names; ``"auto"`` is the plan's model, else the first wanted one that does the route's work."""
+        model = require_model(payload)
         plan = self.policies.current_plan()
-        if not model or model == "auto":
+        if model == "auto":
             model = (plan.model if plan is not None else "") or self.models.default_for(spec.capability) or ""
             if not model:
-                raise BadRequest(f"No model given and no default model for {spec.path}; name one (GET /v1/models).", param="model")
+                raise BadRequest(f"model 'auto' means the default model, and none is loaded for {spec.path}; "
+                                 "name one (GET /v1/models lists them).", param="model")
         if plan is not None and plan.model and model != plan.model and not _is_plan_adapter(model, plan):
             raise ModelNotFound(model, [plan.model])
         known = self.models.active(model)

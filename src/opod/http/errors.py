@@ -19,16 +19,20 @@ class GatewayError(Exception):
         self.headers = headers or {}
 
     def body(self) -> dict:
-        error = {"message": self.message, "type": self.type, "code": self.code}
-        if self.param is not None:
-            error["param"] = self.param
-        return {"error": error}
+        """OpenAI's error object: every key always present, ``param`` null when no one field is at fault."""
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
 class BadRequest(GatewayError):
     status = 400
     type = "invalid_request_error"
     code = "invalid_request"
+
+
+class ContextLengthExceeded(BadRequest):
+    """The request cannot fit the model's context; OpenAI's code, so clients that trim and retry recognise it."""
+
+    code = "context_length_exceeded"
 
 
 class Unauthorized(GatewayError):
@@ -57,12 +61,34 @@ class BodyTooLarge(GatewayError):
 
 
 class NotSupported(GatewayError):
-    status = 501
+    """The model does not do what the route asks (chat on an embedding model): the request's fault, so a 400
+    that clients do not retry, never a 5xx."""
+
+    status = 400
     type = "invalid_request_error"
 
     def __init__(self, message: str, code: str) -> None:
-        super().__init__(message)
+        super().__init__(message, param="model")
         self.code = code
+
+
+class UnknownRoute(GatewayError):
+    status = 404
+    type = "invalid_request_error"
+    code = "unknown_url"
+
+    def __init__(self, method: str, path: str, routes: list[str]) -> None:
+        super().__init__(f"Invalid URL ({method} {path}): no such route. The routes here: {', '.join(routes)}.")
+
+
+class MethodNotAllowed(GatewayError):
+    status = 405
+    type = "invalid_request_error"
+    code = "method_not_allowed"
+
+    def __init__(self, method: str, path: str, allowed: list[str]) -> None:
+        super().__init__(f"{path} does not answer {method}; use {' or '.join(allowed)}.",
+                         headers={"Allow": ", ".join(allowed)})
 
 
 class NoCapacity(GatewayError):

@@ -11,7 +11,8 @@ import secrets
 
 from starlette.requests import Request
 
-from opod.http.errors import BodyTooLarge
+from opod.http import fastjson
+from opod.http.errors import BadRequest, BodyTooLarge
 from opod.http.fastpath import read_whole
 
 MiB = 1 << 20
@@ -65,3 +66,14 @@ async def _drain(request: Request, expected: int) -> None:
         drained += len(chunk)
         if drained > DRAIN_LIMIT:
             return
+
+
+def json_object(body: bytes) -> dict:
+    """A request body that must be one JSON object, parsed; a :class:`BadRequest` saying what is wrong otherwise."""
+    try:
+        payload = fastjson.loads(body)
+    except ValueError as err:
+        raise BadRequest(f"The body is not valid JSON: {err}.") from None
+    if not isinstance(payload, dict):
+        raise BadRequest("The body must be a JSON object.")
+    return payload
