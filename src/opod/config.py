@@ -39,6 +39,7 @@ CONFIG_OVERRIDES: tuple[Override, ...] = (
     Override("OPOD_TLS_KEY", "PEM private key for OPOD_TLS_CERT."),
     Override("OPOD_NODE_CERT", "PEM client certificate a worker presents to a TLS leader; its URI SAN spiffe://<trust domain>/opod/node/<id> names the node. With OPOD_NODE_KEY."),
     Override("OPOD_NODE_KEY", "PEM private key for OPOD_NODE_CERT."),
+    Override("OPOD_STOP_GRACE", "Seconds a stopping leader or worker lets requests in flight finish before it stops its engines (default 30; 0 = stop at once)."),
     Override("OPOD_DOOR_ROUTES", "Path of the door's routes file (opod up --role door); --routes names it too."),
 )
 
@@ -70,6 +71,28 @@ def home(environ: Mapping[str, str] | None = None) -> Path:
     """opod's data directory."""
     value = read("OPOD_HOME", environ)
     return Path(value).expanduser() if value else Path.home() / ".opod"
+
+
+DEFAULT_STOP_GRACE = 30.0
+MAX_STOP_GRACE = 3600.0
+
+
+def stop_grace(environ: Mapping[str, str] | None = None) -> float:
+    """``OPOD_STOP_GRACE``: seconds requests in flight may take to finish when the process is told to stop.
+
+    Raises ``ValueError`` naming the variable for anything but a number of seconds from 0 to an hour.
+    """
+    value = read("OPOD_STOP_GRACE", environ)
+    if value is None:
+        return DEFAULT_STOP_GRACE
+    try:
+        seconds = float(value.removesuffix("s"))
+    except ValueError:
+        seconds = -1.0
+    if not 0.0 <= seconds <= MAX_STOP_GRACE:  # NaN fails too
+        raise ValueError(f"OPOD_STOP_GRACE={value!r} is not a number of seconds; set one from 0 to {MAX_STOP_GRACE:.0f}, "
+                         f"or unset it for {DEFAULT_STOP_GRACE:.0f}")
+    return seconds
 
 
 ACTED_ON = frozenset({

@@ -1,4 +1,5 @@
 """A leader killed with SIGKILL under load loses no usage row: complete answers keep theirs, in-flight ones are marked.
+A stream cut short (its client left, its engine died) is recorded with its prompt and the tokens streamed.
 
 Each client request carries its own ``X-Request-Id``; after the restart the
 usage stream is read to the end and compared with what the clients saw.
@@ -7,13 +8,15 @@ usage stream is read to the end and compared with what the clients saw.
 from __future__ import annotations
 
 import json
+import re
+import socket
 import threading
 import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
 
-from tests.support.opod_process import Leader, opod_cli, sim_worker, usage_rows, wait_until
+from tests.support.opod_process import Leader, OpodProcess, opod_cli, sim_worker, usage_rows, wait_until
 
 MODEL = "sim-slow"
 
@@ -77,3 +80,74 @@ def test_sigkill_under_load_keeps_every_answered_request_and_marks_the_rest(tmp_
         worker.stop()
         if leader.process.proc.poll() is None:
             leader.process.stop()
+
+
+def _stream_until(leader: Leader, request_id: str, tokens: int) -> tuple[socket.socket, bytes]:
+    """A raw streamed chat, read until ``tokens`` content deltas (or its end) arrived."""
+    body = json.dumps({"model": MODEL, "messages": [{"role": "system", "content": "You answer at length."},
+                                                    {"role": "user", "content": "a long answer about the sea, please"}],
+                       "max_tokens": 1000, "stream": True}).encode()
+    host, port = leader.url.removeprefix("http://").rsplit(":", 1)
+    conn = socket.create_connection((host, int(port)), timeout=30)
+    conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: opod\r\nContent-Type: application/json\r\n"
+                 + f"Authorization: Bearer {leader.key}\r\nX-Request-Id: {request_id}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                 + body)
+    seen = b""
+    while seen.count(b'"content":"') - seen.count(b'"content":""') < tokens and b"data: [DONE]" not in seen:
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        seen += chunk
+    return conn, seen
+
+
+def _row(leader: Leader, request_id: str):
+    return next((row.data for row in usage_rows(leader) if row.data.request_id == request_id), None)
+
+
+def _engine_url(worker: OpodProcess) -> str:
+    urls = re.findall(rf"{MODEL} serving on (http://127\.0\.0\.1:\d+)", worker.output)
+    assert urls, worker.output
+    return urls[-1]
+
+
+def test_streams_cut_short_are_recorded_with_their_prompt_and_the_tokens_streamed(tmp_path: Path) -> None:
+    leader = Leader(tmp_path / "leader", worker=False, extra=["--no-default-models"])
+    worker = sim_worker(leader, tmp_path / "worker", "n_cut", OPOD_ENGINE_FLAGS=json.dumps({"time_scale": 1.0}))
+    try:
+        worker.wait_for_line("registered with", timeout=30)
+        assert opod_cli(leader, "model", "add", MODEL, "--engine", "sim").returncode == 0
+        leader.wait_served(MODEL, timeout=60)
+
+        # A whole answer: the engine's own count of the prompt, for comparison.
+        conn, seen = _stream_until(leader, "cut-whole", 10_000)
+        conn.close()
+        assert b"data: [DONE]" in seen
+        whole = wait_until(lambda: _row(leader, "cut-whole"), 10, "the whole answer's row")
+        assert whole.outcome == "ok" and whole.prompt_tokens > 0
+
+        # The client leaves after a few tokens.
+        conn, seen = _stream_until(leader, "cut-left", 3)
+        conn.close()
+        got = seen.count(b'"content":"') - seen.count(b'"content":""')
+        left = wait_until(lambda: _row(leader, "cut-left"), 10, "the row of the request whose client left")
+        assert left.outcome == "cancelled"
+        assert got <= left.completion_tokens < 1000
+        assert left.prompt_tokens == whole.prompt_tokens, "the prompt is counted as the engine counts it"
+        assert left.route["prompt_tokens"] == "counted"
+
+        # The engine dies mid-stream.
+        request = urllib.request.Request(_engine_url(worker) + "/sim/faults", data=json.dumps({"crash_after_tokens": 5}).encode(),
+                                         method="POST", headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=5) as response:
+            assert response.status == 200
+        conn, seen = _stream_until(leader, "cut-crash", 10_000)
+        conn.close()
+        got = seen.count(b'"content":"') - seen.count(b'"content":""')
+        assert b"upstream_interrupted" in seen and got >= 1
+        crashed = wait_until(lambda: _row(leader, "cut-crash"), 10, "the row of the request whose engine died")
+        assert crashed.outcome == "error" and crashed.completion_tokens == got
+        assert crashed.prompt_tokens > 0 and crashed.route["prompt_tokens"] in ("counted", "estimated")
+    finally:
+        worker.stop()
+        leader.process.stop()

@@ -425,3 +425,51 @@ async def _one_admission(adm: Admission):
     permit = await adm.admit(MODEL, resolve_class("critical"))
     assert permit.admission_class is AdmissionClass.CRITICAL
     return adm.stats()[MODEL]
+
+
+# --- stopping -------------------------------------------------------------------
+
+
+async def test_a_stopping_node_refuses_new_and_waiting_requests_and_lets_held_ones_finish():
+    adm = admission_of(fixed(1), policy(hold_ms=30_000))
+    held = await adm.admit(MODEL)
+    waiting = asyncio.ensure_future(adm.admit(MODEL))
+    await settle()
+    assert not waiting.done() and not adm.stopping
+
+    assert adm.close(retry_after=5) == 1  # one request in flight
+    await settle()
+    assert adm.stopping
+    with pytest.raises(admission_module.Stopping) as queued:
+        await waiting
+    with pytest.raises(admission_module.Stopping) as new:
+        await adm.admit(MODEL)
+    for refusal in (queued.value, new.value):
+        response = error_response(refusal, "r1")
+        assert response.status_code == 503 and response.headers["retry-after"] == "5"
+        assert "not taking new requests" in refusal.message and "stopping" in refusal.message
+    assert adm.stats()[MODEL].waiting_by_class["standard"] == 0
+    assert not held.released and adm.in_flight == 1  # the answer in flight keeps its slot
+
+
+async def test_settled_returns_once_the_last_request_in_flight_is_answered():
+    adm = admission_of(fixed(4))
+    first, second = await adm.admit(MODEL), await adm.admit(MODEL)
+    adm.close(retry_after=5)
+    settled = asyncio.ensure_future(adm.settled(30))
+    await settle()
+    first.release()
+    await settle()
+    assert not settled.done()
+    second.release()
+    assert await asyncio.wait_for(settled, 1) is True
+    assert adm.in_flight == 0
+
+
+async def test_settled_gives_up_after_the_grace_with_requests_still_in_flight():
+    adm = admission_of(fixed(1))
+    held = await adm.admit(MODEL)
+    adm.close(retry_after=5)
+    assert await adm.settled(0.05) is False
+    held.release()
+    assert await adm.settled(0.05) is True

@@ -17,6 +17,7 @@ from opod.contract.tokenizer import Tokenizer, render_chat
 from opod.fleet.prefix_index import PrefixIndex
 from opod.fleet.state import Fleet
 from opod.gateway.prefix import PrefixHasher
+from opod.gateway.tokenize import worker_tokenizer
 from opod.http.nodeclient import WorkerClient
 from opod.security.signer import Signer
 
@@ -65,6 +66,11 @@ def serving(address: str, *node_ids: str) -> tuple[Fleet, PrefixIndex]:
     return fleet, index
 
 
+def hasher(workers: WorkerClient, address: str, *node_ids: str, **options: int) -> PrefixHasher:
+    fleet, index = serving(address, *node_ids)
+    return PrefixHasher(fleet, index, worker_tokenizer(fleet, workers), **options)
+
+
 @pytest.fixture
 async def workers() -> AsyncIterator[WorkerClient]:
     client = WorkerClient(lambda _: "token", Signer)
@@ -81,7 +87,7 @@ SYSTEM = MESSAGES[0]
 
 async def test_a_request_seen_once_is_hashed_from_memory_the_next_time(worker, workers) -> None:
     address, fake = worker
-    prefix = PrefixHasher(*serving(address, "a", "b"), workers)
+    prefix = hasher(workers, address, "a", "b")
     payload = chat(*MESSAGES)
     assert prefix.hashes(MODEL, payload) == [], "never seen: routed without hashes, not held up"
     await prefix.settle()
@@ -93,7 +99,7 @@ async def test_a_request_seen_once_is_hashed_from_memory_the_next_time(worker, w
 
 async def test_the_next_turn_is_hashed_by_the_turns_before_it(worker, workers) -> None:
     address, _ = worker
-    prefix = PrefixHasher(*serving(address, "a", "b"), workers)
+    prefix = hasher(workers, address, "a", "b")
     prefix.hashes(MODEL, chat(*MESSAGES))
     await prefix.settle()
     next_turn = chat(*MESSAGES, {"role": "assistant", "content": "hello there"}, {"role": "user", "content": "more"})
@@ -102,7 +108,7 @@ async def test_the_next_turn_is_hashed_by_the_turns_before_it(worker, workers) -
 
 async def test_a_shared_system_prompt_is_hashed_for_a_new_conversation(worker, workers) -> None:
     address, _ = worker
-    prefix = PrefixHasher(*serving(address, "a", "b"), workers)
+    prefix = hasher(workers, address, "a", "b")
     for user in ("where are the hammers?", "do you sell nails?"):
         prefix.hashes(MODEL, chat(SYSTEM, {"role": "user", "content": user}))
         await prefix.settle()
@@ -116,7 +122,7 @@ async def test_a_shared_system_prompt_is_hashed_for_a_new_conversation(worker, w
 async def test_learning_waits_for_nothing_on_the_requests_path(worker, workers) -> None:
     address, fake = worker
     fake.delay = 1.0
-    prefix = PrefixHasher(*serving(address, "a", "b"), workers)
+    prefix = hasher(workers, address, "a", "b")
     started = time.perf_counter()
     for i in range(20):
         assert prefix.hashes(MODEL, chat(SYSTEM, {"role": "user", "content": f"question {i}"})) == []
@@ -128,7 +134,7 @@ async def test_learning_waits_for_nothing_on_the_requests_path(worker, workers) 
 
 async def test_a_text_prompt_is_known_when_repeated(worker, workers) -> None:
     address, _ = worker
-    prefix = PrefixHasher(*serving(address, "a", "b"), workers)
+    prefix = hasher(workers, address, "a", "b")
     text = " ".join(f"word{i}" for i in range(100))
     payload = {"model": MODEL, "prompt": text}
     prefix.hashes(MODEL, payload)
@@ -138,7 +144,7 @@ async def test_a_text_prompt_is_known_when_repeated(worker, workers) -> None:
 
 async def test_what_follows_an_image_part_is_not_hashed(worker, workers) -> None:
     address, _ = worker
-    prefix = PrefixHasher(*serving(address, "a", "b"), workers)
+    prefix = hasher(workers, address, "a", "b")
     image = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}
     prefix.hashes(MODEL, chat(SYSTEM, image))
     await prefix.settle()
@@ -147,14 +153,14 @@ async def test_what_follows_an_image_part_is_not_hashed(worker, workers) -> None
 
 async def test_a_model_with_one_worker_is_not_hashed(worker, workers) -> None:
     address, fake = worker
-    prefix = PrefixHasher(*serving(address, "a"), workers)
+    prefix = hasher(workers, address, "a")
     assert prefix.hashes(MODEL, chat(*MESSAGES)) == []  # one place to go: nothing to hash, nobody asked
     await prefix.settle()
     assert fake.asked == 0
 
 
 async def test_a_worker_that_does_not_answer_means_no_hashes(workers) -> None:
-    prefix = PrefixHasher(*serving("127.0.0.1:9", "a", "b"), workers)  # nothing listens there
+    prefix = hasher(workers, "127.0.0.1:9", "a", "b")  # nothing listens there
     assert prefix.hashes(MODEL, chat(*MESSAGES)) == []
     await prefix.settle()
     assert prefix.hashes(MODEL, chat(*MESSAGES)) == []
@@ -163,7 +169,7 @@ async def test_a_worker_that_does_not_answer_means_no_hashes(workers) -> None:
 async def test_a_change_in_what_workers_report_applies_to_the_next_request(worker, workers) -> None:
     address, _ = worker
     fleet, index = serving(address, "a", "b")
-    prefix = PrefixHasher(fleet, index, workers)
+    prefix = PrefixHasher(fleet, index, worker_tokenizer(fleet, workers))
     payload = chat(*MESSAGES)
     prefix.hashes(MODEL, payload)
     await prefix.settle()
@@ -182,7 +188,7 @@ async def test_a_change_in_what_workers_report_applies_to_the_next_request(worke
 
 async def test_the_least_recently_used_prefixes_are_forgotten_first(worker, workers) -> None:
     address, _ = worker
-    prefix = PrefixHasher(*serving(address, "a", "b"), workers, kept=3)
+    prefix = hasher(workers, address, "a", "b", kept=3)
     first = chat(SYSTEM, {"role": "user", "content": "first"})
     prefix.hashes(MODEL, first)
     await prefix.settle()

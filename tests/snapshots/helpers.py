@@ -26,6 +26,7 @@ from opod.gateway.app import Gateway
 from opod.gateway.guardrails import Guardrails
 from opod.gateway.prefix import PrefixHasher
 from opod.gateway.relay import Relay
+from opod.gateway.tokenize import worker_tokenizer
 from opod.http.nodeclient import WorkerClient
 from opod.http.serving import QuietServer, bind
 from opod.ledger import Ledger
@@ -114,7 +115,7 @@ def gateway_app(access: AccessService, home: Path, require_keys: bool = True, sn
         relay = Relay(fleet, workers, index=index, pins=AffinityTable(), local=LocalEngines())
         gateway = Gateway(
             fleet=fleet, models=ModelRegistry(), keys=access.keys, relay=relay, admission=Admission(fleet_capacity(fleet)),
-            usage=ledger, prefix=PrefixHasher(fleet, index, workers), policies=policies,
+            usage=ledger, prefix=PrefixHasher(fleet, index, worker_tokenizer(fleet, workers)), policies=policies,
             guardrails=Guardrails(), require_keys=require_keys,
         )
         yield Starlette(routes=gateway.routes())

@@ -10,6 +10,7 @@ import typer
 import uvloop
 
 from opod import config
+from opod.cli import homelock
 from opod.cli.common import fail, out, setup_logging
 
 if TYPE_CHECKING:
@@ -22,6 +23,8 @@ def command(
     listen: str = typer.Option("", help="This worker's listener host:port [default: 0.0.0.0:8081, or OPOD_WORKER_LISTEN]."),
     engine: str = typer.Option("llamacpp", help="Engine to run models with: llamacpp, vllm, sglang, ollama or sim."),
     threads: int = typer.Option(0, help="CPU threads per engine (0 = the engine's default)."),
+    stop_grace: float | None = typer.Option(None, "--stop-grace", metavar="SECONDS", min=0, max=3600, show_default=False,
+                                     help="Seconds requests in flight may take to finish on Ctrl-C or SIGTERM [default: 30, or OPOD_STOP_GRACE]."),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Join a leader as a worker and run its models on this machine's engines."""
@@ -35,9 +38,14 @@ def command(
     if not leader_url.startswith(("http://", "https://")):
         raise fail(f"URL {leader_url!r} must start with http:// or https://")
     try:
+        homelock.hold(config.home(), "opod join")
+    except homelock.HomeInUse as error:
+        raise fail(str(error)) from None
+    try:
         settings = WorkerSettings(
             leader_url=leader_url, token=token.strip(), home=config.home(), engine=engine, threads=threads, flags=engine_flags(),
             listen=parse_listen(listen or config.read("OPOD_WORKER_LISTEN") or "0.0.0.0:8081", "0.0.0.0", "--listen"),
+            stop_grace=config.stop_grace() if stop_grace is None else stop_grace,
             **WorkerSettings.tls_from_env(),
         )
         worker = open_worker(settings)
@@ -53,10 +61,17 @@ async def _run(worker: Worker) -> None:
     out.print(f"worker {worker.node_id} on {worker.listener.address}, joining {worker.settings.leader_url} with engine {worker.settings.engine}")
     stop = asyncio.Event()
 
+    worker.say = out.print
+
     def on_signal() -> None:
         if not stop.is_set():
-            out.print("stopping: engines first")
-        stop.set()
+            grace = worker.settings.stop_grace
+            out.print(f"stopping: no new requests are sent here; those in flight get up to {grace:g} s, then the engines stop"
+                      if grace > 0 else "stopping: the engines, then the listener")
+            stop.set()
+        else:
+            out.print("stopping now: the engines are killed")
+            worker.hurry()
 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -14,6 +14,11 @@ past its hold is shed: :class:`Shed`, a 503 with an estimated ``Retry-After``.
 A pool of size 0 (no live worker holds the model) admits everything: the
 relay then says which worker is missing, which a queue would only hide.
 
+When the node stops (:meth:`Admission.close`), every later request and every
+request still waiting is refused with :class:`Stopping` (503, ``Retry-After``),
+while the permits already held run to their end; :meth:`Admission.settled`
+says when the last one is given back.
+
 The fleet tells the pools when its slots change (:func:`fleet_capacity`), so a
 waiter takes a slot a new or returning worker brings at once; a slow recheck
 covers what no event announces (a worker's cooldown running out). Time is read
@@ -71,6 +76,20 @@ class Shed(NoCapacity):
         self.admission_class = admission_class
         self.reason = reason
         self.retry_after = retry_after
+
+
+class Stopping(NoCapacity):
+    """The node is stopping: it takes no new request, while those in flight finish (503 with ``Retry-After``)."""
+
+    code = "stopping"
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message, retry_after)
+        self.retry_after = retry_after
+
+    def again(self) -> Stopping:
+        """A fresh copy to raise: one exception object raised by many requests would pile up their tracebacks."""
+        return Stopping(self.message, self.retry_after)
 
 
 # --- classes ------------------------------------------------------------------
@@ -275,6 +294,8 @@ class _Pool:
             self.queues[permit.rank].settle(permit.ticket, held_s)
         if self.waiting:
             self.pump()
+        if self.owner.closed is not None:
+            self.owner.released_while_closed()
 
     async def wait(self, rank: int, flow: Hashable, size: int) -> Permit:
         config = self.owner.config
@@ -347,6 +368,15 @@ class _Pool:
                 continue
             waiter.future.set_result(self.grant(rank, waiter))
 
+    def refuse_all(self, refusal: Stopping) -> None:
+        """Refuse every waiter: the node is stopping."""
+        for queue in self.queues:
+            while (waiter := queue.evict()) is not None:
+                assert isinstance(waiter, _Waiter)
+                self.waiting -= 1
+                if waiter.future is not None and not waiter.future.done():
+                    waiter.future.set_exception(refusal.again())
+
     def on_recheck(self) -> None:
         self.recheck = None
         if self.waiting:
@@ -416,8 +446,58 @@ class Admission:
         self.clock = clock
         self.now = clock.now
         self._pools: dict[str, _Pool] = {}
+        self.closed: Stopping | None = None
+        """The refusal every request gets once the node is stopping (:meth:`close`); ``None`` while serving."""
+        self._settled: asyncio.Event | None = None
         if isinstance(capacity, FleetCapacity):
             capacity.on_change(self.capacity_changed)
+
+    # --- stopping ---------------------------------------------------------------
+
+    @property
+    def stopping(self) -> bool:
+        """True once :meth:`close` was called: ``/readyz`` says not ready, every new request is refused."""
+        return self.closed is not None
+
+    @property
+    def in_flight(self) -> int:
+        """Permits held now, over every model: the requests admitted and not yet answered."""
+        return sum(pool.in_use for pool in self._pools.values())
+
+    def close(self, retry_after: int, why: str = "the node is stopping") -> int:
+        """Take no new request: later ones, and every one waiting now, get :class:`Stopping`.
+
+        Permits already held are untouched, so the answers in flight finish. Returns how many
+        requests are in flight. Calling it again changes nothing.
+        """
+        if self.closed is None:
+            retry_after = max(1, min(RETRY_AFTER_MAX, int(retry_after)))
+            self.closed = Stopping(
+                f"This node is not taking new requests: {why}. Requests in flight finish; "
+                f"retry in about {retry_after} s (on another node, if there is one).", retry_after)
+            for pool in self._pools.values():
+                pool.refuse_all(self.closed)
+        return self.in_flight
+
+    async def settled(self, timeout: float) -> bool:
+        """After :meth:`close`: wait up to ``timeout`` seconds for the last permit to come back; True when none is held."""
+        if self.closed is None:
+            raise RuntimeError("Admission.settled() waits for the requests in flight after close(); call close() first")
+        if self.in_flight == 0:
+            return True
+        if self._settled is None:
+            self._settled = asyncio.Event()
+        try:
+            await asyncio.wait_for(self._settled.wait(), timeout)
+        except TimeoutError:
+            return self.in_flight == 0
+        return True
+
+    def released_while_closed(self) -> None:
+        if self._settled is not None and self.in_flight == 0:
+            self._settled.set()
+
+    # --- the policy -------------------------------------------------------------
 
     def configure(self, policy: PolicyAdmission) -> None:
         """Swap the policy whole; held permits and waiting requests carry on (a waiter keeps its deadline).
@@ -437,7 +517,12 @@ class Admission:
                 pool.pump()
 
     def admit_now(self, model: str, admission_class: str = AdmissionClass.STANDARD) -> Permit | None:
-        """A slot of ``model``'s pool when this class may have one at once; ``None`` when :meth:`admit` must wait or shed."""
+        """A slot of ``model``'s pool when this class may have one at once; ``None`` when :meth:`admit` must wait or shed.
+
+        Raises :class:`Stopping` once the node is stopping.
+        """
+        if self.closed is not None:
+            raise self.closed.again()
         pool = self._pools.get(model)
         if pool is None:
             pool = self._pools[model] = _Pool(self, model)
@@ -469,6 +554,8 @@ class Admission:
 
     async def wait(self, model: str, admission_class: str = AdmissionClass.STANDARD, *, team: str = "", key_id: str = "") -> Permit:
         """:meth:`admit` after :meth:`admit_now` said ``None``: queue for a slot, or shed."""
+        if self.closed is not None:
+            raise self.closed.again()
         pool, rank, size = self._pools[model], _RANK[admission_class], self.capacity(model)
         return await pool.wait(rank, ("team", team) if team else ("key", key_id), size)
 

@@ -3,7 +3,9 @@
 Every request ends exactly once, whatever happens: answered, refused before
 relaying, cut off, or left by its client. The usage row is written before the
 client has the end of its answer, so an answer that arrived is never missing
-from the stream.
+from the stream. A stream cut off or left before the engine's usage chunk
+records the completion tokens actually streamed and its prompt tokens counted
+after the fact (:mod:`opod.gateway.usagecount`), a moment later.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from opod.contract.adminapi import SNAPSHOT_KEY_PREFIX
 from opod.gateway.admission import Permit
 from opod.gateway.outcome import Outcome
 from opod.gateway.stats import GatewayStats
+from opod.gateway.usagecount import PromptCounter
 from opod.ledger.records import UsageTicket
 
 access = logging.getLogger("opod.access")
@@ -35,10 +38,10 @@ class Exchange:
     """Implements ``opod.gateway.relay.RelayObserver``: the relay tells it what happened, it records it."""
 
     __slots__ = ("stats", "ledger", "request_id", "protocol", "probe", "started", "key_id", "model", "ticket",
-                 "permit", "ended", "route", "_begun", "access_log")
+                 "permit", "ended", "route", "_begun", "access_log", "prompts", "payload")
 
     def __init__(self, stats: GatewayStats, ledger: UsageRecorder, request_id: str, protocol: str, probe: bool,
-                 access_log: bool) -> None:
+                 access_log: bool, prompts: PromptCounter | None = None) -> None:
         self.stats = stats
         self.ledger = ledger
         self.request_id = request_id
@@ -54,6 +57,10 @@ class Exchange:
         self.route: dict | None = None
         self.ended = False
         self._begun = False
+        self.prompts = prompts
+        """Counts the prompt of a stream that ended before the engine's usage chunk; ``None``: recorded as 0."""
+        self.payload: dict | None = None
+        """The request as relayed (set once parsed), for that count."""
 
     def identify(self, key: KeyEntry | None) -> None:
         if key is not None:
@@ -106,16 +113,27 @@ class Exchange:
         ticket = self.ticket if self.ticket is not None else self._journal_start()
         usage = outcome.usage or {}
         completion = usage.get("completion_tokens")
-        self.ledger.end(
-            ticket,
-            outcome=outcome.outcome,
-            prompt_tokens=int(usage.get("prompt_tokens") or 0),
-            completion_tokens=int(completion if isinstance(completion, int) else outcome.tokens_sent),
-            latency_ms=int((time.perf_counter() - self.started) * 1000),
-            ttft_ms=outcome.ttft_ms,
-            node_id=outcome.node_id,
-            route=self.route,
-        )
+        prompt = usage.get("prompt_tokens")
+        latency_ms = int((time.perf_counter() - self.started) * 1000)
+        # Without the engine's usage, the completion tokens are those streamed (outcome.tokens_sent).
+        completion_tokens = int(completion if isinstance(completion, int) else outcome.tokens_sent)
+
+        def record(prompt_tokens: int, route: dict | None) -> None:
+            self.ledger.end(ticket, outcome=outcome.outcome, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                            latency_ms=latency_ms, ttft_ms=outcome.ttft_ms, node_id=outcome.node_id, route=route)
+
+        if isinstance(prompt, int) or self.prompts is None or self.payload is None or not _cut_short(outcome):
+            record(int(prompt or 0), self.route)
+            return
+        route = self.route
+        self.prompts.later(outcome.node_id, self.model, self.payload,
+                           lambda tokens, how: record(tokens, {**(route or {}), "prompt_tokens": how}))
 
     def refuse(self, status: int) -> None:
         self.done(Outcome(status, "error"))
+
+
+def _cut_short(outcome: Outcome) -> bool:
+    """A stream the engine had begun to answer, left by its client (``cancelled``) or broken off (502):
+    the engine read its prompt, but its usage chunk never came."""
+    return outcome.outcome == "cancelled" or (outcome.outcome == "error" and outcome.status == 502)

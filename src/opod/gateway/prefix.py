@@ -29,7 +29,8 @@ from opod.contract import nodeapi
 from opod.contract.blockhash import block_hashes
 from opod.fleet.prefix_index import PrefixIndex
 from opod.fleet.state import Fleet, NodeState
-from opod.http.nodeclient import WorkerClient, WorkerUnavailable
+from opod.gateway.tokenize import Tokenize
+from opod.http.nodeclient import WorkerUnavailable
 
 log = logging.getLogger("opod.gateway")
 
@@ -39,8 +40,6 @@ PREFIXES_KEPT = 50_000
 """Message prefixes remembered, least recently used forgotten first."""
 LEARNING_AT_ONCE = 8
 """Tokenize calls in flight; a request seen while all are busy is learnt the next time it comes."""
-TOKENIZE_TIMEOUT = 2.0
-"""Off the request's path, so a slow worker delays only what the leader learns."""
 
 Hashes = tuple[str, ...]
 
@@ -80,11 +79,11 @@ class _Prompt:
 
 
 class PrefixHasher:
-    def __init__(self, fleet: Fleet, index: PrefixIndex, workers: WorkerClient, *,
+    def __init__(self, fleet: Fleet, index: PrefixIndex, tokenize: Tokenize, *,
                  kept: int = PREFIXES_KEPT, at_once: int = LEARNING_AT_ONCE) -> None:
         self.fleet = fleet
         self.index = index
-        self.workers = workers
+        self.tokenize = tokenize
         self.kept = kept
         self.at_once = at_once
         self._plans: dict[str, _Plan] = {}
@@ -138,13 +137,11 @@ class PrefixHasher:
 
     async def _learn(self, prompt: _Prompt, node: NodeState, block_size: int) -> None:
         try:
-            status, body = await self.workers.call_json(node, "POST", nodeapi.PATH_TOKENIZE, prompt.request().to_wire(),
-                                                        timeout=TOKENIZE_TIMEOUT)
-        except WorkerUnavailable as err:
+            tokens = await self.tokenize(node.id, prompt.request())
+        except (WorkerUnavailable, OSError, TimeoutError, ValueError) as err:
             log.debug("tokenize on %s failed: %s", node.id, err)
             return
-        tokens = body.get("tokens") if status == 200 and isinstance(body, dict) else None
-        if not isinstance(tokens, list) or not tokens:
+        if not tokens:
             return
         self._remember(prompt.keys, tuple(block_hashes(tokens[: MAX_BLOCKS * block_size], block_size)))
 

@@ -35,6 +35,8 @@ async def relay_sse(resp: UpstreamResponse, first: bytes, strip_usage: bool, don
         while chunk is not None:
             out = scanner.feed(chunk)
             if out:
+                # One non-empty content delta is one token on llama-server, vLLM, SGLang and the simulator:
+                # what a row records as completion tokens when the stream ends before the usage chunk.
                 sent += out.count(b'"content":"') - out.count(b'"content":""')
                 if b"data: [DONE]" in out:
                     report("ok")

@@ -38,6 +38,8 @@ from opod.gateway.app import Gateway
 from opod.gateway.guardrails import Guardrails
 from opod.gateway.prefix import PrefixHasher
 from opod.gateway.relay import Relay
+from opod.gateway.tokenize import worker_tokenizer
+from opod.gateway.usagecount import PromptCounter
 from opod.http.fastpath import FastPath
 from opod.http.nodeclient import WorkerClient
 from opod.http.serving import Listener, serve
@@ -61,6 +63,10 @@ DEFAULT_MODELS = ("smollm2-135m-instruct", "all-minilm-l6-v2")
 DEFAULT_ADMISSION = adminapi.PolicyAdmission(hold_ms=30_000, max_held=1024)
 """Without a policy file, a request waits up to 30 s for an engine slot; a mounted policy's admission
 block replaces this whole (and there, as the contract says, zero means shed at once)."""
+
+STOPPING_RETRY_AFTER = 5
+"""``Retry-After`` of a request refused while the leader stops: long enough not to hammer it, short
+enough for a client behind a balancer to find another leader, or this one started again."""
 
 KEY_USE_FLUSH_EVERY = 5.0
 """Seconds between writes of keys' ``last_used_at``: often enough for a listing, rare enough to cost nothing."""
@@ -103,6 +109,8 @@ class Leader:
     tls: LeaderTLS | None
     """HTTPS for the public listener; None serves plain HTTP."""
     admission: Admission
+    prompts: PromptCounter
+    """Counts the prompts of streams cut off before the engine's usage, for their usage rows."""
     guardrails: Guardrails
     gateway: Gateway
     registry: NodeRegistry
@@ -164,17 +172,20 @@ class Leader:
         auth_file = snapshots.auth  # read per call: the auth file can change the policy while serving
         tls = LeaderTLS(*tls_files, lambda: auth_file.node_mtls) if tls_files else None
         admission = Admission(fleet_capacity(fleet), DEFAULT_ADMISSION)
+        tokenize = worker_tokenizer(fleet, workers)
+        prompts = PromptCounter(tokenize)
         guardrails = Guardrails()
         gateway = Gateway(
             fleet=fleet, models=models, keys=access.keys, relay=Relay(fleet, workers, index=index, pins=pins, local=local_engines),
-            admission=admission, usage=ledger, prefix=PrefixHasher(fleet, index, workers), policies=snapshots,
-            guardrails=guardrails, require_keys=settings.require_keys,
+            admission=admission, usage=ledger, prefix=PrefixHasher(fleet, index, tokenize), policies=snapshots,
+            guardrails=guardrails, prompts=prompts, require_keys=settings.require_keys,
         )
         snapshots.policy.subscribe(lambda view: _apply_admission(admission, view))
         registry = NodeRegistry(fleet, access, store, reconciler.kick, emit, index, lambda: auth_file.node_mtls)
         admin = AdminContext(
             store=store, fleet=fleet, models=models, workers=workers, stats=gateway.stats, kick_reconciler=reconciler.kick,
             emit=emit, ledger=ledger, shards=shards, plan=snapshots.current_plan, prefix_index=index.stats, tls=tls is not None,
+            stopping=lambda: admission.stopping,
         )
         control = ControlContext(
             store=store, access=access, fleet=fleet, models=models, catalog=catalog, models_changed=reconciler.kick,
@@ -183,7 +194,7 @@ class Leader:
         return cls(
             settings=settings, store=store, catalog=catalog, boot=boot, access=access, fleet=fleet, models=models,
             ledger=ledger, workers=workers, index=index, local_engines=local_engines, reconciler=reconciler, shards=shards,
-            snapshots=snapshots, tls=tls, admission=admission, guardrails=guardrails, gateway=gateway, registry=registry,
+            snapshots=snapshots, tls=tls, admission=admission, prompts=prompts, guardrails=guardrails, gateway=gateway, registry=registry,
             admin=admin, control=control, new_admin_key=new_admin_key,
         )
 
@@ -204,14 +215,16 @@ class Leader:
     # --- the lifespan ------------------------------------------------------------------------
 
     async def run(self, listeners: Sequence[Listener], stop: asyncio.Event, *,
-                  drain: Callable[[], Awaitable[None]] | None = None, beside: Sequence[Background] = ()) -> None:
+                  drain: Callable[[], Awaitable[None]] | None = None, beside: Sequence[Background] = (),
+                  grace: float = 0.0, hurry: asyncio.Event | None = None, say: Callable[[str], None] | None = None) -> None:
         """Serve until ``stop`` is set, then stop everything in order; ends with the store closed.
 
         Start: the mounted files (applied before the first request), the ledger's writer, the
-        reconciler, the healer, the key-use flush, ``beside``, the listeners. Stop: ``drain``
-        (the local worker's engines and its last heartbeat, which still needs the listeners),
-        the background work, the listeners (answers in flight finish), the ledger's last rows,
-        the files' watchers, then :meth:`close`.
+        reconciler, the healer, the key-use flush, ``beside``, the listeners. Stop: no new request
+        is taken (:meth:`let_requests_finish`: those in flight get up to ``grace`` seconds, cut
+        short when ``hurry`` is set), then ``drain`` (the local worker's engines and its last
+        heartbeat, which still needs the listeners), the background work, the listeners, the
+        ledger's last rows, the files' watchers, then :meth:`close`.
         """
         try:
             await self.snapshots.start()
@@ -229,6 +242,7 @@ class Leader:
             stopped.cancel()
         finally:
             stop.set()
+            await self.let_requests_finish(0.0 if serving.done() else grace, hurry, say or log.info)
             if drain is not None:
                 try:
                     await drain()
@@ -244,12 +258,50 @@ class Leader:
                 await serving
             except Exception as err:  # raised once the rest has stopped cleanly
                 failure = err
+            await self.prompts.settle()  # the rows of streams cut off at the end wait for their prompt counts
             ledger_stop.set()  # after the listeners: the last answers' rows are written before the leader exits
             await writer
             await self.snapshots.stop()
             await self.close()
             if failure is not None:
                 raise failure
+
+    @property
+    def stopping(self) -> bool:
+        """True once the leader has begun to stop: ``/readyz`` answers not ready, ``/v1`` requests 503."""
+        return self.admission.stopping
+
+    async def let_requests_finish(self, grace: float, hurry: asyncio.Event | None, say: Callable[[str], None]) -> None:
+        """Take no new request (503 with ``Retry-After``, the waiting ones too) and give those in flight up
+        to ``grace`` seconds to finish, or until ``hurry`` is set; says on the console which happened."""
+        in_flight = self.admission.close(STOPPING_RETRY_AFTER)
+        if not in_flight:
+            say("stopping: no request in flight")
+            return
+        if grace <= 0 or (hurry is not None and hurry.is_set()):
+            say(f"stopping now: {_requests(in_flight)} in flight are cut off")
+            return
+        say(f"stopping: {_requests(in_flight)} in flight, waiting up to {grace:g} s for them to finish "
+            "(Ctrl-C again to stop now)")
+        started = asyncio.get_running_loop().time()
+        settled = asyncio.create_task(self.admission.settled(grace))
+        waits: set[asyncio.Future[Any]] = {settled}
+        if hurry is not None:
+            waits.add(asyncio.ensure_future(hurry.wait()))
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiting in waits:
+                waiting.cancel()
+        left = self.admission.in_flight
+        took = asyncio.get_running_loop().time() - started
+        if not left:
+            say(f"stopping: the requests in flight finished in {took:.1f} s")
+        elif hurry is not None and hurry.is_set():
+            say(f"stopping now, as asked: {_requests(left)} in flight are cut off")
+        else:
+            say(f"stopping: {_requests(left)} still in flight after {grace:g} s are cut off "
+                "(OPOD_STOP_GRACE gives them longer)")
 
     async def _flush_key_uses(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -262,11 +314,16 @@ class Leader:
         workers' connections, the last key uses, the ledger, the store."""
         await self.guardrails.close()
         await self.gateway.prefix.close()
+        await self.prompts.settle()
         await self.workers.close()
         await self.access.flush_key_uses()
         await self.ledger.flush()
         self.ledger.close()
         await run_sync(self.store.close)
+
+
+def _requests(n: int) -> str:
+    return f"{n} request" if n == 1 else f"{n} requests"
 
 
 # --- start-up reads ---------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ the probe routes alone, so nothing else can leak onto it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Protocol
 
@@ -47,12 +48,26 @@ def probe_routes(ctx: AdminContext) -> list[Route]:
         return PlainTextResponse("ok\n")
 
     async def readyz(request: Request) -> Response:
-        served = sorted(ctx.fleet.served_models())
+        """Ready while some model serves; each wanted model that cannot is named with why (the 503's words)."""
+        if ctx.stopping():
+            return JSONResponse({"ready": False, "reason": "the node is stopping: it takes no new requests while those in flight finish"},
+                                status_code=503, headers={"Retry-After": "5"})
+        now = time.monotonic()
+        served = sorted(ctx.fleet.served_models(now))
+        down = {m.id: ctx.fleet.availability(m.id, now) for m in ctx.models if m.wants_loaded() and m.id not in served}
+        not_serving = {model: availability.why() for model, availability in down.items()}
         if served:
-            return JSONResponse({"ready": True, "models": served})
-        wanted = [m.id for m in ctx.models if m.wants_loaded()]
-        why = f"no live worker serves a model yet (waiting for: {', '.join(wanted)})" if wanted else "no model is loaded; add one with opod model add"
-        return JSONResponse({"ready": False, "reason": why}, status_code=503, headers={"Retry-After": "5"})
+            body: dict = {"ready": True, "models": served}
+            if not_serving:
+                body["not_serving"] = not_serving
+            return JSONResponse(body)
+        if down:
+            why = "no model can serve yet: " + "; ".join(f"{model}: {reason}" for model, reason in not_serving.items())
+            wait = min(availability.retry_after() for availability in down.values())
+        else:
+            why, wait = "no model is loaded; add one with opod model add", 5
+        return JSONResponse({"ready": False, "reason": why, "not_serving": not_serving}, status_code=503,
+                            headers={"Retry-After": str(wait)})
 
     async def loadz(request: Request) -> Response:
         return loadz_response(ctx)
@@ -83,7 +98,7 @@ def public_app(ctx: AdminContext, keys: KeyTable, join_routes: list[Route], data
         try:
             keys.check(request.headers.get("authorization"), kinds=("admin",))
         except Unauthorized as err:
-            message = err.message.replace("API key", "admin key") + " The admin key is in ~/.opod/admin.key on the leader."
+            message = err.message  # names the admin key's file and the header (opod.access.keytable)
             return AdminError(401, message, "unauthorized").response()
         response = await call_next(request)
         if request.method != "GET":

@@ -1,8 +1,12 @@
 """``opod up``: open the leader, bind its listeners, attach the local worker, say what is happening, stop cleanly.
 
 The leader's own lifespan (:meth:`opod.leader.leader.Leader.run`) starts and
-stops everything in order; on Ctrl-C the local worker's engines stop first and
-it sends its final "stopped" heartbeat, and only then do the listeners close.
+stops everything in order. On SIGTERM or Ctrl-C the leader first stops taking
+requests (``/v1`` answers 503 with ``Retry-After``) and lets those in flight
+finish, for up to the stop grace (``OPOD_STOP_GRACE``, 30 s by default); then
+the local worker's engines stop and it sends its final "stopped" heartbeat, and
+only then do the listeners close. A second signal cuts the wait short and kills
+the engines at once.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from opod import config
 from opod.access.offloop import run_sync
 from opod.http.serving import Listener, bind, settle_memory
 from opod.leader.leader import Leader, LeaderSettings
@@ -32,6 +37,8 @@ class UpSettings:
     """A plain listener serving only the probes (``OPOD_PROBE_LISTEN``)."""
     worker: WorkerSettings | None = None
     """The local worker; ``leader_url``, ``token`` and ``leader_ssl`` are filled in by :meth:`Up.start`."""
+    stop_grace: float | None = None
+    """Seconds requests in flight may take to finish once told to stop; ``None`` reads ``OPOD_STOP_GRACE`` (30 s)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +55,13 @@ class Up:
         self.settings = settings
         self.say = say
         self.stop = asyncio.Event()
+        """Set by the first SIGTERM or Ctrl-C: stop taking requests, let those in flight finish."""
+        self.hurry = asyncio.Event()
+        """Set by the second: stop at once."""
+        self.grace = config.DEFAULT_STOP_GRACE if settings.stop_grace is None else settings.stop_grace
+        """Read from ``OPOD_STOP_GRACE`` by :meth:`start` when the settings do not say."""
+        self._worker_stop = asyncio.Event()
+        """The local worker's own stop, set only once the requests in flight are done with its engines."""
         self._started: Started | None = None
 
     @property
@@ -71,6 +85,8 @@ class Up:
     async def start(self) -> None:
         """Build the leader and bind its listeners (nothing is served until :meth:`run`)."""
         s = self.settings
+        if s.stop_grace is None:
+            self.grace = config.stop_grace()  # a bad value is refused (ValueError) before anything starts
         leader_settings = s.leader
         if s.worker is not None:
             local_node = s.worker.node_id or identity.node_id(s.worker.home)
@@ -86,10 +102,10 @@ class Up:
         s = self.settings
         tls = leader.tls
         public = Listener(leader.public_app(), bind(*s.listen, "the leader"), "public", ssl=tls.context if tls else None)
-        admin = Listener(leader.admin_app(), bind(*s.admin_listen, "the admin listener"), "admin")
+        admin = Listener(leader.admin_app(), bind(*s.admin_listen, "the admin listener", option="--admin-listen (or OPOD_ADMIN_LISTEN)"), "admin")
         listeners = [public, admin]
         if s.probe_listen is not None:
-            listeners.append(Listener(leader.probe_app(), bind(*s.probe_listen, "the probe listener"), "probe"))
+            listeners.append(Listener(leader.probe_app(), bind(*s.probe_listen, "the probe listener", option="OPOD_PROBE_LISTEN"), "probe"))
         if s.worker is None:
             return Started(leader, listeners, None)
         s.worker.leader_url = f"{public.scheme}://127.0.0.1:{public.port}"
@@ -105,28 +121,43 @@ class Up:
         settle_memory()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, self.stop.set)
+            loop.add_signal_handler(sig, self.signalled)
         worker = started.worker
         beside = [self._report] + ([self._run_worker] if worker is not None else [])
         try:
-            await started.leader.run(started.listeners, self.stop, drain=self._drain, beside=beside)
+            await started.leader.run(started.listeners, self.stop, drain=self._drain, beside=beside,
+                                     grace=self.grace, hurry=self.hurry, say=self.say)
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
         self.say("stopped")
 
+    def signalled(self) -> None:
+        """SIGTERM or Ctrl-C: the first stops gracefully, the next stops at once."""
+        if not self.stop.is_set():
+            self.stop.set()
+            return
+        if not self.hurry.is_set():
+            self.say("stopping now: the requests in flight are cut off and the engines killed")
+            self.hurry.set()
+            worker = self._started.worker if self._started is not None else None
+            if worker is not None:
+                worker.hurry()
+
     async def _drain(self) -> None:
-        self.say("stopping: engines first, then the listeners")
         worker = self.started.worker
         if worker is not None:
+            self.say("stopping: the engines, then the listeners")
+            self._worker_stop.set()
             await worker.stop()
 
     async def _run_worker(self, stop: asyncio.Event) -> None:
+        # The worker runs to its own stop, not the leader's: its engines serve the requests in flight.
         worker = self.started.worker
         if worker is None:
             return
         try:
-            await worker.run(stop)
+            await worker.run(self._worker_stop)
         except Exception as err:
             self.say(f"the local worker stopped: {err}")
 

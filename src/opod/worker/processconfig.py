@@ -30,6 +30,9 @@ DEFAULT_BACKOFF = 1.0
 DEFAULT_MAX_BACKOFF = 30.0
 DEFAULT_STABLE_AFTER = 300.0
 DEFAULT_LOG_LINES = 400
+DEFAULT_LOG_MAX_BYTES = 16 << 20
+"""An engine log past this size is rotated: ``<name>.log`` becomes ``<name>.log.1``, and so on."""
+DEFAULT_LOG_BACKUPS = 3
 
 Probe = Callable[[], Awaitable["bool | Readiness"]]
 """A custom readiness check: ready when it answers True or ``Readiness.READY``."""
@@ -60,7 +63,10 @@ class ProcessConfig:
     stable_after: float = DEFAULT_STABLE_AFTER
     log_lines: int = DEFAULT_LOG_LINES
     log_file: str | Path | None = None
-    """Appended to: every byte the process writes, and a line per start and exit."""
+    """Appended to: every byte the process writes, and a line per start and exit; rotated by size."""
+    log_max_bytes: int = DEFAULT_LOG_MAX_BYTES
+    log_backups: int = DEFAULT_LOG_BACKUPS
+    """Rotated logs kept beside the current one (``.1`` the newest); 0 starts the log afresh instead."""
     death_signal: int = signal.SIGKILL
     """Sent to the process when the worker dies. SIGKILL is certain; its own children die in the group sweep only if the worker lives."""
 
@@ -112,6 +118,8 @@ class ProcessConfig:
             problems.append(f"death_signal {self.death_signal!r} is not a signal")
         if self.log_lines < 1:
             problems.append("log_lines must be >= 1")
+        if self.log_max_bytes < 1 or self.log_backups < 0:
+            problems.append(f"log_max_bytes must be >= 1 and log_backups >= 0 (got {self.log_max_bytes}, {self.log_backups})")
         if problems:
             raise ValueError(f"process {self.id!r}: " + "; ".join(problems))
 

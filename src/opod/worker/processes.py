@@ -22,7 +22,8 @@ import subprocess
 import threading
 from collections.abc import Callable, Sequence
 from contextlib import suppress
-from typing import BinaryIO
+from pathlib import Path
+from typing import BinaryIO, Protocol
 
 log = logging.getLogger(__name__)
 
@@ -154,10 +155,81 @@ def _gone(pid: int, pgid: int) -> bool:
     return True
 
 
+class LogSink(Protocol):
+    """Where a child's output is copied: a file opened to append, or a :class:`RotatingLog`."""
+
+    def write(self, data: bytes, /) -> int: ...
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class RotatingLog:
+    """A log file opened to append, rotated by size as the standard library's ``RotatingFileHandler`` does.
+
+    Past ``max_bytes`` the file is renamed ``<path>.1`` (``.1`` to ``.2``, and so on, the oldest beyond
+    ``backups`` dropped) and a new one begun, so a long-lived engine's log cannot fill the disk. The cut
+    falls after the last whole line of a write where there is one. A rotation that fails (a rename
+    refused) is logged and the current file written on, so no output is lost for it.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], max_bytes: int, backups: int) -> None:
+        self.path = Path(path)
+        self.max_bytes = max_bytes
+        self.backups = backups
+        self._file: BinaryIO = open(self.path, "ab")
+        self._size = self._file.tell()
+
+    def write(self, data: bytes, /) -> int:
+        written = len(data)
+        if self._size + written > self.max_bytes:
+            cut = data.rfind(b"\n") + 1
+            if cut:
+                self._put(data[:cut])  # the whole lines end this file, the rest begins the next
+                data = data[cut:]
+                self._rotate()
+            elif self._size >= self.max_bytes:
+                self._rotate()  # no line ends in this write: cut between writes
+        if data:
+            self._put(data)
+        return written
+
+    def _put(self, data: bytes) -> None:
+        self._file.write(data)
+        self._size += len(data)
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._file.closed
+
+    def _rotate(self) -> None:
+        self._file.close()
+        try:
+            if self.backups == 0:
+                self.path.unlink(missing_ok=True)
+            for n in range(self.backups - 1, 0, -1):
+                older = self.path.with_name(f"{self.path.name}.{n}")
+                if older.exists():
+                    older.replace(self.path.with_name(f"{self.path.name}.{n + 1}"))
+            if self.backups:
+                self.path.replace(self.path.with_name(f"{self.path.name}.1"))
+        except OSError as exc:
+            log.warning("cannot rotate %s (%s); writing on to it", self.path, exc)
+        self._file = open(self.path, "ab")
+        self._size = self._file.tell()
+
+
 class _Output:
     """Reads a child's merged stdout/stderr as it comes, line by line, into a callback and a log file."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int, on_line: Callable[[str], None], sink: BinaryIO | None) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int, on_line: Callable[[str], None], sink: LogSink | None) -> None:
         self._loop = loop
         self._fd: int | None = fd
         self._on_line = on_line
@@ -335,7 +407,7 @@ def spawn(
     env: dict[str, str],
     cwd: str | None,
     on_line: Callable[[str], None],
-    sink: BinaryIO | None = None,
+    sink: LogSink | None = None,
     death_signal: int = signal.SIGKILL,
 ) -> Child:
     """Start ``argv`` in a new session; call from the event loop's thread.

@@ -2,7 +2,10 @@
 
 ``opod join`` runs one on its own; ``opod up`` runs one beside the leader in the
 same event loop. Stopping it stops the engines first, then sends the final
-"stopped" heartbeat, so the leader stops routing here at once.
+"stopped" heartbeat, so the leader stops routing here at once. With a stop grace
+(``opod join``: ``OPOD_STOP_GRACE``), the goodbye goes first instead, and the
+engines keep serving the requests in flight until they are idle or the grace
+runs out; :meth:`Worker.hurry` (a second Ctrl-C) cuts that short.
 
 :class:`WorkerSettings` is plain data: the caller completes it (``opod up`` fills
 in its own leader's URL, token and TLS context) before the worker is built.
@@ -11,9 +14,11 @@ in its own leader's URL, token and TLS context) before the worker is built.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +39,9 @@ from opod.worker.supervisor import Supervisor
 
 log = logging.getLogger("opod.worker")
 
+IDLE_POLL_S = 0.25
+"""How often a stopping worker asks its engines whether requests are still running."""
+
 
 @dataclass
 class WorkerSettings:
@@ -51,6 +59,9 @@ class WorkerSettings:
     client_key: str | None = None
     leader_ssl: ssl.SSLContext | None = None
     """A ready TLS context for the leader (``opod up``'s own worker pins the listener's certificate)."""
+    stop_grace: float = 0.0
+    """Seconds the engines keep serving the requests in flight once told to stop (0: stop at once;
+    ``opod up``'s leader waits for them itself, before it stops its worker)."""
 
     @classmethod
     def tls_from_env(cls) -> dict:
@@ -137,6 +148,9 @@ class Worker:
         self._listener_stop = asyncio.Event()
         self._serving: asyncio.Task[None] | None = None
         self._stopping: asyncio.Future[None] | None = None
+        self._hurry = asyncio.Event()
+        self.say: Callable[[str], None] = log.warning
+        """Where the stop says what it is doing (``opod join`` prints it)."""
 
     def engine_url(self, model: str) -> str | None:
         """The loopback URL of the engine serving ``model`` here, for a leader in the same process."""
@@ -163,16 +177,51 @@ class Worker:
             self._stopping = asyncio.ensure_future(self._stop())
         await asyncio.shield(self._stopping)
 
+    def hurry(self) -> None:
+        """Stop at once (a second Ctrl-C): no more waiting for requests in flight, engines killed."""
+        self._hurry.set()
+        self.supervisor.hurry()
+
     async def _stop(self) -> None:
         try:
-            await self.manager.stop_all()
-            await self.agent.goodbye()
+            if self.settings.stop_grace > 0 and not self._hurry.is_set():
+                await self.agent.goodbye()  # the leader routes nothing new here; what it sent finishes
+                await self._let_requests_finish(self.settings.stop_grace)
+                await self.manager.stop_all()
+            else:
+                await self.manager.stop_all()
+                await self.agent.goodbye()
         finally:
             self._listener_stop.set()
             if self._serving is not None:
                 await self._serving
             else:
                 self.listener.sock.close()
+
+    async def _let_requests_finish(self, grace: float) -> None:
+        """Wait until the engines say they are idle (running and queued requests, from their metrics),
+        twice in a row, so a request the leader sent just before the goodbye is not cut off either."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        idle, said, busy = 0, False, 0
+        while idle < 2:
+            sample, _ = await self.manager.sample()
+            # An engine that reports no metrics cannot say it is busy: it is taken as idle.
+            busy = 0 if sample is None else (sample.running or 0) + (sample.queue_depth or 0)
+            idle = idle + 1 if busy == 0 else 0
+            if busy and not said:
+                said = True
+                self.say(f"stopping: {busy} requests in flight on the engines, waiting up to {grace:g} s "
+                         "(Ctrl-C again to stop now)")
+            remaining = deadline - loop.time()
+            if idle >= 2 or remaining <= 0 or self._hurry.is_set():
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._hurry.wait(), min(IDLE_POLL_S, remaining))
+        if said and busy == 0:
+            self.say("stopping: the requests in flight finished")
+        elif busy:
+            self.say(f"stopping: {busy} requests still in flight are cut off")
 
     async def _check_gpu_use(self, gpus: list[nodeapi.GPU]) -> None:
         """On a machine with GPUs, say when the llama-server this worker starts cannot use them."""

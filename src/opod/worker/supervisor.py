@@ -32,7 +32,6 @@ from contextlib import suppress
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import BinaryIO
 
 import aiohttp
 
@@ -156,7 +155,7 @@ class ManagedProcess:
         self._task: asyncio.Task[None] | None = None
         self._stop_task: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
-        self._log: BinaryIO | None = None
+        self._log: processes.LogSink | None = None
 
     @property
     def ready(self) -> bool:
@@ -219,6 +218,8 @@ class Supervisor:
         self._on_change = on_change
         self._procs: dict[str, ManagedProcess] = {}
         self._callbacks: set[asyncio.Future[object]] = set()
+        self._hurried = False
+        self._kills: set[asyncio.Task[int]] = set()
         if adopt_orphans and not processes.adopt_orphans():
             log.warning("cannot become the reaper of orphaned engine children on this system")
 
@@ -245,7 +246,8 @@ class Supervisor:
         if config.log_file is not None:
             try:
                 Path(config.log_file).parent.mkdir(parents=True, exist_ok=True)
-                mp._log = open(config.log_file, "ab")  # noqa: ASYNC230 (a local file opened to append: no wait worth a thread)
+                # A local file opened to append: no wait worth a thread.
+                mp._log = processes.RotatingLog(config.log_file, config.log_max_bytes, config.log_backups)
             except OSError as exc:
                 self._finish(mp, ProcessState.FAILED, f"cannot open log file: {exc}", abnormal=True)
                 raise SpawnError(f"process {config.id!r}: cannot open log file {config.log_file}: {exc.strerror}") from exc
@@ -272,10 +274,12 @@ class Supervisor:
 
     async def stop(self, id: str, grace: float = 10.0) -> ManagedProcess:
         """SIGTERM to its process group, SIGKILL after ``grace`` seconds; reaped when this returns.
-        Never restarts it; stopping a stopped process does nothing."""
+        Never restarts it; stopping a stopped process does nothing. After :meth:`hurry`, SIGKILL at once."""
         mp = self._require(id)
         if not mp.live:
             return mp
+        if self._hurried:
+            grace = 0.0
         if mp._stop_task is None:
             mp._stop_task = asyncio.get_running_loop().create_task(self._stop(mp, grace))
         await asyncio.shield(mp._stop_task)
@@ -283,6 +287,18 @@ class Supervisor:
 
     async def stop_all(self, grace: float = 10.0) -> None:
         await asyncio.gather(*(self.stop(mp.id, grace) for mp in list(self._procs.values()) if mp.live))
+
+    def hurry(self) -> None:
+        """Stop at once from now on (a second Ctrl-C): every stop under way, and every later one, kills
+        with SIGKILL instead of waiting out its grace for an engine that ignores SIGTERM mid-answer."""
+        self._hurried = True
+        for mp in self._procs.values():
+            child = mp._child
+            if mp.state is ProcessState.STOPPING and child is not None and not child.done:
+                # A second, shorter terminate cuts the first one's grace short (Child.terminate).
+                task = asyncio.get_running_loop().create_task(child.terminate(0.0), name=f"kill {mp.id}")
+                self._kills.add(task)
+                task.add_done_callback(self._kills.discard)
 
     def get(self, id: str) -> ManagedProcess | None:
         return self._procs.get(id)

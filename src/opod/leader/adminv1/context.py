@@ -51,6 +51,8 @@ class AdminContext:
     prefix_index: Callable[[], adminapi.PrefixIndex | None]
     tls: bool
     """Whether the public listener serves TLS (then worker certificates are verified)."""
+    stopping: Callable[[], bool] = lambda: False
+    """True once the leader stops taking new requests: ``/readyz`` says not ready."""
 
     def node(self, node_id: str) -> NodeState:
         node = self.fleet.get(node_id)

@@ -1,0 +1,78 @@
+"""The usage row of a stream that ended before the engine's usage chunk: the tokens streamed, and its prompt counted.
+
+The gateway's bookkeeping (:class:`opod.gateway.exchange.Exchange`) is driven as the relay drives it,
+onto a real ledger and store; the worker's tokenizer is a plain function that answers as the worker's
+``/v1/tokenize`` would (or fails as a worker whose engine is down does).
+"""
+
+from __future__ import annotations
+
+import json
+
+from opod.gateway.exchange import Exchange
+from opod.gateway.outcome import Outcome
+from opod.gateway.stats import GatewayStats
+from opod.gateway.usagecount import PromptCounter, estimate
+from opod.http.nodeclient import WorkerUnavailable
+from opod.ledger import Ledger
+from opod.store import Store
+
+PAYLOAD = {"model": "m", "messages": [{"role": "system", "content": "Be brief."},
+                                      {"role": "user", "content": [{"type": "text", "text": "a long answer, please"}]}]}
+
+
+def stream(ledger: Ledger, prompts: PromptCounter | None, request_id: str, outcome: Outcome) -> Exchange:
+    exchange = Exchange(GatewayStats(), ledger, request_id, "openai.chat.completions", False, False, prompts)
+    exchange.model = "m"
+    exchange.payload = PAYLOAD
+    exchange.begin("m")
+    exchange.sent()
+    exchange.done(outcome)
+    return exchange
+
+
+async def rows(ledger: Ledger, store: Store, prompts: PromptCounter) -> dict:
+    await prompts.settle()
+    await ledger.flush()
+    return {row.request_id: row for row in store.usage_after(0, 100)}
+
+
+async def test_a_stream_its_client_left_records_the_tokens_streamed_and_its_prompt_counted(ledger: Ledger, store: Store) -> None:
+    asked: list[tuple[str, list[tuple[str, str]]]] = []
+
+    async def tokenize(node_id, request):
+        asked.append((node_id, [(m.role, m.content) for m in request.messages]))
+        return list(range(17))
+
+    prompts = PromptCounter(tokenize)
+    stream(ledger, prompts, "left", Outcome(499, "cancelled", "n1", None, 40, tokens_sent=3))
+    found = await rows(ledger, store, prompts)
+    row = found["left"]
+    assert (row.outcome, row.prompt_tokens, row.completion_tokens, row.node_id) == ("cancelled", 17, 3, "n1")
+    assert json.loads(row.route_json)["prompt_tokens"] == "counted"
+    assert asked == [("n1", [("system", "Be brief."), ("user", "a long answer, please")])]
+
+
+async def test_a_stream_whose_engine_died_carries_an_estimate_when_its_worker_cannot_count(ledger: Ledger, store: Store) -> None:
+    async def tokenize(node_id, request):
+        raise WorkerUnavailable("the engine is restarting")
+
+    prompts = PromptCounter(tokenize)
+    stream(ledger, prompts, "cut", Outcome(502, "error", "n1", None, 40, tokens_sent=5))
+    row = (await rows(ledger, store, prompts))["cut"]
+    assert (row.outcome, row.completion_tokens) == ("error", 5)
+    assert row.prompt_tokens == estimate(PAYLOAD) > 0
+    assert json.loads(row.route_json)["prompt_tokens"] == "estimated"
+
+
+async def test_an_answer_with_the_engines_usage_is_recorded_at_once_and_never_counted_again(ledger: Ledger, store: Store) -> None:
+    async def tokenize(node_id, request):
+        raise AssertionError("an answer with usage must not be counted again")
+
+    prompts = PromptCounter(tokenize)
+    usage = {"prompt_tokens": 9, "completion_tokens": 4}
+    stream(ledger, prompts, "whole", Outcome(200, "ok", "n1", usage, 40, tokens_sent=4))
+    stream(ledger, prompts, "left-late", Outcome(499, "cancelled", "n1", usage, 40, tokens_sent=4))
+    assert ledger.in_flight == 0  # both rows ended on the spot
+    found = await rows(ledger, store, prompts)
+    assert [(found[r].prompt_tokens, found[r].completion_tokens) for r in ("whole", "left-late")] == [(9, 4), (9, 4)]
