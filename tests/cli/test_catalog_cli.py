@@ -15,12 +15,13 @@ from opod import __version__
 from opod.catalog import bundled_dir
 
 
-def opod(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
+def opod(*args: str, home: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The console script as a user runs it, output piped (not a terminal); ``env`` on top of a clean environment."""
     script = shutil.which("opod", path=str(Path(sys.executable).parent))
     assert script, "the opod console script is not installed beside this Python; run pip install -e '.[test]'"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OPOD_")}
-    env.update(OPOD_HOME=str(home), COLUMNS="200", NO_COLOR="1")
-    return subprocess.run([script, *args], capture_output=True, text=True, env=env, timeout=60)
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("OPOD_", "HF_"))}
+    environ.update(OPOD_HOME=str(home), COLUMNS="200", NO_COLOR="1", **(env or {}))
+    return subprocess.run([script, *args], capture_output=True, text=True, env=environ, timeout=60)
 
 
 @pytest.fixture

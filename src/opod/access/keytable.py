@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from types import MappingProxyType
 
 from opod.contract.adminapi import SNAPSHOT_KEY_PREFIX
@@ -83,6 +84,8 @@ class KeyTable:
         """Ids of local keys that authenticated since the last :meth:`take_used`."""
         self.max_snapshot_age_sec = 0
         """The policy's ``auth.maxSnapshotAgeSec``; 0 = fail-static (serve from any snapshot age)."""
+        self.admin_key_file: Path | None = None
+        """Where the admin key is kept, named when the admin API refuses a key; set by whoever writes it."""
 
     # --- local keys ----------------------------------------------------------
 
@@ -159,32 +162,44 @@ class KeyTable:
 
     def check(self, authorization: str | None, kinds: tuple[str, ...] = ("api", "admin")) -> KeyEntry:
         """The entry for a ``Bearer`` header, or :class:`Unauthorized` saying what is wrong."""
+        admin_only = "api" not in kinds
         if not authorization:
+            if admin_only:
+                raise Unauthorized(f"No admin key: send `Authorization: Bearer <admin key>`; {self._admin_key_hint()}.")
             raise Unauthorized("No API key: send `Authorization: Bearer <key>` (create one with `opod token create`).")
         scheme, _, token = authorization.partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
-            raise Unauthorized("The Authorization header must be `Bearer <key>`.")
+            raise Unauthorized(f"The Authorization header must be `Bearer <{'admin key' if admin_only else 'key'}>`.")
         digest = hash_key(token)
         # A local key wins over a file key with the same hash: the file never touches local keys.
         entry = self._by_hash.get(digest)
         if entry is None and self._auth is not None:
             entry = self._auth.by_hash.get(digest)
+        if admin_only and entry is not None and entry.kind not in kinds:
+            raise Unauthorized(f"This is a client key ({entry.id}), not the admin key; {self._admin_key_hint()}.")
         if entry is None or entry.kind not in kinds:
+            if admin_only:
+                raise Unauthorized(f"This is not the admin key; {self._admin_key_hint()}.")
             raise Unauthorized("This API key is not known here; check it, or create one with `opod token create`.")
+        noun, renew = ("Admin key", self._admin_key_hint()) if admin_only else ("API key", "ask for a new one")
         if entry.revoked:
-            raise Unauthorized(f"API key {entry.id} was revoked; ask for a new one.")
+            raise Unauthorized(f"{noun} {entry.id} was revoked; {renew}.")
         if entry.source == SNAPSHOT:
             if entry.id in self._tombstones:
-                raise Unauthorized(f"API key {entry.id} was revoked by the manager (auth file revokedKeys); ask for a new one.")
+                raise Unauthorized(f"{noun} {entry.id} was revoked by the manager (auth file revokedKeys); ask for a new one.")
             stale = self.staleness()
             if stale is not None:
                 raise StaleSnapshot(stale)
         if entry.expires_at is not None and entry.expires_at <= datetime.now(UTC):
-            raise Unauthorized(f"API key {entry.id} expired at {entry.expires_at:%Y-%m-%d %H:%M} UTC; ask for a new one.")
+            raise Unauthorized(f"{noun} {entry.id} expired at {entry.expires_at:%Y-%m-%d %H:%M} UTC; {renew}.")
         if entry.source == LOCAL:
             self._used.add(entry.id)
         return entry
+
+    def _admin_key_hint(self) -> str:
+        where = f"{self.admin_key_file} on the leader" if self.admin_key_file else "admin.key in the leader's OPOD_HOME (~/.opod/admin.key by default)"
+        return f"the admin key is in {where}; `opod token create` makes client keys, not admin keys"
 
     def take_used(self) -> set[str]:
         """The local keys that authenticated since the last call (the auth file's keys are not stored here)."""

@@ -79,6 +79,7 @@ class AccessService:
 
         An admin key whose file is gone or differs can no longer be handed out, so it is revoked.
         """
+        self.keys.admin_key_file = path
         admins = [r for r in self.store.list_keys("admin") if r.revoked_at is None]
         if admins and path.exists() and any(r.hash == hash_key(path.read_text().strip()) for r in admins):
             return None

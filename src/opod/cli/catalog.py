@@ -1,4 +1,4 @@
-"""``opod catalog``: list, show and validate model catalog entries."""
+"""``opod catalog``: list, show and validate model catalog entries, and pull an entry's weights."""
 
 from __future__ import annotations
 
@@ -7,16 +7,14 @@ import json
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from opod.catalog import CatalogError, load_catalog, load_entry
+from opod.catalog import Catalog, CatalogError, load_catalog, load_entry
 from opod.catalog.kvcache import kv_cost
+from opod.cli.common import err, out
 from opod.contract.catalog import Entry
 
 app = typer.Typer(help="The model catalog: what opod knows how to serve.", no_args_is_help=True)
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
 
 
 def _size(n: int | None) -> str:
@@ -73,12 +71,8 @@ def list_entries(as_json: bool = typer.Option(False, "--json", help="Print the e
     out.print(f"\n{len(catalog)} models. [dim]opod catalog show ID[/] prints one with its KV-cache cost.")
 
 
-@app.command("show")
-def show_entry(
-    model_id: str = typer.Argument(..., metavar="ID", help="Catalog id, as listed by `opod catalog ls`."),
-    as_json: bool = typer.Option(False, "--json", help="Print the entry and its KV-cache cost as JSON."),
-) -> None:
-    """Show one entry, with its KV-cache cost per token."""
+def _entry(model_id: str) -> tuple[Catalog, Entry]:
+    """The catalog and its entry ``model_id``, or an exit naming the close ones."""
     catalog = load_catalog()
     _report_problems(catalog.problems)
     entry = catalog.get(model_id)
@@ -87,6 +81,16 @@ def show_entry(
         hint = f" Did you mean {', '.join(close)}?" if close else ""
         err.print(f"[red]error:[/] no catalog entry {model_id!r}.{hint} `opod catalog ls` lists them.")
         raise typer.Exit(1)
+    return catalog, entry
+
+
+@app.command("show")
+def show_entry(
+    model_id: str = typer.Argument(..., metavar="ID", help="Catalog id, as listed by `opod catalog ls`."),
+    as_json: bool = typer.Option(False, "--json", help="Print the entry and its KV-cache cost as JSON."),
+) -> None:
+    """Show one entry, with its KV-cache cost per token."""
+    catalog, entry = _entry(model_id)
     if as_json:
         body = entry.to_wire()
         body["kv_cache"] = _kv_json(entry)
@@ -150,7 +154,7 @@ def _print_entry(e: Entry, origin: Path | None) -> None:
 
 
 @app.command("validate")
-def validate(paths: list[Path] = typer.Argument(..., help="Catalog YAML files or directories to check.")) -> None:
+def validate(paths: list[Path] = typer.Argument(..., metavar="PATH...", help="Catalog YAML files or directories to check.")) -> None:
     """Check catalog files against the entry schema; exit 1 if any is wrong."""
     files: list[Path] = []
     for p in paths:
@@ -172,3 +176,42 @@ def validate(paths: list[Path] = typer.Argument(..., help="Catalog YAML files or
     if bad:
         err.print(f"{bad} of {len(files)} files have problems")
         raise typer.Exit(1)
+
+
+@app.command("pull")
+def pull(model_id: str = typer.Argument(..., metavar="ID", help="Catalog id, as listed by `opod catalog ls`.")) -> None:
+    """Fetch an entry's weights into this machine's opod home, showing size and progress.
+
+    A worker on this home then loads the model without fetching it; a fetch cut short
+    resumes where it stopped.
+    """
+    from opod import config, weights
+    from opod.weights.progress import FetchMeter, size_text
+
+    _, entry = _entry(model_id)
+    home = config.home()
+    try:
+        if err.is_terminal:
+            path = _pull_with_bar(entry, home)
+        else:
+            # A log gets a line at each tenth, not a bar redrawn in place.
+            path = weights.resolve(entry, home, progress=FetchMeter(f"{entry.id}: fetching", say=err.print))
+    except weights.WeightsError as error:
+        err.print(f"[red]error:[/] {error}")
+        raise typer.Exit(1) from None
+    out.print(f"{entry.id}: {path} ({size_text(path.stat().st_size)})")
+
+
+def _pull_with_bar(entry: Entry, home: Path) -> Path:
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
+    from opod import weights
+
+    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=err, transient=False) as bar:
+        task = bar.add_task(f"{entry.id}", total=None)
+
+        def progress(done: int, total: int | None) -> None:
+            bar.update(task, completed=done, total=total)
+
+        return weights.resolve(entry, home, progress=progress)

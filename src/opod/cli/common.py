@@ -14,8 +14,20 @@ from rich.console import Console
 
 from opod import config
 
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+
+def console(stderr: bool = False) -> Console:
+    """A console that wraps lines only for a person at a terminal.
+
+    Piped into a file or another program (a log, ``| cat``), a line stays one line, so a
+    command printed in it (the banner's curl) still works when copied.
+    """
+    stream = sys.stderr if stderr else sys.stdout
+    terminal = stream is not None and stream.isatty()
+    return Console(stderr=stderr, highlight=False, soft_wrap=not terminal)
+
+
+out = console()
+err = console(stderr=True)
 
 
 def setup_logging(verbose: bool = False) -> None:

@@ -19,9 +19,9 @@ def _path(node: bool) -> str:
 @app.command("create")
 def create(
     node: bool = typer.Option(False, "--node", help="A token a worker joins with (opod join URL --token T)."),
-    ttl: str = typer.Option("", "--ttl", help="Lifetime, e.g. 720h, 30d or 1h30m [default: never expires]."),
-    name: str = typer.Option("", "--name", help="A name to tell it apart in listings."),
-    as_json: bool = typer.Option(False, "--json"),
+    ttl: str = typer.Option("", "--ttl", metavar="DURATION", help="Lifetime, e.g. 720h, 30d or 1h30m [default: never expires]."),
+    name: str = typer.Option("", "--name", metavar="NAME", help="A name to tell it apart in listings."),
+    as_json: bool = typer.Option(False, "--json", help="Print the created key (its secret included) as JSON."),
 ) -> None:
     """Create a key; it is shown once, only its hash is kept."""
     created = call("POST", _path(node), {"name": name, "expires_in": ttl})
@@ -39,7 +39,7 @@ def create(
 @app.command("ls")
 def list_keys(
     node: bool = typer.Option(False, "--node", help="List node tokens instead of API keys."),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help="Print the keys as a JSON array."),
 ) -> None:
     """List keys (never the keys themselves)."""
     rows = call("GET", _path(node))

@@ -9,6 +9,7 @@ import typer
 import uvloop
 
 from opod import __version__, config
+from opod.cli import homelock
 from opod.cli.common import fail, out, setup_logging
 
 if TYPE_CHECKING:
@@ -17,16 +18,18 @@ if TYPE_CHECKING:
 
 def command(
     no_worker: bool = typer.Option(False, "--no-worker", help="Run the leader only; workers join with opod join."),
-    listen: str = typer.Option("", help="Public listener host:port [default: 0.0.0.0:8080, or OPOD_LISTEN]."),
-    admin_listen: str = typer.Option("", help="Admin listener host:port [default: 127.0.0.1:9090, or OPOD_ADMIN_LISTEN]."),
-    worker_listen: str = typer.Option("", help="Local worker listener host:port [default: 127.0.0.1:8081]."),
-    engine: str = typer.Option("llamacpp", help="The local worker's engine: llamacpp, vllm, sglang, ollama or sim."),
-    threads: int = typer.Option(0, help="CPU threads per engine (0 = the engine's default)."),
+    listen: str = typer.Option("", metavar="HOST:PORT", help="Public listener host:port [default: 0.0.0.0:8080, or OPOD_LISTEN]."),
+    admin_listen: str = typer.Option("", metavar="HOST:PORT", help="Admin listener host:port [default: 127.0.0.1:9090, or OPOD_ADMIN_LISTEN]."),
+    worker_listen: str = typer.Option("", metavar="HOST:PORT", help="Local worker listener host:port [default: 127.0.0.1:8081]."),
+    engine: str = typer.Option("llamacpp", metavar="ENGINE", help="The local worker's engine: llamacpp, vllm, sglang, ollama or sim."),
+    threads: int = typer.Option(0, metavar="N", help="CPU threads per engine (0 = the engine's default)."),
     open_access: bool = typer.Option(False, "--open", help="Serve /v1 without API keys (trusted networks only)."),
     no_default_models: bool = typer.Option(False, "--no-default-models", help="Do not add the CPU default models on first start."),
+    stop_grace: float | None = typer.Option(None, "--stop-grace", metavar="SECONDS", min=0, max=3600, show_default=False,
+                                            help="Seconds requests in flight may take to finish on Ctrl-C or SIGTERM [default: 30, or OPOD_STOP_GRACE]."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log debug detail."),
-    role: str = typer.Option("leader", "--role", help="leader (default), or door: a model-name router in front of several leaders."),
-    routes: str = typer.Option("", "--routes", help="With --role door: the routes file (model name → leader) [or OPOD_DOOR_ROUTES]."),
+    role: str = typer.Option("leader", "--role", metavar="ROLE", help="leader (default), or door: a model-name router in front of several leaders."),
+    routes: str = typer.Option("", "--routes", metavar="PATH", help="With --role door: the routes file (model name → leader) [or OPOD_DOOR_ROUTES]."),
 ) -> None:
     """Start a leader (and a local worker): one OpenAI-compatible endpoint on :8080."""
     if role == "door":
@@ -57,6 +60,7 @@ def command(
             listen=parse_listen(listen or config.read("OPOD_LISTEN") or "0.0.0.0:8080", "0.0.0.0", "--listen"),
             admin_listen=parse_listen(admin_listen or config.read("OPOD_ADMIN_LISTEN") or "127.0.0.1:9090", "127.0.0.1", "--admin-listen"),
             probe_listen=parse_listen(probe, "0.0.0.0", "OPOD_PROBE_LISTEN") if (probe := config.read("OPOD_PROBE_LISTEN")) else None,
+            stop_grace=config.stop_grace() if stop_grace is None else stop_grace,
             worker=None if no_worker else WorkerSettings(
                 leader_url="", token="", home=home, engine=engine, threads=threads, flags=engine_flags(),
                 listen=parse_listen(worker_listen or config.read("OPOD_WORKER_LISTEN") or "127.0.0.1:8081", "127.0.0.1", "--worker-listen"),
@@ -66,6 +70,10 @@ def command(
         raise fail(str(error)) from None
     for line in config.retired_warnings() + config.unsupported_warnings():
         out.print(f"[yellow]warning:[/] {line}")
+    try:
+        homelock.hold(home, "opod up")
+    except homelock.HomeInUse as error:
+        raise fail(str(error)) from None
     uvloop.run(_run(settings))
 
 

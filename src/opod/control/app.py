@@ -45,7 +45,7 @@ def create_app(ctx: ControlContext) -> FastAPI:
             try:
                 ctx.access.keys.check(request.headers.get("authorization"), kinds=("admin",))
             except Unauthorized as err:
-                return JSONResponse({"error": err.message.replace("API key", "admin key") + " The admin key is in ~/.opod/admin.key."}, status_code=401)
+                return JSONResponse({"error": err.message}, status_code=401)
         response = await call_next(request)
         if request.method not in ("GET", "HEAD"):
             actor = request.headers.get("x-llmgw-actor", "") or "unknown"
