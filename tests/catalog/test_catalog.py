@@ -68,6 +68,7 @@ def test_released_dates_stay_text_even_unquoted() -> None:
         ({"license": None}, "license: required"),
         ({"released": "last year"}, "released: 'last year' must be YYYY-MM-DD"),
         ({"architecture": {"layers": 4, "sliding_window_layers": 8, "sliding_window": 16}}, "sliding_window_layers (8) exceeds layers (4)"),
+        ({"tool_call_parser": {"vlm": "hermes"}}, "'vlm' is not an engine"),
     ],
 )
 def test_a_bad_entry_names_the_field_and_the_reason(tmp_path: Path, changes: dict, words: str) -> None:
@@ -120,3 +121,11 @@ def test_signed_catalog_settings_skip_override_directories_loudly(tmp_path: Path
     assert catalog.get("extra-model") is None
     assert "cannot verify minisign signatures" in catalog.problems[0]
     assert catalog.get("llama-3.2-1b") is not None
+
+
+
+def test_an_entry_that_names_a_tool_call_parser_takes_tools() -> None:
+    entries = [load_entry(path) for path in sorted(bundled_dir().glob("*.yaml"))]
+    with_parser = [e for e in entries if e.tool_call_parser]
+    assert with_parser, "the vLLM entries whose tool-call parser is known name it"
+    assert [e.id for e in with_parser if "tools" not in e.capabilities] == []

@@ -20,8 +20,10 @@ import yaml
 from opod.catalog import bundled_dir
 from tests.support.opod_process import Leader, http, opod_cli, sim_worker, wait_until
 
-CHAT, EMBED = "edge-chat", "edge-embed"
+CHAT, EMBED, LONG = "edge-chat", "edge-embed", "edge-long"
 CHAT_CONTEXT, EMBED_CONTEXT = 4096, 512
+LONG_CATALOG, LONG_SERVED = 131072, 8192
+"""The catalog states 128K; a CPU worker starts the engine with 8,192 tokens a request."""
 HELLO = [{"role": "user", "content": "Hello"}]
 
 
@@ -40,13 +42,14 @@ def leader(tmp_path_factory: pytest.TempPathFactory):
     home = root / "leader"
     _catalog_entry(home, CHAT, ["chat"], CHAT_CONTEXT)
     _catalog_entry(home, EMBED, ["embedding"], EMBED_CONTEXT)
+    _catalog_entry(home, LONG, ["chat"], LONG_CATALOG)
     up = Leader(home, worker=False, extra=["--no-default-models"])
     worker = sim_worker(up, root / "worker", "n_edge")
     worker.wait_for_line("registered with", timeout=30)
-    for model in (CHAT, EMBED):
+    for model in (CHAT, EMBED, LONG):
         added = opod_cli(up, "model", "add", model, "--engine", "sim")
         assert added.returncode == 0, added.stderr
-    wait_until(lambda: {CHAT, EMBED} <= up.served(), 60, "both models served")
+    wait_until(lambda: {CHAT, EMBED, LONG} <= up.served(), 60, "the models served")
     yield up
     worker.stop()
     up.process.stop()
@@ -181,3 +184,12 @@ def test_every_v1_path_answers_openai_error_shape(leader: Leader) -> None:
     assert status == 405 and headers["allow"] == "GET" and "error" in body, body
     status, headers, body = http("POST", leader.url + "/v1/models/" + CHAT, {}, key=leader.key)
     assert status == 405 and headers["allow"] == "GET", body
+
+
+def test_a_model_served_with_less_than_its_catalog_window_says_and_enforces_the_real_limit(leader: Leader, client, sent) -> None:
+    assert client.models.retrieve(LONG).model_extra["max_model_len"] == LONG_SERVED
+    words = " ".join(f"w{i % 10}" for i in range(LONG_SERVED + 500))
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=LONG, messages=[{"role": "user", "content": words}], max_tokens=1)
+    assert refused.value.code == "context_length_exceeded" and str(LONG_SERVED) in refused.value.message
+    assert sent.count == 2, "a refusal is not retried"

@@ -213,3 +213,13 @@ async def test_vllm_lora_calls_pass_the_engines_refusal_and_explain_a_missing_ro
         with pytest.raises(EngineCallError, match="started without runtime LoRA .give the worker the plan flag max_lora_rank") as caught:
             await driver.attach_adapter(session, url, "m1:a", "/a")
         assert caught.value.status == 0
+
+
+def test_vllm_and_sglang_start_with_tool_calling_when_the_catalog_names_the_models_parser() -> None:
+    vllm, sglang = get_driver("vllm"), get_driver("sglang")
+    with_tools = vllm.argv(spec(model="Qwen/Qwen3-8B", tool_call_parser="hermes"))
+    assert with_tools[with_tools.index("--tool-call-parser") + 1] == "hermes" and "--enable-auto-tool-choice" in with_tools
+    assert "--tool-call-parser" not in vllm.argv(spec(model="Qwen/Qwen3-8B")), "no parser named: no tool calling"
+    assert "--tool-call-parser" not in vllm.argv(spec(model="BAAI/bge-m3", embeddings=True, tool_call_parser="hermes"))
+    argv = sglang.argv(spec(model="Qwen/Qwen3-8B", tool_call_parser="qwen25"))
+    assert argv[argv.index("--tool-call-parser") + 1] == "qwen25"

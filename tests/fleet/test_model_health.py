@@ -117,3 +117,15 @@ def test_opod_model_ls_says_what_the_503_says() -> None:
     assert reconciler.status(CHAT) == ("cannot serve: n1: its engine crashed (killed by SIGKILL) and is restarting; "
                                        "n2: cooling down after 3 failed requests (last: connection refused)")
     assert reconciler.status(EMBED) == "serving on n1"
+
+
+def test_the_context_a_model_is_served_with_is_the_smallest_its_workers_report() -> None:
+    fleet = Fleet()
+    join(fleet, "n1", [CHAT])
+    assert fleet.served_context(CHAT) is None, "not said: the catalog's window stands"
+    beat(fleet, "n1", [CHAT], model_context={CHAT: 8192})
+    join(fleet, "n2", [CHAT])
+    beat(fleet, "n2", [CHAT], model_context={CHAT: 4096})
+    assert fleet.served_context(CHAT) == 4096, "a request may be routed to either"
+    fail(fleet, "n2", CHAT)
+    assert fleet.served_context(CHAT) == 8192, "only where it can be routed now"

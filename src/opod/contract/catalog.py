@@ -131,6 +131,9 @@ class Entry(WireModel):
     license_url: Annotated[str, OMITEMPTY] = ""
     released: Annotated[str, BeforeValidator(_date_text), OMITEMPTY] = ""
     fallback: Annotated[list[str] | None, OMITEMPTY] = None
+    tool_call_parser: Annotated[dict[str, str] | None, OMITEMPTY] = None
+    """opod addition: engine id → the parser that engine needs to turn this model's tool calls into
+    ``tool_calls`` (vLLM's and SGLang's ``--tool-call-parser``; llama-server reads its template)."""
     fallback_on_context_length: Annotated[list[str] | None, OMITEMPTY] = None
     fallback_on_content_policy: Annotated[list[str] | None, OMITEMPTY] = None
 
@@ -146,6 +149,16 @@ class Entry(WireModel):
     def _positive(cls, value: int) -> int:
         if value <= 0:
             raise ValueError("must be > 0 (size_bytes in bytes on disk, context_window in tokens)")
+        return value
+
+    @field_validator("tool_call_parser")
+    @classmethod
+    def _parser_engines(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        for engine, parser in (value or {}).items():
+            if engine not in ENGINES:
+                raise ValueError(f"{engine!r} is not an engine; use one of {', '.join(ENGINES)}")
+            if not parser:
+                raise ValueError(f"the parser for {engine} is empty: name one (e.g. hermes for vLLM) or leave the engine out")
         return value
 
     @field_validator("capabilities", "recommended_engines")

@@ -204,6 +204,9 @@ class Heartbeat(WireModel):
     # them; this says which model's engine crashed, so the leader keeps the others serving.
     # Absent = not said.
     model_engines: Annotated[dict[str, EngineState] | None, OMITEMPTY] = None
+    # opod addition: model id → the context one request may use on the engine serving it, in tokens,
+    # as that engine was started (it can be less than the catalog's window). Absent = not said.
+    model_context: Annotated[dict[str, int] | None, OMITEMPTY] = None
 
 
 class HeartbeatResponse(WireModel):

@@ -78,6 +78,9 @@ class LaunchSpec:
     """Where an engine that publishes KV-cache events should publish them (e.g. ``tcp://127.0.0.1:5557``)."""
     launcher: tuple[str, ...] = ()
     """Command prefix that starts the engine (e.g. a llama.cpp route after a SIGILL fallback); empty = the driver's choice."""
+    tool_call_parser: str = ""
+    """The engine's parser for the model's tool calls (the catalog's ``tool_call_parser``); empty = none:
+    the engine is started without tool calling."""
     sleep_mode: bool = False
     """Start the engine able to sleep (vLLM ``--enable-sleep-mode``), for the sleep tier."""
 

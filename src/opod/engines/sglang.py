@@ -47,7 +47,7 @@ class SglangDriver(EngineDriver):
         "tp", "pp", "dp", "ctx", "max_model_len", "max_running_requests", "np", "mem_fraction_static",
         "kv_cache_dtype", "trust_remote_code", "page_size", "extra",
     })
-    reserved = frozenset({"--model-path", "--model", "--served-model-name", "--host", "--port", "--kv-events-config"})
+    reserved = frozenset({"--model-path", "--model", "--served-model-name", "--host", "--port", "--kv-events-config", "--tool-call-parser"})
     module = "sglang.launch_server"
 
     def argv(self, spec: LaunchSpec) -> list[str]:
@@ -85,6 +85,8 @@ class SglangDriver(EngineDriver):
         if spec.kv_events_endpoint:
             config = {"publisher": "zmq", "endpoint": spec.kv_events_endpoint, "topic": "kv-events"}
             out += ["--kv-events-config", json.dumps(config, separators=(",", ":"))]
+        if spec.tool_call_parser and not (spec.embeddings or spec.rerank):
+            out += ["--tool-call-parser", spec.tool_call_parser]
         return out + fl.extra_args(f, self.reserved)
 
     def parse_metrics(self, text: str, previous: MetricsState | None, now: float | None = None) -> tuple[LoadSample, MetricsState]:

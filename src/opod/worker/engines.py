@@ -180,6 +180,7 @@ class EngineManager:
                 rerank="rerank" in caps,
                 flags=flags,
                 kv_events_endpoint=kv_endpoint,
+                tool_call_parser=(entry.tool_call_parser or {}).get(self.driver.id, "") if entry is not None and "tools" in caps else "",
                 sleep_mode=self.sleep_mode,
             )
             await self._start(engine)
@@ -387,6 +388,10 @@ class EngineManager:
 
     def load_errors(self) -> dict[str, str]:
         return {m: e.detail for m, e in self.engines.items() if e.state == "failed"}
+
+    def model_context(self) -> dict[str, int]:
+        """The context one request may use on each serving engine, as it was started."""
+        return {m: e.spec.context for m, e in self.engines.items() if e.spec is not None and e.spec.context and self.serving(m)}
 
     def model_engines(self) -> dict[str, nodeapi.EngineState]:
         """Each model's engine process, in the heartbeat's words: the leader keeps a crashed model's
