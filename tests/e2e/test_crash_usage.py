@@ -7,10 +7,12 @@ usage stream is read to the end and compared with what the clients saw.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import socket
 import threading
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -151,3 +153,39 @@ def test_streams_cut_short_are_recorded_with_their_prompt_and_the_tokens_streame
     finally:
         worker.stop()
         leader.process.stop()
+
+
+def test_a_stream_in_flight_when_the_leader_is_killed_is_recorded_as_far_as_it_got(tmp_path: Path) -> None:
+    home = tmp_path / "leader"
+    leader = Leader(home, worker=False, extra=["--no-default-models"])
+    # 40 ms a token, 1,000 of them: still streaming long after the kill.
+    slow = {"time_scale": 1.0, "extra": ["--itl-ms", "40", "--output-min", "1000", "--output-max", "1000"]}
+    worker = sim_worker(leader, tmp_path / "worker", "n_kill", OPOD_ENGINE_FLAGS=json.dumps(slow))
+    try:
+        worker.wait_for_line("registered with", timeout=30)
+        assert opod_cli(leader, "model", "add", MODEL, "--engine", "sim").returncode == 0
+        leader.wait_served(MODEL, timeout=60)
+        conn, seen = _stream_until(leader, "killed-mid-stream", 20)
+        assert b"data: [DONE]" not in seen, "the answer must still be streaming"
+        conn.settimeout(0.1)
+        deadline = time.monotonic() + 1.5  # more than a progress interval after the 20th token
+        while time.monotonic() < deadline:
+            with contextlib.suppress(TimeoutError):
+                seen += conn.recv(65536)
+        leader.process.kill()
+        conn.settimeout(2)
+        with contextlib.suppress(OSError):
+            while chunk := conn.recv(65536):
+                seen += chunk
+        conn.close()
+        streamed = seen.count(b'"content":"') - seen.count(b'"content":""')
+
+        leader = Leader(home, worker=False, extra=["--no-default-models"])
+        row = _row(leader, "killed-mid-stream")
+        assert row is not None and row.outcome == "interrupted"
+        assert 20 <= row.completion_tokens <= streamed, (row.completion_tokens, streamed)
+        assert row.prompt_tokens > 0 and row.node_id == "n_kill" and row.route == {"prompt_tokens": "estimated"}
+    finally:
+        worker.stop()
+        if leader.process.proc.poll() is None:
+            leader.process.stop()

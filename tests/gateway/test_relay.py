@@ -44,6 +44,7 @@ class Row:
     request_id: str
     model: str
     ended: dict = field(default_factory=dict)
+    progress: list[dict] = field(default_factory=list)
 
 
 class Usage:
@@ -58,6 +59,9 @@ class Usage:
 
     def end(self, ticket: UsageTicket, **ended: object) -> None:
         self.rows[int(ticket.entry)].ended = dict(ended)
+
+    def progress(self, ticket: UsageTicket, **progress: object) -> None:
+        self.rows[int(ticket.entry)].progress.append(dict(progress))
 
 
 class NoFiles:

@@ -171,3 +171,29 @@ async def test_a_running_writer_deletes_committed_segments_off_the_event_loop(
         stop.set()
         await writer
         ledger.close()
+
+
+async def test_a_stream_the_leader_never_saw_end_is_recorded_as_far_as_it_got(store: Store, tmp_path: Path) -> None:
+    ledger = Ledger.open(store, tmp_path, keep=timedelta(days=1), rotate_bytes=4096)
+    try:
+        ticket = ledger.begin(request_id="streaming", api_key_id="k_1", user_id="", model="m", protocol="openai")
+        ledger.progress(ticket, prompt_tokens=40, completion_tokens=12, node_id="n1")
+        request(ledger, 60)
+        await ledger.flush()
+        ledger._rotate()  # the stream's start and its progress go on in the new segment
+        await ledger._trim_aside()
+        ledger.progress(ticket, prompt_tokens=40, completion_tokens=31, node_id="n1")
+        done = ledger.begin(request_id="finished", api_key_id="", user_id="", model="m", protocol="openai")
+        ledger.progress(done, prompt_tokens=5, completion_tokens=3)
+        ledger.end(done, outcome="ok", prompt_tokens=6, completion_tokens=9, latency_ms=1)
+        await ledger.flush()
+    finally:
+        ledger.close()
+    # As after a kill: the journal is read back on the next start.
+    again = Ledger.open(store, tmp_path, keep=timedelta(days=1))
+    again.close()
+    rows = {row.request_id: row for row in store.usage_after(0, 100)}
+    streaming = rows["streaming"]
+    assert (streaming.outcome, streaming.prompt_tokens, streaming.completion_tokens, streaming.node_id) == ("interrupted", 40, 31, "n1")
+    assert json.loads(streaming.route_json or "{}") == {"prompt_tokens": "estimated"}
+    assert (rows["finished"].prompt_tokens, rows["finished"].completion_tokens) == (6, 9), "an end wins over its progress"

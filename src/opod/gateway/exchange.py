@@ -19,7 +19,7 @@ from opod.contract.adminapi import SNAPSHOT_KEY_PREFIX
 from opod.gateway.admission import Permit
 from opod.gateway.outcome import Outcome
 from opod.gateway.stats import GatewayStats
-from opod.gateway.usagecount import PromptCounter
+from opod.gateway.usagecount import PromptCounter, estimate
 from opod.ledger.records import UsageTicket
 
 access = logging.getLogger("opod.access")
@@ -32,6 +32,8 @@ class UsageRecorder(Protocol):
 
     def end(self, ticket: UsageTicket, *, outcome: str, prompt_tokens: int, completion_tokens: int, latency_ms: int,
             ttft_ms: int = 0, node_id: str = "", route: dict | None = None) -> None: ...
+
+    def progress(self, ticket: UsageTicket, *, prompt_tokens: int, completion_tokens: int, node_id: str = "") -> None: ...
 
 
 class Exchange:
@@ -92,6 +94,13 @@ class Exchange:
         ticket = self.ticket = self.ledger.begin(request_id=self.request_id, api_key_id=self.key_id, user_id="",
                                                  model=self.model, protocol=self.protocol)
         return ticket
+
+    def streaming(self, tokens_sent: int, node_id: str) -> None:
+        """A stream has sent ``tokens_sent`` tokens so far: journaled, so a crash of the leader leaves a row that says so."""
+        if self.ticket is None or self.ended:
+            return
+        prompt = estimate(self.payload) if self.payload is not None else 0
+        self.ledger.progress(self.ticket, prompt_tokens=prompt, completion_tokens=tokens_sent, node_id=node_id)
 
     def done(self, outcome: Outcome) -> None:
         if self.ended:

@@ -32,5 +32,8 @@ class RelayObserver(Protocol):
     def sent(self) -> None:
         """An attempt's request has been written, and its upstream works on it."""
 
+    def streaming(self, tokens_sent: int, node_id: str) -> None:
+        """A stream relayed from ``node_id`` has sent ``tokens_sent`` tokens so far (about once a second)."""
+
     def done(self, outcome: Outcome) -> None:
         """The request ended (called once, before the client has the end of its answer)."""

@@ -220,7 +220,7 @@ class Relay:
             ttft_ms = int((answered - observer.started) * 1000)
             headers = {"X-Request-Id": request_id, WORKER_HEADER: node.id, ROUTE_HEADER: route,
                        TIMING_HEADER: server_timing(observer.started, sent, answered), "Cache-Control": "no-cache"}
-            return StreamingResponse(relay_sse(resp, first, call.strip_usage, observer.done, ttft_ms, node_id=node.id, lease=lease),
+            return StreamingResponse(relay_sse(resp, first, call.strip_usage, observer, ttft_ms, node_id=node.id, lease=lease),
                                      media_type="text/event-stream", headers=headers)
         except (WorkerUnavailable, TimeoutError, OSError) as err:
             problem = str(err) or type(err).__name__
@@ -262,7 +262,7 @@ class Relay:
         answered = time.perf_counter()
         ttft_ms = int((answered - observer.started) * 1000)
         out_headers[TIMING_HEADER] = server_timing(observer.started, sent, answered)
-        return StreamingResponse(relay_sse(resp, first, call.strip_usage, observer.done, ttft_ms, source=target.url),
+        return StreamingResponse(relay_sse(resp, first, call.strip_usage, observer, ttft_ms, source=target.url),
                                  media_type="text/event-stream", headers={**out_headers, "Cache-Control": "no-cache"})
 
 

@@ -4,31 +4,36 @@ client did not ask for it), the outcome reported once, and an error event when t
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import AsyncIterator
 
 from opod.fleet.state import Lease
-from opod.gateway.outcome import Outcome
+from opod.gateway.outcome import Outcome, RelayObserver
 from opod.http import fastjson
 from opod.http.upstream import UpstreamResponse
 
+PROGRESS_EVERY = 1.0
+"""Seconds between two progress reports of a stream (each is one journal line)."""
 
-async def relay_sse(resp: UpstreamResponse, first: bytes, strip_usage: bool, done: Callable[[Outcome], None], ttft_ms: int, *,
+async def relay_sse(resp: UpstreamResponse, first: bytes, strip_usage: bool, observer: RelayObserver, ttft_ms: int, *,
                     node_id: str = "", source: str = "", lease: Lease | None = None) -> AsyncIterator[bytes]:
-    """An upstream's SSE answer, passed on as it comes; its outcome is recorded once.
+    """An upstream's SSE answer, passed on as it comes; its outcome is told to ``observer`` once.
 
     The upstream is worker ``node_id`` (held by ``lease`` until the stream ends), or the fallback URL ``source``.
     ``ok`` at ``[DONE]`` (before the client sees the end of its answer) or at the end of the stream;
     ``error`` when the upstream breaks off (the client gets an error event naming it);
-    ``cancelled`` when the client leaves, with the tokens it got.
+    ``cancelled`` when the client leaves, with the tokens it got. Every ``PROGRESS_EVERY`` seconds
+    the tokens sent so far are told too, so a crash of the leader loses at most that much of the count.
     """
     scanner = SSEFilter(strip_usage)
     sent, reported = 0, False
+    told_at = time.monotonic()
 
     def report(outcome: str, status: int = 200) -> None:
         nonlocal reported
         if not reported:
             reported = True
-            done(Outcome(status, outcome, node_id, scanner.usage, ttft_ms, sent))
+            observer.done(Outcome(status, outcome, node_id, scanner.usage, ttft_ms, sent))
 
     try:
         chunk: bytes | None = first
@@ -40,6 +45,9 @@ async def relay_sse(resp: UpstreamResponse, first: bytes, strip_usage: bool, don
                 sent += out.count(b'"content":"') - out.count(b'"content":""')
                 if b"data: [DONE]" in out:
                     report("ok")
+                elif (now := time.monotonic()) - told_at >= PROGRESS_EVERY:
+                    told_at = now
+                    observer.streaming(sent, node_id)
                 yield out
             chunk = await resp.readany() or None
         tail = scanner.flush()

@@ -59,6 +59,7 @@ class Ledger:
         self.writer = Writer(store, journal.directory / "rejected.jsonl")
         self._lock = threading.Lock()  # one journal line and its in-memory effect at a time
         self._open: dict[str, bytes] = {}  # entry → start line, for requests in flight
+        self._progress: dict[str, bytes] = {}  # entry → its last progress line, for streams in flight
         self._retired: list[tuple[int, list[Path]]] = []  # (last record in them, old segments)
         self._prefix = secrets.token_hex(8) + "-"  # entries are unique across processes and leaders
         self._ids = itertools.count(1)
@@ -173,10 +174,24 @@ class Ledger:
                 ticket.ended = True
                 self.journal.append(line)
                 self._open.pop(ticket.entry, None)
+                self._progress.pop(ticket.entry, None)
                 self.writer.add(record)
             self._wake_writer()
         except Exception:
             log.exception("ledger: cannot record the end of request %r", getattr(ticket, "request_id", "?"))
+
+    def progress(self, ticket: UsageTicket, *, prompt_tokens: int, completion_tokens: int, node_id: str = "") -> None:
+        """How far a stream in flight has come: journaled (not committed), so that a crash before its end
+        leaves an ``interrupted`` row with these counts instead of none."""
+        try:
+            line = encode(rec.progress_record(ticket, rec.now_us(), prompt_tokens, completion_tokens, node_id))
+            with self._lock:
+                if ticket.ended or self._closed:
+                    return
+                self.journal.append(line)
+                self._progress[ticket.entry] = line
+        except Exception:
+            log.exception("ledger: cannot record the progress of request %r", getattr(ticket, "request_id", "?"))
 
     def event(self, type: str, subject: str, data: Mapping[str, object] | None = None) -> None:
         """A lifecycle event (``node.registered``, …): journaled, then committed like usage rows."""
@@ -316,7 +331,7 @@ class Ledger:
             if self._closed:
                 return
             try:
-                older = self.journal.rotate(self._header(), list(self._open.values()))
+                older = self.journal.rotate(self._header(), [*self._open.values(), *self._progress.values()])
             except OSError as err:
                 log.error("ledger: cannot start a new journal segment in %s: %s", self.journal.directory, err)
                 return

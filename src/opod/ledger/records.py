@@ -8,10 +8,13 @@ twice) and ``ts_us`` is unix microseconds.
 - ``end``: the start's fields with the end's ``ts_us``, plus ``outcome, prompt_tokens,
   completion_tokens, latency_ms, ttft_ms, node_id, route_json`` (JSON text or null). Complete on
   its own: a row is built from it without its start.
+- ``progress``: ``entry, ts_us, prompt_tokens, completion_tokens, node_id``: how far a stream had
+  come (the tokens streamed so far, the prompt estimated from its size), written about once a
+  second while it streams, so a crash does not lose what was already sent.
 - ``event``: ``entry, ts_us, type, subject, data_json`` (JSON object text)
 
 Recovery: an end becomes its row; a start without an end becomes an ``interrupted`` row (at the
-start's time, counts 0: the journal does not know how far it got); an event becomes its event.
+start's time) carrying its last progress (counts 0 without one); an event becomes its event.
 
 Values are cleaned on the way in (text cut to the store's limit, NUL and lone surrogates replaced,
 counts made whole numbers ≥ 0, names never blank, JSON always an object), because ``end`` runs on
@@ -187,9 +190,19 @@ def finished_record(ticket: UsageTicket, ts_us: int, outcome_: str, prompt_token
     return record
 
 
-def interrupted_record(start: dict[str, Any]) -> dict[str, Any]:
+def progress_record(ticket: UsageTicket, ts_us: int, prompt_tokens: int, completion_tokens: int, node_id: str) -> dict[str, Any]:
+    return {"rec": "progress", "entry": ticket.entry, "ts_us": ts_us, "prompt_tokens": count(prompt_tokens, "prompt_tokens"),
+            "completion_tokens": count(completion_tokens, "completion_tokens"), "node_id": text(node_id, "node_id")}
+
+
+def interrupted_record(start: dict[str, Any], progress: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The row of a request the leader never saw end: as far as its last progress record says it got."""
     zeros = {"prompt_tokens": 0, "completion_tokens": 0, "latency_ms": 0, "ttft_ms": 0}
-    return {**start, "rec": "end", "outcome": INTERRUPTED, **zeros, "node_id": "", "route_json": None}
+    record = {**start, "rec": "end", "outcome": INTERRUPTED, **zeros, "node_id": "", "route_json": None}
+    if progress is not None:
+        record.update(prompt_tokens=progress.get("prompt_tokens", 0), completion_tokens=progress.get("completion_tokens", 0),
+                      node_id=progress.get("node_id", ""), route_json=json.dumps({"prompt_tokens": "estimated"}))
+    return record
 
 
 def event_record(entry: str, ts_us: int, type: str, subject: str, data_json: str) -> dict[str, Any]:
@@ -254,13 +267,20 @@ def recover(lines: Iterable[Line]) -> Recovered:
     starts: dict[str, dict[str, Any]] = {}
     ends: dict[str, dict[str, Any]] = {}
     events: dict[str, dict[str, Any]] = {}
+    progress: dict[str, dict[str, Any]] = {}
     for line in lines:
         record, entry = line.record, line.record.get("entry")
         kind = record.get("rec")
-        if not isinstance(entry, str) or kind not in ("start", "end", "event"):
-            log.error("ledger journal %s line %d is not a start, end or event; skipped", line.segment, line.number)
+        if not isinstance(entry, str) or kind not in ("start", "end", "event", "progress"):
+            log.error("ledger journal %s line %d is not a start, end, progress or event; skipped", line.segment, line.number)
+            continue
+        if kind == "progress":
+            # The furthest a stream got: a progress record carried into a newer segment may come again.
+            seen = progress.get(entry)
+            if seen is None or _ts_us(record) >= _ts_us(seen):
+                progress[entry] = record
             continue
         {"start": starts, "end": ends, "event": events}[kind].setdefault(entry, record)
-    interrupted = [interrupted_record(start) for entry, start in starts.items() if entry not in ends]
+    interrupted = [interrupted_record(start, progress.get(entry)) for entry, start in starts.items() if entry not in ends]
     records = sorted([*ends.values(), *interrupted, *events.values()], key=_ts_us)
     return Recovered(records, ended=len(ends), interrupted=len(interrupted), events=len(events))
