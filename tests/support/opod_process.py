@@ -124,7 +124,7 @@ def alive(pid: int) -> bool:
 def http(method: str, url: str, body: object | None = None, key: str | None = None, timeout: float = 30.0) -> tuple[int, dict, object]:
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(url, data=data, method=method)
-    if data is not None:
+    if data is not None or method not in ("GET", "HEAD"):
         request.add_header("Content-Type", "application/json")
     if key:
         request.add_header("Authorization", f"Bearer {key}")

@@ -65,8 +65,8 @@ def call(method: str, path: str, body: Any = None) -> Any:
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(admin_url() + path, data=data, method=method)
     request.add_header("Authorization", f"Bearer {admin_key()}")
-    if data is not None:
-        request.add_header("Content-Type", "application/json")
+    if data is not None or method not in ("GET", "HEAD"):
+        request.add_header("Content-Type", "application/json")  # the admin listener refuses a change without it
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             text = response.read().decode()

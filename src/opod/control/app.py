@@ -1,24 +1,57 @@
 """The admin listener's app: ``/api/v1`` behind the admin key, with the listener's own refusals.
 
 Before the key is looked at, the listener refuses a ``Host`` that is a name
-rather than an address or ``localhost`` (a DNS-rebinding page), and any method
-but GET and HEAD whose ``Content-Type`` is not JSON (a cross-site form).
-Every refusal is ``{"error": "..."}``.
+rather than an address or ``localhost`` (a DNS-rebinding page), a request
+another site's page sent (``Sec-Fetch-Site`` other than same-origin or none, an
+``Origin`` other than the listener's own), and any method but GET and HEAD whose
+``Content-Type`` is not JSON, a missing one included (a cross-site form). Every
+path under ``/api``, ``openapi.json`` included, needs the admin key. Every
+refusal and every error, an unknown path, a wrong method or a failure included,
+is an ``ErrorView``: ``{"error": "..."}``. ``X-Llmgw-Actor`` names who made a
+change: letters, digits and ``._-@``, at most 64; ``unknown`` when absent.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import logging
+import re
+from collections.abc import Mapping
+from urllib.parse import urlsplit
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
 from opod import __version__
 from opod.control import keys, models, nodes
 from opod.control.context import ControlContext, ControlError
 from opod.http.errors import Unauthorized
 from opod.store.errors import Conflict, InvalidInput, NotFound, StoreError
+
+log = logging.getLogger("opod.control")
+
+ACTOR = re.compile(r"[A-Za-z0-9._@-]{1,64}")
+"""``X-Llmgw-Actor``: who a change is recorded as made by."""
+
+
+def refusal(status: int, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    """The spec's ``ErrorView``: every refusal and error of the admin listener."""
+    return JSONResponse({"error": message}, status_code=status, headers=dict(headers) if headers else None)
+
+
+def _cross_site(request: Request) -> str:
+    """Why the request looks sent by another site's page, or ``""``."""
+    fetch_site = request.headers.get("sec-fetch-site", "")
+    if fetch_site and fetch_site not in ("same-origin", "none"):
+        return f"Sec-Fetch-Site: {fetch_site}"
+    origin = request.headers.get("origin")
+    if origin is not None:
+        where = urlsplit(origin)
+        if origin == "null" or where.netloc != request.headers.get("host", ""):
+            return f"Origin: {origin}"
+    return ""
 
 
 def _host_ok(host: str) -> bool:
@@ -38,35 +71,53 @@ def create_app(ctx: ControlContext) -> FastAPI:
     @app.middleware("http")
     async def guard(request: Request, call_next):
         if not _host_ok(request.headers.get("host", "")):
-            return JSONResponse({"error": "the admin listener answers only requests addressed to an IP address or localhost"}, status_code=403)
-        if request.method not in ("GET", "HEAD") and not request.headers.get("content-type", "application/json").startswith("application/json"):
-            return JSONResponse({"error": "send a JSON body with Content-Type: application/json"}, status_code=415)
-        if request.url.path.startswith("/api/") and request.url.path != "/api/v1/openapi.json":
+            return refusal(403, "the admin listener answers only requests addressed to an IP address or localhost")
+        if why := _cross_site(request):
+            return refusal(403, f"the admin listener refuses requests another site's page sent ({why}); call it from a script or opod ctl")
+        if request.method not in ("GET", "HEAD") and not request.headers.get("content-type", "").startswith("application/json"):
+            return refusal(415, f"{request.method} needs Content-Type: application/json (even without a body)")
+        actor = request.headers.get("x-llmgw-actor")
+        if actor is not None and not ACTOR.fullmatch(actor):
+            return refusal(400, "X-Llmgw-Actor: letters, digits and ._-@ only, at most 64 (who the change is recorded as made by)")
+        if request.url.path.startswith("/api/"):
             try:
                 ctx.access.keys.check(request.headers.get("authorization"), kinds=("admin",))
             except Unauthorized as err:
-                return JSONResponse({"error": err.message}, status_code=401)
-        response = await call_next(request)
+                return refusal(401, err.message)
+        try:
+            response = await call_next(request)
+        except Exception:
+            log.exception("%s %s failed", request.method, request.url.path)
+            return refusal(500, f"{request.method} {request.url.path} failed on the leader; its log says why")
         if request.method not in ("GET", "HEAD"):
-            actor = request.headers.get("x-llmgw-actor", "") or "unknown"
-            ctx.emit("admin.call", request.url.path, {"method": request.method, "status": response.status_code, "actor": actor[:64]})
+            ctx.emit("admin.call", request.url.path, {"method": request.method, "status": response.status_code, "actor": actor or "unknown"})
         return response
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, err: HTTPException) -> JSONResponse:
+        if err.status_code == 404:
+            return refusal(404, f"no such path: {request.method} {request.url.path} (GET /api/v1/openapi.json lists them)")
+        if err.status_code == 405:
+            allowed = (err.headers or {}).get("Allow", "")
+            return refusal(405, f"{request.url.path} does not answer {request.method}" + (f"; it answers {allowed}" if allowed else ""),
+                           headers=err.headers)
+        return refusal(err.status_code, str(err.detail), headers=err.headers)
 
     @app.exception_handler(ControlError)
     async def control_error(request: Request, err: ControlError) -> JSONResponse:
-        return JSONResponse({"error": err.message}, status_code=err.status)
+        return refusal(err.status, err.message)
 
     @app.exception_handler(StoreError)
     async def store_error(request: Request, err: StoreError) -> JSONResponse:
         if isinstance(err, (NotFound, Conflict, InvalidInput)):
             status = 404 if isinstance(err, NotFound) else 409 if isinstance(err, Conflict) else 400
-            return JSONResponse({"error": str(err)}, status_code=status)
-        return JSONResponse({"error": f"the store failed: {err}; retry shortly"}, status_code=503, headers={"Retry-After": "5"})
+            return refusal(status, str(err))
+        return refusal(503, f"the store failed: {err}; retry shortly", headers={"Retry-After": "5"})
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, err: RequestValidationError) -> JSONResponse:
         parts = [f"{'.'.join(str(p) for p in e['loc'] if p != 'body')}: {e['msg']}" for e in err.errors()]
-        return JSONResponse({"error": "; ".join(parts)}, status_code=400)
+        return refusal(400, "; ".join(parts))
 
     app.include_router(keys.router(ctx))
     app.include_router(models.router(ctx))
