@@ -27,7 +27,7 @@ from opod.engines import llama_binary, rpc_binary
 from opod.http.serving import serve
 from opod.leader.leader import LeaderSettings
 from opod.leader.run import Up, UpSettings
-from opod.shards import ShardManager, Timing
+from opod.shards import Gangs, ShardManager, Timing
 from opod.weights.tiny import write_tiny_llama
 from tests.support.opod_process import (
     OpodProcess,
@@ -149,7 +149,7 @@ class LeaderInProcess:
         def entry(model_id: str) -> Entry | None:
             return self.entries.get(model_id) or leader.catalog.get(model_id)
 
-        self.manager = ShardManager(leader.fleet, leader.workers, entry, emit=self._emit, timing=FAST)
+        self.manager = ShardManager(Gangs(leader.fleet, leader.workers, entry, emit=self._emit, timing=FAST))
 
     def _emit(self, kind: str, subject: str, data: dict) -> None:
         self.events.append((kind, subject, data))

@@ -40,7 +40,7 @@ class Exchange:
     """Implements ``opod.gateway.relay.RelayObserver``: the relay tells it what happened, it records it."""
 
     __slots__ = ("stats", "ledger", "request_id", "protocol", "probe", "started", "key_id", "model", "ticket",
-                 "permit", "ended", "route", "_begun", "access_log", "prompts", "payload")
+                 "permit", "ended", "route", "_begun", "access_log", "prompts", "payload", "prompt_estimate")
 
     def __init__(self, stats: GatewayStats, ledger: UsageRecorder, request_id: str, protocol: str, probe: bool,
                  access_log: bool, prompts: PromptCounter | None = None) -> None:
@@ -63,6 +63,8 @@ class Exchange:
         """Counts the prompt of a stream that ended before the engine's usage chunk; ``None``: recorded as 0."""
         self.payload: dict | None = None
         """The request as relayed (set once parsed), for that count."""
+        self.prompt_estimate: int | None = None
+        """The prompt's tokens estimated from its size, made at a stream's first progress report."""
 
     def identify(self, key: KeyEntry | None) -> None:
         if key is not None:
@@ -99,8 +101,9 @@ class Exchange:
         """A stream has sent ``tokens_sent`` tokens so far: journaled, so a crash of the leader leaves a row that says so."""
         if self.ticket is None or self.ended:
             return
-        prompt = estimate(self.payload) if self.payload is not None else 0
-        self.ledger.progress(self.ticket, prompt_tokens=prompt, completion_tokens=tokens_sent, node_id=node_id)
+        if self.prompt_estimate is None:
+            self.prompt_estimate = estimate(self.payload) if self.payload is not None else 0
+        self.ledger.progress(self.ticket, prompt_tokens=self.prompt_estimate, completion_tokens=tokens_sent, node_id=node_id)
 
     def done(self, outcome: Outcome) -> None:
         if self.ended:

@@ -51,7 +51,7 @@ from opod.leader.reconciler import Reconciler
 from opod.ledger import Ledger
 from opod.security.nodetokens import NodeTokenMinter, load_or_create_secret
 from opod.security.signer import Signer
-from opod.shards import ShardError, ShardManager
+from opod.shards import Gangs, ShardError, ShardManager
 from opod.snapshots.policy import PolicyView
 from opod.snapshots.service import Snapshots
 from opod.store import Store
@@ -164,8 +164,8 @@ class Leader:
         workers = WorkerClient(access.tokens.token_for_node, Signer)
         index, pins, local_engines = PrefixIndex(), AffinityTable(), LocalEngines()
         reconciler = Reconciler(fleet, models, workers, housekeeping=index.sweep)
-        shards = ShardManager(fleet, workers, entry_for, emit=emit, local_node=settings.local_node,
-                              coordinator_node=config.read(contract_env.ENV_COORDINATOR_NODE) or None)
+        shards = ShardManager(Gangs(fleet, workers, entry_for, emit=emit, local_node=settings.local_node,
+                              coordinator_node=config.read(contract_env.ENV_COORDINATOR_NODE) or None))
         _restore_gangs(store, shards)
         tls_files = (settings.tls_cert, settings.tls_key) if settings.tls_cert and settings.tls_key else None
         snapshots = Snapshots(access, emit, client_certs_verified=tls_files is not None)

@@ -60,6 +60,7 @@ from: :mod:`opod.engines.rpc_binary`.
 
 from opod.shards.calls import Timing
 from opod.shards.errors import ShardError
+from opod.shards.gangs import Gangs
 from opod.shards.healing import SHARD_HEAL_FAILED, SHARD_HEALED
 from opod.shards.manager import SHARD_CREATED, SHARD_REMOVED, ShardManager
 from opod.shards.records import (
@@ -81,6 +82,7 @@ __all__ = [
     "Gang",
     "GangList",
     "GangState",
+    "Gangs",
     "Part",
     "ProcessState",
     "RemovedGangs",

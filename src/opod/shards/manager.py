@@ -17,12 +17,10 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from opod.contract.catalog import Entry
 from opod.engines import rpc_binary
-from opod.fleet.state import Fleet, NodeState
-from opod.http.nodeclient import WorkerClient, WorkerUnavailable
+from opod.fleet.state import NodeState
+from opod.http.nodeclient import WorkerUnavailable
 from opod.shards import calls
-from opod.shards.calls import Timing
 from opod.shards.distribute import checked_digest, leader_file, place_file
 from opod.shards.errors import ShardError, not_found
 from opod.shards.gangs import Emit, Gangs
@@ -52,30 +50,13 @@ __all__ = ["SHARD_CREATED", "SHARD_REMOVED", "Emit", "ShardManager"]
 class ShardManager:
     """Forms, lists, removes and heals llama.cpp RPC gangs over the leader's fleet.
 
-    ``entries(model_id)`` gives the catalog entry (the lead's catalog, or the
-    entry of a model added by path). ``coordinator_node`` is
-    ``OPOD_COORDINATOR_NODE`` as the lead read it; ``local_node`` is the
-    node id of the worker inside the leader's own process (what ``local``
-    means; known before either is built), or ``None`` for a leader without one. ``rpc_route`` defaults to
-    :func:`opod.engines.rpc_binary.resolve`, asked at each create so an install
-    fixed after start-up is seen.
+    ``gangs`` holds the records and the calls that start a gang's processes (built by the
+    composition root with the fleet, the workers and the catalog); ``miss_limit`` is how many
+    missed heartbeats of a part's worker start a heal.
     """
 
-    def __init__(
-        self,
-        fleet: Fleet,
-        workers: WorkerClient,
-        entries: Callable[[str], Entry | None],
-        *,
-        emit: Emit | None = None,
-        coordinator_node: str | None = None,
-        local_node: str | None = None,
-        rpc_route: rpc_binary.RpcRoute | None = None,
-        timing: Timing | None = None,
-        miss_limit: int = 2,
-    ) -> None:
-        self._gangs = Gangs(fleet, workers, entries, emit=emit, coordinator_node=coordinator_node,
-                            local_node=local_node, rpc_route=rpc_route, timing=timing)
+    def __init__(self, gangs: Gangs, *, miss_limit: int = 2) -> None:
+        self._gangs = gangs
         self._healer = Healer(self._gangs, miss_limit=miss_limit)
 
     # --- operations ---------------------------------------------------------------
