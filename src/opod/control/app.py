@@ -24,9 +24,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from typing import Any
+
 from opod import __version__
 from opod.control import keys, models, nodes
 from opod.control.context import ControlContext, ControlError
+from opod.control.spec import SpecRouter, document
+from opod.control.unbuilt import hardware, records, rollouts, services, tenancy
 from opod.http.errors import Unauthorized
 from opod.store.errors import Conflict, InvalidInput, NotFound, StoreError
 
@@ -66,7 +70,7 @@ def _host_ok(host: str) -> bool:
 
 
 def create_app(ctx: ControlContext) -> FastAPI:
-    app = FastAPI(title="opod management API", version=__version__, docs_url=None, redoc_url=None, openapi_url="/api/v1/openapi.json")
+    app = FastAPI(title="opod management API", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
@@ -119,7 +123,19 @@ def create_app(ctx: ControlContext) -> FastAPI:
         parts = [f"{'.'.join(str(p) for p in e['loc'] if p != 'body')}: {e['msg']}" for e in err.errors()]
         return refusal(400, "; ".join(parts))
 
-    app.include_router(keys.router(ctx))
-    app.include_router(models.router(ctx))
-    app.include_router(nodes.router(ctx))
+    for area in (keys.router(ctx), models.router(ctx), nodes.router(ctx)):
+        app.include_router(area)
+    for unbuilt in (tenancy, records, rollouts, services, hardware):
+        app.include_router(unbuilt.router())
+
+    own = SpecRouter()
+    cached: dict[str, Any] = {}
+
+    @own.get("/api/v1/openapi.json", operation_id="getOpenapiJson", tags=["openapi"], response_model=dict[str, Any])
+    async def get_openapi_json() -> dict[str, Any]:
+        if not cached:
+            cached.update(document(app))
+        return cached
+
+    app.include_router(own)
     return app

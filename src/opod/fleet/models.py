@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from opod.contract.admin.catalog import CatalogModel
 from opod.contract.catalog import Entry
 
 ANY_NODE = "*"
@@ -24,6 +25,8 @@ class KnownModel:
     """node id (or ``*``) → ``loaded`` | ``unloaded``."""
     removed: bool = False
     """Removed from the store; kept here only until no worker holds it."""
+    definition: CatalogModel | None = None
+    """The model as the management API's catalog has it (profiles, scaling, class, owner, aliases, ...)."""
 
     @property
     def capabilities(self) -> list[str]:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from opod.contract import nodeapi
+from opod.fleet.inventory import NodeInventory
 from opod.fleet.liveness import Availability, ModelHealth, availability, can_place, takes_model, takes_new_work
 
 
@@ -55,6 +56,8 @@ class NodeState:
     """model → the state of the engine process serving it, as the worker last said (empty = not said)."""
     health: dict[str, ModelHealth] = field(default_factory=dict)
     """model → the relay's record of it here: failures in a row and its cool-down."""
+    inventory: NodeInventory = field(default_factory=NodeInventory)
+    """Its GPUs, labels and software, for the node views and placement."""
 
     @property
     def engine_id(self) -> str:
