@@ -35,7 +35,7 @@ def leader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Leader]:
 
 @pytest.fixture(scope="module")
 def ours(leader: Leader) -> dict[str, Any]:
-    status, body = http("GET", f"{leader.admin_url}/api/v1/openapi.json", key=leader.key)
+    status, _, body = http("GET", f"{leader.admin_url}/api/v1/openapi.json", key=leader.key)
     assert status == 200, body
     return body
 
@@ -47,7 +47,7 @@ def shape(schema: dict[str, Any]) -> Any:
     out: dict[str, Any] = {k: schema[k] for k in ("type", "format") if k in schema}
     if "items" in schema:
         out["items"] = shape(schema["items"])
-    if "additionalProperties" in schema:
+    if "additionalProperties" in schema and schema["additionalProperties"] is not False:
         extra = schema["additionalProperties"]
         out["additionalProperties"] = shape(extra) if isinstance(extra, dict) else extra
     if "properties" in schema:

@@ -8,38 +8,18 @@ gateway's key table right after the store.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from fastapi import APIRouter
-from pydantic import BaseModel
 
 from opod.access.service import MintedKind
+from opod.contract.admin.tenancy import KeyCreated, KeyCreateRequest, KeyView
 from opod.control.context import ControlContext, ControlError, parse_lifetime
+from opod.control.spec import EXTENSION_TAG, SpecRouter
 from opod.store import KeyRecord, NotFound
 
-
-class KeyCreateRequest(BaseModel):
-    name: str = ""
-    project: str = ""
-    user: str = ""
-    band: str = ""
-    routing_profile: str = ""
-    expires_in: str = ""
-
-
-class KeyView(BaseModel):
-    id: str
-    name: str
-    prefix: str
-    state: str
-    created_at: datetime
-    expires_at: datetime | None = None
-    revoked_at: datetime | None = None
-    last_used_at: datetime | None = None
-    node_id: str | None = None
-
-
-class KeyCreated(KeyView):
-    secret: str
+TENANCY_FIELDS = ("project", "user", "band", "routing_profile")
+"""Fields of a key that need tenancy and the key table's new columns; refused rather than dropped until then."""
 
 
 def _state(record: KeyRecord) -> str:
@@ -50,7 +30,7 @@ def _state(record: KeyRecord) -> str:
 def view(record: KeyRecord) -> KeyView:
     return KeyView(
         id=record.id, name=record.name, prefix=record.prefix, state=_state(record), created_at=record.created_at,
-        expires_at=record.expires_at, revoked_at=record.revoked_at, last_used_at=record.last_used_at, node_id=record.node_id,
+        expires_at=record.expires_at, revoked_at=record.revoked_at, last_used_at=record.last_used_at,
     )
 
 
@@ -59,13 +39,16 @@ def _what(kind: MintedKind) -> str:
 
 
 def router(ctx: ControlContext) -> APIRouter:
-    api = APIRouter()
+    api = SpecRouter()
 
     async def create(kind: MintedKind, body: KeyCreateRequest) -> KeyCreated:
+        for field in TENANCY_FIELDS:
+            if getattr(body, field):
+                raise ControlError(501, f"{field}: keys for projects, people, bands and routing profiles need the management API's tenancy, which this opod does not have yet; leave {field} out")
         lifetime = parse_lifetime(body.expires_in)
         expires = datetime.now(UTC) + lifetime if lifetime else None
         record, secret = await ctx.access.create(kind, body.name or ("node token" if kind == "node" else "api key"), expires)
-        return KeyCreated(**view(record).model_dump(), secret=secret)
+        return KeyCreated(**view(record).model_dump(exclude_none=True), secret=secret)
 
     async def listing(kind: MintedKind) -> list[KeyView]:
         return [view(r) for r in await ctx.access.list_keys(kind)]
@@ -79,37 +62,40 @@ def router(ctx: ControlContext) -> APIRouter:
             raise ControlError(404, f"no {_what(kind)} {key_id!r}; `opod token ls{' --node' if kind == 'node' else ''}` lists them")
         return record
 
-    async def revoke(kind: MintedKind, key_id: str) -> dict:
+    async def revoke(kind: MintedKind, key_id: str) -> dict[str, Any]:
         await one(kind, key_id)
         record = await ctx.access.revoke(key_id)
-        return {"revoked": record.id}
+        return {"id": record.id, "revoked": True}
 
-    @api.get("/api/v1/keys", response_model=list[KeyView], response_model_exclude_none=True)
-    async def get_keys() -> list[KeyView]:
+    @api.get("/api/v1/keys", operation_id="getKeys", tags=["keys"], response_model=list[KeyView])
+    async def get_keys(project: str | None = None) -> list[KeyView]:
+        if project:
+            raise ControlError(501, "project: listing a project's keys needs the management API's tenancy, which this opod does not have yet")
         return await listing("api")
 
-    @api.post("/api/v1/keys", status_code=201, response_model=KeyCreated, response_model_exclude_none=True)
+    @api.post("/api/v1/keys", operation_id="postKeys", tags=["keys"], response_model=KeyCreated, status_code=201)
     async def post_keys(body: KeyCreateRequest) -> KeyCreated:
         return await create("api", body)
 
-    @api.get("/api/v1/keys/{key_id}", response_model=KeyView, response_model_exclude_none=True)
-    async def get_key(key_id: str) -> KeyView:
-        return view(await one("api", key_id))
+    @api.get("/api/v1/keys/{id}", operation_id="getKeysId", tags=["keys"], response_model=KeyView)
+    async def get_keys_id(id: str) -> KeyView:
+        return view(await one("api", id))
 
-    @api.delete("/api/v1/keys/{key_id}")
-    async def delete_key(key_id: str) -> dict:
-        return await revoke("api", key_id)
+    @api.delete("/api/v1/keys/{id}", operation_id="deleteKeysId", tags=["keys"], response_model=dict[str, Any])
+    async def delete_keys_id(id: str) -> dict[str, Any]:
+        return await revoke("api", id)
 
-    @api.get("/api/v1/node-tokens", response_model=list[KeyView], response_model_exclude_none=True)
+    # Node tokens (the keys workers join with) are opod's own: the spec has no route for them.
+    @api.get("/api/v1/node-tokens", operation_id="getNodeTokens", tags=[EXTENSION_TAG], response_model=list[KeyView])
     async def get_node_tokens() -> list[KeyView]:
         return await listing("node")
 
-    @api.post("/api/v1/node-tokens", status_code=201, response_model=KeyCreated, response_model_exclude_none=True)
+    @api.post("/api/v1/node-tokens", operation_id="postNodeTokens", tags=[EXTENSION_TAG], response_model=KeyCreated, status_code=201)
     async def post_node_tokens(body: KeyCreateRequest) -> KeyCreated:
         return await create("node", body)
 
-    @api.delete("/api/v1/node-tokens/{key_id}")
-    async def delete_node_token(key_id: str) -> dict:
-        return await revoke("node", key_id)
+    @api.delete("/api/v1/node-tokens/{id}", operation_id="deleteNodeTokensId", tags=[EXTENSION_TAG], response_model=dict[str, Any])
+    async def delete_node_tokens_id(id: str) -> dict[str, Any]:
+        return await revoke("node", id)
 
     return api

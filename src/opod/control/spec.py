@@ -19,6 +19,7 @@ from fastapi import APIRouter, FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from opod import __version__
+from opod.contract.admin.common import ErrorView
 
 EXTENSION_TAG = "opod"
 """The tag of routes opod has beyond the spec (node tokens, load and unload)."""
@@ -64,11 +65,13 @@ def document(app: FastAPI) -> dict[str, Any]:
             "as a bearer token. Durations in bodies are integer nanoseconds. Operations tagged opod are opod's own, "
             "beyond the management API's specification."
         ),
-        routes=[r for r in app.routes if getattr(r, "path", "").startswith("/api/")],
+        routes=app.routes,
     )
+    raw["paths"] = {path: item for path, item in raw.get("paths", {}).items() if path.startswith("/api/")}
     names = _spec_names(raw.get("components", {}).get("schemas", {}))
     doc = _rewrite(raw, names)
     schemas = {names.get(k, k): v for k, v in doc.get("components", {}).get("schemas", {}).items() if k not in _FASTAPI_ONLY}
+    schemas["ErrorView"] = _rewrite(ErrorView.model_json_schema(), names)
     for path_item in doc.get("paths", {}).values():
         for method, op in path_item.items():
             _conform_operation(method, op)
@@ -90,6 +93,7 @@ def _spec_names(schemas: dict[str, Any]) -> dict[str, str]:
 
 
 def _conform_operation(method: str, op: dict[str, Any]) -> None:
+    op.setdefault("tags", [EXTENSION_TAG])
     responses = op.setdefault("responses", {})
     responses.pop("422", None)
     for code, answer in responses.items():
