@@ -87,8 +87,8 @@ def test_repeated_engine_refusals_are_400s_and_leave_the_worker_serving(fleet, s
     assert isinstance(ready, dict) and ready["ready"] is True and set(ready["models"]) == {CHAT, OTHER}, ready
     assert chat(leader, OTHER)[0] == 200
     assert chat(leader, CHAT)[0] == 200
-    status_code, nodes = leader.admin("GET", "/api/v1/nodes")
-    assert status_code == 200 and nodes[0]["model_states"] == {CHAT: "serving", OTHER: "serving"}, nodes
+    status_code, nodes = leader.admin("GET", "/api/v1/opod/node-models")
+    assert status_code == 200 and list(nodes.values())[0] == {CHAT: "serving", OTHER: "serving"}, nodes
 
 
 def test_a_killed_engine_leaves_the_other_model_answering_and_its_own_back_as_soon_as_it_is_ready(fleet) -> None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import time
 import urllib.request
 from pathlib import Path
@@ -100,10 +102,18 @@ def test_a_forgotten_worker_that_is_still_alive_registers_again(fleet, tmp_path:
     spare = sim_worker(leader, home, "n_spare")
     try:
         spare.wait_for_line("registered with", timeout=30)
-        status, body = leader.admin("DELETE", "/api/v1/nodes/n_spare")
-        assert status == 200, body
+        refused, body = leader.admin("DELETE", "/api/v1/nodes/n_spare")
+        assert refused == 409 and "is reachable" in body["error"], "a node that heartbeats is not forgotten"
+        os.kill(spare.proc.pid, signal.SIGSTOP)  # unreachable with nothing on it: it may be forgotten
+        try:
+            wait_until(lambda: {n["id"]: n["state"] for n in leader.admin("GET", "/api/v1/nodes")[1]}["n_spare"] == "unreachable",
+                       30, "the stopped worker to be unreachable", interval=0.5)
+            status, body = leader.admin("DELETE", "/api/v1/nodes/n_spare")
+            assert (status, body) == (200, {"id": "n_spare", "removed": "true"})
+        finally:
+            os.kill(spare.proc.pid, signal.SIGCONT)
         refused, body = leader.admin("DELETE", "/api/v1/nodes/n_faulty")
-        assert refused == 409 and "serving sim-chat" in body["error"]
+        assert refused == 409 and "is reachable" in body["error"]
         wait_until(lambda: sum("registered with" in line for line in spare.lines) >= 2, 20, "the worker to register again after a 404")
         nodes = {n["id"] for n in leader.admin("GET", "/api/v1/nodes")[1]}
         assert "n_spare" in nodes

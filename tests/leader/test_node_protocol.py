@@ -76,8 +76,9 @@ class FakeWorker:
 
 
 def _models_of(leader: Leader, node_id: str) -> list[str] | None:
-    status, body = leader.admin("GET", "/api/v1/nodes")
-    return next((n["models"] for n in body if n["id"] == node_id), None)
+    # The management API's NodeView has no models; the contract's /admin/v1/nodes lists them.
+    status, _, body = http("GET", leader.url + "/admin/v1/nodes", key=leader.key)
+    return next((n["loaded_models"] for n in body if n["id"] == node_id), None)
 
 
 def test_register_with_a_token_then_heartbeat(leader: Leader, token: str) -> None:
@@ -123,11 +124,11 @@ def test_a_workers_gpus_show_in_the_node_list_and_the_cli(leader: Leader, token:
     gpu, cpu = nodes["n_fake-gpu"], nodes["n_fake-cpu"]
     assert (gpu["gpu_total"], gpu["gpu_classes"]) == (2, ["NVIDIA H200"])
     assert gpu["gpus"][1] == {"index": 1, "name": "NVIDIA H200", "label": "1", "class": "NVIDIA H200", "card": 1, "memory_total_mb": 139 * 1024}
-    assert (cpu["gpu_total"], cpu["gpus"], cpu["gpu_classes"]) == (0, [], [])
+    assert (cpu["gpu_total"], cpu.get("gpus"), cpu.get("gpu_classes")) == (0, None, None)
     listed = opod_cli(leader, "node", "ls")
     assert listed.returncode == 0
     line = next(line for line in listed.stdout.splitlines() if line.startswith("n_fake-gpu"))
-    assert "2× NVIDIA H200 (139 GiB)" in line
+    assert "2× NVIDIA H200 (139 GiB, 2 free)" in line
 
 
 def test_a_crash_looping_engine_takes_the_worker_out_everywhere(leader: Leader, token: str) -> None:
@@ -137,7 +138,7 @@ def test_a_crash_looping_engine_takes_the_worker_out_everywhere(leader: Leader, 
     worker.heartbeat(nodeapi.Heartbeat(id="n_fake-loop", loaded_models=["m9"], boot_id="b", engine=looping))
     status, body = leader.admin("GET", "/api/v1/nodes")
     node = next(n for n in body if n["id"] == "n_fake-loop")
-    assert node["state"] == "engine crash-looping: exit status 1: out of memory"
+    assert node["state"] == "ready" and "takes no requests: engine crash-looping: exit status 1: out of memory" in node["warnings"]
     status, _, models = http("GET", leader.url + "/v1/models", key=leader.key)
     assert "m9" not in {m["id"] for m in models["data"]}
     worker.heartbeat(nodeapi.Heartbeat(id="n_fake-loop", loaded_models=["m9"], boot_id="b", engine=nodeapi.EngineState(state="serving")))

@@ -62,11 +62,12 @@ def test_drain_and_undrain(store: Store) -> None:
         store.set_drained("node-a", "yes", at(13))  # type: ignore[arg-type]
 
 
-def test_touch_moves_last_seen_forward_only(store: Store) -> None:
-    register(store)
-    store.touch_node("node-a", at(20))
-    assert store.get_node("node-a").last_seen_at == at(20)
-    store.touch_node("node-a", at(15))
+def test_touch_moves_last_seen_forward_only_for_a_batch_of_nodes(store: Store) -> None:
+    register(store, "node-a")
+    register(store, "node-b")
+    store.touch_nodes(["node-a", "node-b", "ghost"], at(20))  # a node forgotten meanwhile is skipped
+    assert store.get_node("node-a").last_seen_at == store.get_node("node-b").last_seen_at == at(20)
+    store.touch_nodes(["node-a"], at(15))
     assert store.get_node("node-a").last_seen_at == at(20)
     assert store.get_node("node-a").registered_at == at(0)
 
@@ -87,10 +88,9 @@ def test_list_nodes_by_id_and_delete(store: Store) -> None:
     [
         lambda s: s.get_node("ghost"),
         lambda s: s.set_drained("ghost", True),
-        lambda s: s.touch_node("ghost"),
         lambda s: s.delete_node("ghost"),
     ],
-    ids=["get", "set_drained", "touch", "delete"],
+    ids=["get", "set_drained", "delete"],
 )
 def test_an_unknown_node_is_not_found(store: Store, call: Callable[[Store], object]) -> None:
     with pytest.raises(NotFound, match="node 'ghost' is not registered; list the nodes"):

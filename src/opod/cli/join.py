@@ -25,6 +25,8 @@ def command(
     threads: int = typer.Option(0, help="CPU threads per engine (0 = the engine's default)."),
     stop_grace: float | None = typer.Option(None, "--stop-grace", metavar="SECONDS", min=0, max=3600, show_default=False,
                                      help="Seconds requests in flight may take to finish on Ctrl-C or SIGTERM [default: 30, or OPOD_STOP_GRACE]."),
+    inventory: str = typer.Option("", "--inventory", metavar="FILE",
+                                  help="A declared inventory (YAML or JSON: GPUs, MIG instances, labels) reported instead of the driver's [or OPOD_INVENTORY]."),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Join a leader as a worker and run its models on this machine's engines."""
@@ -45,7 +47,7 @@ def command(
         settings = WorkerSettings(
             leader_url=leader_url, token=token.strip(), home=config.home(), engine=engine, threads=threads, flags=engine_flags(),
             listen=parse_listen(listen or config.read("OPOD_WORKER_LISTEN") or "0.0.0.0:8081", "0.0.0.0", "--listen"),
-            stop_grace=config.stop_grace() if stop_grace is None else stop_grace,
+            stop_grace=config.stop_grace() if stop_grace is None else stop_grace, inventory=inventory or None,
             **WorkerSettings.tls_from_env(),
         )
         worker = open_worker(settings)

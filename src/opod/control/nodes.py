@@ -1,112 +1,385 @@
-"""``/api/v1/nodes``: the workers the leader knows, and whether each takes work (the one liveness rule)."""
+"""``/api/v1/nodes`` and ``/api/v1/agents/restart``: the fleet's nodes, their state, labels, logs, builds and releases.
+
+A node view is what its worker reported (``NodeState.inventory``: devices with MIG
+instances as their own, labels, software) with the operator's side (cordon or drain,
+operator labels, engine builds, the wanted release), all kept in the store. A device
+is free when it is healthy and no replica holds it (the reconciler's replicas, when
+it tracks any). ``state`` is ``unreachable`` or ``lost`` for a node that stopped
+heartbeating, else the operator's state: ``ready``, ``cordoned`` or ``draining``.
+"""
 
 from __future__ import annotations
 
+import logging
+import re
 import time
 
-from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict, Field
+import aiohttp
+from fastapi import Response
+from pydantic import TypeAdapter
 
 from opod.access.offloop import run_sync
 from opod.contract import nodeapi
+from opod.contract.admin.fleet import (
+    AgentRestartView,
+    ClassGPUs,
+    FacilityLocation,
+    GPUView,
+    LoadView,
+    LogsView,
+    NodeEngineRequest,
+    NodeLabelsRequest,
+    NodeLabelsView,
+    NodeRemoved,
+    NodeStateRequest,
+    NodeStateView,
+    NodeView,
+    UpgradeRequest,
+    UpgradeView,
+)
 from opod.control.context import ControlContext, ControlError
-from opod.fleet.liveness import model_states, takes_new_work
+from opod.control.spec import EXTENSION_TAG, SpecRouter
+from opod.engines.registry import known_names
+from opod.fleet.inventory import GPUDevice, location
+from opod.fleet.liveness import LOST, STATE_WORDS, model_states, node_state, reachability, state_flags, takes_new_work
+from opod.fleet.state import NodeState
+from opod.http.nodeclient import WorkerUnavailable
+
+log = logging.getLogger("opod.control")
+
+LOG_LINES, MAX_LOG_LINES = 300, 2000
+_LABEL_KEY = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._/-]{0,251}[A-Za-z0-9])?")
+_BUILD = re.compile(r"[a-z0-9][a-z0-9._+-]{0,31}")
+_VERSION = re.compile(r"v?[0-9][0-9A-Za-z.+-]{0,63}")
+_IDLE_STATES = ("stopped", "failed", "parked")
+"""Replica states that hold no device."""
 
 
-class GPUView(BaseModel):
-    """One card as the worker reported it at registration (its name and whole GiB of memory)."""
-
-    model_config = ConfigDict(populate_by_name=True)
-
-    index: int
-    name: str
-    label: str
-    """The card as people are shown it: its index."""
-    class_: str = Field(alias="class")
-    """The card's model name: the worker reports no finer class (no MIG profiles)."""
-    card: int
-    memory_total_mb: int
-    """The worker reports whole GiB (rounded down), so this is that times 1024."""
+def go_duration(seconds: float) -> str:
+    """Whole seconds as Go writes a ``time.Duration``: ``45s``, ``3m4s``, ``2h0m5s``."""
+    total = max(0, int(seconds))
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes}m{secs}s"
+    return f"{minutes}m{secs}s" if minutes else f"{secs}s"
 
 
-def gpu_views(gpus: list[nodeapi.GPU] | None) -> list[GPUView]:
-    return [GPUView(index=i, name=g.name, label=str(i), class_=g.name, card=i, memory_total_mb=g.vram_gb * 1024)
-            for i, g in enumerate(gpus or [])]
-
-
-class NodeView(BaseModel):
-    id: str
-    hostname: str
-    mgmt_addr: str
-    state: str
-    memory_gb: int
-    cpu_count: int
-    os: str = ""
-    """Operating system and architecture, as the worker read them (``linux/amd64``)."""
-    disk_free_gb: int = 0
-    """Free space where the worker keeps weights, GiB, as of its last heartbeat; 0 = not reported (unknown, not full)."""
-    disk_total_gb: int = 0
-    gpu_total: int = 0
-    gpus: list[GPUView] = []
-    gpu_classes: list[str] = []
-    """The cards' model names, each once, in the order the cards come."""
-    engines: list[str]
-    models: list[str]
-    model_states: dict[str, str] = {}
-    """Each model the worker holds or says anything of: ``serving``, or why it cannot (as its clients are told)."""
-    engine_state: str = ""
-    engine_detail: str = ""
-    last_heartbeat_s: float | None = None
-
-
-def router(ctx: ControlContext) -> APIRouter:
-    api = APIRouter()
-
-    @api.get("/api/v1/nodes", response_model=list[NodeView])
-    async def get_nodes() -> list[NodeView]:
-        now = time.monotonic()
-        out = []
-        for node in ctx.fleet:
-            live, why = takes_new_work(node, now)
-            gpus = gpu_views(node.hardware.gpus)
-            out.append(
-                NodeView(
-                    id=node.id,
-                    hostname=node.hostname or node.hardware.hostname,
-                    mgmt_addr=node.address,
-                    state="ready" if live else why,
-                    memory_gb=node.hardware.ram_gb,
-                    cpu_count=node.hardware.cpu_cores,
-                    os="/".join(part for part in (node.hardware.os, node.hardware.arch) if part),
-                    disk_free_gb=node.hardware.disk_free_gb,
-                    disk_total_gb=node.hardware.disk_total_gb,
-                    gpu_total=len(gpus),
-                    gpus=gpus,
-                    gpu_classes=list(dict.fromkeys(g.class_ for g in gpus)),
-                    engines=[node.engine_id] if node.engine_id else [],
-                    models=sorted(node.loaded_models),
-                    model_states=model_states(node, now),
-                    engine_state=node.engine.state if node.engine else "",
-                    engine_detail=node.engine.detail if node.engine else "",
-                    last_heartbeat_s=round(now - node.last_heartbeat, 1) if node.last_heartbeat else None,
-                )
-            )
+def _held(ctx: ControlContext) -> dict[str, set[int]]:
+    """node id → device indices some replica holds there (the placement seam: empty until the reconciler tracks replicas)."""
+    out: dict[str, set[int]] = {}
+    if ctx.replicas is None:
         return out
+    for replica in ctx.replicas.replica_list():
+        if replica.state in _IDLE_STATES:
+            continue
+        for node_id, indices in replica.gpus.items():
+            out.setdefault(node_id, set()).update(indices)
+    return out
 
-    @api.delete("/api/v1/nodes/{node_id}")
-    async def delete_node(node_id: str) -> dict:
-        """Forget a node that has gone; a live node serving models must be drained or stopped first."""
+
+def _silent_for(node: NodeState, wall: float) -> float:
+    return wall - node.inventory.last_seen if node.inventory.last_seen else float("inf")
+
+
+def state_word(node: NodeState, now: float, wall: float) -> str:
+    return reachability(node, now, _silent_for(node, wall)) or node_state(node)
+
+
+def _replicas(node: NodeState) -> int:
+    return len({*node.loaded_models, *node.model_engines})
+
+
+def _location(labels: dict[str, str]) -> FacilityLocation | None:
+    found = location(labels)
+    return FacilityLocation.model_construct(**found) if found else None  # type: ignore[arg-type]
+
+
+NODE_VIEW = TypeAdapter(NodeView)
+
+DeviceViews = dict[str, tuple[list[GPUDevice], list[GPUView], list[str]]]
+"""node id → (its device list, their views, compute capabilities): a node's devices change only when a report
+replaces the list, so their views are built once per report, not once per listing."""
+
+
+def _device_views(node: NodeState, cache: DeviceViews) -> tuple[list[GPUView], list[str]]:
+    devices = node.inventory.gpus
+    cached = cache.get(node.id)
+    if cached is not None and cached[0] is devices:
+        return cached[1], cached[2]
+    views = [GPUView.model_construct(index=d.index, name=d.name, label=d.label, class_=d.gpu_class, card=d.card,
+                                     mig_profile=d.mig_profile or None, memory_total_mb=d.memory_mb,
+                                     compute_capability=d.compute_capability or None) for d in devices]
+    capabilities = sorted({d.compute_capability for d in devices if d.compute_capability})
+    cache[node.id] = (devices, views, capabilities)
+    return views, capabilities
+
+
+def node_view(node: NodeState, held: set[int], now: float, wall: float, cache: DeviceViews | None = None) -> NodeView:
+    inv = node.inventory
+    devices = inv.gpus
+    device_views, capabilities = _device_views(node, {} if cache is None else cache)
+    counts: dict[str, list] = {}
+    """class → [total, free, unhealthy, mig], in plain values: one wire object per class at the end."""
+    free = 0
+    for d in devices:
+        row = counts.get(d.gpu_class)
+        if row is None:
+            row = counts[d.gpu_class] = [0, 0, 0, d.mig]
+        row[0] += 1
+        if not d.healthy:
+            row[2] += 1
+        elif d.index not in held:
+            row[1] += 1
+            free += 1
+    by_class = {c: ClassGPUs.model_construct(class_=c, total=t, free=f, unhealthy=u, mig=m) for c, (t, f, u, m) in counts.items()}
+    warnings = list(inv.warnings)
+    live, why = takes_new_work(node, now)
+    if not live and why not in ("drained", "cordoned") and not why.startswith("no heartbeat"):
+        warnings.append(f"takes no requests: {why}")
+    wanted = inv.operator.wanted_version
+    if wanted and wanted != inv.agent_version:
+        warnings.append(f"release {wanted} is wanted but the agent runs {inv.agent_version or 'an unknown release'}: "
+                        "opod does not upgrade itself; install opod " + wanted + " on the node and restart its worker")
+    labels = inv.all_labels()
+    hw = node.hardware
+    # Built from values already of the wire types' types: constructed, not validated (a listing of a
+    # thousand nodes would otherwise validate every field of every node on each GET).
+    return NodeView(
+        id=node.id,
+        hostname=node.hostname or hw.hostname or None,
+        mgmt_addr=node.address or None,
+        state=state_word(node, now, wall),
+        labels=labels or None,
+        operator_labels=inv.operator_labels or None,
+        location=_location(labels),
+        gpu_total=len(devices),
+        gpu_free=free,
+        gpus=device_views or None,
+        gpu_classes=list(by_class) or None,
+        gpus_by_class=list(by_class.values()) or None,
+        compute_capabilities=capabilities or None,
+        unhealthy_gpus=[f"{d.label}: {d.why}" if d.why else d.label for d in devices if not d.healthy] or None,
+        memory_gb=hw.ram_gb,
+        cpu_count=hw.cpu_cores,
+        os="/".join(part for part in (hw.os, hw.arch) if part) or None,
+        disk_free_gb=hw.disk_free_gb,
+        disk_total_gb=hw.disk_total_gb,
+        engines=[node.engine_id] if node.engine_id else [],
+        engine_versions=inv.engine_versions or None,
+        engine_builds=inv.operator.engine_builds or None,
+        warnings=warnings or None,
+        models_on_disk=inv.models_on_disk,
+        last_seen_ago=go_duration(_silent_for(node, wall)) if inv.last_seen else None,
+        agent_version=inv.agent_version or None,
+        features=inv.features or None,
+        replicas=_replicas(node),
+        load=LoadView.model_construct(cpus=hw.cpu_cores or None, memory_total_bytes=(hw.ram_gb << 30) or None),
+    )
+
+
+def _inputs(node: NodeState, held: set[int], now: float, wall: float) -> tuple:
+    """Everything :func:`node_view` reads of a node, but the seconds since it was last heard from (see ``NodeList``)."""
+    inv, op = node.inventory, node.inventory.operator
+    return (
+        node.address, node.hostname, node.hardware, node.engine_id, node.loaded_models, tuple(node.model_engines),
+        inv.gpus, frozenset(held), state_word(node, now, wall), takes_new_work(node, now),
+        tuple(inv.labels.items()), tuple(inv.operator_labels.items()), tuple(inv.engine_versions.items()),
+        tuple(op.engine_builds.items()), op.wanted_version, tuple(inv.warnings), inv.agent_version, tuple(inv.features),
+        None if inv.models_on_disk is None else tuple(inv.models_on_disk), bool(inv.last_seen),
+    )
+
+
+class NodeList:
+    """``GET /api/v1/nodes`` as JSON: each node's view is written again only when something it shows changed.
+
+    A fleet of a thousand nodes is megabytes of views that mostly stay the same between two listings, so
+    each node's JSON is kept with the inputs it was built from (:func:`_inputs`), and only the seconds
+    since the node was last heard from, which change every listing, are written in afresh.
+    """
+
+    def __init__(self) -> None:
+        self._devices: DeviceViews = {}
+        self._views: dict[str, tuple[tuple, bytes]] = {}
+
+    def json(self, nodes: list[NodeState], held: dict[str, set[int]], now: float, wall: float) -> bytes:
+        parts = []
+        for gone in self._views.keys() - {n.id for n in nodes}:
+            del self._views[gone]
+            self._devices.pop(gone, None)
+        for node in nodes:
+            mine = held.get(node.id, set())
+            inputs = _inputs(node, mine, now, wall)
+            kept = self._views.get(node.id)
+            if kept is None or kept[0] != inputs:
+                view = node_view(node, mine, now, wall, self._devices)
+                view.last_seen_ago = None
+                kept = (inputs, NODE_VIEW.dump_json(view, exclude_none=True, by_alias=True))
+                self._views[node.id] = kept
+            body = kept[1]
+            if node.inventory.last_seen:
+                body = b'{"last_seen_ago":"' + go_duration(_silent_for(node, wall)).encode() + b'",' + body[1:]
+            parts.append(body)
+        return b"[" + b",".join(parts) + b"]"
+
+
+def _label_changes(body: NodeLabelsRequest, current: dict[str, str]) -> dict[str, str]:
+    labels = dict(current)
+    setting = body.set or {}
+    for key in body.remove or []:
+        if key in setting:
+            raise ControlError(400, f"remove: {key!r} is also in set; a label is set or removed, not both")
+        labels.pop(key, None)
+    for key, value in setting.items():
+        if not _LABEL_KEY.fullmatch(key):
+            raise ControlError(400, f"set: label key {key!r} must be letters, digits and ._/- (starting and ending with a letter or digit), "
+                                    "at most 253 characters, as in llmgw.io/rack")
+        if len(value) > 256:
+            raise ControlError(400, f"set: the value of {key!r} is {len(value)} characters; at most 256")
+        labels[key] = value
+    return labels
+
+
+def router(ctx: ControlContext) -> SpecRouter:
+    api = SpecRouter()
+    listing = NodeList()
+
+    def known(node_id: str) -> NodeState:
         node = ctx.fleet.get(node_id)
         if node is None:
-            raise ControlError(404, f"node {node_id!r} is not known; `opod node ls` lists them")
-        live, _ = takes_new_work(node, time.monotonic())
-        if live and node.loaded_models:
-            raise ControlError(409, f"node {node_id!r} is live and serving {', '.join(sorted(node.loaded_models))}; stop its worker first")
-        await run_sync(ctx.store.delete_node, node_id)
-        ctx.fleet.remove(node_id)
-        ctx.access.forget_node(node_id)
-        ctx.forget_node(node_id)
-        ctx.emit("node.removed", node_id, {})
-        return {"removed": node_id}
+            raise ControlError(404, f"node {node_id!r} is not known; GET /api/v1/nodes lists them")
+        return node
+
+    @api.get("/api/v1/nodes", operation_id="getNodes", tags=["nodes"], response_model=list[NodeView])
+    async def get_nodes() -> Response:
+        now, wall, held = time.monotonic(), time.time(), _held(ctx)
+        return Response(listing.json(list(ctx.fleet), held, now, wall), media_type="application/json")
+
+    @api.delete("/api/v1/nodes/{id}", operation_id="deleteNodesId", tags=["nodes"], response_model=NodeRemoved)
+    async def delete_nodes_id(id: str) -> NodeRemoved:
+        """Forget a node: a lost one, or an unreachable one with nothing on it."""
+        node = known(id)
+        reach = reachability(node, time.monotonic(), _silent_for(node, time.time()))
+        if not reach:
+            raise ControlError(409, f"node {id!r} is reachable (it heartbeats); only a lost node, or an unreachable one with nothing "
+                                    "on it, can be forgotten: stop its worker first")
+        held = sorted({*node.loaded_models, *node.model_engines})
+        if reach != LOST and held:
+            raise ControlError(409, f"node {id!r} is unreachable but has {', '.join(held)} on it; it is lost after "
+                                    "5 minutes without a word, and can be forgotten then")
+        await run_sync(ctx.store.delete_node, id)
+        ctx.fleet.remove(id)
+        ctx.access.forget_node(id)
+        ctx.forget_node(id)
+        ctx.emit("node.removed", id, {"was": reach})
+        ctx.models_changed()
+        return NodeRemoved(id=id, removed="true")
+
+    @api.post("/api/v1/nodes/{id}/engines", operation_id="postNodesIdEngines", tags=["nodes"], response_model=NodeEngineRequest)
+    async def post_nodes_id_engines(id: str, body: NodeEngineRequest) -> NodeEngineRequest:
+        node = known(id)
+        engines = known_names()
+        if not body.engine or body.engine not in engines:
+            raise ControlError(400, f"engine: {body.engine!r} is not an engine opod runs; choose one of {', '.join(engines)}")
+        build = (body.build or "auto").strip().lower()
+        if not _BUILD.fullmatch(build):
+            raise ControlError(400, f"build: {body.build!r} is not a build; write auto, none, or a build name such as cu129")
+        builds = dict(node.inventory.operator.engine_builds) | {body.engine: build}
+        await run_sync(ctx.store.set_operator_side, id, engine_builds=builds)
+        node.inventory.operator.engine_builds = builds
+        ctx.emit("node.engine_build", id, {"engine": body.engine, "build": build})
+        return NodeEngineRequest(engine=body.engine, build=build)
+
+    @api.post("/api/v1/nodes/{id}/labels", operation_id="postNodesIdLabels", tags=["nodes"], response_model=NodeLabelsView)
+    async def post_nodes_id_labels(id: str, body: NodeLabelsRequest) -> NodeLabelsView:
+        node = known(id)
+        labels = _label_changes(body, node.inventory.operator_labels)
+        await run_sync(ctx.store.set_operator_side, id, labels=labels)
+        node.inventory.operator_labels = labels
+        ctx.emit("node.labels", id, {"operator_labels": labels})
+        ctx.models_changed()  # a node selector may match it now, or no longer
+        merged = node.inventory.all_labels()
+        return NodeLabelsView(id=id, operator_labels=labels, labels=merged, location=_location(merged))
+
+    @api.get("/api/v1/nodes/{id}/logs", operation_id="getNodesIdLogs", tags=["nodes"], response_model=LogsView)
+    async def get_nodes_id_logs(id: str, lines: int | None = None, source: str | None = None) -> LogsView:
+        node = known(id)
+        count = LOG_LINES if lines is None else lines
+        if not 1 <= count <= MAX_LOG_LINES:
+            raise ControlError(400, f"lines: {lines} is out of range; ask for 1 to {MAX_LOG_LINES} (300 when absent)")
+        wanted = source or "agent"
+        if ctx.workers is None:
+            return LogsView(node=id, source=wanted, error="this leader cannot call its workers")
+        path = nodeapi.PATH_LOGS
+        try:
+            headers = ctx.workers.signed_headers(node, "GET", path)
+            async with ctx.workers.session.get(node.base_url() + path, params={"source": wanted, "lines": str(count)}, headers=headers,
+                                               timeout=aiohttp.ClientTimeout(total=10)) as resp:
+                status = resp.status
+                answer = await resp.json(content_type=None) if resp.content_type == "application/json" else {"error": (await resp.text()).strip()}
+        except (WorkerUnavailable, aiohttp.ClientError, TimeoutError, OSError, ValueError) as err:
+            return LogsView(node=id, source=wanted, error=f"node {id} did not answer: {err or type(err).__name__}")
+        if status == 404 and isinstance(answer, dict) and "sources" in answer:
+            raise ControlError(400, f"source: node {id} has no log {wanted!r}; it has {', '.join(answer['sources'])}")
+        if status != 200 or not isinstance(answer, dict):
+            error = answer.get("error") if isinstance(answer, dict) else str(answer)
+            return LogsView(node=id, source=wanted, error=f"node {id} answered HTTP {status}: {error}")
+        return LogsView(node=id, source=wanted, lines=answer.get("lines") or [], sources=answer.get("sources"))
+
+    @api.post("/api/v1/nodes/{id}/state", operation_id="postNodesIdState", tags=["nodes"], response_model=NodeStateView)
+    async def post_nodes_id_state(id: str, body: NodeStateRequest) -> NodeStateView:
+        known(id)
+        word = (body.state or "").strip().lower()
+        if word not in STATE_WORDS:
+            raise ControlError(400, f"state: {body.state!r} is not a node state; choose ready (or uncordon), cordon or drain")
+        return NodeStateView(id=id, state=await set_node_state(ctx, id, word))
+
+    @api.post("/api/v1/nodes/{id}/upgrade", operation_id="postNodesIdUpgrade", tags=["nodes"], response_model=UpgradeView)
+    async def post_nodes_id_upgrade(id: str, body: UpgradeRequest) -> UpgradeView:
+        node = known(id)
+        version = (body.version or "").strip()
+        if not _VERSION.fullmatch(version):
+            raise ControlError(400, f"version: {body.version!r} is not a release; write one such as 0.6.0")
+        await run_sync(ctx.store.set_operator_side, id, wanted_version=version)
+        node.inventory.operator.wanted_version = version
+        ctx.emit("node.upgrade_wanted", id, {"version": version, "running": node.inventory.agent_version})
+        return UpgradeView(node=id, version=version)
+
+    @api.post("/api/v1/agents/restart", operation_id="postAgentsRestart", tags=["agents"], response_model=AgentRestartView)
+    async def post_agents_restart() -> AgentRestartView:
+        """Each reachable worker starts its agent over (inventory read again, registered anew); engines keep serving."""
+        restarted: list[str] = []
+        now = time.monotonic()
+        for node in ctx.fleet:
+            if ctx.workers is None or reachability(node, now, _silent_for(node, time.time())):
+                continue
+            try:
+                status, answer = await ctx.workers.call_json(node, "POST", nodeapi.PATH_AGENT_RESTART, {}, timeout=15)
+            except WorkerUnavailable as err:
+                log.warning("agent restart: %s", err)
+                continue
+            if status == 200:
+                restarted.append(node.id)
+            else:
+                log.warning("agent restart: node %s answered HTTP %s: %s", node.id, status, str(answer).strip()[:300])
+        ctx.emit("agents.restarted", "", {"nodes": restarted})
+        return AgentRestartView(nodes=restarted)
+
+    @api.get("/api/v1/opod/node-models", operation_id="getOpodNodeModels", tags=[EXTENSION_TAG], response_model=dict[str, dict[str, str]])
+    async def get_node_models() -> dict[str, dict[str, str]]:
+        """node id → each model it holds or says anything of: ``serving``, or why not (what ``opod node ls`` shows)."""
+        now = time.monotonic()
+        return {node.id: model_states(node, now) for node in ctx.fleet}
 
     return api
+
+
+async def set_node_state(ctx: ControlContext, node_id: str, word: str) -> str:
+    """Set a node's state (a word of ``STATE_WORDS``): the store first, then the fleet; answers the state now."""
+    drained, cordoned = state_flags(word)
+    await run_sync(ctx.store.set_state, node_id, drained=drained, cordoned=cordoned)
+    node = ctx.fleet.set_state(node_id, drained=drained, cordoned=cordoned)
+    state = node_state(node) if node is not None else word
+    ctx.emit({"draining": "node.drained", "cordoned": "node.cordoned"}.get(state, "node.ready"), node_id, {})
+    ctx.models_changed()
+    return state

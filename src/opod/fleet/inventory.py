@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from opod.contract import nodeapi
+
 
 @dataclass(slots=True)
 class GPUDevice:
@@ -54,6 +56,62 @@ class NodeInventory:
     warnings: list[str] = field(default_factory=list)
     declared: bool = False
     """The GPUs come from a declared inventory, not from the driver (simulated fleets)."""
+    operator: OperatorSide = field(default_factory=lambda: OperatorSide())
+    last_seen: float = 0.0
+    """Wall-clock time (``time.time()``) it was last heard from; from the store after a leader restart."""
 
     def all_labels(self) -> dict[str, str]:
         return self.labels | self.operator_labels
+
+
+LOCATION_LABELS = ("llmgw.io/site", "llmgw.io/room", "llmgw.io/row", "llmgw.io/rack", "llmgw.io/pdu")
+"""Labels that say where a node is, for facility-aware placement (``llmgw.io/pdu`` may list several, comma-separated)."""
+
+
+@dataclass(slots=True)
+class OperatorSide:
+    """What the management API set on a node; kept in the store, never replaced by what the worker reports."""
+
+    engine_builds: dict[str, str] = field(default_factory=dict)
+    """engine → the build chosen for it (``auto``, ``none``, or a build such as ``cu129``)."""
+    wanted_version: str = ""
+    """The release an operator asked this node to run (``POST /nodes/{id}/upgrade``); empty = none asked."""
+
+
+def devices_from_report(report: nodeapi.InventoryReport | None, cards: list[nodeapi.GPU] | None) -> list[GPUDevice]:
+    """The node's devices: from opod's report when the worker sent one, else from the contract's whole cards."""
+    if report is not None and report.gpus is not None:
+        return [GPUDevice(index=g.index, label=g.label or str(g.index), name=g.name, gpu_class=g.gpu_class or g.name,
+                          memory_mb=g.memory_mb, compute_capability=g.compute_capability, uuid=g.uuid, card=g.card,
+                          mig_profile=g.mig_profile, healthy=g.healthy, why=g.why) for g in report.gpus]
+    return [GPUDevice(index=i, label=str(i), name=g.name, gpu_class=g.name, memory_mb=g.vram_gb * 1024, card=i)
+            for i, g in enumerate(cards or [])]
+
+
+def apply_report(inventory: NodeInventory, report: nodeapi.InventoryReport | None, cards: list[nodeapi.GPU] | None) -> None:
+    """Take the worker's word for what it has; operator labels stay as the management API set them."""
+    inventory.gpus = devices_from_report(report, cards)
+    if report is None:
+        return
+    inventory.labels = dict(report.labels or {})
+    inventory.engine_versions = dict(report.engine_versions or {})
+    inventory.agent_version = report.agent_version
+    inventory.features = list(report.features or [])
+    inventory.models_on_disk = list(report.models_on_disk) if report.models_on_disk is not None else None
+    inventory.warnings = list(report.warnings or [])
+    inventory.declared = report.declared
+
+
+def location(labels: dict[str, str]) -> dict[str, object]:
+    """``site``, ``room``, ``row``, ``rack`` and ``pdus`` from the location labels; only those present."""
+    out: dict[str, object] = {}
+    for key in LOCATION_LABELS:
+        value = labels.get(key, "").strip()
+        if not value:
+            continue
+        word = key.rsplit("/", 1)[1]
+        if word == "pdu":
+            out["pdus"] = [p.strip() for p in value.split(",") if p.strip()]
+        else:
+            out[word] = value
+    return out

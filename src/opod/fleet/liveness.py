@@ -8,6 +8,11 @@ cool-down never takes the worker's other models out.
 
 The router, the 503 a client gets, ``/readyz``, ``/v1/models``, ``opod model ls`` and the
 node listings all ask these functions, so they never disagree about a worker or a model.
+
+A node's operator state (:func:`node_state`) is one of ``ready``, ``cordoned`` (no new
+replicas; those it has keep serving) and ``draining`` (no new replicas and no new
+requests; the placer moves its replicas elsewhere). ``/admin/v1/nodes/{id}/drain`` and
+``POST /api/v1/nodes/{id}/state`` set the same state through :func:`state_flags`.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ class WorkerLiveness(Protocol):
     engine_word: EngineStateWord | None
     sleeping: bool
     drained: bool
+    cordoned: bool
     goodbye: bool
 
 
@@ -97,6 +103,8 @@ def can_place(node: WorkerLiveness, now: float) -> tuple[bool, str]:
     """
     if node.drained:
         return False, "drained"
+    if node.cordoned:
+        return False, "cordoned"
     if node.goodbye:
         return False, "said goodbye (worker stopped)"
     age = now - node.last_heartbeat
@@ -105,6 +113,37 @@ def can_place(node: WorkerLiveness, now: float) -> tuple[bool, str]:
     if not node.address:
         return False, "no address to reach it"
     return True, ""
+
+
+READY, CORDONED, DRAINING = "ready", "cordoned", "draining"
+UNREACHABLE, LOST = "unreachable", "lost"
+LOST_AFTER = 300.0
+"""Seconds without a word before an unreachable node is lost (it may be forgotten even with replicas on it)."""
+STATE_WORDS = {"ready": READY, "uncordon": READY, "cordon": CORDONED, "cordoned": CORDONED,
+               "drain": DRAINING, "draining": DRAINING}
+"""What ``POST /nodes/{id}/state`` accepts, and the state each word sets."""
+
+
+def node_state(node: WorkerLiveness) -> str:
+    """The operator's state of a node: ``ready``, ``cordoned`` or ``draining``."""
+    return DRAINING if node.drained else CORDONED if node.cordoned else READY
+
+
+def state_flags(state: str) -> tuple[bool, bool]:
+    """``(drained, cordoned)`` for a state word of :data:`STATE_WORDS`."""
+    word = STATE_WORDS[state]
+    return word == DRAINING, word == CORDONED
+
+
+def reachability(node: WorkerLiveness, now: float, silent_for: float) -> str:
+    """``""`` when the node heartbeats, else ``unreachable`` or (silent ``LOST_AFTER`` seconds) ``lost``.
+
+    ``silent_for`` is how long it has not been heard from by the wall clock, which also
+    counts before a leader restart (the monotonic ``last_heartbeat`` starts over then).
+    """
+    if not node.goodbye and node.last_heartbeat and now - node.last_heartbeat <= HEARTBEAT_MAX_AGE:
+        return ""
+    return LOST if silent_for > LOST_AFTER else UNREACHABLE
 
 
 def cooling(node: ModelLiveness, model: str, now: float) -> float:

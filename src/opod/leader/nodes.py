@@ -13,6 +13,11 @@ Register records the node in memory and in the store; a heartbeat updates the
 fleet in memory and, at most every ``TOUCH_EVERY`` seconds, the node's last-seen
 time in the store. A heartbeat from an unknown node is answered 404, which tells
 the worker to register again.
+
+The node's inventory (``NodeState.inventory``) is the worker's word (opod's
+``OpodInventory`` in its capabilities, or the contract's whole cards) with the
+operator's side kept across re-registrations: cordon, operator labels, engine
+builds and the wanted release come from the store, never from the worker.
 """
 
 from __future__ import annotations
@@ -37,13 +42,14 @@ from opod.access.service import AccessService
 from opod.contract import nodeapi
 from opod.contract.nodeauth import HEADER, AuthRefused, Refusal, SignedHeader
 from opod.contract.wire import WireError
+from opod.fleet.inventory import OperatorSide, apply_report
 from opod.fleet.prefix_index import PrefixIndex
 from opod.fleet.state import Fleet, NodeState
 from opod.http.tls.identity import CertRefused, certificate_identity, certificates_checked, required_refusal
 from opod.http.tls.peer import connection_of
 from opod.http.tls.policy import NodeMtls
 from opod.leader.adminv1.context import Emit, admin_error_response
-from opod.store import Store
+from opod.store import NodeRecord, Store
 
 log = logging.getLogger("opod.leader")
 
@@ -52,6 +58,8 @@ P = ParamSpec("P")
 
 BODY_CAP = 4 << 20
 TOUCH_EVERY = 30.0
+TOUCH_BATCH = 1.0
+"""Seconds last-seen times wait to be written together: a large fleet makes one write a second, not one a node."""
 
 
 def _loopback(host: str) -> bool:
@@ -72,6 +80,16 @@ def cert_refusal_response(err: CertRefused) -> Response:
         # Make the client drop this connection, so its retry gets a fresh handshake.
         response.headers["Connection"] = "close"
     return response
+
+
+def restored(node: NodeState, record: NodeRecord) -> NodeState:
+    """A node read from the store at start-up: its reported inventory as last registered, and the operator's side."""
+    apply_report(node.inventory, node.hardware.inventory, node.hardware.gpus)
+    node.cordoned = record.cordoned and not record.drained
+    node.inventory.operator_labels = record.operator_labels
+    node.inventory.operator = OperatorSide(engine_builds=record.engine_builds, wanted_version=record.wanted_version)
+    node.inventory.last_seen = record.last_seen_at.timestamp()
+    return node
 
 
 class _Refused(Exception):
@@ -118,18 +136,25 @@ class NodeRegistry:
         self._index = index
         self.node_mtls = node_mtls
         self._touched: dict[str, float] = {}
+        self._to_touch: set[str] = set()
+        """Nodes whose last-seen time is due to be written with the next batch."""
         self._silent: set[str] = set()
         self._writes: set[asyncio.Task[None]] = set()
         """Last-seen writes in flight: held so none is collected mid-way, cancelled at :meth:`close`."""
 
     async def close(self) -> None:
         """Cancel the last-seen writes still in flight (the next start reads heartbeats afresh)."""
-        writes, self._writes = self._writes, set()
+        writes, self._writes = list(self._writes), set()  # a list: each task's done callback discards it from the set
         for task in writes:
             task.cancel()
         for task in writes:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+    async def _touch_soon(self) -> None:
+        await asyncio.sleep(TOUCH_BATCH)
+        batch, self._to_touch = sorted(self._to_touch), set()
+        await self._store_quietly(f"the last-seen time of {len(batch)} nodes", self.store.touch_nodes, batch, datetime.now(UTC))
 
     async def _store_quietly(self, what: str, call: Callable[P, object], /, *args: P.args, **kwargs: P.kwargs) -> None:
         """Write to the store off the event loop; a failure is logged, never raised into a worker's call.
@@ -215,7 +240,13 @@ class NodeRegistry:
             self.access.bind_node(req.id, caller.token_id)
         # A certificate-only register keeps the token the node joined with before, if any.
         token_id = caller.token_id or self.tokens.token_id_of(req.id)
+        before = self.fleet.get(req.id)
+        kept = (before.cordoned, before.inventory.operator_labels, before.inventory.operator) if before is not None else None
         node = self.fleet.register(req, token_id or "", hardware)
+        if kept is not None:
+            node.cordoned, node.inventory.operator_labels, node.inventory.operator = kept
+        apply_report(node.inventory, hardware.inventory, hardware.gpus)
+        node.inventory.last_seen = time.time()
         node.same_host = _loopback(request.client.host if request.client else "") and _loopback(req.address.rsplit(":", 1)[0])
         event = {"address": req.address, "engine": hardware.engine, "boot_id": req.boot_id, "credential": caller.credential}
         if token_id is None:
@@ -253,16 +284,20 @@ class NodeRegistry:
         node = self.fleet.heartbeat(hb)
         if node is None:
             return admin_error_response(404, f"node {hb.id!r} is not registered with this leader; register first", "not_found")
+        node.inventory.last_seen = time.time()
+        if hb.inventory is not None:
+            apply_report(node.inventory, hb.inventory, node.hardware.gpus)
         self._report_changes(node, hb, models_before)
         if hb.kv_blocks is not None and self._index is not None:
             self._index.apply(node.id, node.boot_id, hb.kv_blocks)
         now = time.monotonic()
         if now - self._touched.get(node.id, 0.0) > TOUCH_EVERY:
             self._touched[node.id] = now
-            task = asyncio.create_task(
-                self._store_quietly(f"node {node.id}'s last-seen time", self.store.touch_node, node.id, datetime.now(UTC)))
-            self._writes.add(task)
-            task.add_done_callback(self._writes.discard)
+            self._to_touch.add(node.id)
+            if len(self._to_touch) == 1:  # the first of a batch: write them all a moment from now, in one transaction
+                task = asyncio.create_task(self._touch_soon())
+                self._writes.add(task)
+                task.add_done_callback(self._writes.discard)
         return Response(nodeapi.HeartbeatResponse(status=nodeapi.Status.OK).to_json(), media_type="application/json")
 
     def _report_changes(self, node: NodeState, hb: nodeapi.Heartbeat, before: frozenset[str] | None) -> None:

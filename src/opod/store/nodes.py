@@ -1,7 +1,9 @@
-"""Registered workers. Drain is the operator's word and survives re-registration and heartbeats."""
+"""Registered workers. Drain, cordon, operator labels, engine builds and the wanted release are the
+operator's word: they survive re-registration and heartbeats."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from datetime import datetime
@@ -29,6 +31,26 @@ class NodeRecord:
     last_seen_at: datetime
     drained: bool
     drained_at: datetime | None
+    cordoned: bool = False
+    operator_labels_json: str = "{}"
+    engine_builds_json: str = "{}"
+    wanted_version: str = ""
+
+    @property
+    def operator_labels(self) -> dict[str, str]:
+        return _json_map(self.operator_labels_json)
+
+    @property
+    def engine_builds(self) -> dict[str, str]:
+        return _json_map(self.engine_builds_json)
+
+
+def _json_map(text: str) -> dict[str, str]:
+    try:
+        value = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
 
 
 def _record(row: Row[Any]) -> NodeRecord:
@@ -104,15 +126,47 @@ class NodesRepo(Repository):
             raise _not_found(id)
         return _record(row)
 
-    def touch_node(self, id: str, at: datetime | None = None) -> None:
-        """Record that the node was heard from. Times only move forward."""
+    def set_state(self, id: str, *, drained: bool, cordoned: bool, at: datetime | None = None) -> NodeRecord:
+        """The operator's state at once: draining (``drained``), cordoned, or ready (neither)."""
+        if drained and cordoned:
+            raise InvalidInput("a node is draining or cordoned, not both")
+        stamp = when(at, "drained_at")
+        with self._write() as conn:
+            if drained:
+                conn.execute(update(nodes).where(nodes.c.id == id, nodes.c.drained.is_(False)).values(drained_at=stamp))
+            else:
+                conn.execute(update(nodes).where(nodes.c.id == id).values(drained_at=None))
+            conn.execute(update(nodes).where(nodes.c.id == id).values(drained=drained, cordoned=cordoned))
+            row = conn.execute(select(nodes).where(nodes.c.id == id)).first()
+        if row is None:
+            raise _not_found(id)
+        return _record(row)
+
+    def set_operator_side(self, id: str, *, labels: dict[str, str] | None = None, engine_builds: dict[str, str] | None = None,
+                          wanted_version: str | None = None) -> NodeRecord:
+        """Replace what is given of the operator's labels, engine builds and wanted release."""
+        values: dict[str, Any] = {}
+        if labels is not None:
+            values["operator_labels_json"] = json.dumps(dict(sorted(labels.items())))
+        if engine_builds is not None:
+            values["engine_builds_json"] = json.dumps(dict(sorted(engine_builds.items())))
+        if wanted_version is not None:
+            values["wanted_version"] = text_arg(wanted_version, "wanted_version", empty=True)
+        with self._write() as conn:
+            if values:
+                conn.execute(update(nodes).where(nodes.c.id == id).values(**values))
+            row = conn.execute(select(nodes).where(nodes.c.id == id)).first()
+        if row is None:
+            raise _not_found(id)
+        return _record(row)
+
+    def touch_nodes(self, ids: list[str], at: datetime | None = None) -> None:
+        """Record that these nodes were heard from, in one transaction; ids no longer stored are skipped. Times only move forward."""
+        if not ids:
+            return
         stamp = when(at, "last_seen_at")
         with self._write() as conn:
-            moved = conn.execute(
-                update(nodes).where(nodes.c.id == id, nodes.c.last_seen_at < stamp).values(last_seen_at=stamp)
-            ).rowcount
-            if moved == 0 and conn.execute(select(nodes.c.id).where(nodes.c.id == id)).first() is None:
-                raise _not_found(id)
+            conn.execute(update(nodes).where(nodes.c.id.in_(ids), nodes.c.last_seen_at < stamp).values(last_seen_at=stamp))
 
     def delete_node(self, id: str) -> None:
         """Forget a node. Its placements by id stay: they say what is wanted should it come back."""

@@ -13,6 +13,12 @@ the leader's current node CA: the call is made again at once on a new one. A
 leader that does not accept the certificate closes the connection during the
 handshake (Python's ssl cannot let it through to the token), so the agent then
 tries without it, and says so.
+
+The inventory (opod's addition, docs/contract.md) goes with the registration and,
+when it changed since (models on disk, warnings), with the next heartbeat.
+:meth:`Agent.restart` starts the agent over: new capabilities (the inventory read
+again), new connections, a new registration; the engines and the worker's
+listener are not touched, so they keep serving throughout.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -80,6 +87,31 @@ class Agent:
         """Whether calls present the certificate now; False after the leader refused it at the handshake."""
         self._sessions: dict[bool, aiohttp.ClientSession] = {}
         self._trusts_one = bool(leader_ca)
+        self._reported: nodeapi.InventoryReport | None = None
+        """The inventory the leader has from this agent (its registration or a later heartbeat)."""
+        self._pending: nodeapi.InventoryReport | None = None
+        self.disk_free_gb: Callable[[], int] = lambda: inventory.disk_free_gb(manager.home)
+        """Free GiB now; a declared inventory that states it keeps that figure."""
+        self.restarts = 0
+
+    def restart(self, capabilities: nodeapi.Capabilities) -> None:
+        """Start the agent over with ``capabilities``: register again on new connections at the next turn."""
+        self.capabilities = capabilities
+        self.registered.clear()
+        self._reported = None
+        self.restarts += 1
+        for session in self._sessions.values():
+            # Closed by the loop's next call, not here: a call in flight finishes on its own session.
+            asyncio.ensure_future(session.close())
+        self._sessions = {}
+        self.kick()
+        log.info("agent restarting: registering again with the inventory read anew (engines keep serving)")
+
+    def _inventory_now(self) -> nodeapi.InventoryReport | None:
+        base = self.capabilities.inventory
+        if base is None:
+            return None
+        return base.model_copy(update={"models_on_disk": inventory.models_on_disk(self.manager.home)})
 
     def kick(self) -> None:
         """Send a heartbeat now (an engine changed state)."""
@@ -148,6 +180,8 @@ class Agent:
         return status, text
 
     async def register(self) -> None:
+        report = self._inventory_now()
+        caps = self.capabilities if report is None else self.capabilities.model_copy(update={"inventory": report})
         req = nodeapi.RegisterRequest(
             id=self.node_id,
             hostname=self.capabilities.hostname,
@@ -155,7 +189,7 @@ class Agent:
             arch=self.capabilities.arch,
             ram_gb=self.capabilities.ram_gb,
             address=self.address,
-            hardware_json=nodeapi.encode_hardware(self.capabilities),
+            hardware_json=nodeapi.encode_hardware(caps),
             boot_id=self.boot_id,
         )
         self._with_cert = self.has_cert  # each registration tries the certificate again
@@ -164,6 +198,7 @@ class Agent:
             raise TokenRefused(f"the leader at {self.leader_url} refused this worker: {_message(text)}")
         if status != 200:
             raise RuntimeError(f"register answered HTTP {status}: {_message(text)}")
+        self._reported = report
         self.registered.set()
         log.info("registered with %s as %s (listening on %s)", self.leader_url, self.node_id, self.address)
 
@@ -177,6 +212,8 @@ class Agent:
             )
         self.manager.reconcile_adapters()
         sample, slots = await self.manager.sample()
+        report = self._inventory_now()
+        self._pending = report if report is not None and report != self._reported else None
         return nodeapi.Heartbeat(
             id=self.node_id,
             loaded_models=self.manager.loaded_models(),
@@ -190,8 +227,9 @@ class Agent:
             engine_urls=self.manager.engine_urls() or None,
             model_engines=self.manager.model_engines() or None,
             model_context=self.manager.model_context() or None,
-            disk_free_gb=inventory.disk_free_gb(self.manager.home),
+            disk_free_gb=self.disk_free_gb(),
             kv_blocks=self.manager.kv_blocks(),
+            inventory=self._pending,
         )
 
     async def beat(self) -> bool:
@@ -213,6 +251,8 @@ class Agent:
             raise TokenRefused(f"heartbeat refused: {_message(text)}")
         if status != 200:
             raise RuntimeError(f"heartbeat answered HTTP {status}: {_message(text)}")
+        if body.inventory is not None:
+            self._reported = body.inventory
         return True
 
     async def run(self, stop: asyncio.Event) -> None:

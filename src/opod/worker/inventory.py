@@ -1,4 +1,11 @@
-"""What a worker can tell about its machine: CPU, memory, disk, GPUs."""
+"""What a worker can tell about its machine: CPU, memory, disk, GPUs (from NVML, or a declared inventory).
+
+The contract's ``Capabilities`` carries whole cards only (name, whole GiB); the
+opod addition ``InventoryReport`` carries every placeable device (MIG instances
+as their own), compute capabilities, health, labels and the worker's software.
+A declared inventory (:mod:`opod.worker.declared`) replaces the driver's GPUs and
+any machine figure it states.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +16,9 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from opod import __version__
 from opod.contract import nodeapi
+from opod.worker.declared import Declared
 
 _GO_ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64", "armv7l": "arm", "i686": "386"}
 
@@ -24,6 +33,11 @@ class Inventory:
     disk_free_gb: int
     disk_total_gb: int
     gpus: tuple[nodeapi.GPU, ...]
+    devices: tuple[nodeapi.InventoryGPU, ...] = ()
+    """Placeable devices: whole cards, and MIG instances of cards split into them."""
+    labels: tuple[tuple[str, str], ...] = ()
+    declared: bool = False
+    warnings: tuple[str, ...] = ()
 
     def capabilities(self, engine: str, role: str = "", plan_revision: int = 0) -> nodeapi.Capabilities:
         return nodeapi.Capabilities(
@@ -38,6 +52,21 @@ class Inventory:
             engine=engine,
             disk_free_gb=self.disk_free_gb,
             disk_total_gb=self.disk_total_gb,
+            inventory=self.report(engine),
+        )
+
+    def report(self, engine: str, models_on_disk: list[str] | None = None, features: list[str] | None = None) -> nodeapi.InventoryReport:
+        """The opod addition the node views read (docs/contract.md)."""
+        return nodeapi.InventoryReport(
+            gpus=[d.model_copy() for d in self.devices] or None,
+            labels=dict(self.labels) or None,
+            # The simulator is opod's own: its version is opod's. Other engines' versions are not read yet.
+            engine_versions={engine: __version__} if engine == "sim" else None,
+            agent_version=__version__,
+            features=features or None,
+            models_on_disk=models_on_disk,
+            warnings=list(self.warnings) or None,
+            declared=self.declared,
         )
 
 
@@ -54,26 +83,102 @@ def _ram_gb() -> int:
         return 0
 
 
-def nvidia_gpus() -> tuple[nodeapi.GPU, ...]:
-    """NVIDIA cards through NVML; none when the library or the driver is absent."""
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def nvidia_devices() -> tuple[tuple[nodeapi.InventoryGPU, ...], tuple[str, ...]]:
+    """NVIDIA devices through NVML (MIG instances as their own), and warnings; none without the library or driver."""
     try:
         import pynvml
     except ImportError:
-        return ()
+        return (), ()
     try:
         pynvml.nvmlInit()
     except Exception:  # no driver: NVML raises its own error types
-        return ()
+        return (), ()
+    warnings: list[str] = []
+    whole: list[nodeapi.InventoryGPU] = []
+    split: list[nodeapi.InventoryGPU] = []
     try:
-        gpus = []
-        for index in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            name = pynvml.nvmlDeviceGetName(handle)
-            memory = pynvml.nvmlDeviceGetMemoryInfo(handle).total
-            gpus.append(nodeapi.GPU(name=name.decode() if isinstance(name, bytes) else name, vram_gb=int(memory // (1 << 30))))
-        return tuple(gpus)
+        count = pynvml.nvmlDeviceGetCount()
+        for card in range(count):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(card)
+            name = _text(pynvml.nvmlDeviceGetName(handle))
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle).total // (1 << 20)
+            try:
+                major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+                capability = f"{major}.{minor}"
+            except Exception:
+                capability = ""
+            try:
+                uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+            except Exception:
+                uuid = ""
+            instances = _mig_instances(pynvml, handle, card, name, capability, warnings)
+            if instances:
+                split.extend(instances)
+            else:
+                whole.append(nodeapi.InventoryGPU(index=card, label=str(card), name=name, gpu_class=name, memory_mb=int(memory),
+                                                  compute_capability=capability, uuid=uuid, card=card))
+    except Exception as err:
+        warnings.append(f"NVML stopped answering while listing GPUs: {err}")
     finally:
         pynvml.nvmlShutdown()
+    base = max((g.card for g in whole + split), default=-1) + 1
+    for offset, device in enumerate(split):
+        device.index = base + offset
+    return tuple(whole + split), tuple(warnings)
+
+
+def _mig_instances(pynvml, handle, card: int, name: str, capability: str, warnings: list[str]) -> list[nodeapi.InventoryGPU]:
+    """The MIG instances of a card in MIG mode; none when MIG is off or unsupported."""
+    try:
+        current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
+    except Exception:
+        return []
+    if current != pynvml.NVML_DEVICE_MIG_ENABLE:
+        return []
+    out: list[nodeapi.InventoryGPU] = []
+    for slot in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+        try:
+            mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+        except Exception:
+            continue  # an empty slot
+        try:
+            memory = pynvml.nvmlDeviceGetMemoryInfo(mig).total // (1 << 20)
+            mig_name = _text(pynvml.nvmlDeviceGetName(mig))  # "NVIDIA A100-SXM4-80GB MIG 3g.40gb"
+            profile = mig_name.rsplit(" ", 1)[-1] if " MIG " in mig_name else f"{round(memory / 1024)}gb"
+            uuid = _text(pynvml.nvmlDeviceGetUUID(mig))
+        except Exception as err:
+            warnings.append(f"GPU {card}: MIG instance {slot} could not be read: {err}")
+            continue
+        out.append(nodeapi.InventoryGPU(index=0, label=f"{card}/mig{len(out)}", name=name, gpu_class=f"{name}/{profile}",
+                                        memory_mb=int(memory), compute_capability=capability, uuid=uuid, card=card, mig_profile=profile))
+    return out
+
+
+def nvidia_gpus() -> tuple[nodeapi.GPU, ...]:
+    """NVIDIA cards through NVML as the contract's ``GPUs`` (whole cards, whole GiB); none without a driver."""
+    return _cards(nvidia_devices()[0])
+
+
+def _cards(devices: tuple[nodeapi.InventoryGPU, ...]) -> tuple[nodeapi.GPU, ...]:
+    """Each physical card once; a card split into MIG instances counts their memory together."""
+    memory: dict[int, tuple[str, int]] = {}
+    for device in devices:
+        name, mib = memory.get(device.card, (device.name, 0))
+        memory[device.card] = (name, mib + device.memory_mb)
+    return tuple(nodeapi.GPU(name=memory[c][0], vram_gb=memory[c][1] // 1024) for c in sorted(memory))
+
+
+def models_on_disk(home: Path) -> list[str]:
+    """What the weights folder holds, by name (files and folders; partial downloads left out)."""
+    folder = home / "models"
+    try:
+        return sorted(p.name for p in folder.iterdir() if not p.name.startswith(".") and not p.name.endswith((".part", ".tmp", ".lock")))
+    except OSError:
+        return []
 
 
 def disk_free_gb(home: Path) -> int:
@@ -84,18 +189,32 @@ def disk_free_gb(home: Path) -> int:
         return 0
 
 
-def take(home: Path) -> Inventory:
-    """The machine as the worker sees it; disk is the filesystem of ``home``, where its weights go."""
+def take(home: Path, declared: Declared | None = None) -> Inventory:
+    """The machine as the worker sees it; disk is the filesystem of ``home``, where its weights go.
+
+    With a declared inventory its GPUs replace the driver's (NVML is not asked) and each
+    machine figure it states replaces the measured one.
+    """
     home.mkdir(parents=True, exist_ok=True)
     disk = shutil.disk_usage(home)
     machine = platform.machine().lower()
+    devices: tuple[nodeapi.InventoryGPU, ...]
+    warnings: tuple[str, ...]
+    if declared is not None:
+        devices, warnings = tuple(declared.gpus), ()
+    else:
+        devices, warnings = nvidia_devices()
     return Inventory(
         hostname=socket.gethostname(),
         os=platform.system().lower(),
         arch=_GO_ARCH.get(machine, machine),
-        cpu_cores=os.cpu_count() or 1,
-        ram_gb=_ram_gb(),
-        disk_free_gb=disk.free // (1 << 30),
-        disk_total_gb=disk.total // (1 << 30),
-        gpus=nvidia_gpus(),
+        cpu_cores=(declared.cpu_cores if declared else 0) or os.cpu_count() or 1,
+        ram_gb=(declared.memory_gb if declared else 0) or _ram_gb(),
+        disk_free_gb=(declared.disk_free_gb if declared else 0) or disk.free // (1 << 30),
+        disk_total_gb=(declared.disk_total_gb if declared else 0) or disk.total // (1 << 30),
+        gpus=_cards(devices),
+        devices=devices,
+        labels=tuple(sorted(declared.labels.items())) if declared else (),
+        declared=declared is not None,
+        warnings=warnings,
     )

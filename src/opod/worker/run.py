@@ -14,6 +14,7 @@ in its own leader's URL, token and TLS context) before the worker is built.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
@@ -31,7 +32,7 @@ from opod.engines import llama_binary, llama_devices
 from opod.engines.errors import LaunchError
 from opod.engines.registry import get_driver
 from opod.http.serving import Listener, bind, serve
-from opod.worker import identity, inventory
+from opod.worker import declared, identity, inventory
 from opod.worker.agent import Agent
 from opod.worker.api import WorkerAPI
 from opod.worker.engines import EngineManager
@@ -62,6 +63,8 @@ class WorkerSettings:
     stop_grace: float = 0.0
     """Seconds the engines keep serving the requests in flight once told to stop (0: stop at once;
     ``opod up``'s leader waits for them itself, before it stops its worker)."""
+    inventory: str | None = None
+    """A declared inventory file (``--inventory``, ``OPOD_INVENTORY``): GPUs, MIG instances, labels."""
 
     @classmethod
     def tls_from_env(cls) -> dict:
@@ -120,6 +123,41 @@ def plan_revision() -> int:
     return int(text)
 
 
+AGENT_LOG_LINES = 2000
+"""Lines of the agent's own log kept for ``GET /api/v1/nodes/{id}/logs``."""
+
+
+class LogRing(logging.Handler):
+    """The last lines the worker's loggers wrote, for the leader's logs view."""
+
+    def __init__(self, keep: int = AGENT_LOG_LINES) -> None:
+        super().__init__(logging.INFO)
+        self.lines: collections.deque[str] = collections.deque(maxlen=keep)
+        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.lines.append(self.format(record))
+        except Exception:  # a log line must never break the worker
+            pass
+
+
+def worker_features(manager: EngineManager) -> list[str]:
+    """What this worker offers beyond the contract, and what its engine can do (the node view's ``features``)."""
+    driver = manager.driver
+    out = ["logs", "agent_restart", "declared_inventory"]
+    out += [name for name, has in (("sleep", driver.can_sleep), ("tokenize", driver.can_tokenize),
+                                   ("kv_events", driver.publishes_kv_events)) if has]
+    return out
+
+
+def take_inventory(settings: WorkerSettings) -> tuple[inventory.Inventory, declared.Declared | None]:
+    """The machine, with the declared inventory when one is named; raises ``InventoryError`` naming the field."""
+    path = settings.inventory or config.read("OPOD_INVENTORY")
+    stated = declared.load(path) if path else None
+    return inventory.take(settings.home, stated), stated
+
+
 class Worker:
     """One worker, built complete by :func:`open_worker`: its engines, their supervisor, its listener and its agent.
 
@@ -151,7 +189,34 @@ class Worker:
         self._hurry = asyncio.Event()
         self.say: Callable[[str], None] = log.warning
         """Where the stop says what it is doing (``opod join`` prints it)."""
+        self.agent_log = LogRing()
 
+    def log_sources(self) -> list[str]:
+        return ["agent", *sorted(self.manager.engines)]
+
+    def log_lines(self, source: str, lines: int) -> list[str] | None:
+        """The last ``lines`` of ``source``: ``agent``, or a model this worker runs an engine for."""
+        if source == "agent":
+            return list(self.agent_log.lines)[-lines:] if lines > 0 else []
+        engine = self.manager.engines.get(source)
+        if engine is None:
+            return None
+        process = self.supervisor.get(engine.process_id) if engine.process_id else None
+        return process.last_lines(lines) if process is not None else []
+
+    async def restart_agent(self) -> str:
+        """Start the agent over: the inventory read again, registered anew; engines and listener untouched.
+
+        Answers why not when the inventory cannot be read now (the agent then goes on as it was).
+        """
+        try:
+            taken, stated = await asyncio.to_thread(take_inventory, self.settings)
+        except declared.InventoryError as err:
+            return str(err)
+        caps = _capabilities(taken, self.manager, self.agent.capabilities.plan_revision)
+        self.agent.disk_free_gb = _disk_free(stated, self.manager)
+        self.agent.restart(caps)
+        return ""
     def engine_url(self, model: str) -> str | None:
         """The loopback URL of the engine serving ``model`` here, for a leader in the same process."""
         engine = self.manager.serving(model)
@@ -162,6 +227,7 @@ class Worker:
 
         Raises :class:`~opod.worker.agent.TokenRefused` after stopping when the leader refused this worker.
         """
+        logging.getLogger("opod.worker").addHandler(self.agent_log)
         self._serving = asyncio.create_task(serve([self.listener], self._listener_stop), name="worker listener")
         # Beside registration, not before it: the binary may take seconds to list its devices.
         check = asyncio.create_task(self._check_gpu_use(self.agent.capabilities.gpus or []))
@@ -170,6 +236,7 @@ class Worker:
         finally:
             check.cancel()
             await self.stop()
+            logging.getLogger("opod.worker").removeHandler(self.agent_log)
 
     async def stop(self) -> None:
         """Stop the engines, say goodbye, close the listener; a second call waits for the first."""
@@ -239,6 +306,19 @@ class Worker:
             log.info("llama.cpp can use: %s", "; ".join(devices))
 
 
+def _capabilities(taken: inventory.Inventory, manager: EngineManager, revision: int) -> nodeapi.Capabilities:
+    caps = taken.capabilities(engine=manager.driver.id, plan_revision=revision)
+    report = taken.report(manager.driver.id, features=worker_features(manager))
+    return caps.model_copy(update={"inventory": report})
+
+
+def _disk_free(stated: declared.Declared | None, manager: EngineManager) -> Callable[[], int]:
+    if stated is not None and stated.disk_free_gb:
+        figure = stated.disk_free_gb
+        return lambda: figure
+    return lambda: inventory.disk_free_gb(manager.home)
+
+
 def open_worker(settings: WorkerSettings) -> Worker:
     """The one place a worker is built: every part complete before the next that needs it.
 
@@ -248,6 +328,7 @@ def open_worker(settings: WorkerSettings) -> Worker:
     last because it reports on them, waits on.
     """
     get_driver(settings.engine)  # an unknown engine is refused before anything starts
+    taken, stated = take_inventory(settings)  # a bad inventory file is refused before anything starts too
     node_id = settings.node_id or identity.node_id(settings.home)
     host, port = settings.listen
     sock = bind(host, port, "the worker")
@@ -267,7 +348,7 @@ def open_worker(settings: WorkerSettings) -> Worker:
         )
         api = WorkerAPI(node_id, settings.token, manager, supervisor, settings.home)
         listener = Listener(api.app(), sock, "worker")
-        caps = inventory.take(settings.home).capabilities(engine=manager.driver.id, plan_revision=plan_revision())
+        caps = _capabilities(taken, manager, plan_revision())
         agent = Agent(
             leader_url=settings.leader_url,
             node_id=node_id,
@@ -282,7 +363,10 @@ def open_worker(settings: WorkerSettings) -> Worker:
             ssl_context=settings.leader_ssl,
             kick=kick,
         )
+        agent.disk_free_gb = _disk_free(stated, manager)
     except BaseException:
         sock.close()
         raise
-    return Worker(settings=settings, node_id=node_id, supervisor=supervisor, manager=manager, listener=listener, agent=agent)
+    worker = Worker(settings=settings, node_id=node_id, supervisor=supervisor, manager=manager, listener=listener, agent=agent)
+    api.log_lines, api.log_sources, api.restart_agent = worker.log_lines, worker.log_sources, worker.restart_agent
+    return worker

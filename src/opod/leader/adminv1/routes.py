@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response
 from opod import __version__
 from opod.access.offloop import run_sync
 from opod.contract import adminapi, nodeapi
-from opod.fleet.liveness import model_states, takes_new_work
+from opod.fleet.liveness import model_states, state_flags, takes_new_work
 from opod.fleet.models import ANY_NODE
 from opod.fleet.state import NodeState
 from opod.http.nodeclient import WorkerUnavailable
@@ -113,9 +113,11 @@ def router(ctx: AdminContext) -> APIRouter:
         return await _sleep_or_resume(id, nodeapi.PATH_MODEL_RESUME)
 
     async def _drain(node_id: str, drained: bool) -> JSONResponse:
+        # The management API's node state, one rule: drain is ``draining``, undrain is ``ready`` (a cordon ends too).
         ctx.node(node_id)
-        await run_sync(ctx.store.set_drained, node_id, drained)
-        ctx.fleet.set_drained(node_id, drained)
+        drain, cordon = state_flags("drain" if drained else "ready")
+        await run_sync(ctx.store.set_state, node_id, drained=drain, cordoned=cordon)
+        ctx.fleet.set_state(node_id, drained=drain, cordoned=cordon)
         ctx.emit("node.drained" if drained else "node.undrained", node_id, {})
         ctx.kick_reconciler()
         return JSONResponse({"id": node_id, "drained": drained})
