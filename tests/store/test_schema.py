@@ -11,7 +11,7 @@ from opod.store import Store
 from opod.store.migrate import alembic_config, head
 from opod.store.schema import metadata
 
-TABLES = {"alembic_version", "events", "keys", "meta", "models", "nodes", "placements", "usage"}
+TABLES = {"alembic_version", "capacity", "events", "keys", "meta", "models", "nodes", "placements", "presets", "usage"}
 
 
 def differences(store: Store, target: MetaData) -> list[object]:

@@ -1,4 +1,10 @@
-"""``opod catalog``: list, show and validate model catalog entries, and pull an entry's weights."""
+"""``opod catalog``: list, show and validate model catalog entries, pull an entry's weights, and the leader's presets.
+
+``ls``, ``show``, ``validate`` and ``pull`` read the catalog files on this machine
+(no leader needed); ``presets``, ``add`` and ``auto`` are clients of the leader's
+``/api/v1/presets``: the bundled entries as presets, whether a node fits each, and
+whether the leader adds them by itself.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +17,7 @@ from rich.table import Table
 
 from opod.catalog import Catalog, CatalogError, load_catalog, load_entry
 from opod.catalog.kvcache import kv_cost
-from opod.cli.common import err, out
+from opod.cli.common import call, err, fail, out
 from opod.contract.catalog import Entry
 
 app = typer.Typer(help="The model catalog: what opod knows how to serve.", no_args_is_help=True)
@@ -215,3 +221,39 @@ def _pull_with_bar(entry: Entry, home: Path) -> Path:
             bar.update(task, completed=done, total=total)
 
         return weights.resolve(entry, home, progress=progress)
+
+
+@app.command("presets")
+def presets(as_json: bool = typer.Option(False, "--json", help="Print the spec's PresetsView.")) -> None:
+    """The leader's presets: whether a node fits each, whether it is in the catalog, and why it is not added by itself."""
+    view = call("GET", "/api/v1/presets")
+    if as_json:
+        typer.echo(json.dumps(view, indent=2))
+        return
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for column in ("PRESET", "MAKES", "FITS", "IN CATALOG", "ADDED BY", "WHY NOT ADDED"):
+        table.add_column(column, no_wrap=column != "WHY NOT ADDED")
+    for p in view.get("presets", []):
+        fits = ", ".join(p.get("fits_classes", [])) if p.get("fits") else "no"
+        table.add_row(p["name"], p.get("makes", ""), fits, "yes" if p.get("in_catalog") else ("declined" if p.get("declined") else "no"),
+                      p.get("added_by", ""), p.get("blocked", ""))
+    out.print(table)
+    out.print(f"\npresets.auto is {'on' if view.get('auto') else 'off'}. [dim]opod catalog add ID[/] adds one; "
+              "[dim]opod catalog auto on[/] lets the leader add those a node fits.")
+
+
+@app.command("add")
+def add_preset(model_id: str = typer.Argument(..., metavar="ID", help="A preset, as listed by `opod catalog presets`.")) -> None:
+    """Add a preset to the leader's catalog (clears a decline)."""
+    added = call("POST", f"/api/v1/presets/{model_id}", {})
+    out.print(f"added {added['added']}")
+
+
+@app.command("auto")
+def auto(state: str = typer.Argument(..., metavar="on|off")) -> None:
+    """Turn on or off the leader adding, by itself, the presets a node fits."""
+    if state not in ("on", "off"):
+        raise fail(f"{state!r}: say on or off")
+    view = call("PUT", "/api/v1/presets/auto", {"on": state == "on"})
+    added = [p["name"] for p in view.get("presets", []) if p.get("added_by") == "auto" and p.get("in_catalog")]
+    out.print(f"presets.auto is {'on' if view.get('auto') else 'off'}" + (f"; added by itself: {', '.join(added)}" if added else ""))

@@ -16,6 +16,27 @@ ANY_NODE = "*"
 
 
 @dataclass(slots=True)
+class ModelStatus:
+    """What the reconciler last made of a model with a definition: ``ModelView``'s replica counts, parking, preemption."""
+
+    desired: int = 0
+    ready: int = 0
+    total: int = 0
+    """Replicas starting, ready or draining."""
+    failures: int = 0
+    """Failed starts in a row."""
+    parked: bool = False
+    reason: str = ""
+    """Why it is parked, or why the last start failed."""
+    unplaceable: bool = False
+    """Short of replicas and no node can take one now (``explain-placement`` says why)."""
+    preempted: int = 0
+    """Replicas of it stopped to make room for a higher class."""
+    held_for: str = ""
+    """The model its preempted replicas gave room to, while it waits for room again."""
+
+
+@dataclass(slots=True)
 class KnownModel:
     id: str
     entry: Entry | None = None
@@ -27,6 +48,8 @@ class KnownModel:
     """Removed from the store; kept here only until no worker holds it."""
     definition: CatalogModel | None = None
     """The model as the management API's catalog has it (profiles, scaling, class, owner, aliases, ...)."""
+    status: ModelStatus = field(default_factory=ModelStatus)
+    """Kept by the reconciler for models with a definition; read by the model views."""
 
     @property
     def capabilities(self) -> list[str]:
@@ -62,6 +85,16 @@ class ModelRegistry:
         """The model unless it was removed."""
         model = self._models.get(model_id)
         return None if model is None or model.removed else model
+
+    def named(self, name: str) -> KnownModel | None:
+        """The active model called ``name``, by its own name or one of its definition's aliases."""
+        model = self.active(name)
+        if model is not None:
+            return model
+        for candidate in self._models.values():
+            if not candidate.removed and candidate.definition is not None and name in (candidate.definition.aliases or ()):
+                return candidate
+        return None
 
     def remove(self, model_id: str) -> None:
         self._models.pop(model_id, None)

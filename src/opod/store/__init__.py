@@ -4,15 +4,19 @@ SQLAlchemy 2 over SQLite (the embedded default, ``~/.opod/opod.db``) or PostgreS
 sharing one store), with Alembic migrations run at open.
 """
 
+from opod.store.capacity import CapacityRecord
 from opod.store.errors import Conflict, InvalidInput, NotFound, StoreError
 from opod.store.keys import KeyKind, KeyRecord, hash_secret, new_key_id
 from opod.store.models import ModelRecord
 from opod.store.nodes import NodeRecord
 from opod.store.placements import ANY_NODE, PlacementRecord, Wanted
+from opod.store.presets import PresetRecord
 from opod.store.store import Store
 
 __all__ = [
     "ANY_NODE",
+    "CapacityRecord",
+    "PresetRecord",
     "Conflict",
     "InvalidInput",
     "KeyKind",

@@ -20,6 +20,8 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    false,
+    text,
 )
 from sqlalchemy.types import TypeDecorator
 
@@ -102,6 +104,11 @@ nodes = Table(
     Column("last_seen_at", UTCDateTime, nullable=False),
     Column("drained", Boolean, nullable=False),
     Column("drained_at", UTCDateTime, nullable=True),
+    # 0003: the cordon (no new replicas), operator labels, chosen engine builds, the wanted release
+    Column("cordoned", Boolean, nullable=False, server_default=false()),
+    Column("operator_labels_json", Text, nullable=False, server_default="{}"),
+    Column("engine_builds_json", Text, nullable=False, server_default="{}"),
+    Column("wanted_version", Text, nullable=False, server_default=text("''")),
 )
 
 models = Table(
@@ -112,6 +119,26 @@ models = Table(
     Column("entry_json", Text, nullable=True),
     Column("engine", Text, nullable=False),
     Column("added_at", UTCDateTime, nullable=False),
+    Column("definition_json", Text, nullable=True),  # the whole catalog.Model as the management API took it (0004)
+)
+
+capacity = Table(
+    "capacity",
+    metadata,
+    Column("model_id", Text, ForeignKey("models.id", ondelete="CASCADE"), primary_key=True),
+    Column("profile", Text, primary_key=True),
+    Column("capacity_json", Text, nullable=False),
+    Column("measured_by", Text, nullable=False),
+    Column("measured_at", UTCDateTime, nullable=False),
+)
+
+presets = Table(
+    "presets",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("added_by", Text, nullable=False),
+    Column("added_at", UTCDateTime, nullable=True),
+    Column("declined", Boolean, nullable=False),
 )
 
 placements = Table(

@@ -12,6 +12,7 @@ from types import TracebackType
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
+from opod.store.capacity import CapacityRepo
 from opod.store.engine import make_engine, mask, reason, resolve_url
 from opod.store.errors import StoreError
 from opod.store.events import EventsRepo
@@ -21,10 +22,11 @@ from opod.store.migrate import upgrade
 from opod.store.models import ModelsRepo
 from opod.store.nodes import NodesRepo
 from opod.store.placements import PlacementsRepo
+from opod.store.presets import PresetsRepo
 from opod.store.usage import UsageRepo
 
 
-class Store(KeysRepo, NodesRepo, ModelsRepo, PlacementsRepo, MetaRepo, UsageRepo, EventsRepo):
+class Store(KeysRepo, NodesRepo, ModelsRepo, PlacementsRepo, MetaRepo, UsageRepo, EventsRepo, CapacityRepo, PresetsRepo):
     def __init__(self, engine: Engine) -> None:
         """Use :meth:`open`; this wraps an engine whose database is already migrated."""
         self._engine = engine
