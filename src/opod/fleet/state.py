@@ -47,6 +47,8 @@ class NodeState:
     same_host: bool = False
     """The worker registered from this machine (loopback): its engines' loopback URLs reach them."""
     drained: bool = False
+    cordoned: bool = False
+    """No new replicas here; those it has keep serving (``drained`` is draining: see ``liveness.node_state``)."""
     goodbye: bool = False
     in_flight: int = 0
     """Requests this leader has relayed there and not yet finished: changed by :class:`Lease` only."""
@@ -219,6 +221,14 @@ class Fleet:
             self._capacity_changed()
         return node
 
+    def set_state(self, node_id: str, *, drained: bool, cordoned: bool) -> NodeState | None:
+        """The operator's state of a node (``liveness.state_flags``): draining, cordoned, or ready."""
+        node = self._nodes.get(node_id)
+        if node is not None:
+            node.cordoned = cordoned
+            self.set_drained(node_id, drained)
+        return node
+
     def remove(self, node_id: str) -> None:
         self._nodes.pop(node_id, None)
         self._reindex()
@@ -286,7 +296,7 @@ class Fleet:
 
     def holders(self, model: str) -> Iterable[NodeState]:
         """Every known worker reporting ``model``, live or not."""
-        return (n for n in self if model in n.loaded_models)
+        return list(self._holders.get(model, ()))
 
     # --- outcomes of requests ----------------------------------------------
 

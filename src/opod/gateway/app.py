@@ -104,13 +104,20 @@ class Policies(Protocol):
         """The mounted plan, or ``None``: with one, only its model is served."""
 
 
+Demand = Callable[[str], Awaitable[None] | None]
+"""Called with each request's model before it is admitted: ``None`` to go on, or something to await first
+(the leader's reconciler starting a replica of an on-demand model that nothing serves)."""
+
+
 class Gateway:
     def __init__(
         self, *, fleet: Fleet, models: ModelRegistry, keys: KeyTable, relay: Relay, admission: Admission,
         usage: UsageRecorder, prefix: PrefixHasher, policies: Policies, guardrails: Guardrails, prompts: PromptCounter | None = None,
-        require_keys: bool = True,
+        require_keys: bool = True, demand: Demand | None = None,
     ) -> None:
         self.fleet = fleet
+        self.demand = demand
+        """Told of every request's model; may answer a wait (an on-demand model's replica starting)."""
         self.models = models
         self.keys = keys
         self.relay = relay
@@ -257,6 +264,8 @@ class Gateway:
             body = json.dumps(payload).encode()
         if policy is not None and policy.guardrails:
             body = await self.guardrails.pre(policy, exchange.request_id, model, body)
+        if self.demand is not None and (starting := self.demand(model)) is not None:
+            await starting  # nothing serves it yet: the reconciler starts a replica and this request waits for it
         klass = resolve_class(key.admission_class if key is not None else "", _text(headers.get(b"x-opod-class")))
         permit = self.admission.admit_now(model, klass)
         if permit is None:

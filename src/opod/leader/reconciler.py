@@ -1,8 +1,19 @@
-"""Bringing the fleet to what is wanted: load a model where it is wanted and not held, unload it where not wanted.
+"""Bringing the fleet to what is wanted: replicas of each defined model, placed, started, moved and stopped.
 
-Runs every few seconds and whenever the fleet or the wanted state changes.
-A load answered ``ready`` counts as pending until a heartbeat lists the model;
-a load that fails is retried after a back-off, and its reason is kept for
+Runs every few seconds and whenever the fleet, a definition or demand changes.
+A model with a definition (``KnownModel.definition``, from the management API's
+catalog) gets the replicas its scaling asks for now (:mod:`opod.leader.replicas`),
+each where :func:`opod.fleet.placement.place` puts it; a placement that preempts
+lower-class replicas stops them first. Failed starts back off (1 s, doubling) and
+after ``PARK_AFTER`` in a row the model is parked until its definition changes
+or it is retried. A replica on a draining node, or one an operator restarts, is
+replaced: the new one starts elsewhere first and the old one stops once the new
+one is ready, so no request finds nothing serving.
+
+A model without a definition keeps the older rule: loaded wherever it is wanted
+(``KnownModel.wanted``, node → loaded/unloaded, the ``load``/``unload`` pins). A
+load answered ``ready`` counts as pending until a heartbeat lists the model; a
+load that fails is retried after a back-off, and its reason is kept for
 ``opod model ls``.
 """
 
@@ -10,13 +21,32 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime
 
 from opod.contract import nodeapi
+from opod.contract.admin.catalog import CatalogModel
+from opod.fleet.liveness import HEARTBEAT_MAX_AGE
 from opod.fleet.models import ANY_NODE, KnownModel, ModelRegistry
+from opod.fleet.placement import CLASSES, Held, Planner, Rejection
 from opod.fleet.state import Fleet, NodeState
 from opod.http.nodeclient import WorkerClient, WorkerUnavailable
+from opod.leader.replicas import (
+    ACTIVE,
+    DRAINING,
+    FAILED,
+    READY,
+    STARTING,
+    Parking,
+    Replica,
+    capacity_class,
+    desired_count,
+    idle_timeout,
+    load_requests,
+)
 
 log = logging.getLogger("opod.leader")
 
@@ -25,6 +55,14 @@ PENDING_FOR = 900.0
 RETRY_AFTER = 20.0
 """The first wait before a failed load is tried again; it doubles with each failure, up to ``RETRY_MAX``."""
 RETRY_MAX = 600.0
+PARK_AFTER = 3
+"""Failed starts in a row before a model is parked."""
+START_BACKOFF_MAX = 60.0
+FAILED_KEPT = 60.0
+"""Seconds a failed replica stays listed (``GET /replicas``) after it is cleaned off its nodes."""
+DEMAND_WAIT = 300.0
+"""How long a request for an on-demand model with nothing serving waits for the replica it started."""
+
 
 
 @dataclass(slots=True)
@@ -38,15 +76,48 @@ class Attempt:
         return min(RETRY_AFTER * 2 ** max(self.failures - 1, 0), RETRY_MAX)
 
 
+def _fingerprint(definition: CatalogModel) -> str:
+    return definition.model_dump_json(exclude_none=True)
+
+
+def draining(node: NodeState) -> bool:
+    """A node whose replicas are moved off (the drain state)."""
+    return node.drained
+
+
 class Reconciler:
-    def __init__(self, fleet: Fleet, models: ModelRegistry, workers: WorkerClient, housekeeping=None) -> None:
+    def __init__(self, fleet: Fleet, models: ModelRegistry, workers: WorkerClient, housekeeping=None, *,
+                 clock: Callable[[], datetime] = datetime.now) -> None:
         self.fleet = fleet
         self.models = models
         self.workers = workers
         self.housekeeping = housekeeping
         """Called once per round (sweeping the prefix index by age)."""
+        self.clock = clock
+        """Local wall time: what schedule windows are read in."""
         self.attempts: dict[tuple[str, str], Attempt] = {}
+        self.replicas: dict[str, Replica] = {}
+        self._by_model: dict[str, dict[str, Replica]] = {}
+        """model → its replicas by id: the same replicas as ``replicas``, so a round does not scan them all per model."""
+        self.parking: dict[str, Parking] = {}
+        self.demand: dict[str, float] = {}
+        """model → ``time.monotonic()`` of the last request that asked for it."""
+        self.last_rejections: dict[str, list[Rejection]] = {}
+        """model → why each node was refused at its last placement (``explain-placement``)."""
+        self._limits: dict[str, tuple[int, int]] = {}
+        """model → (max_surge, max_unavailable) of its last queued restart."""
+        self.rounds = 0
+        self._planner = Planner([], [])
+        """The current pass's view of free devices (see ``_plan_replicas``)."""
         self._wake = asyncio.Event()
+
+    def _of(self, model_id: str) -> list[Replica]:
+        return list(self._by_model.get(model_id, {}).values())
+
+    def _drop(self, replica: Replica) -> None:
+        """Forget a replica: the one way out of ``replicas`` and its index by model."""
+        self.replicas.pop(replica.id, None)
+        self._by_model.get(replica.model, {}).pop(replica.id, None)
 
     def kick(self) -> None:
         self._wake.set()
@@ -65,18 +136,23 @@ class Reconciler:
             except TimeoutError:
                 pass
 
+    # --- what listings and the gateway ask ------------------------------------------
+
     def status(self, model_id: str) -> str:
         """A short phrase for listings, in the words a client's 503 uses (``Fleet.availability``).
 
         ``serving on n1`` (and why any other holder cannot, in brackets), ``failed on n1: …``
         when a load was refused, ``cannot serve: n1: its engine crashed (…) and is restarting``,
-        ``loading on n1 (…)``, ``waiting for a worker`` or ``not loaded``.
+        ``loading on n1 (…)``, ``waiting for a worker`` or ``not loaded``; for a defined model also
+        ``parked after 3 failed starts: …``, ``starting on n1``, ``cannot be placed`` and ``on demand``.
         """
         model = self.models.get(model_id)
         availability = self.fleet.availability(model_id)
         if availability.ok:
             others = f" ({availability.why()})" if availability.down else ""
             return "serving on " + ", ".join(availability.serving) + others
+        if model is not None and model.definition is not None:
+            return self._replica_status(model)
         pending = [a for (m, _), a in self.attempts.items() if m == model_id]
         failed = [a for a in pending if a.error]
         if failed:
@@ -96,21 +172,374 @@ class Reconciler:
             return "waiting for a worker"
         return "not loaded"
 
+    def _replica_status(self, model: KnownModel) -> str:
+        parking = self.parking.get(model.id)
+        failed = sorted((r for r in self._of(model.id) if r.state == FAILED), key=lambda r: r.started)
+        where = f"failed on {'+'.join(failed[-1].nodes)}: " if failed else "failed to start: "
+        if parking is not None and parking.parked:
+            return f"parked after {parking.failures} failed starts ({where}{parking.reason}); `opod ctl models retry {model.id}` tries again"
+        starting = [r for r in self._of(model.id) if r.state == STARTING]
+        if starting:
+            parts = []
+            for replica in starting:
+                node = self.fleet.get(replica.nodes[0])
+                progress = node.load_progress.get(model.id, "") if node is not None else ""
+                parts.append("+".join(replica.nodes) + (f" ({progress})" if progress else ""))
+            return "starting on " + ", ".join(parts)
+        if model.status.unplaceable:
+            return "cannot be placed now (explain-placement says why)"
+        if parking is not None and parking.failures:
+            return where + parking.reason
+        if model.status.desired == 0:
+            return "on demand: starts when a request asks for it"
+        return "waiting for a worker"
+
+    def requested(self, model_id: str) -> Awaitable[None] | None:
+        """The gateway's call for each request: counts the model as asked for; when nothing serves a defined
+        model, starts a replica and answers something to await until it serves (``None``: go on now)."""
+        known = self.models.get(model_id)
+        if known is None or known.definition is None:
+            return None
+        now = time.monotonic()
+        self.demand[model_id] = now
+        if self.fleet.serves(model_id, now):
+            return None
+        parking = self.parking.get(model_id)
+        if parking is not None and parking.parked:
+            return None
+        active = [r for r in self._of(model_id) if r.state in ACTIVE]
+        if active and not any(r.state == STARTING for r in active):
+            return None  # placed, and down for another reason (its engine restarting): the 503 says why at once
+        self.kick()
+        return self._wait_served(model_id, now)
+
+    async def _wait_served(self, model_id: str, since: float) -> None:
+        rounds = self.rounds
+        while time.monotonic() - since < DEMAND_WAIT:
+            if self.fleet.serves(model_id):
+                return
+            parking = self.parking.get(model_id)
+            if parking is not None and parking.parked:
+                return
+            if self.rounds > rounds + 1 and not any(r.model == model_id and r.state == STARTING for r in self.replicas.values()):
+                return  # a round came and went without starting one: it cannot be placed, the 503 says so
+            await asyncio.sleep(0.1)
+
+    # --- a round -----------------------------------------------------------------------
+
     async def reconcile(self) -> None:
         now = time.monotonic()
         live = self.fleet.placeable(now)
         jobs = []
         for model in self.models:
             for node_key, wanted in model.wanted.items():
+                if model.definition is not None and (node_key == ANY_NODE or model.removed):
+                    continue  # a defined model's replicas are the rounds' below; only what is pinned to a node is kept here
+                if model.definition is not None and wanted != "loaded" and any(
+                        node_key in r.nodes for r in self.replicas.values() if r.model == model.id and r.state in ACTIVE):
+                    continue  # a replica there is moved off below, not unloaded under its feet
                 if wanted == "loaded":
                     jobs += self._loads(model, node_key, live, now)
                 else:
                     jobs += self._unloads(model, node_key, live)
-        if jobs:
-            await asyncio.gather(*jobs)
+        stops, starts = self._plan_replicas(now)
+        if stops:
+            await asyncio.gather(*stops)
+        if jobs or starts:
+            await asyncio.gather(*jobs, *starts)
+        for model in self.models:
+            parking = self.parking.get(model.id)
+            if model.definition is not None and parking is not None:  # a start refused just now shows at once
+                model.status.failures, model.status.parked, model.status.reason = parking.failures, parking.parked, parking.reason
         for model in list(self.models):
-            if model.removed and not any(model.id in n.loaded_models for n in self.fleet):
+            if model.removed and not any(model.id in n.loaded_models for n in self.fleet) \
+                    and not any(r.model == model.id and r.state in ACTIVE for r in self.replicas.values()):
                 self.models.remove(model.id)
+                self.parking.pop(model.id, None)
+                self.demand.pop(model.id, None)
+        self.rounds += 1
+
+    # --- replicas of defined models --------------------------------------------------
+
+    def _plan_replicas(self, now: float) -> tuple[list, list]:
+        stops: list = []
+        starts: list = []
+        for replica in list(self.replicas.values()):
+            self._observe(replica, now)
+            if replica.state == FAILED:
+                if not replica.unloaded:
+                    replica.unloaded = True
+                    stops.append(self._unload_replica(replica, forget=False))
+                elif now - replica.started > FAILED_KEPT and now - replica.ready_at > FAILED_KEPT:
+                    self._drop(replica)
+        # One planner for the whole pass: built once from what replicas hold, told of each start and preemption.
+        held = [Held(replica_id=r.id, model=r.model, profile=r.profile, klass=r.klass, gpus={k: list(v) for k, v in r.gpus.items()},
+                     cpu_cores=r.cpu_cores, memory_gb=r.memory_gb)
+                for r in self.replicas.values() if r.state in ACTIVE]
+        self._planner = Planner(list(self.fleet), held, now=now)
+        defined = [m for m in self.models if m.definition is not None]
+        order = {c: i for i, c in enumerate(CLASSES)}
+        defined.sort(key=lambda m: (order.get(capacity_class(m.definition), 1) if m.definition else 1, m.id))
+        at = self.clock()
+        for model in defined:
+            self._plan_model(model, now, at, stops, starts)
+        return stops, starts
+
+    def _observe(self, replica: Replica, now: float) -> None:
+        """Move a replica on by what rank 0's heartbeats say."""
+        if replica.state not in (STARTING, READY):
+            return
+        head = self.fleet.get(replica.nodes[0])
+        if head is None or now - head.last_heartbeat > HEARTBEAT_MAX_AGE or head.goodbye:
+            self._fail(replica, f"node {replica.nodes[0]} stopped answering", now)
+            return
+        fresh = head.last_heartbeat > replica.started + 0.5  # a heartbeat sent after the load was
+        if replica.state == STARTING:
+            if replica.model in head.loaded_models:
+                replica.state, replica.ready_at, replica.ever_ready = READY, now, True
+                parking = self.parking.get(replica.model)
+                if parking is not None and not parking.parked:
+                    parking.failures, parking.reason = 0, ""
+                log.info("replica %s of %s ready on %s", replica.id, replica.model, "+".join(replica.nodes))
+            elif fresh and replica.model in head.load_errors:
+                self._fail(replica, head.load_errors[replica.model], now)
+            elif now - replica.started > self._startup_timeout(replica):
+                self._fail(replica, f"not ready after {self._startup_timeout(replica):.0f}s", now)
+            return
+        engine = head.model_engines.get(replica.model)
+        if replica.model in head.loaded_models or head.last_heartbeat <= replica.ready_at:
+            return
+        if replica.model in head.load_errors:
+            self._fail(replica, head.load_errors[replica.model], now)
+        elif engine is None or engine.state in ("crash-looping", "stopped"):
+            self._fail(replica, f"its engine on {head.id} stopped" + (f" ({engine.detail})" if engine and engine.detail else ""), now)
+
+    def _startup_timeout(self, replica: Replica) -> float:
+        model = self.models.get(replica.model)
+        profiles = (model.definition.profiles or []) if model is not None and model.definition is not None else []
+        ns = profiles[replica.profile].startup_timeout if replica.profile < len(profiles) else None
+        return ns / 1e9 if ns else PENDING_FOR
+
+    def _fail(self, replica: Replica, why: str, now: float) -> None:
+        was_ready = replica.ever_ready
+        replica.state, replica.error = FAILED, why[:300]
+        log.warning("replica %s of %s failed: %s", replica.id, replica.model, why)
+        old = self.replicas.get(replica.replaces)
+        if old is not None and old.replaced_by == replica.id:
+            old.replaced_by = ""
+            if old.restart == "replacing":
+                old.restart = "queued"
+        if was_ready:
+            return
+        parking = self.parking.setdefault(replica.model, Parking())
+        parking.failures += 1
+        parking.reason = why[:300]
+        parking.next_try = now + min(2 ** (parking.failures - 1), START_BACKOFF_MAX)
+        if parking.failures >= PARK_AFTER:
+            parking.parked = True
+            log.warning("%s parked after %d failed starts: %s", replica.model, parking.failures, why)
+
+    def _plan_model(self, model: KnownModel, now: float, at: datetime, stops: list, starts: list) -> None:
+        definition = model.definition
+        assert definition is not None
+        fingerprint = _fingerprint(definition)
+        parking = self.parking.setdefault(model.id, Parking(fingerprint=fingerprint))
+        if parking.fingerprint != fingerprint:
+            parking.failures, parking.reason, parking.parked, parking.next_try = 0, "", False, 0.0
+            parking.fingerprint = fingerprint
+        mine = [r for r in self._of(model.id) if r.state in ACTIVE]
+        last = self.demand.get(model.id)
+        demanded = last is not None and now - last < idle_timeout(definition)
+        wanted = 0 if model.removed else desired_count(definition, at, demanded)
+        pins = {n for n, w in model.wanted.items() if n != ANY_NODE and w == "loaded"}
+        banned = {n for n, w in model.wanted.items() if n != ANY_NODE and w == "unloaded"}
+        if not model.removed and not pins and model.wanted.get(ANY_NODE) == "loaded":
+            wanted = max(wanted, 1)  # ``load`` anywhere: at least one replica
+        # A node the model is pinned to and served on counts as one of its replicas.
+        on_replicas = {n for r in mine for n in r.nodes}
+        pinned_serving = sum(1 for n in pins - on_replicas if (node := self.fleet.get(n)) is not None and model.id in node.loaded_models)
+        wanted = max(wanted - pinned_serving, 0)
+        klass = capacity_class(definition)
+        status = model.status
+        status.unplaceable = False
+        # Replacements that are ready: the replica they take over from stops now.
+        for replica in mine:
+            new = self.replicas.get(replica.replaced_by)
+            if replica.state != DRAINING and new is not None and new.state == READY:
+                stops.append(self._stop(replica))
+        serving = [r for r in mine if r.state in (STARTING, READY) and not r.replaced_by]
+        budget = self._restart_budget(mine)
+        for replica in list(serving):
+            nodes = [self.fleet.get(n) for n in replica.nodes]
+            if banned & set(replica.nodes) and (pinned_serving or any(r.state == READY for r in serving if r is not replica)):
+                serving.remove(replica)  # unloaded there by the operator, and served elsewhere: stop it now
+                stops.append(self._stop(replica))
+                continue
+            moving = any(n is not None and draining(n) for n in nodes) or bool(banned & set(replica.nodes))
+            if replica.restart == "queued" and replica.in_place and budget["unavailable"] > 0:
+                budget["unavailable"] -= 1
+                serving.remove(replica)
+                stops.append(self._stop(replica))
+            elif (moving or replica.restart == "queued") and (moving or budget["surge"] > 0) and not parking.parked:
+                new = self._start_one(model, klass, now, stops, starts, replaces=replica)
+                if new is not None:
+                    budget["surge"] -= 0 if moving else 1
+                    serving.remove(replica)
+                    serving.append(new)
+        while len(serving) < wanted and not parking.parked and now >= parking.next_try:
+            new = self._start_one(model, klass, now, stops, starts)
+            if new is None:
+                status.unplaceable = True
+                break
+            serving.append(new)
+        extra = len(serving) - wanted
+        if extra > 0:
+            victims = sorted(serving, key=lambda r: (r.state == READY, r.started), reverse=False)[:extra]
+            for replica in victims:
+                stops.append(self._stop(replica))
+        kept = [r for r in self._of(model.id) if r.state in ACTIVE]
+        status.desired = wanted
+        status.ready = sum(1 for r in kept if r.state == READY)
+        status.total = len(kept)
+        status.failures, status.parked, status.reason = parking.failures, parking.parked, parking.reason
+        if status.held_for and status.ready >= wanted:
+            status.held_for = ""
+
+    def _restart_budget(self, mine: list[Replica]) -> dict[str, int]:
+        """How many more of a model's replicas may be replaced beside themselves, or stopped first, this round."""
+        surge, unavailable = self._limits.get(mine[0].model, (1, 0)) if mine else (1, 0)
+        replacing = sum(1 for r in mine if r.restart == "replacing")
+        down = sum(1 for r in mine if r.state == DRAINING and r.restart)
+        return {"surge": max(surge - replacing, 0), "unavailable": max(unavailable - down, 0)}
+
+    def _start_one(self, model: KnownModel, klass: str, now: float, stops: list, starts: list,
+                   replaces: Replica | None = None) -> Replica | None:
+        """Place one more replica of ``model`` and schedule its start (and any preemption); ``None`` when it fits nowhere."""
+        definition = model.definition
+        assert definition is not None
+        taken = {n: "holds a replica of it already" for r in self._of(model.id) if r.state in ACTIVE for n in r.nodes}
+        for node in self.fleet.holders(model.id):
+            if model.wanted.get(node.id) == "loaded":
+                taken.setdefault(node.id, "serves it already (loaded there by the operator)")
+        for node_id, word in model.wanted.items():
+            if node_id != ANY_NODE and word == "unloaded":
+                taken.setdefault(node_id, "unloaded there by the operator")
+        assignment, rejections = self._planner.place(model.id, definition, klass=klass, engine=model.engine, exclude=taken)
+        self.last_rejections[model.id] = list(rejections)
+        if assignment is None:
+            return None
+        for victim_id in assignment.preempts:
+            victim = self.replicas.get(victim_id)
+            if victim is None or victim.state not in ACTIVE:
+                continue
+            self._planner.release(victim_id)
+            stops.append(self._stop(victim))
+            owner = self.models.get(victim.model)
+            if owner is not None:
+                owner.status.preempted += 1
+                owner.status.held_for = model.id
+            log.info("replica %s of %s preempted for %s", victim.id, victim.model, model.id)
+        profiles = definition.profiles or []
+        profile = profiles[assignment.profile] if assignment.profile < len(profiles) else None
+        replica = Replica(
+            id=f"{model.id}-{secrets.token_hex(3)}", model=model.id, profile=assignment.profile,
+            profile_name=(profile.name if profile is not None and profile.name else str(assignment.profile)),
+            klass=klass, nodes=list(assignment.nodes), gpus={k: list(v) for k, v in assignment.gpus.items()},
+            fingerprint=_fingerprint(definition), started=now, cpu_cores=assignment.cpu_cores, memory_gb=assignment.memory_gb,
+        )
+        if replaces is not None:
+            replica.replaces, replaces.replaced_by = replaces.id, replica.id
+            if replaces.restart == "queued":
+                replaces.restart = "replacing"
+        self.replicas[replica.id] = replica
+        self._by_model.setdefault(replica.model, {})[replica.id] = replica
+        self._planner.take(assignment, replica.id, klass)
+        starts.append(self._start(model, replica))
+        return replica
+
+    # --- calls to workers ------------------------------------------------------------
+
+    async def _start(self, model: KnownModel, replica: Replica) -> None:
+        log.info("starting replica %s of %s on %s", replica.id, model.id, "+".join(replica.nodes))
+        # Followers first: rank 0 is the one that waits for its peers.
+        peers = [node.address if (node := self.fleet.get(n)) is not None else "" for n in replica.nodes]
+        for node_id, req in reversed(load_requests(model, replica, peers)):
+            node = self.fleet.get(node_id)
+            if node is None:
+                self._fail(replica, f"node {node_id} is gone", time.monotonic())
+                return
+            try:
+                status, body = await self.workers.call_json(node, "POST", nodeapi.PATH_MODEL_LOAD, req.to_wire(), timeout=30)
+            except WorkerUnavailable as err:
+                self._fail(replica, f"{node_id}: {err}", time.monotonic())
+                return
+            if status != 200:
+                error = (body if isinstance(body, str) else str(body)).strip()[:300] or f"HTTP {status}"
+                self._fail(replica, f"{node_id} refused the load: {error}", time.monotonic())
+                return
+
+    def _stop(self, replica: Replica) -> Awaitable[None]:
+        """Mark the replica draining now (this round's decisions see it go) and answer the call that stops it."""
+        replica.state = DRAINING
+        return self._unload_replica(replica, forget=True)
+
+    async def _unload_replica(self, replica: Replica, *, forget: bool) -> None:
+        model = self.models.get(replica.model)
+        source = model.entry.source if model is not None and model.entry is not None else None
+        req = nodeapi.UnloadModelRequest(id=replica.model, ollama_name=source.ollama_name if source else "",
+                                         repo=source.repo if source else "", path=source.path if source else "")
+        for node_id in replica.nodes:
+            node = self.fleet.get(node_id)
+            if node is None:
+                continue
+            try:
+                await self.workers.call_json(node, "POST", nodeapi.PATH_MODEL_UNLOAD, req.to_wire(), timeout=60)
+            except WorkerUnavailable as err:
+                log.warning("stopping replica %s on %s: %s", replica.id, node_id, err)
+        log.info("replica %s of %s stopped", replica.id, replica.model)
+        if forget:
+            self._drop(replica)
+
+    # --- operators' requests -----------------------------------------------------------
+
+    def replica_list(self) -> list[Replica]:
+        return sorted(self.replicas.values(), key=lambda r: (r.model, r.started, r.id))
+
+    def last_request(self, model: str) -> float | None:
+        return self.demand.get(model)
+
+    def parked(self) -> list[tuple[str, int, str]]:
+        return [(m, p.failures, p.reason) for m, p in sorted(self.parking.items()) if p.parked and self.models.active(m) is not None]
+
+    def retry(self, model_id: str) -> bool:
+        """Clear a model's parking and run of failures; whether it had been parked."""
+        parking = self.parking.get(model_id)
+        was = parking is not None and parking.parked
+        if parking is not None:
+            parking.failures, parking.reason, parking.parked, parking.next_try = 0, "", False, 0.0
+        model = self.models.get(model_id)
+        if model is not None:
+            model.status.parked, model.status.failures, model.status.reason = False, 0, ""
+        self.kick()
+        return was
+
+    def queue_restart(self, replica_ids: list[str], *, in_place: bool, max_surge: int, max_unavailable: int) -> list[str]:
+        """Mark replicas for a rolling restart; the rounds replace them within the limits, per model."""
+        queued = []
+        for replica_id in replica_ids:
+            replica = self.replicas.get(replica_id)
+            if replica is None or replica.state not in (STARTING, READY) or replica.replaced_by:
+                continue
+            replica.restart, replica.in_place = "queued", in_place
+            surge, unavailable = (max_surge, max_unavailable) if (max_surge or max_unavailable) else (1, 0)
+            if in_place and not unavailable:
+                unavailable = 1
+            self._limits[replica.model] = (surge, unavailable)
+            queued.append(replica_id)
+        self.kick()
+        return queued
+
+    # --- models without a definition: loaded where wanted ------------------------------
 
     def _loads(self, model: KnownModel, node_key: str, live: list[NodeState], now: float) -> list:
         if node_key == ANY_NODE:

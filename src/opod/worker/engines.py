@@ -34,9 +34,11 @@ from opod.engines.base import EngineDriver, LaunchSpec, LoadSample, MetricsState
 from opod.engines.registry import get_driver
 from opod.http.upstream import Upstreams
 from opod.weights.progress import FetchMeter
+from opod.worker import multinode
 from opod.worker.adapters import Adapters, lora_flags
 from opod.worker.kvevents import KVReport
 from opod.worker.kvlistener import KVEventListener, KVListenError
+from opod.worker.multinode import Ranks, device_env, ranks_of, replica_flags
 from opod.worker.refusals import LoadRefused
 from opod.worker.supervisor import ProcessConfig, ProcessState, Supervisor
 
@@ -63,6 +65,20 @@ class ModelEngine:
     task: asyncio.Task | None = None
     kv: KVEventListener | None = None
     """The engine's KV-cache event listener, when its driver publishes events."""
+    replica: str = ""
+    devices: list[int] | None = None
+    """The GPUs the leader gave this replica here (``CUDA_VISIBLE_DEVICES``); ``None`` = none said."""
+    env: dict[str, str] = field(default_factory=dict)
+    """The replica's own environment for the engine (its profile's, and its devices)."""
+    ranks: Ranks | None = None
+    """Its place in a replica across nodes; ``None`` on one node."""
+    extra_argv: list[str] = field(default_factory=list)
+    """Added to the driver's command line: the distributed runtime's flags."""
+
+    @property
+    def follower(self) -> bool:
+        """A rank other than 0 of a replica across nodes: it runs its part and serves nothing."""
+        return self.ranks is not None and self.ranks.rank > 0
 
     @property
     def base_url(self) -> str:
@@ -130,13 +146,24 @@ class EngineManager:
         if not req.id:
             raise LoadRefused(400, "LoadModelRequest: id: required (the catalog id the model is served under)")
         current = self.engines.get(req.id)
-        if current is not None and current.state in ("fetching", "starting", "serving"):
+        if current is not None and current.state in ("fetching", "starting", "serving", "following"):
             return nodeapi.LoadModelResponse(status=nodeapi.Status.READY, model=req.id)
+        try:
+            ranks = ranks_of(req.rank, req.peers)
+        except ValueError as err:
+            raise LoadRefused(400, f"LoadModelRequest: {err}") from err
         source = self._source(req)
         if current is not None:
             await self._stop_kv(current)  # a failed or stopped engine's listener; the new one gets its own
-        engine = ModelEngine(model_id=req.id, driver=self.driver)
+        engine = ModelEngine(model_id=req.id, driver=self.driver, replica=req.replica, devices=req.devices,
+                             env=device_env(req.devices, req.env), ranks=ranks)
         self.engines[req.id] = engine
+        if engine.follower and self.driver.id not in ("vllm", "sglang"):
+            # The simulator (and any engine without a runtime of its own here): rank 0 serves alone.
+            engine.enter("following", f"{req.id}: rank {req.rank} of {ranks.nodes if ranks else 1}, serving from {req.peers[0] if req.peers else '?'}")
+            log.info("%s", engine.detail)
+            self.on_change()
+            return nodeapi.LoadModelResponse(status=nodeapi.Status.READY, model=req.id)
         engine.task = asyncio.get_running_loop().create_task(self._bring_up(engine, req, source))
         self.on_change()
         return nodeapi.LoadModelResponse(status=nodeapi.Status.READY, model=req.id)
@@ -165,7 +192,7 @@ class EngineManager:
                 model_ref = str(await self._fetch(engine, req, source, entry))
             caps = entry.capabilities if entry is not None else ["chat"]
             # A load's own flags (the RPC parts of a sharded model) pin over the worker's plan flags.
-            flags = {**self.flags, **(req.flags or {})}
+            flags = replica_flags({**self.flags, **(req.flags or {})}, self.driver.flag_keys, tp=req.tp, pp=req.pp, args=req.args)
             context = int(flags.get("ctx") or 0) or min(entry.context_window if entry else CPU_CONTEXT_CAP, CPU_CONTEXT_CAP)
             engine.port = free_port()
             kv_endpoint = self._listen(engine, caps)
@@ -183,6 +210,7 @@ class EngineManager:
                 tool_call_parser=(entry.tool_call_parser or {}).get(self.driver.id, "") if entry is not None and "tools" in caps else "",
                 sleep_mode=self.sleep_mode,
             )
+            await self._distributed(engine)
             await self._start(engine)
         except asyncio.CancelledError:
             raise
@@ -206,17 +234,47 @@ class EngineManager:
         engine.enter("fetching", f"{req.id}: fetching weights")
         return await weights.aresolve(target, self.home, progress=progress)
 
+    async def _distributed(self, engine: ModelEngine) -> None:
+        """A replica across nodes: the engine's own runtime on this rank (Ray for vLLM, SGLang's launcher flags)."""
+        ranks, spec = engine.ranks, engine.spec
+        if ranks is None or spec is None:
+            return
+        if self.driver.id == "sglang":
+            engine.extra_argv = multinode.sglang_args(ranks)
+        elif self.driver.id == "vllm" and ranks.rank == 0:
+            engine.extra_argv = multinode.vllm_rank0_args(ranks)
+            engine.env.update(multinode.vllm_rank0_env(ranks))
+            head = ProcessConfig(id=f"engine-{engine.model_id}-ray", argv=multinode.ray_head_argv(spec.binary), env=dict(engine.env),
+                                 restart=True, max_restarts=5, backoff=1.0, log_lines=200,
+                                 log_file=self.home / "logs" / f"engine-{engine.model_id}-ray.log")
+            await self._restart_process(head)
+
+    def _argv(self, engine: ModelEngine) -> list[str]:
+        assert engine.spec is not None
+        if engine.follower and self.driver.id == "vllm" and engine.ranks is not None:
+            return multinode.ray_worker_argv(engine.ranks, engine.spec.binary)
+        return self.driver.argv(engine.spec) + engine.extra_argv
+
+    async def _restart_process(self, config: ProcessConfig) -> None:
+        previous = self.supervisor.get(config.id)
+        if previous is not None:
+            if previous.live:
+                await self.supervisor.stop(config.id)
+            self.supervisor.forget(config.id)
+        await self.supervisor.start(config)
+
     async def _start(self, engine: ModelEngine) -> None:
         assert engine.spec is not None
-        argv = self.driver.argv(engine.spec)
+        argv = self._argv(engine)
         engine.process_id = f"engine-{engine.model_id}"
         engine.enter("starting", f"{engine.model_id}: starting {self.driver.id}")
         self.on_change()
         config = ProcessConfig(
             id=engine.process_id,
             argv=argv,
-            env=self.driver.env(engine.spec),
-            ready_url=engine.base_url + self.driver.health_path,
+            env={**self.driver.env(engine.spec), **engine.env},
+            # A follower rank answers no HTTP: it is up once its process runs.
+            ready_url=None if engine.follower else engine.base_url + self.driver.health_path,
             ready_timeout=600.0,
             restart=True,
             max_restarts=5,
@@ -231,7 +289,9 @@ class EngineManager:
             self.supervisor.forget(engine.process_id)
         await self.supervisor.start(config)
         ready = await self._await_ready(engine.process_id, config.ready_timeout)
-        if ready:
+        if ready and engine.follower:
+            engine.enter("following", f"{engine.model_id}: rank {engine.ranks.rank if engine.ranks else 0} of a replica across nodes")
+        elif ready:
             engine.enter("serving")
             log.info("%s serving on %s", engine.model_id, engine.base_url)
         else:
@@ -301,6 +361,8 @@ class EngineManager:
             engine.task.cancel()
         if engine.process_id:
             await self.supervisor.stop(engine.process_id)
+        if self.supervisor.get(f"engine-{req.id}-ray") is not None:
+            await self.supervisor.stop(f"engine-{req.id}-ray")
         await self._stop_kv(engine)
         self.on_change()
         return nodeapi.UnloadModelResponse(status=nodeapi.Status.UNLOADED, model=req.id)
