@@ -40,6 +40,7 @@ CONFIG_OVERRIDES: tuple[Override, ...] = (
     Override("OPOD_NODE_CERT", "PEM client certificate a worker presents to a TLS leader; its URI SAN spiffe://<trust domain>/opod/node/<id> names the node. With OPOD_NODE_KEY."),
     Override("OPOD_NODE_KEY", "PEM private key for OPOD_NODE_CERT."),
     Override("OPOD_STOP_GRACE", "Seconds a stopping leader or worker lets requests in flight finish before it stops its engines (default 30; 0 = stop at once)."),
+    Override("OPOD_INVENTORY", "Path of a declared inventory (YAML or JSON: GPUs, MIG instances, labels) a worker reports instead of its driver's; --inventory names it too."),
     Override("OPOD_DOOR_ROUTES", "Path of the door's routes file (opod up --role door); --routes names it too."),
 )
 

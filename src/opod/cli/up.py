@@ -27,6 +27,8 @@ def command(
     no_default_models: bool = typer.Option(False, "--no-default-models", help="Do not add the CPU default models on first start."),
     stop_grace: float | None = typer.Option(None, "--stop-grace", metavar="SECONDS", min=0, max=3600, show_default=False,
                                             help="Seconds requests in flight may take to finish on Ctrl-C or SIGTERM [default: 30, or OPOD_STOP_GRACE]."),
+    inventory: str = typer.Option("", "--inventory", metavar="FILE",
+                                  help="The local worker's declared inventory (YAML or JSON: GPUs, MIG instances, labels) [or OPOD_INVENTORY]."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log debug detail."),
     role: str = typer.Option("leader", "--role", metavar="ROLE", help="leader (default), or door: a model-name router in front of several leaders."),
     routes: str = typer.Option("", "--routes", metavar="PATH", help="With --role door: the routes file (model name → leader) [or OPOD_DOOR_ROUTES]."),
@@ -64,8 +66,13 @@ def command(
             worker=None if no_worker else WorkerSettings(
                 leader_url="", token="", home=home, engine=engine, threads=threads, flags=engine_flags(),
                 listen=parse_listen(worker_listen or config.read("OPOD_WORKER_LISTEN") or "127.0.0.1:8081", "127.0.0.1", "--worker-listen"),
+                inventory=inventory or None,
             ),
         )
+        if settings.worker is not None and (declared_file := settings.worker.inventory or config.read("OPOD_INVENTORY")):
+            from opod.worker.declared import load as load_inventory
+
+            load_inventory(declared_file)  # a bad file stops opod up here, naming the field
     except ValueError as error:
         raise fail(str(error)) from None
     for line in config.retired_warnings() + config.unsupported_warnings():

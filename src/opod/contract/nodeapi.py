@@ -38,6 +38,12 @@ PATH_PROCESS_GET = "/v1/process/get"
 PATH_PROCESS_LOGS = "/v1/process/logs"
 PATH_PROCESS_FILE = "/v1/process/file"
 PATH_PROCESS_UPLOAD = "/v1/process/upload"
+# opod additions (docs/contract.md): a worker's logs, and its agent started again (engines keep serving).
+PATH_LOGS = "/v1/opod/logs"
+PATH_AGENT_RESTART = "/v1/opod/agent/restart"
+# opod extensions (docs/contract.md): the worker's weights cache, listed and swept by the leader.
+PATH_WEIGHTS = "/v1/weights"
+PATH_WEIGHTS_DELETE = "/v1/weights/delete"
 
 HEADER_FILE_PATH = "X-File-Path"
 
@@ -83,6 +89,41 @@ class GPU(WireModel):
     vram_gb: int = Field(0, alias="VRAMGB")
 
 
+class InventoryGPU(WireModel):
+    """opod addition: one placeable device, a whole card or a MIG instance (docs/contract.md)."""
+
+    index: int = 0
+    label: str = ""
+    name: str = ""
+    gpu_class: str = Field("", alias="class")
+    memory_mb: int = 0
+    compute_capability: Annotated[str, OMITEMPTY] = ""
+    uuid: Annotated[str, OMITEMPTY] = ""
+    card: int = 0
+    mig_profile: Annotated[str, OMITEMPTY] = ""
+    healthy: bool = True
+    why: Annotated[str, OMITEMPTY] = ""
+
+
+class InventoryReport(WireModel):
+    """opod addition: what the node views need beyond ``Capabilities`` (docs/contract.md).
+
+    Sent in ``Capabilities.OpodInventory`` at registration and in ``Heartbeat.inventory`` when it
+    changed; readers that do not know it ignore it as an unknown key.
+    """
+
+    gpus: Annotated[list[InventoryGPU] | None, OMITEMPTY] = None
+    labels: Annotated[dict[str, str] | None, OMITEMPTY] = None
+    engine_versions: Annotated[dict[str, str] | None, OMITEMPTY] = None
+    agent_version: Annotated[str, OMITEMPTY] = ""
+    features: Annotated[list[str] | None, OMITEMPTY] = None
+    models_on_disk: Annotated[list[str] | None, OMITNIL] = None
+    """``None``: not looked; ``[]``: none."""
+    warnings: Annotated[list[str] | None, OMITEMPTY] = None
+    declared: Annotated[bool, OMITEMPTY] = False
+    """The GPUs come from a declared inventory file, not from the driver."""
+
+
 class Capabilities(WireModel):
     """What a worker knows about its host. Capitalised keys: stored rows outlive binaries."""
 
@@ -99,6 +140,8 @@ class Capabilities(WireModel):
     # zero (unknown), so contract bodies stay byte-exact; other receivers ignore them as unknown keys.
     disk_free_gb: Annotated[int, OMITEMPTY] = Field(0, alias="DiskFreeGB")
     disk_total_gb: Annotated[int, OMITEMPTY] = Field(0, alias="DiskTotalGB")
+    # opod's key (docs/contract.md): devices (MIG instances too), labels and software; absent = not said.
+    inventory: Annotated[InventoryReport | None, OMITNIL] = Field(None, alias="OpodInventory")
 
 
 def encode_hardware(caps: Capabilities) -> str:
@@ -207,6 +250,9 @@ class Heartbeat(WireModel):
     # opod addition: model id → the context one request may use on the engine serving it, in tokens,
     # as that engine was started (it can be less than the catalog's window). Absent = not said.
     model_context: Annotated[dict[str, int] | None, OMITEMPTY] = None
+    # opod addition: the worker's inventory again, sent only when it changed since registration
+    # (models on disk, warnings, a GPU turned unhealthy). Absent = unchanged.
+    inventory: Annotated[InventoryReport | None, OMITNIL] = None
 
 
 class HeartbeatResponse(WireModel):
@@ -244,6 +290,20 @@ class LoadModelRequest(WireModel):
     # opod addition: engine flags for this load (for example the RPC parts of a
     # sharded model: {"rpc": "10.0.0.2:50052,10.0.0.3:50052"}); absent = none.
     flags: Annotated[dict[str, Any] | None, OMITEMPTY] = None
+    # opod additions: what the leader's reconciler gave this replica (absent = the worker's own choice).
+    replica: Annotated[str, OMITEMPTY] = ""
+    devices: Annotated[list[int] | None, OMITEMPTY] = None
+    """GPU indices on this node for the engine (CUDA_VISIBLE_DEVICES); absent = none given (a CPU replica)."""
+    tp: Annotated[int, OMITEMPTY] = 0
+    pp: Annotated[int, OMITEMPTY] = 0
+    engine: Annotated[str, OMITEMPTY] = ""
+    args: Annotated[list[str] | None, OMITEMPTY] = None
+    """Extra engine command-line arguments from the model's profile."""
+    env: Annotated[dict[str, str] | None, OMITEMPTY] = None
+    rank: Annotated[int, OMITEMPTY] = 0
+    """This node's rank in a replica across nodes; rank 0 serves."""
+    peers: Annotated[list[str] | None, OMITEMPTY] = None
+    """A replica across nodes: every rank's node address (host:port of its worker), rank 0 first."""
 
 
 class LoadModelResponse(WireModel):
@@ -347,3 +407,36 @@ class UploadResponse(WireModel):
     path: str = ""
     sha256: str = ""
     size: int = 0
+
+
+# --- opod extension: the weights cache ------------------------------------------
+
+
+class CachedFile(WireModel):
+    """One file in a worker's weights cache; ``path`` is relative to the cache's root."""
+
+    path: str = ""
+    bytes: int = 0
+
+
+class WeightsCache(WireModel):
+    """``GET /v1/weights``: what the worker's weights cache holds, and which of it its engines use now."""
+
+    root: str = ""
+    """The cache's absolute path on the worker (``<home>/models``)."""
+    files: list[CachedFile] | None = None
+    in_use: list[str] | None = None
+    """Paths (relative to ``root``) a model this worker serves or is loading needs: never deleted."""
+
+
+class DeleteWeightsRequest(WireModel):
+    """``POST /v1/weights/delete``: files to remove, relative to the cache's root."""
+
+    paths: list[str] | None = None
+
+
+class DeleteWeightsResponse(WireModel):
+    files: int = 0
+    bytes: int = 0
+    refused: Annotated[dict[str, str] | None, OMITEMPTY] = None
+    """path → why it was kept (outside the cache, in use, not a file)."""

