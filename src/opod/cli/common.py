@@ -47,7 +47,15 @@ def fail(message: str, code: int = 1) -> typer.Exit:
 
 
 def admin_url() -> str:
-    return (config.read("OPOD_ADMIN_URL") or "http://127.0.0.1:9090").rstrip("/")
+    """``OPOD_ADMIN_URL``; else the address this machine's leader listens on (``OPOD_ADMIN_LISTEN``, 127.0.0.1:9090)."""
+    url = config.read("OPOD_ADMIN_URL")
+    if url:
+        return url.rstrip("/")
+    host, _, port = (config.read("OPOD_ADMIN_LISTEN") or "127.0.0.1:9090").rpartition(":")
+    host = host.strip("[]")
+    if host in ("", "0.0.0.0", "::"):  # a leader listening everywhere answers on loopback too
+        host = "127.0.0.1"
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
 
 
 def admin_key() -> str:

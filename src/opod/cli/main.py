@@ -10,6 +10,7 @@ from typer.core import TyperArgument, TyperGroup, TyperOption
 
 from opod import __version__
 from opod.cli import catalog, join, model, node, sim, token, up
+from opod.cli.ctl import app as ctl_app
 
 _METAVARS = {"str": "TEXT", "int": "N", "float": "NUMBER", "Path": "PATH"}
 
@@ -70,6 +71,7 @@ app.add_typer(token.app, name="token")
 app.add_typer(model.app, name="model")
 app.add_typer(node.app, name="node")
 app.add_typer(catalog.app, name="catalog")
+app.add_typer(ctl_app, name="ctl")
 app.command("sim")(sim.command)
 
 
