@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import typer
 
-from bench import admission, dataplane, routing, usage
+from bench import admission, dataplane, fleet_scale, routing, usage
 
 app = typer.Typer(help="opod's benchmarks. Results go to bench/results/ as a markdown table and PNG plots.", no_args_is_help=True)
 app.command("dataplane")(dataplane.command)
 app.command("admission")(admission.command)
 app.command("usage")(usage.command)
 app.command("routing")(routing.command)
+app.command("fleet-scale")(fleet_scale.command)
 
 
 @app.callback()

@@ -110,3 +110,12 @@ def wait_for_actors(leader: Leader, expected: str = "alice@ops.example") -> set[
         return found if expected in found else None
 
     return wait_until(actors, 10, f"an admin.call event by {expected}")
+
+
+def test_a_missing_or_wrong_body_is_named(leader: Leader) -> None:
+    status, _, body = call(leader, "POST", "/api/v1/keys", Content_Type="application/json")
+    assert status == 400 and error_view(body).startswith("body: send a JSON object")
+    status, _, body = call(leader, "POST", "/api/v1/keys", b'{"name": 5}', Content_Type="application/json")
+    assert status == 400 and error_view(body).startswith("name:")
+    status, _, body = call(leader, "POST", "/api/v1/keys", b'{"colour": "red"}', Content_Type="application/json")
+    assert status == 400 and "colour" in error_view(body)

@@ -17,6 +17,7 @@ import ipaddress
 import logging
 import re
 from collections.abc import Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
 from fastapi import FastAPI, Request
@@ -24,10 +25,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from typing import Any
-
 from opod import __version__
+from opod.control import capacity as capacity_area
 from opod.control import keys, models, nodes
+from opod.control import presets as presets_area
+from opod.control import replicas as replicas_area
+from opod.control import weights as weights_area
 from opod.control.context import ControlContext, ControlError
 from opod.control.spec import SpecRouter, document
 from opod.control.unbuilt import hardware, records, rollouts, services, tenancy
@@ -120,11 +123,21 @@ def create_app(ctx: ControlContext) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, err: RequestValidationError) -> JSONResponse:
-        parts = [f"{'.'.join(str(p) for p in e['loc'] if p != 'body')}: {e['msg']}" for e in err.errors()]
+        parts = []
+        for e in err.errors():
+            where = ".".join(str(p) for p in e["loc"][1:]) if e["loc"][:1] == ("body",) else ".".join(str(p) for p in e["loc"])
+            if e["loc"] == ("body",):
+                where = "body"
+                e = {**e, "msg": "send a JSON object" if e["type"] in ("missing", "model_attributes_type", "dict_type") else e["msg"]}
+            parts.append(f"{where or 'body'}: {e['msg']}")
         return refusal(400, "; ".join(parts))
 
     for area in (keys.router(ctx), models.router(ctx), nodes.router(ctx)):
         app.include_router(area)
+    app.include_router(weights_area.router(ctx))
+    app.include_router(presets_area.router(ctx))
+    app.include_router(replicas_area.router(ctx))
+    app.include_router(capacity_area.router(ctx))
     for unbuilt in (tenancy, records, rollouts, services, hardware):
         app.include_router(unbuilt.router())
 

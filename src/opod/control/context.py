@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Protocol
 
 from opod.access.service import AccessService
 from opod.catalog import Catalog
 from opod.fleet.models import ModelRegistry
+from opod.fleet.placement import Rejection
 from opod.fleet.state import Fleet
+from opod.http.nodeclient import WorkerClient
 from opod.store import Store
 
 
@@ -28,6 +31,53 @@ class ControlContext:
     emit: Callable[[str, str, dict], None]
     forget_node: Callable[[str], None]
     """Drop what the leader derived from a node (its cached prefix blocks)."""
+    declared_models: frozenset[str] = frozenset()
+    """Models the leader's settings declare (the built-in defaults): they cannot be removed, only scaled to 0."""
+    replicas: ReplicaDesk | None = None
+    """The reconciler's replicas: ``/replicas``, ``/restart``, ``/models/{name}/retry``, ``/summary``."""
+    workers: WorkerClient | None = None
+    """Signed calls to workers (node logs, agent restarts); ``None`` where no worker can be called."""
+
+
+class ReplicaRecord(Protocol):
+    """One replica as the reconciler tracks it (``opod.leader.replicas.Replica``)."""
+
+    id: str
+    model: str
+    profile: int
+    """Index into its model's profiles (placement's ``Held.profile``)."""
+    klass: str
+    """Its model's capacity class when it was placed."""
+    profile_name: str
+    nodes: list[str]
+    gpus: dict[str, list[int]]
+    state: str
+    started: float
+    ready_at: float
+    error: str
+    restart: str
+    fingerprint: str
+
+
+class ReplicaDesk(Protocol):
+    """What the management API asks of the reconciler."""
+
+    last_rejections: dict[str, list[Rejection]]
+    """model → why each node was refused at its last placement attempt (``explain-placement``)."""
+
+    def replica_list(self) -> Sequence[ReplicaRecord]: ...
+
+    def last_request(self, model: str) -> float | None:
+        """``time.monotonic()`` of the last request for ``model``; ``None`` when none came."""
+        ...
+
+    def queue_restart(self, replica_ids: list[str], *, in_place: bool, max_surge: int, max_unavailable: int) -> list[str]: ...
+
+    def retry(self, model: str) -> bool: ...
+
+    def parked(self) -> list[tuple[str, int, str]]:
+        """(model, failures, reason) of every parked model."""
+        ...
 
 
 class ControlError(Exception):

@@ -23,11 +23,14 @@ from opod import config
 from opod.access.offloop import run_sync
 from opod.access.service import AccessService
 from opod.catalog import Catalog, load_catalog
+from opod.catalog.definition import from_entry
 from opod.contract import adminapi, nodeapi
 from opod.contract import env as contract_env
+from opod.contract.admin.catalog import CatalogModel, CatalogScaling
 from opod.contract.catalog import Entry
 from opod.control.app import create_app as create_control_app
 from opod.control.context import ControlContext
+from opod.control.presets import auto_add as auto_add_presets
 from opod.fleet.affinity import AffinityTable
 from opod.fleet.local import LocalEngines
 from opod.fleet.models import ANY_NODE, KnownModel, ModelRegistry
@@ -45,7 +48,7 @@ from opod.http.nodeclient import WorkerClient
 from opod.http.serving import Listener, serve
 from opod.http.tls.server import LeaderTLS
 from opod.leader.adminv1.context import AdminContext
-from opod.leader.nodes import NodeRegistry
+from opod.leader.nodes import NodeRegistry, restored
 from opod.leader.public import probe_app, public_app
 from opod.leader.reconciler import Reconciler
 from opod.ledger import Ledger
@@ -67,6 +70,9 @@ block replaces this whole (and there, as the contract says, zero means shed at o
 STOPPING_RETRY_AFTER = 5
 """``Retry-After`` of a request refused while the leader stops: long enough not to hammer it, short
 enough for a client behind a balancer to find another leader, or this one started again."""
+
+AUTO_PRESETS_EVERY = 10.0
+"""Seconds between looks for a preset a node fits, while ``presets.auto`` is on."""
 
 KEY_USE_FLUSH_EVERY = 5.0
 """Seconds between writes of keys' ``last_used_at``: often enough for a listing, rare enough to cost nothing."""
@@ -178,7 +184,7 @@ class Leader:
         gateway = Gateway(
             fleet=fleet, models=models, keys=access.keys, relay=Relay(fleet, workers, index=index, pins=pins, local=local_engines),
             admission=admission, usage=ledger, prefix=PrefixHasher(fleet, index, tokenize), policies=snapshots,
-            guardrails=guardrails, prompts=prompts, require_keys=settings.require_keys,
+            guardrails=guardrails, prompts=prompts, require_keys=settings.require_keys, demand=reconciler.requested,
         )
         snapshots.policy.subscribe(lambda view: _apply_admission(admission, view))
         registry = NodeRegistry(fleet, access, store, reconciler.kick, emit, index, lambda: auth_file.node_mtls)
@@ -190,6 +196,8 @@ class Leader:
         control = ControlContext(
             store=store, access=access, fleet=fleet, models=models, catalog=catalog, models_changed=reconciler.kick,
             model_status=reconciler.status, emit=emit, forget_node=index.forget,
+            declared_models=frozenset(DEFAULT_MODELS) if settings.default_models else frozenset(), replicas=reconciler,
+            workers=workers,
         )
         return cls(
             settings=settings, store=store, catalog=catalog, boot=boot, access=access, fleet=fleet, models=models,
@@ -233,7 +241,7 @@ class Leader:
             raise
         ledger_stop, listeners_stop = asyncio.Event(), asyncio.Event()
         writer = asyncio.create_task(self.ledger.run(ledger_stop), name="ledger writer")
-        work: list[Background] = [self.reconciler.run, self.shards.run_healer, self._flush_key_uses, *beside]
+        work: list[Background] = [self.reconciler.run, self.shards.run_healer, self._flush_key_uses, self._auto_presets, *beside]
         background = [asyncio.create_task(run(stop)) for run in work]
         serving = asyncio.create_task(serve(list(listeners), listeners_stop), name="listeners")
         try:
@@ -309,6 +317,18 @@ class Leader:
                 await asyncio.wait_for(stop.wait(), KEY_USE_FLUSH_EVERY)
             await self.access.flush_key_uses()
 
+    async def _auto_presets(self, stop: asyncio.Event) -> None:
+        """Add the presets a node fits while ``presets.auto`` is on (off by default)."""
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), AUTO_PRESETS_EVERY)
+            if stop.is_set():
+                return
+            try:
+                await auto_add_presets(self.control)
+            except Exception:  # one bad round must not stop the loop
+                log.exception("adding presets by themselves failed")
+
     async def close(self) -> None:
         """Release what the leader holds: the guardrails' connections, the tokenize calls in flight, the
         workers' connections, the last key uses, the ledger, the store."""
@@ -335,8 +355,8 @@ def _load_nodes(store: Store, fleet: Fleet) -> None:
             hardware = nodeapi.decode_hardware(record.hardware_json)
         except ValueError:
             hardware = nodeapi.Capabilities()
-        fleet.restore(NodeState(id=record.id, address=record.address, hostname=record.hostname, boot_id=record.boot_id,
-                                token_id=record.token_id or "", hardware=hardware, drained=record.drained))
+        fleet.restore(restored(NodeState(id=record.id, address=record.address, hostname=record.hostname, boot_id=record.boot_id,
+                                         token_id=record.token_id or "", hardware=hardware, drained=record.drained), record))
 
 
 def _load_models(store: Store, catalog: Catalog, models: ModelRegistry, *, default_models: bool) -> None:
@@ -345,8 +365,8 @@ def _load_models(store: Store, catalog: Catalog, models: ModelRegistry, *, defau
         for model_id in DEFAULT_MODELS:
             entry = catalog.get(model_id)
             if entry is not None:
-                store.add_model(model_id, source_json=json.dumps(entry.source.to_wire()))
-                store.set_placement(model_id, ANY_NODE, "loaded")
+                store.add_model(model_id, source_json=json.dumps(entry.source.to_wire()),
+                                definition_json=from_entry(entry).model_dump_json(exclude_none=True, by_alias=True), wanted="loaded")
         store.set_meta("default_models", "added")
         records = store.list_models()
     placements: dict[str, dict[str, str]] = {}
@@ -354,7 +374,19 @@ def _load_models(store: Store, catalog: Catalog, models: ModelRegistry, *, defau
         placements.setdefault(placement.model_id, {})[placement.node_id] = placement.wanted
     for record in records:
         entry = Entry.from_wire(record.entry_json) if record.entry_json else catalog.get(record.id)
-        models.put(KnownModel(id=record.id, entry=entry, engine=record.engine, wanted=placements.get(record.id, {})))
+        wanted = placements.get(record.id, {})
+        models.put(KnownModel(id=record.id, entry=entry, engine=record.engine, wanted=wanted,
+                              definition=_definition(record.id, record.definition_json, entry, record.engine, wanted)))
+
+
+def _definition(model_id: str, saved: str | None, entry: Entry | None, engine: str, wanted: dict[str, str]) -> CatalogModel:
+    """A model's catalog definition: as kept, or, for a model added before definitions were, what its entry and placements say."""
+    if saved:
+        return CatalogModel.model_validate_json(saved)
+    definition = from_entry(entry, engine) if entry is not None else CatalogModel(name=model_id)
+    if wanted.get(ANY_NODE) != "loaded":
+        definition = definition.model_copy(update={"scaling": CatalogScaling(min=0)})
+    return definition
 
 
 def _restore_gangs(store: Store, shards: ShardManager) -> None:

@@ -118,7 +118,9 @@ def public_app(ctx: AdminContext, keys: KeyTable, join_routes: list[Route], data
     # /admin/v1 path itself: the frozen-route test walks it.
     for route in [*probe_routes(ctx), *join_routes, *data_path.routes(), *router(ctx).routes]:
         app.router.routes.append(route)
-    return FastPath(data_path.handlers(), app)
+    # The join paths are hot too: a fleet of a thousand workers heartbeats two hundred times a second.
+    joins = {(method, route.path): route.endpoint for route in join_routes for method in (route.methods or ()) if method != "HEAD"}
+    return FastPath({**data_path.handlers(), **joins}, app)
 
 
 def probe_app(ctx: AdminContext) -> Starlette:
