@@ -10,11 +10,9 @@ or it is retried. A replica on a draining node, or one an operator restarts, is
 replaced: the new one starts elsewhere first and the old one stops once the new
 one is ready, so no request finds nothing serving.
 
-A model without a definition keeps the older rule: loaded wherever it is wanted
-(``KnownModel.wanted``, node → loaded/unloaded, the ``load``/``unload`` pins). A
-load answered ``ready`` counts as pending until a heartbeat lists the model; a
-load that fails is retried after a back-off, and its reason is kept for
-``opod model ls``.
+What is pinned to a node (``KnownModel.wanted``, the ``load``/``unload`` pins), and
+every model without a definition, is loaded and unloaded by :mod:`opod.leader.pinned`,
+which a round calls first.
 """
 
 from __future__ import annotations
@@ -24,7 +22,6 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from datetime import datetime
 
 from opod.contract import nodeapi
@@ -34,6 +31,7 @@ from opod.fleet.models import ANY_NODE, KnownModel, ModelRegistry
 from opod.fleet.placement import CLASSES, Held, Planner, Rejection
 from opod.fleet.state import Fleet, NodeState
 from opod.http.nodeclient import WorkerClient, WorkerUnavailable
+from opod.leader.pinned import PENDING_FOR, PinnedLoads, unload_request
 from opod.leader.replicas import (
     ACTIVE,
     DRAINING,
@@ -50,11 +48,6 @@ from opod.leader.replicas import (
 
 log = logging.getLogger("opod.leader")
 
-PENDING_FOR = 900.0
-"""How long a load may take to show up in heartbeats (weights may be downloading)."""
-RETRY_AFTER = 20.0
-"""The first wait before a failed load is tried again; it doubles with each failure, up to ``RETRY_MAX``."""
-RETRY_MAX = 600.0
 PARK_AFTER = 3
 """Failed starts in a row before a model is parked."""
 START_BACKOFF_MAX = 60.0
@@ -63,17 +56,6 @@ FAILED_KEPT = 60.0
 DEMAND_WAIT = 300.0
 """How long a request for an on-demand model with nothing serving waits for the replica it started."""
 
-
-
-@dataclass(slots=True)
-class Attempt:
-    node_id: str
-    started: float
-    error: str = ""
-    failures: int = 0
-
-    def retry_after(self) -> float:
-        return min(RETRY_AFTER * 2 ** max(self.failures - 1, 0), RETRY_MAX)
 
 
 def _fingerprint(definition: CatalogModel) -> str:
@@ -95,7 +77,7 @@ class Reconciler:
         """Called once per round (sweeping the prefix index by age)."""
         self.clock = clock
         """Local wall time: what schedule windows are read in."""
-        self.attempts: dict[tuple[str, str], Attempt] = {}
+        self.pinned = PinnedLoads(fleet, workers)
         self.replicas: dict[str, Replica] = {}
         self._by_model: dict[str, dict[str, Replica]] = {}
         """model → its replicas by id: the same replicas as ``replicas``, so a round does not scan them all per model."""
@@ -153,7 +135,7 @@ class Reconciler:
             return "serving on " + ", ".join(availability.serving) + others
         if model is not None and model.definition is not None:
             return self._replica_status(model)
-        pending = [a for (m, _), a in self.attempts.items() if m == model_id]
+        pending = self.pinned.attempts_of(model_id)
         failed = [a for a in pending if a.error]
         if failed:
             return f"failed on {failed[0].node_id}: {failed[0].error}"
@@ -239,9 +221,9 @@ class Reconciler:
                         node_key in r.nodes for r in self.replicas.values() if r.model == model.id and r.state in ACTIVE):
                     continue  # a replica there is moved off below, not unloaded under its feet
                 if wanted == "loaded":
-                    jobs += self._loads(model, node_key, live, now)
+                    jobs += self.pinned.loads(model, node_key, live, now)
                 else:
-                    jobs += self._unloads(model, node_key, live)
+                    jobs += self.pinned.unloads(model, node_key, live)
         stops, starts = self._plan_replicas(now)
         if stops:
             await asyncio.gather(*stops)
@@ -484,10 +466,7 @@ class Reconciler:
         return self._unload_replica(replica, forget=True)
 
     async def _unload_replica(self, replica: Replica, *, forget: bool) -> None:
-        model = self.models.get(replica.model)
-        source = model.entry.source if model is not None and model.entry is not None else None
-        req = nodeapi.UnloadModelRequest(id=replica.model, ollama_name=source.ollama_name if source else "",
-                                         repo=source.repo if source else "", path=source.path if source else "")
+        req = unload_request(replica.model, self.models.get(replica.model))
         for node_id in replica.nodes:
             node = self.fleet.get(node_id)
             if node is None:
@@ -538,82 +517,3 @@ class Reconciler:
             queued.append(replica_id)
         self.kick()
         return queued
-
-    # --- models without a definition: loaded where wanted ------------------------------
-
-    def _loads(self, model: KnownModel, node_key: str, live: list[NodeState], now: float) -> list:
-        if node_key == ANY_NODE:
-            if any(model.id in n.loaded_models for n in live):
-                self._forget(model.id)
-                return []
-            # A node where the model is explicitly not wanted is never chosen for "anywhere".
-            candidates = [n for n in live if model.wanted.get(n.id) != "unloaded"]
-        else:
-            candidates = [n for n in live if n.id == node_key]
-            if candidates and model.id in candidates[0].loaded_models:
-                self._forget(model.id, node_key)
-                return []
-        for (m, node_id), attempt in self.attempts.items():
-            holder = self.fleet.get(node_id)
-            if m == model.id and not attempt.error and holder is not None and model.id in holder.load_errors:
-                attempt.error = holder.load_errors[model.id]
-                attempt.failures += 1
-        busy = [a for (m, _), a in self.attempts.items() if m == model.id and not a.error and now - a.started < PENDING_FOR]
-        if busy:
-            return []
-        for node in sorted(candidates, key=lambda n: (len(n.loaded_models), n.id)):
-            tried = self.attempts.get((model.id, node.id))
-            if tried is not None and tried.error and now - tried.started < tried.retry_after():
-                continue
-            if model.engine and node.engine_id and model.engine != node.engine_id:
-                continue
-            return [self._load(model, node)]
-        return []
-
-    def _unloads(self, model: KnownModel, node_key: str, live: list[NodeState]) -> list:
-        return [self._unload(model, n) for n in live if model.id in n.loaded_models and node_key in (ANY_NODE, n.id)]
-
-    def _forget(self, model_id: str, node_id: str | None = None) -> None:
-        for key in [k for k in self.attempts if k[0] == model_id and (node_id is None or k[1] == node_id)]:
-            del self.attempts[key]
-
-    async def _load(self, model: KnownModel, node: NodeState) -> None:
-        previous = self.attempts.get((model.id, node.id))
-        attempt = Attempt(node.id, time.monotonic(), failures=previous.failures if previous is not None else 0)
-        self.attempts[(model.id, node.id)] = attempt
-        source = model.entry.source if model.entry is not None else None
-        req = nodeapi.LoadModelRequest(
-            id=model.id,
-            ollama_name=source.ollama_name if source else "",
-            repo=source.repo if source else "",
-            file=source.file if source else "",
-            path=source.path if source else "",
-        )
-        try:
-            status, body = await self.workers.call_json(node, "POST", nodeapi.PATH_MODEL_LOAD, req.to_wire(), timeout=30)
-        except WorkerUnavailable as err:
-            attempt.error = str(err)
-            attempt.failures += 1
-            return
-        if status != 200:
-            attempt.error = (body if isinstance(body, str) else str(body)).strip()[:300] or f"HTTP {status}"
-            attempt.failures += 1
-            log.warning("loading %s on %s refused: %s", model.id, node.id, attempt.error)
-        else:
-            log.info("loading %s on %s", model.id, node.id)
-
-    async def _unload(self, model: KnownModel, node: NodeState) -> None:
-        source = model.entry.source if model.entry is not None else None
-        req = nodeapi.UnloadModelRequest(
-            id=model.id,
-            ollama_name=source.ollama_name if source else "",
-            repo=source.repo if source else "",
-            path=source.path if source else "",
-        )
-        try:
-            status, body = await self.workers.call_json(node, "POST", nodeapi.PATH_MODEL_UNLOAD, req.to_wire(), timeout=60)
-        except WorkerUnavailable as err:
-            log.warning("unloading %s on %s: %s", model.id, node.id, err)
-            return
-        log.info("unloading %s on %s: HTTP %s", model.id, node.id, status)
-        self._forget(model.id, node.id)
