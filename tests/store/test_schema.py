@@ -11,7 +11,11 @@ from opod.store import Store
 from opod.store.migrate import alembic_config, head
 from opod.store.schema import metadata
 
-TABLES = {"alembic_version", "capacity", "events", "keys", "meta", "models", "nodes", "placements", "presets", "usage"}
+TABLES = {
+    "alembic_version", "audit", "capacity", "client_job_lines", "client_jobs", "events", "files", "keys", "memberships", "meta",
+    "models", "nodes", "orgs", "placements", "presets", "projects", "quotas", "request_bodies", "secrets", "settings_versions",
+    "teams", "usage", "users",
+}
 
 
 def differences(store: Store, target: MetaData) -> list[object]:

@@ -13,9 +13,10 @@ from sqlalchemy.exc import IntegrityError
 
 from opod.security.keys import hash_key as hash_secret
 from opod.security.keys import new_key_id
+from opod.store.audit import AuditRow, insert_audit
 from opod.store.base import Repository, aware, text_arg, when
 from opod.store.errors import Conflict, InvalidInput, NotFound
-from opod.store.schema import KEY_KINDS, keys
+from opod.store.schema import KEY_KINDS, keys, projects
 
 KeyKind = Literal["admin", "api", "node"]
 
@@ -38,6 +39,11 @@ class KeyRecord:
     revoked_at: datetime | None
     last_used_at: datetime | None
     node_id: str | None
+    project_id: str = ""
+    """The project it belongs to (``prj_…``), or ``""``."""
+    user_id: str = ""
+    """The person it belongs to (``usr_…``), or ``""``."""
+    routing_profile: str = ""
 
     def usable(self, at: datetime) -> bool:
         """Neither revoked nor expired at ``at``."""
@@ -86,6 +92,10 @@ class KeysRepo(Repository):
         node_id: str | None = None,
         id: str | None = None,
         created_at: datetime | None = None,
+        project_id: str = "",
+        user_id: str = "",
+        routing_profile: str = "",
+        audit: AuditRow | None = None,
     ) -> KeyRecord:
         """Store a new key by its hash. ``id`` defaults to a fresh one for its kind; ``node_id`` only for node tokens."""
         record = KeyRecord(
@@ -101,6 +111,9 @@ class KeysRepo(Repository):
             revoked_at=None,
             last_used_at=None,
             node_id=text_arg(node_id, "node id") if node_id is not None else None,
+            project_id=text_arg(project_id, "project", empty=True),
+            user_id=text_arg(user_id, "user", empty=True),
+            routing_profile=text_arg(routing_profile, "routing_profile", empty=True),
         )
         if len(record.prefix) > PREFIX_MAX:
             raise InvalidInput(f"key prefix is {len(record.prefix)} characters; keep at most {PREFIX_MAX}, never the whole key")
@@ -111,7 +124,14 @@ class KeysRepo(Repository):
         try:
             with self._write() as conn:
                 _refuse_duplicate(conn, record)
+                if record.project_id:
+                    # The project keeps, for good, that it had a key: usage refers to it, so it is only renamed.
+                    marked = conn.execute(update(projects).where(projects.c.id == record.project_id).values(had_key=True)).rowcount
+                    if not marked:
+                        raise NotFound(f"project: no project with ID {record.project_id!r}; GET /api/v1/orgs lists them")
                 conn.execute(keys.insert().values(**asdict(record)))
+                if audit is not None:
+                    insert_audit(conn, audit)
         except IntegrityError as err:
             # Another writer inserted the same id or hash between the check and the insert.
             raise Conflict(f"key {record.id!r} or its hash already exists; generate a new key") from err
@@ -131,23 +151,52 @@ class KeysRepo(Repository):
             row = conn.execute(select(keys).where(keys.c.hash == digest)).first()
         return None if row is None else _record(row)
 
-    def list_keys(self, kind: KeyKind | None = None) -> list[KeyRecord]:
-        """Every key, oldest first; only one kind when ``kind`` is given."""
+    def list_keys(self, kind: KeyKind | None = None, *, project_id: str | None = None) -> list[KeyRecord]:
+        """Every key, oldest first; only one kind when ``kind`` is given, one project's when ``project_id`` is."""
         query = select(keys).order_by(keys.c.created_at, keys.c.id)
         if kind is not None:
             query = query.where(keys.c.kind == _kind(kind))
+        if project_id is not None:
+            query = query.where(keys.c.project_id == project_id)
         with self._read() as conn:
             return [_record(row) for row in conn.execute(query)]
 
-    def revoke_key(self, id: str, at: datetime | None = None) -> KeyRecord:
+    def keys_changed_since(self, since: datetime | None, kinds: Collection[str] = KEY_KINDS) -> list[KeyRecord]:
+        """The keys of ``kinds`` created or revoked at ``since`` or later (every one when None), oldest first: what a
+        leader reads to follow the keys other leaders of the same store mint and revoke."""
+        query = select(keys).where(keys.c.kind.in_([_kind(k) for k in kinds])).order_by(keys.c.created_at, keys.c.id)
+        if since is not None:
+            stamp = aware(since, "since")
+            query = query.where(or_(keys.c.created_at >= stamp, keys.c.revoked_at >= stamp))
+        with self._read() as conn:
+            return [_record(row) for row in conn.execute(query)]
+
+    def revoke_key(self, id: str, at: datetime | None = None, *, audit: AuditRow | None = None) -> KeyRecord:
         """Revoke a key. Revoking it again changes nothing and keeps the first revocation time."""
         stamp = when(at, "revoked_at")
         with self._write() as conn:
             conn.execute(update(keys).where(keys.c.id == id, keys.c.revoked_at.is_(None)).values(revoked_at=stamp))
             row = conn.execute(select(keys).where(keys.c.id == id)).first()
-        if row is None:
-            raise NotFound(f"key {id!r} does not exist, so it cannot be revoked; list the keys to find its id")
+            if row is None:
+                raise NotFound(f"key {id!r} does not exist, so it cannot be revoked; list the keys to find its id")
+            if audit is not None:
+                insert_audit(conn, audit)
         return _record(row)
+
+    def revoke_user_keys(self, user_id: str, project_ids: Collection[str] | None = None, at: datetime | None = None, *,
+                         audit: AuditRow | None = None) -> list[KeyRecord]:
+        """Revoke a person's active keys, in ``project_ids`` only when given (``""`` names their own keys); returns those revoked."""
+        stamp = when(at, "revoked_at")
+        query = select(keys).where(keys.c.user_id == text_arg(user_id, "user"), keys.c.revoked_at.is_(None))
+        if project_ids is not None:
+            query = query.where(keys.c.project_id.in_(sorted(set(project_ids))))
+        with self._write() as conn:
+            found = [_record(r) for r in conn.execute(query)]
+            if found:
+                conn.execute(update(keys).where(keys.c.id.in_([k.id for k in found])).values(revoked_at=stamp))
+            if audit is not None:
+                insert_audit(conn, audit)
+        return [KeyRecord(**{**asdict(k), "revoked_at": stamp}) for k in found]
 
     def mark_keys_used(self, ids: Collection[str], at: datetime | None = None) -> int:
         """Record that these keys were used by ``at``, in one statement; returns how many moved.

@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     CheckConstraint,
     Column,
@@ -84,6 +85,10 @@ keys = Table(
     Column("revoked_at", UTCDateTime, nullable=True),
     Column("last_used_at", UTCDateTime, nullable=True),
     Column("node_id", Text, nullable=True),
+    # 0006: whose key it is (empty = none) and the routing profile it asks for
+    Column("project_id", Text, nullable=False, server_default=text("''")),
+    Column("user_id", Text, nullable=False, server_default=text("''")),
+    Column("routing_profile", Text, nullable=False, server_default=text("''")),
     UniqueConstraint("hash"),
     CheckConstraint(_one_of("kind", KEY_KINDS), name="kind"),
 )
@@ -156,4 +161,125 @@ meta = Table(
     metadata,
     Column("key", Text, primary_key=True),
     Column("value", Text, nullable=False),
+)
+
+# 0008: the cluster's settings, one row per version; a version is written once and never changed.
+settings_versions = Table(
+    "settings_versions",
+    metadata,
+    Column("version", BigInteger, primary_key=True, autoincrement=False),
+    Column("body", Text, nullable=False),
+    Column("note", Text, nullable=False),
+    Column("at", UTCDateTime, nullable=False),
+    Column("by", Text, nullable=False),
+)
+
+# 0006: the tenancy tree. A project that ever had a key keeps ``had_key``: usage refers to it, so it is only renamed.
+orgs = Table(
+    "orgs",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("name", Text, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    UniqueConstraint("name"),
+)
+
+teams = Table(
+    "teams",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("org_id", Text, ForeignKey("orgs.id"), nullable=False),
+    Column("name", Text, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    UniqueConstraint("org_id", "name"),
+)
+
+projects = Table(
+    "projects",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("team_id", Text, ForeignKey("teams.id"), nullable=False),
+    Column("name", Text, nullable=False),
+    Column("had_key", Boolean, nullable=False, server_default=false()),
+    Column("created_at", UTCDateTime, nullable=False),
+    UniqueConstraint("team_id", "name"),
+)
+
+# 0007: people (provisioned through SCIM, later through sign-in), where each belongs, and auth secrets.
+USER_STATES = ("pending", "active", "disabled")
+USER_ROLES = ("", "viewer", "operator", "billing", "admin")
+"""A person's part in running the fleet; empty when they only use it."""
+MEMBER_ROLES = ("member", "manager")
+
+users = Table(
+    "users",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("email", Text, nullable=False),
+    Column("email_folded", Text, nullable=False),  # the email in lower case: unique, so two spellings are one person
+    Column("name", Text, nullable=False),
+    Column("state", Text, nullable=False),
+    Column("role", Text, nullable=False),
+    Column("external_id", Text, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("last_login_at", UTCDateTime, nullable=True),
+    UniqueConstraint("email_folded"),
+    CheckConstraint(_one_of("state", USER_STATES), name="state"),
+    CheckConstraint(_one_of("role", USER_ROLES), name="role"),
+)
+
+memberships = Table(
+    "memberships",
+    metadata,
+    Column("user_id", Text, ForeignKey("users.id", ondelete="CASCADE"), primary_key=True),
+    Column("target", Text, primary_key=True, index=True),  # an org, team or project id
+    Column("role", Text, nullable=False),
+    Column("at", UTCDateTime, nullable=False),
+    Column("by", Text, nullable=False),
+    CheckConstraint(_one_of("role", MEMBER_ROLES), name="role"),
+)
+
+secrets = Table(
+    "secrets",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("value", Text, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+    Column("updated_by", Text, nullable=False),
+)
+
+# 0011: capacity quotas, one row per scope; a NULL amount is not governed (nothing guaranteed, or nothing limited).
+QUOTA_KINDS = ("org", "team", "project")
+
+quotas = Table(
+    "quotas",
+    metadata,
+    Column("scope", Text, primary_key=True),  # the scope as answers name it: team:ID
+    Column("kind", Text, nullable=False),
+    Column("guarantee_gpus", BigInteger, nullable=True),
+    Column("guarantee_cpu_cores", BigInteger, nullable=True),
+    Column("guarantee_memory_gb", BigInteger, nullable=True),
+    Column("limit_gpus", BigInteger, nullable=True),
+    Column("limit_cpu_cores", BigInteger, nullable=True),
+    Column("limit_memory_gb", BigInteger, nullable=True),
+    Column("updated_by", Text, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+    CheckConstraint(_one_of("kind", QUOTA_KINDS), name="kind"),
+)
+
+# 0012: the bodies of requests kept for `GET /requests/{id}/body` and replay, each side capped; deleted when expired.
+request_bodies = Table(
+    "request_bodies",
+    metadata,
+    Column("request_id", Text, primary_key=True),
+    Column("project_id", Text, nullable=False),
+    Column("at", UTCDateTime, nullable=False),
+    Column("expires_at", UTCDateTime, nullable=False, index=True),
+    Column("path", Text, nullable=False),
+    Column("model", Text, nullable=False),
+    Column("served_model", Text, nullable=False),
+    Column("status", BigInteger, nullable=False),
+    Column("request", Text, nullable=False),
+    Column("response", Text, nullable=False),
+    Column("truncated", Boolean, nullable=False),
 )

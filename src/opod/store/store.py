@@ -12,7 +12,9 @@ from types import TracebackType
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
+from opod.store.audit import AuditRepo
 from opod.store.capacity import CapacityRepo
+from opod.store.client_jobs import ClientJobsRepo
 from opod.store.engine import make_engine, mask, reason, resolve_url
 from opod.store.errors import StoreError
 from opod.store.events import EventsRepo
@@ -21,12 +23,19 @@ from opod.store.meta import MetaRepo
 from opod.store.migrate import upgrade
 from opod.store.models import ModelsRepo
 from opod.store.nodes import NodesRepo
+from opod.store.people import PeopleRepo
 from opod.store.placements import PlacementsRepo
 from opod.store.presets import PresetsRepo
+from opod.store.quotas import QuotasRepo
+from opod.store.requests import RequestsRepo
+from opod.store.secrets import SecretsRepo
+from opod.store.settings import SettingsRepo
+from opod.store.tenancy import TenancyRepo
 from opod.store.usage import UsageRepo
 
 
-class Store(KeysRepo, NodesRepo, ModelsRepo, PlacementsRepo, MetaRepo, UsageRepo, EventsRepo, CapacityRepo, PresetsRepo):
+class Store(KeysRepo, NodesRepo, ModelsRepo, PlacementsRepo, MetaRepo, UsageRepo, EventsRepo, CapacityRepo, PresetsRepo, AuditRepo,
+            SettingsRepo, TenancyRepo, PeopleRepo, SecretsRepo, ClientJobsRepo, QuotasRepo, RequestsRepo):
     def __init__(self, engine: Engine) -> None:
         """Use :meth:`open`; this wraps an engine whose database is already migrated."""
         self._engine = engine

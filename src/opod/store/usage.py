@@ -15,13 +15,16 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Column,
     Index,
     Row,
     Table,
     Text,
     UniqueConstraint,
+    false,
     select,
+    text,
 )
 
 from opod.store.base import Repository, aware, json_arg, text_arg
@@ -38,6 +41,7 @@ from opod.store.events import (
 )
 from opod.store.events import events as events_table
 from opod.store.schema import UTCDateTime, metadata
+from opod.store.usage_report import ExportTotals, ScopeTotals, export_chunk, scope_totals, spent_since
 
 usage = Table(
     "usage",
@@ -57,8 +61,23 @@ usage = Table(
     Column("outcome", Text, nullable=False),
     Column("node_id", Text, nullable=False),
     Column("route_json", Text, nullable=True),
+    # Attribution (0009): the key's project and the project's team and org when the request was made,
+    # so a later move in the tenancy tree does not rewrite what was spent where; '' = none.
+    Column("project_id", Text, nullable=False, server_default=text("''")),
+    Column("team_id", Text, nullable=False, server_default=text("''")),
+    Column("org_id", Text, nullable=False, server_default=text("''")),
+    Column("cost_micros", BigInteger, nullable=False, server_default=text("0")),
+    # The request's record (0012): what ``GET /api/v1/requests/{id}`` shows beyond the counts.
+    Column("status", BigInteger, nullable=False, server_default=text("0")),  # the HTTP status the client got; 0 = not known
+    Column("served_model", Text, nullable=False, server_default=text("''")),  # the model that answered (a fallback)
+    Column("queue_ms", BigInteger, nullable=False, server_default=text("0")),  # the wait for an admission slot
+    Column("end_user", Text, nullable=False, server_default=text("''")),  # OpenAI's `user` field
+    Column("tags_json", Text, nullable=True),  # OpenAI's `metadata` object of strings; NULL = none
+    Column("cache_hit", Boolean, nullable=False, server_default=false()),
+    Column("body_state", Text, nullable=False, server_default=text("''")),  # kept, off, no_store, dropped; '' = not said
     UniqueConstraint("entry"),
     Index("ix_usage_ts", "ts"),
+    Index("ix_usage_request_id", "request_id"),
     sqlite_autoincrement=True,
 )
 
@@ -81,6 +100,17 @@ class NewUsage:
     outcome: str
     node_id: str
     route_json: str | None = None
+    project_id: str = ""
+    team_id: str = ""
+    org_id: str = ""
+    cost_micros: int = 0
+    status: int = 0
+    served_model: str = ""
+    queue_ms: int = 0
+    end_user: str = ""
+    tags_json: str | None = None
+    cache_hit: bool = False
+    body_state: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +130,17 @@ class UsageRecord:
     outcome: str
     node_id: str
     route_json: str | None
+    project_id: str = ""
+    team_id: str = ""
+    org_id: str = ""
+    cost_micros: int = 0
+    status: int = 0
+    served_model: str = ""
+    queue_ms: int = 0
+    end_user: str = ""
+    tags_json: str | None = None
+    cache_hit: bool = False
+    body_state: str = ""
 
 
 def usage_values(row: NewUsage) -> dict[str, Any]:
@@ -122,6 +163,17 @@ def usage_values(row: NewUsage) -> dict[str, Any]:
         "outcome": text_arg(row.outcome, f"outcome of usage entry {entry!r}"),
         "node_id": text_arg(row.node_id, "node_id", empty=True),
         "route_json": None if row.route_json is None else json_arg(row.route_json, f"route_json of usage entry {entry!r}"),
+        "project_id": text_arg(row.project_id, "project_id", empty=True),
+        "team_id": text_arg(row.team_id, "team_id", empty=True),
+        "org_id": text_arg(row.org_id, "org_id", empty=True),
+        "cost_micros": count_arg(row.cost_micros, "cost_micros"),
+        "status": count_arg(row.status, "status"),
+        "served_model": text_arg(row.served_model, "served_model", empty=True),
+        "queue_ms": count_arg(row.queue_ms, "queue_ms"),
+        "end_user": text_arg(row.end_user, "end_user", empty=True),
+        "tags_json": None if row.tags_json is None else json_arg(row.tags_json, f"tags_json of usage entry {entry!r}"),
+        "cache_hit": row.cache_hit is True,
+        "body_state": text_arg(row.body_state, "body_state", empty=True),
     }
 
 
@@ -163,3 +215,23 @@ class UsageRepo(Repository):
         limit = count_arg(limit, "limit")
         with self._write() as conn:
             return delete_before(conn, usage, cutoff, limit)
+
+    # --- reports (opod.store.usage_report) ------------------------------------------
+
+    def usage_by_scope(self, level: str, since: datetime) -> list[ScopeTotals]:
+        """Totals per org, team or project (``level``) of the rows since ``since``; rows of no project are left out."""
+        since = aware(since, "since")
+        with self._read() as conn:
+            return scope_totals(conn, usage, level, since)
+
+    def usage_spent_since(self, kind: str, ident: str, since: datetime) -> int:
+        """The micros a scope (org, team, project, user or key, by id) spent since ``since``."""
+        since = aware(since, "since")
+        with self._read() as conn:
+            return spent_since(conn, usage, kind, ident, since)
+
+    def usage_export_chunk(self, period: str, dims: Sequence[str], start: datetime, end: datetime) -> list[ExportTotals]:
+        """One chunk of the export (see :func:`opod.store.usage_report.chunks`): rows in [start, end) by period and dims."""
+        start, end = aware(start, "from"), aware(end, "to")
+        with self._read() as conn:
+            return export_chunk(conn, usage, period, dims, start, end)
