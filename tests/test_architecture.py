@@ -30,6 +30,7 @@ LAYERS: tuple[str, ...] = (
     "ledger",
     "snapshots",
     "access",
+    "settings",
     "fleet",
     "engines",
     "weights",

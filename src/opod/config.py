@@ -42,6 +42,7 @@ CONFIG_OVERRIDES: tuple[Override, ...] = (
     Override("OPOD_STOP_GRACE", "Seconds a stopping leader or worker lets requests in flight finish before it stops its engines (default 30; 0 = stop at once)."),
     Override("OPOD_INVENTORY", "Path of a declared inventory (YAML or JSON: GPUs, MIG instances, labels) a worker reports instead of its driver's; --inventory names it too."),
     Override("OPOD_DOOR_ROUTES", "Path of the door's routes file (opod up --role door); --routes names it too."),
+    Override("OPOD_PROMETHEUS_URL", "Base URL of the Prometheus server this leader asks, in place of the cluster settings' prometheus.url (shown in local_keys)."),
 )
 
 _OVERRIDE_NAMES = frozenset(o.name for o in CONFIG_OVERRIDES)
@@ -72,6 +73,15 @@ def home(environ: Mapping[str, str] | None = None) -> Path:
     """opod's data directory."""
     value = read("OPOD_HOME", environ)
     return Path(value).expanduser() if value else Path.home() / ".opod"
+
+
+LOCAL_SETTINGS: dict[str, str] = {"OPOD_PROMETHEUS_URL": "prometheus.url"}
+"""Variables that override a key of the cluster's settings on this leader only: variable → dotted settings key."""
+
+
+def local_settings(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The cluster settings' keys this leader's environment overrides, dotted key → value (only those set)."""
+    return {key: value for name, key in LOCAL_SETTINGS.items() if (value := read(name, environ)) is not None}
 
 
 DEFAULT_STOP_GRACE = 30.0
