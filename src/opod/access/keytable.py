@@ -25,12 +25,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import MappingProxyType
 
-from opod.contract.adminapi import SNAPSHOT_KEY_PREFIX
+from opod.contract.adminapi import SNAPSHOT_KEY_PREFIX, AdmissionClass
 from opod.http.errors import GatewayError, Unauthorized
 from opod.security.keys import hash_key
 
 LOCAL = "local"
 SNAPSHOT = "snapshot"
+
+BANDS: tuple[str, ...] = tuple(str(c) for c in AdmissionClass)
+"""A key's band is its admission class (the gateway's ``CLASSES``, highest first); empty means ``standard``."""
+DEFAULT_PROFILE = "default"
+"""The routing profile that is the policy file's routing as it is; a key without one is routed by it. The others
+are named in the cluster settings' ``routing_profiles``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +52,11 @@ class KeyEntry:
     scope: str = ""
     source: str = LOCAL
     """``local`` (minted here) or ``snapshot`` (from the auth file; ``id`` is ``k_cp_<file id>``)."""
+    project_id: str = ""
+    """The project the key belongs to (``prj_…``); its team and organization come from ``Tenancy.chain``."""
+    user_id: str = ""
+    """The person it belongs to (``usr_…``): refused while that person is suspended."""
+    routing_profile: str = ""
 
 
 class StaleSnapshot(GatewayError):
@@ -67,6 +78,8 @@ class AuthState:
     require_keys: bool
     issued_at: datetime | None
     by_hash: Mapping[str, KeyEntry] = field(default_factory=dict)
+    applied_at: datetime | None = None
+    """When this leader applied the file: a file key's creation as listed where the file has no ``issuedAt``."""
 
 
 def snapshot_key_id(file_id: str) -> str:
@@ -80,6 +93,8 @@ class KeyTable:
         self._auth: AuthState | None = None
         """None until an auth file is applied: then the leader's own settings hold."""
         self._tombstones: frozenset[str] = frozenset()
+        self._suspended: frozenset[str] = frozenset()
+        """People whose keys are refused (deactivated by the people area); swapped whole."""
         self._used: set[str] = set()
         """Ids of local keys that authenticated since the last :meth:`take_used`."""
         self.max_snapshot_age_sec = 0
@@ -97,6 +112,42 @@ class KeyTable:
             if entry.id == key_id:
                 self._by_hash[digest] = KeyEntry(**{**_fields(entry), "revoked": True})
 
+    def revoke_many(self, key_ids: Iterable[str]) -> None:
+        wanted = set(key_ids)
+        for digest, entry in list(self._by_hash.items()):
+            if entry.id in wanted:
+                self._by_hash[digest] = KeyEntry(**{**_fields(entry), "revoked": True})
+
+    def follow(self, entries: Iterable[KeyEntry]) -> int:
+        """Bring in keys as the store holds them (another leader minted or revoked them); returns how many changed.
+
+        Only ever adds a key or revokes one, never lifts a revocation: keys are never un-revoked in the store,
+        so a read that overlapped a change made here cannot undo it.
+        """
+        changed = 0
+        for entry in entries:
+            known = self._by_hash.get(entry.hash)
+            if known is None:
+                self._by_hash[entry.hash] = entry
+                changed += 1
+            elif entry.revoked and not known.revoked:
+                self._by_hash[entry.hash] = KeyEntry(**{**_fields(known), "revoked": True})
+                changed += 1
+        return changed
+
+    def local_entries(self) -> list[KeyEntry]:
+        """The keys minted here (the admin key and API keys), revoked ones included."""
+        return list(self._by_hash.values())
+
+    def suspend_user(self, user_id: str) -> None:
+        self._suspended = self._suspended | {user_id}
+
+    def reinstate_user(self, user_id: str) -> None:
+        self._suspended = self._suspended - {user_id}
+
+    def suspended(self, user_id: str) -> bool:
+        return user_id in self._suspended
+
     def __len__(self) -> int:
         return len(self._by_hash) + (len(self._auth.by_hash) if self._auth else 0)
 
@@ -108,7 +159,7 @@ class KeyTable:
         A tombstoned entry stays listed so its holder hears "revoked", not "unknown"; it is never accepted.
         """
         by_hash = {e.hash: e for e in entries}
-        self._auth = AuthState(revision, require_keys, issued_at, MappingProxyType(by_hash))
+        self._auth = AuthState(revision, require_keys, issued_at, MappingProxyType(by_hash), datetime.now(UTC))
 
     def add_tombstones(self, key_ids: Iterable[str]) -> frozenset[str]:
         """Refuse these snapshot key ids for good (``bob`` and ``k_cp_bob`` both name ``k_cp_bob``); returns the new ones."""
@@ -191,6 +242,8 @@ class KeyTable:
             stale = self.staleness()
             if stale is not None:
                 raise StaleSnapshot(stale)
+        if entry.user_id and entry.user_id in self._suspended:
+            raise Unauthorized(f"{noun} {entry.id} belongs to a person whose account is deactivated; ask an administrator.")
         if entry.expires_at is not None and entry.expires_at <= datetime.now(UTC):
             raise Unauthorized(f"{noun} {entry.id} expired at {entry.expires_at:%Y-%m-%d %H:%M} UTC; {renew}.")
         if entry.source == LOCAL:

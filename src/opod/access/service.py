@@ -10,21 +10,24 @@ the token book it holds are read by the gateway and the join paths.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Literal
 
+from opod.access.following import follow_store
 from opod.access.keytable import KeyEntry, KeyTable
 from opod.access.nodetokens import LOCAL_TOKEN_ID, NodeToken, NodeTokenBook
 from opod.access.offloop import run_sync
 from opod.security.keys import ADMIN_PREFIX, API_PREFIX, display_prefix, hash_key, new_key_id, new_secret
 from opod.security.nodetokens import NodeTokenMinter
 from opod.store import KeyRecord, Store
+from opod.store.audit import AuditRow
 
 log = logging.getLogger("opod.access")
 
@@ -33,6 +36,11 @@ MintedKind = Literal["api", "node"]
 
 TOMBSTONES_META_KEY = "auth_file.revoked_keys"
 """The store's meta key holding the auth file's revoked key ids, as a JSON list."""
+FOLLOW_OVERLAP = timedelta(minutes=5)
+"""How far before the newest change already read each read of other leaders' key changes starts again: a key's
+times are its writer's clock at the call, so this covers a slow commit and leaders' clocks apart by less."""
+FOLLOWED_KINDS = ("api", "node")
+"""The keys other leaders' changes are followed for; an admin key is each leader's own (its home's admin.key)."""
 
 
 class LocalTokenRevoked(RuntimeError):
@@ -50,17 +58,22 @@ class TombstonesAdded:
 class AccessService:
     """Writes access to the store, then to memory; :meth:`load` builds it from the store."""
 
-    def __init__(self, store: Store, keys: KeyTable, tokens: NodeTokenBook) -> None:
-        """Use :meth:`load`; this takes a table and a book already filled from ``store``."""
+    def __init__(self, store: Store, keys: KeyTable, tokens: NodeTokenBook, *, seen: datetime | None = None) -> None:
+        """Use :meth:`load`; this takes a table and a book already filled from ``store``, whose newest key change
+        (a creation or revocation of an API key or node token) is ``seen``."""
         self.store = store
         self.keys = keys
         self.tokens = tokens
+        self._seen = seen
+        self._node_tokens: dict[str, bool] = {}
+        """Each node token known here and whether it is revoked, so :meth:`follow` only adds or revokes."""
 
     @classmethod
     def load(cls, store: Store, minter: NodeTokenMinter) -> AccessService:
         """Read the keys, node tokens, node bindings and tombstones from the store (at start-up, off the loop)."""
         keys, tokens = KeyTable(), NodeTokenBook(minter)
-        for record in store.list_keys():
+        records = store.list_keys()
+        for record in records:
             if record.kind == "node":
                 tokens.put(NodeToken(record.id, record.name, record.expires_at, revoked=record.revoked_at is not None))
             else:
@@ -70,7 +83,9 @@ class AccessService:
                 tokens.bind(node.id, node.token_id)
         # Before any auth file: an id revoked before a restart is refused from the first request on.
         keys.add_tombstones(_tombstones(store))
-        return cls(store, keys, tokens)
+        service = cls(store, keys, tokens, seen=_newest_change(r for r in records if r.kind in FOLLOWED_KINDS))
+        service._node_tokens = {r.id: r.revoked_at is not None for r in records if r.kind == "node"}
+        return service
 
     # --- the leader's own credentials (start-up, off the loop) ------------------------
 
@@ -104,7 +119,7 @@ class AccessService:
         if not existing:
             self.store.create_key(kind="node", name="opod up's local worker", hash=hash_key(token),
                                   prefix=display_prefix(token), id=LOCAL_TOKEN_ID)
-            self.tokens.put(NodeToken(LOCAL_TOKEN_ID, "local worker"))
+            self._put_token(NodeToken(LOCAL_TOKEN_ID, "local worker"))
         elif existing[0].revoked_at is not None:
             raise LocalTokenRevoked(
                 f"the local worker's node token ({LOCAL_TOKEN_ID}) was revoked; run opod up --no-worker, or remove ~/.opod to start afresh")
@@ -112,34 +127,100 @@ class AccessService:
 
     # --- /api/v1 -------------------------------------------------------------------------
 
-    async def create(self, kind: MintedKind, name: str, expires_at: datetime | None = None) -> tuple[KeyRecord, str]:
-        """Mint a key or node token; returns its record and its plaintext (shown once, never stored)."""
+    async def create(self, kind: MintedKind, name: str, expires_at: datetime | None = None, *, project_id: str = "",
+                     user_id: str = "", band: str = "", routing_profile: str = "",
+                     key_id: str | None = None, audit: AuditRow | None = None) -> tuple[KeyRecord, str]:
+        """Mint a key or node token; returns its record and its plaintext (shown once, never stored).
+
+        ``band`` is the key's admission class; ``key_id`` a fresh one of :func:`new_key_id` (made here when None),
+        given so ``audit`` can name it; the audit row commits with the key.
+        """
         now = datetime.now(UTC)
-        key_id = new_key_id(kind)
+        key_id = key_id or new_key_id(kind)
         secret = self.tokens.minter.token(key_id) if kind == "node" else new_secret(API_PREFIX)
         record = await run_sync(self.store.create_key, kind=kind, name=name, hash=hash_key(secret), prefix=display_prefix(secret),
-                                expires_at=expires_at, id=key_id, created_at=now)
+                                expires_at=expires_at, id=key_id, created_at=now, project_id=project_id, user_id=user_id,
+                                admission_class=band, routing_profile=routing_profile, audit=audit)
         if kind == "node":
-            self.tokens.put(NodeToken(record.id, record.name, record.expires_at))
+            self._put_token(NodeToken(record.id, record.name, record.expires_at))
         else:
             self.keys.put(_entry(record))
         return record, secret
 
-    async def revoke(self, key_id: str) -> KeyRecord:
+    async def revoke(self, key_id: str, *, audit: AuditRow | None = None) -> KeyRecord:
         """Revoke a key or node token: refused from the next request on. Raises ``NotFound``."""
-        record = await run_sync(self.store.revoke_key, key_id, datetime.now(UTC))
+        record = await run_sync(self.store.revoke_key, key_id, datetime.now(UTC), audit=audit)
         if record.kind == "node":
-            self.tokens.revoke(record.id)
+            self._revoke_token(record.id)
         else:
             self.keys.revoke(record.id)
         return record
 
-    async def list_keys(self, kind: MintedKind) -> list[KeyRecord]:
-        return await run_sync(self.store.list_keys, kind)
+    async def list_keys(self, kind: MintedKind, *, project_id: str | None = None) -> list[KeyRecord]:
+        return await run_sync(self.store.list_keys, kind, project_id=project_id)
+
+    # --- people (the people area calls these) ----------------------------------------------
+
+    def suspend_user(self, user_id: str) -> None:
+        """Refuse this person's keys from the next request on (401 naming why), until :meth:`reinstate_user`.
+
+        The person's state is the people area's to keep; at start it calls this for each person
+        who is deactivated.
+        """
+        self.keys.suspend_user(user_id)
+
+    def reinstate_user(self, user_id: str) -> None:
+        self.keys.reinstate_user(user_id)
+
+    async def revoke_keys(self, user_id: str, project_ids: Collection[str] | None = None, *,
+                          audit: AuditRow | None = None) -> list[KeyRecord]:
+        """Revoke for good a person's keys in ``project_ids`` (all of them when None): store, then memory."""
+        revoked = await run_sync(self.store.revoke_user_keys, user_id, project_ids, datetime.now(UTC), audit=audit)
+        self.keys.revoke_many(k.id for k in revoked)
+        return revoked
 
     async def get_key(self, key_id: str) -> KeyRecord:
         """Raises ``NotFound`` for an unknown id."""
         return await run_sync(self.store.get_key, key_id)
+
+    def revoked_in_store(self, records: Iterable[KeyRecord]) -> None:
+        """Keys the store has revoked already, in a transaction of another area (a membership removed): refused from now."""
+        self.keys.revoke_many(r.id for r in records)
+
+    # --- following other leaders of the same store -------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Until ``stop``: API keys and node tokens minted or revoked by another leader are in force here within 2 s."""
+        await follow_store(stop, self.follow, "keys")
+
+    async def follow(self) -> int:
+        """Read the keys created or revoked since shortly before the newest change seen, and apply them; returns how
+        many changed here. A cheap query on the keys' times, never the whole table (it grows with every key)."""
+        since = self._seen - FOLLOW_OVERLAP if self._seen is not None else None
+        records = await run_sync(self.store.keys_changed_since, since, FOLLOWED_KINDS)
+        changed = self.keys.follow(_entry(r) for r in records if r.kind == "api")
+        for record in records:
+            if record.kind != "node":
+                continue
+            revoked, known = record.revoked_at is not None, self._node_tokens.get(record.id)
+            if known is None:
+                self._put_token(NodeToken(record.id, record.name, record.expires_at, revoked=revoked))
+                changed += 1
+            elif revoked and not known:  # never the other way: a read that overlapped a revocation here must not lift it
+                self._revoke_token(record.id)
+                changed += 1
+        newest = _newest_change(records)
+        if newest is not None and (self._seen is None or newest > self._seen):
+            self._seen = newest
+        return changed
+
+    def _put_token(self, token: NodeToken) -> None:
+        self.tokens.put(token)
+        self._node_tokens[token.id] = token.revoked
+
+    def _revoke_token(self, token_id: str) -> None:
+        self.tokens.revoke(token_id)
+        self._node_tokens[token_id] = True
 
     # --- nodes ------------------------------------------------------------------------------
 
@@ -195,7 +276,14 @@ class AccessService:
 
 def _entry(record: KeyRecord) -> KeyEntry:
     return KeyEntry(record.id, record.kind, record.name, record.hash, record.expires_at, record.revoked_at is not None,
-                    record.team, record.admission_class)
+                    record.team, record.admission_class, project_id=record.project_id, user_id=record.user_id,
+                    routing_profile=record.routing_profile)
+
+
+def _newest_change(records: Iterable[KeyRecord]) -> datetime | None:
+    """The latest creation or revocation among ``records``."""
+    times = [t for r in records for t in (r.created_at, r.revoked_at) if t is not None]
+    return max(times, default=None)
 
 
 def _tombstones(store: Store) -> list[str]:

@@ -1,0 +1,190 @@
+"""People and their memberships in memory, and the one writer that changes them (store first, then memory).
+
+The management API (``/api/v1/users``) and SCIM provisioning (``/scim/v2``) change people only
+through :class:`People`; :class:`opod.access.tenancy.Tenancy` answers ``user(...)`` and
+``user_active(...)`` from it. A person disabled here has their keys refused on ``/v1`` from the
+next request on (``AccessService.suspend_user``), and reinstated when they are active again; at
+start-up the disabled people's keys are refused before the first request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from opod.access.following import FOLLOW_EVERY, follow_store
+from opod.access.offloop import run_sync
+from opod.access.service import AccessService
+from opod.store import Store
+from opod.store.audit import AuditRow
+from opod.store.people import MembershipRecord, UserRecord
+
+log = logging.getLogger("opod.access")
+
+DISABLED = "disabled"
+
+
+@dataclass(frozen=True, slots=True)
+class MemberChange:
+    """What a group push did: who arrived in the target and who left it."""
+
+    added: list[str]
+    removed: list[str]
+    revoked: tuple[str, ...] = ()
+    """Ids of the keys revoked because those who left no longer reach their projects."""
+
+
+class People:
+    """The people table in memory; every change goes to the store first, in one transaction with its audit row."""
+
+    def __init__(self, store: Store, access: AccessService, users: Collection[UserRecord] = (),
+                 memberships: Collection[MembershipRecord] = ()) -> None:
+        """Use :meth:`load`; this takes what the store holds already."""
+        self._store = store
+        self._access = access
+        self._users: dict[str, UserRecord] = {}
+        self._by_email: dict[str, str] = {}
+        self._memberships: dict[str, dict[str, MembershipRecord]] = {}
+        self._changes = 0
+        """Bumped by every change made here, so a read of the store that overlapped one is not applied over it."""
+        self._fill(users, memberships)
+
+    @classmethod
+    def load(cls, store: Store, access: AccessService) -> People:
+        """Read everyone and their memberships (at start-up, off the loop); disabled people's keys are refused from now."""
+        people = cls(store, access, store.list_users(), store.list_memberships())
+        for user in people._users.values():
+            if user.state == DISABLED:
+                access.suspend_user(user.id)
+        return people
+
+    # --- reads (memory only) ------------------------------------------------------------------
+
+    def user(self, id_or_email: str) -> UserRecord | None:
+        """A person by id (``usr_…``) or by email, in any case."""
+        found = self._users.get(id_or_email)
+        if found is not None:
+            return found
+        user_id = self._by_email.get(id_or_email.strip().lower())
+        return None if user_id is None else self._users.get(user_id)
+
+    def user_active(self, user_id: str) -> bool:
+        """Whether this person's keys may be used: they exist and are not disabled."""
+        user = self._users.get(user_id)
+        return user is not None and user.state != DISABLED
+
+    def users(self, state: str | None = None) -> list[UserRecord]:
+        """Everyone (oldest first), or those in ``state``."""
+        return [u for u in sorted(self._users.values(), key=lambda u: (u.created_at, u.id)) if state is None or u.state == state]
+
+    def memberships(self, user_id: str) -> list[MembershipRecord]:
+        return sorted(self._memberships.get(user_id, {}).values(), key=lambda m: (m.at, m.target))
+
+    def members(self, target: str) -> list[MembershipRecord]:
+        """Who belongs to ``target`` (an org, team or project id)."""
+        found = [m for held in self._memberships.values() if (m := held.get(target)) is not None]
+        return sorted(found, key=lambda m: (m.at, m.user_id))
+
+    def targets(self, user_id: str) -> list[str]:
+        """The org, team and project ids this person holds a membership on."""
+        return sorted(self._memberships.get(user_id, {}))
+
+    # --- changes (store, then memory) ---------------------------------------------------------
+
+    async def create(self, *, email: str, name: str = "", state: str = "active", role: str = "", external_id: str = "",
+                     id: str | None = None, audit: AuditRow | None = None) -> UserRecord:
+        """A new person (``id`` fresh unless given, so an audit row can name it before it exists)."""
+        record = await run_sync(self._store.create_user, email=email, name=name, state=state, role=role,
+                                external_id=external_id, id=id, audit=audit)
+        self._changes += 1
+        self._put(record)
+        if record.state == DISABLED:
+            self._access.suspend_user(record.id)
+        return record
+
+    async def update(self, user_id: str, *, email: str | None = None, name: str | None = None, state: str | None = None,
+                     role: str | None = None, external_id: str | None = None, audit: AuditRow | None = None) -> UserRecord:
+        """Change the fields given; a person who becomes disabled has their keys refused at once, reinstated when active."""
+        record = await run_sync(self._store.update_user, user_id, email=email, name=name, state=state, role=role,
+                                external_id=external_id, audit=audit)
+        self._changes += 1
+        self._put(record)
+        self._follow_state(record)
+        return record
+
+    async def join(self, user_id: str, target: str, *, role: str, by: str, audit: AuditRow | None = None) -> MembershipRecord:
+        """Put a person in ``target``, or change their role there."""
+        record = await run_sync(self._store.set_membership, user_id, target, role=role, by=by, audit=audit)
+        self._changes += 1
+        self._memberships.setdefault(user_id, {})[target] = record
+        return record
+
+    async def leave(self, user_id: str, target: str, *, audit: AuditRow | None = None) -> bool:
+        """Take a person out of ``target``, and revoke their keys in the projects they no longer reach, in one
+        transaction with ``audit``; False when they were not in it."""
+        change = await run_sync(self._store.leave, user_id, target, audit=audit)
+        self._changes += 1
+        self._memberships.get(user_id, {}).pop(target, None)
+        self._access.revoked_in_store(change.revoked)
+        return bool(change.removed)
+
+    async def change_members(self, target: str, *, add: Collection[str] = (), remove: Collection[str] = (),
+                             replace_all: bool = False, by: str = "", audit: AuditRow | None = None) -> MemberChange:
+        """A group push, in one transaction: ``add`` become members (a manager stays one), ``remove`` leave;
+        with ``replace_all`` everyone not in ``add`` leaves. The keys of those who leave are revoked, in the same
+        transaction, in the projects they no longer reach."""
+        change = await run_sync(self._store.push_members, target, add=list(add), remove=list(remove),
+                                replace_all=replace_all, by=by, audit=audit)
+        self._changes += 1
+        self._access.revoked_in_store(change.revoked)
+        for membership in await run_sync(self._store.list_memberships, None, target):
+            self._memberships.setdefault(membership.user_id, {})[target] = membership
+        for user_id in change.removed:
+            self._memberships.get(user_id, {}).pop(target, None)
+        return MemberChange(change.added, change.removed, tuple(k.id for k in change.revoked))
+
+    # --- following other leaders ---------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Follow the store until ``stop``: what another leader changed is in force here within 2 s (:data:`FOLLOW_EVERY`)."""
+        await follow_store(stop, self.follow, "people")
+
+    async def follow(self) -> None:
+        """Read everyone again and apply what changed (a disabled person's keys refused, a reinstated one's back)."""
+        before = self._changes
+        users = await run_sync(self._store.list_users)
+        memberships = await run_sync(self._store.list_memberships)
+        if self._changes != before:
+            return  # a change made here meanwhile may be newer than this read: the next round reads it
+        was = {u.id: u.state for u in self._users.values()}
+        self._users, self._by_email, self._memberships = {}, {}, {}
+        self._fill(users, memberships)
+        for user in users:
+            if was.get(user.id, "active") != user.state and DISABLED in (was.get(user.id), user.state):
+                self._follow_state(user)
+
+    # --- inside -------------------------------------------------------------------------------
+
+    def _fill(self, users: Collection[UserRecord], memberships: Collection[MembershipRecord]) -> None:
+        for user in users:
+            self._put(user)
+        for membership in memberships:
+            self._memberships.setdefault(membership.user_id, {})[membership.target] = membership
+
+    def _put(self, user: UserRecord) -> None:
+        old = self._users.get(user.id)
+        if old is not None:
+            self._by_email.pop(old.email.lower(), None)
+        self._users[user.id] = user
+        self._by_email[user.email.lower()] = user.id
+
+    def _follow_state(self, user: UserRecord) -> None:
+        if user.state == DISABLED:
+            self._access.suspend_user(user.id)
+        else:
+            self._access.reinstate_user(user.id)
+
+
+__all__ = ["FOLLOW_EVERY", "MemberChange", "People"]

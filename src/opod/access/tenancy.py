@@ -1,0 +1,312 @@
+"""The tenancy tree in memory: organizations, teams, projects, and the people the people area adds.
+
+Built from the store at start and changed only by its own methods, each after the store has
+committed, so what the gateway reads never runs ahead of what survives a restart. The indexes
+are rebuilt whole and swapped in one assignment: a reader sees the old tree or the new one.
+``chain(project_id)`` is one dict lookup, for the gateway's every request. Other leaders of the
+same store change the tree too: :meth:`Tenancy.run` reads it again every 2 s (three small tables,
+read whole: cheaper to reason about than a change log) and swaps it in when it differs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any, Protocol
+
+from opod.access.following import follow_store
+from opod.access.offloop import run_sync
+from opod.access.scopes import KINDS, TENANCY_KINDS, Scope, ScopeRef, parse_scope
+from opod.store import NotFound, OrgRecord, ProjectRecord, Store, TeamRecord, TenancyTree
+from opod.store.audit import AuditRow
+from opod.store.errors import InvalidInput
+from opod.store.tenancy import Level
+
+
+@dataclass(frozen=True, slots=True)
+class ProjectChain:
+    project_id: str
+    team_id: str
+    org_id: str
+
+
+class Person(Protocol):
+    """A person as the people area keeps them (``opod.store.people``'s record)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def email(self) -> str: ...
+
+
+class PeopleDirectory(Protocol):
+    """What tenancy asks of the people area, in memory."""
+
+    def user(self, id_or_email: str) -> Any | None:
+        """The person with this ID or email (any case), or None."""
+        ...
+
+    def user_active(self, user_id: str) -> bool: ...
+
+    def memberships(self, user_id: str) -> Sequence[Any]:
+        """This person's memberships, each with ``target``: the org, team or project ID it is on."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Index:
+    orgs: Mapping[str, OrgRecord] = field(default_factory=dict)
+    teams: Mapping[str, TeamRecord] = field(default_factory=dict)
+    projects: Mapping[str, ProjectRecord] = field(default_factory=dict)
+    chains: Mapping[str, ProjectChain] = field(default_factory=dict)
+    org_by_name: Mapping[str, str] = field(default_factory=dict)
+    team_by_name: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    project_by_name: Mapping[tuple[str, str], str] = field(default_factory=dict)
+
+
+def _index(orgs: list[OrgRecord], teams: list[TeamRecord], projects: list[ProjectRecord]) -> _Index:
+    team_org = {t.id: t.org_id for t in teams}
+    return _Index(
+        orgs=MappingProxyType({o.id: o for o in orgs}),
+        teams=MappingProxyType({t.id: t for t in teams}),
+        projects=MappingProxyType({p.id: p for p in projects}),
+        chains=MappingProxyType({p.id: ProjectChain(p.id, p.team_id, team_org.get(p.team_id, "")) for p in projects}),
+        org_by_name=MappingProxyType({o.name: o.id for o in orgs}),
+        team_by_name=MappingProxyType({(t.org_id, t.name): t.id for t in teams}),
+        project_by_name=MappingProxyType({(p.team_id, p.name): p.id for p in projects}),
+    )
+
+
+_NOUN = {"org": "organization", "team": "team", "project": "project", "user": "person", "key": "key"}
+_PARENT: dict[Level, Level | None] = {"org": None, "team": "org", "project": "team"}
+
+
+class Tenancy:
+    def __init__(self, store: Store, tree: TenancyTree, people: PeopleDirectory | None = None) -> None:
+        """Use :meth:`load`; ``people`` is the people area's directory, where it exists."""
+        self.store = store
+        self.people = people
+        self._ix = _index(tree.orgs, tree.teams, tree.projects)
+        self._changes = 0
+        """Bumped by every change made here, so a read of the store that overlapped one is not applied over it."""
+
+    @classmethod
+    def load(cls, store: Store, people: PeopleDirectory | None = None) -> Tenancy:
+        """Read the tree from the store (at start-up, off the loop)."""
+        return cls(store, store.tenancy_tree(), people)
+
+    # --- reading (the gateway and every area) ----------------------------------------------
+
+    @property
+    def orgs(self) -> list[OrgRecord]:
+        return list(self._ix.orgs.values())
+
+    @property
+    def teams(self) -> list[TeamRecord]:
+        return list(self._ix.teams.values())
+
+    @property
+    def projects(self) -> list[ProjectRecord]:
+        return list(self._ix.projects.values())
+
+    def chain(self, project_id: str) -> ProjectChain | None:
+        """The project's team and organization; None for a project not known (or ``""``)."""
+        return self._ix.chains.get(project_id)
+
+    def path(self, project_id: str) -> str:
+        """``org/team/project`` by name; ``""`` for a project not known."""
+        ix = self._ix
+        project = ix.projects.get(project_id)
+        if project is None:
+            return ""
+        team = ix.teams[project.team_id]
+        return f"{ix.orgs[team.org_id].name}/{team.name}/{project.name}"
+
+    def names(self, scope: Scope) -> list[str]:
+        """The names from the organization down to ``scope`` (``["acme", "ml"]``); ``[]`` when unknown."""
+        ix = self._ix
+        if scope.kind == "org" and scope.id in ix.orgs:
+            return [ix.orgs[scope.id].name]
+        if scope.kind == "team" and scope.id in ix.teams:
+            team = ix.teams[scope.id]
+            return [ix.orgs[team.org_id].name, team.name]
+        if scope.kind == "project" and scope.id in ix.projects:
+            return self.path(scope.id).split("/")
+        if scope.kind == "user":
+            person = self.user(scope.id)
+            return [str(getattr(person, "email", "") or scope.id)] if person is not None else []
+        return []
+
+    def name(self, scope: Scope) -> str:
+        """How a person reads a scope: ``Acme / ml``; its ID when it has no name."""
+        return " / ".join(self.names(scope)) or scope.id
+
+    def scope_path(self, scope: Scope) -> str:
+        """``acme/ml``: the path by name, as requests write it; the ID when unknown."""
+        return "/".join(self.names(scope)) or scope.id
+
+    def ancestors(self, scope: Scope) -> list[Scope]:
+        """The scope itself first, then its team and organization (a person or key: itself only)."""
+        ix = self._ix
+        if scope.kind == "project":
+            chain = ix.chains.get(scope.id)
+            if chain is None:
+                return [scope]
+            return [scope, Scope("team", chain.team_id), Scope("org", chain.org_id)]
+        if scope.kind == "team":
+            team = ix.teams.get(scope.id)
+            return [scope] + ([Scope("org", team.org_id)] if team is not None else [])
+        return [scope]
+
+    def user(self, id_or_email: str) -> Any | None:
+        """The person with this ID or email, from the people area; None without it or when unknown."""
+        return self.people.user(id_or_email) if self.people is not None and id_or_email else None
+
+    def user_active(self, user_id: str) -> bool:
+        return self.people.user_active(user_id) if self.people is not None else True
+
+    def belongs(self, user_id: str, project_id: str) -> bool | None:
+        """Whether the person is a member of the project (through it, its team or its organization);
+        None where the people area does not exist, so membership cannot be said."""
+        if self.people is None:
+            return None
+        targets = {m.target for m in self.people.memberships(user_id)}
+        return any(s.id in targets for s in self.ancestors(Scope("project", project_id)))
+
+    def resolve(self, text: str, *, kinds: Collection[str] = KINDS, field: str = "scope") -> Scope:
+        """The scope a text names; InvalidInput for bad syntax, NotFound naming what was looked for."""
+        return self.find(parse_scope(text, kinds=kinds, field=field), field=field)
+
+    def find(self, ref: ScopeRef, *, field: str = "scope") -> Scope:
+        ix = self._ix
+        what = f"{field}: no {_NOUN[ref.kind]} {ref.text!r}"
+        if ref.kind == "key":
+            return Scope("key", ref.id)
+        if ref.kind == "user":
+            person = self.user(ref.id or ref.names[0])
+            if person is None:
+                raise NotFound(f"{what}; GET /api/v1/users lists the people (by ID or email)")
+            return Scope("user", str(person.id))
+        hint = "; GET /api/v1/orgs lists the tree"
+        if ref.by_id:
+            table: Mapping[str, Any] = {"org": ix.orgs, "team": ix.teams, "project": ix.projects}[ref.kind]
+            if ref.id not in table:
+                raise NotFound(what + hint)
+            return Scope(ref.kind, ref.id)
+        org_id = ix.org_by_name.get(ref.names[0])
+        if org_id is None:
+            raise NotFound(f"{what}: there is no organization {ref.names[0]!r}{hint}")
+        if ref.kind == "org":
+            return Scope("org", org_id)
+        team_id = ix.team_by_name.get((org_id, ref.names[1]))
+        if team_id is None:
+            raise NotFound(f"{what}: organization {ref.names[0]!r} has no team {ref.names[1]!r}{hint}")
+        if ref.kind == "team":
+            return Scope("team", team_id)
+        project_id = ix.project_by_name.get((team_id, ref.names[2]))
+        if project_id is None:
+            raise NotFound(f"{what}: team {ref.names[0]}/{ref.names[1]} has no project {ref.names[2]!r}{hint}")
+        return Scope("project", project_id)
+
+    def node(self, level: Level, text: str, *, field: str = "id") -> Scope:
+        """An organization, team or project named by ID, or by name or path (``acme``, ``acme/ml``, ``acme/ml/chat``)."""
+        ref = parse_scope(text, kinds=(level,), field=field)
+        return self.find(ref, field=field)
+
+    # --- following other leaders ---------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Until ``stop``: organizations, teams and projects another leader changed are in force here within 2 s."""
+        await follow_store(stop, self.follow, "the tenancy tree")
+
+    async def follow(self) -> bool:
+        """Read the tree again and swap it in when it differs; True when it did."""
+        before = self._changes
+        tree = await run_sync(self.store.tenancy_tree)
+        if self._changes != before:
+            return False  # a change made here meanwhile may be newer than this read: the next round reads it
+        ix = self._ix
+        fresh = _index(tree.orgs, tree.teams, tree.projects)
+        if (dict(fresh.orgs), dict(fresh.teams), dict(fresh.projects)) == (dict(ix.orgs), dict(ix.teams), dict(ix.projects)):
+            return False
+        self._ix = fresh
+        return True
+
+    # --- changing (store first, then memory) -----------------------------------------------
+
+    async def create(self, level: Level, name: str, parent: str | None, *, audit: AuditRow | None = None) -> Any:
+        """Add an organization, or a team in ``parent`` (an organization), or a project in ``parent`` (a team)."""
+        parent_id = self._parent(level, parent)
+        if level == "org":
+            record: Any = await run_sync(self.store.create_org, name, audit=audit)
+        elif level == "team":
+            record = await run_sync(self.store.create_team, parent_id, name, audit=audit)
+        else:
+            record = await run_sync(self.store.create_project, parent_id, name, audit=audit)
+        self._changes += 1
+        self._apply(level, record)
+        return record
+
+    async def change(self, level: Level, id: str, *, name: str | None, parent: str | None, audit: AuditRow | None = None) -> Any:
+        """Rename and/or move; ``id`` as :meth:`node` reads it."""
+        scope = self.node(level, id)
+        parent_id = self._parent(level, parent, moving=scope) if parent is not None else None
+        record = await run_sync(self.store.change_tenancy, level, scope.id, name=name, parent_id=parent_id, audit=audit)
+        self._changes += 1
+        self._apply(level, record)
+        return record
+
+    async def delete(self, level: Level, id: str, *, audit: AuditRow | None = None) -> Scope:
+        scope = self.node(level, id)
+        await run_sync(self.store.delete_tenancy, level, scope.id, audit=audit)
+        self._changes += 1
+        ix = self._ix
+        orgs = [o for o in ix.orgs.values() if o.id != scope.id]
+        teams = [t for t in ix.teams.values() if t.id != scope.id]
+        projects = [p for p in ix.projects.values() if p.id != scope.id]
+        self._ix = _index(orgs, teams, projects)
+        return scope
+
+    def mark_had_key(self, project_id: str) -> None:
+        """A key was stored for this project (the store marked it in the same transaction)."""
+        project = self._ix.projects.get(project_id)
+        if project is not None and not project.had_key:
+            self._changes += 1
+            self._apply("project", replace(project, had_key=True))
+
+    def _parent(self, level: Level, text: str | None, *, moving: Scope | None = None) -> str:
+        above = _PARENT[level]
+        if above is None:
+            if text:
+                raise InvalidInput("in: an organization is at the top of the tree; leave in out")
+            return ""
+        if not text:
+            raise InvalidInput(f"in: name the {_NOUN[above]} the {_NOUN[level]} goes in, by ID or "
+                               f"{'name' if above == 'org' else 'path (ORG/TEAM)'}")
+        try:
+            ref = parse_scope(text, kinds=TENANCY_KINDS, field="in")
+        except InvalidInput:
+            ref = parse_scope(text, kinds=(above,), field="in")
+        if ref.kind != above:
+            itself = moving is not None and ref.kind == level and self.find(ref, field="in") == moving
+            why = "into itself" if itself else f"into a {_NOUN[ref.kind]}"
+            raise InvalidInput(f"in: {text!r} names a {_NOUN[ref.kind]}; a {_NOUN[level]} goes in a {_NOUN[above]}, "
+                               f"never {why} (that would make a cycle); name a{'n' if above == 'org' else ''} {_NOUN[above]}")
+        return self.find(ref, field="in").id
+
+    def _apply(self, level: Level, record: Any) -> None:
+        ix = self._ix
+        orgs, teams, projects = dict(ix.orgs), dict(ix.teams), dict(ix.projects)
+        if level == "org":
+            orgs[record.id] = record
+        elif level == "team":
+            teams[record.id] = record
+        else:
+            projects[record.id] = record
+        self._ix = _index(list(orgs.values()), list(teams.values()), list(projects.values()))
+
+
+__all__ = ["PeopleDirectory", "Person", "ProjectChain", "Tenancy"]
