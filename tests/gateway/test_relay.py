@@ -53,7 +53,7 @@ class Usage:
     def __init__(self) -> None:
         self.rows: list[Row] = []
 
-    def begin(self, *, request_id: str, api_key_id: str, user_id: str, model: str, protocol: str) -> UsageTicket:
+    def begin(self, *, request_id: str, api_key_id: str, user_id: str, model: str, protocol: str, **attributed: object) -> UsageTicket:
         self.rows.append(Row(request_id, model))
         return UsageTicket(str(len(self.rows) - 1), request_id, api_key_id, user_id, model, protocol, 0)
 

@@ -13,6 +13,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Protocol
 
 from starlette.requests import Request
@@ -25,13 +26,17 @@ from opod.fleet.models import ModelRegistry
 from opod.fleet.router import RouteRequest, RoutingPolicy, choose_revision
 from opod.fleet.state import Fleet
 from opod.gateway.admission import Admission, resolve_class
-from opod.gateway.exchange import Exchange, UsageRecorder
+from opod.gateway.budgets import Budgets, BudgetScope, reserved_completion, reserved_prompt
+from opod.gateway.errors import BudgetExceeded
+from opod.gateway.exchange import Chains, Exchange, UsageRecorder
 from opod.gateway.guardrails import Guardrails
+from opod.gateway.kept_bodies import BodyKeeping, request_labels
 from opod.gateway.prefix import PrefixHasher
+from opod.gateway.profiles import RoutingProfiles
 from opod.gateway.relay import Relay, RelayCall
 from opod.gateway.responses import RESPONSES_PATH, responses_endpoint
 from opod.gateway.stats import PROBE_HEADER, GatewayStats
-from opod.gateway.usagecount import PromptCounter
+from opod.gateway.usagecount import PromptCounter, estimate
 from opod.gateway.validate import (
     Check,
     ModelTraits,
@@ -50,10 +55,11 @@ from opod.http.errors import (
     ModelNotFound,
     NoCapacity,
     NotSupported,
+    Unauthorized,
     UnknownRoute,
     error_response,
 )
-from opod.http.fastpath import headers_of, read_whole
+from opod.http.fastpath import ReadRequest, headers_of, read_whole
 from opod.http.inbound import json_object, read_body, sane_request_id
 from opod.snapshots.policy import PolicyView
 
@@ -113,7 +119,8 @@ class Gateway:
     def __init__(
         self, *, fleet: Fleet, models: ModelRegistry, keys: KeyTable, relay: Relay, admission: Admission,
         usage: UsageRecorder, prefix: PrefixHasher, policies: Policies, guardrails: Guardrails, prompts: PromptCounter | None = None,
-        require_keys: bool = True, demand: Demand | None = None,
+        require_keys: bool = True, demand: Demand | None = None, tenancy: Chains | None = None, budgets: Budgets | None = None,
+        bodies: BodyKeeping | None = None, profiles: RoutingProfiles | None = None,
     ) -> None:
         self.fleet = fleet
         self.demand = demand
@@ -133,8 +140,18 @@ class Gateway:
         self.prompts = prompts
         """Counts the prompts of streams cut short, for their usage rows."""
         self.require_keys = require_keys
+        self.tenancy = tenancy
+        """Each request's project → its team and org, for its usage row and its budgets."""
+        self.budgets = budgets
+        self.profiles = profiles
+        """The routing of each key's routing profile; ``None``: every key is routed by the policy's."""
+        """Prices each request and holds its reservation against its scopes' budgets."""
+        self.bodies = bodies
+        """Keeps requests' bodies and answers where the retention settings say so; ``None``: never kept."""
         self.stats = GatewayStats()
         self._routing: tuple[PolicyView | None, RoutingPolicy] = (None, RoutingPolicy())
+        self._in_process: dict[tuple[str, str], Handler] | None = None
+        """The hot handlers, made once, for :meth:`serve_as`."""
 
     def routes(self) -> list[Route]:
         """The hot routes, ``GET /v1/models/{id}``, then every other ``/v1`` path (last: it matches them all)."""
@@ -159,18 +176,51 @@ class Gateway:
             request_id = sane_request_id(headers.get(b"x-request-id"))
             policy = self.policies.current_policy()
             access_log = policy is not None and policy.access_log is True
-            exchange = Exchange(self.stats, self.usage, request_id, protocol, PROBE in headers, access_log, self.prompts)
+            exchange = Exchange(self.stats, self.usage, request_id, protocol, PROBE in headers, access_log, self.prompts,
+                                self.budgets)
             try:
                 return await self.serve(request, headers, spec, exchange, policy)
             except GatewayError as err:
                 exchange.refuse(err.status)
                 return error_response(err, request_id)
+            except BaseException:
+                exchange.reservation.settle(0)  # cancelled or failed before an answer: its budget hold goes
+                raise
 
         return endpoint
 
     def authenticate(self, headers: dict[bytes, bytes]) -> KeyEntry | None:
         """The caller's key entry; ``None`` for an anonymous request that keys are not required for."""
+        if type(headers) is CallerHeaders:
+            return headers.caller  # a request made in process (a batch's line) for a caller checked already
         return self.keys.authenticate(_text(headers.get(b"authorization")), self.require_keys)
+
+    async def serve_as(self, caller: KeyEntry | None, path: str, body: bytes, request_id: str, admission_class: str = "") -> Response:
+        """Serve one ``POST`` to a ``/v1`` route in process, for ``caller`` instead of an Authorization header.
+
+        The request takes the very path of one from a client (the route's rules, admission, routing,
+        budgets, its usage row under ``caller``): only the key check is replaced, by ``caller``'s
+        own state now (revoked or expired keys are refused as on the wire). ``admission_class`` lowers
+        the key's class as ``X-Opod-Class`` does (batches run ``sheddable``, behind live traffic).
+        """
+        if caller is not None:
+            refusal = caller_refusal(caller, self.keys.suspended(caller.user_id) if caller.user_id else False)
+            if refusal is not None:
+                return error_response(refusal, request_id)
+        if self._in_process is None:
+            self._in_process = self.handlers()
+        handler = self._in_process.get(("POST", path))
+        if handler is None:
+            return error_response(UnknownRoute("POST", path, self.known_paths()), request_id)
+        raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+               (b"x-request-id", request_id.encode())]
+        if admission_class:
+            raw.append((b"x-opod-class", admission_class.encode()))
+        scope = {"type": "http", "method": "POST", "path": path, "raw_path": path.encode(), "query_string": b"", "headers": raw,
+                 "http_version": "1.1", "scheme": "http", "root_path": "", "server": ("opod", 0), "client": ("in-process", 0)}
+        request = ReadRequest(scope, body)
+        request.header_map = CallerHeaders(caller, request.header_map)
+        return await handler(request)
 
     async def list_models(self, request: Request) -> Response:
         headers = headers_of(request)
@@ -238,18 +288,24 @@ class Gateway:
     async def serve(self, request: Request, headers: dict[bytes, bytes], spec: RouteSpec, exchange: Exchange,
                     policy: PolicyView | None) -> Response:
         key = self.authenticate(headers)
-        exchange.identify(key)
+        exchange.identify(key, self.tenancy)
         body = read_whole(request)
         if body is None or len(body) > spec.body_cap:
             body = await read_body(request, spec.body_cap)
         check_content_type(headers.get(b"content-type"))
         payload = json_object(body)
+        received = body  # as the client sent it: the body kept for inspection and replay
         model = self.resolve_model(payload, spec)
         exchange.model = model
-        changed = spec.check(payload, self.traits(model))
+        traits = self.traits(model)
+        changed = spec.check(payload, traits)
         changed = model != payload.get("model") or changed
         payload["model"] = model
         exchange.payload = payload
+        exchange.end_user, exchange.tags = request_labels(payload)
+        keep = None
+        if self.bodies is not None:
+            exchange.body_state, keep = self.bodies.plan(exchange.project_id, payload)
         stream = payload.get("stream") is True
         strip_usage = False
         if spec.capability == "chat":
@@ -262,6 +318,12 @@ class Gateway:
             changed = json_object_as_schema(payload) or changed
         if changed:
             body = json.dumps(payload).encode()
+        if self.budgets is not None and self.budgets.active and not exchange.probe:
+            try:
+                exchange.reservation = self.budgets.reserve(request_scopes(exchange), self.reservation(spec, model, payload, traits))
+            except BudgetExceeded as refusal:
+                exchange.route = {"limited": "budget", "scope": refusal.scope, "period": refusal.period}
+                raise
         if policy is not None and policy.guardrails:
             body = await self.guardrails.pre(policy, exchange.request_id, model, body)
         if self.demand is not None and (starting := self.demand(model)) is not None:
@@ -269,10 +331,14 @@ class Gateway:
         klass = resolve_class(key.admission_class if key is not None else "", _text(headers.get(b"x-opod-class")))
         permit = self.admission.admit_now(model, klass)
         if permit is None:
+            waited = time.perf_counter()
             permit = await self.admission.wait(model, klass, team=key.team if key is not None else "", key_id=exchange.key_id)
+            exchange.queue_ms = int((time.perf_counter() - waited) * 1000)
         exchange.permit = permit
         exchange.route = {"class": str(klass)}
         routing = self.routing_policy(policy)
+        if self.profiles is not None and key is not None and key.routing_profile:
+            routing = self.profiles.routing(routing, key.routing_profile)
         route = self.route_request(model, payload, routing, exchange.request_id)
         exchange.begin(model)
         call = RelayCall(spec.path, body, stream, strip_usage, exchange)
@@ -282,7 +348,18 @@ class Gateway:
             response = await self.fallback(call, model, payload, exchange, policy, refusal)
         if policy is not None and policy.guardrails:
             response = await self._after(policy, exchange, model, body, response, stream)
+        if keep is not None and self.bodies is not None:
+            response = self.bodies.keep(keep, request_id=exchange.request_id, project_id=exchange.project_id, path=spec.path,
+                                        model=model, served_model=exchange.served_model, request=received, response=response,
+                                        stream=stream)
         return response
+
+    def reservation(self, spec: RouteSpec, model: str, payload: dict, traits: ModelTraits) -> int:
+        """What a request may cost, in micros: its prompt and the completion it may ask for, at the settings' prices."""
+        assert self.budgets is not None
+        prompt = estimate(payload)
+        completion = reserved_completion(payload, traits.context, prompt) if spec.capability == "chat" else 0
+        return self.budgets.cost(model, reserved_prompt(payload, prompt), completion)
 
     def routing_policy(self, view: PolicyView | None) -> RoutingPolicy:
         """The router's settings for the mounted policy's view, made once per view."""
@@ -363,6 +440,36 @@ class Gateway:
 
 
 FALLBACK_HEADER = "X-Opod-Fallback"
+
+
+class CallerHeaders(dict[bytes, bytes]):
+    """The headers of a request made in process (:meth:`Gateway.serve_as`), carrying its caller: no header can make one."""
+
+    __slots__ = ("caller",)
+
+    def __init__(self, caller: KeyEntry | None, headers: dict[bytes, bytes]) -> None:
+        super().__init__(headers)
+        self.caller = caller
+
+
+def caller_refusal(caller: KeyEntry, suspended: bool = False) -> GatewayError | None:
+    """Why a key known by id is refused now (revoked, its person deactivated, expired), as the wire's key check would
+    say; None when it serves."""
+    if caller.revoked:
+        return Unauthorized(f"API key {caller.id} was revoked; ask for a new one.")
+    if suspended:
+        return Unauthorized(f"API key {caller.id} belongs to a person whose account is deactivated; ask an administrator.")
+    if caller.expires_at is not None and caller.expires_at <= datetime.now(UTC):
+        return Unauthorized(f"API key {caller.id} expired at {caller.expires_at:%Y-%m-%d %H:%M} UTC; ask for a new one.")
+    return None
+
+
+def request_scopes(exchange: Exchange) -> list[BudgetScope]:
+    """The scopes a request is spent in, narrowest first: its key, person, project, team and org."""
+    pairs = (("key", exchange.key_id), ("user", exchange.user_id), ("project", exchange.project_id),
+             ("team", exchange.team_id), ("org", exchange.org_id))
+    return [BudgetScope(kind, ident) for kind, ident in pairs if ident]
+
 
 JSON_OBJECT_SCHEMA = {"type": "object"}
 

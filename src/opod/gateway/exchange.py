@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from typing import Protocol
 
 from opod.access.keytable import KeyEntry
 from opod.contract.adminapi import SNAPSHOT_KEY_PREFIX
 from opod.gateway.admission import Permit
+from opod.gateway.budgets import NO_RESERVATION, Budgets, Reservation
 from opod.gateway.outcome import Outcome
 from opod.gateway.stats import GatewayStats
 from opod.gateway.usagecount import PromptCounter, estimate
@@ -28,22 +30,43 @@ access = logging.getLogger("opod.access")
 class UsageRecorder(Protocol):
     """Where usage rows go: what the gateway calls on ``opod.ledger.Ledger``."""
 
-    def begin(self, *, request_id: str, api_key_id: str, user_id: str, model: str, protocol: str) -> UsageTicket: ...
+    def begin(self, *, request_id: str, api_key_id: str, user_id: str, model: str, protocol: str,
+              project_id: str = "", team_id: str = "", org_id: str = "", end_user: str = "",
+              tags: Mapping[str, str] | None = None) -> UsageTicket: ...
 
     def end(self, ticket: UsageTicket, *, outcome: str, prompt_tokens: int, completion_tokens: int, latency_ms: int,
-            ttft_ms: int = 0, node_id: str = "", route: dict | None = None) -> None: ...
+            ttft_ms: int = 0, node_id: str = "", route: dict | None = None, cost_micros: int = 0,
+            details: Mapping[str, object] | None = None) -> None: ...
 
     def progress(self, ticket: UsageTicket, *, prompt_tokens: int, completion_tokens: int, node_id: str = "") -> None: ...
+
+
+class ProjectChain(Protocol):
+    """A project's place in the tenancy tree (``opod.access.tenancy.ProjectChain``)."""
+
+    @property
+    def team_id(self) -> str: ...
+
+    @property
+    def org_id(self) -> str: ...
+
+
+class Chains(Protocol):
+    """The tenancy tree as the gateway reads it per request (``opod.access.tenancy.Tenancy``): a dict look-up."""
+
+    def chain(self, project_id: str) -> ProjectChain | None: ...
 
 
 class Exchange:
     """Implements ``opod.gateway.relay.RelayObserver``: the relay tells it what happened, it records it."""
 
     __slots__ = ("stats", "ledger", "request_id", "protocol", "probe", "started", "key_id", "model", "ticket",
-                 "permit", "ended", "route", "_begun", "access_log", "prompts", "payload", "prompt_estimate")
+                 "permit", "ended", "route", "_begun", "access_log", "prompts", "payload", "prompt_estimate",
+                 "user_id", "project_id", "team_id", "org_id", "budgets", "reservation", "end_user", "tags", "queue_ms",
+                 "body_state")
 
     def __init__(self, stats: GatewayStats, ledger: UsageRecorder, request_id: str, protocol: str, probe: bool,
-                 access_log: bool, prompts: PromptCounter | None = None) -> None:
+                 access_log: bool, prompts: PromptCounter | None = None, budgets: Budgets | None = None) -> None:
         self.stats = stats
         self.ledger = ledger
         self.request_id = request_id
@@ -65,12 +88,34 @@ class Exchange:
         """The request as relayed (set once parsed), for that count."""
         self.prompt_estimate: int | None = None
         """The prompt's tokens estimated from its size, made at a stream's first progress report."""
+        self.user_id = self.project_id = self.team_id = self.org_id = ""
+        """Who the request is attributed to: the key's person and project, the project's team and org."""
+        self.budgets = budgets
+        """Prices the request at its end and settles its reservation; ``None``: it costs nothing."""
+        self.reservation: Reservation = NO_RESERVATION
+        self.end_user = ""
+        """OpenAI's ``user`` field of the request."""
+        self.tags: dict[str, str] | None = None
+        """OpenAI's ``metadata`` of the request, capped (``opod.gateway.kept_bodies.request_labels``)."""
+        self.queue_ms = 0
+        """How long the request waited for an admission slot."""
+        self.body_state = ""
+        """Whether its bodies are kept, or why not (``opod.gateway.kept_bodies``); '' when not decided."""
 
-    def identify(self, key: KeyEntry | None) -> None:
+    def identify(self, key: KeyEntry | None, tenancy: Chains | None = None) -> None:
         if key is not None:
             # Keys from the mounted auth file are recorded as k_cp_<id>, so a manager finds its own ids.
-            from_file = getattr(key, "source", "") == "snapshot"
+            from_file = key.source == "snapshot"
             self.key_id = SNAPSHOT_KEY_PREFIX + key.id.removeprefix(SNAPSHOT_KEY_PREFIX) if from_file else key.id
+            self.user_id = key.user_id
+            project = self.project_id = key.project_id
+            if project and tenancy is not None:
+                try:
+                    chain = tenancy.chain(project)
+                except LookupError:  # a project deleted since the key was read: attributed to the project alone
+                    chain = None
+                if chain is not None:
+                    self.team_id, self.org_id = chain.team_id, chain.org_id
 
     def decided(self, record: dict) -> None:
         """The router chose a worker: its record (``Decision.record``) goes with the usage row, after the admission class."""
@@ -93,8 +138,9 @@ class Exchange:
             self._journal_start()
 
     def _journal_start(self) -> UsageTicket:
-        ticket = self.ticket = self.ledger.begin(request_id=self.request_id, api_key_id=self.key_id, user_id="",
-                                                 model=self.model, protocol=self.protocol)
+        ticket = self.ticket = self.ledger.begin(
+            request_id=self.request_id, api_key_id=self.key_id, user_id=self.user_id, model=self.model, protocol=self.protocol,
+            project_id=self.project_id, team_id=self.team_id, org_id=self.org_id, end_user=self.end_user, tags=self.tags)
         return ticket
 
     def streaming(self, tokens_sent: int, node_id: str) -> None:
@@ -115,6 +161,7 @@ class Exchange:
             access.info("%s %s %s %d %s %dms node=%s key=%s", self.request_id, self.protocol, self.model or "-", outcome.status,
                         outcome.outcome, (time.perf_counter() - self.started) * 1000, outcome.node_id or "-", self.key_id or "-")
         if self.probe:
+            self.reservation.settle(0)
             return
         if self._begun:
             self.stats.finished(outcome.status)
@@ -129,10 +176,15 @@ class Exchange:
         latency_ms = int((time.perf_counter() - self.started) * 1000)
         # Without the engine's usage, the completion tokens are those streamed (outcome.tokens_sent).
         completion_tokens = int(completion if isinstance(completion, int) else outcome.tokens_sent)
+        details = self.details(outcome)
 
         def record(prompt_tokens: int, route: dict | None) -> None:
+            # Priced at the request's end, at the prices in force then.
+            cost = self.budgets.cost(self.model, prompt_tokens, completion_tokens) if self.budgets is not None else 0
+            self.reservation.settle(cost)
             self.ledger.end(ticket, outcome=outcome.outcome, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                            latency_ms=latency_ms, ttft_ms=outcome.ttft_ms, node_id=outcome.node_id, route=route)
+                            latency_ms=latency_ms, ttft_ms=outcome.ttft_ms, node_id=outcome.node_id, route=route,
+                            cost_micros=cost, details=details)
 
         if isinstance(prompt, int) or self.prompts is None or self.payload is None or not _cut_short(outcome):
             record(int(prompt or 0), self.route)
@@ -143,6 +195,35 @@ class Exchange:
 
     def refuse(self, status: int) -> None:
         self.done(Outcome(status, "error"))
+
+    @property
+    def served_model(self) -> str:
+        """The model that answered: the catalog fallback the request went to, else the one asked."""
+        fallback = self.route.get("fallback") if self.route is not None else None
+        return fallback if isinstance(fallback, str) and fallback and "://" not in fallback else self.model
+
+    def details(self, outcome: Outcome) -> dict[str, object]:
+        """The usage row's request record fields (``Ledger.end``'s ``details``)."""
+        details: dict[str, object] = {"status": outcome.status, "served_model": self.served_model}
+        if self.queue_ms:
+            details["queue_ms"] = self.queue_ms
+        if self.body_state:
+            details["body_state"] = self.body_state
+        if _cache_hit(outcome.usage, self.route):
+            details["cache_hit"] = True
+        return details
+
+
+def _cache_hit(usage: dict | None, route: dict | None) -> bool:
+    """The engine reused cached prompt tokens (its usage says so), or the router sent the request to
+    a worker holding its leading prefix blocks (``blocks`` ``n/m`` with n > 0)."""
+    if usage:
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        if isinstance(cached, int) and cached > 0:
+            return True
+    blocks = route.get("blocks") if route is not None else None
+    return isinstance(blocks, str) and not blocks.startswith("0/")
 
 
 def _cut_short(outcome: Outcome) -> bool:

@@ -20,6 +20,7 @@ from typing import Any
 
 from opod.contract.adminapi import EventsBatch, UsageBatch
 from opod.ledger import records as rec
+from opod.ledger.bodies import BodyKeeper
 from opod.ledger.journal import FORMAT, VERSION, Journal, JournalError, encode
 from opod.ledger.records import UsageTicket
 from opod.ledger.retention import Pruned, prune, retention_days
@@ -57,6 +58,8 @@ class Ledger:
         self.keep = keep
         self.rotate_bytes = rotate_bytes
         self.writer = Writer(store, journal.directory / "rejected.jsonl")
+        self.bodies = BodyKeeper(store)
+        """Request bodies kept per the retention settings, written beside the usage rows."""
         self._lock = threading.Lock()  # one journal line and its in-memory effect at a time
         self._open: dict[str, bytes] = {}  # entry → start line, for requests in flight
         self._progress: dict[str, bytes] = {}  # entry → its last progress line, for streams in flight
@@ -126,11 +129,19 @@ class Ledger:
 
     # --- the request path: synchronous, microseconds, never raises ---------------
 
-    def begin(self, *, request_id: str, api_key_id: str, user_id: str, model: str, protocol: str) -> UsageTicket:
-        """A request starts: journal it, so a crash before its end leaves an ``interrupted`` row."""
+    def begin(self, *, request_id: str, api_key_id: str, user_id: str, model: str, protocol: str,
+              project_id: str = "", team_id: str = "", org_id: str = "", end_user: str = "",
+              tags: Mapping[str, str] | None = None) -> UsageTicket:
+        """A request starts: journal it, so a crash before its end leaves an ``interrupted`` row
+        (attributed to the same project, team and org, with its end user and tags)."""
         entry = self._prefix + format(next(self._ids), "x")
         try:
-            ticket = UsageTicket(entry, *rec.start_texts(request_id, api_key_id, user_id, model, protocol), rec.now_us())
+            ticket = UsageTicket(entry, *rec.start_texts(request_id, api_key_id, user_id, model, protocol), rec.now_us(),
+                                 *rec.scope_texts(project_id, team_id, org_id))
+            if end_user:
+                ticket.end_user = rec.text(end_user, "end_user")
+            if tags is not None:
+                ticket.tags_json = rec.json_text(tags, "tags")
             line = encode(rec.start_record(ticket))
             with self._lock:
                 if self._closed:
@@ -154,15 +165,18 @@ class Ledger:
         ttft_ms: int = 0,
         node_id: str = "",
         route: Mapping[str, object] | None = None,
+        cost_micros: int = 0,
+        details: Mapping[str, object] | None = None,
     ) -> None:
         """A request ends (ok, error, cancelled: completion tokens actually sent). Call it before the
-        answer's last byte goes out: once it returns, the row survives a crash of this process."""
+        answer's last byte goes out: once it returns, the row survives a crash of this process.
+        ``details``: the request record's ``status``, ``served_model``, ``queue_ms``, ``cache_hit``, ``body_state``."""
         try:
             if not isinstance(ticket, UsageTicket):
                 log.error("ledger: end() needs the ticket begin() returned, not %s; no row recorded", type(ticket).__name__)
                 return
             record = rec.finished_record(ticket, rec.now_us(), outcome, prompt_tokens, completion_tokens, latency_ms,
-                                         ttft_ms, node_id, route)
+                                         ttft_ms, node_id, route, cost_micros, details)
             line = encode(record)
             with self._lock:
                 if ticket.ended:
@@ -248,6 +262,7 @@ class Ledger:
         """Wait until everything recorded so far is in the store; StoreError when it cannot be."""
         await self.writer.drain()
         await self._trim_aside()
+        await self.bodies.flush()
 
     async def prune(self, now: datetime | None = None) -> Pruned:
         """Delete usage rows and events older than the retention (the writer does this by itself)."""
@@ -263,6 +278,7 @@ class Ledger:
         loop = asyncio.get_running_loop()
         self._loop, self._loop_thread, self._wake = loop, threading.get_ident(), asyncio.Event()
         helpers = [asyncio.create_task(self._relay(stop)), asyncio.create_task(self._retention(stop))]
+        bodies = asyncio.create_task(self.bodies.run(stop), name="request bodies")
         backoff = BACKOFF_S[0]
         try:
             while not stop.is_set():
@@ -288,6 +304,12 @@ class Ledger:
         finally:
             for task in helpers:
                 task.cancel()
+            if not stop.is_set():
+                bodies.cancel()
+            try:
+                await bodies  # stopped: it writes what is waiting first
+            except (asyncio.CancelledError, Exception) as err:
+                log.error("ledger: the request bodies' writer stopped: %r", err)
             self._loop = self._wake = None
             await self._final_flush()
 
@@ -314,6 +336,8 @@ class Ledger:
             return
         if gone.usage or gone.events:
             log.info("ledger: retention deleted %d usage rows and %d events older than %s", gone.usage, gone.events, self.keep)
+        if gone.bodies:
+            log.info("ledger: retention deleted %d expired request bodies", gone.bodies)
 
     async def _final_flush(self) -> None:
         try:

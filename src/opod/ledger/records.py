@@ -4,10 +4,14 @@ Every record is a flat JSON object; ``rec`` says which kind, ``entry`` is the le
 (unique per ledger instance and counter; the store keeps it UNIQUE, so a replay stores nothing
 twice) and ``ts_us`` is unix microseconds.
 
-- ``start``: ``entry, ts_us, request_id, api_key_id, user_id, model, protocol``
+- ``start``: ``entry, ts_us, request_id, api_key_id, user_id, model, protocol``, and where the
+  request belongs to a project ``project_id, team_id, org_id`` (absent = none); ``end_user`` (OpenAI's
+  ``user``) and ``tags_json`` (its ``metadata``, JSON object text) where the request gave them
 - ``end``: the start's fields with the end's ``ts_us``, plus ``outcome, prompt_tokens,
-  completion_tokens, latency_ms, ttft_ms, node_id, route_json`` (JSON text or null). Complete on
-  its own: a row is built from it without its start.
+  completion_tokens, latency_ms, ttft_ms, node_id, route_json`` (JSON text or null) and
+  ``cost_micros`` (absent = 0), and where known ``status`` (the client's HTTP status), ``served_model``,
+  ``queue_ms``, ``cache_hit`` and ``body_state`` (absent = 0, '' or false). Complete on its own: a row
+  is built from it without its start.
 - ``progress``: ``entry, ts_us, prompt_tokens, completion_tokens, node_id``: how far a stream had
   come (the tokens streamed so far, the prompt estimated from its size), written about once a
   second while it streams, so a crash does not lose what was already sent.
@@ -136,11 +140,16 @@ class UsageTicket:
     model: str
     protocol: str
     started_us: int
+    project_id: str = ""
+    team_id: str = ""
+    org_id: str = ""
+    end_user: str = ""
+    tags_json: str | None = None
     ended: bool = field(default=False)
 
 
 def start_record(ticket: UsageTicket) -> dict[str, Any]:
-    return {
+    record = {
         "rec": "start",
         "entry": ticket.entry,
         "ts_us": ticket.started_us,
@@ -150,6 +159,20 @@ def start_record(ticket: UsageTicket) -> dict[str, Any]:
         "model": ticket.model,
         "protocol": ticket.protocol,
     }
+    if ticket.project_id or ticket.team_id or ticket.org_id:
+        record.update(project_id=ticket.project_id, team_id=ticket.team_id, org_id=ticket.org_id)
+    if ticket.end_user:
+        record["end_user"] = ticket.end_user
+    if ticket.tags_json is not None:
+        record["tags_json"] = ticket.tags_json
+    return record
+
+
+def scope_texts(project_id: str, team_id: str, org_id: str) -> tuple[str, str, str]:
+    """A start's attribution as :func:`text` cleans it; nothing to do for a request without a project."""
+    if project_id == "" and team_id == "" and org_id == "":
+        return "", "", ""
+    return text(project_id, "project_id"), text(team_id, "team_id"), text(org_id, "org_id")
 
 
 def start_texts(request_id: str, api_key_id: str, user_id: str, model: str, protocol: str) -> tuple[str, str, str, str, str]:
@@ -164,7 +187,8 @@ def start_texts(request_id: str, api_key_id: str, user_id: str, model: str, prot
 
 
 def finished_record(ticket: UsageTicket, ts_us: int, outcome_: str, prompt_tokens: int, completion_tokens: int,
-                    latency_ms: int, ttft_ms: int, node_id: str, route: Mapping[str, object] | None) -> dict[str, Any]:
+                    latency_ms: int, ttft_ms: int, node_id: str, route: Mapping[str, object] | None,
+                    cost_micros: int = 0, details: Mapping[str, object] | None = None) -> dict[str, Any]:
     """The end record for ``ticket``, its values cleaned as :func:`outcome`, :func:`count`, :func:`text`
     and :func:`json_text` clean them; the usual case (a known outcome, counts that are whole numbers
     in range, short ASCII node id) is checked inline, since this runs for every request."""
@@ -187,7 +211,31 @@ def finished_record(ticket: UsageTicket, ts_us: int, outcome_: str, prompt_token
     record.update(rec="end", ts_us=ts_us, outcome=outcome_, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                   latency_ms=latency_ms, ttft_ms=ttft_ms, node_id=node_id,
                   route_json=None if route is None else json_text(route, "route"))
+    if cost_micros:
+        record["cost_micros"] = count(cost_micros, "cost_micros")
+    if details:
+        record.update(request_details(details))
     return record
+
+
+DETAIL_COUNTS = ("status", "queue_ms")
+DETAIL_TEXTS = ("served_model", "body_state")
+
+
+def request_details(details: Mapping[str, object]) -> dict[str, Any]:
+    """The end's request record fields (``status``, ``served_model``, ``queue_ms``, ``cache_hit``,
+    ``body_state``) as the store keeps them; unknown names are dropped and logged."""
+    out: dict[str, Any] = {}
+    for name, value in details.items():
+        if name in DETAIL_COUNTS:
+            out[name] = count(value, name)  # type: ignore[arg-type]
+        elif name in DETAIL_TEXTS:
+            out[name] = text(value, name)  # type: ignore[arg-type]
+        elif name == "cache_hit":
+            out[name] = value is True
+        else:
+            log.warning("ledger: request detail %r is not one of %s; dropped", name, ", ".join((*DETAIL_COUNTS, *DETAIL_TEXTS, "cache_hit")))
+    return out
 
 
 def progress_record(ticket: UsageTicket, ts_us: int, prompt_tokens: int, completion_tokens: int, node_id: str) -> dict[str, Any]:
@@ -239,6 +287,17 @@ def to_row(record: dict[str, Any]) -> NewUsage | NewEvent:
         outcome=label(get("outcome", ""), "outcome", "error"),
         node_id=text(get("node_id", ""), "node_id"),
         route_json=_json_field(route) if isinstance(route, str) else None,
+        project_id=text(get("project_id", ""), "project_id"),
+        team_id=text(get("team_id", ""), "team_id"),
+        org_id=text(get("org_id", ""), "org_id"),
+        cost_micros=count(get("cost_micros", 0), "cost_micros"),
+        status=count(get("status", 0), "status"),
+        served_model=text(get("served_model", ""), "served_model"),
+        queue_ms=count(get("queue_ms", 0), "queue_ms"),
+        end_user=text(get("end_user", ""), "end_user"),
+        tags_json=_json_field(tags) if isinstance(tags := get("tags_json"), str) else None,
+        cache_hit=get("cache_hit") is True,
+        body_state=text(get("body_state", ""), "body_state"),
     )
 
 

@@ -35,19 +35,24 @@ def retention_days(environ: Mapping[str, str] | None = None) -> timedelta:
 class Pruned:
     usage: int
     events: int
+    bodies: int = 0
+    """Request bodies past their own ``expires_at`` (the settings' ``retention.bodies_days`` when kept)."""
 
 
-def _prune(store: Store, cutoff: datetime) -> Pruned:
+def _prune(store: Store, cutoff: datetime, now: datetime | None = None) -> Pruned:
     # Small batches, each its own transaction, so the writer's appends never wait long.
     usage = events = 0
     while (gone := store.delete_usage_before(cutoff)) > 0:
         usage += gone
     while (gone := store.delete_events_before(cutoff)) > 0:
         events += gone
-    return Pruned(usage, events)
+    bodies = 0
+    while (gone := store.delete_request_bodies_expired(now or datetime.now(UTC))) > 0:
+        bodies += gone
+    return Pruned(usage, events, bodies)
 
 
 async def prune(store: Store, keep: timedelta, now: datetime | None = None) -> Pruned:
     """Delete usage rows and events older than ``now - keep``; off the event loop."""
-    cutoff = (now or datetime.now(UTC)) - keep
-    return await asyncio.to_thread(_prune, store, cutoff)
+    now = now or datetime.now(UTC)
+    return await asyncio.to_thread(_prune, store, now - keep, now)

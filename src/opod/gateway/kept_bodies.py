@@ -1,0 +1,200 @@
+"""What a ``/v1`` request's record keeps beyond its counts: its end user and tags, and its bodies.
+
+Bodies are kept only where the cluster's settings say so (``retention.bodies``, or the project's
+own entry in ``retention.projects``), never for a request that says ``"store": false``; each side
+is cut to ``body_max_bytes`` and marked ``truncated``. A streamed answer is kept as the text its
+deltas carried, not as raw SSE. The body goes to a :class:`BodySink` (the ledger's
+``BodyKeeper``) once the answer is complete: never on the request's way to the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
+
+from starlette.responses import Response, StreamingResponse
+
+from opod.http import fastjson
+from opod.settings.schema import ClusterSettings, ProjectRetention
+from opod.store.requests import RequestBody
+
+KEPT, OFF, NO_STORE, PROJECT_OFF = "kept", "off", "no_store", "project_off"
+"""A usage row's ``body_state``: why its body is kept or not."""
+
+MAX_TAGS = 16
+MAX_TAG_KEY = 64
+MAX_TAG_VALUE = 512
+"""OpenAI's limits on ``metadata``; past them the rest is left out of the record (the request is not refused)."""
+MAX_END_USER = 256
+
+
+def request_labels(payload: dict) -> tuple[str, dict[str, str] | None]:
+    """OpenAI's ``user`` and ``metadata`` (strings only, capped) as a request's end user and tags."""
+    user = payload.get("user")
+    end_user = user[:MAX_END_USER] if isinstance(user, str) else ""
+    metadata = payload.get("metadata")
+    if not isinstance(metadata, dict) or not metadata:
+        return end_user, None
+    tags: dict[str, str] = {}
+    for key, value in metadata.items():
+        if len(tags) >= MAX_TAGS:
+            break
+        if isinstance(key, str) and isinstance(value, str):
+            tags[key[:MAX_TAG_KEY]] = value[:MAX_TAG_VALUE]
+    return end_user, tags or None
+
+
+class BodySink(Protocol):
+    """Where kept bodies go (``opod.ledger.bodies.BodyKeeper``): never blocks, False when dropped."""
+
+    def offer(self, body: RequestBody) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class KeepPlan:
+    """One request's body is kept: for this long, each side cut to ``max_bytes``."""
+
+    max_bytes: int
+    days: int
+
+
+class BodyKeeping:
+    """Decides per request whether its bodies are kept, and hands them to the sink when its answer is whole."""
+
+    def __init__(self, settings: Callable[[], ClusterSettings], sink: BodySink, resolve_project: Callable[[str], str]) -> None:
+        self.settings = settings
+        """The settings in force (``SettingsHolder.current``), read per request."""
+        self.sink = sink
+        self.resolve_project = resolve_project
+        """A project's scope text → its id (``Tenancy.resolve``); raises when it names none."""
+        self._resolved: tuple[ClusterSettings | None, dict[str, str]] = (None, {})
+
+    def plan(self, project_id: str, payload: dict) -> tuple[str, KeepPlan | None]:
+        """The request's ``body_state`` and, when its bodies are kept, how."""
+        retention = self.settings().retention
+        bodies, max_bytes, days = retention.bodies, retention.body_max_bytes, retention.bodies_days
+        own = self._project_entry(project_id) if project_id and retention.projects else None
+        if own is not None:
+            bodies = bodies if own.bodies is None else own.bodies
+            max_bytes = max_bytes if own.body_max_bytes is None else own.body_max_bytes
+            days = days if own.bodies_days is None else own.bodies_days
+        if not bodies:
+            return (PROJECT_OFF if own is not None and own.bodies is False else OFF), None
+        if payload.get("store") is False:
+            return NO_STORE, None
+        return KEPT, KeepPlan(max_bytes, days)
+
+    def _project_entry(self, project_id: str) -> ProjectRetention | None:
+        current = self.settings()
+        made_for, ids = self._resolved
+        if made_for is not current:
+            ids = {}
+            self._resolved = (current, ids)
+        for text, entry in current.retention.projects.items():
+            if text in (project_id, f"project:{project_id}"):
+                return entry
+            found = ids.get(text)
+            if found is None:
+                try:
+                    found = ids[text] = self.resolve_project(text)
+                except Exception:  # a project not (yet) there, or bad text: looked up again next time
+                    continue
+            if found == project_id:
+                return entry
+        return None
+
+    def keep(self, plan: KeepPlan, *, request_id: str, project_id: str, path: str, model: str, served_model: str,
+             request: bytes, response: Response, stream: bool) -> Response:
+        """Hand the request and its answer to the sink: now for a whole answer, at its end for a stream
+        (the answer is returned with its body wrapped, so the text is gathered as it goes)."""
+        at = datetime.now(UTC)
+        request_text, cut = capped(request, plan.max_bytes)
+
+        def offer(status: int, answer: str, answer_cut: bool) -> None:
+            self.sink.offer(RequestBody(
+                request_id=request_id, project_id=project_id, at=at, expires_at=at + timedelta(days=plan.days), path=path,
+                model=model, served_model=served_model, status=status, request=request_text, response=answer,
+                truncated=cut or answer_cut))
+
+        if stream and isinstance(response, StreamingResponse):
+            response.body_iterator = _gathering(response.body_iterator, plan.max_bytes, lambda text, over: offer(response.status_code, text, over))
+            return response
+        answer, answer_cut = capped(bytes(response.body), plan.max_bytes)
+        offer(response.status_code, answer, answer_cut)
+        return response
+
+
+def capped(data: bytes, max_bytes: int) -> tuple[str, bool]:
+    """``data`` as text of at most ``max_bytes`` bytes (cut on a character), and whether it was cut."""
+    over = len(data) > max_bytes
+    text = (data[:max_bytes] if over else data).decode("utf-8", "ignore" if over else "replace")
+    return text.replace("\x00", ""), over
+
+
+async def _gathering(chunks: AsyncIterable[str | bytes | memoryview], max_bytes: int,
+                     done: Callable[[str, bool], None]) -> AsyncIterator[str | bytes | memoryview]:
+    """``chunks`` passed on unchanged, the deltas' text gathered; ``done`` told it once the stream ends."""
+    text = StreamText(max_bytes)
+    try:
+        async for chunk in chunks:
+            text.feed(chunk if isinstance(chunk, bytes) else bytes(chunk) if isinstance(chunk, memoryview) else chunk.encode())
+            yield chunk
+    finally:
+        done(*text.result())
+
+
+class StreamText:
+    """The text of an SSE answer (chat deltas' ``content``, completions' ``text``), up to ``max_bytes``."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._pending = b""
+        self._parts: list[str] = []
+        self._size = 0
+        self.truncated = False
+
+    def feed(self, chunk: bytes) -> None:
+        data = self._pending + chunk
+        end = data.rfind(b"\n\n")
+        if end < 0:
+            self._pending = data
+            return
+        self._pending = data[end + 2 :]
+        self._events(data[:end].split(b"\n\n"))
+
+    def _events(self, events: Iterable[bytes]) -> None:
+        for event in events:
+            if self.truncated:
+                return
+            for line in event.split(b"\n"):
+                if not line.startswith(b"data: {"):
+                    continue
+                try:
+                    payload = fastjson.loads(line[6:])
+                except ValueError:
+                    continue
+                choices = payload.get("choices") if isinstance(payload, dict) else None
+                if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+                    continue
+                first = choices[0]
+                delta = first.get("delta")
+                part = delta.get("content") if isinstance(delta, dict) else first.get("text")
+                if isinstance(part, str) and part:
+                    self._add(part)
+
+    def _add(self, part: str) -> None:
+        size = len(part.encode())
+        if self._size + size > self.max_bytes:
+            room = self.max_bytes - self._size
+            part = part.encode()[:room].decode("utf-8", "ignore")
+            self.truncated = True
+        self._parts.append(part)
+        self._size += len(part.encode())
+
+    def result(self) -> tuple[str, bool]:
+        if self._pending:
+            self._events([self._pending])
+            self._pending = b""
+        return "".join(self._parts).replace("\x00", ""), self.truncated

@@ -1,0 +1,78 @@
+"""Which requests' bodies are kept, how a streamed answer becomes its text, and OpenAI's user and metadata as labels."""
+
+from __future__ import annotations
+
+from opod.gateway.kept_bodies import (
+    KEPT,
+    NO_STORE,
+    OFF,
+    PROJECT_OFF,
+    BodyKeeping,
+    StreamText,
+    capped,
+    request_labels,
+)
+from opod.settings.schema import ClusterSettings
+from opod.store import RequestBody
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.bodies: list[RequestBody] = []
+
+    def offer(self, body: RequestBody) -> bool:
+        self.bodies.append(body)
+        return True
+
+
+def keeping(retention: dict) -> BodyKeeping:
+    settings = ClusterSettings.model_validate({"retention": retention})
+    names = {"project:acme/ml/private": "p_private"}
+
+    def resolve(text: str) -> str:
+        return names[text]
+
+    return BodyKeeping(lambda: settings, Sink(), resolve)
+
+
+def test_bodies_are_kept_only_where_the_settings_say_and_never_for_store_false() -> None:
+    assert keeping({}).plan("p_chat", {}) == (OFF, None)
+    on = keeping({"bodies": True, "body_max_bytes": 100, "bodies_days": 2,
+                  "projects": {"project:acme/ml/private": {"bodies": False}, "p_big": {"body_max_bytes": 999}}})
+    state, plan = on.plan("p_chat", {})
+    assert state == KEPT and plan is not None and (plan.max_bytes, plan.days) == (100, 2)
+    assert on.plan("p_chat", {"store": False}) == (NO_STORE, None)
+    assert on.plan("p_private", {}) == (PROJECT_OFF, None)
+    state, plan = on.plan("p_big", {})
+    assert state == KEPT and plan is not None and plan.max_bytes == 999
+    only_one = keeping({"projects": {"p_chat": {"bodies": True}}})
+    assert only_one.plan("p_chat", {})[0] == KEPT and only_one.plan("p_other", {})[0] == OFF
+
+
+def test_a_stream_is_kept_as_the_text_of_its_deltas_cut_at_the_cap() -> None:
+    sse = (b'data: {"choices":[{"delta":{"role":"assistant"}}]}\n\n'
+           b'data: {"choices":[{"delta":{"content":"Hel"}}]}\n\ndata: {"choices":[{"delta":{"content":"lo "}}]}\n\n'
+           b'data: {"choices":[{"delta":{"content":"w\xc3\xb6rld"}}]}\n\ndata: {"choices":[],"usage":{"prompt_tokens":1}}\n\n'
+           b"data: [DONE]\n\n")
+    whole = StreamText(1000)
+    for i in range(0, len(sse), 7):  # events split across chunks anywhere
+        whole.feed(sse[i : i + 7])
+    assert whole.result() == ("Hello wörld", False)
+    cut = StreamText(8)
+    cut.feed(sse)
+    assert cut.result() == ("Hello w", True)  # the cap falls inside "ö": the character is not split
+    completions = StreamText(100)
+    completions.feed(b'data: {"choices":[{"text":"abc"}]}\n\n')
+    assert completions.result() == ("abc", False)
+
+
+def test_capped_cuts_on_a_character() -> None:
+    assert capped("aö".encode(), 2) == ("a", True)
+    assert capped(b"abc", 3) == ("abc", False)
+
+
+def test_user_and_metadata_become_the_end_user_and_capped_tags() -> None:
+    assert request_labels({}) == ("", None)
+    assert request_labels({"user": "alice", "metadata": {"a": "1", "n": 2}}) == ("alice", {"a": "1"})
+    end_user, tags = request_labels({"user": 7, "metadata": {f"k{i}": "v" * 600 for i in range(20)}})
+    assert end_user == "" and tags is not None and len(tags) == 16 and all(len(v) == 512 for v in tags.values())
