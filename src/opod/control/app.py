@@ -22,18 +22,30 @@ from urllib.parse import urlsplit
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from opod import __version__
+from opod.access.offloop import run_sync
+from opod.control import audit as audit_area
 from opod.control import capacity as capacity_area
+from opod.control import client_jobs as client_jobs_area
 from opod.control import keys, models, nodes
+from opod.control import metrics as metrics_area
+from opod.control import notify as notify_area
+from opod.control import people as people_area
 from opod.control import presets as presets_area
+from opod.control import quotas as quotas_area
 from opod.control import replicas as replicas_area
+from opod.control import requests as requests_area
+from opod.control import settings as settings_area
+from opod.control import tenancy as tenancy_area
+from opod.control import usage as usage_area
 from opod.control import weights as weights_area
+from opod.control.audit import open_draft, settle_route
 from opod.control.context import ControlContext, ControlError
 from opod.control.spec import SpecRouter, document
-from opod.control.unbuilt import hardware, records, rollouts, services, tenancy
+from opod.control.unbuilt import hardware, rollouts, services, signin
 from opod.http.errors import Unauthorized
 from opod.store.errors import Conflict, InvalidInput, NotFound, StoreError
 
@@ -41,6 +53,8 @@ log = logging.getLogger("opod.control")
 
 ACTOR = re.compile(r"[A-Za-z0-9._@-]{1,64}")
 """``X-Llmgw-Actor``: who a change is recorded as made by."""
+MAX_BODY = 8 * 1024 * 1024
+"""The largest body a management API call may send."""
 
 
 def refusal(status: int, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
@@ -91,14 +105,28 @@ def create_app(ctx: ControlContext) -> FastAPI:
                 ctx.access.keys.check(request.headers.get("authorization"), kinds=("admin",))
             except Unauthorized as err:
                 return refusal(401, err.message)
+        if request.method in ("GET", "HEAD"):
+            return await answer(request, call_next)
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > MAX_BODY:
+            return refusal(413, f"the body is {int(declared)} bytes; the management API takes at most {MAX_BODY} (split the change)")
+        draft = open_draft(request, actor or "unknown", await request.body())
+        response = await answer(request, call_next)
+        ctx.emit("admin.call", request.url.path, {"method": request.method, "status": response.status_code, "actor": draft.actor})
+        if not draft.committed:
+            settle_route(request, draft)
+            try:
+                await run_sync(ctx.store.record_audit, draft.after(response.status_code))
+            except StoreError as err:  # the change stands; the log says its row is missing
+                log.error("could not record the audit row of %s: %s", draft.action, err)
+        return response
+
+    async def answer(request: Request, call_next) -> Response:
         try:
-            response = await call_next(request)
+            return await call_next(request)
         except Exception:
             log.exception("%s %s failed", request.method, request.url.path)
             return refusal(500, f"{request.method} {request.url.path} failed on the leader; its log says why")
-        if request.method not in ("GET", "HEAD"):
-            ctx.emit("admin.call", request.url.path, {"method": request.method, "status": response.status_code, "actor": actor or "unknown"})
-        return response
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, err: HTTPException) -> JSONResponse:
@@ -138,7 +166,17 @@ def create_app(ctx: ControlContext) -> FastAPI:
     app.include_router(presets_area.router(ctx))
     app.include_router(replicas_area.router(ctx))
     app.include_router(capacity_area.router(ctx))
-    for unbuilt in (tenancy, records, rollouts, services, hardware):
+    app.include_router(quotas_area.router(ctx))
+    app.include_router(client_jobs_area.router(ctx))
+    app.include_router(audit_area.router(ctx))
+    app.include_router(settings_area.router(ctx))
+    app.include_router(notify_area.router(ctx))
+    app.include_router(metrics_area.router(ctx))
+    app.include_router(people_area.router(ctx))
+    app.include_router(tenancy_area.router(ctx))
+    app.include_router(usage_area.router(ctx))
+    app.include_router(requests_area.router(ctx))
+    for unbuilt in (signin, rollouts, services, hardware):
         app.include_router(unbuilt.router())
 
     own = SpecRouter()

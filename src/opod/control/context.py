@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Protocol
 
+from opod.access.people import People
 from opod.access.service import AccessService
+from opod.access.tenancy import Tenancy
 from opod.catalog import Catalog
 from opod.fleet.models import ModelRegistry
 from opod.fleet.placement import Rejection
+from opod.fleet.quotas import Amount, QuotaTable
 from opod.fleet.state import Fleet
 from opod.http.nodeclient import WorkerClient
+from opod.settings.holder import SettingsHolder
 from opod.store import Store
 
 
@@ -37,6 +41,31 @@ class ControlContext:
     """The reconciler's replicas: ``/replicas``, ``/restart``, ``/models/{name}/retry``, ``/summary``."""
     workers: WorkerClient | None = None
     """Signed calls to workers (node logs, agent restarts); ``None`` where no worker can be called."""
+    cluster_settings: SettingsHolder | None = None
+    """The cluster's settings in force on this leader (``/settings``); ``None`` where none are held."""
+    notifier: Notifier | None = None
+    """The webhooks of the cluster's settings (``POST /notify/test``); ``None`` where the leader sends none."""
+    people: People | None = None
+    """People and their memberships (``/users``, SCIM): the one writer; ``None`` where none are kept."""
+    tenancy: Tenancy | None = None
+    """Organizations, teams and projects in memory (``/orgs``, ``/teams``, ``/projects``, keys' owners): the one writer."""
+    quotas: QuotaTable | None = None
+    """The capacity quotas the reconciler places by (``/quotas``); changed here after the store."""
+    quota_holds: Callable[[], Mapping[str, Amount]] | None = None
+    """What each scope's models hold now, as the reconciler's last round counted it (``QuotaView.holds``)."""
+    wake_client_jobs: Callable[[], None] | None = None
+    """Tells the batch runner to look at its jobs now (a cancel); ``None`` where no runner runs."""
+    replay: Callable[[str, bytes, str], Awaitable[tuple[int, bytes]]] | None = None
+    """(path, body, request id) → (status, body): a kept request sent again through the gateway as the operator's
+    own request (``POST /requests/{id}/replay``); ``None`` where no gateway serves."""
+
+
+class Notifier(Protocol):
+    """What ``/notify/test`` asks of the leader's webhooks (``opod.leader.webhooks.Webhooks``)."""
+
+    async def test(self) -> list[tuple[str, str]]:
+        """A test event to every webhook now: ``(url, error)`` each, error ``""`` when it answered 2xx."""
+        ...
 
 
 class ReplicaRecord(Protocol):

@@ -1,0 +1,531 @@
+"""SCIM 2.0 provisioning (RFC 7643, RFC 7644) at ``/scim/v2``, on the public listener.
+
+An identity provider (Entra ID, Okta, Keycloak) calls it from outside to keep opod's people in
+step: ``/Users`` are people (``userName`` is the email), ``/Groups`` are the teams and projects of
+the tenancy tree, named by their path (``acme/ml``, ``acme/ml/chat``), whose members become
+memberships. ``active: false`` disables a person and their keys are refused on ``/v1`` from the
+next request on; ``DELETE`` disables too, keeping the record for the audit. The bearer token is
+the stored secret ``auth/scim-token`` (``PUT /api/v1/auth/secrets/scim-token``); without one SCIM
+is off and answers 404. Every answer is ``application/scim+json``; every refusal a SCIM ``Error``;
+every change is audited as the actor ``scim``.
+
+It lives in ``control`` because it changes what the management API manages, through the same
+writers (:class:`opod.access.people.People`); the leader mounts its routes on the public
+listener, beside ``/admin/v1``, since ``gateway`` may not import ``control``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+from scim2_models import (
+    AuthenticationScheme,
+    Bulk,
+    ChangePassword,
+    Context,
+    Email,
+    EnterpriseUser,
+    ETag,
+    Filter,
+    Group,
+    GroupMember,
+    GroupMembership,
+    ListResponse,
+    Meta,
+    Name,
+    Patch,
+    PatchOp,
+    ResourceType,
+    Schema,
+    SCIMException,
+    ServiceProviderConfig,
+    Sort,
+    User,
+)
+from scim2_models import Error as ScimErrorBody
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from opod.access.offloop import run_sync
+from opod.access.people import People
+from opod.access.scopes import Scope, ScopeKind, id_kind
+from opod.control.audit import SOURCE_API, detail_text
+from opod.control.context import ControlContext
+from opod.control.people import scim_secret_name
+from opod.store.audit import AuditRow
+from opod.store.errors import Conflict, InvalidInput, NotFound, StoreError
+from opod.store.people import UserRecord, new_user_id
+
+log = logging.getLogger("opod.scim")
+
+PREFIX = "/scim/v2"
+MEDIA_TYPE = "application/scim+json"
+ACTOR = "scim"
+BODY_MAX = 1024 * 1024
+"""The largest body a provider may send: a group push of thousands of members fits."""
+PAGE_MAX = 200
+"""At most this many resources an answer; a provider pages with ``startIndex`` and ``count``."""
+
+ScimUser = User[EnterpriseUser]
+"""A User as providers send it: the enterprise extension (department, manager, ...) is read and not kept."""
+
+_FILTER = re.compile(r'^\s*(\w+)\s+eq\s+"((?:[^"\\]|\\.)*)"\s*$', re.IGNORECASE)
+_MEMBER_PATH = re.compile(r'^members\[\s*value\s+eq\s+"([^"]+)"\s*\]$', re.IGNORECASE)
+
+
+class ScimError(Exception):
+    """A refusal as RFC 7644 writes it: ``status``, ``scimType`` and a ``detail`` saying what to do."""
+
+    def __init__(self, status: int, detail: str, scim_type: str | None = None) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+        self.scim_type = scim_type
+
+    def response(self) -> Response:
+        body = ScimErrorBody(status=self.status, detail=self.detail, scim_type=self.scim_type).model_dump()
+        headers = {"WWW-Authenticate": 'Bearer realm="opod SCIM"'} if self.status == 401 else None
+        return scim_response(body, self.status, headers)
+
+
+def scim_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(json.dumps(body, default=str), status_code=status, media_type=MEDIA_TYPE, headers=headers)
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """One SCIM call once the token was accepted: where it came from and how it is audited."""
+
+    request: Request
+    base: str
+
+    @property
+    def action(self) -> str:
+        return f"{self.request.method} {self.request.url.path}"
+
+    def audit(self, target: str, detail: Any, status: int) -> AuditRow:
+        return AuditRow(actor=ACTOR, source=SOURCE_API, action=self.action, target=target, detail=detail_text(detail),
+                        status=status, at=datetime.now(UTC))
+
+
+def routes(ctx: ControlContext) -> list[Route]:
+    """The SCIM routes, for the public listener."""
+    scim = _Scim(ctx)
+    return [
+        Route(f"{PREFIX}/Users", scim.guard(scim.users), methods=["GET", "POST"]),
+        Route(f"{PREFIX}/Users/{{id}}", scim.guard(scim.user), methods=["GET", "PUT", "PATCH", "DELETE"]),
+        Route(f"{PREFIX}/Groups", scim.guard(scim.groups), methods=["GET", "POST"]),
+        Route(f"{PREFIX}/Groups/{{id}}", scim.guard(scim.group), methods=["GET", "PUT", "PATCH", "DELETE"]),
+        Route(f"{PREFIX}/ServiceProviderConfig", scim.guard(scim.service_provider_config), methods=["GET"]),
+        Route(f"{PREFIX}/ResourceTypes", scim.guard(scim.resource_types), methods=["GET"]),
+        Route(f"{PREFIX}/ResourceTypes/{{id}}", scim.guard(scim.resource_types), methods=["GET"]),
+        Route(f"{PREFIX}/Schemas", scim.guard(scim.schemas), methods=["GET"]),
+        Route(f"{PREFIX}/Schemas/{{id}}", scim.guard(scim.schemas), methods=["GET"]),
+    ]
+
+
+Handler = Callable[[_Call], Awaitable[Response]]
+
+
+class _Scim:
+    def __init__(self, ctx: ControlContext) -> None:
+        self.ctx = ctx
+
+    # --- the door: the token, the body cap, refusals as SCIM errors, refused changes audited -----
+
+    def guard(self, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            call: _Call | None = None
+            try:
+                await self._authenticate(request)
+                call = _Call(request, f"{request.url.scheme}://{request.url.netloc}{PREFIX}")
+                return await handler(call)
+            except ScimError as err:
+                refused = err
+            except SCIMException as err:  # a patch path that reaches nothing, a mutability rule
+                where = err.context.get("path")
+                refused = ScimError(err.status, err.detail + (f" (path {where})" if where else ""), err.scim_type or None)
+            except (InvalidInput, ValidationError) as err:
+                refused = ScimError(400, str(err), "invalidValue")
+            except Conflict as err:
+                refused = ScimError(409, str(err), "uniqueness")
+            except NotFound as err:
+                refused = ScimError(404, str(err))
+            except StoreError as err:
+                refused = ScimError(503, f"the store failed: {err}; retry shortly")
+            except Exception:
+                log.exception("%s %s failed", request.method, request.url.path)
+                refused = ScimError(500, f"{request.method} {request.url.path} failed on the leader; its log says why")
+            if call is not None and request.method != "GET":
+                await self._record_refusal(call, refused)
+            return refused.response()
+
+        return endpoint
+
+    async def _authenticate(self, request: Request) -> None:
+        token = await run_sync(self.ctx.store.get_secret, scim_secret_name(self.ctx))
+        if token is None:
+            raise ScimError(404, "SCIM provisioning is off on this fleet: no SCIM token is set; an operator sets one with "
+                                 "PUT /api/v1/auth/secrets/scim-token")
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not given or not hmac.compare_digest(given.strip().encode(), token.encode()):
+            raise ScimError(401, "send the SCIM token as Authorization: Bearer TOKEN (the secret auth/scim-token the operator set)")
+
+    async def _record_refusal(self, call: _Call, err: ScimError) -> None:
+        try:
+            await run_sync(self.ctx.store.record_audit, call.audit(call.request.path_params.get("id", ""), {"refused": err.detail},
+                                                                   err.status))
+        except StoreError as failure:
+            log.error("could not record the audit row of %s: %s", call.action, failure)
+
+    def people(self) -> People:
+        if self.ctx.people is None:
+            raise ScimError(503, "people are not kept on this leader")
+        return self.ctx.people
+
+    # --- /Users ----------------------------------------------------------------------------------
+
+    async def users(self, call: _Call) -> Response:
+        people = self.people()
+        if call.request.method == "POST":
+            given = await _body(call.request, ScimUser, Context.RESOURCE_CREATION_REQUEST)
+            fields = _user_fields(given)
+            if people.user(fields["email"]) is not None:
+                raise ScimError(409, f"userName {fields['email']!r} is someone's already; PUT or PATCH /Users/ID changes them",
+                                "uniqueness")
+            user_id = new_user_id()
+            user = await people.create(id=user_id, audit=call.audit(f"user:{user_id}", _audit_fields(fields), 201), **fields)
+            return scim_response(self.user_resource(user, call.base), 201, {"Location": f"{call.base}/Users/{user.id}"})
+        wanted = _filter(call.request, _USER_FILTERS)
+        found = [u for u in people.users() if _matches(wanted, u)]
+        return scim_response(_page(call.request, [self.user_resource(u, call.base) for u in found], User))
+
+    async def user(self, call: _Call) -> Response:
+        people = self.people()
+        user = people.user(call.request.path_params["id"])
+        if user is None or user.id != call.request.path_params["id"]:  # a User is addressed by its id alone
+            raise ScimError(404, f"no User {call.request.path_params['id']!r}; GET /scim/v2/Users lists them")
+        method = call.request.method
+        if method == "GET":
+            return scim_response(self.user_resource(user, call.base))
+        if method == "DELETE":
+            await people.update(user.id, state="disabled", audit=call.audit(f"user:{user.id}", {"active": False}, 204))
+            return Response(status_code=204)
+        if method == "PUT":
+            fields = _user_fields(await _body(call.request, ScimUser, Context.RESOURCE_REPLACEMENT_REQUEST))
+        else:
+            patch = await _body(call.request, PatchOp[ScimUser], Context.RESOURCE_PATCH_REQUEST)
+            before: User = ScimUser.model_validate(self.user_resource(user, call.base), scim_ctx=Context.RESOURCE_QUERY_RESPONSE)
+            current = before.model_copy(deep=True)
+            try:
+                patch.patch(current)
+            except ValueError as err:
+                raise ScimError(400, f"the patch does not apply: {err}", "invalidValue") from None
+            fields = _user_fields(current, before)
+        changed = await people.update(user.id, audit=call.audit(f"user:{user.id}", _audit_fields(fields), 200), **fields)
+        return scim_response(self.user_resource(changed, call.base))
+
+    def user_resource(self, user: UserRecord, base: str) -> dict[str, Any]:
+        people = self.people()
+        groups = [GroupMembership(value=m.target, display=self._path(m.target), ref=f"{base}/Groups/{m.target}")
+                  for m in people.memberships(user.id) if self._group_kind(m.target)]
+        resource: User = User(
+            id=user.id, external_id=user.external_id or None, user_name=user.email, display_name=user.name or None,
+            name=Name(formatted=user.name) if user.name else None, active=user.state != "disabled",
+            emails=[Email(value=user.email, primary=True)], groups=groups or None,
+            meta=Meta(resource_type="User", created=user.created_at, location=f"{base}/Users/{user.id}"),
+        )
+        return resource.model_dump(scim_ctx=Context.RESOURCE_QUERY_RESPONSE)
+
+    # --- /Groups: teams and projects by path ------------------------------------------------------
+
+    async def groups(self, call: _Call) -> Response:
+        if call.request.method == "POST":
+            given = await _body(call.request, Group, Context.RESOURCE_CREATION_REQUEST)
+            scope = self._group_by_path(given.display_name or "")
+            members = self._member_ids([m.value or "" for m in given.members or []])
+            detail = {"displayName": given.display_name, "add": members}
+            await self.people().change_members(scope.id, add=members, by=ACTOR, audit=call.audit(scope.text, detail, 201))
+            return scim_response(self.group_resource(scope, call.base), 201, {"Location": f"{call.base}/Groups/{scope.id}"})
+        wanted = _filter(call.request, _GROUP_FILTERS)
+        scopes = self._all_groups()
+        if wanted is not None:
+            attribute, value = wanted
+            scopes = [s for s in scopes if (s.id if attribute == "id" else self._path(s.id)) == value]
+        # Providers ask for groups without their members when they only look one up (excludedAttributes=members).
+        bare = "members" in call.request.query_params.get("excludedAttributes", "").lower().split(",")
+        return scim_response(_page(call.request, [self.group_resource(s, call.base, members=not bare) for s in scopes], Group))
+
+    async def group(self, call: _Call) -> Response:
+        group_id = call.request.path_params["id"]
+        kind = self._group_kind(group_id)
+        if kind is None:
+            raise ScimError(404, f"no Group {group_id!r}: groups are the teams and projects; GET /scim/v2/Groups lists them")
+        scope = Scope(kind, group_id)
+        method = call.request.method
+        if method == "GET":
+            return scim_response(self.group_resource(scope, call.base))
+        if method == "DELETE":
+            # Those who leave lose their keys in projects they no longer reach, in the same transaction.
+            await self.people().change_members(scope.id, replace_all=True, by=ACTOR,
+                                               audit=call.audit(scope.text, {"members": "all removed"}, 204))
+            return Response(status_code=204)
+        if method == "PUT":
+            given = await _body(call.request, Group, Context.RESOURCE_REPLACEMENT_REQUEST)
+            self._same_name(scope, given.display_name)
+            add, remove, replace_all = self._member_ids([m.value or "" for m in given.members or []]), list[str](), True
+        else:
+            patch = await _body(call.request, PatchOp[Group], Context.RESOURCE_PATCH_REQUEST)
+            add, remove, replace_all = self._group_patch(scope, patch)
+        detail = {"add": add, "remove": remove, "replace": replace_all}
+        await self.people().change_members(scope.id, add=add, remove=remove, replace_all=replace_all, by=ACTOR,
+                                           audit=call.audit(scope.text, detail, 200))
+        return scim_response(self.group_resource(scope, call.base))
+
+    def _group_patch(self, scope: Scope, patch: PatchOp[Group]) -> tuple[list[str], list[str], bool]:
+        """The members a patch adds and removes; ``replace`` of members replaces them whole."""
+        add: list[str] = []
+        remove: list[str] = []
+        replace_all = False
+        for operation in patch.operations or []:
+            op = str(operation.op.value if hasattr(operation.op, "value") else operation.op).lower()
+            path = str(operation.path or "")
+            value = operation.value
+            if not path and isinstance(value, dict):
+                if "displayName" in value:
+                    self._same_name(scope, value["displayName"])
+                if "members" in value:
+                    path, value = "members", value["members"]
+                else:
+                    continue
+            if path.lower() == "displayname":
+                self._same_name(scope, value if isinstance(value, str) else None)
+                continue
+            single = _MEMBER_PATH.match(path)
+            if single is not None and op == "remove":
+                remove.append(single.group(1))
+                continue
+            if path.lower() != "members":
+                raise ScimError(400, f"path {path!r}: a group's members change through path members (or members[value eq \"ID\"])",
+                                "invalidPath")
+            ids = [str(v.get("value", "")) for v in value] if isinstance(value, list) else []
+            if op == "add":
+                add += ids
+            elif op == "remove":
+                if not ids:
+                    replace_all, add = True, []  # remove with no value: every member leaves
+                remove += ids
+            elif op == "replace":
+                replace_all, add = True, ids
+            else:
+                raise ScimError(400, f"op {op!r} is not add, remove or replace", "invalidSyntax")
+        return self._member_ids(add), remove, replace_all
+
+    def group_resource(self, scope: Scope, base: str, *, members: bool = True) -> dict[str, Any]:
+        people = self.people()
+        shown = []
+        for membership in people.members(scope.id) if members else []:
+            person = people.user(membership.user_id)
+            shown.append(GroupMember(value=membership.user_id, display=person.email if person else None,
+                                     ref=f"{base}/Users/{membership.user_id}"))
+        resource = Group(id=scope.id, display_name=self._path(scope.id), members=shown or None,
+                         meta=Meta(resource_type="Group", location=f"{base}/Groups/{scope.id}"))
+        return resource.model_dump(scim_ctx=Context.RESOURCE_QUERY_RESPONSE)
+
+    def _all_groups(self) -> list[Scope]:
+        tenancy = self.ctx.tenancy
+        if tenancy is None:
+            return []
+        return [Scope("team", t.id) for t in tenancy.teams] + [Scope("project", p.id) for p in tenancy.projects]
+
+    def _group_kind(self, target: str) -> ScopeKind | None:
+        """``team`` or ``project`` when ``target`` is one's id (the groups SCIM sees), else None."""
+        kind = id_kind(target)
+        if self.ctx.tenancy is None or kind not in ("team", "project"):
+            return None
+        try:
+            return self.ctx.tenancy.resolve(target, kinds=(kind,)).kind
+        except (NotFound, InvalidInput):
+            return None
+
+    def _group_by_path(self, path: str) -> Scope:
+        depth = len(path.split("/")) if path else 0
+        if depth not in (2, 3) or self.ctx.tenancy is None:
+            raise ScimError(400, f"displayName {path!r}: a group is a team (ORG/TEAM) or a project (ORG/TEAM/PROJECT) by its path",
+                            "invalidValue")
+        kind = "team" if depth == 2 else "project"
+        try:
+            return self.ctx.tenancy.resolve(f"{kind}:{path}", kinds=(kind,), field="displayName")
+        except NotFound as err:
+            raise ScimError(400, f"{err}; an operator creates it first (POST /api/v1/{kind}s), then the provider pushes its members",
+                            "invalidValue") from None
+
+    def _same_name(self, scope: Scope, name: str | None) -> None:
+        if name is not None and name != self._path(scope.id):
+            raise ScimError(400, f"displayName {name!r}: a group is named by its team's or project's path "
+                                 f"({self._path(scope.id)}); rename it through /api/v1", "mutability")
+
+    def _member_ids(self, values: list[str]) -> list[str]:
+        people = self.people()
+        unknown = [v for v in values if people.user(v) is None or not v.startswith("usr_")]
+        if unknown:
+            raise ScimError(400, f"members: no User {', '.join(repr(u) for u in unknown)}; provision them through /Users first",
+                            "invalidValue")
+        return list(dict.fromkeys(values))
+
+    def _path(self, target: str) -> str:
+        kind = self._group_kind(target)
+        if self.ctx.tenancy is None or kind is None:
+            return target
+        return self.ctx.tenancy.scope_path(Scope(kind, target))
+
+    # --- discovery ---------------------------------------------------------------------------------
+
+    async def service_provider_config(self, call: _Call) -> Response:
+        config = ServiceProviderConfig(
+            documentation_uri="https://github.com/opod/opod",
+            patch=Patch(supported=True), bulk=Bulk(supported=False, max_operations=0, max_payload_size=0),
+            filter=Filter(supported=True, max_results=PAGE_MAX), change_password=ChangePassword(supported=False),
+            sort=Sort(supported=False), etag=ETag(supported=False),
+            authentication_schemes=[AuthenticationScheme(
+                type="oauthbearertoken", name="Bearer token", primary=True,
+                description="The SCIM token an operator stored with PUT /api/v1/auth/secrets/scim-token")],
+            meta=Meta(resource_type="ServiceProviderConfig", location=f"{call.base}/ServiceProviderConfig"),
+        )
+        return scim_response(config.model_dump(scim_ctx=Context.RESOURCE_QUERY_RESPONSE))
+
+    async def resource_types(self, call: _Call) -> Response:
+        types: dict[str, dict[str, Any]] = {}
+        for model in (User, Group):
+            kind = ResourceType.from_resource(model)
+            kind.meta = Meta(resource_type="ResourceType", location=f"{call.base}/ResourceTypes/{kind.id}")
+            types[str(kind.id)] = kind.model_dump(scim_ctx=Context.RESOURCE_QUERY_RESPONSE)
+        return _one_or_list(call, types, "ResourceType", ResourceType)
+
+    async def schemas(self, call: _Call) -> Response:
+        found = {}
+        for model in (User, Group):
+            schema = model.to_schema()
+            schema.meta = Meta(resource_type="Schema", location=f"{call.base}/Schemas/{schema.id}")
+            found[str(schema.id)] = schema.model_dump(scim_ctx=Context.RESOURCE_QUERY_RESPONSE)
+        return _one_or_list(call, found, "Schema", Schema)
+
+
+# --- helpers -----------------------------------------------------------------------------------------
+
+_USER_FILTERS = {"username": "userName", "externalid": "externalId", "id": "id"}
+_GROUP_FILTERS = {"displayname": "displayName", "id": "id"}
+
+
+def _filter(request: Request, allowed: dict[str, str]) -> tuple[str, str] | None:
+    """The one filter opod answers: ``ATTRIBUTE eq "VALUE"``; None without a filter."""
+    text = request.query_params.get("filter")
+    if not text:
+        return None
+    match = _FILTER.match(text)
+    if match is None or match.group(1).lower() not in allowed:
+        forms = " or ".join(f'{a} eq "VALUE"' for a in allowed.values())
+        raise ScimError(400, f"filter {text!r}: opod answers {forms}", "invalidFilter")
+    return allowed[match.group(1).lower()], match.group(2).replace('\\"', '"')
+
+
+def _matches(wanted: tuple[str, str] | None, user: UserRecord) -> bool:
+    if wanted is None:
+        return True
+    attribute, value = wanted
+    if attribute == "userName":
+        return user.email.lower() == value.lower()  # userName is case-insensitive (RFC 7643 4.1.1)
+    if attribute == "externalId":
+        return bool(user.external_id) and user.external_id == value
+    return user.id == value
+
+
+def _page(request: Request, resources: list[dict[str, Any]], kind: Any) -> dict[str, Any]:
+    start = max(1, _int(request, "startIndex", 1))
+    count = min(PAGE_MAX, max(0, _int(request, "count", PAGE_MAX)))
+    shown = resources[start - 1:start - 1 + count]
+    body = ListResponse[kind](total_results=len(resources), start_index=start, items_per_page=len(shown)).model_dump(
+        scim_ctx=Context.SEARCH_RESPONSE)
+    body["Resources"] = shown
+    return body
+
+
+def _int(request: Request, name: str, default: int) -> int:
+    text = request.query_params.get(name)
+    if text is None or text == "":
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise ScimError(400, f"{name} {text!r} is not a whole number", "invalidValue") from None
+
+
+def _one_or_list(call: _Call, found: dict[str, dict[str, Any]], what: str, kind: Any) -> Response:
+    wanted = call.request.path_params.get("id")
+    if wanted is None:
+        body = ListResponse[kind](total_results=len(found), start_index=1, items_per_page=len(found)).model_dump(
+            scim_ctx=Context.SEARCH_RESPONSE)
+        body["Resources"] = list(found.values())
+        return scim_response(body)
+    if wanted not in found:
+        raise ScimError(404, f"no {what} {wanted!r}; GET {PREFIX}/{what}s lists them")
+    return scim_response(found[wanted])
+
+
+async def _body(request: Request, model: Any, context: Context) -> Any:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > BODY_MAX:
+        raise ScimError(413, f"the body is {declared} bytes; SCIM takes at most {BODY_MAX}")
+    raw = await request.body()
+    if len(raw) > BODY_MAX:
+        raise ScimError(413, f"the body is over {BODY_MAX} bytes")
+    try:
+        data = json.loads(raw or b"null")
+    except ValueError:
+        raise ScimError(400, "the body is not JSON; send a SCIM resource as application/scim+json", "invalidSyntax") from None
+    if not isinstance(data, dict):
+        raise ScimError(400, "send a SCIM resource: a JSON object with its schemas", "invalidSyntax")
+    try:
+        return model.model_validate(data, scim_ctx=context)
+    except ValidationError as err:
+        parts = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in err.errors())
+        raise ScimError(400, parts, "invalidValue") from None
+
+
+def _user_fields(user: User, before: User | None = None) -> dict[str, Any]:
+    """What opod keeps of a SCIM User: the email is its userName; the name is its displayName, else its name.
+
+    After a patch (``before`` given), the name is the part the patch changed, so a new given name is not
+    hidden behind the formatted name the resource showed before."""
+    if not user.user_name or not user.user_name.strip():
+        raise ScimError(400, "userName: a User needs one (opod keeps it as the person's email)", "invalidValue")
+    parts = " ".join(p for p in (user.name.given_name, user.name.family_name) if p) if user.name is not None else ""
+    formatted = user.name.formatted if user.name is not None else None
+    if before is None:
+        name = user.display_name or formatted or parts
+    elif user.display_name != before.display_name:
+        name = user.display_name or ""
+    elif user.name != before.name:
+        was = before.name.formatted if before.name is not None else None
+        name = formatted if formatted and formatted != was else parts or formatted or ""
+    else:
+        name = user.display_name or ""
+    return {"email": user.user_name.strip(), "name": name, "state": "disabled" if user.active is False else "active",
+            "external_id": user.external_id or ""}
+
+
+def _audit_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    return {"userName": fields["email"], "name": fields["name"], "active": fields["state"] != "disabled",
+            "externalId": fields["external_id"]}
+
+
+__all__ = ["MEDIA_TYPE", "PREFIX", "ScimError", "routes"]
