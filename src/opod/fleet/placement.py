@@ -17,6 +17,10 @@ takes at most one replica of a model. ``weight`` is the router's, not placement'
 :class:`Planner` is the fast form for a pass placing many replicas: built once
 from the fleet, it keeps devices indexed by GPU class and free count, and
 :meth:`Planner.take` records each assignment so the next placement sees it.
+
+Given a :class:`~opod.fleet.quotas.QuotaBook`, a profile whose replica would take
+its owner's scope past a limit, or take what a guarantee keeps free for another
+scope, is rejected on every node with the quota's reason (``quota: …``).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from opod.contract.admin.catalog import CatalogModel, CatalogProfile
 from opod.fleet.asks import Ask, ask_of, version_matches
 from opod.fleet.inventory import GPUDevice
 from opod.fleet.liveness import can_place
+from opod.fleet.quotas import Amount, QuotaBook, amount_held
 from opod.fleet.state import NodeState
 
 CLASSES = ("critical", "standard", "opportunistic")
@@ -163,8 +168,13 @@ class _Fit:
 class Planner:
     """The fleet for one placement pass: :meth:`place` asks, :meth:`take` records what was decided."""
 
-    def __init__(self, nodes: Iterable[NodeState], held: Iterable[Held], *, now: float | None = None) -> None:
+    def __init__(self, nodes: Iterable[NodeState], held: Iterable[Held], *, now: float | None = None,
+                 quotas: QuotaBook | None = None) -> None:
+        """``quotas`` holds nothing yet: the planner counts ``held`` and every replica it takes or releases in it."""
         now = time.monotonic() if now is None else now
+        self.quotas = quotas
+        self._free: Amount | None = None
+        """What is free on the nodes that take work, for guarantees; recounted after a change."""
         self._slots: dict[str, _Slot] = {}
         for node in sorted(nodes, key=lambda n: n.id):
             ok, why = can_place(node, now)
@@ -203,6 +213,9 @@ class Planner:
 
     def _hold(self, record: Held) -> None:
         self._replicas[record.replica_id] = record
+        if self.quotas is not None:
+            self.quotas.take(record.model, amount_held(record.gpus, record.cpu_cores, record.memory_gb))
+            self._free = None
         for node_id, indices in record.gpus.items():
             slot = self._slots.get(node_id)
             if slot is None:
@@ -233,6 +246,9 @@ class Planner:
         record = self._replicas.pop(replica_id, None)
         if record is None:
             return
+        if self.quotas is not None:
+            self.quotas.release(record.model, amount_held(record.gpus, record.cpu_cores, record.memory_gb))
+            self._free = None
         for node_id, indices in record.gpus.items():
             slot = self._slots.get(node_id)
             if slot is None or slot.held.pop(replica_id, None) is None:
@@ -280,6 +296,11 @@ class Planner:
             if ask.problem:
                 rejections.append(Rejection(ask.label, ask.pool, EVERY_NODE, ask.problem))
                 continue
+            if self.quotas:
+                refusal = self.quotas.refusal(name, _need(ask), self.free())
+                if refusal:
+                    rejections.append(Rejection(ask.label, ask.pool, EVERY_NODE, refusal))
+                    continue
             quick = self._quick(name, ask, klass, exclude)
             if quick:
                 return self._assignment(name, ask, quick), rejections
@@ -297,6 +318,20 @@ class Planner:
             ask, chosen = fallback
             return self._assignment(name, ask, chosen), [r for r in rejections if r.profile != ask.label]
         return None, rejections
+
+    def free(self) -> Amount:
+        """GPUs, cores and memory free now on the nodes that take work (a node that does not say adds nothing)."""
+        if self._free is None:
+            gpus, cores, memory = 0, 0.0, 0.0
+            for slot in self._slots.values():
+                if slot.down:
+                    continue
+                gpus += sum(1 for i in slot.devices if i not in slot.holder)
+                hardware = slot.node.hardware
+                cores += max(float(hardware.cpu_cores or 0) - sum(h.cpu_cores for h in slot.held.values()), 0.0)
+                memory += max(float(hardware.ram_gb or 0) - sum(h.memory_gb for h in slot.held.values()), 0.0)
+            self._free = Amount(gpus, cores, memory)
+        return self._free
 
     def _assignment(self, name: str, ask: Ask, fits: list[_Fit]) -> Assignment:
         victims = sorted({h.replica_id for fit in fits for h in fit.preempts})
@@ -495,6 +530,11 @@ class Planner:
             out.append(victim)
             deficit -= gives(victim)
         return out if deficit <= 0 else None
+
+
+def _need(ask: Ask) -> Amount:
+    """What one replica of ``ask`` holds once placed, as quotas count it."""
+    return Amount(ask.per_node * ask.nodes if ask.gpus else 0, ask.cpu_cores * ask.nodes, ask.memory_gb * ask.nodes)
 
 
 def _by(replicas: Iterable[Held]) -> str:

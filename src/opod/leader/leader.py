@@ -18,10 +18,14 @@ from typing import Any
 
 from fastapi import FastAPI
 from starlette.applications import Starlette
+from starlette.routing import Route
 
 from opod import config
+from opod.access.keytable import KeyEntry
 from opod.access.offloop import run_sync
+from opod.access.people import People
 from opod.access.service import AccessService
+from opod.access.tenancy import Tenancy
 from opod.catalog import Catalog, load_catalog
 from opod.catalog.definition import from_entry
 from opod.contract import adminapi, nodeapi
@@ -31,6 +35,8 @@ from opod.contract.catalog import Entry
 from opod.control.app import create_app as create_control_app
 from opod.control.context import ControlContext
 from opod.control.presets import auto_add as auto_add_presets
+from opod.control.quotas import QuotaFollower, TenancyScopes, load_quotas
+from opod.control.scim import routes as scim_routes
 from opod.fleet.affinity import AffinityTable
 from opod.fleet.local import LocalEngines
 from opod.fleet.models import ANY_NODE, KnownModel, ModelRegistry
@@ -38,8 +44,13 @@ from opod.fleet.prefix_index import PrefixIndex
 from opod.fleet.state import Fleet, NodeState
 from opod.gateway.admission import Admission, fleet_capacity
 from opod.gateway.app import Gateway
+from opod.gateway.batches import ClientBatches
+from opod.gateway.budgets import Budgets
+from opod.gateway.files import ClientFiles
 from opod.gateway.guardrails import Guardrails
+from opod.gateway.kept_bodies import BodyKeeping
 from opod.gateway.prefix import PrefixHasher
+from opod.gateway.profiles import RoutingProfiles
 from opod.gateway.relay import Relay
 from opod.gateway.tokenize import worker_tokenizer
 from opod.gateway.usagecount import PromptCounter
@@ -48,12 +59,15 @@ from opod.http.nodeclient import WorkerClient
 from opod.http.serving import Listener, serve
 from opod.http.tls.server import LeaderTLS
 from opod.leader.adminv1.context import AdminContext
+from opod.leader.batches import BatchRunner, key_entry, runner_owner
 from opod.leader.nodes import NodeRegistry, restored
 from opod.leader.public import probe_app, public_app
 from opod.leader.reconciler import Reconciler
+from opod.leader.webhooks import LifecycleWatch, Webhooks, fan_out
 from opod.ledger import Ledger
 from opod.security.nodetokens import NodeTokenMinter, load_or_create_secret
 from opod.security.signer import Signer
+from opod.settings.holder import SettingsHolder
 from opod.shards import Gangs, ShardError, ShardManager
 from opod.snapshots.policy import PolicyView
 from opod.snapshots.service import Snapshots
@@ -124,6 +138,17 @@ class Leader:
     control: ControlContext
     new_admin_key: str | None
     """The admin key's plaintext when this start created it: shown once, then forgotten."""
+    cluster_settings: SettingsHolder
+    webhooks: Webhooks
+    """Delivers the operator events to the settings' webhooks; run by :meth:`run`."""
+    lifecycle: LifecycleWatch
+    """Notices nodes lost and models parked, and emits them."""
+    """The cluster's settings in force here: read at open, followed from the store by :meth:`run`."""
+
+    batches: BatchRunner
+    """Runs the clients' batches (``/v1/batches``) through the gateway; started by :meth:`run`."""
+    client_routes: tuple[Route, ...] = ()
+    """``/v1/files`` and ``/v1/batches``, on the public listener."""
 
     # --- building ----------------------------------------------------------------------
 
@@ -155,10 +180,15 @@ class Leader:
         catalog = load_catalog()
         for problem in catalog.problems:
             log.warning("catalog: %s", problem)
-        emit = ledger.event
+        cluster_settings = SettingsHolder(store, local=config.local_settings())
+        cluster_settings.load()
+        webhooks = Webhooks(lambda: cluster_settings.current.webhooks, store.get_secret)
+        emit = fan_out(ledger.event, webhooks.offer)  # every event to the ledger; the operator ones to the webhooks too
         minter = NodeTokenMinter(load_or_create_secret(settings.home / "node-secret"))
         access = AccessService.load(store, minter)
         new_admin_key = access.ensure_admin_key(settings.home / "admin.key")
+        people = People.load(store, access)  # before the first request: a disabled person's keys are refused from the start
+        tenancy = Tenancy.load(store, people)
         fleet, models = Fleet(), ModelRegistry()
         _load_nodes(store, fleet)
         _load_models(store, catalog, models, default_models=settings.default_models)
@@ -169,7 +199,9 @@ class Leader:
 
         workers = WorkerClient(access.tokens.token_for_node, Signer)
         index, pins, local_engines = PrefixIndex(), AffinityTable(), LocalEngines()
-        reconciler = Reconciler(fleet, models, workers, housekeeping=index.sweep)
+        quotas = load_quotas(store)
+        reconciler = Reconciler(fleet, models, workers, housekeeping=index.sweep, quotas=quotas, scopes=TenancyScopes(tenancy), emit=emit)
+        lifecycle = LifecycleWatch(fleet, reconciler.parked, emit)
         shards = ShardManager(Gangs(fleet, workers, entry_for, emit=emit, local_node=settings.local_node,
                               coordinator_node=config.read(contract_env.ENV_COORDINATOR_NODE) or None))
         _restore_gangs(store, shards)
@@ -181,35 +213,50 @@ class Leader:
         tokenize = worker_tokenizer(fleet, workers)
         prompts = PromptCounter(tokenize)
         guardrails = Guardrails()
+        # Budgets: the settings' prices and budgets, the spend so far read from the usage rows.
+        budgets = Budgets(settings=cluster_settings, resolve=tenancy.resolve, spent_since=store.usage_spent_since, emit=emit)
+        budgets.configure()
+        cluster_settings.subscribe(budgets.configure)
         gateway = Gateway(
             fleet=fleet, models=models, keys=access.keys, relay=Relay(fleet, workers, index=index, pins=pins, local=local_engines),
             admission=admission, usage=ledger, prefix=PrefixHasher(fleet, index, tokenize), policies=snapshots,
             guardrails=guardrails, prompts=prompts, require_keys=settings.require_keys, demand=reconciler.requested,
+            tenancy=tenancy, budgets=budgets, profiles=RoutingProfiles(lambda: cluster_settings.current.routing_profiles),
+            bodies=BodyKeeping(lambda: cluster_settings.current, ledger.bodies, lambda text: tenancy.resolve(text, kinds=("project",)).id),
         )
         snapshots.policy.subscribe(lambda view: _apply_admission(admission, view))
         registry = NodeRegistry(fleet, access, store, reconciler.kick, emit, index, lambda: auth_file.node_mtls)
+        batches = BatchRunner(store, gateway.serve_as, lambda key_id: key_entry(store, access.keys.snapshot_keys, key_id),
+                              runner_owner(settings.home))
+        client_files = ClientFiles(store, gateway.authenticate)
+        client_routes = (*client_files.routes(), *ClientBatches(store, gateway.authenticate, batches.wake, client_files).routes())
         admin = AdminContext(
             store=store, fleet=fleet, models=models, workers=workers, stats=gateway.stats, kick_reconciler=reconciler.kick,
             emit=emit, ledger=ledger, shards=shards, plan=snapshots.current_plan, prefix_index=index.stats, tls=tls is not None,
             stopping=lambda: admission.stopping,
         )
         control = ControlContext(
+            wake_client_jobs=batches.wake,
             store=store, access=access, fleet=fleet, models=models, catalog=catalog, models_changed=reconciler.kick,
             model_status=reconciler.status, emit=emit, forget_node=index.forget,
             declared_models=frozenset(DEFAULT_MODELS) if settings.default_models else frozenset(), replicas=reconciler,
-            workers=workers,
+            workers=workers, cluster_settings=cluster_settings, notifier=webhooks, people=people, tenancy=tenancy,
+            quotas=quotas, quota_holds=reconciler.quota_holds,
+            replay=replayer(gateway, access.keys.local_entries),
         )
         return cls(
+            batches=batches, client_routes=client_routes,
             settings=settings, store=store, catalog=catalog, boot=boot, access=access, fleet=fleet, models=models,
             ledger=ledger, workers=workers, index=index, local_engines=local_engines, reconciler=reconciler, shards=shards,
             snapshots=snapshots, tls=tls, admission=admission, prompts=prompts, guardrails=guardrails, gateway=gateway, registry=registry,
-            admin=admin, control=control, new_admin_key=new_admin_key,
+            admin=admin, control=control, new_admin_key=new_admin_key, cluster_settings=cluster_settings, webhooks=webhooks, lifecycle=lifecycle,
         )
 
     # --- the listeners' apps -------------------------------------------------------------
 
     def public_app(self) -> FastPath:
-        return public_app(self.admin, self.access.keys, self.registry.routes(), self.gateway)
+        return public_app(self.admin, self.access.keys, self.registry.routes(), self.gateway, scim_routes(self.control),
+                          client_routes=self.client_routes)
 
     def admin_app(self) -> FastAPI:
         return create_control_app(self.control)
@@ -241,7 +288,16 @@ class Leader:
             raise
         ledger_stop, listeners_stop = asyncio.Event(), asyncio.Event()
         writer = asyncio.create_task(self.ledger.run(ledger_stop), name="ledger writer")
-        work: list[Background] = [self.reconciler.run, self.shards.run_healer, self._flush_key_uses, self._auto_presets, *beside]
+        work: list[Background] = [self.batches.run, self.reconciler.run, self.shards.run_healer, self._flush_key_uses, self._auto_presets,
+                                   self.cluster_settings.run, self.webhooks.run, self.lifecycle.run, *beside]
+        if self.control.people is not None:
+            work.append(self.control.people.run)  # people and their states as other leaders change them
+        # What other leaders of the same store change (keys, the tenancy tree, quotas) is in force here within 2 s.
+        work.append(self.access.run)
+        if self.control.tenancy is not None:
+            work.append(self.control.tenancy.run)
+        if self.control.quotas is not None:
+            work.append(QuotaFollower(self.store, self.control.quotas, self.reconciler.kick).run)
         background = [asyncio.create_task(run(stop)) for run in work]
         serving = asyncio.create_task(serve(list(listeners), listeners_stop), name="listeners")
         try:
@@ -403,3 +459,21 @@ def _apply_admission(admission: Admission, view: PolicyView) -> None:
     """A policy's admission block replaces opod's default whole; an empty block means "as before": the default."""
     block = view.snapshot.admission
     admission.configure(block if block.to_wire() else DEFAULT_ADMISSION)
+
+
+def replayer(gateway: Gateway, local_keys: Callable[[], list[KeyEntry]]) -> Callable[[str, bytes, str], Awaitable[tuple[int, bytes]]]:
+    """``ControlContext.replay``: a kept request served again in process, as the admin key.
+
+    A replay is the operator's own request: its cost and its usage row are the operator's, never
+    charged to the project whose request it repeats, and a revoked key does not stop it.
+    """
+
+    async def replay(path: str, body: bytes, request_id: str) -> tuple[int, bytes]:
+        entry = next((k for k in local_keys() if k.kind == "admin" and not k.revoked), None)
+        response = await gateway.serve_as(entry, path, body, request_id)
+        data = getattr(response, "body", None)
+        if not isinstance(data, bytes | memoryview):
+            data = b"".join([c if isinstance(c, bytes) else str(c).encode() async for c in response.body_iterator])  # type: ignore[attr-defined]
+        return response.status_code, bytes(data)
+
+    return replay

@@ -2,14 +2,15 @@
 
 ``/admin/v1`` needs the admin key, except register and heartbeat, which are
 signed by workers instead. Every change made through it is recorded as an
-``admin.call`` event. The probe listener (``OPOD_PROBE_LISTEN``) is built from
+``admin.call`` event and in the audit log (``opod.control.audit``). The probe listener (``OPOD_PROBE_LISTEN``) is built from
 the probe routes alone, so nothing else can leak onto it.
 """
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from fastapi import FastAPI, Request
@@ -21,11 +22,17 @@ from starlette.routing import Route
 
 from opod import __version__
 from opod.access.keytable import KeyTable
+from opod.access.offloop import run_sync
 from opod.contract import nodeapi
+from opod.control.app import ACTOR
+from opod.control.audit import open_draft, settle_route
 from opod.http.errors import Unauthorized
 from opod.http.fastpath import FastPath, Handler
 from opod.leader.adminv1.context import AdminContext, AdminError
 from opod.leader.adminv1.routes import loadz_response, router
+from opod.store.errors import StoreError
+
+log = logging.getLogger("opod.leader")
 
 SIGNED_PATHS = frozenset({nodeapi.PATH_REGISTER, nodeapi.PATH_HEARTBEAT})
 
@@ -86,8 +93,12 @@ def probe_routes(ctx: AdminContext) -> list[Route]:
     ]
 
 
-def public_app(ctx: AdminContext, keys: KeyTable, join_routes: list[Route], data_path: DataPath) -> FastPath:
-    """``/v1`` from ``data_path``, the join paths, the probes and ``/admin/v1`` behind the admin key in ``keys``."""
+def public_app(ctx: AdminContext, keys: KeyTable, join_routes: list[Route], data_path: DataPath,
+               scim_routes: list[Route] | None = None, client_routes: Sequence[Route] = ()) -> FastPath:
+    """``/v1`` from ``data_path``, the join paths, the probes and ``/admin/v1`` behind the admin key in ``keys``.
+
+    ``client_routes`` (``/v1/files``, ``/v1/batches``) go before ``data_path``'s, whose last route answers every other ``/v1`` path.
+    """
     app = FastAPI(title="opod", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.middleware("http")
@@ -100,9 +111,17 @@ def public_app(ctx: AdminContext, keys: KeyTable, join_routes: list[Route], data
         except Unauthorized as err:
             message = err.message  # names the admin key's file and the header (opod.access.keytable)
             return AdminError(401, message, "unauthorized").response()
+        if request.method in ("GET", "HEAD"):
+            return await call_next(request)
+        actor = request.headers.get("x-llmgw-actor", "")
+        draft = open_draft(request, actor if ACTOR.fullmatch(actor) else "unknown", await request.body())
         response = await call_next(request)
-        if request.method != "GET":
-            ctx.emit("admin.call", path, {"method": request.method, "status": response.status_code})
+        ctx.emit("admin.call", path, {"method": request.method, "status": response.status_code})
+        settle_route(request, draft)
+        try:
+            await run_sync(ctx.store.record_audit, draft.after(response.status_code))
+        except StoreError as err:  # the change stands; the log says its row is missing
+            log.error("could not record the audit row of %s: %s", draft.action, err)
         return response
 
     @app.exception_handler(AdminError)
@@ -116,7 +135,8 @@ def public_app(ctx: AdminContext, keys: KeyTable, join_routes: list[Route], data
 
     # Routes are added one by one (not include_router) so the app's route table lists every
     # /admin/v1 path itself: the frozen-route test walks it.
-    for route in [*probe_routes(ctx), *join_routes, *data_path.routes(), *router(ctx).routes]:
+    # SCIM (``/scim/v2``, opod.control.scim) checks its own bearer token: an identity provider calls it from outside.
+    for route in [*probe_routes(ctx), *join_routes, *client_routes, *data_path.routes(), *router(ctx).routes, *(scim_routes or [])]:
         app.router.routes.append(route)
     # The join paths are hot too: a fleet of a thousand workers heartbeats two hundred times a second.
     joins = {(method, route.path): route.endpoint for route in join_routes for method in (route.methods or ()) if method != "HEAD"}

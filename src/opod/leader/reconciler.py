@@ -13,6 +13,11 @@ one is ready, so no request finds nothing serving.
 What is pinned to a node (``KnownModel.wanted``, the ``load``/``unload`` pins), and
 every model without a definition, is loaded and unloaded by :mod:`opod.leader.pinned`,
 which a round calls first.
+
+Capacity quotas (:mod:`opod.fleet.quotas`) are read every round: each model counts
+against its owner's scope and every scope above it, and a replica the quotas
+refuse is not placed (``explain-placement`` says which quota); the first refusal
+for a model, and each time the refusing scope changes, is emitted as ``quota.hit``.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
 
 from opod.contract import nodeapi
@@ -29,6 +34,7 @@ from opod.contract.admin.catalog import CatalogModel
 from opod.fleet.liveness import HEARTBEAT_MAX_AGE
 from opod.fleet.models import ANY_NODE, KnownModel, ModelRegistry
 from opod.fleet.placement import CLASSES, Held, Planner, Rejection
+from opod.fleet.quotas import Amount, QuotaTable, ScopeTree
 from opod.fleet.state import Fleet, NodeState
 from opod.http.nodeclient import WorkerClient, WorkerUnavailable
 from opod.leader.pinned import PENDING_FOR, PinnedLoads, unload_request
@@ -69,7 +75,8 @@ def draining(node: NodeState) -> bool:
 
 class Reconciler:
     def __init__(self, fleet: Fleet, models: ModelRegistry, workers: WorkerClient, housekeeping=None, *,
-                 clock: Callable[[], datetime] = datetime.now) -> None:
+                 clock: Callable[[], datetime] = datetime.now, quotas: QuotaTable | None = None,
+                 scopes: ScopeTree | None = None, emit: Callable[[str, str, dict], None] | None = None) -> None:
         self.fleet = fleet
         self.models = models
         self.workers = workers
@@ -92,6 +99,12 @@ class Reconciler:
         self._planner = Planner([], [])
         """The current pass's view of free devices (see ``_plan_replicas``)."""
         self._wake = asyncio.Event()
+        self.quotas = quotas if quotas is not None else QuotaTable()
+        self.scopes = scopes
+        """Owners' scopes and those above them; without it an owner counts against exactly the scope it names."""
+        self.emit = emit
+        self._quota_hits: dict[str, str] = {}
+        """model → the scope whose quota refused it last, so ``quota.hit`` is emitted once per refusal, not each round."""
 
     def _of(self, model_id: str) -> list[Replica]:
         return list(self._by_model.get(model_id, {}).values())
@@ -258,8 +271,9 @@ class Reconciler:
         held = [Held(replica_id=r.id, model=r.model, profile=r.profile, klass=r.klass, gpus={k: list(v) for k, v in r.gpus.items()},
                      cpu_cores=r.cpu_cores, memory_gb=r.memory_gb)
                 for r in self.replicas.values() if r.state in ACTIVE]
-        self._planner = Planner(list(self.fleet), held, now=now)
         defined = [m for m in self.models if m.definition is not None]
+        owners = {m.id: m.definition.owner or "" for m in defined if m.definition is not None}
+        self._planner = Planner(list(self.fleet), held, now=now, quotas=self.quotas.book(owners, self.scopes))
         order = {c: i for i, c in enumerate(CLASSES)}
         defined.sort(key=lambda m: (order.get(capacity_class(m.definition), 1) if m.definition else 1, m.id))
         at = self.clock()
@@ -409,7 +423,9 @@ class Reconciler:
         assignment, rejections = self._planner.place(model.id, definition, klass=klass, engine=model.engine, exclude=taken)
         self.last_rejections[model.id] = list(rejections)
         if assignment is None:
+            self._quota_refused(model.id, rejections)
             return None
+        self._quota_hits.pop(model.id, None)
         for victim_id in assignment.preempts:
             victim = self.replicas.get(victim_id)
             if victim is None or victim.state not in ACTIVE:
@@ -438,6 +454,25 @@ class Reconciler:
         self._planner.take(assignment, replica.id, klass)
         starts.append(self._start(model, replica))
         return replica
+
+    def _quota_refused(self, model_id: str, rejections: list[Rejection]) -> None:
+        reason = next((r.reason for r in rejections if r.reason.startswith("quota:")), "")
+        book = self._planner.quotas
+        scope = book.refused.get(model_id, "") if book is not None and reason else ""
+        if not reason:
+            self._quota_hits.pop(model_id, None)
+            return
+        if self._quota_hits.get(model_id) == scope:
+            return
+        self._quota_hits[model_id] = scope
+        log.info("%s: no replica placed: %s", model_id, reason)
+        if self.emit is not None:
+            self.emit("quota.hit", scope or model_id, {"scope": scope, "model": model_id, "reason": reason})
+
+    def quota_holds(self) -> Mapping[str, Amount]:
+        """What each scope's models hold, as the last round counted it (``QuotaView.holds``)."""
+        book = self._planner.quotas
+        return dict(book.holds) if book is not None else {}
 
     # --- calls to workers ------------------------------------------------------------
 
