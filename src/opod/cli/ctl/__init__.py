@@ -1,4 +1,4 @@
-"""``opod ctl``: a command for every operation of the management API's fleet, catalog and placement.
+"""``opod ctl``: a command for every operation of the management API's fleet, catalog, placement, tenancy and records.
 
 It talks to the leader's admin listener (``OPOD_ADMIN_URL``, else this machine's
 127.0.0.1:9090) with the admin key (``OPOD_ADMIN_KEY``, else ``admin.key`` in the
@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import typer
 
-from opod.cli.ctl import fleet, models, presets, replicas
+from opod.cli.ctl import fleet, models, operations, people, presets, replicas, settings, tenancy, usage
 
 app = typer.Typer(
-    help="Operate the fleet through the management API: summary, nodes, models, replicas, restarts, placement, presets, weights.",
+    help="Operate the fleet through the management API: summary, nodes, models, replicas, restarts, placement, presets, weights, "
+         "tenancy, people, keys, quotas, usage, audit, settings, client jobs, webhooks, secrets.",
     no_args_is_help=True,
 )
 app.command("summary")(fleet.summary)
@@ -24,3 +25,15 @@ app.command("restart")(replicas.restart)
 app.command("explain")(replicas.explain)
 app.add_typer(presets.presets, name="presets")
 app.add_typer(presets.weights, name="weights")
+app.add_typer(tenancy.orgs, name="orgs")
+app.add_typer(tenancy.teams, name="teams")
+app.add_typer(tenancy.projects, name="projects")
+app.add_typer(people.users, name="users")
+app.add_typer(people.keys, name="keys")
+app.add_typer(people.secrets, name="secrets")
+app.add_typer(operations.quotas, name="quotas")
+app.add_typer(usage.usage, name="usage")
+app.command("audit")(usage.audit)
+app.add_typer(settings.settings, name="settings")
+app.add_typer(operations.jobs, name="jobs")
+app.add_typer(operations.notify, name="notify")

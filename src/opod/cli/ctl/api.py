@@ -114,3 +114,46 @@ def wire(model: BaseModel) -> dict[str, Any]:
 def emit_json(data: Any) -> None:
     """``--json``: the body as the API answered it."""
     typer.echo(json.dumps(data, indent=2))
+
+
+def _call(method: str, where: str, body: Any = None, query: dict[str, Any] | None = None,
+          accept: str = "application/json") -> urllib.request.Request:
+    params = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in (query or {}).items() if v is not None}
+    url = admin_url() + where + (f"?{urllib.parse.urlencode(params)}" if params else "")
+    call = urllib.request.Request(url, data=json.dumps(body).encode() if body is not None else None, method=method)
+    call.add_header("Authorization", f"Bearer {admin_key()}")
+    call.add_header("Accept", accept)
+    if method not in ("GET", "HEAD"):
+        call.add_header("Content-Type", "application/json")
+        call.add_header("X-Llmgw-Actor", actor())
+    return call
+
+
+def _unreachable(error: BaseException) -> typer.Exit:
+    reason = getattr(error, "reason", error)
+    return fail(f"cannot reach the leader's admin API at {admin_url()}: {reason}. Is opod up running on this machine? "
+                "Set OPOD_ADMIN_URL (and OPOD_ADMIN_KEY) to reach another.")
+
+
+def attempt(method: str, where: str, body: Any = None, query: dict[str, Any] | None = None) -> tuple[int, Any]:
+    """Like ``request``, but a refusal comes back as ``(status, message line)`` for the caller to add to."""
+    try:
+        with urllib.request.urlopen(_call(method, where, body, query), timeout=TIMEOUT_S) as response:
+            text = response.read().decode()
+            return response.status, json.loads(text) if text else None
+    except urllib.error.HTTPError as error:
+        return error.code, refusal(method, where, error.code, error.read().decode(errors="replace"))
+    except (urllib.error.URLError, OSError) as error:
+        raise _unreachable(error) from None
+    except ValueError:
+        raise fail(f"{method} {where} answered something that is not JSON") from None
+
+
+def open_stream(where: str, query: dict[str, Any] | None = None, accept: str = "*/*") -> Any:
+    """A GET whose answer is read piece by piece (an export of a year of rows); the response, or exit 1 with the refusal."""
+    try:
+        return urllib.request.urlopen(_call("GET", where, None, query, accept=accept), timeout=TIMEOUT_S)
+    except urllib.error.HTTPError as error:
+        raise fail(escape(refusal("GET", where, error.code, error.read().decode(errors="replace")))) from None
+    except (urllib.error.URLError, OSError) as error:
+        raise _unreachable(error) from None
