@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from bench import admission, dataplane, fleet_scale, routing, usage
+from bench import admission, dataplane, fleet_scale, routing, tenancy_overhead, usage
 
 app = typer.Typer(help="opod's benchmarks. Results go to bench/results/ as a markdown table and PNG plots.", no_args_is_help=True)
 app.command("dataplane")(dataplane.command)
@@ -12,6 +12,7 @@ app.command("admission")(admission.command)
 app.command("usage")(usage.command)
 app.command("routing")(routing.command)
 app.command("fleet-scale")(fleet_scale.command)
+app.command("tenancy-overhead")(tenancy_overhead.command)
 
 
 @app.callback()

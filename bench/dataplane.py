@@ -59,7 +59,7 @@ def run_sim(seconds: float, concurrency: int, progress: Progress, flags: dict, l
     with tempfile.TemporaryDirectory() as scratch:
         proc, url, admin, key = _start_up(Path(scratch), "sim", flags)
         try:
-            _admin(admin, key, "POST", "/api/v1/models", {"name": "sim-chat", "engine": "sim"})
+            _admin(admin, key, "POST", "/api/v1/models", {"name": "sim-chat", "profiles": [{"engine": "sim"}]})
             direct = _engine_url(proc, "sim-chat", 60)
             wait_http(url + "/readyz")
             headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}

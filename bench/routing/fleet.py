@@ -163,7 +163,7 @@ def start(home: Path, workers: int, profile: SimProfile, on_step=lambda text: No
                                        home / node, env={"OPOD_NODE_ID": node, "OPOD_ENGINE_FLAGS": flags})
         for worker in fleet.workers.values():
             worker.wait_for("registered with", 120)
-        _post_json(fleet.admin_url + "/api/v1/models", {"name": MODEL, "engine": "sim", "load": False}, fleet.key)
+        _post_json(fleet.admin_url + "/api/v1/models", {"name": MODEL, "profiles": [{"engine": "sim"}], "scaling": {"min": 0, "max": 0}}, fleet.key)
         on_step(f"loading {MODEL} on every worker")
         for node in fleet.workers:
             _post_json(fleet.admin_url + f"/api/v1/models/{MODEL}/load", {"node": node}, fleet.key)
