@@ -12,8 +12,10 @@ import hashlib
 import hmac
 import json
 import logging
+import re
 import threading
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -330,6 +332,13 @@ def test_a_real_leader_signs_notify_test_and_sends_node_lost_when_its_worker_is_
         lost = wait_until(lambda: [json.loads(b) for _, b in got if json.loads(b)["type"] == "node.lost"], 40, "node.lost")
         assert lost[0]["subject"] == "sim-lost" and "no heartbeat" in lost[0]["data"]["reason"]
         assert all(verified("hook-secret", h["X-Opod-Signature"], b) for h, b in got)
+
+        def delivered() -> float | None:
+            text = urllib.request.urlopen(leader.url + "/metrics", timeout=10).read().decode()
+            found = re.search(r'^opod_webhook_events_total\{outcome="delivered"\} (\S+)$', text, re.M)
+            return float(found.group(1)) if found and float(found.group(1)) >= 1 else None
+
+        assert wait_until(delivered, 10, "the delivery counted on /metrics") >= 1
     finally:
         if worker is not None and worker.proc.poll() is None:
             worker.stop()

@@ -233,7 +233,7 @@ class Leader:
         admin = AdminContext(
             store=store, fleet=fleet, models=models, workers=workers, stats=gateway.stats, kick_reconciler=reconciler.kick,
             emit=emit, ledger=ledger, shards=shards, plan=snapshots.current_plan, prefix_index=index.stats, tls=tls is not None,
-            stopping=lambda: admission.stopping,
+            stopping=lambda: admission.stopping, webhook_counts=webhooks.counts,
         )
         control = ControlContext(
             wake_client_jobs=batches.wake,

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
@@ -30,6 +32,7 @@ from opod.http.errors import Unauthorized
 from opod.http.fastpath import FastPath, Handler
 from opod.leader.adminv1.context import AdminContext, AdminError
 from opod.leader.adminv1.routes import loadz_response, router
+from opod.leader.webhooks import WebhookCounts
 from opod.store.errors import StoreError
 
 log = logging.getLogger("opod.leader")
@@ -45,11 +48,29 @@ class DataPath(Protocol):
     def handlers(self) -> Mapping[tuple[str, str], Handler]: ...
 
 
+class WebhookCollector(Collector):
+    """``opod_webhook_events_total{outcome}``: what became of the events offered to the settings' webhooks."""
+
+    OUTCOMES = ("queued", "delivered", "retried", "failed", "dropped")
+
+    def __init__(self, counts: WebhookCounts) -> None:
+        self.counts = counts
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily("opod_webhook_events", "Webhook events by what became of them (retried counts attempts)",
+                                     labels=["outcome"])
+        for outcome in self.OUTCOMES:
+            family.add_metric([outcome], getattr(self.counts, outcome))
+        yield family
+
+
 def probe_routes(ctx: AdminContext) -> list[Route]:
     metrics = CollectorRegistry()
     workers_gauge = Gauge("opod_workers_live", "Workers taking new work", registry=metrics)
     models_gauge = Gauge("opod_models_served", "Models served by at least one live worker", registry=metrics)
     in_flight = Gauge("opod_requests_in_flight", "/v1 requests being answered", registry=metrics)
+    if ctx.webhook_counts is not None:
+        metrics.register(WebhookCollector(ctx.webhook_counts))
 
     async def healthz(request: Request) -> Response:
         return PlainTextResponse("ok\n")

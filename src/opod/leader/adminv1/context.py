@@ -13,6 +13,7 @@ from opod.fleet.models import ModelRegistry
 from opod.fleet.state import Fleet, NodeState
 from opod.gateway.stats import GatewayStats
 from opod.http.nodeclient import WorkerClient
+from opod.leader.webhooks import WebhookCounts
 from opod.ledger import Ledger
 from opod.shards import ShardManager
 from opod.store import Store
@@ -53,6 +54,8 @@ class AdminContext:
     """Whether the public listener serves TLS (then worker certificates are verified)."""
     stopping: Callable[[], bool] = lambda: False
     """True once the leader stops taking new requests: ``/readyz`` says not ready."""
+    webhook_counts: WebhookCounts | None = None
+    """What became of the events offered to the settings' webhooks, for ``/metrics``."""
 
     def node(self, node_id: str) -> NodeState:
         node = self.fleet.get(node_id)
