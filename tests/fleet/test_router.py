@@ -99,10 +99,13 @@ def test_a_routing_decision_costs_well_under_100_microseconds_with_100_workers()
     for i in range(100):
         index.apply(f"w{i:03d}", "b", nodeapi.KVBlocks(seq=1, block_size=16, stored=hashes[: i % 128]))
     policy = RoutingPolicy(kv_weight=1.0, kv_saturation_pct=95, prefix_block_weight=1.0)
-    samples = []
-    for _ in range(2000):
-        started = time.perf_counter()
-        pick(fleet, RouteRequest(MODEL, hashes=hashes), policy, index)
-        samples.append(time.perf_counter() - started)
-    p99 = sorted(samples)[int(0.99 * len(samples))]
-    assert p99 < 1e-3, f"p99 {p99 * 1e6:.0f} µs (bench/routing/decision.py measures the goal of 100 µs; this bound only catches a regression)"
+    # CPU time of this thread, in batches of 100 decisions, and their median: the suite runs in several
+    # processes on few cores, and waiting for a core is not the decision's cost.
+    batches = []
+    for _ in range(20):
+        started = time.thread_time()
+        for _ in range(100):
+            pick(fleet, RouteRequest(MODEL, hashes=hashes), policy, index)
+        batches.append((time.thread_time() - started) / 100)
+    median = sorted(batches)[len(batches) // 2]
+    assert median < 1e-3, f"{median * 1e6:.0f} µs a decision (bench/routing/decision.py measures the goal of 100 µs; this bound only catches a regression)"

@@ -275,8 +275,8 @@ def test_a_typical_chat_is_checked_in_microseconds() -> None:
                                           {"role": "user", "content": "What is the capital of France? " * 10}],
                "max_tokens": 64, "temperature": 0.7, "stream": True, "stream_options": {"include_usage": True}}
     rounds = 2000
-    started = time.perf_counter()
+    started = time.thread_time()  # CPU time: the suite's other processes share the cores
     for _ in range(rounds):
         check_chat(payload, CHAT_MODEL)
-    per_call = (time.perf_counter() - started) / rounds
+    per_call = (time.thread_time() - started) / rounds
     assert per_call < 50e-6, f"{per_call * 1e6:.1f} µs per check"

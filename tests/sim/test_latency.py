@@ -66,8 +66,9 @@ def test_requests_beyond_max_batch_wait_and_are_counted_as_waiting(sim) -> None:
 def test_inter_token_latency_grows_with_the_running_batch(sim) -> None:
     h = sim(itl_ms=1.0, itl_ms_per_request=8.0)
     alone = timed_requests(h.url, 1, 10)[0]
-    together = timed_requests(h.url, 4, 10)
-    assert min(together) > 2 * alone, (alone, together)
+    together = sorted(timed_requests(h.url, 4, 10))
+    # The median: on a busy machine the first of the four may run some steps alone before the others join.
+    assert together[len(together) // 2] > 2 * alone, (alone, together)
 
 
 def test_a_client_that_gives_up_while_queued_does_not_block_the_queue(sim) -> None:
