@@ -2,7 +2,12 @@
 
 The record is the request's usage row (the newest, where a client reused an ``X-Request-Id``):
 who made it, the model asked and the one that answered, the replica, status, latencies, queue
-time, tokens, cost, cache hit, end user and tags. Its body is there only where the retention
+time, tokens, cost, cache hit, end user and tags, and what the guardrails did: ``guard_action``
+(``block``, ``unavailable`` (a guardrail failed closed), ``rewrite``, ``failed_open`` or ``allow``:
+the strongest action a ``pre`` or ``post`` guardrail took), ``guard_policy`` (that guardrail's id
+in the policy file), ``guard_rule`` (the phase it acted in, ``pre`` or ``post``),
+``guard_category`` (the reason it gave, or what went wrong with it) and ``guard_ms`` (the time
+spent in guardrail webhooks); all absent when no guardrail was consulted. Its body is there only where the retention
 settings kept it; a 404 says why not (bodies off, the project's own setting, ``store: false``,
 expired). A replay sends the kept request again, through the gateway's own path (rules,
 admission, routing, a usage row of its own) as the operator's own request, under the admin key
@@ -55,6 +60,8 @@ def request_view(row: UsageRecord) -> RequestView:
         replica=row.node_id or None, status=row.status or None, latency_ms=row.latency_ms, queue_ms=row.queue_ms,
         ttft_ms=row.ttft_ms, prompt_tokens=row.prompt_tokens, completion_tokens=row.completion_tokens,
         cost_micros=row.cost_micros, end_user=row.end_user or None, tags=tags, cache_hit=row.cache_hit,
+        guard_action=row.guard_action or None, guard_policy=row.guard_policy or None, guard_rule=row.guard_rule or None,
+        guard_category=row.guard_category or None, guard_ms=row.guard_ms if row.guard_action else None,
     )
 
 

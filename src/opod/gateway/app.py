@@ -29,7 +29,7 @@ from opod.gateway.admission import Admission, resolve_class
 from opod.gateway.budgets import Budgets, BudgetScope, reserved_completion, reserved_prompt
 from opod.gateway.errors import BudgetExceeded
 from opod.gateway.exchange import Chains, Exchange, UsageRecorder
-from opod.gateway.guardrails import Guardrails
+from opod.gateway.guardrails import GuardNote, Guardrails
 from opod.gateway.kept_bodies import BodyKeeping, request_labels
 from opod.gateway.prefix import PrefixHasher
 from opod.gateway.profiles import RoutingProfiles
@@ -184,7 +184,7 @@ class Gateway:
                 exchange.refuse(err.status)
                 return error_response(err, request_id)
             except BaseException:
-                exchange.reservation.settle(0)  # cancelled or failed before an answer: its budget hold goes
+                exchange.abandon()  # cancelled or failed before an answer: its budget hold goes
                 raise
 
         return endpoint
@@ -325,7 +325,8 @@ class Gateway:
                 exchange.route = {"limited": "budget", "scope": refusal.scope, "period": refusal.period}
                 raise
         if policy is not None and policy.guardrails:
-            body = await self.guardrails.pre(policy, exchange.request_id, model, body)
+            exchange.guard = GuardNote()
+            body = await self.guardrails.pre(policy, exchange.request_id, model, body, exchange.guard)
         if self.demand is not None and (starting := self.demand(model)) is not None:
             await starting  # nothing serves it yet: the reconciler starts a replica and this request waits for it
         klass = resolve_class(key.admission_class if key is not None else "", _text(headers.get(b"x-opod-class")))
@@ -341,6 +342,8 @@ class Gateway:
             routing = self.profiles.routing(routing, key.routing_profile)
         route = self.route_request(model, payload, routing, exchange.request_id)
         exchange.begin(model)
+        if not stream and policy is not None and policy.guardrails_for("post"):
+            exchange.hold = True  # its row waits for the post guardrails' verdict
         call = RelayCall(spec.path, body, stream, strip_usage, exchange)
         try:
             response = await self.relay.forward(call, route, routing)
@@ -410,11 +413,12 @@ class Gateway:
         """The policy's post and logging-only webhooks; a streamed answer is only logged (it is already on its way)."""
         answer = None if stream else bytes(response.body)
         if answer is not None and response.status_code == 200 and policy.guardrails_for("post"):
-            checked = await self.guardrails.post(policy, exchange.request_id, model, body, answer)
+            checked = await self.guardrails.post(policy, exchange.request_id, model, body, answer, exchange.guard)
             if checked is not answer:
                 response = Response(checked, status_code=200, media_type="application/json", headers=dict(response.headers))
                 response.headers["content-length"] = str(len(checked))
                 answer = checked
+        exchange.release()
         if policy.guardrails_for("logging_only"):
             self.guardrails.log(policy, exchange.request_id, model, body, answer=answer, status=response.status_code)
         return response

@@ -6,6 +6,11 @@ client has the end of its answer, so an answer that arrived is never missing
 from the stream. A stream cut off or left before the engine's usage chunk
 records the completion tokens actually streamed and its prompt tokens counted
 after the fact (:mod:`opod.gateway.usagecount`), a moment later.
+
+An answer the ``post`` guardrails judge is held: the relay's end of it only frees the
+engine slot, and the row is written once the guardrails have decided (:meth:`Exchange.release`),
+with the status the client gets (a block's 400, an unavailable guardrail's 503) and the tokens
+the engine spent.
 """
 
 from __future__ import annotations
@@ -13,12 +18,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Protocol
 
 from opod.access.keytable import KeyEntry
 from opod.contract.adminapi import SNAPSHOT_KEY_PREFIX
 from opod.gateway.admission import Permit
 from opod.gateway.budgets import NO_RESERVATION, Budgets, Reservation
+from opod.gateway.guardrails import GuardNote
 from opod.gateway.outcome import Outcome
 from opod.gateway.stats import GatewayStats
 from opod.gateway.usagecount import PromptCounter, estimate
@@ -32,7 +39,7 @@ class UsageRecorder(Protocol):
 
     def begin(self, *, request_id: str, api_key_id: str, user_id: str, model: str, protocol: str,
               project_id: str = "", team_id: str = "", org_id: str = "", end_user: str = "",
-              tags: Mapping[str, str] | None = None) -> UsageTicket: ...
+              tags: Mapping[str, str] | None = None, details: Mapping[str, object] | None = None) -> UsageTicket: ...
 
     def end(self, ticket: UsageTicket, *, outcome: str, prompt_tokens: int, completion_tokens: int, latency_ms: int,
             ttft_ms: int = 0, node_id: str = "", route: dict | None = None, cost_micros: int = 0,
@@ -63,7 +70,7 @@ class Exchange:
     __slots__ = ("stats", "ledger", "request_id", "protocol", "probe", "started", "key_id", "model", "ticket",
                  "permit", "ended", "route", "_begun", "access_log", "prompts", "payload", "prompt_estimate",
                  "user_id", "project_id", "team_id", "org_id", "budgets", "reservation", "end_user", "tags", "queue_ms",
-                 "body_state")
+                 "body_state", "guard", "hold", "held")
 
     def __init__(self, stats: GatewayStats, ledger: UsageRecorder, request_id: str, protocol: str, probe: bool,
                  access_log: bool, prompts: PromptCounter | None = None, budgets: Budgets | None = None) -> None:
@@ -101,6 +108,11 @@ class Exchange:
         """How long the request waited for an admission slot."""
         self.body_state = ""
         """Whether its bodies are kept, or why not (``opod.gateway.kept_bodies``); '' when not decided."""
+        self.guard: GuardNote | None = None
+        """What the guardrails did to it; ``None``: the policy has none."""
+        self.hold = False
+        """Its answer waits for the ``post`` guardrails: the relay's end is held (:attr:`held`) until :meth:`release`."""
+        self.held: Outcome | None = None
 
     def identify(self, key: KeyEntry | None, tenancy: Chains | None = None) -> None:
         if key is not None:
@@ -138,9 +150,12 @@ class Exchange:
             self._journal_start()
 
     def _journal_start(self) -> UsageTicket:
+        # The pre guardrails' outcome goes with the start, so a row recovered after a crash keeps it.
+        guard = self.guard.fields() if self.guard is not None else None
         ticket = self.ticket = self.ledger.begin(
             request_id=self.request_id, api_key_id=self.key_id, user_id=self.user_id, model=self.model, protocol=self.protocol,
-            project_id=self.project_id, team_id=self.team_id, org_id=self.org_id, end_user=self.end_user, tags=self.tags)
+            project_id=self.project_id, team_id=self.team_id, org_id=self.org_id, end_user=self.end_user, tags=self.tags,
+            details=guard or None)
         return ticket
 
     def streaming(self, tokens_sent: int, node_id: str) -> None:
@@ -153,6 +168,13 @@ class Exchange:
 
     def done(self, outcome: Outcome) -> None:
         if self.ended:
+            return
+        if self.hold:
+            # The post guardrails have yet to judge the answer: the engine's slot goes now, the row after them.
+            self.hold, self.held = False, outcome
+            if self.permit is not None:
+                self.permit.release()
+                self.permit = None
             return
         self.ended = True
         if self.permit is not None:
@@ -194,7 +216,27 @@ class Exchange:
                            lambda tokens, how: record(tokens, {**(route or {}), "prompt_tokens": how}))
 
     def refuse(self, status: int) -> None:
-        self.done(Outcome(status, "error"))
+        """The client is refused with ``status``; an answer held for the post guardrails is recorded with it."""
+        self.hold = False
+        held, self.held = self.held, None
+        self.done(Outcome(status, "error") if held is None else replace(held, status=status, outcome="error"))
+
+    def release(self) -> None:
+        """The post guardrails let the answer through: record the end the relay reported."""
+        self.hold = False
+        held, self.held = self.held, None
+        if held is not None:
+            self.done(held)
+
+    def abandon(self) -> None:
+        """The request stopped without an answer (cancelled, or a failure): a held end is recorded as
+        cancelled; otherwise only its budget hold goes."""
+        self.hold = False
+        held, self.held = self.held, None
+        if held is not None:
+            self.done(replace(held, status=499, outcome="cancelled"))
+        else:
+            self.reservation.settle(0)
 
     @property
     def served_model(self) -> str:
@@ -211,6 +253,8 @@ class Exchange:
             details["body_state"] = self.body_state
         if _cache_hit(outcome.usage, self.route):
             details["cache_hit"] = True
+        if self.guard is not None and self.guard.action:
+            details.update(self.guard.fields())
         return details
 
 

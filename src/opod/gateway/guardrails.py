@@ -30,6 +30,25 @@ request goes on as if the webhook said allow; without it the client gets 503
 one after another in the file's order, each seeing the previous rewrite.
 ``logging_only`` webhooks are called in the background; their answers and
 failures never touch the request.
+
+What the guardrails did goes into the request's record (``GET /api/v1/requests/{id}``)
+through a :class:`GuardNote` the gateway hands to :meth:`Guardrails.pre` and
+:meth:`Guardrails.post`. One action decides, the strongest any ``pre`` or ``post``
+rule took, the first rule to take it winning a tie:
+
+- ``block``: a rule blocked the request or its answer (the client got 400);
+- ``unavailable``: a rule failed and fails closed (the client got 503);
+- ``rewrite``: a rule rewrote the request or the answer;
+- ``failed_open``: a rule failed and fails open, so the request went on unchecked by it;
+- ``allow``: every rule consulted allowed it.
+
+With it: the deciding rule's id (``guard_policy``), its phase, ``pre`` or ``post``
+(``guard_rule``: the id already names the rule, the phase says whether the request or the
+answer was judged), the reason a block or rewrite gave, or what went wrong with a failed
+webhook, cut to :data:`MAX_GUARD_CATEGORY` characters (``guard_category``), and the
+milliseconds spent waiting on ``pre`` and ``post`` webhooks (``guard_ms``). A request no
+``pre`` or ``post`` rule was consulted for has no note fields at all; ``logging_only`` calls
+are never in it (they run after the answer, in the background).
 """
 
 from __future__ import annotations
@@ -37,7 +56,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -52,6 +73,41 @@ DEFAULT_TIMEOUT_MS = 2000
 MAX_PENDING_LOGS = 1000
 """``logging_only`` calls in flight at most; beyond it new ones are dropped (and counted), never queued."""
 MAX_ANSWER_BYTES = 32 << 20
+
+
+GUARD_ACTIONS = ("allow", "failed_open", "rewrite", "unavailable", "block")
+"""The actions a :class:`GuardNote` may say, weakest first."""
+_RANK = {action: rank for rank, action in enumerate(GUARD_ACTIONS)}
+MAX_GUARD_CATEGORY = 200
+"""The reason a rule gave, as the request's record keeps it, in characters."""
+
+
+@dataclass(slots=True)
+class GuardNote:
+    """What the ``pre`` and ``post`` rules did to one request (see the module's docstring); filled as they run."""
+
+    action: str = ""
+    """One of :data:`GUARD_ACTIONS`; '' while no rule has been consulted."""
+    policy: str = ""
+    rule: str = ""
+    category: str = ""
+    seconds: float = 0.0
+    """Time spent waiting on the webhooks."""
+
+    def saw(self, action: str, rule: GuardrailRule, why: str = "") -> None:
+        """``rule`` took ``action``; it decides when it is stronger than what decided so far."""
+        if _RANK[action] > _RANK.get(self.action, -1):
+            self.action, self.policy, self.rule, self.category = action, rule.id, rule.phase, why[:MAX_GUARD_CATEGORY]
+
+    def fields(self) -> dict[str, object]:
+        """The request record's guard fields (``guard_action``, ...); none when no rule was consulted."""
+        if not self.action:
+            return {}
+        out: dict[str, object] = {"guard_action": self.action, "guard_policy": self.policy, "guard_rule": self.rule,
+                                  "guard_ms": int(self.seconds * 1000)}
+        if self.category:
+            out["guard_category"] = self.category
+        return out
 
 
 class GuardrailBlocked(GatewayError):
@@ -131,8 +187,10 @@ class Guardrails:
 
     # --- the three phases ----------------------------------------------------------------
 
-    async def pre(self, policy: Rules, request_id: str, model: str, body: bytes) -> bytes:
-        """The request body to send on (``body`` itself when nothing rewrote it); raises a refusal otherwise."""
+    async def pre(self, policy: Rules, request_id: str, model: str, body: bytes, note: GuardNote | None = None) -> bytes:
+        """The request body to send on (``body`` itself when nothing rewrote it); raises a refusal otherwise.
+
+        ``note`` is told what each rule did, a refusal included."""
         rules = _rules(policy, "pre")
         if not rules:
             return body
@@ -141,13 +199,14 @@ class Guardrails:
         for rule in rules:
             payload = {"phase": "pre", "guardrail_id": rule.id, "request_id": request_id, "model": model,
                        "request": request, "response": None}
-            new = await self._judge(rule, payload, request_id)
+            new = await self._judge(rule, payload, request_id, note)
             if new is not None:
                 # The model stays the one the gateway resolved (a rewrite may leave it out).
                 request, rewritten = {**new, "model": model}, True
         return json.dumps(request).encode() if rewritten else body
 
-    async def post(self, policy: Rules, request_id: str, model: str, request_body: bytes, answer: bytes) -> bytes:
+    async def post(self, policy: Rules, request_id: str, model: str, request_body: bytes, answer: bytes,
+                   note: GuardNote | None = None) -> bytes:
         """The answer to give the client (``answer`` itself when nothing rewrote it); raises a refusal otherwise.
 
         Only for answers that were not streamed: a stream has gone to the client before it could be judged.
@@ -161,7 +220,7 @@ class Guardrails:
         for rule in rules:
             payload = {"phase": "post", "guardrail_id": rule.id, "request_id": request_id, "model": model,
                        "request": request, "response": response}
-            new = await self._judge(rule, payload, request_id)
+            new = await self._judge(rule, payload, request_id, note)
             if new is not None:
                 response, rewritten = new, True
         return json.dumps(response).encode() if rewritten else answer
@@ -190,30 +249,41 @@ class Guardrails:
 
     # --- one webhook ------------------------------------------------------------------------
 
-    async def _judge(self, rule: GuardrailRule, payload: dict[str, Any], request_id: str) -> Any | None:
+    async def _judge(self, rule: GuardrailRule, payload: dict[str, Any], request_id: str, note: GuardNote | None) -> Any | None:
         """None to go on unchanged, a new body for a rewrite; raises a refusal for a block or a closed failure."""
+        if note is None:
+            note = GuardNote()  # a caller that does not ask: the same decisions, told to no one
+        started = time.perf_counter()
         try:
-            answer = await self._call(rule, payload, request_id)
-            if not answer:
-                return None
-            action = answer.get("action", "allow")
+            try:
+                answer = await self._call(rule, payload, request_id)
+            finally:
+                note.seconds += time.perf_counter() - started
+            action = answer.get("action", "allow") if answer else "allow"
             if action == "allow":
+                note.saw("allow", rule)
                 return None
+            assert answer is not None
+            reason = answer.get("reason")
+            reason = reason if isinstance(reason, str) else ""
             if action == "block":
-                reason = answer.get("reason")
-                raise GuardrailBlocked(rule.id, rule.phase, reason if isinstance(reason, str) else "")
+                note.saw("block", rule, reason)
+                raise GuardrailBlocked(rule.id, rule.phase, reason)
             if action == "rewrite":
                 body = answer.get("body")
                 if not isinstance(body, dict):
                     raise _WebhookFailed("it answered rewrite without a JSON object in body")
                 if rule.phase == "pre" and body.get("model", payload["model"]) != payload["model"]:
                     raise _WebhookFailed(f"its rewrite changed the model to {body.get('model')!r}")
+                note.saw("rewrite", rule, reason)
                 return body
             raise _WebhookFailed(f"it answered an unknown action {action!r} (allow, block or rewrite)")
         except _WebhookFailed as err:
             if rule.fail_open:
                 log.warning("guardrail %r failed open for %s: %s", rule.id, request_id, err)
+                note.saw("failed_open", rule, str(err))
                 return None
+            note.saw("unavailable", rule, str(err))
             raise GuardrailUnavailable(rule.id, str(err)) from None
 
     async def _call(self, rule: GuardrailRule, payload: dict[str, Any], request_id: str) -> dict[str, Any] | None:

@@ -131,9 +131,10 @@ class Ledger:
 
     def begin(self, *, request_id: str, api_key_id: str, user_id: str, model: str, protocol: str,
               project_id: str = "", team_id: str = "", org_id: str = "", end_user: str = "",
-              tags: Mapping[str, str] | None = None) -> UsageTicket:
+              tags: Mapping[str, str] | None = None, details: Mapping[str, object] | None = None) -> UsageTicket:
         """A request starts: journal it, so a crash before its end leaves an ``interrupted`` row
-        (attributed to the same project, team and org, with its end user and tags)."""
+        (attributed to the same project, team and org, with its end user, tags and ``details``: request
+        record fields known already, as :meth:`end` takes them)."""
         entry = self._prefix + format(next(self._ids), "x")
         try:
             ticket = UsageTicket(entry, *rec.start_texts(request_id, api_key_id, user_id, model, protocol), rec.now_us(),
@@ -142,6 +143,8 @@ class Ledger:
                 ticket.end_user = rec.text(end_user, "end_user")
             if tags is not None:
                 ticket.tags_json = rec.json_text(tags, "tags")
+            if details:
+                ticket.details = rec.request_details(details)
             line = encode(rec.start_record(ticket))
             with self._lock:
                 if self._closed:
@@ -170,7 +173,8 @@ class Ledger:
     ) -> None:
         """A request ends (ok, error, cancelled: completion tokens actually sent). Call it before the
         answer's last byte goes out: once it returns, the row survives a crash of this process.
-        ``details``: the request record's ``status``, ``served_model``, ``queue_ms``, ``cache_hit``, ``body_state``."""
+        ``details``: the request record's ``status``, ``served_model``, ``queue_ms``, ``cache_hit``, ``body_state``
+        and guard fields (``opod.ledger.records.request_details``)."""
         try:
             if not isinstance(ticket, UsageTicket):
                 log.error("ledger: end() needs the ticket begin() returned, not %s; no row recorded", type(ticket).__name__)

@@ -6,12 +6,14 @@ twice) and ``ts_us`` is unix microseconds.
 
 - ``start``: ``entry, ts_us, request_id, api_key_id, user_id, model, protocol``, and where the
   request belongs to a project ``project_id, team_id, org_id`` (absent = none); ``end_user`` (OpenAI's
-  ``user``) and ``tags_json`` (its ``metadata``, JSON object text) where the request gave them
+  ``user``) and ``tags_json`` (its ``metadata``, JSON object text) where the request gave them;
+  the ``pre`` guardrails' outcome (the guard fields below) where they were consulted
 - ``end``: the start's fields with the end's ``ts_us``, plus ``outcome, prompt_tokens,
   completion_tokens, latency_ms, ttft_ms, node_id, route_json`` (JSON text or null) and
   ``cost_micros`` (absent = 0), and where known ``status`` (the client's HTTP status), ``served_model``,
-  ``queue_ms``, ``cache_hit`` and ``body_state`` (absent = 0, '' or false). Complete on its own: a row
-  is built from it without its start.
+  ``queue_ms``, ``cache_hit``, ``body_state``, and ``guard_action, guard_policy, guard_rule,
+  guard_category, guard_ms`` (what the guardrails did, ``opod.gateway.guardrails``) (absent = 0, ''
+  or false). Complete on its own: a row is built from it without its start.
 - ``progress``: ``entry, ts_us, prompt_tokens, completion_tokens, node_id``: how far a stream had
   come (the tokens streamed so far, the prompt estimated from its size), written about once a
   second while it streams, so a crash does not lose what was already sent.
@@ -146,6 +148,8 @@ class UsageTicket:
     end_user: str = ""
     tags_json: str | None = None
     ended: bool = field(default=False)
+    details: dict[str, Any] | None = None
+    """Request record fields known at the start (:func:`request_details`), carried by its end and by an interrupted row."""
 
 
 def start_record(ticket: UsageTicket) -> dict[str, Any]:
@@ -165,6 +169,8 @@ def start_record(ticket: UsageTicket) -> dict[str, Any]:
         record["end_user"] = ticket.end_user
     if ticket.tags_json is not None:
         record["tags_json"] = ticket.tags_json
+    if ticket.details:
+        record.update(ticket.details)
     return record
 
 
@@ -218,13 +224,13 @@ def finished_record(ticket: UsageTicket, ts_us: int, outcome_: str, prompt_token
     return record
 
 
-DETAIL_COUNTS = ("status", "queue_ms")
-DETAIL_TEXTS = ("served_model", "body_state")
+DETAIL_COUNTS = ("status", "queue_ms", "guard_ms")
+DETAIL_TEXTS = ("served_model", "body_state", "guard_action", "guard_policy", "guard_rule", "guard_category")
 
 
 def request_details(details: Mapping[str, object]) -> dict[str, Any]:
-    """The end's request record fields (``status``, ``served_model``, ``queue_ms``, ``cache_hit``,
-    ``body_state``) as the store keeps them; unknown names are dropped and logged."""
+    """The request record fields (``status``, ``served_model``, ``queue_ms``, ``cache_hit``,
+    ``body_state``, the guard fields) as the store keeps them; unknown names are dropped and logged."""
     out: dict[str, Any] = {}
     for name, value in details.items():
         if name in DETAIL_COUNTS:
@@ -298,6 +304,11 @@ def to_row(record: dict[str, Any]) -> NewUsage | NewEvent:
         tags_json=_json_field(tags) if isinstance(tags := get("tags_json"), str) else None,
         cache_hit=get("cache_hit") is True,
         body_state=text(get("body_state", ""), "body_state"),
+        guard_action=text(get("guard_action", ""), "guard_action"),
+        guard_policy=text(get("guard_policy", ""), "guard_policy"),
+        guard_rule=text(get("guard_rule", ""), "guard_rule"),
+        guard_category=text(get("guard_category", ""), "guard_category"),
+        guard_ms=count(get("guard_ms", 0), "guard_ms"),
     )
 
 

@@ -75,6 +75,12 @@ usage = Table(
     Column("tags_json", Text, nullable=True),  # OpenAI's `metadata` object of strings; NULL = none
     Column("cache_hit", Boolean, nullable=False, server_default=false()),
     Column("body_state", Text, nullable=False, server_default=text("''")),  # kept, off, no_store, dropped; '' = not said
+    # What the guardrails did (0013, ``opod.gateway.guardrails``); '' and 0 = no guardrail was consulted.
+    Column("guard_action", Text, nullable=False, server_default=text("''")),  # block, unavailable, rewrite, failed_open, allow
+    Column("guard_policy", Text, nullable=False, server_default=text("''")),  # the deciding guardrail's id
+    Column("guard_rule", Text, nullable=False, server_default=text("''")),  # its phase: pre or post
+    Column("guard_category", Text, nullable=False, server_default=text("''")),  # the reason it gave, capped
+    Column("guard_ms", BigInteger, nullable=False, server_default=text("0")),  # time spent in guardrail webhooks
     UniqueConstraint("entry"),
     Index("ix_usage_ts", "ts"),
     Index("ix_usage_request_id", "request_id"),
@@ -111,6 +117,11 @@ class NewUsage:
     tags_json: str | None = None
     cache_hit: bool = False
     body_state: str = ""
+    guard_action: str = ""
+    guard_policy: str = ""
+    guard_rule: str = ""
+    guard_category: str = ""
+    guard_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +152,11 @@ class UsageRecord:
     tags_json: str | None = None
     cache_hit: bool = False
     body_state: str = ""
+    guard_action: str = ""
+    guard_policy: str = ""
+    guard_rule: str = ""
+    guard_category: str = ""
+    guard_ms: int = 0
 
 
 def usage_values(row: NewUsage) -> dict[str, Any]:
@@ -174,6 +190,11 @@ def usage_values(row: NewUsage) -> dict[str, Any]:
         "tags_json": None if row.tags_json is None else json_arg(row.tags_json, f"tags_json of usage entry {entry!r}"),
         "cache_hit": row.cache_hit is True,
         "body_state": text_arg(row.body_state, "body_state", empty=True),
+        "guard_action": text_arg(row.guard_action, "guard_action", empty=True),
+        "guard_policy": text_arg(row.guard_policy, "guard_policy", empty=True),
+        "guard_rule": text_arg(row.guard_rule, "guard_rule", empty=True),
+        "guard_category": text_arg(row.guard_category, "guard_category", empty=True),
+        "guard_ms": count_arg(row.guard_ms, "guard_ms"),
     }
 
 
