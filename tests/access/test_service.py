@@ -70,14 +70,14 @@ async def test_a_failed_flush_keeps_the_uses_for_the_next(tmp_path: Path) -> Non
 def test_the_admin_key_is_created_once_and_replaced_when_its_file_differs(tmp_path: Path) -> None:
     path = tmp_path / "admin.key"
     first = open_service(tmp_path / "db")
-    created = first.ensure_admin_key(path)
+    created = first.ensure_admin_key(path, "host:/home/a")
     assert created is not None and path.read_text().strip() == created and path.stat().st_mode & 0o777 == 0o600
-    assert first.ensure_admin_key(path) is None, "the file matches: nothing new to show"
+    assert first.ensure_admin_key(path, "host:/home/a") is None, "the file matches: nothing new to show"
     first.store.close()
 
     path.write_text("sk-orc-someone-edited-this\n")
     second = open_service(tmp_path / "db")
-    replaced = second.ensure_admin_key(path)
+    replaced = second.ensure_admin_key(path, "host:/home/a")
     assert replaced is not None and replaced != created
     with pytest.raises(Unauthorized):
         second.keys.check(f"Bearer {created}", kinds=("admin",))

@@ -1,9 +1,10 @@
-"""Two leaders on one store agree within 2 s: keys minted or revoked, the tenancy tree, quotas.
+"""Two leaders on one store agree within 2 s: keys minted or revoked, the tenancy tree, quotas, admin keys.
 
 Several leaders share one store and every one serves ``/v1``; each keeps keys and the tree in
 memory, so what one leader changes reaches the other's memory by its following of the store.
 Both here are ``opod up --no-worker`` processes with their own homes on one SQLite file.
-``GET /v1/models`` needs a key but no engine, so it shows a key accepted or refused.
+``GET /v1/models`` needs a key but no engine, so it shows a key accepted or refused. Each leader keeps
+its own admin key, and every active admin key opens every leader's ``/api/v1``.
 """
 
 from __future__ import annotations
@@ -16,15 +17,20 @@ import pytest
 from tests.support.opod_process import Leader, http, wait_until
 
 WITHIN = 2.0
+EXTRA = ["--no-default-models"]
 
 
 @pytest.fixture(scope="module")
-def leaders(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Leader, Leader]]:
-    database = f"sqlite:///{tmp_path_factory.mktemp('store') / 'opod.db'}"
-    env = {"OPOD_DATABASE_URL": database}
-    first = Leader(tmp_path_factory.mktemp("a") / "home", worker=False, extra=["--no-default-models"], env=env)
+def store_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    return {"OPOD_DATABASE_URL": f"sqlite:///{tmp_path_factory.mktemp('store') / 'opod.db'}"}
+
+
+@pytest.fixture(scope="module")
+def leaders(tmp_path_factory: pytest.TempPathFactory, store_env: dict[str, str]) -> Iterator[tuple[Leader, Leader]]:
+    env = store_env
+    first = Leader(tmp_path_factory.mktemp("a") / "home", worker=False, extra=EXTRA, env=env)
     try:
-        second = Leader(tmp_path_factory.mktemp("b") / "home", worker=False, extra=["--no-default-models"], env=env)
+        second = Leader(tmp_path_factory.mktemp("b") / "home", worker=False, extra=EXTRA, env=env)
         try:
             yield first, second
         finally:
@@ -106,3 +112,39 @@ def test_a_quota_put_on_one_leader_is_listed_by_the_other(leaders: tuple[Leader,
     assert status == 200, gone
     removed = time.monotonic()
     soon(lambda: not listed_on_b(), "the removed quota gone from the other leader", removed)
+
+
+def opens_admin_api(leader: Leader, secret: str) -> bool:
+    status, _, body = http("GET", leader.admin_url + "/api/v1/keys", key=secret)
+    assert status in (200, 401), body
+    return status == 200
+
+
+def restart(leader: Leader, env: dict[str, str]) -> None:
+    """Stop ``leader`` and start it again on the same home and addresses; the object then stands for the new process."""
+    leader.process.stop()
+    again = Leader(leader.home, worker=False, extra=EXTRA, env=env, ports=(leader.port, leader.admin_port))
+    leader.process, leader.key = again.process, again.key
+
+
+def test_each_leader_keeps_its_admin_key_and_every_admin_key_opens_both(leaders: tuple[Leader, Leader],
+                                                                          store_env: dict[str, str]) -> None:
+    a, b = leaders
+    assert a.key != b.key
+    for leader in (a, b):
+        assert opens_admin_api(leader, a.key) and opens_admin_api(leader, b.key), "B's start revoked no key of A's"
+
+    first_a = a.key
+    restart(a, store_env)  # admin.key kept: the same key, and B's untouched
+    assert a.key == first_a
+    for leader in (a, b):
+        assert opens_admin_api(leader, a.key) and opens_admin_api(leader, b.key), "A's restart revoked no key of B's"
+
+    (a.home / "admin.key").unlink()  # A's key handed out no more: A's next start mints another and revokes its own
+    restart(a, store_env)
+    started = time.monotonic()
+    assert a.key != first_a and "admin key" in a.process.output
+    assert opens_admin_api(a, a.key) and opens_admin_api(a, b.key) and not opens_admin_api(a, first_a)
+    assert opens_admin_api(b, b.key)
+    soon(lambda: opens_admin_api(b, a.key), "A's new admin key accepted on B", started)
+    soon(lambda: not opens_admin_api(b, first_a), "A's old admin key refused on B", started)

@@ -39,8 +39,8 @@ TOMBSTONES_META_KEY = "auth_file.revoked_keys"
 FOLLOW_OVERLAP = timedelta(minutes=5)
 """How far before the newest change already read each read of other leaders' key changes starts again: a key's
 times are its writer's clock at the call, so this covers a slow commit and leaders' clocks apart by less."""
-FOLLOWED_KINDS = ("api", "node")
-"""The keys other leaders' changes are followed for; an admin key is each leader's own (its home's admin.key)."""
+FOLLOWED_KINDS = ("admin", "api", "node")
+"""The keys other leaders' changes are followed for: every kind, since each leader's admin key opens them all."""
 
 
 class LocalTokenRevoked(RuntimeError):
@@ -89,21 +89,27 @@ class AccessService:
 
     # --- the leader's own credentials (start-up, off the loop) ------------------------
 
-    def ensure_admin_key(self, path: Path) -> str | None:
-        """Make sure ``path`` holds the one active admin key; returns the plaintext when it was created now.
+    def ensure_admin_key(self, path: Path, leader_id: str) -> str | None:
+        """Make sure ``path`` holds an active admin key of this leader; returns the plaintext when it was created now.
 
-        An admin key whose file is gone or differs can no longer be handed out, so it is revoked.
+        Several leaders may share one store, each with its own admin key in its own home; ``leader_id`` names this
+        one (stable across restarts). When ``path`` holds no active admin key, a new one is minted and this
+        leader's earlier ones are revoked with it (they can no longer be handed out), together with any admin key
+        that names no leader; another leader's admin key is never revoked here. Every active admin key of the
+        cluster opens every leader's admin API: the leaders change one store, so a key held to one leader would
+        wall off nothing, and ``opod ctl`` works against any leader with any leader's key.
         """
         self.keys.admin_key_file = path
-        admins = [r for r in self.store.list_keys("admin") if r.revoked_at is None]
-        if admins and path.exists() and any(r.hash == hash_key(path.read_text().strip()) for r in admins):
+        held = hash_key(path.read_text().strip()) if path.exists() else None
+        active = [r for r in self.store.list_keys("admin") if r.revoked_at is None]
+        mine = next((r for r in active if r.hash == held), None)
+        if mine is not None:
+            if mine.leader_id != leader_id:  # stored before keys named their leader, or this leader's name changed
+                self.keys.put(_entry(self.store.claim_admin_key(mine.id, leader_id)))
             return None
-        now = datetime.now(UTC)
-        for stale in admins:
-            self.store.revoke_key(stale.id, now)
-            self.keys.revoke(stale.id)
         secret = new_secret(ADMIN_PREFIX)
-        record = self.store.create_key(kind="admin", name="admin", hash=hash_key(secret), prefix=display_prefix(secret))
+        record, revoked = self.store.replace_admin_key(leader_id, hash=hash_key(secret), prefix=display_prefix(secret))
+        self.keys.revoke_many(r.id for r in revoked)
         self.keys.put(_entry(record))
         tmp = path.with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -190,7 +196,8 @@ class AccessService:
     # --- following other leaders of the same store -------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Until ``stop``: API keys and node tokens minted or revoked by another leader are in force here within 2 s."""
+        """Until ``stop``: keys (admin keys too) and node tokens minted or revoked by another leader are in force here
+        within 2 s."""
         await follow_store(stop, self.follow, "keys")
 
     async def follow(self) -> int:
@@ -198,7 +205,7 @@ class AccessService:
         many changed here. A cheap query on the keys' times, never the whole table (it grows with every key)."""
         since = self._seen - FOLLOW_OVERLAP if self._seen is not None else None
         records = await run_sync(self.store.keys_changed_since, since, FOLLOWED_KINDS)
-        changed = self.keys.follow(_entry(r) for r in records if r.kind == "api")
+        changed = self.keys.follow(_entry(r) for r in records if r.kind != "node")
         for record in records:
             if record.kind != "node":
                 continue

@@ -186,7 +186,8 @@ class Leader:
         emit = fan_out(ledger.event, webhooks.offer)  # every event to the ledger; the operator ones to the webhooks too
         minter = NodeTokenMinter(load_or_create_secret(settings.home / "node-secret"))
         access = AccessService.load(store, minter)
-        new_admin_key = access.ensure_admin_key(settings.home / "admin.key")
+        # The admin key is this leader's, named as its batch leases name it: its machine and home, kept across restarts.
+        new_admin_key = access.ensure_admin_key(settings.home / "admin.key", runner_owner(settings.home))
         people = People.load(store, access)  # before the first request: a disabled person's keys are refused from the start
         tenancy = Tenancy.load(store, people)
         fleet, models = Fleet(), ModelRegistry()

@@ -44,6 +44,9 @@ class KeyRecord:
     user_id: str = ""
     """The person it belongs to (``usr_…``), or ``""``."""
     routing_profile: str = ""
+    leader_id: str = ""
+    """For an admin key, the leader whose home holds it (:meth:`KeysRepo.replace_admin_key`); ``""`` for other kinds
+    and for admin keys stored before keys named their leader."""
 
     def usable(self, at: datetime) -> bool:
         """Neither revoked nor expired at ``at``."""
@@ -95,6 +98,7 @@ class KeysRepo(Repository):
         project_id: str = "",
         user_id: str = "",
         routing_profile: str = "",
+        leader_id: str = "",
         audit: AuditRow | None = None,
     ) -> KeyRecord:
         """Store a new key by its hash. ``id`` defaults to a fresh one for its kind; ``node_id`` only for node tokens."""
@@ -114,11 +118,14 @@ class KeysRepo(Repository):
             project_id=text_arg(project_id, "project", empty=True),
             user_id=text_arg(user_id, "user", empty=True),
             routing_profile=text_arg(routing_profile, "routing_profile", empty=True),
+            leader_id=text_arg(leader_id, "leader id", empty=True),
         )
         if len(record.prefix) > PREFIX_MAX:
             raise InvalidInput(f"key prefix is {len(record.prefix)} characters; keep at most {PREFIX_MAX}, never the whole key")
         if record.node_id is not None and record.kind != "node":
             raise InvalidInput(f"only node tokens are bound to a node; this key is kind {record.kind!r}")
+        if record.leader_id and record.kind != "admin":
+            raise InvalidInput(f"only admin keys belong to a leader; this key is kind {record.kind!r}")
         if record.expires_at is not None and record.expires_at <= record.created_at:
             raise InvalidInput(f"expires_at {record.expires_at.isoformat()} is not after created_at {record.created_at.isoformat()}")
         try:
@@ -170,6 +177,48 @@ class KeysRepo(Repository):
             query = query.where(or_(keys.c.created_at >= stamp, keys.c.revoked_at >= stamp))
         with self._read() as conn:
             return [_record(row) for row in conn.execute(query)]
+
+    def replace_admin_key(self, leader_id: str, *, hash: str, prefix: str, name: str = "admin",
+                          at: datetime | None = None) -> tuple[KeyRecord, list[KeyRecord]]:
+        """Store a new admin key for ``leader_id`` and revoke its active ones, in one transaction; returns the new key
+        and those revoked.
+
+        Revoked are the leader's own and those that name no leader (stored before admin keys named theirs, and
+        never claimed by a leader whose home holds them); another leader's admin key is never touched, so leaders
+        sharing one store each keep theirs.
+        """
+        owner = text_arg(leader_id, "leader id")
+        stamp = when(at, "revoked_at")
+        stale = select(keys).where(keys.c.kind == "admin", keys.c.revoked_at.is_(None), keys.c.leader_id.in_([owner, ""]))
+        record = KeyRecord(
+            id=new_key_id("admin"), kind="admin", name=text_arg(name, "key name", empty=True), hash=_hash(hash),
+            prefix=text_arg(prefix, "key prefix", empty=True), team="", admission_class="", created_at=stamp,
+            expires_at=None, revoked_at=None, last_used_at=None, node_id=None, leader_id=owner,
+        )
+        if len(record.prefix) > PREFIX_MAX:
+            raise InvalidInput(f"key prefix is {len(record.prefix)} characters; keep at most {PREFIX_MAX}, never the whole key")
+        try:
+            with self._write() as conn:
+                _refuse_duplicate(conn, record)
+                found = [_record(r) for r in conn.execute(stale)]
+                if found:
+                    conn.execute(update(keys).where(keys.c.id.in_([k.id for k in found]), keys.c.revoked_at.is_(None))
+                                 .values(revoked_at=stamp))
+                conn.execute(keys.insert().values(**asdict(record)))
+        except IntegrityError as err:
+            raise Conflict(f"key {record.id!r} or its hash already exists; generate a new key") from err
+        return record, [KeyRecord(**{**asdict(k), "revoked_at": stamp}) for k in found]
+
+    def claim_admin_key(self, id: str, leader_id: str) -> KeyRecord:
+        """Record that ``leader_id``'s home holds admin key ``id`` (a key stored before admin keys named their
+        leader, or one whose leader's name changed); returns it as stored now."""
+        owner = text_arg(leader_id, "leader id")
+        with self._write() as conn:
+            conn.execute(update(keys).where(keys.c.id == id, keys.c.kind == "admin").values(leader_id=owner))
+            row = conn.execute(select(keys).where(keys.c.id == id)).first()
+        if row is None or row.kind != "admin":
+            raise NotFound(f"admin key {id!r} does not exist; list the admin keys to find its id")
+        return _record(row)
 
     def revoke_key(self, id: str, at: datetime | None = None, *, audit: AuditRow | None = None) -> KeyRecord:
         """Revoke a key. Revoking it again changes nothing and keeps the first revocation time."""

@@ -89,6 +89,8 @@ keys = Table(
     Column("project_id", Text, nullable=False, server_default=text("''")),
     Column("user_id", Text, nullable=False, server_default=text("''")),
     Column("routing_profile", Text, nullable=False, server_default=text("''")),
+    # 0014: the leader whose home holds this admin key (empty for other kinds, and for admin keys stored before)
+    Column("leader_id", Text, nullable=False, server_default=text("''")),
     UniqueConstraint("hash"),
     CheckConstraint(_one_of("kind", KEY_KINDS), name="kind"),
 )
