@@ -33,7 +33,8 @@ from opod.contract.admin.fleet import (
     Summary,
 )
 from opod.contract.admin.models import ModelView, PresetsView, ScaleResponse, TargetView
-from tests.support.opod_process import OPOD, Leader, OpodProcess, clean_env, free_port, http, sim_worker, wait_until
+from tests.support.opod_process import OPOD, Leader, OpodProcess, clean_env, http, sim_worker, wait_until
+from tests.support.ports import free_port
 
 NODE = "n_ctl"
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.opod_process import OPOD, Leader, clean_env, free_port, http
+from tests.support.opod_process import OPOD, Leader, clean_env, http
+from tests.support.ports import free_port
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.opod_process import Leader, OpodProcess, free_port, http, opod_cli, wait_until
+from tests.support.opod_process import Leader, OpodProcess, http, opod_cli, wait_until
+from tests.support.ports import free_port
 
 MINUTE = 60_000_000_000
 

@@ -12,7 +12,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from tests.support import prometheus
-from tests.support.opod_process import Leader, free_port, remove_home, wait_until
+from tests.support.opod_process import Leader, remove_home, wait_until
+from tests.support.ports import free_port
 
 NS = 1_000_000_000
 MINUTE = {"window": 60 * NS, "step": NS}

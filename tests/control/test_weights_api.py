@@ -22,7 +22,8 @@ import pytest
 from opod.contract import nodeapi
 from opod.security.signer import Signer
 from opod.weights import write_tiny_llama
-from tests.support.opod_process import Leader, OpodProcess, clean_env, free_port, http, wait_until
+from tests.support.opod_process import Leader, OpodProcess, clean_env, http, wait_until
+from tests.support.ports import free_port
 
 NODE = "n_weights"
 MODEL = "local-tiny"

@@ -15,7 +15,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.support.opod_process import Leader, OpodProcess, alive, clean_env, free_port, http, opod_cli, wait_until
+from tests.support.opod_process import Leader, OpodProcess, alive, clean_env, http, opod_cli, wait_until
+from tests.support.ports import free_port
 
 MODEL = "sim-chat"
 

@@ -22,7 +22,8 @@ import openai
 import pytest
 from aiohttp import web
 
-from tests.support.opod_process import Leader, OpodProcess, free_port, http, opod_cli, sim_worker, wait_until
+from tests.support.opod_process import Leader, OpodProcess, http, opod_cli, sim_worker, wait_until
+from tests.support.ports import free_port
 
 MODEL = "sim-chat"
 NODE = "n_guard"

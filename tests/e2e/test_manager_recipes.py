@@ -22,7 +22,8 @@ from opod.contract import env as contract_env
 from opod.contract.blockhash import block_hashes
 from opod.contract.catalog import Entry
 from opod.contract.nodeauth import HEADER, sign
-from tests.support.opod_process import Leader, OpodProcess, clean_env, free_port, http, opod_cli, usage_rows, wait_until
+from tests.support.opod_process import Leader, OpodProcess, clean_env, http, opod_cli, usage_rows, wait_until
+from tests.support.ports import free_port
 
 MODEL = "sim-chat"
 

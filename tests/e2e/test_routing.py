@@ -15,7 +15,8 @@ import yaml
 
 from opod.catalog import bundled_dir
 from opod.contract import adminapi
-from tests.support.opod_process import Leader, OpodProcess, clean_env, free_port, http, opod_cli, usage_rows, wait_until
+from tests.support.opod_process import Leader, OpodProcess, clean_env, http, opod_cli, usage_rows, wait_until
+from tests.support.ports import free_port
 
 MAIN, BACKUP = "sim-main", "sim-backup"
 

@@ -8,7 +8,8 @@ import pytest
 
 from opod.weights.tiny import write_tiny_llama
 from tests.shards.harness import cannot_run
-from tests.support.opod_process import Leader, OpodProcess, alive, clean_env, free_port, http, opod_cli, wait_until
+from tests.support.opod_process import Leader, OpodProcess, alive, clean_env, http, opod_cli, wait_until
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.engine
 

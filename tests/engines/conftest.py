@@ -7,7 +7,6 @@ import contextlib
 import functools
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,12 +22,6 @@ from opod.engines.base import EngineDriver, Readiness
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

@@ -27,7 +27,8 @@ from opod.contract.adminapi import EngineInfo
 from opod.engines import registry
 from opod.engines.base import EngineDriver, LaunchSpec, LoadSample, MetricsState, Readiness
 from opod.engines.errors import LaunchError, NotLaunchable
-from tests.engines.conftest import DATA, engine_process, fake_engine, free_port, sim_problem, status
+from tests.engines.conftest import DATA, engine_process, fake_engine, sim_problem, status
+from tests.support.ports import free_port
 
 DRIVERS = registry.all_drivers()
 ids = [d.id for d in DRIVERS]

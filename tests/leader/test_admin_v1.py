@@ -12,7 +12,8 @@ from opod.contract import adminapi
 from opod.contract.features import FEATURE_KEYS, frozen_routes
 from opod.leader.leader import Leader as InProcessLeader
 from opod.leader.leader import LeaderSettings
-from tests.support.opod_process import Leader, OpodProcess, clean_env, free_port, http, opod_cli, wait_until
+from tests.support.opod_process import Leader, OpodProcess, clean_env, http, opod_cli, wait_until
+from tests.support.ports import free_port
 
 MODEL = "sim-chat"
 

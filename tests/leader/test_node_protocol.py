@@ -15,7 +15,8 @@ import pytest
 
 from opod.contract import nodeapi
 from opod.contract.nodeauth import HEADER, sign
-from tests.support.opod_process import Leader, OpodProcess, clean_env, free_port, http, opod_cli, wait_until
+from tests.support.opod_process import Leader, OpodProcess, clean_env, http, opod_cli, wait_until
+from tests.support.ports import free_port
 
 NODE = "n_fake-1"
 

@@ -32,7 +32,8 @@ from opod.leader.webhooks import Backoff, LifecycleWatch, Webhooks
 from opod.settings.schema import Webhook
 from opod.store import Store
 from tests.leader.test_reconciler import Workers, model, node
-from tests.support.opod_process import Leader, free_port, remove_home, sim_worker, wait_until
+from tests.support.opod_process import Leader, remove_home, sim_worker, wait_until
+from tests.support.ports import free_port
 
 FAST = Backoff(attempts=4, first=0.05, most=0.2)
 

@@ -33,10 +33,10 @@ from tests.support.opod_process import (
     OpodProcess,
     clean_env,
     descendants,
-    free_port,
     http,
     wait_until,
 )
+from tests.support.ports import free_port, port_range
 
 MODEL = "tiny-sharded"
 
@@ -55,9 +55,11 @@ def cannot_run() -> str:
 FAST = Timing(part_ready=10.0, settle=0.4, coordinator_ready=60.0, heartbeat=15.0, call=20.0, poll=0.1)
 
 
-def free_port_run(count: int, start: int = 20000, stop: int = 60000) -> int:
-    """The first port of ``count`` consecutive ports that are free now on loopback and every interface."""
-    base = start + (int(time.time() * 1000) % 997) * 37
+def free_port_run(count: int) -> int:
+    """The first port of ``count`` consecutive ports that are free now on loopback and every interface, in this
+    process's slice of ports (``tests.support.ports``)."""
+    start, stop = port_range()
+    base = start + (int(time.time() * 1000) % 97) * 37
     while base + count < stop:
         socks = []
         try:

@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -25,6 +24,7 @@ import pytest
 from opod.engines import llama_binary
 from opod.engines.errors import LaunchError
 from opod.engines.llama_binary import Route
+from tests.support.ports import free_port
 
 
 def command() -> list[str]:
@@ -41,12 +41,6 @@ def command() -> list[str]:
         except ImportError:
             pytest.skip(f"no llama-server for this CPU: {route.why}, and the xllamacpp wheel is not installed")
     return list(route.argv)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def post_json(url: str, body: dict[str, Any], timeout: float = 60) -> Any:

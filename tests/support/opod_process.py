@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,13 +19,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from tests.support.ports import free_port
+
 OPOD = [sys.executable, "-m", "opod"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def clean_env(home: Path, **extra: str) -> dict[str, str]:

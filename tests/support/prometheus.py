@@ -13,7 +13,8 @@ import subprocess
 import urllib.parse
 from pathlib import Path
 
-from tests.support.opod_process import free_port, http, wait_until
+from tests.support.opod_process import http, wait_until
+from tests.support.ports import free_port
 
 INSTALL = "apt-get install -y prometheus (Debian's package; .ci/run installs it)"
 

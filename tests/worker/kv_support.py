@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import struct
 import sys
 import time
@@ -142,12 +141,6 @@ FILLER = "You are a careful assistant who answers in full sentences and checks e
 
 
 # --- fake-engine helpers ----------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def stored_event(hashes: list[int], parent: int | None, tokens: list[int], size: int = BS) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import time
 from opod.contract.blockhash import block_hashes
 from opod.worker.kvevents import BlockRemoved, BlockStored, EngineBlocks, KVReport
 from opod.worker.kvlistener import engine_binds
+from tests.support.ports import free_port
 from tests.worker.kv_support import (
     BS,
     FILLER,
@@ -20,7 +21,6 @@ from tests.worker.kv_support import (
     batch,
     decoded_stored,
     fake_engine_pub,
-    free_port,
     leading_shared,
     publish_until_heard,
     settle,

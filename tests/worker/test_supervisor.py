@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -27,16 +26,11 @@ from opod.worker.supervisor import (
     UnknownProcess,
 )
 from tests.support.llama_server import command as llama_command
+from tests.support.ports import free_port
 
 
 def py(code: str, *args: str) -> list[str]:
     return [sys.executable, "-c", textwrap.dedent(code), *args]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def stat(pid: int) -> tuple[str, int] | None:

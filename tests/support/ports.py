@@ -1,0 +1,39 @@
+"""Free loopback ports for the tests' servers.
+
+Each pytest-xdist worker draws from its own slice of 10000-32000, below the ephemeral ports Linux
+hands to ``bind(0)`` and to outgoing connections (32768 and up): a port one test frees while its
+leader restarts cannot be handed to another worker's test, and no engine's own ``bind(0)`` or a
+client's source port lands on it.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+
+LOW, HIGH = 10000, 32000
+_pick = random.Random()
+
+
+def port_range() -> tuple[int, int]:
+    """This process's slice: all of it run serially, one part per xdist worker (``gw0``, ``gw1``, ...)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or "1")
+    index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
+    width = (HIGH - LOW) // max(count, 1)
+    return LOW + index * width, LOW + (index + 1) * width
+
+
+def free_port() -> int:
+    """A port of this process's slice that nothing listens on now."""
+    low, high = port_range()
+    for _ in range(500):
+        port = _pick.randrange(low, high)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free loopback port in {low}-{high} after 500 tries")
