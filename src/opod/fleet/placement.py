@@ -319,39 +319,6 @@ class Planner:
             return self._assignment(name, ask, chosen), [r for r in rejections if r.profile != ask.label]
         return None, rejections
 
-    def fits_on(self, name: str, definition: CatalogModel, node_id: str, *, klass: str,
-                engine: str = "") -> tuple[Assignment | None, str]:
-        """The assignment a replica of ``name`` already serving on ``node_id`` alone would have, or why none fits it.
-
-        For adopting what a worker serves: the node's own report of the model and its
-        drain or cordon do not refuse it (the replica is there already; moving it is the
-        reconciler's), every other rule does, and nothing is preempted for it.
-        """
-        slot = self._slots.get(node_id)
-        if slot is None:
-            return None, f"node: {node_id} is not known"
-        profiles = definition.profiles or [CatalogProfile()]
-        order = sorted(range(len(profiles)), key=lambda i: -(profiles[i].priority or 0))
-        why = "no profile of it runs on one node"
-        had, down = name in slot.models, slot.down
-        slot.models.discard(name)
-        slot.down = ""
-        try:
-            for index in order:
-                ask = ask_of(name, definition, profiles[index], index, engine)
-                if ask.problem or ask.nodes != 1:
-                    why = ask.problem or why
-                    continue
-                verdict = self._check(slot, name, ask, klass, {}, preempt=False)
-                if isinstance(verdict, _Fit):
-                    return self._assignment(name, ask, [verdict]), ""
-                why = verdict
-        finally:
-            if had:
-                slot.models.add(name)
-            slot.down = down
-        return None, why
-
     def free(self) -> Amount:
         """GPUs, cores and memory free now on the nodes that take work (a node that does not say adds nothing)."""
         if self._free is None:

@@ -14,12 +14,6 @@ What is pinned to a node (``KnownModel.wanted``, the ``load``/``unload`` pins), 
 every model without a definition, is loaded and unloaded by :mod:`opod.leader.pinned`,
 which a round calls first.
 
-An engine of a defined model that a worker reports and no replica accounts for
-(after a leader restart, or a worker back from a partition) is adopted as a ready
-replica at the start of a round (:func:`opod.leader.replicas.adopted`); for a short
-while after start no new replica is placed while nodes known from the store have not
-reported yet, so what they serve is adopted rather than started twice.
-
 Capacity quotas (:mod:`opod.fleet.quotas`) are read every round: each model counts
 against its owner's scope and every scope above it, and a replica the quotas
 refuse is not placed (``explain-placement`` says which quota); the first refusal
@@ -30,11 +24,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
 
 from opod.contract import nodeapi
+from opod.contract.admin.catalog import CatalogModel
 from opod.fleet.liveness import HEARTBEAT_MAX_AGE
 from opod.fleet.models import ANY_NODE, KnownModel, ModelRegistry
 from opod.fleet.placement import CLASSES, Held, Planner, Rejection
@@ -50,14 +46,10 @@ from opod.leader.replicas import (
     STARTING,
     Parking,
     Replica,
-    adopted,
-    awaiting_reports,
     capacity_class,
     desired_count,
-    fingerprint_of,
     idle_timeout,
     load_requests,
-    stable_id,
 )
 
 log = logging.getLogger("opod.leader")
@@ -70,6 +62,10 @@ FAILED_KEPT = 60.0
 DEMAND_WAIT = 300.0
 """How long a request for an on-demand model with nothing serving waits for the replica it started."""
 
+
+
+def _fingerprint(definition: CatalogModel) -> str:
+    return definition.model_dump_json(exclude_none=True)
 
 
 def draining(node: NodeState) -> bool:
@@ -100,11 +96,6 @@ class Reconciler:
         self._limits: dict[str, tuple[int, int]] = {}
         """model → (max_surge, max_unavailable) of its last queued restart."""
         self.rounds = 0
-        self.born = time.monotonic()
-        self._awaiting = False
-        """Nodes known from the store have not reported yet: no new replicas while they may bring theirs (see ``_awaiting_reports``)."""
-        self._unloaded_at: dict[tuple[str, str], float] = {}
-        """(model, node) → when this leader last stopped the model there: its engine is not adopted until a later heartbeat."""
         self._planner = Planner([], [])
         """The current pass's view of free devices (see ``_plan_replicas``)."""
         self._wake = asyncio.Event()
@@ -225,8 +216,7 @@ class Reconciler:
             parking = self.parking.get(model_id)
             if parking is not None and parking.parked:
                 return
-            if self.rounds > rounds + 1 and not self._awaiting_reports(time.monotonic()) \
-                    and not any(r.model == model_id and r.state == STARTING for r in self.replicas.values()):
+            if self.rounds > rounds + 1 and not any(r.model == model_id and r.state == STARTING for r in self.replicas.values()):
                 return  # a round came and went without starting one: it cannot be placed, the 503 says so
             await asyncio.sleep(0.1)
 
@@ -277,60 +267,19 @@ class Reconciler:
                     stops.append(self._unload_replica(replica, forget=False))
                 elif now - replica.started > FAILED_KEPT and now - replica.ready_at > FAILED_KEPT:
                     self._drop(replica)
-        self._adopt(now)
-        self._awaiting = self._awaiting_reports(now)
         # One planner for the whole pass: built once from what replicas hold, told of each start and preemption.
+        held = [Held(replica_id=r.id, model=r.model, profile=r.profile, klass=r.klass, gpus={k: list(v) for k, v in r.gpus.items()},
+                     cpu_cores=r.cpu_cores, memory_gb=r.memory_gb)
+                for r in self.replicas.values() if r.state in ACTIVE]
         defined = [m for m in self.models if m.definition is not None]
         owners = {m.id: m.definition.owner or "" for m in defined if m.definition is not None}
-        self._planner = Planner(list(self.fleet), self._held(), now=now, quotas=self.quotas.book(owners, self.scopes))
+        self._planner = Planner(list(self.fleet), held, now=now, quotas=self.quotas.book(owners, self.scopes))
         order = {c: i for i, c in enumerate(CLASSES)}
         defined.sort(key=lambda m: (order.get(capacity_class(m.definition), 1) if m.definition else 1, m.id))
         at = self.clock()
         for model in defined:
             self._plan_model(model, now, at, stops, starts)
         return stops, starts
-
-    def _held(self) -> list[Held]:
-        return [Held(replica_id=r.id, model=r.model, profile=r.profile, klass=r.klass, gpus={k: list(v) for k, v in r.gpus.items()},
-                     cpu_cores=r.cpu_cores, memory_gb=r.memory_gb)
-                for r in self.replicas.values() if r.state in ACTIVE]
-
-    def _awaiting_reports(self, now: float) -> bool:
-        return now - self.born <= HEARTBEAT_MAX_AGE and awaiting_reports(self.fleet)
-
-    def _adopt(self, now: float) -> None:
-        """Take on, as ready replicas, the engines of defined models that workers report and no replica accounts for."""
-        found = []
-        for model in self.models:
-            definition = model.definition
-            if definition is None or definition.external is not None:
-                continue  # a removed model's engines are adopted too, and stopped as it wants none
-            covered = {n for r in self._of(model.id) if r.state in ACTIVE for n in r.nodes}
-            for node in self.fleet.holders(model.id):
-                if node.id in covered or model.wanted.get(node.id) == "loaded" or node.goodbye \
-                        or now - node.last_heartbeat > HEARTBEAT_MAX_AGE:
-                    continue  # a replica's, the operator's pin (``pinned``), or a node that does not answer
-                if node.last_heartbeat <= self._unloaded_at.get((model.id, node.id), -1.0) + 0.5:
-                    continue  # stopped by this leader: its next heartbeat says it is gone
-                found.append((model, node))
-        if not found:
-            return
-        planner = Planner(list(self.fleet), self._held(), now=now)
-        wall = time.time()
-        for model, node in found:
-            definition = model.definition
-            assert definition is not None
-            klass = capacity_class(definition)
-            assignment, why = planner.fits_on(model.id, definition, node.id, klass=klass, engine=model.engine)
-            replica = adopted(model.id, definition, node, klass, assignment, why, self.replicas, now=now, wall=wall)
-            if assignment is not None:
-                planner.take(assignment, replica.id, klass)
-                log.info("adopted replica %s of %s serving on %s (GPUs %s)", replica.id, model.id, node.id, replica.gpus.get(node.id, []))
-            else:
-                log.info("adopted replica %s of %s serving on %s to replace it: the definition does not place it there (%s)",
-                         replica.id, model.id, node.id, why)
-            self.replicas[replica.id] = replica
-            self._by_model.setdefault(replica.model, {})[replica.id] = replica
 
     def _observe(self, replica: Replica, now: float) -> None:
         """Move a replica on by what rank 0's heartbeats say."""
@@ -389,7 +338,7 @@ class Reconciler:
     def _plan_model(self, model: KnownModel, now: float, at: datetime, stops: list, starts: list) -> None:
         definition = model.definition
         assert definition is not None
-        fingerprint = fingerprint_of(definition)
+        fingerprint = _fingerprint(definition)
         parking = self.parking.setdefault(model.id, Parking(fingerprint=fingerprint))
         if parking.fingerprint != fingerprint:
             parking.failures, parking.reason, parking.parked, parking.next_try = 0, "", False, 0.0
@@ -422,18 +371,18 @@ class Reconciler:
                 serving.remove(replica)  # unloaded there by the operator, and served elsewhere: stop it now
                 stops.append(self._stop(replica))
                 continue
-            moving = any(n is not None and draining(n) for n in nodes) or bool(banned & set(replica.nodes)) or bool(replica.unfit)
+            moving = any(n is not None and draining(n) for n in nodes) or bool(banned & set(replica.nodes))
             if replica.restart == "queued" and replica.in_place and budget["unavailable"] > 0:
                 budget["unavailable"] -= 1
                 serving.remove(replica)
                 stops.append(self._stop(replica))
-            elif (moving or replica.restart == "queued") and (moving or budget["surge"] > 0) and not parking.parked and not self._awaiting:
+            elif (moving or replica.restart == "queued") and (moving or budget["surge"] > 0) and not parking.parked:
                 new = self._start_one(model, klass, now, stops, starts, replaces=replica)
                 if new is not None:
                     budget["surge"] -= 0 if moving else 1
                     serving.remove(replica)
                     serving.append(new)
-        while len(serving) < wanted and not parking.parked and now >= parking.next_try and not self._awaiting:
+        while len(serving) < wanted and not parking.parked and now >= parking.next_try:
             new = self._start_one(model, klass, now, stops, starts)
             if new is None:
                 status.unplaceable = True
@@ -491,10 +440,10 @@ class Reconciler:
         profiles = definition.profiles or []
         profile = profiles[assignment.profile] if assignment.profile < len(profiles) else None
         replica = Replica(
-            id=stable_id(model.id, list(assignment.nodes), self.replicas), model=model.id, profile=assignment.profile,
+            id=f"{model.id}-{secrets.token_hex(3)}", model=model.id, profile=assignment.profile,
             profile_name=(profile.name if profile is not None and profile.name else str(assignment.profile)),
             klass=klass, nodes=list(assignment.nodes), gpus={k: list(v) for k, v in assignment.gpus.items()},
-            fingerprint=fingerprint_of(definition), started=now, cpu_cores=assignment.cpu_cores, memory_gb=assignment.memory_gb,
+            fingerprint=_fingerprint(definition), started=now, cpu_cores=assignment.cpu_cores, memory_gb=assignment.memory_gb,
         )
         if replaces is not None:
             replica.replaces, replaces.replaced_by = replaces.id, replica.id
@@ -561,7 +510,6 @@ class Reconciler:
                 await self.workers.call_json(node, "POST", nodeapi.PATH_MODEL_UNLOAD, req.to_wire(), timeout=60)
             except WorkerUnavailable as err:
                 log.warning("stopping replica %s on %s: %s", replica.id, node_id, err)
-            self._unloaded_at[(replica.model, node_id)] = time.monotonic()
         log.info("replica %s of %s stopped", replica.id, replica.model)
         if forget:
             self._drop(replica)

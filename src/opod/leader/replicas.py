@@ -3,17 +3,9 @@
 A replica is one running copy of a model: a profile of its definition, on one
 node or across several (rank 0 first, rank 0 serves), with the GPUs it was given
 on each. Its life: ``starting`` (load calls sent) → ``ready`` (rank 0's heartbeat
-lists the model) → ``draining`` (being stopped) or ``failed``.
-
-Nothing here is stored: what workers report is the one source of truth for what
-runs. A restarted leader (or a worker back from a partition) finds an engine of a
-defined model that no replica accounts for in a heartbeat and adopts it as a
-``ready`` replica: its profile and GPUs are those placement gives it on that node
-now, its id is derived from the model and its nodes (so it is the id it had), its
-age is the worker's engine's ``since``. One that no longer fits the definition is
-adopted ``unfit`` and replaced like a replica on a draining node. A stored copy
-could only disagree with the workers, and is wrong the moment an engine ends
-while the leader is down.
+lists the model) → ``draining`` (being stopped) or ``failed``. Nothing here is
+stored: after a leader restart the reconciler places again, and a worker answers
+a load for a model it already serves at once.
 
 How many: the catalog's scaling in force (``opod.catalog.definition.scaling_in_force``:
 no scaling is one replica); ``min 0`` with a ``max`` is on demand, one replica while
@@ -23,27 +15,19 @@ within ``prewarm``) replaces min and max.
 
 from __future__ import annotations
 
-import hashlib
-import secrets
 import time
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from opod.catalog.definition import class_in_force, scaling_in_force
 from opod.contract import nodeapi
 from opod.contract.admin.catalog import CatalogModel, CatalogScaleWindow, CatalogScaling
-from opod.contract.wire import parse_time
 from opod.fleet.models import KnownModel
-from opod.fleet.placement import Assignment
-from opod.fleet.state import NodeState
 
 STARTING, READY, DRAINING, FAILED = "starting", "ready", "draining", "failed"
 ACTIVE = (STARTING, READY, DRAINING)
 """States that hold devices."""
 
-SEEN_RECENTLY = 600.0
-"""Seconds before a leader's start within which a node it knows from the store is waited for (``awaiting_reports``)."""
 DEFAULT_IDLE_TIMEOUT = 900.0
 """Seconds an on-demand model may go unasked-for when its definition says 0 (the cluster default)."""
 NS = 1_000_000_000
@@ -81,8 +65,6 @@ class Replica:
     cpu_cores: float = 0.0
     memory_gb: float = 0.0
     """What it reserves on each of its nodes, as placement gave it."""
-    unfit: str = ""
-    """Adopted from a worker's report although the definition would not place it there (why): replaced elsewhere."""
 
 
 @dataclass(slots=True)
@@ -94,56 +76,6 @@ class Parking:
     parked: bool = False
     next_try: float = 0.0
     fingerprint: str = ""
-
-
-def stable_id(model: str, nodes: list[str], taken: Mapping[str, object]) -> str:
-    """The id of a replica of ``model`` on ``nodes``: the same after a leader restart, unless one is listed under it already."""
-    base = f"{model}-{hashlib.sha256('+'.join(nodes).encode()).hexdigest()[:6]}"
-    return base if base not in taken else f"{base}-{secrets.token_hex(2)}"
-
-
-def fingerprint_of(definition: CatalogModel) -> str:
-    """The definition a replica is placed from, as it compares (``ReplicaView.stale``)."""
-    return definition.model_dump_json(exclude_none=True)
-
-
-def adopted(model: str, definition: CatalogModel, node: NodeState, klass: str, assignment: Assignment | None, why: str,
-            taken: Mapping[str, object], *, now: float, wall: float) -> Replica:
-    """A ready replica for the engine of ``model`` that ``node`` serves: placed as ``assignment`` says, or ``unfit`` for ``why``."""
-    age = engine_age(node, model, wall)
-    replica = Replica(id=stable_id(model, [node.id], taken), model=model, profile=0, profile_name="unfit", klass=klass,
-                      nodes=[node.id], state=READY, started=now - age, started_wall=wall - age, ready_at=now, ever_ready=True,
-                      fingerprint=f"unfit: {why}", unfit=why)
-    if assignment is not None:
-        profiles = definition.profiles or []
-        profile = profiles[assignment.profile] if assignment.profile < len(profiles) else None
-        replica.profile, replica.unfit, replica.fingerprint = assignment.profile, "", fingerprint_of(definition)
-        replica.profile_name = profile.name if profile is not None and profile.name else str(assignment.profile)
-        replica.gpus = {k: list(v) for k, v in assignment.gpus.items()}
-        replica.cpu_cores, replica.memory_gb = assignment.cpu_cores, assignment.memory_gb
-    return replica
-
-
-def awaiting_reports(nodes: Iterable[NodeState]) -> bool:
-    """A node known from the store and seen lately has not sent a heartbeat since this leader started.
-
-    Its engines keep serving across a leader restart: placing new replicas before it
-    reports them would start engines that are not needed (and stop them again).
-    """
-    recent = time.time() - SEEN_RECENTLY
-    return any(n.last_heartbeat == 0.0 and n.inventory.last_seen > recent for n in nodes)
-
-
-def engine_age(node: NodeState, model: str, now_wall: float) -> float:
-    """Seconds the worker's engine of ``model`` has been serving, as its heartbeat says; 0 when it does not say."""
-    state = node.model_engines.get(model)
-    if state is None or state.state != "serving" or not state.since:
-        return 0.0
-    try:
-        since = parse_time(state.since)
-    except ValueError:
-        return 0.0
-    return max(now_wall - since.timestamp(), 0.0)
 
 
 def scaling_of(definition: CatalogModel) -> CatalogScaling:
