@@ -7,6 +7,7 @@ state, labels, logs, engines, upgrade, delete and agents/restart do.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -164,6 +165,24 @@ def test_opod_node_ls_shows_gpus_by_class_and_state(fleet) -> None:
     opod_cli(leader, "node", "state", "n_mig", "ready")
     logs = opod_cli(leader, "node", "logs", "n_h100", "-n", "5")
     assert logs.returncode == 0 and 0 < len(logs.stdout.splitlines()) <= 5
+
+
+def test_load_is_the_real_hosts_as_its_last_heartbeat_said_and_provision_says_what_can_run(fleet) -> None:
+    leader, _, _ = fleet
+    # CPU use is measured between two heartbeats: the second one brings it.
+    h100 = wait_until(lambda: (n := nodes(leader)["n_h100"])["load"].get("cpu_percent") is not None and n, 20, "a CPU use")
+    load = h100["load"]
+    assert 0 <= load["cpu_percent"] <= 100 and all(load[k] >= 0 for k in ("load1", "load5", "load15"))
+    # The declared inventory says 96 cores and 1 TiB; the load is this machine's.
+    assert load["cpus"] == os.cpu_count() and h100["cpu_count"] == 96
+    assert 0 < load["memory_used_bytes"] < load["memory_total_bytes"] < 1024 << 30
+    assert 0 < load["memory_percent"] < 100 and 0 <= load["age_seconds"] <= 10
+    assert "gpu_sensors" not in load  # declared GPUs are not sensed
+    provision = {p["engine"]: p for p in h100["provision"]}
+    assert provision["sim"]["state"] == "ready" and provision["sim"]["version"] == h100["agent_version"]
+    assert provision["vllm"]["state"] == "unsupported" and provision["vllm"]["detail"].startswith(("not installed", "no GPU"))
+    assert provision["llamacpp"]["state"] == "ready" and provision["llamacpp"]["version"]
+    assert "null" not in str(h100)
 
 
 def test_state_and_operator_labels_are_kept_across_a_leader_restart(tmp_path: Path) -> None:

@@ -105,6 +105,19 @@ class InventoryGPU(WireModel):
     why: Annotated[str, OMITEMPTY] = ""
 
 
+class EngineInstall(WireModel):
+    """opod addition: one engine this worker could run, and whether it can now (docs/contract.md)."""
+
+    engine: str = ""
+    version: Annotated[str, OMITEMPTY] = ""
+    variant: Annotated[str, OMITEMPTY] = ""
+    """The build: ``portable``, ``prebuilt``, ``override`` for llama.cpp; ``cuda`` or ``cpu`` for the Python engines."""
+    state: str = ""
+    """``ready``, ``installing``, ``failed`` or ``unsupported``."""
+    detail: Annotated[str, OMITEMPTY] = ""
+    """Why it is not ready, and what to install."""
+
+
 class InventoryReport(WireModel):
     """opod addition: what the node views need beyond ``Capabilities`` (docs/contract.md).
 
@@ -122,6 +135,8 @@ class InventoryReport(WireModel):
     warnings: Annotated[list[str] | None, OMITEMPTY] = None
     declared: Annotated[bool, OMITEMPTY] = False
     """The GPUs come from a declared inventory file, not from the driver."""
+    provision: Annotated[list[EngineInstall] | None, OMITEMPTY] = None
+    """Each engine the worker can run, with its version and state; absent = not said."""
 
 
 class Capabilities(WireModel):
@@ -212,6 +227,45 @@ class KVBlocks(WireModel):
     cleared: Annotated[bool, OMITEMPTY] = False
 
 
+class GPUSensor(WireModel):
+    """opod addition: one GPU's sensors from NVML, at one heartbeat; absent keys were not readable."""
+
+    index: int = 0
+    temp_c: Annotated[float | None, OMITNIL] = None
+    memory_temp_c: Annotated[float | None, OMITNIL] = None
+    power_w: Annotated[float | None, OMITNIL] = None
+    power_limit_w: Annotated[float | None, OMITNIL] = None
+    util_percent: Annotated[float | None, OMITNIL] = None
+    mem_util_percent: Annotated[float | None, OMITNIL] = None
+    memory_used_mb: Annotated[float | None, OMITNIL] = None
+    memory_total_mb: Annotated[float | None, OMITNIL] = None
+    sm_clock_mhz: Annotated[float | None, OMITNIL] = None
+    ecc_uncorrected: Annotated[int | None, OMITNIL] = None
+    pcie_replays: Annotated[int | None, OMITNIL] = None
+    retired_pages_sbe: Annotated[int | None, OMITNIL] = None
+    retired_pages_dbe: Annotated[int | None, OMITNIL] = None
+    retire_pending: Annotated[bool | None, OMITNIL] = None
+    remapped_rows_correctable: Annotated[int | None, OMITNIL] = None
+    remapped_rows_uncorrectable: Annotated[int | None, OMITNIL] = None
+    remap_pending: Annotated[bool | None, OMITNIL] = None
+    remap_failure: Annotated[bool | None, OMITNIL] = None
+
+
+class HostLoad(WireModel):
+    """opod addition: the worker's host as measured at one heartbeat (the real machine, declared inventory or not)."""
+
+    cpus: Annotated[int, OMITEMPTY] = 0
+    cpu_percent: Annotated[float | None, OMITNIL] = None
+    """Busy share of all CPUs since the previous heartbeat; absent on the first."""
+    load1: Annotated[float | None, OMITNIL] = None
+    load5: Annotated[float | None, OMITNIL] = None
+    load15: Annotated[float | None, OMITNIL] = None
+    memory_used_bytes: Annotated[int, OMITEMPTY] = 0
+    memory_total_bytes: Annotated[int, OMITEMPTY] = 0
+    cpu_temp_c: Annotated[float | None, OMITNIL] = None
+    gpus: Annotated[list[GPUSensor] | None, OMITEMPTY] = None
+
+
 class Heartbeat(WireModel):
     """Body of heartbeat.
 
@@ -253,6 +307,8 @@ class Heartbeat(WireModel):
     # opod addition: the worker's inventory again, sent only when it changed since registration
     # (models on disk, warnings, a GPU turned unhealthy). Absent = unchanged.
     inventory: Annotated[InventoryReport | None, OMITNIL] = None
+    # opod addition: the host's CPU, load averages, memory and sensors at this heartbeat. Absent = not said.
+    host_load: Annotated[HostLoad | None, OMITNIL] = None
 
 
 class HeartbeatResponse(WireModel):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from typing import Any
 
 import aiohttp
 from fastapi import Response
@@ -25,6 +26,9 @@ from opod.contract.admin.fleet import (
     ClassGPUs,
     FacilityLocation,
     GPUView,
+    InventoryEngineInstall,
+    InventoryGPUSensor,
+    InventoryGPUWear,
     LoadView,
     LogsView,
     NodeEngineRequest,
@@ -96,6 +100,47 @@ def _location(labels: dict[str, str]) -> FacilityLocation | None:
 
 
 NODE_VIEW = TypeAdapter(NodeView)
+LOAD_VIEW = TypeAdapter(LoadView)
+
+
+def _sensor_view(s: nodeapi.GPUSensor) -> InventoryGPUSensor:
+    said: dict[str, Any] = {k: v for k, v in (
+        ("pcie_replays", s.pcie_replays), ("retired_pages_sbe", s.retired_pages_sbe), ("retired_pages_dbe", s.retired_pages_dbe),
+        ("retire_pending", s.retire_pending), ("remapped_rows_correctable", s.remapped_rows_correctable),
+        ("remapped_rows_uncorrectable", s.remapped_rows_uncorrectable), ("remap_pending", s.remap_pending),
+        ("remap_failure", s.remap_failure)) if v is not None}
+    wear = InventoryGPUWear.model_construct(**said)
+    return InventoryGPUSensor.model_construct(
+        index=s.index, temp_c=s.temp_c, memory_temp_c=s.memory_temp_c, power_w=s.power_w, power_limit_w=s.power_limit_w,
+        util_percent=s.util_percent, mem_util_percent=s.mem_util_percent, memory_used_mb=s.memory_used_mb,
+        memory_total_mb=s.memory_total_mb, sm_clock_mhz=s.sm_clock_mhz,
+        ecc_uncorrected=float(s.ecc_uncorrected) if s.ecc_uncorrected is not None else None,
+        wear=wear if wear.model_fields_set else None)
+
+
+def load_view(node: NodeState, wall: float | None) -> LoadView:
+    """The host's load as its latest heartbeat reported it (the real machine, declared inventory or not);
+    before any report, the machine's size from its registration. ``wall`` None leaves ``age_seconds`` out."""
+    hw, report = node.hardware, node.host_load
+    if report is None:
+        return LoadView.model_construct(cpus=hw.cpu_cores or None, memory_total_bytes=(hw.ram_gb << 30) or None)
+    total = report.memory_total_bytes or (hw.ram_gb << 30)
+    used = report.memory_used_bytes
+    return LoadView.model_construct(
+        cpu_percent=report.cpu_percent, cpus=report.cpus or hw.cpu_cores or None,
+        load1=report.load1, load5=report.load5, load15=report.load15,
+        memory_used_bytes=used or None, memory_total_bytes=total or None,
+        memory_percent=round(100 * used / total, 1) if used and total else None,
+        age_seconds=max(0, int(wall - node.host_load_at)) if wall is not None else None,
+        cpu_temp_c=report.cpu_temp_c,
+        gpu_sensors=[_sensor_view(s) for s in report.gpus] if report.gpus else None,
+    )
+
+
+def _provision(node: NodeState) -> list[InventoryEngineInstall] | None:
+    return [InventoryEngineInstall.model_construct(engine=p.engine, version=p.version or None, variant=p.variant or None,
+                                                   state=p.state, detail=p.detail or None)
+            for p in node.inventory.provision] or None
 
 DeviceViews = dict[str, tuple[list[GPUDevice], list[GPUView], list[str]]]
 """node id → (its device list, their views, compute capabilities): a node's devices change only when a report
@@ -174,7 +219,8 @@ def node_view(node: NodeState, held: set[int], now: float, wall: float, cache: D
         agent_version=inv.agent_version or None,
         features=inv.features or None,
         replicas=_replicas(node),
-        load=LoadView.model_construct(cpus=hw.cpu_cores or None, memory_total_bytes=(hw.ram_gb << 30) or None),
+        load=load_view(node, wall),
+        provision=_provision(node),
     )
 
 
@@ -186,7 +232,7 @@ def _inputs(node: NodeState, held: set[int], now: float, wall: float) -> tuple:
         inv.gpus, frozenset(held), state_word(node, now, wall), takes_new_work(node, now),
         tuple(inv.labels.items()), tuple(inv.operator_labels.items()), tuple(inv.engine_versions.items()),
         tuple(op.engine_builds.items()), op.wanted_version, tuple(inv.warnings), inv.agent_version, tuple(inv.features),
-        None if inv.models_on_disk is None else tuple(inv.models_on_disk), bool(inv.last_seen),
+        None if inv.models_on_disk is None else tuple(inv.models_on_disk), bool(inv.last_seen), tuple(inv.provision),
     )
 
 
@@ -195,32 +241,52 @@ class NodeList:
 
     A fleet of a thousand nodes is megabytes of views that mostly stay the same between two listings, so
     each node's JSON is kept with the inputs it was built from (:func:`_inputs`), and only the seconds
-    since the node was last heard from, which change every listing, are written in afresh.
+    since the node was last heard from, which change every listing, are written in afresh. Its ``load``
+    changes with each heartbeat and is kept apart, with its report, its ``age_seconds`` written in afresh too.
     """
 
     def __init__(self) -> None:
         self._devices: DeviceViews = {}
         self._views: dict[str, tuple[tuple, bytes]] = {}
+        self._loads: dict[str, tuple[object, bytes]] = {}
+
+    def _load_json(self, node: NodeState, wall: float) -> bytes:
+        """``"load":{...}``, with the seconds since its report; the rest kept while the report is the same."""
+        key = (node.host_load, node.hardware.cpu_cores, node.hardware.ram_gb)
+        kept = self._loads.get(node.id)
+        if kept is None or kept[0] != key:
+            kept = (key, LOAD_VIEW.dump_json(load_view(node, None), exclude_none=True, by_alias=True))
+            self._loads[node.id] = kept
+        body = kept[1]
+        if node.host_load is not None:
+            body = _prefixed(body, b'"age_seconds":' + str(max(0, int(wall - node.host_load_at))).encode())
+        return b'"load":' + body
 
     def json(self, nodes: list[NodeState], held: dict[str, set[int]], now: float, wall: float) -> bytes:
         parts = []
         for gone in self._views.keys() - {n.id for n in nodes}:
             del self._views[gone]
             self._devices.pop(gone, None)
+            self._loads.pop(gone, None)
         for node in nodes:
             mine = held.get(node.id, set())
             inputs = _inputs(node, mine, now, wall)
             kept = self._views.get(node.id)
             if kept is None or kept[0] != inputs:
                 view = node_view(node, mine, now, wall, self._devices)
-                view.last_seen_ago = None
+                view.last_seen_ago = view.load = None
                 kept = (inputs, NODE_VIEW.dump_json(view, exclude_none=True, by_alias=True))
                 self._views[node.id] = kept
-            body = kept[1]
+            body = _prefixed(kept[1], self._load_json(node, wall))
             if node.inventory.last_seen:
-                body = b'{"last_seen_ago":"' + go_duration(_silent_for(node, wall)).encode() + b'",' + body[1:]
+                body = _prefixed(body, b'"last_seen_ago":"' + go_duration(_silent_for(node, wall)).encode() + b'"')
             parts.append(body)
         return b"[" + b",".join(parts) + b"]"
+
+
+def _prefixed(obj: bytes, member: bytes) -> bytes:
+    """A JSON object's text with ``member`` (``"key":value``) put first."""
+    return b"{" + member + (b"}" if obj == b"{}" else b"," + obj[1:])
 
 
 def _label_changes(body: NodeLabelsRequest, current: dict[str, str]) -> dict[str, str]:

@@ -56,6 +56,8 @@ class NodeInventory:
     warnings: list[str] = field(default_factory=list)
     declared: bool = False
     """The GPUs come from a declared inventory, not from the driver (simulated fleets)."""
+    provision: list[nodeapi.EngineInstall] = field(default_factory=list)
+    """Each engine the worker can run, with its version and state, as it last reported."""
     operator: OperatorSide = field(default_factory=lambda: OperatorSide())
     last_seen: float = 0.0
     """Wall-clock time (``time.time()``) it was last heard from; from the store after a leader restart."""
@@ -100,6 +102,7 @@ def apply_report(inventory: NodeInventory, report: nodeapi.InventoryReport | Non
     inventory.models_on_disk = list(report.models_on_disk) if report.models_on_disk is not None else None
     inventory.warnings = list(report.warnings or [])
     inventory.declared = report.declared
+    inventory.provision = list(report.provision or [])
 
 
 def location(labels: dict[str, str]) -> dict[str, object]:

@@ -60,6 +60,10 @@ class NodeState:
     """model → the relay's record of it here: failures in a row and its cool-down."""
     inventory: NodeInventory = field(default_factory=NodeInventory)
     """Its GPUs, labels and software, for the node views and placement."""
+    host_load: nodeapi.HostLoad | None = None
+    """The host's CPU, memory and sensors as its latest heartbeat that said them reported; ``None`` = never said."""
+    host_load_at: float = 0.0
+    """Wall-clock time (``time.time()``) of that heartbeat."""
 
     @property
     def engine_id(self) -> str:
@@ -189,6 +193,8 @@ class Fleet:
         node.goodbye = hb.engine is not None and hb.engine.word is nodeapi.EngineStateWord.STOPPED and not hb.loaded_models
         if hb.load is not None:
             node.load = hb.load
+        if hb.host_load is not None:
+            node.host_load, node.host_load_at = hb.host_load, time.time()
         if hb.slots:
             node.slots = hb.slots
         if hb.disk_free_gb and hb.disk_free_gb != node.hardware.disk_free_gb:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -37,11 +37,14 @@ from opod.http.tls.client import worker_context
 from opod.security.signer import Signer
 from opod.worker import inventory
 from opod.worker.engines import EngineManager
+from opod.worker.hostload import HostLoadReader
 
 log = logging.getLogger("opod.worker")
 
 HEARTBEAT_EVERY = 5.0
 MAX_BACKOFF = 15.0
+PROVISION_EVERY = 60.0
+"""Seconds between two looks at which engines the worker can run (an Ollama started, a package installed)."""
 
 
 class TokenRefused(Exception):
@@ -64,13 +67,17 @@ class Agent:
         client_key: str | Path | None = None,
         ssl_context: ssl.SSLContext | None = None,
         kick: asyncio.Event | None = None,
+        host_load: HostLoadReader | None = None,
+        provision: Callable[[], Awaitable[list[nodeapi.EngineInstall]]] | None = None,
     ) -> None:
         """``leader_ca``: path or PEM of the one certificate trusted for an https leader
         (``OPOD_LEADER_CA``); ``client_cert``/``client_key``: this worker's certificate, whose
         URI SAN is ``spiffe://<trust domain>/opod/node/<node_id>``; ``ssl_context``: a ready
         context instead of those (opod up's own worker pins the listener's certificate);
         ``kick``: set to ask for a heartbeat now, by the engines and processes built before
-        the agent (so they hold this event, not the agent)."""
+        the agent (so they hold this event, not the agent); ``host_load``: the host's load, sent
+        with each heartbeat; ``provision``: which engines the worker can run, asked at registration
+        and every ``PROVISION_EVERY`` seconds."""
         self.leader_url = leader_url.rstrip("/")
         self.node_id = node_id
         self.boot_id = boot_id
@@ -93,6 +100,10 @@ class Agent:
         self.disk_free_gb: Callable[[], int] = lambda: inventory.disk_free_gb(manager.home)
         """Free GiB now; a declared inventory that states it keeps that figure."""
         self.restarts = 0
+        self.host_load = host_load
+        self._survey = provision
+        self._provision: list[nodeapi.EngineInstall] | None = None
+        self._surveyed_at = float("-inf")
 
     def restart(self, capabilities: nodeapi.Capabilities) -> None:
         """Start the agent over with ``capabilities``: register again on new connections at the next turn."""
@@ -111,7 +122,21 @@ class Agent:
         base = self.capabilities.inventory
         if base is None:
             return None
-        return base.model_copy(update={"models_on_disk": inventory.models_on_disk(self.manager.home)})
+        update: dict[str, object] = {"models_on_disk": inventory.models_on_disk(self.manager.home)}
+        if self._provision is not None:
+            update["provision"] = self._provision
+        return base.model_copy(update=update)
+
+    async def _look_at_engines(self, *, now: bool = False) -> None:
+        """Ask again which engines this worker can run, at registration or when the last answer is old."""
+        loop = asyncio.get_running_loop()
+        if self._survey is None or (not now and loop.time() - self._surveyed_at < PROVISION_EVERY):
+            return
+        self._surveyed_at = loop.time()
+        try:
+            self._provision = await self._survey()
+        except Exception as err:  # a broken look must not stop registration or heartbeats
+            log.warning("could not tell which engines this worker can run: %s", err)
 
     def kick(self) -> None:
         """Send a heartbeat now (an engine changed state)."""
@@ -180,6 +205,7 @@ class Agent:
         return status, text
 
     async def register(self) -> None:
+        await self._look_at_engines(now=True)
         report = self._inventory_now()
         caps = self.capabilities if report is None else self.capabilities.model_copy(update={"inventory": report})
         req = nodeapi.RegisterRequest(
@@ -212,6 +238,7 @@ class Agent:
             )
         self.manager.reconcile_adapters()
         sample, slots = await self.manager.sample()
+        await self._look_at_engines()
         report = self._inventory_now()
         self._pending = report if report is not None and report != self._reported else None
         return nodeapi.Heartbeat(
@@ -230,6 +257,7 @@ class Agent:
             disk_free_gb=self.disk_free_gb(),
             kv_blocks=self.manager.kv_blocks(),
             inventory=self._pending,
+            host_load=self.host_load.read() if self.host_load is not None else None,
         )
 
     async def beat(self) -> bool:
@@ -305,6 +333,8 @@ class Agent:
             await self.close()
 
     async def close(self) -> None:
+        if self.host_load is not None:
+            self.host_load.close()
         for session in self._sessions.values():
             await session.close()
         self._sessions.clear()

@@ -32,10 +32,11 @@ from opod.engines import llama_binary, llama_devices
 from opod.engines.errors import LaunchError
 from opod.engines.registry import get_driver
 from opod.http.serving import Listener, bind, serve
-from opod.worker import declared, identity, inventory
+from opod.worker import declared, identity, inventory, provision
 from opod.worker.agent import Agent
 from opod.worker.api import WorkerAPI
 from opod.worker.engines import EngineManager
+from opod.worker.hostload import HostLoadReader
 from opod.worker.supervisor import Supervisor
 
 log = logging.getLogger("opod.worker")
@@ -362,6 +363,8 @@ def open_worker(settings: WorkerSettings) -> Worker:
             client_key=settings.client_key,
             ssl_context=settings.leader_ssl,
             kick=kick,
+            host_load=HostLoadReader(),
+            provision=lambda: provision.survey(len(agent.capabilities.gpus or [])),
         )
         agent.disk_free_gb = _disk_free(stated, manager)
     except BaseException:
