@@ -8,8 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from opod.gateway.budgets import Budgets, BudgetScope, period_bounds, reserved_completion, reserved_prompt
-from opod.gateway.errors import BudgetExceeded
+from opod.gateway.budgets import BudgetExceeded, Budgets, BudgetScope, period_bounds, reserved_completion, reserved_prompt
 from opod.settings.schema import Budget, ClusterSettings, Price
 
 ORG, TEAM, PROJECT = BudgetScope("org", "o_acme"), BudgetScope("team", "t_ml"), BudgetScope("project", "p_chat")

@@ -145,9 +145,6 @@ class KeyTable:
     def reinstate_user(self, user_id: str) -> None:
         self._suspended = self._suspended - {user_id}
 
-    def suspended(self, user_id: str) -> bool:
-        return user_id in self._suspended
-
     def __len__(self) -> int:
         return len(self._by_hash) + (len(self._auth.by_hash) if self._auth else 0)
 
@@ -233,22 +230,30 @@ class KeyTable:
             if admin_only:
                 raise Unauthorized(f"This is not the admin key; {self._admin_key_hint()}.")
             raise Unauthorized("This API key is not known here; check it, or create one with `opod token create`.")
-        noun, renew = ("Admin key", self._admin_key_hint()) if admin_only else ("API key", "ask for a new one")
-        if entry.revoked:
-            raise Unauthorized(f"{noun} {entry.id} was revoked; {renew}.")
-        if entry.source == SNAPSHOT:
-            if entry.id in self._tombstones:
-                raise Unauthorized(f"{noun} {entry.id} was revoked by the manager (auth file revokedKeys); ask for a new one.")
-            stale = self.staleness()
-            if stale is not None:
-                raise StaleSnapshot(stale)
-        if entry.user_id and entry.user_id in self._suspended:
-            raise Unauthorized(f"{noun} {entry.id} belongs to a person whose account is deactivated; ask an administrator.")
-        if entry.expires_at is not None and entry.expires_at <= datetime.now(UTC):
-            raise Unauthorized(f"{noun} {entry.id} expired at {entry.expires_at:%Y-%m-%d %H:%M} UTC; {renew}.")
+        refused = self.refusal(entry, admin_only=admin_only)
+        if refused is not None:
+            raise refused
         if entry.source == LOCAL:
             self._used.add(entry.id)
         return entry
+
+    def refusal(self, entry: KeyEntry, *, admin_only: bool = False) -> GatewayError | None:
+        """Why a known key is refused now (revoked, tombstoned, from a stale auth file, its person deactivated,
+        expired); None when it serves. :meth:`check` and a caller known by id (a batch line) ask the same."""
+        noun, renew = ("Admin key", self._admin_key_hint()) if admin_only else ("API key", "ask for a new one")
+        if entry.revoked:
+            return Unauthorized(f"{noun} {entry.id} was revoked; {renew}.")
+        if entry.source == SNAPSHOT:
+            if entry.id in self._tombstones:
+                return Unauthorized(f"{noun} {entry.id} was revoked by the manager (auth file revokedKeys); ask for a new one.")
+            stale = self.staleness()
+            if stale is not None:
+                return StaleSnapshot(stale)
+        if entry.user_id and entry.user_id in self._suspended:
+            return Unauthorized(f"{noun} {entry.id} belongs to a person whose account is deactivated; ask an administrator.")
+        if entry.expires_at is not None and entry.expires_at <= datetime.now(UTC):
+            return Unauthorized(f"{noun} {entry.id} expired at {entry.expires_at:%Y-%m-%d %H:%M} UTC; {renew}.")
+        return None
 
     def _admin_key_hint(self) -> str:
         where = f"{self.admin_key_file} on the leader" if self.admin_key_file else "admin.key in the leader's OPOD_HOME (~/.opod/admin.key by default)"

@@ -13,7 +13,6 @@ import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Protocol
 
 from starlette.requests import Request
@@ -26,8 +25,7 @@ from opod.fleet.models import ModelRegistry
 from opod.fleet.router import RouteRequest, RoutingPolicy, choose_revision
 from opod.fleet.state import Fleet
 from opod.gateway.admission import Admission, resolve_class
-from opod.gateway.budgets import Budgets, BudgetScope, reserved_completion, reserved_prompt
-from opod.gateway.errors import BudgetExceeded
+from opod.gateway.budgets import BudgetExceeded, Budgets, BudgetScope, reserved_completion, reserved_prompt
 from opod.gateway.exchange import Chains, Exchange, UsageRecorder
 from opod.gateway.guardrails import GuardNote, Guardrails
 from opod.gateway.kept_bodies import BodyKeeping, request_labels
@@ -55,7 +53,6 @@ from opod.http.errors import (
     ModelNotFound,
     NoCapacity,
     NotSupported,
-    Unauthorized,
     UnknownRoute,
     error_response,
 )
@@ -200,11 +197,11 @@ class Gateway:
 
         The request takes the very path of one from a client (the route's rules, admission, routing,
         budgets, its usage row under ``caller``): only the key check is replaced, by ``caller``'s
-        own state now (revoked or expired keys are refused as on the wire). ``admission_class`` lowers
+        own state now (a revoked or expired key, or a deactivated person's, is refused as on the wire). ``admission_class`` lowers
         the key's class as ``X-Opod-Class`` does (batches run ``sheddable``, behind live traffic).
         """
         if caller is not None:
-            refusal = caller_refusal(caller, self.keys.suspended(caller.user_id) if caller.user_id else False)
+            refusal = self.keys.refusal(caller)  # the wire's own key check, on the key known by id
             if refusal is not None:
                 return error_response(refusal, request_id)
         if self._in_process is None:
@@ -454,18 +451,6 @@ class CallerHeaders(dict[bytes, bytes]):
     def __init__(self, caller: KeyEntry | None, headers: dict[bytes, bytes]) -> None:
         super().__init__(headers)
         self.caller = caller
-
-
-def caller_refusal(caller: KeyEntry, suspended: bool = False) -> GatewayError | None:
-    """Why a key known by id is refused now (revoked, its person deactivated, expired), as the wire's key check would
-    say; None when it serves."""
-    if caller.revoked:
-        return Unauthorized(f"API key {caller.id} was revoked; ask for a new one.")
-    if suspended:
-        return Unauthorized(f"API key {caller.id} belongs to a person whose account is deactivated; ask an administrator.")
-    if caller.expires_at is not None and caller.expires_at <= datetime.now(UTC):
-        return Unauthorized(f"API key {caller.id} expired at {caller.expires_at:%Y-%m-%d %H:%M} UTC; ask for a new one.")
-    return None
 
 
 def request_scopes(exchange: Exchange) -> list[BudgetScope]:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
-from opod.gateway.errors import BudgetExceeded
+from opod.http.errors import GatewayError
 from opod.settings.schema import Budget, ClusterSettings
 
 log = logging.getLogger("opod.gateway")
@@ -34,6 +34,23 @@ ADJECTIVE = {"day": "daily", "week": "weekly", "month": "monthly"}
 DEFAULT_COMPLETION_TOKENS = 4096
 """The completion a request is reserved for when it sets no ``max_tokens`` and its model's context is unknown."""
 RETRY_UNRESOLVED_S = 5.0
+
+
+class BudgetExceeded(GatewayError):
+    """A scope's spend and the requests in flight have used its budget for the period: refused before any engine.
+
+    ``insufficient_quota`` is OpenAI's type and code for spend that ran out, so clients that stop
+    retrying on it do so here too; ``Retry-After`` is the seconds until the period ends.
+    """
+
+    status = 429
+    type = "insufficient_quota"
+    code = "insufficient_quota"
+
+    def __init__(self, message: str, *, scope: str, period: str, retry_after_s: int) -> None:
+        super().__init__(message, headers={"Retry-After": str(max(1, retry_after_s))})
+        self.scope = scope
+        self.period = period
 
 
 class ScopeLike(Protocol):

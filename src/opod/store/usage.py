@@ -124,39 +124,11 @@ class NewUsage:
     guard_ms: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class UsageRecord:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UsageRecord(NewUsage):
+    """A stored usage row: the appended one with the id the store gave it."""
+
     id: int
-    entry: str
-    request_id: str
-    ts: datetime
-    api_key_id: str
-    user_id: str
-    model: str
-    protocol: str
-    prompt_tokens: int
-    completion_tokens: int
-    latency_ms: int
-    ttft_ms: int
-    outcome: str
-    node_id: str
-    route_json: str | None
-    project_id: str = ""
-    team_id: str = ""
-    org_id: str = ""
-    cost_micros: int = 0
-    status: int = 0
-    served_model: str = ""
-    queue_ms: int = 0
-    end_user: str = ""
-    tags_json: str | None = None
-    cache_hit: bool = False
-    body_state: str = ""
-    guard_action: str = ""
-    guard_policy: str = ""
-    guard_rule: str = ""
-    guard_category: str = ""
-    guard_ms: int = 0
 
 
 def usage_values(row: NewUsage) -> dict[str, Any]:
