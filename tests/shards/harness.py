@@ -36,7 +36,7 @@ from tests.support.opod_process import (
     http,
     wait_until,
 )
-from tests.support.ports import free_port, port_range
+from tests.support.ports import free_port, run_range
 
 MODEL = "tiny-sharded"
 
@@ -57,9 +57,9 @@ FAST = Timing(part_ready=10.0, settle=0.4, coordinator_ready=60.0, heartbeat=15.
 
 def free_port_run(count: int) -> int:
     """The first port of ``count`` consecutive ports that are free now on loopback and every interface, in this
-    process's slice of ports (``tests.support.ports``)."""
-    start, stop = port_range()
-    base = start + (int(time.time() * 1000) % 97) * 37
+    process's slice of ports kept for runs (``tests.support.ports.run_range``)."""
+    start, stop = run_range()
+    base = start + (int(time.time() * 1000) % 29) * 37
     while base + count < stop:
         socks = []
         try:

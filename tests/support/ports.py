@@ -25,9 +25,16 @@ def port_range() -> tuple[int, int]:
     return LOW + index * width, LOW + (index + 1) * width
 
 
-def free_port() -> int:
-    """A port of this process's slice that nothing listens on now."""
+def run_range() -> tuple[int, int]:
+    """The last quarter of this process's slice, kept for runs of consecutive ports (a gang's parts): single ports
+    never come from it, so one drawn for a leader cannot land inside a run handed out a moment before."""
     low, high = port_range()
+    return high - (high - low) // 4, high
+
+
+def free_port() -> int:
+    """A port of this process's slice (outside its runs' quarter) that nothing listens on now."""
+    low, high = port_range()[0], run_range()[0]
     for _ in range(500):
         port = _pick.randrange(low, high)
         with socket.socket() as sock:
