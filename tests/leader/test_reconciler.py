@@ -169,6 +169,24 @@ def test_an_on_demand_model_starts_on_a_request_and_stops_after_its_idle_timeout
     assert workers.unloads("lazy") == ["n1"]
 
 
+def test_an_on_demand_replica_slower_to_start_than_its_idle_timeout_is_kept_for_the_request_waiting(world):
+    fleet, registry, workers, rec = world
+    node(fleet, "n1")
+    model(registry, "lazy", scaling=CatalogScaling(min=0, max=1, idle_timeout=500_000_000))
+
+    async def slow_start():
+        task = asyncio.ensure_future(rec.requested("lazy"))
+        await rec.reconcile()
+        await asyncio.sleep(0.8)  # the engine is still starting after the idle timeout has passed
+        await rec.reconcile()
+        assert workers.unloads("lazy") == []
+        heartbeat(fleet, rec)
+        await asyncio.wait_for(task, 5)
+
+    asyncio.run(slow_start())
+    assert [n for n, _ in workers.loads("lazy")] == ["n1"] and workers.unloads("lazy") == []
+
+
 def test_a_schedule_window_and_its_prewarm_set_the_count(world):
     fleet, registry, workers, rec = world
     node(fleet, "n1")

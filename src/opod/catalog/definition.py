@@ -14,6 +14,7 @@ with spaces) is refused.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Collection
 from pathlib import Path
@@ -188,6 +189,14 @@ def scaling_in_force(model: CatalogModel) -> tuple[int, int, int, bool]:
     low = scaling.min if scaling.min is not None else (0 if scaling.max else 1)
     high = scaling.max if scaling.max else low
     return low, high, scaling.idle_timeout or 0, low == 0 and high > 0
+
+
+def fingerprint(model: CatalogModel) -> str:
+    """A short digest of a definition: a replica placed from another one is stale (``ReplicaView.stale``).
+
+    Workers echo it back for each replica they run, so a restarted leader can tell too.
+    """
+    return hashlib.sha256(model.model_dump_json(exclude_none=True).encode()).hexdigest()[:16]
 
 
 def class_in_force(model: CatalogModel) -> str:

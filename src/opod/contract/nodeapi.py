@@ -266,6 +266,21 @@ class HostLoad(WireModel):
     gpus: Annotated[list[GPUSensor] | None, OMITEMPTY] = None
 
 
+class HeldReplica(WireModel):
+    """opod addition: one engine on a worker as the leader's reconciler asked for it (the replica fields of its load).
+
+    A restarted leader adopts the replicas its workers report rather than placing them again.
+    """
+
+    replica: str = ""
+    profile: Annotated[int, OMITEMPTY] = 0
+    fingerprint: Annotated[str, OMITEMPTY] = ""
+    devices: Annotated[list[int] | None, OMITEMPTY] = None
+    rank: Annotated[int, OMITEMPTY] = 0
+    ranks: Annotated[int, OMITEMPTY] = 0
+    """How many nodes the replica spans; 0 = one."""
+
+
 class Heartbeat(WireModel):
     """Body of heartbeat.
 
@@ -309,10 +324,19 @@ class Heartbeat(WireModel):
     inventory: Annotated[InventoryReport | None, OMITNIL] = None
     # opod addition: the host's CPU, load averages, memory and sensors at this heartbeat. Absent = not said.
     host_load: Annotated[HostLoad | None, OMITNIL] = None
+    # opod addition: model id → the replica its engine here is, for every engine a reconciler placed
+    # (loading, serving or following as a rank of a replica across nodes). Absent = none, or not said.
+    replicas: Annotated[dict[str, HeldReplica] | None, OMITEMPTY] = None
 
 
 class HeartbeatResponse(WireModel):
     status: str = ""
+    # opod additions: what the management API set on this node, on every answer, so a worker that
+    # restarts (or missed one) converges on it. Absent = nothing set.
+    wanted_version: Annotated[str, OMITEMPTY] = ""
+    """The release the operator wants this node's agent to run (``POST /api/v1/nodes/{id}/upgrade``)."""
+    engine_builds: Annotated[dict[str, str] | None, OMITEMPTY] = None
+    """engine → the build chosen for this node (``auto``, ``none`` or a build name; ``POST /api/v1/nodes/{id}/engines``)."""
 
 
 # --- leader → worker -------------------------------------------------------
@@ -360,6 +384,10 @@ class LoadModelRequest(WireModel):
     """This node's rank in a replica across nodes; rank 0 serves."""
     peers: Annotated[list[str] | None, OMITEMPTY] = None
     """A replica across nodes: every rank's node address (host:port of its worker), rank 0 first."""
+    profile: Annotated[int, OMITEMPTY] = 0
+    """The index of the definition's profile the replica was placed by."""
+    fingerprint: Annotated[str, OMITEMPTY] = ""
+    """A digest of the definition the replica was placed from (a later definition makes it stale)."""
 
 
 class LoadModelResponse(WireModel):

@@ -14,6 +14,7 @@ import time
 from fastapi import APIRouter
 
 from opod import __version__
+from opod.catalog.definition import fingerprint
 from opod.contract.admin.fleet import (
     ClassUse,
     IdleReplica,
@@ -57,7 +58,7 @@ def idle_seconds(desk: ReplicaDesk, replica: ReplicaRecord, now: float) -> int:
 def replica_view(ctx: ControlContext, desk: ReplicaDesk, replica: ReplicaRecord, now: float) -> ReplicaView:
     model = ctx.models.get(replica.model)
     definition = model.definition if model is not None else None
-    stale = definition is not None and bool(replica.fingerprint) and definition.model_dump_json(exclude_none=True) != replica.fingerprint
+    stale = definition is not None and bool(replica.fingerprint) and fingerprint(definition) != replica.fingerprint
     head = ctx.fleet.get(replica.nodes[0]) if replica.nodes else None
     shards = []
     for rank, node_id in enumerate(replica.nodes):

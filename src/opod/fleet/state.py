@@ -53,9 +53,11 @@ class NodeState:
     in_flight: int = 0
     """Requests this leader has relayed there and not yet finished: changed by :class:`Lease` only."""
     model_engines: dict[str, nodeapi.EngineState] = field(default_factory=dict)
+    """model → the state of the engine process serving it, as the worker last said (empty = not said)."""
     model_context: dict[str, int] = field(default_factory=dict)
     """Model → the context one request may use on its engine here, as the worker reports it."""
-    """model → the state of the engine process serving it, as the worker last said (empty = not said)."""
+    replicas: dict[str, nodeapi.HeldReplica] = field(default_factory=dict)
+    """model → the reconciler's replica its engine here is, as the worker last said (what a restarted leader adopts)."""
     health: dict[str, ModelHealth] = field(default_factory=dict)
     """model → the relay's record of it here: failures in a row and its cool-down."""
     inventory: NodeInventory = field(default_factory=NodeInventory)
@@ -203,6 +205,8 @@ class Fleet:
         node.load_progress = dict(hb.load_progress or {})
         node.engine_urls = dict(hb.engine_urls or {}) if node.same_host else {}
         node.model_context = dict(hb.model_context or {})
+        if hb.loaded_models is not None:
+            node.replicas = dict(hb.replicas or {})
         if hb.model_engines is not None or node.model_engines:
             self._engines_reported(node, dict(hb.model_engines or {}))
         if self._version != version or node.slots != slots:

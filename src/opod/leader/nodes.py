@@ -298,7 +298,10 @@ class NodeRegistry:
                 task = asyncio.create_task(self._touch_soon())
                 self._writes.add(task)
                 task.add_done_callback(self._writes.discard)
-        return Response(nodeapi.HeartbeatResponse(status=nodeapi.Status.OK).to_json(), media_type="application/json")
+        orders = node.inventory.operator
+        answer = nodeapi.HeartbeatResponse(status=nodeapi.Status.OK, wanted_version=orders.wanted_version,
+                                           engine_builds=dict(orders.engine_builds) or None)
+        return Response(answer.to_json(), media_type="application/json")
 
     def _report_changes(self, node: NodeState, hb: nodeapi.Heartbeat, before: frozenset[str] | None) -> None:
         """Events for what this heartbeat changed: models on the node, and the engine going silent or back."""

@@ -14,6 +14,13 @@ What is pinned to a node (``KnownModel.wanted``, the ``load``/``unload`` pins), 
 every model without a definition, is loaded and unloaded by :mod:`opod.leader.pinned`,
 which a round calls first.
 
+Each replica a worker reports (``NodeState.replicas``: the id, profile, digest and
+devices its load named) that this leader does not track is adopted at the start
+of a round (:func:`opod.leader.replicas.adopted`): after a leader restart the
+replicas carry on under their ids and keep their GPUs. For a short while after
+start no new replica is placed while nodes known from the store have not
+reported yet, so what they run is adopted rather than started twice.
+
 Capacity quotas (:mod:`opod.fleet.quotas`) are read every round: each model counts
 against its owner's scope and every scope above it, and a replica the quotas
 refuse is not placed (``explain-placement`` says which quota); the first refusal
@@ -29,8 +36,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
 
+from opod.catalog.definition import fingerprint
 from opod.contract import nodeapi
-from opod.contract.admin.catalog import CatalogModel
 from opod.fleet.liveness import HEARTBEAT_MAX_AGE
 from opod.fleet.models import ANY_NODE, KnownModel, ModelRegistry
 from opod.fleet.placement import CLASSES, Held, Planner, Rejection
@@ -46,6 +53,8 @@ from opod.leader.replicas import (
     STARTING,
     Parking,
     Replica,
+    adopted,
+    awaiting_reports,
     capacity_class,
     desired_count,
     idle_timeout,
@@ -61,11 +70,8 @@ FAILED_KEPT = 60.0
 """Seconds a failed replica stays listed (``GET /replicas``) after it is cleaned off its nodes."""
 DEMAND_WAIT = 300.0
 """How long a request for an on-demand model with nothing serving waits for the replica it started."""
-
-
-
-def _fingerprint(definition: CatalogModel) -> str:
-    return definition.model_dump_json(exclude_none=True)
+STOPPED_KEPT = 600.0
+"""Seconds a replica this leader stopped is remembered, so a heartbeat sent before its engine ended does not bring it back."""
 
 
 def draining(node: NodeState) -> bool:
@@ -96,6 +102,11 @@ class Reconciler:
         self._limits: dict[str, tuple[int, int]] = {}
         """model → (max_surge, max_unavailable) of its last queued restart."""
         self.rounds = 0
+        self.born = time.monotonic()
+        self._awaiting = False
+        """Nodes known from the store have not reported yet: no new replicas while they may bring theirs."""
+        self._stopped: dict[str, float] = {}
+        """Replica id → ``time.monotonic()`` when this leader stopped it: never adopted again."""
         self._planner = Planner([], [])
         """The current pass's view of free devices (see ``_plan_replicas``)."""
         self._wake = asyncio.Event()
@@ -213,10 +224,12 @@ class Reconciler:
         while time.monotonic() - since < DEMAND_WAIT:
             if self.fleet.serves(model_id):
                 return
+            self.demand[model_id] = time.monotonic()  # a request still waiting is demand: its replica must not idle out
             parking = self.parking.get(model_id)
             if parking is not None and parking.parked:
                 return
-            if self.rounds > rounds + 1 and not any(r.model == model_id and r.state == STARTING for r in self.replicas.values()):
+            if self.rounds > rounds + 1 and not self._awaiting \
+                    and not any(r.model == model_id and r.state == STARTING for r in self.replicas.values()):
                 return  # a round came and went without starting one: it cannot be placed, the 503 says so
             await asyncio.sleep(0.1)
 
@@ -267,6 +280,8 @@ class Reconciler:
                     stops.append(self._unload_replica(replica, forget=False))
                 elif now - replica.started > FAILED_KEPT and now - replica.ready_at > FAILED_KEPT:
                     self._drop(replica)
+        self._adopt(now)
+        self._awaiting = now - self.born <= HEARTBEAT_MAX_AGE and awaiting_reports(self.fleet)
         # One planner for the whole pass: built once from what replicas hold, told of each start and preemption.
         held = [Held(replica_id=r.id, model=r.model, profile=r.profile, klass=r.klass, gpus={k: list(v) for k, v in r.gpus.items()},
                      cpu_cores=r.cpu_cores, memory_gb=r.memory_gb)
@@ -280,6 +295,47 @@ class Reconciler:
         for model in defined:
             self._plan_model(model, now, at, stops, starts)
         return stops, starts
+
+    def _adopt(self, now: float) -> None:
+        """Track, under their own ids, the replicas workers report running and this leader does not know."""
+        for replica_id in [k for k, at in self._stopped.items() if now - at > STOPPED_KEPT]:
+            del self._stopped[replica_id]
+        wall = time.time()
+        for node in self.fleet:
+            if not node.replicas or node.goodbye or now - node.last_heartbeat > HEARTBEAT_MAX_AGE:
+                continue
+            for model_id, held in node.replicas.items():
+                if held.rank != 0 or not held.replica or held.replica in self.replicas or held.replica in self._stopped:
+                    continue
+                model = self.models.get(model_id)
+                definition = model.definition if model is not None else None
+                if definition is None or definition.external is not None:
+                    continue  # a pinned load's, or a model no longer defined: :mod:`opod.leader.pinned` owns it
+                if any(node.id in r.nodes for r in self._of(model_id) if r.state in ACTIVE):
+                    continue  # the engine there is a replica this leader tracks already
+                ranks = self._ranks_reported(model_id, node, held, now)
+                if ranks is None:
+                    continue
+                replica = adopted(model_id, definition, ranks, serving=model_id in node.loaded_models, now=now, wall=wall)
+                self.replicas[replica.id] = replica
+                self._by_model.setdefault(model_id, {})[replica.id] = replica
+                log.info("adopted replica %s of %s on %s (GPUs %s)", replica.id, model_id, "+".join(replica.nodes),
+                         ", ".join(f"{n}: {g}" for n, g in replica.gpus.items()))
+
+    def _ranks_reported(self, model_id: str, head: NodeState, held: nodeapi.HeldReplica,
+                        now: float) -> list[tuple[NodeState, nodeapi.HeldReplica]] | None:
+        """Every node reporting a rank of rank 0's replica, in rank order; ``None`` while one may still report."""
+        if held.ranks <= 1:
+            return [(head, held)]
+        found = {0: (head, held)}
+        for node in self.fleet:
+            other = node.replicas.get(model_id)
+            if node is not head and other is not None and other.replica == held.replica \
+                    and now - node.last_heartbeat <= HEARTBEAT_MAX_AGE:
+                found.setdefault(other.rank, (node, other))
+        if len(found) < held.ranks and now - self.born <= HEARTBEAT_MAX_AGE:
+            return None  # a rank's node has not reported since this leader started
+        return [found[rank] for rank in sorted(found)]
 
     def _observe(self, replica: Replica, now: float) -> None:
         """Move a replica on by what rank 0's heartbeats say."""
@@ -338,11 +394,11 @@ class Reconciler:
     def _plan_model(self, model: KnownModel, now: float, at: datetime, stops: list, starts: list) -> None:
         definition = model.definition
         assert definition is not None
-        fingerprint = _fingerprint(definition)
-        parking = self.parking.setdefault(model.id, Parking(fingerprint=fingerprint))
-        if parking.fingerprint != fingerprint:
+        digest = fingerprint(definition)
+        parking = self.parking.setdefault(model.id, Parking(fingerprint=digest))
+        if parking.fingerprint != digest:
             parking.failures, parking.reason, parking.parked, parking.next_try = 0, "", False, 0.0
-            parking.fingerprint = fingerprint
+            parking.fingerprint = digest
         mine = [r for r in self._of(model.id) if r.state in ACTIVE]
         last = self.demand.get(model.id)
         demanded = last is not None and now - last < idle_timeout(definition)
@@ -376,13 +432,14 @@ class Reconciler:
                 budget["unavailable"] -= 1
                 serving.remove(replica)
                 stops.append(self._stop(replica))
-            elif (moving or replica.restart == "queued") and (moving or budget["surge"] > 0) and not parking.parked:
+            elif (moving or replica.restart == "queued") and (moving or budget["surge"] > 0) and not parking.parked \
+                    and not self._awaiting:
                 new = self._start_one(model, klass, now, stops, starts, replaces=replica)
                 if new is not None:
                     budget["surge"] -= 0 if moving else 1
                     serving.remove(replica)
                     serving.append(new)
-        while len(serving) < wanted and not parking.parked and now >= parking.next_try:
+        while len(serving) < wanted and not parking.parked and now >= parking.next_try and not self._awaiting:
             new = self._start_one(model, klass, now, stops, starts)
             if new is None:
                 status.unplaceable = True
@@ -443,7 +500,7 @@ class Reconciler:
             id=f"{model.id}-{secrets.token_hex(3)}", model=model.id, profile=assignment.profile,
             profile_name=(profile.name if profile is not None and profile.name else str(assignment.profile)),
             klass=klass, nodes=list(assignment.nodes), gpus={k: list(v) for k, v in assignment.gpus.items()},
-            fingerprint=_fingerprint(definition), started=now, cpu_cores=assignment.cpu_cores, memory_gb=assignment.memory_gb,
+            fingerprint=fingerprint(definition), started=now, cpu_cores=assignment.cpu_cores, memory_gb=assignment.memory_gb,
         )
         if replaces is not None:
             replica.replaces, replaces.replaced_by = replaces.id, replica.id
@@ -501,6 +558,7 @@ class Reconciler:
         return self._unload_replica(replica, forget=True)
 
     async def _unload_replica(self, replica: Replica, *, forget: bool) -> None:
+        self._stopped[replica.id] = time.monotonic()
         req = unload_request(replica.model, self.models.get(replica.model))
         for node_id in replica.nodes:
             node = self.fleet.get(node_id)

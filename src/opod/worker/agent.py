@@ -104,6 +104,10 @@ class Agent:
         self._survey = provision
         self._provision: list[nodeapi.EngineInstall] | None = None
         self._surveyed_at = float("-inf")
+        self.on_orders: list[Callable[[nodeapi.HeartbeatResponse], None]] = []
+        """Each is given every accepted heartbeat's answer: the release and engine builds the operator set
+        for this node, to act on when they differ from what runs (the answer repeats them, so a restarted
+        worker converges too)."""
 
     def restart(self, capabilities: nodeapi.Capabilities) -> None:
         """Start the agent over with ``capabilities``: register again on new connections at the next turn."""
@@ -258,6 +262,7 @@ class Agent:
             kv_blocks=self.manager.kv_blocks(),
             inventory=self._pending,
             host_load=self.host_load.read() if self.host_load is not None else None,
+            replicas=self.manager.replicas() or None,
         )
 
     async def beat(self) -> bool:
@@ -281,6 +286,14 @@ class Agent:
             raise RuntimeError(f"heartbeat answered HTTP {status}: {_message(text)}")
         if body.inventory is not None:
             self._reported = body.inventory
+        if self.on_orders:
+            try:
+                orders = nodeapi.HeartbeatResponse.model_validate_json(text)
+            except ValueError as err:
+                log.warning("the leader's heartbeat answer is not a HeartbeatResponse: %s", err)
+            else:
+                for heard in self.on_orders:
+                    heard(orders)
         return True
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -66,6 +66,9 @@ class ModelEngine:
     kv: KVEventListener | None = None
     """The engine's KV-cache event listener, when its driver publishes events."""
     replica: str = ""
+    profile: int = 0
+    fingerprint: str = ""
+    """The reconciler's replica id, profile index and definition digest for this engine (empty: a pinned load)."""
     devices: list[int] | None = None
     """The GPUs the leader gave this replica here (``CUDA_VISIBLE_DEVICES``); ``None`` = none said."""
     env: dict[str, str] = field(default_factory=dict)
@@ -155,7 +158,8 @@ class EngineManager:
         source = self._source(req)
         if current is not None:
             await self._stop_kv(current)  # a failed or stopped engine's listener; the new one gets its own
-        engine = ModelEngine(model_id=req.id, driver=self.driver, replica=req.replica, devices=req.devices,
+        engine = ModelEngine(model_id=req.id, driver=self.driver, replica=req.replica, profile=req.profile,
+                             fingerprint=req.fingerprint, devices=req.devices,
                              env=device_env(req.devices, req.env), ranks=ranks)
         self.engines[req.id] = engine
         if engine.follower and self.driver.id not in ("vllm", "sglang"):
@@ -464,6 +468,15 @@ class EngineManager:
             if process is not None and engine.state != "fetching":
                 out[model] = process.engine_state()
         return out
+
+    def replicas(self) -> dict[str, nodeapi.HeldReplica]:
+        """Each engine a reconciler placed, as it was asked for, while it is loading, serving or following:
+        what a restarted leader adopts instead of placing again."""
+        return {
+            model: nodeapi.HeldReplica(replica=e.replica, profile=e.profile, fingerprint=e.fingerprint, devices=e.devices,
+                                       rank=e.ranks.rank if e.ranks else 0, ranks=e.ranks.nodes if e.ranks else 0)
+            for model, e in self.engines.items() if e.replica and e.state in ("fetching", "starting", "serving", "following")
+        }
 
     def loaded_models(self) -> list[str]:
         return sorted([m for m in self.engines if self.serving(m) is not None] + self.adapters.live())
