@@ -63,7 +63,7 @@ def test_every_problem_is_named_and_nothing_is_taken() -> None:
         "line 3: prices['llama3.1-8b'].output_per_million: input should be greater than or equal to 0",
         "line 5: budgets[0].micros: is required",
         "line 6: budgets[0].colour: is not a settings key here; docs/settings.md lists every key",
-        "line 8: keys.max_lifetime: '30 days' is not a duration; write it like 720h, 1h30m or 90s",
+        "line 8: keys.max_lifetime: '30 days' is not a duration; write it like 720h, 30d, 1h30m or 90s",
         "line 10: webhooks[0].url: must start with http:// or https://",
     ]
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -12,6 +11,7 @@ from opod.access.people import People
 from opod.access.service import AccessService
 from opod.access.tenancy import Tenancy
 from opod.catalog import Catalog
+from opod.contract import durations
 from opod.fleet.models import ModelRegistry
 from opod.fleet.placement import Rejection
 from opod.fleet.quotas import Amount, QuotaTable
@@ -118,18 +118,16 @@ class ControlError(Exception):
         self.message = message
 
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(h|m|s|d)")
 
 
 def parse_lifetime(text: str | None, field: str = "expires_in") -> timedelta | None:
     """A lifetime such as ``720h``, ``30d`` or ``1h30m``; empty or ``none`` = never expires."""
     if text is None or text.strip().lower() in ("", "none", "never"):
         return None
-    value = text.strip().lower()
-    parts = _DURATION.findall(value)
-    if not parts or "".join(n + u for n, u in parts) != value:
-        raise ControlError(400, f"{field}: {text!r} is not a lifetime; write it like 720h, 30d or 1h30m (or none)")
-    seconds = sum(float(n) * {"d": 86400, "h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
+    try:
+        seconds = durations.seconds(text)
+    except ValueError:
+        raise ControlError(400, f"{field}: {text!r} is not a lifetime; write it like 720h, 30d or 1h30m (or none)") from None
     if seconds <= 0:
         raise ControlError(400, f"{field}: a lifetime must be longer than zero")
     return timedelta(seconds=seconds)

@@ -11,17 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
-# A Go duration as the spec writes them in query strings: "720h", "1h30m", "90s".
-_DURATION = re.compile(r"^(?:\d+(?:\.\d+)?(?:ns|us|µs|ms|s|m|h))+$")
-_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-_PART = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
-
-
-def duration_seconds(text: str) -> float:
-    """Seconds in a Go duration text ("720h", "1h30m"); ValueError naming the form when it is not one."""
-    if not _DURATION.match(text):
-        raise ValueError(f"{text!r} is not a duration; write it like 720h, 1h30m or 90s")
-    return sum(float(number) * _UNIT_SECONDS[unit] for number, unit in _PART.findall(text))
+from opod.contract.durations import seconds as duration_seconds
 
 
 def _lifetime(text: str) -> str:
