@@ -103,6 +103,13 @@ class InventoryGPU(WireModel):
     mig_profile: Annotated[str, OMITEMPTY] = ""
     healthy: bool = True
     why: Annotated[str, OMITEMPTY] = ""
+    # opod addition: how the card is wired. Absent = none known (no NVLink, or a worker too old to say).
+    nvlink_peers: Annotated[list[int] | None, OMITEMPTY] = None
+    """The indices of the node's cards this card has NVLink to."""
+    nvlink_domain: Annotated[str, OMITEMPTY] = ""
+    """The multi-node NVLink domain the card belongs to."""
+    fabric_state: Annotated[str, OMITEMPTY] = ""
+    """Where joining that domain stands: ``joined``, ``joining`` or ``not joined``."""
 
 
 class EngineInstall(WireModel):
@@ -137,6 +144,9 @@ class InventoryReport(WireModel):
     """The GPUs come from a declared inventory file, not from the driver."""
     provision: Annotated[list[EngineInstall] | None, OMITEMPTY] = None
     """Each engine the worker can run, with its version and state; absent = not said."""
+    # opod addition: the fabrics (InfiniBand, RoCE) the node is on. Absent = on none, or not said.
+    fabrics: Annotated[dict[str, dict[str, str]] | None, OMITEMPTY] = None
+    """fabric name → adapter → its port's state (``active``, or what the port is instead, ``down``)."""
 
 
 class Capabilities(WireModel):

@@ -6,6 +6,9 @@ operator labels, engine builds, the wanted release), all kept in the store. A de
 is free when it is healthy and no replica holds it (the reconciler's replicas, when
 it tracks any). ``state`` is ``unreachable`` or ``lost`` for a node that stopped
 heartbeating, else the operator's state: ``ready``, ``cordoned`` or ``draining``.
+Its ``fabrics`` are the fabrics it declares and ``multi_node`` whether it may take part
+in a replica across nodes (``ready``, or ``down: ADAPTERS``; absent on no fabric); each
+card shows its NVLink peers, and its multi-node NVLink domain (``domain``, ``fabric_state``).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from opod.contract import nodeapi
 from opod.contract.admin.fleet import (
     AgentRestartView,
     ClassGPUs,
+    FabricUse,
     FacilityLocation,
     GPUView,
     InventoryEngineInstall,
@@ -45,7 +49,7 @@ from opod.control.context import ControlContext, ControlError
 from opod.control.spec import EXTENSION_TAG, SpecRouter
 from opod.engines.registry import known_names
 from opod.fleet.inventory import GPUDevice, location
-from opod.fleet.liveness import LOST, STATE_WORDS, model_states, node_state, reachability, state_flags, takes_new_work
+from opod.fleet.liveness import LOST, STATE_WORDS, can_place, model_states, node_state, reachability, state_flags, takes_new_work
 from opod.fleet.state import NodeState
 from opod.http.nodeclient import WorkerUnavailable
 
@@ -154,7 +158,8 @@ def _device_views(node: NodeState, cache: DeviceViews) -> tuple[list[GPUView], l
         return cached[1], cached[2]
     views = [GPUView.model_construct(index=d.index, name=d.name, label=d.label, class_=d.gpu_class, card=d.card,
                                      mig_profile=d.mig_profile or None, memory_total_mb=d.memory_mb,
-                                     compute_capability=d.compute_capability or None) for d in devices]
+                                     compute_capability=d.compute_capability or None, nvlink_peers=list(d.nvlink_peers) or None,
+                                     domain=d.nvlink_domain or None, fabric_state=d.fabric_state or None) for d in devices]
     capabilities = sorted({d.compute_capability for d in devices if d.compute_capability})
     cache[node.id] = (devices, views, capabilities)
     return views, capabilities
@@ -183,9 +188,13 @@ def node_view(node: NodeState, held: set[int], now: float, wall: float, cache: D
     if not live and why not in ("drained", "cordoned") and not why.startswith("no heartbeat"):
         warnings.append(f"takes no requests: {why}")
     wanted = inv.operator.wanted_version
-    if wanted and wanted != inv.agent_version:
-        warnings.append(f"release {wanted} is wanted but the agent runs {inv.agent_version or 'an unknown release'}: "
-                        "opod does not upgrade itself; install opod " + wanted + " on the node and restart its worker")
+    if wanted and wanted != inv.agent_version and not any(wanted in w for w in inv.warnings):
+        # The worker's own warning ("upgrading to", "upgrade to ... failed") says more once it has one.
+        running = inv.agent_version or "an unknown release"
+        warnings.append(f"release {wanted} is wanted; the agent runs {running} and has not started upgrading yet"
+                        if "agent_upgrade" in inv.features else
+                        f"release {wanted} is wanted but the agent runs {running} and cannot upgrade itself: "
+                        f"install opod {wanted} on the node and restart its worker")
     labels = inv.all_labels()
     hw = node.hardware
     # Built from values already of the wire types' types: constructed, not validated (a listing of a
@@ -221,7 +230,33 @@ def node_view(node: NodeState, held: set[int], now: float, wall: float, cache: D
         replicas=_replicas(node),
         load=load_view(node, wall),
         provision=_provision(node),
+        fabrics=list(inv.fabrics) or None,
+        multi_node=inv.multi_node() or None,
+        nvlink_domain=inv.nvlink_domain() or None,
     )
+
+
+def fabric_uses(nodes: list[NodeState], busy: set[str], now: float) -> list[FabricUse]:
+    """Each declared fabric: its nodes, those holding weights and the models between them, and its largest free block.
+
+    The free block counts the nodes on the fabric a replica across nodes could take whole:
+    up on it (``multi_node`` ready), taking new replicas, and holding nothing (``busy``: the
+    ids of nodes where a replica holds devices). Nodes on no fabric are on none of these.
+    """
+    on: dict[str, list[NodeState]] = {}
+    for node in nodes:
+        for fabric in node.inventory.fabrics:
+            on.setdefault(fabric, []).append(node)
+    out = []
+    for fabric in sorted(on):
+        members = on[fabric]
+        weights = [n for n in members if n.inventory.models_on_disk]
+        free = sum(1 for n in members if fabric in n.inventory.networks() and can_place(n, now)[0]
+                   and n.id not in busy and not n.loaded_models and not n.model_engines)
+        out.append(FabricUse(fabric=fabric, nodes=len(members), nodes_with_weights=len(weights),
+                             models_present=len({m for n in weights for m in n.inventory.models_on_disk or ()}),
+                             largest_free_block=free))
+    return out
 
 
 def _inputs(node: NodeState, held: set[int], now: float, wall: float) -> tuple:
@@ -233,6 +268,7 @@ def _inputs(node: NodeState, held: set[int], now: float, wall: float) -> tuple:
         tuple(inv.labels.items()), tuple(inv.operator_labels.items()), tuple(inv.engine_versions.items()),
         tuple(op.engine_builds.items()), op.wanted_version, tuple(inv.warnings), inv.agent_version, tuple(inv.features),
         None if inv.models_on_disk is None else tuple(inv.models_on_disk), bool(inv.last_seen), tuple(inv.provision),
+        tuple((name, tuple(ports.items())) for name, ports in inv.fabrics.items()),
     )
 
 
@@ -343,18 +379,22 @@ def router(ctx: ControlContext) -> SpecRouter:
 
     @api.post("/api/v1/nodes/{id}/engines", operation_id="postNodesIdEngines", tags=["nodes"], response_model=NodeEngineRequest)
     async def post_nodes_id_engines(id: str, body: NodeEngineRequest) -> NodeEngineRequest:
+        from opod.engines.registry import UnknownEngine, get_driver
+        from opod.worker.builds import builds_of
+
         node = known(id)
-        engines = known_names()
-        if not body.engine or body.engine not in engines:
-            raise ControlError(400, f"engine: {body.engine!r} is not an engine opod runs; choose one of {', '.join(engines)}")
+        try:
+            engine = get_driver(body.engine or "").id
+        except UnknownEngine:
+            raise ControlError(400, f"engine: {body.engine!r} is not an engine opod runs; choose one of {', '.join(known_names())}") from None
         build = (body.build or "auto").strip().lower()
-        if not _BUILD.fullmatch(build):
-            raise ControlError(400, f"build: {body.build!r} is not a build; write auto, none, or a build name such as cu129")
-        builds = dict(node.inventory.operator.engine_builds) | {body.engine: build}
+        if not _BUILD.fullmatch(build) or build not in builds_of(engine):
+            raise ControlError(400, f"build: {body.build!r} is not a build of {engine}; choose one of {', '.join(builds_of(engine))}")
+        builds = dict(node.inventory.operator.engine_builds) | {engine: build}
         await run_sync(ctx.store.set_operator_side, id, engine_builds=builds)
         node.inventory.operator.engine_builds = builds
-        ctx.emit("node.engine_build", id, {"engine": body.engine, "build": build})
-        return NodeEngineRequest(engine=body.engine, build=build)
+        ctx.emit("node.engine_build", id, {"engine": engine, "build": build})
+        return NodeEngineRequest(engine=engine, build=build)
 
     @api.post("/api/v1/nodes/{id}/labels", operation_id="postNodesIdLabels", tags=["nodes"], response_model=NodeLabelsView)
     async def post_nodes_id_labels(id: str, body: NodeLabelsRequest) -> NodeLabelsView:
@@ -413,7 +453,9 @@ def router(ctx: ControlContext) -> SpecRouter:
 
     @api.post("/api/v1/agents/restart", operation_id="postAgentsRestart", tags=["agents"], response_model=AgentRestartView)
     async def post_agents_restart() -> AgentRestartView:
-        """Each reachable worker starts its agent over (inventory read again, registered anew); engines keep serving."""
+        """Each reachable worker starts its agent again, its engines kept serving: ``opod join``'s as a new process
+        (``worker.adoption``), ``opod up``'s own in place. A worker that cannot now (a model's weights still
+        being fetched there) answers 409 and is left out of ``nodes``."""
         restarted: list[str] = []
         now = time.monotonic()
         for node in ctx.fleet:

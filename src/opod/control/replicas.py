@@ -2,9 +2,10 @@
 
 Everything here is read from the leader's memory (the fleet and the
 reconciler's replicas), never the store: a summary of two hundred nodes is an
-aggregate over the same facts the node and replica tables show. Parts opod has
-no such thing of (fabrics, store members, control planes, judges) are left out
-rather than invented.
+aggregate over the same facts the node and replica tables show; ``fabrics`` is
+one ``FabricUse`` per fabric the nodes declare (``control.nodes.fabric_uses``).
+Parts opod has no such thing of (store members, control planes, judges) are left
+out rather than invented.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from opod.contract.admin.fleet import (
 )
 from opod.contract.admin.models import RetryView
 from opod.control.context import ControlContext, ControlError, ReplicaDesk, ReplicaRecord
+from opod.control.nodes import fabric_uses
 from opod.control.spec import SpecRouter
 from opod.fleet.liveness import HEARTBEAT_MAX_AGE
 
@@ -120,6 +122,7 @@ def summary(ctx: ControlContext) -> Summary:
     return Summary(
         version=__version__, nodes=totals,
         gpus=[ClassUse(class_=k, total=classes[k][0], used=classes[k][1], unhealthy=classes[k][2]) for k in sorted(classes)] or None,
+        fabrics=fabric_uses(nodes, {n for n, _ in held}, now) or None,
         replicas=ReplicaTotal(**counts),
         models=ModelTotals(total=len(active), satisfied=satisfied, short=len(active) - satisfied),
         unplaceable=sorted(m.id for m in active if m.status.unplaceable) or None,

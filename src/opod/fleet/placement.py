@@ -21,6 +21,12 @@ from the fleet, it keeps devices indexed by GPU class and free count, and
 Given a :class:`~opod.fleet.quotas.QuotaBook`, a profile whose replica would take
 its owner's scope past a limit, or take what a guarantee keeps free for another
 scope, is rejected on every node with the quota's reason (``quota: …``).
+
+A replica across nodes never spans two fabrics: its nodes share one network of
+:meth:`~opod.fleet.inventory.NodeInventory.networks` (nodes on no fabric share the
+machine network; nodes on fabrics share a declared fabric, and a node with a down
+adapter takes part in none: ``fabric: …``). Tensor parallel on one node takes free
+cards that are all NVLink peers of each other when there are such, else any.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from dataclasses import dataclass, field
 from opod.catalog.definition import class_in_force
 from opod.contract.admin.catalog import CatalogModel, CatalogProfile
 from opod.fleet.asks import Ask, ask_of, version_matches
-from opod.fleet.inventory import GPUDevice
+from opod.fleet.inventory import MACHINE_NETWORK, NO_BUILD, GPUDevice, nvlink_set
 from opod.fleet.liveness import can_place
 from opod.fleet.quotas import Amount, QuotaBook, amount_held
 from opod.fleet.state import NodeState
@@ -140,10 +146,25 @@ class _Slot:
     models: set[str] = field(default_factory=set)
     by_class: dict[str, list[int]] = field(default_factory=dict)
     """GPU class → its healthy devices' indices, ascending."""
+    linked: bool = False
+    """Some device has NVLink peers (worth looking for a linked set)."""
+    networks: frozenset[str] | None = None
+    """Where it may form a replica across nodes; read when one is asked for."""
 
     def __post_init__(self) -> None:
         for index in sorted(self.devices):
             self.by_class.setdefault(self.devices[index].gpu_class, []).append(index)
+        self.linked = any(d.nvlink_peers for d in self.devices.values())
+
+    def pick(self, free: list[int], count: int) -> list[int]:
+        """``count`` of ``free``: NVLink peers of each other where the node has NVLink, else the first ones."""
+        return nvlink_set(self.devices, free, count) if self.linked else free[:count]
+
+    def on(self) -> frozenset[str]:
+        """The networks it may form a replica across nodes on (``NodeInventory.networks``), read once a pass."""
+        if self.networks is None:
+            self.networks = self.node.inventory.networks()
+        return self.networks
 
     def free(self, gpu_class: str) -> int:
         return sum(1 for i in self.by_class.get(gpu_class, ()) if i not in self.holder)
@@ -351,7 +372,7 @@ class Planner:
         else:
             lanes = [("", [self._by_load[k] for k in sorted(self._by_load)])]
         for gpu_class, buckets in lanes:
-            groups: dict[str, list[_Fit]] = {}
+            groups: dict[tuple[str, str], list[_Fit]] = {}
             for bucket in buckets:
                 for node_id in bucket:
                     fit = self._check(self._slots[node_id], name, ask, klass, exclude, preempt=False)
@@ -362,10 +383,11 @@ class Planner:
                     where = self._location(fit.node, ask)
                     if ask.keep_within and not where:
                         continue
-                    group = groups.setdefault(where, [])
-                    group.append(fit)
-                    if len(group) == ask.nodes:
-                        return group
+                    for network in self._slots[node_id].on():
+                        group = groups.setdefault((where, network), [])
+                        group.append(fit)
+                        if len(group) == ask.nodes:
+                            return group
         return []
 
     def _location(self, node_id: str, ask: Ask) -> str:
@@ -392,21 +414,32 @@ class Planner:
         fits.sort(key=lambda f: f.key(self._class_index.get(f.gpu_class, 0), self._spread(f.node)))
         if ask.nodes == 1:
             return fits[:1]
-        groups: dict[tuple[str, str], list[_Fit]] = {}
+        groups: dict[tuple[str, str, str], list[_Fit]] = {}
+        fitting: list[_Fit] = []
         for fit in fits:
             where = self._location(fit.node, ask)
             if ask.keep_within and not where:
                 refused[fit.node] = f"keep_within: wants all {ask.nodes} nodes in one {ask.keep_within}; it has no {LOCATION_LABEL}{ask.keep_within} label"
                 continue
-            groups.setdefault((fit.gpu_class, where), []).append(fit)
+            fitting.append(fit)
+            for network in self._slots[fit.node].on():
+                groups.setdefault((fit.gpu_class, where, network), []).append(fit)
         best = min((g[:ask.nodes] for g in groups.values() if len(g) >= ask.nodes),
                    key=lambda g: (sum(len(f.preempts) for f in g), [f.node for f in g]), default=[])
         if not best:
-            fitting = [f for g in groups.values() for f in g]
             scope = f" in one {ask.keep_within}" if ask.keep_within else ""
+            together: dict[tuple[str, str], int] = {}
             for fit in fitting:
-                refused[fit.node] = (f"nodes: a replica needs {ask.nodes} nodes{scope} with {ask.per_node} free {ask.wanted()} each; "
-                                     f"{len(fitting)} fit ({', '.join(f.node for f in fitting[:8])})")
+                key = (fit.gpu_class, self._location(fit.node, ask))
+                together[key] = together.get(key, 0) + 1
+            if any(n >= ask.nodes for n in together.values()):
+                why = (f"fabric: a replica across {ask.nodes} nodes stays on one fabric (nodes on no fabric share the machine network); "
+                       f"fitting nodes by fabric: {_by_network(groups)}")
+            else:
+                why = (f"nodes: a replica needs {ask.nodes} nodes{scope} with {ask.per_node} free {ask.wanted()} each; "
+                       f"{len(fitting)} fit ({', '.join(f.node for f in fitting[:8])})")
+            for fit in fitting:
+                refused[fit.node] = why
         return best
 
     def _check(self, slot: _Slot, name: str, ask: Ask, klass: str, exclude: Mapping[str, str], *,
@@ -419,6 +452,9 @@ class Planner:
             return f"node: {slot.down}"
         if name in slot.models:
             return f"replica: already holds a replica of {name} (a worker runs one engine per model)"
+        if ask.nodes > 1 and not slot.on():
+            return (f"fabric: multi_node is {node.inventory.multi_node()} (adapters whose ports are not active); "
+                    f"a replica across nodes takes only nodes whose fabrics are up")
         if ask.engine:
             engines = node.inventory.engine_versions
             if (node.engine_id or engines) and ask.engine != node.engine_id and ask.engine not in engines:
@@ -430,6 +466,9 @@ class Planner:
                     return f"engine_version: wants {ask.engine} {ask.engine_version}*, node reports no {ask.engine} version"
                 if not version_matches(version, ask.engine_version):
                     return f"engine_version: wants {ask.engine} {ask.engine_version}*, node has {ask.engine} {version}"
+        engine = ask.engine or node.engine_id
+        if engine and node.inventory.operator.engine_builds.get(engine) == NO_BUILD:
+            return f"engine: the operator chose no build of {engine} on this node (POST /api/v1/nodes/{node.id}/engines)"
         if ask.selector:
             labels = node.inventory.all_labels()
             for key, value in sorted(ask.selector.items()):
@@ -503,7 +542,7 @@ class Planner:
                                       + (f" ({unhealthy} more unhealthy)" if unhealthy else ""))
                 continue
             if len(free) >= ask.per_node:
-                return gpu_class, free[:ask.per_node], [], "", len(free) - ask.per_node
+                return gpu_class, slot.pick(free, ask.per_node), [], "", len(free) - ask.per_node
             held_here = [slot.holder[i] for i in indices if i in slot.holder]
             why = f"gpus: needs {ask.per_node} free {gpu_class}, has {len(free)} free ({len(held_here)} held{_by(held_here)})"
             refusal = refusal or why
@@ -514,7 +553,7 @@ class Planner:
             if victims is not None:
                 gone = {h.replica_id for h in victims}
                 usable = [i for i in indices if i not in slot.holder or slot.holder[i].replica_id in gone]
-                best = (gpu_class, usable[:ask.per_node], victims, why, len(usable) - ask.per_node)
+                best = (gpu_class, slot.pick(usable, ask.per_node), victims, why, len(usable) - ask.per_node)
         return best if best is not None else refusal
 
     def _victims(self, slot: _Slot, klass: str, already: list[Held], gives, deficit: float) -> list[Held] | None:
@@ -530,6 +569,15 @@ class Planner:
             out.append(victim)
             deficit -= gives(victim)
         return out if deficit <= 0 else None
+
+
+def _by_network(groups: Mapping[tuple[str, str, str], list[_Fit]]) -> str:
+    """``ib-a 1 (n1); no fabric 1 (n3)``: the fitting nodes on each network."""
+    nodes: dict[str, list[str]] = {}
+    for (_, _, network), fits in groups.items():
+        nodes.setdefault(network, []).extend(f.node for f in fits)
+    return "; ".join(f"{network or 'no fabric'} {len(ids)} ({', '.join(ids[:8])})"
+                     for network, ids in sorted(nodes.items(), key=lambda item: (item[0] == MACHINE_NETWORK, item[0])))
 
 
 def _need(ask: Ask) -> Amount:

@@ -4,7 +4,14 @@ The contract's ``Capabilities`` carries whole cards only (name, whole GiB); the
 opod addition ``InventoryReport`` carries every placeable device (MIG instances
 as their own), compute capabilities, health, labels and the worker's software.
 A declared inventory (:mod:`opod.worker.declared`) replaces the driver's GPUs and
-any machine figure it states.
+any machine figure it states, and declares the node's fabrics and NVLink wiring.
+
+From NVML, each whole card's NVLink peers are the cards its active links reach:
+a link's remote PCI address names a local card directly, and where a link reaches
+an NVSwitch instead, the cards NVML says it can reach over NVLink (its P2P status).
+A card's multi-node NVLink domain and ``fabric_state`` come from its GPU fabric
+info (``joined`` once registered). A machine without NVML, or without NVLink,
+reports none; fabrics are reported only as declared.
 """
 
 from __future__ import annotations
@@ -13,8 +20,9 @@ import os
 import platform
 import shutil
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from opod import __version__
 from opod.contract import nodeapi
@@ -38,6 +46,8 @@ class Inventory:
     labels: tuple[tuple[str, str], ...] = ()
     declared: bool = False
     warnings: tuple[str, ...] = ()
+    fabrics: dict[str, dict[str, str]] = field(default_factory=dict)
+    """fabric name → adapter → its port's state, as declared."""
 
     def capabilities(self, engine: str, role: str = "", plan_revision: int = 0) -> nodeapi.Capabilities:
         return nodeapi.Capabilities(
@@ -67,6 +77,7 @@ class Inventory:
             models_on_disk=models_on_disk,
             warnings=list(self.warnings) or None,
             declared=self.declared,
+            fabrics={name: dict(ports) for name, ports in self.fabrics.items()} or None,
         )
 
 
@@ -100,6 +111,8 @@ def nvidia_devices() -> tuple[tuple[nodeapi.InventoryGPU, ...], tuple[str, ...]]
     warnings: list[str] = []
     whole: list[nodeapi.InventoryGPU] = []
     split: list[nodeapi.InventoryGPU] = []
+    handles: dict[int, Any] = {}
+    """Whole card → its NVML handle, for the NVLink wiring once every card is listed."""
     try:
         count = pynvml.nvmlDeviceGetCount()
         for card in range(count):
@@ -119,8 +132,17 @@ def nvidia_devices() -> tuple[tuple[nodeapi.InventoryGPU, ...], tuple[str, ...]]
             if instances:
                 split.extend(instances)
             else:
+                domain, fabric_state = _nvlink_domain(pynvml, handle)
                 whole.append(nodeapi.InventoryGPU(index=card, label=str(card), name=name, gpu_class=name, memory_mb=int(memory),
-                                                  compute_capability=capability, uuid=uuid, card=card))
+                                                  compute_capability=capability, uuid=uuid, card=card,
+                                                  nvlink_domain=domain, fabric_state=fabric_state))
+                handles[card] = handle
+        try:
+            peers = _nvlink_peers(pynvml, handles)
+        except Exception:  # an NVML too old to know NVLink: no peers, as on a machine without it
+            peers = {}
+        for device in whole:
+            device.nvlink_peers = sorted(peers.get(device.card, ())) or None
     except Exception as err:
         warnings.append(f"NVML stopped answering while listing GPUs: {err}")
     finally:
@@ -156,6 +178,66 @@ def _mig_instances(pynvml, handle, card: int, name: str, capability: str, warnin
         out.append(nodeapi.InventoryGPU(index=0, label=f"{card}/mig{len(out)}", name=name, gpu_class=f"{name}/{profile}",
                                         memory_mb=int(memory), compute_capability=capability, uuid=uuid, card=card, mig_profile=profile))
     return out
+
+
+def _pci(info: Any) -> tuple[int, int, int]:
+    return (int(info.domain), int(info.bus), int(info.device))
+
+
+def _nvlink_peers(pynvml: Any, handles: dict[int, Any]) -> dict[int, set[int]]:
+    """Whole card → the cards it has NVLink to; none for a card whose NVLink NVML cannot read."""
+    by_pci: dict[tuple[int, int, int], int] = {}
+    for card, handle in handles.items():
+        try:
+            by_pci[_pci(pynvml.nvmlDeviceGetPciInfo(handle))] = card
+        except Exception:
+            continue
+    out: dict[int, set[int]] = {}
+    for card, handle in handles.items():
+        peers: set[int] = set()
+        switched = False
+        for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+            try:
+                if pynvml.nvmlDeviceGetNvLinkState(handle, link) != pynvml.NVML_FEATURE_ENABLED:
+                    continue
+                remote = by_pci.get(_pci(pynvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link)))
+            except Exception:
+                break  # no NVLink on this card, or no link of this number: the links are numbered from 0
+            if remote is None:
+                switched = True  # an NVSwitch: which cards it reaches is the P2P status's to say
+            elif remote != card:
+                peers.add(remote)
+        if switched:
+            for other, other_handle in handles.items():
+                try:
+                    linked = pynvml.nvmlDeviceGetP2PStatus(handle, other_handle, pynvml.NVML_P2P_CAPS_INDEX_NVLINK)
+                except Exception:
+                    continue
+                if other != card and linked == pynvml.NVML_P2P_STATUS_OK:
+                    peers.add(other)
+        if peers:
+            out[card] = peers
+    return out
+
+
+_FABRIC_STATES = {"NVML_GPU_FABRIC_STATE_NOT_STARTED": "not joined", "NVML_GPU_FABRIC_STATE_IN_PROGRESS": "joining"}
+
+
+def _nvlink_domain(pynvml: Any, handle: Any) -> tuple[str, str]:
+    """The multi-node NVLink domain (``CLUSTER-UUID/CLIQUE``) the card is in, and its ``fabric_state``; empty for none."""
+    try:
+        info = pynvml.c_nvmlGpuFabricInfo_t()
+        pynvml.nvmlDeviceGetGpuFabricInfo(handle, pynvml.byref(info))
+    except Exception:
+        return "", ""  # an older driver, or a card on no NVLink fabric
+    if info.state == pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED or not any(info.clusterUuid):
+        return "", ""
+    raw = bytes(info.clusterUuid).hex()
+    domain = f"{raw[:8]}-{raw[8:12]}-{raw[12:16]}-{raw[16:20]}-{raw[20:]}/{info.cliqueId}"
+    if info.state == pynvml.NVML_GPU_FABRIC_STATE_COMPLETED:
+        return domain, "joined" if info.status == pynvml.NVML_SUCCESS else "not joined"
+    words = {getattr(pynvml, k): v for k, v in _FABRIC_STATES.items()}
+    return domain, words.get(info.state, "not joined")
 
 
 def nvidia_gpus() -> tuple[nodeapi.GPU, ...]:
@@ -217,4 +299,5 @@ def take(home: Path, declared: Declared | None = None) -> Inventory:
         labels=tuple(sorted(declared.labels.items())) if declared else (),
         declared=declared is not None,
         warnings=warnings,
+        fabrics=dict(declared.fabrics) if declared else {},
     )

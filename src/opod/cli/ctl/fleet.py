@@ -31,7 +31,7 @@ NODE = typer.Argument(..., metavar="NODE", help="A node id (opod ctl nodes ls)."
 
 
 def summary(as_json: bool = render.json_option()) -> None:
-    """The fleet at a glance: nodes by state, GPUs by class, replicas, models short of replicas, parked and idle ones."""
+    """The fleet at a glance: nodes by state, GPUs by class, fabrics, replicas, models short of replicas, parked and idle ones."""
     body = request("GET", path("summary"))
     if as_json:
         return emit_json(body)
@@ -49,6 +49,12 @@ def summary(as_json: bool = render.json_option()) -> None:
         for use in view.gpus:
             gpus.add_row(use.class_ or render.DASH, str(use.total or 0), str(use.used or 0), str(use.unhealthy or 0))
         render.show(gpus)
+    if view.fabrics:
+        fabrics = render.table("FABRIC", "NODES", "FREE BLOCK", "WITH WEIGHTS", "MODELS")
+        for f in view.fabrics:
+            fabrics.add_row(f.fabric or render.DASH, str(f.nodes or 0), str(f.largest_free_block or 0), str(f.nodes_with_weights or 0),
+                            str(f.models_present or 0))
+        render.show(fabrics)
     if view.unplaceable:
         out.print(f"[bold]unplaceable[/] {escape(', '.join(view.unplaceable))} (opod ctl explain MODEL says why)")
     if view.parked:
@@ -144,11 +150,13 @@ def show_node(node: str = NODE, as_json: bool = render.json_option()) -> None:
         ("warnings", view.warnings),
     ]))
     if view.gpus:
-        gpus = render.table("GPU", "NAME", "CLASS", "MEMORY", "COMPUTE", "MIG", "NUMA", "NIC")
+        gpus = render.table("GPU", "NAME", "CLASS", "MEMORY", "COMPUTE", "MIG", "NUMA", "NIC", "NVLINK PEERS", "NVLINK DOMAIN")
         for g in view.gpus:
             memory = f"{g.memory_used_mb or 0}/{g.memory_total_mb} MiB" if g.memory_total_mb else render.DASH
+            domain = f"{g.domain} ({g.fabric_state})" if g.domain and g.fabric_state else g.domain or g.fabric_state or render.DASH
             gpus.add_row(g.label or render.text(g.index), g.name or render.DASH, g.class_ or render.DASH, memory,
-                         g.compute_capability or render.DASH, g.mig_profile or render.DASH, render.text(g.numa), g.nearest_nic or render.DASH)
+                         g.compute_capability or render.DASH, g.mig_profile or render.DASH, render.text(g.numa), g.nearest_nic or render.DASH,
+                         render.text(g.nvlink_peers), domain)
         render.show(gpus)
     if view.provision:
         installs = render.table("ENGINE", "VERSION", "VARIANT", "STATE", "DETAIL", wrap=["DETAIL"])
