@@ -42,7 +42,11 @@ CONFIG_OVERRIDES: tuple[Override, ...] = (
     Override("OPOD_STOP_GRACE", "Seconds a stopping leader or worker lets requests in flight finish before it stops its engines (default 30; 0 = stop at once)."),
     Override("OPOD_INVENTORY", "Path of a declared inventory (YAML or JSON: GPUs, MIG instances, labels) a worker reports instead of its driver's; --inventory names it too."),
     Override("OPOD_DOOR_ROUTES", "Path of the door's routes file (opod up --role door); --routes names it too."),
+    Override("OPOD_UPGRADE_COMMAND", "The command a worker runs to install the release the operator wants ({python} and {version} filled in; split as a shell would, run without one). Default: {python} -m pip install --upgrade opod=={version}."),
     Override("OPOD_PROMETHEUS_URL", "Base URL of the Prometheus server this leader asks, in place of the cluster settings' prometheus.url (shown in local_keys)."),
+    Override("OPOD_ENGINE_INSTALL_COMMAND", "Command a worker runs to install an engine build the operator chose (POST /api/v1/nodes/{id}/engines), "
+                                            "split like a shell line and run without one; {python}, {package}, {build} and {index} are filled in "
+                                            "(default: {python} -m pip install {package} --extra-index-url {index})."),
 )
 
 _OVERRIDE_NAMES = frozenset(o.name for o in CONFIG_OVERRIDES)

@@ -24,9 +24,15 @@ from tests.support.ports import free_port
 OPOD = [sys.executable, "-m", "opod"]
 
 
+NO_INSTALL = "{python} -c \"raise SystemExit('this test installs nothing')\""
+
+
 def clean_env(home: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPOD_") and k not in ("HF_ENDPOINT", "HF_TOKEN")}
     env.update(OPOD_HOME=str(home), COLUMNS="200", NO_COLOR="1", PYTHONUNBUFFERED="1")
+    # A release or engine build an operator asks for is never fetched from a registry here: the tests
+    # that install one name their own command.
+    env.update(OPOD_UPGRADE_COMMAND=NO_INSTALL, OPOD_ENGINE_INSTALL_COMMAND=NO_INSTALL)
     env.update(extra)
     return env
 

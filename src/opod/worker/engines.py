@@ -112,8 +112,11 @@ class EngineManager:
         sleep_mode: bool = False,
         on_change: Callable[[], None] = lambda: None,
         adapters: list[nodeapi.Adapter] | None = None,
+        launcher: Callable[[str], tuple[str, ...]] = lambda _engine: (),
     ) -> None:
+        """``launcher``: the command prefix an engine id starts with now (the operator's build choice; empty = the driver's)."""
         self.driver = get_driver(engine_id)
+        self.launcher = launcher
         self.home = home
         self.catalog = catalog
         self.supervisor = supervisor
@@ -213,6 +216,7 @@ class EngineManager:
                 kv_events_endpoint=kv_endpoint,
                 tool_call_parser=(entry.tool_call_parser or {}).get(self.driver.id, "") if entry is not None and "tools" in caps else "",
                 sleep_mode=self.sleep_mode,
+                launcher=self.launcher(self.driver.id),
             )
             await self._distributed(engine)
             await self._start(engine)
@@ -346,7 +350,42 @@ class EngineManager:
         engine.detail = message
         return spec
 
-    # --- unloading ------------------------------------------------------------
+    # --- taking engines back after the worker re-executed itself -------------------
+
+    def adopt(self, engine: ModelEngine) -> asyncio.Task | None:
+        """Take back ``engine``, whose process the supervisor has adopted (:mod:`opod.worker.adoption`): it is
+        ``starting`` until its process answers its readiness probe, then serving as before. Returns the task
+        that waits for that (None for a follower rank without a process of its own)."""
+        self.engines[engine.model_id] = engine
+        endpoint = engine.spec.kv_events_endpoint if engine.spec is not None else ""
+        if endpoint and self.kv_report is not None:
+            # The endpoint the engine was started with: it dials this same address again.
+            listener = KVEventListener(self.kv_report, name=engine.model_id, endpoint=endpoint)
+            try:
+                listener.start()
+                engine.kv = listener
+            except KVListenError as err:
+                log.warning("%s; %s goes on without cache events", err, engine.model_id)
+        if not engine.process_id:
+            self.on_change()
+            return None
+        engine.enter("starting", f"{engine.model_id}: taken back after the worker restarted")
+        engine.task = asyncio.get_running_loop().create_task(self._taken_back(engine), name=f"take back {engine.model_id}")
+        self.on_change()
+        return engine.task
+
+    async def _taken_back(self, engine: ModelEngine) -> None:
+        process = self.supervisor.get(engine.process_id)
+        timeout = process.config.ready_timeout if process is not None else 0.0
+        if await self._await_ready(engine.process_id, timeout):
+            engine.enter("following" if engine.follower else "serving", engine.detail if engine.follower else "")
+            log.info("%s serving again on %s (its engine kept running)", engine.model_id, engine.base_url)
+        else:
+            process = self.supervisor.get(engine.process_id)
+            engine.enter("failed", f"{engine.model_id}: " + (process.exit_reason if process is not None else "not taken back"))
+            await self._stop_kv(engine)
+        self.on_change()
+
 
     async def unload(self, req: nodeapi.UnloadModelRequest) -> nodeapi.UnloadModelResponse:
         held = self.adapters.attached.get(req.id)

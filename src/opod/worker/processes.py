@@ -8,6 +8,18 @@ killed by SIGKILL. Its exit is noticed through a pidfd without reaping it
 first: while the leader is an unreaped zombie its pid, and so its process
 group id, cannot be reused, which makes the sweep of leftover group members
 safe. Linux-only parts degrade to plain behaviour elsewhere.
+
+A worker that restarts itself re-executes its own program in the same process
+(:func:`os.execv`, same pid), so its children stay its children, and takes them
+back with :func:`adopt`. The death signal is tied to the thread that forked, and
+exec ends every thread but the one calling it: children are spawned and the exec
+is called from the event loop's (main) thread, so neither ends that thread. The
+output pipe is what carries over: its read end is the one descriptor made
+inheritable just before the exec (:meth:`Child.keep_output_across_exec`), and the
+new process reads it on from the same descriptor number. A pipe rather than a
+log file the engine writes itself, because the worker keeps rotating the log and
+keeping the last lines in memory as before; the pipe's buffer holds what the
+engine writes during the moments the new process takes to start.
 """
 
 from __future__ import annotations
@@ -18,6 +30,7 @@ import functools
 import logging
 import os
 import signal
+import stat as stat_module
 import subprocess
 import threading
 from collections.abc import Callable, Sequence
@@ -113,6 +126,30 @@ def _stat_fields(pid: int) -> list[bytes] | None:
         return None
     # The command name may hold spaces and parentheses; the fields after the last ')' are fixed.
     return data[data.rindex(b")") + 2 :].split()
+
+
+def start_ticks(pid: int) -> int | None:
+    """When the process started, in clock ticks since boot (``/proc/<pid>/stat`` field 22): with the pid, who it is."""
+    fields = _stat_fields(pid)
+    return None if fields is None else int(fields[19])
+
+
+def fd_inode(fd: int) -> int | None:
+    """The inode of the pipe open on ``fd``; None when ``fd`` is not open or not a pipe."""
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    return st.st_ino if stat_module.S_ISFIFO(st.st_mode) else None
+
+
+def stdout_inode(pid: int) -> int | None:
+    """The inode of the pipe on ``pid``'s stdout (``/proc/<pid>/fd/1`` reads ``pipe:[N]``); None when unknown."""
+    try:
+        link = os.readlink(f"/proc/{pid}/fd/1")
+    except OSError:
+        return None
+    return int(link[6:-1]) if link.startswith("pipe:[") and link.endswith("]") else None
 
 
 def proc_stat(pid: int) -> tuple[str, int, int] | None:
@@ -239,6 +276,10 @@ class _Output:
         os.set_blocking(fd, False)
         loop.add_reader(fd, self.drain, READS_PER_WAKEUP)
 
+    @property
+    def fd(self) -> int | None:
+        return self._fd
+
     def drain(self, max_reads: int = READS_PER_WAKEUP) -> None:
         while self._fd is not None and max_reads > 0:
             max_reads -= 1
@@ -298,13 +339,16 @@ class _Output:
 
 
 class Child:
-    """One spawned process, leader of its own process group (pgid == pid)."""
+    """One spawned (or adopted) process, leader of its own process group (pgid == pid).
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, popen: subprocess.Popen[bytes], output: _Output) -> None:
-        self.pid = popen.pid
+    ``reap`` waits for its exit status once its exit is known (negative = the signal, as :mod:`subprocess` says).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, pid: int, reap: Callable[[], int], output: _Output) -> None:
+        self.pid = pid
         self.returncode: int | None = None
         self._loop = loop
-        self._popen = popen
+        self._reap = reap
         self._output = output
         self._reaped = False
         self._stop_deadline: float | None = None
@@ -326,6 +370,17 @@ class Child:
         """The return code once the leader is reaped and its group is gone."""
         # Shielded: cancelling a waiter must never cancel the exit itself.
         return await asyncio.shield(self._exited)
+
+    @property
+    def output_fd(self) -> int | None:
+        """The descriptor its output is read from; None once it is closed."""
+        return self._output.fd
+
+    def keep_output_across_exec(self) -> None:
+        """Let the output's descriptor survive this process's exec (it is close-on-exec otherwise)."""
+        fd = self._output.fd
+        if fd is not None:
+            os.set_inheritable(fd, True)
 
     def signal_group(self, sig: int) -> None:
         # Only while the leader is unreaped: after that the group id may belong to someone else.
@@ -383,7 +438,7 @@ class Child:
                     await asyncio.sleep(0.02)
             self.signal_group(signal.SIGKILL)
             stragglers = group_members(self.pid) - {self.pid}
-            self.returncode = self._popen.wait()
+            self.returncode = self._reap()
             self._reaped = True
             deadline = self._loop.time() + STRAGGLER_WAIT
             while stragglers and self._loop.time() < deadline:
@@ -443,5 +498,41 @@ def spawn(
         raise
     finally:
         os.close(write_fd)
-    return Child(loop, popen, _Output(loop, read_fd, on_line, sink))
+    return Child(loop, popen.pid, popen.wait, _Output(loop, read_fd, on_line, sink))
+
+
+class NotAdoptable(RuntimeError):
+    """The recorded process is not there to take back: gone, someone else's, or its output pipe is not the one recorded."""
+
+
+def adopt(pid: int, *, ticks: int, output_fd: int, on_line: Callable[[str], None], sink: LogSink | None = None) -> Child:
+    """Take back a child this process started before it re-executed itself; call from the event loop's thread.
+
+    ``ticks`` is the start time recorded for ``pid`` (:func:`start_ticks`), so a reused pid is never
+    taken; ``output_fd`` is the inherited read end of its output pipe, checked to be the pipe on its
+    stdout. Raises :class:`NotAdoptable` saying why not.
+    """
+    loop = asyncio.get_running_loop()
+    stat = proc_stat(pid)
+    if stat is None:
+        raise NotAdoptable(f"pid {pid} is no longer running")
+    # A zombie of ours is taken too: it ended during the restart, and its supervisor hears the exit at once.
+    if stat[1] != os.getpid() or start_ticks(pid) != ticks:
+        raise NotAdoptable(f"pid {pid} is another process now (not the child this worker started)")
+    inode = fd_inode(output_fd)
+    if inode is None:
+        raise NotAdoptable(f"the output pipe of pid {pid} (descriptor {output_fd}) did not survive the restart")
+    theirs = stdout_inode(pid)
+    if theirs is not None and theirs != inode:
+        raise NotAdoptable(f"descriptor {output_fd} is not the pipe pid {pid} writes its output to")
+    os.set_inheritable(output_fd, False)  # an engine started from now on must not hold it open
+    return Child(loop, pid, functools.partial(_waitpid, pid), _Output(loop, output_fd, on_line, sink))
+
+
+def _waitpid(pid: int) -> int:
+    try:
+        _, status = os.waitpid(pid, 0)
+    except ChildProcessError:
+        return -signal.SIGKILL  # reaped elsewhere: its status is lost
+    return os.waitstatus_to_exitcode(status)
 

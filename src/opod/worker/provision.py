@@ -2,8 +2,11 @@
 
 Asked at registration and again now and then (the agent sends the inventory again
 when the answer changed). Each look is cheap: package metadata, the llama.cpp route
-(no process started), and one short HTTP call to a local Ollama. ``installing`` is
-never said yet: opod installs no engine by itself.
+(no process started), and one short HTTP call to a local Ollama. With the operator's
+build choices (:class:`opod.worker.builds.EngineBuilds`), each row says what became of
+its engine's choice: ``unsupported`` for ``none``, ``installing`` or ``failed`` while a
+build's install says so, llama.cpp on its pinned route, a pip engine with its build as
+the variant.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ from opod.contract import nodeapi
 from opod.engines import llama_binary
 from opod.engines.errors import LaunchError
 from opod.engines.ollama import OllamaDriver
+from opod.worker.builds import AUTO, FAILED, INSTALLING, NONE, EngineBuilds, no_build
 
-READY, INSTALLING, FAILED, UNSUPPORTED = "ready", "installing", "failed", "unsupported"
+READY, UNSUPPORTED = "ready", "unsupported"
 OLLAMA_URL = f"http://127.0.0.1:{OllamaDriver.default_port}"
 _PYTHON_ENGINES = (("vllm", "vllm", "vLLM"), ("sglang", "sglang", "SGLang"))
 """(engine id, Python package, name people know it by)."""
@@ -32,10 +36,10 @@ def _version(package: str) -> str:
         return ""
 
 
-def llamacpp() -> nodeapi.EngineInstall:
-    """llama.cpp on the route the worker would start it on (``llama_binary.resolve``)."""
+def llamacpp(pinned: llama_binary.LlamaRoute | None = None) -> nodeapi.EngineInstall:
+    """llama.cpp on the route the worker would start it on: ``pinned`` by a build choice, else ``llama_binary.resolve``."""
     try:
-        route = llama_binary.resolve()
+        route = pinned or llama_binary.resolve()
     except LaunchError as err:
         return nodeapi.EngineInstall(engine="llamacpp", state=FAILED, detail=str(err))
     kind = route.kind.value
@@ -51,18 +55,18 @@ def llamacpp() -> nodeapi.EngineInstall:
     return nodeapi.EngineInstall(engine="llamacpp", version=version, variant=kind, state=READY)
 
 
-def python_engine(engine: str, package: str, name: str, gpus: int) -> nodeapi.EngineInstall:
-    """vLLM or SGLang: installed in this worker's Python, and a GPU to run on."""
+def python_engine(engine: str, package: str, name: str, gpus: int, build: str = "") -> nodeapi.EngineInstall:
+    """vLLM or SGLang: installed in this worker's Python, and a GPU to run on (none for the ``cpu`` build)."""
     if importlib.util.find_spec(package) is None:
         return nodeapi.EngineInstall(engine=engine, state=UNSUPPORTED,
                                      detail=f"not installed: {name} is not in this worker's Python; pip install {package} "
                                             "on a machine with an NVIDIA GPU")
     version = _version(package)
-    if gpus == 0:
-        return nodeapi.EngineInstall(engine=engine, version=version, state=UNSUPPORTED,
+    if gpus == 0 and build != "cpu":
+        return nodeapi.EngineInstall(engine=engine, version=version, variant=build, state=UNSUPPORTED,
                                      detail=f"no GPU: {name} needs a CUDA GPU and this node has none; "
                                             "run it on a GPU node, or use llamacpp here")
-    return nodeapi.EngineInstall(engine=engine, version=version, variant="cuda", state=READY)
+    return nodeapi.EngineInstall(engine=engine, version=version, variant=build or "cuda", state=READY)
 
 
 async def ollama(url: str = OLLAMA_URL, timeout: float = 1.0) -> nodeapi.EngineInstall:
@@ -83,7 +87,23 @@ def simulator() -> nodeapi.EngineInstall:
     return nodeapi.EngineInstall(engine="sim", version=__version__, variant="simulator", state=READY)
 
 
-async def survey(gpus: int, ollama_url: str = OLLAMA_URL) -> list[nodeapi.EngineInstall]:
-    """Every engine opod drives, in id order, as this worker could run it now."""
-    python = {engine: python_engine(engine, package, name, gpus) for engine, package, name in _PYTHON_ENGINES}
-    return [llamacpp(), await ollama(ollama_url), python["sglang"], simulator(), python["vllm"]]
+def as_chosen(row: nodeapi.EngineInstall, builds: EngineBuilds) -> nodeapi.EngineInstall:
+    """``row`` as the operator's build choice for its engine leaves it."""
+    chosen = builds.chosen(row.engine)
+    if chosen.build == NONE:
+        return nodeapi.EngineInstall(engine=row.engine, version=row.version, state=UNSUPPORTED, detail=no_build(row.engine))
+    if chosen.state in (INSTALLING, FAILED):
+        return nodeapi.EngineInstall(engine=row.engine, version=row.version, variant=chosen.build, state=chosen.state, detail=chosen.detail)
+    return row
+
+
+async def survey(gpus: int, builds: EngineBuilds | None = None, ollama_url: str = OLLAMA_URL) -> list[nodeapi.EngineInstall]:
+    """Every engine opod drives, in id order, as this worker could run it now (with ``builds``: as chosen)."""
+    def build(engine: str) -> str:
+        chosen = builds.chosen(engine).build if builds is not None else ""
+        return "" if chosen in ("", AUTO, NONE) else chosen
+
+    python = {engine: python_engine(engine, package, name, gpus, build(engine)) for engine, package, name in _PYTHON_ENGINES}
+    rows = [llamacpp(builds.llama_route() if builds is not None else None), await ollama(ollama_url), python["sglang"],
+            simulator(), python["vllm"]]
+    return rows if builds is None else [as_chosen(row, builds) for row in rows]

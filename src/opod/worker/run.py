@@ -1,7 +1,18 @@
 """A worker, assembled in one place (:func:`open_worker`): identity, inventory, the engine manager, its listener and its agent.
 
 ``opod join`` runs one on its own; ``opod up`` runs one beside the leader in the
-same event loop. Stopping it stops the engines first, then sends the final
+same event loop.
+
+Restarting the agent (``POST /v1/opod/agent/restart``) differs between the two.
+``opod join``'s worker (:attr:`WorkerSettings.reexec`) restarts as a new process:
+it re-executes its own program in the same process, hands its engines and its
+listening socket over, and the new process takes them back
+(:mod:`opod.worker.adoption`) and heartbeats under a new boot id; the engines never
+stop. It upgrades itself the same way (:mod:`opod.worker.upgrade`). ``opod up``'s
+worker shares its process with the leader, which an exec would restart too: it
+starts its agent over in place (the inventory read again, registered anew).
+
+Stopping it stops the engines first, then sends the final
 "stopped" heartbeat, so the leader stops routing here at once. With a stop grace
 (``opod join``: ``OPOD_STOP_GRACE``), the goodbye goes first instead, and the
 engines keep serving the requests in flight until they are idle or the grace
@@ -18,12 +29,15 @@ import collections
 import contextlib
 import json
 import logging
+import os
+import shlex
 import ssl
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from opod import config
+from opod import __version__, config
 from opod.catalog import load_catalog
 from opod.contract import env as contract_env
 from opod.contract import nodeapi
@@ -32,17 +46,20 @@ from opod.engines import llama_binary, llama_devices
 from opod.engines.errors import LaunchError
 from opod.engines.registry import get_driver
 from opod.http.serving import Listener, bind, serve
-from opod.worker import declared, identity, inventory, provision
+from opod.worker import adoption, builds, declared, identity, inventory, provision
 from opod.worker.agent import Agent
 from opod.worker.api import WorkerAPI
 from opod.worker.engines import EngineManager
 from opod.worker.hostload import HostLoadReader
 from opod.worker.supervisor import Supervisor
+from opod.worker.upgrade import Upgrader
 
 log = logging.getLogger("opod.worker")
 
 IDLE_POLL_S = 0.25
 """How often a stopping worker asks its engines whether requests are still running."""
+REEXEC_DELAY_S = 0.2
+"""How long a restart as a new process waits after answering, so the answer leaves before the exec."""
 
 
 @dataclass
@@ -66,6 +83,9 @@ class WorkerSettings:
     ``opod up``'s leader waits for them itself, before it stops its worker)."""
     inventory: str | None = None
     """A declared inventory file (``--inventory``, ``OPOD_INVENTORY``): GPUs, MIG instances, labels."""
+    reexec: bool = False
+    """Restart (and upgrade) as a new process with the engines kept: ``opod join``'s worker, which has its
+    process to itself. False: the agent restarts in place (``opod up``'s worker shares the leader's process)."""
 
     @classmethod
     def tls_from_env(cls) -> dict:
@@ -143,10 +163,11 @@ class LogRing(logging.Handler):
             pass
 
 
-def worker_features(manager: EngineManager) -> list[str]:
-    """What this worker offers beyond the contract, and what its engine can do (the node view's ``features``)."""
+def worker_features(manager: EngineManager, *, upgrades: bool = False) -> list[str]:
+    """What this worker offers beyond the contract, and what its engine can do (the node view's ``features``);
+    ``agent_upgrade`` when it installs and restarts into the release the operator wants."""
     driver = manager.driver
-    out = ["logs", "agent_restart", "declared_inventory"]
+    out = ["logs", "agent_restart", "declared_inventory"] + (["agent_upgrade"] if upgrades else [])
     out += [name for name, has in (("sleep", driver.can_sleep), ("tokenize", driver.can_tokenize),
                                    ("kv_events", driver.publishes_kv_events)) if has]
     return out
@@ -177,7 +198,11 @@ class Worker:
         manager: EngineManager,
         listener: Listener,
         agent: Agent,
+        book: adoption.EngineBook | None = None,
+        handed: adoption.Handed | None = None,
     ) -> None:
+        """``book``: the state file a restart as a new process hands the engines over with (None: restarts
+        in place); ``handed``: what the previous process handed over, to take back when it runs."""
         self.settings = settings
         self.node_id = node_id
         self.supervisor = supervisor
@@ -191,6 +216,11 @@ class Worker:
         self.say: Callable[[str], None] = log.warning
         """Where the stop says what it is doing (``opod join`` prints it)."""
         self.agent_log = LogRing()
+        self.book = book
+        self.handed = handed
+        self.upgrade_warning = ""
+        """The upgrade's line among the inventory's warnings ("" = none)."""
+        self._reexec: asyncio.Task[None] | None = None
 
     def log_sources(self) -> list[str]:
         return ["agent", *sorted(self.manager.engines)]
@@ -214,10 +244,53 @@ class Worker:
             taken, stated = await asyncio.to_thread(take_inventory, self.settings)
         except declared.InventoryError as err:
             return str(err)
-        caps = _capabilities(taken, self.manager, self.agent.capabilities.plan_revision)
+        caps = _capabilities(taken, self.manager, self.agent.capabilities.plan_revision, upgrades=self.book is not None)
         self.agent.disk_free_gb = _disk_free(stated, self.manager)
-        self.agent.restart(caps)
+        self.agent.restart(_warned(caps, self.upgrade_warning))
         return ""
+
+    async def restart_process(self, upgrade: str = "") -> str:
+        """Restart as a new process, engines kept serving: answers at once ("" or why not now), and
+        re-executes a moment later, so the answer reaches the caller first. ``upgrade``: the release
+        just installed, for the new process to check it runs it."""
+        if self.book is None:
+            return "this worker shares its process with the leader; it restarts its agent in place"
+        waiting = adoption.fetching(self.manager)
+        if waiting:
+            return f"weights are being fetched here for {', '.join(waiting)}; restart once their loads have finished"
+        if self._reexec is None or self._reexec.done():
+            self._reexec = asyncio.get_running_loop().create_task(self._exec_soon(upgrade), name="restart as a new process")
+        return ""
+
+    async def _exec_soon(self, upgrade: str) -> None:
+        await asyncio.sleep(REEXEC_DELAY_S)
+        assert self.book is not None
+        if self._stopping is not None:
+            return  # told to stop meanwhile: the stop wins
+        for process_id in self.supervisor.unhanded():
+            await self.supervisor.stop(process_id)  # one the new process could not take back must not outlive the exec unwatched
+        handed = self.supervisor.handover()
+        self.say(f"restarting as a new process; {len(handed)} engine processes keep running")
+        self.supervisor.keep_across_exec(handed)
+        self.listener.sock.set_inheritable(True)
+        self.book.write(exec_pid=os.getpid(), listener_fd=self.listener.sock.fileno(), upgrade=upgrade)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        argv = [sys.executable, *sys.orig_argv[1:]]
+        try:
+            os.execv(sys.executable, argv)
+        except OSError as err:  # the process goes on as it was: nothing was stopped for the restart
+            log.error("could not restart as a new process (%s): %s", shlex.join(argv), err)
+            self.listener.sock.set_inheritable(False)
+            self.book.write()
+
+    def set_upgrade_warning(self, text: str) -> None:
+        """The upgrade's line in the inventory's warnings ("" = none); the next heartbeat carries it."""
+        self.upgrade_warning = text
+        self.agent.capabilities = _warned(self.agent.capabilities, text, drop=_upgrade_line)
+        self.agent.kick()
+
     def engine_url(self, model: str) -> str | None:
         """The loopback URL of the engine serving ``model`` here, for a leader in the same process."""
         engine = self.manager.serving(model)
@@ -229,6 +302,15 @@ class Worker:
         Raises :class:`~opod.worker.agent.TokenRefused` after stopping when the leader refused this worker.
         """
         logging.getLogger("opod.worker").addHandler(self.agent_log)
+        if self.handed is not None:
+            # Before the listener serves: the requests waiting in its backlog find their engines serving.
+            handed, self.handed = self.handed, None
+            await adoption.take_back(handed, self.supervisor, self.manager)
+            # The leader knows this node: a registration would make it start the node's record afresh and
+            # give up its replicas before the first heartbeat lists them again. The first heartbeat brings
+            # the new boot id instead (and the inventory, with the release now running); a leader that
+            # forgot the node answers it 404, and the agent registers then.
+            self.agent.registered.set()
         self._serving = asyncio.create_task(serve([self.listener], self._listener_stop), name="worker listener")
         # Beside registration, not before it: the binary may take seconds to list its devices.
         check = asyncio.create_task(self._check_gpu_use(self.agent.capabilities.gpus or []))
@@ -260,6 +342,8 @@ class Worker:
                 await self.manager.stop_all()
                 await self.agent.goodbye()
         finally:
+            if self.book is not None:
+                self.book.close()  # a normal stop: the engines are stopped, nothing is handed over
             self._listener_stop.set()
             if self._serving is not None:
                 await self._serving
@@ -307,10 +391,23 @@ class Worker:
             log.info("llama.cpp can use: %s", "; ".join(devices))
 
 
-def _capabilities(taken: inventory.Inventory, manager: EngineManager, revision: int) -> nodeapi.Capabilities:
+def _capabilities(taken: inventory.Inventory, manager: EngineManager, revision: int, *, upgrades: bool) -> nodeapi.Capabilities:
     caps = taken.capabilities(engine=manager.driver.id, plan_revision=revision)
-    report = taken.report(manager.driver.id, features=worker_features(manager))
+    report = taken.report(manager.driver.id, features=worker_features(manager, upgrades=upgrades))
     return caps.model_copy(update={"inventory": report})
+
+
+def _upgrade_line(line: str) -> bool:
+    return line.startswith(("upgrading to ", "upgrade to "))
+
+
+def _warned(caps: nodeapi.Capabilities, line: str, drop: Callable[[str], bool] | None = None) -> nodeapi.Capabilities:
+    """``caps`` with ``line`` among its inventory's warnings, the lines ``drop`` picks taken out first."""
+    report = caps.inventory
+    if report is None:
+        return caps
+    warnings = [w for w in report.warnings or [] if drop is None or not drop(w)] + ([line] if line else [])
+    return caps.model_copy(update={"inventory": report.model_copy(update={"warnings": warnings or None})})
 
 
 def _disk_free(stated: declared.Declared | None, manager: EngineManager) -> Callable[[], int]:
@@ -332,10 +429,19 @@ def open_worker(settings: WorkerSettings) -> Worker:
     taken, stated = take_inventory(settings)  # a bad inventory file is refused before anything starts too
     node_id = settings.node_id or identity.node_id(settings.home)
     host, port = settings.listen
-    sock = bind(host, port, "the worker")
+    handed = adoption.read(settings.home) if settings.reexec else None
+    sock = adoption.inherited_listener(handed, host, port) or bind(host, port, "the worker")
     try:
         kick = asyncio.Event()
-        supervisor = Supervisor(on_change=lambda _process: kick.set())
+        book = adoption.EngineBook(settings.home, lambda: supervisor, lambda: manager) if settings.reexec else None
+
+        def changed() -> None:
+            kick.set()
+            if book is not None:
+                book.changed()
+
+        chosen = builds.EngineBuilds(settings.home, on_change=lambda: agent.survey_soon())
+        supervisor = Supervisor(on_change=lambda _process: changed())
         manager = EngineManager(
             engine_id=settings.engine,
             home=settings.home,
@@ -344,12 +450,13 @@ def open_worker(settings: WorkerSettings) -> Worker:
             threads=settings.threads,
             flags=settings.flags,
             sleep_mode=config.flag(contract_env.ENV_SLEEP_MODE),
-            on_change=kick.set,
+            on_change=changed,
             adapters=wanted_adapters(),
+            launcher=chosen.launcher,
         )
         api = WorkerAPI(node_id, settings.token, manager, supervisor, settings.home)
         listener = Listener(api.app(), sock, "worker")
-        caps = _capabilities(taken, manager, plan_revision())
+        caps = _capabilities(taken, manager, plan_revision(), upgrades=book is not None)
         agent = Agent(
             leader_url=settings.leader_url,
             node_id=node_id,
@@ -364,12 +471,19 @@ def open_worker(settings: WorkerSettings) -> Worker:
             ssl_context=settings.leader_ssl,
             kick=kick,
             host_load=HostLoadReader(),
-            provision=lambda: provision.survey(len(agent.capabilities.gpus or [])),
+            provision=lambda: provision.survey(len(agent.capabilities.gpus or []), chosen),
         )
         agent.disk_free_gb = _disk_free(stated, manager)
+        agent.on_orders.append(chosen.heard)
     except BaseException:
         sock.close()
         raise
-    worker = Worker(settings=settings, node_id=node_id, supervisor=supervisor, manager=manager, listener=listener, agent=agent)
-    api.log_lines, api.log_sources, api.restart_agent = worker.log_lines, worker.log_sources, worker.restart_agent
+    worker = Worker(settings=settings, node_id=node_id, supervisor=supervisor, manager=manager, listener=listener, agent=agent,
+                    book=book, handed=handed)
+    api.log_lines, api.log_sources = worker.log_lines, worker.log_sources
+    api.restart_agent = worker.restart_process if book is not None else worker.restart_agent
+    if book is not None:
+        upgrader = Upgrader(running=__version__, home=settings.home, restart=worker.restart_process, warn=worker.set_upgrade_warning,
+                            installed=handed.upgrade if handed is not None else "")
+        agent.on_orders.append(upgrader.heard)
     return worker

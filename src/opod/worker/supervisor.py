@@ -9,6 +9,9 @@ States of a :class:`ManagedProcess` (``ProcessState``) and what moves them::
                    └─exit or readiness timeout─▶ FAILED     (restart off, or it never became ready)
     an abnormal exit with no tries left ──▶ CRASHLOOP
     stop() from any live state ──▶ STOPPING ──▶ STOPPED     (never restarts)
+    adopt() ──▶ STARTING ──ready──▶ RUNNING ...             (a process started before this worker re-executed
+                                                             itself: as if it had been ready, so a later crash
+                                                             restarts it; its readiness time counts from adoption)
 
 A process that has never been ready is not restarted: a bad model, a missing
 library or an illegal instruction will fail the same way again, and the caller
@@ -29,6 +32,7 @@ import re
 import shlex
 from collections.abc import Callable, Sequence
 from contextlib import suppress
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
@@ -39,10 +43,12 @@ from opod.contract import nodeapi
 from opod.contract.wire import ZERO_TIME, format_time
 from opod.worker import processes
 from opod.worker.processconfig import ProcessConfig, probe_once
-from opod.worker.processes import SpawnError, describe_exit
+from opod.worker.processes import NotAdoptable, SpawnError, describe_exit
 
 __all__ = [
+    "Handover",
     "ManagedProcess",
+    "NotAdoptable",
     "ProcessConfig",
     "ProcessExists",
     "ProcessState",
@@ -122,6 +128,20 @@ def _telling_line(lines: Sequence[str]) -> str:
     return best[:300]
 
 
+@dataclass(frozen=True, slots=True)
+class Handover:
+    """What a worker that re-executes itself needs to take one running process back (:meth:`Supervisor.adopt`)."""
+
+    config: ProcessConfig
+    pid: int
+    ticks: int
+    """Its start time (``/proc/<pid>/stat``), so a reused pid is not taken for it."""
+    output_fd: int
+    """The read end of its output pipe, inherited across the exec."""
+    started_at: datetime
+    restarts: int
+
+
 class ManagedProcess:
     """One supervised process as the worker sees it; changed only by its :class:`Supervisor`."""
 
@@ -134,6 +154,8 @@ class ManagedProcess:
         self.pid: int | None = None
         self.started_at: datetime | None = None
         """When the current (or last) launch was spawned."""
+        self._waiting_from = self.since
+        """When the wait for readiness began: the spawn, or the adoption."""
         self.restarts = 0
         """Automatic relaunches in this worker's lifetime."""
         self.exit_code: int | None = None
@@ -209,7 +231,9 @@ class Supervisor:
     """Starts processes, watches each with a task of its own, and stops them by process group.
 
     Use it from the event loop's (main) thread: children are tied to the
-    thread that spawned them and die with the worker.
+    thread that spawned them and die with the worker. A worker that re-executes
+    itself hands its processes over (:meth:`handover`) and the new process takes
+    each back (:meth:`adopt`).
     """
 
     def __init__(self, on_change: Callable[[ManagedProcess], object] | None = None, *, adopt_orphans: bool = False) -> None:
@@ -300,6 +324,64 @@ class Supervisor:
                 self._kills.add(task)
                 task.add_done_callback(self._kills.discard)
 
+    async def adopt(self, held: Handover) -> ManagedProcess:
+        """Take back a process this worker started before it re-executed itself, and watch it from here on.
+
+        It starts out ``STARTING`` until its readiness check answers (one probe, when it serves), and counts
+        as having been ready, so a crash later restarts it. Raises :class:`NotAdoptable` when it is not the
+        process recorded (the caller drops it), :class:`ProcessExists` when a live process has its id.
+        """
+        config = held.config
+        old = self._procs.get(config.id)
+        if old is not None and old.live:
+            raise ProcessExists(f"process {config.id!r} is already {old.state.value}")
+        mp = ManagedProcess(config)
+        if config.log_file is not None:
+            with suppress(OSError):  # the log is a copy; the process is taken back without it
+                mp._log = processes.RotatingLog(config.log_file, config.log_max_bytes, config.log_backups)
+        try:
+            mp._child = processes.adopt(held.pid, ticks=held.ticks, output_fd=held.output_fd, on_line=mp._lines.append, sink=mp._log)
+        except NotAdoptable:
+            if mp._log is not None:
+                mp._log.close()
+            raise
+        self._procs[config.id] = mp
+        mp.pid, mp.started_at, mp.restarts, mp.ever_ready = held.pid, held.started_at, held.restarts, True
+        self._log_note(mp, f"taken back pid {mp.pid} after the worker restarted")
+        if config.ready_url or config.health_port or config.probe:
+            mp._waiting_from = _now()
+            self._set(mp, ProcessState.STARTING)
+        else:
+            self._mark_ready(mp)
+        mp._task = asyncio.get_running_loop().create_task(self._supervise(mp), name=f"supervise {config.id}")
+        return mp
+
+    def handover(self) -> list[Handover]:
+        """Every process a re-executed worker can take back: running or starting, with a readiness check it can
+        write down (a custom probe cannot be)."""
+        out = []
+        for mp in self._procs.values():
+            child = mp._child
+            if mp.state not in (ProcessState.STARTING, ProcessState.RUNNING) or child is None or child.done or mp.config.probe:
+                continue
+            ticks, fd = processes.start_ticks(child.pid), child.output_fd
+            if ticks is None or fd is None or mp.started_at is None:
+                continue
+            out.append(Handover(config=mp.config, pid=child.pid, ticks=ticks, output_fd=fd, started_at=mp.started_at, restarts=mp.restarts))
+        return out
+
+    def keep_across_exec(self, handed: Sequence[Handover]) -> None:
+        """Make the output descriptors of ``handed`` survive this process's exec (they are close-on-exec otherwise)."""
+        for held in handed:
+            child = self._procs[held.config.id]._child
+            if child is not None:
+                child.keep_output_across_exec()
+
+    def unhanded(self) -> list[str]:
+        """Live processes :meth:`handover` leaves out (stopped before an exec, so none outlives it unwatched)."""
+        handed = {h.config.id for h in self.handover()}
+        return [mp.id for mp in self._procs.values() if mp.live and mp.id not in handed]
+
     def get(self, id: str) -> ManagedProcess | None:
         return self._procs.get(id)
 
@@ -336,7 +418,7 @@ class Supervisor:
             death_signal=cfg.death_signal,
         )
         mp.pid = mp._child.pid
-        mp.started_at = _now()
+        mp.started_at = mp._waiting_from = _now()
         self._log_note(mp, f"started pid {mp.pid}: {shlex.join(cfg.argv)}")
         if cfg.ready_url or cfg.health_port or cfg.probe:
             self._set(mp, ProcessState.STARTING)
@@ -412,9 +494,7 @@ class Supervisor:
     async def _until_ready_or_exit(self, mp: ManagedProcess, child: processes.Child) -> bool:
         """True once ready or once the process ended (the caller reads which); False on the timeout."""
         cfg = mp.config
-        remaining = cfg.ready_timeout
-        if mp.started_at is not None:
-            remaining -= (_now() - mp.started_at).total_seconds()
+        remaining = cfg.ready_timeout - (_now() - mp._waiting_from).total_seconds()
         probing = asyncio.get_running_loop().create_task(_probe_until_ready(mp))
         exited = asyncio.ensure_future(child.wait())
         try:
