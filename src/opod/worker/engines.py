@@ -386,6 +386,7 @@ class EngineManager:
             await self._stop_kv(engine)
         self.on_change()
 
+    # --- unloading ------------------------------------------------------------
 
     async def unload(self, req: nodeapi.UnloadModelRequest) -> nodeapi.UnloadModelResponse:
         held = self.adapters.attached.get(req.id)
