@@ -358,9 +358,11 @@ class Worker:
         idle, said, busy = 0, False, 0
         while idle < 2:
             sample, _ = await self.manager.sample()
-            # An engine that reports no metrics cannot say it is busy: it is taken as idle.
+            # An engine that reports no metrics cannot say it is busy: it is taken as idle. One that has
+            # metrics and did not answer this time (a slow scrape) is not: the wait goes on, within the grace.
+            unknown = sample is None and self.manager.driver.metrics_path is not None and bool(self.manager.loaded_models())
             busy = 0 if sample is None else (sample.running or 0) + (sample.queue_depth or 0)
-            idle = idle + 1 if busy == 0 else 0
+            idle = idle + 1 if busy == 0 and not unknown else 0
             if busy and not said:
                 said = True
                 self.say(f"stopping: {busy} requests in flight on the engines, waiting up to {grace:g} s "
