@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.gpu_fleet import add, replicas
+from tests.support.gpu_fleet import add, nodes, replicas
 from tests.support.opod_process import Leader, OpodProcess, opod_cli, sim_worker, wait_until
 
 H100 = "{name: NVIDIA H100 80GB HBM3, class: H100, memory_gb: 80, compute_capability: '9.0'"
@@ -46,12 +46,6 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Leader]:
     for worker in workers:
         worker.stop()
     leader.process.stop()
-
-
-def nodes(leader: Leader) -> dict[str, dict]:
-    status, body = leader.admin("GET", "/api/v1/nodes")
-    assert status == 200, body
-    return {n["id"]: n for n in body}
 
 
 def fabric_use(leader: Leader) -> dict[str, dict]:

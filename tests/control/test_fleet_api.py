@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.gpu_fleet import nodes
 from tests.support.opod_process import Leader, OpodProcess, http, opod_cli, sim_worker, wait_until
 
 H100_BOX = """
@@ -48,12 +49,6 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Leader, di
     for worker in workers.values():
         worker.stop()
     leader.process.stop()
-
-
-def nodes(leader: Leader) -> dict[str, dict]:
-    status, body = leader.admin("GET", "/api/v1/nodes")
-    assert status == 200, body
-    return {n["id"]: n for n in body}
 
 
 def test_the_declared_gpus_show_by_class_with_free_unhealthy_and_mig(fleet) -> None:

@@ -37,6 +37,12 @@ def report(fleet: Fleet, workers: Workers, *, serving: bool = True) -> None:
         fleet.heartbeat(nodeapi.Heartbeat(id=node_id, loaded_models=loaded, replicas=replicas or None))
 
 
+def first_leader() -> tuple[Fleet, ModelRegistry, Workers, Reconciler]:
+    """The leader before the restart: its fleet and models outlive it, its reconciler does not."""
+    fleet, registry, workers = Fleet(), ModelRegistry(), Workers()
+    return fleet, registry, workers, Reconciler(fleet, registry, workers)  # type: ignore[arg-type]
+
+
 def restarted(fleet: Fleet, registry: ModelRegistry) -> tuple[Workers, Reconciler]:
     """A new leader's reconciler over the same workers: it starts knowing no replica."""
     workers = Workers()
@@ -44,8 +50,7 @@ def restarted(fleet: Fleet, registry: ModelRegistry) -> tuple[Workers, Reconcile
 
 
 def test_a_restarted_leader_adopts_each_replica_under_its_id_with_its_gpus_and_loads_nothing():
-    fleet, registry, first = Fleet(), ModelRegistry(), Workers()
-    rec = Reconciler(fleet, registry, first)  # type: ignore[arg-type]
+    fleet, registry, first, rec = first_leader()
     for node_id in ("n1", "n2"):
         node(fleet, node_id, gpus=2)
     model(registry, "chat", profiles=gpu_profile(), scaling={"min": 2, "max": 2})
@@ -63,8 +68,7 @@ def test_a_restarted_leader_adopts_each_replica_under_its_id_with_its_gpus_and_l
 
 
 def test_a_new_model_after_the_restart_gets_gpus_the_adopted_replicas_do_not_hold():
-    fleet, registry, first = Fleet(), ModelRegistry(), Workers()
-    rec = Reconciler(fleet, registry, first)  # type: ignore[arg-type]
+    fleet, registry, first, rec = first_leader()
     node(fleet, "n1", gpus=2)
     model(registry, "chat", profiles=gpu_profile())
     run(rec)
@@ -80,8 +84,7 @@ def test_a_new_model_after_the_restart_gets_gpus_the_adopted_replicas_do_not_hol
 
 
 def test_a_replica_still_loading_at_the_restart_is_adopted_starting_and_becomes_ready():
-    fleet, registry, first = Fleet(), ModelRegistry(), Workers()
-    rec = Reconciler(fleet, registry, first)  # type: ignore[arg-type]
+    fleet, registry, first, rec = first_leader()
     node(fleet, "n1", gpus=1)
     model(registry, "chat", profiles=gpu_profile())
     run(rec)
@@ -97,8 +100,7 @@ def test_a_replica_still_loading_at_the_restart_is_adopted_starting_and_becomes_
 
 
 def test_a_replica_across_two_nodes_is_adopted_with_both_ranks_in_order():
-    fleet, registry, first = Fleet(), ModelRegistry(), Workers()
-    rec = Reconciler(fleet, registry, first)  # type: ignore[arg-type]
+    fleet, registry, first, rec = first_leader()
     for node_id in ("n1", "n2"):
         node(fleet, node_id, gpus=1)
     model(registry, "big", profiles=gpu_profile(tp=1, pp=2, nodes=2, gpus_per_node=1))
@@ -115,8 +117,7 @@ def test_a_replica_across_two_nodes_is_adopted_with_both_ranks_in_order():
 
 
 def test_a_replica_this_leader_stopped_is_not_adopted_back_from_a_late_heartbeat():
-    fleet, registry, first = Fleet(), ModelRegistry(), Workers()
-    rec = Reconciler(fleet, registry, first)  # type: ignore[arg-type]
+    fleet, registry, first, rec = first_leader()
     node(fleet, "n1", gpus=1)
     known = model(registry, "chat", profiles=gpu_profile())
     run(rec)
@@ -134,8 +135,7 @@ def test_a_replica_this_leader_stopped_is_not_adopted_back_from_a_late_heartbeat
 
 
 def test_no_new_replica_is_placed_while_a_node_known_from_the_store_has_not_reported():
-    fleet, registry, first = Fleet(), ModelRegistry(), Workers()
-    rec = Reconciler(fleet, registry, first)  # type: ignore[arg-type]
+    fleet, registry, first, rec = first_leader()
     node(fleet, "n1", gpus=1)
     node(fleet, "n2", gpus=1)
     model(registry, "chat", profiles=gpu_profile(), scaling={"min": 1, "max": 1})
@@ -157,8 +157,7 @@ def test_no_new_replica_is_placed_while_a_node_known_from_the_store_has_not_repo
 
 
 def test_a_replica_from_an_older_definition_is_adopted_and_shown_stale():
-    fleet, registry, first = Fleet(), ModelRegistry(), Workers()
-    rec = Reconciler(fleet, registry, first)  # type: ignore[arg-type]
+    fleet, registry, first, rec = first_leader()
     node(fleet, "n1", gpus=1)
     model(registry, "chat", profiles=gpu_profile())
     run(rec)

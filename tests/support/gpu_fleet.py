@@ -42,6 +42,13 @@ def add(leader: Leader, definition: dict) -> None:
     assert status == 200, body
 
 
+def nodes(leader: Leader) -> dict[str, dict]:
+    """``GET /api/v1/nodes`` by node id."""
+    status, body = leader.admin("GET", "/api/v1/nodes")
+    assert status == 200, body
+    return {n["id"]: n for n in body}
+
+
 def replicas(leader: Leader, model: str) -> list[dict]:
     status, body = leader.admin("GET", f"/api/v1/replicas?model={model}")
     assert status == 200, body

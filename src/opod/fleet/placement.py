@@ -38,8 +38,9 @@ from dataclasses import dataclass, field
 
 from opod.catalog.definition import class_in_force
 from opod.contract.admin.catalog import CatalogModel, CatalogProfile
+from opod.fleet import refusals
 from opod.fleet.asks import Ask, ask_of, version_matches
-from opod.fleet.inventory import MACHINE_NETWORK, NO_BUILD, GPUDevice, nvlink_set
+from opod.fleet.inventory import NO_BUILD, GPUDevice, nvlink_set
 from opod.fleet.liveness import can_place
 from opod.fleet.quotas import Amount, QuotaBook, amount_held
 from opod.fleet.state import NodeState
@@ -415,6 +416,7 @@ class Planner:
         if ask.nodes == 1:
             return fits[:1]
         groups: dict[tuple[str, str, str], list[_Fit]] = {}
+        networks: dict[str, list[str]] = {}  # network → the fitting nodes on it, for the refusal
         fitting: list[_Fit] = []
         for fit in fits:
             where = self._location(fit.node, ask)
@@ -424,6 +426,7 @@ class Planner:
             fitting.append(fit)
             for network in self._slots[fit.node].on():
                 groups.setdefault((fit.gpu_class, where, network), []).append(fit)
+                networks.setdefault(network, []).append(fit.node)
         best = min((g[:ask.nodes] for g in groups.values() if len(g) >= ask.nodes),
                    key=lambda g: (sum(len(f.preempts) for f in g), [f.node for f in g]), default=[])
         if not best:
@@ -434,7 +437,7 @@ class Planner:
                 together[key] = together.get(key, 0) + 1
             if any(n >= ask.nodes for n in together.values()):
                 why = (f"fabric: a replica across {ask.nodes} nodes stays on one fabric (nodes on no fabric share the machine network); "
-                       f"fitting nodes by fabric: {_by_network(groups)}")
+                       f"fitting nodes by fabric: {refusals.by_network(networks)}")
             else:
                 why = (f"nodes: a replica needs {ask.nodes} nodes{scope} with {ask.per_node} free {ask.wanted()} each; "
                        f"{len(fitting)} fit ({', '.join(f.node for f in fitting[:8])})")
@@ -498,7 +501,7 @@ class Planner:
                 continue
             more = self._victims(slot, klass, victims, lambda h, r=reserved: getattr(h, r), need - (total - taken)) if preempt else None
             if more is None:
-                by = _by(h for h in slot.held.values() if getattr(h, reserved))
+                by = refusals.held_by(h for h in slot.held.values() if getattr(h, reserved))
                 return f"{rule}: needs {need:g} {unit} free, has {max(total - taken, 0):g} ({total:g}, {taken:g} reserved{by})"
             blocked = blocked or f"{rule}: needs {need:g} {unit} free, has {max(total - taken, 0):g}"
             victims += more
@@ -524,12 +527,12 @@ class Planner:
         sick = [d for d in slot.unhealthy if ask.device_fits(d)] if slot.unhealthy else []
         if not by_class:
             if sick:
-                return f"gpus: needs {ask.per_node} {ask.wanted()}, every one here is unhealthy ({_sick(sick)})"
+                return f"gpus: needs {ask.per_node} {ask.wanted()}, every one here is unhealthy ({refusals.unhealthy(sick)})"
             if not slot.devices:
                 return "gpu_class: node has no GPU" if ask.gpu_class else f"gpu: wants {ask.wanted()}, node has no GPU"
             if ask.gpu_class:
-                return f"gpu_class: wants {ask.gpu_class}, node has {_inventory(slot.devices.values())}"
-            return f"gpu: wants {ask.wanted()}, node has {_inventory(slot.devices.values(), detail=True)}"
+                return f"gpu_class: wants {ask.gpu_class}, node has {refusals.by_class(slot.devices.values())}"
+            return f"gpu: wants {ask.wanted()}, node has {refusals.by_class(slot.devices.values(), detail=True)}"
         classes = sorted(by_class, key=lambda c: (self._class_index.get(c, 0), c)) if len(by_class) > 1 else list(by_class)
         best: tuple[str, list[int], list[Held], str, int] | None = None
         refusal = ""
@@ -544,7 +547,7 @@ class Planner:
             if len(free) >= ask.per_node:
                 return gpu_class, slot.pick(free, ask.per_node), [], "", len(free) - ask.per_node
             held_here = [slot.holder[i] for i in indices if i in slot.holder]
-            why = f"gpus: needs {ask.per_node} free {gpu_class}, has {len(free)} free ({len(held_here)} held{_by(held_here)})"
+            why = f"gpus: needs {ask.per_node} free {gpu_class}, has {len(free)} free ({len(held_here)} held{refusals.held_by(held_here)})"
             refusal = refusal or why
             if not preempt or best is not None:
                 continue
@@ -571,40 +574,6 @@ class Planner:
         return out if deficit <= 0 else None
 
 
-def _by_network(groups: Mapping[tuple[str, str, str], list[_Fit]]) -> str:
-    """``ib-a 1 (n1); no fabric 1 (n3)``: the fitting nodes on each network."""
-    nodes: dict[str, list[str]] = {}
-    for (_, _, network), fits in groups.items():
-        nodes.setdefault(network, []).extend(f.node for f in fits)
-    return "; ".join(f"{network or 'no fabric'} {len(ids)} ({', '.join(ids[:8])})"
-                     for network, ids in sorted(nodes.items(), key=lambda item: (item[0] == MACHINE_NETWORK, item[0])))
-
-
 def _need(ask: Ask) -> Amount:
     """What one replica of ``ask`` holds once placed, as quotas count it."""
     return Amount(ask.per_node * ask.nodes if ask.gpus else 0, ask.cpu_cores * ask.nodes, ask.memory_gb * ask.nodes)
-
-
-def _by(replicas: Iterable[Held]) -> str:
-    """`` by qwen-7b, llama-70b``: whose replicas hold something, each model once."""
-    models = sorted({h.model for h in replicas})
-    if not models:
-        return ""
-    return " by " + ", ".join(models[:3]) + (f" and {len(models) - 3} more" if len(models) > 3 else "")
-
-
-def _inventory(devices: Iterable[GPUDevice], *, detail: bool = False) -> str:
-    """``A10G ×4, T4 ×1``: a node's healthy devices by class; with ``detail``, ``T4 ×8 (7.5, 16 GB)``."""
-    counts: dict[str, list[GPUDevice]] = {}
-    for device in devices:
-        counts.setdefault(device.gpu_class, []).append(device)
-    parts = []
-    for gpu_class, group in sorted(counts.items()):
-        first = group[0]
-        extra = f" ({first.compute_capability or 'compute capability unknown'}, {first.memory_mb / 1024:g} GB)" if detail else ""
-        parts.append(f"{gpu_class} ×{len(group)}{extra}")
-    return ", ".join(parts)
-
-
-def _sick(devices: list[GPUDevice]) -> str:
-    return "; ".join(f"{d.label or d.index}: {d.why or 'unhealthy'}" for d in devices)

@@ -16,7 +16,7 @@ which a round calls first.
 
 Each replica a worker reports (``NodeState.replicas``: the id, profile, digest and
 devices its load named) that this leader does not track is adopted at the start
-of a round (:func:`opod.leader.replicas.adopted`): after a leader restart the
+of a round (:mod:`opod.leader.adoption`): after a leader restart the
 replicas carry on under their ids and keep their GPUs. For a short while after
 start no new replica is placed while nodes known from the store have not
 reported yet, so what they run is adopted rather than started twice.
@@ -44,6 +44,7 @@ from opod.fleet.placement import CLASSES, Held, Planner, Rejection
 from opod.fleet.quotas import Amount, QuotaTable, ScopeTree
 from opod.fleet.state import Fleet, NodeState
 from opod.http.nodeclient import WorkerClient, WorkerUnavailable
+from opod.leader import adoption
 from opod.leader.pinned import PENDING_FOR, PinnedLoads, unload_request
 from opod.leader.replicas import (
     ACTIVE,
@@ -53,8 +54,6 @@ from opod.leader.replicas import (
     STARTING,
     Parking,
     Replica,
-    adopted,
-    awaiting_reports,
     capacity_class,
     desired_count,
     idle_timeout,
@@ -281,7 +280,7 @@ class Reconciler:
                 elif now - replica.started > FAILED_KEPT and now - replica.ready_at > FAILED_KEPT:
                     self._drop(replica)
         self._adopt(now)
-        self._awaiting = now - self.born <= HEARTBEAT_MAX_AGE and awaiting_reports(self.fleet)
+        self._awaiting = now - self.born <= HEARTBEAT_MAX_AGE and adoption.awaiting_reports(self.fleet)
         # One planner for the whole pass: built once from what replicas hold, told of each start and preemption.
         held = [Held(replica_id=r.id, model=r.model, profile=r.profile, klass=r.klass, gpus={k: list(v) for k, v in r.gpus.items()},
                      cpu_cores=r.cpu_cores, memory_gb=r.memory_gb)
@@ -300,42 +299,12 @@ class Reconciler:
         """Track, under their own ids, the replicas workers report running and this leader does not know."""
         for replica_id in [k for k, at in self._stopped.items() if now - at > STOPPED_KEPT]:
             del self._stopped[replica_id]
-        wall = time.time()
-        for node in self.fleet:
-            if not node.replicas or node.goodbye or now - node.last_heartbeat > HEARTBEAT_MAX_AGE:
-                continue
-            for model_id, held in node.replicas.items():
-                if held.rank != 0 or not held.replica or held.replica in self.replicas or held.replica in self._stopped:
-                    continue
-                model = self.models.get(model_id)
-                definition = model.definition if model is not None else None
-                if definition is None or definition.external is not None:
-                    continue  # a pinned load's, or a model no longer defined: :mod:`opod.leader.pinned` owns it
-                if any(node.id in r.nodes for r in self._of(model_id) if r.state in ACTIVE):
-                    continue  # the engine there is a replica this leader tracks already
-                ranks = self._ranks_reported(model_id, node, held, now)
-                if ranks is None:
-                    continue
-                replica = adopted(model_id, definition, ranks, serving=model_id in node.loaded_models, now=now, wall=wall)
-                self.replicas[replica.id] = replica
-                self._by_model.setdefault(model_id, {})[replica.id] = replica
-                log.info("adopted replica %s of %s on %s (GPUs %s)", replica.id, model_id, "+".join(replica.nodes),
-                         ", ".join(f"{n}: {g}" for n, g in replica.gpus.items()))
-
-    def _ranks_reported(self, model_id: str, head: NodeState, held: nodeapi.HeldReplica,
-                        now: float) -> list[tuple[NodeState, nodeapi.HeldReplica]] | None:
-        """Every node reporting a rank of rank 0's replica, in rank order; ``None`` while one may still report."""
-        if held.ranks <= 1:
-            return [(head, held)]
-        found = {0: (head, held)}
-        for node in self.fleet:
-            other = node.replicas.get(model_id)
-            if node is not head and other is not None and other.replica == held.replica \
-                    and now - node.last_heartbeat <= HEARTBEAT_MAX_AGE:
-                found.setdefault(other.rank, (node, other))
-        if len(found) < held.ranks and now - self.born <= HEARTBEAT_MAX_AGE:
-            return None  # a rank's node has not reported since this leader started
-        return [found[rank] for rank in sorted(found)]
+        for replica in adoption.reported(self.fleet, self.models, self.replicas, self._stopped, now=now,
+                                         starting=now - self.born <= HEARTBEAT_MAX_AGE):
+            self.replicas[replica.id] = replica
+            self._by_model.setdefault(replica.model, {})[replica.id] = replica
+            log.info("adopted replica %s of %s on %s (GPUs %s)", replica.id, replica.model, "+".join(replica.nodes),
+                     ", ".join(f"{n}: {g}" for n, g in replica.gpus.items()))
 
     def _observe(self, replica: Replica, now: float) -> None:
         """Move a replica on by what rank 0's heartbeats say."""

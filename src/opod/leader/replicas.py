@@ -6,11 +6,8 @@ on each. Its life: ``starting`` (load calls sent) → ``ready`` (rank 0's heartb
 lists the model) → ``draining`` (being stopped) or ``failed``.
 
 Nothing here is stored: what workers report is the one record of what runs. Each
-load names its replica (id, profile, definition digest, devices, rank) and the
-worker repeats it in every heartbeat (``Heartbeat.replicas``), so a restarted
-leader adopts each replica its workers still run, under its own id, with the GPUs
-it holds (:func:`adopted`), rather than placing it again. A stored copy would be
-wrong as soon as an engine ended while the leader was down.
+load names its replica (:func:`load_requests`), and a restarted leader adopts the
+replicas its workers repeat in their heartbeats (:mod:`opod.leader.adoption`).
 
 How many: the catalog's scaling in force (``opod.catalog.definition.scaling_in_force``:
 no scaling is one replica); ``min 0`` with a ``max`` is on demand, one replica while
@@ -21,16 +18,13 @@ within ``prewarm``) replaces min and max.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from opod.catalog.definition import class_in_force, scaling_in_force
 from opod.contract import nodeapi
 from opod.contract.admin.catalog import CatalogModel, CatalogScaleWindow, CatalogScaling
-from opod.contract.wire import parse_time
 from opod.fleet.models import KnownModel
-from opod.fleet.state import NodeState
 
 STARTING, READY, DRAINING, FAILED = "starting", "ready", "draining", "failed"
 ACTIVE = (STARTING, READY, DRAINING)
@@ -39,10 +33,6 @@ ACTIVE = (STARTING, READY, DRAINING)
 DEFAULT_IDLE_TIMEOUT = 900.0
 """Seconds an on-demand model may go unasked-for when its definition says 0 (the cluster default)."""
 NS = 1_000_000_000
-STALE = "unknown"
-"""The digest of a replica whose definition is not known: equal to no definition's, so it shows stale."""
-SEEN_RECENTLY = 600.0
-"""A node the store saw within this many seconds before a leader's start is waited for (:func:`awaiting_reports`)."""
 DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 _DAY_GROUPS = {"weekdays": DAYS[:5], "weekends": DAYS[5:], "weekday": DAYS[:5], "weekend": DAYS[5:]}
 
@@ -180,52 +170,3 @@ def load_requests(model: KnownModel, replica: Replica, peers: list[str]) -> list
         )))
     return out
 
-
-def adopted(model: str, definition: CatalogModel, ranks: list[tuple[NodeState, nodeapi.HeldReplica]], *,
-            serving: bool, now: float, wall: float) -> Replica:
-    """The replica that workers report running (rank order), as this leader tracks it from now on.
-
-    ``ready`` when rank 0 serves it, else ``starting`` (its load was still under way);
-    its age is rank 0's engine's, as the worker says it. A profile the definition no
-    longer has reads as profile 0 and the replica is stale (its digest differs).
-    """
-    head, held = ranks[0]
-    profiles = definition.profiles or []
-    index = held.profile if held.profile < len(profiles) else 0
-    profile = profiles[index] if index < len(profiles) else None
-    age = engine_age(head, model, wall) if serving else 0.0
-    replica = Replica(
-        id=held.replica, model=model, profile=index,
-        profile_name=profile.name if profile is not None and profile.name else str(index),
-        klass=class_in_force(definition), nodes=[node.id for node, _ in ranks],
-        gpus={node.id: list(h.devices or []) for node, h in ranks},
-        state=READY if serving else STARTING, started=now - age, started_wall=wall - age,
-        fingerprint=held.fingerprint if held.fingerprint and (held.profile < len(profiles) or held.profile == 0) else STALE,
-        cpu_cores=float(profile.cpu_cores or 0) if profile else 0.0,
-        memory_gb=float(profile.min_memory_gb or 0) if profile else 0.0,
-    )
-    if serving:
-        replica.ready_at, replica.ever_ready = now, True
-    return replica
-
-
-def awaiting_reports(nodes: Iterable[NodeState]) -> bool:
-    """A node the store knows, seen lately, has not sent a heartbeat to this leader yet.
-
-    Its engines keep serving across a leader restart: placing replicas before it
-    reports them would start engines that are not needed, and stop them again.
-    """
-    recent = time.time() - SEEN_RECENTLY
-    return any(n.last_heartbeat == 0.0 and n.inventory.last_seen > recent for n in nodes)
-
-
-def engine_age(node: NodeState, model: str, now_wall: float) -> float:
-    """Seconds the worker's engine of ``model`` has been serving, as its heartbeat says; 0 when it does not say."""
-    state = node.model_engines.get(model)
-    if state is None or state.state != "serving" or not state.since:
-        return 0.0
-    try:
-        since = parse_time(state.since)
-    except ValueError:
-        return 0.0
-    return max(now_wall - since.timestamp(), 0.0)
