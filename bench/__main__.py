@@ -6,7 +6,9 @@ import typer
 
 from bench import admission, dataplane, fleet_scale, routing, tenancy_overhead, usage
 
-app = typer.Typer(help="opod's benchmarks. Results go to bench/results/ as a markdown table and PNG plots.", no_args_is_help=True)
+app = typer.Typer(
+    help="opod's benchmarks. Results go to bench/results/ as a markdown table and PNG plots.", no_args_is_help=True
+)
 app.command("dataplane")(dataplane.command)
 app.command("admission")(admission.command)
 app.command("usage")(usage.command)
@@ -18,6 +20,7 @@ app.command("tenancy-overhead")(tenancy_overhead.command)
 @app.callback()
 def main() -> None:
     """Run one benchmark; each prints a table and writes its results."""
+
 
 if __name__ == "__main__":
     app()

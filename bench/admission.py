@@ -34,7 +34,9 @@ def _fleet(workers: int, slots: int) -> Fleet:
     fleet = Fleet()
     for i in range(workers):
         node = f"n{i}"
-        fleet.register(nodeapi.RegisterRequest(id=node, address=f"{node}:8081", boot_id="b"), "t", nodeapi.Capabilities())
+        fleet.register(
+            nodeapi.RegisterRequest(id=node, address=f"{node}:8081", boot_id="b"), "t", nodeapi.Capabilities()
+        )
         fleet.heartbeat(nodeapi.Heartbeat(id=node, loaded_models=[MODEL], boot_id="b", slots=slots))
     return fleet
 
@@ -84,7 +86,9 @@ async def _sharing(total: int) -> tuple[Counter, dict[str, float]]:
 
 def command(rounds: int = typer.Option(200_000, help="Uncontended admissions per measurement.")) -> None:
     """Admission's cost per request, uncontended and contended, and how two teams share a full pool."""
-    table = Table(title="admission: cost per request", caption="contended: 8 slots; a request's wait includes its loop turns")
+    table = Table(
+        title="admission: cost per request", caption="contended: 8 slots; a request's wait includes its loop turns"
+    )
     table.add_column("case")
     table.add_column("loop")
     table.add_column("µs per request", justify="right")

@@ -34,7 +34,9 @@ RESULTS = Path(__file__).parent / "results"
 
 
 def _admin(url: str, key: str, method: str, path: str, body: dict | None = None) -> dict:
-    request = urllib.request.Request(url + path, data=json.dumps(body).encode() if body is not None else None, method=method)
+    request = urllib.request.Request(
+        url + path, data=json.dumps(body).encode() if body is not None else None, method=method
+    )
     request.add_header("Authorization", f"Bearer {key}")
     request.add_header("Content-Type", "application/json")
     with urllib.request.urlopen(request, timeout=30) as response:
@@ -44,8 +46,22 @@ def _admin(url: str, key: str, method: str, path: str, body: dict | None = None)
 def _start_up(home: Path, engine: str, flags: dict | None = None) -> tuple[Proc, str, str, str]:
     port, admin = free_port(), free_port()
     env = {"OPOD_ENGINE_FLAGS": json.dumps(flags)} if flags else {}
-    proc = Proc(["up", "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin}", "--worker-listen",
-                 f"127.0.0.1:{free_port()}", "--engine", engine, "--no-default-models"], home, env=env)
+    proc = Proc(
+        [
+            "up",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--admin-listen",
+            f"127.0.0.1:{admin}",
+            "--worker-listen",
+            f"127.0.0.1:{free_port()}",
+            "--engine",
+            engine,
+            "--no-default-models",
+        ],
+        home,
+        env=env,
+    )
     proc.wait_for("OpenAI API on", 60)
     key = (home / "admin.key").read_text().strip()
     return proc, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}", key
@@ -63,11 +79,17 @@ def run_sim(seconds: float, concurrency: int, progress: Progress, flags: dict, l
             direct = _engine_url(proc, "sim-chat", 60)
             wait_http(url + "/readyz")
             headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
-            body = json.dumps({"model": "sim-chat", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 8}).encode()
+            body = json.dumps(
+                {"model": "sim-chat", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 8}
+            ).encode()
             task = progress.add_task(f"simulator ({label}): capacity (closed loop)", total=2)
-            cap_direct = asyncio.run(loadgen.closed_loop(direct + "/v1/chat/completions", body, headers, concurrency, seconds))
+            cap_direct = asyncio.run(
+                loadgen.closed_loop(direct + "/v1/chat/completions", body, headers, concurrency, seconds)
+            )
             progress.advance(task)
-            cap_opod = asyncio.run(loadgen.closed_loop(url + "/v1/chat/completions", body, headers, concurrency, seconds))
+            cap_opod = asyncio.run(
+                loadgen.closed_loop(url + "/v1/chat/completions", body, headers, concurrency, seconds)
+            )
             progress.advance(task)
             rate = min(cap_direct.rps, cap_opod.rps) / 2
             total = int(rate * seconds) * 2
@@ -76,11 +98,22 @@ def run_sim(seconds: float, concurrency: int, progress: Progress, flags: dict, l
             def tick(task: TaskID = task) -> None:
                 progress.advance(task)
 
-            open_direct = asyncio.run(loadgen.open_loop(direct + "/v1/chat/completions", body, headers, rate, seconds, seed=1, tick=tick))
-            open_opod = asyncio.run(loadgen.open_loop(url + "/v1/chat/completions", body, headers, rate, seconds, seed=1, tick=tick))
+            open_direct = asyncio.run(
+                loadgen.open_loop(direct + "/v1/chat/completions", body, headers, rate, seconds, seed=1, tick=tick)
+            )
+            open_opod = asyncio.run(
+                loadgen.open_loop(url + "/v1/chat/completions", body, headers, rate, seconds, seed=1, tick=tick)
+            )
         finally:
             proc.stop()
-    return {"label": label, "cap_direct": cap_direct, "cap_opod": cap_opod, "rate": rate, "open_direct": open_direct, "open_opod": open_opod}
+    return {
+        "label": label,
+        "cap_direct": cap_direct,
+        "cap_opod": cap_opod,
+        "rate": rate,
+        "open_direct": open_direct,
+        "open_opod": open_opod,
+    }
 
 
 def run_llama(runs: int, max_tokens: int, progress: Progress) -> dict:
@@ -91,8 +124,13 @@ def run_llama(runs: int, max_tokens: int, progress: Progress) -> dict:
             direct = _engine_url(proc, "smollm2-135m-instruct")
             wait_http(url + "/readyz")
             headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
-            body = {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "Write a long story."}],
-                    "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}
+            body = {
+                "model": "smollm2-135m-instruct",
+                "messages": [{"role": "user", "content": "Write a long story."}],
+                "max_tokens": max_tokens,
+                "ignore_eos": True,
+                "temperature": 0,
+            }
             task = progress.add_task("llama-server: streamed tokens/s", total=2 * runs)
             totals = {"direct": [0, 0.0], "opod": [0, 0.0]}
             asyncio.run(loadgen.stream_tokens(direct + "/v1/chat/completions", body, headers, 1))  # warm the engine
@@ -126,13 +164,20 @@ def _ratio(sim: dict) -> float:
 def report(sims: list[dict], llama: dict | None, out: Path) -> str:
     import os
 
-    lines = [f"# Data plane: direct vs through opod ({time.strftime('%Y-%m-%d %H:%M')}, {platform.machine()}, {os.cpu_count()} CPUs)", ""]
-    lines += ["Load generator, opod and the engine share the same CPUs; both paths reach the same engine process. "
-              "The load generator's garbage collector is paused while it measures.", ""]
+    lines = [
+        f"# Data plane: direct vs through opod ({time.strftime('%Y-%m-%d %H:%M')}, {platform.machine()}, {os.cpu_count()} CPUs)",
+        "",
+    ]
+    lines += [
+        "Load generator, opod and the engine share the same CPUs; both paths reach the same engine process. "
+        "The load generator's garbage collector is paused while it measures.",
+        "",
+    ]
     for sim in sims:
         d, o = sim["open_direct"], sim["open_opod"]
         lines += [
-            f"## Simulator, {sim['label']}: open loop, Poisson, {sim['rate']:.0f} req/s (half the slower path's capacity)", "",
+            f"## Simulator, {sim['label']}: open loop, Poisson, {sim['rate']:.0f} req/s (half the slower path's capacity)",
+            "",
             "| path | req/s at saturation | p50 ms | p90 ms | p99 ms | errors |",
             "|---|---|---|---|---|---|",
             f"| direct | {sim['cap_direct'].rps:.0f} | {_ms(d.pct(50))} | {_ms(d.pct(90))} | {_ms(d.pct(99))} | {d.errors} |",
@@ -145,10 +190,16 @@ def report(sims: list[dict], llama: dict | None, out: Path) -> str:
         lines += ["Goal: p50 ≤ 1 ms and p99 ≤ 5 ms added.", ""]
     if llama:
         lines += [
-            "## llama-server (SmolLM2-135M Q4_1, CPU), streamed, sequential, runs interleaved", "",
-            "| path | tokens/s |", "|---|---|",
-            f"| direct | {llama['direct']:.1f} |", f"| through opod | {llama['opod']:.1f} |",
-            f"| **ratio** | **{llama['opod'] / llama['direct']:.3f}** |", "", "Goal: ratio ≥ 0.98.", "",
+            "## llama-server (SmolLM2-135M Q4_1, CPU), streamed, sequential, runs interleaved",
+            "",
+            "| path | tokens/s |",
+            "|---|---|",
+            f"| direct | {llama['direct']:.1f} |",
+            f"| through opod | {llama['opod']:.1f} |",
+            f"| **ratio** | **{llama['opod'] / llama['direct']:.3f}** |",
+            "",
+            "Goal: ratio ≥ 0.98.",
+            "",
         ]
     text = "\n".join(lines)
     out.mkdir(parents=True, exist_ok=True)
@@ -199,8 +250,15 @@ def command(
     """Latency opod adds in front of the simulator, and tokens/s through opod vs direct to llama-server."""
     unknown = [s for s in scenario if s not in SCENARIOS]
     if unknown:
-        raise typer.BadParameter(f"unknown scenario {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}", param_hint="--scenario")
-    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeRemainingColumn())
+        raise typer.BadParameter(
+            f"unknown scenario {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}", param_hint="--scenario"
+        )
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeRemainingColumn(),
+    )
     with Progress(*columns, console=console) as progress:
         sims = [run_sim(seconds, concurrency, progress, SCENARIOS[name], name) for name in scenario]
         llama = None if skip_llama else run_llama(runs, max_tokens, progress)
@@ -215,10 +273,28 @@ def _table(sims: list[dict], llama: dict | None) -> Table:
         table.add_column(column)
     for sim in sims:
         d, o, label = sim["open_direct"], sim["open_opod"], sim["label"]
-        table.add_row(f"{label}: req/s at saturation", f"{sim['cap_direct'].rps:.0f}", f"{sim['cap_opod'].rps:.0f}", f"{_ratio(sim):.2f}", "")
+        table.add_row(
+            f"{label}: req/s at saturation",
+            f"{sim['cap_direct'].rps:.0f}",
+            f"{sim['cap_opod'].rps:.0f}",
+            f"{_ratio(sim):.2f}",
+            "",
+        )
         for q, goal in ((50, "≤ 1 ms"), (90, ""), (99, "≤ 5 ms")):
-            table.add_row(f"{label}: p{q} ms at {sim['rate']:.0f} req/s", _ms(d.pct(q)), _ms(o.pct(q)), _ms(o.pct(q) - d.pct(q)), goal)
+            table.add_row(
+                f"{label}: p{q} ms at {sim['rate']:.0f} req/s",
+                _ms(d.pct(q)),
+                _ms(o.pct(q)),
+                _ms(o.pct(q) - d.pct(q)),
+                goal,
+            )
         table.add_row(f"{label}: errors", str(d.errors), str(o.errors), "", "0")
     if llama:
-        table.add_row("llama-server: tokens/s", f"{llama['direct']:.1f}", f"{llama['opod']:.1f}", f"{llama['opod'] / llama['direct']:.3f}", "≥ 0.98")
+        table.add_row(
+            "llama-server: tokens/s",
+            f"{llama['direct']:.1f}",
+            f"{llama['opod']:.1f}",
+            f"{llama['opod'] / llama['direct']:.3f}",
+            "≥ 0.98",
+        )
     return table

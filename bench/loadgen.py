@@ -62,12 +62,15 @@ def collector_paused() -> Iterator[None]:
 @contextlib.asynccontextmanager
 async def _session(limit: int) -> AsyncIterator[aiohttp.ClientSession]:
     with collector_paused():
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=limit, keepalive_timeout=60),
-                                         timeout=aiohttp.ClientTimeout(total=120)) as session:
+        async with aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=limit, keepalive_timeout=60), timeout=aiohttp.ClientTimeout(total=120)
+        ) as session:
             yield session
 
 
-async def _one(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict, result: Result, started: float) -> None:
+async def _one(
+    session: aiohttp.ClientSession, url: str, body: bytes, headers: dict, result: Result, started: float
+) -> None:
     try:
         async with session.post(url, data=body, headers=headers) as resp:
             data = await resp.read()
@@ -86,7 +89,9 @@ async def _one(session: aiohttp.ClientSession, url: str, body: bytes, headers: d
     result.latencies.append(time.perf_counter() - started)
 
 
-async def closed_loop(url: str, body: bytes, headers: dict, concurrency: int, seconds: float, warmup: float = 1.0) -> Result:
+async def closed_loop(
+    url: str, body: bytes, headers: dict, concurrency: int, seconds: float, warmup: float = 1.0
+) -> Result:
     result = Result()
     async with _session(concurrency) as session:
         stop_at = time.perf_counter() + warmup + seconds
@@ -103,8 +108,15 @@ async def closed_loop(url: str, body: bytes, headers: dict, concurrency: int, se
     return result
 
 
-async def open_loop(url: str, body: bytes, headers: dict, rate: float, seconds: float, seed: int = 0,
-                    tick: Callable[[], None] | None = None) -> Result:
+async def open_loop(
+    url: str,
+    body: bytes,
+    headers: dict,
+    rate: float,
+    seconds: float,
+    seed: int = 0,
+    tick: Callable[[], None] | None = None,
+) -> Result:
     result = Result()
     rng = random.Random(seed)
     async with _session(0) as session:

@@ -48,10 +48,12 @@ console = Console()
 RESULTS = Path(__file__).parent / "results"
 MODEL = "sim-chat"
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 8}
-SETTINGS = ("prices:\n  '*': {input_per_million: 0.5, output_per_million: 1.5}\n"
-            "budgets:\n  - {scope: org:acme, period: month, micros: 1000000000000}\n"
-            "  - {scope: team:acme/ml, period: week, micros: 1000000000000}\n"
-            "  - {scope: project:acme/ml/chat, period: day, micros: 1000000000000}\n")
+SETTINGS = (
+    "prices:\n  '*': {input_per_million: 0.5, output_per_million: 1.5}\n"
+    "budgets:\n  - {scope: org:acme, period: month, micros: 1000000000000}\n"
+    "  - {scope: team:acme/ml, period: week, micros: 1000000000000}\n"
+    "  - {scope: project:acme/ml/chat, period: day, micros: 1000000000000}\n"
+)
 
 
 # --- 1. in process ------------------------------------------------------------------------
@@ -103,8 +105,11 @@ def in_process(requests: int, rounds: int) -> dict[str, float]:
     """Microseconds per request's bookkeeping, off and on (the median of ``rounds`` interleaved rounds)."""
     settings = ClusterSettings(
         prices={"*": Price(input_per_million=0.5, output_per_million=1.5)},
-        budgets=[Budget(scope="org:org_acme", period="month", micros=10**15), Budget(scope="team:team_ml", period="week", micros=10**15),
-                 Budget(scope="project:prj_chat", period="day", micros=10**15)],
+        budgets=[
+            Budget(scope="org:org_acme", period="month", micros=10**15),
+            Budget(scope="team:team_ml", period="week", micros=10**15),
+            Budget(scope="project:prj_chat", period="day", micros=10**15),
+        ],
     )
     budgets = Budgets(settings=_Held(settings), clock=lambda: datetime.now(UTC))
     budgets.configure()
@@ -125,7 +130,9 @@ def in_process(requests: int, rounds: int) -> dict[str, float]:
 
 
 def _admin(url: str, key: str, method: str, path: str, body: dict | None = None) -> dict:
-    request = urllib.request.Request(url + path, data=json.dumps(body).encode() if body is not None else None, method=method)
+    request = urllib.request.Request(
+        url + path, data=json.dumps(body).encode() if body is not None else None, method=method
+    )
     request.add_header("Authorization", f"Bearer {key}")
     request.add_header("Content-Type", "application/json")
     try:
@@ -138,9 +145,22 @@ def _admin(url: str, key: str, method: str, path: str, body: dict | None = None)
 class _Up:
     def __init__(self, home: Path) -> None:
         port, self.admin_port = free_port(), free_port()
-        self.proc = Proc(["up", "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{self.admin_port}", "--worker-listen",
-                          f"127.0.0.1:{free_port()}", "--engine", "sim", "--no-default-models"], home,
-                         env={"OPOD_ENGINE_FLAGS": json.dumps({"time_scale": 0, "max_num_seqs": 1024})})
+        self.proc = Proc(
+            [
+                "up",
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--admin-listen",
+                f"127.0.0.1:{self.admin_port}",
+                "--worker-listen",
+                f"127.0.0.1:{free_port()}",
+                "--engine",
+                "sim",
+                "--no-default-models",
+            ],
+            home,
+            env={"OPOD_ENGINE_FLAGS": json.dumps({"time_scale": 0, "max_num_seqs": 1024})},
+        )
         self.url, self.home = f"http://127.0.0.1:{port}", home
 
     def ready(self) -> None:
@@ -149,7 +169,9 @@ class _Up:
         self.admin_url = f"http://127.0.0.1:{self.admin_port}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("OPOD_")}
         env.update(OPOD_HOME=str(self.home), OPOD_ADMIN_URL=self.admin_url)
-        subprocess.run([*OPOD, "model", "add", MODEL, "--engine", "sim"], env=env, check=True, capture_output=True, timeout=60)
+        subprocess.run(
+            [*OPOD, "model", "add", MODEL, "--engine", "sim"], env=env, check=True, capture_output=True, timeout=60
+        )
         self.proc.wait_for(rf"{MODEL} serving on", 60)
         wait_http(self.url + "/readyz")
 
@@ -160,21 +182,30 @@ def end_to_end(rate: float, seconds: float, rounds: int) -> dict[str, loadgen.Re
         try:
             off.ready()
             on.ready()
-            for path, body in (("/api/v1/orgs", {"name": "acme"}), ("/api/v1/teams", {"name": "ml", "in": "acme"}),
-                               ("/api/v1/projects", {"name": "chat", "in": "acme/ml"})):
+            for path, body in (
+                ("/api/v1/orgs", {"name": "acme"}),
+                ("/api/v1/teams", {"name": "ml", "in": "acme"}),
+                ("/api/v1/projects", {"name": "chat", "in": "acme/ml"}),
+            ):
                 _admin(on.admin_url, on.key, "POST", path, body)
             _admin(on.admin_url, on.key, "PUT", "/api/v1/settings", {"base": 0, "body": SETTINGS})
-            secret = _admin(on.admin_url, on.key, "POST", "/api/v1/keys", {"name": "bench", "project": "acme/ml/chat"})["secret"]
+            secret = _admin(on.admin_url, on.key, "POST", "/api/v1/keys", {"name": "bench", "project": "acme/ml/chat"})[
+                "secret"
+            ]
             body = json.dumps(BODY).encode()
             paths = {"off": (off.url, off.key), "on": (on.url, secret)}
             merged = {mode: loadgen.Result() for mode in paths}
             for url, key in paths.values():  # warm both
                 asyncio.run(loadgen.open_loop(url + "/v1/chat/completions", body, _headers(key), rate, 1.0, seed=99))
             for n in range(rounds):
-                order = list(paths.items()) if n % 2 == 0 else list(reversed(paths.items()))  # neither always goes first
+                order = (
+                    list(paths.items()) if n % 2 == 0 else list(reversed(paths.items()))
+                )  # neither always goes first
                 for mode, (url, key) in order:
                     with loadgen.collector_paused():
-                        got = asyncio.run(loadgen.open_loop(url + "/v1/chat/completions", body, _headers(key), rate, seconds, seed=n))
+                        got = asyncio.run(
+                            loadgen.open_loop(url + "/v1/chat/completions", body, _headers(key), rate, seconds, seed=n)
+                        )
                     merged[mode].latencies += got.latencies
                     merged[mode].errors += got.errors
                     merged[mode].elapsed += got.elapsed
@@ -196,22 +227,36 @@ def _ms(seconds: float) -> str:
 
 
 def report(micro: dict[str, float], e2e: dict[str, loadgen.Result] | None, rate: float, out: Path) -> str:
-    lines = [f"# Tenancy, budgets and audit on `/v1`: off vs on ({time.strftime('%Y-%m-%d %H:%M')}, {platform.machine()}, "
-             f"{os.cpu_count()} CPUs)", ""]
-    lines += ["## In process: the gateway's bookkeeping per request (attribution, reservation, pricing, settlement)", "",
-              "| | µs per request |", "|---|---|",
-              f"| off (a key of no project, no prices, no budgets) | {micro['off']:.2f} |",
-              f"| on (a project's key, its team and org, prices, a budget on each level) | {micro['on']:.2f} |",
-              f"| **added** | **{micro['on'] - micro['off']:.2f}** |", ""]
+    lines = [
+        f"# Tenancy, budgets and audit on `/v1`: off vs on ({time.strftime('%Y-%m-%d %H:%M')}, {platform.machine()}, "
+        f"{os.cpu_count()} CPUs)",
+        "",
+    ]
+    lines += [
+        "## In process: the gateway's bookkeeping per request (attribution, reservation, pricing, settlement)",
+        "",
+        "| | µs per request |",
+        "|---|---|",
+        f"| off (a key of no project, no prices, no budgets) | {micro['off']:.2f} |",
+        f"| on (a project's key, its team and org, prices, a budget on each level) | {micro['on']:.2f} |",
+        f"| **added** | **{micro['on'] - micro['off']:.2f}** |",
+        "",
+    ]
     if e2e is not None:
         off, on = e2e["off"], e2e["on"]
-        lines += [f"## End to end: two leaders, zero-latency simulator, open loop at {rate:.0f} req/s, rounds interleaved", "",
-                  "Load generator, both leaders and their simulators share the same CPUs.", "",
-                  "| | requests | p50 ms | p90 ms | p99 ms | errors |", "|---|---|---|---|---|---|",
-                  f"| off | {len(off.latencies)} | {_ms(off.pct(50))} | {_ms(off.pct(90))} | {_ms(off.pct(99))} | {off.errors} |",
-                  f"| on | {len(on.latencies)} | {_ms(on.pct(50))} | {_ms(on.pct(90))} | {_ms(on.pct(99))} | {on.errors} |",
-                  f"| **added** | | **{_ms(on.pct(50) - off.pct(50))}** | {_ms(on.pct(90) - off.pct(90))} | "
-                  f"{_ms(on.pct(99) - off.pct(99))} | |", ""]
+        lines += [
+            f"## End to end: two leaders, zero-latency simulator, open loop at {rate:.0f} req/s, rounds interleaved",
+            "",
+            "Load generator, both leaders and their simulators share the same CPUs.",
+            "",
+            "| | requests | p50 ms | p90 ms | p99 ms | errors |",
+            "|---|---|---|---|---|---|",
+            f"| off | {len(off.latencies)} | {_ms(off.pct(50))} | {_ms(off.pct(90))} | {_ms(off.pct(99))} | {off.errors} |",
+            f"| on | {len(on.latencies)} | {_ms(on.pct(50))} | {_ms(on.pct(90))} | {_ms(on.pct(99))} | {on.errors} |",
+            f"| **added** | | **{_ms(on.pct(50) - off.pct(50))}** | {_ms(on.pct(90) - off.pct(90))} | "
+            f"{_ms(on.pct(99) - off.pct(99))} | |",
+            "",
+        ]
     lines += ["Goal: no more than 0.2 ms added at p50.", ""]
     text = "\n".join(lines)
     out.mkdir(parents=True, exist_ok=True)
@@ -259,14 +304,22 @@ def command(
             e2e = end_to_end(rate, seconds, rounds)
     report(micro, e2e, rate, results)
     console.print(_table(micro, e2e))
-    console.print(f"[dim]written: {results / 'tenancy-overhead.md'}" + (" and tenancy-overhead.png" if e2e else "") + "[/]")
+    console.print(
+        f"[dim]written: {results / 'tenancy-overhead.md'}" + (" and tenancy-overhead.png" if e2e else "") + "[/]"
+    )
 
 
 def _table(micro: dict[str, float], e2e: dict[str, loadgen.Result] | None) -> Table:
     table = Table(title="tenancy, budgets and audit on /v1", header_style="bold")
     for column in ("measure", "off", "on", "added", "goal"):
         table.add_column(column)
-    table.add_row("in process: µs per request", f"{micro['off']:.2f}", f"{micro['on']:.2f}", f"{micro['on'] - micro['off']:.2f}", "")
+    table.add_row(
+        "in process: µs per request",
+        f"{micro['off']:.2f}",
+        f"{micro['on']:.2f}",
+        f"{micro['on'] - micro['off']:.2f}",
+        "",
+    )
     if e2e is not None:
         off, on = e2e["off"], e2e["on"]
         for q, goal in ((50, "≤ 0.2 ms"), (90, ""), (99, "")):

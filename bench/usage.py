@@ -108,8 +108,16 @@ async def _measure(ledger: Ledger, run: Run, rate: float | None, seconds: float,
         started = time.perf_counter()
         ticket = ledger.begin(request_id=f"bench-{n}", api_key_id="k_bench", user_id="u", model="m", protocol="openai")
         ended_at.append(0.0)
-        ledger.end(ticket, outcome="ok", prompt_tokens=n, completion_tokens=128, latency_ms=900, ttft_ms=40, node_id="node-a",
-                   route={"worker": "node-a", "reason": "prefix"})
+        ledger.end(
+            ticket,
+            outcome="ok",
+            prompt_tokens=n,
+            completion_tokens=128,
+            latency_ms=900,
+            ttft_ms=40,
+            node_id="node-a",
+            route={"worker": "node-a", "reason": "prefix"},
+        )
         now = time.perf_counter()
         ended_at[n] = now
         run.call_us.append((now - started) * 1e6)
@@ -144,8 +152,15 @@ def run_backend(backend: str, rates: list[str], seconds: float, progress: Progre
                 store.delete_usage_before(_far_future(), limit=10**9)
                 ledger = Ledger.open(store, Path(scratch) / f"home-{i}", boot=i + 1, keep=timedelta(days=30))
                 try:
-                    asyncio.run(_measure(ledger, run, None if rate == "max" else float(rate), seconds,
-                                         lambda done, t=task: progress.update(t, completed=done)))
+                    asyncio.run(
+                        _measure(
+                            ledger,
+                            run,
+                            None if rate == "max" else float(rate),
+                            seconds,
+                            lambda done, t=task: progress.update(t, completed=done),
+                        )
+                    )
                 finally:
                     ledger.close()
                 runs.append(run)
@@ -166,23 +181,45 @@ def _f(value: float, digits: int = 1) -> str:
 
 def _rows(runs: list[Run]) -> Iterator[list[str]]:
     for r in runs:
-        yield [r.backend, r.rate, f"{r.rows:,}", _f(r.rows_s, 0), f"{r.max_backlog:,}", _f(r.pct(r.offered_ms, 50)),
-               _f(r.pct(r.offered_ms, 99)), _f(statistics.median(r.call_us) if r.call_us else float("nan"))]
+        yield [
+            r.backend,
+            r.rate,
+            f"{r.rows:,}",
+            _f(r.rows_s, 0),
+            f"{r.max_backlog:,}",
+            _f(r.pct(r.offered_ms, 50)),
+            _f(r.pct(r.offered_ms, 99)),
+            _f(statistics.median(r.call_us) if r.call_us else float("nan")),
+        ]
 
 
-HEADERS = ["store", "offered rows/s", "rows", "durable rows/s", "max backlog", "end→offered p50 ms", "end→offered p99 ms", "begin+end µs (median)"]
+HEADERS = [
+    "store",
+    "offered rows/s",
+    "rows",
+    "durable rows/s",
+    "max backlog",
+    "end→offered p50 ms",
+    "end→offered p99 ms",
+    "begin+end µs (median)",
+]
 
 
 def report(runs: list[Run], seconds: float, out: Path) -> None:
     lines = [
-        (f"# Usage ledger: rows made durable, end() → offered on the stream ({time.strftime('%Y-%m-%d %H:%M')}, "
-         f"{platform.machine()}, {os.cpu_count()} CPUs)"),
+        (
+            f"# Usage ledger: rows made durable, end() → offered on the stream ({time.strftime('%Y-%m-%d %H:%M')}, "
+            f"{platform.machine()}, {os.cpu_count()} CPUs)"
+        ),
         "",
-        (f"{seconds:g} s per rate. One event loop holds the requests, the writer and a follower paging the stream; the "
-         "database is local. Durable rows/s = rows ÷ (first end() → last row committed). Goal: ≥ "
-         f"{GOAL_ROWS_S:,} rows/s on SQLite."),
+        (
+            f"{seconds:g} s per rate. One event loop holds the requests, the writer and a follower paging the stream; the "
+            "database is local. Durable rows/s = rows ÷ (first end() → last row committed). Goal: ≥ "
+            f"{GOAL_ROWS_S:,} rows/s on SQLite."
+        ),
         "",
-        "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS),
+        "| " + " | ".join(HEADERS) + " |",
+        "|" + "---|" * len(HEADERS),
     ]
     lines += ["| " + " | ".join(row) + " |" for row in _rows(runs)]
     out.mkdir(parents=True, exist_ok=True)
@@ -202,7 +239,14 @@ def _plot(runs: list[Run], path: Path) -> None:
         labels = [r.rate for r in mine]
         left.plot(labels, [r.rows_s for r in mine], marker="o", color=color, label=backend)
         right.plot(labels, [r.pct(r.offered_ms, 50) for r in mine], marker="o", color=color, label=f"{backend} p50")
-        right.plot(labels, [r.pct(r.offered_ms, 99) for r in mine], marker="x", color=color, linestyle="--", label=f"{backend} p99")
+        right.plot(
+            labels,
+            [r.pct(r.offered_ms, 99) for r in mine],
+            marker="x",
+            color=color,
+            linestyle="--",
+            label=f"{backend} p99",
+        )
     left.axhline(GOAL_ROWS_S, color="#c33", linestyle=":", label="goal (SQLite)")
     left.set_xlabel("offered rows/s")
     left.set_ylabel("durable rows/s")
@@ -221,16 +265,25 @@ def _plot(runs: list[Run], path: Path) -> None:
 
 def command(
     seconds: float = typer.Option(5.0, help="Seconds of end() calls per rate."),
-    rate: list[str] = typer.Option(["1000", "5000", "10000", "20000", "max"], help="Offered rows/s (repeat the option); max = back to back."),
+    rate: list[str] = typer.Option(
+        ["1000", "5000", "10000", "20000", "max"], help="Offered rows/s (repeat the option); max = back to back."
+    ),
     postgres: bool = typer.Option(True, help=f"Also measure PostgreSQL when {POSTGRES_ENV} is set."),
     results: Path = typer.Option(RESULTS, help="Where usage.md and usage.png go."),
 ) -> None:
     """Usage rows per second made durable (SQLite, PostgreSQL) and end() → offered latency."""
     for value in rate:
         if value != "max" and not (value.isdigit() and int(value) > 0):
-            raise typer.BadParameter(f"{value!r} is not a rate; give rows per second (e.g. 5000) or max", param_hint="--rate")
+            raise typer.BadParameter(
+                f"{value!r} is not a rate; give rows per second (e.g. 5000) or max", param_hint="--rate"
+            )
     backends = ["sqlite"] + (["postgresql"] if postgres and os.environ.get(POSTGRES_ENV, "").strip() else [])
-    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f} s"), TimeRemainingColumn())
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed:.0f}/{task.total:.0f} s"),
+        TimeRemainingColumn(),
+    )
     with Progress(*columns, console=console) as progress:
         runs = [run for backend in backends for run in run_backend(backend, rate, seconds, progress)]
     table = Table(title="opod usage ledger", header_style="bold")
@@ -311,9 +364,14 @@ def _end_records(ledger_prefix: str, n: int) -> list[dict]:
 
     found = []
     for i in range(n):
-        ticket = records.UsageTicket(f"{ledger_prefix}-{i}", f"req-{i}", "k_bench", "u", "m", "openai", records.now_us())
-        found.append(records.finished_record(ticket, records.now_us(), "ok", i, 128, 900, 40, "node-a",
-                                             {"worker": "node-a", "reason": "prefix"}))
+        ticket = records.UsageTicket(
+            f"{ledger_prefix}-{i}", f"req-{i}", "k_bench", "u", "m", "openai", records.now_us()
+        )
+        found.append(
+            records.finished_record(
+                ticket, records.now_us(), "ok", i, 128, 900, 40, "node-a", {"worker": "node-a", "reason": "prefix"}
+            )
+        )
     return found
 
 
@@ -348,15 +406,21 @@ def _store_ways(store: Store, rejected: Path) -> dict[str, Callable[[list[dict]]
     }
 
 
-def _store_repeat(way: str, commit: Callable[[list[dict]], object], backend: str, rows: int, commits: int, index: int) -> Sample:
+def _store_repeat(
+    way: str, commit: Callable[[list[dict]], object], backend: str, rows: int, commits: int, index: int
+) -> Sample:
     cpu = []
     for n in range(commits):
         batch = _end_records(f"{way[:6]}-{index}-{n}", rows)
         started = time.thread_time()
         commit(batch)
         cpu.append((time.thread_time() - started) * 1e6)
-    return Sample(way, f"{backend}, {rows} row{'s' if rows > 1 else ''} a commit (CPU)", statistics.median(cpu),
-                  statistics.quantiles(cpu, n=100)[98])
+    return Sample(
+        way,
+        f"{backend}, {rows} row{'s' if rows > 1 else ''} a commit (CPU)",
+        statistics.median(cpu),
+        statistics.quantiles(cpu, n=100)[98],
+    )
 
 
 def _summary(samples: list[Sample]) -> list[list[str]]:
@@ -365,8 +429,16 @@ def _summary(samples: list[Sample]) -> list[list[str]]:
         for way in dict.fromkeys(s.way for s in samples if s.case == case):
             mine = [s.median_us for s in samples if s.case == case and s.way == way]
             tails = [s.p99_us for s in samples if s.case == case and s.way == way]
-            table.append([case, way, str(len(mine)), _f(statistics.median(mine)), f"{_f(min(mine))}–{_f(max(mine))}",
-                          _f(statistics.median(tails))])
+            table.append(
+                [
+                    case,
+                    way,
+                    str(len(mine)),
+                    _f(statistics.median(mine)),
+                    f"{_f(min(mine))}–{_f(max(mine))}",
+                    _f(statistics.median(tails)),
+                ]
+            )
     return table
 
 
@@ -421,7 +493,8 @@ def paths(
         "",
         f"`python -m bench.usage paths --repeats {repeats} --seconds {seconds:g} --rate {rate:g} --commits {commits}`",
         "",
-        "| " + " | ".join(PATH_HEADERS) + " |", "|" + "---|" * len(PATH_HEADERS),
+        "| " + " | ".join(PATH_HEADERS) + " |",
+        "|" + "---|" * len(PATH_HEADERS),
         *("| " + " | ".join(row) + " |" for row in summary),
     ]
     results.mkdir(parents=True, exist_ok=True)

@@ -194,14 +194,20 @@ def scan(root: Path) -> Findings:
     edges = list(imports(root, known))
     findings = Findings()
     packages = {package_of(name, root.name) for name in known} - {None}
-    findings.unplaced = sorted(f"{root.name}/{pkg}: a package with no place in the layers" for pkg in packages if pkg not in LAYERS)
+    findings.unplaced = sorted(
+        f"{root.name}/{pkg}: a package with no place in the layers" for pkg in packages if pkg not in LAYERS
+    )
     for edge in edges:
         why = refusal(package_of(edge.source, root.name), package_of(edge.target, root.name))
         if why:
             findings.forbidden.append(f"{edge.file}:{edge.line}: {edge.source} imports {edge.target}; {why}")
     for component in cycles(edges):
         members = set(component)
-        ties = [f"{e.file}:{e.line} ({e.source} -> {e.target})" for e in edges if e.source in members and e.target in members]
+        ties = [
+            f"{e.file}:{e.line} ({e.source} -> {e.target})"
+            for e in edges
+            if e.source in members and e.target in members
+        ]
         findings.cycles.append(f"import cycle between {', '.join(component)}: " + "; ".join(ties))
     return findings
 
@@ -247,21 +253,24 @@ def _fake_tree(tmp_path: Path, files: dict[str, str]) -> Path:
 
 
 def test_a_fake_tree_with_an_upward_edge_and_a_cycle_is_reported(tmp_path: Path) -> None:
-    root = _fake_tree(tmp_path, {
-        "__init__.py": "",
-        "fleet/__init__.py": "",
-        "fleet/state.py": "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from opod.gateway.relay import Relay\n",
-        "fleet/liveness.py": "def rule():\n    from . import router\n",
-        "fleet/router.py": "from opod.fleet.liveness import rule\n",
-        "gateway/__init__.py": "",
-        "gateway/relay.py": "from opod.fleet import state\nfrom opod.control.keys import create\n",
-        "control/__init__.py": "",
-        "control/keys.py": "",
-        "sim/__init__.py": "",
-        "sim/server.py": "import opod.fleet.router\nfrom opod.http import serving\n",
-        "http/__init__.py": "",
-        "http/serving.py": "",
-    })
+    root = _fake_tree(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "fleet/__init__.py": "",
+            "fleet/state.py": "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from opod.gateway.relay import Relay\n",
+            "fleet/liveness.py": "def rule():\n    from . import router\n",
+            "fleet/router.py": "from opod.fleet.liveness import rule\n",
+            "gateway/__init__.py": "",
+            "gateway/relay.py": "from opod.fleet import state\nfrom opod.control.keys import create\n",
+            "control/__init__.py": "",
+            "control/keys.py": "",
+            "sim/__init__.py": "",
+            "sim/server.py": "import opod.fleet.router\nfrom opod.http import serving\n",
+            "http/__init__.py": "",
+            "http/serving.py": "",
+        },
+    )
     found = scan(root)
     assert found.forbidden == [
         "opod/fleet/state.py:4: opod.fleet.state imports opod.gateway.relay; gateway is above fleet in the layers",

@@ -31,7 +31,11 @@ def _env_key(node: ast.AST) -> ast.AST | None:
         return node.slice
     if isinstance(node, ast.Call) and node.args and isinstance(node.func, ast.Attribute):
         func = node.func
-        if func.attr == "getenv" or (func.attr in ("get", "pop", "setdefault") and isinstance(func.value, ast.Attribute) and func.value.attr == "environ"):
+        if func.attr == "getenv" or (
+            func.attr in ("get", "pop", "setdefault")
+            and isinstance(func.value, ast.Attribute)
+            and func.value.attr == "environ"
+        ):
             return node.args[0]
     return None
 
@@ -44,7 +48,9 @@ def scan(root: Path) -> list[str]:
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and NAME.match(node.value):
                 if not _declared(node.value):
-                    problems.append(f"{rel}:{node.lineno}: {node.value} is neither in the contract table nor a config override")
+                    problems.append(
+                        f"{rel}:{node.lineno}: {node.value} is neither in the contract table nor a config override"
+                    )
             key = _env_key(node)
             if key is None or rel == ALLOWED_READER:
                 continue

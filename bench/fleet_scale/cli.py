@@ -20,9 +20,13 @@ RESULTS = Path(__file__).resolve().parent.parent / "results"
 
 def command(
     quick: bool = typer.Option(False, "--quick", help="100 nodes only (about 2 minutes)."),
-    nodes: list[int] = typer.Option(None, "--nodes", min=1, max=5000, help="Fleet sizes to run (repeat the option) [default: 100 300 1000]."),
+    nodes: list[int] = typer.Option(
+        None, "--nodes", min=1, max=5000, help="Fleet sizes to run (repeat the option) [default: 100 300 1000]."
+    ),
     models: int = typer.Option(500, min=1, help="Models added, and placed in one reconciler pass."),
-    cpu_seconds: float = typer.Option(20.0, min=2.0, help="Seconds the leader's CPU is measured while the fleet only heartbeats."),
+    cpu_seconds: float = typer.Option(
+        20.0, min=2.0, help="Seconds the leader's CPU is measured while the fleet only heartbeats."
+    ),
     requests: int = typer.Option(200, min=10, help="GETs of each of /api/v1/summary and /api/v1/nodes."),
     latency_seconds: float = typer.Option(15.0, min=1.0, help="Seconds those GETs are paced over."),
     results: Path = typer.Option(RESULTS, help="Where fleet-scale.md and fleet-scale.png go."),

@@ -42,8 +42,15 @@ def _ms_pair(latency) -> str:
 
 
 COLUMNS = (
-    "nodes", "heartbeat CPU % of a core", "pass s (planning s)", "planner s in-process", "summary p50 / p99 ms",
-    "nodes p50 / p99 ms", "CPU % with the replicas", "register s", "add models s",
+    "nodes",
+    "heartbeat CPU % of a core",
+    "pass s (planning s)",
+    "planner s in-process",
+    "summary p50 / p99 ms",
+    "nodes p50 / p99 ms",
+    "CPU % with the replicas",
+    "register s",
+    "add models s",
 )
 
 
@@ -51,11 +58,19 @@ def rows(run: Run) -> list[list[str]]:
     out = []
     for s in run.sizes:
         planner = run.planner.get(s.nodes)
-        out.append([
-            f"{s.nodes:,}", _f(s.cpu), f"{_f(s.pass_seconds, 2)} ({_f(s.plan_seconds, 2)})",
-            _f(planner.seconds, 3) if planner else DASH, _ms_pair(s.summary), _ms_pair(s.nodes_view), _f(s.cpu_after),
-            _f(s.register_seconds), _f(s.post_seconds),
-        ])
+        out.append(
+            [
+                f"{s.nodes:,}",
+                _f(s.cpu),
+                f"{_f(s.pass_seconds, 2)} ({_f(s.plan_seconds, 2)})",
+                _f(planner.seconds, 3) if planner else DASH,
+                _ms_pair(s.summary),
+                _ms_pair(s.nodes_view),
+                _f(s.cpu_after),
+                _f(s.register_seconds),
+                _f(s.post_seconds),
+            ]
+        )
     return out
 
 
@@ -77,7 +92,9 @@ def goals(run: Run) -> list[str]:
     ]
     for name, latency in (("summary", s.summary), ("nodes", s.nodes_view)):
         p99 = latency.p99 if latency else math.nan
-        lines.append(f"`GET /api/v1/{name}` p99 ≤ {GOAL_P99 * 1000:g} ms: {_f(p99, 1, 1000)} ms — {verdict(p99 <= GOAL_P99)}")
+        lines.append(
+            f"`GET /api/v1/{name}` p99 ≤ {GOAL_P99 * 1000:g} ms: {_f(p99, 1, 1000)} ms — {verdict(p99 <= GOAL_P99)}"
+        )
     return [f"at {s.nodes:,} nodes, " + line for line in lines]
 
 
@@ -97,7 +114,8 @@ def growth(run: Run) -> str:
         f"planner {ratio(pa.seconds, pb.seconds)}" if pa and pb else "",
         f"summary p99 {ratio(a.summary.p99, b.summary.p99)}" if a.summary and b.summary else "",
         f"nodes p99 {ratio(a.nodes_view.p99, b.nodes_view.p99)} (answer {a.nodes_bytes / 1e6:.1f} → {b.nodes_bytes / 1e6:.1f} MB)"
-        if a.nodes_view and b.nodes_view else "",
+        if a.nodes_view and b.nodes_view
+        else "",
     ]
     return f"From {a.nodes:,} to {b.nodes:,} nodes (×{b.nodes / a.nodes:g}): " + ", ".join(p for p in parts if p) + "."
 
@@ -153,8 +171,11 @@ def markdown(run: Run) -> str:
     if text:
         lines += ["", text]
     notes = [f"{s.nodes:,} nodes: {n}" for s in run.sizes for n in s.notes]
-    side = [f"{s.nodes:,} nodes: the swarm used {_f(s.swarm_cpu)} % of a core; a heartbeat's round trip p99 "
-            f"{_f(s.beat_p99, 1, 1000)} ms" for s in run.sizes]
+    side = [
+        f"{s.nodes:,} nodes: the swarm used {_f(s.swarm_cpu)} % of a core; a heartbeat's round trip p99 "
+        f"{_f(s.beat_p99, 1, 1000)} ms"
+        for s in run.sizes
+    ]
     lines += ["", "## Notes", ""] + [f"- {n}" for n in notes + side]
     return "\n".join(lines) + "\n"
 
@@ -178,7 +199,10 @@ def plot(run: Run, path: Path) -> None:
     ax.plot(n, [run.planner[x].seconds if x in run.planner else math.nan for x in n], "^-.", label="Planner in-process")
     ax.axhline(GOAL_PASS, color="red", linestyle=":", label="goal")
     ax.set_title(f"placing {run.settings.models} models, seconds")
-    for ax, attr, title in ((axes[1][0], "summary", "GET /api/v1/summary, ms"), (axes[1][1], "nodes_view", "GET /api/v1/nodes, ms")):
+    for ax, attr, title in (
+        (axes[1][0], "summary", "GET /api/v1/summary, ms"),
+        (axes[1][1], "nodes_view", "GET /api/v1/nodes, ms"),
+    ):
         views = [getattr(s, attr) for s in run.sizes]
         ax.plot(n, [v.p50 * 1000 if v else math.nan for v in views], "o-", label="p50")
         ax.plot(n, [v.p99 * 1000 if v else math.nan for v in views], "s--", label="p99")

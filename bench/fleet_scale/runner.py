@@ -79,9 +79,23 @@ class Swarm:
         self.port = free_port()
         self.log = log.open("w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.fleet_scale.swarm", "--leader", leader_url, "--token", token, "--nodes", str(nodes),
-             "--port", str(self.port)],
-            cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "bench.fleet_scale.swarm",
+                "--leader",
+                leader_url,
+                "--token",
+                token,
+                "--nodes",
+                str(nodes),
+                "--port",
+                str(self.port),
+            ],
+            cwd=ROOT,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         self.api = Api(f"http://127.0.0.1:{self.port}", "")
 
@@ -98,7 +112,9 @@ class Swarm:
             if self.proc.poll() is not None:
                 break
             time.sleep(0.2)
-        raise RuntimeError(f"{nodes} nodes did not register within {timeout:.0f}s: {self.status() if self.proc.poll() is None else 'swarm exited'}")
+        raise RuntimeError(
+            f"{nodes} nodes did not register within {timeout:.0f}s: {self.status() if self.proc.poll() is None else 'swarm exited'}"
+        )
 
     def stop(self) -> None:
         self.api.close()
@@ -134,7 +150,9 @@ def _interleaved(api: Api, paths: list[str], count: int, spread: float) -> dict[
                 times[path].append(elapsed)
             else:
                 errors[path] += 1
-    return {p: Latency(measure.percentile(t, 50), measure.percentile(t, 99), len(t), errors[p]) for p, t in times.items()}
+    return {
+        p: Latency(measure.percentile(t, 50), measure.percentile(t, 99), len(t), errors[p]) for p, t in times.items()
+    }
 
 
 def _next_minute(after: float) -> datetime:
@@ -149,12 +167,16 @@ def _add_models(api: Api, count: int, opens: datetime) -> None:
         api.ok("POST", "/api/v1/models", shape.model_definition(j, window))
 
 
-def _time_pass(api: Api, swarm: Swarm, result: SizeResult, settings: Settings, opens: datetime, step: Callable[[str], None]) -> None:
+def _time_pass(
+    api: Api, swarm: Swarm, result: SizeResult, settings: Settings, opens: datetime, step: Callable[[str], None]
+) -> None:
     before = swarm.status()["loads"]
     if before:
         # Adding the models outran the minute: they were placed as they came, not in one pass.
-        result.notes.append(f"{before} loads arrived before the window opened (adding the models took longer than foreseen); "
-                            "the pass is not timed")
+        result.notes.append(
+            f"{before} loads arrived before the window opened (adding the models took longer than foreseen); "
+            "the pass is not timed"
+        )
         return
     opens_at = opens.timestamp()
     step(f"waiting {max(opens_at - time.time(), 0):.0f}s for the window to open at {opens:%H:%M}")
@@ -177,7 +199,9 @@ def _time_pass(api: Api, swarm: Swarm, result: SizeResult, settings: Settings, o
         result.notes.append(f"only {status.get('loads', 0)} of {settings.models} loads arrived within 120 s")
         return
     if status["first_load"] < kicked:
-        result.notes.append("a periodic round began before the wake-up call: the pass is timed from the window's opening")
+        result.notes.append(
+            "a periodic round began before the wake-up call: the pass is timed from the window's opening"
+        )
         kicked = opens_at
     result.pass_seconds = status["last_load"] - kicked
     result.plan_seconds = status["first_load"] - kicked
@@ -199,8 +223,20 @@ def run_size(nodes: int, settings: Settings, home: Path, step: Callable[[str], N
     home.mkdir(parents=True, exist_ok=True)
     port, admin_port = free_port(), free_port()
     step(f"{nodes} nodes: starting the leader")
-    leader = Proc(["up", "--no-worker", "--engine", "sim", "--no-default-models", "--listen", f"127.0.0.1:{port}",
-                   "--admin-listen", f"127.0.0.1:{admin_port}"], home / "leader")
+    leader = Proc(
+        [
+            "up",
+            "--no-worker",
+            "--engine",
+            "sim",
+            "--no-default-models",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--admin-listen",
+            f"127.0.0.1:{admin_port}",
+        ],
+        home / "leader",
+    )
     swarm: Swarm | None = None
     api: Api | None = None
     try:
@@ -219,7 +255,9 @@ def run_size(nodes: int, settings: Settings, home: Path, step: Callable[[str], N
         status = swarm.status()
         result.beat_p99 = status["beat_p99"] or math.nan
         if status["beat_errors"] or status["reregistered"]:
-            result.notes.append(f"{status['beat_errors']} heartbeats failed, {status['reregistered']} re-registered: {status['last_error']}")
+            result.notes.append(
+                f"{status['beat_errors']} heartbeats failed, {status['reregistered']} re-registered: {status['last_error']}"
+            )
         step(f"{nodes} nodes: summary and nodes latency ({settings.requests} each)")
         views = _interleaved(api, ["/api/v1/summary", "/api/v1/nodes"], settings.requests, settings.latency_seconds)
         result.summary, result.nodes_view = views["/api/v1/summary"], views["/api/v1/nodes"]

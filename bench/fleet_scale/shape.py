@@ -45,7 +45,10 @@ def is_a100(i: int) -> bool:
 def declared_inventory(i: int) -> dict[str, Any]:
     """Node ``i``'s declared inventory, in the form of an ``opod join --inventory`` file."""
     if is_a100(i):
-        gpus = [{**_A100, "count": 6}, {**_A100, "count": 2, "mig": [{"profile": "3g.40gb", "memory_gb": 40, "count": 2}]}]
+        gpus = [
+            {**_A100, "count": 6},
+            {**_A100, "count": 2, "mig": [{"profile": "3g.40gb", "memory_gb": 40, "count": 2}]},
+        ]
     else:
         gpus = [{**_H100, "count": GPUS_PER_NODE}]
     labels = {"llmgw.io/site": f"site-{i % 3}", "llmgw.io/rack": f"rack-{i // 16:03d}", "bench": "fleet-scale"}
@@ -69,8 +72,9 @@ def node_states(count: int, address: str = "127.0.0.1:1") -> list[NodeState]:
     out = []
     for i in range(count):
         caps = capabilities(i)
-        node = NodeState(id=node_id(i), address=address, hostname=caps.hostname, hardware=caps, last_heartbeat=now,
-                         registered_at=now)
+        node = NodeState(
+            id=node_id(i), address=address, hostname=caps.hostname, hardware=caps, last_heartbeat=now, registered_at=now
+        )
         apply_report(node.inventory, caps.inventory, caps.gpus)
         out.append(node)
     return out

@@ -53,9 +53,12 @@ class SimNode:
     def heartbeat_body(self, since: str) -> bytes:
         if not self.body:
             hb = nodeapi.Heartbeat(
-                id=self.id, loaded_models=sorted(self.loaded), boot_id=self.boot_id,
+                id=self.id,
+                loaded_models=sorted(self.loaded),
+                boot_id=self.boot_id,
                 engine=nodeapi.EngineState(state=nodeapi.EngineStateWord.SERVING, since=since),
-                slots=64, disk_free_gb=20000,
+                slots=64,
+                disk_free_gb=20000,
             )
             self.body = hb.to_json().encode()
         return self.body
@@ -87,8 +90,16 @@ class Swarm:
         for i in range(count):
             nid = shape.node_id(i)
             caps = shape.capabilities(i)
-            req = nodeapi.RegisterRequest(id=nid, hostname=caps.hostname, os=caps.os, arch=caps.arch, ram_gb=caps.ram_gb,
-                                          address=address, hardware_json=nodeapi.encode_hardware(caps), boot_id=secrets.token_hex(8))
+            req = nodeapi.RegisterRequest(
+                id=nid,
+                hostname=caps.hostname,
+                os=caps.os,
+                arch=caps.arch,
+                ram_gb=caps.ram_gb,
+                address=address,
+                hardware_json=nodeapi.encode_hardware(caps),
+                boot_id=secrets.token_hex(8),
+            )
             self.nodes[nid] = SimNode(i, nid, Signer(nid, token), req.boot_id, req.to_json())
         self.session: aiohttp.ClientSession | None = None
 
@@ -183,14 +194,24 @@ class Swarm:
         c = self.counters
         seconds, c.beat_seconds = sorted(c.beat_seconds), []
         loads = [t for t, _, _ in c.loads]
-        return web.json_response({
-            "nodes": self.count, "registered": c.registered, "register_errors": c.register_errors, "beats": c.beats,
-            "beat_errors": c.beat_errors, "reregistered": c.reregistered, "last_error": c.last_error,
-            "beat_p50": seconds[len(seconds) // 2] if seconds else None,
-            "beat_p99": seconds[min(int(len(seconds) * 0.99), len(seconds) - 1)] if seconds else None,
-            "loads": len(loads), "first_load": min(loads, default=None), "last_load": max(loads, default=None),
-            "loaded_nodes": sum(1 for n in self.nodes.values() if n.loaded), "unloads": c.unloads,
-        })
+        return web.json_response(
+            {
+                "nodes": self.count,
+                "registered": c.registered,
+                "register_errors": c.register_errors,
+                "beats": c.beats,
+                "beat_errors": c.beat_errors,
+                "reregistered": c.reregistered,
+                "last_error": c.last_error,
+                "beat_p50": seconds[len(seconds) // 2] if seconds else None,
+                "beat_p99": seconds[min(int(len(seconds) * 0.99), len(seconds) - 1)] if seconds else None,
+                "loads": len(loads),
+                "first_load": min(loads, default=None),
+                "last_load": max(loads, default=None),
+                "loaded_nodes": sum(1 for n in self.nodes.values() if n.loaded),
+                "unloads": c.unloads,
+            }
+        )
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -206,7 +227,9 @@ class Swarm:
         # pool has no limit): a short accept queue would drop SYNs and add the kernel's 1 s retransmission to the pass.
         await web.TCPSite(runner, "127.0.0.1", port, backlog=4096).start()
         # One pool for all nodes: connections are reused between nodes' calls (real workers hold one each).
-        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256), timeout=aiohttp.ClientTimeout(total=30))
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=256), timeout=aiohttp.ClientTimeout(total=30)
+        )
         print(json.dumps({"listening": port}), flush=True)
         try:
             await self.register_all()
@@ -214,7 +237,9 @@ class Swarm:
             # Evenly spread over one interval, as workers that joined at different times are.
             order = list(self.nodes.values())
             random.Random(0).shuffle(order)
-            tasks = [asyncio.create_task(self.beat_forever(n, HEARTBEAT_EVERY * k / len(order))) for k, n in enumerate(order)]
+            tasks = [
+                asyncio.create_task(self.beat_forever(n, HEARTBEAT_EVERY * k / len(order))) for k, n in enumerate(order)
+            ]
             await stop.wait()
             for task in tasks:
                 task.cancel()

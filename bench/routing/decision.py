@@ -60,8 +60,11 @@ def _fleet(ids: list[str]) -> Fleet:
     fleet = Fleet()
     now = int(time.time())
     for i, node_id in enumerate(ids):
-        fleet.register(nodeapi.RegisterRequest(id=node_id, address=f"10.0.{i // 250}.{i % 250 + 1}:8081", boot_id="b"), "t",
-                       nodeapi.Capabilities(engine="sim"))
+        fleet.register(
+            nodeapi.RegisterRequest(id=node_id, address=f"10.0.{i // 250}.{i % 250 + 1}:8081", boot_id="b"),
+            "t",
+            nodeapi.Capabilities(engine="sim"),
+        )
         load = nodeapi.EngineLoad(kv_used_pct=float(i % 90), queue_depth=i % 3, sampled_at=now)
         fleet.heartbeat(nodeapi.Heartbeat(id=node_id, boot_id="b", loaded_models=[MODEL], load=load))
         fleet.get(node_id).in_flight = i % 7
@@ -81,7 +84,6 @@ def _time(decide, samples: int) -> tuple[float, float]:
     return spent[len(spent) // 2] / 1e9, spent[min(len(spent) - 1, int(0.99 * len(spent)))] / 1e9
 
 
-
 def scenarios(workers: int = WORKERS) -> dict[str, Callable[[], Decision | None]]:
     """Each scenario's decision, ready to be made again and again on the same state."""
     ids = [f"w{i:03d}" for i in range(workers)]
@@ -93,12 +95,21 @@ def scenarios(workers: int = WORKERS) -> dict[str, Callable[[], Decision | None]
     staggered = _index({node_id: i % PROMPT_BLOCKS + 1 for i, node_id in enumerate(ids)}, hashes)
     pins = AffinityTable()
     system = " ".join(f"word{i}" for i in range(1000))
-    payload = {"model": MODEL, "messages": [{"role": "system", "content": system}, {"role": "user", "content": "a question"}]}
+    payload = {
+        "model": MODEL,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": "a question"}],
+    }
     return {
         "load": lambda: pick(fleet, RouteRequest(MODEL), POLICY, held_by_three, pins),
-        f"prefix, 3 holders of {PROMPT_BLOCKS} blocks": lambda: pick(fleet, RouteRequest(MODEL, hashes=hashes), POLICY, held_by_three, pins),
-        "prefix, shared system prompt on every worker": lambda: pick(fleet, RouteRequest(MODEL, hashes=hashes), POLICY, shared, pins),
-        "pin (no worker reports the prompt)": lambda: pick(fleet, RouteRequest(MODEL, payload=payload), POLICY, PrefixIndex(), pins),
+        f"prefix, 3 holders of {PROMPT_BLOCKS} blocks": lambda: pick(
+            fleet, RouteRequest(MODEL, hashes=hashes), POLICY, held_by_three, pins
+        ),
+        "prefix, shared system prompt on every worker": lambda: pick(
+            fleet, RouteRequest(MODEL, hashes=hashes), POLICY, shared, pins
+        ),
+        "pin (no worker reports the prompt)": lambda: pick(
+            fleet, RouteRequest(MODEL, payload=payload), POLICY, PrefixIndex(), pins
+        ),
         STRESS: lambda: pick(fleet, RouteRequest(MODEL, hashes=hashes), POLICY, staggered, pins),
     }
 

@@ -46,11 +46,28 @@ class SimProfile:
 
     def engine_flags(self) -> dict:
         # The latency model's knobs have no plan-flag names of their own: they go through ``extra``.
-        extra = ["--ttft-ms", f"{self.ttft_ms:g}", "--prefill-ms-per-token", f"{self.prefill_ms_per_token:g}",
-                 "--itl-ms", f"{self.itl_ms:g}", "--itl-ms-per-request", f"{self.itl_ms_per_request:g}",
-                 "--output-min", str(self.answer_tokens), "--output-max", str(self.answer_tokens)]
-        return {"block_size": self.block_size, "kv_blocks": self.kv_blocks, "max_num_seqs": self.max_num_seqs,
-                "max_model_len": self.max_model_len, "seed": self.seed, "extra": extra}
+        extra = [
+            "--ttft-ms",
+            f"{self.ttft_ms:g}",
+            "--prefill-ms-per-token",
+            f"{self.prefill_ms_per_token:g}",
+            "--itl-ms",
+            f"{self.itl_ms:g}",
+            "--itl-ms-per-request",
+            f"{self.itl_ms_per_request:g}",
+            "--output-min",
+            str(self.answer_tokens),
+            "--output-max",
+            str(self.answer_tokens),
+        ]
+        return {
+            "block_size": self.block_size,
+            "kv_blocks": self.kv_blocks,
+            "max_num_seqs": self.max_num_seqs,
+            "max_model_len": self.max_model_len,
+            "seed": self.seed,
+            "extra": extra,
+        }
 
 
 def worker_flags(profile: SimProfile, kv_port: int) -> dict:
@@ -100,7 +117,9 @@ class Fleet:
                     break
                 # The engine refuses while a request still holds blocks (a straggler from the last phase).
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"{base} would not reset its prefix cache within {timeout}s (requests still running)")
+                    raise RuntimeError(
+                        f"{base} would not reset its prefix cache within {timeout}s (requests still running)"
+                    )
                 time.sleep(0.2)
 
     def cache_counters(self) -> tuple[float, float]:
@@ -148,8 +167,19 @@ def start(home: Path, workers: int, profile: SimProfile, on_step=lambda text: No
     policy_path.write_text(json.dumps({"revision": "round-robin"}))
     port, admin_port = free_port(), free_port()
     on_step("starting the opod leader")
-    leader = Proc(["up", "--no-worker", "--no-default-models", "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin_port}"],
-                  home / "leader", env={"OPOD_POLICY_FILE": str(policy_path)})
+    leader = Proc(
+        [
+            "up",
+            "--no-worker",
+            "--no-default-models",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--admin-listen",
+            f"127.0.0.1:{admin_port}",
+        ],
+        home / "leader",
+        env={"OPOD_POLICY_FILE": str(policy_path)},
+    )
     fleet = Fleet(leader, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin_port}", "", policy_path)
     try:
         leader.wait_for("OpenAI API on", 90)
@@ -159,11 +189,18 @@ def start(home: Path, workers: int, profile: SimProfile, on_step=lambda text: No
         for i in range(workers):
             node = f"n_bench-{i}"
             flags = json.dumps(worker_flags(profile, free_port()))
-            fleet.workers[node] = Proc(["join", fleet.url, "--token", token, "--engine", "sim", "--listen", f"127.0.0.1:{free_port()}"],
-                                       home / node, env={"OPOD_NODE_ID": node, "OPOD_ENGINE_FLAGS": flags})
+            fleet.workers[node] = Proc(
+                ["join", fleet.url, "--token", token, "--engine", "sim", "--listen", f"127.0.0.1:{free_port()}"],
+                home / node,
+                env={"OPOD_NODE_ID": node, "OPOD_ENGINE_FLAGS": flags},
+            )
         for worker in fleet.workers.values():
             worker.wait_for("registered with", 120)
-        _post_json(fleet.admin_url + "/api/v1/models", {"name": MODEL, "profiles": [{"engine": "sim"}], "scaling": {"min": 0, "max": 0}}, fleet.key)
+        _post_json(
+            fleet.admin_url + "/api/v1/models",
+            {"name": MODEL, "profiles": [{"engine": "sim"}], "scaling": {"min": 0, "max": 0}},
+            fleet.key,
+        )
         on_step(f"loading {MODEL} on every worker")
         for node in fleet.workers:
             _post_json(fleet.admin_url + f"/api/v1/models/{MODEL}/load", {"node": node}, fleet.key)

@@ -72,7 +72,9 @@ class Relay:
     async def _open(self, i: int, raw: bytes, client: Downstream) -> None:
         host, port = self.engines[i]
         try:
-            _, upstream = await asyncio.get_running_loop().create_connection(lambda: Upstream(self.pools[i]), host, port)
+            _, upstream = await asyncio.get_running_loop().create_connection(
+                lambda: Upstream(self.pools[i]), host, port
+            )
         except OSError:
             client.transport.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n")
             return

@@ -86,13 +86,18 @@ KEEPALIVE_SECONDS = 3.0
 async def _session(limit: int, timeout: float) -> AsyncIterator[aiohttp.ClientSession]:
     """The phase's pooled session; the generator's collector is paused meanwhile (``collector_paused``)."""
     with collector_paused():
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=limit, keepalive_timeout=KEEPALIVE_SECONDS),
-                                         timeout=aiohttp.ClientTimeout(total=timeout), skip_auto_headers=("User-Agent",),
-                                         headers={"Content-Type": "application/json"}) as session:
+        async with aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=limit, keepalive_timeout=KEEPALIVE_SECONDS),
+            timeout=aiohttp.ClientTimeout(total=timeout),
+            skip_auto_headers=("User-Agent",),
+            headers={"Content-Type": "application/json"},
+        ) as session:
             yield session
 
 
-async def _send(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str], stream: bool, sample: Sample) -> None:
+async def _send(
+    session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str], stream: bool, sample: Sample
+) -> None:
     try:
         async with session.post(url, data=body, headers=headers) as resp:
             sample.status = resp.status
@@ -148,8 +153,15 @@ def _usage(data: bytes) -> int | None:
         return None
 
 
-async def closed_loop(target: Target, body: bytes, concurrency: int, seconds: float, warmup: float = 0.5,
-                      timeout: float = 30.0, grace: float = 5.0) -> Phase:
+async def closed_loop(
+    target: Target,
+    body: bytes,
+    concurrency: int,
+    seconds: float,
+    warmup: float = 0.5,
+    timeout: float = 30.0,
+    grace: float = 5.0,
+) -> Phase:
     """``concurrency`` clients back to back; counts what completes inside the measured window."""
     samples: list[Sample] = []
     counter = iter(range(1 << 62))
@@ -176,8 +188,14 @@ async def closed_loop(target: Target, body: bytes, concurrency: int, seconds: fl
     return Phase(samples, seconds, len(samples))
 
 
-async def open_loop(target: Target, schedule: Sequence[tuple[float, bytes]], stream: bool, timeout: float = 60.0,
-                    drain: float = 30.0, tick: Callable[[], None] | None = None) -> Phase:
+async def open_loop(
+    target: Target,
+    schedule: Sequence[tuple[float, bytes]],
+    stream: bool,
+    timeout: float = 60.0,
+    drain: float = 30.0,
+    tick: Callable[[], None] | None = None,
+) -> Phase:
     """Send each body at its time (seconds from the start), whatever is still running; wait ``drain`` s at most after the last."""
     samples: list[Sample] = []
     tasks: list[asyncio.Task] = []
@@ -217,7 +235,9 @@ def merge(phases: Sequence[Phase]) -> Phase:
 
 def probe(target: Target, body: bytes, timeout: float = 10.0) -> tuple[int, float]:
     """One request through the path, outside any phase: (HTTP status or 0, seconds)."""
-    request = urllib.request.Request(target.url(0), data=body, method="POST", headers={"Content-Type": "application/json", **target.headers})
+    request = urllib.request.Request(
+        target.url(0), data=body, method="POST", headers={"Content-Type": "application/json", **target.headers}
+    )
     started = time.perf_counter()
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:

@@ -54,8 +54,17 @@ def _first_error(phase: Phase) -> str:
 def latency_summary(phase: Phase) -> LatencySummary:
     good = [s.latency for s in phase.samples if s.ok]
     own = [s.own for s in phase.samples if s.ok and s.own is not None]
-    return LatencySummary(len(good) / phase.seconds if phase.seconds else 0.0, pct(good, 50), pct(good, 90), pct(good, 99),
-                          len(good), phase.sent - len(good), _first_error(phase), pct(own, 50), pct(own, 99))
+    return LatencySummary(
+        len(good) / phase.seconds if phase.seconds else 0.0,
+        pct(good, 50),
+        pct(good, 90),
+        pct(good, 99),
+        len(good),
+        phase.sent - len(good),
+        _first_error(phase),
+        pct(own, 50),
+        pct(own, 99),
+    )
 
 
 @dataclass(frozen=True)
@@ -89,8 +98,19 @@ def stream_summary(phase: Phase, ttft_slo: float = math.inf) -> StreamSummary:
     met = sum(1 for t in ttfts if t <= ttft_slo)
     first_error = _first_error(phase)
     seconds = phase.seconds or 1e-9
-    return StreamSummary(pct(ttfts, 50), pct(ttfts, 90), pct(ttfts, 99), pct(gaps, 50), pct(gaps, 99), tokens / seconds,
-                         met / seconds, len(good), phase.sent - len(good), phase.sent, first_error)
+    return StreamSummary(
+        pct(ttfts, 50),
+        pct(ttfts, 90),
+        pct(ttfts, 99),
+        pct(gaps, 50),
+        pct(gaps, 99),
+        tokens / seconds,
+        met / seconds,
+        len(good),
+        phase.sent - len(good),
+        phase.sent,
+        first_error,
+    )
 
 
 def saturation(points: dict[int, LatencySummary]) -> float:

@@ -38,7 +38,9 @@ class OracleResult:
         return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
-def pooled_lru_hits(prompts: Iterable[Sequence[int]], output_tokens: int, block_size: int, capacity_blocks: int) -> OracleResult:
+def pooled_lru_hits(
+    prompts: Iterable[Sequence[int]], output_tokens: int, block_size: int, capacity_blocks: int
+) -> OracleResult:
     """Replay token prompts (in order) through one LRU cache of ``capacity_blocks`` blocks."""
     lru: OrderedDict[object, None] = OrderedDict()
     """Cached blocks, least recently used first."""
@@ -72,7 +74,9 @@ def pooled_lru_hits(prompts: Iterable[Sequence[int]], output_tokens: int, block_
     return OracleResult(prompt_total, hit_total, capacity_blocks)
 
 
-def oracle_for_trace(messages: Iterable[Sequence[dict]], output_tokens: int, block_size: int, workers: int, kv_blocks: int) -> OracleResult:
+def oracle_for_trace(
+    messages: Iterable[Sequence[dict]], output_tokens: int, block_size: int, workers: int, kv_blocks: int
+) -> OracleResult:
     """The oracle for chat requests, tokenized the way the simulator tokenizes them."""
     tokenizer = Tokenizer()
     prompts = (tokenizer.encode_chat(list(m)) for m in messages)

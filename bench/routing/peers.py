@@ -58,8 +58,18 @@ def ensure_installed(spec: PeerSpec, root: Path, timeout: float = 1800) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     log = root / f"{spec.name}.install.log"
     with log.open("w") as out:
-        steps = ([sys.executable, "-m", "venv", str(venv)],
-                 [str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "-q", spec.requirement])
+        steps = (
+            [sys.executable, "-m", "venv", str(venv)],
+            [
+                str(venv / "bin" / "python"),
+                "-m",
+                "pip",
+                "install",
+                "--disable-pip-version-check",
+                "-q",
+                spec.requirement,
+            ],
+        )
         for argv in steps:
             try:
                 code = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, timeout=timeout).returncode
@@ -73,7 +83,11 @@ def ensure_installed(spec: PeerSpec, root: Path, timeout: float = 1800) -> Path:
 
 def _tail(path: Path, lines: int = 2) -> str:
     try:
-        text = [line for line in path.read_text(errors="replace").splitlines() if line.strip() and not line.startswith("WARNING: Location")]
+        text = [
+            line
+            for line in path.read_text(errors="replace").splitlines()
+            if line.strip() and not line.startswith("WARNING: Location")
+        ]
     except OSError:
         return ""
     return " | ".join(text[-lines:])[:300]
@@ -122,8 +136,12 @@ def _wait_ready(peer: RunningPeer, model: str, timeout: float) -> None:
         if peer.proc.poll() is not None:
             peer.stop()
             raise PeerUnavailable(f"exited with {peer.proc.returncode} while starting: {_tail(peer.log, 3)}")
-        request = urllib.request.Request(peer.url + "/v1/chat/completions", data=body, method="POST",
-                                         headers={"Content-Type": "application/json", **peer.headers})
+        request = urllib.request.Request(
+            peer.url + "/v1/chat/completions",
+            data=body,
+            method="POST",
+            headers={"Content-Type": "application/json", **peer.headers},
+        )
         try:
             with urllib.request.urlopen(request, timeout=10) as response:
                 if response.status == 200:
@@ -143,18 +161,41 @@ def _wait_ready(peer: RunningPeer, model: str, timeout: float) -> None:
 def start_litellm(venv: Path, engines: list[str], model: str, scratch: Path) -> RunningPeer:
     """LiteLLM's proxy with one deployment per engine under one model name (its default simple-shuffle routing)."""
     key = "sk-" + secrets.token_hex(16)
-    deployments = [{"model_name": model, "litellm_params": {"model": f"openai/{model}", "api_base": base + "/v1", "api_key": "none"}}
-                   for base in engines]
-    config = {"model_list": deployments, "litellm_settings": {"drop_params": True, "telemetry": False},
-              "router_settings": {"routing_strategy": "simple-shuffle"}, "general_settings": {}}
+    deployments = [
+        {
+            "model_name": model,
+            "litellm_params": {"model": f"openai/{model}", "api_base": base + "/v1", "api_key": "none"},
+        }
+        for base in engines
+    ]
+    config = {
+        "model_list": deployments,
+        "litellm_settings": {"drop_params": True, "telemetry": False},
+        "router_settings": {"routing_strategy": "simple-shuffle"},
+        "general_settings": {},
+    }
     path = scratch / "litellm.json"
     path.write_text(json.dumps(config))  # YAML is a superset of JSON, so the proxy reads it as its config
     port = free_port()
     log = scratch / "litellm.log"
-    proc = _spawn([str(venv / "bin" / "litellm"), "--config", str(path), "--host", "127.0.0.1", "--port", str(port)], log,
-                  env={"LITELLM_MASTER_KEY": key, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_TELEMETRY": "False",
-                       "LITELLM_LOG": "ERROR"})
-    peer = RunningPeer("litellm", "LiteLLM proxy (simple-shuffle)", f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {key}"}, proc, log)
+    proc = _spawn(
+        [str(venv / "bin" / "litellm"), "--config", str(path), "--host", "127.0.0.1", "--port", str(port)],
+        log,
+        env={
+            "LITELLM_MASTER_KEY": key,
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            "LITELLM_TELEMETRY": "False",
+            "LITELLM_LOG": "ERROR",
+        },
+    )
+    peer = RunningPeer(
+        "litellm",
+        "LiteLLM proxy (simple-shuffle)",
+        f"http://127.0.0.1:{port}",
+        {"Authorization": f"Bearer {key}"},
+        proc,
+        log,
+    )
     _wait_ready(peer, model, 180)
     return peer
 
@@ -173,10 +214,16 @@ def kv_aware_gap(engines: list[str], sources: Mapping[str, str]) -> str:
     missing = []
     lacking = [base for base in engines if not _DIALABLE.match(sources.get(base, ""))]
     if lacking:
-        missing.append(f"publish no KV events vllm-router can subscribe to ({len(lacking)} of {len(engines)} bind no "
-                       "tcp://HOST:PORT endpoint; their workers start them without the kv_events_bind flag)")
-    request = urllib.request.Request(engines[0] + "/v1/chat/completions/render", data=b'{"messages":[{"role":"user","content":"x"}]}',
-                                     method="POST", headers={"Content-Type": "application/json"})
+        missing.append(
+            f"publish no KV events vllm-router can subscribe to ({len(lacking)} of {len(engines)} bind no "
+            "tcp://HOST:PORT endpoint; their workers start them without the kv_events_bind flag)"
+        )
+    request = urllib.request.Request(
+        engines[0] + "/v1/chat/completions/render",
+        data=b'{"messages":[{"role":"user","content":"x"}]}',
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(request, timeout=5):
             pass
@@ -188,12 +235,31 @@ def kv_aware_gap(engines: list[str], sources: Mapping[str, str]) -> str:
     return "the simulator engines " + " and ".join(missing) if missing else ""
 
 
-def start_vllm_router(venv: Path, engines: list[str], model: str, block_size: int, scratch: Path, *,
-                      policy: str = "kv_aware", kv_sources: Mapping[str, str] | None = None) -> RunningPeer:
+def start_vllm_router(
+    venv: Path,
+    engines: list[str],
+    model: str,
+    block_size: int,
+    scratch: Path,
+    *,
+    policy: str = "kv_aware",
+    kv_sources: Mapping[str, str] | None = None,
+) -> RunningPeer:
     """vllm-router in ``policy``; kv_aware subscribes to every engine's KV events, and falls back to cache_aware (labelled so) where it cannot."""
     port, metrics_port = free_port(), free_port()
-    argv = [str(venv / "bin" / "vllm-router"), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *engines,
-            "--prometheus-port", str(metrics_port), "--log-level", "warning"]
+    argv = [
+        str(venv / "bin" / "vllm-router"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--worker-urls",
+        *engines,
+        "--prometheus-port",
+        str(metrics_port),
+        "--log-level",
+        "warning",
+    ]
     gap = kv_aware_gap(engines, kv_sources or {}) if policy == "kv_aware" else ""
     if policy != "kv_aware" or gap:
         argv += ["--policy", "cache_aware"]
@@ -204,8 +270,16 @@ def start_vllm_router(venv: Path, engines: list[str], model: str, block_size: in
             argv += ["--kv-event-source", f"{base}={kv_sources[base]}"]  # type: ignore[index]
         label = "vllm-router (kv_aware)"
     log = scratch / f"vllm-router-{policy}.log"
-    peer = RunningPeer("vllm-router", label, f"http://127.0.0.1:{port}", {}, _spawn(argv, log), log,
-                       metrics_url=f"http://127.0.0.1:{metrics_port}/metrics", policy=argv[argv.index("--policy") + 1])
+    peer = RunningPeer(
+        "vllm-router",
+        label,
+        f"http://127.0.0.1:{port}",
+        {},
+        _spawn(argv, log),
+        log,
+        metrics_url=f"http://127.0.0.1:{metrics_port}/metrics",
+        policy=argv[argv.index("--policy") + 1],
+    )
     if gap:
         peer.notes.append(f"kv_aware not run: {gap}; ran cache_aware, its best mode that works here")
     _wait_ready(peer, model, 60)
@@ -263,17 +337,36 @@ def kv_credit_note(before: Mapping[str, float], after: Mapping[str, float], phas
     detail = ", ".join(f"{result} {count:,.0f}" for result, count in sorted(lookups.items()))
     rendered = ", ".join(f"{result} {count:,.0f}" for result, count in sorted(inputs.items()))
     verdict = "prefix credit appeared" if hits else "no prefix credit"
-    return (f"kv_aware during {phase}: {verdict}: {hits:,.0f} of {total:,.0f} placement lookups hit a worker's cached blocks "
-            f"(vllm_router_kv_placement_lookups_total: {detail or 'none'}; token inputs: {rendered or 'none'})")
+    return (
+        f"kv_aware during {phase}: {verdict}: {hits:,.0f} of {total:,.0f} placement lookups hit a worker's cached blocks "
+        f"(vllm_router_kv_placement_lookups_total: {detail or 'none'}; token inputs: {rendered or 'none'})"
+    )
 
 
 def start_sglang_router(venv: Path, engines: list[str], model: str, scratch: Path) -> RunningPeer:
     """sglang-router's cache-aware policy (an approximate radix tree over request text), as shipped."""
     port = free_port()
-    argv = [str(venv / "bin" / "python"), "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
-            "--worker-urls", *engines, "--policy", "cache_aware", "--prometheus-port", str(free_port()), "--log-level", "warn"]
+    argv = [
+        str(venv / "bin" / "python"),
+        "-m",
+        "sglang_router.launch_router",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--worker-urls",
+        *engines,
+        "--policy",
+        "cache_aware",
+        "--prometheus-port",
+        str(free_port()),
+        "--log-level",
+        "warn",
+    ]
     log = scratch / "sglang-router.log"
-    peer = RunningPeer("sglang-router", "sglang-router (cache_aware)", f"http://127.0.0.1:{port}", {}, _spawn(argv, log), log)
+    peer = RunningPeer(
+        "sglang-router", "sglang-router (cache_aware)", f"http://127.0.0.1:{port}", {}, _spawn(argv, log), log
+    )
     _wait_ready(peer, model, 60)
     return peer
 
@@ -283,7 +376,13 @@ def start_floor(engines: list[str], model: str, scratch: Path) -> RunningPeer:
     port = free_port()
     argv = [sys.executable, str(Path(__file__).with_name("floor.py")), str(port), *engines]
     log = scratch / "relay-floor.log"
-    peer = RunningPeer("relay-floor", "bare Python relay (uvloop + httptools, round robin; a yardstick)",
-                       f"http://127.0.0.1:{port}", {}, _spawn(argv, log), log)
+    peer = RunningPeer(
+        "relay-floor",
+        "bare Python relay (uvloop + httptools, round robin; a yardstick)",
+        f"http://127.0.0.1:{port}",
+        {},
+        _spawn(argv, log),
+        log,
+    )
     _wait_ready(peer, model, 30)
     return peer

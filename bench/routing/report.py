@@ -60,6 +60,7 @@ def _rows(run: RunResult) -> list[tuple[str, Cell, str]]:
             if rate in p.overloaded:
                 return f"overloaded (capacity {p.overloaded[rate]:,.0f} req/s)"
             return _ms(goals_mod.added(run, p, rate, q), signed=True)
+
         return cell
 
     def own_cell(p: PathResult) -> str:
@@ -77,6 +78,7 @@ def _rows(run: RunResult) -> list[tuple[str, Cell, str]]:
                 return f"{_ms(value)} (itself)"
             base = getattr(direct.stream, attr) if direct and direct.stream else math.nan
             return _ms(value - base, signed=True)
+
         return cell
 
     def prefix(fn: Callable[[PathResult], str]) -> Cell:
@@ -95,13 +97,24 @@ def _rows(run: RunResult) -> list[tuple[str, Cell, str]]:
 
     half = f"{rate:,.0f} req/s (½ direct capacity)" if rate else "½ direct capacity"
     return [
-        (f"routing decision p50 / p99 µs, {decision.WORKERS} workers, in process (slowest judged scenario)", decision_cell, "routing decision"),
-        (f"1 short chat: req/s at saturation (best of concurrency {levels[0]}…{levels[-1]})", lambda p: _n(p.saturation), "saturation"),
+        (
+            f"routing decision p50 / p99 µs, {decision.WORKERS} workers, in process (slowest judged scenario)",
+            decision_cell,
+            "routing decision",
+        ),
+        (
+            f"1 short chat: req/s at saturation (best of concurrency {levels[0]}…{levels[-1]})",
+            lambda p: _n(p.saturation),
+            "saturation",
+        ),
         (f"1 short chat: added p50 ms at {half}", added_cell(50), "added p50"),
         (f"1 short chat: added p99 ms at {half}", added_cell(99), "added p99"),
         (f"1 short chat: the router's own time p50 / p99 ms at {half} (its Server-Timing)", own_cell, ""),
-        (f"1 short chat: the router's CPU ms per request at {half} (its processes)",
-         lambda p: _ms(p.cpu_per_request), ""),
+        (
+            f"1 short chat: the router's CPU ms per request at {half} (its processes)",
+            lambda p: _ms(p.cpu_per_request),
+            "",
+        ),
         ("1 short chat: errors (closed + open loop)", errors_w1, ""),
         ("2 streamed: TTFT p50 ms added", stream_added("ttft_p50"), ""),
         ("2 streamed: TTFT p99 ms added", stream_added("ttft_p99"), ""),
@@ -110,11 +123,21 @@ def _rows(run: RunResult) -> list[tuple[str, Cell, str]]:
         ("3 shared prefix: TTFT p50 s", prefix(lambda p: _s(p.prefix.ttft_p50)), ""),
         ("3 shared prefix: TTFT p90 s", prefix(lambda p: _s(p.prefix.ttft_p90)), "prefix TTFT p90"),
         ("3 shared prefix: output tokens/s", prefix(lambda p: _n(p.prefix.output_tps)), "prefix output tok/s"),
-        (f"3 shared prefix: cache-hit rate (oracle {oracle:.1%})",
-         prefix(lambda p: f"{_pct(p.prefix_hit_rate)} ({_pct(p.prefix_hit_rate / oracle if oracle else math.nan)} of oracle)"),
-         "prefix cache hits"),
+        (
+            f"3 shared prefix: cache-hit rate (oracle {oracle:.1%})",
+            prefix(
+                lambda p: (
+                    f"{_pct(p.prefix_hit_rate)} ({_pct(p.prefix_hit_rate / oracle if oracle else math.nan)} of oracle)"
+                )
+            ),
+            "prefix cache hits",
+        ),
         (f"3 shared prefix: goodput req/s (TTFT ≤ {slo:g} s)", prefix(lambda p: _n(p.prefix.goodput, 1)), ""),
-        ("3 shared prefix: error rate", prefix(lambda p: f"{_pct(p.prefix.error_rate)} ({p.prefix.errors}/{p.prefix.sent})"), "prefix error rate"),
+        (
+            "3 shared prefix: error rate",
+            prefix(lambda p: f"{_pct(p.prefix.error_rate)} ({p.prefix.errors}/{p.prefix.sent})"),
+            "prefix error rate",
+        ),
     ]
 
 
@@ -122,8 +145,10 @@ def _cells(run: RunResult) -> tuple[list[str], list[list[str]]]:
     goals = {g.row: g for g in goals_mod.check(run)}
     header = ["measure", *[p.key for p in run.paths], "goal (opod)"]
     # The first rows say what each column is and whether it ran, so a peer that could not is reported with its reason.
-    body = [["what ran", *[p.label for p in run.paths], ""],
-            ["status", *["ran" if p.ran else f"not run: {p.reason}" for p in run.paths], ""]]
+    body = [
+        ["what ran", *[p.label for p in run.paths], ""],
+        ["status", *["ran" if p.ran else f"not run: {p.reason}" for p in run.paths], ""],
+    ]
     for measure, cell, goal_key in _rows(run):
         row = [measure]
         for path in run.paths:
@@ -142,12 +167,22 @@ def _cells(run: RunResult) -> tuple[list[str], list[list[str]]]:
 
 def rich_table(run: RunResult) -> Table:
     header, body = _cells(run)
-    table = Table(title=f"Routing: {run.settings.workers} simulator workers, {run.cores} CPU cores", header_style="bold", show_lines=False)
+    table = Table(
+        title=f"Routing: {run.settings.workers} simulator workers, {run.cores} CPU cores",
+        header_style="bold",
+        show_lines=False,
+    )
     for name in header:
         table.add_column(name, overflow="fold")
     for row in body:
-        table.add_row(*[f"[{'green' if c.endswith(': met') else 'red' if c.endswith(': missed') else 'white'}]{c}[/]"
-                        if i == len(row) - 1 and c else c for i, c in enumerate(row)])
+        table.add_row(
+            *[
+                f"[{'green' if c.endswith(': met') else 'red' if c.endswith(': missed') else 'white'}]{c}[/]"
+                if i == len(row) - 1 and c
+                else c
+                for i, c in enumerate(row)
+            ]
+        )
     return table
 
 
@@ -189,21 +224,44 @@ def markdown(run: RunResult) -> str:
         "",
         "## 1. Short chat: saturation (closed loop, req/s; p50 ms in brackets)",
         "",
-        *_md_table(["concurrency", *[p.key for p in run.paths if p.ran]],
-                   [[str(c), *[f"{_n(p.sweep[c].rps)} ({_ms(p.sweep[c].p50)})" if c in p.sweep else DASH for p in run.paths if p.ran]]
-                    for c in s.concurrency]),
+        *_md_table(
+            ["concurrency", *[p.key for p in run.paths if p.ran]],
+            [
+                [
+                    str(c),
+                    *[
+                        f"{_n(p.sweep[c].rps)} ({_ms(p.sweep[c].p50)})" if c in p.sweep else DASH
+                        for p in run.paths
+                        if p.ran
+                    ],
+                ]
+                for c in s.concurrency
+            ],
+        ),
         "",
         "## 1. Short chat: open loop, Poisson arrivals (p50 / p99 ms; errors)",
         "",
-        *_md_table(["offered req/s", *[p.key for p in run.paths if p.ran]],
-                   [[f"{rate:,.0f}", *[_open_cell(p, rate) for p in run.paths if p.ran]] for rate in run.offered]),
+        *_md_table(
+            ["offered req/s", *[p.key for p in run.paths if p.ran]],
+            [[f"{rate:,.0f}", *[_open_cell(p, rate) for p in run.paths if p.ran]] for rate in run.offered],
+        ),
         "",
         f"## Routing decision (opod's router in process, {decision.WORKERS} workers; µs per decision)",
         "",
-        *_md_table(["scenario", "p50 µs", "p99 µs", "decisions", "goal"],
-                   [[d.scenario, f"{d.p50 * 1e6:.1f}", f"{d.p99 * 1e6:.1f}", f"{d.samples:,}",
-                     "judged" if d.judged else "not judged: a state prefix routing keeps a fleet out of"] for d in run.decisions]
-                   or [["not measured: the opod path did not run", DASH, DASH, DASH, DASH]]),
+        *_md_table(
+            ["scenario", "p50 µs", "p99 µs", "decisions", "goal"],
+            [
+                [
+                    d.scenario,
+                    f"{d.p50 * 1e6:.1f}",
+                    f"{d.p99 * 1e6:.1f}",
+                    f"{d.samples:,}",
+                    "judged" if d.judged else "not judged: a state prefix routing keeps a fleet out of",
+                ]
+                for d in run.decisions
+            ]
+            or [["not measured: the opod path did not run", DASH, DASH, DASH, DASH]],
+        ),
         "",
         "## How it was measured",
         "",
@@ -290,12 +348,14 @@ def plots(run: RunResult, out: Path) -> list[Path]:
             p50 = [goals_mod.added(run, p, r, 50) * 1000 for r in rates]
             p99 = [goals_mod.added(run, p, r, 99) * 1000 for r in rates]
             lowest = min([lowest, *[v for v in p50 + p99 if not math.isnan(v)]])
-            line, = ax.plot(rates, p50, marker="o", label=f"{p.label} p50")
+            (line,) = ax.plot(rates, p50, marker="o", label=f"{p.label} p50")
             ax.plot(rates, p99, marker="x", linestyle="--", color=line.get_color(), label=f"{p.label} p99")
     ax.axhline(1, color="grey", linewidth=0.8, linestyle=":")
     ax.axhline(5, color="grey", linewidth=0.8, linestyle=":")
     ax.set_yscale("symlog", linthresh=1)
-    ax.set_ylim(bottom=lowest * 1.5 if lowest < 0 else 0)  # no empty negative half when nothing came out faster than direct
+    ax.set_ylim(
+        bottom=lowest * 1.5 if lowest < 0 else 0
+    )  # no empty negative half when nothing came out faster than direct
     ax.set_xlabel("offered load (req/s, Poisson)")
     ax.set_ylabel("latency added over direct (ms)")
     ax.set_title("1 short chat: added latency by offered load (goals: p50 ≤ 1 ms, p99 ≤ 5 ms)")

@@ -100,7 +100,9 @@ class RunResult:
     prefix_requests: int
     offered: list[float]
     cores: int = field(default_factory=lambda: os.cpu_count() or 0)
-    machine: str = field(default_factory=lambda: f"{platform.machine()}, {platform.python_implementation()} {platform.python_version()}")
+    machine: str = field(
+        default_factory=lambda: f"{platform.machine()}, {platform.python_implementation()} {platform.python_version()}"
+    )
     started: str = field(default_factory=lambda: time.strftime("%Y-%m-%d %H:%M"))
     seconds: float = 0.0
     decisions: list[decision.DecisionCost] = field(default_factory=list)
@@ -117,8 +119,13 @@ Step = Callable[[str, int], Callable[[], None]]
 def run(settings: Settings, step: Step, say: Callable[[str], None]) -> RunResult:
     began = time.monotonic()
     trace = workloads.shared_prefix_trace(settings.prefix, settings.seed)
-    best = oracle.oracle_for_trace((r.messages for r in trace), settings.prefix.output_tokens, settings.profile.block_size,
-                                   settings.workers, settings.profile.kv_blocks)
+    best = oracle.oracle_for_trace(
+        (r.messages for r in trace),
+        settings.prefix.output_tokens,
+        settings.profile.block_size,
+        settings.workers,
+        settings.profile.kv_blocks,
+    )
     results = [PathResult(key, LABELS[key]) for key in PATHS if key in settings.paths or key == "direct"]
     offered: list[float] = []
     decisions: list[decision.DecisionCost] = []
@@ -139,7 +146,9 @@ def run(settings: Settings, step: Step, say: Callable[[str], None]) -> RunResult
     return out
 
 
-def _target(result: PathResult, fleet: Fleet, settings: Settings, scratch: Path, say: Callable[[str], None]) -> tuple[load.Target, peers.RunningPeer | None]:
+def _target(
+    result: PathResult, fleet: Fleet, settings: Settings, scratch: Path, say: Callable[[str], None]
+) -> tuple[load.Target, peers.RunningPeer | None]:
     key = result.key
     if key == "direct":
         return load.Target(key, tuple(fleet.engines)), None
@@ -156,7 +165,9 @@ def _target(result: PathResult, fleet: Fleet, settings: Settings, scratch: Path,
     return load.Target(key, (peer.url,), peer.headers, peer.proc.pid), peer
 
 
-def _start_peer(key: str, fleet: Fleet, settings: Settings, scratch: Path, say: Callable[[str], None]) -> peers.RunningPeer:
+def _start_peer(
+    key: str, fleet: Fleet, settings: Settings, scratch: Path, say: Callable[[str], None]
+) -> peers.RunningPeer:
     """A peer router from its own virtual environment, installed on first use."""
     spec = peers.SPECS[PEER.get(key, key)]
     venv = settings.peers_dir / spec.name
@@ -167,15 +178,32 @@ def _start_peer(key: str, fleet: Fleet, settings: Settings, scratch: Path, say: 
     if key == "litellm":
         return peers.start_litellm(venv, fleet.engines, fleet_mod.MODEL, scratch)
     if key == "vllm-router":
-        return peers.start_vllm_router(venv, fleet.engines, fleet_mod.MODEL, settings.profile.block_size, scratch,
-                                       policy="kv_aware", kv_sources=fleet.kv_sources)
+        return peers.start_vllm_router(
+            venv,
+            fleet.engines,
+            fleet_mod.MODEL,
+            settings.profile.block_size,
+            scratch,
+            policy="kv_aware",
+            kv_sources=fleet.kv_sources,
+        )
     if key == "vllm-router-cache":
-        return peers.start_vllm_router(venv, fleet.engines, fleet_mod.MODEL, settings.profile.block_size, scratch, policy="cache_aware")
+        return peers.start_vllm_router(
+            venv, fleet.engines, fleet_mod.MODEL, settings.profile.block_size, scratch, policy="cache_aware"
+        )
     return peers.start_sglang_router(venv, fleet.engines, fleet_mod.MODEL, scratch)
 
 
-def _run_path(result: PathResult, fleet: Fleet, settings: Settings, trace: list[workloads.TraceRequest], offered: list[float],
-              scratch: Path, step: Step, say: Callable[[str], None]) -> None:
+def _run_path(
+    result: PathResult,
+    fleet: Fleet,
+    settings: Settings,
+    trace: list[workloads.TraceRequest],
+    offered: list[float],
+    scratch: Path,
+    step: Step,
+    say: Callable[[str], None],
+) -> None:
     try:
         target, peer = _target(result, fleet, settings, scratch, say)
     except peers.PeerUnavailable as err:
@@ -236,8 +264,10 @@ def _settle(target: load.Target, result: PathResult, phase: str) -> bool:
         if status == 200 and seconds < 2.0:
             return True
         time.sleep(1.0)
-    result.notes.append(f"stopped before {phase}: the path still answered {status or 'nothing'} ({seconds:.1f} s) "
-                        f"{SETTLE_SECONDS:.0f} s after the previous phase")
+    result.notes.append(
+        f"stopped before {phase}: the path still answered {status or 'nothing'} ({seconds:.1f} s) "
+        f"{SETTLE_SECONDS:.0f} s after the previous phase"
+    )
     return False
 
 
@@ -265,17 +295,24 @@ PAIRED_FRACTION = 0.5
 PAIRED_ROUNDS = 2
 
 
-def _open(result: PathResult, target: load.Target, fleet: Fleet, settings: Settings, offered: list[float], step: Step) -> None:
+def _open(
+    result: PathResult, target: load.Target, fleet: Fleet, settings: Settings, offered: list[float], step: Step
+) -> None:
     if not offered:
         capacity = result.saturation if result.key == "direct" else math.nan
         if not capacity > 0:
             raise RuntimeError("the direct path measured no capacity, so there is no offered load to run at")
         offered.extend(round(capacity * fraction, 1) for fraction in settings.loads)
     body = workloads.short_chat_body()
-    schedules = [[(at, body) for at in workloads.poisson_arrivals(rate, settings.open_seconds, settings.seed + i)]
-                 for i, rate in enumerate(offered)]
-    paired_rate = math.nan if result.key == "direct" else \
-        offered[min(range(len(offered)), key=lambda i: abs(settings.loads[i] - PAIRED_FRACTION))]
+    schedules = [
+        [(at, body) for at in workloads.poisson_arrivals(rate, settings.open_seconds, settings.seed + i)]
+        for i, rate in enumerate(offered)
+    ]
+    paired_rate = (
+        math.nan
+        if result.key == "direct"
+        else offered[min(range(len(offered)), key=lambda i: abs(settings.loads[i] - PAIRED_FRACTION))]
+    )
     sends = [len(s) * (2 * PAIRED_ROUNDS if rate == paired_rate else 1) for rate, s in zip(offered, schedules)]
     advance = step(f"{result.key}: short chat, open loop", sum(sends))
     capacity = result.saturation
@@ -307,22 +344,34 @@ def _open(result: PathResult, target: load.Target, fleet: Fleet, settings: Setti
 
 def _stream(result: PathResult, target: load.Target, settings: Settings, step: Step) -> None:
     body = workloads.stream_chat_body(max_tokens=settings.stream_tokens)
-    schedule = [(at, body) for at in workloads.poisson_arrivals(settings.stream_rate, settings.stream_seconds, settings.seed + 100)]
+    schedule = [
+        (at, body)
+        for at in workloads.poisson_arrivals(settings.stream_rate, settings.stream_seconds, settings.seed + 100)
+    ]
     advance = step(f"{result.key}: streamed chat", len(schedule))
     phase = asyncio.run(load.open_loop(target, schedule, stream=True, drain=min(settings.drain, 30.0), tick=advance))
     result.stream = metrics.stream_summary(phase)
     _note_errors(result, "streamed chat", result.stream.errors, result.stream.first_error)
 
 
-def _prefix(result: PathResult, target: load.Target, fleet: Fleet, settings: Settings, trace: list[workloads.TraceRequest], step: Step,
-            peer: peers.RunningPeer | None = None) -> None:
+def _prefix(
+    result: PathResult,
+    target: load.Target,
+    fleet: Fleet,
+    settings: Settings,
+    trace: list[workloads.TraceRequest],
+    step: Step,
+    peer: peers.RunningPeer | None = None,
+) -> None:
     # A kv_aware router's own counters say whether it credited any worker with a cached prefix in this phase.
     kv_aware = peer is not None and peer.policy == "kv_aware"
     router_before = peers.router_counters(peer) if kv_aware else {}
     before = fleet.cache_counters()
     advance = step(f"{result.key}: shared prefix ({len(trace)} requests)", len(trace))
     schedule = [(r.at, r.body) for r in trace]
-    phase = asyncio.run(load.open_loop(target, schedule, stream=True, timeout=settings.drain * 2, drain=settings.drain, tick=advance))
+    phase = asyncio.run(
+        load.open_loop(target, schedule, stream=True, timeout=settings.drain * 2, drain=settings.drain, tick=advance)
+    )
     after = fleet.cache_counters()
     if kv_aware:
         result.notes.append(peers.kv_credit_note(router_before, peers.router_counters(peer), "the shared-prefix phase"))

@@ -22,13 +22,25 @@ MODEL = "sim-chat"
 
 
 def short_chat_body(model: str = MODEL, max_tokens: int = 8) -> bytes:
-    return json.dumps({"model": model, "messages": [{"role": "user", "content": "hello there, how are you"}],
-                       "max_tokens": max_tokens}).encode()
+    return json.dumps(
+        {
+            "model": model,
+            "messages": [{"role": "user", "content": "hello there, how are you"}],
+            "max_tokens": max_tokens,
+        }
+    ).encode()
 
 
 def stream_chat_body(model: str = MODEL, max_tokens: int = 32) -> bytes:
-    return json.dumps({"model": model, "messages": [{"role": "user", "content": "tell me a story about a fleet of engines"}],
-                       "max_tokens": max_tokens, "stream": True, "stream_options": {"include_usage": True}}).encode()
+    return json.dumps(
+        {
+            "model": model,
+            "messages": [{"role": "user", "content": "tell me a story about a fleet of engines"}],
+            "max_tokens": max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    ).encode()
 
 
 def poisson_arrivals(rate: float, seconds: float, seed: int) -> list[float]:
@@ -101,10 +113,19 @@ def shared_prefix_trace(shape: PrefixShape, seed: int, model: str = MODEL) -> li
         history: list[dict] = [{"role": "system", "content": systems[group]}]
         at = start
         for turn in range(shape.turns):
-            history.append({"role": "user", "content": f"Question {session}.{turn}:" + _words(rng, shape.question_tokens)})
+            history.append(
+                {"role": "user", "content": f"Question {session}.{turn}:" + _words(rng, shape.question_tokens)}
+            )
             messages = tuple(dict(m) for m in history)
-            body = json.dumps({"model": model, "messages": list(messages), "max_tokens": shape.output_tokens, "stream": True,
-                               "stream_options": {"include_usage": True}}).encode()
+            body = json.dumps(
+                {
+                    "model": model,
+                    "messages": list(messages),
+                    "max_tokens": shape.output_tokens,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                }
+            ).encode()
             out.append(TraceRequest(at, session, group, turn, messages, body))
             history.append({"role": "assistant", "content": _words(rng, shape.history_tokens)})
             at += rng.expovariate(1.0 / shape.think_s) if shape.think_s > 0 else 0.0

@@ -25,28 +25,58 @@ class Override:
 
 CONFIG_OVERRIDES: tuple[Override, ...] = (
     Override("OPOD_HOME", "Data directory: the store, keys, downloaded models, ~/.opod/catalog (default ~/.opod)."),
-    Override("OPOD_DATABASE_URL", "SQLAlchemy URL of the store; default SQLite at ~/.opod/opod.db. A postgresql+psycopg:// URL lets several leaders share one store."),
+    Override(
+        "OPOD_DATABASE_URL",
+        "SQLAlchemy URL of the store; default SQLite at ~/.opod/opod.db. A postgresql+psycopg:// URL lets several leaders share one store.",
+    ),
     Override("OPOD_LISTEN", "host:port of the leader's public listener (default 0.0.0.0:8080)."),
     Override("OPOD_ADMIN_LISTEN", "host:port of the leader's admin listener for /api/v1 (default 127.0.0.1:9090)."),
-    Override("OPOD_WORKER_LISTEN", "host:port of the worker's listener (default 0.0.0.0:8081; 127.0.0.1:8081 for opod up's local worker)."),
+    Override(
+        "OPOD_WORKER_LISTEN",
+        "host:port of the worker's listener (default 0.0.0.0:8081; 127.0.0.1:8081 for opod up's local worker).",
+    ),
     Override("OPOD_LLAMA_SERVER", "Path of a llama-server binary to use instead of the bundled one."),
     Override("OPOD_URL", "Base URL of the leader that opod commands talk to (default http://127.0.0.1:8080)."),
-    Override("OPOD_ADMIN_URL", "Base URL of the leader's admin listener that opod commands talk to (default http://127.0.0.1:9090)."),
+    Override(
+        "OPOD_ADMIN_URL",
+        "Base URL of the leader's admin listener that opod commands talk to (default http://127.0.0.1:9090).",
+    ),
     Override("OPOD_ADMIN_KEY", "Admin key for opod commands (default: the contents of ~/.opod/admin.key)."),
-    Override("OPOD_PROBE_LISTEN", "host:port of a plain listener that serves only /healthz, /readyz, /loadz and /metrics; unset = none."),
+    Override(
+        "OPOD_PROBE_LISTEN",
+        "host:port of a plain listener that serves only /healthz, /readyz, /loadz and /metrics; unset = none.",
+    ),
     Override("OPOD_USAGE_RETENTION_DAYS", "Days usage rows and lifecycle events are kept in the store (default 30)."),
     Override("OPOD_TLS_CERT", "PEM certificate of the leader's public listener; with OPOD_TLS_KEY it serves HTTPS."),
     Override("OPOD_TLS_KEY", "PEM private key for OPOD_TLS_CERT."),
-    Override("OPOD_NODE_CERT", "PEM client certificate a worker presents to a TLS leader; its URI SAN spiffe://<trust domain>/opod/node/<id> names the node. With OPOD_NODE_KEY."),
+    Override(
+        "OPOD_NODE_CERT",
+        "PEM client certificate a worker presents to a TLS leader; its URI SAN spiffe://<trust domain>/opod/node/<id> names the node. With OPOD_NODE_KEY.",
+    ),
     Override("OPOD_NODE_KEY", "PEM private key for OPOD_NODE_CERT."),
-    Override("OPOD_STOP_GRACE", "Seconds a stopping leader or worker lets requests in flight finish before it stops its engines (default 30; 0 = stop at once)."),
-    Override("OPOD_INVENTORY", "Path of a declared inventory (YAML or JSON: GPUs, MIG instances, labels) a worker reports instead of its driver's; --inventory names it too."),
+    Override(
+        "OPOD_STOP_GRACE",
+        "Seconds a stopping leader or worker lets requests in flight finish before it stops its engines (default 30; 0 = stop at once).",
+    ),
+    Override(
+        "OPOD_INVENTORY",
+        "Path of a declared inventory (YAML or JSON: GPUs, MIG instances, labels) a worker reports instead of its driver's; --inventory names it too.",
+    ),
     Override("OPOD_DOOR_ROUTES", "Path of the door's routes file (opod up --role door); --routes names it too."),
-    Override("OPOD_UPGRADE_COMMAND", "The command a worker runs to install the release the operator wants ({python} and {version} filled in; split as a shell would, run without one). Default: {python} -m pip install --upgrade opod=={version}."),
-    Override("OPOD_PROMETHEUS_URL", "Base URL of the Prometheus server this leader asks, in place of the cluster settings' prometheus.url (shown in local_keys)."),
-    Override("OPOD_ENGINE_INSTALL_COMMAND", "Command a worker runs to install an engine build the operator chose (POST /api/v1/nodes/{id}/engines), "
-                                            "split like a shell line and run without one; {python}, {package}, {build} and {index} are filled in "
-                                            "(default: {python} -m pip install {package} --extra-index-url {index})."),
+    Override(
+        "OPOD_UPGRADE_COMMAND",
+        "The command a worker runs to install the release the operator wants ({python} and {version} filled in; split as a shell would, run without one). Default: {python} -m pip install --upgrade opod=={version}.",
+    ),
+    Override(
+        "OPOD_PROMETHEUS_URL",
+        "Base URL of the Prometheus server this leader asks, in place of the cluster settings' prometheus.url (shown in local_keys).",
+    ),
+    Override(
+        "OPOD_ENGINE_INSTALL_COMMAND",
+        "Command a worker runs to install an engine build the operator chose (POST /api/v1/nodes/{id}/engines), "
+        "split like a shell line and run without one; {python}, {package}, {build} and {index} are filled in "
+        "(default: {python} -m pip install {package} --extra-index-url {index}).",
+    ),
 )
 
 _OVERRIDE_NAMES = frozenset(o.name for o in CONFIG_OVERRIDES)
@@ -105,17 +135,36 @@ def stop_grace(environ: Mapping[str, str] | None = None) -> float:
     except ValueError:
         seconds = -1.0
     if not 0.0 <= seconds <= MAX_STOP_GRACE:  # NaN fails too
-        raise ValueError(f"OPOD_STOP_GRACE={value!r} is not a number of seconds; set one from 0 to {MAX_STOP_GRACE:.0f}, "
-                         f"or unset it for {DEFAULT_STOP_GRACE:.0f}")
+        raise ValueError(
+            f"OPOD_STOP_GRACE={value!r} is not a number of seconds; set one from 0 to {MAX_STOP_GRACE:.0f}, "
+            f"or unset it for {DEFAULT_STOP_GRACE:.0f}"
+        )
     return seconds
 
 
-ACTED_ON = frozenset({
-    "OPOD_PLAN_FILE", "OPOD_AUTH_FILE", "OPOD_POLICY_FILE", "OPOD_COORDINATOR_NODE", "OPOD_ENGINE_FLAGS",
-    "OPOD_REJECT_BEARER", "OPOD_SLEEP_MODE", "OPOD_PLAN_REVISION", "OPOD_ADVERTISE_ADDR", "OPOD_NODE_ID", "OPOD_LEADER_CA",
-    "OPOD_CATALOG_DIR", "OPOD_CATALOG_PUBKEY", "OPOD_CATALOG_REQUIRE_SIGNED", "OPOD_SKIP_SOURCE_CHECK",
-    "HF_TOKEN", "HF_ENDPOINT", "OPOD_MODEL_REVISION", "OPOD_MODEL_SHA256",
-})
+ACTED_ON = frozenset(
+    {
+        "OPOD_PLAN_FILE",
+        "OPOD_AUTH_FILE",
+        "OPOD_POLICY_FILE",
+        "OPOD_COORDINATOR_NODE",
+        "OPOD_ENGINE_FLAGS",
+        "OPOD_REJECT_BEARER",
+        "OPOD_SLEEP_MODE",
+        "OPOD_PLAN_REVISION",
+        "OPOD_ADVERTISE_ADDR",
+        "OPOD_NODE_ID",
+        "OPOD_LEADER_CA",
+        "OPOD_CATALOG_DIR",
+        "OPOD_CATALOG_PUBKEY",
+        "OPOD_CATALOG_REQUIRE_SIGNED",
+        "OPOD_SKIP_SOURCE_CHECK",
+        "HF_TOKEN",
+        "HF_ENDPOINT",
+        "OPOD_MODEL_REVISION",
+        "OPOD_MODEL_SHA256",
+    }
+)
 """Contract variables this build acts on. OPOD_REJECT_BEARER and OPOD_SKIP_SOURCE_CHECK hold always:
 workers never accept a bearer token, and no model source is ever checked ahead of a download."""
 

@@ -35,7 +35,9 @@ def stores(tmp_path: Path) -> Iterator[tuple[Store, Store]]:
         yield first, second
 
 
-async def test_keys_minted_and_revoked_on_one_leader_are_accepted_and_refused_on_the_other(stores: tuple[Store, Store]) -> None:
+async def test_keys_minted_and_revoked_on_one_leader_are_accepted_and_refused_on_the_other(
+    stores: tuple[Store, Store],
+) -> None:
     a = AccessService.load(stores[0], NodeTokenMinter(SECRET))
     b = AccessService.load(stores[1], NodeTokenMinter(SECRET))
     record, secret = await a.create("api", "ci")
@@ -57,14 +59,21 @@ async def test_keys_minted_and_revoked_on_one_leader_are_accepted_and_refused_on
     assert b.tokens.token_for_node("n1") is None
 
 
-async def test_a_key_created_long_ago_by_the_clock_is_still_read_within_the_overlap(stores: tuple[Store, Store]) -> None:
+async def test_a_key_created_long_ago_by_the_clock_is_still_read_within_the_overlap(
+    stores: tuple[Store, Store],
+) -> None:
     a = AccessService.load(stores[0], NodeTokenMinter(SECRET))
     b = AccessService.load(stores[1], NodeTokenMinter(SECRET))
     await a.create("api", "first")
     await b.follow()
     # A writer whose clock is a minute behind: its key's time is before the newest change B has seen.
-    late = stores[0].create_key(kind="api", name="late", hash=hash_key("sk-late"), prefix="sk-l",
-                                created_at=datetime.now(UTC) - timedelta(minutes=1))
+    late = stores[0].create_key(
+        kind="api",
+        name="late",
+        hash=hash_key("sk-late"),
+        prefix="sk-l",
+        created_at=datetime.now(UTC) - timedelta(minutes=1),
+    )
     assert await b.follow() == 1
     assert b.keys.check("Bearer sk-late").id == late.id
 

@@ -131,7 +131,9 @@ def test_the_admin_apis_refusals_say_where_the_admin_key_is_not_how_to_make_a_cl
     assert "client key (k_client), not the admin key" in _refusal(keys, bearer("sk-client"), admin)
     assert "/srv/opod/admin.key" in _refusal(keys, "Bearer sk-unknown", admin)
     keys.revoke("k_admin")
-    assert "Admin key k_admin was revoked; the admin key is in /srv/opod/admin.key" in _refusal(keys, bearer("sk-admin"), admin)
+    assert "Admin key k_admin was revoked; the admin key is in /srv/opod/admin.key" in _refusal(
+        keys, bearer("sk-admin"), admin
+    )
 
 
 def test_without_a_known_file_the_admin_refusal_names_the_home_and_clients_still_hear_token_create() -> None:

@@ -8,18 +8,25 @@ from opod.access.scopes import Scope, ScopeRef, parse_scope
 from opod.store import InvalidInput
 
 
-@pytest.mark.parametrize(("text", "kinds", "expected"), [
-    ("org:acme", None, ScopeRef("org", names=("acme",), text="org:acme")),
-    ("team:acme/ml", None, ScopeRef("team", names=("acme", "ml"), text="team:acme/ml")),
-    ("project:acme/ml/chat", None, ScopeRef("project", names=("acme", "ml", "chat"), text="project:acme/ml/chat")),
-    ("project:prj_0123456789abcdef", None, ScopeRef("project", id="prj_0123456789abcdef", text="project:prj_0123456789abcdef")),
-    ("team_0123456789abcdef", None, ScopeRef("team", id="team_0123456789abcdef", text="team_0123456789abcdef")),
-    ("user:ada@example.com", None, ScopeRef("user", names=("ada@example.com",), text="user:ada@example.com")),
-    ("user:usr_42", None, ScopeRef("user", id="usr_42", text="user:usr_42")),
-    ("key:k_cp_billing", None, ScopeRef("key", id="k_cp_billing", text="key:k_cp_billing")),
-    ("acme/ml", ("org", "team", "project"), ScopeRef("team", names=("acme", "ml"), text="acme/ml")),
-    ("acme", ("team",), None),
-])
+@pytest.mark.parametrize(
+    ("text", "kinds", "expected"),
+    [
+        ("org:acme", None, ScopeRef("org", names=("acme",), text="org:acme")),
+        ("team:acme/ml", None, ScopeRef("team", names=("acme", "ml"), text="team:acme/ml")),
+        ("project:acme/ml/chat", None, ScopeRef("project", names=("acme", "ml", "chat"), text="project:acme/ml/chat")),
+        (
+            "project:prj_0123456789abcdef",
+            None,
+            ScopeRef("project", id="prj_0123456789abcdef", text="project:prj_0123456789abcdef"),
+        ),
+        ("team_0123456789abcdef", None, ScopeRef("team", id="team_0123456789abcdef", text="team_0123456789abcdef")),
+        ("user:ada@example.com", None, ScopeRef("user", names=("ada@example.com",), text="user:ada@example.com")),
+        ("user:usr_42", None, ScopeRef("user", id="usr_42", text="user:usr_42")),
+        ("key:k_cp_billing", None, ScopeRef("key", id="k_cp_billing", text="key:k_cp_billing")),
+        ("acme/ml", ("org", "team", "project"), ScopeRef("team", names=("acme", "ml"), text="acme/ml")),
+        ("acme", ("team",), None),
+    ],
+)
 def test_each_form_reads_as_what_it_names(text: str, kinds: tuple[str, ...] | None, expected: ScopeRef | None) -> None:
     if expected is None:
         with pytest.raises(InvalidInput, match="team:ORG/TEAM"):

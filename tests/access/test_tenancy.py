@@ -51,4 +51,8 @@ def test_chain_path_name_and_ancestors_follow_each_change(store: Store) -> None:
     assert tenancy.path(chat) == "beta/ml/chat"
     asyncio.run(tenancy.delete("org", "acme"))
     assert [o.name for o in tenancy.orgs] == ["beta"]
-    assert tenancy.user("ada@example.com") is None and tenancy.user_active("usr_1") and tenancy.belongs("usr_1", chat) is None
+    assert (
+        tenancy.user("ada@example.com") is None
+        and tenancy.user_active("usr_1")
+        and tenancy.belongs("usr_1", chat) is None
+    )

@@ -25,7 +25,9 @@ async def _engine(name: str, seen: list[str], left: asyncio.Event) -> tuple[web.
             for word in body.get("words", ["a", "b", "c"]):
                 await asyncio.sleep(0.03)
                 await resp.write(b'data: {"choices":[{"delta":{"content":"' + word.encode() + b'"}}]}\n\n')
-            await resp.write(b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3}}\n\ndata: [DONE]\n\n')
+            await resp.write(
+                b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3}}\n\ndata: [DONE]\n\n'
+            )
         except ConnectionError:
             left.set()
         return resp
@@ -54,7 +56,9 @@ async def test_answers_pass_through_and_engines_take_turns(tmp_path) -> None:
         assert [a["echo"] for a in answers] == [[f"hi {i}"] for i in range(4)]
         assert sorted(seen) == ["e1", "e1", "e2", "e2"] and seen[0] != seen[1]
 
-        phase = await open_loop(Target("floor", (relay.url,)), [(0.0, json.dumps({"stream": True}).encode())] * 2, stream=True, drain=5)
+        phase = await open_loop(
+            Target("floor", (relay.url,)), [(0.0, json.dumps({"stream": True}).encode())] * 2, stream=True, drain=5
+        )
         for sample in phase.samples:
             assert sample.ok and sample.tokens == 3
             # Each word left the engine 30 ms after the last; a relay that held the answer back would bunch them.

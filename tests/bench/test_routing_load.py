@@ -27,7 +27,9 @@ async def _serve() -> tuple[web.AppRunner, str, list[str]]:
             return web.json_response({"error": "busy"}, status=503)
         if not body.get("stream"):
             timing = {"Server-Timing": "opod;dur=0.250, upstream;dur=3.5"} if body.get("timed") else {}
-            return web.json_response({"choices": [{"message": {"content": "hi"}}], "usage": {"completion_tokens": 2}}, headers=timing)
+            return web.json_response(
+                {"choices": [{"message": {"content": "hi"}}], "usage": {"completion_tokens": 2}}, headers=timing
+            )
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         await resp.write(b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n')
@@ -69,7 +71,9 @@ def test_a_closed_loop_counts_completions_in_its_window() -> None:
     async def go():
         runner, base, _ = await _serve()
         try:
-            return await closed_loop(Target("t", (base,)), json.dumps({}).encode(), concurrency=4, seconds=0.5, warmup=0.1)
+            return await closed_loop(
+                Target("t", (base,)), json.dumps({}).encode(), concurrency=4, seconds=0.5, warmup=0.1
+            )
         finally:
             await runner.cleanup()
 
@@ -122,9 +126,11 @@ BURN = "import time\nend = time.process_time() + 0.4\nwhile time.process_time() 
 def test_a_routers_cpu_time_counts_its_process_group_its_own_process_and_its_children() -> None:
     # The parent burns 0.4 s of CPU in a session of its own, starts a child that burns 0.4 s, then both wait to be read.
     child = BURN + "print('burnt', flush=True)\ntime.sleep(60)\n"
-    parent = (f"{BURN}import subprocess, sys\n"
-              f"c = subprocess.Popen([sys.executable, '-c', {child!r}], stdout=subprocess.PIPE, text=True)\n"
-              "print(c.pid, c.stdout.readline().strip(), flush=True)\ntime.sleep(60)\n")
+    parent = (
+        f"{BURN}import subprocess, sys\n"
+        f"c = subprocess.Popen([sys.executable, '-c', {child!r}], stdout=subprocess.PIPE, text=True)\n"
+        "print(c.pid, c.stdout.readline().strip(), flush=True)\ntime.sleep(60)\n"
+    )
     proc = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         child_pid, said = proc.stdout.readline().split()  # type: ignore[union-attr]

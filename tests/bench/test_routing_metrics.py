@@ -20,7 +20,9 @@ def test_percentiles_are_nearest_rank_values_that_occurred() -> None:
     assert math.isnan(pct([], 50))
 
 
-def _sample(due: float, latency: float | None, ttft: float | None = None, tokens: int = 0, gaps: list[float] | None = None) -> Sample:
+def _sample(
+    due: float, latency: float | None, ttft: float | None = None, tokens: int = 0, gaps: list[float] | None = None
+) -> Sample:
     if latency is None:
         return Sample(due, done=due + 1, ok=False, status=503, error="HTTP 503: busy")
     return Sample(due, done=due + latency, ok=True, status=200, ttft=ttft, tokens=tokens, gaps=gaps or [])
@@ -42,13 +44,20 @@ def test_the_routers_own_time_is_summarized_and_shown_where_it_was_reported() ->
     assert (s.own_p50, s.own_p99) == (0.0002, 0.004)
     opod = _path("opod", 900, 0.2008, 0.214, _stream(0.1, 2000))
     opod.open[200.0] = LatencySummary(200.0, 0.2008, 0.2008, 0.214, 10, 0, own_p50=0.0002, own_p99=0.004)
-    row = next(line for line in report.markdown(_run([_path("direct", 1000, 0.2, 0.21, None), opod])).splitlines()
-               if "own time" in line)
+    row = next(
+        line
+        for line in report.markdown(_run([_path("direct", 1000, 0.2, 0.21, None), opod])).splitlines()
+        if "own time" in line
+    )
     assert row.split(" | ")[1:3] == ["—", "0.20 / 4.00"]
 
 
 def test_a_stream_summary_gives_throughput_goodput_under_the_slo_and_error_rate() -> None:
-    samples = [_sample(0, 1.0, ttft=0.1, tokens=10, gaps=[0.02, 0.03]), _sample(0, 2.0, ttft=3.0, tokens=10, gaps=[0.04]), _sample(0, None)]
+    samples = [
+        _sample(0, 1.0, ttft=0.1, tokens=10, gaps=[0.02, 0.03]),
+        _sample(0, 2.0, ttft=3.0, tokens=10, gaps=[0.04]),
+        _sample(0, None),
+    ]
     s = stream_summary(Phase(samples, seconds=4.0, sent=4), ttft_slo=2.0)  # the fourth request never came back at all
     assert s.output_tps == 5.0  # 20 tokens of answered requests over 4 s
     assert s.goodput == 0.25  # one answer met the 2 s TTFT SLO
@@ -67,25 +76,35 @@ def _stream(p90: float, tps: float, errors: int = 0) -> StreamSummary:
 
 
 def _run(paths: list[PathResult], oracle_hits: int = 90, decisions: list[DecisionCost] | None = None) -> RunResult:
-    return RunResult(Settings(loads=(0.25, 0.5)), paths, OracleResult(100, oracle_hits, 1000), prefix_requests=100, offered=[100.0, 200.0],
-                     decisions=decisions if decisions is not None else [DecisionCost("load", 30e-6, 60e-6, 5000)])
+    return RunResult(
+        Settings(loads=(0.25, 0.5)),
+        paths,
+        OracleResult(100, oracle_hits, 1000),
+        prefix_requests=100,
+        offered=[100.0, 200.0],
+        decisions=decisions if decisions is not None else [DecisionCost("load", 30e-6, 60e-6, 5000)],
+    )
 
 
-def _path(key: str, sat: float, p50: float, p99: float, prefix: StreamSummary | None, hit: float = math.nan) -> PathResult:
+def _path(
+    key: str, sat: float, p50: float, p99: float, prefix: StreamSummary | None, hit: float = math.nan
+) -> PathResult:
     point = LatencySummary(sat, 0.2, 0.2, 0.2, 10, 0)
     at_half = LatencySummary(200.0, p50, p50, p99, 10, 0)
     return PathResult(key, key, ran=True, sweep={64: point}, open={200.0: at_half}, prefix=prefix, prefix_hit_rate=hit)
 
 
 def test_goals_are_judged_at_half_the_direct_capacity_against_the_named_peers() -> None:
-    run = _run([
-        _path("direct", 1000, 0.2000, 0.2100, None),
-        _path("opod", 900, 0.2008, 0.2140, _stream(0.1, 2000), hit=0.85),
-        _path("opod-rr", 900, 0.2008, 0.2140, _stream(3.0, 900)),
-        _path("litellm", 100, 0.25, 0.4, _stream(10.0, 500)),
-        _path("vllm-router", 1200, 0.2002, 0.211, _stream(0.1, 2000)),
-        _path("sglang-router", 1500, 0.2002, 0.211, _stream(0.2, 2000)),
-    ])
+    run = _run(
+        [
+            _path("direct", 1000, 0.2000, 0.2100, None),
+            _path("opod", 900, 0.2008, 0.2140, _stream(0.1, 2000), hit=0.85),
+            _path("opod-rr", 900, 0.2008, 0.2140, _stream(3.0, 900)),
+            _path("litellm", 100, 0.25, 0.4, _stream(10.0, 500)),
+            _path("vllm-router", 1200, 0.2002, 0.211, _stream(0.1, 2000)),
+            _path("sglang-router", 1500, 0.2002, 0.211, _stream(0.2, 2000)),
+        ]
+    )
     verdicts = {g.row: g.met for g in goals.check(run)}
     assert verdicts == {
         "added p50": True,  # 0.8 ms added
@@ -115,12 +134,16 @@ def test_the_slowest_routing_decision_is_judged_and_each_scenario_reported() -> 
     assert "| stress | 150.0 | 300.0 | 5,000 | not judged" in text
     met = {g.row: g.met for g in goals.check(_run(paths, decisions=[costs[0], stress]))}
     assert met["routing decision"] is True, "the stress scenario is reported, not judged"
-    assert {g.row: g.met for g in goals.check(_run(paths, decisions=[]))}["routing decision"] is None, "not measured: unknown"
+    assert {g.row: g.met for g in goals.check(_run(paths, decisions=[]))}["routing decision"] is None, (
+        "not measured: unknown"
+    )
 
 
 def test_a_goal_against_a_peer_that_did_not_run_is_unknown_not_met() -> None:
     lite = PathResult("litellm", "LiteLLM", ran=False, reason="pip install failed")
-    run = _run([_path("direct", 1000, 0.2, 0.21, None), _path("opod", 900, 0.2, 0.21, _stream(0.1, 2000), hit=0.5), lite])
+    run = _run(
+        [_path("direct", 1000, 0.2, 0.21, None), _path("opod", 900, 0.2, 0.21, _stream(0.1, 2000), hit=0.5), lite]
+    )
     found = {g.row: g for g in goals.check(run)}
     assert found["saturation"].met is None and "did not run" in found["saturation"].target
     assert found["prefix TTFT p90"].met is None
@@ -131,15 +154,24 @@ def test_a_goal_against_a_peer_that_did_not_run_is_unknown_not_met() -> None:
 def test_the_report_names_a_peer_that_did_not_run_and_why(tmp_path) -> None:
     from bench.routing import report
 
-    lite = PathResult("litellm", "LiteLLM proxy", ran=False, reason="pip install litellm[proxy]==1.108.7 failed with exit 1")
-    run = _run([_path("direct", 1000, 0.2, 0.21, None), _path("opod", 900, 0.2008, 0.214, _stream(0.1, 2000), hit=0.85), lite])
+    lite = PathResult(
+        "litellm", "LiteLLM proxy", ran=False, reason="pip install litellm[proxy]==1.108.7 failed with exit 1"
+    )
+    run = _run(
+        [_path("direct", 1000, 0.2, 0.21, None), _path("opod", 900, 0.2008, 0.214, _stream(0.1, 2000), hit=0.85), lite]
+    )
     text = report.markdown(run)
     status = next(line for line in text.splitlines() if line.startswith("| status |"))
     assert "not run: pip install litellm[proxy]==1.108.7 failed with exit 1" in status
     assert "| ≤ 1 ms: met |" in text and "≥ 4× LiteLLM (did not run)" in text
     pytest.importorskip("matplotlib")
     report.write(run, tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["routing-added-latency.png", "routing-saturation.png", "routing-ttft-cdf.png", "routing.md"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "routing-added-latency.png",
+        "routing-saturation.png",
+        "routing-ttft-cdf.png",
+        "routing.md",
+    ]
 
 
 def test_opod_overloaded_at_half_the_direct_capacity_misses_the_latency_goals() -> None:
@@ -164,12 +196,14 @@ def test_added_latency_compares_with_the_direct_runs_made_in_turns_with_the_path
     assert {g.row: g.met for g in goals.check(run)}["added p50"] is False
 
 
-
 def test_the_routers_cpu_per_request_is_shown_where_it_was_measured() -> None:
     from bench.routing import report
 
     opod = _path("opod", 900, 0.2008, 0.214, _stream(0.1, 2000))
     opod.cpu_per_request = 0.00053
-    row = next(line for line in report.markdown(_run([_path("direct", 1000, 0.2, 0.21, None), opod])).splitlines()
-               if "CPU ms per request" in line)
+    row = next(
+        line
+        for line in report.markdown(_run([_path("direct", 1000, 0.2, 0.21, None), opod])).splitlines()
+        if "CPU ms per request" in line
+    )
     assert row.split(" | ")[1:3] == ["—", "0.53"]

@@ -32,7 +32,9 @@ def test_too_small_a_cache_forgets_the_least_recently_used_prefix() -> None:
     a, b = [1] * 8 + [9], [2] * 8 + [9]
     # Each prompt: two full blocks, and while it runs one more for its partial tail.
     assert pooled_lru_hits([a, b, a], 0, BS, capacity_blocks=5).hit_tokens == 8
-    assert pooled_lru_hits([a, b, a], 0, BS, capacity_blocks=4).hit_tokens == 4  # b's admission evicted a's second block
+    assert (
+        pooled_lru_hits([a, b, a], 0, BS, capacity_blocks=4).hit_tokens == 4
+    )  # b's admission evicted a's second block
     assert pooled_lru_hits([a, b, a], 0, BS, capacity_blocks=2).hit_tokens == 0
 
 
@@ -45,16 +47,36 @@ def test_answer_blocks_take_room_and_go_before_the_prompt() -> None:
 
 
 def test_more_workers_never_lower_the_oracle() -> None:
-    shape = PrefixShape(groups=6, system_tokens=80, question_tokens=8, history_tokens=8, output_tokens=4, turns=2, rate=20.0, seconds=5.0)
+    shape = PrefixShape(
+        groups=6,
+        system_tokens=80,
+        question_tokens=8,
+        history_tokens=8,
+        output_tokens=4,
+        turns=2,
+        rate=20.0,
+        seconds=5.0,
+    )
     messages = [r.messages for r in shared_prefix_trace(shape, seed=4)]
-    rates = [oracle_for_trace(messages, shape.output_tokens, 16, workers, kv_blocks=16).hit_rate for workers in (1, 2, 4, 8)]
+    rates = [
+        oracle_for_trace(messages, shape.output_tokens, 16, workers, kv_blocks=16).hit_rate for workers in (1, 2, 4, 8)
+    ]
     assert rates == sorted(rates) and rates[-1] > rates[0] > 0
 
 
 @pytest.mark.parametrize("capacity", [40, 400])
 def test_on_one_engine_the_oracle_equals_what_the_simulator_counts(capacity: int) -> None:
     """Requests one at a time through a real simulator engine hit exactly what the oracle predicts for one worker."""
-    shape = PrefixShape(groups=3, system_tokens=40, question_tokens=6, history_tokens=6, output_tokens=5, turns=2, rate=10.0, seconds=3.0)
+    shape = PrefixShape(
+        groups=3,
+        system_tokens=40,
+        question_tokens=6,
+        history_tokens=6,
+        output_tokens=5,
+        turns=2,
+        rate=10.0,
+        seconds=3.0,
+    )
     trace = shared_prefix_trace(shape, seed=5)
     expected = oracle_for_trace((r.messages for r in trace), shape.output_tokens, BS, workers=1, kv_blocks=capacity)
     engine = Engine(SimConfig(block_size=BS, kv_blocks=capacity, time_scale=0.0).validate())
@@ -64,7 +86,9 @@ def test_on_one_engine_the_oracle_equals_what_the_simulator_counts(capacity: int
         for r in trace:
             prompt = tokenizer.encode_chat(list(r.messages))
             answer = list(range(100, 100 + shape.output_tokens))
-            seq = await engine.admit(prompt, Plan(ids=answer, pieces=[" x"] * len(answer), finish_reason="length"), shape.output_tokens)
+            seq = await engine.admit(
+                prompt, Plan(ids=answer, pieces=[" x"] * len(answer), finish_reason="length"), shape.output_tokens
+            )
             seq.produced = len(answer)
             seq.finish("length")
 

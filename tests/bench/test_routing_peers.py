@@ -48,14 +48,18 @@ def _engine(render: int) -> tuple[str, callable]:
     return box["url"], stop
 
 
-@pytest.mark.parametrize(("endpoint", "render", "expected"), [
-    (None, 0, ["publish no KV events vllm-router can subscribe to", "no POST /v1/chat/completions/render"]),
-    ("tcp://*:5557", 200, ["publish no KV events vllm-router can subscribe to"]),  # a wildcard is nothing to dial
-    ("tcp://127.0.0.1:5557", 403, ["no POST /v1/chat/completions/render"]),
-    ("tcp://127.0.0.1:5557", 200, []),
-])
-def test_kv_aware_needs_a_dialable_kv_event_endpoint_per_engine_and_the_render_endpoint(endpoint: str | None, render: int,
-                                                                                        expected: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("endpoint", "render", "expected"),
+    [
+        (None, 0, ["publish no KV events vllm-router can subscribe to", "no POST /v1/chat/completions/render"]),
+        ("tcp://*:5557", 200, ["publish no KV events vllm-router can subscribe to"]),  # a wildcard is nothing to dial
+        ("tcp://127.0.0.1:5557", 403, ["no POST /v1/chat/completions/render"]),
+        ("tcp://127.0.0.1:5557", 200, []),
+    ],
+)
+def test_kv_aware_needs_a_dialable_kv_event_endpoint_per_engine_and_the_render_endpoint(
+    endpoint: str | None, render: int, expected: list[str]
+) -> None:
     url, stop = _engine(render)
     try:
         gap = peers.kv_aware_gap([url], {url: endpoint} if endpoint else {})
@@ -93,10 +97,18 @@ def test_each_worker_gets_its_own_kv_event_port_through_the_sim_drivers_flags() 
     profile = fleet.SimProfile()
     flags = [fleet.worker_flags(profile, port) for port in (5560, 5561)]
     driver = get_driver("sim")
-    argvs = [driver.argv(LaunchSpec(model_id="sim-chat", model="sim-chat", port=9000, flags=f, kv_events_endpoint="tcp://127.0.0.1:6000"))
-             for f in flags]
+    argvs = [
+        driver.argv(
+            LaunchSpec(
+                model_id="sim-chat", model="sim-chat", port=9000, flags=f, kv_events_endpoint="tcp://127.0.0.1:6000"
+            )
+        )
+        for f in flags
+    ]
     for argv, port in zip(argvs, (5560, 5561)):
-        assert argv[argv.index("--kv-events") + 1] == "tcp://127.0.0.1:6000"  # the worker's own listener keeps its events
+        assert (
+            argv[argv.index("--kv-events") + 1] == "tcp://127.0.0.1:6000"
+        )  # the worker's own listener keeps its events
         assert argv[argv.index("--kv-events-bind") + 1] == f"tcp://127.0.0.1:{port}"
         assert argv[argv.index("--block-size") + 1] == str(profile.block_size)
     assert driver.unused_flags(LaunchSpec(model_id="m", model="m", flags=flags[0])) == []
@@ -105,7 +117,9 @@ def test_each_worker_gets_its_own_kv_event_port_through_the_sim_drivers_flags() 
 
 
 def test_a_peer_that_cannot_install_is_reported_with_pips_reason(tmp_path: Path) -> None:
-    spec = peers.PeerSpec("broken", str(tmp_path / "no-such-project"), "n/a")  # a local path: pip fails without any registry
+    spec = peers.PeerSpec(
+        "broken", str(tmp_path / "no-such-project"), "n/a"
+    )  # a local path: pip fails without any registry
     with pytest.raises(peers.PeerUnavailable) as caught:
         peers.ensure_installed(spec, tmp_path / "peers", timeout=120)
     assert "failed with exit" in str(caught.value) and "broken.install.log" in str(caught.value)

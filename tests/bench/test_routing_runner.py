@@ -81,4 +81,6 @@ def test_at_the_goals_load_the_path_runs_in_turns_with_direct_and_is_compared_wi
     assert list(result.paired) == [40.0] and sorted(result.open) == [20.0, 40.0]
     assert result.open[40.0].ok == runner.PAIRED_ROUNDS * goal and result.paired[40.0].ok == runner.PAIRED_ROUNDS * goal
     assert totals == [len(ticks)]  # the progress bar ends full
-    assert 0 < result.cpu_per_request < 0.5  # measured over the path's rounds, per request sent (a bound for nonsense, not a goal)
+    assert (
+        0 < result.cpu_per_request < 0.5
+    )  # measured over the path's rounds, per request sent (a bound for nonsense, not a goal)

@@ -16,13 +16,18 @@ VENV = peers.DEFAULT_DIR / peers.SPECS["vllm-router"].name
 MODEL = "sim-model"
 
 pytestmark = pytest.mark.skipif(
-    not (VENV / peers.MARKER).is_file() or (VENV / peers.MARKER).read_text().strip() != peers.SPECS["vllm-router"].requirement,
+    not (VENV / peers.MARKER).is_file()
+    or (VENV / peers.MARKER).read_text().strip() != peers.SPECS["vllm-router"].requirement,
     reason=f"vllm-router is not installed in {VENV} (python -m bench routing installs it on first use)",
 )
 
 
 def _chat(url: str, system: str, question: str) -> dict:
-    body = {"model": MODEL, "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}], "max_tokens": 2}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+        "max_tokens": 2,
+    }
     r = httpx.post(url + "/v1/chat/completions", json=body, timeout=30)
     assert r.status_code == 200, r.text
     return r.json()
@@ -43,7 +48,9 @@ def test_kv_aware_credits_the_engine_holding_the_prefix(tmp_path: Path) -> None:
         before = peers.router_counters(peer)
         served = [httpx.get(u + "/sim/state").json()["requests"] for u in engines]
         for i in range(6):
-            assert _chat(peer.url, system, f"question {i}")["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16 * 20
+            assert (
+                _chat(peer.url, system, f"question {i}")["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16 * 20
+            )
         after_served = [httpx.get(u + "/sim/state").json()["requests"] for u in engines]
         note = peers.kv_credit_note(before, peers.router_counters(peer), "the test")
 

@@ -7,7 +7,17 @@ import json
 from bench.routing.workloads import PrefixShape, poisson_arrivals, shared_prefix_trace
 from opod.contract.tokenizer import Tokenizer
 
-SMALL = PrefixShape(groups=3, system_tokens=64, question_tokens=8, history_tokens=8, output_tokens=4, turns=3, rate=30.0, seconds=4.0, think_s=1.0)
+SMALL = PrefixShape(
+    groups=3,
+    system_tokens=64,
+    question_tokens=8,
+    history_tokens=8,
+    output_tokens=4,
+    turns=3,
+    rate=30.0,
+    seconds=4.0,
+    think_s=1.0,
+)
 
 
 def test_the_same_seed_gives_the_same_bytes_and_another_seed_does_not() -> None:
@@ -46,7 +56,13 @@ def test_sessions_share_system_prompts_and_each_turn_extends_the_previous_one() 
 def test_sizes_are_in_tokens_of_the_simulators_tokenizer_and_bodies_are_streamed_chat() -> None:
     first = shared_prefix_trace(SMALL, seed=2)[0]
     body = json.loads(first.body)
-    assert body["stream"] is True and body["max_tokens"] == SMALL.output_tokens and body["stream_options"] == {"include_usage": True}
+    assert (
+        body["stream"] is True
+        and body["max_tokens"] == SMALL.output_tokens
+        and body["stream_options"] == {"include_usage": True}
+    )
     tokenizer = Tokenizer()
     system = tokenizer.encode(first.messages[0]["content"])
-    assert SMALL.system_tokens <= len(system) <= SMALL.system_tokens + 12  # the words plus a short "You are assistant number N." label
+    assert (
+        SMALL.system_tokens <= len(system) <= SMALL.system_tokens + 12
+    )  # the words plus a short "You are assistant number N." label

@@ -67,7 +67,10 @@ def test_released_dates_stay_text_even_unquoted() -> None:
         ({"license": "llama-3-community"}, "tags: licence 'llama-3-community' is not permissive"),
         ({"license": None}, "license: required"),
         ({"released": "last year"}, "released: 'last year' must be YYYY-MM-DD"),
-        ({"architecture": {"layers": 4, "sliding_window_layers": 8, "sliding_window": 16}}, "sliding_window_layers (8) exceeds layers (4)"),
+        (
+            {"architecture": {"layers": 4, "sliding_window_layers": 8, "sliding_window": 16}},
+            "sliding_window_layers (8) exceeds layers (4)",
+        ),
         ({"tool_call_parser": {"vlm": "hermes"}}, "'vlm' is not an engine"),
     ],
 )
@@ -116,12 +119,16 @@ def test_override_layers_replace_bundled_entries_and_report_bad_files(tmp_path: 
 
 def test_signed_catalog_settings_skip_override_directories_loudly(tmp_path: Path) -> None:
     _write(tmp_path, "extra-model")
-    catalog = load_catalog(environ={"OPOD_CATALOG_DIR": str(tmp_path), "OPOD_HOME": str(tmp_path / "h"),
-                                    "OPOD_CATALOG_REQUIRE_SIGNED": "1"})
+    catalog = load_catalog(
+        environ={
+            "OPOD_CATALOG_DIR": str(tmp_path),
+            "OPOD_HOME": str(tmp_path / "h"),
+            "OPOD_CATALOG_REQUIRE_SIGNED": "1",
+        }
+    )
     assert catalog.get("extra-model") is None
     assert "cannot verify minisign signatures" in catalog.problems[0]
     assert catalog.get("llama-3.2-1b") is not None
-
 
 
 def test_an_entry_that_names_a_tool_call_parser_takes_tools() -> None:

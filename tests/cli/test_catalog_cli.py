@@ -53,7 +53,11 @@ def test_catalog_ls_json_is_the_entries(home: Path) -> None:
     ids = [e["id"] for e in entries]
     assert ids == sorted(ids) and "qwen2.5-0.5b-gguf" in ids
     tiny = next(e for e in entries if e["id"] == "qwen2.5-0.5b-gguf")
-    assert tiny["source"] == {"type": "huggingface", "repo": "bartowski/Qwen2.5-0.5B-Instruct-GGUF", "file": "Qwen2.5-0.5B-Instruct-Q4_K_M.gguf"}
+    assert tiny["source"] == {
+        "type": "huggingface",
+        "repo": "bartowski/Qwen2.5-0.5B-Instruct-GGUF",
+        "file": "Qwen2.5-0.5B-Instruct-Q4_K_M.gguf",
+    }
     assert tiny["architecture"]["head_dim"] == 64
 
 

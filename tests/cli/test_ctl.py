@@ -46,7 +46,11 @@ def leader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Leader]:
     worker: OpodProcess | None = None
     try:
         worker = sim_worker(up, root / "worker", NODE)
-        wait_until(lambda: any(n.get("id") == NODE for n in up.admin("GET", "/api/v1/nodes")[1] or []), 60, "the sim worker to join")
+        wait_until(
+            lambda: any(n.get("id") == NODE for n in up.admin("GET", "/api/v1/nodes")[1] or []),
+            60,
+            "the sim worker to join",
+        )
         yield up
     finally:
         if worker is not None:
@@ -54,7 +58,9 @@ def leader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Leader]:
         up.process.stop()
 
 
-def ctl(leader: Leader, *args: str, env: dict[str, str] | None = None, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+def ctl(
+    leader: Leader, *args: str, env: dict[str, str] | None = None, timeout: float = 90
+) -> subprocess.CompletedProcess[str]:
     environ = leader.cli_env()
     environ.update(env or {})
     return subprocess.run([*OPOD, "ctl", *args], env=environ, capture_output=True, text=True, timeout=timeout)
@@ -108,7 +114,19 @@ def test_summary_table_and_json(leader: Leader) -> None:
 
 def test_nodes_table_show_and_json(leader: Leader) -> None:
     header, found = rows(ok(ctl(leader, "nodes", "ls")))
-    assert header == ["NODE", "STATE", "HOST", "GPUS", "CPU", "MEMORY", "DISK FREE", "ENGINES", "REPLICAS", "SEEN", "WARNINGS"]
+    assert header == [
+        "NODE",
+        "STATE",
+        "HOST",
+        "GPUS",
+        "CPU",
+        "MEMORY",
+        "DISK FREE",
+        "ENGINES",
+        "REPLICAS",
+        "SEEN",
+        "WARNINGS",
+    ]
     assert found[NODE][1] == "ready" and found[NODE][7] == "sim", found[NODE]
     (node,) = [NodeView.model_validate(n) for n in json_of(ctl(leader, "nodes", "ls", "--json"))]  # type: ignore[union-attr]
     assert node.id == NODE and node.engines == ["sim"]
@@ -127,7 +145,9 @@ def test_cordon_label_logs_and_engine_builds_of_a_node(leader: Leader) -> None:
     assert ok(ctl(leader, "nodes", "state", NODE, "ready")).strip() == f"{NODE}: ready"
 
     labelled = ok(ctl(leader, "nodes", "labels", NODE, "--set", "llmgw.io/rack=r7", "--set", "team=ml"))
-    assert re.search(r"^operator labels\s+llmgw.io/rack=r7, team=ml$", labelled, re.M) and re.search(r"^location\s+rack=r7$", labelled, re.M), labelled
+    assert re.search(r"^operator labels\s+llmgw.io/rack=r7, team=ml$", labelled, re.M) and re.search(
+        r"^location\s+rack=r7$", labelled, re.M
+    ), labelled
     view = NodeLabelsView.model_validate(json_of(ctl(leader, "nodes", "labels", NODE, "--remove", "team", "--json")))
     assert view.operator_labels == {"llmgw.io/rack": "r7"}
     bad = ctl(leader, "nodes", "labels", NODE, "--set", "team")
@@ -163,21 +183,59 @@ def test_explain_headroom_target_and_capacity(leader: Leader, tmp_path: Path) ->
     assert re.search(r"^replicas now\s+1$", ok(ctl(leader, "models", "headroom", "ctl-place")), re.M)
     unmeasured = refused(ctl(leader, "models", "target", "ctl-place", "--tokens-per-sec", "500"))
     assert "no measured capacity" in unmeasured and "(HTTP 400)" in unmeasured, unmeasured
-    put = ok(ctl(leader, "models", "capacity", "put", "ctl-place", "--max-concurrency", "4", "--throughput", "120", "--ttft-p99", "350ms"))
+    put = ok(
+        ctl(
+            leader,
+            "models",
+            "capacity",
+            "put",
+            "ctl-place",
+            "--max-concurrency",
+            "4",
+            "--throughput",
+            "120",
+            "--ttft-p99",
+            "350ms",
+        )
+    )
     assert "4 concurrent within the SLO, 120 tokens/s" in put, put
     header, found = rows(ok(ctl(leader, "models", "capacity", "ls")))
-    assert header[:5] == ["MODEL", "PROFILE", "CONCURRENCY", "TOKENS/S", "TTFT P99"] and found["ctl-place"][2:5] == ["4", "120", "350ms"]
+    assert header[:5] == ["MODEL", "PROFILE", "CONCURRENCY", "TOKENS/S", "TTFT P99"] and found["ctl-place"][2:5] == [
+        "4",
+        "120",
+        "350ms",
+    ]
     measured = [CapacityView.model_validate(c) for c in json_of(ctl(leader, "models", "capacity", "ls", "--json"))]  # type: ignore[union-attr]
     assert any(c.model == "ctl-place" and c.ttft_p99 == 350_000_000 for c in measured)
-    assert re.search(r"^replicas needed\s+5$", ok(ctl(leader, "models", "target", "ctl-place", "--tokens-per-sec", "500")), re.M)
-    target = TargetView.model_validate(json_of(ctl(leader, "models", "target", "ctl-place", "--tokens-per-sec", "500", "--json")))
+    assert re.search(
+        r"^replicas needed\s+5$", ok(ctl(leader, "models", "target", "ctl-place", "--tokens-per-sec", "500")), re.M
+    )
+    target = TargetView.model_validate(
+        json_of(ctl(leader, "models", "target", "ctl-place", "--tokens-per-sec", "500", "--json"))
+    )
     assert target.needed == 5 and target.current == 1
     ok(ctl(leader, "models", "rm", "ctl-place"))
 
 
 def test_add_a_model_from_flags_list_show_and_remove(leader: Leader) -> None:
-    assert ok(ctl(leader, "models", "add", "ctl-flags", "--engine", "sim", "--alias", "flags-alias", "--min", "1", "--max", "2",
-                  "--description", "added from flags")).startswith("added ctl-flags")
+    assert ok(
+        ctl(
+            leader,
+            "models",
+            "add",
+            "ctl-flags",
+            "--engine",
+            "sim",
+            "--alias",
+            "flags-alias",
+            "--min",
+            "1",
+            "--max",
+            "2",
+            "--description",
+            "added from flags",
+        )
+    ).startswith("added ctl-flags")
     wait_ready(leader, "ctl-flags")
     header, found = rows(ok(ctl(leader, "models", "ls")))
     assert header == ["MODEL", "CLASS", "READY", "MIN-MAX", "PROFILES", "OWNER", "STATE"]
@@ -189,8 +247,12 @@ def test_add_a_model_from_flags_list_show_and_remove(leader: Leader) -> None:
     assert mine.aliases == ["flags-alias"] and mine.min_replicas == 1 and mine.max_replicas == 2
 
     shown = ok(ctl(leader, "models", "show", "ctl-flags"))
-    assert re.search(r"^description\s+added from flags$", shown, re.M) and re.search(r"^scaling\s+1 to 2$", shown, re.M), shown
-    assert re.search(r"^PROFILE\s+ENGINE\s+GPUS", shown, re.M) and re.search(r"^\S+\s+sim\s+cpu\s+1×1", shown, re.M), shown
+    assert re.search(r"^description\s+added from flags$", shown, re.M) and re.search(
+        r"^scaling\s+1 to 2$", shown, re.M
+    ), shown
+    assert re.search(r"^PROFILE\s+ENGINE\s+GPUS", shown, re.M) and re.search(r"^\S+\s+sim\s+cpu\s+1×1", shown, re.M), (
+        shown
+    )
     entry = CatalogModel.model_validate(json_of(ctl(leader, "models", "show", "ctl-flags", "--json")))
     assert entry.name == "ctl-flags" and entry.profiles and entry.profiles[0].engine == "sim"
 
@@ -204,7 +266,9 @@ def test_add_a_model_from_flags_list_show_and_remove(leader: Leader) -> None:
 
 def test_add_a_model_from_a_yaml_file(leader: Leader, tmp_path: Path) -> None:
     file = tmp_path / "model.yaml"
-    file.write_text("name: ctl-file\ndescription: from a file\nprofiles:\n  - engine: sim\nscaling: {min: 1, max: 1}\nclass: critical\n")
+    file.write_text(
+        "name: ctl-file\ndescription: from a file\nprofiles:\n  - engine: sim\nscaling: {min: 1, max: 1}\nclass: critical\n"
+    )
     assert ok(ctl(leader, "models", "add", "--file", str(file))).startswith("added ctl-file")
     entry = CatalogModel.model_validate(json_of(ctl(leader, "models", "show", "ctl-file", "--json")))
     assert entry.description == "from a file" and entry.class_ == "critical"
@@ -225,8 +289,10 @@ def test_a_file_that_is_not_a_catalog_model_is_refused_before_anything_is_sent(l
 
 def test_scale_class_owner_retry_and_resources(leader: Leader) -> None:
     ok(ctl(leader, "models", "add", "ctl-knobs", "--engine", "sim", "--min", "1", "--max", "1"))
-    assert ok(ctl(leader, "models", "scale", "ctl-knobs", "--min", "0", "--max", "2", "--idle-timeout", "10m")).strip() == \
-        "ctl-knobs: 0 to 2 replicas, on demand (stopped after 10m0s idle)"
+    assert (
+        ok(ctl(leader, "models", "scale", "ctl-knobs", "--min", "0", "--max", "2", "--idle-timeout", "10m")).strip()
+        == "ctl-knobs: 0 to 2 replicas, on demand (stopped after 10m0s idle)"
+    )
     scaled = ScaleResponse.model_validate(json_of(ctl(leader, "models", "scale", "ctl-knobs", "--max", "3", "--json")))
     assert scaled.max == 3 and scaled.idle_timeout == 600_000_000_000
     bad = ctl(leader, "models", "scale", "ctl-knobs", "--idle-timeout", "ten minutes")
@@ -238,7 +304,9 @@ def test_scale_class_owner_retry_and_resources(leader: Leader) -> None:
     assert ok(ctl(leader, "models", "owner", "ctl-knobs")).strip() == "ctl-knobs: shared"
     assert ok(ctl(leader, "models", "retry", "ctl-knobs")).strip() == "ctl-knobs was not parked; nothing to retry"
     assert json_of(ctl(leader, "models", "retry", "ctl-knobs", "--json")) == {"was_parked": False}
-    assert "2 GiB host memory, 1 CPU cores" in ok(ctl(leader, "models", "resources", "ctl-knobs", "--memory-gb", "2", "--cpu-cores", "1"))
+    assert "2 GiB host memory, 1 CPU cores" in ok(
+        ctl(leader, "models", "resources", "ctl-knobs", "--memory-gb", "2", "--cpu-cores", "1")
+    )
     ok(ctl(leader, "models", "rm", "ctl-knobs"))
 
 
@@ -249,7 +317,9 @@ def test_replicas_table_and_json(leader: Leader) -> None:
     assert header[:5] == ["REPLICA", "MODEL", "PROFILE", "STATE", "NODES"]
     assert found[replica.id or ""][1] == "ctl-replicas" and found[replica.id or ""][3] == "ready"
     assert f"{NODE} (ready)" in found[replica.id or ""][4]
-    listed = [ReplicaView.model_validate(r) for r in json_of(ctl(leader, "replicas", "--model", "ctl-replicas", "--json"))]  # type: ignore[union-attr]
+    listed = [
+        ReplicaView.model_validate(r) for r in json_of(ctl(leader, "replicas", "--model", "ctl-replicas", "--json"))
+    ]  # type: ignore[union-attr]
     assert [r.id for r in listed] == [replica.id]
     ok(ctl(leader, "models", "rm", "ctl-replicas"))
 
@@ -257,22 +327,40 @@ def test_replicas_table_and_json(leader: Leader) -> None:
 def test_restart_is_queued_and_followed_until_replaced_or_its_timeout(leader: Leader) -> None:
     ok(ctl(leader, "models", "add", "ctl-restart", "--engine", "sim", "--min", "1", "--max", "1"))
     (replica,) = wait_ready(leader, "ctl-restart")
-    result = RestartResult.model_validate(json_of(ctl(leader, "restart", "--model", "ctl-restart", "--no-wait", "--json")))
+    result = RestartResult.model_validate(
+        json_of(ctl(leader, "restart", "--model", "ctl-restart", "--no-wait", "--json"))
+    )
     assert result.queued == [replica.id]
     followed = ctl(leader, "restart", replica.id or "", "--max-surge", "1", "--timeout", "2s")
     assert followed.stdout.startswith(f"queued 1 replica for restart: {replica.id}\n"), followed.stdout
     lines = followed.stdout.splitlines()[1:]
     if followed.returncode == 0:  # the reconciler replaced it within the two seconds
-        assert lines[-1].startswith("done: 1 replica restarted") and f"[1/1] {replica.id}" in followed.stdout, followed.stdout
+        assert lines[-1].startswith("done: 1 replica restarted") and f"[1/1] {replica.id}" in followed.stdout, (
+            followed.stdout
+        )
     else:
         assert f"[0/1] {replica.id} queued" in lines or f"[0/1] {replica.id} replacing" in lines, followed.stdout
-        assert "after --timeout 2s, 1 replica not yet restarted" in followed.stderr and "the restart goes on" in followed.stderr, followed.stderr
-    in_place = ctl(leader, "restart", "--model", "ctl-restart", "--in-place", "--max-unavailable", "1", "--timeout", "60s")
-    queued = RestartResult.model_validate(json_of(ctl(leader, "restart", "--model", "ctl-restart", "--no-wait", "--json"))).queued
+        assert (
+            "after --timeout 2s, 1 replica not yet restarted" in followed.stderr
+            and "the restart goes on" in followed.stderr
+        ), followed.stderr
+    in_place = ctl(
+        leader, "restart", "--model", "ctl-restart", "--in-place", "--max-unavailable", "1", "--timeout", "60s"
+    )
+    queued = RestartResult.model_validate(
+        json_of(ctl(leader, "restart", "--model", "ctl-restart", "--no-wait", "--json"))
+    ).queued
     lines = ok(in_place).splitlines()
-    assert lines[0].startswith("queued 1 replica for restart: ") and lines[-1] == "done: 1 replica restarted; ctl-restart 1 ready", lines
-    assert re.fullmatch(r"\[1/1\] \S+ (replaced|restarted in place)", next(line for line in lines if line.startswith("[1/1]"))), lines
-    assert queued and queued[0] not in lines[0], "the replica the in-place restart queued has been replaced by a new one"
+    assert (
+        lines[0].startswith("queued 1 replica for restart: ")
+        and lines[-1] == "done: 1 replica restarted; ctl-restart 1 ready"
+    ), lines
+    assert re.fullmatch(
+        r"\[1/1\] \S+ (replaced|restarted in place)", next(line for line in lines if line.startswith("[1/1]"))
+    ), lines
+    assert queued and queued[0] not in lines[0], (
+        "the replica the in-place restart queued has been replaced by a new one"
+    )
     usage = ctl(leader, "restart")
     assert usage.returncode == 2 and "--model MODEL, or --all" in usage.stderr, usage.stderr
     ok(ctl(leader, "models", "rm", "ctl-restart"))
@@ -298,8 +386,12 @@ def test_weights_orphans_and_collect(leader: Leader) -> None:
     assert text.splitlines()[0].split() == ["NODE", "SIZE", "PATHS"]
     assert isinstance(json_of(ctl(leader, "weights", "orphans", "--json")), list)
     collected = ok(ctl(leader, "weights", "collect", "--node", NODE))
-    assert re.search(rf"^\[1/1\] {NODE}: \d+ files, .+ freed$", collected, re.M) and "freed" in collected.splitlines()[-1], collected
-    results = [CollectResult.model_validate(r) for r in json_of(ctl(leader, "weights", "collect", "--node", NODE, "--json"))]  # type: ignore[union-attr]
+    assert (
+        re.search(rf"^\[1/1\] {NODE}: \d+ files, .+ freed$", collected, re.M) and "freed" in collected.splitlines()[-1]
+    ), collected
+    results = [
+        CollectResult.model_validate(r) for r in json_of(ctl(leader, "weights", "collect", "--node", NODE, "--json"))
+    ]  # type: ignore[union-attr]
     assert [r.node for r in results] == [NODE]
 
 
@@ -310,7 +402,9 @@ def test_a_change_is_recorded_as_made_by_the_login_name(leader: Leader) -> None:
     def actors() -> set[str] | None:
         status, _, body = http("GET", leader.url + "/admin/v1/events/stream?after=0&limit=1000", key=leader.key)
         assert status == 200 and isinstance(body, dict), body
-        found = {str((e.get("data") or {}).get("actor")) for e in body.get("events") or [] if e.get("type") == "admin.call"}
+        found = {
+            str((e.get("data") or {}).get("actor")) for e in body.get("events") or [] if e.get("type") == "admin.call"
+        }
         return found if login in found else None
 
     assert login in wait_until(actors, 10, f"an admin.call event by {login}")
@@ -328,22 +422,42 @@ def test_refusals_name_the_reason_and_exit_nonzero(leader: Leader) -> None:
 
 
 def test_no_key_anywhere_says_where_it_looked(tmp_path: Path) -> None:
-    result = subprocess.run([*OPOD, "ctl", "summary"], env=clean_env(tmp_path / "empty", OPOD_ADMIN_URL=f"http://127.0.0.1:{free_port()}"),
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode == 1 and "no admin key" in result.stderr and "OPOD_ADMIN_KEY" in result.stderr, result.stderr
+    result = subprocess.run(
+        [*OPOD, "ctl", "summary"],
+        env=clean_env(tmp_path / "empty", OPOD_ADMIN_URL=f"http://127.0.0.1:{free_port()}"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1 and "no admin key" in result.stderr and "OPOD_ADMIN_KEY" in result.stderr, (
+        result.stderr
+    )
 
 
 def test_a_501_says_the_area_is_not_built() -> None:
     body = json.dumps({"error": "this opod does not have the management API's fabrics yet"})
     line = refusal("GET", "/api/v1/fabrics", 501, body)
-    assert line.startswith("this opod does not have the management API's fabrics yet (HTTP 501: ") and "not built" in line
+    assert (
+        line.startswith("this opod does not have the management API's fabrics yet (HTTP 501: ") and "not built" in line
+    )
     assert refusal("GET", "/x", 502, "<html>bad gateway</html>") == "<html>bad gateway</html> (HTTP 502)"
 
 
 def test_durations_are_written_and_read_as_go_does() -> None:
-    assert [duration(n) for n in (0, 250_000_000, 1_500_000_000, 600_000_000_000, 5_400_000_000_000)] == ["0s", "250ms", "1.5s", "10m0s", "1h30m0s"]
-    assert [parse_duration(t, "--x") for t in ("0", "90s", "10m", "1h30m", "250ms")] == \
-        [0, 90_000_000_000, 600_000_000_000, 5_400_000_000_000, 250_000_000]
+    assert [duration(n) for n in (0, 250_000_000, 1_500_000_000, 600_000_000_000, 5_400_000_000_000)] == [
+        "0s",
+        "250ms",
+        "1.5s",
+        "10m0s",
+        "1h30m0s",
+    ]
+    assert [parse_duration(t, "--x") for t in ("0", "90s", "10m", "1h30m", "250ms")] == [
+        0,
+        90_000_000_000,
+        600_000_000_000,
+        5_400_000_000_000,
+        250_000_000,
+    ]
 
 
 def test_the_leader_is_found_from_its_admin_listen_setting(leader: Leader) -> None:
@@ -357,4 +471,6 @@ def test_upgrade_and_agent_restart_last(leader: Leader) -> None:
     assert ok(ctl(leader, "nodes", "upgrade", NODE, "0.2.0")).strip() == f"{NODE}: upgrading to 0.2.0"
     assert "version" in refused(ctl(leader, "nodes", "upgrade", NODE, "latest!"))
     assert ok(ctl(leader, "agents", "restart")).strip() == f"restarting the agents of 1 node: {NODE}"
-    wait_until(lambda: re.search(r"^nodes 1: 1 ready", ok(ctl(leader, "summary")), re.M), 60, "the node to be ready again")
+    wait_until(
+        lambda: re.search(r"^nodes 1: 1 ready", ok(ctl(leader, "summary")), re.M), 60, "the node to be ready again"
+    )

@@ -25,7 +25,14 @@ from opod.cli.ctl import app, render
 from opod.cli.ctl.api import actor
 from opod.cli.ctl.usage import RowCounter, money
 from opod.contract.admin.common import Removed
-from opod.contract.admin.records import JobView, NotifyResult, ScopeUsageView, SettingsView, StoreAuditEvent, StoreExportRow
+from opod.contract.admin.records import (
+    JobView,
+    NotifyResult,
+    ScopeUsageView,
+    SettingsView,
+    StoreAuditEvent,
+    StoreExportRow,
+)
 from opod.contract.admin.tenancy import KeyCreated, KeyView, OrgView, QuotaSet, QuotaView, TenancyItem, UserView
 from tests.support.opod_process import OPOD, Leader, OpodProcess, http, sim_worker, wait_until
 
@@ -43,7 +50,9 @@ def leader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Leader]:
     worker: OpodProcess | None = None
     try:
         worker = sim_worker(up, root / "worker", "n_ctl_usage")
-        status, body = up.admin("POST", "/api/v1/models", {"name": MODEL, "profiles": [{"engine": "sim"}], "scaling": {"min": 1, "max": 1}})
+        status, body = up.admin(
+            "POST", "/api/v1/models", {"name": MODEL, "profiles": [{"engine": "sim"}], "scaling": {"min": 1, "max": 1}}
+        )
         assert status == 200, body
         yield up
     finally:
@@ -96,16 +105,24 @@ def test_the_tenancy_tree_grows_moves_and_shrinks(leader: Leader, tree: dict[str
     assert re.search(rf"^acme \({tree['acme']}\)  0 members$", shown, re.M), shown
     assert re.search(rf"^\W+ml \({tree['ml']}\)", shown, re.M), shown
     assert re.search(rf"^\W+chat \({tree['chat']}\)  acme/ml/chat, 0 users, 0/0 keys active$", shown, re.M), shown
-    (acme,) = [o for o in (OrgView.model_validate(o) for o in json.loads(ok(ctl(leader, "orgs", "ls", "--json")))) if o.name == "acme"]
+    (acme,) = [
+        o
+        for o in (OrgView.model_validate(o) for o in json.loads(ok(ctl(leader, "orgs", "ls", "--json"))))
+        if o.name == "acme"
+    ]
     assert [(t.name, [p.path for p in t.projects or []]) for t in acme.teams or []] == [("ml", ["acme/ml/chat"])]
 
     beta = TenancyItem.model_validate(json.loads(ok(ctl(leader, "orgs", "add", "beta", "--json"))))
     team = TenancyItem.model_validate(json.loads(ok(ctl(leader, "teams", "add", "ops", "--in", "acme", "--json"))))
     assert ok(ctl(leader, "teams", "mv", str(team.id), "--in", "beta")).strip() == f"team {team.id}: ops in {beta.id}"
     assert ok(ctl(leader, "teams", "rename", str(team.id), "infra")).strip().startswith(f"team {team.id}: infra")
-    side = TenancyItem.model_validate(json.loads(ok(ctl(leader, "projects", "add", "tmp", "--in", "beta/infra", "--json"))))
+    side = TenancyItem.model_validate(
+        json.loads(ok(ctl(leader, "projects", "add", "tmp", "--in", "beta/infra", "--json")))
+    )
     assert side.in_ == team.id
-    assert ok(ctl(leader, "projects", "rename", str(side.id), "scratch")).strip().startswith(f"project {side.id}: scratch")
+    assert (
+        ok(ctl(leader, "projects", "rename", str(side.id), "scratch")).strip().startswith(f"project {side.id}: scratch")
+    )
     assert re.search(r"^\W+scratch \(\S+\)  beta/infra/scratch", ok(ctl(leader, "orgs", "ls")), re.M)
 
     busy = refused(ctl(leader, "orgs", "rm", "beta"))
@@ -133,7 +150,9 @@ def test_a_project_key_is_shown_once_listed_and_revoked(leader: Leader, tree: di
     assert secret not in ok(ctl(leader, "keys", "ls", "--json"))
     assert re.search(r"^project\s+acme/ml/chat$", ok(ctl(leader, "keys", "show", key_id)), re.M)
 
-    as_json = KeyCreated.model_validate(json.loads(ok(ctl(leader, "keys", "create", "batch", "--project", tree["chat"], "--json"))))
+    as_json = KeyCreated.model_validate(
+        json.loads(ok(ctl(leader, "keys", "create", "batch", "--project", tree["chat"], "--json")))
+    )
     assert as_json.secret and as_json.project == tree["chat"]
     assert ok(ctl(leader, "keys", "revoke", key_id)).strip() == f"revoked {key_id}"
     assert KeyView.model_validate(json.loads(ok(ctl(leader, "keys", "show", key_id, "--json")))).state == "revoked"
@@ -144,8 +163,13 @@ def test_a_project_key_is_shown_once_listed_and_revoked(leader: Leader, tree: di
 
 
 def test_the_installed_command_issues_a_key_shown_once(leader: Leader, tree: dict[str, str]) -> None:
-    done = subprocess.run([*OPOD, "ctl", "keys", "create", "cli", "--project", "acme/ml/chat"], env=leader.cli_env(),
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [*OPOD, "ctl", "keys", "create", "cli", "--project", "acme/ml/chat"],
+        env=leader.cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert "not shown again" in done.stderr and done.stdout.strip() and done.stdout.strip() not in done.stderr
     status, body = leader.admin("GET", "/api/v1/audit?contains=/api/v1/keys")
@@ -154,36 +178,58 @@ def test_the_installed_command_issues_a_key_shown_once(leader: Leader, tree: dic
 
 def test_people_arrive_through_scim_and_get_memberships(leader: Leader, tree: dict[str, str]) -> None:
     token = "scim-ctl-token-0123456789"
-    assert ok(ctl(leader, "secrets", "set", "scim-token", stdin=token + "\n")).strip() == \
-        "stored scim-token; settings name it as store:auth/scim-token"
+    assert (
+        ok(ctl(leader, "secrets", "set", "scim-token", stdin=token + "\n")).strip()
+        == "stored scim-token; settings name it as store:auth/scim-token"
+    )
     empty = refused(ctl(leader, "secrets", "set", "nosuch", stdin="x\n"))
     assert "nosuch" in empty, empty
-    status, _, body = http("POST", f"{leader.url}/scim/v2/Users", {
-        "schemas": ["urn:ietf:params:scim:schemas:core:2.0:User"], "userName": "ada@example.com", "active": True,
-        "name": {"formatted": "Ada Lovelace"}, "emails": [{"value": "ada@example.com", "primary": True}],
-    }, key=token)
+    status, _, body = http(
+        "POST",
+        f"{leader.url}/scim/v2/Users",
+        {
+            "schemas": ["urn:ietf:params:scim:schemas:core:2.0:User"],
+            "userName": "ada@example.com",
+            "active": True,
+            "name": {"formatted": "Ada Lovelace"},
+            "emails": [{"value": "ada@example.com", "primary": True}],
+        },
+        key=token,
+    )
     assert status == 201, body
 
     header, found = rows(ok(ctl(leader, "users", "ls")))
     assert header == ["ID", "EMAIL", "NAME", "STATE", "ROLE", "MEMBER OF", "LAST LOGIN"]
     (ada,) = [r for r in found.values() if r[1] == "ada@example.com"]
     assert ada[3] == "active", ada
-    assert [u.email for u in (UserView.model_validate(u) for u in json.loads(ok(ctl(leader, "users", "ls", "--state", "active", "--json"))))] \
-        == ["ada@example.com"]
+    assert [
+        u.email
+        for u in (
+            UserView.model_validate(u)
+            for u in json.loads(ok(ctl(leader, "users", "ls", "--state", "active", "--json")))
+        )
+    ] == ["ada@example.com"]
     granted = ok(ctl(leader, "users", "grant", "ada@example.com", "project:acme/ml/chat", "--role", "manager"))
-    assert re.search(r"^MEMBER OF\s+PATH\s+ROLE", granted, re.M) and re.search(r"acme/ml/chat\s+manager", granted), granted
+    assert re.search(r"^MEMBER OF\s+PATH\s+ROLE", granted, re.M) and re.search(r"acme/ml/chat\s+manager", granted), (
+        granted
+    )
     view = UserView.model_validate(json.loads(ok(ctl(leader, "users", "show", "ada@example.com", "--json"))))
-    assert [(m.target, m.role) for m in view.memberships or []] == [(tree["chat"], "manager")] or \
-        [(m.path, m.role) for m in view.memberships or []] == [("acme/ml/chat", "manager")], view
+    assert [(m.target, m.role) for m in view.memberships or []] == [(tree["chat"], "manager")] or [
+        (m.path, m.role) for m in view.memberships or []
+    ] == [("acme/ml/chat", "manager")], view
     wrong = refused(ctl(leader, "users", "grant", "ada@example.com", "project:acme/ml/chat", "--role", "owner"))
     assert "role" in wrong and "(HTTP 400)" in wrong, wrong
-    revoked = UserView.model_validate(json.loads(ok(ctl(leader, "users", "revoke", "ada@example.com", "project:acme/ml/chat", "--json"))))
+    revoked = UserView.model_validate(
+        json.loads(ok(ctl(leader, "users", "revoke", "ada@example.com", "project:acme/ml/chat", "--json")))
+    )
     assert not revoked.memberships
     assert token not in ok(ctl(leader, "audit", "--json", "--limit", "500"))
 
 
 def test_quotas_are_set_listed_and_removed(leader: Leader, tree: dict[str, str]) -> None:
-    set_ = ok(ctl(leader, "quotas", "set", f"team:{tree['ml']}", "--gpus", "4", "--memory-gb", "64", "--guarantee-gpus", "1"))
+    set_ = ok(
+        ctl(leader, "quotas", "set", f"team:{tree['ml']}", "--gpus", "4", "--memory-gb", "64", "--guarantee-gpus", "1")
+    )
     assert set_.strip() == f"quota of team:{tree['ml']}: limit 4 gpus, 64 GB; guarantee 1 gpus", set_
     header, found = rows(ok(ctl(leader, "quotas", "ls")))
     assert header == ["SCOPE", "NAME", "GUARANTEE", "LIMIT", "HOLDS", "UPDATED BY", "UPDATED"]
@@ -191,7 +237,9 @@ def test_quotas_are_set_listed_and_removed(leader: Leader, tree: dict[str, str])
     assert row[2:5] == ["1 gpus", "4 gpus, 64 GB", "0 gpus, 0 cpu cores, 0 GB"] and row[5] == actor(), row
     (quota,) = [QuotaView.model_validate(q) for q in json.loads(ok(ctl(leader, "quotas", "ls", "--json")))]
     assert quota.limit is not None and quota.limit.gpus == 4 and quota.limit.cpu_cores is None
-    again = QuotaSet.model_validate(json.loads(ok(ctl(leader, "quotas", "set", "team:acme/ml", "--cpu-cores", "8", "--json"))))
+    again = QuotaSet.model_validate(
+        json.loads(ok(ctl(leader, "quotas", "set", "team:acme/ml", "--cpu-cores", "8", "--json")))
+    )
     assert again.scope == f"team:{tree['ml']}"
     assert ctl(leader, "quotas", "set", "team:acme/ml").exit_code == 2  # neither a limit nor a guarantee
     wrong = refused(ctl(leader, "quotas", "set", "org:nosuch", "--gpus", "1"))
@@ -219,23 +267,30 @@ def test_settings_are_edited_on_a_base_kept_and_rolled_back(leader: Leader, tmp_
     invalid = refused(ctl(leader, "settings", "edit", "--file", str(bad)))
     assert "input_per_million" in invalid and "(HTTP 400)" in invalid, invalid
 
-    edited = ok(ctl(leader, "settings", "edit", "--note", "retention", EDITOR=f"{sys.executable} -c \"{EDITOR}\""))
+    edited = ok(ctl(leader, "settings", "edit", "--note", "retention", EDITOR=f'{sys.executable} -c "{EDITOR}"'))
     assert edited.startswith(f"settings version {version + 1} by "), edited
     body = SettingsView.model_validate(json.loads(ok(ctl(leader, "settings", "show", "--json")))).body or ""
     assert "requests_days: 9" in body and "output_per_million: 2" in body
     header, found = rows(ok(ctl(leader, "settings", "history")))
     assert header == ["VERSION", "AT", "BY", "NOTE"] and found[str(version + 1)][-1] == "retention", found
     back = ok(ctl(leader, "settings", "rollback", str(version), "--note", "undo"))
-    assert back.startswith(f"settings version {version + 2} by ") and back.strip().endswith(f"(the body of version {version})"), back
+    assert back.startswith(f"settings version {version + 2} by ") and back.strip().endswith(
+        f"(the body of version {version})"
+    ), back
     assert ok(ctl(leader, "settings", "show", "--version", str(version + 1))) == body
-    history = [SettingsView.model_validate(v) for v in json.loads(ok(ctl(leader, "settings", "history", "--limit", "2", "--json")))]
+    history = [
+        SettingsView.model_validate(v)
+        for v in json.loads(ok(ctl(leader, "settings", "history", "--limit", "2", "--json")))
+    ]
     assert [v.version for v in history] == [version + 2, version + 1]
 
 
 def test_the_audit_names_who_changed_what(leader: Leader, tree: dict[str, str]) -> None:
     header, _ = rows(ok(ctl(leader, "audit", "--actor", actor(), "--contains", "/api/v1/orgs")))
     assert header == ["AT", "ACTOR", "SOURCE", "ACTION", "TARGET", "STATUS", "DETAIL"]
-    events = [StoreAuditEvent.model_validate(e) for e in json.loads(ok(ctl(leader, "audit", "--actor", actor(), "--json")))]
+    events = [
+        StoreAuditEvent.model_validate(e) for e in json.loads(ok(ctl(leader, "audit", "--actor", actor(), "--json")))
+    ]
     assert any(e.action == "POST /api/v1/orgs" and e.status == 201 and e.actor == actor() for e in events), events
     assert len(json.loads(ok(ctl(leader, "audit", "--limit", "1", "--json")))) == 1
     assert "since" in refused(ctl(leader, "audit", "--since", "lately"))
@@ -269,18 +324,42 @@ def test_usage_by_scope_and_its_export_to_csv_and_json(leader: Leader, tree: dic
 
     wait_until(counted, 30, "the two requests to show in the project's usage")
     budgeted = tmp_path / "budget.yaml"
-    budgeted.write_text(SettingsView.model_validate(json.loads(ok(ctl(leader, "settings", "show", "--json")))).body
-                        + "budgets:\n  - scope: project:acme/ml/chat\n    period: month\n    micros: 1000\n")
+    budgeted.write_text(
+        SettingsView.model_validate(json.loads(ok(ctl(leader, "settings", "show", "--json")))).body
+        + "budgets:\n  - scope: project:acme/ml/chat\n    period: month\n    micros: 1000\n"
+    )
     ok(ctl(leader, "settings", "edit", "--file", str(budgeted)))
     header, found = rows(ok(ctl(leader, "usage", "--by", "project")))
-    assert header == ["SCOPE", "NAME", "KEYS", "REQUESTS", "PROMPT", "COMPLETION", "COST", "ERRORS", "BUDGET", "USED", "LAST"]
+    assert header == [
+        "SCOPE",
+        "NAME",
+        "KEYS",
+        "REQUESTS",
+        "PROMPT",
+        "COMPLETION",
+        "COST",
+        "ERRORS",
+        "BUDGET",
+        "USED",
+        "LAST",
+    ]
     chat = found[tree["chat"]]
     assert chat[3] == "2" and chat[8] == "0.001/month" and chat[9].endswith("%"), chat
-    spent = [u for u in (ScopeUsageView.model_validate(u) for u in json.loads(ok(ctl(leader, "usage", "--by", "project", "--json"))))
-             if u.id == tree["chat"]][0]
+    spent = [
+        u
+        for u in (
+            ScopeUsageView.model_validate(u) for u in json.loads(ok(ctl(leader, "usage", "--by", "project", "--json")))
+        )
+        if u.id == tree["chat"]
+    ][0]
     assert chat[6] == money(spent.cost_micros) and chat[9] == f"{(spent.fraction or 0) * 100:.1f}%", (chat, spent)
-    (org,) = [u for u in (ScopeUsageView.model_validate(u) for u in json.loads(ok(ctl(leader, "usage", "--by", "org", "--json"))))
-              if u.id == tree["acme"]]
+    (org,) = [
+        u
+        for u in (
+            ScopeUsageView.model_validate(u) for u in json.loads(ok(ctl(leader, "usage", "--by", "org", "--json")))
+        )
+        if u.id == tree["acme"]
+    ]
     assert org.requests == 2 and (org.prompt_tokens or 0) > 0
     assert "by" in refused(ctl(leader, "usage", "--by", "planet"))
 
@@ -293,7 +372,9 @@ def test_usage_by_scope_and_its_export_to_csv_and_json(leader: Leader, tree: dic
     mine = [r for r in table if r.get("Model") == MODEL]
     assert len(mine) == 1 and mine[0]["Requests"] == "2", table
     assert (mine[0]["Org"], mine[0]["Project"]) == (tree["acme"], tree["chat"]), mine
-    assert int(mine[0]["CostMicros"]) == int(mine[0]["Prompt"]) + 2 * int(mine[0]["Completion"]), mine  # the settings test's prices
+    assert int(mine[0]["CostMicros"]) == int(mine[0]["Prompt"]) + 2 * int(mine[0]["Completion"]), (
+        mine
+    )  # the settings test's prices
 
     json_file = tmp_path / "usage.json"
     wrote = ctl(leader, "usage", "export", "--format", "json", "--by", "project,model", "--out", str(json_file))
@@ -306,9 +387,18 @@ def test_usage_by_scope_and_its_export_to_csv_and_json(leader: Leader, tree: dic
 
 def _batch(client: openai.OpenAI, lines: int, tag: str) -> str:
     """A batch of chat completions through the openai package; its client job's ID."""
-    text = "".join(json.dumps({"custom_id": f"{tag}-{n}", "method": "POST", "url": "/v1/chat/completions",
-                               "body": {"model": MODEL, "messages": [{"role": "user", "content": f"line {n}"}], "max_tokens": 4}}) + "\n"
-                   for n in range(lines))
+    text = "".join(
+        json.dumps(
+            {
+                "custom_id": f"{tag}-{n}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {"model": MODEL, "messages": [{"role": "user", "content": f"line {n}"}], "max_tokens": 4},
+            }
+        )
+        + "\n"
+        for n in range(lines)
+    )
     uploaded = client.files.create(file=(f"{tag}.jsonl", text.encode()), purpose="batch")
     batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
     return batch.id.replace("batch_", "job_", 1)
@@ -328,7 +418,12 @@ def test_client_jobs_are_listed_shown_and_cancelled(leader: Leader, tree: dict[s
         return job if job.status == "completed" else None
 
     done = wait_until(ended, 60, "the small batch to complete")
-    assert done.endpoint == "/v1/chat/completions" and done.progress == {"total": 3, "completed": 3, "failed": 0, "pending": 0}, done
+    assert done.endpoint == "/v1/chat/completions" and done.progress == {
+        "total": 3,
+        "completed": 3,
+        "failed": 0,
+        "pending": 0,
+    }, done
     header, found = rows(ok(ctl(leader, "jobs", "ls", "--status", "completed")))
     assert header == ["ID", "STATUS", "PROGRESS", "ENDPOINT", "MODEL", "OWNER", "KEY", "CREATED", "ERROR"]
     assert found[small][1:4] == ["completed", "3/3", "/v1/chat/completions"], found
@@ -342,11 +437,11 @@ def test_an_export_counts_its_rows_across_pieces(size: int) -> None:
     body = json.dumps([{"Project": "a{b}", "Model": 'q"[x', "Requests": 2}, {"Project": "\\", "Requests": 1}]).encode()
     counter = RowCounter(as_json=True)
     for at in range(0, len(body), size):
-        counter.feed(body[at:at + size])
+        counter.feed(body[at : at + size])
     assert counter.rows == 2
     lines = RowCounter(as_json=False)
     text = b"Period,Project\n2026-12-01,a\n2026-12-01,b"
     for at in range(0, len(text), size):
-        lines.feed(text[at:at + size])
+        lines.feed(text[at : at + size])
     lines.finish(text[-size:])
     assert lines.rows == 2

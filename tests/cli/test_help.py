@@ -42,7 +42,9 @@ def test_up_help_names_the_values_and_keeps_its_defaults() -> None:
     text = _help(("up",))
     assert re.search(r"--listen\s+HOST:PORT", text), text
     assert re.search(r"--no-worker\s+Run the leader only", text), "a flag takes no value"
-    assert "[default: 0.0.0.0:8080, or OPOD_LISTEN]" in text, "a bracketed default in the help is shown, not eaten as markup"
+    assert "[default: 0.0.0.0:8080, or OPOD_LISTEN]" in text, (
+        "a bracketed default in the help is shown, not eaten as markup"
+    )
     assert "[or OPOD_DOOR_ROUTES]" in text
 
 

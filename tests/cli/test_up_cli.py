@@ -52,7 +52,9 @@ def test_a_second_up_on_the_same_home_is_one_line_naming_the_home_and_the_holder
 
 
 def test_a_port_in_use_is_one_line_naming_the_option(leader: Leader, tmp_path: Path) -> None:
-    result = _up(tmp_path / "other", "--listen", f"127.0.0.1:{leader.port}", "--admin-listen", f"127.0.0.1:{free_port()}")
+    result = _up(
+        tmp_path / "other", "--listen", f"127.0.0.1:{leader.port}", "--admin-listen", f"127.0.0.1:{free_port()}"
+    )
     assert result.returncode == 1
     lines = (result.stdout + result.stderr).strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr

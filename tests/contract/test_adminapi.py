@@ -22,13 +22,19 @@ def test_loadz_always_carries_kv_busy_workers_and_never_a_fake_zero_for_unknowns
 
 
 def test_load_reads_both_the_sdk_and_the_always_present_core_shapes() -> None:
-    core = a.Load.from_wire('{"ttft_p50_ms":0,"ttft_p95_ms":0,"engines_unhealthy":0,"engine_issue":"","kv_busy_workers":0}')
+    core = a.Load.from_wire(
+        '{"ttft_p50_ms":0,"ttft_p95_ms":0,"engines_unhealthy":0,"engine_issue":"","kv_busy_workers":0}'
+    )
     assert core.ttft_p95_ms == 0 and core.prefix_index is None
 
 
 def test_usage_and_events_pages() -> None:
     page = a.UsageBatch(
-        events=[a.UsageEvent(id=7, ts="2026-10-31T12:00:00Z", data=a.UsageData(api_key_id="k_cp_alice", model="m", outcome="ok"))],
+        events=[
+            a.UsageEvent(
+                id=7, ts="2026-10-31T12:00:00Z", data=a.UsageData(api_key_id="k_cp_alice", model="m", outcome="ok")
+            )
+        ],
         next=7,
         more=False,
     )
@@ -38,7 +44,9 @@ def test_usage_and_events_pages() -> None:
     assert body["events"][0]["data"]["cost_usd"] == 0
     assert a.UsageBatch.from_wire(json.dumps(body)) == page
     assert a.UsageBatch().to_wire()["events"] is None
-    events = a.EventsBatch.from_wire('{"events":[{"id":1,"type":"node.new_kind","subject":"n","ts":"t","data":{"x":[1]}}],"next":1,"more":true,"boot":9}')
+    events = a.EventsBatch.from_wire(
+        '{"events":[{"id":1,"type":"node.new_kind","subject":"n","ts":"t","data":{"x":[1]}}],"next":1,"more":true,"boot":9}'
+    )
     assert events.events[0].data == {"x": [1]} and events.boot == 9
 
 
@@ -56,14 +64,25 @@ def test_capabilities_list_the_frozen_routes_and_feature_keys() -> None:
 
 
 def test_the_auth_file_from_the_readme_recipe() -> None:
-    text = json.dumps({
-        "revision": "2026-10-31T12:00:00Z#7",
-        "requireKeys": True,
-        "issuedAt": "2026-10-31T12:00:00Z",
-        "keys": [{"id": "alice-laptop", "name": "Alice's laptop", "hash": "ab" * 32, "expiresAt": "2027-01-31T00:00:00Z",
-                  "class": "standard", "team": "search", "rpmLimit": 10}],
-        "revokedKeys": ["bob-old"],
-    })
+    text = json.dumps(
+        {
+            "revision": "2026-10-31T12:00:00Z#7",
+            "requireKeys": True,
+            "issuedAt": "2026-10-31T12:00:00Z",
+            "keys": [
+                {
+                    "id": "alice-laptop",
+                    "name": "Alice's laptop",
+                    "hash": "ab" * 32,
+                    "expiresAt": "2027-01-31T00:00:00Z",
+                    "class": "standard",
+                    "team": "search",
+                    "rpmLimit": 10,
+                }
+            ],
+            "revokedKeys": ["bob-old"],
+        }
+    )
     snap = a.AuthSnapshot.from_wire(text)
     assert snap.require_keys and snap.keys[0].admission_class == "standard" and snap.keys[0].team == "search"
     assert snap.revoked_keys == ["bob-old"]
@@ -92,13 +111,21 @@ def test_an_empty_policy_changes_nothing_and_writes_the_go_shape() -> None:
 def test_policy_omitzero_pointer_and_revision_weights() -> None:
     pol = a.PolicySnapshot(
         revision="policy-12",
-        routing=a.PolicyRouting(kv_weight=2, kv_saturation_pct=90, prefix_affinity=True,
-                                revisions=[a.RevisionWeight(revision=7, weight=9), a.RevisionWeight(revision=8, weight=1)]),
+        routing=a.PolicyRouting(
+            kv_weight=2,
+            kv_saturation_pct=90,
+            prefix_affinity=True,
+            revisions=[a.RevisionWeight(revision=7, weight=9), a.RevisionWeight(revision=8, weight=1)],
+        ),
         logging=a.PolicyLogging(access_log=False),
-        admission=a.PolicyAdmission(hold_ms=2000, max_held=200, classes=[
-            a.PolicyAdmissionClass(name="critical", hold_ms=10000),
-            a.PolicyAdmissionClass(name="sheddable", max_share=0.25),
-        ]),
+        admission=a.PolicyAdmission(
+            hold_ms=2000,
+            max_held=200,
+            classes=[
+                a.PolicyAdmissionClass(name="critical", hold_ms=10000),
+                a.PolicyAdmissionClass(name="sheddable", max_share=0.25),
+            ],
+        ),
     )
     body = pol.to_wire()
     assert body["routing"]["kvWeight"] == 2 and body["routing"]["revisions"][1] == {"revision": 8, "weight": 1}
@@ -110,5 +137,7 @@ def test_policy_omitzero_pointer_and_revision_weights() -> None:
 
 
 def test_a_bad_guardrail_phase_is_refused_with_the_allowed_words() -> None:
-    with pytest.raises(WireError, match=r"guardrails\.0\.phase: 'middle' is not one of 'pre', 'post' or 'logging_only'"):
+    with pytest.raises(
+        WireError, match=r"guardrails\.0\.phase: 'middle' is not one of 'pre', 'post' or 'logging_only'"
+    ):
         a.PolicySnapshot.from_wire('{"guardrails":[{"id":"g","phase":"middle","url":"http://x"}]}')

@@ -7,9 +7,17 @@ import pytest
 from opod.contract.durations import seconds
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("720h", 720 * 3600.0), ("30d", 30 * 86400.0), ("1h30m", 5400.0), ("90s", 90.0), ("250ms", 0.25), (" 24H ", 86400.0),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("720h", 720 * 3600.0),
+        ("30d", 30 * 86400.0),
+        ("1h30m", 5400.0),
+        ("90s", 90.0),
+        ("250ms", 0.25),
+        (" 24H ", 86400.0),
+    ],
+)
 def test_durations_read_as_seconds(text: str, expected: float) -> None:
     assert seconds(text) == pytest.approx(expected)
 

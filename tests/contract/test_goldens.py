@@ -43,8 +43,14 @@ CASES: dict[str, tuple[Any, Any]] = {
     "register_request": (
         n.RegisterRequest,
         n.RegisterRequest(
-            id="n_worker-0", hostname="node-a", os="linux", arch="amd64", ram_gb=128,
-            address="192.0.2.10:8081", hardware_json=n.encode_hardware(CAPS_FULL), boot_id="0123456789abcdef",
+            id="n_worker-0",
+            hostname="node-a",
+            os="linux",
+            arch="amd64",
+            ram_gb=128,
+            address="192.0.2.10:8081",
+            hardware_json=n.encode_hardware(CAPS_FULL),
+            boot_id="0123456789abcdef",
         ),
     ),
     "register_response": (n.RegisterResponse, n.RegisterResponse(status=n.Status.REGISTERED, id="n_worker-0")),
@@ -61,13 +67,17 @@ CASES: dict[str, tuple[Any, Any]] = {
             boot_id="0123456789abcdef",
             resident_models=["qwen2.5-0.5b-gguf"],
             sleeping=True,
-            load=n.EngineLoad(kv_used_pct=62.5, queue_depth=3, tokens_per_s=148.25, prefix_hit_pct=41, sampled_at=1789732800),
+            load=n.EngineLoad(
+                kv_used_pct=62.5, queue_depth=3, tokens_per_s=148.25, prefix_hit_pct=41, sampled_at=1789732800
+            ),
         ),
     ),
     "heartbeat_kv_blocks": (
         n.Heartbeat,
         n.Heartbeat(
-            id="n_worker-0", loaded_models=["m"], boot_id="0123456789abcdef",
+            id="n_worker-0",
+            loaded_models=["m"],
+            boot_id="0123456789abcdef",
             kv_blocks=n.KVBlocks(seq=7, block_size=16, stored=["0f1e2d3c4b5a6978"], removed=["8796a5b4c3d2e1f0"]),
         ),
     ),
@@ -95,7 +105,9 @@ CASES: dict[str, tuple[Any, Any]] = {
     ),
     "unload_model_response_noop": (
         n.UnloadModelResponse,
-        n.UnloadModelResponse(status=n.Status.NOOP, model="llama-3.2-3b.gguf", reason="not resident in this worker's engine"),
+        n.UnloadModelResponse(
+            status=n.Status.NOOP, model="llama-3.2-3b.gguf", reason="not resident in this worker's engine"
+        ),
     ),
     "unload_model_response_unsupported": (
         n.UnloadModelResponse,
@@ -108,7 +120,9 @@ CASES: dict[str, tuple[Any, Any]] = {
     "sleep_response": (n.SleepResponse, n.SleepResponse(status=n.Status.SLEEPING, engine="vllm")),
     "sleep_response_unsupported": (
         n.SleepResponse,
-        n.SleepResponse(status=n.Status.UNSUPPORTED, engine="llamacpp", reason="engine has no sleep mode; park the pod instead"),
+        n.SleepResponse(
+            status=n.Status.UNSUPPORTED, engine="llamacpp", reason="engine has no sleep mode; park the pod instead"
+        ),
     ),
     "load_adapter_request": (
         n.LoadAdapterRequest,
@@ -123,28 +137,54 @@ CASES: dict[str, tuple[Any, Any]] = {
     "held_adapters": ([n.HeldAdapter], [n.HeldAdapter(id="qwen3-8b:support", name="support", source=ADAPTER_SRC)]),
     "adapters_env": (
         [n.Adapter],
-        [n.Adapter(name="support", source=ADAPTER_SRC, rank=64), n.Adapter(name="legal", source="/data/adapters/legal")],
+        [
+            n.Adapter(name="support", source=ADAPTER_SRC, rank=64),
+            n.Adapter(name="legal", source="/data/adapters/legal"),
+        ],
     ),
     "process_spec": (
         n.ProcessSpec,
         n.ProcessSpec(
-            id="s-qwen-0", command="rpc-server", args=["-p", "50052"], env={"CUDA_VISIBLE_DEVICES": "0"},
-            work_dir="/data", health_port=50052, health_host="0.0.0.0", log_lines=400, health_path="/health",
-            ready_timeout=15 * 60 * SECOND, restart=True, max_restarts=5, restart_backoff=SECOND,
+            id="s-qwen-0",
+            command="rpc-server",
+            args=["-p", "50052"],
+            env={"CUDA_VISIBLE_DEVICES": "0"},
+            work_dir="/data",
+            health_port=50052,
+            health_host="0.0.0.0",
+            log_lines=400,
+            health_path="/health",
+            ready_timeout=15 * 60 * SECOND,
+            restart=True,
+            max_restarts=5,
+            restart_backoff=SECOND,
         ),
     ),
     "process_spec_minimal": (n.ProcessSpec, n.ProcessSpec(id="s-qwen-0", command="rpc-server")),
     "process_info": (
         n.ProcessInfo,
         n.ProcessInfo(
-            id="s-qwen-0", command="rpc-server", args=["-p", "50052"], pid=4242, started_at=STARTED,
-            status=n.ProcessStatus.FAILED, exit_err="exit status 1", address="192.0.2.10:50052", restarts=2,
+            id="s-qwen-0",
+            command="rpc-server",
+            args=["-p", "50052"],
+            pid=4242,
+            started_at=STARTED,
+            status=n.ProcessStatus.FAILED,
+            exit_err="exit status 1",
+            address="192.0.2.10:50052",
+            restarts=2,
         ),
     ),
     "process_info_minimal": (
         n.ProcessInfo,
-        n.ProcessInfo(id="s-qwen-0", command="rpc-server", args=["-p", "50052"], pid=4242, started_at=STARTED,
-                      status=n.ProcessStatus.STARTING),
+        n.ProcessInfo(
+            id="s-qwen-0",
+            command="rpc-server",
+            args=["-p", "50052"],
+            pid=4242,
+            started_at=STARTED,
+            status=n.ProcessStatus.STARTING,
+        ),
     ),
     "stop_process_request": (n.StopProcessRequest, n.StopProcessRequest(id="s-qwen-0")),
     "start_process_error": (n.StartProcessError, n.StartProcessError(error="ProcessSpec.ID required")),
@@ -177,7 +217,9 @@ def _golden(testdata: Path, name: str) -> str:
 
 def test_every_golden_has_a_case_and_every_case_a_golden(testdata: Path) -> None:
     on_disk = {p.stem for p in testdata.glob("*.json")}
-    assert on_disk == set(CASES), f"goldens without a case: {on_disk - set(CASES)}; cases without a golden: {set(CASES) - on_disk}"
+    assert on_disk == set(CASES), (
+        f"goldens without a case: {on_disk - set(CASES)}; cases without a golden: {set(CASES) - on_disk}"
+    )
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -299,8 +341,12 @@ def test_engine_state_is_optional_and_additive() -> None:
     assert hb.engine is None
     assert "engine" not in hb.to_json()
     looping = n.Heartbeat(
-        id="n_w0", loaded_models=["m"], boot_id="b",
-        engine=n.EngineState(state="crash-looping", restarts=4, since="2026-09-20T09:00:00Z", detail="exit status 1: CUDA error"),
+        id="n_w0",
+        loaded_models=["m"],
+        boot_id="b",
+        engine=n.EngineState(
+            state="crash-looping", restarts=4, since="2026-09-20T09:00:00Z", detail="exit status 1: CUDA error"
+        ),
     )
     again = n.Heartbeat.from_wire(looping.to_json())
     assert again == looping

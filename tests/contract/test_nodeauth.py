@@ -21,10 +21,14 @@ def test_the_check_vector() -> None:
 def test_a_good_signature_verifies_inside_the_window() -> None:
     header = sign("n_w0", TOKEN, "POST", PATH, now=TS)
     assert verify(header, "POST", PATH, TOKEN, now=TS + 299).node_id == "n_w0"
-    assert verify(header, "POST", PATH + "?after=3", lambda node: TOKEN if node == "n_w0" else None, now=TS - 299).ts == str(TS)
+    assert verify(
+        header, "POST", PATH + "?after=3", lambda node: TOKEN if node == "n_w0" else None, now=TS - 299
+    ).ts == str(TS)
 
 
-def _refusal(header: str | None, *, method: str = "POST", path: str = PATH, token=TOKEN, now: float = TS) -> AuthRefused:
+def _refusal(
+    header: str | None, *, method: str = "POST", path: str = PATH, token=TOKEN, now: float = TS
+) -> AuthRefused:
     with pytest.raises(AuthRefused) as caught:
         verify(header, method, path, token, now=now)
     return caught.value

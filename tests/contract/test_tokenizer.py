@@ -8,7 +8,28 @@ from opod.contract import tokenizer as tok
 from opod.contract.tokenizer import BOS, Tokenizer, render_chat
 
 # Pieces chosen to sit on the template's edges: specials, whitespace runs, punctuation, underscores, non-ASCII.
-ALPHABET = ["a", "b", " ", "\n", "\t", "_", "<", "|", ">", "s", "/", "é", "1", "!", "<|user|>", "</s>", "<s>", "  ", "\r\n", "x_y"]
+ALPHABET = [
+    "a",
+    "b",
+    " ",
+    "\n",
+    "\t",
+    "_",
+    "<",
+    "|",
+    ">",
+    "s",
+    "/",
+    "é",
+    "1",
+    "!",
+    "<|user|>",
+    "</s>",
+    "<s>",
+    "  ",
+    "\r\n",
+    "x_y",
+]
 ROLES = ["system", "user", "assistant", "tool", "", None, "Bot", "a|>\n"]
 
 

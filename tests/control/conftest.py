@@ -10,5 +10,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # ``test_x`` on pytest 9 (it sets the attribute older pytest read); pytest-xdist schedules by
     # nodeid and would run one operation of them all. Each gets the nodeid its name says.
     for item in items:
-        if type(item).__name__ == "SchemathesisFunction" and item.parent is not None and item.nodeid.rsplit("::", 1)[-1] != item.name:
+        if (
+            type(item).__name__ == "SchemathesisFunction"
+            and item.parent is not None
+            and item.nodeid.rsplit("::", 1)[-1] != item.name
+        ):
             item._id = item.parent.id.child(item.name)

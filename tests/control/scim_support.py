@@ -15,8 +15,15 @@ ERROR_SCHEMA = "urn:ietf:params:scim:api:messages:2.0:Error"
 LIST_SCHEMA = "urn:ietf:params:scim:api:messages:2.0:ListResponse"
 
 
-def call(method: str, url: str, body: object | None = None, *, token: str | None = None, content_type: str = "application/json",
-         headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], object]:
+def call(
+    method: str,
+    url: str,
+    body: object | None = None,
+    *,
+    token: str | None = None,
+    content_type: str = "application/json",
+    headers: dict[str, str] | None = None,
+) -> tuple[int, dict[str, str], object]:
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(url, data=data, method=method)
     if data is not None or method not in ("GET", "HEAD"):
@@ -33,20 +40,34 @@ def call(method: str, url: str, body: object | None = None, *, token: str | None
     return status, {k.lower(): v for k, v in got.items()}, json.loads(raw) if raw else None
 
 
-def scim(leader: Leader, method: str, path: str, body: object | None = None, token: str | None = None) -> tuple[int, dict[str, str], object]:
+def scim(
+    leader: Leader, method: str, path: str, body: object | None = None, token: str | None = None
+) -> tuple[int, dict[str, str], object]:
     """A SCIM call on the public listener, sent as a provider sends it (application/scim+json)."""
     return call(method, f"{leader.url}/scim/v2{path}", body, token=token, content_type="application/scim+json")
 
 
-def admin(leader: Leader, method: str, path: str, body: object | None = None, actor: str = "alice") -> tuple[int, object]:
+def admin(
+    leader: Leader, method: str, path: str, body: object | None = None, actor: str = "alice"
+) -> tuple[int, object]:
     """A management API call by ``actor``."""
-    status, _, parsed = call(method, leader.admin_url + path, body, token=leader.key,
-                             headers={"X-Llmgw-Actor": actor} if method not in ("GET", "HEAD") else None)
+    status, _, parsed = call(
+        method,
+        leader.admin_url + path,
+        body,
+        token=leader.key,
+        headers={"X-Llmgw-Actor": actor} if method not in ("GET", "HEAD") else None,
+    )
     return status, parsed
 
 
 def new_user(email: str, name: str = "", external_id: str = "", active: bool = True) -> dict:
-    body: dict = {"schemas": [USER_SCHEMA], "userName": email, "active": active, "emails": [{"value": email, "primary": True}]}
+    body: dict = {
+        "schemas": [USER_SCHEMA],
+        "userName": email,
+        "active": active,
+        "emails": [{"value": email, "primary": True}],
+    }
     if name:
         given, _, family = name.partition(" ")
         body["name"] = {"givenName": given, "familyName": family}

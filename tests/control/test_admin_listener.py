@@ -20,8 +20,9 @@ def leader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Leader]:
     up.process.stop()
 
 
-def call(leader: Leader, method: str, path: str, body: bytes | None = None, key: str | None = "admin",
-         **headers: str) -> tuple[int, dict, object]:
+def call(
+    leader: Leader, method: str, path: str, body: bytes | None = None, key: str | None = "admin", **headers: str
+) -> tuple[int, dict, object]:
     """One raw request, with exactly the headers given (``Host`` is the listener's address unless given)."""
     conn = httpclient.HTTPConnection("127.0.0.1", leader.admin_port, timeout=10)
     sent = {k.replace("_", "-"): v for k, v in headers.items()}
@@ -62,8 +63,15 @@ def test_unknown_paths_and_wrong_methods_answer_an_error_view(leader: Leader) ->
     assert status == 400 and error_view(body)
 
 
-@pytest.mark.parametrize("headers", [{"Sec_Fetch_Site": "cross-site"}, {"Sec_Fetch_Site": "same-site"},
-                                     {"Origin": "https://evil.example"}, {"Origin": "null"}])
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"Sec_Fetch_Site": "cross-site"},
+        {"Sec_Fetch_Site": "same-site"},
+        {"Origin": "https://evil.example"},
+        {"Origin": "null"},
+    ],
+)
 def test_a_request_another_sites_page_sent_is_refused_before_the_token(leader: Leader, headers: dict[str, str]) -> None:
     status, _, body = call(leader, "GET", "/api/v1/keys", key=None, **headers)
     assert status == 403 and "another site" in error_view(body)
@@ -82,18 +90,32 @@ def test_a_host_that_is_a_name_is_refused(leader: Leader) -> None:
 
 
 @pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])
-def test_a_change_without_a_json_content_type_is_refused_even_without_a_body(leader: Leader, content_type: str | None) -> None:
+def test_a_change_without_a_json_content_type_is_refused_even_without_a_body(
+    leader: Leader, content_type: str | None
+) -> None:
     headers = {"Content_Type": content_type} if content_type else {}
     status, _, body = call(leader, "POST", "/api/v1/node-tokens", b'{"name": "x"}' if content_type else None, **headers)
     assert status == 415 and "application/json" in error_view(body)
 
 
 def test_the_actor_is_checked_and_recorded(leader: Leader) -> None:
-    status, _, body = call(leader, "POST", "/api/v1/node-tokens", b'{"name": "by-alice"}', Content_Type="application/json",
-                           X_Llmgw_Actor="alice bob")
+    status, _, body = call(
+        leader,
+        "POST",
+        "/api/v1/node-tokens",
+        b'{"name": "by-alice"}',
+        Content_Type="application/json",
+        X_Llmgw_Actor="alice bob",
+    )
     assert status == 400 and "X-Llmgw-Actor" in error_view(body)
-    status, _, _ = call(leader, "POST", "/api/v1/node-tokens", b'{"name": "by-alice"}', Content_Type="application/json",
-                        X_Llmgw_Actor="alice@ops.example")
+    status, _, _ = call(
+        leader,
+        "POST",
+        "/api/v1/node-tokens",
+        b'{"name": "by-alice"}',
+        Content_Type="application/json",
+        X_Llmgw_Actor="alice@ops.example",
+    )
     assert status in (200, 201)
     assert "alice@ops.example" in wait_for_actors(leader)
     call(leader, "POST", "/api/v1/node-tokens", b'{"name": "anonymous"}', Content_Type="application/json")
@@ -106,7 +128,9 @@ def wait_for_actors(leader: Leader, expected: str = "alice@ops.example") -> set[
     def actors() -> set[str] | None:
         status, _, body = http("GET", leader.url + "/admin/v1/events/stream?after=0&limit=1000", key=leader.key)
         assert status == 200 and isinstance(body, dict), body
-        found = {str((e.get("data") or {}).get("actor")) for e in body.get("events") or [] if e.get("type") == "admin.call"}
+        found = {
+            str((e.get("data") or {}).get("actor")) for e in body.get("events") or [] if e.get("type") == "admin.call"
+        }
         return found if expected in found else None
 
     return wait_until(actors, 10, f"an admin.call event by {expected}")

@@ -29,7 +29,9 @@ def change(leader: Leader, method: str, path: str, body: object, actor: str) -> 
     return status, answer
 
 
-def http_with(leader: Leader, method: str, path: str, body: object, headers: dict[str, str]) -> tuple[int, dict, object]:
+def http_with(
+    leader: Leader, method: str, path: str, body: object, headers: dict[str, str]
+) -> tuple[int, dict, object]:
     request = urllib.request.Request(leader.admin_url + path, data=json.dumps(body).encode(), method=method)
     request.add_header("Content-Type", "application/json")
     request.add_header("Authorization", f"Bearer {leader.key}")
@@ -57,7 +59,9 @@ def test_a_change_is_recorded_with_its_actor_action_target_and_status(leader: Le
     assert status == 200
     rows = audit(leader, "?actor=alice@ops.example")
     assert [(r["action"], r["status"], r["source"]) for r in rows] == [
-        ("DELETE /api/v1/node-tokens/{id}", 200, "api"), ("POST /api/v1/node-tokens", 201, "api")]  # newest first
+        ("DELETE /api/v1/node-tokens/{id}", 200, "api"),
+        ("POST /api/v1/node-tokens", 201, "api"),
+    ]  # newest first
     assert rows[0]["target"] == created["id"]
     assert '"rack-7"' in rows[1]["detail"]
     assert all(r["id"] > 0 and r["at"] for r in rows)
@@ -79,7 +83,9 @@ def test_no_secret_is_ever_in_the_audit(leader: Leader) -> None:
         secrets.append(created["secret"])
     # A secret a caller put in a body, by mistake or by design, is taken out too.
     change(leader, "POST", "/api/v1/node-tokens", {"name": f"leaked {secrets[0]}"}, "secret-keeper")
-    change(leader, "PUT", "/api/v1/auth/secrets/scim-token", {"value": "scim-bearer-do-not-keep-7f3a9"}, "secret-keeper")
+    change(
+        leader, "PUT", "/api/v1/auth/secrets/scim-token", {"value": "scim-bearer-do-not-keep-7f3a9"}, "secret-keeper"
+    )
     secrets.append("scim-bearer-do-not-keep-7f3a9")
     rows = audit(leader, "?actor=secret-keeper")
     assert len(rows) == 4
@@ -114,8 +120,11 @@ def test_filters_narrow_the_answer(leader: Leader) -> None:
 def test_an_oversized_body_is_refused_before_it_is_read(leader: Leader) -> None:
     conn = httpclient.HTTPConnection("127.0.0.1", leader.admin_port, timeout=10)
     conn.putrequest("POST", "/api/v1/node-tokens")
-    for name, value in (("Content-Type", "application/json"), ("Authorization", f"Bearer {leader.key}"),
-                        ("Content-Length", str(9 * 1024 * 1024))):
+    for name, value in (
+        ("Content-Type", "application/json"),
+        ("Authorization", f"Bearer {leader.key}"),
+        ("Content-Length", str(9 * 1024 * 1024)),
+    ):
         conn.putheader(name, value)
     conn.endheaders()  # the body is never sent: the listener answers from the declared length
     response = conn.getresponse()

@@ -6,10 +6,22 @@ from opod.control.audit import REDACTED, detail_text, redact
 
 
 def test_fields_that_hold_secrets_are_redacted_at_any_depth() -> None:
-    body = {"name": "scim", "value": "hunter2", "settings": {"ldap": {"password": "pw", "bind_dn": "cn=admin"}},
-            "webhooks": [{"url": "https://hooks.example/x", "secret": "whsec"}], "key_id": "k_1", "token_id": "t_1"}
-    assert redact(body) == {"name": "scim", "value": REDACTED, "settings": {"ldap": {"password": REDACTED, "bind_dn": "cn=admin"}},
-                            "webhooks": [{"url": "https://hooks.example/x", "secret": REDACTED}], "key_id": "k_1", "token_id": "t_1"}
+    body = {
+        "name": "scim",
+        "value": "hunter2",
+        "settings": {"ldap": {"password": "pw", "bind_dn": "cn=admin"}},
+        "webhooks": [{"url": "https://hooks.example/x", "secret": "whsec"}],
+        "key_id": "k_1",
+        "token_id": "t_1",
+    }
+    assert redact(body) == {
+        "name": "scim",
+        "value": REDACTED,
+        "settings": {"ldap": {"password": REDACTED, "bind_dn": "cn=admin"}},
+        "webhooks": [{"url": "https://hooks.example/x", "secret": REDACTED}],
+        "key_id": "k_1",
+        "token_id": "t_1",
+    }
 
 
 def test_key_like_text_is_redacted_wherever_it_is() -> None:

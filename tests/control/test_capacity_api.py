@@ -16,8 +16,10 @@ import pytest
 
 from tests.support.opod_process import Leader, OpodProcess, http, remove_home, sim_worker, wait_until
 
-H100 = ("gpus:\n  - {name: NVIDIA H100 80GB HBM3, class: H100, memory_gb: 80, compute_capability: '9.0', count: 2}\n"
-        "labels: {zone: us}\nmemory_gb: 64\n")
+H100 = (
+    "gpus:\n  - {name: NVIDIA H100 80GB HBM3, class: H100, memory_gb: 80, compute_capability: '9.0', count: 2}\n"
+    "labels: {zone: us}\nmemory_gb: 64\n"
+)
 A10G = "gpus:\n  - {name: NVIDIA A10G, class: A10G, memory_gb: 24, compute_capability: '8.6', count: 1}\nlabels: {zone: eu}\n"
 
 
@@ -52,8 +54,15 @@ def by_node(rejections: list[dict]) -> dict[str, str]:
 
 
 def test_one_that_cannot_fit_is_explained_per_node(leader: Leader) -> None:
-    add(leader, {"name": "huge", "aliases": ["huge-chat"],
-                 "profiles": [{"name": "h100x4", "engine": "sim", "gpu_class": "H100", "tp": 4}], "scaling": {"min": 1, "max": 1}})
+    add(
+        leader,
+        {
+            "name": "huge",
+            "aliases": ["huge-chat"],
+            "profiles": [{"name": "h100x4", "engine": "sim", "gpu_class": "H100", "tp": 4}],
+            "scaling": {"min": 1, "max": 1},
+        },
+    )
 
     def explained() -> dict | None:
         status, body = leader.admin("GET", "/api/v1/explain-placement?model=huge-chat")
@@ -74,7 +83,10 @@ def test_one_that_cannot_fit_is_explained_per_node(leader: Leader) -> None:
 def fits_on_the_a10g(leader: Leader) -> None:
     """A model with one replica, holding the A10G node's only card."""
     if leader.admin("GET", "/api/v1/models/fits")[0] == 404:
-        add(leader, {"name": "fits", "profiles": [{"engine": "sim", "gpu_class": "A10G"}], "scaling": {"min": 1, "max": 1}})
+        add(
+            leader,
+            {"name": "fits", "profiles": [{"engine": "sim", "gpu_class": "A10G"}], "scaling": {"min": 1, "max": 1}},
+        )
     leader.wait_served("fits", timeout=60)
 
 
@@ -85,25 +97,50 @@ def test_a_model_that_is_placed_has_nothing_to_explain(leader: Leader) -> None:
 
 
 def test_capacity_is_recorded_replaced_and_listed_with_who_measured_it(leader: Leader) -> None:
-    add(leader, {"name": "measured", "profiles": [{"name": "h100", "engine": "sim", "gpu_class": "H100"},
-                                                  {"name": "a10g", "engine": "sim", "gpu_class": "A10G"}],
-                 "scaling": {"min": 0, "max": 4}})
+    add(
+        leader,
+        {
+            "name": "measured",
+            "profiles": [
+                {"name": "h100", "engine": "sim", "gpu_class": "H100"},
+                {"name": "a10g", "engine": "sim", "gpu_class": "A10G"},
+            ],
+            "scaling": {"min": 0, "max": 4},
+        },
+    )
     url = f"{leader.admin_url}/api/v1/models/measured/capacity"
-    first = {"profile": "h100", "max_concurrency_at_slo": 16, "throughput_tok_per_sec": 900.5, "ttft_p99": 250_000_000,
-             "tpot_p99": 30_000_000, "suggested_target_waiting": 4, "suggested_kv_ceiling": 0.8,
-             "slo": {"TTFTp99": 500_000_000, "TPOTp99": 50_000_000}, "target": "http://10.0.0.1:8000",
-             "measured_at": "2026-11-30T10:00:00Z"}
+    first = {
+        "profile": "h100",
+        "max_concurrency_at_slo": 16,
+        "throughput_tok_per_sec": 900.5,
+        "ttft_p99": 250_000_000,
+        "tpot_p99": 30_000_000,
+        "suggested_target_waiting": 4,
+        "suggested_kv_ceiling": 0.8,
+        "slo": {"TTFTp99": 500_000_000, "TPOTp99": 50_000_000},
+        "target": "http://10.0.0.1:8000",
+        "measured_at": "2026-11-30T10:00:00Z",
+    }
     status, _, body = http("PUT", url, first, key=leader.key)
     assert status == 200, body
     assert body["model"] == "measured" and body["throughput_tok_per_sec"] == 900.5
-    status, _, body = http("PUT", url, {"profile": "a10g", "max_concurrency_at_slo": 4, "throughput_tok_per_sec": 120}, key=leader.key)
+    status, _, body = http(
+        "PUT", url, {"profile": "a10g", "max_concurrency_at_slo": 4, "throughput_tok_per_sec": 120}, key=leader.key
+    )
     assert status == 200 and body["measured_at"]
     # The same profile again replaces the earlier measurement.
     import urllib.request
 
-    request = urllib.request.Request(url, data=b'{"profile": "h100", "max_concurrency_at_slo": 20, "throughput_tok_per_sec": 1000}',
-                                     method="PUT", headers={"Content-Type": "application/json", "Authorization": f"Bearer {leader.key}",
-                                                            "X-Llmgw-Actor": "bench-bot"})
+    request = urllib.request.Request(
+        url,
+        data=b'{"profile": "h100", "max_concurrency_at_slo": 20, "throughput_tok_per_sec": 1000}',
+        method="PUT",
+        headers={
+            "Content-Type": "application/json",
+            "Authorization": f"Bearer {leader.key}",
+            "X-Llmgw-Actor": "bench-bot",
+        },
+    )
     with urllib.request.urlopen(request) as answer:
         assert answer.status == 200
     status, listed = leader.admin("GET", "/api/v1/capacity")
@@ -116,15 +153,31 @@ def test_capacity_is_recorded_replaced_and_listed_with_who_measured_it(leader: L
 
 
 def test_capacity_refusals_name_the_field(leader: Leader) -> None:
-    add(leader, {"name": "two-ways", "profiles": [{"name": "a", "engine": "sim"}, {"name": "b", "engine": "sim"}],
-                 "scaling": {"min": 0, "max": 1}})
+    add(
+        leader,
+        {
+            "name": "two-ways",
+            "profiles": [{"name": "a", "engine": "sim"}, {"name": "b", "engine": "sim"}],
+            "scaling": {"min": 0, "max": 1},
+        },
+    )
     cases = [
         ("two-ways", {"throughput_tok_per_sec": 10}, 400, "profile: two-ways has 2 profiles"),
         ("two-ways", {"profile": "c", "throughput_tok_per_sec": 10}, 400, "profile: two-ways has no profile 'c'"),
         ("two-ways", {"profile": "a"}, 400, "throughput_tok_per_sec"),
         ("two-ways", {"profile": "a", "throughput_tok_per_sec": -1}, 400, "throughput_tok_per_sec: -1"),
-        ("two-ways", {"profile": "a", "throughput_tok_per_sec": 1, "suggested_kv_ceiling": 3}, 400, "suggested_kv_ceiling"),
-        ("two-ways", {"model": "other", "profile": "a", "throughput_tok_per_sec": 1}, 400, "model: the body names 'other'"),
+        (
+            "two-ways",
+            {"profile": "a", "throughput_tok_per_sec": 1, "suggested_kv_ceiling": 3},
+            400,
+            "suggested_kv_ceiling",
+        ),
+        (
+            "two-ways",
+            {"model": "other", "profile": "a", "throughput_tok_per_sec": 1},
+            400,
+            "model: the body names 'other'",
+        ),
         ("two-ways", {"profile": "a", "throughput_tok_per_sec": "fast"}, 400, "throughput_tok_per_sec"),
         ("nobody", {"throughput_tok_per_sec": 1}, 404, "'nobody'"),
     ]
@@ -136,10 +189,19 @@ def test_capacity_refusals_name_the_field(leader: Leader) -> None:
 
 
 def test_target_counts_replicas_from_measured_capacity_and_says_whether_they_fit(leader: Leader) -> None:
-    add(leader, {"name": "sized", "profiles": [{"name": "h100", "engine": "sim", "gpu_class": "H100"}], "scaling": {"min": 0, "max": 4}})
+    add(
+        leader,
+        {
+            "name": "sized",
+            "profiles": [{"name": "h100", "engine": "sim", "gpu_class": "H100"}],
+            "scaling": {"min": 0, "max": 4},
+        },
+    )
     status, body = leader.admin("GET", "/api/v1/models/sized/target?tokens_per_sec=500")
     assert status == 400 and "PUT /api/v1/models/sized/capacity" in body["error"]
-    status, body = leader.admin("PUT", "/api/v1/models/sized/capacity", {"max_concurrency_at_slo": 8, "throughput_tok_per_sec": 200})
+    status, body = leader.admin(
+        "PUT", "/api/v1/models/sized/capacity", {"max_concurrency_at_slo": 8, "throughput_tok_per_sec": 200}
+    )
     assert status == 200 and body["profile"] == "h100"
     status, body = leader.admin("GET", "/api/v1/models/sized/target?tokens_per_sec=150")
     assert status == 200, body
@@ -157,16 +219,24 @@ def test_target_counts_replicas_from_measured_capacity_and_says_whether_they_fit
 
 def test_headroom_says_how_many_more_fit_where_and_what_limits_them(leader: Leader) -> None:
     fits_on_the_a10g(leader)
-    add(leader, {"name": "roomy", "profiles": [{"name": "any-gpu", "engine": "sim", "gpu": {"min_memory_gb": 20}}],
-                 "scaling": {"min": 0, "max": 4}})
+    add(
+        leader,
+        {
+            "name": "roomy",
+            "profiles": [{"name": "any-gpu", "engine": "sim", "gpu": {"min_memory_gb": 20}}],
+            "scaling": {"min": 0, "max": 4},
+        },
+    )
     status, body = leader.admin("GET", "/api/v1/models/roomy/headroom")
     assert status == 200, body
     assert body["model"] == "roomy" and body["current"] == 0 and body["more"] == 1
     assert body["nodes"] == [["n-h100"]] and body["limited"] is False
     assert body["tok_per_sec"] == 0 and body["by_preempting"] == 0 and "preempts" not in body
     # The A10G is held by a standard model, which roomy (opportunistic: on demand) may not preempt.
-    assert sorted(body["blocked"]) == ["n-a10g: gpus: needs 1 free A10G, has 0 free (1 held by fits)",
-                                       "n-h100: replica: already holds a replica of roomy (a worker runs one engine per model)"]
+    assert sorted(body["blocked"]) == [
+        "n-a10g: gpus: needs 1 free A10G, has 0 free (1 held by fits)",
+        "n-h100: replica: already holds a replica of roomy (a worker runs one engine per model)",
+    ]
     status, body = leader.admin("PUT", "/api/v1/models/roomy/capacity", {"throughput_tok_per_sec": 75})
     assert status == 200
     status, body = leader.admin("GET", "/api/v1/models/roomy/headroom?limit=1")
@@ -180,8 +250,14 @@ def test_headroom_says_how_many_more_fit_where_and_what_limits_them(leader: Lead
 
 
 def test_a_model_never_attempted_is_explained_from_the_fleet_as_it_is(leader: Leader) -> None:
-    add(leader, {"name": "picky", "profiles": [{"engine": "sim", "gpu_class": "H100", "node_selector": {"zone": "eu"}}],
-                 "scaling": {"min": 0, "max": 1}})
+    add(
+        leader,
+        {
+            "name": "picky",
+            "profiles": [{"engine": "sim", "gpu_class": "H100", "node_selector": {"zone": "eu"}}],
+            "scaling": {"min": 0, "max": 1},
+        },
+    )
     status, body = leader.admin("GET", "/api/v1/explain-placement?model=picky")
     assert status == 200 and body["placed"] is False
     assert by_node(body["rejections"]) == {
@@ -192,13 +268,22 @@ def test_a_model_never_attempted_is_explained_from_the_fleet_as_it_is(leader: Le
 
 def test_a_critical_model_counts_the_room_it_would_take_from_a_lower_class(leader: Leader) -> None:
     fits_on_the_a10g(leader)
-    add(leader, {"name": "vip", "class": "critical", "profiles": [{"name": "a10g", "engine": "sim", "gpu_class": "A10G"}],
-                 "scaling": {"min": 0, "max": 2}})
+    add(
+        leader,
+        {
+            "name": "vip",
+            "class": "critical",
+            "profiles": [{"name": "a10g", "engine": "sim", "gpu_class": "A10G"}],
+            "scaling": {"min": 0, "max": 2},
+        },
+    )
     status, body = leader.admin("GET", "/api/v1/models/vip/headroom")
     assert status == 200, body
     assert body["more"] == 0 and body["by_preempting"] == 1 and body["preempts"] == ["fits"]
     assert "n-a10g: gpus: needs 1 free A10G, has 0 free (1 held by fits)" in body["blocked"]
-    status, _ = leader.admin("PUT", "/api/v1/models/vip/capacity", {"throughput_tok_per_sec": 50, "max_concurrency_at_slo": 2})
+    status, _ = leader.admin(
+        "PUT", "/api/v1/models/vip/capacity", {"throughput_tok_per_sec": 50, "max_concurrency_at_slo": 2}
+    )
     status, body = leader.admin("GET", "/api/v1/models/vip/target?tokens_per_sec=50")
     assert (body["needed"], body["more"], body["room"], body["fits"], body["preempts"]) == (1, 1, 1, True, ["fits"])
     # Asking changed nothing: fits still serves.

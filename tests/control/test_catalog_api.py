@@ -20,15 +20,43 @@ FULL: dict[str, Any] = {
     "description": "The team's chat model, for long answers.",
     "source": "acme/chat-big-GGUF/chat-big-Q4_K_M.gguf",
     "profiles": [
-        {"name": "h100", "engine": "vllm", "engine_version": "0.11", "gpu_class": "H100-80GB", "tp": 2, "pp": 1, "gpus_per_node": 2,
-         "args": ["--max-model-len", "32768"], "env": {"VLLM_LOGGING_LEVEL": "INFO"}, "min_memory_gb": 64, "cpu_cores": 8,
-         "min_disk_gb": 100, "node_selector": {"llmgw.io/site": "par1"}, "power_watts": 1400.5, "keep_within": "rack", "weight": 2.5,
-         "priority": 10, "startup_timeout": 10 * MINUTE, "kv_events": True},
+        {
+            "name": "h100",
+            "engine": "vllm",
+            "engine_version": "0.11",
+            "gpu_class": "H100-80GB",
+            "tp": 2,
+            "pp": 1,
+            "gpus_per_node": 2,
+            "args": ["--max-model-len", "32768"],
+            "env": {"VLLM_LOGGING_LEVEL": "INFO"},
+            "min_memory_gb": 64,
+            "cpu_cores": 8,
+            "min_disk_gb": 100,
+            "node_selector": {"llmgw.io/site": "par1"},
+            "power_watts": 1400.5,
+            "keep_within": "rack",
+            "weight": 2.5,
+            "priority": 10,
+            "startup_timeout": 10 * MINUTE,
+            "kv_events": True,
+        },
         {"name": "cpu", "engine": "llamacpp", "min_memory_gb": 48, "cpu_cores": 16},
-        {"name": "ampere", "engine": "sglang", "gpu": {"min_compute_capability": 8.0, "min_memory_gb": 40}, "nodes": 2, "tp": 4},
+        {
+            "name": "ampere",
+            "engine": "sglang",
+            "gpu": {"min_compute_capability": 8.0, "min_memory_gb": 40},
+            "nodes": 2,
+            "tp": 4,
+        },
     ],
-    "scaling": {"min": 1, "max": 3, "idle_timeout": 30 * MINUTE, "prewarm": 15 * MINUTE,
-                "schedule": [{"days": ["weekdays"], "from": "08:00", "to": "19:00", "min": 2, "max": 3}]},
+    "scaling": {
+        "min": 1,
+        "max": 3,
+        "idle_timeout": 30 * MINUTE,
+        "prewarm": 15 * MINUTE,
+        "schedule": [{"days": ["weekdays"], "from": "08:00", "to": "19:00", "min": 2, "max": 3}],
+    },
     "class": "critical",
     "owner": "team:acme/ml",
     "license": {"id": "apache-2.0", "commercial": True},
@@ -52,15 +80,25 @@ def contains(whole: Any, part: Any) -> bool:
     if isinstance(part, dict):
         return isinstance(whole, dict) and all(k in whole and contains(whole[k], v) for k, v in part.items())
     if isinstance(part, list):
-        return isinstance(whole, list) and len(whole) == len(part) and all(contains(w, p) for w, p in zip(whole, part, strict=True))
+        return (
+            isinstance(whole, list)
+            and len(whole) == len(part)
+            and all(contains(w, p) for w, p in zip(whole, part, strict=True))
+        )
     return whole == part
 
 
-def admin(leader: Leader, method: str, path: str, body: object | None = None, actor: str | None = None) -> tuple[int, Any]:
+def admin(
+    leader: Leader, method: str, path: str, body: object | None = None, actor: str | None = None
+) -> tuple[int, Any]:
     if actor is None:
         return leader.admin(method, path, body)
     request = urllib.request.Request(leader.admin_url + path, data=json.dumps(body or {}).encode(), method=method)
-    for name, value in (("Content-Type", "application/json"), ("Authorization", f"Bearer {leader.key}"), ("X-Llmgw-Actor", actor)):
+    for name, value in (
+        ("Content-Type", "application/json"),
+        ("Authorization", f"Bearer {leader.key}"),
+        ("X-Llmgw-Actor", actor),
+    ):
         request.add_header(name, value)
     with urllib.request.urlopen(request, timeout=30) as response:
         return response.status, json.loads(response.read())
@@ -80,19 +118,40 @@ def test_a_whole_definition_is_kept_shown_back_with_defaults_and_survives_a_rest
         assert (status, body) == (200, {"added": "chat-big"})
         status, shown = leader.admin("GET", "/api/v1/models/chat-big")
         assert status == 200 and contains(shown, FULL), shown
-        assert shown["profiles"][2] | {} == FULL["profiles"][2] | {"name": "ampere", "pp": 1, "gpus_per_node": 4}, "defaults filled in"
+        assert shown["profiles"][2] | {} == FULL["profiles"][2] | {"name": "ampere", "pp": 1, "gpus_per_node": 4}, (
+            "defaults filled in"
+        )
         by_alias = leader.admin("GET", "/api/v1/models/gpt-4o")[1]
         assert by_alias == shown, "a model is found by an alias too"
 
         row = listing(leader)["chat-big"]
-        assert contains(row, {"name": "chat-big", "aliases": ["gpt-4o", "big"], "description": FULL["description"], "source": FULL["source"],
-                              "min_replicas": 1, "max_replicas": 3, "ready_replicas": 0, "profiles": ["h100", "cpu", "ampere"],
-                              "memory_gb": 64, "cpu_cores": 8, "class": "critical", "owner": "team:acme/ml", "fallbacks": ["smollm2-135m-instruct"],
-                              "origin": {"repo": "acme/chat-big", "revision": "abc123"}}), row
+        assert contains(
+            row,
+            {
+                "name": "chat-big",
+                "aliases": ["gpt-4o", "big"],
+                "description": FULL["description"],
+                "source": FULL["source"],
+                "min_replicas": 1,
+                "max_replicas": 3,
+                "ready_replicas": 0,
+                "profiles": ["h100", "cpu", "ampere"],
+                "memory_gb": 64,
+                "cpu_cores": 8,
+                "class": "critical",
+                "owner": "team:acme/ml",
+                "fallbacks": ["smollm2-135m-instruct"],
+                "origin": {"repo": "acme/chat-big", "revision": "abc123"},
+            },
+        ), row
         assert any("H100-80GB" in w for w in row["warnings"]), "a GPU class no node has is a warning, not a refusal"
         assert all(value is not None for value in row.values()), "absent fields are left out, never null"
 
-        outside = {"name": "outside", "external": {"url": "https://api.example.com/v1", "model": "gpt-4.1"}, "description": "overflow"}
+        outside = {
+            "name": "outside",
+            "external": {"url": "https://api.example.com/v1", "model": "gpt-4.1"},
+            "description": "overflow",
+        }
         assert leader.admin("POST", "/api/v1/models", outside)[0] == 200
         assert listing(leader)["outside"]["external"] == "api.example.com/gpt-4.1"
 
@@ -108,17 +167,41 @@ def test_a_whole_definition_is_kept_shown_back_with_defaults_and_survives_a_rest
 
 BAD: list[tuple[dict[str, Any], int, str]] = [
     ({"name": "chat-big"}, 409, "name: model 'chat-big' is already in the catalog"),
-    ({"name": "other", "source": "acme/x", "aliases": ["big"]}, 409, "aliases[0]: 'big' is already a name of model 'chat-big'"),
+    (
+        {"name": "other", "source": "acme/x", "aliases": ["big"]},
+        409,
+        "aliases[0]: 'big' is already a name of model 'chat-big'",
+    ),
     ({"name": "gpt-4o", "source": "acme/x"}, 409, "name: 'gpt-4o' is already a name of model 'chat-big'"),
-    ({"name": "other", "source": "acme/x", "profiles": [{"engine": "tensorrt"}]}, 400, "profiles[0].engine: 'tensorrt' is not an engine"),
-    ({"name": "other", "source": "acme/x", "profiles": [{"engine": "vllm", "tp": 0}]}, 400, "profiles[0].tp: 0 is below 1"),
+    (
+        {"name": "other", "source": "acme/x", "profiles": [{"engine": "tensorrt"}]},
+        400,
+        "profiles[0].engine: 'tensorrt' is not an engine",
+    ),
+    (
+        {"name": "other", "source": "acme/x", "profiles": [{"engine": "vllm", "tp": 0}]},
+        400,
+        "profiles[0].tp: 0 is below 1",
+    ),
     ({"name": "other", "source": "acme/x", "class": "gold"}, 400, "class: 'gold' is not a capacity class"),
     ({"name": "other", "source": "acme/x", "scaling": {"min": 3, "max": 1}}, 400, "scaling: min 3 is above max 1"),
     ({"name": "other", "source": "acme/x", "scaling": {"idle_timeout": "10m"}}, 400, "scaling.idle_timeout"),
-    ({"name": "other", "source": "acme/x", "scaling": {"idle_timeout": -1}}, 400, "scaling.idle_timeout: a duration in nanoseconds cannot be negative"),
-    ({"name": "other", "source": "acme/x", "scaling": {"schedule": [{"from": "8am", "to": "17:00"}]}}, 400, "scaling.schedule[0].from"),
+    (
+        {"name": "other", "source": "acme/x", "scaling": {"idle_timeout": -1}},
+        400,
+        "scaling.idle_timeout: a duration in nanoseconds cannot be negative",
+    ),
+    (
+        {"name": "other", "source": "acme/x", "scaling": {"schedule": [{"from": "8am", "to": "17:00"}]}},
+        400,
+        "scaling.schedule[0].from",
+    ),
     ({"name": "other", "source": "acme/x", "owner": "acme"}, 400, "owner: 'acme' is not a scope"),
-    ({"name": "other", "source": "acme/x", "profiles": [{"engine": "vllm", "gpu_class": "H100 80GB"}]}, 400, "profiles[0].gpu_class"),
+    (
+        {"name": "other", "source": "acme/x", "profiles": [{"engine": "vllm", "gpu_class": "H100 80GB"}]},
+        400,
+        "profiles[0].gpu_class",
+    ),
     ({"name": "other", "source": "acme/x", "colour": "blue"}, 400, "colour"),
     ({"name": "Other Model", "source": "acme/x"}, 400, "name: 'Other Model' must be lower-case"),
     ({"name": "no-such-thing"}, 400, "source: 'no-such-thing' is not in the catalog"),
@@ -135,8 +218,9 @@ def catalog_leader(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.mark.parametrize(("body", "status", "message"), BAD, ids=[m.split(":")[0] for _, _, m in BAD])
-def test_a_bad_definition_is_refused_naming_the_field_and_nothing_is_kept(catalog_leader: Leader, body: dict, status: int,
-                                                                          message: str) -> None:
+def test_a_bad_definition_is_refused_naming_the_field_and_nothing_is_kept(
+    catalog_leader: Leader, body: dict, status: int, message: str
+) -> None:
     before = listing(catalog_leader)
     answer, error = catalog_leader.admin("POST", "/api/v1/models", body)
     assert answer == status and set(error) == {"error"} and message in error["error"], error
@@ -151,29 +235,48 @@ def test_a_body_of_the_wrong_type_is_an_error_view(catalog_leader: Leader) -> No
 def test_scale_class_owner_and_resources_change_the_definition(catalog_leader: Leader) -> None:
     leader = catalog_leader
     assert leader.admin("POST", "/api/v1/models/chat-big/scale", {"min": 2}) == (
-        200, {"model": "chat-big", "min": 2, "max": 2, "idle_timeout": 30 * MINUTE, "on_demand": False}), "a max left out follows min"
+        200,
+        {"model": "chat-big", "min": 2, "max": 2, "idle_timeout": 30 * MINUTE, "on_demand": False},
+    ), "a max left out follows min"
     assert leader.admin("POST", "/api/v1/models/chat-big/scale", {"min": 0, "max": 2, "idle_timeout": 20 * MINUTE}) == (
-        200, {"model": "chat-big", "min": 0, "max": 2, "idle_timeout": 20 * MINUTE, "on_demand": True})
+        200,
+        {"model": "chat-big", "min": 0, "max": 2, "idle_timeout": 20 * MINUTE, "on_demand": True},
+    )
     status, error = leader.admin("POST", "/api/v1/models/chat-big/scale", {"min": 5, "max": 1})
     assert status == 400 and "scaling: min 5 is above max 1" in error["error"]
-    assert leader.admin("GET", "/api/v1/models/chat-big")[1]["scaling"]["max"] == 2, "a refused change is not half-applied"
+    assert leader.admin("GET", "/api/v1/models/chat-big")[1]["scaling"]["max"] == 2, (
+        "a refused change is not half-applied"
+    )
 
     assert leader.admin("POST", "/api/v1/models/chat-big/class", {"class": "opportunistic"}) == (
-        200, {"model": "chat-big", "class": "opportunistic"})
-    assert leader.admin("POST", "/api/v1/models/chat-big/class", {"class": ""}) == (200, {"model": "chat-big", "class": "opportunistic"}), \
-        "empty goes back to what the scaling implies: on demand is opportunistic"
+        200,
+        {"model": "chat-big", "class": "opportunistic"},
+    )
+    assert leader.admin("POST", "/api/v1/models/chat-big/class", {"class": ""}) == (
+        200,
+        {"model": "chat-big", "class": "opportunistic"},
+    ), "empty goes back to what the scaling implies: on demand is opportunistic"
     assert leader.admin("POST", "/api/v1/models/chat-big/class", {"class": "vip"})[0] == 400
 
     assert leader.admin("POST", "/api/v1/models/chat-big/owner", {"owner": "project:acme/ml/chat"}) == (
-        200, {"model": "chat-big", "owner": "project:acme/ml/chat"})
+        200,
+        {"model": "chat-big", "owner": "project:acme/ml/chat"},
+    )
     status, error = leader.admin("POST", "/api/v1/models/chat-big/owner", {"owner": "team:a/b/c"})
     assert status == 400 and "owner: 'team:a/b/c' is not a scope" in error["error"]
-    assert leader.admin("POST", "/api/v1/models/chat-big/owner", {"owner": ""}) == (200, {"model": "chat-big"}), "empty is shared"
+    assert leader.admin("POST", "/api/v1/models/chat-big/owner", {"owner": ""}) == (200, {"model": "chat-big"}), (
+        "empty is shared"
+    )
 
-    status, model = leader.admin("POST", "/api/v1/models/chat-big/resources", {"profile": "cpu", "memory_gb": 56, "cpu_cores": 12})
+    status, model = leader.admin(
+        "POST", "/api/v1/models/chat-big/resources", {"profile": "cpu", "memory_gb": 56, "cpu_cores": 12}
+    )
     assert status == 200 and model["name"] == "chat-big"
     assert [(p["name"], p.get("min_memory_gb"), p.get("cpu_cores")) for p in model["profiles"]] == [
-        ("h100", 64, 8), ("cpu", 56, 12), ("ampere", None, None)]
+        ("h100", 64, 8),
+        ("cpu", 56, 12),
+        ("ampere", None, None),
+    ]
     status, error = leader.admin("POST", "/api/v1/models/chat-big/resources", {"profile": "tpu", "memory_gb": 1})
     assert status == 404 and "profile: 'tpu' is not a profile of 'chat-big'" in error["error"]
     assert leader.admin("POST", "/api/v1/models/nope/scale", {"min": 1})[0] == 404
@@ -184,9 +287,18 @@ def test_scale_class_owner_and_resources_change_the_definition(catalog_leader: L
 
 def test_the_built_in_default_cannot_be_removed_but_an_added_model_can(catalog_leader: Leader) -> None:
     status, error = catalog_leader.admin("DELETE", "/api/v1/models/smollm2-135m-instruct")
-    assert status == 409 and "scale it to 0" in error["error"] and "/api/v1/models/smollm2-135m-instruct/scale" in error["error"]
+    assert (
+        status == 409
+        and "scale it to 0" in error["error"]
+        and "/api/v1/models/smollm2-135m-instruct/scale" in error["error"]
+    )
     assert "smollm2-135m-instruct" in listing(catalog_leader)
-    assert catalog_leader.admin("POST", "/api/v1/models", {"name": "gone-soon", "source": "acme/gone", "scaling": {"min": 0}})[0] == 200
+    assert (
+        catalog_leader.admin(
+            "POST", "/api/v1/models", {"name": "gone-soon", "source": "acme/gone", "scaling": {"min": 0}}
+        )[0]
+        == 200
+    )
     assert catalog_leader.admin("DELETE", "/api/v1/models/gone-soon") == (200, {"removed": "gone-soon"})
     assert catalog_leader.admin("GET", "/api/v1/models/gone-soon")[0] == 404
     assert "gone-soon" not in listing(catalog_leader)
@@ -211,9 +323,20 @@ def test_presets_fit_the_fleet_are_added_by_hand_or_by_themselves_and_a_removal_
         assert all(p["blocked"].startswith("presets.auto is off") and not p["fits"] for p in view["presets"])
 
         (tmp_path / "inventory.yaml").write_text(INVENTORY)
-        args = ["join", leader.url, "--token", leader.node_token(), "--engine", "sim", "--listen", f"127.0.0.1:{free_port()}",
-                "--inventory", str(tmp_path / "inventory.yaml")]
+        args = [
+            "join",
+            leader.url,
+            "--token",
+            leader.node_token(),
+            "--engine",
+            "sim",
+            "--listen",
+            f"127.0.0.1:{free_port()}",
+            "--inventory",
+            str(tmp_path / "inventory.yaml"),
+        ]
         from tests.support.opod_process import clean_env
+
         worker = OpodProcess(args, tmp_path / "worker", env=clean_env(tmp_path / "worker", OPOD_NODE_ID="gpu-1"))
 
         def presets() -> dict[str, dict]:
@@ -223,13 +346,24 @@ def test_presets_fit_the_fleet_are_added_by_hand_or_by_themselves_and_a_removal_
         shown = presets()
         assert "cpu" in shown["smollm2-135m-instruct"]["fits_classes"]
         assert shown["gpt-oss-120b"]["fits_classes"] == ["H100-80GB"], "a card with the memory the preset needs"
-        assert shown["smollm2-135m-instruct"]["licence"]["id"] == "apache-2.0" and shown["smollm2-135m-instruct"]["makes"] == "text"
+        assert (
+            shown["smollm2-135m-instruct"]["licence"]["id"] == "apache-2.0"
+            and shown["smollm2-135m-instruct"]["makes"] == "text"
+        )
         too_big = next(p for p in shown.values() if not p["fits"])
         assert too_big["in_catalog"] is False
 
-        assert admin(leader, "POST", "/api/v1/presets/smollm2-135m-instruct", actor="ops@example") == (200, {"added": "smollm2-135m-instruct"})
+        assert admin(leader, "POST", "/api/v1/presets/smollm2-135m-instruct", actor="ops@example") == (
+            200,
+            {"added": "smollm2-135m-instruct"},
+        )
         added = presets()["smollm2-135m-instruct"]
-        assert (added["in_catalog"], added["added_by"], added.get("declined"), "blocked" in added) == (True, "ops@example", False, False)
+        assert (added["in_catalog"], added["added_by"], added.get("declined"), "blocked" in added) == (
+            True,
+            "ops@example",
+            False,
+            False,
+        )
         assert "added_at" in added and "smollm2-135m-instruct" in listing(leader)
         assert leader.admin("POST", "/api/v1/presets/smollm2-135m-instruct")[0] == 409
         assert leader.admin("POST", "/api/v1/presets/no-such-preset")[0] == 404
@@ -246,8 +380,11 @@ def test_presets_fit_the_fleet_are_added_by_hand_or_by_themselves_and_a_removal_
         assert auto and all(now[name]["in_catalog"] for name in auto), now
         assert auto <= set(listing(leader))
         text = next(name for name in auto if now[name]["makes"] == "text")
-        assert any(p["blocked"] == f"{text} already makes text" for p in now.values() if p["makes"] == "text" and not p["in_catalog"]
-                   and p["fits"] and not p.get("declined"))
+        assert any(
+            p["blocked"] == f"{text} already makes text"
+            for p in now.values()
+            if p["makes"] == "text" and not p["in_catalog"] and p["fits"] and not p.get("declined")
+        )
         assert now[too_big["name"]]["blocked"].startswith("no node has")
 
         assert leader.admin("POST", "/api/v1/presets/smollm2-135m-instruct")[0] == 200

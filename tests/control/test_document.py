@@ -61,20 +61,31 @@ def shape(schema: dict[str, Any]) -> Any:
 def operation(op: dict[str, Any]) -> dict[str, Any]:
     params = []
     for param in op.get("parameters", []):
-        params.append(param if "$ref" in param else
-                      {"name": param["name"], "in": param["in"], "required": param.get("required", False),
-                       "schema": shape(param["schema"])})
+        params.append(
+            param
+            if "$ref" in param
+            else {
+                "name": param["name"],
+                "in": param["in"],
+                "required": param.get("required", False),
+                "schema": shape(param["schema"]),
+            }
+        )
     body = op.get("requestBody")
     return {
         "operationId": op.get("operationId"),
         "tags": op.get("tags"),
         "parameters": sorted(params, key=json.dumps),
-        "requestBody": None if body is None else {
+        "requestBody": None
+        if body is None
+        else {
             "required": body.get("required", False),
             "content": {ct: shape(c["schema"]) for ct, c in body["content"].items()},
         },
         "responses": {
-            code: answer if "$ref" in answer else {ct: shape(c["schema"]) for ct, c in answer.get("content", {}).items()}
+            code: answer
+            if "$ref" in answer
+            else {ct: shape(c["schema"]) for ct, c in answer.get("content", {}).items()}
             for code, answer in op["responses"].items()
         },
     }
@@ -89,8 +100,11 @@ def test_every_operation_of_the_spec_is_in_the_document_as_the_spec_has_it(spec:
     assert len(theirs) == 126
     missing = sorted(f"{m} {p}" for m, p in theirs.keys() - mine.keys())
     assert not missing, f"{len(missing)} operations are not routed: {missing}"
-    differ = {f"{m} {p}": (operation(theirs[m, p]), operation(mine[m, p]))
-              for m, p in theirs if operation(theirs[m, p]) != operation(mine[m, p])}
+    differ = {
+        f"{m} {p}": (operation(theirs[m, p]), operation(mine[m, p]))
+        for m, p in theirs
+        if operation(theirs[m, p]) != operation(mine[m, p])
+    }
     assert not differ, f"{len(differ)} operations differ from the spec, e.g. {next(iter(differ.items()))}"
 
 
@@ -98,16 +112,23 @@ def test_every_schema_has_the_spec_fields_and_types(spec: dict, ours: dict) -> N
     theirs, mine = spec["components"]["schemas"], ours["components"]["schemas"]
     missing = sorted(theirs.keys() - mine.keys())
     assert not missing, f"schemas the document lacks: {missing}"
-    differ = {name: (shape(theirs[name]), shape(mine[name])) for name in theirs if shape(theirs[name]) != shape(mine[name])}
+    differ = {
+        name: (shape(theirs[name]), shape(mine[name])) for name in theirs if shape(theirs[name]) != shape(mine[name])
+    }
     assert not differ, f"{len(differ)} schemas differ from the spec, e.g. {next(iter(differ.items()))}"
-    extension_bodies = {ref.rsplit("/", 1)[1] for op in operations(ours).values() if op.get("x-opod-extension")
-                        for ref in refs(op)}
-    assert sorted(mine.keys() - theirs.keys() - extension_bodies) == [], "a schema the spec does not have, used by a spec operation"
+    extension_bodies = {
+        ref.rsplit("/", 1)[1] for op in operations(ours).values() if op.get("x-opod-extension") for ref in refs(op)
+    }
+    assert sorted(mine.keys() - theirs.keys() - extension_bodies) == [], (
+        "a schema the spec does not have, used by a spec operation"
+    )
 
 
 def refs(node: Any) -> list[str]:
     if isinstance(node, dict):
-        return [v for k, v in node.items() if k == "$ref" and isinstance(v, str)] + [r for v in node.values() for r in refs(v)]
+        return [v for k, v in node.items() if k == "$ref" and isinstance(v, str)] + [
+            r for v in node.values() for r in refs(v)
+        ]
     return [r for v in node for r in refs(v)] if isinstance(node, list) else []
 
 

@@ -61,7 +61,9 @@ def test_the_node_views_show_fabrics_multi_node_and_nvlink(fleet: Leader) -> Non
     assert [g.get("nvlink_peers") for g in ib1["gpus"]] == [[2], [3], [0], [1]]
     assert {(g["domain"], g["fabric_state"]) for g in ib1["gpus"]} == {("nvl-a", "joined")}
     assert down["fabrics"] == ["ib-a"] and down["multi_node"] == "down: mlx5_1"
-    assert "nvlink_domain" not in down and "nvlink_peers" not in down["gpus"][0] and "fabric_state" not in down["gpus"][0]
+    assert (
+        "nvlink_domain" not in down and "nvlink_peers" not in down["gpus"][0] and "fabric_state" not in down["gpus"][0]
+    )
     assert seen["n_ibb"]["fabrics"] == ["ib-b"] and seen["n_ibb"]["multi_node"] == "ready"
 
 
@@ -76,7 +78,9 @@ def test_the_summary_counts_each_fabric_and_its_largest_free_block(fleet: Leader
 def test_ctl_nodes_show_prints_the_wiring(fleet: Leader) -> None:
     shown = opod_cli(fleet, "ctl", "nodes", "show", "n_ib1")
     assert shown.returncode == 0, shown.stderr
-    assert "multi-node" in shown.stdout and "ready" in shown.stdout and "ib-a" in shown.stdout and "nvl-a" in shown.stdout
+    assert (
+        "multi-node" in shown.stdout and "ready" in shown.stdout and "ib-a" in shown.stdout and "nvl-a" in shown.stdout
+    )
     down = opod_cli(fleet, "ctl", "nodes", "show", "n_down")
     assert "down: mlx5_1" in down.stdout, down.stdout
     summary = opod_cli(fleet, "ctl", "summary")
@@ -108,7 +112,14 @@ def test_a_two_node_replica_stays_on_one_fabric_and_the_others_are_explained(fle
 
 def test_tensor_parallel_on_one_node_takes_nvlink_peers(fleet: Leader) -> None:
     # n_ib1 has cards 1, 2 and 3 free: 1 and 2 are not linked, 1 and 3 are.
-    add(fleet, {"name": "pair", "profiles": [{"engine": "sim", "gpu_class": "H100", "tp": 2}], "scaling": {"min": 1, "max": 1}})
+    add(
+        fleet,
+        {
+            "name": "pair",
+            "profiles": [{"engine": "sim", "gpu_class": "H100", "tp": 2}],
+            "scaling": {"min": 1, "max": 1},
+        },
+    )
     fleet.wait_served("pair", timeout=60)
     (replica,) = replicas(fleet, "pair")
     assert [(s["node"], s["gpus"]) for s in replica["shards"]] == [("n_ib1", [1, 3])], replica

@@ -59,8 +59,15 @@ def test_the_declared_gpus_show_by_class_with_free_unhealthy_and_mig(fleet) -> N
     assert h100["gpus_by_class"] == [{"class": "H100-80GB", "total": 8, "free": 7, "unhealthy": 1, "mig": False}]
     assert h100["unhealthy_gpus"] == ["7: XID 79: fell off the bus"]
     assert h100["compute_capabilities"] == ["9.0"] and h100["gpu_classes"] == ["H100-80GB"]
-    assert h100["gpus"][0] == {"index": 0, "name": "NVIDIA H100 80GB HBM3", "label": "0", "class": "H100-80GB", "card": 0,
-                               "memory_total_mb": 81920, "compute_capability": "9.0"}
+    assert h100["gpus"][0] == {
+        "index": 0,
+        "name": "NVIDIA H100 80GB HBM3",
+        "label": "0",
+        "class": "H100-80GB",
+        "card": 0,
+        "memory_total_mb": 81920,
+        "compute_capability": "9.0",
+    }
     assert h100["location"] == {"site": "par1", "rack": "r12", "pdus": ["pdu-a", "pdu-b"]}
     assert h100["labels"]["llmgw.io/rack"] == "r12" and "operator_labels" not in h100
     assert h100["engines"] == ["sim"] and h100["engine_versions"]["sim"] == h100["agent_version"]
@@ -92,7 +99,9 @@ def test_cordon_drain_and_ready_and_the_admin_v1_drain_is_the_same_state(fleet) 
 
 def test_operator_labels_over_the_workers_own_and_the_location_they_give(fleet) -> None:
     leader, _, _ = fleet
-    status, body = leader.admin("POST", "/api/v1/nodes/n_mig/labels", {"set": {"llmgw.io/rack": "r7", "team": "search"}})
+    status, body = leader.admin(
+        "POST", "/api/v1/nodes/n_mig/labels", {"set": {"llmgw.io/rack": "r7", "team": "search"}}
+    )
     assert status == 200, body
     assert body["operator_labels"] == {"llmgw.io/rack": "r7", "team": "search"}
     assert body["labels"] == {"llmgw.io/site": "par1", "llmgw.io/rack": "r7", "team": "search"}
@@ -101,7 +110,9 @@ def test_operator_labels_over_the_workers_own_and_the_location_they_give(fleet) 
     assert body["operator_labels"] == {"llmgw.io/rack": "r7"} and nodes(leader)["n_mig"]["location"]["rack"] == "r7"
     status, body = leader.admin("POST", "/api/v1/nodes/n_mig/labels", {"set": {"bad key": "x"}})
     assert status == 400 and body["error"].startswith("set: label key 'bad key'")
-    assert nodes(leader)["n_mig"]["operator_labels"] == {"llmgw.io/rack": "r7"}, "a refused change leaves nothing half-applied"
+    assert nodes(leader)["n_mig"]["operator_labels"] == {"llmgw.io/rack": "r7"}, (
+        "a refused change leaves nothing half-applied"
+    )
     status, body = leader.admin("POST", "/api/v1/nodes/n_mig/labels", {"set": {"a": "1"}, "remove": ["a"]})
     assert status == 400 and body["error"].startswith("remove: 'a' is also in set")
 
@@ -145,7 +156,9 @@ def test_agents_restart_reads_the_inventory_again_and_registers_anew(fleet) -> N
     (root / "n_mig.yaml").write_text(MIG_BOX.replace("llmgw.io/site: par1", "llmgw.io/site: ams2"))
     status, body = leader.admin("POST", "/api/v1/agents/restart", {})
     assert status == 200 and sorted(body["nodes"]) == ["n_h100", "n_mig"], body
-    wait_until(lambda: nodes(leader)["n_mig"]["labels"]["llmgw.io/site"] == "ams2", 20, "the restarted agent's new labels")
+    wait_until(
+        lambda: nodes(leader)["n_mig"]["labels"]["llmgw.io/site"] == "ams2", 20, "the restarted agent's new labels"
+    )
     assert workers["n_mig"].proc.poll() is None, "the worker process kept running"
     assert nodes(leader)["n_mig"]["state"] in ("ready", "cordoned", "draining")
 
@@ -166,7 +179,9 @@ def test_opod_node_ls_shows_gpus_by_class_and_state(fleet) -> None:
 def test_load_is_the_real_hosts_as_its_last_heartbeat_said_and_provision_says_what_can_run(fleet) -> None:
     leader, _, _ = fleet
     # CPU use is measured between two heartbeats: the second one brings it.
-    h100 = wait_until(lambda: (n := nodes(leader)["n_h100"])["load"].get("cpu_percent") is not None and n, 20, "a CPU use")
+    h100 = wait_until(
+        lambda: (n := nodes(leader)["n_h100"])["load"].get("cpu_percent") is not None and n, 20, "a CPU use"
+    )
     load = h100["load"]
     assert 0 <= load["cpu_percent"] <= 100 and all(load[k] >= 0 for k in ("load1", "load5", "load15"))
     # The declared inventory says 96 cores and 1 TiB; the load is this machine's.
@@ -176,7 +191,9 @@ def test_load_is_the_real_hosts_as_its_last_heartbeat_said_and_provision_says_wh
     assert "gpu_sensors" not in load  # declared GPUs are not sensed
     provision = {p["engine"]: p for p in h100["provision"]}
     assert provision["sim"]["state"] == "ready" and provision["sim"]["version"] == h100["agent_version"]
-    assert provision["vllm"]["state"] == "unsupported" and provision["vllm"]["detail"].startswith(("not installed", "no GPU"))
+    assert provision["vllm"]["state"] == "unsupported" and provision["vllm"]["detail"].startswith(
+        ("not installed", "no GPU")
+    )
     assert provision["llamacpp"]["state"] == "ready" and provision["llamacpp"]["version"]
     assert "null" not in str(h100)
 

@@ -29,16 +29,23 @@ FILE_SECRET = "sk-opod-from-the-auth-file-" + os.urandom(6).hex()
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Leader, OpodProcess]]:
     root = tmp_path_factory.mktemp("keys")
     auth = root / "auth.json"
-    key = adminapi.SnapshotKey(id="billing", name="billing export", hash=hashlib.sha256(FILE_SECRET.encode()).hexdigest(),
-                               admission_class="sheddable")
+    key = adminapi.SnapshotKey(
+        id="billing",
+        name="billing export",
+        hash=hashlib.sha256(FILE_SECRET.encode()).hexdigest(),
+        admission_class="sheddable",
+    )
     auth.write_text(adminapi.AuthSnapshot(revision="1", require_keys=True, keys=[key]).to_json())
     leader = Leader(root / "leader", worker=False, extra=["--no-default-models"], env={"OPOD_AUTH_FILE": str(auth)})
     worker = sim_worker(leader, root / "worker", "n_keys")
     worker.wait_for_line("registered with", timeout=30)
     assert opod_cli(leader, "model", "add", MODEL, "--engine", "sim").returncode == 0
-    for method, path, body in (("POST", "/api/v1/orgs", {"name": "acme"}), ("POST", "/api/v1/teams", {"name": "ml", "in": "acme"}),
-                               ("POST", "/api/v1/projects", {"name": "chat", "in": "acme/ml"}),
-                               ("POST", "/api/v1/projects", {"name": "other", "in": "acme/ml"})):
+    for method, path, body in (
+        ("POST", "/api/v1/orgs", {"name": "acme"}),
+        ("POST", "/api/v1/teams", {"name": "ml", "in": "acme"}),
+        ("POST", "/api/v1/projects", {"name": "chat", "in": "acme/ml"}),
+        ("POST", "/api/v1/projects", {"name": "other", "in": "acme/ml"}),
+    ):
         status, answer = leader.admin(method, path, body)
         assert status == 201, answer
     leader.wait_served(MODEL)
@@ -79,7 +86,9 @@ def test_a_project_key_works_on_v1_and_stops_at_once_when_revoked(fleet) -> None
     assert secret.startswith("sk-opod-") and created["id"].startswith("k_")
     assert created["project"].startswith("prj_") and created["project_path"] == "acme/ml/chat"
     assert created["band"] == "critical" and created["state"] == "active" and "user" not in created
-    assert abs(datetime.fromisoformat(created["expires_at"]) - (datetime.now(UTC) + timedelta(hours=720))) < timedelta(minutes=5)
+    assert abs(datetime.fromisoformat(created["expires_at"]) - (datetime.now(UTC) + timedelta(hours=720))) < timedelta(
+        minutes=5
+    )
 
     assert chat(leader, secret) == MODEL
 
@@ -97,7 +106,10 @@ def test_a_project_key_works_on_v1_and_stops_at_once_when_revoked(fleet) -> None
     assert status == 200 and answer["state"] == "revoked" and "secret" not in answer
 
     mine = [r for r in audit_rows(leader) if r.get("target") == f"key:{created['id']}"]
-    assert sorted((r["action"], r["status"]) for r in mine) == [("DELETE /api/v1/keys/{id}", 200), ("POST /api/v1/keys", 201)]
+    assert sorted((r["action"], r["status"]) for r in mine) == [
+        ("DELETE /api/v1/keys/{id}", 200),
+        ("POST /api/v1/keys", 201),
+    ]
     assert any(created["project"] in r.get("detail", "") and "critical" in r.get("detail", "") for r in mine)
 
     # A project that had a key keeps it, revoked: it is only renamed.
@@ -109,7 +121,9 @@ def test_no_listing_and_no_audit_row_ever_holds_a_secret(fleet) -> None:
     leader, _ = fleet
     secrets = [create(leader, {"name": f"k{i}", "project": "acme/ml/other"})["secret"] for i in range(2)]
     secrets.append(create(leader, {"name": "own"})["secret"])
-    everything = json.dumps(keys(leader)) + json.dumps([leader.admin("GET", f"/api/v1/keys/{k['id']}")[1] for k in keys(leader)])
+    everything = json.dumps(keys(leader)) + json.dumps(
+        [leader.admin("GET", f"/api/v1/keys/{k['id']}")[1] for k in keys(leader)]
+    )
     everything += json.dumps(audit_rows(leader))
     for secret in secrets + [FILE_SECRET]:
         assert secret not in everything and secret[:20] not in everything
@@ -123,8 +137,13 @@ def test_the_keys_that_exist_show_in_the_same_list_and_the_auth_files_are_read_o
     listed = {k["id"]: k for k in keys(leader)}
     assert any(k["name"] == "cli key" and "project" not in k for k in listed.values())
     billing = listed["k_cp_billing"]
-    assert {k: v for k, v in billing.items() if k != "created_at"} == {"id": "k_cp_billing", "name": "billing export", "prefix": "",
-                                                                       "state": "active", "band": "sheddable"}
+    assert {k: v for k, v in billing.items() if k != "created_at"} == {
+        "id": "k_cp_billing",
+        "name": "billing export",
+        "prefix": "",
+        "state": "active",
+        "band": "sheddable",
+    }
     listing = opod_cli(leader, "token", "ls")
     assert listing.returncode == 0 and "k_cp_billing" in listing.stdout and "cli key" in listing.stdout, listing.stderr
     assert chat(leader, FILE_SECRET) == MODEL

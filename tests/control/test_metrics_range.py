@@ -33,7 +33,9 @@ def server(leader: Leader, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     if prometheus.binary() is None:
         pytest.skip(f"no Prometheus server to query: {prometheus.INSTALL}")
     target = f"127.0.0.1:{leader.port}"
-    running = prometheus.Prometheus(tmp_path_factory.mktemp("prometheus"), {"leader": [target], "leader-again": [target]})
+    running = prometheus.Prometheus(
+        tmp_path_factory.mktemp("prometheus"), {"leader": [target], "leader-again": [target]}
+    )
     yield running
     running.stop()
 
@@ -45,8 +47,13 @@ def use_prometheus(leader: Leader, url: str) -> None:
     body = f"prometheus:\n  url: {url}\n" if url else ""
     status, answer = leader.admin("PUT", "/api/v1/settings", {"base": current.get("version", 0), "body": body})
     assert status == 200, answer
-    wait_until(lambda: metrics_range(leader, {**MINUTE, "queries": [{"id": "x", "expr": "up"}]})[1].get("configured") == bool(url),
-               5, f"prometheus.url {url!r} in force")
+    wait_until(
+        lambda: (
+            metrics_range(leader, {**MINUTE, "queries": [{"id": "x", "expr": "up"}]})[1].get("configured") == bool(url)
+        ),
+        5,
+        f"prometheus.url {url!r} in force",
+    )
 
 
 def metrics_range(leader: Leader, body: dict) -> tuple[int, dict]:
@@ -64,7 +71,9 @@ def test_without_a_prometheus_the_answer_says_not_configured(leader: Leader) -> 
 
 def test_series_and_points_from_a_real_prometheus(leader: Leader, server: prometheus.Prometheus) -> None:
     use_prometheus(leader, server.url)
-    wait_until(lambda: len(server.instant("up")) == 2, 30, f"Prometheus to scrape the leader twice; its log:\n{server.output}")
+    wait_until(
+        lambda: len(server.instant("up")) == 2, 30, f"Prometheus to scrape the leader twice; its log:\n{server.output}"
+    )
     queries = [
         {"id": "up", "expr": "up", "by": "__name__"},
         {"id": "jobs", "expr": "up"},
@@ -91,7 +100,9 @@ def test_series_and_points_from_a_real_prometheus(leader: Leader, server: promet
 
     target = f"127.0.0.1:{leader.port}"
     assert {s["Name"] for s in answer["series"]["jobs"]} == {
-        f'up{{instance="{target}",job="leader"}}', f'up{{instance="{target}",job="leader-again"}}'}
+        f'up{{instance="{target}",job="leader"}}',
+        f'up{{instance="{target}",job="leader-again"}}',
+    }
     workers = {s["Name"]: s["Points"] for s in answer["series"]["workers"]}
     assert set(workers) <= {"leader", "leader-again"} and workers
     assert all(p["Value"] == 0 for line in workers.values() for p in line)  # a leader without workers
@@ -104,21 +115,31 @@ def test_series_and_points_from_a_real_prometheus(leader: Leader, server: promet
 def test_an_unreachable_prometheus_is_named_in_each_query_s_error(leader: Leader) -> None:
     gone = f"http://127.0.0.1:{free_port()}"
     use_prometheus(leader, gone)
-    status, answer = metrics_range(leader, {**MINUTE, "queries": [{"id": "a", "expr": "up"}, {"id": "b", "expr": "up"}]})
+    status, answer = metrics_range(
+        leader, {**MINUTE, "queries": [{"id": "a", "expr": "up"}, {"id": "b", "expr": "up"}]}
+    )
     assert status == 200 and answer["configured"] is True
-    assert set(answer["errors"]) == {"a", "b"} and all(f"cannot reach Prometheus at {gone}" in e for e in answer["errors"].values())
+    assert set(answer["errors"]) == {"a", "b"} and all(
+        f"cannot reach Prometheus at {gone}" in e for e in answer["errors"].values()
+    )
 
 
-@pytest.mark.parametrize(("body", "named"), [
-    ({"step": NS, "queries": [{"id": "a", "expr": "up"}]}, "window:"),
-    ({"window": 60 * NS, "step": 0, "queries": [{"id": "a", "expr": "up"}]}, "step:"),
-    ({"window": 86400 * NS, "step": NS, "queries": [{"id": "a", "expr": "up"}]}, "window / step: 86400 points"),
-    ({**MINUTE, "queries": []}, "queries:"),
-    ({**MINUTE, "queries": [{"expr": "up"}]}, "queries[0].id"),
-    ({**MINUTE, "queries": [{"id": "a", "expr": "up"}, {"id": "a", "expr": "up"}]}, "queries[1].id: 'a' is used twice"),
-    ({**MINUTE, "queries": [{"id": "a", "expr": " "}]}, "queries[0].expr"),
-    ({**MINUTE, "queries": [{"id": "a", "expr": "up", "label": "x"}]}, "queries.0.label"),
-])
+@pytest.mark.parametrize(
+    ("body", "named"),
+    [
+        ({"step": NS, "queries": [{"id": "a", "expr": "up"}]}, "window:"),
+        ({"window": 60 * NS, "step": 0, "queries": [{"id": "a", "expr": "up"}]}, "step:"),
+        ({"window": 86400 * NS, "step": NS, "queries": [{"id": "a", "expr": "up"}]}, "window / step: 86400 points"),
+        ({**MINUTE, "queries": []}, "queries:"),
+        ({**MINUTE, "queries": [{"expr": "up"}]}, "queries[0].id"),
+        (
+            {**MINUTE, "queries": [{"id": "a", "expr": "up"}, {"id": "a", "expr": "up"}]},
+            "queries[1].id: 'a' is used twice",
+        ),
+        ({**MINUTE, "queries": [{"id": "a", "expr": " "}]}, "queries[0].expr"),
+        ({**MINUTE, "queries": [{"id": "a", "expr": "up", "label": "x"}]}, "queries.0.label"),
+    ],
+)
 def test_bad_requests_are_refused_naming_the_field(leader: Leader, body: dict, named: str) -> None:
     status, answer = metrics_range(leader, body)
     assert status == 400 and named in answer["error"], answer

@@ -18,13 +18,27 @@ from opod.fleet.state import NodeState
 
 def node() -> NodeState:
     n = NodeState(id="n1", address="127.0.0.1:1", hardware=nodeapi.Capabilities(cpu_cores=96, ram_gb=1024))
-    n.host_load = nodeapi.HostLoad(cpus=4, cpu_percent=25.0, load1=1.0, load5=0.5, load15=0.25, memory_used_bytes=2 << 30,
-                                   memory_total_bytes=8 << 30,
-                                   gpus=[nodeapi.GPUSensor(index=0, temp_c=60.0, ecc_uncorrected=0, pcie_replays=2)])
+    n.host_load = nodeapi.HostLoad(
+        cpus=4,
+        cpu_percent=25.0,
+        load1=1.0,
+        load5=0.5,
+        load15=0.25,
+        memory_used_bytes=2 << 30,
+        memory_total_bytes=8 << 30,
+        gpus=[nodeapi.GPUSensor(index=0, temp_c=60.0, ecc_uncorrected=0, pcie_replays=2)],
+    )
     n.host_load_at = time.time() - 3
     n.inventory.last_seen = time.time() - 3
-    apply_report(n.inventory, nodeapi.InventoryReport(provision=[
-        nodeapi.EngineInstall(engine="vllm", state="unsupported", detail="not installed: pip install vllm")]), None)
+    apply_report(
+        n.inventory,
+        nodeapi.InventoryReport(
+            provision=[
+                nodeapi.EngineInstall(engine="vllm", state="unsupported", detail="not installed: pip install vllm")
+            ]
+        ),
+        None,
+    )
     return n
 
 
@@ -44,11 +58,17 @@ def test_the_kept_listing_writes_the_ages_afresh_and_takes_a_new_report() -> Non
     now = time.monotonic()
     first = json.loads(listing.json([n], {}, now, time.time()))[0]
     assert first["load"]["age_seconds"] == 3 and first["last_seen_ago"] == "3s"
-    assert first["provision"] == [{"engine": "vllm", "state": "unsupported", "detail": "not installed: pip install vllm"}]
+    assert first["provision"] == [
+        {"engine": "vllm", "state": "unsupported", "detail": "not installed: pip install vllm"}
+    ]
     later = json.loads(listing.json([n], {}, now, time.time() + 10))[0]
     assert later["load"]["age_seconds"] == 13 and later["last_seen_ago"] == "13s"
-    assert {k: v for k, v in later.items() if k not in ("load", "last_seen_ago")} == \
-           {k: v for k, v in first.items() if k not in ("load", "last_seen_ago")}
-    n.host_load, n.host_load_at = nodeapi.HostLoad(cpus=4, load1=3.0, memory_used_bytes=1, memory_total_bytes=2), time.time()
+    assert {k: v for k, v in later.items() if k not in ("load", "last_seen_ago")} == {
+        k: v for k, v in first.items() if k not in ("load", "last_seen_ago")
+    }
+    n.host_load, n.host_load_at = (
+        nodeapi.HostLoad(cpus=4, load1=3.0, memory_used_bytes=1, memory_total_bytes=2),
+        time.time(),
+    )
     fresh = json.loads(listing.json([n], {}, now, time.time()))[0]
     assert fresh["load"]["load1"] == 3.0 and fresh["load"]["age_seconds"] == 0 and "cpu_percent" not in fresh["load"]

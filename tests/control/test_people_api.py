@@ -31,9 +31,14 @@ def leader(tmp_path_factory: pytest.TempPathFactory):
 def world(leader: Leader) -> dict[str, str]:
     """acme/ml/chat, acme/ml/eval and acme/ops/batch, and two people provisioned through SCIM."""
     ids: dict[str, str] = {}
-    for path, body in (("/api/v1/orgs", {"name": "acme"}), ("/api/v1/teams", {"name": "ml", "in": "acme"}),
-                       ("/api/v1/projects", {"name": "chat", "in": "acme/ml"}), ("/api/v1/projects", {"name": "eval", "in": "acme/ml"}),
-                       ("/api/v1/teams", {"name": "ops", "in": "acme"}), ("/api/v1/projects", {"name": "batch", "in": "acme/ops"})):
+    for path, body in (
+        ("/api/v1/orgs", {"name": "acme"}),
+        ("/api/v1/teams", {"name": "ml", "in": "acme"}),
+        ("/api/v1/projects", {"name": "chat", "in": "acme/ml"}),
+        ("/api/v1/projects", {"name": "eval", "in": "acme/ml"}),
+        ("/api/v1/teams", {"name": "ops", "in": "acme"}),
+        ("/api/v1/projects", {"name": "batch", "in": "acme/ops"}),
+    ):
         status, item = admin(leader, "POST", path, body)
         assert status == 201, item
         ids[(body.get("in", "") + "/" + body["name"]).lstrip("/")] = item["id"]
@@ -57,29 +62,47 @@ def test_people_read_back_by_id_or_email_in_any_case(leader: Leader, world: dict
     status, people = admin(leader, "GET", "/api/v1/users?state=active")
     assert status == 200 and [p["email"] for p in people] == ["ada@example.com", "bob@example.com"]
     status, ada = admin(leader, "GET", "/api/v1/users/ADA@Example.COM")
-    assert status == 200 and (ada["id"], ada["name"], ada["state"]) == (world["ada@example.com"], "Ada Lovelace", "active")
+    assert status == 200 and (ada["id"], ada["name"], ada["state"]) == (
+        world["ada@example.com"],
+        "Ada Lovelace",
+        "active",
+    )
     assert "role" not in ada and "created_at" in ada and "null" not in json.dumps(ada)
 
 
-def test_a_membership_is_added_and_posting_it_again_changes_only_the_role(leader: Leader, world: dict[str, str]) -> None:
+def test_a_membership_is_added_and_posting_it_again_changes_only_the_role(
+    leader: Leader, world: dict[str, str]
+) -> None:
     ada = world["ada@example.com"]
-    status, view = admin(leader, "POST", f"/api/v1/users/{ada}/memberships", {"target": "org:acme", "role": "manager"}, actor="carol")
+    status, view = admin(
+        leader, "POST", f"/api/v1/users/{ada}/memberships", {"target": "org:acme", "role": "manager"}, actor="carol"
+    )
     assert status == 200, view
     (membership,) = view["memberships"]
-    assert (membership["target"], membership["path"], membership["role"], membership["by"]) == (world["acme"], "acme", "manager", "carol")
+    assert (membership["target"], membership["path"], membership["role"], membership["by"]) == (
+        world["acme"],
+        "acme",
+        "manager",
+        "carol",
+    )
     status, view = admin(leader, "POST", "/api/v1/users/ada@example.com/memberships", {"target": world["acme"]})
     assert status == 200 and [(m["target"], m["role"]) for m in view["memberships"]] == [(world["acme"], "member")]
     status, view = admin(leader, "POST", f"/api/v1/users/{ada}/memberships", {"target": "team:acme/ml"})
     assert {m["path"] for m in view["memberships"]} == {"acme", "acme/ml"}
 
 
-@pytest.mark.parametrize(("body", "status", "words"), [
-    ({}, 400, "target: name where"),
-    ({"target": "galaxy:far"}, 400, "not a kind of scope"),
-    ({"target": "team:acme/nope"}, 404, "has no team 'nope'"),
-    ({"target": "org:acme", "role": "owner"}, 400, "member, manager"),
-])
-def test_a_bad_membership_is_refused_naming_the_field(leader: Leader, world: dict[str, str], body: dict, status: int, words: str) -> None:
+@pytest.mark.parametrize(
+    ("body", "status", "words"),
+    [
+        ({}, 400, "target: name where"),
+        ({"target": "galaxy:far"}, 400, "not a kind of scope"),
+        ({"target": "team:acme/nope"}, 404, "has no team 'nope'"),
+        ({"target": "org:acme", "role": "owner"}, 400, "member, manager"),
+    ],
+)
+def test_a_bad_membership_is_refused_naming_the_field(
+    leader: Leader, world: dict[str, str], body: dict, status: int, words: str
+) -> None:
     got, answer = admin(leader, "POST", f"/api/v1/users/{world['bob@example.com']}/memberships", body)
     assert got == status and words in answer["error"], answer
     assert admin(leader, "GET", f"/api/v1/users/{world['bob@example.com']}")[1].get("memberships", []) == []
@@ -117,14 +140,20 @@ def test_auth_secrets_are_kept_by_name_and_never_come_back(leader: Leader, world
     assert status == 501
 
 
-def test_every_change_is_audited_by_its_actor_and_no_secret_is_in_the_audit(leader: Leader, world: dict[str, str]) -> None:
+def test_every_change_is_audited_by_its_actor_and_no_secret_is_in_the_audit(
+    leader: Leader, world: dict[str, str]
+) -> None:
     status, rows = admin(leader, "GET", "/api/v1/audit?limit=10000")
     assert status == 200
     memberships = [r for r in rows if r["action"] == "POST /api/v1/users/{id}/memberships" and r["status"] == 200]
     assert any(r["actor"] == "carol" and r["target"] == f"user:{world['ada@example.com']}" for r in memberships)
-    assert any(r["action"] == "PUT /api/v1/auth/secrets/{name}" and r["target"] == "secret:auth/ldap-bind" for r in rows)
+    assert any(
+        r["action"] == "PUT /api/v1/auth/secrets/{name}" and r["target"] == "secret:auth/ldap-bind" for r in rows
+    )
     with sqlite3.connect(Path(leader.home) / "opod.db") as db:
         stored = json.dumps(db.execute("SELECT * FROM audit").fetchall())
-    assert any(r["action"] == "DELETE /api/v1/users/{id}/memberships" and "acme/ml/chat" in r.get("detail", "") for r in rows)
+    assert any(
+        r["action"] == "DELETE /api/v1/users/{id}/memberships" and "acme/ml/chat" in r.get("detail", "") for r in rows
+    )
     for secret in (TOKEN, LDAP_PASSWORD, *KEY_SECRETS):
         assert secret not in stored and secret not in json.dumps(rows)

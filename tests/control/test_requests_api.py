@@ -26,13 +26,17 @@ class Fleet:
         self.leader, self.key, self.private_key, self.project = leader, key, private_key, project
 
     def client(self, secret: str | None = None) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.leader.url + "/v1", api_key=secret or self.key["secret"], max_retries=0, timeout=30)
+        return openai.OpenAI(
+            base_url=self.leader.url + "/v1", api_key=secret or self.key["secret"], max_retries=0, timeout=30
+        )
 
     def record(self, request_id: str) -> dict:
         """The request's record, once the ledger has committed it."""
+
         def found() -> dict | None:
             status, body = self.leader.admin("GET", f"/api/v1/requests/{request_id}")
             return body if status == 200 and isinstance(body, dict) else None
+
         return wait_until(found, 15, f"request {request_id} to be recorded")
 
     def body(self, request_id: str) -> dict:
@@ -41,6 +45,7 @@ class Fleet:
         def found() -> dict | None:
             status, body = self.leader.admin("GET", f"/api/v1/requests/{request_id}/body")
             return body if status == 200 and isinstance(body, dict) else None
+
         return wait_until(found, 15, f"the body of request {request_id}")
 
     def no_body(self, request_id: str) -> str:
@@ -63,7 +68,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory):
     leader = Leader(root / "leader", worker=False, extra=["--no-default-models"])
     worker: OpodProcess | None = None
     try:
-        worker = sim_worker(leader, root / "worker", NODE, OPOD_ENGINE_FLAGS=json.dumps({"time_scale": 0.0, "output_max": 8}))
+        worker = sim_worker(
+            leader, root / "worker", NODE, OPOD_ENGINE_FLAGS=json.dumps({"time_scale": 0.0, "output_max": 8})
+        )
         worker.wait_for_line("registered with", timeout=30)
         for model in (MODEL, OTHER):
             assert opod_cli(leader, "model", "add", model, "--engine", "sim").returncode == 0
@@ -71,8 +78,10 @@ def fleet(tmp_path_factory: pytest.TempPathFactory):
         made(leader, "/api/v1/teams", {"name": "ml", "in": "acme"})
         project = made(leader, "/api/v1/projects", {"name": "chat", "in": "acme/ml"})
         made(leader, "/api/v1/projects", {"name": "private", "in": "acme/ml"})
-        body = (f"retention:\n  bodies: true\n  body_max_bytes: {MAX_BYTES}\n  projects:\n"
-                "    'project:acme/ml/private': {bodies: false}\n")
+        body = (
+            f"retention:\n  bodies: true\n  body_max_bytes: {MAX_BYTES}\n  projects:\n"
+            "    'project:acme/ml/private': {bodies: false}\n"
+        )
         status, answer = leader.admin("PUT", "/api/v1/settings", {"base": 0, "body": body})
         assert status == 200, answer
         status, key = leader.admin("POST", "/api/v1/keys", {"name": "chat app", "project": "acme/ml/chat"})
@@ -90,7 +99,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory):
 def ask(fleet: Fleet, content: str, secret: str | None = None, **extra: object) -> tuple[str, str]:
     """A chat request through the openai package: its X-Request-Id and the answer's text."""
     raw = fleet.client(secret).chat.completions.with_raw_response.create(
-        model=MODEL, messages=[{"role": "user", "content": content}], max_tokens=8, **extra)  # type: ignore[call-overload]
+        model=MODEL, messages=[{"role": "user", "content": content}], max_tokens=8, **extra
+    )  # type: ignore[call-overload]
     return raw.headers["x-request-id"], raw.parse().choices[0].message.content or ""
 
 
@@ -120,13 +130,19 @@ def test_the_body_and_the_answer_are_kept(fleet: Fleet) -> None:
     assert "keep this question" in json.loads(body["request"])["messages"][0]["content"]
     assert body["response"] and answer in body["response"]
     assert json.loads(body["response"])["choices"][0]["message"]["content"] == answer
-    assert (body["path"], body["model"], body["status"], body["truncated"]) == ("/v1/chat/completions", MODEL, 200, False)
+    assert (body["path"], body["model"], body["status"], body["truncated"]) == (
+        "/v1/chat/completions",
+        MODEL,
+        200,
+        False,
+    )
     assert body["project_id"] == fleet.project and body["expires_at"] > body["at"]
 
 
 def test_a_streamed_answer_is_kept_as_its_text(fleet: Fleet) -> None:
     raw = fleet.client().chat.completions.with_raw_response.create(
-        model=MODEL, messages=[{"role": "user", "content": "stream it"}], max_tokens=8, stream=True)
+        model=MODEL, messages=[{"role": "user", "content": "stream it"}], max_tokens=8, stream=True
+    )
     request_id = raw.headers["x-request-id"]
     text = "".join(chunk.choices[0].delta.content or "" for chunk in raw.parse() if chunk.choices)
     assert text

@@ -44,7 +44,13 @@ DISRUPTIVE = ("postAgentsRestart", "postRestart")
 EXAMPLES = 12
 """Generated requests per operation and mode: enough to reach the refusals, and the run stays within minutes."""
 DEFAULT_MODELS = ("smollm2-135m-instruct", "all-minilm-l6-v2")
-REAL_WRITES = ("postNodesIdLabels", "postModelsNameOwner", "postModelsNameClass", "putModelsNameCapacity", "postModelsNameRetry")
+REAL_WRITES = (
+    "postNodesIdLabels",
+    "postModelsNameOwner",
+    "postModelsNameClass",
+    "putModelsNameCapacity",
+    "postModelsNameRetry",
+)
 """Writes sent with a real node or model as well: they change descriptions, never whether the fixture serves."""
 
 schema = schemathesis.openapi.from_path(SPEC_PATH).exclude(operation_id=list(DISRUPTIVE))
@@ -66,10 +72,16 @@ def error_view(ctx: Any, response: Any, case: Any) -> None:
     except ValueError:
         raise AssertionError(f"{response.status_code} answered {response.content[:200]!r}, not an ErrorView") from None
     if not (isinstance(body, dict) and set(body) == {"error"} and isinstance(body["error"], str) and body["error"]):
-        raise AssertionError(f"{response.status_code} answered {body!r}, not an ErrorView {{\"error\": \"...\"}}")
+        raise AssertionError(f'{response.status_code} answered {body!r}, not an ErrorView {{"error": "..."}}')
 
 
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance, error_view]
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+    error_view,
+]
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +133,9 @@ def session() -> Iterator[Any]:
 
 @schema.parametrize()
 @settings(deadline=None, suppress_health_check=list(HealthCheck), derandomize=True, database=None)
-def test_every_answer_is_one_the_spec_allows(case: Any, leader: Leader, session: Any, real: dict[str, str], routed: set[str]) -> None:
+def test_every_answer_is_one_the_spec_allows(
+    case: Any, leader: Leader, session: Any, real: dict[str, str], routed: set[str]
+) -> None:
     operation = case.operation.definition.raw.get("operationId", case.operation.label)
     if operation in unbuilt:
         pytest.skip(f"{operation} is not built yet: {unbuilt[operation]}")

@@ -11,7 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.control.scim_support import ERROR_SCHEMA, GROUP_SCHEMA, LIST_SCHEMA, USER_SCHEMA, admin, new_user, patch, scim
+from tests.control.scim_support import (
+    ERROR_SCHEMA,
+    GROUP_SCHEMA,
+    LIST_SCHEMA,
+    USER_SCHEMA,
+    admin,
+    new_user,
+    patch,
+    scim,
+)
 from tests.support.opod_process import Leader, http
 
 TOKEN = "scim-tok-5d1f0c7e9a2b4c68"
@@ -33,9 +42,13 @@ def leader(tmp_path_factory: pytest.TempPathFactory):
 def tree(leader: Leader) -> dict[str, str]:
     """acme/ml/chat and acme/ops/batch, by ID."""
     ids = {}
-    for path, body in (("/api/v1/orgs", {"name": "acme"}), ("/api/v1/teams", {"name": "ml", "in": "acme"}),
-                       ("/api/v1/projects", {"name": "chat", "in": "acme/ml"}), ("/api/v1/teams", {"name": "ops", "in": "acme"}),
-                       ("/api/v1/projects", {"name": "batch", "in": "acme/ops"})):
+    for path, body in (
+        ("/api/v1/orgs", {"name": "acme"}),
+        ("/api/v1/teams", {"name": "ml", "in": "acme"}),
+        ("/api/v1/projects", {"name": "chat", "in": "acme/ml"}),
+        ("/api/v1/teams", {"name": "ops", "in": "acme"}),
+        ("/api/v1/projects", {"name": "batch", "in": "acme/ops"}),
+    ):
         status, item = admin(leader, "POST", path, body)
         assert status == 201, item
         ids[(body.get("in", "") + "/" + body["name"]).lstrip("/")] = item["id"]
@@ -64,15 +77,17 @@ def test_a_provider_creates_a_person_and_finds_them_by_user_name(leader: Leader)
     assert status == 201, ada
     assert ada["id"].startswith("usr_") and ada["userName"] == "Ada@Example.com" and ada["active"] is True
     assert ada["externalId"] == "ext-ada" and ada["schemas"] == [USER_SCHEMA]
-    assert headers["location"] == ada["meta"]["location"] and headers["location"].endswith(f"/scim/v2/Users/{ada['id']}")
+    assert headers["location"] == ada["meta"]["location"] and headers["location"].endswith(
+        f"/scim/v2/Users/{ada['id']}"
+    )
     status, _, again = scim(leader, "POST", "/Users", new_user("ada@example.com"), TOKEN)
     assert status == 409 and again["scimType"] == "uniqueness"
-    status, _, found = scim(leader, "GET", '/Users?filter=userName%20eq%20%22ADA@example.com%22', token=TOKEN)
+    status, _, found = scim(leader, "GET", "/Users?filter=userName%20eq%20%22ADA@example.com%22", token=TOKEN)
     assert status == 200 and found["schemas"] == [LIST_SCHEMA] and found["totalResults"] == 1
     assert found["Resources"][0]["id"] == ada["id"]
-    status, _, none = scim(leader, "GET", '/Users?filter=userName%20eq%20%22nobody@example.com%22', token=TOKEN)
+    status, _, none = scim(leader, "GET", "/Users?filter=userName%20eq%20%22nobody@example.com%22", token=TOKEN)
     assert (status, none["totalResults"], none.get("Resources", [])) == (200, 0, [])
-    status, _, bad = scim(leader, "GET", '/Users?filter=name%20co%20%22x%22', token=TOKEN)
+    status, _, bad = scim(leader, "GET", "/Users?filter=name%20co%20%22x%22", token=TOKEN)
     assert status == 400 and bad["scimType"] == "invalidFilter" and 'userName eq "VALUE"' in bad["detail"]
     status, person = admin(leader, "GET", "/api/v1/users/ada@example.com")
     assert status == 200 and (person["id"], person["name"], person["state"]) == (ada["id"], "Ada Lovelace", "active")
@@ -88,12 +103,22 @@ def test_listing_pages_with_start_index_and_count(leader: Leader) -> None:
 
 def test_a_provider_updates_a_person_with_patch_and_put(leader: Leader) -> None:
     ada = _find(leader, "ada@example.com")
-    status, _, changed = scim(leader, "PATCH", f"/Users/{ada['id']}",
-                              patch({"op": "Replace", "path": "displayName", "value": "Countess Ada"}), TOKEN)
+    status, _, changed = scim(
+        leader,
+        "PATCH",
+        f"/Users/{ada['id']}",
+        patch({"op": "Replace", "path": "displayName", "value": "Countess Ada"}),
+        TOKEN,
+    )
     assert status == 200 and changed["displayName"] == "Countess Ada"
     assert admin(leader, "GET", f"/api/v1/users/{ada['id']}")[1]["name"] == "Countess Ada"
-    status, _, changed = scim(leader, "PATCH", f"/Users/{ada['id']}",
-                              patch({"op": "replace", "path": "name.givenName", "value": "Augusta"}), TOKEN)
+    status, _, changed = scim(
+        leader,
+        "PATCH",
+        f"/Users/{ada['id']}",
+        patch({"op": "replace", "path": "name.givenName", "value": "Augusta"}),
+        TOKEN,
+    )
     assert status == 200 and changed["displayName"] == "Augusta", changed
     body = new_user("ada.lovelace@example.com", "Ada King", "ext-ada")
     body["id"] = ada["id"]
@@ -101,7 +126,9 @@ def test_a_provider_updates_a_person_with_patch_and_put(leader: Leader) -> None:
     assert status == 200 and replaced["userName"] == "ada.lovelace@example.com"
     status, person = admin(leader, "GET", f"/api/v1/users/{ada['id']}")
     assert (person["email"], person["name"]) == ("ada.lovelace@example.com", "Ada King")
-    status, _, missing = scim(leader, "PATCH", "/Users/usr_nobody", patch({"op": "replace", "value": {"active": False}}), TOKEN)
+    status, _, missing = scim(
+        leader, "PATCH", "/Users/usr_nobody", patch({"op": "replace", "value": {"active": False}}), TOKEN
+    )
     assert status == 404 and missing["schemas"] == [ERROR_SCHEMA]
 
 
@@ -113,7 +140,9 @@ def test_a_deactivated_persons_key_stops_on_v1_at_once_and_comes_back(leader: Le
     KEY_SECRETS.append(key["secret"])
     assert http("GET", f"{leader.url}/v1/models", key=key["secret"])[0] == 200
     # Entra ID's way: a PATCH with active as text, no path
-    status, _, off = scim(leader, "PATCH", f"/Users/{ada['id']}", patch({"op": "Replace", "value": {"active": "False"}}), TOKEN)
+    status, _, off = scim(
+        leader, "PATCH", f"/Users/{ada['id']}", patch({"op": "Replace", "value": {"active": "False"}}), TOKEN
+    )
     assert status == 200 and off["active"] is False
     status, _, refused = http("GET", f"{leader.url}/v1/models", key=key["secret"])
     assert status == 401, refused
@@ -122,23 +151,42 @@ def test_a_deactivated_persons_key_stops_on_v1_at_once_and_comes_back(leader: Le
     body = new_user("ada.lovelace@example.com", "Ada King", "ext-ada", active=True)
     assert scim(leader, "PUT", f"/Users/{ada['id']}", body, TOKEN)[0] == 200
     assert http("GET", f"{leader.url}/v1/models", key=key["secret"])[0] == 200
-    status, _, off = scim(leader, "PATCH", f"/Users/{ada['id']}", patch({"op": "replace", "path": "active", "value": False}), TOKEN)
+    status, _, off = scim(
+        leader, "PATCH", f"/Users/{ada['id']}", patch({"op": "replace", "path": "active", "value": False}), TOKEN
+    )
     assert status == 200 and off["active"] is False
     assert http("GET", f"{leader.url}/v1/models", key=key["secret"])[0] == 401
-    assert scim(leader, "PATCH", f"/Users/{ada['id']}", patch({"op": "replace", "path": "active", "value": True}), TOKEN)[0] == 200
+    assert (
+        scim(leader, "PATCH", f"/Users/{ada['id']}", patch({"op": "replace", "path": "active", "value": True}), TOKEN)[
+            0
+        ]
+        == 200
+    )
     assert http("GET", f"{leader.url}/v1/models", key=key["secret"])[0] == 200
 
 
-def test_a_group_push_makes_memberships_and_taking_someone_out_revokes_their_keys(leader: Leader, tree: dict[str, str]) -> None:
+def test_a_group_push_makes_memberships_and_taking_someone_out_revokes_their_keys(
+    leader: Leader, tree: dict[str, str]
+) -> None:
     bob = scim(leader, "POST", "/Users", new_user("bob@example.com", "Bob Babbage"), TOKEN)[2]
     cyd = scim(leader, "POST", "/Users", new_user("cyd@example.com"), TOKEN)[2]
-    status, headers, group = scim(leader, "POST", "/Groups", {"schemas": [GROUP_SCHEMA], "displayName": "acme/ml",
-                                                              "members": [{"value": bob["id"]}]}, TOKEN)
+    status, headers, group = scim(
+        leader,
+        "POST",
+        "/Groups",
+        {"schemas": [GROUP_SCHEMA], "displayName": "acme/ml", "members": [{"value": bob["id"]}]},
+        TOKEN,
+    )
     assert status == 201, group
     assert group["id"] == tree["acme/ml"] and group["displayName"] == "acme/ml"
     assert [m["value"] for m in group["members"]] == [bob["id"]]
     (membership,) = admin(leader, "GET", f"/api/v1/users/{bob['id']}")[1]["memberships"]
-    assert (membership["target"], membership["path"], membership["role"], membership["by"]) == (tree["acme/ml"], "acme/ml", "member", "scim")
+    assert (membership["target"], membership["path"], membership["role"], membership["by"]) == (
+        tree["acme/ml"],
+        "acme/ml",
+        "member",
+        "scim",
+    )
     status, key = admin(leader, "POST", "/api/v1/keys", {"name": "bob's", "project": "acme/ml/chat", "user": bob["id"]})
     assert status == 201, key
     KEY_SECRETS.append(key["secret"])
@@ -146,14 +194,24 @@ def test_a_group_push_makes_memberships_and_taking_someone_out_revokes_their_key
 
     status, _, found = scim(leader, "GET", "/Groups?filter=displayName%20eq%20%22acme%2Fml%22", token=TOKEN)
     assert status == 200 and [g["id"] for g in found["Resources"]] == [tree["acme/ml"]]
-    status, _, group = scim(leader, "PATCH", f"/Groups/{tree['acme/ml']}",
-                            patch({"op": "add", "path": "members", "value": [{"value": cyd["id"]}]}), TOKEN)
+    status, _, group = scim(
+        leader,
+        "PATCH",
+        f"/Groups/{tree['acme/ml']}",
+        patch({"op": "add", "path": "members", "value": [{"value": cyd["id"]}]}),
+        TOKEN,
+    )
     assert status == 200 and {m["value"] for m in group["members"]} == {bob["id"], cyd["id"]}
     status, _, user = scim(leader, "GET", f"/Users/{cyd['id']}", token=TOKEN)
     assert [g["display"] for g in user["groups"]] == ["acme/ml"]
 
-    status, _, group = scim(leader, "PATCH", f"/Groups/{tree['acme/ml']}",
-                            patch({"op": "remove", "path": f'members[value eq "{bob["id"]}"]'}), TOKEN)
+    status, _, group = scim(
+        leader,
+        "PATCH",
+        f"/Groups/{tree['acme/ml']}",
+        patch({"op": "remove", "path": f'members[value eq "{bob["id"]}"]'}),
+        TOKEN,
+    )
     assert status == 200 and [m["value"] for m in group["members"]] == [cyd["id"]]
     assert admin(leader, "GET", f"/api/v1/users/{bob['id']}")[1].get("memberships", []) == []
     assert http("GET", f"{leader.url}/v1/models", key=key["secret"])[0] == 401
@@ -161,14 +219,25 @@ def test_a_group_push_makes_memberships_and_taking_someone_out_revokes_their_key
 
     status, _, refused = scim(leader, "POST", "/Groups", {"schemas": [GROUP_SCHEMA], "displayName": "acme/nope"}, TOKEN)
     assert status == 400 and "POST /api/v1/teams" in refused["detail"]
-    status, _, refused = scim(leader, "PATCH", f"/Groups/{tree['acme/ml']}",
-                              patch({"op": "add", "path": "members", "value": [{"value": "usr_nobody"}]}), TOKEN)
+    status, _, refused = scim(
+        leader,
+        "PATCH",
+        f"/Groups/{tree['acme/ml']}",
+        patch({"op": "add", "path": "members", "value": [{"value": "usr_nobody"}]}),
+        TOKEN,
+    )
     assert status == 400 and "usr_nobody" in refused["detail"]
-    status, _, group = scim(leader, "PUT", f"/Groups/{tree['acme/ml']}", {"schemas": [GROUP_SCHEMA], "displayName": "acme/ml",
-                                                                        "members": [{"value": bob["id"]}]}, TOKEN)
+    status, _, group = scim(
+        leader,
+        "PUT",
+        f"/Groups/{tree['acme/ml']}",
+        {"schemas": [GROUP_SCHEMA], "displayName": "acme/ml", "members": [{"value": bob["id"]}]},
+        TOKEN,
+    )
     assert status == 200 and [m["value"] for m in group["members"]] == [bob["id"]]  # a PUT replaces the members whole
-    status, _, refused = scim(leader, "PUT", f"/Groups/{tree['acme/ml']}", {"schemas": [GROUP_SCHEMA], "displayName": "acme/renamed"},
-                              TOKEN)
+    status, _, refused = scim(
+        leader, "PUT", f"/Groups/{tree['acme/ml']}", {"schemas": [GROUP_SCHEMA], "displayName": "acme/renamed"}, TOKEN
+    )
     assert status == 400 and refused["scimType"] == "mutability"
     status, _, listed = scim(leader, "GET", "/Groups?excludedAttributes=members", token=TOKEN)
     assert {g["displayName"] for g in listed["Resources"]} >= {"acme/ml", "acme/ml/chat"}
@@ -187,7 +256,11 @@ def test_delete_disables_the_person_and_keeps_the_record(leader: Leader) -> None
 def test_discovery_says_what_opod_supports(leader: Leader) -> None:
     status, headers, config = scim(leader, "GET", "/ServiceProviderConfig", token=TOKEN)
     assert status == 200 and headers["content-type"].startswith("application/scim+json")
-    assert config["patch"]["supported"] is True and config["bulk"]["supported"] is False and config["filter"]["supported"] is True
+    assert (
+        config["patch"]["supported"] is True
+        and config["bulk"]["supported"] is False
+        and config["filter"]["supported"] is True
+    )
     assert config["authenticationSchemes"][0]["type"] == "oauthbearertoken"
     status, _, types = scim(leader, "GET", "/ResourceTypes", token=TOKEN)
     assert status == 200 and {t["endpoint"] for t in types["Resources"]} == {"/Users", "/Groups"}
@@ -201,7 +274,9 @@ def test_every_scim_change_is_audited_and_no_secret_is_anywhere(leader: Leader) 
     assert status == 200
     actions = {r["action"] for r in rows}
     assert {"POST /scim/v2/Users", "POST /scim/v2/Groups"} <= actions
-    assert any(a.startswith("PATCH /scim/v2/Users/") for a in actions) and any(a.startswith("DELETE /scim/v2/Users/") for a in actions)
+    assert any(a.startswith("PATCH /scim/v2/Users/") for a in actions) and any(
+        a.startswith("DELETE /scim/v2/Users/") for a in actions
+    )
     assert all(r["source"] == "api" for r in rows)
     assert any(r["status"] == 409 for r in rows)  # a refused change is recorded too
     everything = json.dumps(admin(leader, "GET", "/api/v1/audit?limit=10000")[1])
@@ -214,23 +289,37 @@ def test_every_scim_change_is_audited_and_no_secret_is_anywhere(leader: Leader) 
 
 
 def _find(leader: Leader, email: str) -> dict:
-    status, _, found = scim(leader, "GET", f'/Users?filter=userName%20eq%20%22{email}%22', token=TOKEN)
+    status, _, found = scim(leader, "GET", f"/Users?filter=userName%20eq%20%22{email}%22", token=TOKEN)
     assert status == 200 and found["totalResults"] == 1, found
     return found["Resources"][0]
 
 
-def test_what_providers_send_beside_the_core_is_taken_and_a_patch_that_reaches_nothing_is_refused(leader: Leader) -> None:
+def test_what_providers_send_beside_the_core_is_taken_and_a_patch_that_reaches_nothing_is_refused(
+    leader: Leader,
+) -> None:
     body = new_user("dee@example.com", "Dee Dee")
     body["schemas"].append(ENTERPRISE)
     body[ENTERPRISE] = {"department": "research"}
     status, _, dee = scim(leader, "POST", "/Users", body, TOKEN)
     assert status == 201, dee
-    status, _, dee = scim(leader, "PATCH", f"/Users/{dee['id']}",
-                          patch({"op": "Add", "path": f"{ENTERPRISE}:department", "value": "eng"},
-                                {"op": "Replace", "path": "externalId", "value": "ext-dee"}), TOKEN)
+    status, _, dee = scim(
+        leader,
+        "PATCH",
+        f"/Users/{dee['id']}",
+        patch(
+            {"op": "Add", "path": f"{ENTERPRISE}:department", "value": "eng"},
+            {"op": "Replace", "path": "externalId", "value": "ext-dee"},
+        ),
+        TOKEN,
+    )
     assert status == 200 and dee["externalId"] == "ext-dee"
-    status, _, refused = scim(leader, "PATCH", f"/Users/{dee['id']}",
-                              patch({"op": "Replace", "path": 'emails[type eq "home"].value', "value": "x@example.com"}), TOKEN)
+    status, _, refused = scim(
+        leader,
+        "PATCH",
+        f"/Users/{dee['id']}",
+        patch({"op": "Replace", "path": 'emails[type eq "home"].value', "value": "x@example.com"}),
+        TOKEN,
+    )
     assert status == 400 and refused["schemas"] == [ERROR_SCHEMA] and refused["scimType"] == "noTarget"
     status, _, refused = scim(leader, "POST", "/Users", {"schemas": [USER_SCHEMA], "active": True}, TOKEN)
     assert status == 400 and "userName" in refused["detail"]
@@ -238,17 +327,27 @@ def test_what_providers_send_beside_the_core_is_taken_and_a_patch_that_reaches_n
 
 def test_a_deactivated_person_stays_refused_across_a_restart(leader: Leader, tree: dict[str, str]) -> None:
     eve = scim(leader, "POST", "/Users", new_user("eve@example.com"), TOKEN)[2]
-    assert admin(leader, "POST", f"/api/v1/users/{eve['id']}/memberships", {"target": "project:acme/ops/batch"})[0] == 200
-    status, key = admin(leader, "POST", "/api/v1/keys", {"name": "eve's", "project": "acme/ops/batch", "user": eve["id"]})
+    assert (
+        admin(leader, "POST", f"/api/v1/users/{eve['id']}/memberships", {"target": "project:acme/ops/batch"})[0] == 200
+    )
+    status, key = admin(
+        leader, "POST", "/api/v1/keys", {"name": "eve's", "project": "acme/ops/batch", "user": eve["id"]}
+    )
     assert status == 201, key
-    assert scim(leader, "PATCH", f"/Users/{eve['id']}", patch({"op": "replace", "value": {"active": False}}), TOKEN)[0] == 200
+    assert (
+        scim(leader, "PATCH", f"/Users/{eve['id']}", patch({"op": "replace", "value": {"active": False}}), TOKEN)[0]
+        == 200
+    )
     assert leader.process.stop() == 0
     again = Leader(leader.home, worker=False, extra=["--no-default-models"], ports=(leader.port, leader.admin_port))
     try:
         assert http("GET", f"{again.url}/v1/models", key=key["secret"])[0] == 401
         status, person = admin(again, "GET", "/api/v1/users/eve@example.com")
         assert person["state"] == "disabled" and [m["path"] for m in person["memberships"]] == ["acme/ops/batch"]
-        assert scim(again, "PATCH", f"/Users/{eve['id']}", patch({"op": "replace", "value": {"active": True}}), TOKEN)[0] == 200
+        assert (
+            scim(again, "PATCH", f"/Users/{eve['id']}", patch({"op": "replace", "value": {"active": True}}), TOKEN)[0]
+            == 200
+        )
         assert http("GET", f"{again.url}/v1/models", key=key["secret"])[0] == 200
     finally:
         again.process.stop()

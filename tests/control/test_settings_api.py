@@ -24,8 +24,12 @@ def database(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="module")
 def leader(tmp_path_factory: pytest.TempPathFactory, database: str) -> Iterator[Leader]:
-    up = Leader(tmp_path_factory.mktemp("settings") / "home", worker=False, extra=["--no-default-models"],
-                env={"OPOD_PROMETHEUS_URL": "http://127.0.0.1:9999", "OPOD_DATABASE_URL": database})
+    up = Leader(
+        tmp_path_factory.mktemp("settings") / "home",
+        worker=False,
+        extra=["--no-default-models"],
+        env={"OPOD_PROMETHEUS_URL": "http://127.0.0.1:9999", "OPOD_DATABASE_URL": database},
+    )
     yield up
     up.process.stop()
 
@@ -73,10 +77,14 @@ def test_the_settings_as_an_operator_sees_them_through_a_change(leader: Leader) 
     assert "version 2" in stale["error"] and "base" in stale["error"]
 
     # an invalid body is refused whole, with its line and field
-    status, invalid = put(leader, {"base": 2, "body": "prices: {}\nbudgets:\n  - scope: org:acme\n    period: year\n    micros: 1\n"})
+    status, invalid = put(
+        leader, {"base": 2, "body": "prices: {}\nbudgets:\n  - scope: org:acme\n    period: year\n    micros: 1\n"}
+    )
     assert status == 400
     assert "line 4: budgets[0].period: must be day, week or month" in invalid["error"]
-    status, unknown = put(leader, {"base": 2, "body": "prometheus: {address: x}\nauth: {scim_token: hunter2-webhook-secret}\n"})
+    status, unknown = put(
+        leader, {"base": 2, "body": "prometheus: {address: x}\nauth: {scim_token: hunter2-webhook-secret}\n"}
+    )
     assert status == 400 and "line 1: prometheus.address" in unknown["error"]
     status, scope = put(leader, {"base": 2, "body": "budgets:\n  - scope: team:acme\n    micros: 5\n"})
     assert status == 400 and "line 2: budgets[0].scope: 'team:acme' is not a team path" in scope["error"]
@@ -93,7 +101,12 @@ def test_the_settings_as_an_operator_sees_them_through_a_change(leader: Leader) 
     # a rollback writes the old body as a new version; history keeps every version
     status, rolled = http_actor("POST", leader, "/api/v1/settings/rollback", {"version": 1}, "dave")[::2]
     assert status == 200, rolled
-    assert (rolled["version"], rolled["body"], rolled["by"], rolled["note"]) == (3, BODY_1, "dave", "rollback to version 1")
+    assert (rolled["version"], rolled["body"], rolled["by"], rolled["note"]) == (
+        3,
+        BODY_1,
+        "dave",
+        "rollback to version 1",
+    )
     assert [v["version"] for v in leader.admin("GET", "/api/v1/settings/history")[1]] == [3, 2, 1]
 
     status, missing = leader.admin("POST", "/api/v1/settings/rollback", {"version": 42})
@@ -132,9 +145,14 @@ def test_numbers_beyond_a_version_are_refused_by_name(leader: Leader) -> None:
 def test_a_change_is_in_force_on_another_leader_of_the_same_store_within_two_seconds(
     leader: Leader, database: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    second = Leader(tmp_path_factory.mktemp("second") / "home", worker=False, extra=["--no-default-models"],
-                    env={"OPOD_DATABASE_URL": database})
+    second = Leader(
+        tmp_path_factory.mktemp("second") / "home",
+        worker=False,
+        extra=["--no-default-models"],
+        env={"OPOD_DATABASE_URL": database},
+    )
     try:
+
         def in_force(on: Leader) -> int:
             status, headers, _ = http("GET", on.admin_url + "/api/v1/settings", key=on.key)
             assert status == 200
@@ -146,7 +164,9 @@ def test_a_change_is_in_force_on_another_leader_of_the_same_store_within_two_sec
         assert status == 200, written
         written_at = time.monotonic()
         assert in_force(leader) == newest + 1  # at once on the leader that took it
-        wait_until(lambda: in_force(second) == newest + 1, 2.0, "the new version in force on the second leader", interval=0.05)
+        wait_until(
+            lambda: in_force(second) == newest + 1, 2.0, "the new version in force on the second leader", interval=0.05
+        )
         assert time.monotonic() - written_at < 2.0
         assert second.admin("GET", "/api/v1/settings")[1]["local_keys"] == []  # the first leader's override is its own
     finally:

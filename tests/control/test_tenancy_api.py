@@ -61,8 +61,15 @@ def test_a_tree_is_built_by_name_and_path_and_listed_whole(leader: Leader) -> No
     [team] = tree["teams"]
     assert (team["id"], team["name"], team["org"], team["members"]) == (ml["id"], "ml", acme["id"], 0)
     assert [p["path"] for p in team["projects"]] == ["acme/ml/chat", "acme/ml/search"]
-    assert team["projects"][0] == {"id": chat["id"], "name": "chat", "team": ml["id"], "path": "acme/ml/chat",
-                                   "users": 0, "keys": 0, "active_keys": 0}
+    assert team["projects"][0] == {
+        "id": chat["id"],
+        "name": "chat",
+        "team": ml["id"],
+        "path": "acme/ml/chat",
+        "users": 0,
+        "keys": 0,
+        "active_keys": 0,
+    }
     assert [a["status"] for a in audit(leader, "org:acme")][-1:] == [201]
     assert {a["action"] for a in audit(leader, "project:acme/ml")} == {"POST /api/v1/projects"}
 
@@ -70,7 +77,9 @@ def test_a_tree_is_built_by_name_and_path_and_listed_whole(leader: Leader) -> No
 def test_names_are_unique_among_siblings_and_bad_input_names_the_field(leader: Leader) -> None:
     ok(leader, "POST", "/api/v1/orgs", {"name": "uniq"}, 201)
     ok(leader, "POST", "/api/v1/teams", {"name": "ml", "in": "uniq"}, 201)
-    assert "a team named 'ml' already exists in uniq" in refused(leader, "POST", "/api/v1/teams", {"name": "ml", "in": "uniq"}, 409)
+    assert "a team named 'ml' already exists in uniq" in refused(
+        leader, "POST", "/api/v1/teams", {"name": "ml", "in": "uniq"}, 409
+    )
     assert "name:" in refused(leader, "POST", "/api/v1/orgs", {"name": "has/slash"}, 400)
     assert "name:" in refused(leader, "POST", "/api/v1/orgs", {}, 400)
     assert "in:" in refused(leader, "POST", "/api/v1/teams", {"name": "x"}, 400)
@@ -123,4 +132,3 @@ def test_delete_only_when_empty(leader: Leader) -> None:
     rows = audit(leader, project["id"])
     assert [(r["action"], r["status"]) for r in rows] == [("DELETE /api/v1/projects/{id}", 200)]
     assert rows[0]["detail"] == '{"path":"gone/t/p"}'
-

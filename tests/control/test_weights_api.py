@@ -64,7 +64,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     write_tiny_llama(in_use)
     port = free_port()
     worker = OpodProcess(
-        ["join", leader.url, "--token", token, "--engine", "llamacpp", "--listen", f"127.0.0.1:{port}"], home,
+        ["join", leader.url, "--token", token, "--engine", "llamacpp", "--listen", f"127.0.0.1:{port}"],
+        home,
         env=clean_env(home, OPOD_NODE_ID=NODE, OPOD_LLAMA_SERVER=str(stand_in)),
     )
     try:
@@ -88,7 +89,9 @@ def _stray(cache: Path, rel: str, size: int) -> Path:
 def _signed_worker_call(fleet: Fleet, path: str, body: object) -> tuple[int, object]:
     """A call on the worker's own listener, signed with the node's token as its leader signs it."""
     headers = Signer(NODE, fleet.token).headers("POST", path) | {"Content-Type": "application/json"}
-    request = urllib.request.Request(fleet.worker_url + path, data=json.dumps(body).encode(), method="POST", headers=headers)
+    request = urllib.request.Request(
+        fleet.worker_url + path, data=json.dumps(body).encode(), method="POST", headers=headers
+    )
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, json.loads(response.read())
@@ -100,17 +103,24 @@ def test_stray_weights_are_listed_collected_and_gone_while_the_served_model_keep
     old = _stray(fleet.cache, "hf/someone--retired@main/retired.Q4_0.gguf", 3000)
     sidecar = _stray(fleet.cache, "hf/someone--retired@main/retired.Q4_0.gguf.sha256", 65)
     wheel = _stray(fleet.cache, "pypi/llm-gone-1.0/llm_gone/model.gguf", 1000)
-    lock = _stray(fleet.cache, "hf/someone--retired@main/.retired.Q4_0.gguf.lock", 0)  # a download's lock: never ours to list
+    lock = _stray(
+        fleet.cache, "hf/someone--retired@main/.retired.Q4_0.gguf.lock", 0
+    )  # a download's lock: never ours to list
     beside = _stray(fleet.cache, "local/tiny.gguf.sha256", 65)  # the served file's digest record belongs to it
 
     status, body = fleet.leader.admin("GET", "/api/v1/weights/orphans")
     assert status == 200, body
-    assert body == [{
-        "node": NODE,
-        "paths": ["hf/someone--retired@main/retired.Q4_0.gguf", "hf/someone--retired@main/retired.Q4_0.gguf.sha256",
-                  "pypi/llm-gone-1.0/llm_gone/model.gguf"],
-        "bytes": 3000 + 65 + 1000,
-    }]
+    assert body == [
+        {
+            "node": NODE,
+            "paths": [
+                "hf/someone--retired@main/retired.Q4_0.gguf",
+                "hf/someone--retired@main/retired.Q4_0.gguf.sha256",
+                "pypi/llm-gone-1.0/llm_gone/model.gguf",
+            ],
+            "bytes": 3000 + 65 + 1000,
+        }
+    ]
 
     status, body = fleet.leader.admin("POST", "/api/v1/weights/collect", {})
     assert status == 200, body
@@ -122,8 +132,12 @@ def test_stray_weights_are_listed_collected_and_gone_while_the_served_model_keep
     status, body = fleet.leader.admin("GET", "/api/v1/weights/orphans")
     assert (status, body) == (200, [])
     assert MODEL in fleet.leader.served()
-    status, _, answer = http("POST", fleet.leader.url + "/v1/chat/completions",
-                             {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}, key=fleet.leader.key)
+    status, _, answer = http(
+        "POST",
+        fleet.leader.url + "/v1/chat/completions",
+        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+        key=fleet.leader.key,
+    )
     assert status == 200, answer
 
 
@@ -141,7 +155,13 @@ def test_collect_for_one_node_and_for_an_unknown_one(fleet: Fleet) -> None:
 def test_the_worker_refuses_what_a_served_model_needs_and_paths_outside_its_cache(fleet: Fleet) -> None:
     outside = fleet.cache.parent / "node-secret-copy"
     outside.write_text("not weights")
-    asked = ["local/tiny.gguf", "../node-secret-copy", str(outside), "local/../../node-secret-copy", "no/such/file.gguf"]
+    asked = [
+        "local/tiny.gguf",
+        "../node-secret-copy",
+        str(outside),
+        "local/../../node-secret-copy",
+        "no/such/file.gguf",
+    ]
     status, body = _signed_worker_call(fleet, nodeapi.PATH_WEIGHTS_DELETE, {"paths": asked})
     assert status == 200, body
     assert isinstance(body, dict) and (body["files"], body["bytes"]) == (0, 0), body

@@ -48,9 +48,16 @@ def test_an_adapter_from_opod_adapters_is_served_under_base_colon_name(leader: L
 
 
 def test_a_manager_attaches_and_detaches_an_adapter_at_run_time(leader: Leader) -> None:
-    status, body = admin(leader, "POST", "/admin/v1/adapters", {"base": MODEL, "name": "legal", "source": "/data/adapters/legal", "rank": 16})
+    status, body = admin(
+        leader,
+        "POST",
+        "/admin/v1/adapters",
+        {"base": MODEL, "name": "legal", "source": "/data/adapters/legal", "rank": 16},
+    )
     assert status == 200, body
-    assert body["results"] == [{"node": "n_lora", "status": 200, "answer": {"status": "ready", "model": f"{MODEL}:legal"}}]
+    assert body["results"] == [
+        {"node": "n_lora", "status": 200, "answer": {"status": "ready", "model": f"{MODEL}:legal"}}
+    ]
     leader.wait_served(f"{MODEL}:legal", timeout=15)
     assert chat(leader, f"{MODEL}:legal") == f"{MODEL}:legal"
 
@@ -62,7 +69,9 @@ def test_a_manager_attaches_and_detaches_an_adapter_at_run_time(leader: Leader) 
 
 
 def test_refusals_name_the_numbers_and_the_remedy(leader: Leader) -> None:
-    status, body = admin(leader, "POST", "/admin/v1/adapters", {"base": MODEL, "name": "wide", "source": "/x", "rank": 64})
+    status, body = admin(
+        leader, "POST", "/admin/v1/adapters", {"base": MODEL, "name": "wide", "source": "/x", "rank": 64}
+    )
     answer = body["results"][0]["answer"]
     assert status == 409 and "rank 64" in answer and "rank 16 at most" in answer and "max_lora_rank" in answer, body
     status, body = admin(leader, "DELETE", f"/admin/v1/adapters/nothing?base={MODEL}")

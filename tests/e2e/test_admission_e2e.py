@@ -32,13 +32,19 @@ def _write(path: Path, snap: adminapi.WireModel) -> None:
 
 def _key(name: str, klass: str, team: str) -> tuple[str, adminapi.SnapshotKey]:
     secret = f"sk-opod-{name}-{os.urandom(6).hex()}"
-    return secret, adminapi.SnapshotKey(id=name, name=name, hash=hashlib.sha256(secret.encode()).hexdigest(), admission_class=klass, team=team)
+    return secret, adminapi.SnapshotKey(
+        id=name, name=name, hash=hashlib.sha256(secret.encode()).hexdigest(), admission_class=klass, team=team
+    )
 
 
 def _chat(url: str, key: str) -> tuple[int, float, str]:
     body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "work"}], "max_tokens": 6}).encode()
-    request = urllib.request.Request(url + "/v1/chat/completions", data=body, method="POST",
-                                     headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url + "/v1/chat/completions",
+        data=body,
+        method="POST",
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    )
     started = time.perf_counter()
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
@@ -55,15 +61,34 @@ def busy(tmp_path_factory: pytest.TempPathFactory):
     files = root / "files"
     files.mkdir()
     keys = dict(
-        critical=_key("ops", "critical", "ops"), sheddable=_key("batch", "sheddable", "batch"),
-        team_a=_key("alpha", "standard", "alpha"), team_b=_key("beta", "standard", "beta"),
+        critical=_key("ops", "critical", "ops"),
+        sheddable=_key("batch", "sheddable", "batch"),
+        team_a=_key("alpha", "standard", "alpha"),
+        team_b=_key("beta", "standard", "beta"),
     )
-    _write(files / "auth.json", adminapi.AuthSnapshot(revision="1", require_keys=True, keys=[k for _, k in keys.values()]))
-    _write(files / "policy.json", adminapi.PolicySnapshot(revision="p1", admission=adminapi.PolicyAdmission(
-        hold_ms=20000, max_held=500,
-        classes=[adminapi.PolicyAdmissionClass(name="critical", hold_ms=20000), adminapi.PolicyAdmissionClass(name="sheddable", hold_ms=0)])))
-    leader = Leader(root / "leader", worker=False, extra=["--no-default-models"],
-                    env={"OPOD_AUTH_FILE": str(files / "auth.json"), "OPOD_POLICY_FILE": str(files / "policy.json")})
+    _write(
+        files / "auth.json", adminapi.AuthSnapshot(revision="1", require_keys=True, keys=[k for _, k in keys.values()])
+    )
+    _write(
+        files / "policy.json",
+        adminapi.PolicySnapshot(
+            revision="p1",
+            admission=adminapi.PolicyAdmission(
+                hold_ms=20000,
+                max_held=500,
+                classes=[
+                    adminapi.PolicyAdmissionClass(name="critical", hold_ms=20000),
+                    adminapi.PolicyAdmissionClass(name="sheddable", hold_ms=0),
+                ],
+            ),
+        ),
+    )
+    leader = Leader(
+        root / "leader",
+        worker=False,
+        extra=["--no-default-models"],
+        env={"OPOD_AUTH_FILE": str(files / "auth.json"), "OPOD_POLICY_FILE": str(files / "policy.json")},
+    )
     home = root / "worker"
     worker = sim_worker(leader, home, "n_busy", OPOD_ENGINE_FLAGS=json.dumps({"max_num_seqs": 2}))
     worker.wait_for_line("registered with", timeout=30)
@@ -100,7 +125,9 @@ def test_critical_keeps_its_latency_while_sheddable_is_shed(busy) -> None:
         thread.join(timeout=30)
     assert all(status == 200 for status, _, _ in critical)
     busy_p50 = sorted(seconds for _, seconds, _ in critical)[len(critical) // 2]
-    assert busy_p50 < quiet * 2 + 0.15, f"critical p50 {busy_p50 * 1000:.0f} ms under load vs {quiet * 1000:.0f} ms quiet"
+    assert busy_p50 < quiet * 2 + 0.15, (
+        f"critical p50 {busy_p50 * 1000:.0f} ms under load vs {quiet * 1000:.0f} ms quiet"
+    )
     refused = [(status, retry) for status, _, retry in shed if status != 200]
     assert refused, "sheddable requests beyond the slots are shed"
     assert all(status == 503 and retry.isdigit() and int(retry) >= 1 for status, retry in refused)
@@ -122,4 +149,6 @@ def test_two_teams_in_one_class_get_equal_shares(busy) -> None:
     total = served["alpha"] + served["beta"]
     assert total > 60, served
     share = served["beta"] / total
-    assert abs(share - 0.5) <= 0.05, f"shares {dict(served)}: beta has {share:.0%} of the slots with a quarter of the clients"
+    assert abs(share - 0.5) <= 0.05, (
+        f"shares {dict(served)}: beta has {share:.0%} of the slots with a quarter of the clients"
+    )

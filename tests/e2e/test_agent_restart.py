@@ -13,7 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.opod_process import Leader, OpodProcess, alive, descendants, http, opod_cli, remove_home, sim_worker, wait_until
+from tests.support.opod_process import (
+    Leader,
+    OpodProcess,
+    alive,
+    descendants,
+    http,
+    opod_cli,
+    remove_home,
+    sim_worker,
+    wait_until,
+)
 
 openai = pytest.importorskip("openai")
 
@@ -54,7 +64,9 @@ class Chats:
         while not self.stop.is_set():
             start = time.monotonic()
             try:
-                answer = self.client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=8)
+                answer = self.client.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=8
+                )
                 error = "" if answer.choices[0].message.content else "an empty answer"
             except openai.OpenAIError as err:
                 error = f"{type(err).__name__}: {err}"
@@ -91,7 +103,9 @@ def test_agents_restart_starts_the_agent_as_a_new_process_and_the_engine_keeps_s
         chats.finish()
 
         assert worker.proc.poll() is None, worker.output
-        assert descendants(worker.proc.pid) == engines and all(alive(pid) for pid in engines), worker.output + "\nLEADER\n" + leader.process.output
+        assert descendants(worker.proc.pid) == engines and all(alive(pid) for pid in engines), (
+            worker.output + "\nLEADER\n" + leader.process.output
+        )
         assert "restarting as a new process" in worker.output
         failed = [c for c in chats.done if c[2]]
         # Only a request that was in flight when the process re-executed itself may have been cut.

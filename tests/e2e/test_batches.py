@@ -38,7 +38,9 @@ class Fleet:
 def fleet(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("batches")
     leader = Leader(root / "leader", worker=False, extra=["--no-default-models"])
-    worker = sim_worker(leader, root / "worker", "n_batch", OPOD_ENGINE_FLAGS=json.dumps({"time_scale": 1.0, "output_max": 8}))
+    worker = sim_worker(
+        leader, root / "worker", "n_batch", OPOD_ENGINE_FLAGS=json.dumps({"time_scale": 1.0, "output_max": 8})
+    )
     fleet = Fleet(leader, worker)
     try:
         worker.wait_for_line("registered with", timeout=30)
@@ -53,16 +55,26 @@ def fleet(tmp_path_factory: pytest.TempPathFactory):
 
 
 def _input(n: int, tag: str) -> bytes:
-    return "".join(json.dumps({"custom_id": f"{tag}-{i}", "method": "POST", "url": "/v1/chat/completions",
-                               "body": {"model": MODEL, "messages": [{"role": "user", "content": f"line {i}"}], "max_tokens": 4}}) + "\n"
-                   for i in range(n)).encode()
+    return "".join(
+        json.dumps(
+            {
+                "custom_id": f"{tag}-{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {"model": MODEL, "messages": [{"role": "user", "content": f"line {i}"}], "max_tokens": 4},
+            }
+        )
+        + "\n"
+        for i in range(n)
+    ).encode()
 
 
 def _start(client: openai.OpenAI, n: int, tag: str):
     uploaded = client.files.create(file=(f"{tag}.jsonl", _input(n, tag)), purpose="batch")
     assert uploaded.purpose == "batch" and uploaded.bytes > 0 and uploaded.status == "processed"
-    return client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h",
-                                 metadata={"tag": tag})
+    return client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h", metadata={"tag": tag}
+    )
 
 
 def _job(fleet: Fleet, batch_id: str) -> dict:
@@ -72,8 +84,13 @@ def _job(fleet: Fleet, batch_id: str) -> dict:
 
 
 def _ended(client: openai.OpenAI, batch_id: str, timeout: float = 60):
-    return wait_until(lambda: (b := client.batches.retrieve(batch_id)).status in ("completed", "failed", "cancelled", "expired") and b,
-                      timeout, f"batch {batch_id} to end")
+    return wait_until(
+        lambda: (
+            (b := client.batches.retrieve(batch_id)).status in ("completed", "failed", "cancelled", "expired") and b
+        ),
+        timeout,
+        f"batch {batch_id} to end",
+    )
 
 
 def _answers(client: openai.OpenAI, file_id: str | None) -> list[dict]:
@@ -81,35 +98,64 @@ def _answers(client: openai.OpenAI, file_id: str | None) -> list[dict]:
 
 
 def _ok_rows(fleet: Fleet, batch_id: str) -> Counter[str]:
-    return Counter(r.data.request_id for r in usage_rows(fleet.leader) if r.data.request_id.startswith(batch_id + "-") and r.data.outcome == "ok")
+    return Counter(
+        r.data.request_id
+        for r in usage_rows(fleet.leader)
+        if r.data.request_id.startswith(batch_id + "-") and r.data.outcome == "ok"
+    )
 
 
 def test_a_batch_of_200_lines_completes_and_each_line_is_served_once_under_its_key(fleet: Fleet) -> None:
     key_id, secret = fleet.key("batch-owner")
     client = fleet.client(secret)
     batch = _start(client, LINES, "full")
-    assert batch.status == "in_progress" and batch.endpoint == "/v1/chat/completions" and batch.metadata == {"tag": "full"}
+    assert (
+        batch.status == "in_progress" and batch.endpoint == "/v1/chat/completions" and batch.metadata == {"tag": "full"}
+    )
     done = _ended(client, batch.id)
     assert done.status == "completed", done
-    assert done.request_counts is not None and (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (LINES, LINES, 0)
-    assert done.completed_at and done.in_progress_at and done.error_file_id is None and done.usage and done.usage.output_tokens > 0
+    assert done.request_counts is not None and (
+        done.request_counts.total,
+        done.request_counts.completed,
+        done.request_counts.failed,
+    ) == (LINES, LINES, 0)
+    assert (
+        done.completed_at
+        and done.in_progress_at
+        and done.error_file_id is None
+        and done.usage
+        and done.usage.output_tokens > 0
+    )
     answers = _answers(client, done.output_file_id)
     assert Counter(a["custom_id"] for a in answers) == Counter(f"full-{i}" for i in range(LINES))
-    assert all(a["response"]["status_code"] == 200 and a["response"]["body"]["choices"][0]["message"]["content"] and a["error"] is None
-               for a in answers)
+    assert all(
+        a["response"]["status_code"] == 200
+        and a["response"]["body"]["choices"][0]["message"]["content"]
+        and a["error"] is None
+        for a in answers
+    )
     assert [b.id for b in client.batches.list()] == [batch.id]
     output = client.files.retrieve(done.output_file_id)
     assert output.purpose == "batch_output" and output.bytes == len(client.files.content(done.output_file_id).content)
 
     rows = [r for r in usage_rows(fleet.leader) if r.data.request_id.startswith(batch.id + "-")]
-    assert Counter(r.data.request_id for r in rows if r.data.outcome == "ok") == Counter(f"{batch.id}-{i + 1}" for i in range(LINES))
+    assert Counter(r.data.request_id for r in rows if r.data.outcome == "ok") == Counter(
+        f"{batch.id}-{i + 1}" for i in range(LINES)
+    )
     assert {r.data.api_key_id for r in rows} == {key_id}, "the batch's requests are its key's"
     status, export = fleet.leader.admin("GET", "/api/v1/usage/export?by=key&format=json&period=month")
     assert status == 200, export
-    assert sum(row["Requests"] for row in export if row["Key"] == key_id) == LINES, "the batch's usage is in the export, once"
+    assert sum(row["Requests"] for row in export if row["Key"] == key_id) == LINES, (
+        "the batch's usage is in the export, once"
+    )
 
     job = _job(fleet, batch.id)
-    assert job["status"] == "completed" and job["progress"] == {"total": LINES, "completed": LINES, "failed": 0, "pending": 0}
+    assert job["status"] == "completed" and job["progress"] == {
+        "total": LINES,
+        "completed": LINES,
+        "failed": 0,
+        "pending": 0,
+    }
     assert job["key_id"] == key_id and job["output_file_id"] == done.output_file_id and job["model"] == MODEL
     status, listed = fleet.leader.admin("GET", "/api/v1/client-jobs?status=completed")
     assert status == 200 and batch.id.replace("batch_", "job_") in [j["id"] for j in listed]
@@ -132,8 +178,10 @@ def test_another_key_sees_none_of_it_and_bad_input_is_refused_or_fails_the_batch
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=fleet.leader.url + "/v1", api_key="sk-nope", max_retries=0).files.list()
 
-    broken = b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {}}\nnot json\n' \
-             b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {}}\n'
+    broken = (
+        b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {}}\nnot json\n'
+        b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {}}\n'
+    )
     bad = owner.files.create(file=("bad.jsonl", broken), purpose="batch")
     failed = owner.batches.create(input_file_id=bad.id, endpoint="/v1/chat/completions", completion_window="24h")
     assert failed.status == "failed" and failed.errors is not None and failed.errors.data is not None
@@ -149,7 +197,9 @@ def test_cancel_stops_sending_and_the_lines_never_sent_are_in_the_error_file(fle
     client = fleet.client(secret)
     batch = _start(client, LINES, "cancel")
     wait_until(lambda: _job(fleet, batch.id)["progress"]["completed"] >= 10, 30, "some lines to be answered")
-    status, cancelling = fleet.leader.admin("POST", f"/api/v1/client-jobs/{batch.id.replace('batch_', 'job_', 1)}/cancel", {})
+    status, cancelling = fleet.leader.admin(
+        "POST", f"/api/v1/client-jobs/{batch.id.replace('batch_', 'job_', 1)}/cancel", {}
+    )
     assert status == 200 and cancelling["status"] in ("cancelling", "cancelled"), cancelling
     done = _ended(client, batch.id, timeout=30)
     assert done.status == "cancelled" and done.cancelling_at and done.cancelled_at
@@ -163,23 +213,30 @@ def test_cancel_stops_sending_and_the_lines_never_sent_are_in_the_error_file(fle
     assert client.batches.cancel(batch.id).status == "cancelled", "cancelling an ended batch changes nothing"
 
 
-def test_a_batch_resumes_after_the_leader_stops_midway_and_no_line_is_answered_twice(fleet: Fleet, tmp_path: Path) -> None:
+def test_a_batch_resumes_after_the_leader_stops_midway_and_no_line_is_answered_twice(
+    fleet: Fleet, tmp_path: Path
+) -> None:
     _, secret = fleet.key("resumer")
     client = fleet.client(secret)
     batch = _start(client, LINES, "resume")
     wait_until(lambda: _job(fleet, batch.id)["progress"]["completed"] >= 30, 30, "some lines to be answered")
     leader = fleet.leader
     assert leader.process.stop() == 0, leader.process.output
-    fleet.leader = Leader(leader.home, worker=False, extra=["--no-default-models"], ports=(leader.port, leader.admin_port))
+    fleet.leader = Leader(
+        leader.home, worker=False, extra=["--no-default-models"], ports=(leader.port, leader.admin_port)
+    )
     before = _job(fleet, batch.id)["progress"]["completed"]
     assert 30 <= before < LINES, f"the stop came too late to test a resume ({before} answered)"
     client = fleet.client(secret)
     done = _ended(client, batch.id, timeout=90)
-    assert done.status == "completed" and done.request_counts is not None and done.request_counts.completed == LINES, done
+    assert done.status == "completed" and done.request_counts is not None and done.request_counts.completed == LINES, (
+        done
+    )
     answers = _answers(client, done.output_file_id)
     assert Counter(a["custom_id"] for a in answers) == Counter(f"resume-{i}" for i in range(LINES))
     ok = _ok_rows(fleet, batch.id)
-    assert set(ok) == {f"{batch.id}-{i + 1}" for i in range(LINES)} and set(ok.values()) == {1}, \
+    assert set(ok) == {f"{batch.id}-{i + 1}" for i in range(LINES)} and set(ok.values()) == {1}, (
         f"lines served twice: {[rid for rid, n in ok.items() if n > 1][:5]}"
+    )
     status, _, _ = http("GET", fleet.leader.url + "/v1/models", key=fleet.leader.key)
     assert status == 200

@@ -30,16 +30,23 @@ BUDGET = 5 * RESERVATION
 def leader(tmp_path_factory: pytest.TempPathFactory):
     root: Path = tmp_path_factory.mktemp("budget")
     leader = Leader(root / "leader", worker=False, extra=["--no-default-models"])
-    worker = sim_worker(leader, root / "worker", "n_budget", OPOD_ENGINE_FLAGS=json.dumps({"time_scale": 1.0, "output_max": MAX_TOKENS}))
+    worker = sim_worker(
+        leader, root / "worker", "n_budget", OPOD_ENGINE_FLAGS=json.dumps({"time_scale": 1.0, "output_max": MAX_TOKENS})
+    )
     try:
         worker.wait_for_line("registered with", timeout=30)
         assert opod_cli(leader, "model", "add", MODEL, "--engine", "sim").returncode == 0
-        for path, body in (("/api/v1/orgs", {"name": "acme"}), ("/api/v1/teams", {"name": "ml", "in": "acme"}),
-                           ("/api/v1/projects", {"name": "chat", "in": "acme/ml"})):
+        for path, body in (
+            ("/api/v1/orgs", {"name": "acme"}),
+            ("/api/v1/teams", {"name": "ml", "in": "acme"}),
+            ("/api/v1/projects", {"name": "chat", "in": "acme/ml"}),
+        ):
             status, answer = leader.admin("POST", path, body)
             assert status == 201, answer
-        settings = (f"prices:\n  '*': {{input_per_million: {PRICE}, output_per_million: {PRICE}}}\n"
-                    f"budgets:\n  - scope: project:acme/ml/chat\n    period: month\n    micros: {BUDGET}\n")
+        settings = (
+            f"prices:\n  '*': {{input_per_million: {PRICE}, output_per_million: {PRICE}}}\n"
+            f"budgets:\n  - scope: project:acme/ml/chat\n    period: month\n    micros: {BUDGET}\n"
+        )
         status, answer = leader.admin("PUT", "/api/v1/settings", {"base": 0, "body": settings})
         assert status == 200, answer
         leader.wait_served(MODEL, timeout=60)
@@ -55,11 +62,18 @@ async def burst(url: str, secret: str) -> list[tuple[int, str, str, str]]:
 
     async def one() -> tuple[int, str, str, str]:
         try:
-            await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "work"}], max_tokens=MAX_TOKENS)
+            await client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "work"}], max_tokens=MAX_TOKENS
+            )
             return 200, "", "", ""
         except openai.APIStatusError as err:
             error = err.body if isinstance(err.body, dict) else {}
-            return err.status_code, str(error.get("code", "")), str(error.get("message", "")), err.response.headers.get("retry-after", "")
+            return (
+                err.status_code,
+                str(error.get("code", "")),
+                str(error.get("message", "")),
+                err.response.headers.get("retry-after", ""),
+            )
 
     try:
         return await asyncio.gather(*(one() for _ in range(BURST)))

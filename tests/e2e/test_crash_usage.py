@@ -26,8 +26,16 @@ MODEL = "sim-slow"
 def _chat(leader: Leader, request_id: str) -> bool:
     """True when the whole answer arrived."""
     body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "tell me"}], "max_tokens": 12}).encode()
-    request = urllib.request.Request(leader.url + "/v1/chat/completions", data=body, method="POST", headers={
-        "Authorization": f"Bearer {leader.key}", "Content-Type": "application/json", "X-Request-Id": request_id})
+    request = urllib.request.Request(
+        leader.url + "/v1/chat/completions",
+        data=body,
+        method="POST",
+        headers={
+            "Authorization": f"Bearer {leader.key}",
+            "Content-Type": "application/json",
+            "X-Request-Id": request_id,
+        },
+    )
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             answer = json.loads(response.read())
@@ -86,14 +94,24 @@ def test_sigkill_under_load_keeps_every_answered_request_and_marks_the_rest(tmp_
 
 def _stream_until(leader: Leader, request_id: str, tokens: int) -> tuple[socket.socket, bytes]:
     """A raw streamed chat, read until ``tokens`` content deltas (or its end) arrived."""
-    body = json.dumps({"model": MODEL, "messages": [{"role": "system", "content": "You answer at length."},
-                                                    {"role": "user", "content": "a long answer about the sea, please"}],
-                       "max_tokens": 1000, "stream": True}).encode()
+    body = json.dumps(
+        {
+            "model": MODEL,
+            "messages": [
+                {"role": "system", "content": "You answer at length."},
+                {"role": "user", "content": "a long answer about the sea, please"},
+            ],
+            "max_tokens": 1000,
+            "stream": True,
+        }
+    ).encode()
     host, port = leader.url.removeprefix("http://").rsplit(":", 1)
     conn = socket.create_connection((host, int(port)), timeout=30)
-    conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: opod\r\nContent-Type: application/json\r\n"
-                 + f"Authorization: Bearer {leader.key}\r\nX-Request-Id: {request_id}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
-                 + body)
+    conn.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: opod\r\nContent-Type: application/json\r\n"
+        + f"Authorization: Bearer {leader.key}\r\nX-Request-Id: {request_id}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
     seen = b""
     while seen.count(b'"content":"') - seen.count(b'"content":""') < tokens and b"data: [DONE]" not in seen:
         chunk = conn.recv(65536)
@@ -139,8 +157,12 @@ def test_streams_cut_short_are_recorded_with_their_prompt_and_the_tokens_streame
         assert left.route["prompt_tokens"] == "counted"
 
         # The engine dies mid-stream.
-        request = urllib.request.Request(_engine_url(worker) + "/sim/faults", data=json.dumps({"crash_after_tokens": 5}).encode(),
-                                         method="POST", headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            _engine_url(worker) + "/sim/faults",
+            data=json.dumps({"crash_after_tokens": 5}).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(request, timeout=5) as response:
             assert response.status == 200
         conn, seen = _stream_until(leader, "cut-crash", 10_000)

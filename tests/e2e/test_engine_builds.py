@@ -33,10 +33,27 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Leader, Opo
     wheels, site = root / "wheels", root / "site"
     write_wheel(wheels / "cpu", "vllm", "0.0.1")
     site.mkdir()
-    install = (f"{{python}} -m pip install --no-deps --no-index --disable-pip-version-check --find-links {wheels}/{{build}} "
-               f"--target {site} {{package}}")
-    args = ["join", leader.url, "--token", leader.node_token(), "--engine", "llamacpp", "--listen", f"127.0.0.1:{free_port()}"]
-    env = clean_env(root / NODE, OPOD_NODE_ID=NODE, OPOD_LLAMA_SERVER=str(broken), OPOD_ENGINE_INSTALL_COMMAND=install, PYTHONPATH=str(site))
+    install = (
+        f"{{python}} -m pip install --no-deps --no-index --disable-pip-version-check --find-links {wheels}/{{build}} "
+        f"--target {site} {{package}}"
+    )
+    args = [
+        "join",
+        leader.url,
+        "--token",
+        leader.node_token(),
+        "--engine",
+        "llamacpp",
+        "--listen",
+        f"127.0.0.1:{free_port()}",
+    ]
+    env = clean_env(
+        root / NODE,
+        OPOD_NODE_ID=NODE,
+        OPOD_LLAMA_SERVER=str(broken),
+        OPOD_ENGINE_INSTALL_COMMAND=install,
+        PYTHONPATH=str(site),
+    )
     worker = OpodProcess(args, root / NODE, env=env)
     worker.wait_for_line("registered with", timeout=30)
     yield leader, worker, root
@@ -57,14 +74,21 @@ def choose(leader: Leader, engine: str, build: str) -> None:
 
 
 def shown(leader: Leader, engine: str, **want: str) -> dict:
-    return wait_until(lambda: (row := provision(leader, engine)) and all(row.get(k) == v for k, v in want.items()) and row,
-                      20, f"{engine} provision {want}")
+    return wait_until(
+        lambda: (row := provision(leader, engine)) and all(row.get(k) == v for k, v in want.items()) and row,
+        20,
+        f"{engine} provision {want}",
+    )
 
 
 def test_the_leader_refuses_a_build_no_node_could_install(node) -> None:
     leader, _, _ = node
     status, body = leader.admin("POST", f"/api/v1/nodes/{NODE}/engines", {"engine": "llamacpp", "build": "cu129"})
-    assert status == 400 and body["error"] == "build: 'cu129' is not a build of llamacpp; choose one of auto, none, override, prebuilt, portable"
+    assert (
+        status == 400
+        and body["error"]
+        == "build: 'cu129' is not a build of llamacpp; choose one of auto, none, override, prebuilt, portable"
+    )
     status, body = leader.admin("POST", f"/api/v1/nodes/{NODE}/engines", {"engine": "llama-cpp", "build": "auto"})
     assert (status, body) == (200, {"engine": "llamacpp", "build": "auto"}), "an alias names the engine by its id"
 
@@ -99,7 +123,11 @@ def test_prebuilt_is_used_only_where_the_cpu_runs_it(node) -> None:
     else:
         row = shown(leader, "llamacpp", variant="prebuilt", state="failed")
         assert row["detail"].endswith("; llamacpp keeps the portable build"), row
-        reason = "prebuilt needs CPU flags this CPU lacks" if llama_binary.prebuilt_binary() else "the prebuilt llama-server is not installed"
+        reason = (
+            "prebuilt needs CPU flags this CPU lacks"
+            if llama_binary.prebuilt_binary()
+            else "the prebuilt llama-server is not installed"
+        )
         assert reason in row["detail"], row
 
 
@@ -108,7 +136,9 @@ def test_a_pip_build_fails_with_pips_last_line_then_another_installs(node) -> No
     assert provision(leader, "vllm")["state"] == "unsupported"
     choose(leader, "vllm", "cu129")
     row = shown(leader, "vllm", variant="cu129", state="failed")
-    assert row["detail"].startswith("installing vllm cu129 failed (exit 1): ERROR: No matching distribution found for vllm"), row
+    assert row["detail"].startswith(
+        "installing vllm cu129 failed (exit 1): ERROR: No matching distribution found for vllm"
+    ), row
     choose(leader, "vllm", "cpu")
     row = shown(leader, "vllm", variant="cpu", state="ready")
     assert row["version"] == "0.0.1", row

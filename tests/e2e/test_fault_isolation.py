@@ -53,14 +53,23 @@ def engine_pid(worker: OpodProcess, model: str) -> int:
 
 
 def set_faults(url: str, **settings: object) -> None:
-    request = urllib.request.Request(url + "/sim/faults", data=json.dumps(settings).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url + "/sim/faults",
+        data=json.dumps(settings).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
     urllib.request.urlopen(request, timeout=5).read()
 
 
 def chat(leader: Leader, model: str, max_tokens: int = 2) -> tuple[int, dict, object]:
-    return http("POST", leader.url + "/v1/chat/completions",
-                {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens}, key=leader.key, timeout=30)
+    return http(
+        "POST",
+        leader.url + "/v1/chat/completions",
+        {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens},
+        key=leader.key,
+        timeout=30,
+    )
 
 
 def client(leader: Leader) -> openai.OpenAI:
@@ -81,7 +90,9 @@ def test_repeated_engine_refusals_are_400s_and_leave_the_worker_serving(fleet, s
     set_faults(engine_url(worker, CHAT), fail_next=4, fail_status=status)
     for _ in range(4):
         with pytest.raises(openai.BadRequestError) as refused:
-            client(leader).chat.completions.create(model=CHAT, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+            client(leader).chat.completions.create(
+                model=CHAT, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+            )
         assert "injected failure" in refused.value.message
     _, _, ready = http("GET", leader.url + "/readyz")
     assert isinstance(ready, dict) and ready["ready"] is True and set(ready["models"]) == {CHAT, OTHER}, ready
@@ -139,7 +150,9 @@ def test_a_killed_engine_leaves_the_other_model_answering_and_its_own_back_as_so
 
 LLAMA_CHAT, LLAMA_EMBED = "smollm2-135m-instruct", "all-minilm-l6-v2"
 
-IMAGE = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]
+IMAGE = [
+    {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}
+]
 BAD_INPUTS = [
     ({"grammar": "root ::= ("}, None, "grammar"),
     ({"n_probs": "many"}, None, "n_probs"),
@@ -164,12 +177,20 @@ def test_bad_requests_that_reach_llama_server_leave_both_models_serving(up: Lead
     for _ in range(3):
         for extra, messages, named in BAD_INPUTS:
             with pytest.raises(openai.BadRequestError) as refused:
-                llm.chat.completions.create(model=LLAMA_CHAT, messages=messages or [{"role": "user", "content": "hi"}], max_tokens=3,
-                                            extra_body=extra)
+                llm.chat.completions.create(
+                    model=LLAMA_CHAT,
+                    messages=messages or [{"role": "user", "content": "hi"}],
+                    max_tokens=3,
+                    extra_body=extra,
+                )
             assert named in refused.value.message, refused.value.message
     _, _, ready = http("GET", up.url + "/readyz")
-    assert isinstance(ready, dict) and ready["ready"] is True and {LLAMA_CHAT, LLAMA_EMBED} <= set(ready["models"]), ready
+    assert isinstance(ready, dict) and ready["ready"] is True and {LLAMA_CHAT, LLAMA_EMBED} <= set(ready["models"]), (
+        ready
+    )
     assert llm.embeddings.create(model=LLAMA_EMBED, input="hi").data[0].embedding
-    answer = llm.chat.completions.create(model=LLAMA_CHAT, messages=[{"role": "user", "content": "Say hi."}], max_tokens=3)
+    answer = llm.chat.completions.create(
+        model=LLAMA_CHAT, messages=[{"role": "user", "content": "Say hi."}], max_tokens=3
+    )
     assert answer.choices[0].message.content is not None
     wait_until(lambda: "serving on" in opod_cli(up, "model", "ls").stdout, 10, "opod model ls to say serving")

@@ -30,7 +30,9 @@ def fleet(tmp_path: Path):
         home = tmp_path / name
         env = clean_env(home, OPOD_NODE_ID=name)
         workers[name] = OpodProcess(
-            ["join", leader.url, "--token", token, "--engine", "sim", "--listen", f"127.0.0.1:{free_port()}"], home, env=env
+            ["join", leader.url, "--token", token, "--engine", "sim", "--listen", f"127.0.0.1:{free_port()}"],
+            home,
+            env=env,
         )
     for worker in workers.values():
         worker.wait_for_line("registered with", timeout=30)
@@ -56,8 +58,12 @@ def test_requests_spread_over_both_workers(fleet) -> None:
     leader, workers = fleet
     seen = set()
     for _ in range(20):
-        status, headers, body = http("POST", leader.url + "/v1/chat/completions",
-                                     {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}, key=leader.key)
+        status, headers, body = http(
+            "POST",
+            leader.url + "/v1/chat/completions",
+            {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+            key=leader.key,
+        )
         assert status == 200, body
         seen.add(headers["x-opod-worker"])
     assert seen == set(workers)
@@ -79,7 +85,9 @@ def test_node_ls_shows_each_worker_its_machine_and_models_and_rm_refuses_a_live_
         line = next(line for line in table.stdout.splitlines() if line.startswith(name))
         assert "ready" in line and re.search(r" \d+/\d+ GiB ", line) and MODEL in line, line
     refused = opod_cli(leader, "node", "rm", "n_sim-a")
-    assert refused.returncode == 1 and "is reachable (it heartbeats)" in refused.stderr and "(HTTP 409)" in refused.stderr, refused.stderr
+    assert (
+        refused.returncode == 1 and "is reachable (it heartbeats)" in refused.stderr and "(HTTP 409)" in refused.stderr
+    ), refused.stderr
 
 
 def test_a_worker_killed_under_load_costs_no_client_an_error(fleet) -> None:
@@ -91,7 +99,9 @@ def test_a_worker_killed_under_load_costs_no_client_an_error(fleet) -> None:
     def load() -> None:
         while not stop.is_set():
             try:
-                answer = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "go"}], max_tokens=8)
+                answer = client.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": "go"}], max_tokens=8
+                )
                 outcomes.append(answer.choices[0].message.content)
             except openai.APIStatusError as err:
                 outcomes.append(err)

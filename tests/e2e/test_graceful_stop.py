@@ -29,7 +29,9 @@ def slow_sim(tokens: int = ANSWER_TOKENS) -> str:
 
 
 def up_with_a_sim(home: Path, tokens: int = ANSWER_TOKENS, **env: str) -> Leader:
-    leader = Leader(home, extra=["--no-default-models", "--engine", "sim"], env={"OPOD_ENGINE_FLAGS": slow_sim(tokens), **env})
+    leader = Leader(
+        home, extra=["--no-default-models", "--engine", "sim"], env={"OPOD_ENGINE_FLAGS": slow_sim(tokens), **env}
+    )
     assert opod_cli(leader, "model", "add", MODEL, "--engine", "sim").returncode == 0
     leader.wait_served(MODEL, timeout=90)
     return leader
@@ -39,13 +41,23 @@ class Stream:
     """A streamed chat answer read on its own thread, raw, as the bytes arrive."""
 
     def __init__(self, leader: Leader, request_id: str = "", *, model: str = MODEL, **extra: object) -> None:
-        body = json.dumps({"model": model, "messages": [{"role": "user", "content": "a long answer, please"}],
-                           "max_tokens": 1000, "stream": True, **extra}).encode()
+        body = json.dumps(
+            {
+                "model": model,
+                "messages": [{"role": "user", "content": "a long answer, please"}],
+                "max_tokens": 1000,
+                "stream": True,
+                **extra,
+            }
+        ).encode()
         host, port = leader.url.removeprefix("http://").rsplit(":", 1)
         self.conn = socket.create_connection((host, int(port)), timeout=30)
         rid = f"X-Request-Id: {request_id}\r\n" if request_id else ""
-        self.conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: opod\r\nContent-Type: application/json\r\n"
-                          + f"Authorization: Bearer {leader.key}\r\n{rid}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        self.conn.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: opod\r\nContent-Type: application/json\r\n"
+            + f"Authorization: Bearer {leader.key}\r\n{rid}Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
         self.seen = b""
         self.ended = threading.Event()
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -79,8 +91,13 @@ class Stream:
 
 
 def chat_once(leader: Leader) -> tuple[int, dict, object]:
-    return http("POST", leader.url + "/v1/chat/completions",
-                {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}, key=leader.key, timeout=10)
+    return http(
+        "POST",
+        leader.url + "/v1/chat/completions",
+        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
+        key=leader.key,
+        timeout=10,
+    )
 
 
 def test_a_stream_in_flight_at_sigterm_completes_and_new_requests_get_503_until_the_node_exits(tmp_path: Path) -> None:
@@ -93,7 +110,9 @@ def test_a_stream_in_flight_at_sigterm_completes_and_new_requests_get_503_until_
         proc.send_signal(signal.SIGTERM)
 
         # A request sent while the node stops is refused, saying why and when to come back.
-        refused = wait_until(lambda: (answer := chat_once(leader))[0] == 503 and answer, 5, "a new request to be refused")
+        refused = wait_until(
+            lambda: (answer := chat_once(leader))[0] == 503 and answer, 5, "a new request to be refused"
+        )
         status, headers, body = refused
         assert int(headers["retry-after"]) >= 1
         assert body["error"]["code"] == "stopping" and "not taking new requests" in body["error"]["message"]
@@ -171,8 +190,11 @@ def test_readyz_says_not_ready_while_the_node_stops(tmp_path: Path) -> None:
         wait_until(lambda: stream.tokens >= 3, 30, "the stream's first tokens")
         assert http("GET", leader.url + "/readyz")[0] == 200
         proc.send_signal(signal.SIGTERM)
-        status, headers, body = wait_until(lambda: (probe := http("GET", leader.url + "/readyz", timeout=5))[0] == 503 and probe,
-                                           5, "/readyz to say not ready")
+        status, headers, body = wait_until(
+            lambda: (probe := http("GET", leader.url + "/readyz", timeout=5))[0] == 503 and probe,
+            5,
+            "/readyz to say not ready",
+        )
         assert body["ready"] is False and "stopping" in body["reason"] and headers["retry-after"]
         assert not stream.ended.is_set(), "not ready while the stream in flight still runs"
         assert stream.ended.wait(30) and b"data: [DONE]" in stream.seen
@@ -212,7 +234,9 @@ def test_a_stream_on_llama_server_in_flight_at_sigterm_completes(tmp_path: Path)
         wait_until(lambda: stream.tokens >= 3, 60, "the stream's first tokens")
         proc.send_signal(signal.SIGTERM)
         assert stream.ended.wait(60), f"the stream did not end; output:\n{leader.process.output}"
-        assert stream.finish_reasons() == ["length"] and b"data: [DONE]" in stream.seen and b'"error"' not in stream.seen
+        assert (
+            stream.finish_reasons() == ["length"] and b"data: [DONE]" in stream.seen and b'"error"' not in stream.seen
+        )
         assert proc.wait(timeout=30) == 0
     finally:
         stream.close()

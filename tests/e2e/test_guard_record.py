@@ -90,11 +90,13 @@ class Fleet:
         self.client = openai.OpenAI(base_url=leader.url + "/v1", api_key=leader.key, max_retries=0, timeout=30)
 
     def guarded(self) -> dict:
-        return {"guardrails": [
-            {"id": "screen", "phase": "pre", "url": self.webhook.url("screen")},
-            {"id": "lenient", "phase": "pre", "url": self.webhook.url("lenient"), "failOpen": True},
-            {"id": "answers", "phase": "post", "url": self.webhook.url("answers")},
-        ]}
+        return {
+            "guardrails": [
+                {"id": "screen", "phase": "pre", "url": self.webhook.url("screen")},
+                {"id": "lenient", "phase": "pre", "url": self.webhook.url("lenient"), "failOpen": True},
+                {"id": "answers", "phase": "post", "url": self.webhook.url("answers")},
+            ]
+        }
 
     def mount(self, policy: dict) -> None:
         """Write the policy file as a manager does, and wait until the leader applies it."""
@@ -104,10 +106,15 @@ class Fleet:
         os.replace(tmp, self.policy)
 
         def applied() -> bool:
-            status, _, page = http("GET", self.leader.url + "/admin/v1/events/stream?after=0&limit=1000", key=self.leader.key)
+            status, _, page = http(
+                "GET", self.leader.url + "/admin/v1/events/stream?after=0&limit=1000", key=self.leader.key
+            )
             assert status == 200, page
-            return any(e.get("type") == "policy.updated" and (e.get("data") or {}).get("revision") == revision
-                       for e in page.get("events") or [])  # type: ignore[union-attr]
+            return any(
+                e.get("type") == "policy.updated" and (e.get("data") or {}).get("revision") == revision
+                for e in page.get("events") or []
+            )  # type: ignore[union-attr]
+
         wait_until(applied, 15, f"policy {revision} to be applied")
 
     def ask(self, content: str, **extra: Any) -> tuple[str, Any]:
@@ -115,8 +122,12 @@ class Fleet:
         request_id = "guard-" + secrets.token_hex(6)
         try:
             answer = self.client.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": content}], max_tokens=8,
-                extra_headers={"X-Request-Id": request_id}, **extra)
+                model=MODEL,
+                messages=[{"role": "user", "content": content}],
+                max_tokens=8,
+                extra_headers={"X-Request-Id": request_id},
+                **extra,
+            )
         except openai.APIStatusError as err:
             return request_id, err
         if extra.get("stream"):
@@ -127,6 +138,7 @@ class Fleet:
         def found() -> dict | None:
             status, body = self.leader.admin("GET", f"/api/v1/requests/{request_id}")
             return body if status == 200 and isinstance(body, dict) else None
+
         return wait_until(found, 15, f"request {request_id} to be recorded")
 
 
@@ -144,8 +156,12 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     leader: Leader | None = None
     worker: OpodProcess | None = None
     try:
-        leader = Leader(root / "leader", worker=False, extra=["--no-default-models"], env={"OPOD_POLICY_FILE": str(policy)})
-        worker = sim_worker(leader, root / "worker", NODE, OPOD_ENGINE_FLAGS=json.dumps({"time_scale": 0.0, "output_max": 8}))
+        leader = Leader(
+            root / "leader", worker=False, extra=["--no-default-models"], env={"OPOD_POLICY_FILE": str(policy)}
+        )
+        worker = sim_worker(
+            leader, root / "worker", NODE, OPOD_ENGINE_FLAGS=json.dumps({"time_scale": 0.0, "output_max": 8})
+        )
         worker.wait_for_line("registered with", timeout=30)
         assert opod_cli(leader, "model", "add", MODEL, "--engine", "sim").returncode == 0
         leader.wait_served(MODEL, timeout=60)
@@ -165,8 +181,12 @@ def test_a_blocked_request_is_recorded_with_its_guardrail_and_reason(fleet: Flee
     assert isinstance(refused, openai.BadRequestError) and "guardrail_blocked" in str(refused.body)
     record = fleet.record(request_id)
     assert record["status"] == 400
-    assert guard(record) == {"guard_action": "block", "guard_policy": "screen", "guard_rule": "pre",
-                             "guard_category": "it names a forbidden word"}
+    assert guard(record) == {
+        "guard_action": "block",
+        "guard_policy": "screen",
+        "guard_rule": "pre",
+        "guard_category": "it names a forbidden word",
+    }
     assert record["guard_ms"] >= 0 and record.get("completion_tokens", 0) == 0  # no engine saw it
 
 
@@ -175,8 +195,12 @@ def test_a_rewritten_request_is_recorded_as_a_rewrite(fleet: Fleet) -> None:
     assert isinstance(answer, str)
     record = fleet.record(request_id)
     assert record["status"] == 200 and record["completion_tokens"] > 0
-    assert guard(record) == {"guard_action": "rewrite", "guard_policy": "screen", "guard_rule": "pre",
-                             "guard_category": "redacted a name"}
+    assert guard(record) == {
+        "guard_action": "rewrite",
+        "guard_policy": "screen",
+        "guard_rule": "pre",
+        "guard_category": "redacted a name",
+    }
 
 
 def test_a_plain_request_through_the_guardrails_is_allowed_and_a_failure_open_noted(fleet: Fleet) -> None:
@@ -184,8 +208,12 @@ def test_a_plain_request_through_the_guardrails_is_allowed_and_a_failure_open_no
     assert guard(fleet.record(request_id)) == {"guard_action": "allow", "guard_policy": "screen", "guard_rule": "pre"}
     request_id, answer = fleet.ask("a little WOBBLE", stream=True)
     assert answer  # the stream went on: lenient fails open, and a stream's answer is never judged
-    assert guard(fleet.record(request_id)) == {"guard_action": "failed_open", "guard_policy": "lenient", "guard_rule": "pre",
-                                               "guard_category": "it answered HTTP 500"}
+    assert guard(fleet.record(request_id)) == {
+        "guard_action": "failed_open",
+        "guard_policy": "lenient",
+        "guard_rule": "pre",
+        "guard_category": "it answered HTTP 500",
+    }
 
 
 def test_a_guardrail_failing_closed_is_recorded_with_the_503(fleet: Fleet) -> None:
@@ -193,8 +221,12 @@ def test_a_guardrail_failing_closed_is_recorded_with_the_503(fleet: Fleet) -> No
     assert isinstance(refused, openai.APIStatusError) and refused.status_code == 503
     record = fleet.record(request_id)
     assert record["status"] == 503
-    assert guard(record) == {"guard_action": "unavailable", "guard_policy": "screen", "guard_rule": "pre",
-                             "guard_category": "it answered HTTP 500"}
+    assert guard(record) == {
+        "guard_action": "unavailable",
+        "guard_policy": "screen",
+        "guard_rule": "pre",
+        "guard_category": "it answered HTTP 500",
+    }
 
 
 def test_the_answer_judged_after_the_engine_is_recorded_with_what_the_client_got(fleet: Fleet) -> None:
@@ -202,14 +234,22 @@ def test_the_answer_judged_after_the_engine_is_recorded_with_what_the_client_got
     assert answer == "[withheld]"
     record = fleet.record(request_id)
     assert record["status"] == 200 and record["replica"] == NODE
-    assert guard(record) == {"guard_action": "rewrite", "guard_policy": "answers", "guard_rule": "post",
-                             "guard_category": "withheld the answer"}
+    assert guard(record) == {
+        "guard_action": "rewrite",
+        "guard_policy": "answers",
+        "guard_rule": "post",
+        "guard_category": "withheld the answer",
+    }
     request_id, refused = fleet.ask("STOPANSWER please")
     assert isinstance(refused, openai.BadRequestError) and "blocked the answer" in str(refused.body)
     record = fleet.record(request_id)
     assert record["status"] == 400 and record["completion_tokens"] > 0  # the engine answered: its tokens count
-    assert guard(record) == {"guard_action": "block", "guard_policy": "answers", "guard_rule": "post",
-                             "guard_category": "the answer is not for this project"}
+    assert guard(record) == {
+        "guard_action": "block",
+        "guard_policy": "answers",
+        "guard_rule": "post",
+        "guard_category": "the answer is not for this project",
+    }
 
 
 def test_a_request_without_guardrails_has_no_guard_fields(fleet: Fleet) -> None:

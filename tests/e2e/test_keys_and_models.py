@@ -73,7 +73,9 @@ def test_api_keys_are_created_listed_expired_and_revoked_at_once(tmp_path: Path)
         leader = Leader(home, worker=False, extra=["--no-default-models"])
         assert _models(leader, key)[0] == 401
         assert _models(leader, leader.key)[0] == 200
-        assert sum("admin key" in line for line in leader.process.lines) == 0, "the admin key is printed on first start only"
+        assert sum("admin key" in line for line in leader.process.lines) == 0, (
+            "the admin key is printed on first start only"
+        )
     finally:
         leader.process.stop()
 
@@ -93,8 +95,12 @@ def test_models_added_by_path_and_by_hub_repo_are_served_and_restored_after_a_re
             assert by_repo.returncode == 0, by_repo.stderr
             leader.wait_served("tiny", "tiny-chat", timeout=60)
             for model in ("tiny", "tiny-chat"):
-                status, _, body = http("POST", leader.url + "/v1/chat/completions",
-                                       {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 6}, key=leader.key)
+                status, _, body = http(
+                    "POST",
+                    leader.url + "/v1/chat/completions",
+                    {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 6},
+                    key=leader.key,
+                )
                 assert status == 200 and body["choices"][0]["message"]["content"], body
             listing = opod_cli(leader, "model", "ls")
             assert "tiny-chat" in listing.stdout and "serving on" in listing.stdout

@@ -23,7 +23,9 @@ MODEL = "pair"
 
 
 def _shape(listed: list[dict]) -> list[tuple]:
-    return sorted((r["id"], r["endpoint"], r["state"], tuple((s["node"], tuple(s["gpus"])) for s in r["shards"])) for r in listed)
+    return sorted(
+        (r["id"], r["endpoint"], r["state"], tuple((s["node"], tuple(s["gpus"])) for s in r["shards"])) for r in listed
+    )
 
 
 def _count(listed: object) -> int:
@@ -51,8 +53,13 @@ def restart(tmp_path_factory):
             (home / "inventory.yaml").write_text(ONE_A10G)
             workers.append(sim_worker(leader, home, node_id, token=token, OPOD_INVENTORY=str(home / "inventory.yaml")))
         wait_until(lambda: _count(leader.admin("GET", "/api/v1/nodes")[1]) == 2, 60, "both workers to join")
-        add(leader, {"name": MODEL, "profiles": [{"engine": "sim", "gpu_class": "A10G"}], "scaling": {"min": 2, "max": 2}})
-        wait_until(lambda: [r["state"] for r in replicas(leader, MODEL)] == ["ready", "ready"], 60, "two ready replicas")
+        add(
+            leader,
+            {"name": MODEL, "profiles": [{"engine": "sim", "gpu_class": "A10G"}], "scaling": {"min": 2, "max": 2}},
+        )
+        wait_until(
+            lambda: [r["state"] for r in replicas(leader, MODEL)] == ["ready", "ready"], 60, "two ready replicas"
+        )
         leader.wait_served(MODEL, timeout=30)
         facts["before"] = replicas(leader, MODEL)
         facts["before_at"] = time.monotonic()
@@ -87,8 +94,14 @@ def restart(tmp_path_factory):
             leader = Leader(root / "leader", worker=False, extra=["--no-default-models"], ports=ports)
             back = time.monotonic()
             down.clear()
-            wait_until(lambda: _shape(replicas(leader, MODEL)) == _shape(facts["before"]), 30, "the replicas to be adopted")
-            wait_until(lambda: sum(1 for t in answered_after if t > back) >= 20, 30, "requests to be answered after the restart")
+            wait_until(
+                lambda: _shape(replicas(leader, MODEL)) == _shape(facts["before"]), 30, "the replicas to be adopted"
+            )
+            wait_until(
+                lambda: sum(1 for t in answered_after if t > back) >= 20,
+                30,
+                "requests to be answered after the restart",
+            )
         finally:
             stop.set()
             sender.join(60)
@@ -105,8 +118,14 @@ def restart(tmp_path_factory):
         old = facts["after"][0]["id"]
         status, body = leader.admin("POST", "/api/v1/restart", {"replicas": [old], "in_place": True})
         assert status == 202, body
-        wait_until(lambda: old not in {r["id"] for r in replicas(leader, MODEL)}
-                   and [r["state"] for r in replicas(leader, MODEL)] == ["ready", "ready"], 60, "the in-place restart")
+        wait_until(
+            lambda: (
+                old not in {r["id"] for r in replicas(leader, MODEL)}
+                and [r["state"] for r in replicas(leader, MODEL)] == ["ready", "ready"]
+            ),
+            60,
+            "the in-place restart",
+        )
         facts["restarted"] = (old, replicas(leader, MODEL))
         facts["leader_log"] = leader.process.output
         facts["workers"] = workers

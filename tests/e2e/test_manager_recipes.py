@@ -47,8 +47,13 @@ def manager(tmp_path_factory: pytest.TempPathFactory):
     workers = []
     for name in ("n_r1", "n_r2"):
         home = root / name
-        workers.append(OpodProcess(["join", leader.url, "--token", token, "--engine", "sim", "--listen", f"127.0.0.1:{free_port()}"],
-                                   home, env=clean_env(home, OPOD_NODE_ID=name)))
+        workers.append(
+            OpodProcess(
+                ["join", leader.url, "--token", token, "--engine", "sim", "--listen", f"127.0.0.1:{free_port()}"],
+                home,
+                env=clean_env(home, OPOD_NODE_ID=name),
+            )
+        )
     for worker in workers:
         worker.wait_for_line("registered with", timeout=30)
     assert opod_cli(leader, "model", "add", MODEL, "--engine", "sim").returncode == 0
@@ -67,7 +72,12 @@ def get(leader: Leader, path: str, kind: type[nodeapi.WireModel], key: str | Non
 
 
 def chat(leader: Leader, key: str, **extra) -> int:
-    return http("POST", leader.url + "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **extra}, key=key)[0]
+    return http(
+        "POST",
+        leader.url + "/v1/chat/completions",
+        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **extra},
+        key=key,
+    )[0]
 
 
 def test_recipe_1_check_which_leader_you_are_talking_to(manager: Leader) -> None:
@@ -102,8 +112,16 @@ def test_recipe_3_pull_every_usage_row_never_lose_one_across_a_restart(manager: 
     after = page.next
     # The leader restarts between two pages; the cursor goes on where it was.
     assert manager.process.stop() == 0
-    restarted = Leader(manager.home, worker=False, extra=["--no-default-models"], ports=(manager.port, manager.admin_port),
-                       env={"OPOD_AUTH_FILE": str(manager.files / "auth.json"), "OPOD_POLICY_FILE": str(manager.files / "policy.json")})
+    restarted = Leader(
+        manager.home,
+        worker=False,
+        extra=["--no-default-models"],
+        ports=(manager.port, manager.admin_port),
+        env={
+            "OPOD_AUTH_FILE": str(manager.files / "auth.json"),
+            "OPOD_POLICY_FILE": str(manager.files / "policy.json"),
+        },
+    )
     manager.process = restarted.process
     wait_until(lambda: MODEL in manager.served(), 30, "the workers to be known again after the restart")
     while True:
@@ -134,15 +152,26 @@ def test_recipe_5_write_the_auth_file_a_leader_watches(manager: Leader) -> None:
         revision="2026-11-29T12:00:00Z#7",
         require_keys=True,
         issued_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        keys=[adminapi.SnapshotKey(id="alice-laptop", name="Alice's laptop", hash=hashlib.sha256(plaintext.encode()).hexdigest(),
-                                   expires_at="2099-01-31T00:00:00Z", admission_class="standard", team="search")],
+        keys=[
+            adminapi.SnapshotKey(
+                id="alice-laptop",
+                name="Alice's laptop",
+                hash=hashlib.sha256(plaintext.encode()).hexdigest(),
+                expires_at="2099-01-31T00:00:00Z",
+                admission_class="standard",
+                team="search",
+            )
+        ],
         revoked_keys=["bob-old"],
     )
     write_atomically(manager.files / "auth.json", snap)
     wait_until(lambda: chat(manager, plaintext) == 200, 2.5, "the new key to work within 2 s")
     # The stream offers committed rows only; the writer commits within moments of the answer.
-    wait_until(lambda: any(e.data.api_key_id == "k_cp_alice-laptop" for e in usage_rows(manager)), 2,
-               "the key's usage row on the stream, under the manager's id for it")
+    wait_until(
+        lambda: any(e.data.api_key_id == "k_cp_alice-laptop" for e in usage_rows(manager)),
+        2,
+        "the key's usage row on the stream, under the manager's id for it",
+    )
     revoked = snap.model_copy(update={"revision": "#8", "revoked_keys": ["bob-old", "alice-laptop"]})
     write_atomically(manager.files / "auth.json", revoked)
     started = time.monotonic()
@@ -154,10 +183,14 @@ def test_recipe_6_write_the_policy_file_a_leader_watches(manager: Leader) -> Non
     pol = adminapi.PolicySnapshot(
         revision="policy-12",
         routing=adminapi.PolicyRouting(kv_weight=2, kv_saturation_pct=90, prefix_affinity=True),
-        admission=adminapi.PolicyAdmission(hold_ms=2000, max_held=200, classes=[
-            adminapi.PolicyAdmissionClass(name="critical", hold_ms=10000),
-            adminapi.PolicyAdmissionClass(name="sheddable", max_share=0.25),
-        ]),
+        admission=adminapi.PolicyAdmission(
+            hold_ms=2000,
+            max_held=200,
+            classes=[
+                adminapi.PolicyAdmissionClass(name="critical", hold_ms=10000),
+                adminapi.PolicyAdmissionClass(name="sheddable", max_share=0.25),
+            ],
+        ),
     )
     write_atomically(manager.files / "policy.json", pol)
 
@@ -200,17 +233,41 @@ def test_recipe_8_read_the_model_catalog() -> None:
 
 
 def test_recipe_9_speak_the_node_protocol(manager: Leader) -> None:
-    hw = nodeapi.encode_hardware(nodeapi.Capabilities(hostname="gpu-box-1", os="linux", arch="amd64", cpu_cores=32, ram_gb=128,
-                                                      gpus=[nodeapi.GPU(name="NVIDIA RTX 4090", vram_gb=24)], engine="vllm"))
-    reg = nodeapi.RegisterRequest(id="gpu-box-1", hostname="gpu-box-1", os="linux", arch="amd64", ram_gb=128,
-                                  address="10.0.0.12:8081", hardware_json=hw, boot_id=os.urandom(8).hex())
+    hw = nodeapi.encode_hardware(
+        nodeapi.Capabilities(
+            hostname="gpu-box-1",
+            os="linux",
+            arch="amd64",
+            cpu_cores=32,
+            ram_gb=128,
+            gpus=[nodeapi.GPU(name="NVIDIA RTX 4090", vram_gb=24)],
+            engine="vllm",
+        )
+    )
+    reg = nodeapi.RegisterRequest(
+        id="gpu-box-1",
+        hostname="gpu-box-1",
+        os="linux",
+        arch="amd64",
+        ram_gb=128,
+        address="10.0.0.12:8081",
+        hardware_json=hw,
+        boot_id=os.urandom(8).hex(),
+    )
 
     def post(path: str, body: nodeapi.WireModel) -> int:
         import urllib.error
         import urllib.request
 
-        request = urllib.request.Request(manager.url + path, data=body.to_json().encode(), method="POST", headers={
-            "Content-Type": "application/json", HEADER: sign(reg.id, manager.token, "POST", path, nonce=f"{reg.boot_id}.{time.monotonic_ns()}")})
+        request = urllib.request.Request(
+            manager.url + path,
+            data=body.to_json().encode(),
+            method="POST",
+            headers={
+                "Content-Type": "application/json",
+                HEADER: sign(reg.id, manager.token, "POST", path, nonce=f"{reg.boot_id}.{time.monotonic_ns()}"),
+            },
+        )
         try:
             with urllib.request.urlopen(request, timeout=10) as response:
                 return response.status
@@ -218,8 +275,13 @@ def test_recipe_9_speak_the_node_protocol(manager: Leader) -> None:
             return error.code
 
     assert post(nodeapi.PATH_REGISTER, reg) == 200
-    hb = nodeapi.Heartbeat(id=reg.id, boot_id=reg.boot_id, loaded_models=["qwen3-coder-30b"], slots=16,
-                           engine=nodeapi.EngineState(state=nodeapi.EngineStateWord.SERVING))
+    hb = nodeapi.Heartbeat(
+        id=reg.id,
+        boot_id=reg.boot_id,
+        loaded_models=["qwen3-coder-30b"],
+        slots=16,
+        engine=nodeapi.EngineState(state=nodeapi.EngineStateWord.SERVING),
+    )
     assert post(nodeapi.PATH_HEARTBEAT, hb) == 200
     status, _, nodes = http("GET", manager.url + "/admin/v1/nodes", key=manager.key)
     box = next(n for n in nodes if n["id"] == "gpu-box-1")

@@ -30,8 +30,13 @@ HELLO = [{"role": "user", "content": "Hello"}]
 def _catalog_entry(home: Path, model_id: str, capabilities: list[str], context: int) -> None:
     """A simulated model in the leader's own catalog, with only the capabilities and context given."""
     body = yaml.safe_load((bundled_dir() / "qwen2.5-0.5b-gguf.yaml").read_text())
-    body.update(id=model_id, display_name=model_id, source={"type": "file", "path": "/simulated"},
-                capabilities=capabilities, context_window=context)
+    body.update(
+        id=model_id,
+        display_name=model_id,
+        source={"type": "file", "path": "/simulated"},
+        capabilities=capabilities,
+        context_window=context,
+    )
     (home / "catalog").mkdir(parents=True, exist_ok=True)
     (home / "catalog" / f"{model_id}.yaml").write_text(yaml.safe_dump(body))
 
@@ -100,14 +105,31 @@ INVALID_CHATS = [
     ("n", {"messages": HELLO, "n": 0}),
     ("stop", {"messages": HELLO, "stop": ["a", "b", "c", "d", "e"]}),
     ("model", {"model": "", "messages": HELLO}),
-    ("messages[0].content[0].type",
-     {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]}),
-    ("tools", {"messages": HELLO, "tools": [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]}),
+    (
+        "messages[0].content[0].type",
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}],
+                }
+            ]
+        },
+    ),
+    (
+        "tools",
+        {
+            "messages": HELLO,
+            "tools": [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}],
+        },
+    ),
 ]
 
 
 @pytest.mark.parametrize(("param", "fields"), INVALID_CHATS, ids=[p for p, _ in INVALID_CHATS])
-def test_an_invalid_chat_is_a_400_naming_the_field_and_never_retried(client: openai.OpenAI, sent: Sent, param: str, fields: dict) -> None:
+def test_an_invalid_chat_is_a_400_naming_the_field_and_never_retried(
+    client: openai.OpenAI, sent: Sent, param: str, fields: dict
+) -> None:
     error = _refused(sent, lambda: client.chat.completions.create(**{"model": CHAT, **fields}), param)
     assert param.split("[")[0].split(".")[0] in error.message
 
@@ -120,8 +142,12 @@ def test_a_missing_or_null_model_is_a_400_naming_model(leader: Leader) -> None:
 
 def test_a_body_that_is_not_sent_as_json_is_a_400_saying_what_to_send(leader: Leader) -> None:
     body = json.dumps({"model": CHAT, "messages": HELLO}).encode()
-    request = urllib.request.Request(leader.url + "/v1/chat/completions", data=body, method="POST",
-                                     headers={"Authorization": f"Bearer {leader.key}", "Content-Type": "text/plain"})
+    request = urllib.request.Request(
+        leader.url + "/v1/chat/completions",
+        data=body,
+        method="POST",
+        headers={"Authorization": f"Bearer {leader.key}", "Content-Type": "text/plain"},
+    )
     with pytest.raises(urllib.error.HTTPError) as caught:
         urllib.request.urlopen(request, timeout=30)
     answer = json.loads(caught.value.read())
@@ -130,8 +156,13 @@ def test_a_body_that_is_not_sent_as_json_is_a_400_saying_what_to_send(leader: Le
 
 def test_a_prompt_far_over_the_context_is_refused_at_once_with_the_limit(client: openai.OpenAI, sent: Sent) -> None:
     started = time.monotonic()
-    error = _refused(sent, lambda: client.chat.completions.create(
-        model=CHAT, messages=[{"role": "user", "content": "lorem ipsum " * ((20 << 20) // 12)}], max_tokens=4), "messages")
+    error = _refused(
+        sent,
+        lambda: client.chat.completions.create(
+            model=CHAT, messages=[{"role": "user", "content": "lorem ipsum " * ((20 << 20) // 12)}], max_tokens=4
+        ),
+        "messages",
+    )
     assert time.monotonic() - started < 5
     assert error.code == "context_length_exceeded" and str(CHAT_CONTEXT) in error.message
 
@@ -143,20 +174,31 @@ def test_embeddings_input_over_the_context_is_refused_with_the_limit(client: ope
     assert client.embeddings.create(model=EMBED, input=["hello", "world"]).data
 
 
-def test_a_model_asked_for_work_it_does_not_do_answers_400_never_501(leader: Leader, client: openai.OpenAI, sent: Sent) -> None:
+def test_a_model_asked_for_work_it_does_not_do_answers_400_never_501(
+    leader: Leader, client: openai.OpenAI, sent: Sent
+) -> None:
     error = _refused(sent, lambda: client.embeddings.create(model=CHAT, input="x"), "model")
     assert error.code == "embeddings_not_supported"
     error = _refused(sent, lambda: client.chat.completions.create(model=EMBED, messages=HELLO), "model")
     assert error.code == "chat_not_supported"
-    status, _, body = http("POST", leader.url + "/v1/rerank", {"model": CHAT, "query": "q", "documents": ["a"]}, key=leader.key)
+    status, _, body = http(
+        "POST", leader.url + "/v1/rerank", {"model": CHAT, "query": "q", "documents": ["a"]}, key=leader.key
+    )
     assert status == 400 and body["error"]["code"] == "rerank_not_supported", body
 
 
 def test_refusals_leave_the_models_serving(leader: Leader, client: openai.OpenAI) -> None:
     for _ in range(5):
         with pytest.raises(openai.BadRequestError):
-            client.chat.completions.create(model=CHAT, messages=[
-                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}])
+            client.chat.completions.create(
+                model=CHAT,
+                messages=[
+                    {
+                        "role": "user",
+                        "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}],
+                    }
+                ],
+            )
     assert client.chat.completions.create(model=CHAT, messages=HELLO, max_tokens=3).choices
     assert client.embeddings.create(model=EMBED, input="hi").data
     status, _, body = http("GET", leader.url + "/readyz")
@@ -186,7 +228,9 @@ def test_every_v1_path_answers_openai_error_shape(leader: Leader) -> None:
     assert status == 405 and headers["allow"] == "GET", body
 
 
-def test_a_model_served_with_less_than_its_catalog_window_says_and_enforces_the_real_limit(leader: Leader, client, sent) -> None:
+def test_a_model_served_with_less_than_its_catalog_window_says_and_enforces_the_real_limit(
+    leader: Leader, client, sent
+) -> None:
     assert client.models.retrieve(LONG).model_extra["max_model_len"] == LONG_SERVED
     words = " ".join(f"w{i % 10}" for i in range(LONG_SERVED + 500))
     with pytest.raises(openai.BadRequestError) as refused:

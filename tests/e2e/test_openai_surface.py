@@ -34,7 +34,9 @@ ASK = [{"role": "user", "content": "What is the weather in Paris? Use the tool."
 def _catalog_entry(home: Path, model_id: str, capabilities: list[str]) -> None:
     """A simulated model in the leader's own catalog, stating what it can do."""
     body = yaml.safe_load((bundled_dir() / "qwen2.5-0.5b-gguf.yaml").read_text())
-    body.update(id=model_id, display_name=model_id, source={"type": "file", "path": "/simulated"}, capabilities=capabilities)
+    body.update(
+        id=model_id, display_name=model_id, source={"type": "file", "path": "/simulated"}, capabilities=capabilities
+    )
     (home / "catalog").mkdir(parents=True, exist_ok=True)
     (home / "catalog" / f"{model_id}.yaml").write_text(yaml.safe_dump(body))
 
@@ -69,28 +71,39 @@ def test_a_tool_call_comes_back_as_message_tool_calls(sim_client: openai.OpenAI)
 
 
 def test_a_streamed_tool_call_arrives_as_tool_call_deltas(sim_client: openai.OpenAI) -> None:
-    stream = sim_client.chat.completions.create(model=SIM_MODEL, messages=ASK, tools=[WEATHER], stream=True,
-                                                stream_options={"include_usage": True})
+    stream = sim_client.chat.completions.create(
+        model=SIM_MODEL, messages=ASK, tools=[WEATHER], stream=True, stream_options={"include_usage": True}
+    )
     chunks = list(stream)
     deltas = [d for ch in chunks if ch.choices for d in ch.choices[0].delta.tool_calls or []]
     assert deltas[0].id and deltas[0].function.name == "get_weather"
     assert json.loads("".join(d.function.arguments or "" for d in deltas)) == {"city": "sim"}
-    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason] == ["tool_calls"]
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason] == [
+        "tool_calls"
+    ]
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
 
 
 def test_the_turn_after_the_tool_result_is_text(sim_client: openai.OpenAI) -> None:
     first = sim_client.chat.completions.create(model=SIM_MODEL, messages=ASK, tools=[WEATHER])
     call = first.choices[0].message.tool_calls[0]
-    r = sim_client.chat.completions.create(model=SIM_MODEL, tools=[WEATHER], max_tokens=8, messages=[
-        *ASK, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
-        {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21C"},
-    ])
+    r = sim_client.chat.completions.create(
+        model=SIM_MODEL,
+        tools=[WEATHER],
+        max_tokens=8,
+        messages=[
+            *ASK,
+            {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+            {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21C"},
+        ],
+    )
     assert r.choices[0].message.content and not r.choices[0].message.tool_calls
 
 
 def test_n_choices_through_the_gateway(sim_client: openai.OpenAI) -> None:
-    r = sim_client.chat.completions.create(model=SIM_MODEL, messages=[{"role": "user", "content": "hi"}], n=2, max_tokens=6)
+    r = sim_client.chat.completions.create(
+        model=SIM_MODEL, messages=[{"role": "user", "content": "hi"}], n=2, max_tokens=6
+    )
     assert [c.index for c in r.choices] == [0, 1]
 
 
@@ -99,19 +112,31 @@ def _row(leader: Leader, request_id: str):
 
 
 def test_responses_create_answers_output_text_with_usage(sim_up: Leader, sim_client: openai.OpenAI) -> None:
-    raw = sim_client.responses.with_raw_response.create(model=SIM_MODEL, input="Say hello.", instructions="Be brief.", max_output_tokens=8,
-                                                        extra_headers={"X-Request-Id": "resp-usage-1"})
+    raw = sim_client.responses.with_raw_response.create(
+        model=SIM_MODEL,
+        input="Say hello.",
+        instructions="Be brief.",
+        max_output_tokens=8,
+        extra_headers={"X-Request-Id": "resp-usage-1"},
+    )
     r = raw.parse()
     assert r.object == "response" and r.id.startswith("resp_")
     assert r.status in ("completed", "incomplete") and r.output_text
     assert r.usage is not None and 0 < r.usage.output_tokens <= 8 and r.usage.input_tokens > 0
     row = wait_until(lambda: _row(sim_up, "resp-usage-1"), 10, "the usage row")
-    assert (row.prompt_tokens, row.completion_tokens, row.outcome) == (r.usage.input_tokens, r.usage.output_tokens, "ok")
+    assert (row.prompt_tokens, row.completion_tokens, row.outcome) == (
+        r.usage.input_tokens,
+        r.usage.output_tokens,
+        "ok",
+    )
 
 
 def test_responses_create_streamed_ends_with_the_whole_response(sim_client: openai.OpenAI) -> None:
-    events = list(sim_client.responses.create(model=SIM_MODEL, input=[{"role": "user", "content": "Say hello."}],
-                                              max_output_tokens=8, stream=True))
+    events = list(
+        sim_client.responses.create(
+            model=SIM_MODEL, input=[{"role": "user", "content": "Say hello."}], max_output_tokens=8, stream=True
+        )
+    )
     assert events[0].type == "response.created"
     assert events[-1].type in ("response.completed", "response.incomplete")
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
@@ -121,7 +146,9 @@ def test_responses_create_streamed_ends_with_the_whole_response(sim_client: open
 
 
 def test_a_responses_tool_call_is_a_function_call_item(sim_client: openai.OpenAI) -> None:
-    r = sim_client.responses.create(model=SIM_MODEL, input="Weather in Paris?", tools=[{"type": "function", **WEATHER["function"]}])
+    r = sim_client.responses.create(
+        model=SIM_MODEL, input="Weather in Paris?", tools=[{"type": "function", **WEATHER["function"]}]
+    )
     [item] = r.output
     assert item.type == "function_call" and item.name == "get_weather" and json.loads(item.arguments) == {"city": "sim"}
 
@@ -154,14 +181,17 @@ def test_tools_for_a_model_whose_template_has_none_are_a_400_naming_tools(real_c
 
 
 @pytest.mark.engine
-def test_a_prompt_longer_than_llama_cpps_4096_default_fits_the_8192_the_catalog_states(real_up: Leader, real_client: openai.OpenAI) -> None:
+def test_a_prompt_longer_than_llama_cpps_4096_default_fits_the_8192_the_catalog_states(
+    real_up: Leader, real_client: openai.OpenAI
+) -> None:
     listed = {m.id: m for m in real_client.models.list().data}
     stated = getattr(listed[CHAT], "max_model_len", None)
     assert stated in (None, 8192)
     # Past llama-server's 4096 default, and short enough that a CPU without AVX-512 reads it in a minute.
     long_prompt = "Count the words: " + " ".join(["apple"] * 4500)
     r = real_client.with_options(timeout=300).chat.completions.create(
-        model=CHAT, messages=[{"role": "user", "content": long_prompt}], max_tokens=1, temperature=0)
+        model=CHAT, messages=[{"role": "user", "content": long_prompt}], max_tokens=1, temperature=0
+    )
     assert r.usage.prompt_tokens > 4500
     assert r.choices[0].finish_reason in ("stop", "length")
 

@@ -19,7 +19,6 @@ from tests.support.opod_process import Leader, wait_until
 openai = pytest.importorskip("openai")
 
 
-
 @pytest.fixture
 def fleet(tmp_path):
     with declared_fleet(tmp_path) as made:
@@ -33,9 +32,18 @@ def client(leader: Leader):
 def test_an_on_demand_model_starts_on_a_request_and_stops_after_its_idle_timeout(fleet):
     leader, join = fleet
     join("n1")
-    add(leader, {"name": "lazy", "profiles": [{"engine": "sim"}], "scaling": {"min": 0, "max": 1, "idle_timeout": 2_000_000_000}})
+    add(
+        leader,
+        {
+            "name": "lazy",
+            "profiles": [{"engine": "sim"}],
+            "scaling": {"min": 0, "max": 1, "idle_timeout": 2_000_000_000},
+        },
+    )
     assert replicas(leader, "lazy") == []
-    answer = client(leader).chat.completions.create(model="lazy", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    answer = client(leader).chat.completions.create(
+        model="lazy", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+    )
     assert answer.choices[0].message is not None  # answered, not a 503: the request waited for the replica it started
     (replica,) = replicas(leader, "lazy")
     assert replica["state"] == "ready" and replica["shards"][0]["node"] == "n1"
@@ -45,7 +53,10 @@ def test_an_on_demand_model_starts_on_a_request_and_stops_after_its_idle_timeout
 def test_a_drain_moves_a_replica_with_no_request_failing(fleet):
     leader, join = fleet
     join("n1")
-    add(leader, {"name": "steady", "profiles": [{"engine": "sim", "gpu_class": "A10G"}], "scaling": {"min": 1, "max": 1}})
+    add(
+        leader,
+        {"name": "steady", "profiles": [{"engine": "sim", "gpu_class": "A10G"}], "scaling": {"min": 1, "max": 1}},
+    )
     leader.wait_served("steady", timeout=60)
     join("n2")
     first = replicas(leader, "steady")[0]["shards"][0]
@@ -69,7 +80,9 @@ def test_a_drain_moves_a_replica_with_no_request_failing(fleet):
         status, body = leader.admin("POST", f"/api/v1/nodes/{first['node']}/state", {"state": "draining"})
         assert status == 200, body
         other = "n2" if first["node"] == "n1" else "n1"
-        wait_until(lambda: [r["shards"][0]["node"] for r in replicas(leader, "steady")] == [other], 60, "the replica to move")
+        wait_until(
+            lambda: [r["shards"][0]["node"] for r in replicas(leader, "steady")] == [other], 60, "the replica to move"
+        )
         wait_until(lambda: answered[0] > 20, 30, "requests to go on after the move")
     finally:
         stop.set()

@@ -78,7 +78,9 @@ def test_a_model_needing_tensor_parallel_across_two_nodes_spans_both_and_a_third
     # A second copy of the first model: the replica it has already holds both nodes.
     status, body = leader.admin("POST", "/api/v1/models/wide/scale", {"min": 2, "max": 2})
     assert status == 200, body
-    wait_until(lambda: model_view(leader, "wide").get("unplaceable"), 30, "the second copy of wide to be reported unplaceable")
+    wait_until(
+        lambda: model_view(leader, "wide").get("unplaceable"), 30, "the second copy of wide to be reported unplaceable"
+    )
     why = explain(leader, "wide")
     assert why["placed"] is True
     assert sorted(r["node"] for r in why["rejections"]) == ["n1", "n2"], why
@@ -108,12 +110,24 @@ def test_a_schedule_window_decides_whether_a_model_has_a_replica_and_prewarm_sta
     elsewhere = window(timedelta(minutes=-10), timedelta(minutes=10), [tomorrow])
     add(leader, {"name": "weekly", "profiles": [{"engine": "sim"}], "scaling": {"min": 0, "schedule": [elsewhere]}})
     soon = window(timedelta(minutes=20), timedelta(minutes=40))
-    add(leader, {"name": "morning", "profiles": [{"engine": "sim"}],
-                 "scaling": {"min": 0, "schedule": [soon], "prewarm": HOUR_NS // 2}})
+    add(
+        leader,
+        {
+            "name": "morning",
+            "profiles": [{"engine": "sim"}],
+            "scaling": {"min": 0, "schedule": [soon], "prewarm": HOUR_NS // 2},
+        },
+    )
 
     later = window(timedelta(minutes=20), timedelta(minutes=40))
-    add(leader, {"name": "later", "profiles": [{"engine": "sim"}],
-                 "scaling": {"min": 0, "schedule": [later], "prewarm": HOUR_NS // 6}})
+    add(
+        leader,
+        {
+            "name": "later",
+            "profiles": [{"engine": "sim"}],
+            "scaling": {"min": 0, "schedule": [later], "prewarm": HOUR_NS // 6},
+        },
+    )
 
     leader.wait_served("office", "morning", timeout=60)
     assert chat(leader, "office") is not None

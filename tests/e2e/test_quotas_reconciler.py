@@ -31,7 +31,11 @@ def leader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Leader]:
             home.mkdir()
             (home / "inventory.yaml").write_text(TWO_A10G)
             workers.append(sim_worker(up, home, node_id, token=token, OPOD_INVENTORY=str(home / "inventory.yaml")))
-        wait_until(lambda: {n.get("id") for n in (up.admin("GET", "/api/v1/nodes")[1] or [])} >= {"n1", "n2"}, 60, "both workers")
+        wait_until(
+            lambda: {n.get("id") for n in (up.admin("GET", "/api/v1/nodes")[1] or [])} >= {"n1", "n2"},
+            60,
+            "both workers",
+        )
         status, org = up.admin("POST", "/api/v1/orgs", {"name": "acme"})
         assert status == 201, org
         for team in ("ml", "web"):
@@ -72,12 +76,19 @@ def remove(leader: Leader, *models: str) -> None:
     for model in models:
         status, body = leader.admin("DELETE", f"/api/v1/models/{model}")
         assert status == 200, body
-    wait_until(lambda: not any(r["model"] in models for r in leader.admin("GET", "/api/v1/replicas")[1] or []), 60,
-               "the models' replicas to stop")
+    wait_until(
+        lambda: not any(r["model"] in models for r in leader.admin("GET", "/api/v1/replicas")[1] or []),
+        60,
+        "the models' replicas to stop",
+    )
 
 
 def gpu_model(name: str, owner: str = "", count: int = 1) -> dict:
-    body: dict = {"name": name, "profiles": [{"engine": "sim", "gpu_class": "A10G"}], "scaling": {"min": count, "max": count}}
+    body: dict = {
+        "name": name,
+        "profiles": [{"engine": "sim", "gpu_class": "A10G"}],
+        "scaling": {"min": count, "max": count},
+    }
     if owner:
         body["owner"] = owner
     return body
@@ -91,8 +102,11 @@ def test_a_team_at_its_gpu_limit_gets_no_more_replicas_until_the_limit_is_raised
     try:
         add(leader, gpu_model("ml-chat", owner="team:acme/ml", count=2))
         wait_until(lambda: ready(leader, "ml-chat") == 1, 60, "the one replica the limit allows")
-        wait_until(lambda: any(r.startswith(f"quota: {ml} (acme / ml) holds 1 of 1 GPUs") for r in reasons(leader, "ml-chat")), 30,
-                   "explain-placement to name the quota")
+        wait_until(
+            lambda: any(r.startswith(f"quota: {ml} (acme / ml) holds 1 of 1 GPUs") for r in reasons(leader, "ml-chat")),
+            30,
+            "explain-placement to name the quota",
+        )
         assert len(replicas(leader, "ml-chat")) == 1
         assert quota_view(leader, ml)["holds"] == {"GPUs": 1, "CPUCores": 0, "MemoryGB": 0}
         status, _, page = http("GET", leader.url + "/admin/v1/events/stream?after=0&limit=1000", key=leader.key)
@@ -116,8 +130,11 @@ def test_a_guarantee_keeps_gpus_free_from_a_shared_model_and_not_from_its_own_te
         add(leader, gpu_model("ml-small", owner="team:acme/ml"))
         wait_until(lambda: ready(leader, "ml-small") == 1, 60, "ml's replica (it leaves 3 free)")
         add(leader, gpu_model("open-chat"))
-        wait_until(lambda: any("holds 0 of its guarantee of 3 GPUs" in r for r in reasons(leader, "open-chat")), 30,
-                   "the shared model to be refused for the guarantee")
+        wait_until(
+            lambda: any("holds 0 of its guarantee of 3 GPUs" in r for r in reasons(leader, "open-chat")),
+            30,
+            "the shared model to be refused for the guarantee",
+        )
         assert replicas(leader, "open-chat") == []
         add(leader, gpu_model("web-chat", owner="team:acme/web", count=2))
         wait_until(lambda: ready(leader, "web-chat") == 2, 60, "web's own model to take its guaranteed GPUs")
@@ -134,7 +151,9 @@ def test_a_guarantee_keeps_gpus_free_from_a_shared_model_and_not_from_its_own_te
 def test_bad_quotas_are_refused_whole_with_the_field_named(leader: Leader) -> None:
     status, body = leader.admin("PUT", "/api/v1/quotas", {"scope": "team:acme/nope", "limit": {"gpus": 1}})
     assert status == 404 and "no team" in str(body), body
-    status, body = leader.admin("PUT", "/api/v1/quotas", {"scope": "team:acme/ml", "guarantee": {"gpus": 4}, "limit": {"gpus": 2}})
+    status, body = leader.admin(
+        "PUT", "/api/v1/quotas", {"scope": "team:acme/ml", "guarantee": {"gpus": 4}, "limit": {"gpus": 2}}
+    )
     assert status == 400 and "guarantee.gpus: 4 is above limit.gpus 2" in str(body), body
     status, body = leader.admin("PUT", "/api/v1/quotas", {"scope": "team:acme/ml", "limit": {"gpus": -1}})
     assert status == 400 and "limit.gpus" in str(body), body

@@ -24,23 +24,42 @@ def test_a_gang_is_created_serves_and_is_removed_through_admin_v1(tmp_path: Path
     try:
         for name in ("n_s1", "n_s2", "n_s3"):
             home = tmp_path / name
-            workers.append(OpodProcess(["join", leader.url, "--token", token, "--listen", f"127.0.0.1:{free_port()}"],
-                                       home, env=clean_env(home, OPOD_NODE_ID=name)))
+            workers.append(
+                OpodProcess(
+                    ["join", leader.url, "--token", token, "--listen", f"127.0.0.1:{free_port()}"],
+                    home,
+                    env=clean_env(home, OPOD_NODE_ID=name),
+                )
+            )
         for worker in workers:
             worker.wait_for_line("registered with", timeout=30)
-        assert opod_cli(leader, "model", "add", "--gguf", str(gguf), "--name", "tiny-split", "--no-load").returncode == 0
+        assert (
+            opod_cli(leader, "model", "add", "--gguf", str(gguf), "--name", "tiny-split", "--no-load").returncode == 0
+        )
 
-        status, _, gang = http("POST", leader.url + "/admin/v1/shards/create", {"model": "tiny-split", "shards": 2}, key=leader.key, timeout=120)
+        status, _, gang = http(
+            "POST",
+            leader.url + "/admin/v1/shards/create",
+            {"model": "tiny-split", "shards": 2},
+            key=leader.key,
+            timeout=120,
+        )
         assert status == 201, gang
         assert len(gang["parts"]) == 2 and gang["coordinator"]["node"]
         leader.wait_served("tiny-split", timeout=60)
-        status, _, answer = http("POST", leader.url + "/v1/chat/completions",
-                                 {"model": "tiny-split", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 6}, key=leader.key)
+        status, _, answer = http(
+            "POST",
+            leader.url + "/v1/chat/completions",
+            {"model": "tiny-split", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 6},
+            key=leader.key,
+        )
         assert status == 200 and answer["choices"][0]["message"]["content"], answer
         status, _, listed = http("GET", leader.url + "/admin/v1/shards", key=leader.key)
         assert status == 200 and [g["id"] for g in listed] == [gang["id"]]
 
-        status, _, refused = http("POST", leader.url + "/admin/v1/shards/create", {"model": "tiny-split", "shards": 9}, key=leader.key)
+        status, _, refused = http(
+            "POST", leader.url + "/admin/v1/shards/create", {"model": "tiny-split", "shards": 9}, key=leader.key
+        )
         assert status == 409 and "need" in refused["error"]["message"]
 
         processes = [pid for w in workers for pid in w.children()]

@@ -43,8 +43,11 @@ def leaders(tmp_path_factory: pytest.TempPathFactory, store_env: dict[str, str])
 def tree(leaders: tuple[Leader, Leader]) -> float:
     """acme/ml/chat, made on the first leader; the moment it was answered."""
     a, _ = leaders
-    for path, body in (("/api/v1/orgs", {"name": "acme"}), ("/api/v1/teams", {"name": "ml", "in": "acme"}),
-                       ("/api/v1/projects", {"name": "chat", "in": "acme/ml"})):
+    for path, body in (
+        ("/api/v1/orgs", {"name": "acme"}),
+        ("/api/v1/teams", {"name": "ml", "in": "acme"}),
+        ("/api/v1/projects", {"name": "chat", "in": "acme/ml"}),
+    ):
         status, answer = a.admin("POST", path, body)
         assert status == 201, answer
     return time.monotonic()
@@ -60,7 +63,9 @@ def soon(predicate, what: str, since: float) -> None:
     assert time.monotonic() - since < WITHIN, f"{what} took {time.monotonic() - since:.2f} s"
 
 
-def test_a_key_made_on_one_leader_works_on_the_other_and_its_revocation_is_refused_there(leaders: tuple[Leader, Leader]) -> None:
+def test_a_key_made_on_one_leader_works_on_the_other_and_its_revocation_is_refused_there(
+    leaders: tuple[Leader, Leader],
+) -> None:
     a, b = leaders
     status, created = a.admin("POST", "/api/v1/keys", {"name": "bot"})
     assert status == 201, created
@@ -127,8 +132,9 @@ def restart(leader: Leader, env: dict[str, str]) -> None:
     leader.process, leader.key = again.process, again.key
 
 
-def test_each_leader_keeps_its_admin_key_and_every_admin_key_opens_both(leaders: tuple[Leader, Leader],
-                                                                          store_env: dict[str, str]) -> None:
+def test_each_leader_keeps_its_admin_key_and_every_admin_key_opens_both(
+    leaders: tuple[Leader, Leader], store_env: dict[str, str]
+) -> None:
     a, b = leaders
     assert a.key != b.key
     for leader in (a, b):

@@ -49,14 +49,19 @@ def test_first_start_prints_the_admin_key_once_and_keeps_it_private(up: Leader) 
 
 
 def test_a_chat_answer_arrives_within_a_minute_of_the_command(up: Leader, client: openai.OpenAI) -> None:
-    answer = client.chat.completions.create(model=CHAT, messages=[{"role": "user", "content": "Say hello."}], max_tokens=16)
+    answer = client.chat.completions.create(
+        model=CHAT, messages=[{"role": "user", "content": "Say hello."}], max_tokens=16
+    )
     assert up.ready_after < 60, f"serving took {up.ready_after:.0f}s"
     assert answer.choices[0].message.content.strip()
 
 
 def test_non_streamed_chat_with_usage_and_request_id(client: openai.OpenAI) -> None:
     raw = client.chat.completions.with_raw_response.create(
-        model=CHAT, messages=[{"role": "user", "content": "What is the capital of France?"}], max_tokens=24, temperature=0
+        model=CHAT,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=24,
+        temperature=0,
     )
     assert raw.headers["x-request-id"]
     answer = raw.parse()
@@ -68,7 +73,10 @@ def test_non_streamed_chat_with_usage_and_request_id(client: openai.OpenAI) -> N
 
 def test_streamed_chat_with_include_usage_ends_with_usage(client: openai.OpenAI) -> None:
     stream = client.chat.completions.create(
-        model=CHAT, messages=[{"role": "user", "content": "Count to five."}], max_tokens=20, stream=True,
+        model=CHAT,
+        messages=[{"role": "user", "content": "Count to five."}],
+        max_tokens=20,
+        stream=True,
         stream_options={"include_usage": True},
     )
     chunks = list(stream)
@@ -79,14 +87,22 @@ def test_streamed_chat_with_include_usage_ends_with_usage(client: openai.OpenAI)
 
 
 def test_streamed_chat_without_include_usage_has_no_usage_chunk(client: openai.OpenAI) -> None:
-    chunks = list(client.chat.completions.create(model=CHAT, messages=[{"role": "user", "content": "Hi"}], max_tokens=8, stream=True))
+    chunks = list(
+        client.chat.completions.create(
+            model=CHAT, messages=[{"role": "user", "content": "Hi"}], max_tokens=8, stream=True
+        )
+    )
     assert chunks and all(c.choices for c in chunks)
     assert all(getattr(c, "usage", None) is None for c in chunks)
 
 
 def test_unknown_fields_and_logprobs_pass_through_to_the_engine(client: openai.OpenAI) -> None:
     answer = client.chat.completions.create(
-        model=CHAT, messages=[{"role": "user", "content": "Hi"}], max_tokens=4, logprobs=True, top_logprobs=2,
+        model=CHAT,
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=4,
+        logprobs=True,
+        top_logprobs=2,
         extra_body={"top_k": 1, "cache_prompt": True},
     )
     assert answer.choices[0].logprobs is not None
@@ -97,8 +113,11 @@ def test_response_format_reaches_the_engine(client: openai.OpenAI) -> None:
     import json
 
     answer = client.chat.completions.create(
-        model=CHAT, messages=[{"role": "user", "content": "Give a JSON object with a key name."}], max_tokens=40,
-        response_format={"type": "json_object"}, temperature=0,
+        model=CHAT,
+        messages=[{"role": "user", "content": "Give a JSON object with a key name."}],
+        max_tokens=40,
+        response_format={"type": "json_object"},
+        temperature=0,
     )
     text = answer.choices[0].message.content
     try:
@@ -140,7 +159,9 @@ def test_refusals_have_openai_shape_and_honest_codes(up: Leader, client: openai.
     with pytest.raises(openai.BadRequestError) as many:
         client.chat.completions.create(model=CHAT, messages=[{"role": "user", "content": "x"}], n=2)
     assert many.value.code == "invalid_request" and "n=2" in str(many.value)
-    status, headers, body = http("POST", up.url + "/v1/rerank", {"model": CHAT, "query": "q", "documents": ["a"]}, key=up.key)
+    status, headers, body = http(
+        "POST", up.url + "/v1/rerank", {"model": CHAT, "query": "q", "documents": ["a"]}, key=up.key
+    )
     assert status == 400 and body["error"]["code"] == "rerank_not_supported" and headers["x-request-id"]
     status, _, body = http("POST", up.url + "/v1/embeddings", {"model": CHAT, "input": "x"}, key=up.key)
     assert status == 400 and body["error"]["code"] == "embeddings_not_supported"
@@ -157,7 +178,9 @@ def test_refusals_have_openai_shape_and_honest_codes(up: Leader, client: openai.
     assert status == 404 and set(body["error"]) == {"message", "type", "param", "code"}
 
 
-IMAGE = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]
+IMAGE = [
+    {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}
+]
 INVALID = [
     ("messages", {"messages": []}),
     ("messages[0].role", {"messages": [{"role": "wizard", "content": "hi"}]}),
@@ -171,7 +194,9 @@ INVALID = [
 
 
 @pytest.mark.parametrize(("param", "fields"), INVALID, ids=[f"{p}-{i}" for i, (p, _) in enumerate(INVALID)])
-def test_invalid_requests_are_refused_before_the_engine_with_a_400_naming_the_field(up: Leader, param: str, fields: dict) -> None:
+def test_invalid_requests_are_refused_before_the_engine_with_a_400_naming_the_field(
+    up: Leader, param: str, fields: dict
+) -> None:
     started = time.monotonic()
     body = {"model": CHAT, "messages": [{"role": "user", "content": "x"}], "max_tokens": 3, **fields}
     status, _, answer = http("POST", up.url + "/v1/chat/completions", body, key=up.key)
@@ -179,10 +204,16 @@ def test_invalid_requests_are_refused_before_the_engine_with_a_400_naming_the_fi
     assert time.monotonic() - started < 5, "refused only after the engine tokenised it"
 
 
-def test_a_text_plain_body_and_bad_embeddings_are_refused_and_the_models_keep_serving(up: Leader, client: openai.OpenAI) -> None:
+def test_a_text_plain_body_and_bad_embeddings_are_refused_and_the_models_keep_serving(
+    up: Leader, client: openai.OpenAI
+) -> None:
     data = b'{"model": "%s", "messages": [{"role": "user", "content": "x"}]}' % CHAT.encode()
-    request = urllib.request.Request(up.url + "/v1/chat/completions", data=data, method="POST",
-                                     headers={"Authorization": f"Bearer {up.key}", "Content-Type": "text/plain"})
+    request = urllib.request.Request(
+        up.url + "/v1/chat/completions",
+        data=data,
+        method="POST",
+        headers={"Authorization": f"Bearer {up.key}", "Content-Type": "text/plain"},
+    )
     with pytest.raises(urllib.error.HTTPError) as plain:
         urllib.request.urlopen(request, timeout=30)
     assert plain.value.code == 400 and "application/json" in json.loads(plain.value.read())["error"]["message"]
@@ -193,7 +224,9 @@ def test_a_text_plain_body_and_bad_embeddings_are_refused_and_the_models_keep_se
         with pytest.raises(openai.BadRequestError):
             client.chat.completions.create(model=CHAT, messages=IMAGE, max_tokens=3)
     assert client.embeddings.create(model=EMBED, input="hi").data
-    assert client.chat.completions.create(model=CHAT, messages=[{"role": "user", "content": "Hi"}], max_tokens=3).choices
+    assert client.chat.completions.create(
+        model=CHAT, messages=[{"role": "user", "content": "Hi"}], max_tokens=3
+    ).choices
     assert http("GET", up.url + "/readyz")[0] == 200
 
 

@@ -16,7 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.opod_process import Leader, OpodProcess, alive, descendants, opod_cli, remove_home, sim_worker, wait_until
+from tests.support.opod_process import (
+    Leader,
+    OpodProcess,
+    alive,
+    descendants,
+    opod_cli,
+    remove_home,
+    sim_worker,
+    wait_until,
+)
 
 openai = pytest.importorskip("openai")
 
@@ -32,10 +41,13 @@ def build_wheel(folder: Path, version: str) -> Path:
     wheel = folder / f"opod-{version}-py3-none-any.whl"
     files: list[tuple[str, bytes]] = [
         (f"opod/{path.relative_to(SRC).as_posix()}", path.read_bytes())
-        for path in sorted(SRC.rglob("*")) if path.is_file() and "__pycache__" not in path.parts
+        for path in sorted(SRC.rglob("*"))
+        if path.is_file() and "__pycache__" not in path.parts
     ]
     files.append((f"{dist}/METADATA", f"Metadata-Version: 2.1\nName: opod\nVersion: {version}\n".encode()))
-    files.append((f"{dist}/WHEEL", b"Wheel-Version: 1.0\nGenerator: opod-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"))
+    files.append(
+        (f"{dist}/WHEEL", b"Wheel-Version: 1.0\nGenerator: opod-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+    )
     record = []
     with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:
         for name, data in files:
@@ -60,13 +72,17 @@ def chat(leader: Leader) -> str:
     return answer.choices[0].message.content or ""
 
 
-def test_a_node_upgrades_to_the_wanted_release_with_its_engine_kept_and_reports_one_it_cannot_install(tmp_path: Path) -> None:
+def test_a_node_upgrades_to_the_wanted_release_with_its_engine_kept_and_reports_one_it_cannot_install(
+    tmp_path: Path,
+) -> None:
     wheels, site = tmp_path / "wheels", tmp_path / "site"
     wheels.mkdir()
     site.mkdir()
     build_wheel(wheels, NEW)
-    command = (f"{{python}} -m pip install --no-deps --no-index --no-compile --disable-pip-version-check --find-links {wheels} "
-               f"--target {site} --upgrade opod=={{version}}")
+    command = (
+        f"{{python}} -m pip install --no-deps --no-index --no-compile --disable-pip-version-check --find-links {wheels} "
+        f"--target {site} --upgrade opod=={{version}}"
+    )
     leader = Leader(tmp_path / "leader", worker=False, extra=["--no-default-models"])
     worker: OpodProcess | None = None
     try:
@@ -80,8 +96,15 @@ def test_a_node_upgrades_to_the_wanted_release_with_its_engine_kept_and_reports_
         # A release that does not exist: the node view says why, and the worker runs on with its release.
         status, body = leader.admin("POST", "/api/v1/nodes/n_up/upgrade", {"version": MISSING})
         assert status == 200 and body == {"node": "n_up", "version": MISSING}, body
-        failed = wait_until(lambda: [w for w in node_view(leader, "n_up").get("warnings", []) if w.startswith(f"upgrade to {MISSING} failed: ")],
-                            60, "the failed upgrade's warning")
+        failed = wait_until(
+            lambda: [
+                w
+                for w in node_view(leader, "n_up").get("warnings", [])
+                if w.startswith(f"upgrade to {MISSING} failed: ")
+            ],
+            60,
+            "the failed upgrade's warning",
+        )
         assert "No matching distribution found for opod==98.7.6" in failed[0], failed
         view = node_view(leader, "n_up")
         assert view["agent_version"] == before["agent_version"], view
@@ -91,7 +114,11 @@ def test_a_node_upgrades_to_the_wanted_release_with_its_engine_kept_and_reports_
         # The release that exists: installed, the worker restarts into it, and its engine never stopped.
         status, body = leader.admin("POST", "/api/v1/nodes/n_up/upgrade", {"version": NEW})
         assert status == 200, body
-        wait_until(lambda: node_view(leader, "n_up")["agent_version"] == NEW, 60, f"the node to run {NEW}; output:\n{worker.output}")
+        wait_until(
+            lambda: node_view(leader, "n_up")["agent_version"] == NEW,
+            60,
+            f"the node to run {NEW}; output:\n{worker.output}",
+        )
         view = node_view(leader, "n_up")
         assert not [w for w in view.get("warnings", []) if "upgrad" in w or NEW in w], view
         assert (site / f"opod-{NEW}.dist-info").is_dir()
@@ -113,8 +140,18 @@ def test_the_upgrade_command_is_split_without_a_shell_and_filled_in() -> None:
         return {"OPOD_UPGRADE_COMMAND": text}
 
     assert command_for("0.7.0", given("{python} -m pip install --upgrade 'opod=={version}'")) == [
-        sys.executable, "-m", "pip", "install", "--upgrade", "opod==0.7.0"]
-    assert command_for("1.0", given("echo {version}; date")) == ["echo", "1.0;", "date"]  # no shell: the ; is a plain character
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--upgrade",
+        "opod==0.7.0",
+    ]
+    assert command_for("1.0", given("echo {version}; date")) == [
+        "echo",
+        "1.0;",
+        "date",
+    ]  # no shell: the ; is a plain character
     assert command_for("1.0", {}) == [sys.executable, "-m", "pip", "install", "--upgrade", "opod==1.0"]
     with pytest.raises(ValueError, match=r"OPOD_UPGRADE_COMMAND=.*only \{python\} and \{version\} in braces"):
         command_for("1.0", given("pip install {pkg}"))

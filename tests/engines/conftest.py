@@ -53,14 +53,22 @@ class EngineProcess:
         self.argv = argv
         self.log = tempfile.TemporaryFile()
         full_env = {**os.environ, **(env or {})}
-        self.process = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        env=full_env, start_new_session=True)
+        self.process = subprocess.Popen(
+            argv,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=full_env,
+            start_new_session=True,
+        )
 
     def output(self) -> str:
         self.log.seek(0)
         return self.log.read().decode(errors="replace")
 
-    async def wait_ready(self, driver: EngineDriver, session: aiohttp.ClientSession, base_url: str, timeout: float = 60) -> list[Readiness]:
+    async def wait_ready(
+        self, driver: EngineDriver, session: aiohttp.ClientSession, base_url: str, timeout: float = 60
+    ) -> list[Readiness]:
         """Probe through the driver until READY; every distinct answer seen, in order."""
         seen: list[Readiness] = []
         deadline = time.monotonic() + timeout
@@ -71,7 +79,9 @@ class EngineProcess:
             if state is Readiness.READY:
                 return seen
             if self.process.poll() is not None:
-                raise AssertionError(f"{self.argv[:4]} exited with {self.process.returncode} before it was ready:\n{self.output()[-3000:]}")
+                raise AssertionError(
+                    f"{self.argv[:4]} exited with {self.process.returncode} before it was ready:\n{self.output()[-3000:]}"
+                )
             if time.monotonic() > deadline:
                 raise AssertionError(f"not ready after {timeout} s (seen {seen}):\n{self.output()[-3000:]}")
             await asyncio.sleep(0.05)

@@ -34,12 +34,22 @@ DRIVERS = registry.all_drivers()
 ids = [d.id for d in DRIVERS]
 each_driver = pytest.mark.parametrize("driver", DRIVERS, ids=ids)
 SHELLS = {"sh", "bash", "dash", "zsh", "cmd", "cmd.exe", "powershell"}
-MESSAGES = [nodeapi.TokenizeMessage(role="system", content="you are a test"), nodeapi.TokenizeMessage(role="user", content="hello world")]
+MESSAGES = [
+    nodeapi.TokenizeMessage(role="system", content="you are a test"),
+    nodeapi.TokenizeMessage(role="user", content="hello world"),
+]
 
 
 def spec_for(driver: EngineDriver, **kw: object) -> LaunchSpec:
-    base = dict(model_id="smollm2", model="/models/smollm2.gguf" if driver.native == "path" else "HuggingFaceTB/SmolLM2-135M-Instruct",
-                host="127.0.0.1", port=18123, context=2048, parallel=2, threads=2)
+    base = dict(
+        model_id="smollm2",
+        model="/models/smollm2.gguf" if driver.native == "path" else "HuggingFaceTB/SmolLM2-135M-Instruct",
+        host="127.0.0.1",
+        port=18123,
+        context=2048,
+        parallel=2,
+        threads=2,
+    )
     return LaunchSpec(**{**base, **kw})  # type: ignore[arg-type]
 
 
@@ -68,9 +78,16 @@ def test_plan_extra_passes_through_and_shell_syntax_is_refused(driver: EngineDri
         pytest.skip(f"{driver.id} is not launched by opod")
     argv = driver.argv(spec_for(driver, flags={"extra": ["--some-flag", "7", "--other=x"]}))
     assert argv[-3:] == ["--some-flag", "7", "--other=x"]
-    for bad, why in ((["--x; rm -rf /"], "shell syntax"), (["--x", "$(id)"], "shell syntax"), (["--x", "a\nb"], "control"),
-                     ("--x 1", "not a list"), ([{"a": 1}], "not a string"), (["value"], "no flag before it"),
-                     (["--port", "1"], "set by opod itself"), (["--host=0.0.0.0"], "set by opod itself")):
+    for bad, why in (
+        (["--x; rm -rf /"], "shell syntax"),
+        (["--x", "$(id)"], "shell syntax"),
+        (["--x", "a\nb"], "control"),
+        ("--x 1", "not a list"),
+        ([{"a": 1}], "not a string"),
+        (["value"], "no flag before it"),
+        (["--port", "1"], "set by opod itself"),
+        (["--host=0.0.0.0"], "set by opod itself"),
+    ):
         with pytest.raises(LaunchError, match=re.escape(why)) as err:
             driver.argv(spec_for(driver, flags={"extra": bad}))
         assert err.value.field.startswith("flags.extra")
@@ -160,7 +177,9 @@ CAPTURES = {
     # hits and queries both count hit tokens' growth: 100 of 100
     "vllm": Capture("vllm-metrics.txt", kv=0.0, queue=0, running=0, prefix_hit=100 * 800 / 1806, bumped_hit=100.0),
     # prompt_tokens_total excludes cached tokens: 100 cached of 100 + 100
-    "llamacpp": Capture("llamacpp-metrics.txt", kv=0.0, queue=0, running=0, prefix_hit=100 * 192 / (192 + 166), bumped_hit=50.0),
+    "llamacpp": Capture(
+        "llamacpp-metrics.txt", kv=0.0, queue=0, running=0, prefix_hit=100 * 192 / (192 + 166), bumped_hit=50.0
+    ),
     "sglang": Capture("sglang-metrics.txt", kv=30.0, queue=1, running=5, prefix_hit=25.0, bumped_hit=100.0),
 }
 
@@ -177,6 +196,7 @@ def capture_text(dialect: str, request: pytest.FixtureRequest) -> str:
 
 def bump_counters(text: str, by: float) -> str:
     """The same page a little later: every ``*_total`` sample grown by ``by``."""
+
     def grow(m: re.Match[str]) -> str:
         return f"{m.group(1)} {float(m.group(2)) + by!r}"
 
@@ -206,7 +226,9 @@ def test_two_scrapes_give_a_token_rate(driver: EngineDriver, request: pytest.Fix
     first, state = driver.parse_metrics(text, None, 1000.0)
     second, state2 = driver.parse_metrics(bump_counters(text, 100.0), state, 1010.0)
     assert second.tokens_per_s == pytest.approx(10.0)
-    assert second.prefix_hit_pct == pytest.approx(CAPTURES[driver.dialect].bumped_hit), "the rate is over the interval only"
+    assert second.prefix_hit_pct == pytest.approx(CAPTURES[driver.dialect].bumped_hit), (
+        "the rate is over the interval only"
+    )
     third, _ = driver.parse_metrics(text, state2, 1020.0)
     # A counter that went backwards (the engine restarted) gives no negative rate: none, or the engine's own gauge.
     assert third.tokens_per_s is None or third.tokens_per_s >= 0
@@ -227,8 +249,26 @@ async def live(driver: EngineDriver, session: aiohttp.ClientSession):
     if driver.id == "sim":
         argv, env = driver.argv(spec), driver.env(spec)  # the simulator's own driver starts it
     else:
-        argv = [sys.executable, "-m", "opod", "sim", "--host", "127.0.0.1", "--port", str(port), "--model", "smollm2",
-                "--dialect", driver.dialect, "--max-batch", "4", "--max-model-len", "4096", "--seed", "7"]
+        argv = [
+            sys.executable,
+            "-m",
+            "opod",
+            "sim",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--model",
+            "smollm2",
+            "--dialect",
+            driver.dialect,
+            "--max-batch",
+            "4",
+            "--max-model-len",
+            "4096",
+            "--seed",
+            "7",
+        ]
         env = {}
     async with engine_process(argv, env) as proc:
         base = f"http://127.0.0.1:{port}"
@@ -271,7 +311,9 @@ async def test_live_sim_optional_abilities(driver: EngineDriver, live, session: 
     if driver.can_tokenize:
         ids = await driver.tokenize(session, base, nodeapi.TokenizeRequest(model="smollm2", messages=MESSAGES))
         assert ids and all(isinstance(i, int) for i in ids)
-        bounded = await driver.tokenize(session, base, nodeapi.TokenizeRequest(model="smollm2", messages=MESSAGES, max_tokens=3))
+        bounded = await driver.tokenize(
+            session, base, nodeapi.TokenizeRequest(model="smollm2", messages=MESSAGES, max_tokens=3)
+        )
         assert bounded == ids[:3]
         checked += 1
     if driver.can_sleep:
@@ -296,7 +338,12 @@ async def test_live_sim_optional_abilities(driver: EngineDriver, live, session: 
 
 
 async def completion_tokens(session: aiohttp.ClientSession, base: str, max_tokens: int = 24) -> str:
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "hello world"}], "max_tokens": max_tokens, "temperature": 0}
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "hello world"}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    }
     async with session.post(base + "/v1/chat/completions", json=body) as resp:
         assert resp.status == 200, await resp.text()
         answer = await resp.json()
@@ -326,7 +373,10 @@ async def exercise_llama_server(spec: LaunchSpec, session: aiohttp.ClientSession
         assert ids and all(isinstance(i, int) for i in ids)
         plain = await driver.tokenize(session, base, nodeapi.TokenizeRequest(model="tiny", prompt="hello world"))
         assert plain and len(plain) < len(ids), "the chat template adds its markers around the messages"
-        assert await driver.tokenize(session, base, nodeapi.TokenizeRequest(model="tiny", messages=MESSAGES, max_tokens=4)) == ids[:4]
+        assert (
+            await driver.tokenize(session, base, nodeapi.TokenizeRequest(model="tiny", messages=MESSAGES, max_tokens=4))
+            == ids[:4]
+        )
     assert proc.process.returncode in (0, -15), proc.output()[-2000:]
     return text
 
@@ -337,7 +387,9 @@ async def test_real_llama_server_through_the_driver(tiny_gguf: Path, session: ai
 
     route = llama_binary.resolve()
     if route.kind is llama_binary.Route.PORTABLE:
-        pytest.skip(f"no llama-server binary for this CPU ({route.why}); the portable route is tested in test_llama_binary")
+        pytest.skip(
+            f"no llama-server binary for this CPU ({route.why}); the portable route is tested in test_llama_binary"
+        )
     spec = LaunchSpec(model_id="tiny", model=str(tiny_gguf), port=free_port(), context=2048, parallel=2, threads=2)
     assert await exercise_llama_server(spec, session)
 
@@ -347,8 +399,15 @@ async def test_real_llama_server_on_the_portable_route(tiny_gguf: Path, session:
     from opod.engines import llama_binary
 
     pytest.importorskip("xllamacpp", reason="the portable route needs the xllamacpp wheel")
-    spec = LaunchSpec(model_id="tiny", model=str(tiny_gguf), port=free_port(), context=2048, parallel=3, threads=2,
-                      launcher=llama_binary.portable_route().argv)
+    spec = LaunchSpec(
+        model_id="tiny",
+        model=str(tiny_gguf),
+        port=free_port(),
+        context=2048,
+        parallel=3,
+        threads=2,
+        launcher=llama_binary.portable_route().argv,
+    )
     assert await exercise_llama_server(spec, session)
 
 
@@ -363,8 +422,14 @@ async def test_real_vllm_through_the_driver(tiny_gguf: Path, tmp_path: Path, ses
     model.save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
     driver = registry.get_driver("vllm")
-    spec = LaunchSpec(model_id="tiny", model=str(model_dir), port=free_port(), context=1024, parallel=4,
-                      flags={"enforce_eager": True, "dtype": "float32"})
+    spec = LaunchSpec(
+        model_id="tiny",
+        model=str(model_dir),
+        port=free_port(),
+        context=1024,
+        parallel=4,
+        flags={"enforce_eager": True, "dtype": "float32"},
+    )
     base = f"http://127.0.0.1:{spec.port}"
     async with engine_process(driver.argv(spec), driver.env(spec)) as proc:
         await proc.wait_ready(driver, session, base, timeout=600)

@@ -37,7 +37,17 @@ def test_words_lists_and_booleans() -> None:
 
 def test_extra_accepts_plain_flags_values_and_negative_numbers() -> None:
     extra = ["--temp", "0.5", "--offset", "-3", "--json", '{"a": [1, 2]}', "-fa", "--x=y", 7]
-    assert fl.extra_args({"extra": extra}) == ["--temp", "0.5", "--offset", "-3", "--json", '{"a": [1, 2]}', "-fa", "--x=y", "7"]
+    assert fl.extra_args({"extra": extra}) == [
+        "--temp",
+        "0.5",
+        "--offset",
+        "-3",
+        "--json",
+        '{"a": [1, 2]}',
+        "-fa",
+        "--x=y",
+        "7",
+    ]
     assert fl.extra_args({}) == []
 
 
@@ -66,8 +76,13 @@ def test_extra_refusals_name_the_item(extra: object, field: str, reason: str) ->
 def test_spec_checks() -> None:
     ok = LaunchSpec(model_id="m", model="/w/m.gguf", port=8000)
     fl.check_spec(ok)
-    for change, field in (({"port": 70000}, "spec.port"), ({"host": ""}, "spec.host"), ({"context": -1}, "spec.context"),
-                          ({"parallel": True}, "spec.parallel"), ({"model": "a\nb"}, "spec.model"),
-                          ({"launcher": ("python", "")}, "spec.launcher[1]")):
+    for change, field in (
+        ({"port": 70000}, "spec.port"),
+        ({"host": ""}, "spec.host"),
+        ({"context": -1}, "spec.context"),
+        ({"parallel": True}, "spec.parallel"),
+        ({"model": "a\nb"}, "spec.model"),
+        ({"launcher": ("python", "")}, "spec.launcher[1]"),
+    ):
         with pytest.raises(LaunchError, match=field.replace("[", r"\[").replace("]", r"\]")):
             fl.check_spec(replace(ok, **change))

@@ -17,7 +17,9 @@ from opod.engines.registry import get_driver
 from tests.engines.conftest import engine_process
 from tests.support.ports import free_port
 
-ALL_FLAGS = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma f16c bmi2 " + " ".join(sorted(llama_binary.PREBUILT_NEEDS)) + "\n"
+ALL_FLAGS = (
+    "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma f16c bmi2 " + " ".join(sorted(llama_binary.PREBUILT_NEEDS)) + "\n"
+)
 AVX2_ONLY = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma f16c bmi2\n"
 SIGILL_MESSAGE = (
     "llama-server stopped with SIGILL (illegal instruction): this CPU lacks an instruction the prebuilt binary uses; "
@@ -67,7 +69,12 @@ def test_exit_codes_that_are_not_sigill_have_no_fallback() -> None:
         assert not verdict.sigill and verdict.fallback is None
     assert llama_binary.after_exit(prebuilt, 132).message == SIGILL_MESSAGE
     stuck = llama_binary.after_exit(llama_binary.portable_route(), -4)
-    assert stuck.sigill and stuck.fallback is None and "lacks AVX2" in stuck.message and "OPOD_LLAMA_SERVER" in stuck.message
+    assert (
+        stuck.sigill
+        and stuck.fallback is None
+        and "lacks AVX2" in stuck.message
+        and "OPOD_LLAMA_SERVER" in stuck.message
+    )
 
 
 def test_a_sigill_death_falls_back_to_the_portable_build(tmp_path: Path, tiny_gguf: Path) -> None:
@@ -75,8 +82,15 @@ def test_a_sigill_death_falls_back_to_the_portable_build(tmp_path: Path, tiny_gg
     route = llama_binary.resolve({"OPOD_LLAMA_SERVER": str(dies)})
     assert route.kind is Route.OVERRIDE
     driver = get_driver("llamacpp")
-    spec = LaunchSpec(model_id="tiny", model=str(tiny_gguf), port=free_port(), context=1024, parallel=2, threads=2,
-                      launcher=route.argv)
+    spec = LaunchSpec(
+        model_id="tiny",
+        model=str(tiny_gguf),
+        port=free_port(),
+        context=1024,
+        parallel=2,
+        threads=2,
+        launcher=route.argv,
+    )
     argv = driver.argv(spec)
     direct = subprocess.run(argv, capture_output=True, timeout=60)
     assert direct.returncode == -4 and llama_binary.is_sigill(direct.returncode)
@@ -85,7 +99,9 @@ def test_a_sigill_death_falls_back_to_the_portable_build(tmp_path: Path, tiny_gg
 
     verdict = llama_binary.after_exit(route, direct.returncode)
     assert verdict.sigill and verdict.fallback == llama_binary.portable_route()
-    assert verdict.message.startswith("llama-server stopped with SIGILL (illegal instruction): this CPU lacks an instruction")
+    assert verdict.message.startswith(
+        "llama-server stopped with SIGILL (illegal instruction): this CPU lacks an instruction"
+    )
     assert verdict.message.endswith("using the portable AVX2 build instead")
 
     decision = driver.fallback_after_exit(spec, via_shell.returncode)
@@ -101,8 +117,15 @@ async def test_the_fallback_route_serves_and_stops_cleanly_on_sigterm(tiny_gguf:
     pytest.importorskip("xllamacpp", reason="the portable route needs the xllamacpp wheel")
     driver = get_driver("llamacpp")
     prebuilt = llama_binary.LlamaRoute(Route.PREBUILT, ("/opt/llama-server",), "")
-    spec = LaunchSpec(model_id="tiny", model=str(tiny_gguf), port=free_port(), context=1024, parallel=2, threads=2,
-                      launcher=prebuilt.argv)
+    spec = LaunchSpec(
+        model_id="tiny",
+        model=str(tiny_gguf),
+        port=free_port(),
+        context=1024,
+        parallel=2,
+        threads=2,
+        launcher=prebuilt.argv,
+    )
     decision = driver.fallback_after_exit(spec, -4)
     assert decision is not None
     fallback, _ = decision
@@ -111,7 +134,12 @@ async def test_the_fallback_route_serves_and_stops_cleanly_on_sigterm(tiny_gguf:
         async with engine_process(driver.argv(fallback), driver.env(fallback)) as proc:
             await proc.wait_ready(driver, session, base, timeout=60)
             assert await driver.readiness(session, base) is Readiness.READY
-            body = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8, "temperature": 0}
+            body = {
+                "model": "tiny",
+                "messages": [{"role": "user", "content": "hello"}],
+                "max_tokens": 8,
+                "temperature": 0,
+            }
             async with session.post(base + "/v1/chat/completions", json=body) as resp:
                 answer = await resp.json()
             assert resp.status == 200 and answer["choices"][0]["message"]["content"].strip()
@@ -123,7 +151,9 @@ async def test_the_fallback_route_serves_and_stops_cleanly_on_sigterm(tiny_gguf:
 
 def test_the_portable_launcher_refuses_what_it_cannot_serve(tmp_path: Path, tiny_gguf: Path) -> None:
     def launch(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "opod.engines.xllama", *args], capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            [sys.executable, "-m", "opod.engines.xllama", *args], capture_output=True, text=True, timeout=60
+        )
 
     run = launch("-m", str(tiny_gguf), "--rpc", "h:1")
     assert run.returncode == 2
@@ -137,18 +167,33 @@ def test_the_portable_launcher_maps_driver_flags_onto_common_params() -> None:
     xlc = pytest.importorskip("xllamacpp")
     from opod.engines import xllama
 
-    argv = get_driver("llamacpp").argv(LaunchSpec(
-        model_id="emb", model="/m/e.gguf", port=9123, context=512, parallel=2, threads=3, embeddings=True,
-        launcher=llama_binary.portable_route().argv, flags={"pooling": "mean", "ctk": "q8_0", "ngl": 0},
-    ))
+    argv = get_driver("llamacpp").argv(
+        LaunchSpec(
+            model_id="emb",
+            model="/m/e.gguf",
+            port=9123,
+            context=512,
+            parallel=2,
+            threads=3,
+            embeddings=True,
+            launcher=llama_binary.portable_route().argv,
+            flags={"pooling": "mean", "ctk": "q8_0", "ngl": 0},
+        )
+    )
     args = xllama.build_parser().parse_args(argv[3:])
     p = xllama.to_params(args, xlc)
     assert (p.model.path, p.hostnames, p.port, p.model_alias) == ("/m/e.gguf", ["127.0.0.1"], 9123, {"emb"})
-    assert (p.n_ctx, p.n_parallel, p.cpuparams.n_threads, p.n_gpu_layers) == (1024, 2, 3, 0), "512 tokens for each of 2 slots"
+    assert (p.n_ctx, p.n_parallel, p.cpuparams.n_threads, p.n_gpu_layers) == (1024, 2, 3, 0), (
+        "512 tokens for each of 2 slots"
+    )
     assert p.endpoint_metrics and p.embedding
     assert p.pooling_type == xlc.llama_pooling_type.LLAMA_POOLING_TYPE_MEAN
     assert p.cache_type_k == xlc.ggml_type.GGML_TYPE_Q8_0
-    chat = get_driver("llamacpp").argv(LaunchSpec(model_id="c", model="/m/c.gguf", port=9124, launcher=llama_binary.portable_route().argv))
-    assert xllama.to_params(xllama.build_parser().parse_args(chat[3:]), xlc).use_jinja, "a chat model gets its own template (tools)"
+    chat = get_driver("llamacpp").argv(
+        LaunchSpec(model_id="c", model="/m/c.gguf", port=9124, launcher=llama_binary.portable_route().argv)
+    )
+    assert xllama.to_params(xllama.build_parser().parse_args(chat[3:]), xlc).use_jinja, (
+        "a chat model gets its own template (tools)"
+    )
     rerank = xllama.to_params(xllama.build_parser().parse_args(["-m", "r.gguf", "--reranking"]), xlc)
     assert rerank.embedding and rerank.pooling_type == xlc.llama_pooling_type.LLAMA_POOLING_TYPE_RANK

@@ -80,7 +80,9 @@ def test_rates_need_an_interval_and_a_counter_that_grew() -> None:
     assert promtext.counter_rate("c", {"c": 30.0}, None, 110.0) is None  # first scrape
     assert promtext.counter_share("h", "q", {"h": 5.0, "q": 10.0}, prev) is None  # nothing asked since
     assert promtext.counter_share("h", "q", {"h": 6.0, "q": 14.0}, prev) == pytest.approx(25.0)
-    assert promtext.counter_share("h", "q", {"h": 1.0, "q": 4.0}, prev) == pytest.approx(25.0)  # restarted: since the start
+    assert promtext.counter_share("h", "q", {"h": 1.0, "q": 4.0}, prev) == pytest.approx(
+        25.0
+    )  # restarted: since the start
     assert promtext.loose_pct(0.4) == pytest.approx(40.0) and promtext.loose_pct(40.0) == 40.0
 
 

@@ -14,8 +14,14 @@ from opod.engines.llamacpp import LlamaCppDriver
 
 def test_ids_and_aliases_resolve() -> None:
     expected = {
-        "llamacpp": "llamacpp", "llama-cpp": "llamacpp", "llamacpp-rpc": "llamacpp",
-        "vllm": "vllm", "sglang": "sglang", "sgl": "sglang", "ollama": "ollama", "sim": "sim",
+        "llamacpp": "llamacpp",
+        "llama-cpp": "llamacpp",
+        "llamacpp-rpc": "llamacpp",
+        "vllm": "vllm",
+        "sglang": "sglang",
+        "sgl": "sglang",
+        "ollama": "ollama",
+        "sim": "sim",
         " VLLM ": "vllm",
     }
     for name, engine in expected.items():

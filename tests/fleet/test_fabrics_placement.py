@@ -27,15 +27,21 @@ TWO_NODES = model(gpu("H100", tp=8, nodes=2))
 
 
 def test_a_two_node_replica_lands_on_two_nodes_of_one_fabric_not_across_two() -> None:
-    nodes = [on(node("a", {"H100": 4}), ib_a={"mlx5_0": ACTIVE}), on(node("b", {"H100": 4}), ib_b={"mlx5_0": ACTIVE}),
-             on(node("c", {"H100": 4}), ib_b={"mlx5_0": ACTIVE})]
+    nodes = [
+        on(node("a", {"H100": 4}), ib_a={"mlx5_0": ACTIVE}),
+        on(node("b", {"H100": 4}), ib_b={"mlx5_0": ACTIVE}),
+        on(node("c", {"H100": 4}), ib_b={"mlx5_0": ACTIVE}),
+    ]
     assignment, _ = place("m", TWO_NODES, nodes, [], klass="standard", now=NOW)
     assert assignment is not None and assignment.nodes == ["b", "c"]
 
 
 def test_nodes_on_different_fabrics_are_refused_with_the_fabric_rule() -> None:
-    nodes = [on(node("a", {"H100": 4}), ib_a={"mlx5_0": ACTIVE}), on(node("b", {"H100": 4}), ib_b={"mlx5_0": ACTIVE}),
-             node("c", {"H100": 4})]
+    nodes = [
+        on(node("a", {"H100": 4}), ib_a={"mlx5_0": ACTIVE}),
+        on(node("b", {"H100": 4}), ib_b={"mlx5_0": ACTIVE}),
+        node("c", {"H100": 4}),
+    ]
     assignment, rejections = place("m", TWO_NODES, nodes, [], klass="standard", now=NOW)
     assert assignment is None
     why = reasons(rejections)
@@ -51,7 +57,10 @@ def test_nodes_on_no_fabric_share_the_machine_network() -> None:
 
 
 def test_a_node_with_a_down_adapter_is_refused_for_a_replica_across_nodes_with_the_adapter_named() -> None:
-    nodes = [on(node("a", {"H100": 4}), ib_a={"mlx5_0": ACTIVE, "mlx5_1": DOWN}), on(node("b", {"H100": 4}), ib_a={"mlx5_0": ACTIVE})]
+    nodes = [
+        on(node("a", {"H100": 4}), ib_a={"mlx5_0": ACTIVE, "mlx5_1": DOWN}),
+        on(node("b", {"H100": 4}), ib_a={"mlx5_0": ACTIVE}),
+    ]
     assignment, rejections = place("m", TWO_NODES, nodes, [], klass="standard", now=NOW)
     assert assignment is None
     why = reasons(rejections)
@@ -62,15 +71,21 @@ def test_a_node_with_a_down_adapter_is_refused_for_a_replica_across_nodes_with_t
 
 
 def test_a_node_on_two_fabrics_pairs_on_either() -> None:
-    nodes = [on(node("a", {"H100": 4}), ib_a={"mlx5_0": ACTIVE}, ib_b={"mlx5_1": ACTIVE}), on(node("z", {"H100": 4}), ib_b={"mlx5_0": ACTIVE})]
+    nodes = [
+        on(node("a", {"H100": 4}), ib_a={"mlx5_0": ACTIVE}, ib_b={"mlx5_1": ACTIVE}),
+        on(node("z", {"H100": 4}), ib_b={"mlx5_0": ACTIVE}),
+    ]
     planner = Planner(nodes, [], now=NOW)
     assignment, _ = planner.place("m", TWO_NODES, klass="standard")
     assert assignment is not None and sorted(assignment.nodes) == ["a", "z"]
 
 
 def test_the_scan_keeps_to_one_fabric_when_the_replica_must_preempt() -> None:
-    nodes = [on(node("a", {"H100": 4}), ib_a={"mlx5_0": ACTIVE}), on(node("b", {"H100": 4}), ib_b={"mlx5_0": ACTIVE}),
-             on(node("c", {"H100": 4}), ib_b={"mlx5_0": ACTIVE})]
+    nodes = [
+        on(node("a", {"H100": 4}), ib_a={"mlx5_0": ACTIVE}),
+        on(node("b", {"H100": 4}), ib_b={"mlx5_0": ACTIVE}),
+        on(node("c", {"H100": 4}), ib_b={"mlx5_0": ACTIVE}),
+    ]
     held = [Held("low", "other", 0, "opportunistic", gpus={"c": [0, 1, 2, 3]})]
     assignment, _ = place("m", TWO_NODES, nodes, held, klass="critical", now=NOW)
     assert assignment is not None and assignment.nodes == ["b", "c"] and assignment.preempts == ["low"]

@@ -10,7 +10,9 @@ MODEL = "m"
 
 
 def join(fleet: Fleet, node_id: str, slots: int = 4) -> None:
-    fleet.register(nodeapi.RegisterRequest(id=node_id, address=f"{node_id}:8081", boot_id="b"), "t", nodeapi.Capabilities())
+    fleet.register(
+        nodeapi.RegisterRequest(id=node_id, address=f"{node_id}:8081", boot_id="b"), "t", nodeapi.Capabilities()
+    )
     fleet.heartbeat(nodeapi.Heartbeat(id=node_id, boot_id="b", loaded_models=[MODEL], slots=slots))
 
 

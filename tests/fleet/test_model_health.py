@@ -15,13 +15,26 @@ CHAT, EMBED = "chat", "embed"
 
 
 def join(fleet: Fleet, node_id: str, models: list[str]) -> None:
-    fleet.register(nodeapi.RegisterRequest(id=node_id, address=f"{node_id}:8081", boot_id="b"), "t", nodeapi.Capabilities())
+    fleet.register(
+        nodeapi.RegisterRequest(id=node_id, address=f"{node_id}:8081", boot_id="b"), "t", nodeapi.Capabilities()
+    )
     beat(fleet, node_id, models)
 
 
-def beat(fleet: Fleet, node_id: str, models: list[str], engines: dict[str, nodeapi.EngineState] | None = None, **extra) -> None:
-    node = fleet.heartbeat(nodeapi.Heartbeat(id=node_id, boot_id="b", loaded_models=models, slots=4, model_engines=engines,
-                                             engine=nodeapi.EngineState(state="serving"), **extra))
+def beat(
+    fleet: Fleet, node_id: str, models: list[str], engines: dict[str, nodeapi.EngineState] | None = None, **extra
+) -> None:
+    node = fleet.heartbeat(
+        nodeapi.Heartbeat(
+            id=node_id,
+            boot_id="b",
+            loaded_models=models,
+            slots=4,
+            model_engines=engines,
+            engine=nodeapi.EngineState(state="serving"),
+            **extra,
+        )
+    )
     assert node is not None
 
 
@@ -70,7 +83,12 @@ def test_a_crashed_engine_says_so_and_its_model_takes_work_as_soon_as_it_is_repo
     assert fleet.serves(EMBED)
     node = fleet.get("n1")
     assert node is not None and model_states(node, time.monotonic())[CHAT].startswith("its engine crashed")
-    beat(fleet, "n1", [CHAT, EMBED], {CHAT: nodeapi.EngineState(state="serving", restarts=1), EMBED: nodeapi.EngineState(state="serving")})
+    beat(
+        fleet,
+        "n1",
+        [CHAT, EMBED],
+        {CHAT: nodeapi.EngineState(state="serving", restarts=1), EMBED: nodeapi.EngineState(state="serving")},
+    )
     assert fleet.serves(CHAT), "the engine is back: its cool-down ended with the heartbeat that said so"
     assert model_states(node, time.monotonic()) == {CHAT: "serving", EMBED: "serving"}
 
@@ -95,7 +113,10 @@ def test_each_reason_a_model_cannot_serve_is_said_with_an_honest_retry_after() -
     assert fleet.availability(CHAT).retry_after() >= 20
     looping = nodeapi.EngineState(state="crash-looping", restarts=3, detail="exit status 134")
     beat(fleet, "n1", [], {CHAT: looping})
-    assert fleet.availability(CHAT).why() == "n1: its engine keeps crashing (exit status 134), restarted 3 times; restarting after a back-off"
+    assert (
+        fleet.availability(CHAT).why()
+        == "n1: its engine keeps crashing (exit status 134), restarted 3 times; restarting after a back-off"
+    )
     assert fleet.availability("nobody-has-it").why() == "no worker holds it yet"
 
 
@@ -112,10 +133,14 @@ def test_opod_model_ls_says_what_the_503_says() -> None:
     join(fleet, "n1", [CHAT, EMBED])
     join(fleet, "n2", [CHAT])
     fail(fleet, "n2", CHAT)
-    assert reconciler.status(CHAT) == "serving on n1 (n2: cooling down after 3 failed requests (last: connection refused))"
+    assert (
+        reconciler.status(CHAT) == "serving on n1 (n2: cooling down after 3 failed requests (last: connection refused))"
+    )
     beat(fleet, "n1", [EMBED], {CHAT: nodeapi.EngineState(state="starting", detail="killed by SIGKILL")})
-    assert reconciler.status(CHAT) == ("cannot serve: n1: its engine crashed (killed by SIGKILL) and is restarting; "
-                                       "n2: cooling down after 3 failed requests (last: connection refused)")
+    assert reconciler.status(CHAT) == (
+        "cannot serve: n1: its engine crashed (killed by SIGKILL) and is restarting; "
+        "n2: cooling down after 3 failed requests (last: connection refused)"
+    )
     assert reconciler.status(EMBED) == "serving on n1"
 
 

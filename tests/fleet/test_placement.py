@@ -28,28 +28,69 @@ CARDS = {
 }
 
 
-def node(node_id: str, gpus: dict[str, int] | None = None, *, ram: int = 256, cpu: int = 32, disk: int = 0,
-         engine: str = "vllm", versions: dict[str, str] | None = None, labels: dict[str, str] | None = None,
-         drained: bool = False, unhealthy: tuple[int, ...] = (), loaded: tuple[str, ...] = (),
-         mig: dict[str, int] | None = None, on_disk: list[str] | None = None) -> NodeState:
+def node(
+    node_id: str,
+    gpus: dict[str, int] | None = None,
+    *,
+    ram: int = 256,
+    cpu: int = 32,
+    disk: int = 0,
+    engine: str = "vllm",
+    versions: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+    drained: bool = False,
+    unhealthy: tuple[int, ...] = (),
+    loaded: tuple[str, ...] = (),
+    mig: dict[str, int] | None = None,
+    on_disk: list[str] | None = None,
+) -> NodeState:
     devices = []
     for gpu_class, count in (gpus or {}).items():
         memory, cc = CARDS[gpu_class]
         for _ in range(count):
             index = len(devices)
-            devices.append(GPUDevice(index=index, label=str(index), name=f"NVIDIA {gpu_class}", gpu_class=gpu_class,
-                                     memory_mb=memory, compute_capability=cc, card=index,
-                                     healthy=index not in unhealthy, why="XID 79" if index in unhealthy else ""))
+            devices.append(
+                GPUDevice(
+                    index=index,
+                    label=str(index),
+                    name=f"NVIDIA {gpu_class}",
+                    gpu_class=gpu_class,
+                    memory_mb=memory,
+                    compute_capability=cc,
+                    card=index,
+                    healthy=index not in unhealthy,
+                    why="XID 79" if index in unhealthy else "",
+                )
+            )
     for profile, count in (mig or {}).items():
         for n in range(count):
             index = len(devices)
-            devices.append(GPUDevice(index=index, label=f"0/mig{n}", name="NVIDIA A100-SXM4-80GB", gpu_class=f"A100-80GB/{profile}",
-                                     memory_mb=40960, compute_capability="8.0", card=0, mig_profile=profile))
-    state = NodeState(id=node_id, address=f"10.0.0.{len(node_id)}:8081", last_heartbeat=NOW, drained=drained,
-                      hardware=nodeapi.Capabilities(CPUCores=cpu, RAMGB=ram, Engine=engine, DiskFreeGB=disk),
-                      loaded_models=frozenset(loaded))
-    state.inventory = NodeInventory(gpus=devices, labels=dict(labels or {}), engine_versions=dict(versions or {engine: "0.11.1"}),
-                                    models_on_disk=on_disk)
+            devices.append(
+                GPUDevice(
+                    index=index,
+                    label=f"0/mig{n}",
+                    name="NVIDIA A100-SXM4-80GB",
+                    gpu_class=f"A100-80GB/{profile}",
+                    memory_mb=40960,
+                    compute_capability="8.0",
+                    card=0,
+                    mig_profile=profile,
+                )
+            )
+    state = NodeState(
+        id=node_id,
+        address=f"10.0.0.{len(node_id)}:8081",
+        last_heartbeat=NOW,
+        drained=drained,
+        hardware=nodeapi.Capabilities(CPUCores=cpu, RAMGB=ram, Engine=engine, DiskFreeGB=disk),
+        loaded_models=frozenset(loaded),
+    )
+    state.inventory = NodeInventory(
+        gpus=devices,
+        labels=dict(labels or {}),
+        engine_versions=dict(versions or {engine: "0.11.1"}),
+        models_on_disk=on_disk,
+    )
     return state
 
 
@@ -79,7 +120,9 @@ def test_a_model_that_fits_takes_the_tightest_node_and_its_lowest_free_devices()
 
 def test_tensor_parallel_across_two_nodes_gives_each_rank_its_devices() -> None:
     nodes = [node("a", {"H100": 4}), node("b", {"H100": 4}), node("c", {"A10G": 4})]
-    assignment, _ = place("m", model(gpu("H100", tp=4, pp=2, nodes=2, gpus_per_node=4)), nodes, [], klass="standard", now=NOW)
+    assignment, _ = place(
+        "m", model(gpu("H100", tp=4, pp=2, nodes=2, gpus_per_node=4)), nodes, [], klass="standard", now=NOW
+    )
     assert assignment is not None
     assert assignment.nodes == ["a", "b"] and assignment.gpus == {"a": [0, 1, 2, 3], "b": [0, 1, 2, 3]}
 
@@ -95,9 +138,15 @@ def test_a_replica_across_nodes_that_cannot_find_enough_nodes_says_so_on_each_th
 
 def test_keep_within_keeps_the_ranks_in_one_rack() -> None:
     rack = "llmgw.io/rack"
-    nodes = [node("a", {"H100": 8}, labels={rack: "r1"}), node("b", {"H100": 8}, labels={rack: "r2"}),
-             node("c", {"H100": 8}, labels={rack: "r2"}), node("d", {"H100": 8})]
-    assignment, _ = place("m", model(gpu("H100", tp=8, pp=2, nodes=2, keep_within="rack")), nodes, [], klass="standard", now=NOW)
+    nodes = [
+        node("a", {"H100": 8}, labels={rack: "r1"}),
+        node("b", {"H100": 8}, labels={rack: "r2"}),
+        node("c", {"H100": 8}, labels={rack: "r2"}),
+        node("d", {"H100": 8}),
+    ]
+    assignment, _ = place(
+        "m", model(gpu("H100", tp=8, pp=2, nodes=2, keep_within="rack")), nodes, [], klass="standard", now=NOW
+    )
     assert assignment is not None and assignment.nodes == ["b", "c"]
 
 
@@ -120,7 +169,11 @@ def test_a_mig_instance_is_a_class_of_its_own() -> None:
 
 
 def test_without_profiles_any_live_node_whose_engine_fits_and_the_emptiest_first() -> None:
-    nodes = [node("busy", loaded=("x", "y"), engine="sim"), node("idle", engine="sim"), node("llama", engine="llamacpp")]
+    nodes = [
+        node("busy", loaded=("x", "y"), engine="sim"),
+        node("idle", engine="sim"),
+        node("llama", engine="llamacpp"),
+    ]
     assignment, rejections = place("m", CatalogModel(name="m"), nodes, [], klass="standard", now=NOW, engine="sim")
     assert assignment is not None and assignment.nodes == ["idle"] and assignment.gpus == {"idle": []}
     assert rejections == []
@@ -134,7 +187,9 @@ def test_profiles_are_tried_highest_priority_first_and_a_later_one_catches_what_
     definition = model(gpu("H100", name="fast", priority=10), CatalogProfile(name="cpu", engine="llamacpp", priority=1))
     assignment, rejections = place("m", definition, nodes, [], klass="standard", now=NOW)
     assert assignment is not None and assignment.profile == 1 and assignment.nodes == ["cpu-only"]
-    assert [(r.profile, r.pool, r.reason) for r in rejections] == [("fast", "H100", "engine: wants vllm, node has llamacpp")]
+    assert [(r.profile, r.pool, r.reason) for r in rejections] == [
+        ("fast", "H100", "engine: wants vllm, node has llamacpp")
+    ]
     # Priority decides, not the order written.
     nodes = [node("both", {"H100": 1}, engine="vllm", versions={"vllm": "0.11.0", "llamacpp": "b4500"})]
     definition = model(CatalogProfile(name="cpu", engine="llamacpp"), gpu("H100", name="fast", priority=5))
@@ -182,8 +237,12 @@ def test_unhealthy_devices_are_never_given() -> None:
     nodes = [node("n", {"H100": 4}, unhealthy=(0, 2))]
     assignment, _ = place("m", model(gpu("H100", tp=2)), nodes, [], klass="standard", now=NOW)
     assert assignment is not None and assignment.gpus == {"n": [1, 3]}
-    assignment, rejections = place("m", model(gpu("H100", tp=2)), [node("n", {"H100": 1}, unhealthy=(0,))], [], klass="standard", now=NOW)
-    assert assignment is None and reasons(rejections)["n"] == "gpus: needs 2 H100, every one here is unhealthy (0: XID 79)"
+    assignment, rejections = place(
+        "m", model(gpu("H100", tp=2)), [node("n", {"H100": 1}, unhealthy=(0,))], [], klass="standard", now=NOW
+    )
+    assert (
+        assignment is None and reasons(rejections)["n"] == "gpus: needs 2 H100, every one here is unhealthy (0: XID 79)"
+    )
 
 
 def test_host_memory_and_cores_count_what_held_replicas_reserve() -> None:
@@ -192,16 +251,26 @@ def test_host_memory_and_cores_count_what_held_replicas_reserve() -> None:
     cpu = CatalogProfile(engine="vllm", min_memory_gb=32)
     _, rejections = place("m", model(cpu), nodes, held, klass="standard", now=NOW)
     assert reasons(rejections)["n"] == "min_memory_gb: needs 32 GB of host RAM free, has 24 (64, 40 reserved by a)"
-    _, rejections = place("m", model(CatalogProfile(engine="vllm", cpu_cores=8)), nodes, held, klass="standard", now=NOW)
+    _, rejections = place(
+        "m", model(CatalogProfile(engine="vllm", cpu_cores=8)), nodes, held, klass="standard", now=NOW
+    )
     assert reasons(rejections)["n"] == "cpu_cores: needs 8 cores free, has 4 (16, 12 reserved by a)"
-    assignment, _ = place("m", model(CatalogProfile(engine="vllm", cpu_cores=4, min_memory_gb=24)), nodes, held, klass="standard", now=NOW)
+    assignment, _ = place(
+        "m", model(CatalogProfile(engine="vllm", cpu_cores=4, min_memory_gb=24)), nodes, held, klass="standard", now=NOW
+    )
     assert assignment is not None and (assignment.cpu_cores, assignment.memory_gb) == (4, 24)
 
 
 def test_a_node_that_does_not_say_its_memory_or_disk_is_not_excluded() -> None:
     nodes = [node("quiet", ram=0, cpu=0, disk=0)]
-    assignment, _ = place("m", model(CatalogProfile(engine="vllm", min_memory_gb=512, cpu_cores=64, min_disk_gb=900)), nodes, [],
-                          klass="standard", now=NOW)
+    assignment, _ = place(
+        "m",
+        model(CatalogProfile(engine="vllm", min_memory_gb=512, cpu_cores=64, min_disk_gb=900)),
+        nodes,
+        [],
+        klass="standard",
+        now=NOW,
+    )
     assert assignment is not None
 
 
@@ -219,25 +288,37 @@ def test_a_node_takes_one_replica_of_a_model() -> None:
     held = [Held("r1", "m", 0, "standard", gpus={"a": [0]})]
     assignment, rejections = place("m", model(gpu("H100")), nodes, held, klass="standard", now=NOW)
     assert assignment is None
-    assert set(reasons(rejections).values()) == {"replica: already holds a replica of m (a worker runs one engine per model)"}
+    assert set(reasons(rejections).values()) == {
+        "replica: already holds a replica of m (a worker runs one engine per model)"
+    }
 
 
 def test_engine_version_is_a_prefix_of_whole_parts() -> None:
-    assert version_matches("0.11.0", "0.11") and version_matches("0.11.1", "0.11") and version_matches("v0.11.1", "0.11")
+    assert (
+        version_matches("0.11.0", "0.11") and version_matches("0.11.1", "0.11") and version_matches("v0.11.1", "0.11")
+    )
     assert not version_matches("0.10.2", "0.11") and not version_matches("0.110.0", "0.11")
     assert version_matches("0.11.0", "0.11.0")
 
 
 def test_a_malformed_profile_is_refused_once_for_every_node() -> None:
-    assignment, rejections = place("m", model(gpu("H100", tp=8, gpus_per_node=4, nodes=3)), [node("a", {"H100": 8})], [],
-                                   klass="standard", now=NOW)
+    assignment, rejections = place(
+        "m", model(gpu("H100", tp=8, gpus_per_node=4, nodes=3)), [node("a", {"H100": 8})], [], klass="standard", now=NOW
+    )
     assert assignment is None and len(rejections) == 1
     assert rejections[0].node == EVERY_NODE and rejections[0].reason.startswith("profile: tp×pp = 8 GPUs a replica")
 
 
 def test_exclude_names_why_the_caller_ruled_a_node_out() -> None:
-    _, rejections = place("m", model(gpu("H100")), [node("a", {"H100": 1})], [], klass="standard", now=NOW,
-                          exclude={"a": "the model is unloaded there"})
+    _, rejections = place(
+        "m",
+        model(gpu("H100")),
+        [node("a", {"H100": 1})],
+        [],
+        klass="standard",
+        now=NOW,
+        exclude={"a": "the model is unloaded there"},
+    )
     assert reasons(rejections) == {"a": "node: the model is unloaded there"}
 
 
@@ -253,14 +334,20 @@ def test_a_node_without_heartbeats_is_not_placed_on() -> None:
 
 def test_a_critical_model_preempts_an_opportunistic_one_when_there_is_no_free_room() -> None:
     nodes = [node("n", {"H100": 2})]
-    held = [Held("opp-1", "cheap", 0, "opportunistic", gpus={"n": [0]}), Held("std-1", "normal", 0, "standard", gpus={"n": [1]})]
+    held = [
+        Held("opp-1", "cheap", 0, "opportunistic", gpus={"n": [0]}),
+        Held("std-1", "normal", 0, "standard", gpus={"n": [1]}),
+    ]
     assignment, _ = place("m", model(gpu("H100")), nodes, held, klass="critical", now=NOW)
     assert assignment is not None and assignment.preempts == ["opp-1"] and assignment.gpus == {"n": [0]}
     # Standard may take opportunistic room, never standard's.
     assignment, _ = place("m", model(gpu("H100", tp=2)), nodes, held, klass="standard", now=NOW)
     assert assignment is None
     assignment, rejections = place("m", model(gpu("H100")), nodes, held, klass="opportunistic", now=NOW)
-    assert assignment is None and reasons(rejections)["n"] == "gpus: needs 1 free H100, has 0 free (2 held by cheap, normal)"
+    assert (
+        assignment is None
+        and reasons(rejections)["n"] == "gpus: needs 1 free H100, has 0 free (2 held by cheap, normal)"
+    )
 
 
 def test_free_room_anywhere_wins_over_preempting_and_then_the_fewest_are_stopped() -> None:
@@ -275,8 +362,11 @@ def test_free_room_anywhere_wins_over_preempting_and_then_the_fewest_are_stopped
     assert assignment is not None and assignment.profile == 1 and assignment.preempts == []
     # Of two nodes that need preempting, the one that stops fewer replicas.
     nodes = [node("two", {"H100": 2}), node("one", {"H100": 2})]
-    held = [Held("a", "x", 0, "opportunistic", gpus={"two": [0]}), Held("b", "y", 0, "opportunistic", gpus={"two": [1]}),
-            Held("c", "z", 0, "opportunistic", gpus={"one": [0, 1]})]
+    held = [
+        Held("a", "x", 0, "opportunistic", gpus={"two": [0]}),
+        Held("b", "y", 0, "opportunistic", gpus={"two": [1]}),
+        Held("c", "z", 0, "opportunistic", gpus={"one": [0, 1]}),
+    ]
     assignment, _ = place("m", model(gpu("H100", tp=2)), nodes, held, klass="critical", now=NOW)
     assert assignment is not None and assignment.nodes == ["one"] and assignment.preempts == ["c"]
     assignment, _ = place("m", model(gpu("H100", tp=2)), nodes, held, klass="critical", now=NOW, preempt=False)
@@ -332,8 +422,14 @@ def test_placing_is_deterministic() -> None:
 def test_an_external_model_is_never_placed() -> None:
     from opod.contract.admin.catalog import CatalogExternal
 
-    assignment, rejections = place("m", CatalogModel(external=CatalogExternal(url="https://api.example")), [node("a")], [],
-                                   klass="standard", now=NOW)
+    assignment, rejections = place(
+        "m",
+        CatalogModel(external=CatalogExternal(url="https://api.example")),
+        [node("a")],
+        [],
+        klass="standard",
+        now=NOW,
+    )
     assert assignment is None and rejections[0].reason.startswith("external: served by https://api.example")
 
 
@@ -343,7 +439,9 @@ def test_five_hundred_models_on_a_thousand_nodes_is_quick() -> None:
     start = time.perf_counter()
     planner = Planner(nodes, [], now=NOW)
     for i in range(500):
-        assignment, _ = planner.place(f"m{i}", model(gpu("H100" if i % 2 else "A100-80GB", tp=1 + i % 4)), klass="standard")
+        assignment, _ = planner.place(
+            f"m{i}", model(gpu("H100" if i % 2 else "A100-80GB", tp=1 + i % 4)), klass="standard"
+        )
         assert assignment is not None
         planner.take(assignment, f"m{i}-0", "standard")
     assert time.perf_counter() - start < 5.0

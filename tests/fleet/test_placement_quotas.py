@@ -37,7 +37,8 @@ def test_a_team_at_its_gpu_limit_gets_no_new_replica_and_every_node_hears_why() 
     assignment, rejections = plan.place("ml-model", model(gpu("A10G", tp=2)), klass="standard")
     assert assignment is None
     assert [(r.node, r.reason) for r in rejections] == [
-        (EVERY_NODE, "quota: team:t1 (Acme / ml) holds 4 of 4 GPUs (its limit); this replica needs 2 more")]
+        (EVERY_NODE, "quota: team:t1 (Acme / ml) holds 4 of 4 GPUs (its limit); this replica needs 2 more")
+    ]
     assert plan.quotas is not None and plan.quotas.held_by(ML) == Amount(4, 0, 0)
 
 
@@ -78,9 +79,13 @@ def test_a_shared_model_is_ungoverned_and_a_model_of_another_scope_ignores_a_lim
 
 def test_a_quota_refusal_falls_through_to_a_profile_that_fits_the_limit() -> None:
     plan = planner(fleet(), [], quota(ML, limit=Bounds(gpus=0)))
-    assignment, rejections = plan.place("ml-model", model(gpu("A10G", name="gpu"), gpu(None, name="cpu", engine="vllm")), klass="standard")
+    assignment, rejections = plan.place(
+        "ml-model", model(gpu("A10G", name="gpu"), gpu(None, name="cpu", engine="vllm")), klass="standard"
+    )
     assert assignment is not None and assignment.gpus == {assignment.nodes[0]: []}
-    assert [r.profile for r in rejections] == ["gpu"] and rejections[0].reason.startswith("quota: team:t1 holds 0 of 0 GPUs")
+    assert [r.profile for r in rejections] == ["gpu"] and rejections[0].reason.startswith(
+        "quota: team:t1 holds 0 of 0 GPUs"
+    )
 
 
 def test_an_ungoverned_resource_is_not_limited_by_a_limit_on_another() -> None:
@@ -96,8 +101,10 @@ def test_a_guarantee_keeps_gpus_free_from_another_scopes_model() -> None:
     plan = planner(fleet(), held, quota(WEB, guarantee=Bounds(gpus=4), name="Acme / web"))
     assignment, rejections = plan.place("ml-model", model(gpu("A10G")), klass="standard")
     assert assignment is None
-    assert rejections[0].reason == ("quota: team:t2 (Acme / web) holds 0 of its guarantee of 4 GPUs, so 4 stay free for guarantees; "
-                                    "4 are free and this replica needs 1")
+    assert rejections[0].reason == (
+        "quota: team:t2 (Acme / web) holds 0 of its guarantee of 4 GPUs, so 4 stay free for guarantees; "
+        "4 are free and this replica needs 1"
+    )
     # The guaranteed team itself may take them.
     mine, _ = plan.place("web-model", model(gpu("A10G", tp=4)), klass="standard")
     assert mine is not None and mine.nodes == ["n2"]
@@ -122,7 +129,12 @@ def test_nested_guarantees_are_counted_once_and_a_sibling_keeps_its_own() -> Non
     assert plan.place("shared", model(gpu("A10G", tp=3)), klass="standard")[0] is None
     # web is inside Acme but not ml: Acme's own guarantee does not stop it, ml's does (8 free, 4 kept for ml).
     assert plan.place("web-model", model(gpu("A10G", tp=4)), klass="standard")[0] is not None
-    assert plan.place("web-model", model(gpu("A10G", tp=4), gpu("A10G", tp=2, gpus_per_node=1, nodes=2)), klass="standard")[0] is not None
+    assert (
+        plan.place(
+            "web-model", model(gpu("A10G", tp=4), gpu("A10G", tp=2, gpus_per_node=1, nodes=2)), klass="standard"
+        )[0]
+        is not None
+    )
     held = [holding("w", "web-model", "n1", 0, 1, 2)]
     refused, rejections = planner(fleet(), held, *quotas).place("web-model", model(gpu("A10G", tp=2)), klass="standard")
     assert refused is None and "team:t1 holds 0 of its guarantee of 4 GPUs" in rejections[0].reason

@@ -29,7 +29,9 @@ def test_leading_blocks_are_counted_in_a_row_from_the_first() -> None:
     assert index.leading_blocks(hashes(alice)) == {"w1": 6, "w2": 4}
     assert index.leading_blocks(hashes(bob)) == {"w1": 4, "w2": 4}, "a different tail shares only the system prompt"
     other = [9] + SYSTEM[1:]
-    assert index.leading_blocks(hashes(other)) == {}, "a hash names the whole prefix: changing the first token matches nothing"
+    assert index.leading_blocks(hashes(other)) == {}, (
+        "a hash names the whole prefix: changing the first token matches nothing"
+    )
     assert index.block_size(["w1"]) == BS and index.reports("w1") and not index.reports("w3")
 
 
@@ -57,7 +59,12 @@ def test_a_gap_a_new_boot_or_cleared_drops_the_worker_and_rebuilds() -> None:
 def test_memory_is_bounded_per_worker_and_by_age() -> None:
     index = PrefixIndex(per_worker=100, max_age=10.0)
     for seq in range(1, 21):
-        index.apply("w1", "b", KVBlocks(seq=seq, block_size=BS, stored=hashes(list(range(seq * 1000, seq * 1000 + 160)))), now=float(seq))
+        index.apply(
+            "w1",
+            "b",
+            KVBlocks(seq=seq, block_size=BS, stored=hashes(list(range(seq * 1000, seq * 1000 + 160)))),
+            now=float(seq),
+        )
     stats = index.stats()
     assert stats.blocks == 100 and stats.workers_reporting == 1
     # The newest 100 blocks were reported at t=11..20, 10 at a time; at t=25 those before t=15 are too old.

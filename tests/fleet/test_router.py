@@ -20,8 +20,12 @@ def fleet_of(*specs: tuple[str, dict]) -> Fleet:
     fleet = Fleet()
     for node_id, state in specs:
         caps = nodeapi.Capabilities(engine="sim", plan_revision=state.get("revision", 0))
-        fleet.register(nodeapi.RegisterRequest(id=node_id, address=f"127.0.0.1:{len(fleet) + 9000}", boot_id="b"), "t", caps)
-        load = nodeapi.EngineLoad(kv_used_pct=state.get("kv", 0.0), queue_depth=state.get("queue", 0), sampled_at=int(time.time()))
+        fleet.register(
+            nodeapi.RegisterRequest(id=node_id, address=f"127.0.0.1:{len(fleet) + 9000}", boot_id="b"), "t", caps
+        )
+        load = nodeapi.EngineLoad(
+            kv_used_pct=state.get("kv", 0.0), queue_depth=state.get("queue", 0), sampled_at=int(time.time())
+        )
         fleet.heartbeat(nodeapi.Heartbeat(id=node_id, boot_id="b", loaded_models=[MODEL], load=load))
         fleet.get(node_id).in_flight = state.get("in_flight", 0)
     return fleet
@@ -37,9 +41,13 @@ def test_least_loaded_wins_and_ties_take_turns() -> None:
 def test_kv_weight_and_saturation() -> None:
     fleet = fleet_of(("a", {"kv": 90.0}), ("b", {"in_flight": 1, "kv": 0.0}))
     assert pick(fleet, RouteRequest(MODEL)).node.id == "a", "without kvWeight only requests count"
-    assert pick(fleet, RouteRequest(MODEL), RoutingPolicy(kv_weight=2.0)).node.id == "b", "a full cache counts as kvWeight requests"
+    assert pick(fleet, RouteRequest(MODEL), RoutingPolicy(kv_weight=2.0)).node.id == "b", (
+        "a full cache counts as kvWeight requests"
+    )
     busy = fleet_of(("a", {"kv": 95.0}), ("b", {"in_flight": 5, "kv": 10.0}))
-    assert pick(busy, RouteRequest(MODEL), RoutingPolicy(kv_saturation_pct=90)).node.id == "b", "saturated workers go last"
+    assert pick(busy, RouteRequest(MODEL), RoutingPolicy(kv_saturation_pct=90)).node.id == "b", (
+        "saturated workers go last"
+    )
 
 
 def test_held_prefix_blocks_outweigh_a_little_load() -> None:
@@ -52,7 +60,10 @@ def test_held_prefix_blocks_outweigh_a_little_load() -> None:
     assert decision.node.id == "b" and decision.reason == "prefix" and decision.record()["blocks"] == "4/4"
     assert pick(fleet, RouteRequest(MODEL, hashes=hashes), RoutingPolicy(), index).node.id == "a", "weight 0 = off"
     overloaded = fleet_of(("a", {}), ("b", {"in_flight": 9}))
-    assert pick(overloaded, RouteRequest(MODEL, hashes=hashes), RoutingPolicy(prefix_block_weight=1.0), index).node.id == "a"
+    assert (
+        pick(overloaded, RouteRequest(MODEL, hashes=hashes), RoutingPolicy(prefix_block_weight=1.0), index).node.id
+        == "a"
+    )
 
 
 def test_the_sticky_pin_stands_in_for_engines_without_events() -> None:
@@ -60,7 +71,9 @@ def test_the_sticky_pin_stands_in_for_engines_without_events() -> None:
     pins = AffinityTable()
     pins.pin("k", "b")
     for _ in range(4):
-        decision = pick(fleet, RouteRequest(MODEL, pin_key="k"), RoutingPolicy(prefix_affinity=True), PrefixIndex(), pins)
+        decision = pick(
+            fleet, RouteRequest(MODEL, pin_key="k"), RoutingPolicy(prefix_affinity=True), PrefixIndex(), pins
+        )
         assert decision.node.id == "b" and decision.reason == "pin"
 
 
@@ -70,7 +83,13 @@ def test_the_pin_key_is_made_from_the_payload_only_when_the_index_does_not_place
     pins = AffinityTable()
     unplaced = RouteRequest(MODEL, payload={"messages": messages})
     pins.pin(unplaced.pin() or "", "b")
-    decision = pick(fleet, RouteRequest(MODEL, payload={"messages": messages}), RoutingPolicy(prefix_affinity=True), PrefixIndex(), pins)
+    decision = pick(
+        fleet,
+        RouteRequest(MODEL, payload={"messages": messages}),
+        RoutingPolicy(prefix_affinity=True),
+        PrefixIndex(),
+        pins,
+    )
     assert decision.node.id == "b" and decision.reason == "pin"
     hashes = block_hashes(list(range(32)), 16)
     index = PrefixIndex()
@@ -84,11 +103,17 @@ def test_the_pin_key_is_made_from_the_payload_only_when_the_index_does_not_place
 def test_a_canary_of_ten_percent_measures_ten_plus_minus_two_over_5000_requests() -> None:
     groups = Counter(choose_revision([(7, 0.9), (8, 0.1)], uuid.uuid4().hex, {7, 8}) for _ in range(5000))
     assert abs(groups[8] / 5000 - 0.10) <= 0.02, groups
-    assert choose_revision([(7, 0.9), (8, 0.1)], "same-id", {7, 8}) == choose_revision([(7, 0.9), (8, 0.1)], "same-id", {7, 8})
-    assert choose_revision([(7, 0.9), (8, 0.1)], "x", {7}) == 7, "a group with no live worker gives its share to the others"
+    assert choose_revision([(7, 0.9), (8, 0.1)], "same-id", {7, 8}) == choose_revision(
+        [(7, 0.9), (8, 0.1)], "same-id", {7, 8}
+    )
+    assert choose_revision([(7, 0.9), (8, 0.1)], "x", {7}) == 7, (
+        "a group with no live worker gives its share to the others"
+    )
     fleet = fleet_of(("a", {"revision": 7}), ("b", {"revision": 8}))
     assert pick(fleet, RouteRequest(MODEL, revision=8)).node.id == "b"
-    assert pick(fleet, RouteRequest(MODEL, revision=8), exclude={"b"}).node.id == "a", "a retry may leave its group only if it is empty"
+    assert pick(fleet, RouteRequest(MODEL, revision=8), exclude={"b"}).node.id == "a", (
+        "a retry may leave its group only if it is empty"
+    )
 
 
 def test_a_routing_decision_costs_well_under_100_microseconds_with_100_workers() -> None:
@@ -108,4 +133,6 @@ def test_a_routing_decision_costs_well_under_100_microseconds_with_100_workers()
             pick(fleet, RouteRequest(MODEL, hashes=hashes), policy, index)
         batches.append((time.thread_time() - started) / 100)
     median = sorted(batches)[len(batches) // 2]
-    assert median < 1e-3, f"{median * 1e6:.0f} µs a decision (bench/routing/decision.py measures the goal of 100 µs; this bound only catches a regression)"
+    assert median < 1e-3, (
+        f"{median * 1e6:.0f} µs a decision (bench/routing/decision.py measures the goal of 100 µs; this bound only catches a regression)"
+    )

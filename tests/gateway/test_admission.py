@@ -26,12 +26,16 @@ def fixed(size: int) -> dict[str, int]:
     return {MODEL: size}
 
 
-def admission_of(sizes: dict[str, int], pol: PolicyAdmission | None = None, clock: ManualClock | None = None) -> Admission:
+def admission_of(
+    sizes: dict[str, int], pol: PolicyAdmission | None = None, clock: ManualClock | None = None
+) -> Admission:
     return Admission(lambda model: sizes.get(model, 0), pol, clock=clock or ManualClock())
 
 
 def join(fleet: Fleet, node_id: str, models: list[str], slots: int) -> None:
-    fleet.register(nodeapi.RegisterRequest(id=node_id, address=f"{node_id}:8081", boot_id="b"), "tok", nodeapi.Capabilities())
+    fleet.register(
+        nodeapi.RegisterRequest(id=node_id, address=f"{node_id}:8081", boot_id="b"), "tok", nodeapi.Capabilities()
+    )
     fleet.heartbeat(nodeapi.Heartbeat(id=node_id, loaded_models=models, boot_id="b", slots=slots))
 
 
@@ -227,7 +231,13 @@ async def test_waiting_requests_get_slots_in_class_order_then_arrival_order():
             order.append(name)
 
     tasks = []
-    for name, cls in [("s1", "sheddable"), ("t1", "standard"), ("c1", "critical"), ("t2", "standard"), ("c2", "critical")]:
+    for name, cls in [
+        ("s1", "sheddable"),
+        ("t1", "standard"),
+        ("c1", "critical"),
+        ("t2", "standard"),
+        ("c2", "critical"),
+    ]:
         tasks.append(asyncio.create_task(request(name, cls)))
         await settle()
     held.release()
@@ -395,7 +405,9 @@ async def test_configure_mid_flight_keeps_permits_and_applies_at_once():
     assert sum(t.done() for t in sheddable) == 2  # the raised share admitted a waiter
 
     with pytest.raises(ValueError, match="twice"):
-        adm.configure(PolicyAdmission(classes=[PolicyAdmissionClass(name="critical"), PolicyAdmissionClass(name="critical")]))
+        adm.configure(
+            PolicyAdmission(classes=[PolicyAdmissionClass(name="critical"), PolicyAdmissionClass(name="critical")])
+        )
     assert adm.config.max_share[2] == 0.5  # a bad policy changed nothing
 
     adm.configure(policy(0))  # now nobody waits: new arrivals at a full pool are shed

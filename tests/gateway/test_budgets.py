@@ -8,7 +8,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from opod.gateway.budgets import BudgetExceeded, Budgets, BudgetScope, period_bounds, reserved_completion, reserved_prompt
+from opod.gateway.budgets import (
+    BudgetExceeded,
+    Budgets,
+    BudgetScope,
+    period_bounds,
+    reserved_completion,
+    reserved_prompt,
+)
 from opod.settings.schema import Budget, ClusterSettings, Price
 
 ORG, TEAM, PROJECT = BudgetScope("org", "o_acme"), BudgetScope("team", "t_ml"), BudgetScope("project", "p_chat")
@@ -29,18 +36,27 @@ class Clock:
         return self.now
 
 
-def budgets(*limits: Budget, spent: dict[str, int] | None = None, now: datetime | None = None) -> tuple[Budgets, list, Clock]:
+def budgets(
+    *limits: Budget, spent: dict[str, int] | None = None, now: datetime | None = None
+) -> tuple[Budgets, list, Clock]:
     events: list[tuple[str, str, dict]] = []
     clock = Clock(now or datetime(2026, 12, 2, 10, 0, tzinfo=UTC))
-    settings = Held(ClusterSettings(prices={"*": Price(input_per_million=1, output_per_million=2)}, budgets=list(limits)))
+    settings = Held(
+        ClusterSettings(prices={"*": Price(input_per_million=1, output_per_million=2)}, budgets=list(limits))
+    )
     by_text = {"org:acme": ORG, "team:acme/ml": TEAM, "project:acme/ml/chat": PROJECT}
 
     def resolve(text: str) -> BudgetScope:
         return by_text[text]
 
     loaded = spent or {}
-    b = Budgets(settings=settings, resolve=resolve, spent_since=lambda kind, ident, since: loaded.get(ident, 0),
-                emit=lambda *e: events.append(e), clock=clock)
+    b = Budgets(
+        settings=settings,
+        resolve=resolve,
+        spent_since=lambda kind, ident, since: loaded.get(ident, 0),
+        emit=lambda *e: events.append(e),
+        clock=clock,
+    )
     b.configure()
     return b, events, clock
 
@@ -48,7 +64,10 @@ def budgets(*limits: Budget, spent: dict[str, int] | None = None, now: datetime 
 def test_periods_are_utc_days_iso_weeks_and_calendar_months() -> None:
     at = datetime(2026, 12, 31, 23, 59, tzinfo=UTC)
     assert period_bounds("day", at) == (datetime(2026, 12, 31, tzinfo=UTC), datetime(2027, 1, 1, tzinfo=UTC))
-    assert period_bounds("week", at) == (datetime(2026, 12, 28, tzinfo=UTC), datetime(2027, 1, 4, tzinfo=UTC))  # a Monday
+    assert period_bounds("week", at) == (
+        datetime(2026, 12, 28, tzinfo=UTC),
+        datetime(2027, 1, 4, tzinfo=UTC),
+    )  # a Monday
     assert period_bounds("month", at) == (datetime(2026, 12, 1, tzinfo=UTC), datetime(2027, 1, 1, tzinfo=UTC))
     assert period_bounds("month", datetime(2026, 2, 10, tzinfo=UTC))[1] == datetime(2026, 3, 1, tzinfo=UTC)
 
@@ -72,11 +91,21 @@ def test_the_refusal_names_the_scope_and_the_period_and_retries_after_it_ends() 
     with pytest.raises(BudgetExceeded) as refused:
         b.reserve([PROJECT], 100)
     err = refused.value
-    assert err.status == 429 and err.code == "insufficient_quota" and (err.scope, err.period) == ("project:acme/ml/chat", "day")
+    assert (
+        err.status == 429
+        and err.code == "insufficient_quota"
+        and (err.scope, err.period) == ("project:acme/ml/chat", "day")
+    )
     assert "project:acme/ml/chat has used its daily budget of 500 micros (450 spent" in err.message
     assert "2026-12-03T00:00:00Z" in err.message
     assert err.headers["Retry-After"] == str(14 * 3600 + 1)
-    assert events == [("budget.crossed", "p_chat", {"scope": "project:acme/ml/chat", "period": "day", "budget_micros": 500, "spent_micros": 450})]
+    assert events == [
+        (
+            "budget.crossed",
+            "p_chat",
+            {"scope": "project:acme/ml/chat", "period": "day", "budget_micros": 500, "spent_micros": 450},
+        )
+    ]
     with pytest.raises(BudgetExceeded):
         b.reserve([PROJECT], 100)
     assert len(events) == 1  # the first time in the period only
@@ -122,8 +151,12 @@ def test_concurrent_reservations_never_hold_more_than_the_budget() -> None:
 def test_the_budgets_follow_the_settings_and_keep_their_spend() -> None:
     b, _, _ = budgets(Budget(scope="org:acme", period="month", micros=100))
     b.reserve([ORG], 80).settle(80)
-    b.settings.current = ClusterSettings(budgets=[Budget(scope="org:acme", period="month", micros=1000),  # type: ignore[misc]
-                                                  Budget(scope="team:nowhere", micros=5)])
+    b.settings.current = ClusterSettings(
+        budgets=[
+            Budget(scope="org:acme", period="month", micros=1000),  # type: ignore[misc]
+            Budget(scope="team:nowhere", micros=5),
+        ]
+    )
     assert b.active and b.budget_of("org", "o_acme") == (1000, "month") and b.spent("org", "o_acme", "month") == 80
     assert b.cost("m", 1000, 1000) == 0  # the new settings set no price
     b.settings.current = ClusterSettings()  # type: ignore[misc]

@@ -13,7 +13,9 @@ from opod.gateway.fairqueue import FairQueue, Ticket
 MODEL = "m"
 
 
-async def run_load(adm: Admission, clients: dict[str, tuple[int, float, str]], total: int) -> tuple[Counter, dict[str, float]]:
+async def run_load(
+    adm: Admission, clients: dict[str, tuple[int, float, str]], total: int
+) -> tuple[Counter, dict[str, float]]:
     """Closed-loop clients per flow name: (how many, hold seconds, team); stops after ``total`` admissions."""
     admitted: Counter = Counter()
     slot_time: dict[str, float] = defaultdict(float)

@@ -37,8 +37,13 @@ def webhook() -> Starlette:
             return JSONResponse({"action": "block", "reason": "x" * 1000})
         if name == "redact":
             target = payload["request"] if payload["phase"] == "pre" else payload["response"]
-            return JSONResponse({"action": "rewrite", "body": json.loads(json.dumps(target).replace("4111", "[card]")),
-                                 "reason": "redacted a card number"})
+            return JSONResponse(
+                {
+                    "action": "rewrite",
+                    "body": json.loads(json.dumps(target).replace("4111", "[card]")),
+                    "reason": "redacted a card number",
+                }
+            )
         if name == "slow":
             await asyncio.sleep(0.15)
         if name == "error":
@@ -83,14 +88,25 @@ async def test_a_block_is_noted_before_the_refusal(url, guardrails) -> None:
 
 async def test_a_rewrite_outranks_allow_and_a_later_failure_open(url, guardrails) -> None:
     note = GuardNote()
-    rules = [rule(f"{url}/allow", id_="fine"), rule(f"{url}/redact", id_="redact"), rule(f"{url}/error", id_="flaky", failOpen=True)]
+    rules = [
+        rule(f"{url}/allow", id_="fine"),
+        rule(f"{url}/redact", id_="redact"),
+        rule(f"{url}/error", id_="flaky", failOpen=True),
+    ]
     await guardrails.pre(rules, "r3", "m1", BODY, note)
-    assert (note.action, note.policy, note.rule, note.category) == ("rewrite", "redact", "pre", "redacted a card number")
+    assert (note.action, note.policy, note.rule, note.category) == (
+        "rewrite",
+        "redact",
+        "pre",
+        "redacted a card number",
+    )
 
 
 async def test_a_failure_open_outranks_allow_and_says_what_went_wrong(url, guardrails) -> None:
     note = GuardNote()
-    await guardrails.pre([rule(f"{url}/error", id_="flaky", failOpen=True), rule(f"{url}/allow")], "r4", "m1", BODY, note)
+    await guardrails.pre(
+        [rule(f"{url}/error", id_="flaky", failOpen=True), rule(f"{url}/allow")], "r4", "m1", BODY, note
+    )
     assert (note.action, note.policy, note.category) == ("failed_open", "flaky", "it answered HTTP 500")
 
 
@@ -98,7 +114,12 @@ async def test_a_closed_failure_is_noted_as_unavailable(url, guardrails) -> None
     note = GuardNote()
     with pytest.raises(GuardrailUnavailable):
         await guardrails.pre([rule(f"{url}/error", id_="strict")], "r5", "m1", BODY, note)
-    assert (note.action, note.policy, note.rule, note.category) == ("unavailable", "strict", "pre", "it answered HTTP 500")
+    assert (note.action, note.policy, note.rule, note.category) == (
+        "unavailable",
+        "strict",
+        "pre",
+        "it answered HTTP 500",
+    )
 
 
 async def test_pre_and_post_share_one_note_and_the_post_block_decides(url, guardrails) -> None:
@@ -144,12 +165,21 @@ def held_exchange() -> tuple[Exchange, Recorder]:
     return exchange, recorder
 
 
-@pytest.mark.parametrize("then, status, outcome", [
-    (lambda e: e.release(), 200, "ok"), (lambda e: e.refuse(400), 400, "error"), (lambda e: e.abandon(), 499, "cancelled"),
-])
-def test_an_answer_held_for_the_post_guardrails_is_recorded_once_with_what_the_client_got(then, status, outcome) -> None:
+@pytest.mark.parametrize(
+    "then, status, outcome",
+    [
+        (lambda e: e.release(), 200, "ok"),
+        (lambda e: e.refuse(400), 400, "error"),
+        (lambda e: e.abandon(), 499, "cancelled"),
+    ],
+)
+def test_an_answer_held_for_the_post_guardrails_is_recorded_once_with_what_the_client_got(
+    then, status, outcome
+) -> None:
     exchange, recorder = held_exchange()
     assert recorder.ends == []  # the engine has answered; the guardrails have not yet
     then(exchange)
     exchange.refuse(503)  # a later refusal changes nothing
-    assert [(e["details"]["status"], e["outcome"], e["completion_tokens"]) for e in recorder.ends] == [(status, outcome, 3)]
+    assert [(e["details"]["status"], e["outcome"], e["completion_tokens"]) for e in recorder.ends] == [
+        (status, outcome, 3)
+    ]

@@ -94,8 +94,14 @@ async def test_allow_passes_the_body_unchanged_and_sends_the_designed_request(ho
     out = await guardrails.pre(rules, "req_1", "m1", BODY)
     assert out is BODY  # byte for byte: nothing re-encoded
     _, headers, payload = webhook.calls[0]
-    assert payload == {"phase": "pre", "guardrail_id": "pii", "request_id": "req_1", "model": "m1",
-                       "request": json.loads(BODY), "response": None}
+    assert payload == {
+        "phase": "pre",
+        "guardrail_id": "pii",
+        "request_id": "req_1",
+        "model": "m1",
+        "request": json.loads(BODY),
+        "response": None,
+    }
     assert headers["authorization"] == "Bearer sk-hook" and headers["x-tenant"] == "acme"
     assert headers["x-request-id"] == "req_1" and headers["x-opod-guardrail"] == "pii"
     assert [c[0] for c in webhook.calls] == ["allow", "empty"]
@@ -115,16 +121,23 @@ async def test_rewrites_chain_in_order_and_keep_the_model(hook, guardrails) -> N
     webhook, url = hook
     out = await guardrails.pre([rule(f"{url}/redact"), rule(f"{url}/allow", id_="after")], "req_3", "m1", BODY)
     assert json.loads(out)["messages"][0]["content"] == "my card is [card]"
-    assert webhook.calls[1][2]["request"]["messages"][0]["content"] == "my card is [card]"  # the next one saw the rewrite
+    assert (
+        webhook.calls[1][2]["request"]["messages"][0]["content"] == "my card is [card]"
+    )  # the next one saw the rewrite
     out = await guardrails.pre([rule(f"{url}/drop-model")], "req_4", "m1", BODY)
     assert json.loads(out) == {"messages": [], "model": "m1"}
     with pytest.raises(GuardrailUnavailable, match="changed the model"):
         await guardrails.pre([rule(f"{url}/change-model")], "req_5", "m1", BODY)
 
 
-@pytest.mark.parametrize("name, problem", [
-    ("error", "HTTP 500"), ("notjson", "not JSON"), ("unknown", "unknown action 'maybe'"),
-])
+@pytest.mark.parametrize(
+    "name, problem",
+    [
+        ("error", "HTTP 500"),
+        ("notjson", "not JSON"),
+        ("unknown", "unknown action 'maybe'"),
+    ],
+)
 async def test_a_broken_webhook_fails_closed_or_open(hook, guardrails, name: str, problem: str) -> None:
     _, url = hook
     with pytest.raises(GuardrailUnavailable) as caught:
@@ -156,14 +169,22 @@ async def test_a_slow_webhook_times_out_at_timeout_ms(hook, guardrails) -> None:
 
 async def test_post_sees_the_answer_and_may_block_or_rewrite_it(hook, guardrails) -> None:
     webhook, url = hook
-    policy = PolicySnapshot.from_wire({"guardrails": [
-        {"id": "pre-only", "phase": "pre", "url": f"{url}/block", "failOpen": False},
-        {"id": "out", "phase": "post", "url": f"{url}/redact", "failOpen": False},
-    ]})
+    policy = PolicySnapshot.from_wire(
+        {
+            "guardrails": [
+                {"id": "pre-only", "phase": "pre", "url": f"{url}/block", "failOpen": False},
+                {"id": "out", "phase": "post", "url": f"{url}/redact", "failOpen": False},
+            ]
+        }
+    )
     out = await guardrails.post(policy, "req_12", "m1", BODY, ANSWER)
     assert json.loads(out)["choices"][0]["message"]["content"] == "ok [card]"
     payload = webhook.calls[-1][2]
-    assert payload["phase"] == "post" and payload["response"] == json.loads(ANSWER) and payload["request"] == json.loads(BODY)
+    assert (
+        payload["phase"] == "post"
+        and payload["response"] == json.loads(ANSWER)
+        and payload["request"] == json.loads(BODY)
+    )
     with pytest.raises(GuardrailBlocked, match="Guardrail 'out' blocked the answer: contains a card number"):
         await guardrails.post([rule(f"{url}/block", phase="post", id_="out")], "req_13", "m1", BODY, ANSWER)
     assert await guardrails.post([rule(f"{url}/allow", phase="post")], "req_14", "m1", BODY, ANSWER) is ANSWER
@@ -172,9 +193,11 @@ async def test_post_sees_the_answer_and_may_block_or_rewrite_it(hook, guardrails
 
 async def test_logging_only_never_delays_the_answer_and_never_refuses(hook, guardrails) -> None:
     webhook, url = hook
-    rules = [rule(f"{url}/slow", phase="logging_only", id_="audit"),
-             rule(f"{url}/block", phase="logging_only", id_="ignored"),
-             rule(dead_url(), phase="logging_only", id_="gone")]
+    rules = [
+        rule(f"{url}/slow", phase="logging_only", id_="audit"),
+        rule(f"{url}/block", phase="logging_only", id_="ignored"),
+        rule(dead_url(), phase="logging_only", id_="gone"),
+    ]
     start = time.monotonic()
     guardrails.log(rules, "req_16", "m1", BODY, ANSWER, 200)
     assert time.monotonic() - start < 0.05
@@ -182,8 +205,15 @@ async def test_logging_only_never_delays_the_answer_and_never_refuses(hook, guar
     assert await guardrails.pre(rules, "req_17", "m1", BODY) is BODY
     await eventually(lambda: any(c[0] == "slow" for c in webhook.calls) and any(c[0] == "block" for c in webhook.calls))
     payload = next(c[2] for c in webhook.calls if c[0] == "slow")
-    assert payload == {"phase": "logging_only", "guardrail_id": "audit", "request_id": "req_16", "model": "m1",
-                       "request": json.loads(BODY), "response": json.loads(ANSWER), "status": 200}
+    assert payload == {
+        "phase": "logging_only",
+        "guardrail_id": "audit",
+        "request_id": "req_16",
+        "model": "m1",
+        "request": json.loads(BODY),
+        "response": json.loads(ANSWER),
+        "status": 200,
+    }
     guardrails.log(rules[:1], "req_18", "m1", BODY)  # a streamed answer: no response to show
     await eventually(lambda: any(c[2]["request_id"] == "req_18" for c in webhook.calls))
     assert next(c[2] for c in webhook.calls if c[2]["request_id"] == "req_18")["response"] is None

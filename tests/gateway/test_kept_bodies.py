@@ -37,8 +37,14 @@ def keeping(retention: dict) -> BodyKeeping:
 
 def test_bodies_are_kept_only_where_the_settings_say_and_never_for_store_false() -> None:
     assert keeping({}).plan("p_chat", {}) == (OFF, None)
-    on = keeping({"bodies": True, "body_max_bytes": 100, "bodies_days": 2,
-                  "projects": {"project:acme/ml/private": {"bodies": False}, "p_big": {"body_max_bytes": 999}}})
+    on = keeping(
+        {
+            "bodies": True,
+            "body_max_bytes": 100,
+            "bodies_days": 2,
+            "projects": {"project:acme/ml/private": {"bodies": False}, "p_big": {"body_max_bytes": 999}},
+        }
+    )
     state, plan = on.plan("p_chat", {})
     assert state == KEPT and plan is not None and (plan.max_bytes, plan.days) == (100, 2)
     assert on.plan("p_chat", {"store": False}) == (NO_STORE, None)
@@ -50,10 +56,12 @@ def test_bodies_are_kept_only_where_the_settings_say_and_never_for_store_false()
 
 
 def test_a_stream_is_kept_as_the_text_of_its_deltas_cut_at_the_cap() -> None:
-    sse = (b'data: {"choices":[{"delta":{"role":"assistant"}}]}\n\n'
-           b'data: {"choices":[{"delta":{"content":"Hel"}}]}\n\ndata: {"choices":[{"delta":{"content":"lo "}}]}\n\n'
-           b'data: {"choices":[{"delta":{"content":"w\xc3\xb6rld"}}]}\n\ndata: {"choices":[],"usage":{"prompt_tokens":1}}\n\n'
-           b"data: [DONE]\n\n")
+    sse = (
+        b'data: {"choices":[{"delta":{"role":"assistant"}}]}\n\n'
+        b'data: {"choices":[{"delta":{"content":"Hel"}}]}\n\ndata: {"choices":[{"delta":{"content":"lo "}}]}\n\n'
+        b'data: {"choices":[{"delta":{"content":"w\xc3\xb6rld"}}]}\n\ndata: {"choices":[],"usage":{"prompt_tokens":1}}\n\n'
+        b"data: [DONE]\n\n"
+    )
     whole = StreamText(1000)
     for i in range(0, len(sse), 7):  # events split across chunks anywhere
         whole.feed(sse[i : i + 7])

@@ -59,7 +59,9 @@ async def worker() -> AsyncIterator[tuple[str, TokenizingWorker]]:
 def serving(address: str, *node_ids: str) -> tuple[Fleet, PrefixIndex]:
     fleet, index = Fleet(), PrefixIndex()
     for node_id in node_ids:
-        fleet.register(nodeapi.RegisterRequest(id=node_id, address=address, boot_id="b"), "t", nodeapi.Capabilities(engine="vllm"))
+        fleet.register(
+            nodeapi.RegisterRequest(id=node_id, address=address, boot_id="b"), "t", nodeapi.Capabilities(engine="vllm")
+        )
         load = nodeapi.EngineLoad(sampled_at=int(time.time()))
         fleet.heartbeat(nodeapi.Heartbeat(id=node_id, boot_id="b", loaded_models=[MODEL], load=load))
         index.apply(node_id, "b", nodeapi.KVBlocks(seq=1, block_size=16, stored=[]))

@@ -53,7 +53,9 @@ class Usage:
     def __init__(self) -> None:
         self.rows: list[Row] = []
 
-    def begin(self, *, request_id: str, api_key_id: str, user_id: str, model: str, protocol: str, **attributed: object) -> UsageTicket:
+    def begin(
+        self, *, request_id: str, api_key_id: str, user_id: str, model: str, protocol: str, **attributed: object
+    ) -> UsageTicket:
         self.rows.append(Row(request_id, model))
         return UsageTicket(str(len(self.rows) - 1), request_id, api_key_id, user_id, model, protocol, 0)
 
@@ -75,7 +77,9 @@ class NoFiles:
 @pytest.fixture(scope="module")
 def sim() -> Iterator[str]:
     # Tokens 30 ms apart: a stream is still coming while the test looks at the fleet.
-    config = SimConfig(port=0, models=(MODEL,), ttft_ms=0.0, prefill_ms_per_token=0.0, itl_ms=30.0, itl_ms_per_request=0.0)
+    config = SimConfig(
+        port=0, models=(MODEL,), ttft_ms=0.0, prefill_ms_per_token=0.0, itl_ms=30.0, itl_ms_per_request=0.0
+    )
     with running(config) as handle:
         yield handle.url
 
@@ -87,9 +91,14 @@ def closed_port() -> int:
 
 
 def join(fleet: Fleet, node_id: str, address: str, queue: int = 0) -> None:
-    fleet.register(nodeapi.RegisterRequest(id=node_id, address=address, boot_id="b"), "t", nodeapi.Capabilities(engine="sim"))
-    fleet.heartbeat(nodeapi.Heartbeat(id=node_id, boot_id="b", loaded_models=[MODEL], slots=4,
-                                      load=nodeapi.EngineLoad(queue_depth=queue)))
+    fleet.register(
+        nodeapi.RegisterRequest(id=node_id, address=address, boot_id="b"), "t", nodeapi.Capabilities(engine="sim")
+    )
+    fleet.heartbeat(
+        nodeapi.Heartbeat(
+            id=node_id, boot_id="b", loaded_models=[MODEL], slots=4, load=nodeapi.EngineLoad(queue_depth=queue)
+        )
+    )
 
 
 @dataclass
@@ -108,14 +117,23 @@ async def setup() -> AsyncIterator[Setup]:
     index = PrefixIndex()
     relay = Relay(fleet, workers, index=index, pins=AffinityTable(), local=local)
     gateway = Gateway(
-        fleet=fleet, models=ModelRegistry(), keys=KeyTable(), relay=relay,
-        admission=Admission(fleet_capacity(fleet), PolicyAdmission(hold_ms=5000)), usage=usage,
-        prefix=PrefixHasher(fleet, index, worker_tokenizer(fleet, workers)), policies=NoFiles(), guardrails=Guardrails(), require_keys=False,
+        fleet=fleet,
+        models=ModelRegistry(),
+        keys=KeyTable(),
+        relay=relay,
+        admission=Admission(fleet_capacity(fleet), PolicyAdmission(hold_ms=5000)),
+        usage=usage,
+        prefix=PrefixHasher(fleet, index, worker_tokenizer(fleet, workers)),
+        policies=NoFiles(),
+        guardrails=Guardrails(),
+        require_keys=False,
     )
     # Served as the leader's public listener serves /v1: the hot routes' short way in front of Starlette.
     sock = bind("127.0.0.1", 0, "the test's public listener")
     stop = asyncio.Event()
-    server = asyncio.create_task(serve([Listener(FastPath(gateway.handlers(), Starlette(routes=gateway.routes())), sock, "public")], stop))
+    server = asyncio.create_task(
+        serve([Listener(FastPath(gateway.handlers(), Starlette(routes=gateway.routes())), sock, "public")], stop)
+    )
     await asyncio.sleep(0.05)
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{sock.getsockname()[1]}") as client:
         yield Setup(fleet, local, gateway, usage, client)
@@ -187,7 +205,9 @@ OTHER = "sim-other"
 @pytest.fixture
 def sims() -> Iterator[tuple[str, str]]:
     """Two engines of the same model (as on two workers), the first also serving a second model; faults set per test."""
-    config = SimConfig(port=0, models=(MODEL, OTHER), ttft_ms=0.0, prefill_ms_per_token=0.0, itl_ms=1.0, itl_ms_per_request=0.0)
+    config = SimConfig(
+        port=0, models=(MODEL, OTHER), ttft_ms=0.0, prefill_ms_per_token=0.0, itl_ms=1.0, itl_ms_per_request=0.0
+    )
     with running(config) as first, running(SimConfig(port=0, models=(MODEL,), ttft_ms=0.0, itl_ms=1.0)) as second:
         yield first.url, second.url
 
@@ -205,7 +225,8 @@ def failures(setup: Setup, node_id: str, model: str = MODEL) -> int:
 
 
 async def test_an_engine_that_refuses_the_content_is_a_400_that_names_it_and_never_counts_against_the_worker(
-        setup: Setup, sims: tuple[str, str]) -> None:
+    setup: Setup, sims: tuple[str, str]
+) -> None:
     join(setup.fleet, "here", "127.0.0.1:1")
     join(setup.fleet, "there", "127.0.0.1:2", queue=3)
     setup.local.attach("here", lambda model: sims[0])
@@ -216,7 +237,9 @@ async def test_an_engine_that_refuses_the_content_is_a_400_that_names_it_and_nev
         assert response.status_code == 400, response.text
         error = response.json()["error"]
         assert error["type"] == "invalid_request_error" and "injected failure" in error["message"]
-        assert response.headers["x-opod-worker"] == "here", "the same model refuses the same input anywhere: no other worker is tried"
+        assert response.headers["x-opod-worker"] == "here", (
+            "the same model refuses the same input anywhere: no other worker is tried"
+        )
     assert failures(setup, "here") == 0 and setup.fleet.serves(MODEL)
     response = await setup.client.post("/v1/chat/completions", json=CHAT)
     assert response.status_code == 200 and response.headers["x-opod-worker"] == "here"
@@ -225,7 +248,8 @@ async def test_an_engine_that_refuses_the_content_is_a_400_that_names_it_and_nev
 
 
 async def test_a_live_engines_500_moves_on_once_and_is_charged_only_when_another_worker_serves_the_request(
-        setup: Setup, sims: tuple[str, str]) -> None:
+    setup: Setup, sims: tuple[str, str]
+) -> None:
     join(setup.fleet, "here", "127.0.0.1:1")
     join(setup.fleet, "there", "127.0.0.1:2", queue=3)
     setup.local.attach("here", lambda model: sims[0])
@@ -243,7 +267,8 @@ async def test_a_live_engines_500_moves_on_once_and_is_charged_only_when_another
 
 
 async def test_three_failures_of_one_model_leave_the_other_model_on_the_same_worker_answering(
-        setup: Setup, sims: tuple[str, str]) -> None:
+    setup: Setup, sims: tuple[str, str]
+) -> None:
     join(setup.fleet, "here", "127.0.0.1:1")
     node = setup.fleet.get("here")
     assert node is not None

@@ -9,13 +9,16 @@ from opod.gateway.profiles import RoutingProfiles, with_profile
 from opod.settings.schema import ClusterSettings, RoutingProfile
 from opod.settings.text import SettingsInvalid, parse_settings
 
-POLICY = RoutingPolicy(kv_weight=1.0, kv_saturation_pct=80, prefix_affinity=False, prefix_block_weight=0.5, revisions=((2, 1.0),))
+POLICY = RoutingPolicy(
+    kv_weight=1.0, kv_saturation_pct=80, prefix_affinity=False, prefix_block_weight=0.5, revisions=((2, 1.0),)
+)
 
 
 def test_a_profile_replaces_only_the_fields_it_gives() -> None:
     merged = with_profile(POLICY, RoutingProfile(prefix_affinity=True, kv_weight=0.0))
-    assert merged == RoutingPolicy(kv_weight=0.0, kv_saturation_pct=80, prefix_affinity=True, prefix_block_weight=0.5,
-                                   revisions=((2, 1.0),))
+    assert merged == RoutingPolicy(
+        kv_weight=0.0, kv_saturation_pct=80, prefix_affinity=True, prefix_block_weight=0.5, revisions=((2, 1.0),)
+    )
     assert with_profile(POLICY, RoutingProfile()) is POLICY
 
 
@@ -39,9 +42,14 @@ def test_the_merged_routing_follows_the_settings_and_the_policy() -> None:
     assert profiles.routing(other, "p") == RoutingPolicy(kv_weight=3.0, kv_saturation_pct=50)
 
 
-@pytest.mark.parametrize("body, field", [("routing_profiles:\n  default: {kv_weight: 1}\n", "routing_profiles"),
-                                         ("routing_profiles:\n  Bad Name: {}\n", "routing_profiles"),
-                                         ("routing_profiles:\n  p: {kv_saturation_pct: 150}\n", "kv_saturation_pct")])
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ("routing_profiles:\n  default: {kv_weight: 1}\n", "routing_profiles"),
+        ("routing_profiles:\n  Bad Name: {}\n", "routing_profiles"),
+        ("routing_profiles:\n  p: {kv_saturation_pct: 150}\n", "kv_saturation_pct"),
+    ],
+)
 def test_a_bad_profile_is_refused_naming_it(body: str, field: str) -> None:
     with pytest.raises(SettingsInvalid) as refused:
         parse_settings(body)

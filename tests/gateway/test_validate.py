@@ -17,9 +17,15 @@ from opod.gateway.validate import (
 )
 from opod.http.errors import BadRequest
 
-CHAT_MODEL = ModelTraits("smollm2-135m-instruct", context=8192, capabilities=frozenset({"chat"}), engines=frozenset({"llamacpp"}))
-VISION_MODEL = ModelTraits("gemma4-e2b", context=8192, capabilities=frozenset({"chat", "vision", "audio", "tools"}),
-                           engines=frozenset({"vllm"}))
+CHAT_MODEL = ModelTraits(
+    "smollm2-135m-instruct", context=8192, capabilities=frozenset({"chat"}), engines=frozenset({"llamacpp"})
+)
+VISION_MODEL = ModelTraits(
+    "gemma4-e2b",
+    context=8192,
+    capabilities=frozenset({"chat", "vision", "audio", "tools"}),
+    engines=frozenset({"vllm"}),
+)
 UNKNOWN = ModelTraits("served-somewhere")
 EMBED_MODEL = ModelTraits("all-minilm-l6-v2", context=512, capabilities=frozenset({"embedding"}))
 HELLO = [{"role": "user", "content": "Hello"}]
@@ -39,13 +45,17 @@ def chat_refusal(model: ModelTraits = CHAT_MODEL, **fields) -> BadRequest:
 # --- the body and the model ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("value", [b"application/json", b"application/json; charset=utf-8", b"Application/JSON", None,
-                                   b"application/vnd.api+json"])
+@pytest.mark.parametrize(
+    "value",
+    [b"application/json", b"application/json; charset=utf-8", b"Application/JSON", None, b"application/vnd.api+json"],
+)
 def test_a_json_content_type_or_none_is_accepted(value: bytes | None) -> None:
     check_content_type(value)
 
 
-@pytest.mark.parametrize("value", [b"text/plain", b"application/x-www-form-urlencoded", b"multipart/form-data; boundary=x"])
+@pytest.mark.parametrize(
+    "value", [b"text/plain", b"application/x-www-form-urlencoded", b"multipart/form-data; boundary=x"]
+)
 def test_a_body_sent_as_another_type_is_refused_naming_the_header_and_what_to_send(value: bytes) -> None:
     with pytest.raises(BadRequest) as caught:
         check_content_type(value)
@@ -70,22 +80,33 @@ def test_auto_and_a_name_are_models() -> None:
 # --- messages -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("messages", "param"), [
-    (None, "messages"), ([], "messages"), ("hi", "messages"),
-    (["hi"], "messages[0]"),
-    ([{"content": "hi"}], "messages[0].role"),
-    ([{"role": "wizard", "content": "hi"}], "messages[0].role"),
-    ([{"role": "user"}], "messages[0].content"),
-    ([{"role": "user", "content": None}], "messages[0].content"),
-    ([{"role": "user", "content": 7}], "messages[0].content"),
-    ([{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text"}]}], "messages[1].content[0].text"),
-    ([{"role": "user", "content": [{"type": "picture", "url": "x"}]}], "messages[0].content[0].type"),
-    ([{"role": "user", "content": ["hi"]}], "messages[0].content[0].type"),
-    ([{"role": "assistant"}], "messages[0].content"),
-    ([{"role": "tool", "content": "42"}], "messages[0].tool_call_id"),
-    ([{"role": "user", "content": "x", "tool_calls": []}], "messages[0].tool_calls"),
-    ([{"role": "system", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "messages[0].content[0].type"),
-])
+@pytest.mark.parametrize(
+    ("messages", "param"),
+    [
+        (None, "messages"),
+        ([], "messages"),
+        ("hi", "messages"),
+        (["hi"], "messages[0]"),
+        ([{"content": "hi"}], "messages[0].role"),
+        ([{"role": "wizard", "content": "hi"}], "messages[0].role"),
+        ([{"role": "user"}], "messages[0].content"),
+        ([{"role": "user", "content": None}], "messages[0].content"),
+        ([{"role": "user", "content": 7}], "messages[0].content"),
+        (
+            [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text"}]}],
+            "messages[1].content[0].text",
+        ),
+        ([{"role": "user", "content": [{"type": "picture", "url": "x"}]}], "messages[0].content[0].type"),
+        ([{"role": "user", "content": ["hi"]}], "messages[0].content[0].type"),
+        ([{"role": "assistant"}], "messages[0].content"),
+        ([{"role": "tool", "content": "42"}], "messages[0].tool_call_id"),
+        ([{"role": "user", "content": "x", "tool_calls": []}], "messages[0].tool_calls"),
+        (
+            [{"role": "system", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+            "messages[0].content[0].type",
+        ),
+    ],
+)
 def test_malformed_messages_are_refused_naming_the_field(messages, param: str) -> None:
     error = refusal(check_chat, {"model": "m", "messages": messages} if messages is not None else {"model": "m"})
     assert error.param == param, error.message
@@ -96,8 +117,11 @@ def test_well_formed_conversations_pass() -> None:
     conversation = [
         {"role": "developer", "content": "Answer briefly."},
         {"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]},
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
-                                                               "function": {"name": "weather", "arguments": "{}"}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}],
+        },
         {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
         {"role": "assistant", "content": [{"type": "text", "text": "Sunny."}, {"type": "refusal", "refusal": "no"}]},
         {"role": "function", "name": "weather", "content": None},
@@ -106,41 +130,89 @@ def test_well_formed_conversations_pass() -> None:
 
 
 def test_image_or_audio_parts_go_only_to_a_model_that_takes_them() -> None:
-    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]
+    image = [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}
+    ]
     audio = [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}]}]
     for messages, capability in ((image, "vision"), (audio, "audio")):
         error = chat_refusal(messages=messages)
-        assert error.param == "messages[0].content[0].type" and capability in error.message and CHAT_MODEL.id in error.message
+        assert (
+            error.param == "messages[0].content[0].type"
+            and capability in error.message
+            and CHAT_MODEL.id in error.message
+        )
         assert check_chat({"model": "m", "messages": messages}, VISION_MODEL) is False
-        assert check_chat({"model": "m", "messages": messages}, UNKNOWN) is False  # no capabilities stated: the engine decides
+        assert (
+            check_chat({"model": "m", "messages": messages}, UNKNOWN) is False
+        )  # no capabilities stated: the engine decides
 
 
 def test_an_image_part_without_its_image_is_refused() -> None:
-    error = refusal(check_chat, {"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, VISION_MODEL)
+    error = refusal(
+        check_chat, {"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, VISION_MODEL
+    )
     assert error.param == "messages[0].content[0].image_url"
 
 
 # --- samplers ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("field", "value"), [
-    ("max_tokens", 0), ("max_tokens", -1), ("max_tokens", 1.5), ("max_tokens", "8"), ("max_tokens", True),
-    ("max_completion_tokens", 0), ("max_tokens", 9000),
-    ("temperature", -3), ("temperature", 2.5), ("temperature", "hot"), ("top_p", 1.5), ("top_p", -0.1),
-    ("presence_penalty", 3), ("frequency_penalty", -2.5), ("n", 0), ("n", 2.0), ("n", 1000),
-    ("stop", ["a", "b", "c", "d", "e"]), ("stop", 5), ("stop", [1]), ("stream", "yes"), ("stream_options", "usage"),
-    ("top_logprobs", 21), ("logprobs", 1), ("response_format", {"type": "xml"}), ("response_format", "json"),
-])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("max_tokens", 0),
+        ("max_tokens", -1),
+        ("max_tokens", 1.5),
+        ("max_tokens", "8"),
+        ("max_tokens", True),
+        ("max_completion_tokens", 0),
+        ("max_tokens", 9000),
+        ("temperature", -3),
+        ("temperature", 2.5),
+        ("temperature", "hot"),
+        ("top_p", 1.5),
+        ("top_p", -0.1),
+        ("presence_penalty", 3),
+        ("frequency_penalty", -2.5),
+        ("n", 0),
+        ("n", 2.0),
+        ("n", 1000),
+        ("stop", ["a", "b", "c", "d", "e"]),
+        ("stop", 5),
+        ("stop", [1]),
+        ("stream", "yes"),
+        ("stream_options", "usage"),
+        ("top_logprobs", 21),
+        ("logprobs", 1),
+        ("response_format", {"type": "xml"}),
+        ("response_format", "json"),
+    ],
+)
 def test_sampler_values_out_of_range_are_refused_naming_the_field(field: str, value: object) -> None:
     error = chat_refusal(**{field: value})
     assert error.param == field and field in error.message
 
 
-@pytest.mark.parametrize(("field", "value"), [
-    ("max_tokens", 1), ("max_completion_tokens", 8192), ("temperature", 0), ("temperature", 2), ("temperature", 0.7),
-    ("top_p", 1), ("presence_penalty", -2), ("frequency_penalty", 2), ("n", 1), ("stop", "\n"), ("stop", ["a", "b", "c", "d"]),
-    ("stream", True), ("stream", None), ("stream_options", {"include_usage": True}), ("response_format", {"type": "json_object"}),
-])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("max_tokens", 1),
+        ("max_completion_tokens", 8192),
+        ("temperature", 0),
+        ("temperature", 2),
+        ("temperature", 0.7),
+        ("top_p", 1),
+        ("presence_penalty", -2),
+        ("frequency_penalty", 2),
+        ("n", 1),
+        ("stop", "\n"),
+        ("stop", ["a", "b", "c", "d"]),
+        ("stream", True),
+        ("stream", None),
+        ("stream_options", {"include_usage": True}),
+        ("response_format", {"type": "json_object"}),
+    ],
+)
 def test_sampler_values_in_range_pass(field: str, value: object) -> None:
     assert check_chat({"model": "m", "messages": HELLO, field: value}, CHAT_MODEL) is False
 
@@ -164,17 +236,27 @@ def test_tools_go_only_to_a_model_that_calls_them() -> None:
     error = chat_refusal(tools=[WEATHER])
     assert error.param == "tools" and "tools" in error.message and CHAT_MODEL.id in error.message
     assert chat_refusal(functions=[{"name": "weather"}]).param == "functions"
-    assert check_chat({"model": "m", "messages": HELLO, "tools": [WEATHER], "tool_choice": "auto",
-                       "parallel_tool_calls": False}, VISION_MODEL) is False
+    assert (
+        check_chat(
+            {"model": "m", "messages": HELLO, "tools": [WEATHER], "tool_choice": "auto", "parallel_tool_calls": False},
+            VISION_MODEL,
+        )
+        is False
+    )
     assert check_chat({"model": "m", "messages": HELLO, "tools": [WEATHER]}, UNKNOWN) is False
 
 
-@pytest.mark.parametrize(("fields", "param"), [
-    ({"tools": {"weather": {}}}, "tools"), ({"tools": [{"type": "function"}]}, "tools[0]"),
-    ({"tools": [{"type": "function", "function": {"parameters": {}}}]}, "tools[0].function.name"),
-    ({"tool_choice": "sometimes"}, "tool_choice"), ({"tool_choice": {"type": "function"}}, "tool_choice"),
-    ({"parallel_tool_calls": "yes"}, "parallel_tool_calls"),
-])
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"tools": {"weather": {}}}, "tools"),
+        ({"tools": [{"type": "function"}]}, "tools[0]"),
+        ({"tools": [{"type": "function", "function": {"parameters": {}}}]}, "tools[0].function.name"),
+        ({"tool_choice": "sometimes"}, "tool_choice"),
+        ({"tool_choice": {"type": "function"}}, "tool_choice"),
+        ({"parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+    ],
+)
 def test_malformed_tools_are_refused_naming_the_field(fields: dict, param: str) -> None:
     assert chat_refusal(VISION_MODEL, **fields).param == param
 
@@ -203,7 +285,9 @@ def test_a_long_prompt_that_may_fit_passes_to_the_engine() -> None:
 # --- completions ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("prompt", "param"), [(None, "prompt"), (5, "prompt"), ([], "prompt"), ([1, "a"], "prompt"), ([[]], "prompt")])
+@pytest.mark.parametrize(
+    ("prompt", "param"), [(None, "prompt"), (5, "prompt"), ([], "prompt"), ([1, "a"], "prompt"), ([[]], "prompt")]
+)
 def test_a_completion_needs_a_prompt_of_openai_shapes(prompt: object, param: str) -> None:
     payload = {"model": "m"} if prompt is None else {"model": "m", "prompt": prompt}
     assert refusal(check_completion, payload).param == param
@@ -229,13 +313,18 @@ def test_embeddings_need_input_of_openai_shapes(value: object) -> None:
 def test_embeddings_inputs_of_every_shape_pass() -> None:
     for value in ("hi", ["a", "b"], [1, 2], [[1, 2], [3]]):
         assert check_embeddings({"model": "e", "input": value, "encoding_format": "float"}, EMBED_MODEL) is False
-    assert refusal(check_embeddings, {"model": "e", "input": "x", "encoding_format": "int8"}, EMBED_MODEL).param == "encoding_format"
+    assert (
+        refusal(check_embeddings, {"model": "e", "input": "x", "encoding_format": "int8"}, EMBED_MODEL).param
+        == "encoding_format"
+    )
     assert refusal(check_embeddings, {"model": "e", "input": "x", "dimensions": 0}, EMBED_MODEL).param == "dimensions"
 
 
 def test_an_embeddings_input_over_the_context_is_refused_with_the_limit() -> None:
     error = refusal(check_embeddings, {"model": "e", "input": ["short", "hello " * 600]}, EMBED_MODEL)
-    assert error.code == "context_length_exceeded" and "512" in error.message and "truncate_prompt_tokens" in error.message
+    assert (
+        error.code == "context_length_exceeded" and "512" in error.message and "truncate_prompt_tokens" in error.message
+    )
     error = refusal(check_embeddings, {"model": "e", "input": list(range(600))}, EMBED_MODEL)
     assert error.code == "context_length_exceeded" and "600 tokens" in error.message
 
@@ -246,7 +335,9 @@ def test_an_embeddings_input_is_cut_when_the_request_asks() -> None:
     assert [len(v) for v in payload["input"]] == [100, 2]
     payload = {"model": "e", "input": list(range(600)), "truncate_prompt_tokens": -1}
     assert check_embeddings(payload, EMBED_MODEL) is True and len(payload["input"]) == 512
-    assert check_embeddings({"model": "e", "input": "hello " * 600, "truncate_prompt_tokens": 512}, EMBED_MODEL) is False
+    assert (
+        check_embeddings({"model": "e", "input": "hello " * 600, "truncate_prompt_tokens": 512}, EMBED_MODEL) is False
+    )
     error = refusal(check_embeddings, {"model": "e", "input": "x", "truncate_prompt_tokens": 0}, EMBED_MODEL)
     assert error.param == "truncate_prompt_tokens"
 
@@ -254,11 +345,17 @@ def test_an_embeddings_input_is_cut_when_the_request_asks() -> None:
 # --- rerank ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("fields", "param"), [
-    ({"documents": ["a"]}, "query"), ({"query": "", "documents": ["a"]}, "query"), ({"query": "q"}, "documents"),
-    ({"query": "q", "documents": []}, "documents"), ({"query": "q", "documents": ["a", 3]}, "documents[1]"),
-    ({"query": "q", "documents": ["a"], "top_n": 0}, "top_n"),
-])
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"documents": ["a"]}, "query"),
+        ({"query": "", "documents": ["a"]}, "query"),
+        ({"query": "q"}, "documents"),
+        ({"query": "q", "documents": []}, "documents"),
+        ({"query": "q", "documents": ["a", 3]}, "documents[1]"),
+        ({"query": "q", "documents": ["a"], "top_n": 0}, "top_n"),
+    ],
+)
 def test_rerank_needs_a_query_and_documents(fields: dict, param: str) -> None:
     assert refusal(check_rerank, {"model": "r", **fields}, UNKNOWN).param == param
 
@@ -271,9 +368,17 @@ def test_rerank_documents_as_texts_or_objects_pass() -> None:
 
 
 def test_a_typical_chat_is_checked_in_microseconds() -> None:
-    payload = {"model": "m", "messages": [{"role": "system", "content": "You are helpful."},
-                                          {"role": "user", "content": "What is the capital of France? " * 10}],
-               "max_tokens": 64, "temperature": 0.7, "stream": True, "stream_options": {"include_usage": True}}
+    payload = {
+        "model": "m",
+        "messages": [
+            {"role": "system", "content": "You are helpful."},
+            {"role": "user", "content": "What is the capital of France? " * 10},
+        ],
+        "max_tokens": 64,
+        "temperature": 0.7,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     rounds = 2000
     started = time.thread_time()  # CPU time: the suite's other processes share the cores
     for _ in range(rounds):

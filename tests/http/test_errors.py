@@ -16,14 +16,21 @@ from opod.http.errors import (
 
 
 def test_every_error_body_has_message_type_param_and_code() -> None:
-    for error in (BadRequest("bad"), BadRequest("bad", param="messages"), NoCapacity("busy"), UnknownRoute("GET", "/v1/x", ["/v1/models"])):
+    for error in (
+        BadRequest("bad"),
+        BadRequest("bad", param="messages"),
+        NoCapacity("busy"),
+        UnknownRoute("GET", "/v1/x", ["/v1/models"]),
+    ):
         body = json.loads(error_response(error, "r1").body)
         assert set(body["error"]) == {"message", "type", "param", "code"}
 
 
 def test_a_model_asked_for_work_it_does_not_do_is_a_400_naming_model() -> None:
     error = NotSupported("The model 'x' does not produce embeddings.", "embeddings_not_supported")
-    assert error.status == 400 and error.param == "model" and error.body()["error"]["code"] == "embeddings_not_supported"
+    assert (
+        error.status == 400 and error.param == "model" and error.body()["error"]["code"] == "embeddings_not_supported"
+    )
 
 
 def test_a_prompt_over_the_context_carries_openais_code() -> None:

@@ -12,12 +12,22 @@ from opod.gateway.relay import _usage_of
 from opod.http import fastjson
 
 
-@pytest.mark.parametrize("value", [
-    {"rec": "end", "entry": "ab-1", "ts_us": 1764450000123456, "model": "sim-chat", "latency_ms": 225, "route_json": None},
-    {"why": "préfixe", "load": 14.5, "nested": {"list": [1, "two", None, True]}},
-    {"huge": 2**80},  # past orjson's 64 bits
-    {7: "an int key"},  # orjson takes text keys only
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        {
+            "rec": "end",
+            "entry": "ab-1",
+            "ts_us": 1764450000123456,
+            "model": "sim-chat",
+            "latency_ms": 225,
+            "route_json": None,
+        },
+        {"why": "préfixe", "load": 14.5, "nested": {"list": [1, "two", None, True]}},
+        {"huge": 2**80},  # past orjson's 64 bits
+        {7: "an int key"},  # orjson takes text keys only
+    ],
+)
 def test_dumps_writes_what_the_standard_library_writes(value: dict) -> None:
     expected = json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
     assert fastjson.dumps(value).decode() == expected

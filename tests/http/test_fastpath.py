@@ -42,8 +42,15 @@ class App:
         self.calls.append(way(request))
         if body == b"boom":
             raise RuntimeError("handler failed")
-        return JSONResponse({"len": len(body), "sum": sum(body) % 997, "id": request.headers.get("x-request-id"),
-                             "query": request.url.query}, headers={"X-Seen": "yes"})
+        return JSONResponse(
+            {
+                "len": len(body),
+                "sum": sum(body) % 997,
+                "id": request.headers.get("x-request-id"),
+                "query": request.url.query,
+            },
+            headers={"X-Seen": "yes"},
+        )
 
     async def prepared(self, request: Request) -> Response:
         """Reads the way the gateway does: the headers as one dictionary, the body handed over when read whole."""
@@ -51,7 +58,9 @@ class App:
         whole = read_whole(request)
         body = whole if whole is not None else await request.body()
         tag = headers_of(request).get(b"x-tag", b"none")
-        return PreparedResponse(body[::-1], 201, [(b"x-first-tag", tag), (b"content-type", b"application/octet-stream")])
+        return PreparedResponse(
+            body[::-1], 201, [(b"x-first-tag", tag), (b"content-type", b"application/octet-stream")]
+        )
 
     async def stream(self, request: Request) -> Response:
         self.calls.append(way(request))
@@ -152,7 +161,12 @@ async def test_prepared_answers_and_header_maps_alike_both_ways(served):
 async def test_keep_alive_pipelining_and_close(served):
     app, port = served
     # Two pipelined requests and a cold one, on one connection, answered in order; then Connection: close.
-    raw = post("/echo", b"a") + post("/echo", b"bb") + b"GET /cold HTTP/1.1\r\nHost: t\r\n\r\n" + post("/echo", b"ccc", "Connection: close")
+    raw = (
+        post("/echo", b"a")
+        + post("/echo", b"bb")
+        + b"GET /cold HTTP/1.1\r\nHost: t\r\n\r\n"
+        + post("/echo", b"ccc", "Connection: close")
+    )
     answers, closed = await exchange(port, raw, answers=4)
     assert [json.loads(b).get("len", "cold") for _, _, b in answers] == [1, 2, "cold", 3]
     assert answers[3][1].get("connection") == "close" and closed
@@ -206,7 +220,8 @@ def test_the_uvicorn_internals_the_short_way_reads_are_still_there():
     problems = uvicorn_seam_problems()
     assert not problems, (
         f"uvicorn {uvicorn.__version__} changed what opod.http.fastpath reads of it (UVICORN_INTERNALS): "
-        + "; ".join(problems) + ". Pin uvicorn to a tested version or follow the change in fastpath."
+        + "; ".join(problems)
+        + ". Pin uvicorn to a tested version or follow the change in fastpath."
     )
 
 
@@ -215,4 +230,6 @@ def test_a_missing_uvicorn_internal_is_named_with_uvicorn_s_version(monkeypatch)
 
     moved = {**fastpath.UVICORN_INTERNALS, "attributes": ("parser", "renamed_state")}
     monkeypatch.setattr(fastpath, "UVICORN_INTERNALS", moved)
-    assert uvicorn_seam_problems() == [f"uvicorn {uvicorn.__version__}: HttpToolsProtocol no longer sets self.renamed_state"]
+    assert uvicorn_seam_problems() == [
+        f"uvicorn {uvicorn.__version__}: HttpToolsProtocol no longer sets self.renamed_state"
+    ]

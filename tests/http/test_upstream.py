@@ -35,7 +35,13 @@ class Server:
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
-                length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+                length = int(
+                    next(
+                        line.split(b":")[1]
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length")
+                    )
+                )
                 request = head + await reader.readexactly(length)
                 self.requests.append(request)
                 if await self.answer(request, writer) == "close":
@@ -47,15 +53,19 @@ class Server:
 
 def raw(data: bytes, then: str | None = None):
     """An answer that writes ``data`` as it is, then closes the connection when ``then`` is "close"."""
+
     async def answer(request, writer):
         writer.write(data)
         await writer.drain()
         return then
+
     return answer
 
 
 def plain(body: bytes, status: str = "200 OK", content_type: str = "application/json"):
-    return raw(f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    return raw(
+        f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+    )
 
 
 async def test_answer_with_length_and_kept_connection():
@@ -108,7 +118,9 @@ async def test_chunked_stream_arrives_piece_by_piece():
 async def test_a_kept_connection_reads_chunked_and_sized_answers_in_turn():
     async def answer(request, writer):
         if b"/chunked" in request.split(b"\r\n", 1)[0]:
-            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-Kind: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-Kind: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+            )
         else:
             writer.write(b"HTTP/1.1 201 Created\r\nContent-Length: 2\r\nX-Kind: sized\r\n\r\nok")
         await writer.drain()
@@ -231,6 +243,9 @@ async def test_slow_reader_pauses_the_upstream_and_gets_every_byte():
 def test_origins_and_targets():
     assert origin("http://127.0.0.1:8081") == Origin("127.0.0.1", 8081, False)
     assert origin("https://api.example.com") == Origin("api.example.com", 443, True)
-    assert split_url("https://api.example.com/v1/chat/completions?x=1") == (Origin("api.example.com", 443, True), "/v1/chat/completions?x=1")
+    assert split_url("https://api.example.com/v1/chat/completions?x=1") == (
+        Origin("api.example.com", 443, True),
+        "/v1/chat/completions?x=1",
+    )
     with pytest.raises(UpstreamError, match="not an http:// or https://"):
         origin("ftp://host/")

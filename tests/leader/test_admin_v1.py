@@ -37,14 +37,24 @@ async def test_every_frozen_route_is_served_by_the_real_app(tmp_path: Path) -> N
 def fleet(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("adminv1")
     probe_port = free_port()
-    leader = Leader(root / "leader", worker=False, extra=["--no-default-models"], env={"OPOD_PROBE_LISTEN": f"127.0.0.1:{probe_port}"})
+    leader = Leader(
+        root / "leader",
+        worker=False,
+        extra=["--no-default-models"],
+        env={"OPOD_PROBE_LISTEN": f"127.0.0.1:{probe_port}"},
+    )
     leader.probe_port = probe_port
     token = leader.node_token()
     workers = []
     for name in ("n_a", "n_b"):
         home = root / name
-        workers.append(OpodProcess(["join", leader.url, "--token", token, "--engine", "sim", "--listen", f"127.0.0.1:{free_port()}"],
-                                   home, env=clean_env(home, OPOD_NODE_ID=name)))
+        workers.append(
+            OpodProcess(
+                ["join", leader.url, "--token", token, "--engine", "sim", "--listen", f"127.0.0.1:{free_port()}"],
+                home,
+                env=clean_env(home, OPOD_NODE_ID=name),
+            )
+        )
     for worker in workers:
         worker.wait_for_line("registered with", timeout=30)
     assert opod_cli(leader, "model", "add", MODEL, "--engine", "sim", "--no-load").returncode == 0
@@ -83,15 +93,24 @@ def test_admin_routes_need_the_admin_key(fleet: Leader) -> None:
 
 def test_loadz_has_every_field_from_live_samples(fleet: Leader) -> None:
     for _ in range(5):
-        http("POST", fleet.url + "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}, key=fleet.key)
+        http(
+            "POST",
+            fleet.url + "/v1/chat/completions",
+            {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+            key=fleet.key,
+        )
     status, _, body = http("GET", fleet.url + "/loadz")
     assert status == 200
     load = adminapi.Load.from_wire(body)
     assert "kv_busy_workers" in body and load.workers == 1 and load.rpm_1m >= 5
     assert load.ts >= int(time.time()) - 5 and load.last_request_unix >= int(time.time()) - 60
-    wait_until(lambda: adminapi.Load.from_wire(http("GET", fleet.url + "/loadz")[2]).reporting == 1, 15, "a load sample")
+    wait_until(
+        lambda: adminapi.Load.from_wire(http("GET", fleet.url + "/loadz")[2]).reporting == 1, 15, "a load sample"
+    )
     # The simulator publishes KV-cache events, so the leader's block index reports its size.
-    index = wait_until(lambda: adminapi.Load.from_wire(http("GET", fleet.url + "/loadz")[2]).prefix_index, 10, "the prefix index")
+    index = wait_until(
+        lambda: adminapi.Load.from_wire(http("GET", fleet.url + "/loadz")[2]).prefix_index, 10, "the prefix index"
+    )
     assert index.workers_reporting >= 1 and index.blocks > 0
 
 
@@ -100,9 +119,12 @@ def test_probe_requests_are_counted_nowhere(fleet: Leader) -> None:
     import urllib.request
 
     for _ in range(5):
-        request = urllib.request.Request(fleet.url + "/v1/chat/completions", method="POST",
-                                         data=b'{"model": "sim-chat", "messages": [{"role": "user", "content": "x"}]}',
-                                         headers={"Authorization": f"Bearer {fleet.key}", "Content-Type": "application/json", "X-Opod-Probe": "1"})
+        request = urllib.request.Request(
+            fleet.url + "/v1/chat/completions",
+            method="POST",
+            data=b'{"model": "sim-chat", "messages": [{"role": "user", "content": "x"}]}',
+            headers={"Authorization": f"Bearer {fleet.key}", "Content-Type": "application/json", "X-Opod-Probe": "1"},
+        )
         with urllib.request.urlopen(request, timeout=10) as response:
             assert response.status == 200
     assert adminapi.Load.from_wire(http("GET", fleet.url + "/loadz")[2]).rpm_1m == before
@@ -122,10 +144,23 @@ def test_nodes_drain_and_undrain_change_routing(fleet: Leader) -> None:
     node_a = next(n for n in nodes if n["id"] == "n_a")
     assert node_a["state"] == "ready" and MODEL in node_a["loaded_models"] and node_a["hardware"]["Engine"] == "sim"
     assert admin(fleet, "POST", "/admin/v1/nodes/n_a/drain")[1] == {"id": "n_a", "drained": True}
-    status, _, body = http("POST", fleet.url + "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}]}, key=fleet.key)
+    status, _, body = http(
+        "POST",
+        fleet.url + "/v1/chat/completions",
+        {"model": MODEL, "messages": [{"role": "user", "content": "x"}]},
+        key=fleet.key,
+    )
     assert status == 503, "the only holder is drained"
     assert admin(fleet, "POST", "/admin/v1/nodes/n_a/undrain")[0] == 200
-    assert http("POST", fleet.url + "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}]}, key=fleet.key)[0] == 200
+    assert (
+        http(
+            "POST",
+            fleet.url + "/v1/chat/completions",
+            {"model": MODEL, "messages": [{"role": "user", "content": "x"}]},
+            key=fleet.key,
+        )[0]
+        == 200
+    )
     assert admin(fleet, "POST", "/admin/v1/nodes/nope/drain")[0] == 404
 
 
@@ -139,8 +174,11 @@ def test_sleep_and_resume_pass_the_workers_answer_through(fleet: Leader) -> None
 def test_move_loads_on_the_target_before_unloading_the_source(fleet: Leader) -> None:
     status, body = admin(fleet, "POST", f"/admin/v1/models/{MODEL}/move", {"from": "n_a", "to": "n_b"})
     assert status == 202 and body["status"] == "moving", body
-    wait_until(lambda: [m["workers"] for m in admin(fleet, "GET", "/admin/v1/models")[1] if m["id"] == MODEL] == [["n_b"]], 30,
-               "the model to be on n_b only")
+    wait_until(
+        lambda: [m["workers"] for m in admin(fleet, "GET", "/admin/v1/models")[1] if m["id"] == MODEL] == [["n_b"]],
+        30,
+        "the model to be on n_b only",
+    )
     status, body = admin(fleet, "POST", f"/admin/v1/models/{MODEL}/move", {"from": "n_a", "to": "n_b"})
     assert status == 409 and "does not hold" in body["error"]["message"]
 

@@ -36,8 +36,10 @@ class Engine:
         await asyncio.sleep(self.delay)
         status = self.status(line, self.calls[line])
         if status == 200:
-            answer = {"choices": [{"message": {"content": json.loads(body)["messages"][0]["content"]}}],
-                      "usage": {"prompt_tokens": 3, "completion_tokens": 2}}
+            answer = {
+                "choices": [{"message": {"content": json.loads(body)["messages"][0]["content"]}}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+            }
         else:
             code = "insufficient_quota" if status == 429 and line % 2 else "busy"
             answer = {"error": {"message": "no", "type": "x", "param": None, "code": code}}
@@ -46,9 +48,21 @@ class Engine:
 
 def _batch(store: Store, n: int, window: timedelta = timedelta(hours=24)) -> str:
     source = store.add_file(owner_key_id="", project_id="", purpose="batch", filename="in", content=b"{}")
-    lines = [JobLine(i, f"c{i}", json.dumps({"model": "m", "messages": [{"role": "user", "content": f"n{i}"}]})) for i in range(1, n + 1)]
-    return store.create_client_job(owner_key_id="", project_id="", endpoint="/v1/chat/completions", model="m", input_file_id=source.id,
-                                   completion_window=window, window_text="24h", metadata_json="{}", lines=lines).id
+    lines = [
+        JobLine(i, f"c{i}", json.dumps({"model": "m", "messages": [{"role": "user", "content": f"n{i}"}]}))
+        for i in range(1, n + 1)
+    ]
+    return store.create_client_job(
+        owner_key_id="",
+        project_id="",
+        endpoint="/v1/chat/completions",
+        model="m",
+        input_file_id=source.id,
+        completion_window=window,
+        window_text="24h",
+        metadata_json="{}",
+        lines=lines,
+    ).id
 
 
 def _runner(store: Store, engine: Engine) -> BatchRunner:
@@ -68,7 +82,9 @@ async def _until_ended(store: Store, job_id: str) -> None:
 
 
 def _jsonl(store: Store, file_id: str | None) -> list[dict]:
-    return [] if file_id is None else [json.loads(x) for x in (store.file_content(file_id) or b"").decode().splitlines()]
+    return (
+        [] if file_id is None else [json.loads(x) for x in (store.file_content(file_id) or b"").decode().splitlines()]
+    )
 
 
 async def test_a_runner_killed_midway_is_resumed_by_the_next_with_no_answered_line_sent_again(tmp_path: Path) -> None:
@@ -96,7 +112,10 @@ async def test_a_runner_killed_midway_is_resumed_by_the_next_with_no_answered_li
     assert len(resent) <= 4, "only the lines in flight at the kill are sent twice"
     output = _jsonl(store, job.output_file_id)
     assert sorted(o["custom_id"] for o in output) == sorted(f"c{i}" for i in range(1, 121))
-    assert all(o["response"]["status_code"] == 200 and o["response"]["request_id"] == f"{job_id}-{o['custom_id'][1:]}" for o in output)
+    assert all(
+        o["response"]["status_code"] == 200 and o["response"]["request_id"] == f"{job_id}-{o['custom_id'][1:]}"
+        for o in output
+    )
     assert (job.prompt_tokens, job.completion_tokens) == (360, 240)
     store.close()
 
@@ -105,7 +124,12 @@ async def test_later_refusals_are_retried_and_the_others_are_final(tmp_path: Pat
     store = Store.open(f"sqlite:///{tmp_path / 'db'}")
     job_id = _batch(store, 6)
     # line 1: 503 twice then 200; line 2: a 429 that says "busy" once; line 3: spent budget; line 4: 400.
-    plan = {1: lambda t: 503 if t <= 2 else 200, 2: lambda t: 429 if t == 1 else 200, 3: lambda t: 429, 4: lambda t: 400}
+    plan = {
+        1: lambda t: 503 if t <= 2 else 200,
+        2: lambda t: 429 if t == 1 else 200,
+        3: lambda t: 429,
+        4: lambda t: 400,
+    }
     engine = Engine(status=lambda line, tries: plan.get(line, lambda t: 200)(tries))
     stop = asyncio.Event()
     task = asyncio.create_task(_runner(store, engine).run(stop))
@@ -130,6 +154,11 @@ async def test_a_batch_whose_window_ends_is_expired_with_its_unsent_lines_named(
     stop.set()
     await task
     job = store.get_client_job(job_id)
-    assert job is not None and (job.status, job.completed, job.failed) == ("expired", 1, 2) and job.expired_at is not None
-    assert {e["custom_id"]: e["error"]["code"] for e in _jsonl(store, job.error_file_id)} == {"c2": "batch_expired", "c3": "batch_expired"}
+    assert (
+        job is not None and (job.status, job.completed, job.failed) == ("expired", 1, 2) and job.expired_at is not None
+    )
+    assert {e["custom_id"]: e["error"]["code"] for e in _jsonl(store, job.error_file_id)} == {
+        "c2": "batch_expired",
+        "c3": "batch_expired",
+    }
     store.close()

@@ -45,7 +45,14 @@ class FakeWorker:
 
     def header(self, path: str, *, now: float | None = None, nonce: str | None = None) -> str:
         self.counter += 1
-        return sign(self.node_id, self.token, "POST", path, now=now, nonce=f"{self.boot}.{self.counter}" if nonce is None else nonce)
+        return sign(
+            self.node_id,
+            self.token,
+            "POST",
+            path,
+            now=now,
+            nonce=f"{self.boot}.{self.counter}" if nonce is None else nonce,
+        )
 
     def post(self, path: str, body: nodeapi.WireModel | bytes, header: str | None = None, extra: dict | None = None):
         import urllib.request
@@ -67,8 +74,16 @@ class FakeWorker:
 
     def register(self, **kw):
         req = nodeapi.RegisterRequest(
-            id=self.node_id, hostname="fake", os="linux", arch="amd64", ram_gb=8, address="127.0.0.1:9",
-            hardware_json=nodeapi.encode_hardware(kw.get("caps") or nodeapi.Capabilities(hostname="fake", engine="sim")), boot_id="boot-1",
+            id=self.node_id,
+            hostname="fake",
+            os="linux",
+            arch="amd64",
+            ram_gb=8,
+            address="127.0.0.1:9",
+            hardware_json=nodeapi.encode_hardware(
+                kw.get("caps") or nodeapi.Capabilities(hostname="fake", engine="sim")
+            ),
+            boot_id="boot-1",
         )
         return self.post(nodeapi.PATH_REGISTER, req, kw.get("header", self.header(nodeapi.PATH_REGISTER)))
 
@@ -103,14 +118,21 @@ def test_null_loaded_models_never_clears_what_was_reported(leader: Leader, token
 
 def test_free_disk_follows_the_heartbeat_and_total_comes_from_registration(leader: Leader, token: str) -> None:
     worker = FakeWorker(leader, token, "n_fake-disk")
-    assert worker.register(caps=nodeapi.Capabilities(hostname="fake", engine="sim", disk_free_gb=100, disk_total_gb=500))[0] == 200
+    assert (
+        worker.register(caps=nodeapi.Capabilities(hostname="fake", engine="sim", disk_free_gb=100, disk_total_gb=500))[
+            0
+        ]
+        == 200
+    )
 
     def disk() -> tuple[int, int]:
         node = next(n for n in leader.admin("GET", "/api/v1/nodes")[1] if n["id"] == "n_fake-disk")
         return node["disk_free_gb"], node["disk_total_gb"]
 
     assert disk() == (100, 500)
-    assert worker.heartbeat(nodeapi.Heartbeat(id="n_fake-disk", loaded_models=[], boot_id="b", disk_free_gb=42))[0] == 200
+    assert (
+        worker.heartbeat(nodeapi.Heartbeat(id="n_fake-disk", loaded_models=[], boot_id="b", disk_free_gb=42))[0] == 200
+    )
     assert disk() == (42, 500)
     assert worker.heartbeat(nodeapi.Heartbeat(id="n_fake-disk", loaded_models=[], boot_id="b"))[0] == 200
     assert disk() == (42, 500), "a heartbeat that does not say keeps the last figure"
@@ -119,12 +141,21 @@ def test_free_disk_follows_the_heartbeat_and_total_comes_from_registration(leade
 def test_a_workers_gpus_show_in_the_node_list_and_the_cli(leader: Leader, token: str) -> None:
     h200 = nodeapi.GPU(name="NVIDIA H200", vram_gb=139)
     worker = FakeWorker(leader, token, "n_fake-gpu")
-    assert worker.register(caps=nodeapi.Capabilities(hostname="gpu-box", engine="llamacpp", gpus=[h200, h200]))[0] == 200
+    assert (
+        worker.register(caps=nodeapi.Capabilities(hostname="gpu-box", engine="llamacpp", gpus=[h200, h200]))[0] == 200
+    )
     FakeWorker(leader, token, "n_fake-cpu").register()
     nodes = {n["id"]: n for n in leader.admin("GET", "/api/v1/nodes")[1]}
     gpu, cpu = nodes["n_fake-gpu"], nodes["n_fake-cpu"]
     assert (gpu["gpu_total"], gpu["gpu_classes"]) == (2, ["NVIDIA H200"])
-    assert gpu["gpus"][1] == {"index": 1, "name": "NVIDIA H200", "label": "1", "class": "NVIDIA H200", "card": 1, "memory_total_mb": 139 * 1024}
+    assert gpu["gpus"][1] == {
+        "index": 1,
+        "name": "NVIDIA H200",
+        "label": "1",
+        "class": "NVIDIA H200",
+        "card": 1,
+        "memory_total_mb": 139 * 1024,
+    }
     assert (cpu["gpu_total"], cpu.get("gpus"), cpu.get("gpu_classes")) == (0, None, None)
     listed = opod_cli(leader, "node", "ls")
     assert listed.returncode == 0
@@ -139,10 +170,17 @@ def test_a_crash_looping_engine_takes_the_worker_out_everywhere(leader: Leader, 
     worker.heartbeat(nodeapi.Heartbeat(id="n_fake-loop", loaded_models=["m9"], boot_id="b", engine=looping))
     status, body = leader.admin("GET", "/api/v1/nodes")
     node = next(n for n in body if n["id"] == "n_fake-loop")
-    assert node["state"] == "ready" and "takes no requests: engine crash-looping: exit status 1: out of memory" in node["warnings"]
+    assert (
+        node["state"] == "ready"
+        and "takes no requests: engine crash-looping: exit status 1: out of memory" in node["warnings"]
+    )
     status, _, models = http("GET", leader.url + "/v1/models", key=leader.key)
     assert "m9" not in {m["id"] for m in models["data"]}
-    worker.heartbeat(nodeapi.Heartbeat(id="n_fake-loop", loaded_models=["m9"], boot_id="b", engine=nodeapi.EngineState(state="serving")))
+    worker.heartbeat(
+        nodeapi.Heartbeat(
+            id="n_fake-loop", loaded_models=["m9"], boot_id="b", engine=nodeapi.EngineState(state="serving")
+        )
+    )
     status, _, models = http("GET", leader.url + "/v1/models", key=leader.key)
     assert "m9" in {m["id"] for m in models["data"]}
 
@@ -176,7 +214,9 @@ def test_forged_skewed_replayed_and_bearer_calls_are_refused(leader: Leader, tok
 def test_a_body_that_does_not_fit_names_the_field(leader: Leader, token: str) -> None:
     worker = FakeWorker(leader, token)
     worker.register()
-    status, body = worker.post(nodeapi.PATH_HEARTBEAT, b'{"id":"n_fake-1","loaded_models":"m1"}', worker.header(nodeapi.PATH_HEARTBEAT))
+    status, body = worker.post(
+        nodeapi.PATH_HEARTBEAT, b'{"id":"n_fake-1","loaded_models":"m1"}', worker.header(nodeapi.PATH_HEARTBEAT)
+    )
     assert status == 400 and "loaded_models: expected an array" in body["error"]["message"]
 
 
@@ -192,8 +232,11 @@ def test_a_revoked_node_token_is_refused_at_once(leader: Leader) -> None:
 def test_the_worker_refuses_unsigned_and_replayed_leader_calls(leader: Leader, token: str, tmp_path: Path) -> None:
     port = free_port()
     home = tmp_path / "w"
-    worker = OpodProcess(["join", leader.url, "--token", token, "--engine", "sim", "--listen", f"127.0.0.1:{port}"], home,
-                         env=clean_env(home, OPOD_NODE_ID="n_real-1"))
+    worker = OpodProcess(
+        ["join", leader.url, "--token", token, "--engine", "sim", "--listen", f"127.0.0.1:{port}"],
+        home,
+        env=clean_env(home, OPOD_NODE_ID="n_real-1"),
+    )
     try:
         worker.wait_for_line("registered with", timeout=30)
         url = f"http://127.0.0.1:{port}{nodeapi.PATH_MODEL_LOAD}"
@@ -206,7 +249,12 @@ def test_the_worker_refuses_unsigned_and_replayed_leader_calls(leader: Leader, t
         import urllib.request
 
         def call(header: str) -> int:
-            request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST", headers={HEADER: header, "Content-Type": "application/json"})
+            request = urllib.request.Request(
+                url,
+                data=json.dumps(body).encode(),
+                method="POST",
+                headers={HEADER: header, "Content-Type": "application/json"},
+            )
             try:
                 with urllib.request.urlopen(request, timeout=10) as response:
                     return response.status
@@ -217,11 +265,20 @@ def test_the_worker_refuses_unsigned_and_replayed_leader_calls(leader: Leader, t
 
         assert call(signed) == 200
         assert call(signed) == 401
-        wait_until(lambda: "sim-x" in (_models_of(leader, "n_real-1") or []), 30, "the worker to report the loaded model")
-        tokenize = nodeapi.TokenizeRequest(model="sim-x", messages=[nodeapi.TokenizeMessage(role="user", content="hello there")])
+        wait_until(
+            lambda: "sim-x" in (_models_of(leader, "n_real-1") or []), 30, "the worker to report the loaded model"
+        )
+        tokenize = nodeapi.TokenizeRequest(
+            model="sim-x", messages=[nodeapi.TokenizeMessage(role="user", content="hello there")]
+        )
         request = urllib.request.Request(
-            f"http://127.0.0.1:{port}{nodeapi.PATH_TOKENIZE}", data=tokenize.to_json().encode(), method="POST",
-            headers={HEADER: sign("n_real-1", token, "POST", nodeapi.PATH_TOKENIZE, nonce="lead.2"), "Content-Type": "application/json"},
+            f"http://127.0.0.1:{port}{nodeapi.PATH_TOKENIZE}",
+            data=tokenize.to_json().encode(),
+            method="POST",
+            headers={
+                HEADER: sign("n_real-1", token, "POST", nodeapi.PATH_TOKENIZE, nonce="lead.2"),
+                "Content-Type": "application/json",
+            },
         )
         with urllib.request.urlopen(request, timeout=10) as response:
             tokens = nodeapi.TokenizeResponse.from_wire(response.read()).tokens
@@ -229,9 +286,14 @@ def test_the_worker_refuses_unsigned_and_replayed_leader_calls(leader: Leader, t
         # The data path through the worker (a leader on another machine uses it): signed, routed by X-Opod-Model.
         chat = json.dumps({"model": "sim-x", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}).encode()
         relay = urllib.request.Request(
-            f"http://127.0.0.1:{port}/v1/chat/completions", data=chat, method="POST",
-            headers={HEADER: sign("n_real-1", token, "POST", "/v1/chat/completions", nonce="lead.3"), "Content-Type": "application/json",
-                     "X-Opod-Model": "sim-x"},
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            data=chat,
+            method="POST",
+            headers={
+                HEADER: sign("n_real-1", token, "POST", "/v1/chat/completions", nonce="lead.3"),
+                "Content-Type": "application/json",
+                "X-Opod-Model": "sim-x",
+            },
         )
         with urllib.request.urlopen(relay, timeout=10) as response:
             assert json.loads(response.read())["choices"][0]["message"]["content"]

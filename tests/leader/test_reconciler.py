@@ -35,7 +35,9 @@ class Workers:
         return 200, {"status": "ready", "model": body["id"]}
 
     def loads(self, model: str | None = None) -> list[tuple[str, dict]]:
-        return [(n, b) for n, p, b in self.calls if p == nodeapi.PATH_MODEL_LOAD and (model is None or b["id"] == model)]
+        return [
+            (n, b) for n, p, b in self.calls if p == nodeapi.PATH_MODEL_LOAD and (model is None or b["id"] == model)
+        ]
 
     def unloads(self, model: str | None = None) -> list[str]:
         return [n for n, p, b in self.calls if p == nodeapi.PATH_MODEL_UNLOAD and (model is None or b["id"] == model)]
@@ -43,8 +45,15 @@ class Workers:
 
 def node(fleet: Fleet, node_id: str, gpus: int = 0, gpu_class: str = "A10G") -> NodeState:
     state = NodeState(id=node_id, address=f"10.0.0.{len(fleet) + 1}:8081", hardware=nodeapi.Capabilities(engine="sim"))
-    state.inventory = NodeInventory(gpus=[GPUDevice(index=i, label=str(i), name=gpu_class, gpu_class=gpu_class, memory_mb=24000,
-                                                    compute_capability="8.6") for i in range(gpus)], declared=True)
+    state.inventory = NodeInventory(
+        gpus=[
+            GPUDevice(
+                index=i, label=str(i), name=gpu_class, gpu_class=gpu_class, memory_mb=24000, compute_capability="8.6"
+            )
+            for i in range(gpus)
+        ],
+        declared=True,
+    )
     fleet.restore(state)
     state.last_heartbeat = time.monotonic()
     return state
@@ -86,12 +95,18 @@ def test_a_model_gets_its_min_replicas_with_devices_and_ready_after_a_heartbeat(
     node(fleet, "n1", gpus=2)
     model(registry, "chat", profiles=gpu_profile(tp=2, env={"A": "b"}, args=["--x"]))
     run(rec)
-    (node_id, body), = workers.loads("chat")
-    assert node_id == "n1" and body["devices"] == [0, 1] and body["tp"] == 2 and body["env"] == {"A": "b"} and body["args"] == ["--x"]
+    ((node_id, body),) = workers.loads("chat")
+    assert (
+        node_id == "n1"
+        and body["devices"] == [0, 1]
+        and body["tp"] == 2
+        and body["env"] == {"A": "b"}
+        and body["args"] == ["--x"]
+    )
     assert body["replica"] in rec.replicas
     heartbeat(fleet, rec)
     run(rec)
-    replica, = rec.replicas.values()
+    (replica,) = rec.replicas.values()
     assert replica.state == "ready"
     assert registry.get("chat").status.ready == 1 and registry.get("chat").status.desired == 1
 
@@ -249,7 +264,7 @@ def test_a_replica_across_two_nodes_gets_ranks_and_peers(world):
     peers = loads[0][1]["peers"]
     assert len(peers) == 2 and all(b["peers"] == peers for _, b in loads)
     assert all(b["devices"] == [0] for _, b in loads)
-    replica, = rec.replicas.values()
+    (replica,) = rec.replicas.values()
     assert sorted(replica.nodes) == ["n1", "n2"]
     heartbeat(fleet, rec)
     run(rec)
@@ -264,14 +279,14 @@ def test_a_rolling_restart_replaces_beside_then_stops_the_old(world):
     run(rec)
     heartbeat(fleet, rec)
     run(rec)
-    old, = rec.replicas.values()
+    (old,) = rec.replicas.values()
     assert rec.queue_restart([old.id], in_place=False, max_surge=0, max_unavailable=0) == [old.id]
     run(rec)
     assert old.restart == "replacing" and workers.unloads("chat") == []
     heartbeat(fleet, rec)
     run(rec)
     assert workers.unloads("chat") == [old.nodes[0]]
-    new, = [r for r in rec.replicas.values() if r.state == "ready"]
+    (new,) = [r for r in rec.replicas.values() if r.state == "ready"]
     assert new.id != old.id and new.nodes != old.nodes
 
 

@@ -27,8 +27,13 @@ def report(fleet: Fleet, workers: Workers, *, serving: bool = True) -> None:
     for node_id, path, body in workers.calls:
         if path == nodeapi.PATH_MODEL_LOAD:
             held[node_id][body["id"]] = nodeapi.HeldReplica(
-                replica=body["replica"], profile=body.get("profile", 0), fingerprint=body.get("fingerprint", ""),
-                devices=body.get("devices"), rank=body.get("rank", 0), ranks=len(body.get("peers") or []))
+                replica=body["replica"],
+                profile=body.get("profile", 0),
+                fingerprint=body.get("fingerprint", ""),
+                devices=body.get("devices"),
+                rank=body.get("rank", 0),
+                ranks=len(body.get("peers") or []),
+            )
         elif path == nodeapi.PATH_MODEL_UNLOAD:
             held[node_id].pop(body["id"], None)
     time.sleep(0.51)  # a heartbeat after the loads (the reconciler trusts only those)
@@ -78,7 +83,7 @@ def test_a_new_model_after_the_restart_gets_gpus_the_adopted_replicas_do_not_hol
     workers, again = restarted(fleet, registry)
     model(registry, "code", profiles=gpu_profile())
     run(again)
-    (node_id, body), = workers.loads("code")
+    ((node_id, body),) = workers.loads("code")
     assert node_id == "n1" and body["devices"] and not set(body["devices"]) & set(held)
     assert workers.loads("chat") == []
 
@@ -174,6 +179,13 @@ def test_a_replica_from_an_older_definition_is_adopted_and_shown_stale():
 
 
 def report_of(workers: Workers, node_id: str) -> dict[str, nodeapi.HeldReplica]:
-    return {b["id"]: nodeapi.HeldReplica(replica=b["replica"], profile=b.get("profile", 0), fingerprint=b.get("fingerprint", ""),
-                                         devices=b.get("devices"))
-            for n, p, b in workers.calls if n == node_id and p == nodeapi.PATH_MODEL_LOAD}
+    return {
+        b["id"]: nodeapi.HeldReplica(
+            replica=b["replica"],
+            profile=b.get("profile", 0),
+            fingerprint=b.get("fingerprint", ""),
+            devices=b.get("devices"),
+        )
+        for n, p, b in workers.calls
+        if n == node_id and p == nodeapi.PATH_MODEL_LOAD
+    }

@@ -35,7 +35,10 @@ def test_replica_flags_carry_tp_pp_where_the_driver_reads_them_and_the_profile_a
     flags = multinode.replica_flags({"extra": ["--a"]}, vllm.flag_keys, tp=4, pp=2, args=["--b", "1"])
     assert flags == {"extra": ["--a", "--b", "1"], "tp": 4, "pp": 2}
     argv = vllm.argv(spec(**flags))
-    assert argv[argv.index("--tensor-parallel-size") + 1] == "4" and argv[argv.index("--pipeline-parallel-size") + 1] == "2"
+    assert (
+        argv[argv.index("--tensor-parallel-size") + 1] == "4"
+        and argv[argv.index("--pipeline-parallel-size") + 1] == "2"
+    )
     assert argv[-3:] == ["--a", "--b", "1"]
     sim = get_driver("sim")
     assert "tp" not in multinode.replica_flags({}, sim.flag_keys, tp=2, pp=0, args=None)
@@ -45,8 +48,16 @@ def test_vllm_across_nodes_runs_on_a_ray_cluster():
     head = multinode.ranks_of(0, ["10.0.0.1:8081", "10.0.0.2:8081"])
     follower = multinode.ranks_of(1, ["10.0.0.1:8081", "10.0.0.2:8081"])
     assert head is not None and follower is not None
-    assert multinode.ray_head_argv("/venv/bin/python") == ["/venv/bin/python", "-m", "ray.scripts.scripts", "start", "--head",
-                                                           "--port", "6379", "--block"]
+    assert multinode.ray_head_argv("/venv/bin/python") == [
+        "/venv/bin/python",
+        "-m",
+        "ray.scripts.scripts",
+        "start",
+        "--head",
+        "--port",
+        "6379",
+        "--block",
+    ]
     assert multinode.ray_worker_argv(follower, "/venv/bin/python")[-3:] == ["--address", "10.0.0.1:6379", "--block"]
     assert multinode.vllm_rank0_args(head) == ["--distributed-executor-backend", "ray"]
     assert multinode.vllm_rank0_env(head) == {"RAY_ADDRESS": "127.0.0.1:6379"}

@@ -141,13 +141,22 @@ async def test_an_event_arrives_signed_and_the_signature_verifies(receivers, run
     await wait_for(lambda: hooks.counts.delivered == 1)
 
 
-async def test_a_stored_secret_signs_and_a_missing_one_sends_nothing(receivers, running, caplog, tmp_path: Path) -> None:
+async def test_a_stored_secret_signs_and_a_missing_one_sends_nothing(
+    receivers, running, caplog, tmp_path: Path
+) -> None:
     signed, unset = receivers.make(), receivers.make()
     store = Store.open(f"sqlite:///{tmp_path / 'opod.db'}")
     store.put_secret("hooks/ops", "from-the-store")
-    hooks = running(Webhooks(lambda: [Webhook(url=signed.url, secret="store:hooks/ops"),
-                                      Webhook(url=unset.url, secret="store:hooks/none")], store.get_secret,
-                             backoff=Backoff(attempts=2, first=0.01, most=0.01)))
+    hooks = running(
+        Webhooks(
+            lambda: [
+                Webhook(url=signed.url, secret="store:hooks/ops"),
+                Webhook(url=unset.url, secret="store:hooks/none"),
+            ],
+            store.get_secret,
+            backoff=Backoff(attempts=2, first=0.01, most=0.01),
+        )
+    )
     with caplog.at_level(logging.WARNING, "opod.webhooks"):
         hooks.offer("quota.hit", "team:acme/ml", {"resource": "gpus"})
         (got,) = await signed.wait_for(1)
@@ -175,7 +184,9 @@ async def test_a_failing_receiver_is_retried_with_back_off_then_succeeds(receive
 
 async def test_a_receiver_that_keeps_failing_is_given_up_on_after_the_last_attempt(receivers, running, caplog) -> None:
     receiver = receivers.make(statuses=[500] * 10)
-    hooks = running(Webhooks(lambda: [Webhook(url=receiver.url)], {}.get, backoff=Backoff(attempts=3, first=0.01, most=0.02)))
+    hooks = running(
+        Webhooks(lambda: [Webhook(url=receiver.url)], {}.get, backoff=Backoff(attempts=3, first=0.01, most=0.02))
+    )
     with caplog.at_level(logging.WARNING, "opod.webhooks"):
         hooks.offer("budget.crossed", "org:acme", {"period": "month"})
         await wait_for(lambda: hooks.counts.failed == 1)
@@ -187,12 +198,20 @@ async def test_a_receiver_that_keeps_failing_is_given_up_on_after_the_last_attem
 async def test_the_emitter_is_never_blocked_and_a_dead_receiver_holds_up_no_other(receivers, running, caplog) -> None:
     stuck = receivers.make(hang=asyncio.Event())
     healthy = receivers.make()
-    hooks = running(Webhooks(lambda: [Webhook(url=stuck.url), Webhook(url=healthy.url, events=["node.lost"])], {}.get,
-                             backoff=FAST, lane_size=16))
+    hooks = running(
+        Webhooks(
+            lambda: [Webhook(url=stuck.url), Webhook(url=healthy.url, events=["node.lost"])],
+            {}.get,
+            backoff=FAST,
+            lane_size=16,
+        )
+    )
     hooks.offer("node.lost", "n0", {})
     await stuck.wait_for(1)  # its first event hangs in flight
     started = time.monotonic()
-    threads = [threading.Thread(target=lambda: [hooks.offer("quota.hit", "p", {}) for _ in range(500)]) for _ in range(2)]
+    threads = [
+        threading.Thread(target=lambda: [hooks.offer("quota.hit", "p", {}) for _ in range(500)]) for _ in range(2)
+    ]
     with caplog.at_level(logging.WARNING, "opod.webhooks"):
         for thread in threads:
             thread.start()
@@ -202,7 +221,8 @@ async def test_the_emitter_is_never_blocked_and_a_dead_receiver_holds_up_no_othe
             hooks.offer("node.lost", f"n{i + 1}", {})
     assert time.monotonic() - started < 1.0  # 1005 offers against a dead receiver
     assert [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()] == [
-        f"webhook {stuck.url}: quota.hit p dropped, 16 events already wait for it (the next drops are only counted)"]
+        f"webhook {stuck.url}: quota.hit p dropped, 16 events already wait for it (the next drops are only counted)"
+    ]
     got = await healthy.wait_for(6)
     assert [r.event["subject"] for r in got] == [f"n{i}" for i in range(6)]
     assert hooks.counts.dropped == 1005 - 16  # the stuck lane holds 16 more; the rest are counted, not kept
@@ -210,7 +230,9 @@ async def test_the_emitter_is_never_blocked_and_a_dead_receiver_holds_up_no_othe
 
 async def test_only_operator_events_of_the_listed_types_are_sent(receivers, running) -> None:
     parked_only, everything = receivers.make(), receivers.make()
-    hooks = running(Webhooks(lambda: [Webhook(url=parked_only.url, events=["model.parked"]), Webhook(url=everything.url)], {}.get))
+    hooks = running(
+        Webhooks(lambda: [Webhook(url=parked_only.url, events=["model.parked"]), Webhook(url=everything.url)], {}.get)
+    )
     for kind in ("admin.call", "node.lost", "model.loaded", "model.parked", "quota.hit"):
         hooks.offer(kind, "s", {})
     assert [r.event["type"] for r in await everything.wait_for(3)] == ["node.lost", "model.parked", "quota.hit"]
@@ -225,13 +247,17 @@ async def test_notify_test_reports_how_each_receiver_answered(receivers) -> None
     assert answers[good.url] == ""
     assert answers[bad.url].startswith("answered 500")
     assert answers[gone].startswith("cannot reach it")
-    assert good.got[0].event["type"] == "notify.test" and verified("t", good.got[0].headers["X-Opod-Signature"], good.got[0].body)
+    assert good.got[0].event["type"] == "notify.test" and verified(
+        "t", good.got[0].headers["X-Opod-Signature"], good.got[0].body
+    )
 
 
 def test_the_watch_emits_node_lost_and_model_parked_once_per_transition() -> None:
     fleet = Fleet()
     for node_id in ("a", "b"):
-        fleet.register(nodeapi.RegisterRequest(id=node_id, address=f"{node_id}:8081", boot_id="x"), "tok", nodeapi.Capabilities())
+        fleet.register(
+            nodeapi.RegisterRequest(id=node_id, address=f"{node_id}:8081", boot_id="x"), "tok", nodeapi.Capabilities()
+        )
         fleet.heartbeat(nodeapi.Heartbeat(id=node_id, loaded_models=[], boot_id="x"))
     parked: list[tuple[str, int, str]] = []
     events: list[tuple[str, str, dict]] = []
@@ -316,21 +342,32 @@ def put_settings(leader: Leader, body: str) -> None:
     assert status == 200, answer
 
 
-def test_a_real_leader_signs_notify_test_and_sends_node_lost_when_its_worker_is_killed(tmp_path: Path, http_receiver) -> None:
+def test_a_real_leader_signs_notify_test_and_sends_node_lost_when_its_worker_is_killed(
+    tmp_path: Path, http_receiver
+) -> None:
     url, got = http_receiver
     leader = Leader(tmp_path / "leader", worker=False)
     worker = None
     try:
         worker = sim_worker(leader, tmp_path / "worker", "sim-lost")
-        wait_until(lambda: any(n.get("id") == "sim-lost" for n in leader.admin("GET", "/api/v1/nodes")[1] or []), 60, "the worker to join")
+        wait_until(
+            lambda: any(n.get("id") == "sim-lost" for n in leader.admin("GET", "/api/v1/nodes")[1] or []),
+            60,
+            "the worker to join",
+        )
         put_settings(leader, f"webhooks:\n  - url: {url}\n    secret: hook-secret\n")
-        status, answers = wait_until(lambda: (r := leader.admin("POST", "/api/v1/notify/test", {})) and r[1] and r, 10,
-                                     "the webhook to be in force")
+        status, answers = wait_until(
+            lambda: (r := leader.admin("POST", "/api/v1/notify/test", {})) and r[1] and r,
+            10,
+            "the webhook to be in force",
+        )
         assert status == 200 and answers == [{"url": url}]  # no error
         headers, body = got[0]
         assert json.loads(body)["type"] == "notify.test" and verified("hook-secret", headers["X-Opod-Signature"], body)
         worker.kill()
-        lost = wait_until(lambda: [json.loads(b) for _, b in got if json.loads(b)["type"] == "node.lost"], 40, "node.lost")
+        lost = wait_until(
+            lambda: [json.loads(b) for _, b in got if json.loads(b)["type"] == "node.lost"], 40, "node.lost"
+        )
         assert lost[0]["subject"] == "sim-lost" and "no heartbeat" in lost[0]["data"]["reason"]
         assert all(verified("hook-secret", h["X-Opod-Signature"], b) for h, b in got)
 

@@ -20,9 +20,20 @@ def test_begin_and_end_cost_well_under_a_millisecond(tmp_path: Path) -> None:
         # CPU time of this thread: the suite's other processes share the cores, and waiting for one is not the cost.
         for i in range(3000):
             started = time.thread_time()
-            ticket = ledger.begin(request_id=f"req-{i}", api_key_id="k_1", user_id="u_1", model="smollm2-135m-instruct", protocol="openai")
+            ticket = ledger.begin(
+                request_id=f"req-{i}", api_key_id="k_1", user_id="u_1", model="smollm2-135m-instruct", protocol="openai"
+            )
             middle = time.thread_time()
-            ledger.end(ticket, outcome="ok", prompt_tokens=812, completion_tokens=128, latency_ms=930, ttft_ms=41, node_id="node-a", route=ROUTE)
+            ledger.end(
+                ticket,
+                outcome="ok",
+                prompt_tokens=812,
+                completion_tokens=128,
+                latency_ms=930,
+                ttft_ms=41,
+                node_id="node-a",
+                route=ROUTE,
+            )
             begins.append(middle - started)
             ends.append(time.thread_time() - middle)
         for name, costs in (("begin", begins), ("end", ends)):

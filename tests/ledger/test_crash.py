@@ -69,7 +69,9 @@ asyncio.run(main())
 
 
 def _child(script: str, db_url: str, home: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-c", script, db_url, str(home)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", script, db_url, str(home)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def _kill(child: subprocess.Popen[str]) -> None:
@@ -90,11 +92,15 @@ def _segments(home: Path) -> list[Path]:
     return sorted((home / "ledger").glob("journal-*.jsonl"))
 
 
-def test_a_killed_leader_loses_no_ended_request_and_marks_the_rest_interrupted(db_url: str, store: Store, tmp_path: Path) -> None:
+def test_a_killed_leader_loses_no_ended_request_and_marks_the_rest_interrupted(
+    db_url: str, store: Store, tmp_path: Path
+) -> None:
     home = tmp_path / "home"
     child = _child(SCRIPTED, db_url, home)
     try:
-        assert child.stdout is not None and child.stdout.readline() == "ready\n", child.stderr.read() if child.stderr else ""
+        assert child.stdout is not None and child.stdout.readline() == "ready\n", (
+            child.stderr.read() if child.stderr else ""
+        )
     finally:
         _kill(child)
     committed_before = len(_rows(store))
@@ -111,11 +117,19 @@ def test_a_killed_leader_loses_no_ended_request_and_marks_the_rest_interrupted(d
         assert (rows[f"r{i}"].outcome, rows[f"r{i}"].completion_tokens, rows[f"r{i}"].node_id) == ("ok", i, "n1")
     for i in range(20, 40):
         assert (rows[f"r{i}"].outcome, rows[f"r{i}"].prompt_tokens, rows[f"r{i}"].completion_tokens) == (
-            "cancelled" if i % 2 else "error", i, i // 2,
+            "cancelled" if i % 2 else "error",
+            i,
+            i // 2,
         )
     for i in range(40, 60):
         row = rows[f"r{i}"]
-        assert (row.outcome, row.prompt_tokens, row.completion_tokens, row.api_key_id, row.model) == ("interrupted", 0, 0, "k_1", "m")
+        assert (row.outcome, row.prompt_tokens, row.completion_tokens, row.api_key_id, row.model) == (
+            "interrupted",
+            0,
+            0,
+            "k_1",
+            "m",
+        )
     assert [e.type for e in store.events_after(0, 10)] == ["node.registered", "node.drained"]
     ledger.close()
 
@@ -160,7 +174,10 @@ def test_every_end_that_returned_before_a_kill_is_a_row(db_url: str, store: Stor
 def test_a_second_leader_on_the_same_home_is_refused(store: Store, tmp_path: Path) -> None:
     first = Ledger.open(store, tmp_path, keep=timedelta(days=1))
     ticket = first.begin(request_id="live", api_key_id="", user_id="", model="m", protocol="openai")
-    with pytest.raises(JournalError, match="another running opod leader uses the ledger in .*; stop it, or give this one its own OPOD_HOME"):
+    with pytest.raises(
+        JournalError,
+        match="another running opod leader uses the ledger in .*; stop it, or give this one its own OPOD_HOME",
+    ):
         Ledger.open(store, tmp_path, keep=timedelta(days=1))
     # The refused open did not turn the live request into an interrupted row.
     assert store.usage_after(0, 10) == []
@@ -186,15 +203,21 @@ def test_a_torn_last_line_is_skipped_and_the_rest_replayed(store: Store, tmp_pat
 def test_a_journal_from_a_newer_opod_is_not_guessed_at(store: Store, tmp_path: Path) -> None:
     (tmp_path / "ledger").mkdir()
     (tmp_path / "ledger" / "journal-000009.jsonl").write_text('{"journal":"opod-ledger","version":2}\n{"rec":"end"}\n')
-    with pytest.raises(JournalError, match="written by journal version 2, this opod reads version 1; run the opod that wrote it"):
+    with pytest.raises(
+        JournalError, match="written by journal version 2, this opod reads version 1; run the opod that wrote it"
+    ):
         Ledger.open(store, tmp_path, keep=timedelta(days=1))
     assert (tmp_path / "ledger" / "journal-000009.jsonl").exists()
 
 
 def test_text_beyond_ascii_survives_the_journal(store: Store, tmp_path: Path) -> None:
     ledger = Ledger.open(store, tmp_path, keep=timedelta(days=1))
-    ticket = ledger.begin(request_id="r-ü", api_key_id="", user_id="ユーザー", model="modèle:adaptér", protocol="openai")
-    ledger.end(ticket, outcome="ok", prompt_tokens=3, completion_tokens=2, latency_ms=5, route={"why": "préfixe", "blocks": 2})
+    ticket = ledger.begin(
+        request_id="r-ü", api_key_id="", user_id="ユーザー", model="modèle:adaptér", protocol="openai"
+    )
+    ledger.end(
+        ticket, outcome="ok", prompt_tokens=3, completion_tokens=2, latency_ms=5, route={"why": "préfixe", "blocks": 2}
+    )
     ledger.journal.close()  # as a crash would: only the journal holds the row
     again = Ledger.open(store, tmp_path, keep=timedelta(days=1))
     [row] = _rows(store)

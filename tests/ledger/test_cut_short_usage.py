@@ -17,8 +17,13 @@ from opod.http.nodeclient import WorkerUnavailable
 from opod.ledger import Ledger
 from opod.store import Store
 
-PAYLOAD = {"model": "m", "messages": [{"role": "system", "content": "Be brief."},
-                                      {"role": "user", "content": [{"type": "text", "text": "a long answer, please"}]}]}
+PAYLOAD = {
+    "model": "m",
+    "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "a long answer, please"}]},
+    ],
+}
 
 
 def stream(ledger: Ledger, prompts: PromptCounter | None, request_id: str, outcome: Outcome) -> Exchange:
@@ -37,7 +42,9 @@ async def rows(ledger: Ledger, store: Store, prompts: PromptCounter) -> dict:
     return {row.request_id: row for row in store.usage_after(0, 100)}
 
 
-async def test_a_stream_its_client_left_records_the_tokens_streamed_and_its_prompt_counted(ledger: Ledger, store: Store) -> None:
+async def test_a_stream_its_client_left_records_the_tokens_streamed_and_its_prompt_counted(
+    ledger: Ledger, store: Store
+) -> None:
     asked: list[tuple[str, list[tuple[str, str]]]] = []
 
     async def tokenize(node_id, request):
@@ -53,7 +60,9 @@ async def test_a_stream_its_client_left_records_the_tokens_streamed_and_its_prom
     assert asked == [("n1", [("system", "Be brief."), ("user", "a long answer, please")])]
 
 
-async def test_a_stream_whose_engine_died_carries_an_estimate_when_its_worker_cannot_count(ledger: Ledger, store: Store) -> None:
+async def test_a_stream_whose_engine_died_carries_an_estimate_when_its_worker_cannot_count(
+    ledger: Ledger, store: Store
+) -> None:
     async def tokenize(node_id, request):
         raise WorkerUnavailable("the engine is restarting")
 
@@ -65,7 +74,9 @@ async def test_a_stream_whose_engine_died_carries_an_estimate_when_its_worker_ca
     assert json.loads(row.route_json)["prompt_tokens"] == "estimated"
 
 
-async def test_an_answer_with_the_engines_usage_is_recorded_at_once_and_never_counted_again(ledger: Ledger, store: Store) -> None:
+async def test_an_answer_with_the_engines_usage_is_recorded_at_once_and_never_counted_again(
+    ledger: Ledger, store: Store
+) -> None:
     async def tokenize(node_id, request):
         raise AssertionError("an answer with usage must not be counted again")
 

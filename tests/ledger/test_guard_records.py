@@ -14,34 +14,73 @@ from opod.ledger import Ledger
 from opod.store import InvalidInput, Store
 from opod.store.usage import NewUsage
 
-PRE_REWRITE = {"guard_action": "rewrite", "guard_policy": "pii", "guard_rule": "pre", "guard_category": "redacted", "guard_ms": 7}
-POST_BLOCK = {"guard_action": "block", "guard_policy": "answers", "guard_rule": "post", "guard_category": "a card number",
-              "guard_ms": 12}
+PRE_REWRITE = {
+    "guard_action": "rewrite",
+    "guard_policy": "pii",
+    "guard_rule": "pre",
+    "guard_category": "redacted",
+    "guard_ms": 7,
+}
+POST_BLOCK = {
+    "guard_action": "block",
+    "guard_policy": "answers",
+    "guard_rule": "post",
+    "guard_category": "a card number",
+    "guard_ms": 12,
+}
 
 
 def guard_of(store: Store, request_id: str) -> dict[str, object]:
     row = store.find_request(request_id)
-    return {"guard_action": row.guard_action, "guard_policy": row.guard_policy, "guard_rule": row.guard_rule,
-            "guard_category": row.guard_category, "guard_ms": row.guard_ms}
+    return {
+        "guard_action": row.guard_action,
+        "guard_policy": row.guard_policy,
+        "guard_rule": row.guard_rule,
+        "guard_category": row.guard_category,
+        "guard_ms": row.guard_ms,
+    }
 
 
 async def test_the_end_carries_the_guard_outcome_and_overrides_the_starts(ledger: Ledger, store: Store) -> None:
-    ticket = ledger.begin(request_id="judged", api_key_id="k", user_id="", model="m", protocol="openai", details=PRE_REWRITE)
-    ledger.end(ticket, outcome="error", prompt_tokens=3, completion_tokens=4, latency_ms=20, details={"status": 400, **POST_BLOCK})
+    ticket = ledger.begin(
+        request_id="judged", api_key_id="k", user_id="", model="m", protocol="openai", details=PRE_REWRITE
+    )
+    ledger.end(
+        ticket,
+        outcome="error",
+        prompt_tokens=3,
+        completion_tokens=4,
+        latency_ms=20,
+        details={"status": 400, **POST_BLOCK},
+    )
     plain = ledger.begin(request_id="plain", api_key_id="k", user_id="", model="m", protocol="openai")
     ledger.end(plain, outcome="ok", prompt_tokens=1, completion_tokens=1, latency_ms=2, details={"status": 200})
     await ledger.flush()
     assert guard_of(store, "judged") == POST_BLOCK
     assert store.find_request("judged").status == 400
-    assert guard_of(store, "plain") == {"guard_action": "", "guard_policy": "", "guard_rule": "", "guard_category": "", "guard_ms": 0}
+    assert guard_of(store, "plain") == {
+        "guard_action": "",
+        "guard_policy": "",
+        "guard_rule": "",
+        "guard_category": "",
+        "guard_ms": 0,
+    }
 
 
-def test_a_crash_keeps_the_guard_outcome_of_ended_and_interrupted_requests(store: Store, home: Path,
-                                                                             open_ledger: Callable[..., Ledger]) -> None:
+def test_a_crash_keeps_the_guard_outcome_of_ended_and_interrupted_requests(
+    store: Store, home: Path, open_ledger: Callable[..., Ledger]
+) -> None:
     first = Ledger.open(store, home, keep=timedelta(days=1))
     first.begin(request_id="in-flight", api_key_id="k", user_id="", model="m", protocol="openai", details=PRE_REWRITE)
     ended = first.begin(request_id="ended", api_key_id="k", user_id="", model="m", protocol="openai")
-    first.end(ended, outcome="error", prompt_tokens=0, completion_tokens=0, latency_ms=3, details={"status": 400, **POST_BLOCK})
+    first.end(
+        ended,
+        outcome="error",
+        prompt_tokens=0,
+        completion_tokens=0,
+        latency_ms=3,
+        details={"status": 400, **POST_BLOCK},
+    )
     first.journal.close()  # the process dies: one request in flight, one ended but not committed
     open_ledger()
     assert store.find_request("in-flight").outcome == "interrupted"
@@ -51,16 +90,41 @@ def test_a_crash_keeps_the_guard_outcome_of_ended_and_interrupted_requests(store
 
 async def test_odd_guard_values_are_cleaned_not_lost(ledger: Ledger, store: Store) -> None:
     ticket = ledger.begin(request_id="odd", api_key_id="k", user_id="", model="m", protocol="openai")
-    ledger.end(ticket, outcome="ok", prompt_tokens=0, completion_tokens=0, latency_ms=1,
-               details={"guard_action": "allow", "guard_policy": "p\x00ii", "guard_rule": "pre", "guard_ms": -4})
+    ledger.end(
+        ticket,
+        outcome="ok",
+        prompt_tokens=0,
+        completion_tokens=0,
+        latency_ms=1,
+        details={"guard_action": "allow", "guard_policy": "p\x00ii", "guard_rule": "pre", "guard_ms": -4},
+    )
     await ledger.flush()
-    assert guard_of(store, "odd") == {"guard_action": "allow", "guard_policy": "pii", "guard_rule": "pre", "guard_category": "",
-                                      "guard_ms": 0}
+    assert guard_of(store, "odd") == {
+        "guard_action": "allow",
+        "guard_policy": "pii",
+        "guard_rule": "pre",
+        "guard_category": "",
+        "guard_ms": 0,
+    }
 
 
 def row(entry: str, **guard: object) -> NewUsage:
-    return NewUsage(entry=entry, request_id=entry, ts=datetime.now(UTC), api_key_id="k", user_id="", model="m", protocol="openai",
-                    prompt_tokens=1, completion_tokens=1, latency_ms=1, ttft_ms=0, outcome="ok", node_id="", **guard)  # type: ignore[arg-type]
+    return NewUsage(
+        entry=entry,
+        request_id=entry,
+        ts=datetime.now(UTC),
+        api_key_id="k",
+        user_id="",
+        model="m",
+        protocol="openai",
+        prompt_tokens=1,
+        completion_tokens=1,
+        latency_ms=1,
+        ttft_ms=0,
+        outcome="ok",
+        node_id="",
+        **guard,
+    )  # type: ignore[arg-type]
 
 
 def test_the_store_keeps_the_guard_columns_and_refuses_bad_ones(store: Store) -> None:

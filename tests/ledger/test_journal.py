@@ -45,10 +45,17 @@ def _segments(home: Path) -> list[Path]:
 
 def test_a_killed_writer_leaves_every_end_and_start_readable(db_url: str, store: Store, tmp_path: Path) -> None:
     home = tmp_path / "home"
-    child = subprocess.Popen([sys.executable, "-c", CHILD, db_url, str(home)], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, db_url, str(home)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
-        assert child.stdout is not None and child.stdout.readline() == "ready\n", child.stderr.read() if child.stderr else ""
+        assert child.stdout is not None and child.stdout.readline() == "ready\n", (
+            child.stderr.read() if child.stderr else ""
+        )
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=30)
@@ -81,9 +88,23 @@ def _write_segment(path: Path, lines: list[bytes], padding: int = 0) -> None:
 
 
 def _end(entry: str) -> bytes:
-    record = {"rec": "end", "entry": entry, "ts_us": 1_700_000_000_000_000, "request_id": entry, "api_key_id": "", "user_id": "",
-              "model": "m", "protocol": "openai", "outcome": "ok", "prompt_tokens": 1, "completion_tokens": 1, "latency_ms": 1,
-              "ttft_ms": 0, "node_id": "", "route_json": None}
+    record = {
+        "rec": "end",
+        "entry": entry,
+        "ts_us": 1_700_000_000_000_000,
+        "request_id": entry,
+        "api_key_id": "",
+        "user_id": "",
+        "model": "m",
+        "protocol": "openai",
+        "outcome": "ok",
+        "prompt_tokens": 1,
+        "completion_tokens": 1,
+        "latency_ms": 1,
+        "ttft_ms": 0,
+        "node_id": "",
+        "route_json": None,
+    }
     return json.dumps(record).encode() + b"\n"
 
 
@@ -104,14 +125,26 @@ def test_padding_is_skipped_and_a_line_torn_by_a_kill_mid_copy_is_counted(tmp_pa
 def test_a_journal_whose_last_line_was_torn_by_a_power_loss_still_reads(store: Store, tmp_path: Path) -> None:
     # Two segments, no padding, the last line torn.
     directory = tmp_path / "ledger"
-    start = {"rec": "start", "entry": "s", "ts_us": 1_700_000_000_000_000, "request_id": "open", "api_key_id": "k", "user_id": "",
-             "model": "m", "protocol": "openai"}
+    start = {
+        "rec": "start",
+        "entry": "s",
+        "ts_us": 1_700_000_000_000_000,
+        "request_id": "open",
+        "api_key_id": "k",
+        "user_id": "",
+        "model": "m",
+        "protocol": "openai",
+    }
     _write_segment(directory / "journal-000003.jsonl", [_end("x"), json.dumps(start).encode() + b"\n"])
     _write_segment(directory / "journal-000004.jsonl", [_end("y"), b'{"rec":"end","entry":"torn"'])
     ledger = Ledger.open(store, tmp_path, keep=timedelta(days=1))
     try:
         assert ledger.journal.bad_lines == 1
-        assert sorted((row.request_id, row.outcome) for row in store.usage_after(0, 10)) == [("open", "interrupted"), ("x", "ok"), ("y", "ok")]
+        assert sorted((row.request_id, row.outcome) for row in store.usage_after(0, 10)) == [
+            ("open", "interrupted"),
+            ("x", "ok"),
+            ("y", "ok"),
+        ]
         assert [path.name for path in _segments(tmp_path)] == ["journal-000005.jsonl"]
     finally:
         ledger.close()
@@ -143,7 +176,8 @@ async def test_full_segments_start_new_ones_and_all_go_once_committed(store: Sto
 
 
 async def test_a_running_writer_deletes_committed_segments_off_the_event_loop(
-        store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Unlinking a grown segment can take a millisecond or more; on the loop every request in flight would wait.
     deleted_in: list[int] = []
     delete = ledger_module._delete
@@ -194,6 +228,13 @@ async def test_a_stream_the_leader_never_saw_end_is_recorded_as_far_as_it_got(st
     again.close()
     rows = {row.request_id: row for row in store.usage_after(0, 100)}
     streaming = rows["streaming"]
-    assert (streaming.outcome, streaming.prompt_tokens, streaming.completion_tokens, streaming.node_id) == ("interrupted", 40, 31, "n1")
+    assert (streaming.outcome, streaming.prompt_tokens, streaming.completion_tokens, streaming.node_id) == (
+        "interrupted",
+        40,
+        31,
+        "n1",
+    )
     assert json.loads(streaming.route_json or "{}") == {"prompt_tokens": "estimated"}
-    assert (rows["finished"].prompt_tokens, rows["finished"].completion_tokens) == (6, 9), "an end wins over its progress"
+    assert (rows["finished"].prompt_tokens, rows["finished"].completion_tokens) == (6, 9), (
+        "an end wins over its progress"
+    )

@@ -17,38 +17,86 @@ from opod.store import NotFound, RequestBody, Store
 
 def body(request_id: str, *, at: datetime | None = None, days: int = 7, text: str = "{}") -> RequestBody:
     at = at or datetime.now(UTC)
-    return RequestBody(request_id=request_id, project_id="p", at=at, expires_at=at + timedelta(days=days), path="/v1/chat/completions",
-                       model="m", served_model="m", status=200, request=text, response="hi", truncated=False)
+    return RequestBody(
+        request_id=request_id,
+        project_id="p",
+        at=at,
+        expires_at=at + timedelta(days=days),
+        path="/v1/chat/completions",
+        model="m",
+        served_model="m",
+        status=200,
+        request=text,
+        response="hi",
+        truncated=False,
+    )
 
 
 async def test_an_ended_request_keeps_its_record_fields(ledger: Ledger, store: Store) -> None:
-    ticket = ledger.begin(request_id="r", api_key_id="k_1", user_id="u_1", model="m", protocol="openai",
-                          end_user="alice", tags={"feature": "search"})
-    ledger.end(ticket, outcome="ok", prompt_tokens=3, completion_tokens=4, latency_ms=5, node_id="n1",
-               details={"status": 200, "served_model": "m-fallback", "queue_ms": 12, "cache_hit": True, "body_state": "kept"})
+    ticket = ledger.begin(
+        request_id="r",
+        api_key_id="k_1",
+        user_id="u_1",
+        model="m",
+        protocol="openai",
+        end_user="alice",
+        tags={"feature": "search"},
+    )
+    ledger.end(
+        ticket,
+        outcome="ok",
+        prompt_tokens=3,
+        completion_tokens=4,
+        latency_ms=5,
+        node_id="n1",
+        details={"status": 200, "served_model": "m-fallback", "queue_ms": 12, "cache_hit": True, "body_state": "kept"},
+    )
     plain = ledger.begin(request_id="plain", api_key_id="k_2", user_id="", model="m", protocol="openai")
     ledger.end(plain, outcome="error", prompt_tokens=0, completion_tokens=0, latency_ms=1)
     await ledger.flush()
     row = store.find_request("r")
-    assert (row.status, row.served_model, row.queue_ms, row.cache_hit, row.body_state) == (200, "m-fallback", 12, True, "kept")
+    assert (row.status, row.served_model, row.queue_ms, row.cache_hit, row.body_state) == (
+        200,
+        "m-fallback",
+        12,
+        True,
+        "kept",
+    )
     assert (row.end_user, json.loads(row.tags_json or "null"), row.node_id) == ("alice", {"feature": "search"}, "n1")
     bare = store.find_request("plain")
     assert (bare.status, bare.served_model, bare.end_user, bare.tags_json, bare.cache_hit) == (0, "", "", None, False)
 
 
-def test_a_crash_keeps_the_record_fields_of_ended_and_interrupted_requests(store: Store, home: Path, open_ledger: Callable[..., Ledger]) -> None:
+def test_a_crash_keeps_the_record_fields_of_ended_and_interrupted_requests(
+    store: Store, home: Path, open_ledger: Callable[..., Ledger]
+) -> None:
     first = Ledger.open(store, home, keep=timedelta(days=1))
-    first.begin(request_id="cut", api_key_id="k", user_id="u", model="m", protocol="openai", end_user="bob", tags={"run": "7"})
+    first.begin(
+        request_id="cut", api_key_id="k", user_id="u", model="m", protocol="openai", end_user="bob", tags={"run": "7"}
+    )
     ended = first.begin(request_id="ended", api_key_id="k", user_id="u", model="m", protocol="openai", end_user="eve")
-    first.end(ended, outcome="ok", prompt_tokens=1, completion_tokens=1, latency_ms=2, node_id="n1",
-              details={"status": 200, "served_model": "m2", "queue_ms": 40, "cache_hit": True, "body_state": "no_store"})
+    first.end(
+        ended,
+        outcome="ok",
+        prompt_tokens=1,
+        completion_tokens=1,
+        latency_ms=2,
+        node_id="n1",
+        details={"status": 200, "served_model": "m2", "queue_ms": 40, "cache_hit": True, "body_state": "no_store"},
+    )
     first.journal.close()  # the process dies: one request in flight, one ended but not committed
     open_ledger()
     row = store.find_request("cut")
     assert (row.outcome, row.end_user, json.loads(row.tags_json or "null")) == ("interrupted", "bob", {"run": "7"})
     done = store.find_request("ended")
     assert (done.status, done.served_model, done.queue_ms, done.cache_hit, done.body_state, done.end_user) == (
-        200, "m2", 40, True, "no_store", "eve")
+        200,
+        "m2",
+        40,
+        True,
+        "no_store",
+        "eve",
+    )
 
 
 async def test_find_request_answers_the_newest_row_of_a_reused_id(ledger: Ledger, store: Store) -> None:

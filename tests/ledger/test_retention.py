@@ -17,8 +17,19 @@ NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 
 def usage_at(entry: str, ts: datetime) -> NewUsage:
     return NewUsage(
-        entry=entry, request_id=entry, ts=ts, api_key_id="k", user_id="u", model="m", protocol="openai",
-        prompt_tokens=1, completion_tokens=1, latency_ms=1, ttft_ms=0, outcome="ok", node_id="",
+        entry=entry,
+        request_id=entry,
+        ts=ts,
+        api_key_id="k",
+        user_id="u",
+        model="m",
+        protocol="openai",
+        prompt_tokens=1,
+        completion_tokens=1,
+        latency_ms=1,
+        ttft_ms=0,
+        outcome="ok",
+        node_id="",
     )
 
 
@@ -50,7 +61,9 @@ async def test_retention_deletes_in_batches_until_nothing_old_is_left(store: Sto
 
 
 async def test_the_writer_enforces_retention_by_itself(store: Store, open_ledger) -> None:
-    store.append_ledger([usage_at("ancient", datetime(2000, 1, 1, tzinfo=UTC))], [event_at("e", datetime(2000, 1, 1, tzinfo=UTC))])
+    store.append_ledger(
+        [usage_at("ancient", datetime(2000, 1, 1, tzinfo=UTC))], [event_at("e", datetime(2000, 1, 1, tzinfo=UTC))]
+    )
     ledger: Ledger = open_ledger(keep=timedelta(days=1))
     stop = asyncio.Event()
     writer = asyncio.create_task(ledger.run(stop))
@@ -70,11 +83,16 @@ def test_the_retention_comes_from_the_environment() -> None:
 
 @pytest.mark.parametrize("value", ["0", "-3", "1.5", "a week", "99999999"])
 def test_a_retention_that_is_not_a_number_of_days_is_refused(value: str) -> None:
-    with pytest.raises(ValueError, match=r"OPOD_USAGE_RETENTION_DAYS=.* is not a number of days; set a whole number from 1 to \d+, or unset it for 30"):
+    with pytest.raises(
+        ValueError,
+        match=r"OPOD_USAGE_RETENTION_DAYS=.* is not a number of days; set a whole number from 1 to \d+, or unset it for 30",
+    ):
         retention_days({"OPOD_USAGE_RETENTION_DAYS": value})
 
 
-def test_opening_a_ledger_with_a_bad_retention_says_why(store: Store, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_opening_a_ledger_with_a_bad_retention_says_why(
+    store: Store, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("OPOD_USAGE_RETENTION_DAYS", "forever")
     with pytest.raises(ValueError, match="OPOD_USAGE_RETENTION_DAYS='forever'"):
         Ledger.open(store, tmp_path)

@@ -25,8 +25,18 @@ async def test_a_row_is_offered_only_once_it_is_committed(ledger: Ledger, home) 
     page = await ledger.usage_page(0, None)
     assert [e.data.model_dump() for e in page.events] == [
         {
-            "api_key_id": "k_1", "ttft_ms": 30, "user_id": "u_1", "model": "m", "protocol": "openai", "prompt_tokens": 7,
-            "completion_tokens": 9, "latency_ms": 120, "outcome": "ok", "cost_usd": 0.0, "node_id": "n1", "request_id": "r-1",
+            "api_key_id": "k_1",
+            "ttft_ms": 30,
+            "user_id": "u_1",
+            "model": "m",
+            "protocol": "openai",
+            "prompt_tokens": 7,
+            "completion_tokens": 9,
+            "latency_ms": 120,
+            "outcome": "ok",
+            "cost_usd": 0.0,
+            "node_id": "n1",
+            "request_id": "r-1",
         }
     ]
     assert page.next == page.events[0].id and page.more is False
@@ -77,7 +87,9 @@ async def test_limit_defaults_to_500_and_is_clamped_to_1000(ledger: Ledger) -> N
         (2**63, None, "after", "fits 64 bits"),
     ],
 )
-async def test_a_bad_cursor_is_refused_naming_the_field(ledger: Ledger, after: object, limit: object, field: str, message: str) -> None:
+async def test_a_bad_cursor_is_refused_naming_the_field(
+    ledger: Ledger, after: object, limit: object, field: str, message: str
+) -> None:
     for page in (ledger.usage_page, ledger.events_page):
         with pytest.raises(CursorError) as caught:
             await page(after, limit)  # type: ignore[arg-type]
@@ -87,7 +99,13 @@ async def test_a_bad_cursor_is_refused_naming_the_field(ledger: Ledger, after: o
 
 def test_cursor_parsing_alone() -> None:
     assert (parse_after(None), parse_after(""), parse_after(" 42 ")) == (0, 0, 42)
-    assert (parse_limit(None), parse_limit(""), parse_limit(1), parse_limit(1000), parse_limit(1001)) == (500, 500, 1, 1000, 1000)
+    assert (parse_limit(None), parse_limit(""), parse_limit(1), parse_limit(1000), parse_limit(1001)) == (
+        500,
+        500,
+        1,
+        1000,
+        1000,
+    )
 
 
 async def test_events_have_their_own_ids(ledger: Ledger) -> None:
@@ -109,7 +127,14 @@ async def test_events_have_their_own_ids(ledger: Ledger) -> None:
 
 async def test_the_wire_shape_carries_opods_route_and_request_id_and_round_trips(ledger: Ledger) -> None:
     ticket = ledger.begin(request_id="r", api_key_id="k_cp_alice", user_id="", model="m", protocol="openai")
-    ledger.end(ticket, outcome="ok", prompt_tokens=1, completion_tokens=2, latency_ms=3, route={"worker": "n1", "reason": "prefix"})
+    ledger.end(
+        ticket,
+        outcome="ok",
+        prompt_tokens=1,
+        completion_tokens=2,
+        latency_ms=3,
+        route={"worker": "n1", "reason": "prefix"},
+    )
     ledger.event("node.removed", "n1")
     await ledger.flush()
     page = await ledger.usage_page(0, None)
@@ -126,7 +151,9 @@ async def test_the_wire_shape_carries_opods_route_and_request_id_and_round_trips
     assert json.loads(row.route_json or "") == {"worker": "n1", "reason": "prefix"} and row.request_id == "r"
 
 
-async def test_boot_changes_with_every_open_and_ids_never_restart(store: Store, home, open_ledger: Callable[..., Ledger]) -> None:
+async def test_boot_changes_with_every_open_and_ids_never_restart(
+    store: Store, home, open_ledger: Callable[..., Ledger]
+) -> None:
     first = open_ledger()
     request(first, 3)
     await first.flush()

@@ -133,30 +133,58 @@ async def test_a_segment_that_cannot_be_started_on_a_full_disk_leaves_the_old_on
     assert len(ends) == 45
 
 
-async def test_bad_values_never_raise_into_the_request_and_are_stored_cleaned(ledger: Ledger, caplog: pytest.LogCaptureFixture) -> None:
+async def test_bad_values_never_raise_into_the_request_and_are_stored_cleaned(
+    ledger: Ledger, caplog: pytest.LogCaptureFixture
+) -> None:
     ticket = ledger.begin(request_id=None, api_key_id="k\x00", user_id=7, model="m" * 5000, protocol="openai")  # type: ignore[arg-type]
     loop = {"self": None}
     loop["self"] = loop  # a cycle: not JSON
-    ledger.end(ticket, outcome="exploded", prompt_tokens=-4, completion_tokens="12", latency_ms=2.7, ttft_ms=None, node_id=None, route=loop)  # type: ignore[arg-type]
+    ledger.end(
+        ticket,
+        outcome="exploded",
+        prompt_tokens=-4,
+        completion_tokens="12",
+        latency_ms=2.7,
+        ttft_ms=None,
+        node_id=None,
+        route=loop,
+    )  # type: ignore[arg-type]
     ledger.end("not a ticket", outcome="ok", prompt_tokens=1, completion_tokens=1, latency_ms=1)  # type: ignore[arg-type]
     ledger.end(ticket, outcome="ok", prompt_tokens=1, completion_tokens=1, latency_ms=1)  # a second end
     ledger.event(None, "n", ["not", "a", "dict"])  # type: ignore[arg-type]
     await ledger.flush()
     [row] = ledger.store.usage_after(0, 10)
     assert (row.request_id, row.api_key_id, row.user_id, len(row.model)) == ("", "k", "7", 1024)
-    assert (row.outcome, row.prompt_tokens, row.completion_tokens, row.latency_ms, row.ttft_ms) == ("exploded", 0, 12, 2, 0)
+    assert (row.outcome, row.prompt_tokens, row.completion_tokens, row.latency_ms, row.ttft_ms) == (
+        "exploded",
+        0,
+        12,
+        2,
+        0,
+    )
     assert json.loads(row.route_json or "")["value"].startswith("{'self'")
     [event] = (await ledger.events_page(0, None)).events
     assert (event.type, event.data) == ("unknown", {"value": ["not", "a", "dict"]})
-    for words in ("outcome 'exploded' is not one of ok, error, cancelled, interrupted", "prompt_tokens -4 was stored as 0",
-                  "end() needs the ticket begin() returned", "ended twice"):
+    for words in (
+        "outcome 'exploded' is not one of ok, error, cancelled, interrupted",
+        "prompt_tokens -4 was stored as 0",
+        "end() needs the ticket begin() returned",
+        "ended twice",
+    ):
         assert words in caplog.text
 
 
 async def test_a_record_the_store_refuses_is_set_aside_not_lost(store: Store, home: Path) -> None:
     (home / "ledger").mkdir(parents=True)
     good = {"rec": "end", "entry": "a-1", "ts_us": 1_700_000_000_000_000, "request_id": "good", "outcome": "ok"}
-    bad = {"rec": "event", "entry": "a-2", "ts_us": 1_700_000_000_000_000, "type": "x", "subject": "", "data_json": "[1, 2]"}
+    bad = {
+        "rec": "event",
+        "entry": "a-2",
+        "ts_us": 1_700_000_000_000_000,
+        "type": "x",
+        "subject": "",
+        "data_json": "[1, 2]",
+    }
     (home / "ledger" / "journal-000001.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (good, bad)))
     ledger = Ledger.open(store, home, keep=timedelta(days=1))
     assert [row.request_id for row in store.usage_after(0, 10)] == ["good"] and store.events_after(0, 10) == []
@@ -197,8 +225,15 @@ class _Mapping(Mapping):
 async def test_values_the_store_would_refuse_are_stored_cleaned_not_set_aside(ledger: Ledger) -> None:
     # Lone surrogates, NUL, overlong text, counts out of range, blank names, odd JSON: cleaned on the request path.
     ticket = ledger.begin(request_id="r\ud800", api_key_id="k\x00", user_id=7, model="m\udfff" * 600, protocol="openai")  # type: ignore[arg-type]
-    ledger.end(ticket, outcome="  ", prompt_tokens=True, completion_tokens=2**70, latency_ms=1.5, node_id="n\udc80",  # type: ignore[arg-type]
-               route={"why": "\ud800", "nan": float("nan"), 3: "int key"})
+    ledger.end(
+        ticket,
+        outcome="  ",
+        prompt_tokens=True,
+        completion_tokens=2**70,
+        latency_ms=1.5,
+        node_id="n\udc80",  # type: ignore[arg-type]
+        route={"why": "\ud800", "nan": float("nan"), 3: "int key"},
+    )
     ledger.event(" ", "n\ud800", _Mapping({"k": "v"}))
     ledger.event("x", "", {("a", "b"): 1})  # a key JSON cannot hold
     await ledger.flush()
@@ -220,7 +255,11 @@ async def test_a_live_record_the_store_refuses_is_set_aside_and_its_batch_stored
     request(ledger, 1, latency_ms=7)
     await ledger.flush()
     assert sorted((row.request_id, row.latency_ms) for row in ledger.store.usage_after(0, 10)) == [
-        ("model", 1), ("r0", 7), ("r0", 10), ("r1", 10)]
+        ("model", 1),
+        ("r0", 7),
+        ("r0", 10),
+        ("r1", 10),
+    ]
     [rejected] = [json.loads(line) for line in (ledger.journal.directory / "rejected.jsonl").read_text().splitlines()]
     assert rejected["record"] == record and "needs an entry" in rejected["why"]
     assert ledger.writer.backlog == 0

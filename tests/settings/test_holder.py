@@ -87,7 +87,9 @@ def test_a_bad_local_override_fails_at_start() -> None:
         SettingsHolder(local={"prometheus.url": "ftp://nope"})
 
 
-def test_a_stored_body_this_release_cannot_read_is_skipped_not_applied(store: Store, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_stored_body_this_release_cannot_read_is_skipped_not_applied(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
     store.put_settings(0, "retention: {requests_days: 4}\n", by="alice")
     holder = SettingsHolder(store)
     holder.load()

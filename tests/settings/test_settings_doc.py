@@ -15,7 +15,7 @@ ROW = re.compile(r"^\| `([^`]+)` \|", re.M)
 
 def documented() -> list[str]:
     text = DOC.read_text(encoding="utf-8")
-    keys_part = text[text.index("## Keys"):]
+    keys_part = text[text.index("## Keys") :]
     return ROW.findall(keys_part)
 
 

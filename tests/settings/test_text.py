@@ -42,7 +42,9 @@ def test_cost_in_micros_is_tokens_times_the_price_per_million() -> None:
 
 
 def test_a_wrong_period_names_its_line_and_field() -> None:
-    body = "prices: {}\nretention:\n  bodies: true\n\n\nbudgets:\n  - scope: org:acme\n    period: year\n    micros: 5\n"
+    body = (
+        "prices: {}\nretention:\n  bodies: true\n\n\nbudgets:\n  - scope: org:acme\n    period: year\n    micros: 5\n"
+    )
     assert problems(body) == ["line 8: budgets[0].period: must be day, week or month"]
 
 
@@ -116,6 +118,15 @@ def test_scopes_are_read_by_the_parser_it_is_handed() -> None:
     found = [str(p) for p in refused.value.problems]
     assert len(found) == 2
     assert found[0].startswith("line 3: budgets[1].scope: 'galaxy:far' starts with 'galaxy'")
-    assert found[1].startswith("line 6: retention.projects['org:acme']: 'org:acme' is a org scope, which is not taken here")
-    assert parse_settings(body.replace("galaxy:far", "project:acme/ml/chat").replace("org:acme: {", "acme/ml/chat: {"),
-                          check_scope=check).budgets[1].scope == "project:acme/ml/chat"
+    assert found[1].startswith(
+        "line 6: retention.projects['org:acme']: 'org:acme' is a org scope, which is not taken here"
+    )
+    assert (
+        parse_settings(
+            body.replace("galaxy:far", "project:acme/ml/chat").replace("org:acme: {", "acme/ml/chat: {"),
+            check_scope=check,
+        )
+        .budgets[1]
+        .scope
+        == "project:acme/ml/chat"
+    )

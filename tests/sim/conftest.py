@@ -49,7 +49,10 @@ def spawn(*args: str, wait_listening: bool = True) -> SimProcess:
     """``python -m opod sim --port 0 ARGS`` with its banner read (the banner comes before listening)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "opod", "sim", "--port", "0", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
     )
     assert proc.stdout is not None
     line = proc.stdout.readline()

@@ -35,8 +35,9 @@ def client_tokens(text: str) -> list[str]:
 
 def test_streamed_n_choices_carry_each_choice_index_and_finish(sim) -> None:
     h = sim(output_min=3, output_max=9)
-    stream = client(h).chat.completions.create(model="sim-model", messages=ASK, n=2, max_tokens=50, stream=True,
-                                               stream_options={"include_usage": True})
+    stream = client(h).chat.completions.create(
+        model="sim-model", messages=ASK, n=2, max_tokens=50, stream=True, stream_options={"include_usage": True}
+    )
     texts: dict[int, str] = {0: "", 1: ""}
     finishes: dict[int, str] = {}
     usage = None

@@ -12,9 +12,14 @@ PROMPTS = ["Tell me a story.", "What is a KV cache?", "Count to ten."]
 def answers(url: str, order: list[int]) -> dict[int, str]:
     out = {}
     for i in order:
-        r = httpx.post(url + "/v1/chat/completions", json={"model": "sim-model", "messages": [{"role": "user", "content": PROMPTS[i]}], "max_tokens": 40 + i})
+        r = httpx.post(
+            url + "/v1/chat/completions",
+            json={"model": "sim-model", "messages": [{"role": "user", "content": PROMPTS[i]}], "max_tokens": 40 + i},
+        )
         body = r.json()
-        out[i] = f"{body['choices'][0]['finish_reason']}|{body['usage']['completion_tokens']}|{body['choices'][0]['message']['content']}"
+        out[i] = (
+            f"{body['choices'][0]['finish_reason']}|{body['usage']['completion_tokens']}|{body['choices'][0]['message']['content']}"
+        )
     return out
 
 
@@ -25,7 +30,12 @@ def test_the_same_seed_gives_the_same_answers_and_another_seed_other_ones(sim) -
     assert answers(a.url, [1, 2, 0]) == first
     other = answers(c.url, [0, 1, 2])
     assert all(first[i] != other[i] for i in first)
-    text = [httpx.post(h.url + "/v1/completions", json={"model": "sim-model", "prompt": "Once", "max_tokens": 30}).json()["choices"][0]["text"] for h in (a, b, c)]
+    text = [
+        httpx.post(h.url + "/v1/completions", json={"model": "sim-model", "prompt": "Once", "max_tokens": 30}).json()[
+            "choices"
+        ][0]["text"]
+        for h in (a, b, c)
+    ]
     assert text[0] == text[1] != text[2]
 
 
@@ -36,16 +46,27 @@ def test_streamed_and_whole_answers_agree_and_the_request_seed_counts(sim) -> No
     raw = httpx.post(h.url + "/v1/chat/completions", json={**body, "stream": True}).text
     streamed = "".join(
         json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
-        for line in raw.split("\n\n") if line.startswith("data: {")
+        for line in raw.split("\n\n")
+        if line.startswith("data: {")
     )
     assert streamed == whole
-    reseeded = httpx.post(h.url + "/v1/chat/completions", json={**body, "seed": 99}).json()["choices"][0]["message"]["content"]
+    reseeded = httpx.post(h.url + "/v1/chat/completions", json={**body, "seed": 99}).json()["choices"][0]["message"][
+        "content"
+    ]
     assert reseeded != whole
 
 
 def test_echo_mode_repeats_the_user_message(sim) -> None:
     h = sim(mode="echo")
-    r = httpx.post(h.url + "/v1/chat/completions", json={"model": "sim-model", "messages": [{"role": "user", "content": "ping pong"}], "max_tokens": 4, "ignore_eos": True})
+    r = httpx.post(
+        h.url + "/v1/chat/completions",
+        json={
+            "model": "sim-model",
+            "messages": [{"role": "user", "content": "ping pong"}],
+            "max_tokens": 4,
+            "ignore_eos": True,
+        },
+    )
     assert r.json()["choices"][0]["message"]["content"] == "ping pong ping pong"
 
 
@@ -60,8 +81,20 @@ def test_the_short_and_the_usual_way_through_the_server_answer_alike(sim) -> Non
     assert short.headers["content-type"] == usual.headers["content-type"]
     for key in ("choices", "usage", "model"):
         assert short.json()[key] == usual.json()[key]
-    streamed = [httpx.post(h.url + "/v1/chat/completions", json={**body, "stream": True}, headers=extra).text
-                for extra in ({}, {"Expect": "100-continue"})]
-    contents = [[json.loads(line[6:])["choices"][0]["delta"].get("content") for line in text.split("\n\n")
-                 if line.startswith("data: {") and json.loads(line[6:])["choices"]] for text in streamed]
-    assert contents[0] == contents[1] and streamed[0].endswith("data: [DONE]\n\n") and streamed[1].endswith("data: [DONE]\n\n")
+    streamed = [
+        httpx.post(h.url + "/v1/chat/completions", json={**body, "stream": True}, headers=extra).text
+        for extra in ({}, {"Expect": "100-continue"})
+    ]
+    contents = [
+        [
+            json.loads(line[6:])["choices"][0]["delta"].get("content")
+            for line in text.split("\n\n")
+            if line.startswith("data: {") and json.loads(line[6:])["choices"]
+        ]
+        for text in streamed
+    ]
+    assert (
+        contents[0] == contents[1]
+        and streamed[0].endswith("data: [DONE]\n\n")
+        and streamed[1].endswith("data: [DONE]\n\n")
+    )

@@ -12,7 +12,11 @@ from opod.sim.faults import CRASH_EXIT_CODE
 
 
 def chat(url: str, **extra: object) -> httpx.Response:
-    return httpx.post(url + "/v1/chat/completions", json={"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **extra}, timeout=10)
+    return httpx.post(
+        url + "/v1/chat/completions",
+        json={"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **extra},
+        timeout=10,
+    )
 
 
 def test_fail_next_makes_the_next_requests_fail_with_a_vllm_shaped_500(sim) -> None:
@@ -33,7 +37,13 @@ def test_fail_next_makes_the_next_requests_fail_with_a_vllm_shaped_500(sim) -> N
 
 def test_injected_errors_use_each_dialects_shape(sim) -> None:
     llama = sim(dialect="llamacpp", fail_rate=1.0)
-    assert chat(llama.url).json() == {"error": {"code": 500, "message": "injected failure (opod sim fault injection, status 500)", "type": "server_error"}}
+    assert chat(llama.url).json() == {
+        "error": {
+            "code": 500,
+            "message": "injected failure (opod sim fault injection, status 500)",
+            "type": "server_error",
+        }
+    }
     ollama = sim(dialect="ollama", fail_rate=1.0)
     r = httpx.post(ollama.url + "/api/generate", json={"model": "sim-model", "prompt": "hi", "stream": False})
     assert r.status_code == 500 and isinstance(r.json()["error"], str)
@@ -61,7 +71,11 @@ def test_a_stall_delays_the_first_token_or_the_middle_of_the_stream(sim) -> None
     assert time.perf_counter() - start >= 0.3 > quick
     httpx.post(h.url + "/sim/faults", json={"stall_next": 1, "stall_at": "mid"})
     gaps = []
-    with httpx.stream("POST", h.url + "/v1/chat/completions", json={"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "stream": True}) as r:
+    with httpx.stream(
+        "POST",
+        h.url + "/v1/chat/completions",
+        json={"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "stream": True},
+    ) as r:
         last = time.perf_counter()
         for line in r.iter_lines():
             if line.startswith("data: {"):
@@ -97,7 +111,11 @@ def test_crash_mid_stream_after_k_tokens_set_at_run_time(sim_process) -> None:
     httpx.post(p.url + "/sim/faults", json={"crash_after_tokens": 3})
     tokens = 0
     with pytest.raises(httpx.TransportError):
-        with httpx.stream("POST", p.url + "/v1/chat/completions", json={"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "stream": True}) as r:
+        with httpx.stream(
+            "POST",
+            p.url + "/v1/chat/completions",
+            json={"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "stream": True},
+        ) as r:
             for line in r.iter_lines():
                 if '"content":"' in line and '"role"' not in line:
                     tokens += 1

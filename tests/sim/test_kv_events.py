@@ -22,7 +22,13 @@ def decode(frames: list[bytes]) -> dict[str, Any]:
     """One decoder for recorded and simulated messages: plain msgpack, no simulator code."""
     topic, seq, payload = frames
     batch = msgpack.unpackb(payload, raw=False, strict_map_key=False)
-    return {"topic": topic.decode(), "seq": struct.unpack(">Q", seq)[0], "seq_len": len(seq), "batch": batch, "payload": payload}
+    return {
+        "topic": topic.decode(),
+        "seq": struct.unpack(">Q", seq)[0],
+        "seq_len": len(seq),
+        "batch": batch,
+        "payload": payload,
+    }
 
 
 def shape(messages: list[dict[str, Any]]) -> dict[str, Any]:
@@ -84,8 +90,15 @@ def complete(url: str, prompt: list[int], max_tokens: int = 1) -> dict[str, Any]
 
 def test_events_have_the_recorded_vllm_structure_and_real_token_ids(sim, sub) -> None:
     sock, port = sub
-    h = sim(kv_events=f"tcp://127.0.0.1:{port}", kv_events_topic="kv-events", kv_events_replay="tcp://127.0.0.1:*",
-            block_size=32, kv_blocks=16, output_min=1, output_max=1)
+    h = sim(
+        kv_events=f"tcp://127.0.0.1:{port}",
+        kv_events_topic="kv-events",
+        kv_events_replay="tcp://127.0.0.1:*",
+        block_size=32,
+        kv_blocks=16,
+        output_min=1,
+        output_max=1,
+    )
     messages: list[dict[str, Any]] = []
     for attempt in range(20):  # the subscription reaches the publisher a moment after it connects
         complete(h.url, list(range(10_000 * attempt, 10_000 * attempt + 70)))
@@ -146,5 +159,10 @@ def test_kv_event_sources_reports_the_configuration(sim, sub) -> None:
     _, port = sub
     h = sim(kv_events=f"tcp://127.0.0.1:{port}", kv_events_topic="t")
     src = httpx.get(h.url + "/kv_event_sources").json()["0"]
-    assert (src["publisher"], src["endpoint"], src["topic"], src["replay_endpoint"]) == ("zmq", f"tcp://127.0.0.1:{port}", "t", None)
+    assert (src["publisher"], src["endpoint"], src["topic"], src["replay_endpoint"]) == (
+        "zmq",
+        f"tcp://127.0.0.1:{port}",
+        "t",
+        None,
+    )
     assert httpx.get(sim().url + "/kv_event_sources").json() == {}

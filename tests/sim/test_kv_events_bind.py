@@ -39,8 +39,14 @@ def _raw(sock: zmq.Socket, timeout_ms: int = 2000) -> list[list[bytes]]:
 def test_a_bound_and_a_connecting_subscriber_receive_identical_frames(sim, ctx) -> None:
     worker = _sub(ctx)  # opod's worker: its SUB binds, the engine dials in
     port = worker.bind_to_random_port("tcp://127.0.0.1")
-    h = sim(kv_events=f"tcp://127.0.0.1:{port}", kv_events_bind="tcp://127.0.0.1:*", kv_events_topic="kv-events",
-            block_size=16, output_min=1, output_max=1)
+    h = sim(
+        kv_events=f"tcp://127.0.0.1:{port}",
+        kv_events_bind="tcp://127.0.0.1:*",
+        kv_events_topic="kv-events",
+        block_size=16,
+        output_min=1,
+        output_max=1,
+    )
     bound = httpx.get(h.url + "/sim/state").json()["kv_events_bind"]
     assert bound.startswith("tcp://127.0.0.1:") and not bound.endswith(":*")
     router = _sub(ctx)  # vllm-router: its SUB connects to the engine
@@ -91,15 +97,23 @@ def test_a_taken_port_is_a_config_error_naming_the_option() -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        with pytest.raises(SimConfigError, match=rf"--kv-events-bind: cannot open tcp://127.0.0.1:{port}: Address already in use"):
+        with pytest.raises(
+            SimConfigError, match=rf"--kv-events-bind: cannot open tcp://127.0.0.1:{port}: Address already in use"
+        ):
             build_app(SimConfig(**FAST, kv_events_bind=f"tcp://127.0.0.1:{port}"))  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    ({"kv_events_bind": "127.0.0.1:5557"}, "--kv-events-bind must be a ZMQ endpoint"),
-    ({"kv_events": "tcp://*:5557", "kv_events_bind": "tcp://*:5557"}, "--kv-events-bind must differ from --kv-events"),
-    ({"kv_events_replay": "tcp://*:5558"}, "--kv-events-replay needs --kv-events or --kv-events-bind"),
-])
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"kv_events_bind": "127.0.0.1:5557"}, "--kv-events-bind must be a ZMQ endpoint"),
+        (
+            {"kv_events": "tcp://*:5557", "kv_events_bind": "tcp://*:5557"},
+            "--kv-events-bind must differ from --kv-events",
+        ),
+        ({"kv_events_replay": "tcp://*:5558"}, "--kv-events-replay needs --kv-events or --kv-events-bind"),
+    ],
+)
 def test_bad_bind_options_name_the_option(options: dict, message: str) -> None:
     with pytest.raises(SimConfigError, match=message):
         SimConfig(**FAST, **options).validate()  # type: ignore[arg-type]

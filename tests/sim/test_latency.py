@@ -29,7 +29,11 @@ def timed_requests(url: str, n: int, max_tokens: int) -> list[float]:
 
     def one(i: int) -> None:
         start = time.perf_counter()
-        r = client.post("/v1/completions", json={"model": "sim-model", "prompt": f"request {i}", "max_tokens": max_tokens, "ignore_eos": True}, timeout=30)
+        r = client.post(
+            "/v1/completions",
+            json={"model": "sim-model", "prompt": f"request {i}", "max_tokens": max_tokens, "ignore_eos": True},
+            timeout=30,
+        )
         assert r.status_code == 200
         took[i] = time.perf_counter() - start
 
@@ -74,11 +78,19 @@ def test_inter_token_latency_grows_with_the_running_batch(sim) -> None:
 def test_a_client_that_gives_up_while_queued_does_not_block_the_queue(sim) -> None:
     h = sim(max_batch=1, itl_ms=10.0)
     with httpx.Client(base_url=h.url) as c:
-        busy = threading.Thread(target=lambda: c.post("/v1/completions", json={"model": "sim-model", "prompt": "long", "max_tokens": 20, "ignore_eos": True}))
+        busy = threading.Thread(
+            target=lambda: c.post(
+                "/v1/completions", json={"model": "sim-model", "prompt": "long", "max_tokens": 20, "ignore_eos": True}
+            )
+        )
         busy.start()
         time.sleep(0.05)
         try:
-            c.post("/v1/completions", json={"model": "sim-model", "prompt": "impatient", "max_tokens": 5, "stream": True}, timeout=0.05)
+            c.post(
+                "/v1/completions",
+                json={"model": "sim-model", "prompt": "impatient", "max_tokens": 5, "stream": True},
+                timeout=0.05,
+            )
         except httpx.ReadTimeout:
             pass
         busy.join()

@@ -23,7 +23,9 @@ def test_models_lists_every_served_name(sim) -> None:
 def test_chat_non_streamed_answers_with_usage_and_cached_tokens(sim) -> None:
     h = sim()
     c = client(h)
-    r = c.chat.completions.create(model="sim-model", messages=[{"role": "user", "content": "Hello there, simulator!"}], max_tokens=7)
+    r = c.chat.completions.create(
+        model="sim-model", messages=[{"role": "user", "content": "Hello there, simulator!"}], max_tokens=7
+    )
     assert r.object == "chat.completion"
     assert r.choices[0].message.role == "assistant"
     assert r.choices[0].message.content
@@ -37,7 +39,9 @@ def test_chat_non_streamed_answers_with_usage_and_cached_tokens(sim) -> None:
 def test_max_tokens_caps_the_answer_and_says_length(sim) -> None:
     h = sim(output_min=50, output_max=60)
     c = client(h)
-    r = c.chat.completions.create(model="sim-model", messages=[{"role": "user", "content": "Talk."}], max_completion_tokens=3)
+    r = c.chat.completions.create(
+        model="sim-model", messages=[{"role": "user", "content": "Talk."}], max_completion_tokens=3
+    )
     assert (r.usage.completion_tokens, r.choices[0].finish_reason) == (3, "length")
     r = c.chat.completions.create(model="sim-model", messages=[{"role": "user", "content": "Talk."}], max_tokens=500)
     assert r.choices[0].finish_reason == "stop" and 50 <= r.usage.completion_tokens <= 60
@@ -47,7 +51,10 @@ def test_chat_streamed_with_include_usage_ends_with_a_usage_chunk_then_done(sim)
     h = sim()
     c = client(h)
     stream = c.chat.completions.create(
-        model="sim-model", messages=[{"role": "user", "content": "Stream please"}], max_tokens=6, stream=True,
+        model="sim-model",
+        messages=[{"role": "user", "content": "Stream please"}],
+        max_tokens=6,
+        stream=True,
         stream_options={"include_usage": True},
     )
     chunks = list(stream)
@@ -56,18 +63,32 @@ def test_chat_streamed_with_include_usage_ends_with_a_usage_chunk_then_done(sim)
     assert text
     finals = [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason]
     assert finals == ["length"] or finals == ["stop"]
-    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len([ch for ch in chunks[1:] if ch.choices])
-    raw = httpx.post(h.url + "/v1/chat/completions", json={"model": "sim-model", "messages": [{"role": "user", "content": "x"}], "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}})
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(
+        [ch for ch in chunks[1:] if ch.choices]
+    )
+    raw = httpx.post(
+        h.url + "/v1/chat/completions",
+        json={
+            "model": "sim-model",
+            "messages": [{"role": "user", "content": "x"}],
+            "max_tokens": 3,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    )
     assert raw.headers["content-type"].startswith("text/event-stream")
     records = [line for line in raw.text.split("\n\n") if line]
     assert records[-1] == "data: [DONE]"
-    usage = json.loads(records[-2][len("data: "):])
+    usage = json.loads(records[-2][len("data: ") :])
     assert usage["choices"] == [] and usage["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
 
 
 def test_stream_without_include_usage_has_no_usage_chunk(sim) -> None:
     h = sim()
-    raw = httpx.post(h.url + "/v1/chat/completions", json={"model": "sim-model", "messages": [{"role": "user", "content": "x"}], "max_tokens": 3, "stream": True})
+    raw = httpx.post(
+        h.url + "/v1/chat/completions",
+        json={"model": "sim-model", "messages": [{"role": "user", "content": "x"}], "max_tokens": 3, "stream": True},
+    )
     bodies = [json.loads(r[6:]) for r in raw.text.split("\n\n") if r and r != "data: [DONE]"]
     assert all(b["choices"] for b in bodies)
     assert raw.text.endswith("data: [DONE]\n\n")
@@ -78,7 +99,15 @@ def test_text_completions_streamed_and_not(sim) -> None:
     c = client(h)
     r = c.completions.create(model="sim-model", prompt="Once upon a time", max_tokens=5)
     assert r.object == "text_completion" and r.choices[0].text and r.usage.completion_tokens <= 5
-    chunks = list(c.completions.create(model="sim-model", prompt="Once upon a time", max_tokens=5, stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        c.completions.create(
+            model="sim-model",
+            prompt="Once upon a time",
+            max_tokens=5,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == r.choices[0].text
     assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
     by_ids = c.completions.create(model="sim-model", prompt=[300, 301, 302], max_tokens=2)
@@ -104,16 +133,29 @@ def test_unknown_model_is_404_model_not_found(sim) -> None:
 
 def test_unknown_fields_are_accepted_and_bad_ones_named(sim) -> None:
     h = sim()
-    ok = httpx.post(h.url + "/v1/chat/completions", json={
-        "model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
-        "vllm_xargs": {"a": 1}, "cache_salt": "t", "something_new": [1, 2], "top_k": 5,
-    })
+    ok = httpx.post(
+        h.url + "/v1/chat/completions",
+        json={
+            "model": "sim-model",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 2,
+            "vllm_xargs": {"a": 1},
+            "cache_salt": "t",
+            "something_new": [1, 2],
+            "top_k": 5,
+        },
+    )
     assert ok.status_code == 200
-    bad = httpx.post(h.url + "/v1/chat/completions", json={"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "temperature": "hot"})
+    bad = httpx.post(
+        h.url + "/v1/chat/completions",
+        json={"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "temperature": "hot"},
+    )
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "temperature"
     missing = httpx.post(h.url + "/v1/chat/completions", json={"model": "sim-model"})
     assert missing.status_code == 400 and missing.json()["error"]["param"] == "messages"
-    broken = httpx.post(h.url + "/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
+    broken = httpx.post(
+        h.url + "/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"}
+    )
     assert broken.status_code == 400 and "JSON" in broken.json()["error"]["message"]
 
 

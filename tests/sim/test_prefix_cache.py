@@ -32,7 +32,9 @@ def test_a_repeated_long_prompt_hits_the_cache_and_gets_its_first_token_sooner(s
 
     def ttft() -> tuple[float, int]:
         start = time.perf_counter()
-        stream = c.chat.completions.create(model="sim-model", messages=messages, max_tokens=3, stream=True, stream_options={"include_usage": True})
+        stream = c.chat.completions.create(
+            model="sim-model", messages=messages, max_tokens=3, stream=True, stream_options={"include_usage": True}
+        )
         first = None
         usage = None
         for chunk in stream:
@@ -55,7 +57,9 @@ def test_least_recently_used_blocks_are_evicted_when_the_cache_is_full(sim) -> N
     c = openai.OpenAI(base_url=h.url + "/v1", api_key="x", max_retries=0)
 
     def cached(prompt: list[int]) -> int:
-        return c.completions.create(model="sim-model", prompt=prompt, max_tokens=1).usage.prompt_tokens_details.cached_tokens
+        return c.completions.create(
+            model="sim-model", prompt=prompt, max_tokens=1
+        ).usage.prompt_tokens_details.cached_tokens
 
     a, b, big = _ids(1000, 160), _ids(5000, 160), _ids(9000, 320)
     assert cached(a) == 0 and cached(b) == 0
@@ -67,7 +71,11 @@ def test_least_recently_used_blocks_are_evicted_when_the_cache_is_full(sim) -> N
 
 def test_running_requests_hold_blocks_and_usage_returns_to_zero(sim) -> None:
     h = sim(kv_blocks=100, block_size=16, itl_ms=20.0, output_min=40, output_max=40)
-    with httpx.stream("POST", h.url + "/v1/completions", json={"model": "sim-model", "prompt": _ids(100, 64), "max_tokens": 30, "stream": True}) as r:
+    with httpx.stream(
+        "POST",
+        h.url + "/v1/completions",
+        json={"model": "sim-model", "prompt": _ids(100, 64), "max_tokens": 30, "stream": True},
+    ) as r:
         lines = r.iter_lines()
         next(lines)
         usage = _metric(h.url, "vllm:kv_cache_usage_perc")

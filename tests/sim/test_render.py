@@ -14,7 +14,10 @@ from tests.sim.conftest import ENGINE_WIRE
 from tests.sim.test_kv_events import receive
 
 NOTES = ENGINE_WIRE / "vllm-other-endpoints.md"
-CHAT = {"model": "sim-model", "messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi"}]}
+CHAT = {
+    "model": "sim-model",
+    "messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi"}],
+}
 
 
 def captured_render() -> dict[str, Any]:
@@ -70,11 +73,22 @@ def test_rendered_ids_are_the_ids_the_kv_events_publish(sim) -> None:
     sub.connect(httpx.get(h.url + "/sim/state").json()["kv_events_bind"])
     try:
         for attempt in range(40):  # until the subscription has reached the publisher
-            httpx.post(h.url + "/v1/completions", json={"model": "sim-model", "prompt": list(range(500 * attempt + 1, 500 * attempt + 40)), "max_tokens": 1})
+            httpx.post(
+                h.url + "/v1/completions",
+                json={
+                    "model": "sim-model",
+                    "prompt": list(range(500 * attempt + 1, 500 * attempt + 40)),
+                    "max_tokens": 1,
+                },
+            )
             if receive(sub, 100):
                 break
         system = " ".join(f"rule{i}." for i in range(120))
-        body = {"model": "sim-model", "messages": [{"role": "system", "content": system}, {"role": "user", "content": "go"}], "max_tokens": 1}
+        body = {
+            "model": "sim-model",
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": "go"}],
+            "max_tokens": 1,
+        }
         rendered = httpx.post(h.url + "/v1/chat/completions/render", json=body).json()["token_ids"]
         assert httpx.post(h.url + "/v1/chat/completions", json=body).status_code == 200
         stored = [e for m in receive(sub) for e in m["batch"][1] if e["type"] == "BlockStored"]

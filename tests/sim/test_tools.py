@@ -28,7 +28,13 @@ WEATHER = {
         },
     },
 }
-TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]}}}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]},
+    },
+}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
@@ -56,15 +62,21 @@ def _model(dialect: str) -> str:
 
 def test_tool_choice_naming_a_function_calls_that_one(sim) -> None:
     h = sim()
-    r = client(h).chat.completions.create(model="sim-model", messages=ASK, tools=[WEATHER, TIME],
-                                          tool_choice={"type": "function", "function": {"name": "get_time"}})
+    r = client(h).chat.completions.create(
+        model="sim-model",
+        messages=ASK,
+        tools=[WEATHER, TIME],
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+    )
     [call] = r.choices[0].message.tool_calls
     assert (call.function.name, json.loads(call.function.arguments)) == ("get_time", {"zone": "sim"})
 
 
 def test_tool_choice_none_answers_text(sim) -> None:
     h = sim()
-    r = client(h).chat.completions.create(model="sim-model", messages=ASK, tools=[WEATHER], tool_choice="none", max_tokens=5)
+    r = client(h).chat.completions.create(
+        model="sim-model", messages=ASK, tools=[WEATHER], tool_choice="none", max_tokens=5
+    )
     assert r.choices[0].message.tool_calls in (None, [])
     assert r.choices[0].message.content and r.choices[0].finish_reason in ("stop", "length")
 
@@ -77,7 +89,7 @@ def test_the_turn_after_a_tool_result_answers_text(sim) -> None:
     follow = [
         *ASK,
         {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
-        {"role": "tool", "tool_call_id": call.id, "content": "{\"temperature\": 21}"},
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21}'},
     ]
     r = c.chat.completions.create(model="sim-model", messages=follow, tools=[WEATHER], max_tokens=8)
     assert r.choices[0].message.tool_calls in (None, [])
@@ -86,7 +98,9 @@ def test_the_turn_after_a_tool_result_answers_text(sim) -> None:
 
 def test_parallel_tool_calls_true_calls_every_tool(sim) -> None:
     h = sim()
-    r = client(h).chat.completions.create(model="sim-model", messages=ASK, tools=[WEATHER, TIME], parallel_tool_calls=True)
+    r = client(h).chat.completions.create(
+        model="sim-model", messages=ASK, tools=[WEATHER, TIME], parallel_tool_calls=True
+    )
     calls = r.choices[0].message.tool_calls
     assert [c.function.name for c in calls] == ["get_weather", "get_time"]
     assert len({c.id for c in calls}) == 2
@@ -95,19 +109,31 @@ def test_parallel_tool_calls_true_calls_every_tool(sim) -> None:
 def test_the_same_request_gets_the_same_call(sim) -> None:
     h = sim()
     c = client(h)
-    a, b = (c.chat.completions.create(model="sim-model", messages=ASK, tools=[WEATHER]).choices[0].message.tool_calls[0] for _ in range(2))
+    a, b = (
+        c.chat.completions.create(model="sim-model", messages=ASK, tools=[WEATHER]).choices[0].message.tool_calls[0]
+        for _ in range(2)
+    )
     assert a == b
 
 
 @pytest.mark.parametrize("dialect", ["vllm", "llamacpp"])
 def test_a_streamed_tool_call_names_the_call_then_streams_its_arguments(sim, dialect) -> None:
     h = sim(dialect=dialect)
-    stream = client(h).chat.completions.create(model="sim-model", messages=ASK, tools=[WEATHER, TIME], parallel_tool_calls=True,
-                                               stream=True, stream_options={"include_usage": True})
+    stream = client(h).chat.completions.create(
+        model="sim-model",
+        messages=ASK,
+        tools=[WEATHER, TIME],
+        parallel_tool_calls=True,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     deltas = [d for ch in chunks if ch.choices for d in (ch.choices[0].delta.tool_calls or [])]
     heads = [d for d in deltas if d.id]
-    assert [(d.index, d.function.name, d.function.arguments) for d in heads] == [(0, "get_weather", ""), (1, "get_time", "")]
+    assert [(d.index, d.function.name, d.function.arguments) for d in heads] == [
+        (0, "get_weather", ""),
+        (1, "get_time", ""),
+    ]
     assert all(d.type == "function" for d in heads)
     args: dict[int, str] = {}
     for d in deltas:

@@ -60,7 +60,9 @@ class Events:
         return [t for t, _, _ in self.items]
 
 
-async def eventually(check: Callable[[], Any] | Callable[[], Awaitable[Any]], within: float = 2.0, step: float = 0.05) -> float:
+async def eventually(
+    check: Callable[[], Any] | Callable[[], Awaitable[Any]], within: float = 2.0, step: float = 0.05
+) -> float:
     """Wait until ``check()`` is truthy; returns the seconds it took, fails after ``within``."""
     start = time.monotonic()
     while True:
@@ -79,8 +81,9 @@ async def serving(app: Any) -> AsyncIterator[str]:
     """Serve an ASGI app on a free loopback port in this event loop; yields its base URL."""
     sock = bind("127.0.0.1", 0, "a test server")
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", loop="none",
-                            timeout_graceful_shutdown=1)
+    config = uvicorn.Config(
+        app, log_level="warning", access_log=False, lifespan="off", loop="none", timeout_graceful_shutdown=1
+    )
     server = QuietServer(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:
@@ -102,7 +105,9 @@ def open_access(home: Path) -> AccessService:
 
 
 @contextlib.contextmanager
-def gateway_app(access: AccessService, home: Path, require_keys: bool = True, snapshots: Snapshots | None = None) -> Iterator[Starlette]:
+def gateway_app(
+    access: AccessService, home: Path, require_keys: bool = True, snapshots: Snapshots | None = None
+) -> Iterator[Starlette]:
     """The real ``/v1`` gateway reading ``access``'s key table, with no worker behind it.
 
     Give the test's ``snapshots`` when it has them: a second set would apply its own (empty) policy.
@@ -114,9 +119,16 @@ def gateway_app(access: AccessService, home: Path, require_keys: bool = True, sn
         workers = WorkerClient(lambda _: None, Signer)
         relay = Relay(fleet, workers, index=index, pins=AffinityTable(), local=LocalEngines())
         gateway = Gateway(
-            fleet=fleet, models=ModelRegistry(), keys=access.keys, relay=relay, admission=Admission(fleet_capacity(fleet)),
-            usage=ledger, prefix=PrefixHasher(fleet, index, worker_tokenizer(fleet, workers)), policies=policies,
-            guardrails=Guardrails(), require_keys=require_keys,
+            fleet=fleet,
+            models=ModelRegistry(),
+            keys=access.keys,
+            relay=relay,
+            admission=Admission(fleet_capacity(fleet)),
+            usage=ledger,
+            prefix=PrefixHasher(fleet, index, worker_tokenizer(fleet, workers)),
+            policies=policies,
+            guardrails=Guardrails(),
+            require_keys=require_keys,
         )
         yield Starlette(routes=gateway.routes())
     finally:

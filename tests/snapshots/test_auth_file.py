@@ -51,7 +51,9 @@ def auth_path(tmp_path: Path) -> Path:
     return tmp_path / "auth.json"
 
 
-async def test_a_key_added_works_and_a_revoked_one_is_refused_within_2_s(auth_path: Path, access: AccessService) -> None:
+async def test_a_key_added_works_and_a_revoked_one_is_refused_within_2_s(
+    auth_path: Path, access: AccessService
+) -> None:
     keys, events = access.keys, Events()
     snaps = Snapshots(access, events, paths=SnapshotPaths(auth=auth_path))
     await snaps.start()
@@ -111,7 +113,9 @@ def test_tombstones_survive_a_restart_of_the_leader(auth_path: Path, tmp_path: P
         second.check(f"Bearer {BOB}")
 
 
-async def test_a_key_removed_from_the_file_stops_working_and_local_keys_are_never_touched(auth_path: Path, access: AccessService) -> None:
+async def test_a_key_removed_from_the_file_stops_working_and_local_keys_are_never_touched(
+    auth_path: Path, access: AccessService
+) -> None:
     keys = access.keys
     record, local = await access.create("api", "mine")
     watcher = FileWatcher(auth_path, AuthFile(access))
@@ -149,7 +153,9 @@ async def test_a_malformed_file_keeps_the_last_good_and_names_the_field(auth_pat
         assert keys.check(f"Bearer {ALICE}").id == "k_cp_alice"
 
 
-async def test_require_keys_comes_from_the_file_else_the_leaders_setting(auth_path: Path, access: AccessService, tmp_path: Path) -> None:
+async def test_require_keys_comes_from_the_file_else_the_leaders_setting(
+    auth_path: Path, access: AccessService, tmp_path: Path
+) -> None:
     keys = access.keys
     watcher = FileWatcher(auth_path, AuthFile(access))
     with gateway_app(access, tmp_path / "closed", require_keys=True) as app:
@@ -181,7 +187,9 @@ async def _require_keys_follows_the_file(app: object, watcher: FileWatcher, auth
         assert (await status(client, ALICE))[0] == 200
 
 
-async def test_a_stale_snapshot_refuses_keyed_traffic_naming_both_numbers(tmp_path: Path, access: AccessService) -> None:
+async def test_a_stale_snapshot_refuses_keyed_traffic_naming_both_numbers(
+    tmp_path: Path, access: AccessService
+) -> None:
     auth_path, policy_path = tmp_path / "auth.json", tmp_path / "policy.json"
     events = Events()
     _, local = await access.create("api", "mine")
@@ -225,7 +233,9 @@ async def _stale_then_fresh(app: object, snaps: Snapshots, auth_path: Path, poli
 
 def test_an_expired_key_is_refused(auth_path: Path, access: AccessService) -> None:
     keys = access.keys
-    write_atomic(auth_path, auth("r1", key("alice", ALICE, expiresAt=now_text(-1)), key("bob", BOB, expiresAt=now_text(3600))))
+    write_atomic(
+        auth_path, auth("r1", key("alice", ALICE, expiresAt=now_text(-1)), key("bob", BOB, expiresAt=now_text(3600)))
+    )
     FileWatcher(auth_path, AuthFile(access)).poll()
     with pytest.raises(Exception, match="expired"):
         keys.check(f"Bearer {ALICE}")
@@ -247,7 +257,9 @@ def first_ca() -> str:
     return text[start:end] + "\n"
 
 
-def test_node_mtls_is_held_honestly_and_require_is_refused_without_a_tls_listener(auth_path: Path, access: AccessService) -> None:
+def test_node_mtls_is_held_honestly_and_require_is_refused_without_a_tls_listener(
+    auth_path: Path, access: AccessService
+) -> None:
     events = Events()
     holder = AuthFile(access)
     watcher = FileWatcher(auth_path, holder, events)
@@ -261,7 +273,10 @@ def test_node_mtls_is_held_honestly_and_require_is_refused_without_a_tls_listene
     for extra, field in [
         ({"nodeMtls": "require", "nodeCertCa": ca}, "nodeMtls: 'require' cannot be honoured"),
         ({"nodeMtls": "allow"}, "nodeMtls: 'allow' needs nodeCertCa"),
-        ({"nodeMtls": "allow", "nodeCertCa": "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"}, "nodeCertCa: the PEM does not load"),
+        (
+            {"nodeMtls": "allow", "nodeCertCa": "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"},
+            "nodeCertCa: the PEM does not load",
+        ),
         ({"nodeCertCa": "hello"}, "nodeCertCa: not PEM"),
         ({"revokedCerts": ["0A:1B"]}, "revokedCerts[0]"),
         ({"nodeMtls": "sometimes"}, "nodeMtls: 'sometimes' is not one of"),

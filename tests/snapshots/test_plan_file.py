@@ -36,16 +36,19 @@ def test_a_plan_serves_its_model_and_declared_adapters_only() -> None:
     assert current is not None and (current.floor, current.max) == (1, 4)
 
 
-@pytest.mark.parametrize(("plan", "field"), [
-    ({"revision": 1}, "model: empty"),
-    ({"revision": 1, "model": "a:b"}, "model: 'a:b' holds ':'"),
-    ({"revision": -1, "model": "m"}, "revision: -1"),
-    ({"revision": "1", "model": "m"}, "revision: expected an integer"),
-    ({"model": "m", "adapters": ["x", "x"]}, "adapters[1]: 'x' is listed twice"),
-    ({"model": "m", "adapters": ["a:b"]}, "adapters[0]"),
-    ({"model": "m", "floor": 3, "max": 2}, "floor: 3 is above max 2"),
-    ({"model": "m", "max": -1}, "max: -1"),
-])
+@pytest.mark.parametrize(
+    ("plan", "field"),
+    [
+        ({"revision": 1}, "model: empty"),
+        ({"revision": 1, "model": "a:b"}, "model: 'a:b' holds ':'"),
+        ({"revision": -1, "model": "m"}, "revision: -1"),
+        ({"revision": "1", "model": "m"}, "revision: expected an integer"),
+        ({"model": "m", "adapters": ["x", "x"]}, "adapters[1]: 'x' is listed twice"),
+        ({"model": "m", "adapters": ["a:b"]}, "adapters[0]"),
+        ({"model": "m", "floor": 3, "max": 2}, "floor: 3 is above max 2"),
+        ({"model": "m", "max": -1}, "max: -1"),
+    ],
+)
 def test_a_bad_plan_names_the_field(plan: dict, field: str) -> None:
     with pytest.raises(SnapshotError) as caught:
         PlanFile().parse(json.dumps(plan).encode())
@@ -65,6 +68,10 @@ async def test_the_plan_is_watched_and_a_bad_one_keeps_the_last_good(tmp_path: P
         write_atomic(path, {"revision": 3, "model": ""})
         await eventually(lambda: events.of("plan.rejected"))
         assert snaps.plan.loadz() == (2, "qwen3-8b") and snaps.plan.allows("qwen3-8b:sql")
-        assert snaps.status()["plan"] == {"path": str(path), "revision": "2", "error": events.of("plan.rejected")[0]["reason"]}
+        assert snaps.status()["plan"] == {
+            "path": str(path),
+            "revision": "2",
+            "error": events.of("plan.rejected")[0]["reason"],
+        }
     finally:
         await snaps.stop()

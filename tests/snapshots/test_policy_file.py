@@ -31,19 +31,38 @@ def test_an_empty_policy_is_the_old_behaviour() -> None:
 
 
 def test_views_give_readers_typed_normalised_values() -> None:
-    view = parse({
-        "revision": "policy-12",
-        "routing": {"kvWeight": 2, "kvSaturationPct": 90, "prefixAffinity": True, "prefixBlockWeight": 0.5,
-                    "cacheIsolation": "team", "revisions": [{"revision": 7, "weight": 9}, {"revision": 8, "weight": 1}],
-                    "fallbackUrl": "https://fallback.example/v1/", "fallbackModel": "gpt-x", "fallbackKey": "sk-f"},
-        "logging": {"accessLog": False},
-        "guardrails": [guardrail("a"), guardrail("b", phase="post", timeoutMs=500)],
-        "auth": {"maxSnapshotAgeSec": 300},
-        "admission": {"holdMs": 2000, "maxHeld": 200,
-                      "classes": [{"name": "critical", "holdMs": 10000}, {"name": "sheddable", "maxShare": 0.25}]},
-    })
+    view = parse(
+        {
+            "revision": "policy-12",
+            "routing": {
+                "kvWeight": 2,
+                "kvSaturationPct": 90,
+                "prefixAffinity": True,
+                "prefixBlockWeight": 0.5,
+                "cacheIsolation": "team",
+                "revisions": [{"revision": 7, "weight": 9}, {"revision": 8, "weight": 1}],
+                "fallbackUrl": "https://fallback.example/v1/",
+                "fallbackModel": "gpt-x",
+                "fallbackKey": "sk-f",
+            },
+            "logging": {"accessLog": False},
+            "guardrails": [guardrail("a"), guardrail("b", phase="post", timeoutMs=500)],
+            "auth": {"maxSnapshotAgeSec": 300},
+            "admission": {
+                "holdMs": 2000,
+                "maxHeld": 200,
+                "classes": [{"name": "critical", "holdMs": 10000}, {"name": "sheddable", "maxShare": 0.25}],
+            },
+        }
+    )
     r = view.routing
-    assert (r.kv_weight, r.kv_saturation_pct, r.prefix_affinity, r.prefix_block_weight, r.cache_isolation) == (2.0, 90, True, 0.5, "team")
+    assert (r.kv_weight, r.kv_saturation_pct, r.prefix_affinity, r.prefix_block_weight, r.cache_isolation) == (
+        2.0,
+        90,
+        True,
+        0.5,
+        "team",
+    )
     assert [(s.revision, round(s.share, 6)) for s in r.revisions] == [(7, 0.9), (8, 0.1)]
     assert (r.fallback.url, r.fallback.model, r.fallback.key) == ("https://fallback.example/v1", "gpt-x", "sk-f")
     assert view.access_log is False
@@ -54,38 +73,55 @@ def test_views_give_readers_typed_normalised_values() -> None:
     assert view.admission.for_class("sheddable").max_share == 0.25
     assert view.admission.for_class("standard").hold_ms == 2000  # no class entry: the policy-wide hold
     # Weights are shares: {90, 10} is the same split as {9, 1}.
-    same = parse({"routing": {"revisions": [{"revision": 7, "weight": 90}, {"revision": 8, "weight": 10}]}}).routing.revisions
+    same = parse(
+        {"routing": {"revisions": [{"revision": 7, "weight": 90}, {"revision": 8, "weight": 10}]}}
+    ).routing.revisions
     assert [(s.revision, round(s.share, 6)) for s in same] == [(7, 0.9), (8, 0.1)]
 
 
-@pytest.mark.parametrize(("policy", "field"), [
-    ({"routing": {"kvWeight": -1}}, "routing.kvWeight"),
-    ({"routing": {"prefixBlockWeight": -0.5}}, "routing.prefixBlockWeight"),
-    ({"routing": {"kvSaturationPct": 101}}, "routing.kvSaturationPct: 101 is outside 0..100"),
-    ({"routing": {"kvSaturationPct": 90.5}}, "routing.kvSaturationPct: expected an integer"),
-    ({"routing": {"revisions": [{"revision": 1, "weight": 0}, {"revision": 2, "weight": 0}]}}, "routing.revisions: every weight is 0"),
-    ({"routing": {"revisions": [{"revision": 1, "weight": -1}, {"revision": 2, "weight": 3}]}}, "routing.revisions[0].weight"),
-    ({"routing": {"revisions": [{"revision": 1, "weight": 1}, {"revision": 1, "weight": 3}]}}, "routing.revisions[1].revision: revision 1 is listed twice"),
-    ({"routing": {"fallbackUrl": "ftp://x"}}, "routing.fallbackUrl"),
-    ({"routing": {"fallbackUrl": "not a url"}}, "routing.fallbackUrl"),
-    ({"routing": {"fallbackUrl": "http://x:99999"}}, "routing.fallbackUrl"),
-    ({"routing": {"fallbackModel": "m"}}, "routing.fallbackModel is set but routing.fallbackUrl is empty"),
-    ({"guardrails": [guardrail("a"), guardrail("a")]}, "guardrails[1].id: 'a' is also guardrails[0].id"),
-    ({"guardrails": [guardrail("")]}, "guardrails[0].id: empty"),
-    ({"guardrails": [guardrail(url="file:///etc/passwd")]}, "guardrails[0].url (id 'pii')"),
-    ({"guardrails": [guardrail(timeoutMs=-5)]}, "guardrails[0].timeoutMs (id 'pii')"),
-    ({"guardrails": [guardrail(timeoutMs=600000)]}, "guardrails[0].timeoutMs (id 'pii'): 600000 is outside 0..60000"),
-    ({"guardrails": [guardrail(phase="during")]}, "guardrails.0.phase: 'during' is not one of"),
-    ({"guardrails": [guardrail(headers={"X-A": "one\r\ntwo"})]}, "guardrails[0].headers.X-A (id 'pii')"),
-    ({"guardrails": [guardrail(headers={"bad name": "v"})]}, "guardrails[0].headers (id 'pii'): 'bad name'"),
-    ({"guardrails": [guardrail(authKey="k", headers={"Authorization": "Bearer x"})]}, "conflicts with authKey"),
-    ({"auth": {"maxSnapshotAgeSec": -1}}, "auth.maxSnapshotAgeSec"),
-    ({"admission": {"holdMs": -1}}, "admission.holdMs"),
-    ({"admission": {"maxHeld": -3}}, "admission.maxHeld"),
-    ({"admission": {"classes": [{"name": "critical", "maxShare": 1.5}]}}, "admission.classes[0].maxShare"),
-    ({"admission": {"classes": [{"name": "critical"}, {"name": "critical"}]}}, "admission.classes[1].name"),
-    ({"logging": {"accessLog": "yes"}}, "logging.accessLog: expected true or false"),
-])
+@pytest.mark.parametrize(
+    ("policy", "field"),
+    [
+        ({"routing": {"kvWeight": -1}}, "routing.kvWeight"),
+        ({"routing": {"prefixBlockWeight": -0.5}}, "routing.prefixBlockWeight"),
+        ({"routing": {"kvSaturationPct": 101}}, "routing.kvSaturationPct: 101 is outside 0..100"),
+        ({"routing": {"kvSaturationPct": 90.5}}, "routing.kvSaturationPct: expected an integer"),
+        (
+            {"routing": {"revisions": [{"revision": 1, "weight": 0}, {"revision": 2, "weight": 0}]}},
+            "routing.revisions: every weight is 0",
+        ),
+        (
+            {"routing": {"revisions": [{"revision": 1, "weight": -1}, {"revision": 2, "weight": 3}]}},
+            "routing.revisions[0].weight",
+        ),
+        (
+            {"routing": {"revisions": [{"revision": 1, "weight": 1}, {"revision": 1, "weight": 3}]}},
+            "routing.revisions[1].revision: revision 1 is listed twice",
+        ),
+        ({"routing": {"fallbackUrl": "ftp://x"}}, "routing.fallbackUrl"),
+        ({"routing": {"fallbackUrl": "not a url"}}, "routing.fallbackUrl"),
+        ({"routing": {"fallbackUrl": "http://x:99999"}}, "routing.fallbackUrl"),
+        ({"routing": {"fallbackModel": "m"}}, "routing.fallbackModel is set but routing.fallbackUrl is empty"),
+        ({"guardrails": [guardrail("a"), guardrail("a")]}, "guardrails[1].id: 'a' is also guardrails[0].id"),
+        ({"guardrails": [guardrail("")]}, "guardrails[0].id: empty"),
+        ({"guardrails": [guardrail(url="file:///etc/passwd")]}, "guardrails[0].url (id 'pii')"),
+        ({"guardrails": [guardrail(timeoutMs=-5)]}, "guardrails[0].timeoutMs (id 'pii')"),
+        (
+            {"guardrails": [guardrail(timeoutMs=600000)]},
+            "guardrails[0].timeoutMs (id 'pii'): 600000 is outside 0..60000",
+        ),
+        ({"guardrails": [guardrail(phase="during")]}, "guardrails.0.phase: 'during' is not one of"),
+        ({"guardrails": [guardrail(headers={"X-A": "one\r\ntwo"})]}, "guardrails[0].headers.X-A (id 'pii')"),
+        ({"guardrails": [guardrail(headers={"bad name": "v"})]}, "guardrails[0].headers (id 'pii'): 'bad name'"),
+        ({"guardrails": [guardrail(authKey="k", headers={"Authorization": "Bearer x"})]}, "conflicts with authKey"),
+        ({"auth": {"maxSnapshotAgeSec": -1}}, "auth.maxSnapshotAgeSec"),
+        ({"admission": {"holdMs": -1}}, "admission.holdMs"),
+        ({"admission": {"maxHeld": -3}}, "admission.maxHeld"),
+        ({"admission": {"classes": [{"name": "critical", "maxShare": 1.5}]}}, "admission.classes[0].maxShare"),
+        ({"admission": {"classes": [{"name": "critical"}, {"name": "critical"}]}}, "admission.classes[1].name"),
+        ({"logging": {"accessLog": "yes"}}, "logging.accessLog: expected true or false"),
+    ],
+)
 def test_a_bad_policy_names_the_field(policy: dict, field: str) -> None:
     with pytest.raises(SnapshotError) as caught:
         parse(policy)

@@ -34,7 +34,15 @@ async def test_a_file_that_appears_after_start_is_applied_within_2_s(tmp_path: P
         assert took < 2.0
         assert holder.loadz() == (3, "qwen3-8b")
         assert events.of("plan.updated") == [
-            {"path": str(path), "revision": "3", "model": "qwen3-8b", "adapters": [], "floor": 0, "max": 0, "previous_revision": None}
+            {
+                "path": str(path),
+                "revision": "3",
+                "model": "qwen3-8b",
+                "adapters": [],
+                "floor": 0,
+                "max": 0,
+                "previous_revision": None,
+            }
         ]
     finally:
         await watcher.stop()

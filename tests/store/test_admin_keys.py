@@ -42,12 +42,16 @@ def test_a_leaders_new_admin_key_revokes_its_own_old_one_and_no_other_leaders(st
 
 
 def test_an_admin_key_stored_before_keys_named_their_leader_is_claimed_or_revoked(store: Store) -> None:
-    legacy = store.create_key(kind="admin", name="admin", hash=hash_secret("sk-admin-old"), prefix="sk-admin-o", created_at=at(0))
+    legacy = store.create_key(
+        kind="admin", name="admin", hash=hash_secret("sk-admin-old"), prefix="sk-admin-o", created_at=at(0)
+    )
     assert legacy.leader_id == ""
     claimed = store.claim_admin_key(legacy.id, A)
     assert claimed.leader_id == A and store.get_key(legacy.id).leader_id == A
 
-    other = store.create_key(kind="admin", name="admin", hash=hash_secret("sk-admin-older"), prefix="sk-admin-o", created_at=at(1))
+    other = store.create_key(
+        kind="admin", name="admin", hash=hash_secret("sk-admin-older"), prefix="sk-admin-o", created_at=at(1)
+    )
     mine, revoked = store.replace_admin_key(B, hash=hash_secret("sk-admin-b"), prefix="sk-admin-b", at=at(2))
     assert [k.id for k in revoked] == [other.id], "a key naming no leader cannot be handed out by anyone: revoked"
     assert active_admins(store) == {legacy.id: A, mine.id: B}
@@ -67,8 +71,9 @@ def start(store: Store, home: Path, leader_id: str) -> tuple[AccessService, str 
     return access, access.ensure_admin_key(home / "admin.key", leader_id)
 
 
-async def test_two_leaders_keep_their_admin_keys_across_starts_and_each_opens_both(open_store: Callable[[], Store],
-                                                                                    tmp_path: Path) -> None:
+async def test_two_leaders_keep_their_admin_keys_across_starts_and_each_opens_both(
+    open_store: Callable[[], Store], tmp_path: Path
+) -> None:
     home_a, home_b = tmp_path / "a", tmp_path / "b"
     home_a.mkdir(), home_b.mkdir()
     a, key_a = start(open_store(), home_a, A)
@@ -93,8 +98,9 @@ async def test_two_leaders_keep_their_admin_keys_across_starts_and_each_opens_bo
         assert leader.keys.check(f"Bearer {key_b}", kinds=("admin",)).kind == "admin"
 
 
-def test_a_leader_claims_the_admin_key_its_file_holds_when_the_key_names_no_leader_or_another(store: Store,
-                                                                                               tmp_path: Path) -> None:
+def test_a_leader_claims_the_admin_key_its_file_holds_when_the_key_names_no_leader_or_another(
+    store: Store, tmp_path: Path
+) -> None:
     _, secret = start(store, tmp_path, A)
     assert secret is not None
     with store._write() as conn:  # as a store upgraded to 0014 holds it: no leader named

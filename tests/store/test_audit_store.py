@@ -12,8 +12,16 @@ from opod.store.errors import InvalidInput
 from tests.store.conftest import at
 
 
-def row(actor: str = "alice", action: str = "POST /api/v1/orgs", target: str = "org_1", seconds: float = 0, status: int = 201) -> AuditRow:
-    return AuditRow(actor=actor, source="api", action=action, target=target, detail='{"name":"acme"}', status=status, at=at(seconds))
+def row(
+    actor: str = "alice",
+    action: str = "POST /api/v1/orgs",
+    target: str = "org_1",
+    seconds: float = 0,
+    status: int = 201,
+) -> AuditRow:
+    return AuditRow(
+        actor=actor, source="api", action=action, target=target, detail='{"name":"acme"}', status=status, at=at(seconds)
+    )
 
 
 def test_a_row_written_with_a_change_rolls_back_with_it(store: Store) -> None:

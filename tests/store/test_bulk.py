@@ -26,8 +26,19 @@ def test_a_row_reads_back_exactly_as_it_was_given(store: Store, route: str | Non
     given = usage_row("r", ts=ts, route_json=route, model="modèle-✓", prompt_tokens=2**63 - 1)
     assert store.append_ledger([given], [event("e", ts=ts, subject="nœud")]) == (1, 1)
     [row] = store.usage_after(0, 10)
-    assert (row.ts, row.ts.utcoffset(), row.route_json, row.model, row.prompt_tokens) == (ts, timedelta(0), route, "modèle-✓", 2**63 - 1)
-    assert (row.entry, row.request_id, row.outcome, row.ttft_ms) == (given.entry, given.request_id, given.outcome, given.ttft_ms)
+    assert (row.ts, row.ts.utcoffset(), row.route_json, row.model, row.prompt_tokens) == (
+        ts,
+        timedelta(0),
+        route,
+        "modèle-✓",
+        2**63 - 1,
+    )
+    assert (row.entry, row.request_id, row.outcome, row.ttft_ms) == (
+        given.entry,
+        given.request_id,
+        given.outcome,
+        given.ttft_ms,
+    )
     [stored_event] = store.events_after(0, 10)
     assert (stored_event.ts, stored_event.subject, stored_event.data_json) == (ts, "nœud", '{"hostname": "h"}')
 
@@ -36,8 +47,11 @@ def test_a_batch_the_database_refuses_stores_nothing_and_leaves_the_connection_u
     appender = LedgerAppender(store.engine, usage, events)
     for _ in range(3):  # more refusals than the pool has idle connections
         with pytest.raises(InvalidInput, match="the database refused a ledger batch"):
-            appender.append([usage_values(usage_row("ok")), {**usage_values(usage_row("bad")), "request_id": None}], [],
-                            skip_known=False)
+            appender.append(
+                [usage_values(usage_row("ok")), {**usage_values(usage_row("bad")), "request_id": None}],
+                [],
+                skip_known=False,
+            )
     assert store.append_ledger([usage_row("after")]) == (1, 0)
     assert [r.entry for r in store.usage_after(0, 10)] == ["after"]
 

@@ -11,11 +11,20 @@ from opod.store import ANY_NODE, Conflict, InvalidInput, NotFound, Store
 from tests.store.conftest import at
 
 SOURCE = '{"type": "huggingface", "repo": "acme/chat"}'
-DEFINITION = json.dumps({"name": "chat", "aliases": ["gpt-4o"], "scaling": {"min": 2, "idle_timeout": 600_000_000_000},
-                         "class": "critical", "profiles": [{"name": "h100", "engine": "vllm", "tp": 2}]})
+DEFINITION = json.dumps(
+    {
+        "name": "chat",
+        "aliases": ["gpt-4o"],
+        "scaling": {"min": 2, "idle_timeout": 600_000_000_000},
+        "class": "critical",
+        "profiles": [{"name": "h100", "engine": "vllm", "tp": 2}],
+    }
+)
 
 
-def test_a_definition_is_kept_whole_with_its_first_placement_in_one_transaction(open_store: Callable[[], Store]) -> None:
+def test_a_definition_is_kept_whole_with_its_first_placement_in_one_transaction(
+    open_store: Callable[[], Store],
+) -> None:
     store = open_store()
     record = store.add_model("chat", source_json=SOURCE, definition_json=DEFINITION, wanted="loaded", at=at(1))
     assert record.definition_json == DEFINITION
@@ -31,7 +40,9 @@ def test_a_definition_is_kept_whole_with_its_first_placement_in_one_transaction(
 def test_a_refused_add_leaves_nothing_behind(store: Store) -> None:
     store.add_model("chat", source_json=SOURCE, wanted="loaded", at=at(1))
     with pytest.raises(Conflict):
-        store.add_model("chat", source_json=SOURCE, definition_json=DEFINITION, wanted="unloaded", preset_by="auto", at=at(2))
+        store.add_model(
+            "chat", source_json=SOURCE, definition_json=DEFINITION, wanted="unloaded", preset_by="auto", at=at(2)
+        )
     with pytest.raises(InvalidInput, match="definition_json of model 'other' is not valid JSON"):
         store.add_model("other", source_json=SOURCE, definition_json="{", wanted="loaded")
     with pytest.raises(InvalidInput, match="wanted 'maybe'"):
@@ -69,7 +80,9 @@ def test_the_presets_switch_is_off_until_turned_on(open_store: Callable[[], Stor
 def test_capacity_is_kept_per_model_and_profile_and_goes_with_the_model(store: Store) -> None:
     store.add_model("chat", source_json=SOURCE)
     store.add_model("embed", source_json=SOURCE)
-    first = json.dumps({"model": "chat", "profile": "h100", "max_concurrency_at_slo": 12, "throughput_tok_per_sec": 900.5})
+    first = json.dumps(
+        {"model": "chat", "profile": "h100", "max_concurrency_at_slo": 12, "throughput_tok_per_sec": 900.5}
+    )
     store.put_capacity("chat", "h100", first, measured_by="bench", at=at(1))
     store.put_capacity("chat", "l4", json.dumps({"max_concurrency_at_slo": 0}), at=at(2))
     store.put_capacity("embed", "", "{}", at=at(3))
@@ -77,7 +90,9 @@ def test_capacity_is_kept_per_model_and_profile_and_goes_with_the_model(store: S
     store.put_capacity("chat", "h100", better, measured_by="ops", at=at(4))
     rows = store.list_capacity("chat")
     assert [(r.profile, r.capacity_json, r.measured_by, r.measured_at) for r in rows] == [
-        ("h100", better, "ops", at(4)), ("l4", '{"max_concurrency_at_slo": 0}', "", at(2))]
+        ("h100", better, "ops", at(4)),
+        ("l4", '{"max_concurrency_at_slo": 0}', "", at(2)),
+    ]
     assert [r.model_id for r in store.list_capacity()] == ["chat", "chat", "embed"]
     with pytest.raises(NotFound, match="model 'nope' has not been added"):
         store.put_capacity("nope", "h100", "{}")

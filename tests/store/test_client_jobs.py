@@ -13,14 +13,25 @@ from opod.store.client_jobs import FILE_MAX_BYTES, JobLine
 
 
 def _lines(n: int) -> list[JobLine]:
-    return [JobLine(i, f"req-{i}", json.dumps({"model": "m", "messages": [{"role": "user", "content": str(i)}]})) for i in range(1, n + 1)]
+    return [
+        JobLine(i, f"req-{i}", json.dumps({"model": "m", "messages": [{"role": "user", "content": str(i)}]}))
+        for i in range(1, n + 1)
+    ]
 
 
 def _job(store: Store, n: int = 5, *, key: str = "k_a", project: str = "", window: timedelta = timedelta(hours=24)):
     source = store.add_file(owner_key_id=key, project_id=project, purpose="batch", filename="in.jsonl", content=b"{}\n")
-    return store.create_client_job(owner_key_id=key, project_id=project, endpoint="/v1/chat/completions", model="m",
-                                   input_file_id=source.id, completion_window=window, window_text="24h", metadata_json="{}",
-                                   lines=_lines(n))
+    return store.create_client_job(
+        owner_key_id=key,
+        project_id=project,
+        endpoint="/v1/chat/completions",
+        model="m",
+        input_file_id=source.id,
+        completion_window=window,
+        window_text="24h",
+        metadata_json="{}",
+        lines=_lines(n),
+    )
 
 
 def test_a_file_keeps_its_bytes_and_is_seen_only_by_its_key_and_project(store: Store) -> None:
@@ -30,19 +41,28 @@ def test_a_file_keeps_its_bytes_and_is_seen_only_by_its_key_and_project(store: S
     assert store.file_content(mine.id) == content
     assert store.get_file(mine.id, key_id="k_a") == mine
     assert store.get_file(mine.id, key_id="k_b", project_id="p_1") == mine, "a key of the same project sees it"
-    assert store.get_file(mine.id, key_id="k_b") is None and store.get_file(mine.id, key_id="k_b", project_id="p_2") is None
+    assert (
+        store.get_file(mine.id, key_id="k_b") is None
+        and store.get_file(mine.id, key_id="k_b", project_id="p_2") is None
+    )
     assert [f.id for f in store.list_files(key_id="k_b")] == []
     assert store.delete_file(mine.id) and store.file_content(mine.id) is None and not store.delete_file(mine.id)
     with pytest.raises(InvalidInput, match="at most"):
-        store.add_file(owner_key_id="k_a", project_id="", purpose="batch", filename="big", content=b"x" * (FILE_MAX_BYTES + 1))
+        store.add_file(
+            owner_key_id="k_a", project_id="", purpose="batch", filename="big", content=b"x" * (FILE_MAX_BYTES + 1)
+        )
 
 
 def test_a_line_is_answered_once_and_counted_once(store: Store) -> None:
     job = _job(store, 3)
     assert job.status == "in_progress" and job.total == 3 and job.id.startswith("batch_")
     assert [line.line for line in store.pending_lines(job.id)] == [1, 2, 3]
-    assert store.answer_line(job.id, 1, ok=True, response_json='{"status_code": 200}', prompt_tokens=5, completion_tokens=7)
-    assert not store.answer_line(job.id, 1, ok=False, response_json='{"status_code": 500}'), "an answered line is not answered again"
+    assert store.answer_line(
+        job.id, 1, ok=True, response_json='{"status_code": 200}', prompt_tokens=5, completion_tokens=7
+    )
+    assert not store.answer_line(job.id, 1, ok=False, response_json='{"status_code": 500}'), (
+        "an answered line is not answered again"
+    )
     assert store.answer_line(job.id, 2, ok=False, response_json='{"status_code": 400}')
     now = store.get_client_job(job.id)
     assert now is not None and (now.completed, now.failed, now.prompt_tokens, now.completion_tokens) == (1, 1, 5, 7)
@@ -53,7 +73,10 @@ def test_a_line_is_answered_once_and_counted_once(store: Store) -> None:
 def test_answers_racing_for_one_line_count_it_once(store: Store) -> None:
     job = _job(store, 1)
     won: list[bool] = []
-    threads = [threading.Thread(target=lambda: won.append(store.answer_line(job.id, 1, ok=True, response_json="{}"))) for _ in range(8)]
+    threads = [
+        threading.Thread(target=lambda: won.append(store.answer_line(job.id, 1, ok=True, response_json="{}")))
+        for _ in range(8)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -66,8 +89,17 @@ def test_custom_ids_must_be_unique(store: Store) -> None:
     source = store.add_file(owner_key_id="k", project_id="", purpose="batch", filename="in", content=b"{}")
     twice = [JobLine(1, "same", "{}"), JobLine(2, "same", "{}")]
     with pytest.raises(InvalidInput, match="unique"):
-        store.create_client_job(owner_key_id="k", project_id="", endpoint="/v1/embeddings", model="", input_file_id=source.id,
-                                completion_window=timedelta(hours=1), window_text="1h", metadata_json="{}", lines=twice)
+        store.create_client_job(
+            owner_key_id="k",
+            project_id="",
+            endpoint="/v1/embeddings",
+            model="",
+            input_file_id=source.id,
+            completion_window=timedelta(hours=1),
+            window_text="1h",
+            metadata_json="{}",
+            lines=twice,
+        )
     assert store.list_client_jobs() == [], "nothing of the refused job is kept"
 
 
@@ -76,9 +108,13 @@ def test_a_lease_is_held_by_one_runner_until_it_lapses_and_its_owner_takes_it_ba
     at = datetime.now(UTC)
     assert [j.id for j in store.claim_client_jobs("leader-a", lease=timedelta(seconds=30), at=at)] == [job.id]
     assert store.claim_client_jobs("leader-b", lease=timedelta(seconds=30), at=at) == [], "held by another"
-    assert [j.id for j in store.claim_client_jobs("leader-a", lease=timedelta(seconds=30), at=at)] == [job.id], "its own again"
+    assert [j.id for j in store.claim_client_jobs("leader-a", lease=timedelta(seconds=30), at=at)] == [job.id], (
+        "its own again"
+    )
     later = at + timedelta(seconds=31)
-    assert [j.id for j in store.claim_client_jobs("leader-b", lease=timedelta(seconds=30), at=later)] == [job.id], "a lapsed lease moves"
+    assert [j.id for j in store.claim_client_jobs("leader-b", lease=timedelta(seconds=30), at=later)] == [job.id], (
+        "a lapsed lease moves"
+    )
 
 
 def test_cancel_then_finish_writes_the_files_and_skips_the_lines_never_sent(store: Store) -> None:
@@ -86,8 +122,12 @@ def test_cancel_then_finish_writes_the_files_and_skips_the_lines_never_sent(stor
     store.answer_line(job.id, 1, ok=True, response_json='{"status_code": 200, "body": {}}')
     cancelling = store.cancel_client_job(job.id)
     assert cancelling.status == "cancelling" and cancelling.cancelling_at is not None
-    assert store.claim_client_jobs("r", lease=timedelta(seconds=30))[0].id == job.id, "a cancelling job still needs its runner"
-    ended = store.finish_client_job(job.id, "cancelled", output=b'{"custom_id": "req-1"}\n', errors=None, skipped_error_json='{"code": "c"}')
+    assert store.claim_client_jobs("r", lease=timedelta(seconds=30))[0].id == job.id, (
+        "a cancelling job still needs its runner"
+    )
+    ended = store.finish_client_job(
+        job.id, "cancelled", output=b'{"custom_id": "req-1"}\n', errors=None, skipped_error_json='{"code": "c"}'
+    )
     assert ended.status == "cancelled" and ended.cancelled_at is not None and ended.error_file_id is None
     assert ended.output_file_id is not None and store.file_content(ended.output_file_id) == b'{"custom_id": "req-1"}\n'
     output = store.get_file(ended.output_file_id, key_id="k_other", project_id="p_1")
@@ -107,9 +147,18 @@ def test_an_expired_job_counts_its_unsent_lines_as_failed(store: Store) -> None:
 def test_a_failed_job_keeps_its_errors_and_no_lines(store: Store) -> None:
     source = store.add_file(owner_key_id="k", project_id="", purpose="batch", filename="in", content=b"nope")
     errors = json.dumps([{"code": "invalid_json_line", "line": 1, "message": "Line 1 is not JSON"}])
-    job = store.create_client_job(owner_key_id="k", project_id="", endpoint="/v1/chat/completions", model="", input_file_id=source.id,
-                                  completion_window=timedelta(hours=24), window_text="24h", metadata_json="{}", lines=[],
-                                  errors_json=errors)
+    job = store.create_client_job(
+        owner_key_id="k",
+        project_id="",
+        endpoint="/v1/chat/completions",
+        model="",
+        input_file_id=source.id,
+        completion_window=timedelta(hours=24),
+        window_text="24h",
+        metadata_json="{}",
+        lines=[],
+        errors_json=errors,
+    )
     assert job.status == "failed" and job.failed_at is not None and json.loads(job.errors_json or "[]")[0]["line"] == 1
     assert store.claim_client_jobs("r", lease=timedelta(seconds=30)) == []
 
@@ -117,9 +166,21 @@ def test_a_failed_job_keeps_its_errors_and_no_lines(store: Store) -> None:
 def test_listing_is_newest_first_by_key_status_and_cursor(store: Store) -> None:
     base = datetime(2026, 1, 1, tzinfo=UTC)
     source = store.add_file(owner_key_id="k", project_id="", purpose="batch", filename="in", content=b"{}")
-    ids = [store.create_client_job(owner_key_id="k" if i < 3 else "other", project_id="", endpoint="/v1/embeddings", model="",
-                                   input_file_id=source.id, completion_window=timedelta(hours=1), window_text="1h", metadata_json="{}",
-                                   lines=_lines(1), created_at=base + timedelta(minutes=i)).id for i in range(4)]
+    ids = [
+        store.create_client_job(
+            owner_key_id="k" if i < 3 else "other",
+            project_id="",
+            endpoint="/v1/embeddings",
+            model="",
+            input_file_id=source.id,
+            completion_window=timedelta(hours=1),
+            window_text="1h",
+            metadata_json="{}",
+            lines=_lines(1),
+            created_at=base + timedelta(minutes=i),
+        ).id
+        for i in range(4)
+    ]
     assert [j.id for j in store.list_client_jobs(key_id="k")] == ids[2::-1]
     assert [j.id for j in store.list_client_jobs(key_id="k", after=ids[2], limit=1)] == [ids[1]]
     assert [j.id for j in store.list_client_jobs(status="in_progress")] == ids[::-1]

@@ -13,7 +13,13 @@ from tests.store.conftest import T0, at
 
 
 def make_key(store: Store, secret: str = "sk-orc-alpha", **fields: Any) -> KeyRecord:
-    args: dict[str, Any] = {"kind": "api", "name": "ci bot", "hash": hash_secret(secret), "prefix": secret[:10], "created_at": T0}
+    args: dict[str, Any] = {
+        "kind": "api",
+        "name": "ci bot",
+        "hash": hash_secret(secret),
+        "prefix": secret[:10],
+        "created_at": T0,
+    }
     args.update(fields)
     return store.create_key(**args)
 

@@ -37,7 +37,11 @@ def world(store: Store) -> World:
     """acme/ml/{chat,eval} and acme/ops/batch; Ada and Bob in team ml and in project batch, each with a key in each project."""
     acme = store.create_org("acme")
     ml, ops = store.create_team(acme.id, "ml"), store.create_team(acme.id, "ops")
-    chat, ev, batch = store.create_project(ml.id, "chat"), store.create_project(ml.id, "eval"), store.create_project(ops.id, "batch")
+    chat, ev, batch = (
+        store.create_project(ml.id, "chat"),
+        store.create_project(ml.id, "eval"),
+        store.create_project(ops.id, "batch"),
+    )
     ada, bob = store.create_user(email="ada@example.com"), store.create_user(email="bob@example.com")
     store.set_membership(ada.id, ml.id)
     store.set_membership(ada.id, batch.id)
@@ -45,8 +49,15 @@ def world(store: Store) -> World:
     store.set_membership(bob.id, batch.id)
     for project in (chat, ev, batch):
         for person in (ada, bob):
-            store.create_key(kind="api", name=f"{person.email} {project.name}", hash=hash_secret(f"sk-{person.id}-{project.id}"),
-                             prefix="sk-x", project_id=project.id, user_id=person.id, created_at=at(1))
+            store.create_key(
+                kind="api",
+                name=f"{person.email} {project.name}",
+                hash=hash_secret(f"sk-{person.id}-{project.id}"),
+                prefix="sk-x",
+                project_id=project.id,
+                user_id=person.id,
+                created_at=at(1),
+            )
     return World(acme.id, ml.id, ops.id, chat.id, ev.id, batch.id, ada.id, bob.id)
 
 
@@ -54,7 +65,9 @@ def active_projects(store: Store, user_id: str) -> set[str]:
     return {k.project_id for k in store.list_keys("api") if k.user_id == user_id and k.revoked_at is None}
 
 
-def test_leaving_a_team_revokes_the_keys_in_its_projects_with_the_membership_and_the_audit_row(store: Store, world: World) -> None:
+def test_leaving_a_team_revokes_the_keys_in_its_projects_with_the_membership_and_the_audit_row(
+    store: Store, world: World
+) -> None:
     change = store.leave(world.ada, world.ml, at=at(10), audit=row("DELETE /api/v1/users/ada/memberships"))
     assert change.removed == [world.ada]
     assert sorted(k.project_id for k in change.revoked) == sorted([world.chat, world.eval])
@@ -78,7 +91,9 @@ def test_leaving_where_one_is_not_changes_nothing_and_audits_nothing(store: Stor
     assert store.list_audit() == []
 
 
-def test_a_failure_in_the_transaction_leaves_the_membership_and_the_keys_as_they_were(store: Store, world: World) -> None:
+def test_a_failure_in_the_transaction_leaves_the_membership_and_the_keys_as_they_were(
+    store: Store, world: World
+) -> None:
     with pytest.raises(InvalidInput, match="audit status"):
         store.leave(world.ada, world.ml, audit=row("DELETE m", status=999))  # the audit row is the last write
     assert {m.target for m in store.list_memberships(world.ada)} == {world.ml, world.batch}
@@ -91,7 +106,9 @@ def test_a_failure_in_the_transaction_leaves_the_membership_and_the_keys_as_they
 
 
 def test_a_group_push_revokes_the_keys_of_those_who_leave_in_the_same_transaction(store: Store, world: World) -> None:
-    change = store.push_members(world.batch, add=[world.ada], replace_all=True, by="scim", at=at(20), audit=row("PUT /scim/v2/Groups"))
+    change = store.push_members(
+        world.batch, add=[world.ada], replace_all=True, by="scim", at=at(20), audit=row("PUT /scim/v2/Groups")
+    )
     assert (change.added, change.removed) == ([], [world.bob])
     assert [(k.user_id, k.project_id) for k in change.revoked] == [(world.bob, world.batch)]
     assert active_projects(store, world.bob) == {world.chat, world.eval}  # still reached through team ml

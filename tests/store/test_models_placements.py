@@ -16,7 +16,9 @@ GGUF_ENTRY = json.dumps({"id": "my-model", "source": {"gguf": "/models/my.gguf"}
 
 def test_add_get_list_and_remove_models(store: Store) -> None:
     catalog = store.add_model("llama-3.2-1b", source_json=SOURCE, at=at(1))
-    outside = store.add_model("my-model", source_json='{"gguf": "/models/my.gguf"}', entry_json=GGUF_ENTRY, engine="llama.cpp", at=at(2))
+    outside = store.add_model(
+        "my-model", source_json='{"gguf": "/models/my.gguf"}', entry_json=GGUF_ENTRY, engine="llama.cpp", at=at(2)
+    )
     assert store.get_model("llama-3.2-1b") == catalog
     assert (catalog.source_json, catalog.entry_json, catalog.engine, catalog.added_at) == (SOURCE, None, "", at(1))
     assert store.get_model("my-model").entry_json == GGUF_ENTRY and outside.engine == "llama.cpp"
@@ -75,7 +77,12 @@ def test_placements_list_by_model_then_node(store: Store) -> None:
         for node in ("n2", "*", "n1"):
             store.set_placement(model, node, "loaded", at=at(0))
     assert [(p.model_id, p.node_id) for p in store.list_placements()] == [
-        ("a", "*"), ("a", "n1"), ("a", "n2"), ("b", "*"), ("b", "n1"), ("b", "n2"),
+        ("a", "*"),
+        ("a", "n1"),
+        ("a", "n2"),
+        ("b", "*"),
+        ("b", "n1"),
+        ("b", "n2"),
     ]
     assert [p.node_id for p in store.list_placements("b")] == ["*", "n1", "n2"]
 

@@ -34,7 +34,13 @@ def test_a_registered_node_reads_back_with_its_hardware_byte_for_byte(store: Sto
     node = register(store)
     assert node == store.get_node("node-a")
     assert node.hardware_json == HARDWARE
-    assert (node.hostname, node.os, node.arch, node.ram_gb, node.address) == ("gpu-box", "linux", "x86_64", 125.5, "10.0.0.7:8081")
+    assert (node.hostname, node.os, node.arch, node.ram_gb, node.address) == (
+        "gpu-box",
+        "linux",
+        "x86_64",
+        125.5,
+        "10.0.0.7:8081",
+    )
     assert (node.boot_id, node.token_id) == ("boot-1", "k_token")
     assert node.registered_at == node.last_seen_at == at(0)
     assert node.drained is False and node.drained_at is None

@@ -85,7 +85,14 @@ def test_everything_written_survives_a_restart(db_url: str) -> None:
         key = store.create_key(kind="api", name="app", hash=hash_secret("sk-1"), prefix="sk-1", created_at=at(0))
         store.revoke_key(key.id, at(1))
         node = store.upsert_node(
-            "node-a", hostname="h", os="linux", arch="arm64", ram_gb=8, address="a:1", hardware_json='{"x": 1}', at=at(2)
+            "node-a",
+            hostname="h",
+            os="linux",
+            arch="arm64",
+            ram_gb=8,
+            address="a:1",
+            hardware_json='{"x": 1}',
+            at=at(2),
         )
         store.set_drained("node-a", True, at(3))
         model = store.add_model("m", source_json='{"catalog": "m"}', at=at(4))

@@ -10,14 +10,28 @@ from tests.store.conftest import at
 
 
 def row(action: str, target: str) -> AuditRow:
-    return AuditRow(actor="ops@example.com", source="api", action=action, target=target, detail="{}", status=200, at=at(5))
+    return AuditRow(
+        actor="ops@example.com", source="api", action=action, target=target, detail="{}", status=200, at=at(5)
+    )
 
 
 def test_a_quota_reads_back_with_every_amount_and_none_as_ungoverned(store: Store) -> None:
-    put = store.put_quota("team:t1", "team", QuotaAmounts(gpus=2), QuotaAmounts(gpus=4, cpu_cores=64, memory_gb=512),
-                          by="ops@example.com", at=at(1))
-    assert put == QuotaRecord(scope="team:t1", kind="team", guarantee=QuotaAmounts(gpus=2, cpu_cores=None, memory_gb=None),
-                              limit=QuotaAmounts(gpus=4, cpu_cores=64, memory_gb=512), updated_by="ops@example.com", updated_at=at(1))
+    put = store.put_quota(
+        "team:t1",
+        "team",
+        QuotaAmounts(gpus=2),
+        QuotaAmounts(gpus=4, cpu_cores=64, memory_gb=512),
+        by="ops@example.com",
+        at=at(1),
+    )
+    assert put == QuotaRecord(
+        scope="team:t1",
+        kind="team",
+        guarantee=QuotaAmounts(gpus=2, cpu_cores=None, memory_gb=None),
+        limit=QuotaAmounts(gpus=4, cpu_cores=64, memory_gb=512),
+        updated_by="ops@example.com",
+        updated_at=at(1),
+    )
     assert store.get_quota("team:t1") == put and store.list_quotas() == [put]
     assert store.get_quota("team:nobody") is None
     assert put.guarantee.governed() and not QuotaAmounts().governed()
@@ -36,11 +50,14 @@ def test_zero_is_a_limit_and_not_the_same_as_none(store: Store) -> None:
     assert zero.limit.gpus == 0 and zero.limit.cpu_cores is None
 
 
-@pytest.mark.parametrize(("guarantee", "limit", "message"), [
-    (QuotaAmounts(gpus=-1), QuotaAmounts(), "guarantee.gpus: -1 is not an amount"),
-    (QuotaAmounts(), QuotaAmounts(cpu_cores=2.5), "limit.cpu_cores: 2.5 is not an amount"),  # type: ignore[arg-type]
-    (QuotaAmounts(gpus=8), QuotaAmounts(gpus=4), "guarantee.gpus: 8 is above limit.gpus 4"),
-])
+@pytest.mark.parametrize(
+    ("guarantee", "limit", "message"),
+    [
+        (QuotaAmounts(gpus=-1), QuotaAmounts(), "guarantee.gpus: -1 is not an amount"),
+        (QuotaAmounts(), QuotaAmounts(cpu_cores=2.5), "limit.cpu_cores: 2.5 is not an amount"),  # type: ignore[arg-type]
+        (QuotaAmounts(gpus=8), QuotaAmounts(gpus=4), "guarantee.gpus: 8 is above limit.gpus 4"),
+    ],
+)
 def test_a_bad_amount_is_refused_and_nothing_is_written(store: Store, guarantee, limit, message) -> None:
     store.put_quota("team:t1", "team", QuotaAmounts(gpus=1), QuotaAmounts(gpus=2), by="a", at=at(1))
     with pytest.raises(InvalidInput, match=message):
@@ -55,7 +72,9 @@ def test_a_scope_kind_other_than_org_team_or_project_is_refused(store: Store) ->
 
 
 def test_a_change_and_its_audit_row_commit_together(store: Store) -> None:
-    store.put_quota("team:t1", "team", QuotaAmounts(), QuotaAmounts(gpus=4), by="ops", audit=row("PUT /api/v1/quotas", "team:t1"))
+    store.put_quota(
+        "team:t1", "team", QuotaAmounts(), QuotaAmounts(gpus=4), by="ops", audit=row("PUT /api/v1/quotas", "team:t1")
+    )
     removed = store.remove_quota("team:t1", audit=row("DELETE /api/v1/quotas/{scope}", "team:t1"))
     assert removed.limit.gpus == 4 and store.list_quotas() == []
     actions = [(r.action, r.target) for r in store.list_audit(since=at(0), limit=10, actor=None, contains=None)]

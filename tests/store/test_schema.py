@@ -12,9 +12,29 @@ from opod.store.migrate import alembic_config, head
 from opod.store.schema import metadata
 
 TABLES = {
-    "alembic_version", "audit", "capacity", "client_job_lines", "client_jobs", "events", "files", "keys", "memberships", "meta",
-    "models", "nodes", "orgs", "placements", "presets", "projects", "quotas", "request_bodies", "secrets", "settings_versions",
-    "teams", "usage", "users",
+    "alembic_version",
+    "audit",
+    "capacity",
+    "client_job_lines",
+    "client_jobs",
+    "events",
+    "files",
+    "keys",
+    "memberships",
+    "meta",
+    "models",
+    "nodes",
+    "orgs",
+    "placements",
+    "presets",
+    "projects",
+    "quotas",
+    "request_bodies",
+    "secrets",
+    "settings_versions",
+    "teams",
+    "usage",
+    "users",
 }
 
 

@@ -84,7 +84,9 @@ def test_delete_only_when_empty_and_a_project_that_had_a_key_only_renames(store:
 
 def test_a_key_for_a_missing_project_is_refused_and_nothing_is_written(store: Store) -> None:
     with pytest.raises(NotFound, match="project: no project"):
-        store.create_key(kind="api", name="bot", hash=hash_secret("sk-y"), prefix="sk-y", project_id="prj_0000000000000000")
+        store.create_key(
+            kind="api", name="bot", hash=hash_secret("sk-y"), prefix="sk-y", project_id="prj_0000000000000000"
+        )
     assert store.list_keys() == []
 
 
@@ -92,8 +94,12 @@ def test_a_persons_keys_are_revoked_by_project(store: Store) -> None:
     acme = store.create_org("acme")
     ml = store.create_team(acme.id, "ml")
     a, b = store.create_project(ml.id, "a"), store.create_project(ml.id, "b")
-    ka = store.create_key(kind="api", name="a", hash=hash_secret("sk-a"), prefix="sk-a", project_id=a.id, user_id="usr_1")
-    kb = store.create_key(kind="api", name="b", hash=hash_secret("sk-b"), prefix="sk-b", project_id=b.id, user_id="usr_1")
+    ka = store.create_key(
+        kind="api", name="a", hash=hash_secret("sk-a"), prefix="sk-a", project_id=a.id, user_id="usr_1"
+    )
+    kb = store.create_key(
+        kind="api", name="b", hash=hash_secret("sk-b"), prefix="sk-b", project_id=b.id, user_id="usr_1"
+    )
     revoked = store.revoke_user_keys("usr_1", [a.id])
     assert [k.id for k in revoked] == [ka.id] and revoked[0].revoked_at is not None
     assert store.get_key(kb.id).revoked_at is None and store.get_key(ka.id).revoked_at is not None

@@ -18,14 +18,28 @@ from tests.store.conftest import T0, at
 
 def usage(entry: str, ts: datetime = T0, **changes: object) -> NewUsage:
     row = NewUsage(
-        entry=entry, request_id=f"req-{entry}", ts=ts, api_key_id="k_1", user_id="u_1", model="m", protocol="openai",
-        prompt_tokens=10, completion_tokens=20, latency_ms=300, ttft_ms=40, outcome="ok", node_id="n1", route_json='{"worker": "n1"}',
+        entry=entry,
+        request_id=f"req-{entry}",
+        ts=ts,
+        api_key_id="k_1",
+        user_id="u_1",
+        model="m",
+        protocol="openai",
+        prompt_tokens=10,
+        completion_tokens=20,
+        latency_ms=300,
+        ttft_ms=40,
+        outcome="ok",
+        node_id="n1",
+        route_json='{"worker": "n1"}',
     )
     return replace(row, **changes)  # type: ignore[arg-type]
 
 
 def event(entry: str, ts: datetime = T0, **changes: object) -> NewEvent:
-    return replace(NewEvent(entry=entry, ts=ts, type="node.registered", subject="n1", data_json='{"hostname": "h"}'), **changes)  # type: ignore[arg-type]
+    return replace(
+        NewEvent(entry=entry, ts=ts, type="node.registered", subject="n1", data_json='{"hostname": "h"}'), **changes
+    )  # type: ignore[arg-type]
 
 
 def test_rows_and_events_are_stored_with_their_own_ids(store: Store) -> None:
@@ -34,7 +48,10 @@ def test_rows_and_events_are_stored_with_their_own_ids(store: Store) -> None:
     rows, events = store.usage_after(0, 10), store.events_after(0, 10)
     assert [(r.id, r.entry, r.ts) for r in rows] == [(1, "a", T0), (2, "b", at(1))]
     assert rows[0].route_json == '{"worker": "n1"}' and rows[0].request_id == "req-a" and rows[0].ttft_ms == 40
-    assert [(e.id, e.type, e.data_json) for e in events] == [(1, "node.registered", '{"hostname": "h"}'), (2, "node.drained", "{}")]
+    assert [(e.id, e.type, e.data_json) for e in events] == [
+        (1, "node.registered", '{"hostname": "h"}'),
+        (2, "node.drained", "{}"),
+    ]
 
 
 def test_appending_the_same_entries_again_stores_nothing_twice(store: Store) -> None:
@@ -96,7 +113,10 @@ def test_reads_page_by_id(store: Store) -> None:
 
 
 def test_retention_deletes_old_rows_only_in_bounded_batches(store: Store) -> None:
-    store.append_ledger([usage(f"old{i}", at(i)) for i in range(5)] + [usage("new", at(100))], [event("old", at(0)), event("new", at(100))])
+    store.append_ledger(
+        [usage(f"old{i}", at(i)) for i in range(5)] + [usage("new", at(100))],
+        [event("old", at(0)), event("new", at(100))],
+    )
     assert store.delete_usage_before(at(3), limit=2) == 2
     assert store.delete_usage_before(at(3)) == 1
     assert store.delete_usage_before(at(3)) == 0

@@ -27,8 +27,14 @@ def _is_punctuation(char: str) -> bool:
 
 def _is_cjk(code: int) -> bool:
     return (
-        0x4E00 <= code <= 0x9FFF or 0x3400 <= code <= 0x4DBF or 0x20000 <= code <= 0x2A6DF or 0x2A700 <= code <= 0x2B73F
-        or 0x2B740 <= code <= 0x2B81F or 0x2B820 <= code <= 0x2CEAF or 0xF900 <= code <= 0xFAFF or 0x2F800 <= code <= 0x2FA1F
+        0x4E00 <= code <= 0x9FFF
+        or 0x3400 <= code <= 0x4DBF
+        or 0x20000 <= code <= 0x2A6DF
+        or 0x2A700 <= code <= 0x2B73F
+        or 0x2B740 <= code <= 0x2B81F
+        or 0x2B820 <= code <= 0x2CEAF
+        or 0xF900 <= code <= 0xFAFF
+        or 0x2F800 <= code <= 0x2FA1F
     )
 
 
@@ -107,7 +113,11 @@ class BertEncoder:
 
     def __init__(self, model_dir: Path) -> None:
         self.config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
-        self.w = {k.removeprefix("bert."): np.asarray(v, dtype=np.float64) for k, v in read_safetensors(model_dir / "model.safetensors").items() if v.dtype.kind == "f"}
+        self.w = {
+            k.removeprefix("bert."): np.asarray(v, dtype=np.float64)
+            for k, v in read_safetensors(model_dir / "model.safetensors").items()
+            if v.dtype.kind == "f"
+        }
         self.tokenizer = WordPiece(model_dir / "vocab.txt")
 
     def _linear(self, x: np.ndarray, name: str) -> np.ndarray:
@@ -117,7 +127,11 @@ class BertEncoder:
         w, eps = self.w, self.config.get("layer_norm_eps", 1e-12)
         heads = self.config["num_attention_heads"]
         n = len(ids)
-        x = w["embeddings.word_embeddings.weight"][ids] + w["embeddings.position_embeddings.weight"][:n] + w["embeddings.token_type_embeddings.weight"][0]
+        x = (
+            w["embeddings.word_embeddings.weight"][ids]
+            + w["embeddings.position_embeddings.weight"][:n]
+            + w["embeddings.token_type_embeddings.weight"][0]
+        )
         x = _layer_norm(x, w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"], eps)
         for i in range(self.config["num_hidden_layers"]):
             p = f"encoder.layer.{i}."
@@ -131,10 +145,20 @@ class BertEncoder:
             scores = np.exp(scores - scores.max(-1, keepdims=True))
             attention = (scores / scores.sum(-1, keepdims=True)) @ v
             attention = attention.transpose(1, 0, 2).reshape(n, -1)
-            x = _layer_norm(x + self._linear(attention, p + "attention.output.dense"), w[p + "attention.output.LayerNorm.weight"], w[p + "attention.output.LayerNorm.bias"], eps)
+            x = _layer_norm(
+                x + self._linear(attention, p + "attention.output.dense"),
+                w[p + "attention.output.LayerNorm.weight"],
+                w[p + "attention.output.LayerNorm.bias"],
+                eps,
+            )
             inner = self._linear(x, p + "intermediate.dense")
             inner = 0.5 * inner * (1.0 + _erf(inner / math.sqrt(2.0)))  # BERT's exact GELU
-            x = _layer_norm(x + self._linear(inner, p + "output.dense"), w[p + "output.LayerNorm.weight"], w[p + "output.LayerNorm.bias"], eps)
+            x = _layer_norm(
+                x + self._linear(inner, p + "output.dense"),
+                w[p + "output.LayerNorm.weight"],
+                w[p + "output.LayerNorm.bias"],
+                eps,
+            )
         return x
 
     def embed(self, text: str) -> np.ndarray:

@@ -24,8 +24,11 @@ def declared_fleet(tmp_path: Path) -> Iterator[tuple[Leader, Callable]]:
         (home / "inventory.yaml").write_text(ONE_A10G)
         worker = sim_worker(leader, home, node_id, token=token, OPOD_INVENTORY=str(home / "inventory.yaml"))
         workers.append(worker)
-        wait_until(lambda: any(n.get("id") == node_id for n in (leader.admin("GET", "/api/v1/nodes")[1] or [])), 60,
-                   f"{node_id} to join")
+        wait_until(
+            lambda: any(n.get("id") == node_id for n in (leader.admin("GET", "/api/v1/nodes")[1] or [])),
+            60,
+            f"{node_id} to join",
+        )
         return worker
 
     try:

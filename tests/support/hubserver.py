@@ -107,13 +107,17 @@ class _Fault:
 
 
 def _error(status: int, code: str, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status, headers={"X-Error-Code": code, "X-Error-Message": message})
+    return web.json_response(
+        {"error": message}, status=status, headers={"X-Error-Code": code, "X-Error-Message": message}
+    )
 
 
 class HubServer:
     """The loopback hub. ``url`` is its base URL (an ``HF_ENDPOINT``); ``cdn_url`` is the redirect target."""
 
-    def __init__(self, *, lfs_threshold: int = 10 * 1024, tree_page_size: int | None = None, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, *, lfs_threshold: int = 10 * 1024, tree_page_size: int | None = None, host: str = "127.0.0.1"
+    ) -> None:
         self.host = host
         self.lfs_threshold = lfs_threshold
         self.tree_page_size = tree_page_size
@@ -135,7 +139,9 @@ class HubServer:
         record.revisions.setdefault(revision, {})[path] = _File(bytes(data), lfs)
         return hashlib.sha256(data).hexdigest()
 
-    def add_tiny_gguf(self, repo: str, path: str = "tiny-Q4_K_M.gguf", *, revision: str = "main", seed: int = 0, **shape: int) -> bytes:
+    def add_tiny_gguf(
+        self, repo: str, path: str = "tiny-Q4_K_M.gguf", *, revision: str = "main", seed: int = 0, **shape: int
+    ) -> bytes:
         """A tiny llama GGUF made by opod (``write_tiny_llama``); returns its bytes."""
         from opod.weights.tiny import write_tiny_llama
 
@@ -240,7 +246,9 @@ class HubServer:
 
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
         raw = request.raw_path.split("?", 1)[0]
-        origin = "cdn" if request.transport and request.transport.get_extra_info("sockname")[1] == self.cdn_port else "hub"
+        origin = (
+            "cdn" if request.transport and request.transport.get_extra_info("sockname")[1] == self.cdn_port else "hub"
+        )
         self.requests.append(HubRequest(request.method, raw, request.query_string, dict(request.headers), origin))
         parts = [unquote(p) for p in raw.strip("/").split("/")]
         if parts[:1] == ["_cdn"] and len(parts) == 2:
@@ -266,14 +274,28 @@ class HubServer:
         if record is None or not record.revisions:
             # Like the hub: without credentials, "missing" and "private" look the same (401).
             if sent is None:
-                return _error(401, "RepoNotFound", f"Repository Not Found for url: {request.url}. Please make sure you are authenticated.")
+                return _error(
+                    401,
+                    "RepoNotFound",
+                    f"Repository Not Found for url: {request.url}. Please make sure you are authenticated.",
+                )
             return _error(404, "RepoNotFound", f"Repository Not Found for url: {request.url}.")
         if record.token is not None and sent != f"Bearer {record.token}":
             if record.gated:
                 if sent is None:
-                    return _error(401, "GatedRepo", f"Access to model {repo_id} is restricted. You must have access to it and be authenticated to access it. Please log in.")
-                return _error(403, "GatedRepo", f"Access to model {repo_id} is restricted and you are not in the authorized list. Visit the model page to ask for access.")
-            return _error(401, "RepoNotFound", "Invalid credentials in Authorization header" if sent else "Repository Not Found")
+                    return _error(
+                        401,
+                        "GatedRepo",
+                        f"Access to model {repo_id} is restricted. You must have access to it and be authenticated to access it. Please log in.",
+                    )
+                return _error(
+                    403,
+                    "GatedRepo",
+                    f"Access to model {repo_id} is restricted and you are not in the authorized list. Visit the model page to ask for access.",
+                )
+            return _error(
+                401, "RepoNotFound", "Invalid credentials in Authorization header" if sent else "Repository Not Found"
+            )
         name = record.find(revision)
         if name is None:
             return _error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
@@ -313,7 +335,7 @@ class HubServer:
         for path, f in sorted(record.revisions[name].items()):
             if not path.startswith(prefix):
                 continue
-            rel = path[len(prefix):]
+            rel = path[len(prefix) :]
             if "/" in rel and not recursive:
                 dirs.add(prefix + rel.split("/", 1)[0])
                 continue
@@ -323,7 +345,10 @@ class HubServer:
             if f.lfs:
                 entry["lfs"] = {"oid": f.sha256, "size": len(f.data), "pointerSize": 134}
             entries.append(entry)
-        entries = [{"type": "directory", "oid": hashlib.sha1(d.encode()).hexdigest(), "size": 0, "path": d} for d in sorted(dirs)] + entries
+        entries = [
+            {"type": "directory", "oid": hashlib.sha1(d.encode()).hexdigest(), "size": 0, "path": d}
+            for d in sorted(dirs)
+        ] + entries
         headers = {}
         if self.tree_page_size:
             start = int(request.query.get("cursor", "0"))
@@ -341,7 +366,7 @@ class HubServer:
         record, name = found
         f = record.revisions[name].get(path)
         if f is None:
-            return _error(404, "EntryNotFound", f"{path} does not exist on \"{revision}\"")
+            return _error(404, "EntryNotFound", f'{path} does not exist on "{revision}"')
         commit = record.commit(name)
         if f.lfs:
             headers = {
@@ -403,4 +428,3 @@ class HubServer:
         await response.write(body)
         await response.write_eof()
         return response
-

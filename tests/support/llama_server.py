@@ -53,7 +53,20 @@ def post_json(url: str, body: dict[str, Any], timeout: float = 60) -> Any:
 def running(model: Path, *args: str, alias: str = "test", threads: int = 2, timeout_s: float = 60) -> Iterator[str]:
     """Run llama-server on ``model`` with extra ``args``; yields its base URL (``http://127.0.0.1:PORT``)."""
     port = free_port()
-    argv = [*command(), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-a", alias, "-t", str(threads), *args]
+    argv = [
+        *command(),
+        "-m",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "-a",
+        alias,
+        "-t",
+        str(threads),
+        *args,
+    ]
     with tempfile.TemporaryFile() as log:
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         base = f"http://127.0.0.1:{port}"
@@ -63,7 +76,9 @@ def running(model: Path, *args: str, alias: str = "test", threads: int = 2, time
                 if process.poll() is not None:
                     log.seek(0)
                     tail = log.read().decode(errors="replace")[-3000:]
-                    raise AssertionError(f"llama-server exited with {process.returncode} before it was healthy:\n{tail}")
+                    raise AssertionError(
+                        f"llama-server exited with {process.returncode} before it was healthy:\n{tail}"
+                    )
                 with contextlib.suppress(OSError, urllib.error.URLError):
                     with urllib.request.urlopen(base + "/health", timeout=2) as response:
                         if response.status == 200:

@@ -43,7 +43,11 @@ class OpodProcess:
         self.home = home
         home.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
-            OPOD + args, env=env or clean_env(home), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            OPOD + args,
+            env=env or clean_env(home),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
             start_new_session=True,
         )
         self.lines: list[str] = []
@@ -83,7 +87,9 @@ class OpodProcess:
         except subprocess.TimeoutExpired as err:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
-            raise AssertionError(f"{' '.join(self.args)} did not stop within {timeout}s after Ctrl-C; output:\n{self.output}") from err
+            raise AssertionError(
+                f"{' '.join(self.args)} did not stop within {timeout}s after Ctrl-C; output:\n{self.output}"
+            ) from err
         self._reader.join(timeout=5)
         return code
 
@@ -122,7 +128,9 @@ def alive(pid: int) -> bool:
     return stat[stat.rfind(")") + 2] != "Z"
 
 
-def http(method: str, url: str, body: object | None = None, key: str | None = None, timeout: float = 30.0) -> tuple[int, dict, object]:
+def http(
+    method: str, url: str, body: object | None = None, key: str | None = None, timeout: float = 30.0
+) -> tuple[int, dict, object]:
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(url, data=data, method=method)
     if data is not None or method not in ("GET", "HEAD"):
@@ -156,8 +164,15 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.1):
 class Leader:
     """``opod up`` on free ports with its own home; ``key`` is its admin key."""
 
-    def __init__(self, home: Path, *, worker: bool = True, extra: list[str] | None = None, env: dict[str, str] | None = None,
-                 ports: tuple[int, int] | None = None) -> None:
+    def __init__(
+        self,
+        home: Path,
+        *,
+        worker: bool = True,
+        extra: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        ports: tuple[int, int] | None = None,
+    ) -> None:
         """``ports`` = (public, admin) to come back on the same addresses after a restart."""
         self.port, self.admin_port = ports or (free_port(), free_port())
         self.worker_port = free_port()
@@ -185,7 +200,9 @@ class Leader:
         return {m["id"] for m in body["data"]} if status == 200 else set()
 
     def wait_served(self, *models: str, timeout: float = 90.0) -> None:
-        wait_until(lambda: set(models) <= self.served(), timeout, f"{models} to be served; output:\n{self.process.output}")
+        wait_until(
+            lambda: set(models) <= self.served(), timeout, f"{models} to be served; output:\n{self.process.output}"
+        )
 
     def node_token(self) -> str:
         status, body = self.admin("POST", "/api/v1/node-tokens", {"name": "test"})
@@ -198,7 +215,16 @@ class Leader:
 
 def sim_worker(leader: Leader, home: Path, node_id: str, *, token: str | None = None, **env: str) -> OpodProcess:
     """``opod join`` with the simulator engine, as node ``node_id``, with its own home and ``env`` on top."""
-    args = ["join", leader.url, "--token", token or leader.node_token(), "--engine", "sim", "--listen", f"127.0.0.1:{free_port()}"]
+    args = [
+        "join",
+        leader.url,
+        "--token",
+        token or leader.node_token(),
+        "--engine",
+        "sim",
+        "--listen",
+        f"127.0.0.1:{free_port()}",
+    ]
     return OpodProcess(args, home, env=clean_env(home, OPOD_NODE_ID=node_id, **env))
 
 

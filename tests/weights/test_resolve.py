@@ -11,16 +11,32 @@ from typing import Any
 import pytest
 
 from opod.contract.catalog import Entry
-from opod.weights import DigestMismatchError, WeightsError, aresolve, ensure_default_chat, ensure_default_embedding, resolve
+from opod.weights import (
+    DigestMismatchError,
+    WeightsError,
+    aresolve,
+    ensure_default_chat,
+    ensure_default_embedding,
+    resolve,
+)
 from tests.support.hubserver import HubServer
 
 
 def entry(source: dict[str, Any], model_id: str = "test-model") -> Entry:
-    return Entry.from_wire({
-        "id": model_id, "display_name": "Test", "source": source, "size_bytes": 1, "context_window": 2048,
-        "capabilities": ["chat"], "recommended_engines": ["llamacpp"], "hardware": {"min_ram_gb": 1}, "tags": [],
-        "license": "apache-2.0",
-    })
+    return Entry.from_wire(
+        {
+            "id": model_id,
+            "display_name": "Test",
+            "source": source,
+            "size_bytes": 1,
+            "context_window": 2048,
+            "capabilities": ["chat"],
+            "recommended_engines": ["llamacpp"],
+            "hardware": {"min_ram_gb": 1},
+            "tags": [],
+            "license": "apache-2.0",
+        }
+    )
 
 
 def test_the_default_chat_model_is_the_smollm2_gguf_from_its_wheel(shared_home: Path, smollm_entry: Entry) -> None:
@@ -49,7 +65,9 @@ def test_the_default_embedding_model_is_converted_once_and_reused(shared_home: P
     assert json.loads(stamp.read_text())["converter"] >= 1
 
 
-async def test_a_hub_entry_without_a_file_resolves_to_its_chosen_gguf(hub: HubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_hub_entry_without_a_file_resolves_to_its_chosen_gguf(
+    hub: HubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     served = hub.add_tiny_gguf("acme/tiny-GGUF", "tiny-Q4_K_M.gguf")
     hub.add_tiny_gguf("acme/tiny-GGUF", "tiny-Q8_0.gguf", dim=128)
     monkeypatch.setenv("HF_ENDPOINT", hub.url)
@@ -58,7 +76,9 @@ async def test_a_hub_entry_without_a_file_resolves_to_its_chosen_gguf(hub: HubSe
     assert path.read_bytes() == served
 
 
-async def test_a_hub_entry_with_a_pinned_digest_refuses_other_bytes(hub: HubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_hub_entry_with_a_pinned_digest_refuses_other_bytes(
+    hub: HubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     hub.add_tiny_gguf("acme/tiny-GGUF", "tiny-Q4_K_M.gguf")
     monkeypatch.setenv("HF_ENDPOINT", hub.url)
     pinned = entry({"type": "huggingface", "repo": "acme/tiny-GGUF", "file": "tiny-Q4_K_M.gguf", "sha256": "cd" * 32})

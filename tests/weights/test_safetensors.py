@@ -30,10 +30,15 @@ def test_f32_f16_bf16_and_i64_read_back_with_their_shapes(tmp_path: Path) -> Non
     f16 = np.array([1.5, -2.0], dtype="<f2")
     bf16 = (np.array([3.0, -0.5], dtype="<f4").view("<u4") >> 16).astype("<u2")
     ids = np.array([[0, 1, 2]], dtype="<i8")
-    path = write(tmp_path / "m.safetensors", {
-        "a": ("F32", [2, 3], f32.tobytes()), "b": ("F16", [2], f16.tobytes()),
-        "c": ("BF16", [2], bf16.tobytes()), "d": ("I64", [1, 3], ids.tobytes()),
-    })
+    path = write(
+        tmp_path / "m.safetensors",
+        {
+            "a": ("F32", [2, 3], f32.tobytes()),
+            "b": ("F16", [2], f16.tobytes()),
+            "c": ("BF16", [2], bf16.tobytes()),
+            "d": ("I64", [1, 3], ids.tobytes()),
+        },
+    )
     tensors = read_safetensors(path)
     assert set(tensors) == {"a", "b", "c", "d"}
     np.testing.assert_array_equal(tensors["a"], f32)

@@ -72,7 +72,12 @@ def test_bad_shapes_are_refused_with_the_reason(tmp_path: Path) -> None:
 def test_llama_server_serves_the_tiny_model_with_printable_repeatable_text(tmp_path: Path) -> None:
     model = write_tiny_llama(tmp_path / "tiny.gguf")
     with llama_server.running(model, alias="tiny") as base:
-        ask = {"model": "tiny", "messages": [{"role": "user", "content": "hello world, how is the fleet?"}], "max_tokens": 24, "temperature": 0}
+        ask = {
+            "model": "tiny",
+            "messages": [{"role": "user", "content": "hello world, how is the fleet?"}],
+            "max_tokens": 24,
+            "temperature": 0,
+        }
         first = llama_server.post_json(base + "/v1/chat/completions", ask)
         second = llama_server.post_json(base + "/v1/chat/completions", ask)
         text = first["choices"][0]["message"]["content"]
@@ -81,7 +86,8 @@ def test_llama_server_serves_the_tiny_model_with_printable_repeatable_text(tmp_p
         assert first["usage"]["completion_tokens"] == 24
         assert second["choices"][0]["message"]["content"] == text, "temperature 0 must repeat itself"
         sampled = llama_server.post_json(
-            base + "/v1/completions", {"model": "tiny", "prompt": "the model", "max_tokens": 48, "temperature": 1.0, "seed": 3}
+            base + "/v1/completions",
+            {"model": "tiny", "prompt": "the model", "max_tokens": 48, "temperature": 1.0, "seed": 3},
         )["choices"][0]["text"]
         assert sampled.strip() and set(sampled) <= PRINTABLE, f"unprintable sampled output: {sampled!r}"
         # The chat template's markers are single control tokens, not spelled out.
@@ -96,7 +102,9 @@ def test_llama_server_serves_the_tiny_embedding_model(tmp_path: Path) -> None:
     again = write_tiny_embedding_model(tmp_path / "again.gguf", dim=32)
     assert digest(model) == digest(again)
     with llama_server.running(model, "--embeddings", "--pooling", "mean", alias="tiny-bert") as base:
-        answer = llama_server.post_json(base + "/v1/embeddings", {"model": "tiny-bert", "input": ["hello world", "the fleet is ready"]})
+        answer = llama_server.post_json(
+            base + "/v1/embeddings", {"model": "tiny-bert", "input": ["hello world", "the fleet is ready"]}
+        )
         vectors = [np.array(d["embedding"]) for d in answer["data"]]
         assert [v.shape for v in vectors] == [(32,), (32,)]
         assert all(abs(np.linalg.norm(v) - 1) < 1e-3 for v in vectors)

@@ -85,7 +85,9 @@ async def chat(client: httpx.AsyncClient, url: str, system: str, user: str) -> l
         if len(tokens) % BS != BS - 1:
             break
         user += " please"
-    r = await client.post(url + "/v1/chat/completions", json={"model": "sim-model", "messages": messages, "max_tokens": 1})
+    r = await client.post(
+        url + "/v1/chat/completions", json={"model": "sim-model", "messages": messages, "max_tokens": 1}
+    )
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["prompt_tokens"] == len(tokens)
     return tokens
@@ -93,8 +95,18 @@ async def chat(client: httpx.AsyncClient, url: str, system: str, user: str) -> l
 
 async def start_sim(*args: str) -> Sim:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "opod", "sim", "--port", "0", "--time-scale", "0", *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, cwd=REPO,
+        sys.executable,
+        "-m",
+        "opod",
+        "sim",
+        "--port",
+        "0",
+        "--time-scale",
+        "0",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        cwd=REPO,
     )
     assert proc.stdout is not None
     line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
@@ -144,9 +156,19 @@ FILLER = "You are a careful assistant who answers in full sentences and checks e
 
 
 def stored_event(hashes: list[int], parent: int | None, tokens: list[int], size: int = BS) -> dict[str, Any]:
-    return {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent, "token_ids": tokens,
-            "block_size": size, "lora_id": None, "medium": "GPU", "lora_name": None, "extra_keys": [None] * len(hashes),
-            "group_idx": 0, "kv_cache_spec_kind": "full_attention"}
+    return {
+        "type": "BlockStored",
+        "block_hashes": hashes,
+        "parent_block_hash": parent,
+        "token_ids": tokens,
+        "block_size": size,
+        "lora_id": None,
+        "medium": "GPU",
+        "lora_name": None,
+        "extra_keys": [None] * len(hashes),
+        "group_idx": 0,
+        "kv_cache_spec_kind": "full_attention",
+    }
 
 
 def decoded_stored(hashes: list[int], parent: int | None, tokens: list[int]) -> BlockStored:
@@ -173,7 +195,9 @@ async def fake_engine_pub(listener: KVEventListener) -> AsyncIterator[zmq.asynci
         ctx.term()
 
 
-async def publish_until_heard(pub: zmq.asyncio.Socket, listener: KVEventListener, payload: bytes, topic: bytes = b"") -> None:
+async def publish_until_heard(
+    pub: zmq.asyncio.Socket, listener: KVEventListener, payload: bytes, topic: bytes = b""
+) -> None:
     """Send batch 0 until the listener has it: a PUB drops messages until the subscription reaches it."""
     assert listener.blocks is not None
     for _ in range(50):

@@ -51,7 +51,11 @@ def test_attach_serves_the_adapter_under_base_colon_name_and_detach_removes_it()
         async def body(table: Adapters) -> None:
             answer = await table.attach(nodeapi.LoadAdapterRequest(base="base", name="sql", source="/a/sql", rank=8))
             assert (answer.status, answer.model) == ("ready", "base:sql")
-            assert listed(sim.url) == ["base", "base:sql"] and table.live() == ["base:sql"] and table.base_of("base:sql") == "base"
+            assert (
+                listed(sim.url) == ["base", "base:sql"]
+                and table.live() == ["base:sql"]
+                and table.base_of("base:sql") == "base"
+            )
             assert [a.to_json() for a in table.held()] == ['{"id":"base:sql","name":"sql","source":"/a/sql"}']
             assert (await table.detach(nodeapi.UnloadAdapterRequest(base="base", name="sql"))).status == "unloaded"
             assert listed(sim.url) == ["base"] and table.held() == []
@@ -59,14 +63,22 @@ def test_attach_serves_the_adapter_under_base_colon_name_and_detach_removes_it()
         asyncio.run(_with_table(engine, body=body))
 
 
-@pytest.mark.parametrize(("request_", "status", "words"), [
-    (nodeapi.LoadAdapterRequest(base="base", name="wide", source="/x", rank=64), 409, "rank 64, but the engine serving 'base' was started for rank 16"),
-    (nodeapi.LoadAdapterRequest(base="other", name="x", source="/x"), 409, "'other' is not serving on this worker"),
-    (nodeapi.LoadAdapterRequest(base="base", name="a:b", source="/x"), 400, "must not contain ':'"),
-    (nodeapi.LoadAdapterRequest(base="base", name="x"), 400, "source: required"),
-])
+@pytest.mark.parametrize(
+    ("request_", "status", "words"),
+    [
+        (
+            nodeapi.LoadAdapterRequest(base="base", name="wide", source="/x", rank=64),
+            409,
+            "rank 64, but the engine serving 'base' was started for rank 16",
+        ),
+        (nodeapi.LoadAdapterRequest(base="other", name="x", source="/x"), 409, "'other' is not serving on this worker"),
+        (nodeapi.LoadAdapterRequest(base="base", name="a:b", source="/x"), 400, "must not contain ':'"),
+        (nodeapi.LoadAdapterRequest(base="base", name="x"), 400, "source: required"),
+    ],
+)
 def test_refusals_say_why(request_: nodeapi.LoadAdapterRequest, status: int, words: str) -> None:
     with running(CONFIG) as sim:
+
         async def body(table: Adapters) -> None:
             with pytest.raises(AdapterRefused) as caught:
                 await table.attach(request_)
@@ -81,7 +93,9 @@ def test_an_engine_started_without_lora_is_told_how_to_turn_it_on() -> None:
         engine.rank = 0
 
         async def body(table: Adapters) -> None:
-            with pytest.raises(AdapterRefused, match="start it with LoRA on .the plan flag max_lora_rank, or OPOD_ADAPTERS.") as caught:
+            with pytest.raises(
+                AdapterRefused, match="start it with LoRA on .the plan flag max_lora_rank, or OPOD_ADAPTERS."
+            ) as caught:
                 await table.attach(nodeapi.LoadAdapterRequest(base="base", name="x", source="/x"))
             assert caught.value.status == 501
 
@@ -89,16 +103,23 @@ def test_an_engine_started_without_lora_is_told_how_to_turn_it_on() -> None:
 
 
 def test_a_restarted_engine_gets_its_adapters_again_and_the_wanted_ones_too() -> None:
-    wanted = [nodeapi.Adapter(name="support", source="/a/support", rank=8), nodeapi.Adapter(name="huge", source="/a/huge", rank=128)]
+    wanted = [
+        nodeapi.Adapter(name="support", source="/a/support", rank=8),
+        nodeapi.Adapter(name="huge", source="/a/huge", rank=128),
+    ]
     with contextlib.ExitStack() as stack:
         first = stack.enter_context(running(CONFIG))
         engine = Engine(first.url)
 
         async def body(table: Adapters) -> None:
             assert await table.reconcile(["base"])
-            assert listed(first.url) == ["base", "base:support"], "the wanted adapter that fits is attached; the rank-128 one is not"
+            assert listed(first.url) == ["base", "base:support"], (
+                "the wanted adapter that fits is attached; the rank-128 one is not"
+            )
             await table.attach(nodeapi.LoadAdapterRequest(base="base", name="sql", source="/a/sql"))
-            assert not await table.reconcile(["base"]), "nothing to do, and a refused adapter is not retried on the same engine"
+            assert not await table.reconcile(["base"]), (
+                "nothing to do, and a refused adapter is not retried on the same engine"
+            )
 
             second = stack.enter_context(running(CONFIG))  # the supervisor's relaunch: a fresh engine, no adapters
             engine.url, engine.started = second.url, 2.0
@@ -113,23 +134,36 @@ def test_a_restarted_engine_gets_its_adapters_again_and_the_wanted_ones_too() ->
 def test_lora_flags_size_the_engine_for_the_largest_wanted_adapter() -> None:
     vllm, llamacpp = get_driver("vllm"), get_driver("llamacpp")
     assert lora_flags(vllm, {}, []) == {}
-    assert lora_flags(vllm, {"ctx": 4}, [nodeapi.Adapter(name="a", source="s", rank=8)]) == {"ctx": 4, "max_lora_rank": 16}
+    assert lora_flags(vllm, {"ctx": 4}, [nodeapi.Adapter(name="a", source="s", rank=8)]) == {
+        "ctx": 4,
+        "max_lora_rank": 16,
+    }
     assert lora_flags(vllm, {}, [nodeapi.Adapter(name="a", source="s", rank=40)])["max_lora_rank"] == 64
-    assert lora_flags(vllm, {"max_lora_rank": 256}, [nodeapi.Adapter(name="a", source="s", rank=40)])["max_lora_rank"] == 256
-    with pytest.raises(ValueError, match="the llamacpp engine cannot attach LoRA adapters at run time; use the vllm engine"):
+    assert (
+        lora_flags(vllm, {"max_lora_rank": 256}, [nodeapi.Adapter(name="a", source="s", rank=40)])["max_lora_rank"]
+        == 256
+    )
+    with pytest.raises(
+        ValueError, match="the llamacpp engine cannot attach LoRA adapters at run time; use the vllm engine"
+    ):
         lora_flags(llamacpp, {}, [nodeapi.Adapter(name="a", source="s")])
     with pytest.raises(ValueError, match="rank 1024 is larger than any rank vllm can be started for .at most 512."):
         lora_flags(vllm, {}, [nodeapi.Adapter(name="a", source="s", rank=1024)])
 
 
-@pytest.mark.parametrize(("value", "words"), [
-    ("[{", "OPOD_ADAPTERS is not JSON"),
-    ('{"name": "a"}', "OPOD_ADAPTERS must be a JSON list such as"),
-    ('[{"name": "a", "rank": "big"}]', "OPOD_ADAPTERS[0]:"),
-    ('[{"name": "a"}]', "OPOD_ADAPTERS[0]: needs a name (without ':') and a source"),
-    ('[{"name": "a:b", "source": "/x"}]', "OPOD_ADAPTERS[0]: needs a name (without ':')"),
-])
-def test_a_bad_opod_adapters_is_refused_naming_the_element(monkeypatch: pytest.MonkeyPatch, value: str, words: str) -> None:
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("[{", "OPOD_ADAPTERS is not JSON"),
+        ('{"name": "a"}', "OPOD_ADAPTERS must be a JSON list such as"),
+        ('[{"name": "a", "rank": "big"}]', "OPOD_ADAPTERS[0]:"),
+        ('[{"name": "a"}]', "OPOD_ADAPTERS[0]: needs a name (without ':') and a source"),
+        ('[{"name": "a:b", "source": "/x"}]', "OPOD_ADAPTERS[0]: needs a name (without ':')"),
+    ],
+)
+def test_a_bad_opod_adapters_is_refused_naming_the_element(
+    monkeypatch: pytest.MonkeyPatch, value: str, words: str
+) -> None:
     monkeypatch.setenv("OPOD_ADAPTERS", value)
     with pytest.raises(ValueError) as caught:
         wanted_adapters()
@@ -139,13 +173,25 @@ def test_a_bad_opod_adapters_is_refused_naming_the_element(monkeypatch: pytest.M
 def test_opod_adapters_is_read_as_the_contracts_adapter_list(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPOD_ADAPTERS", raising=False)
     assert wanted_adapters() == []
-    monkeypatch.setenv("OPOD_ADAPTERS", '[{"name": "support", "source": "/a/support", "rank": 64}, {"name": "legal", "source": "org/legal"}]')
-    assert wanted_adapters() == [nodeapi.Adapter(name="support", source="/a/support", rank=64), nodeapi.Adapter(name="legal", source="org/legal")]
+    monkeypatch.setenv(
+        "OPOD_ADAPTERS",
+        '[{"name": "support", "source": "/a/support", "rank": 64}, {"name": "legal", "source": "org/legal"}]',
+    )
+    assert wanted_adapters() == [
+        nodeapi.Adapter(name="support", source="/a/support", rank=64),
+        nodeapi.Adapter(name="legal", source="org/legal"),
+    ]
 
 
 async def test_the_engine_manager_serves_adapters_with_their_base_and_unloads_them_with_it(tmp_path: Path) -> None:
-    manager = EngineManager(engine_id="sim", home=tmp_path, catalog=load_catalog(), supervisor=Supervisor(),
-                            flags={"time_scale": 0}, adapters=[nodeapi.Adapter(name="support", source="/a/support", rank=8)])
+    manager = EngineManager(
+        engine_id="sim",
+        home=tmp_path,
+        catalog=load_catalog(),
+        supervisor=Supervisor(),
+        flags={"time_scale": 0},
+        adapters=[nodeapi.Adapter(name="support", source="/a/support", rank=8)],
+    )
     try:
         assert manager.flags["max_lora_rank"] == 16
         engine = await load_and_serve(manager, "sim-model")
@@ -155,7 +201,9 @@ async def test_the_engine_manager_serves_adapters_with_their_base_and_unloads_th
         assert manager.engine_urls() == {"sim-model": engine.base_url, "sim-model:support": engine.base_url}
 
         await manager.adapters.attach(nodeapi.LoadAdapterRequest(base="sim-model", name="legal", source="/a/legal"))
-        with pytest.raises(LoadRefused, match=r"adapters are attached to 'sim-model' on this worker \(sim-model:legal\)") as caught:
+        with pytest.raises(
+            LoadRefused, match=r"adapters are attached to 'sim-model' on this worker \(sim-model:legal\)"
+        ) as caught:
             await manager.unload(nodeapi.UnloadModelRequest(id="sim-model"))
         assert caught.value.status == 409
         assert (await manager.unload(nodeapi.UnloadModelRequest(id="sim-model:legal"))).status == "unloaded"
@@ -171,20 +219,30 @@ def test_a_local_adapters_own_rank_is_read_when_the_request_states_none(tmp_path
     adapter.mkdir()
     (adapter / "adapter_config.json").write_text('{"peft_type": "LORA", "r": 64, "lora_alpha": 16}')
     with running(CONFIG) as sim:
+
         async def body(table: Adapters) -> None:
-            with pytest.raises(AdapterRefused, match="adapter 'wide' has rank 64, but the engine serving 'base' was started for rank 16"):
+            with pytest.raises(
+                AdapterRefused,
+                match="adapter 'wide' has rank 64, but the engine serving 'base' was started for rank 16",
+            ):
                 await table.attach(nodeapi.LoadAdapterRequest(base="base", name="wide", source=str(adapter)))
             (adapter / "adapter_config.json").write_text('{"r": 8}')
-            assert (await table.attach(nodeapi.LoadAdapterRequest(base="base", name="wide", source=str(adapter)))).status == "ready"
+            assert (
+                await table.attach(nodeapi.LoadAdapterRequest(base="base", name="wide", source=str(adapter)))
+            ).status == "ready"
 
         asyncio.run(_with_table(Engine(sim.url), body=body))
 
 
 async def test_an_adapter_on_a_base_whose_name_holds_a_colon_unloads_by_its_model_id(tmp_path: Path) -> None:
     # Ollama-style ids carry a tag ("llama3:8b"); the adapter is served as "llama3:8b:support".
-    manager = EngineManager(engine_id="sim", home=tmp_path, catalog=load_catalog(), supervisor=Supervisor(), flags={"time_scale": 0})
+    manager = EngineManager(
+        engine_id="sim", home=tmp_path, catalog=load_catalog(), supervisor=Supervisor(), flags={"time_scale": 0}
+    )
     try:
-        manager.adapters.attached["llama3:8b:support"] = Attached("llama3:8b", "support", "/a/support", engine_start=1.0)
+        manager.adapters.attached["llama3:8b:support"] = Attached(
+            "llama3:8b", "support", "/a/support", engine_start=1.0
+        )
         answer = await manager.unload(nodeapi.UnloadModelRequest(id="llama3:8b:support"))
         assert (answer.status, answer.model) == ("unloaded", "llama3:8b:support") and manager.adapters.held() == []
     finally:

@@ -21,7 +21,7 @@ import pytest
 
 from opod.worker import adoption, processes
 
-PROGRAM = textwrap.dedent('''
+PROGRAM = textwrap.dedent("""
     import asyncio, json, os, signal, sys
     from pathlib import Path
     from types import SimpleNamespace
@@ -61,10 +61,12 @@ PROGRAM = textwrap.dedent('''
 
     handed = adoption.read(home)
     asyncio.run(second_life(handed) if handed is not None else first_life())
-''')
+""")
 
 
-def test_a_process_handed_over_across_an_exec_is_taken_back_read_on_and_restarted_when_it_crashes(tmp_path: Path) -> None:
+def test_a_process_handed_over_across_an_exec_is_taken_back_read_on_and_restarted_when_it_crashes(
+    tmp_path: Path,
+) -> None:
     script = tmp_path / "worker.py"
     script.write_text(PROGRAM)
     run = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=60)
@@ -106,7 +108,9 @@ def sleeper() -> Iterator[tuple[subprocess.Popen[bytes], int]]:
 async def test_a_pid_that_is_not_this_workers_child_is_not_taken(sleeper: tuple[subprocess.Popen[bytes], int]) -> None:
     child, read_fd = sleeper
     with pytest.raises(processes.NotAdoptable, match="another process"):
-        processes.adopt(os.getppid(), ticks=processes.start_ticks(os.getppid()) or 0, output_fd=read_fd, on_line=lambda _: None)
+        processes.adopt(
+            os.getppid(), ticks=processes.start_ticks(os.getppid()) or 0, output_fd=read_fd, on_line=lambda _: None
+        )
     ticks = processes.start_ticks(child.pid)
     assert ticks is not None
     with pytest.raises(processes.NotAdoptable, match="another process"):  # a reused pid: another start time

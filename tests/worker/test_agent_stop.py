@@ -16,7 +16,9 @@ from opod.worker.engines import EngineManager
 from opod.worker.supervisor import Supervisor
 
 
-async def test_a_heartbeat_cut_off_by_the_stop_is_not_reported_as_an_unreachable_leader(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_heartbeat_cut_off_by_the_stop_is_not_reported_as_an_unreachable_leader(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     stop = asyncio.Event()
     heartbeats = 0
 
@@ -40,8 +42,15 @@ async def test_a_heartbeat_cut_off_by_the_stop_is_not_reported_as_an_unreachable
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     manager = EngineManager(engine_id="sim", home=tmp_path, catalog=load_catalog(), supervisor=Supervisor())
-    agent = Agent(leader_url=f"http://127.0.0.1:{port}", node_id="n1", token="t", boot_id="b1", address="127.0.0.1:1",
-                  capabilities=nodeapi.Capabilities(), manager=manager)
+    agent = Agent(
+        leader_url=f"http://127.0.0.1:{port}",
+        node_id="n1",
+        token="t",
+        boot_id="b1",
+        address="127.0.0.1:1",
+        capabilities=nodeapi.Capabilities(),
+        manager=manager,
+    )
     try:
         with caplog.at_level(logging.INFO, logger="opod.worker"):
             await asyncio.wait_for(agent.run(stop), timeout=5)

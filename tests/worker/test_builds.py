@@ -78,7 +78,10 @@ async def test_none_marks_the_engine_unsupported_and_refuses_its_start(tmp_path:
     builds.heard(orders(llamacpp="none", vllm="none"))
     rows = {row.engine: row for row in await provision.survey(0, builds, ollama_url="http://127.0.0.1:9")}
     for engine in ("llamacpp", "vllm"):
-        assert (rows[engine].state, rows[engine].detail) == ("unsupported", f"the operator chose no build of {engine} here")
+        assert (rows[engine].state, rows[engine].detail) == (
+            "unsupported",
+            f"the operator chose no build of {engine} here",
+        )
     with pytest.raises(LaunchError, match="the operator chose no build of llamacpp here"):
         builds.launcher("llamacpp")
     assert rows["sim"].state == "ready"
@@ -86,18 +89,30 @@ async def test_none_marks_the_engine_unsupported_and_refuses_its_start(tmp_path:
 
 def test_the_install_command_fills_its_placeholders_and_names_the_variable_when_malformed() -> None:
     default = install_argv("vllm", "cu129", python="/py", environ={})
-    assert default == ["/py", "-m", "pip", "install", "vllm", "--extra-index-url", "https://download.pytorch.org/whl/cu129"]
+    assert default == [
+        "/py",
+        "-m",
+        "pip",
+        "install",
+        "vllm",
+        "--extra-index-url",
+        "https://download.pytorch.org/whl/cu129",
+    ]
     with pytest.raises(ValueError, match="OPOD_ENGINE_INSTALL_COMMAND=.*only {python}, {package}, {build} and {index}"):
         install_argv("vllm", "cpu", environ={"OPOD_ENGINE_INSTALL_COMMAND": "pip install {pkg}"})
     assert "cu129" in builds_of("vllm") and "portable" in builds_of("llamacpp") and builds_of("sim") == ("auto", "none")
 
 
-async def test_a_pip_build_installs_once_and_a_restarted_worker_does_not_install_it_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_pip_build_installs_once_and_a_restarted_worker_does_not_install_it_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     wheels, target = tmp_path / "wheels", tmp_path / "site"
     write_wheel(wheels / "cpu", "vllm", "0.0.1")
     target.mkdir()
-    command = (f"{{python}} -m pip install --no-deps --no-index --disable-pip-version-check --find-links {wheels}/{{build}} "
-               f"--target {target} {{package}}")
+    command = (
+        f"{{python}} -m pip install --no-deps --no-index --disable-pip-version-check --find-links {wheels}/{{build}} "
+        f"--target {target} {{package}}"
+    )
     environ = {"OPOD_ENGINE_INSTALL_COMMAND": command}
     monkeypatch.syspath_prepend(str(target))
     home = tmp_path / "home"
@@ -126,7 +141,9 @@ async def test_a_pip_build_installs_once_and_a_restarted_worker_does_not_install
 
 
 async def test_a_command_that_cannot_start_fails_with_the_reason(tmp_path: Path) -> None:
-    builds = EngineBuilds(tmp_path, environ={"OPOD_ENGINE_INSTALL_COMMAND": str(tmp_path / "no-such-pip") + " install {package}"})
+    builds = EngineBuilds(
+        tmp_path, environ={"OPOD_ENGINE_INSTALL_COMMAND": str(tmp_path / "no-such-pip") + " install {package}"}
+    )
     builds.heard(orders(sglang="cu128"))
     await installed(builds, "sglang")
     assert builds.chosen("sglang").state == "failed" and "could not be started" in builds.chosen("sglang").detail

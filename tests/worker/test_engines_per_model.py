@@ -19,14 +19,26 @@ from tests.support.engine_manager import load_and_serve
 async def test_a_killed_engine_is_its_model_restarting_and_the_other_model_still_serves(tmp_path: Path) -> None:
     kicks: list[int] = []
     supervisor = Supervisor(on_change=lambda _process: kicks.append(1))
-    manager = EngineManager(engine_id="sim", home=tmp_path, catalog=load_catalog(), supervisor=supervisor, flags={"time_scale": 0})
-    agent = Agent(leader_url="http://127.0.0.1:9", node_id="n1", token="t", boot_id="b1", address="127.0.0.1:1",
-                  capabilities=nodeapi.Capabilities(), manager=manager)
+    manager = EngineManager(
+        engine_id="sim", home=tmp_path, catalog=load_catalog(), supervisor=supervisor, flags={"time_scale": 0}
+    )
+    agent = Agent(
+        leader_url="http://127.0.0.1:9",
+        node_id="n1",
+        token="t",
+        boot_id="b1",
+        address="127.0.0.1:1",
+        capabilities=nodeapi.Capabilities(),
+        manager=manager,
+    )
     try:
         await load_and_serve(manager, "sim-a")
         await load_and_serve(manager, "sim-b")
         body = await agent.heartbeat_body()
-        assert body.model_engines is not None and {m: e.state for m, e in body.model_engines.items()} == {"sim-a": "serving", "sim-b": "serving"}
+        assert body.model_engines is not None and {m: e.state for m, e in body.model_engines.items()} == {
+            "sim-a": "serving",
+            "sim-b": "serving",
+        }
         process = supervisor.get(manager.engines["sim-a"].process_id)
         assert process is not None and process.pid is not None
         kicks.clear()

@@ -31,18 +31,31 @@ def peers(parsed: declared.Declared) -> dict[int, list[int] | None]:
 def test_nvlink_peers_link_the_cards_of_an_entry_both_ways_and_fabrics_keep_each_adapters_state() -> None:
     parsed = declared.parse(declared.yaml.safe_load(WIRED))
     assert peers(parsed) == {0: [1, 2, 3], 1: [0, 2, 3], 2: [0, 1, 3], 3: [0, 1, 2], 4: [5], 5: [4], 6: None}
-    assert parsed.fabrics == {"ib-a": {"mlx5_0": "active", "mlx5_1": "active"}, "ib-b": {"mlx5_2": "active", "mlx5_3": "down"}}
+    assert parsed.fabrics == {
+        "ib-a": {"mlx5_0": "active", "mlx5_1": "active"},
+        "ib-b": {"mlx5_2": "active", "mlx5_3": "down"},
+    }
 
 
 def test_a_link_written_on_one_card_is_a_link_of_both() -> None:
-    parsed = declared.parse({"gpus": [{"name": "A", "memory_gb": 24, "nvlink_peers": [2]}, {"name": "A", "memory_gb": 24, "count": 2}]})
+    parsed = declared.parse(
+        {"gpus": [{"name": "A", "memory_gb": 24, "nvlink_peers": [2]}, {"name": "A", "memory_gb": 24, "count": 2}]}
+    )
     assert peers(parsed) == {0: [2], 1: None, 2: [0]}
 
 
 def test_nvlink_all_links_every_whole_card_and_a_domain_is_joined_by_each() -> None:
-    parsed = declared.parse({"gpus": [{"name": "GB200", "memory_gb": 186, "count": 4},
-                                      {"name": "A100", "memory_gb": 80, "mig": [{"profile": "3g.40gb", "memory_gb": 40}]}],
-                             "nvlink": "all", "nvlink_domain": "nvl72-a", "fabrics": [{"name": "roce", "adapters": ["eth2"], "state": "down"}]})
+    parsed = declared.parse(
+        {
+            "gpus": [
+                {"name": "GB200", "memory_gb": 186, "count": 4},
+                {"name": "A100", "memory_gb": 80, "mig": [{"profile": "3g.40gb", "memory_gb": 40}]},
+            ],
+            "nvlink": "all",
+            "nvlink_domain": "nvl72-a",
+            "fabrics": [{"name": "roce", "adapters": ["eth2"], "state": "down"}],
+        }
+    )
     whole = [g for g in parsed.gpus if not g.mig_profile]
     assert [g.nvlink_peers for g in whole] == [[1, 2, 3], [0, 2, 3], [0, 1, 3], [0, 1, 2]]
     assert {(g.nvlink_domain, g.fabric_state) for g in whole} == {("nvl72-a", "joined")}
@@ -55,41 +68,92 @@ def test_the_worker_reports_fabrics_and_wiring_on_the_wire(tmp_path: Path) -> No
     inventory = take(tmp_path, declared.parse(declared.yaml.safe_load(WIRED)))
     report = inventory.report("sim")
     wire = nodeapi.InventoryReport.model_validate_json(report.to_json())
-    assert wire.fabrics == {"ib-a": {"mlx5_0": "active", "mlx5_1": "active"}, "ib-b": {"mlx5_2": "active", "mlx5_3": "down"}}
+    assert wire.fabrics == {
+        "ib-a": {"mlx5_0": "active", "mlx5_1": "active"},
+        "ib-b": {"mlx5_2": "active", "mlx5_3": "down"},
+    }
     assert wire.gpus is not None and wire.gpus[4].nvlink_peers == [5]
     bare = take(tmp_path, declared.parse({"gpus": [{"name": "L4", "memory_gb": 24}]})).report("sim").to_json()
     assert "fabrics" not in bare and "nvlink" not in bare and "fabric_state" not in bare
 
 
-@pytest.mark.parametrize(("data", "named"), [
-    ({"nvlink": "some"}, "nvlink: 'some': write all"),
-    ({"gpus": [{"name": "A", "memory_gb": 8, "count": 2, "nvlink_peers": [1]}], "nvlink": "all"},
-     "gpus[0].nvlink_peers: nvlink: all already links every card"),
-    ({"gpus": [{"name": "A", "memory_gb": 8, "nvlink_peers": []}]}, "gpus[0].nvlink_peers: must be a non-empty list"),
-    ({"gpus": [{"name": "A", "memory_gb": 8, "nvlink_peers": "1,2"}]}, "gpus[0].nvlink_peers: must be a non-empty list"),
-    ({"gpus": [{"name": "A", "memory_gb": 8, "count": 2, "nvlink_peers": [0, 5]}]}, "gpus[0].nvlink_peers[1]: 5 is not a card; the whole cards are 0, 1"),
-    ({"gpus": [{"name": "A", "memory_gb": 8, "nvlink_peers": [True]}]}, "gpus[0].nvlink_peers[0]: True is not a card"),
-    ({"gpus": [{"name": "A", "memory_gb": 80, "mig": [{"profile": "3g.40gb", "memory_gb": 40}], "nvlink_peers": [0]}]},
-     "gpus[0].nvlink_peers: a card in MIG mode has no NVLink peers"),
-    ({"gpus": [{"name": "A", "memory_gb": 80, "nvlink_peers": [1]}, {"name": "A", "memory_gb": 80, "mig": [{"profile": "3g.40gb", "memory_gb": 40}]}]},
-     "gpus[0].nvlink_peers[0]: card 1 is in MIG mode"),
-    ({"nvlink_domain": "nvl72"}, "nvlink_domain: no whole card to join it"),
-    ({"gpus": [{"name": "A", "memory_gb": 8}], "nvlink_domain": "no spaces"}, "nvlink_domain: 'no spaces' is not an NVLink domain name"),
-    ({"fabrics": {"ib-a": ["mlx5_0"]}}, "fabrics: must be a list of fabrics"),
-    ({"fabrics": [{"adapters": ["mlx5_0"]}]}, "fabrics[0].name: required"),
-    ({"fabrics": [{"name": "ib a", "adapters": ["mlx5_0"]}]}, "fabrics[0].name: 'ib a' is not a fabric name"),
-    ({"fabrics": [{"name": "ib-a"}]}, "fabrics[0].adapters: required: a non-empty list"),
-    ({"fabrics": [{"name": "ib-a", "adapters": []}]}, "fabrics[0].adapters: required: a non-empty list"),
-    ({"fabrics": [{"name": "ib-a", "adapters": ["mlx5_0"], "speed": 400}]}, "fabrics[0]: unknown field 'speed'"),
-    ({"fabrics": [{"name": "ib-a", "adapters": ["mlx5_0"], "state": "up"}]}, "fabrics[0].state: 'up': write active"),
-    ({"fabrics": [{"name": "ib-a", "adapters": [{"name": "mlx5_0", "state": "flaky"}]}]}, "fabrics[0].adapters[0].state: 'flaky'"),
-    ({"fabrics": [{"name": "ib-a", "adapters": [{"state": "down"}]}]}, "fabrics[0].adapters[0].name: required"),
-    ({"fabrics": [{"name": "ib-a", "adapters": [7]}]}, "fabrics[0].adapters[0]: 7 is not an adapter name"),
-    ({"fabrics": [{"name": "ib-a", "adapters": ["mlx5_0"]}, {"name": "ib-a", "adapters": ["mlx5_1"]}]},
-     "fabrics[1].name: fabric 'ib-a' is declared twice"),
-    ({"fabrics": [{"name": "ib-a", "adapters": ["mlx5_0"]}, {"name": "ib-b", "adapters": ["mlx5_0"]}]},
-     "fabrics[1].adapters[0]: adapter 'mlx5_0' is already on fabric 'ib-a'"),
-])
+@pytest.mark.parametrize(
+    ("data", "named"),
+    [
+        ({"nvlink": "some"}, "nvlink: 'some': write all"),
+        (
+            {"gpus": [{"name": "A", "memory_gb": 8, "count": 2, "nvlink_peers": [1]}], "nvlink": "all"},
+            "gpus[0].nvlink_peers: nvlink: all already links every card",
+        ),
+        (
+            {"gpus": [{"name": "A", "memory_gb": 8, "nvlink_peers": []}]},
+            "gpus[0].nvlink_peers: must be a non-empty list",
+        ),
+        (
+            {"gpus": [{"name": "A", "memory_gb": 8, "nvlink_peers": "1,2"}]},
+            "gpus[0].nvlink_peers: must be a non-empty list",
+        ),
+        (
+            {"gpus": [{"name": "A", "memory_gb": 8, "count": 2, "nvlink_peers": [0, 5]}]},
+            "gpus[0].nvlink_peers[1]: 5 is not a card; the whole cards are 0, 1",
+        ),
+        (
+            {"gpus": [{"name": "A", "memory_gb": 8, "nvlink_peers": [True]}]},
+            "gpus[0].nvlink_peers[0]: True is not a card",
+        ),
+        (
+            {
+                "gpus": [
+                    {
+                        "name": "A",
+                        "memory_gb": 80,
+                        "mig": [{"profile": "3g.40gb", "memory_gb": 40}],
+                        "nvlink_peers": [0],
+                    }
+                ]
+            },
+            "gpus[0].nvlink_peers: a card in MIG mode has no NVLink peers",
+        ),
+        (
+            {
+                "gpus": [
+                    {"name": "A", "memory_gb": 80, "nvlink_peers": [1]},
+                    {"name": "A", "memory_gb": 80, "mig": [{"profile": "3g.40gb", "memory_gb": 40}]},
+                ]
+            },
+            "gpus[0].nvlink_peers[0]: card 1 is in MIG mode",
+        ),
+        ({"nvlink_domain": "nvl72"}, "nvlink_domain: no whole card to join it"),
+        (
+            {"gpus": [{"name": "A", "memory_gb": 8}], "nvlink_domain": "no spaces"},
+            "nvlink_domain: 'no spaces' is not an NVLink domain name",
+        ),
+        ({"fabrics": {"ib-a": ["mlx5_0"]}}, "fabrics: must be a list of fabrics"),
+        ({"fabrics": [{"adapters": ["mlx5_0"]}]}, "fabrics[0].name: required"),
+        ({"fabrics": [{"name": "ib a", "adapters": ["mlx5_0"]}]}, "fabrics[0].name: 'ib a' is not a fabric name"),
+        ({"fabrics": [{"name": "ib-a"}]}, "fabrics[0].adapters: required: a non-empty list"),
+        ({"fabrics": [{"name": "ib-a", "adapters": []}]}, "fabrics[0].adapters: required: a non-empty list"),
+        ({"fabrics": [{"name": "ib-a", "adapters": ["mlx5_0"], "speed": 400}]}, "fabrics[0]: unknown field 'speed'"),
+        (
+            {"fabrics": [{"name": "ib-a", "adapters": ["mlx5_0"], "state": "up"}]},
+            "fabrics[0].state: 'up': write active",
+        ),
+        (
+            {"fabrics": [{"name": "ib-a", "adapters": [{"name": "mlx5_0", "state": "flaky"}]}]},
+            "fabrics[0].adapters[0].state: 'flaky'",
+        ),
+        ({"fabrics": [{"name": "ib-a", "adapters": [{"state": "down"}]}]}, "fabrics[0].adapters[0].name: required"),
+        ({"fabrics": [{"name": "ib-a", "adapters": [7]}]}, "fabrics[0].adapters[0]: 7 is not an adapter name"),
+        (
+            {"fabrics": [{"name": "ib-a", "adapters": ["mlx5_0"]}, {"name": "ib-a", "adapters": ["mlx5_1"]}]},
+            "fabrics[1].name: fabric 'ib-a' is declared twice",
+        ),
+        (
+            {"fabrics": [{"name": "ib-a", "adapters": ["mlx5_0"]}, {"name": "ib-b", "adapters": ["mlx5_0"]}]},
+            "fabrics[1].adapters[0]: adapter 'mlx5_0' is already on fabric 'ib-a'",
+        ),
+    ],
+)
 def test_bad_wiring_is_refused_naming_the_field(data: dict, named: str) -> None:
     with pytest.raises(InventoryError) as err:
         declared.parse(data, "inv.yaml")
@@ -115,14 +179,29 @@ class _WiredNVML:
 
     def nvmlInit(self) -> None: ...
     def nvmlShutdown(self) -> None: ...
-    def nvmlDeviceGetCount(self) -> int: return 4
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> int: return i
-    def nvmlDeviceGetName(self, h: int) -> bytes: return b"NVIDIA H100"
-    def nvmlDeviceGetMemoryInfo(self, h: int) -> _Memory: return self._Memory()
-    def nvmlDeviceGetCudaComputeCapability(self, h: int) -> tuple[int, int]: return (9, 0)
-    def nvmlDeviceGetUUID(self, h: int) -> str: return f"GPU-{h}"
-    def nvmlDeviceGetMigMode(self, h: int) -> tuple[int, int]: return (0, 0)
-    def nvmlDeviceGetPciInfo(self, h: int) -> _PCI: return _PCI(0x10 + h)
+    def nvmlDeviceGetCount(self) -> int:
+        return 4
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        return i
+
+    def nvmlDeviceGetName(self, h: int) -> bytes:
+        return b"NVIDIA H100"
+
+    def nvmlDeviceGetMemoryInfo(self, h: int) -> _Memory:
+        return self._Memory()
+
+    def nvmlDeviceGetCudaComputeCapability(self, h: int) -> tuple[int, int]:
+        return (9, 0)
+
+    def nvmlDeviceGetUUID(self, h: int) -> str:
+        return f"GPU-{h}"
+
+    def nvmlDeviceGetMigMode(self, h: int) -> tuple[int, int]:
+        return (0, 0)
+
+    def nvmlDeviceGetPciInfo(self, h: int) -> _PCI:
+        return _PCI(0x10 + h)
 
     def nvmlDeviceGetNvLinkState(self, h: int, link: int) -> int:
         if link >= 2:

@@ -152,9 +152,19 @@ def test_gpu_sensors_read_what_nvml_answers_and_leave_out_what_a_card_cannot_say
     sensors = GPUSensors(FakeNVML())
     full, older = sensors.read()
     assert (full.index, full.temp_c, full.power_w, full.power_limit_w) == (0, 64.0, 412.3, 700.0)
-    assert (full.util_percent, full.mem_util_percent, full.memory_used_mb, full.memory_total_mb) == (87, 40, 70 * 1024, 141 * 1024)
+    assert (full.util_percent, full.mem_util_percent, full.memory_used_mb, full.memory_total_mb) == (
+        87,
+        40,
+        70 * 1024,
+        141 * 1024,
+    )
     assert (full.sm_clock_mhz, full.ecc_uncorrected, full.pcie_replays) == (1980, 0, 3)
-    assert (full.remapped_rows_correctable, full.remapped_rows_uncorrectable, full.remap_pending, full.remap_failure) == (2, 0, False, False)
+    assert (
+        full.remapped_rows_correctable,
+        full.remapped_rows_uncorrectable,
+        full.remap_pending,
+        full.remap_failure,
+    ) == (2, 0, False, False)
     assert full.retired_pages_sbe is None and full.retire_pending is None
     assert older.index == 1 and older.temp_c == 40 and older.power_w is None and older.util_percent is None
     assert '"power_w"' not in older.to_json() and '"memory_total_mb":144384' in older.to_json()

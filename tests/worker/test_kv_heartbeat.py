@@ -28,10 +28,23 @@ from tests.worker.kv_support import BS, FILLER, LeaderView, chat, settle
 async def test_a_worker_reports_its_sim_engines_blocks_in_heartbeats(tmp_path: Path) -> None:
     supervisor = Supervisor()
     kicks: list[float] = []
-    manager = EngineManager(engine_id="sim", home=tmp_path, catalog=load_catalog(), supervisor=supervisor,
-                            flags={"time_scale": 0}, on_change=lambda: kicks.append(time.monotonic()))
-    agent = Agent(leader_url="http://127.0.0.1:9", node_id="n1", token="t", boot_id="b1", address="127.0.0.1:1",
-                  capabilities=nodeapi.Capabilities(), manager=manager)
+    manager = EngineManager(
+        engine_id="sim",
+        home=tmp_path,
+        catalog=load_catalog(),
+        supervisor=supervisor,
+        flags={"time_scale": 0},
+        on_change=lambda: kicks.append(time.monotonic()),
+    )
+    agent = Agent(
+        leader_url="http://127.0.0.1:9",
+        node_id="n1",
+        token="t",
+        boot_id="b1",
+        address="127.0.0.1:1",
+        capabilities=nodeapi.Capabilities(),
+        manager=manager,
+    )
     view = LeaderView()
     try:
         body = (await agent.heartbeat_body()).to_wire()
@@ -88,8 +101,15 @@ async def test_a_worker_reports_its_sim_engines_blocks_in_heartbeats(tmp_path: P
 async def test_a_worker_whose_engine_publishes_nothing_never_sends_the_key(tmp_path: Path) -> None:
     manager = EngineManager(engine_id="llamacpp", home=tmp_path, catalog=load_catalog(), supervisor=Supervisor())
     assert manager.kv_report is None and manager.kv_blocks() is None
-    agent = Agent(leader_url="http://127.0.0.1:9", node_id="n1", token="t", boot_id="b1", address="127.0.0.1:1",
-                  capabilities=nodeapi.Capabilities(), manager=manager)
+    agent = Agent(
+        leader_url="http://127.0.0.1:9",
+        node_id="n1",
+        token="t",
+        boot_id="b1",
+        address="127.0.0.1:1",
+        capabilities=nodeapi.Capabilities(),
+        manager=manager,
+    )
     try:
         assert "kv_blocks" not in (await agent.heartbeat_body()).to_wire()
     finally:

@@ -30,8 +30,15 @@ from tests.worker.kv_support import (
 
 
 def test_bind_or_connect_follows_vllms_rule_as_the_simulator_does() -> None:
-    for endpoint in ("tcp://*:5557", "tcp://[::]:5557", "tcp://127.0.0.1:5557", "tcp://10.0.0.2:5557", "ipc:///tmp/kv",
-                     "inproc://kv", "tcp://localhost:5557"):
+    for endpoint in (
+        "tcp://*:5557",
+        "tcp://[::]:5557",
+        "tcp://127.0.0.1:5557",
+        "tcp://10.0.0.2:5557",
+        "ipc:///tmp/kv",
+        "inproc://kv",
+        "tcp://localhost:5557",
+    ):
         assert engine_binds(endpoint) == sim_binds(endpoint), endpoint
     assert dial_address("tcp://*:5557") == "tcp://127.0.0.1:5557"
     assert dial_address("tcp://[::]:5558") == "tcp://127.0.0.1:5558"
@@ -48,11 +55,37 @@ def test_bad_messages_raise_clear_errors() -> None:
     with pytest.raises(KVDecodeError, match="not a batch"):
         decode_payload(msgpack.packb({"ts": 1}))
     with pytest.raises(KVDecodeError, match="token_ids"):
-        decode_payload(msgpack.packb([1.0, [{"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None,
-                                             "token_ids": "abc", "block_size": 16}], 0]))
+        decode_payload(
+            msgpack.packb(
+                [
+                    1.0,
+                    [
+                        {
+                            "type": "BlockStored",
+                            "block_hashes": [1],
+                            "parent_block_hash": None,
+                            "token_ids": "abc",
+                            "block_size": 16,
+                        }
+                    ],
+                    0,
+                ]
+            )
+        )
     # Older vLLM's tagged arrays, and an event type this worker does not know, are read (the latter skipped).
-    events = decode_payload(msgpack.packb([1.0, [["BlockStored", [5], None, list(range(16)), 16, None, "GPU"],
-                                                 ["BlockRemoved", [5], "GPU"], {"type": "SomethingNew"}], 0]))
+    events = decode_payload(
+        msgpack.packb(
+            [
+                1.0,
+                [
+                    ["BlockStored", [5], None, list(range(16)), 16, None, "GPU"],
+                    ["BlockRemoved", [5], "GPU"],
+                    {"type": "SomethingNew"},
+                ],
+                0,
+            ]
+        )
+    )
     assert [type(e).__name__ for e in events] == ["BlockStored", "BlockRemoved"]
 
 
@@ -156,8 +189,13 @@ async def test_recorded_frames_through_a_listener_say_cleared_at_each_gap(listen
         await publish_until_heard(pub, listener, (RECORDED / items[0]["file"]).read_bytes(), topic=b"kv-events")
         for item in items[1:]:
             f = item["frames"]
-            await pub.send_multipart([bytes.fromhex(f["frame0_topic_hex"]), bytes.fromhex(f["frame1_seq_hex"]),
-                                      (RECORDED / item["file"]).read_bytes()])
+            await pub.send_multipart(
+                [
+                    bytes.fromhex(f["frame0_topic_hex"]),
+                    bytes.fromhex(f["frame1_seq_hex"]),
+                    (RECORDED / item["file"]).read_bytes(),
+                ]
+            )
         await settle(report)
         view.apply(report.drain())
     # Resets: AllBlocksCleared at 12, the gap before 38 (whose 40 removals name blocks forgotten there),

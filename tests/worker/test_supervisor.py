@@ -123,7 +123,9 @@ GRANDPARENT = """
 async def test_ready_by_http_waits_through_503(sup: Supervisor) -> None:
     port = free_port()
     t0 = time.monotonic()
-    p = await sup.start(ProcessConfig(id="web", argv=py(HTTP_CHILD, str(port), "0.4"), ready_url=f"http://127.0.0.1:{port}/health"))
+    p = await sup.start(
+        ProcessConfig(id="web", argv=py(HTTP_CHILD, str(port), "0.4"), ready_url=f"http://127.0.0.1:{port}/health")
+    )
     assert p.state is ProcessState.STARTING and p.pid
     assert sup.process_info("web").status == "starting"
     assert p.engine_state().state == "starting"
@@ -168,7 +170,11 @@ async def test_custom_probe(sup: Supervisor) -> None:
 async def test_ready_timeout_kills_it_and_says_so(sup: Supervisor) -> None:
     port = free_port()  # nothing ever listens here
     child = "import time; print('loading weights: 3 of 40 shards', flush=True); time.sleep(60)"
-    p = await sup.start(ProcessConfig(id="slow", argv=py(child), ready_url=f"http://127.0.0.1:{port}/health", ready_timeout=0.5, restart=True))
+    p = await sup.start(
+        ProcessConfig(
+            id="slow", argv=py(child), ready_url=f"http://127.0.0.1:{port}/health", ready_timeout=0.5, restart=True
+        )
+    )
     t0 = time.monotonic()
     assert not await sup.wait_ready("slow", timeout=10)
     assert time.monotonic() - t0 < 3
@@ -184,7 +190,14 @@ async def test_ready_timeout_kills_it_and_says_so(sup: Supervisor) -> None:
 
 async def test_ready_timeout_names_what_the_probe_saw(sup: Supervisor) -> None:
     port = free_port()
-    p = await sup.start(ProcessConfig(id="wrong-path", argv=py(HTTP_CHILD, str(port), "0"), ready_url=f"http://127.0.0.1:{port}/healthz", ready_timeout=0.5))
+    p = await sup.start(
+        ProcessConfig(
+            id="wrong-path",
+            argv=py(HTTP_CHILD, str(port), "0"),
+            ready_url=f"http://127.0.0.1:{port}/healthz",
+            ready_timeout=0.5,
+        )
+    )
     assert not await sup.wait_ready("wrong-path")
     assert p.exit_reason == f"did not become ready within 0.5s (http://127.0.0.1:{port}/healthz answered 404)"
 
@@ -199,12 +212,19 @@ async def test_exit_during_readiness_fails_fast_with_reason_and_lines(sup: Super
         print("main: exiting due to model loading error", flush=True)
         sys.exit(3)
     """
-    p = await sup.start(ProcessConfig(id="bad", argv=py(child), ready_url=f"http://127.0.0.1:{port}/health", ready_timeout=30, restart=True))
+    p = await sup.start(
+        ProcessConfig(
+            id="bad", argv=py(child), ready_url=f"http://127.0.0.1:{port}/health", ready_timeout=30, restart=True
+        )
+    )
     t0 = time.monotonic()
     assert not await sup.wait_ready("bad")
     assert time.monotonic() - t0 < 2, "the exit must end readiness at once, not after the 30 s timeout"
     assert (p.state, p.exit_code, p.exit_reason, p.restarts) == (ProcessState.FAILED, 3, "exit status 3", 0)
-    assert p.exit_lines[-2:] == ["error: invalid magic characters in model file", "main: exiting due to model loading error"]
+    assert p.exit_lines[-2:] == [
+        "error: invalid magic characters in model file",
+        "main: exiting due to model loading error",
+    ]
     # The detail names the telling line, the error, not merely the last one.
     assert p.engine_state().detail == "exit status 3: error: invalid magic characters in model file"
     assert sup.process_info("bad").exit_err == "exit status 3"
@@ -218,7 +238,9 @@ async def test_sigill_is_named(sup: Supervisor, tmp_path: Path) -> None:
         os.kill(os.getpid(), signal.SIGILL)
     """
     port = free_port()
-    p = await sup.start(ProcessConfig(id="ill", argv=py(child), cwd=tmp_path, ready_url=f"http://127.0.0.1:{port}/health"))
+    p = await sup.start(
+        ProcessConfig(id="ill", argv=py(child), cwd=tmp_path, ready_url=f"http://127.0.0.1:{port}/health")
+    )
     assert not await sup.wait_ready("ill", timeout=5)
     assert p.exit_code == -signal.SIGILL
     assert p.exit_reason == "killed by SIGILL (illegal instruction)"
@@ -266,7 +288,13 @@ if not marker.exists():
 """
     child = crash_once + textwrap.dedent(HTTP_CHILD)
     p = await sup.start(
-        ProcessConfig(id="flaky", argv=py(child, str(port), "0"), ready_url=f"http://127.0.0.1:{port}/health", restart=True, backoff=0.05)
+        ProcessConfig(
+            id="flaky",
+            argv=py(child, str(port), "0"),
+            ready_url=f"http://127.0.0.1:{port}/health",
+            restart=True,
+            backoff=0.05,
+        )
     )
     assert await sup.wait_ready("flaky", timeout=5)
     first = p.pid
@@ -280,7 +308,14 @@ if not marker.exists():
 
 async def test_a_stable_run_clears_the_crash_streak(sup: Supervisor) -> None:
     # Each run is "stable" (longer than stable_after) before it crashes, so max_restarts=1 never runs out.
-    cfg = ProcessConfig(id="rare", argv=py("import sys, time; time.sleep(0.25); sys.exit(1)"), restart=True, max_restarts=1, backoff=0.05, stable_after=0.2)
+    cfg = ProcessConfig(
+        id="rare",
+        argv=py("import sys, time; time.sleep(0.25); sys.exit(1)"),
+        restart=True,
+        max_restarts=1,
+        backoff=0.05,
+        stable_after=0.2,
+    )
     p = await sup.start(cfg)
     await wait_for(lambda: p.restarts >= 3, 10)
     assert p.live and p.engine_state().state in ("serving", "starting")
@@ -300,7 +335,10 @@ async def test_clean_stop_never_restarts(sup: Supervisor) -> None:
     assert (info.status, info.exit_err) == ("stopped", "")
     assert p.engine_state().state == "stopped"
     await sup.stop("svc")  # idempotent
-    assert [c for c in sup.changes if c[0] == "svc"][-2:] == [("svc", "stopping", "stopped"), ("svc", "stopped", "stopped")]
+    assert [c for c in sup.changes if c[0] == "svc"][-2:] == [
+        ("svc", "stopping", "stopped"),
+        ("svc", "stopped", "stopped"),
+    ]
 
 
 async def test_exit_zero_is_not_a_crash(sup: Supervisor) -> None:
@@ -321,8 +359,6 @@ async def test_exits_are_noticed_without_pidfds(sup: Supervisor, monkeypatch: py
 
 
 # --- stopping ----------------------------------------------------------------------
-
-
 
 
 async def test_stop_kills_the_whole_group(sup: Supervisor) -> None:
@@ -363,7 +399,9 @@ async def test_stop_during_backoff_and_during_readiness(sup: Supervisor) -> None
     assert p.state is ProcessState.STOPPED and p.restarts == 0
 
     port = free_port()
-    q = await sup.start(ProcessConfig(id="r", argv=py("import time; time.sleep(60)"), ready_url=f"http://127.0.0.1:{port}/"))
+    q = await sup.start(
+        ProcessConfig(id="r", argv=py("import time; time.sleep(60)"), ready_url=f"http://127.0.0.1:{port}/")
+    )
     waiter = asyncio.create_task(sup.wait_ready("r"))
     await asyncio.sleep(0.2)
     await sup.stop("r", grace=1)
@@ -476,9 +514,19 @@ async def test_process_info_speaks_the_contract(sup: Supervisor) -> None:
 
 def test_config_from_a_leaders_spec() -> None:
     spec = nodeapi.ProcessSpec(
-        id="s-0", command="rpc-server", args=["-p", "50052"], env={"CUDA_VISIBLE_DEVICES": "0"}, work_dir="/data",
-        health_port=50052, health_host="0.0.0.0", health_path="/health", ready_timeout=900 * 10**9,
-        restart=True, max_restarts=0, restart_backoff=10**9, log_lines=0,
+        id="s-0",
+        command="rpc-server",
+        args=["-p", "50052"],
+        env={"CUDA_VISIBLE_DEVICES": "0"},
+        work_dir="/data",
+        health_port=50052,
+        health_host="0.0.0.0",
+        health_path="/health",
+        ready_timeout=900 * 10**9,
+        restart=True,
+        max_restarts=0,
+        restart_backoff=10**9,
+        log_lines=0,
     )
     cfg = ProcessConfig.from_spec(spec)
     assert cfg.argv == ("rpc-server", "-p", "50052") and cfg.cwd == "/data"
@@ -496,7 +544,10 @@ def test_config_from_a_leaders_spec() -> None:
         ({"argv": []}, "argv is empty"),
         ({"argv": "llama-server --port 1"}, "not one string"),
         ({"argv": ["llama-server", "--port", 8080]}, r"argv\[2\] is int 8080"),
-        ({"argv": ["x"], "ready_url": "http://h/", "health_port": 1}, "one readiness check, not ready_url and health_port"),
+        (
+            {"argv": ["x"], "ready_url": "http://h/", "health_port": 1},
+            "one readiness check, not ready_url and health_port",
+        ),
         ({"argv": ["x"], "ready_url": "localhost:1/health"}, "http:// or https://"),
         ({"argv": ["x"], "env": {"A": 1}}, "env entry"),
         ({"argv": ["x"], "ready_timeout": 0}, "ready_timeout must be a positive"),
@@ -551,11 +602,28 @@ async def test_llama_server_serves_and_stops_cleanly(sup: Supervisor, tmp_path: 
     tiny = pytest.importorskip("opod.weights.tiny")
     model = tiny.write_tiny_llama(tmp_path / "tiny.gguf")
     port = free_port()
-    argv = [*llama_command(), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", "512", "-t", "2", "--metrics"]
-    p = await sup.start(ProcessConfig(id="llama", argv=argv, ready_url=f"http://127.0.0.1:{port}/health", ready_timeout=60))
+    argv = [
+        *llama_command(),
+        "-m",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "-c",
+        "512",
+        "-t",
+        "2",
+        "--metrics",
+    ]
+    p = await sup.start(
+        ProcessConfig(id="llama", argv=argv, ready_url=f"http://127.0.0.1:{port}/health", ready_timeout=60)
+    )
     assert await sup.wait_ready("llama", timeout=60), p.last_lines(20)
     body = json.dumps({"prompt": "hello world", "max_tokens": 4, "temperature": 0}).encode()
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"}
+    )
     answer = await asyncio.to_thread(lambda: json.loads(urllib.request.urlopen(request, timeout=30).read()))
     assert answer["choices"][0]["text"]
     await sup.stop("llama", grace=10)

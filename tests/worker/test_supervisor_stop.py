@@ -39,11 +39,18 @@ async def test_an_engine_log_is_rotated_by_size_and_keeps_every_line_of_the_last
             print(f"line {i:05d} " + "x" * 90, flush=i % 100 == 0)
     """
     supervisor = Supervisor()
-    p = await supervisor.start(ProcessConfig(id="chatty", argv=py(child), log_file=log_file, log_max_bytes=64 * 1024, log_backups=3))
+    p = await supervisor.start(
+        ProcessConfig(id="chatty", argv=py(child), log_file=log_file, log_max_bytes=64 * 1024, log_backups=3)
+    )
     await wait_for(lambda: not p.live)
     assert p.exit_reason == "exit status 0"
     backups = sorted(path.name for path in log_file.parent.iterdir())
-    assert backups == ["engine-m.log", "engine-m.log.1", "engine-m.log.2", "engine-m.log.3"]  # the oldest beyond 3 dropped
+    assert backups == [
+        "engine-m.log",
+        "engine-m.log.1",
+        "engine-m.log.2",
+        "engine-m.log.3",
+    ]  # the oldest beyond 3 dropped
     for path in log_file.parent.iterdir():
         assert path.stat().st_size <= 64 * 1024 + 65536, f"{path.name} grew past its limit by more than one write"
     lines = all_lines(log_file)

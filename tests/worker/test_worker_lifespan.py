@@ -48,7 +48,9 @@ async def leader() -> AsyncIterator[tuple[Leader, str]]:
 
 
 def settings(home: Path, leader_url: str, port: int = 0) -> WorkerSettings:
-    return WorkerSettings(leader_url=leader_url, token="t", home=home, listen=("127.0.0.1", port), engine="sim", node_id="n1")
+    return WorkerSettings(
+        leader_url=leader_url, token="t", home=home, listen=("127.0.0.1", port), engine="sim", node_id="n1"
+    )
 
 
 def refuses(port: int) -> bool:
@@ -57,7 +59,8 @@ def refuses(port: int) -> bool:
 
 
 async def test_a_worker_serves_while_it_runs_and_closes_its_port_after_saying_goodbye(
-        tmp_path: Path, leader: tuple[Leader, str]) -> None:
+    tmp_path: Path, leader: tuple[Leader, str]
+) -> None:
     state, url = leader
     worker = open_worker(settings(tmp_path, url))
     port = worker.listener.port

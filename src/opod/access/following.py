@@ -18,7 +18,9 @@ FOLLOW_EVERY = 1.0
 """Seconds between reads of the store for what other leaders changed: with the read itself, in force everywhere within 2 s."""
 
 
-async def follow_store(stop: asyncio.Event, step: Callable[[], Awaitable[object]], what: str, every: float = FOLLOW_EVERY) -> None:
+async def follow_store(
+    stop: asyncio.Event, step: Callable[[], Awaitable[object]], what: str, every: float = FOLLOW_EVERY
+) -> None:
     """Call ``step`` every ``every`` seconds until ``stop``; a failed round is logged and the next one tries again."""
     while not stop.is_set():
         with contextlib.suppress(TimeoutError):

@@ -150,7 +150,9 @@ class KeyTable:
 
     # --- the auth file's keys --------------------------------------------------
 
-    def apply_snapshot(self, revision: str, require_keys: bool, issued_at: datetime | None, entries: Iterable[KeyEntry]) -> None:
+    def apply_snapshot(
+        self, revision: str, require_keys: bool, issued_at: datetime | None, entries: Iterable[KeyEntry]
+    ) -> None:
         """Replace every key that came from the auth file with ``entries``, in one assignment.
 
         A tombstoned entry stays listed so its holder hears "revoked", not "unknown"; it is never accepted.
@@ -245,18 +247,26 @@ class KeyTable:
             return Unauthorized(f"{noun} {entry.id} was revoked; {renew}.")
         if entry.source == SNAPSHOT:
             if entry.id in self._tombstones:
-                return Unauthorized(f"{noun} {entry.id} was revoked by the manager (auth file revokedKeys); ask for a new one.")
+                return Unauthorized(
+                    f"{noun} {entry.id} was revoked by the manager (auth file revokedKeys); ask for a new one."
+                )
             stale = self.staleness()
             if stale is not None:
                 return StaleSnapshot(stale)
         if entry.user_id and entry.user_id in self._suspended:
-            return Unauthorized(f"{noun} {entry.id} belongs to a person whose account is deactivated; ask an administrator.")
+            return Unauthorized(
+                f"{noun} {entry.id} belongs to a person whose account is deactivated; ask an administrator."
+            )
         if entry.expires_at is not None and entry.expires_at <= datetime.now(UTC):
             return Unauthorized(f"{noun} {entry.id} expired at {entry.expires_at:%Y-%m-%d %H:%M} UTC; {renew}.")
         return None
 
     def _admin_key_hint(self) -> str:
-        where = f"{self.admin_key_file} on the leader" if self.admin_key_file else "admin.key in the leader's OPOD_HOME (~/.opod/admin.key by default)"
+        where = (
+            f"{self.admin_key_file} on the leader"
+            if self.admin_key_file
+            else "admin.key in the leader's OPOD_HOME (~/.opod/admin.key by default)"
+        )
         return f"the admin key is in {where}; `opod token create` makes client keys, not admin keys"
 
     def take_used(self) -> set[str]:

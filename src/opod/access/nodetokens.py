@@ -66,7 +66,9 @@ class NodeTokenBook:
 
     # --- checking signed calls ----------------------------------------------
 
-    def check(self, value: str | None, method: str, path: str, *, registering: bool = False) -> tuple[SignedHeader, str]:
+    def check(
+        self, value: str | None, method: str, path: str, *, registering: bool = False
+    ) -> tuple[SignedHeader, str]:
         """Verify a worker's signed call; returns the header and the token id that signed it.
 
         A node that has not registered yet may sign with any active token; a
@@ -78,14 +80,22 @@ class NodeTokenBook:
             token = self._tokens.get(bound)
             if token is None or not token.active():
                 why = "was revoked" if token is not None and token.revoked else "expired or no longer exists"
-                raise AuthRefused(Refusal.UNKNOWN_NODE, f"the node token node {header.node_id!r} joined with {why}; join again with a new token (opod token create --node)", header.node_id)
+                raise AuthRefused(
+                    Refusal.UNKNOWN_NODE,
+                    f"the node token node {header.node_id!r} joined with {why}; join again with a new token (opod token create --node)",
+                    header.node_id,
+                )
             candidates = [token]
         elif registering:
             candidates = [t for t in self._tokens.values() if t.active()]
         else:
             candidates = []
         if not candidates:
-            raise AuthRefused(Refusal.UNKNOWN_NODE, f"node {header.node_id!r} is unknown here; register first with a node token (opod token create --node)", header.node_id)
+            raise AuthRefused(
+                Refusal.UNKNOWN_NODE,
+                f"node {header.node_id!r} is unknown here; register first with a node token (opod token create --node)",
+                header.node_id,
+            )
         last: AuthRefused | None = None
         for token in candidates:
             try:
@@ -99,5 +109,9 @@ class NodeTokenBook:
             return checked, token.id
         assert last is not None
         if bound is None:
-            raise AuthRefused(Refusal.SIGNATURE, f"no active node token matches the signature of node {header.node_id!r}; check the token given to opod join", header.node_id)
+            raise AuthRefused(
+                Refusal.SIGNATURE,
+                f"no active node token matches the signature of node {header.node_id!r}; check the token given to opod join",
+                header.node_id,
+            )
         raise last

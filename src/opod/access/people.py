@@ -39,8 +39,13 @@ class MemberChange:
 class People:
     """The people table in memory; every change goes to the store first, in one transaction with its audit row."""
 
-    def __init__(self, store: Store, access: AccessService, users: Collection[UserRecord] = (),
-                 memberships: Collection[MembershipRecord] = ()) -> None:
+    def __init__(
+        self,
+        store: Store,
+        access: AccessService,
+        users: Collection[UserRecord] = (),
+        memberships: Collection[MembershipRecord] = (),
+    ) -> None:
         """Use :meth:`load`; this takes what the store holds already."""
         self._store = store
         self._access = access
@@ -77,7 +82,11 @@ class People:
 
     def users(self, state: str | None = None) -> list[UserRecord]:
         """Everyone (oldest first), or those in ``state``."""
-        return [u for u in sorted(self._users.values(), key=lambda u: (u.created_at, u.id)) if state is None or u.state == state]
+        return [
+            u
+            for u in sorted(self._users.values(), key=lambda u: (u.created_at, u.id))
+            if state is None or u.state == state
+        ]
 
     def memberships(self, user_id: str) -> list[MembershipRecord]:
         return sorted(self._memberships.get(user_id, {}).values(), key=lambda m: (m.at, m.target))
@@ -93,28 +102,64 @@ class People:
 
     # --- changes (store, then memory) ---------------------------------------------------------
 
-    async def create(self, *, email: str, name: str = "", state: str = "active", role: str = "", external_id: str = "",
-                     id: str | None = None, audit: AuditRow | None = None) -> UserRecord:
+    async def create(
+        self,
+        *,
+        email: str,
+        name: str = "",
+        state: str = "active",
+        role: str = "",
+        external_id: str = "",
+        id: str | None = None,
+        audit: AuditRow | None = None,
+    ) -> UserRecord:
         """A new person (``id`` fresh unless given, so an audit row can name it before it exists)."""
-        record = await run_sync(self._store.create_user, email=email, name=name, state=state, role=role,
-                                external_id=external_id, id=id, audit=audit)
+        record = await run_sync(
+            self._store.create_user,
+            email=email,
+            name=name,
+            state=state,
+            role=role,
+            external_id=external_id,
+            id=id,
+            audit=audit,
+        )
         self._changes += 1
         self._put(record)
         if record.state == DISABLED:
             self._access.suspend_user(record.id)
         return record
 
-    async def update(self, user_id: str, *, email: str | None = None, name: str | None = None, state: str | None = None,
-                     role: str | None = None, external_id: str | None = None, audit: AuditRow | None = None) -> UserRecord:
+    async def update(
+        self,
+        user_id: str,
+        *,
+        email: str | None = None,
+        name: str | None = None,
+        state: str | None = None,
+        role: str | None = None,
+        external_id: str | None = None,
+        audit: AuditRow | None = None,
+    ) -> UserRecord:
         """Change the fields given; a person who becomes disabled has their keys refused at once, reinstated when active."""
-        record = await run_sync(self._store.update_user, user_id, email=email, name=name, state=state, role=role,
-                                external_id=external_id, audit=audit)
+        record = await run_sync(
+            self._store.update_user,
+            user_id,
+            email=email,
+            name=name,
+            state=state,
+            role=role,
+            external_id=external_id,
+            audit=audit,
+        )
         self._changes += 1
         self._put(record)
         self._follow_state(record)
         return record
 
-    async def join(self, user_id: str, target: str, *, role: str, by: str, audit: AuditRow | None = None) -> MembershipRecord:
+    async def join(
+        self, user_id: str, target: str, *, role: str, by: str, audit: AuditRow | None = None
+    ) -> MembershipRecord:
         """Put a person in ``target``, or change their role there."""
         record = await run_sync(self._store.set_membership, user_id, target, role=role, by=by, audit=audit)
         self._changes += 1
@@ -130,13 +175,28 @@ class People:
         self._access.revoked_in_store(change.revoked)
         return bool(change.removed)
 
-    async def change_members(self, target: str, *, add: Collection[str] = (), remove: Collection[str] = (),
-                             replace_all: bool = False, by: str = "", audit: AuditRow | None = None) -> MemberChange:
+    async def change_members(
+        self,
+        target: str,
+        *,
+        add: Collection[str] = (),
+        remove: Collection[str] = (),
+        replace_all: bool = False,
+        by: str = "",
+        audit: AuditRow | None = None,
+    ) -> MemberChange:
         """A group push, in one transaction: ``add`` become members (a manager stays one), ``remove`` leave;
         with ``replace_all`` everyone not in ``add`` leaves. The keys of those who leave are revoked, in the same
         transaction, in the projects they no longer reach."""
-        change = await run_sync(self._store.push_members, target, add=list(add), remove=list(remove),
-                                replace_all=replace_all, by=by, audit=audit)
+        change = await run_sync(
+            self._store.push_members,
+            target,
+            add=list(add),
+            remove=list(remove),
+            replace_all=replace_all,
+            by=by,
+            audit=audit,
+        )
         self._changes += 1
         self._access.revoked_in_store(change.revoked)
         for membership in await run_sync(self._store.list_memberships, None, target):

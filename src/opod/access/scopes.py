@@ -21,7 +21,10 @@ ID_PREFIXES: dict[str, ScopeKind] = {"org_": "org", "team_": "team", "prj_": "pr
 _ID = re.compile(r"(org|team|prj|usr|k)_[A-Za-z0-9_]+")
 _DEPTH: dict[str, int] = {"org": 1, "team": 2, "project": 3}
 _FORMS: dict[str, str] = {
-    "org": "org:NAME", "team": "team:ORG/TEAM", "project": "project:ORG/TEAM/PROJECT", "user": "user:ID or user:EMAIL",
+    "org": "org:NAME",
+    "team": "team:ORG/TEAM",
+    "project": "project:ORG/TEAM/PROJECT",
+    "user": "user:ID or user:EMAIL",
     "key": "key:ID",
 }
 
@@ -104,7 +107,11 @@ def parse_scope(text: str, *, kinds: Collection[str] = KINDS, field: str = "scop
     if kind == "key":
         return ScopeRef("key", id=rest, text=value)
     if kind == "user":
-        return ScopeRef("user", id=rest, text=value) if id_kind(rest) == "user" else ScopeRef("user", names=(rest,), text=value)
+        return (
+            ScopeRef("user", id=rest, text=value)
+            if id_kind(rest) == "user"
+            else ScopeRef("user", names=(rest,), text=value)
+        )
     if id_kind(rest) == kind:
         return ScopeRef(kind, id=rest, text=value)
     names = tuple(rest.split("/"))

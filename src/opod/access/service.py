@@ -123,19 +123,35 @@ class AccessService:
         token = self.tokens.minter.token(LOCAL_TOKEN_ID)
         existing = [r for r in self.store.list_keys("node") if r.id == LOCAL_TOKEN_ID]
         if not existing:
-            self.store.create_key(kind="node", name="opod up's local worker", hash=hash_key(token),
-                                  prefix=display_prefix(token), id=LOCAL_TOKEN_ID)
+            self.store.create_key(
+                kind="node",
+                name="opod up's local worker",
+                hash=hash_key(token),
+                prefix=display_prefix(token),
+                id=LOCAL_TOKEN_ID,
+            )
             self._put_token(NodeToken(LOCAL_TOKEN_ID, "local worker"))
         elif existing[0].revoked_at is not None:
             raise LocalTokenRevoked(
-                f"the local worker's node token ({LOCAL_TOKEN_ID}) was revoked; run opod up --no-worker, or remove ~/.opod to start afresh")
+                f"the local worker's node token ({LOCAL_TOKEN_ID}) was revoked; run opod up --no-worker, or remove ~/.opod to start afresh"
+            )
         return token
 
     # --- /api/v1 -------------------------------------------------------------------------
 
-    async def create(self, kind: MintedKind, name: str, expires_at: datetime | None = None, *, project_id: str = "",
-                     user_id: str = "", band: str = "", routing_profile: str = "",
-                     key_id: str | None = None, audit: AuditRow | None = None) -> tuple[KeyRecord, str]:
+    async def create(
+        self,
+        kind: MintedKind,
+        name: str,
+        expires_at: datetime | None = None,
+        *,
+        project_id: str = "",
+        user_id: str = "",
+        band: str = "",
+        routing_profile: str = "",
+        key_id: str | None = None,
+        audit: AuditRow | None = None,
+    ) -> tuple[KeyRecord, str]:
         """Mint a key or node token; returns its record and its plaintext (shown once, never stored).
 
         ``band`` is the key's admission class; ``key_id`` a fresh one of :func:`new_key_id` (made here when None),
@@ -144,9 +160,21 @@ class AccessService:
         now = datetime.now(UTC)
         key_id = key_id or new_key_id(kind)
         secret = self.tokens.minter.token(key_id) if kind == "node" else new_secret(API_PREFIX)
-        record = await run_sync(self.store.create_key, kind=kind, name=name, hash=hash_key(secret), prefix=display_prefix(secret),
-                                expires_at=expires_at, id=key_id, created_at=now, project_id=project_id, user_id=user_id,
-                                admission_class=band, routing_profile=routing_profile, audit=audit)
+        record = await run_sync(
+            self.store.create_key,
+            kind=kind,
+            name=name,
+            hash=hash_key(secret),
+            prefix=display_prefix(secret),
+            expires_at=expires_at,
+            id=key_id,
+            created_at=now,
+            project_id=project_id,
+            user_id=user_id,
+            admission_class=band,
+            routing_profile=routing_profile,
+            audit=audit,
+        )
         if kind == "node":
             self._put_token(NodeToken(record.id, record.name, record.expires_at))
         else:
@@ -178,8 +206,9 @@ class AccessService:
     def reinstate_user(self, user_id: str) -> None:
         self.keys.reinstate_user(user_id)
 
-    async def revoke_keys(self, user_id: str, project_ids: Collection[str] | None = None, *,
-                          audit: AuditRow | None = None) -> list[KeyRecord]:
+    async def revoke_keys(
+        self, user_id: str, project_ids: Collection[str] | None = None, *, audit: AuditRow | None = None
+    ) -> list[KeyRecord]:
         """Revoke for good a person's keys in ``project_ids`` (all of them when None): store, then memory."""
         revoked = await run_sync(self.store.revoke_user_keys, user_id, project_ids, datetime.now(UTC), audit=audit)
         self.keys.revoke_many(k.id for k in revoked)
@@ -213,7 +242,9 @@ class AccessService:
             if known is None:
                 self._put_token(NodeToken(record.id, record.name, record.expires_at, revoked=revoked))
                 changed += 1
-            elif revoked and not known:  # never the other way: a read that overlapped a revocation here must not lift it
+            elif (
+                revoked and not known
+            ):  # never the other way: a read that overlapped a revocation here must not lift it
                 self._revoke_token(record.id)
                 changed += 1
         newest = _newest_change(records)
@@ -254,7 +285,9 @@ class AccessService:
                 log.error("could not store revoked keys %s: %s", sorted(new), err)
         return TombstonesAdded(self.keys.add_tombstones(new), persisted)
 
-    def apply_auth_file(self, revision: str, require_keys: bool, issued_at: datetime | None, entries: Iterable[KeyEntry]) -> None:
+    def apply_auth_file(
+        self, revision: str, require_keys: bool, issued_at: datetime | None, entries: Iterable[KeyEntry]
+    ) -> None:
         """Replace the auth file's keys whole (they live in memory only: the manager's file is their store)."""
         self.keys.apply_snapshot(revision, require_keys, issued_at, entries)
 
@@ -282,9 +315,19 @@ class AccessService:
 
 
 def _entry(record: KeyRecord) -> KeyEntry:
-    return KeyEntry(record.id, record.kind, record.name, record.hash, record.expires_at, record.revoked_at is not None,
-                    record.team, record.admission_class, project_id=record.project_id, user_id=record.user_id,
-                    routing_profile=record.routing_profile)
+    return KeyEntry(
+        record.id,
+        record.kind,
+        record.name,
+        record.hash,
+        record.expires_at,
+        record.revoked_at is not None,
+        record.team,
+        record.admission_class,
+        project_id=record.project_id,
+        user_id=record.user_id,
+        routing_profile=record.routing_profile,
+    )
 
 
 def _newest_change(records: Iterable[KeyRecord]) -> datetime | None:

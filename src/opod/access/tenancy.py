@@ -230,7 +230,11 @@ class Tenancy:
             return False  # a change made here meanwhile may be newer than this read: the next round reads it
         ix = self._ix
         fresh = _index(tree.orgs, tree.teams, tree.projects)
-        if (dict(fresh.orgs), dict(fresh.teams), dict(fresh.projects)) == (dict(ix.orgs), dict(ix.teams), dict(ix.projects)):
+        if (dict(fresh.orgs), dict(fresh.teams), dict(fresh.projects)) == (
+            dict(ix.orgs),
+            dict(ix.teams),
+            dict(ix.projects),
+        ):
             return False
         self._ix = fresh
         return True
@@ -250,7 +254,9 @@ class Tenancy:
         self._apply(level, record)
         return record
 
-    async def change(self, level: Level, id: str, *, name: str | None, parent: str | None, audit: AuditRow | None = None) -> Any:
+    async def change(
+        self, level: Level, id: str, *, name: str | None, parent: str | None, audit: AuditRow | None = None
+    ) -> Any:
         """Rename and/or move; ``id`` as :meth:`node` reads it."""
         scope = self.node(level, id)
         parent_id = self._parent(level, parent, moving=scope) if parent is not None else None
@@ -284,8 +290,10 @@ class Tenancy:
                 raise InvalidInput("in: an organization is at the top of the tree; leave in out")
             return ""
         if not text:
-            raise InvalidInput(f"in: name the {_NOUN[above]} the {_NOUN[level]} goes in, by ID or "
-                               f"{'name' if above == 'org' else 'path (ORG/TEAM)'}")
+            raise InvalidInput(
+                f"in: name the {_NOUN[above]} the {_NOUN[level]} goes in, by ID or "
+                f"{'name' if above == 'org' else 'path (ORG/TEAM)'}"
+            )
         try:
             ref = parse_scope(text, kinds=TENANCY_KINDS, field="in")
         except InvalidInput:
@@ -293,8 +301,10 @@ class Tenancy:
         if ref.kind != above:
             itself = moving is not None and ref.kind == level and self.find(ref, field="in") == moving
             why = "into itself" if itself else f"into a {_NOUN[ref.kind]}"
-            raise InvalidInput(f"in: {text!r} names a {_NOUN[ref.kind]}; a {_NOUN[level]} goes in a {_NOUN[above]}, "
-                               f"never {why} (that would make a cycle); name a{'n' if above == 'org' else ''} {_NOUN[above]}")
+            raise InvalidInput(
+                f"in: {text!r} names a {_NOUN[ref.kind]}; a {_NOUN[level]} goes in a {_NOUN[above]}, "
+                f"never {why} (that would make a cycle); name a{'n' if above == 'org' else ''} {_NOUN[above]}"
+            )
         return self.find(ref, field="in").id
 
     def _apply(self, level: Level, record: Any) -> None:

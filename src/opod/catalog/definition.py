@@ -56,8 +56,10 @@ def owner_problem(owner: str | None, field: str = "owner") -> str:
     parts = rest.split("/")
     depth = SCOPE_KINDS.index(kind) + 1 if kind in SCOPE_KINDS else 0
     if not colon or not depth or len(parts) not in (1, depth) or not all(_SCOPE_PART.match(p) for p in parts):
-        return (f"{field}: {owner!r} is not a scope; write org:NAME, team:ORG/TEAM or project:ORG/TEAM/PROJECT "
-                "(or org:ID, team:ID, project:ID), or leave it empty for a shared model")
+        return (
+            f"{field}: {owner!r} is not a scope; write org:NAME, team:ORG/TEAM or project:ORG/TEAM/PROJECT "
+            "(or org:ID, team:ID, project:ID), or leave it empty for a shared model"
+        )
     return ""
 
 
@@ -75,16 +77,27 @@ def _count(value: int | None, field: str, least: int, problems: list[str], what:
 def _profile_problems(i: int, profile: CatalogProfile, engines: Collection[str], problems: list[str]) -> None:
     at = f"profiles[{i}]"
     if profile.engine is not None and profile.engine.strip().lower() not in engines:
-        problems.append(f"{at}.engine: {profile.engine!r} is not an engine opod runs; use one of {', '.join(sorted(engines))}")
+        problems.append(
+            f"{at}.engine: {profile.engine!r} is not an engine opod runs; use one of {', '.join(sorted(engines))}"
+        )
     if profile.gpu_class is not None and (not profile.gpu_class.strip() or any(c.isspace() for c in profile.gpu_class)):
-        problems.append(f"{at}.gpu_class: {profile.gpu_class!r} is not a GPU class; write it as nodes report it (H100-80GB, A100-80GB/3g.40gb)")
+        problems.append(
+            f"{at}.gpu_class: {profile.gpu_class!r} is not a GPU class; write it as nodes report it (H100-80GB, A100-80GB/3g.40gb)"
+        )
     for name in ("tp", "pp", "gpus_per_node", "nodes"):
         _count(getattr(profile, name), f"{at}.{name}", 1, problems, " (leave it out for 1)")
     for name in ("min_memory_gb", "cpu_cores", "min_disk_gb"):
         _count(getattr(profile, name), f"{at}.{name}", 0, problems, " (0 reserves nothing)")
-    if profile.tp and profile.gpus_per_node and profile.nodes and profile.tp * (profile.pp or 1) > profile.gpus_per_node * profile.nodes:
-        problems.append(f"{at}: tp × pp = {profile.tp * (profile.pp or 1)} GPUs do not fit in gpus_per_node × nodes = "
-                        f"{profile.gpus_per_node * profile.nodes}; raise nodes or gpus_per_node")
+    if (
+        profile.tp
+        and profile.gpus_per_node
+        and profile.nodes
+        and profile.tp * (profile.pp or 1) > profile.gpus_per_node * profile.nodes
+    ):
+        problems.append(
+            f"{at}: tp × pp = {profile.tp * (profile.pp or 1)} GPUs do not fit in gpus_per_node × nodes = "
+            f"{profile.gpus_per_node * profile.nodes}; raise nodes or gpus_per_node"
+        )
     if profile.keep_within and profile.keep_within not in KEEP_WITHIN:
         problems.append(f"{at}.keep_within: {profile.keep_within!r} is not one of {', '.join(KEEP_WITHIN)}")
     if profile.startup_timeout is not None and profile.startup_timeout < 0:
@@ -98,9 +111,13 @@ def _profile_problems(i: int, profile: CatalogProfile, engines: Collection[str],
         if gpu.min_memory_gb is not None and gpu.min_memory_gb < 0:
             problems.append(f"{at}.gpu.min_memory_gb: cannot be negative")
         if gpu.min_compute_capability is not None and not 0 <= gpu.min_compute_capability < 20:
-            problems.append(f"{at}.gpu.min_compute_capability: {gpu.min_compute_capability} is not a CUDA compute capability (7.5, 8.0, 9.0)")
+            problems.append(
+                f"{at}.gpu.min_compute_capability: {gpu.min_compute_capability} is not a CUDA compute capability (7.5, 8.0, 9.0)"
+            )
         if profile.gpu_class:
-            problems.append(f"{at}: give gpu_class or gpu, not both (a class names the card; gpu describes what it needs)")
+            problems.append(
+                f"{at}: give gpu_class or gpu, not both (a class names the card; gpu describes what it needs)"
+            )
 
 
 def scaling_problems(scaling: CatalogScaling | None, problems: list[str], field: str = "scaling") -> None:
@@ -139,7 +156,9 @@ def problems(model: CatalogModel, engines: Collection[str]) -> list[str]:
     aliases = model.aliases or []
     for i, alias in enumerate(aliases):
         if not ALIAS.match(alias):
-            found.append(f"aliases[{i}]: {alias!r} is not a name clients can send (letters, digits and ._:/@+-, at most 128)")
+            found.append(
+                f"aliases[{i}]: {alias!r} is not a name clients can send (letters, digits and ._:/@+-, at most 128)"
+            )
         elif alias == name:
             found.append(f"aliases[{i}]: {alias!r} is the model's own name")
     if len(set(aliases)) != len(aliases):
@@ -228,10 +247,18 @@ def with_defaults(model: CatalogModel, entry: Entry | None, engine: str = "") ->
         name = _profile_name(profile, i, taken)
         taken.add(name)
         tp = profile.tp or 1
-        filled.append(profile.model_copy(update={
-            "name": name, "tp": tp, "pp": profile.pp or 1, "nodes": profile.nodes or 1,
-            "gpus_per_node": profile.gpus_per_node or (tp * (profile.pp or 1) if profile.gpu_class or profile.gpu else None),
-        }))
+        filled.append(
+            profile.model_copy(
+                update={
+                    "name": name,
+                    "tp": tp,
+                    "pp": profile.pp or 1,
+                    "nodes": profile.nodes or 1,
+                    "gpus_per_node": profile.gpus_per_node
+                    or (tp * (profile.pp or 1) if profile.gpu_class or profile.gpu else None),
+                }
+            )
+        )
     update: dict[str, object] = {"scaling": scaling, "class_": class_in_force(model), "profiles": filled or None}
     if entry is not None:
         if not model.description and entry.description:
@@ -282,19 +309,34 @@ def _written_entry(model: CatalogModel, source: Source, size: int) -> Entry:
     engines = [e for e in _engines_of(model) if e in ENGINES] or ["llamacpp"]
     memory = max([p.min_memory_gb or 0 for p in model.profiles or []] or [0])
     return Entry(
-        id=model.name or "", display_name=model.name or "", description=model.description or "", source=source,
-        size_bytes=max(size, 1), context_window=model.context_length or 4096, capabilities=capabilities,
-        recommended_engines=engines, hardware=Hardware(min_ram_gb=memory or 1), tags=["added"], license="unknown",
+        id=model.name or "",
+        display_name=model.name or "",
+        description=model.description or "",
+        source=source,
+        size_bytes=max(size, 1),
+        context_window=model.context_length or 4096,
+        capabilities=capabilities,
+        recommended_engines=engines,
+        hardware=Hardware(min_ram_gb=memory or 1),
+        tags=["added"],
+        license="unknown",
     )
 
 
 def _simulated_entry(model: CatalogModel) -> Entry:
     # The simulator serves any name, so there are no weights to name.
     return Entry(
-        id=model.name or "", display_name=model.name or "", description=model.description or "served by the engine simulator",
-        source=Source(type="file", path=SIMULATED_PATH), size_bytes=1, context_window=model.context_length or 8192,
-        capabilities=["chat", "embedding", "rerank", "tools"], recommended_engines=["llamacpp"], hardware=Hardware(min_ram_gb=0),
-        tags=["simulated"], license="unknown",
+        id=model.name or "",
+        display_name=model.name or "",
+        description=model.description or "served by the engine simulator",
+        source=Source(type="file", path=SIMULATED_PATH),
+        size_bytes=1,
+        context_window=model.context_length or 8192,
+        capabilities=["chat", "embedding", "rerank", "tools"],
+        recommended_engines=["llamacpp"],
+        hardware=Hardware(min_ram_gb=0),
+        tags=["simulated"],
+        license="unknown",
     )
 
 
@@ -313,26 +355,43 @@ def entry_for(model: CatalogModel, bundled: Entry | None) -> tuple[Entry | None,
     if not source:
         if _engines_of(model) == ["sim"]:
             return _simulated_entry(model), False
-        raise DefinitionError([f"source: {model.name!r} is not in the catalog, so say where its weights are: "
-                               "a GGUF path on the leader's machine, a Hugging Face repo owner/name (or owner/name/FILE.gguf), or ollama:NAME"])
+        raise DefinitionError(
+            [
+                f"source: {model.name!r} is not in the catalog, so say where its weights are: "
+                "a GGUF path on the leader's machine, a Hugging Face repo owner/name (or owner/name/FILE.gguf), or ollama:NAME"
+            ]
+        )
     if source == SIMULATED_PATH:
         return _simulated_entry(model), False
     if source.startswith("ollama:"):
         return _written_entry(model, Source(type="ollama", ollama_name=source[7:]), 1), False
-    if source.startswith(("/", "./", "~")) or source.endswith(".gguf") and not source.startswith("hf:") and source.count("/") < 2:
+    if (
+        source.startswith(("/", "./", "~"))
+        or source.endswith(".gguf")
+        and not source.startswith("hf:")
+        and source.count("/") < 2
+    ):
         path = Path(source).expanduser()
         if not path.is_file():
-            raise DefinitionError([f"source: {source!r} is not a file on the leader's machine; give the full path of a .gguf file"])
+            raise DefinitionError(
+                [f"source: {source!r} is not a file on the leader's machine; give the full path of a .gguf file"]
+            )
         return _written_entry(model, Source(type="file", path=str(path.resolve())), path.stat().st_size), False
     parts = source.removeprefix("hf:").split("/")
     if len(parts) < 2 or not all(parts) or (len(parts) > 2 and not parts[-1].endswith(".gguf")):
-        raise DefinitionError([f"source: {source!r} is neither a file path nor a Hugging Face repo (owner/name, or owner/name/FILE.gguf)"])
-    return _written_entry(model, Source(type="huggingface", repo="/".join(parts[:2]), file="/".join(parts[2:])), 1), False
+        raise DefinitionError(
+            [f"source: {source!r} is neither a file path nor a Hugging Face repo (owner/name, or owner/name/FILE.gguf)"]
+        )
+    return _written_entry(
+        model, Source(type="huggingface", repo="/".join(parts[:2]), file="/".join(parts[2:])), 1
+    ), False
 
 
 def from_entry(entry: Entry, engine: str = "") -> CatalogModel:
     """The definition of a model added before definitions were kept, or a preset: what its entry says."""
     return CatalogModel(
-        name=entry.id, description=entry.description or None, source=describe_source(entry.source),
+        name=entry.id,
+        description=entry.description or None,
+        source=describe_source(entry.source),
         profiles=[CatalogProfile(engine=engine)] if engine else None,
     )

@@ -49,7 +49,9 @@ def load_entry(path: Path) -> Entry:
     if not entry.license:
         problems.append("license: required (an SPDX id such as apache-2.0)")
     elif entry.restricted and RESTRICTED_TAG not in entry.tags:
-        problems.append(f"tags: licence {entry.license!r} is not permissive, so the tags must include {RESTRICTED_TAG!r}")
+        problems.append(
+            f"tags: licence {entry.license!r} is not permissive, so the tags must include {RESTRICTED_TAG!r}"
+        )
     if problems:
         raise CatalogError(path, problems)
     return entry

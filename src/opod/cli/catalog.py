@@ -64,7 +64,11 @@ def list_entries(as_json: bool = typer.Option(False, "--json", help="Print the e
         return
     table = Table(box=None, pad_edge=False, header_style="bold")
     for column in ("ID", "SIZE", "CONTEXT", "CAPABILITIES", "ENGINES"):
-        table.add_column(column, no_wrap=column in ("ID", "SIZE", "CONTEXT"), justify="right" if column in ("SIZE", "CONTEXT") else "left")
+        table.add_column(
+            column,
+            no_wrap=column in ("ID", "SIZE", "CONTEXT"),
+            justify="right" if column in ("SIZE", "CONTEXT") else "left",
+        )
     for e in catalog:
         table.add_row(
             e.id,
@@ -121,17 +125,34 @@ def _print_entry(e: Entry, origin: Path | None) -> None:
         ("context", f"{e.context_window:,} tokens"),
         ("capabilities", ", ".join(e.capabilities)),
         ("engines", ", ".join(e.recommended_engines)),
-        ("hardware", f"{e.hardware.min_ram_gb} GB RAM" + (f", {e.hardware.min_vram_gb} GB VRAM" if e.hardware.min_vram_gb else "")),
+        (
+            "hardware",
+            f"{e.hardware.min_ram_gb} GB RAM"
+            + (f", {e.hardware.min_vram_gb} GB VRAM" if e.hardware.min_vram_gb else ""),
+        ),
         ("license", e.license + (f" ({e.license_url})" if e.license_url else "")),
     ]
     if e.released:
         rows.append(("released", e.released))
     if e.sharding.required:
-        rows.append(("sharding", f"required: {e.sharding.default_shards or '?'} parts with {e.sharding.engine or 'llamacpp'}"))
+        rows.append(
+            ("sharding", f"required: {e.sharding.default_shards or '?'} parts with {e.sharding.engine or 'llamacpp'}")
+        )
     if e.fallback:
         rows.append(("fallback", " → ".join(e.fallback)))
     a = e.architecture
-    shape = [f"{v:,} {k}" for k, v in (("params", a.params), ("layers", a.layers), ("heads", a.heads), ("KV heads", a.kv_heads), ("head dim", a.head_dim), ("experts", a.experts)) if v]
+    shape = [
+        f"{v:,} {k}"
+        for k, v in (
+            ("params", a.params),
+            ("layers", a.layers),
+            ("heads", a.heads),
+            ("KV heads", a.kv_heads),
+            ("head dim", a.head_dim),
+            ("experts", a.experts),
+        )
+        if v
+    ]
     rows.append(("architecture", ", ".join(shape) if shape else "not stated"))
     rows.append(("tags", ", ".join(e.tags)))
     table = Table(box=None, show_header=False, pad_edge=False)
@@ -152,7 +173,9 @@ def _print_entry(e: Entry, origin: Path | None) -> None:
         if cost.window:
             line += f"; beyond the {cost.window:,}-token window {_size(cost.per_token_beyond_window)} per token"
         out.print(line)
-        out.print(f"          {_size(cost.bytes_for(e.context_window))} for one sequence at the full {e.context_window:,}-token context")
+        out.print(
+            f"          {_size(cost.bytes_for(e.context_window))} for one sequence at the full {e.context_window:,}-token context"
+        )
     for note in cost.notes:
         err.print(f"[yellow]warning:[/] {note}")
     if origin is not None:
@@ -160,7 +183,9 @@ def _print_entry(e: Entry, origin: Path | None) -> None:
 
 
 @app.command("validate")
-def validate(paths: list[Path] = typer.Argument(..., metavar="PATH...", help="Catalog YAML files or directories to check.")) -> None:
+def validate(
+    paths: list[Path] = typer.Argument(..., metavar="PATH...", help="Catalog YAML files or directories to check."),
+) -> None:
     """Check catalog files against the entry schema; exit 1 if any is wrong."""
     files: list[Path] = []
     for p in paths:
@@ -213,7 +238,13 @@ def _pull_with_bar(entry: Entry, home: Path) -> Path:
 
     from opod import weights
 
-    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    )
     with Progress(*columns, console=err, transient=False) as bar:
         task = bar.add_task(f"{entry.id}", total=None)
 
@@ -235,15 +266,25 @@ def presets(as_json: bool = typer.Option(False, "--json", help="Print the spec's
         table.add_column(column, no_wrap=column != "WHY NOT ADDED")
     for p in view.get("presets", []):
         fits = ", ".join(p.get("fits_classes", [])) if p.get("fits") else "no"
-        table.add_row(p["name"], p.get("makes", ""), fits, "yes" if p.get("in_catalog") else ("declined" if p.get("declined") else "no"),
-                      p.get("added_by", ""), p.get("blocked", ""))
+        table.add_row(
+            p["name"],
+            p.get("makes", ""),
+            fits,
+            "yes" if p.get("in_catalog") else ("declined" if p.get("declined") else "no"),
+            p.get("added_by", ""),
+            p.get("blocked", ""),
+        )
     out.print(table)
-    out.print(f"\npresets.auto is {'on' if view.get('auto') else 'off'}. [dim]opod catalog add ID[/] adds one; "
-              "[dim]opod catalog auto on[/] lets the leader add those a node fits.")
+    out.print(
+        f"\npresets.auto is {'on' if view.get('auto') else 'off'}. [dim]opod catalog add ID[/] adds one; "
+        "[dim]opod catalog auto on[/] lets the leader add those a node fits."
+    )
 
 
 @app.command("add")
-def add_preset(model_id: str = typer.Argument(..., metavar="ID", help="A preset, as listed by `opod catalog presets`.")) -> None:
+def add_preset(
+    model_id: str = typer.Argument(..., metavar="ID", help="A preset, as listed by `opod catalog presets`."),
+) -> None:
     """Add a preset to the leader's catalog (clears a decline)."""
     added = call("POST", f"/api/v1/presets/{model_id}", {})
     out.print(f"added {added['added']}")
@@ -256,4 +297,7 @@ def auto(state: str = typer.Argument(..., metavar="on|off")) -> None:
         raise fail(f"{state!r}: say on or off")
     view = call("PUT", "/api/v1/presets/auto", {"on": state == "on"})
     added = [p["name"] for p in view.get("presets", []) if p.get("added_by") == "auto" and p.get("in_catalog")]
-    out.print(f"presets.auto is {'on' if view.get('auto') else 'off'}" + (f"; added by itself: {', '.join(added)}" if added else ""))
+    out.print(
+        f"presets.auto is {'on' if view.get('auto') else 'off'}"
+        + (f"; added by itself: {', '.join(added)}" if added else "")
+    )

@@ -64,7 +64,9 @@ def admin_key() -> str:
         return key
     path = config.home() / "admin.key"
     if not path.exists():
-        raise fail(f"no admin key: {path} does not exist. Run this on the leader's machine (after opod up), or set OPOD_ADMIN_KEY.")
+        raise fail(
+            f"no admin key: {path} does not exist. Run this on the leader's machine (after opod up), or set OPOD_ADMIN_KEY."
+        )
     return path.read_text().strip()
 
 
@@ -87,5 +89,7 @@ def call(method: str, path: str, body: Any = None) -> Any:
         raise fail(f"{message} (HTTP {error.code})") from None
     except (urllib.error.URLError, OSError) as error:
         reason = getattr(error, "reason", error)
-        raise fail(f"cannot reach the leader's admin API at {admin_url()}: {reason}. Is opod up running? (OPOD_ADMIN_URL names another)") from None
+        raise fail(
+            f"cannot reach the leader's admin API at {admin_url()}: {reason}. Is opod up running? (OPOD_ADMIN_URL names another)"
+        ) from None
     return json.loads(text) if text else None

@@ -43,7 +43,9 @@ def _say(type_: str, subject: str, data: dict[str, Any]) -> None:
         aliases = ", ".join(data.get("aliases", [])) or "none"
         out.print(f"routes revision {data.get('revision')!r} applied from {subject}: {aliases}")
     else:
-        out.print(f"[yellow]routes file not applied:[/] {data.get('reason')} (keeping revision {data.get('kept_revision')!r})")
+        out.print(
+            f"[yellow]routes file not applied:[/] {data.get('reason')} (keeping revision {data.get('kept_revision')!r})"
+        )
 
 
 async def _run(path: Path, address: tuple[str, int]) -> None:
@@ -62,7 +64,9 @@ async def _run(path: Path, address: tuple[str, int]) -> None:
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     table = server.routes.table()
     assert table is not None
-    out.print(f"[bold]opod {__version__}[/] door: OpenAI API on http://{shown}:{server.port}/v1 for "
-              f"{len(table.targets)} model(s), routes from {path} (revision {table.revision!r})")
+    out.print(
+        f"[bold]opod {__version__}[/] door: OpenAI API on http://{shown}:{server.port}/v1 for "
+        f"{len(table.targets)} model(s), routes from {path} (revision {table.revision!r})"
+    )
     await server.serve(stop)
     out.print("door stopped")

@@ -73,5 +73,7 @@ def _message(home: Path, holder: tuple[int, str] | None, what: str) -> str:
     else:
         pid, command = holder
         who, stop = f"{command} (pid {pid})", f"stop that one first (Ctrl-C where it runs, or kill {pid})"
-    return (f"the opod home {home} is in use by {who}; {stop}, "
-            f"or give this {what} a home of its own: OPOD_HOME=/another/dir {what}")
+    return (
+        f"the opod home {home} is in use by {who}; {stop}, "
+        f"or give this {what} a home of its own: OPOD_HOME=/another/dir {what}"
+    )

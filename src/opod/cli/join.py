@@ -20,13 +20,26 @@ if TYPE_CHECKING:
 def command(
     leader_url: str = typer.Argument(..., metavar="URL", help="The leader's public URL, e.g. http://10.0.0.2:8080."),
     token: str = typer.Option(..., "--token", help="A node token from `opod token create --node` on the leader."),
-    listen: str = typer.Option("", help="This worker's listener host:port [default: 0.0.0.0:8081, or OPOD_WORKER_LISTEN]."),
+    listen: str = typer.Option(
+        "", help="This worker's listener host:port [default: 0.0.0.0:8081, or OPOD_WORKER_LISTEN]."
+    ),
     engine: str = typer.Option("llamacpp", help="Engine to run models with: llamacpp, vllm, sglang, ollama or sim."),
     threads: int = typer.Option(0, help="CPU threads per engine (0 = the engine's default)."),
-    stop_grace: float | None = typer.Option(None, "--stop-grace", metavar="SECONDS", min=0, max=3600, show_default=False,
-                                     help="Seconds requests in flight may take to finish on Ctrl-C or SIGTERM [default: 30, or OPOD_STOP_GRACE]."),
-    inventory: str = typer.Option("", "--inventory", metavar="FILE",
-                                  help="A declared inventory (YAML or JSON: GPUs, MIG instances, labels) reported instead of the driver's [or OPOD_INVENTORY]."),
+    stop_grace: float | None = typer.Option(
+        None,
+        "--stop-grace",
+        metavar="SECONDS",
+        min=0,
+        max=3600,
+        show_default=False,
+        help="Seconds requests in flight may take to finish on Ctrl-C or SIGTERM [default: 30, or OPOD_STOP_GRACE].",
+    ),
+    inventory: str = typer.Option(
+        "",
+        "--inventory",
+        metavar="FILE",
+        help="A declared inventory (YAML or JSON: GPUs, MIG instances, labels) reported instead of the driver's [or OPOD_INVENTORY].",
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Join a leader as a worker and run its models on this machine's engines."""
@@ -45,9 +58,16 @@ def command(
         raise fail(str(error)) from None
     try:
         settings = WorkerSettings(
-            leader_url=leader_url, token=token.strip(), home=config.home(), engine=engine, threads=threads, flags=engine_flags(),
+            leader_url=leader_url,
+            token=token.strip(),
+            home=config.home(),
+            engine=engine,
+            threads=threads,
+            flags=engine_flags(),
             listen=parse_listen(listen or config.read("OPOD_WORKER_LISTEN") or "0.0.0.0:8081", "0.0.0.0", "--listen"),
-            stop_grace=config.stop_grace() if stop_grace is None else stop_grace, inventory=inventory or None, reexec=True,
+            stop_grace=config.stop_grace() if stop_grace is None else stop_grace,
+            inventory=inventory or None,
+            reexec=True,
             **WorkerSettings.tls_from_env(),
         )
         worker = open_worker(settings)
@@ -60,7 +80,9 @@ async def _run(worker: Worker) -> None:
     from opod.http.serving import settle_memory
     from opod.worker.agent import TokenRefused
 
-    out.print(f"worker {worker.node_id} on {worker.listener.address}, joining {worker.settings.leader_url} with engine {worker.settings.engine}")
+    out.print(
+        f"worker {worker.node_id} on {worker.listener.address}, joining {worker.settings.leader_url} with engine {worker.settings.engine}"
+    )
     stop = asyncio.Event()
 
     worker.say = out.print
@@ -68,8 +90,11 @@ async def _run(worker: Worker) -> None:
     def on_signal() -> None:
         if not stop.is_set():
             grace = worker.settings.stop_grace
-            out.print(f"stopping: no new requests are sent here; those in flight get up to {grace:g} s, then the engines stop"
-                      if grace > 0 else "stopping: the engines, then the listener")
+            out.print(
+                f"stopping: no new requests are sent here; those in flight get up to {grace:g} s, then the engines stop"
+                if grace > 0
+                else "stopping: the engines, then the listener"
+            )
             stop.set()
         else:
             out.print("stopping now: the engines are killed")
@@ -82,5 +107,7 @@ async def _run(worker: Worker) -> None:
     try:
         await worker.run(stop)
     except TokenRefused as error:
-        raise fail(f"{error}. Create a node token on the leader with `opod token create --node` and join again.") from None
+        raise fail(
+            f"{error}. Create a node token on the leader with `opod token create --node` and join again."
+        ) from None
     out.print("stopped")

@@ -15,19 +15,28 @@ from rich.table import Table
 
 from opod.cli.common import call, fail, out
 
-app = typer.Typer(help="Models: add (catalog id, --gguf PATH, or hf:owner/repo), list, show, load, unload, remove.", no_args_is_help=True)
+app = typer.Typer(
+    help="Models: add (catalog id, --gguf PATH, or hf:owner/repo), list, show, load, unload, remove.",
+    no_args_is_help=True,
+)
 
 
 @app.command("add")
 def add(
-    model: str = typer.Argument("", metavar="[ID | hf:OWNER/REPO]", help="A catalog id (opod catalog ls), or hf:owner/repo."),
+    model: str = typer.Argument(
+        "", metavar="[ID | hf:OWNER/REPO]", help="A catalog id (opod catalog ls), or hf:owner/repo."
+    ),
     gguf: Path | None = typer.Option(None, "--gguf", help="A local GGUF file to serve.", dir_okay=False),
     file: str = typer.Option("", "--file", help="With hf:owner/repo, the GGUF file to use [default: chosen for you]."),
     name: str = typer.Option("", "--name", help="The name clients ask for [default: from the id, repo or file]."),
     alias: list[str] = typer.Option([], "--alias", help="Another name clients may ask for (repeatable)."),
-    description: str = typer.Option("", "--description", help="What the model is for, in a line (clients see it in /v1/models)."),
+    description: str = typer.Option(
+        "", "--description", help="What the model is for, in a line (clients see it in /v1/models)."
+    ),
     no_load: bool = typer.Option(False, "--no-load", help="Add without loading it anywhere yet (scaling.min 0)."),
-    engine: str = typer.Option("", "--engine", help="Load it only on workers running this engine (sim: a simulated model)."),
+    engine: str = typer.Option(
+        "", "--engine", help="Load it only on workers running this engine (sim: a simulated model)."
+    ),
 ) -> None:
     """Add a model; unless --no-load, it is loaded on a worker and kept loaded across restarts."""
     if gguf is not None and model:
@@ -55,7 +64,9 @@ def add(
     if no_load:
         body["scaling"] = {"min": 0}
     added = call("POST", "/api/v1/models", {k: v for k, v in body.items() if v != ""})
-    out.print(f"added {added['added']}" + ("" if no_load else "; loading it on a worker (opod model ls shows progress)"))
+    out.print(
+        f"added {added['added']}" + ("" if no_load else "; loading it on a worker (opod model ls shows progress)")
+    )
 
 
 @app.command("ls")
@@ -100,13 +111,19 @@ def _place(action: str, model: str, node: str) -> None:
 
 
 @app.command("load")
-def load(model: str = typer.Argument(..., metavar="ID"), node: str = typer.Option("", help="A node id [default: any worker].")) -> None:
+def load(
+    model: str = typer.Argument(..., metavar="ID"),
+    node: str = typer.Option("", help="A node id [default: any worker]."),
+) -> None:
     """Keep a model loaded (on a node, or anywhere)."""
     _place("load", model, node)
 
 
 @app.command("unload")
-def unload(model: str = typer.Argument(..., metavar="ID"), node: str = typer.Option("", help="A node id [default: everywhere].")) -> None:
+def unload(
+    model: str = typer.Argument(..., metavar="ID"),
+    node: str = typer.Option("", help="A node id [default: everywhere]."),
+) -> None:
     """Unload a model (from a node, or everywhere)."""
     _place("unload", model, node)
 

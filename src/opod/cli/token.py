@@ -19,7 +19,9 @@ def _path(node: bool) -> str:
 @app.command("create")
 def create(
     node: bool = typer.Option(False, "--node", help="A token a worker joins with (opod join URL --token T)."),
-    ttl: str = typer.Option("", "--ttl", metavar="DURATION", help="Lifetime, e.g. 720h, 30d or 1h30m [default: never expires]."),
+    ttl: str = typer.Option(
+        "", "--ttl", metavar="DURATION", help="Lifetime, e.g. 720h, 30d or 1h30m [default: never expires]."
+    ),
     name: str = typer.Option("", "--name", metavar="NAME", help="A name to tell it apart in listings."),
     as_json: bool = typer.Option(False, "--json", help="Print the created key (its secret included) as JSON."),
 ) -> None:
@@ -51,8 +53,14 @@ def list_keys(
     for column in ("ID", "NAME", "PREFIX", "STATE", "CREATED", "EXPIRES") + (("NODE",) if node else ("LAST USED",)):
         table.add_column(column, no_wrap=True)
     for row in rows:
-        cells = [row["id"], row["name"], row["prefix"] + "…", row["state"], row["created_at"][:19].replace("T", " "),
-                 (row.get("expires_at") or "never")[:19].replace("T", " ")]
+        cells = [
+            row["id"],
+            row["name"],
+            row["prefix"] + "…",
+            row["state"],
+            row["created_at"][:19].replace("T", " "),
+            (row.get("expires_at") or "never")[:19].replace("T", " "),
+        ]
         cells.append(row.get("node_id") or "" if node else (row.get("last_used_at") or "never")[:19].replace("T", " "))
         table.add_row(*cells)
     out.print(table)

@@ -172,9 +172,7 @@ class SnapshotKey(WireModel):
     scope: Annotated[str, OMITEMPTY] = ""
     expires_at: Annotated[str, OMITEMPTY] = Field("", alias="expiresAt")
     # opod: rank when the endpoint is full, and the team that shares fairly inside a class.
-    admission_class: Annotated[Literal["", "critical", "standard", "sheddable"], OMITEMPTY] = Field(
-        "", alias="class"
-    )
+    admission_class: Annotated[Literal["", "critical", "standard", "sheddable"], OMITEMPTY] = Field("", alias="class")
     team: Annotated[str, OMITEMPTY] = ""
 
 

@@ -158,7 +158,9 @@ class Entry(WireModel):
             if engine not in ENGINES:
                 raise ValueError(f"{engine!r} is not an engine; use one of {', '.join(ENGINES)}")
             if not parser:
-                raise ValueError(f"the parser for {engine} is empty: name one (e.g. hermes for vLLM) or leave the engine out")
+                raise ValueError(
+                    f"the parser for {engine} is empty: name one (e.g. hermes for vLLM) or leave the engine out"
+                )
         return value
 
     @field_validator("capabilities", "recommended_engines")

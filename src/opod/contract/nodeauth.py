@@ -100,22 +100,35 @@ def parse_header(value: str | None) -> SignedHeader:
     for item in value.split(","):
         key, eq, val = item.strip().partition("=")
         if not eq or not key:
-            raise AuthRefused(Refusal.MALFORMED, f"{HEADER} part {item.strip()!r} is not key=value; expected v=1,id=<node>,ts=<unix>,sig=<hex>")
+            raise AuthRefused(
+                Refusal.MALFORMED,
+                f"{HEADER} part {item.strip()!r} is not key=value; expected v=1,id=<node>,ts=<unix>,sig=<hex>",
+            )
         parts[key] = val
     missing = [k for k in ("v", "id", "ts", "sig") if not parts.get(k)]
     if missing:
-        raise AuthRefused(Refusal.MALFORMED, f"{HEADER} lacks {', '.join(missing)}; expected v=1,id=<node>,ts=<unix>,sig=<hex>")
+        raise AuthRefused(
+            Refusal.MALFORMED, f"{HEADER} lacks {', '.join(missing)}; expected v=1,id=<node>,ts=<unix>,sig=<hex>"
+        )
     if parts["v"] != _VERSION:
-        raise AuthRefused(Refusal.VERSION, f"{HEADER} version {parts['v']!r} is not supported; this side speaks v=1", parts["id"])
+        raise AuthRefused(
+            Refusal.VERSION, f"{HEADER} version {parts['v']!r} is not supported; this side speaks v=1", parts["id"]
+        )
     ts = parts["ts"]
     if not ts.isascii() or not ts.isdigit() or len(ts) > 12:
         raise AuthRefused(Refusal.TIMESTAMP, f"{HEADER} ts {ts!r} is not a unix time in whole seconds", parts["id"])
     sig = parts["sig"]
     if len(sig) != 64 or any(c not in "0123456789abcdef" for c in sig):
-        raise AuthRefused(Refusal.MALFORMED, f"{HEADER} sig must be 64 lowercase hex characters (HMAC-SHA256)", parts["id"])
+        raise AuthRefused(
+            Refusal.MALFORMED, f"{HEADER} sig must be 64 lowercase hex characters (HMAC-SHA256)", parts["id"]
+        )
     nonce = parts.get("n", "")
-    if "n" in parts and (not nonce or len(nonce) > 64 or not nonce.isascii() or not all(c.isalnum() or c in ".-_" for c in nonce)):
-        raise AuthRefused(Refusal.MALFORMED, f"{HEADER} n must be 1-64 characters of letters, digits and .-_", parts["id"])
+    if "n" in parts and (
+        not nonce or len(nonce) > 64 or not nonce.isascii() or not all(c.isalnum() or c in ".-_" for c in nonce)
+    ):
+        raise AuthRefused(
+            Refusal.MALFORMED, f"{HEADER} n must be 1-64 characters of letters, digits and .-_", parts["id"]
+        )
     return SignedHeader(version=parts["v"], node_id=parts["id"], ts=ts, sig=sig, nonce=nonce)
 
 
@@ -144,7 +157,11 @@ def verify(
         )
     secret = token(header.node_id) if callable(token) else token
     if secret is None:
-        raise AuthRefused(Refusal.UNKNOWN_NODE, f"node {header.node_id!r} is unknown here; create a node token and join again", header.node_id)
+        raise AuthRefused(
+            Refusal.UNKNOWN_NODE,
+            f"node {header.node_id!r} is unknown here; create a node token and join again",
+            header.node_id,
+        )
     expected = signature(secret, method, path, header.ts, header.nonce)
     if not hmac.compare_digest(expected, header.sig):
         raise AuthRefused(

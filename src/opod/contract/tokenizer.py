@@ -20,7 +20,16 @@ __all__ = ["VOCAB_SIZE", "BOS", "EOS", "Tokenizer", "message_text", "render_chat
 
 VOCAB_SIZE = 32000
 UNK, BOS, EOS = 0, 1, 2
-_SPECIAL = {"<unk>": UNK, "<s>": BOS, "</s>": EOS, "<|system|>": 3, "<|user|>": 4, "<|assistant|>": 5, "<|tool|>": 6, "<|developer|>": 7}
+_SPECIAL = {
+    "<unk>": UNK,
+    "<s>": BOS,
+    "</s>": EOS,
+    "<|system|>": 3,
+    "<|user|>": 4,
+    "<|assistant|>": 5,
+    "<|tool|>": 6,
+    "<|developer|>": 7,
+}
 _FIRST_PLAIN = 256
 """Ids below this are reserved for special tokens, so a piece never collides with one."""
 

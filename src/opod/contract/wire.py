@@ -98,7 +98,7 @@ def parse_time(value: Any) -> datetime:
     if dot:
         # Python keeps microseconds; Go may send up to nine fraction digits.
         digits = len(rest) - len(rest.lstrip("0123456789"))
-        text = f"{head}.{rest[:min(digits, 6)]}{rest[digits:]}"
+        text = f"{head}.{rest[: min(digits, 6)]}{rest[digits:]}"
     try:
         parsed = datetime.fromisoformat(text.replace("z", "Z"))
     except ValueError:
@@ -256,7 +256,9 @@ class WireModel(BaseModel):
             try:
                 data = json.loads(data)
             except json.JSONDecodeError as err:
-                raise WireError(cls.__name__, [f"not valid JSON: {err.msg} at line {err.lineno} column {err.colno}"]) from None
+                raise WireError(
+                    cls.__name__, [f"not valid JSON: {err.msg} at line {err.lineno} column {err.colno}"]
+                ) from None
         try:
             return cls.model_validate(data)
         except ValidationError as err:
@@ -348,4 +350,3 @@ def decode_list(model: type[WireModel], data: Any) -> list[Any] | None:
         except ValidationError as err:
             raise WireError(f"[]{model.__name__}", [f"[{i}].{p}" for p in _describe(err)]) from None
     return out
-

@@ -94,12 +94,19 @@ def create_app(ctx: ControlContext) -> FastAPI:
         if not _host_ok(request.headers.get("host", "")):
             return refusal(403, "the admin listener answers only requests addressed to an IP address or localhost")
         if why := _cross_site(request):
-            return refusal(403, f"the admin listener refuses requests another site's page sent ({why}); call it from a script or opod ctl")
-        if request.method not in ("GET", "HEAD") and not request.headers.get("content-type", "").startswith("application/json"):
+            return refusal(
+                403,
+                f"the admin listener refuses requests another site's page sent ({why}); call it from a script or opod ctl",
+            )
+        if request.method not in ("GET", "HEAD") and not request.headers.get("content-type", "").startswith(
+            "application/json"
+        ):
             return refusal(415, f"{request.method} needs Content-Type: application/json (even without a body)")
         actor = request.headers.get("x-llmgw-actor")
         if actor is not None and not ACTOR.fullmatch(actor):
-            return refusal(400, "X-Llmgw-Actor: letters, digits and ._-@ only, at most 64 (who the change is recorded as made by)")
+            return refusal(
+                400, "X-Llmgw-Actor: letters, digits and ._-@ only, at most 64 (who the change is recorded as made by)"
+            )
         if request.url.path.startswith("/api/"):
             try:
                 ctx.access.keys.check(request.headers.get("authorization"), kinds=("admin",))
@@ -109,10 +116,17 @@ def create_app(ctx: ControlContext) -> FastAPI:
             return await answer(request, call_next)
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > MAX_BODY:
-            return refusal(413, f"the body is {int(declared)} bytes; the management API takes at most {MAX_BODY} (split the change)")
+            return refusal(
+                413,
+                f"the body is {int(declared)} bytes; the management API takes at most {MAX_BODY} (split the change)",
+            )
         draft = open_draft(request, actor or "unknown", await request.body())
         response = await answer(request, call_next)
-        ctx.emit("admin.call", request.url.path, {"method": request.method, "status": response.status_code, "actor": draft.actor})
+        ctx.emit(
+            "admin.call",
+            request.url.path,
+            {"method": request.method, "status": response.status_code, "actor": draft.actor},
+        )
         if not draft.committed:
             settle_route(request, draft)
             try:
@@ -131,11 +145,16 @@ def create_app(ctx: ControlContext) -> FastAPI:
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, err: HTTPException) -> JSONResponse:
         if err.status_code == 404:
-            return refusal(404, f"no such path: {request.method} {request.url.path} (GET /api/v1/openapi.json lists them)")
+            return refusal(
+                404, f"no such path: {request.method} {request.url.path} (GET /api/v1/openapi.json lists them)"
+            )
         if err.status_code == 405:
             allowed = (err.headers or {}).get("Allow", "")
-            return refusal(405, f"{request.url.path} does not answer {request.method}" + (f"; it answers {allowed}" if allowed else ""),
-                           headers=err.headers)
+            return refusal(
+                405,
+                f"{request.url.path} does not answer {request.method}" + (f"; it answers {allowed}" if allowed else ""),
+                headers=err.headers,
+            )
         return refusal(err.status_code, str(err.detail), headers=err.headers)
 
     @app.exception_handler(ControlError)
@@ -153,10 +172,19 @@ def create_app(ctx: ControlContext) -> FastAPI:
     async def invalid(request: Request, err: RequestValidationError) -> JSONResponse:
         parts = []
         for e in err.errors():
-            where = ".".join(str(p) for p in e["loc"][1:]) if e["loc"][:1] == ("body",) else ".".join(str(p) for p in e["loc"])
+            where = (
+                ".".join(str(p) for p in e["loc"][1:])
+                if e["loc"][:1] == ("body",)
+                else ".".join(str(p) for p in e["loc"])
+            )
             if e["loc"] == ("body",):
                 where = "body"
-                e = {**e, "msg": "send a JSON object" if e["type"] in ("missing", "model_attributes_type", "dict_type") else e["msg"]}
+                e = {
+                    **e,
+                    "msg": "send a JSON object"
+                    if e["type"] in ("missing", "model_attributes_type", "dict_type")
+                    else e["msg"],
+                }
             parts.append(f"{where or 'body'}: {e['msg']}")
         return refusal(400, "; ".join(parts))
 

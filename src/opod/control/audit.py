@@ -29,7 +29,9 @@ SOURCE_API = "api"
 SOURCE_WEB = "web"
 REDACTED = "[redacted]"
 
-_SECRET_FIELDS = re.compile(r"(secret|password|passwd|token|value|credential|private|api_?key|authorization|bearer)", re.I)
+_SECRET_FIELDS = re.compile(
+    r"(secret|password|passwd|token|value|credential|private|api_?key|authorization|bearer)", re.I
+)
 """Field names whose values are never kept (``value`` is what ``PUT /auth/secrets/{name}`` sends)."""
 _KEYLIKE = re.compile(r"\b(sk-[A-Za-z0-9._-]{8,}|k_cp_[A-Za-z0-9._-]{8,}|[A-Za-z0-9_-]*\.[A-Za-z0-9]{32,})\b")
 """Text that looks like a key or token wherever it appears (opod's ``sk-…`` secrets and long token tails)."""
@@ -39,7 +41,9 @@ _NOT_SECRET = frozenset({"key_id", "token_id", "secret_name", "api_key_id"})
 def redact(value: Any) -> Any:
     """``value`` with every secret replaced: by field name at any depth, and any key-like text in strings."""
     if isinstance(value, dict):
-        return {k: (REDACTED if _secret_field(k) and v not in (None, "", [], {}) else redact(v)) for k, v in value.items()}
+        return {
+            k: (REDACTED if _secret_field(k) and v not in (None, "", [], {}) else redact(v)) for k, v in value.items()
+        }
     if isinstance(value, list):
         return [redact(v) for v in value]
     if isinstance(value, str):
@@ -56,7 +60,9 @@ def detail_text(detail: Any) -> str:
     if detail is None or detail == {} or detail == "":
         return ""
     cleaned = redact(detail)
-    return cleaned if isinstance(cleaned, str) else json.dumps(cleaned, separators=(",", ":"), sort_keys=True, default=str)
+    return (
+        cleaned if isinstance(cleaned, str) else json.dumps(cleaned, separators=(",", ":"), sort_keys=True, default=str)
+    )
 
 
 @dataclass(slots=True)
@@ -75,14 +81,27 @@ class AuditDraft:
     def row(self, *, target: str = "", detail: Any = None, status: int | None = None) -> AuditRow:
         """The row to commit with the change; the listener then records nothing more for this call."""
         self.committed = True
-        return AuditRow(actor=self.actor, source=self.source, action=self.action, target=target or self.target,
-                        detail=detail_text(detail if detail is not None else self.body), status=status or self.status,
-                        at=datetime.now(UTC))
+        return AuditRow(
+            actor=self.actor,
+            source=self.source,
+            action=self.action,
+            target=target or self.target,
+            detail=detail_text(detail if detail is not None else self.body),
+            status=status or self.status,
+            at=datetime.now(UTC),
+        )
 
     def after(self, status: int) -> AuditRow:
         """The row the listener records for a call whose route wrote none."""
-        return AuditRow(actor=self.actor, source=self.source, action=self.action, target=self.target,
-                        detail=detail_text(self.body), status=status, at=datetime.now(UTC))
+        return AuditRow(
+            actor=self.actor,
+            source=self.source,
+            action=self.action,
+            target=self.target,
+            detail=detail_text(self.body),
+            status=status,
+            at=datetime.now(UTC),
+        )
 
 
 def open_draft(request: Request, actor: str, body: bytes) -> AuditDraft:
@@ -123,8 +142,16 @@ def audit_draft(request: Request) -> AuditDraft:
 
 
 def view(record: AuditRecord) -> StoreAuditEvent:
-    return StoreAuditEvent(id=record.id, at=record.at, actor=record.actor, source=record.source, action=record.action,
-                           target=record.target or None, detail=record.detail or None, status=record.status)
+    return StoreAuditEvent(
+        id=record.id,
+        at=record.at,
+        actor=record.actor,
+        source=record.source,
+        action=record.action,
+        target=record.target or None,
+        detail=record.detail or None,
+        status=record.status,
+    )
 
 
 DEFAULT_SINCE = timedelta(days=7)
@@ -135,14 +162,23 @@ def router(ctx: ControlContext) -> APIRouter:
     api = SpecRouter()
 
     @api.get("/api/v1/audit", operation_id="getAudit", tags=["audit"], response_model=list[StoreAuditEvent])
-    async def get_audit(since: str | None = None, limit: int | None = None, actor: str | None = None,
-                        contains: str | None = None) -> list[StoreAuditEvent]:
+    async def get_audit(
+        since: str | None = None, limit: int | None = None, actor: str | None = None, contains: str | None = None
+    ) -> list[StoreAuditEvent]:
         window = parse_lifetime(since, "since") if since else DEFAULT_SINCE
         if limit is not None and not 1 <= limit <= 10_000:
-            raise ControlError(400, f"limit: {limit} is outside 1..10000; ask for fewer events, or narrow with since, actor or contains")
+            raise ControlError(
+                400,
+                f"limit: {limit} is outside 1..10000; ask for fewer events, or narrow with since, actor or contains",
+            )
         start = datetime.now(UTC) - window if window else None
-        rows = await run_sync(ctx.store.list_audit, since=start, limit=limit or DEFAULT_LIMIT, actor=actor or None,
-                              contains=contains or None)
+        rows = await run_sync(
+            ctx.store.list_audit,
+            since=start,
+            limit=limit or DEFAULT_LIMIT,
+            actor=actor or None,
+            contains=contains or None,
+        )
         return [view(r) for r in rows]
 
     return api

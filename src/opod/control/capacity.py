@@ -64,17 +64,30 @@ def held_now(ctx: ControlContext) -> list[Held]:
         owner = ctx.models.get(replica.model)
         profiles = (owner.definition.profiles or []) if owner is not None and owner.definition is not None else []
         profile = profiles[replica.profile] if 0 <= replica.profile < len(profiles) else None
-        out.append(Held(replica_id=replica.id, model=replica.model, profile=replica.profile, klass=replica.klass,
-                        gpus={node: list(replica.gpus.get(node, [])) for node in replica.nodes},
-                        memory_gb=float(profile.min_memory_gb or 0) if profile else 0.0,
-                        cpu_cores=float(profile.cpu_cores or 0) if profile else 0.0))
+        out.append(
+            Held(
+                replica_id=replica.id,
+                model=replica.model,
+                profile=replica.profile,
+                klass=replica.klass,
+                gpus={node: list(replica.gpus.get(node, [])) for node in replica.nodes},
+                memory_gb=float(profile.min_memory_gb or 0) if profile else 0.0,
+                cpu_cores=float(profile.cpu_cores or 0) if profile else 0.0,
+            )
+        )
         tracked.update((replica.model, node) for node in replica.nodes)
     for node in ctx.fleet:
         for model_id in sorted(node.loaded_models):
             if (model_id, node.id) not in tracked:
                 owner = ctx.models.get(model_id)
-                klass = effective_class(owner.definition) if owner is not None and owner.definition is not None else "standard"
-                out.append(Held(replica_id=f"{model_id}@{node.id}", model=model_id, profile=0, klass=klass, gpus={node.id: []}))
+                klass = (
+                    effective_class(owner.definition)
+                    if owner is not None and owner.definition is not None
+                    else "standard"
+                )
+                out.append(
+                    Held(replica_id=f"{model_id}@{node.id}", model=model_id, profile=0, klass=klass, gpus={node.id: []})
+                )
     return out
 
 
@@ -114,25 +127,39 @@ def checked_capacity(model: KnownModel, name: str, body: BenchCapacity) -> Bench
     """The measurement as it is kept: its model and profile named as the catalog names them, its time set."""
     definition = definition_of(model)
     if body.model and body.model != model.id and body.model not in (definition.aliases or []):
-        raise ControlError(400, f"model: the body names {body.model!r} but the path names {name!r}; leave it out or make them agree")
+        raise ControlError(
+            400, f"model: the body names {body.model!r} but the path names {name!r}; leave it out or make them agree"
+        )
     names = profile_names(definition)
     profile = body.profile or ""
     if profile and profile not in names:
         known_names = ", ".join(names) or "none (the model has one unnamed profile: leave profile out)"
         raise ControlError(400, f"profile: {model.id} has no profile {profile!r}; its profiles are {known_names}")
     if not profile and len(names) > 1:
-        raise ControlError(400, f"profile: {model.id} has {len(names)} profiles ({', '.join(names)}); say which one was measured")
+        raise ControlError(
+            400, f"profile: {model.id} has {len(names)} profiles ({', '.join(names)}); say which one was measured"
+        )
     if not profile and len(names) == 1:
         profile = names[0]
-    for field in ("max_concurrency_at_slo", "throughput_tok_per_sec", "ttft_p99", "tpot_p99", "suggested_target_waiting",
-                  "suggested_kv_ceiling"):
+    for field in (
+        "max_concurrency_at_slo",
+        "throughput_tok_per_sec",
+        "ttft_p99",
+        "tpot_p99",
+        "suggested_target_waiting",
+        "suggested_kv_ceiling",
+    ):
         value = getattr(body, field)
         if value is not None and (not math.isfinite(value) or value < 0):
             raise ControlError(400, f"{field}: {value} is not a measurement; it must be a number of at least 0")
     if body.suggested_kv_ceiling is not None and body.suggested_kv_ceiling > 1:
-        raise ControlError(400, f"suggested_kv_ceiling: {body.suggested_kv_ceiling} is a share of the KV cache, from 0 to 1")
+        raise ControlError(
+            400, f"suggested_kv_ceiling: {body.suggested_kv_ceiling} is a share of the KV cache, from 0 to 1"
+        )
     if body.throughput_tok_per_sec is None:
-        raise ControlError(400, "throughput_tok_per_sec: a measurement needs the output tokens a second one replica served at its SLO")
+        raise ControlError(
+            400, "throughput_tok_per_sec: a measurement needs the output tokens a second one replica served at its SLO"
+        )
     at = body.measured_at or datetime.now(UTC)
     if at.tzinfo is None:
         at = at.replace(tzinfo=UTC)
@@ -146,9 +173,11 @@ def capacity_views(records: list[CapacityRecord]) -> list[CapacityView]:
             kept = BenchCapacity.model_validate_json(record.capacity_json)
         except ValidationError:
             kept = BenchCapacity()
-        out.append(CapacityView(**kept.model_dump(exclude_none=True), measured_by=record.measured_by or None)
-                   .model_copy(update={"model": record.model_id, "profile": record.profile or None,
-                                       "measured_at": record.measured_at}))
+        out.append(
+            CapacityView(**kept.model_dump(exclude_none=True), measured_by=record.measured_by or None).model_copy(
+                update={"model": record.model_id, "profile": record.profile or None, "measured_at": record.measured_at}
+            )
+        )
     return out
 
 
@@ -173,7 +202,12 @@ def measurement_for(definition: CatalogModel, measured: list[CapacityView], prof
 def router(ctx: ControlContext) -> APIRouter:
     api = SpecRouter()
 
-    @api.get("/api/v1/explain-placement", operation_id="getExplainPlacement", tags=["explain-placement"], response_model=ExplainView)
+    @api.get(
+        "/api/v1/explain-placement",
+        operation_id="getExplainPlacement",
+        tags=["explain-placement"],
+        response_model=ExplainView,
+    )
     async def get_explain_placement(model: str = Query()) -> ExplainView:
         found = known(ctx, model)
         placed = current(ctx, found) > 0
@@ -184,32 +218,56 @@ def router(ctx: ControlContext) -> APIRouter:
             rejections = []
         else:
             definition = definition_of(found)
-            _, rejections = place(found.id, definition, list(ctx.fleet), held_now(ctx), klass=effective_class(definition),
-                                  engine=found.engine)
+            _, rejections = place(
+                found.id,
+                definition,
+                list(ctx.fleet),
+                held_now(ctx),
+                klass=effective_class(definition),
+                engine=found.engine,
+            )
         return ExplainView(model=found.id, placed=placed, rejections=[rejection_view(r) for r in rejections])
 
-    @api.put("/api/v1/models/{name}/capacity", operation_id="putModelsNameCapacity", tags=["models"], response_model=BenchCapacity)
+    @api.put(
+        "/api/v1/models/{name}/capacity",
+        operation_id="putModelsNameCapacity",
+        tags=["models"],
+        response_model=BenchCapacity,
+    )
     async def put_models_name_capacity(name: str, body: BenchCapacity, request: Request) -> BenchCapacity:
         model = known(ctx, name, "name")
         kept = checked_capacity(model, name, body)
         who = request.headers.get("x-llmgw-actor") or "unknown"
-        await run_sync(ctx.store.put_capacity, model.id, kept.profile or "", kept.model_dump_json(exclude_none=True, by_alias=True),
-                       measured_by=who, at=kept.measured_at)
+        await run_sync(
+            ctx.store.put_capacity,
+            model.id,
+            kept.profile or "",
+            kept.model_dump_json(exclude_none=True, by_alias=True),
+            measured_by=who,
+            at=kept.measured_at,
+        )
         return kept
 
     @api.get("/api/v1/capacity", operation_id="getCapacity", tags=["capacity"], response_model=list[CapacityView])
     async def get_capacity() -> list[CapacityView]:
         return capacity_views(await run_sync(ctx.store.list_capacity))
 
-    @api.get("/api/v1/models/{name}/target", operation_id="getModelsNameTarget", tags=["models"], response_model=TargetView)
+    @api.get(
+        "/api/v1/models/{name}/target", operation_id="getModelsNameTarget", tags=["models"], response_model=TargetView
+    )
     async def get_models_name_target(name: str, tokens_per_sec: float = Query()) -> TargetView:
         if not math.isfinite(tokens_per_sec) or tokens_per_sec <= 0:
-            raise ControlError(400, f"tokens_per_sec: {tokens_per_sec} is not a throughput; ask for output tokens a second above 0")
+            raise ControlError(
+                400, f"tokens_per_sec: {tokens_per_sec} is not a throughput; ask for output tokens a second above 0"
+            )
         model = known(ctx, name, "name")
         measured = capacity_views(await run_sync(ctx.store.list_capacity, model.id))
         if not measured:
-            raise ControlError(400, f"{model.id} has no measured capacity, so the replicas a throughput needs cannot be counted; "
-                                    f"measure one replica and record it with PUT /api/v1/models/{model.id}/capacity first")
+            raise ControlError(
+                400,
+                f"{model.id} has no measured capacity, so the replicas a throughput needs cannot be counted; "
+                f"measure one replica and record it with PUT /api/v1/models/{model.id}/capacity first",
+            )
         definition = definition_of(model)
         klass = effective_class(definition)
         now = time.monotonic()
@@ -219,12 +277,26 @@ def router(ctx: ControlContext) -> APIRouter:
         assert chosen is not None
         per = chosen.throughput_tok_per_sec or 0.0
         have = current(ctx, model)
-        view = TargetView(model=model.id, tok_per_sec=tokens_per_sec, per_replica_tok_per_sec=per, profile=chosen.profile or None,
-                          current=have)
+        view = TargetView(
+            model=model.id,
+            tok_per_sec=tokens_per_sec,
+            per_replica_tok_per_sec=per,
+            profile=chosen.profile or None,
+            current=have,
+        )
         if per <= 0 or chosen.max_concurrency_at_slo == 0:
-            return view.model_copy(update={"needed": 0, "more": 0, "room": 0, "fits": False, "blocked": [
-                f"profile {chosen.profile or '(the only one)'} was measured to serve nothing within its SLO "
-                f"(max_concurrency_at_slo 0): no number of its replicas meets a target; measure another profile"]})
+            return view.model_copy(
+                update={
+                    "needed": 0,
+                    "more": 0,
+                    "room": 0,
+                    "fits": False,
+                    "blocked": [
+                        f"profile {chosen.profile or '(the only one)'} was measured to serve nothing within its SLO "
+                        f"(max_concurrency_at_slo 0): no number of its replicas meets a target; measure another profile"
+                    ],
+                }
+            )
         needed = math.ceil(tokens_per_sec / per - 1e-9)
         more = max(0, needed - have)
         room, victims, blocked = 0, set[str](), list[str]()
@@ -239,13 +311,28 @@ def router(ctx: ControlContext) -> APIRouter:
             assignment, rejections = plan.place(model.id, definition, klass=klass, engine=model.engine)
         if more > TARGET_MOST and not blocked:
             blocked = [f"{more} more replicas asked; only the first {TARGET_MOST} were tried"]
-        return view.model_copy(update={"needed": needed, "more": more, "room": room, "fits": room >= more,
-                                       "blocked": blocked or None, "preempts": sorted(victims) or None})
+        return view.model_copy(
+            update={
+                "needed": needed,
+                "more": more,
+                "room": room,
+                "fits": room >= more,
+                "blocked": blocked or None,
+                "preempts": sorted(victims) or None,
+            }
+        )
 
-    @api.get("/api/v1/models/{name}/headroom", operation_id="getModelsNameHeadroom", tags=["models"], response_model=HeadroomView)
+    @api.get(
+        "/api/v1/models/{name}/headroom",
+        operation_id="getModelsNameHeadroom",
+        tags=["models"],
+        response_model=HeadroomView,
+    )
     async def get_models_name_headroom(name: str, limit: int | None = None) -> HeadroomView:
         if limit is not None and limit < 1:
-            raise ControlError(400, f"limit: {limit} replicas; ask for at least 1 (16 when left out, and at most {HEADROOM_MAX})")
+            raise ControlError(
+                400, f"limit: {limit} replicas; ask for at least 1 (16 when left out, and at most {HEADROOM_MAX})"
+            )
         cap = HEADROOM_LIMIT if limit is None or limit > HEADROOM_MAX else limit
         model = known(ctx, name, "name")
         definition = definition_of(model)
@@ -273,9 +360,16 @@ def router(ctx: ControlContext) -> APIRouter:
             by_preempting += 1
         measured = capacity_views(await run_sync(ctx.store.list_capacity, model.id))
         chosen = measurement_for(definition, measured, first_profile)
-        return HeadroomView(model=model.id, current=current(ctx, model), more=len(where), nodes=where or None,
-                            limited=len(where) >= cap, blocked=blocked or None,
-                            tok_per_sec=(chosen.throughput_tok_per_sec or 0.0) if chosen is not None else 0.0,
-                            by_preempting=by_preempting, preempts=sorted(victims) or None)
+        return HeadroomView(
+            model=model.id,
+            current=current(ctx, model),
+            more=len(where),
+            nodes=where or None,
+            limited=len(where) >= cap,
+            blocked=blocked or None,
+            tok_per_sec=(chosen.throughput_tok_per_sec or 0.0) if chosen is not None else 0.0,
+            by_preempting=by_preempting,
+            preempts=sorted(victims) or None,
+        )
 
     return api

@@ -16,8 +16,16 @@ from opod.control.context import ControlContext, ControlError
 from opod.control.spec import SpecRouter
 from opod.store.client_jobs import JobRecord
 
-SPEC_STATES = {"validating": "queued", "in_progress": "running", "finalizing": "running", "cancelling": "cancelling",
-               "completed": "completed", "failed": "failed", "cancelled": "cancelled", "expired": "expired"}
+SPEC_STATES = {
+    "validating": "queued",
+    "in_progress": "running",
+    "finalizing": "running",
+    "cancelling": "cancelling",
+    "completed": "completed",
+    "failed": "failed",
+    "cancelled": "cancelled",
+    "expired": "expired",
+}
 """OpenAI's batch state → the spec's job state."""
 FILTERS = ("queued", "running", "cancelling", "completed", "failed", "cancelled", "expired")
 LIMIT_MOST = 1000
@@ -43,12 +51,24 @@ def view(job: JobRecord) -> JobView:
     elif job.status == "expired":
         error = f"the completion window {job.completion_window} ended before every line was answered"
     return JobView(
-        id=job_id(job.id), owner=job.project_id or job.owner_key_id or None, key_id=job.owner_key_id or None, endpoint=job.endpoint,
-        model=job.model or None, status=SPEC_STATES.get(job.status, job.status),
-        progress={"total": job.total, "completed": job.completed, "failed": job.failed,
-                  "pending": max(0, job.total - job.completed - job.failed)},
-        output_file_id=job.output_file_id, content_type="application/jsonl", error=error, created_at=job.created_at,
-        started_at=_time(job.in_progress_at), finished_at=_time(finished),
+        id=job_id(job.id),
+        owner=job.project_id or job.owner_key_id or None,
+        key_id=job.owner_key_id or None,
+        endpoint=job.endpoint,
+        model=job.model or None,
+        status=SPEC_STATES.get(job.status, job.status),
+        progress={
+            "total": job.total,
+            "completed": job.completed,
+            "failed": job.failed,
+            "pending": max(0, job.total - job.completed - job.failed),
+        },
+        output_file_id=job.output_file_id,
+        content_type="application/jsonl",
+        error=error,
+        created_at=job.created_at,
+        started_at=_time(job.in_progress_at),
+        finished_at=_time(finished),
     )
 
 
@@ -79,11 +99,19 @@ def router(ctx: ControlContext) -> APIRouter:
     async def get_client_jobs_id(id: str) -> JobView:
         return view(await one(id))
 
-    @api.post("/api/v1/client-jobs/{id}/cancel", operation_id="postClientJobsIdCancel", tags=["client-jobs"], response_model=JobView)
+    @api.post(
+        "/api/v1/client-jobs/{id}/cancel",
+        operation_id="postClientJobsIdCancel",
+        tags=["client-jobs"],
+        response_model=JobView,
+    )
     async def post_client_jobs_id_cancel(id: str) -> JobView:
         job = await one(id)
         if job.ended:
-            raise ControlError(409, f"id: the client job {id!r} has ended ({SPEC_STATES[job.status]}); only a queued or running one is cancelled")
+            raise ControlError(
+                409,
+                f"id: the client job {id!r} has ended ({SPEC_STATES[job.status]}); only a queued or running one is cancelled",
+            )
         job = await run_sync(ctx.store.cancel_client_job, job.id)
         if ctx.wake_client_jobs is not None:
             ctx.wake_client_jobs()

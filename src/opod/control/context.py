@@ -100,7 +100,9 @@ class ReplicaDesk(Protocol):
         """``time.monotonic()`` of the last request for ``model``; ``None`` when none came."""
         ...
 
-    def queue_restart(self, replica_ids: list[str], *, in_place: bool, max_surge: int, max_unavailable: int) -> list[str]: ...
+    def queue_restart(
+        self, replica_ids: list[str], *, in_place: bool, max_surge: int, max_unavailable: int
+    ) -> list[str]: ...
 
     def retry(self, model: str) -> bool: ...
 
@@ -118,8 +120,6 @@ class ControlError(Exception):
         self.message = message
 
 
-
-
 def parse_lifetime(text: str | None, field: str = "expires_in") -> timedelta | None:
     """A lifetime such as ``720h``, ``30d`` or ``1h30m``; empty or ``none`` = never expires."""
     if text is None or text.strip().lower() in ("", "none", "never"):
@@ -127,7 +127,9 @@ def parse_lifetime(text: str | None, field: str = "expires_in") -> timedelta | N
     try:
         seconds = durations.seconds(text)
     except ValueError:
-        raise ControlError(400, f"{field}: {text!r} is not a lifetime; write it like 720h, 30d or 1h30m (or none)") from None
+        raise ControlError(
+            400, f"{field}: {text!r} is not a lifetime; write it like 720h, 30d or 1h30m (or none)"
+        ) from None
     if seconds <= 0:
         raise ControlError(400, f"{field}: a lifetime must be longer than zero")
     return timedelta(seconds=seconds)

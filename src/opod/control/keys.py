@@ -39,20 +39,35 @@ def _state(revoked: bool, expires_at: datetime | None) -> str:
 def view(record: KeyRecord, tenancy: Tenancy | None = None) -> KeyView:
     person = tenancy.user(record.user_id) if tenancy is not None and record.user_id else None
     return KeyView(
-        id=record.id, name=record.name, prefix=record.prefix, state=_state(record.revoked_at is not None, record.expires_at),
-        created_at=record.created_at, expires_at=record.expires_at, revoked_at=record.revoked_at, last_used_at=record.last_used_at,
+        id=record.id,
+        name=record.name,
+        prefix=record.prefix,
+        state=_state(record.revoked_at is not None, record.expires_at),
+        created_at=record.created_at,
+        expires_at=record.expires_at,
+        revoked_at=record.revoked_at,
+        last_used_at=record.last_used_at,
         project=record.project_id or None,
         project_path=(tenancy.path(record.project_id) or None) if tenancy is not None and record.project_id else None,
-        user=record.user_id or None, user_email=getattr(person, "email", None) or None,
-        band=record.admission_class or None, routing_profile=record.routing_profile or None,
+        user=record.user_id or None,
+        user_email=getattr(person, "email", None) or None,
+        band=record.admission_class or None,
+        routing_profile=record.routing_profile or None,
     )
 
 
 def file_view(entry: KeyEntry, tombstoned: bool, issued_at: datetime | None) -> KeyView:
     """A key from the manager's auth file: read-only here, known by its ``k_cp_`` id; the file holds no prefix of it,
     and its creation is the file's ``issuedAt`` (else when this leader applied the file)."""
-    return KeyView(id=entry.id, name=entry.name, prefix="", state=_state(entry.revoked or tombstoned, entry.expires_at),
-                   created_at=issued_at, expires_at=entry.expires_at, band=entry.admission_class or None)
+    return KeyView(
+        id=entry.id,
+        name=entry.name,
+        prefix="",
+        state=_state(entry.revoked or tombstoned, entry.expires_at),
+        created_at=issued_at,
+        expires_at=entry.expires_at,
+        band=entry.admission_class or None,
+    )
 
 
 def _what(kind: MintedKind) -> str:
@@ -69,7 +84,9 @@ def router(ctx: ControlContext) -> APIRouter:
         rules = ctx.cluster_settings.current.keys
         limits: list[tuple[str, timedelta]] = []
         if rules.max_lifetime:
-            limits.append(("the cluster (settings keys.max_lifetime)", timedelta(seconds=duration_seconds(rules.max_lifetime))))
+            limits.append(
+                ("the cluster (settings keys.max_lifetime)", timedelta(seconds=duration_seconds(rules.max_lifetime)))
+            )
         if not rules.scopes or ctx.tenancy is None:
             return limits
         above = {s.text for s in ctx.tenancy.ancestors(Scope("project", project_id))} if project_id else set()
@@ -83,8 +100,12 @@ def router(ctx: ControlContext) -> APIRouter:
             except StoreError:
                 continue  # a scope the settings name that no longer exists limits nothing
             if scope.text in above:
-                limits.append((f"{scope.kind} {ctx.tenancy.scope_path(scope)} (settings keys.scopes)",
-                               timedelta(seconds=duration_seconds(limit))))
+                limits.append(
+                    (
+                        f"{scope.kind} {ctx.tenancy.scope_path(scope)} (settings keys.scopes)",
+                        timedelta(seconds=duration_seconds(limit)),
+                    )
+                )
         return limits
 
     def expiry(expires_in: str | None, project_id: str, user_id: str) -> datetime | None:
@@ -93,8 +114,11 @@ def router(ctx: ControlContext) -> APIRouter:
         if lifetime is not None:
             for scope, limit in limits:
                 if lifetime > limit:
-                    raise ControlError(400, f"expires_in: {expires_in} is longer than {scope} allows: keys there live at most "
-                                            f"{_duration(limit)}; ask for {_duration(limit)} or less")
+                    raise ControlError(
+                        400,
+                        f"expires_in: {expires_in} is longer than {scope} allows: keys there live at most "
+                        f"{_duration(limit)}; ask for {_duration(limit)} or less",
+                    )
         elif limits:
             lifetime = min(limit for _, limit in limits)  # "none" still ends where a scope above says keys end
         return datetime.now(UTC) + lifetime if lifetime else None
@@ -116,24 +140,36 @@ def router(ctx: ControlContext) -> APIRouter:
             if not ctx.tenancy.user_active(user_id):
                 raise ControlError(409, f"user: {body.user} is deactivated; reinstate them before issuing them a key")
             if project_id and ctx.tenancy.belongs(user_id, project_id) is False:
-                raise ControlError(403, f"user: {body.user} is not a member of project {ctx.tenancy.path(project_id)}; "
-                                        "add a membership first (POST /api/v1/users/{id}/memberships), or leave project out")
+                raise ControlError(
+                    403,
+                    f"user: {body.user} is not a member of project {ctx.tenancy.path(project_id)}; "
+                    "add a membership first (POST /api/v1/users/{id}/memberships), or leave project out",
+                )
         return project_id, user_id
 
     def traits(body: KeyCreateRequest) -> tuple[str, str]:
         band, profile = body.band or "", body.routing_profile or ""
         if band and band not in BANDS:
             raise ControlError(400, f"band: {band!r} is not an admission class; use one of {', '.join(BANDS)}")
-        known = [DEFAULT_PROFILE, *(ctx.cluster_settings.current.routing_profiles if ctx.cluster_settings is not None else ())]
+        known = [
+            DEFAULT_PROFILE,
+            *(ctx.cluster_settings.current.routing_profiles if ctx.cluster_settings is not None else ()),
+        ]
         if profile and profile not in known:
-            raise ControlError(400, f"routing_profile: {profile!r} is not a routing profile here; the known ones are {', '.join(known)} "
-                                    "(define more under routing_profiles in the settings)")
+            raise ControlError(
+                400,
+                f"routing_profile: {profile!r} is not a routing profile here; the known ones are {', '.join(known)} "
+                "(define more under routing_profiles in the settings)",
+            )
         return band, profile
 
     async def create(kind: MintedKind, body: KeyCreateRequest, draft: AuditDraft | None) -> KeyCreated:
         if kind == "node" and any((body.project, body.user, body.band, body.routing_profile)):
-            raise ControlError(400, "project, user, band, routing_profile: a node token belongs to a machine, not a project "
-                                    "or person; leave them out")
+            raise ControlError(
+                400,
+                "project, user, band, routing_profile: a node token belongs to a machine, not a project "
+                "or person; leave them out",
+            )
         project_id, user_id = owner(body)
         band, profile = traits(body)
         expires = expiry(body.expires_in, project_id, user_id)
@@ -141,13 +177,29 @@ def router(ctx: ControlContext) -> APIRouter:
         name = body.name or ("node token" if kind == "node" else "api key")
         audit = None
         if draft is not None:
-            audit = draft.row(target=f"key:{key_id}", detail={
-                "name": name, "project": project_id, "user": user_id, "band": band, "routing_profile": profile,
-                "expires_at": expires.isoformat() if expires else "",
-            })
+            audit = draft.row(
+                target=f"key:{key_id}",
+                detail={
+                    "name": name,
+                    "project": project_id,
+                    "user": user_id,
+                    "band": band,
+                    "routing_profile": profile,
+                    "expires_at": expires.isoformat() if expires else "",
+                },
+            )
         with refused_uncommits(draft) if draft is not None else nullcontext():
-            record, secret = await ctx.access.create(kind, name, expires, project_id=project_id, user_id=user_id, band=band,
-                                                     routing_profile=profile, key_id=key_id, audit=audit)
+            record, secret = await ctx.access.create(
+                kind,
+                name,
+                expires,
+                project_id=project_id,
+                user_id=user_id,
+                band=band,
+                routing_profile=profile,
+                key_id=key_id,
+                audit=audit,
+            )
         if project_id and ctx.tenancy is not None:
             ctx.tenancy.mark_had_key(project_id)
         return KeyCreated(**view(record, ctx.tenancy).model_dump(exclude_none=True), secret=secret)
@@ -156,7 +208,10 @@ def router(ctx: ControlContext) -> APIRouter:
         tombstones = ctx.access.keys.tombstones
         auth = ctx.access.keys.auth
         entries = list(auth.by_hash.values()) if auth is not None else []
-        return [file_view(e, e.id in tombstones, (auth.issued_at or auth.applied_at) if auth is not None else None) for e in entries]
+        return [
+            file_view(e, e.id in tombstones, (auth.issued_at or auth.applied_at) if auth is not None else None)
+            for e in entries
+        ]
 
     async def one(kind: MintedKind, key_id: str) -> KeyRecord:
         try:
@@ -164,13 +219,18 @@ def router(ctx: ControlContext) -> APIRouter:
         except NotFound:
             record = None
         if record is None or record.kind != kind:
-            raise ControlError(404, f"no {_what(kind)} {key_id!r}; `opod token ls{' --node' if kind == 'node' else ''}` lists them")
+            raise ControlError(
+                404, f"no {_what(kind)} {key_id!r}; `opod token ls{' --node' if kind == 'node' else ''}` lists them"
+            )
         return record
 
     async def revoke(kind: MintedKind, key_id: str, draft: AuditDraft | None) -> dict[str, Any]:
         if kind == "api" and any(v.id == key_id for v in file_keys()):
-            raise ControlError(409, f"key {key_id} comes from the manager's auth file, which this API does not change; "
-                                    "the manager revokes it (the auth file's revokedKeys)")
+            raise ControlError(
+                409,
+                f"key {key_id} comes from the manager's auth file, which this API does not change; "
+                "the manager revokes it (the auth file's revokedKeys)",
+            )
         await one(kind, key_id)
         audit = draft.row(target=f"key:{key_id}") if draft is not None else None
         with refused_uncommits(draft) if draft is not None else nullcontext():
@@ -206,11 +266,22 @@ def router(ctx: ControlContext) -> APIRouter:
     async def get_node_tokens() -> list[KeyView]:
         return [view(r) for r in await ctx.access.list_keys("node")]
 
-    @api.post("/api/v1/node-tokens", operation_id="postNodeTokens", tags=[EXTENSION_TAG], response_model=KeyCreated, status_code=201)
+    @api.post(
+        "/api/v1/node-tokens",
+        operation_id="postNodeTokens",
+        tags=[EXTENSION_TAG],
+        response_model=KeyCreated,
+        status_code=201,
+    )
     async def post_node_tokens(body: KeyCreateRequest) -> KeyCreated:
         return await create("node", body, None)
 
-    @api.delete("/api/v1/node-tokens/{id}", operation_id="deleteNodeTokensId", tags=[EXTENSION_TAG], response_model=dict[str, Any])
+    @api.delete(
+        "/api/v1/node-tokens/{id}",
+        operation_id="deleteNodeTokensId",
+        tags=[EXTENSION_TAG],
+        response_model=dict[str, Any],
+    )
     async def delete_node_tokens_id(id: str) -> dict[str, Any]:
         return await revoke("node", id, None)
 

@@ -66,8 +66,11 @@ def _checked(body: MetricsRequest) -> list[MetricsQuery]:
     if body.step < NS // 1000:
         raise ControlError(400, "step: at least 1 ms (1000000 ns); Prometheus resolves no finer")
     if body.window / body.step > MAX_POINTS:
-        raise ControlError(400, f"window / step: {body.window // body.step} points per series; Prometheus answers at most "
-                                f"{MAX_POINTS}: make step longer or window shorter")
+        raise ControlError(
+            400,
+            f"window / step: {body.window // body.step} points per series; Prometheus answers at most "
+            f"{MAX_POINTS}: make step longer or window shorter",
+        )
     queries = body.queries or []
     if not queries:
         raise ControlError(400, "queries: name at least one {id, expr}")
@@ -78,15 +81,20 @@ def _checked(body: MetricsRequest) -> list[MetricsQuery]:
         if not query.id:
             raise ControlError(400, f"queries[{i}].id: each query needs an id, which names its lines in the answer")
         if query.id in seen:
-            raise ControlError(400, f"queries[{i}].id: {query.id!r} is used twice; ids name the answers, so each is unique")
+            raise ControlError(
+                400, f"queries[{i}].id: {query.id!r} is used twice; ids name the answers, so each is unique"
+            )
         seen.add(query.id)
         if not (query.expr or "").strip():
-            raise ControlError(400, f"queries[{i}].expr: a PromQL expression is needed (such as rate(opod_requests_total[5m]))")
+            raise ControlError(
+                400, f"queries[{i}].expr: a PromQL expression is needed (such as rate(opod_requests_total[5m]))"
+            )
     return list(queries)
 
 
-async def _range(session: aiohttp.ClientSession, base: str, query: MetricsQuery, start: float, end: float,
-                 step: float) -> tuple[list[PromqSeries], str]:
+async def _range(
+    session: aiohttp.ClientSession, base: str, query: MetricsQuery, start: float, end: float, step: float
+) -> tuple[list[PromqSeries], str]:
     """One query's lines, or ``([], why it failed)``."""
     params = {"query": query.expr or "", "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
     where = base.rstrip("/") + "/api/v1/query_range"
@@ -124,7 +132,12 @@ def lines(result: Sequence[Mapping[str, Any]], by: str) -> list[PromqSeries]:
             if math.isfinite(value):
                 points[float(at)] = points.get(float(at), 0.0) + value
     return [
-        PromqSeries(Name=name, Points=[PromqPoint(At=datetime.fromtimestamp(at, UTC), Value=value) for at, value in sorted(points.items())])
+        PromqSeries(
+            Name=name,
+            Points=[
+                PromqPoint(At=datetime.fromtimestamp(at, UTC), Value=value) for at, value in sorted(points.items())
+            ],
+        )
         for name, points in sorted(grouped.items())
     ]
 

@@ -111,8 +111,11 @@ def name_conflicts(ctx: ControlContext, definition: CatalogModel, own: str = "")
         for i, name in enumerate(names):
             if name in theirs:
                 field = "name" if i == 0 else f"aliases[{i - 1}]"
-                raise ControlError(409, f"{field}: {name!r} is already a name of model {other.id!r}; choose another, "
-                                        f"or remove {other.id!r} first")
+                raise ControlError(
+                    409,
+                    f"{field}: {name!r} is already a name of model {other.id!r}; choose another, "
+                    f"or remove {other.id!r} first",
+                )
 
 
 async def add_model(ctx: ControlContext, definition: CatalogModel, *, preset_by: str | None = None) -> KnownModel:
@@ -122,8 +125,11 @@ async def add_model(ctx: ControlContext, definition: CatalogModel, *, preset_by:
     refuse_problems(problems(definition, ENGINES))
     name = definition.name or ""
     if ctx.models.active(name) is not None:
-        raise ControlError(409, f"name: model {name!r} is already in the catalog; change it (scale, resources, class, owner) "
-                                "or remove it first, or choose another name")
+        raise ControlError(
+            409,
+            f"name: model {name!r} is already in the catalog; change it (scale, resources, class, owner) "
+            "or remove it first, or choose another name",
+        )
     name_conflicts(ctx, definition)
     try:
         entry, bundled = entry_for(definition, ctx.catalog.get(name))
@@ -131,11 +137,18 @@ async def add_model(ctx: ControlContext, definition: CatalogModel, *, preset_by:
         close = difflib.get_close_matches(name, ctx.catalog.ids(), n=3, cutoff=0.5) if not definition.source else []
         raise ControlError(400, str(err) + (f". Did you mean {', '.join(close)}?" if close else "")) from None
     engine = single_engine(definition)
-    wanted = wanted_for(definition) if wanted_for(definition) == "loaded" else None  # added without replicas: placed nowhere yet
+    wanted = (
+        wanted_for(definition) if wanted_for(definition) == "loaded" else None
+    )  # added without replicas: placed nowhere yet
     await run_sync(
-        ctx.store.add_model, name, source_json=entry.source.to_json() if entry is not None else "{}",
-        entry_json=None if bundled or entry is None else entry.to_json(), engine=engine,
-        definition_json=dump(definition), wanted=wanted, preset_by=preset_by,
+        ctx.store.add_model,
+        name,
+        source_json=entry.source.to_json() if entry is not None else "{}",
+        entry_json=None if bundled or entry is None else entry.to_json(),
+        engine=engine,
+        definition_json=dump(definition),
+        wanted=wanted,
+        preset_by=preset_by,
     )
     model = KnownModel(id=name, entry=entry, engine=engine, definition=definition)
     if wanted is not None:
@@ -151,8 +164,11 @@ def gpu_classes(ctx: ControlContext) -> set[str]:
 
 def warnings(ctx: ControlContext, definition: CatalogModel) -> list[str]:
     known = gpu_classes(ctx)
-    return [f"profile {p.name or p.engine or i}: no node has gpu_class {p.gpu_class!r} yet; it is placed once one joins"
-            for i, p in enumerate(definition.profiles or []) if p.gpu_class and p.gpu_class not in known]
+    return [
+        f"profile {p.name or p.engine or i}: no node has gpu_class {p.gpu_class!r} yet; it is placed once one joins"
+        for i, p in enumerate(definition.profiles or [])
+        if p.gpu_class and p.gpu_class not in known
+    ]
 
 
 def desired(model: KnownModel) -> int:
@@ -175,28 +191,57 @@ def view(ctx: ControlContext, model: KnownModel) -> ModelView:
     external = filled.external
     origin = filled.origin
     return ModelView(
-        name=model.id, description=filled.description, aliases=filled.aliases, source=filled.source, role=filled.role,
-        min_replicas=low, max_replicas=high, ready_replicas=ready, total_replicas=max(status.total, holding, ready),
-        desired_replicas=desired(model), failures=status.failures, parked=status.parked or None, reason=reason or None,
-        unplaceable=status.unplaceable or None, fallbacks=filled.fallbacks,
-        profiles=[p.name or "" for p in filled.profiles or []] or None, memory_gb=first.min_memory_gb, cpu_cores=first.cpu_cores,
-        warnings=warnings(ctx, filled) or None, class_=class_in_force(filled), owner=filled.owner,
-        external=f"{urlsplit(external.url or '').netloc}/{external.model or model.id}" if external is not None else None,
-        adapters=filled.adapters, preempted=status.preempted or None, held_for=status.held_for or None,
-        canary=filled.canary, eval=filled.eval,
-        origin=OriginView(repo=origin.repo, revision=origin.revision,
-                          previous=origin.previous.revision if origin.previous is not None else None) if origin is not None else None,
+        name=model.id,
+        description=filled.description,
+        aliases=filled.aliases,
+        source=filled.source,
+        role=filled.role,
+        min_replicas=low,
+        max_replicas=high,
+        ready_replicas=ready,
+        total_replicas=max(status.total, holding, ready),
+        desired_replicas=desired(model),
+        failures=status.failures,
+        parked=status.parked or None,
+        reason=reason or None,
+        unplaceable=status.unplaceable or None,
+        fallbacks=filled.fallbacks,
+        profiles=[p.name or "" for p in filled.profiles or []] or None,
+        memory_gb=first.min_memory_gb,
+        cpu_cores=first.cpu_cores,
+        warnings=warnings(ctx, filled) or None,
+        class_=class_in_force(filled),
+        owner=filled.owner,
+        external=f"{urlsplit(external.url or '').netloc}/{external.model or model.id}"
+        if external is not None
+        else None,
+        adapters=filled.adapters,
+        preempted=status.preempted or None,
+        held_for=status.held_for or None,
+        canary=filled.canary,
+        eval=filled.eval,
+        origin=OriginView(
+            repo=origin.repo,
+            revision=origin.revision,
+            previous=origin.previous.revision if origin.previous is not None else None,
+        )
+        if origin is not None
+        else None,
     )
 
 
 def known(ctx: ControlContext, name: str) -> KnownModel:
     model = ctx.models.named(name)
     if model is None:
-        raise ControlError(404, f"model {name!r} is not in the catalog; GET /api/v1/models lists them, POST /api/v1/models adds one")
+        raise ControlError(
+            404, f"model {name!r} is not in the catalog; GET /api/v1/models lists them, POST /api/v1/models adds one"
+        )
     return model
 
 
-async def redefine(ctx: ControlContext, model: KnownModel, definition: CatalogModel, *, rescale: bool = False) -> CatalogModel:
+async def redefine(
+    ctx: ControlContext, model: KnownModel, definition: CatalogModel, *, rescale: bool = False
+) -> CatalogModel:
     """Replace a model's definition after checking it whole; with ``rescale``, what is wanted on any worker follows its scaling."""
     refuse_problems(problems(definition, ENGINES))
     wanted = wanted_for(definition) if rescale else None
@@ -217,7 +262,10 @@ def with_resources(definition: CatalogModel, entry_engine: str, body: ResourcesR
     filled = with_defaults(definition.model_copy(update={"profiles": profiles}), None).profiles or []
     names = [p.name for p in filled]
     if body.profile and body.profile not in names:
-        raise ControlError(404, f"profile: {body.profile!r} is not a profile of {definition.name!r}; it has {', '.join(map(str, names))}")
+        raise ControlError(
+            404,
+            f"profile: {body.profile!r} is not a profile of {definition.name!r}; it has {', '.join(map(str, names))}",
+        )
     changed: list[CatalogProfile] = []
     for profile, name in zip(profiles, names, strict=True):
         if not body.profile or body.profile == name:
@@ -252,30 +300,42 @@ def router(ctx: ControlContext) -> APIRouter:
     async def delete_models_name(name: str) -> Removed:
         model = known(ctx, name)
         if model.id in ctx.declared_models:
-            raise ControlError(409, f"{model.id!r} is the leader's built-in default model, declared by its settings, so it stays in the "
-                                    f"catalog; to stop serving it, scale it to 0 (POST /api/v1/models/{model.id}/scale "
-                                    '{"min": 0}), or start the leader with --no-default-models')
+            raise ControlError(
+                409,
+                f"{model.id!r} is the leader's built-in default model, declared by its settings, so it stays in the "
+                f"catalog; to stop serving it, scale it to 0 (POST /api/v1/models/{model.id}/scale "
+                '{"min": 0}), or start the leader with --no-default-models',
+            )
         await run_sync(ctx.store.remove_model, model.id)
         model.wanted = {ANY_NODE: "unloaded"}
         model.removed = True
         ctx.models_changed()
         return Removed(removed=model.id)
 
-    @api.post("/api/v1/models/{name}/class", operation_id="postModelsNameClass", tags=["models"], response_model=ClassView)
+    @api.post(
+        "/api/v1/models/{name}/class", operation_id="postModelsNameClass", tags=["models"], response_model=ClassView
+    )
     async def post_models_name_class(name: str, body: ClassRequest) -> ClassView:
         model = known(ctx, name)
         refuse_problems([p for p in [class_problem(body.class_)] if p])
         definition = await redefine(ctx, model, definition_of(model).model_copy(update={"class_": body.class_ or None}))
         return ClassView(model=model.id, class_=class_in_force(definition))
 
-    @api.post("/api/v1/models/{name}/owner", operation_id="postModelsNameOwner", tags=["models"], response_model=OwnerView)
+    @api.post(
+        "/api/v1/models/{name}/owner", operation_id="postModelsNameOwner", tags=["models"], response_model=OwnerView
+    )
     async def post_models_name_owner(name: str, body: OwnerRequest) -> OwnerView:
         model = known(ctx, name)
         refuse_problems([p for p in [owner_problem(body.owner)] if p])
         definition = await redefine(ctx, model, definition_of(model).model_copy(update={"owner": body.owner or None}))
         return OwnerView(model=model.id, owner=definition.owner)
 
-    @api.post("/api/v1/models/{name}/resources", operation_id="postModelsNameResources", tags=["models"], response_model=CatalogModel)
+    @api.post(
+        "/api/v1/models/{name}/resources",
+        operation_id="postModelsNameResources",
+        tags=["models"],
+        response_model=CatalogModel,
+    )
     async def post_models_name_resources(name: str, body: ResourcesRequest) -> CatalogModel:
         model = known(ctx, name)
         for field, value in (("memory_gb", body.memory_gb), ("cpu_cores", body.cpu_cores)):
@@ -285,26 +345,43 @@ def router(ctx: ControlContext) -> APIRouter:
         definition = await redefine(ctx, model, with_resources(definition_of(model), entry_engine, body))
         return with_defaults(definition, model.entry, model.engine)
 
-    @api.post("/api/v1/models/{name}/scale", operation_id="postModelsNameScale", tags=["models"], response_model=ScaleResponse)
+    @api.post(
+        "/api/v1/models/{name}/scale", operation_id="postModelsNameScale", tags=["models"], response_model=ScaleResponse
+    )
     async def post_models_name_scale(name: str, body: ScaleRequest) -> ScaleResponse:
         model = known(ctx, name)
         current = definition_of(model)
         low = body.min if body.min is not None else scaling_in_force(current)[0]
-        scaling = (current.scaling or CatalogScaling()).model_copy(update={
-            "min": low, "max": body.max,  # a max left out follows min
-            "idle_timeout": body.idle_timeout if body.idle_timeout is not None else (current.scaling.idle_timeout if current.scaling else None),
-        })
+        scaling = (current.scaling or CatalogScaling()).model_copy(
+            update={
+                "min": low,
+                "max": body.max,  # a max left out follows min
+                "idle_timeout": body.idle_timeout
+                if body.idle_timeout is not None
+                else (current.scaling.idle_timeout if current.scaling else None),
+            }
+        )
         definition = await redefine(ctx, model, current.model_copy(update={"scaling": scaling}), rescale=True)
         low, high, idle, on_demand = scaling_in_force(definition)
         return ScaleResponse(model=model.id, min=low, max=high, idle_timeout=idle, on_demand=on_demand)
 
     # --- opod's own: pin a model to a node, or take it off one ---------------------------------
 
-    @api.post("/api/v1/models/{name}/load", operation_id="postModelsNameLoad", tags=[EXTENSION_TAG], response_model=PlacementView)
+    @api.post(
+        "/api/v1/models/{name}/load",
+        operation_id="postModelsNameLoad",
+        tags=[EXTENSION_TAG],
+        response_model=PlacementView,
+    )
     async def load(name: str, body: PlacementRequest | None = None) -> PlacementView:
         return await place(name, (body.node if body else "") or ANY_NODE, "loaded")
 
-    @api.post("/api/v1/models/{name}/unload", operation_id="postModelsNameUnload", tags=[EXTENSION_TAG], response_model=PlacementView)
+    @api.post(
+        "/api/v1/models/{name}/unload",
+        operation_id="postModelsNameUnload",
+        tags=[EXTENSION_TAG],
+        response_model=PlacementView,
+    )
     async def unload(name: str, body: PlacementRequest | None = None) -> PlacementView:
         return await place(name, (body.node if body else "") or ANY_NODE, "unloaded")
 

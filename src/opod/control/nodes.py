@@ -49,7 +49,16 @@ from opod.control.context import ControlContext, ControlError
 from opod.control.spec import EXTENSION_TAG, SpecRouter
 from opod.engines.registry import known_names
 from opod.fleet.inventory import GPUDevice, location
-from opod.fleet.liveness import LOST, STATE_WORDS, can_place, model_states, node_state, reachability, state_flags, takes_new_work
+from opod.fleet.liveness import (
+    LOST,
+    STATE_WORDS,
+    can_place,
+    model_states,
+    node_state,
+    reachability,
+    state_flags,
+    takes_new_work,
+)
 from opod.fleet.state import NodeState
 from opod.http.nodeclient import WorkerUnavailable
 
@@ -108,18 +117,35 @@ LOAD_VIEW = TypeAdapter(LoadView)
 
 
 def _sensor_view(s: nodeapi.GPUSensor) -> InventoryGPUSensor:
-    said: dict[str, Any] = {k: v for k, v in (
-        ("pcie_replays", s.pcie_replays), ("retired_pages_sbe", s.retired_pages_sbe), ("retired_pages_dbe", s.retired_pages_dbe),
-        ("retire_pending", s.retire_pending), ("remapped_rows_correctable", s.remapped_rows_correctable),
-        ("remapped_rows_uncorrectable", s.remapped_rows_uncorrectable), ("remap_pending", s.remap_pending),
-        ("remap_failure", s.remap_failure)) if v is not None}
+    said: dict[str, Any] = {
+        k: v
+        for k, v in (
+            ("pcie_replays", s.pcie_replays),
+            ("retired_pages_sbe", s.retired_pages_sbe),
+            ("retired_pages_dbe", s.retired_pages_dbe),
+            ("retire_pending", s.retire_pending),
+            ("remapped_rows_correctable", s.remapped_rows_correctable),
+            ("remapped_rows_uncorrectable", s.remapped_rows_uncorrectable),
+            ("remap_pending", s.remap_pending),
+            ("remap_failure", s.remap_failure),
+        )
+        if v is not None
+    }
     wear = InventoryGPUWear.model_construct(**said)
     return InventoryGPUSensor.model_construct(
-        index=s.index, temp_c=s.temp_c, memory_temp_c=s.memory_temp_c, power_w=s.power_w, power_limit_w=s.power_limit_w,
-        util_percent=s.util_percent, mem_util_percent=s.mem_util_percent, memory_used_mb=s.memory_used_mb,
-        memory_total_mb=s.memory_total_mb, sm_clock_mhz=s.sm_clock_mhz,
+        index=s.index,
+        temp_c=s.temp_c,
+        memory_temp_c=s.memory_temp_c,
+        power_w=s.power_w,
+        power_limit_w=s.power_limit_w,
+        util_percent=s.util_percent,
+        mem_util_percent=s.mem_util_percent,
+        memory_used_mb=s.memory_used_mb,
+        memory_total_mb=s.memory_total_mb,
+        sm_clock_mhz=s.sm_clock_mhz,
         ecc_uncorrected=float(s.ecc_uncorrected) if s.ecc_uncorrected is not None else None,
-        wear=wear if wear.model_fields_set else None)
+        wear=wear if wear.model_fields_set else None,
+    )
 
 
 def load_view(node: NodeState, wall: float | None) -> LoadView:
@@ -131,9 +157,13 @@ def load_view(node: NodeState, wall: float | None) -> LoadView:
     total = report.memory_total_bytes or (hw.ram_gb << 30)
     used = report.memory_used_bytes
     return LoadView.model_construct(
-        cpu_percent=report.cpu_percent, cpus=report.cpus or hw.cpu_cores or None,
-        load1=report.load1, load5=report.load5, load15=report.load15,
-        memory_used_bytes=used or None, memory_total_bytes=total or None,
+        cpu_percent=report.cpu_percent,
+        cpus=report.cpus or hw.cpu_cores or None,
+        load1=report.load1,
+        load5=report.load5,
+        load15=report.load15,
+        memory_used_bytes=used or None,
+        memory_total_bytes=total or None,
         memory_percent=round(100 * used / total, 1) if used and total else None,
         age_seconds=max(0, int(wall - node.host_load_at)) if wall is not None else None,
         cpu_temp_c=report.cpu_temp_c,
@@ -142,9 +172,17 @@ def load_view(node: NodeState, wall: float | None) -> LoadView:
 
 
 def _provision(node: NodeState) -> list[InventoryEngineInstall] | None:
-    return [InventoryEngineInstall.model_construct(engine=p.engine, version=p.version or None, variant=p.variant or None,
-                                                   state=p.state, detail=p.detail or None)
-            for p in node.inventory.provision] or None
+    return [
+        InventoryEngineInstall.model_construct(
+            engine=p.engine,
+            version=p.version or None,
+            variant=p.variant or None,
+            state=p.state,
+            detail=p.detail or None,
+        )
+        for p in node.inventory.provision
+    ] or None
+
 
 DeviceViews = dict[str, tuple[list[GPUDevice], list[GPUView], list[str]]]
 """node id → (its device list, their views, compute capabilities): a node's devices change only when a report
@@ -156,10 +194,22 @@ def _device_views(node: NodeState, cache: DeviceViews) -> tuple[list[GPUView], l
     cached = cache.get(node.id)
     if cached is not None and cached[0] is devices:
         return cached[1], cached[2]
-    views = [GPUView.model_construct(index=d.index, name=d.name, label=d.label, class_=d.gpu_class, card=d.card,
-                                     mig_profile=d.mig_profile or None, memory_total_mb=d.memory_mb,
-                                     compute_capability=d.compute_capability or None, nvlink_peers=list(d.nvlink_peers) or None,
-                                     domain=d.nvlink_domain or None, fabric_state=d.fabric_state or None) for d in devices]
+    views = [
+        GPUView.model_construct(
+            index=d.index,
+            name=d.name,
+            label=d.label,
+            class_=d.gpu_class,
+            card=d.card,
+            mig_profile=d.mig_profile or None,
+            memory_total_mb=d.memory_mb,
+            compute_capability=d.compute_capability or None,
+            nvlink_peers=list(d.nvlink_peers) or None,
+            domain=d.nvlink_domain or None,
+            fabric_state=d.fabric_state or None,
+        )
+        for d in devices
+    ]
     capabilities = sorted({d.compute_capability for d in devices if d.compute_capability})
     cache[node.id] = (devices, views, capabilities)
     return views, capabilities
@@ -182,7 +232,10 @@ def node_view(node: NodeState, held: set[int], now: float, wall: float, cache: D
         elif d.index not in held:
             row[1] += 1
             free += 1
-    by_class = {c: ClassGPUs.model_construct(class_=c, total=t, free=f, unhealthy=u, mig=m) for c, (t, f, u, m) in counts.items()}
+    by_class = {
+        c: ClassGPUs.model_construct(class_=c, total=t, free=f, unhealthy=u, mig=m)
+        for c, (t, f, u, m) in counts.items()
+    }
     warnings = list(inv.warnings)
     live, why = takes_new_work(node, now)
     if not live and why not in ("drained", "cordoned") and not why.startswith("no heartbeat"):
@@ -191,10 +244,12 @@ def node_view(node: NodeState, held: set[int], now: float, wall: float, cache: D
     if wanted and wanted != inv.agent_version and not any(wanted in w for w in inv.warnings):
         # The worker's own warning ("upgrading to", "upgrade to ... failed") says more once it has one.
         running = inv.agent_version or "an unknown release"
-        warnings.append(f"release {wanted} is wanted; the agent runs {running} and has not started upgrading yet"
-                        if "agent_upgrade" in inv.features else
-                        f"release {wanted} is wanted but the agent runs {running} and cannot upgrade itself: "
-                        f"install opod {wanted} on the node and restart its worker")
+        warnings.append(
+            f"release {wanted} is wanted; the agent runs {running} and has not started upgrading yet"
+            if "agent_upgrade" in inv.features
+            else f"release {wanted} is wanted but the agent runs {running} and cannot upgrade itself: "
+            f"install opod {wanted} on the node and restart its worker"
+        )
     labels = inv.all_labels()
     hw = node.hardware
     # Built from values already of the wire types' types: constructed, not validated (a listing of a
@@ -251,11 +306,24 @@ def fabric_uses(nodes: list[NodeState], busy: set[str], now: float) -> list[Fabr
     for fabric in sorted(on):
         members = on[fabric]
         weights = [n for n in members if n.inventory.models_on_disk]
-        free = sum(1 for n in members if fabric in n.inventory.networks() and can_place(n, now)[0]
-                   and n.id not in busy and not n.loaded_models and not n.model_engines)
-        out.append(FabricUse(fabric=fabric, nodes=len(members), nodes_with_weights=len(weights),
-                             models_present=len({m for n in weights for m in n.inventory.models_on_disk or ()}),
-                             largest_free_block=free))
+        free = sum(
+            1
+            for n in members
+            if fabric in n.inventory.networks()
+            and can_place(n, now)[0]
+            and n.id not in busy
+            and not n.loaded_models
+            and not n.model_engines
+        )
+        out.append(
+            FabricUse(
+                fabric=fabric,
+                nodes=len(members),
+                nodes_with_weights=len(weights),
+                models_present=len({m for n in weights for m in n.inventory.models_on_disk or ()}),
+                largest_free_block=free,
+            )
+        )
     return out
 
 
@@ -263,11 +331,27 @@ def _inputs(node: NodeState, held: set[int], now: float, wall: float) -> tuple:
     """Everything :func:`node_view` reads of a node, but the seconds since it was last heard from (see ``NodeList``)."""
     inv, op = node.inventory, node.inventory.operator
     return (
-        node.address, node.hostname, node.hardware, node.engine_id, node.loaded_models, tuple(node.model_engines),
-        inv.gpus, frozenset(held), state_word(node, now, wall), takes_new_work(node, now),
-        tuple(inv.labels.items()), tuple(inv.operator_labels.items()), tuple(inv.engine_versions.items()),
-        tuple(op.engine_builds.items()), op.wanted_version, tuple(inv.warnings), inv.agent_version, tuple(inv.features),
-        None if inv.models_on_disk is None else tuple(inv.models_on_disk), bool(inv.last_seen), tuple(inv.provision),
+        node.address,
+        node.hostname,
+        node.hardware,
+        node.engine_id,
+        node.loaded_models,
+        tuple(node.model_engines),
+        inv.gpus,
+        frozenset(held),
+        state_word(node, now, wall),
+        takes_new_work(node, now),
+        tuple(inv.labels.items()),
+        tuple(inv.operator_labels.items()),
+        tuple(inv.engine_versions.items()),
+        tuple(op.engine_builds.items()),
+        op.wanted_version,
+        tuple(inv.warnings),
+        inv.agent_version,
+        tuple(inv.features),
+        None if inv.models_on_disk is None else tuple(inv.models_on_disk),
+        bool(inv.last_seen),
+        tuple(inv.provision),
         tuple((name, tuple(ports.items())) for name, ports in inv.fabrics.items()),
     )
 
@@ -334,8 +418,11 @@ def _label_changes(body: NodeLabelsRequest, current: dict[str, str]) -> dict[str
         labels.pop(key, None)
     for key, value in setting.items():
         if not _LABEL_KEY.fullmatch(key):
-            raise ControlError(400, f"set: label key {key!r} must be letters, digits and ._/- (starting and ending with a letter or digit), "
-                                    "at most 253 characters, as in llmgw.io/rack")
+            raise ControlError(
+                400,
+                f"set: label key {key!r} must be letters, digits and ._/- (starting and ending with a letter or digit), "
+                "at most 253 characters, as in llmgw.io/rack",
+            )
         if len(value) > 256:
             raise ControlError(400, f"set: the value of {key!r} is {len(value)} characters; at most 256")
         labels[key] = value
@@ -363,12 +450,18 @@ def router(ctx: ControlContext) -> SpecRouter:
         node = known(id)
         reach = reachability(node, time.monotonic(), _silent_for(node, time.time()))
         if not reach:
-            raise ControlError(409, f"node {id!r} is reachable (it heartbeats); only a lost node, or an unreachable one with nothing "
-                                    "on it, can be forgotten: stop its worker first")
+            raise ControlError(
+                409,
+                f"node {id!r} is reachable (it heartbeats); only a lost node, or an unreachable one with nothing "
+                "on it, can be forgotten: stop its worker first",
+            )
         held = sorted({*node.loaded_models, *node.model_engines})
         if reach != LOST and held:
-            raise ControlError(409, f"node {id!r} is unreachable but has {', '.join(held)} on it; it is lost after "
-                                    "5 minutes without a word, and can be forgotten then")
+            raise ControlError(
+                409,
+                f"node {id!r} is unreachable but has {', '.join(held)} on it; it is lost after "
+                "5 minutes without a word, and can be forgotten then",
+            )
         await run_sync(ctx.store.delete_node, id)
         ctx.fleet.remove(id)
         ctx.access.forget_node(id)
@@ -377,7 +470,12 @@ def router(ctx: ControlContext) -> SpecRouter:
         ctx.models_changed()
         return NodeRemoved(id=id, removed="true")
 
-    @api.post("/api/v1/nodes/{id}/engines", operation_id="postNodesIdEngines", tags=["nodes"], response_model=NodeEngineRequest)
+    @api.post(
+        "/api/v1/nodes/{id}/engines",
+        operation_id="postNodesIdEngines",
+        tags=["nodes"],
+        response_model=NodeEngineRequest,
+    )
     async def post_nodes_id_engines(id: str, body: NodeEngineRequest) -> NodeEngineRequest:
         from opod.engines.registry import UnknownEngine, get_driver
         from opod.worker.builds import builds_of
@@ -386,17 +484,23 @@ def router(ctx: ControlContext) -> SpecRouter:
         try:
             engine = get_driver(body.engine or "").id
         except UnknownEngine:
-            raise ControlError(400, f"engine: {body.engine!r} is not an engine opod runs; choose one of {', '.join(known_names())}") from None
+            raise ControlError(
+                400, f"engine: {body.engine!r} is not an engine opod runs; choose one of {', '.join(known_names())}"
+            ) from None
         build = (body.build or "auto").strip().lower()
         if not _BUILD.fullmatch(build) or build not in builds_of(engine):
-            raise ControlError(400, f"build: {body.build!r} is not a build of {engine}; choose one of {', '.join(builds_of(engine))}")
+            raise ControlError(
+                400, f"build: {body.build!r} is not a build of {engine}; choose one of {', '.join(builds_of(engine))}"
+            )
         builds = dict(node.inventory.operator.engine_builds) | {engine: build}
         await run_sync(ctx.store.set_operator_side, id, engine_builds=builds)
         node.inventory.operator.engine_builds = builds
         ctx.emit("node.engine_build", id, {"engine": engine, "build": build})
         return NodeEngineRequest(engine=engine, build=build)
 
-    @api.post("/api/v1/nodes/{id}/labels", operation_id="postNodesIdLabels", tags=["nodes"], response_model=NodeLabelsView)
+    @api.post(
+        "/api/v1/nodes/{id}/labels", operation_id="postNodesIdLabels", tags=["nodes"], response_model=NodeLabelsView
+    )
     async def post_nodes_id_labels(id: str, body: NodeLabelsRequest) -> NodeLabelsView:
         node = known(id)
         labels = _label_changes(body, node.inventory.operator_labels)
@@ -419,10 +523,18 @@ def router(ctx: ControlContext) -> SpecRouter:
         path = nodeapi.PATH_LOGS
         try:
             headers = ctx.workers.signed_headers(node, "GET", path)
-            async with ctx.workers.session.get(node.base_url() + path, params={"source": wanted, "lines": str(count)}, headers=headers,
-                                               timeout=aiohttp.ClientTimeout(total=10)) as resp:
+            async with ctx.workers.session.get(
+                node.base_url() + path,
+                params={"source": wanted, "lines": str(count)},
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=10),
+            ) as resp:
                 status = resp.status
-                answer = await resp.json(content_type=None) if resp.content_type == "application/json" else {"error": (await resp.text()).strip()}
+                answer = (
+                    await resp.json(content_type=None)
+                    if resp.content_type == "application/json"
+                    else {"error": (await resp.text()).strip()}
+                )
         except (WorkerUnavailable, aiohttp.ClientError, TimeoutError, OSError, ValueError) as err:
             return LogsView(node=id, source=wanted, error=f"node {id} did not answer: {err or type(err).__name__}")
         if status == 404 and isinstance(answer, dict) and "sources" in answer:
@@ -437,10 +549,14 @@ def router(ctx: ControlContext) -> SpecRouter:
         known(id)
         word = (body.state or "").strip().lower()
         if word not in STATE_WORDS:
-            raise ControlError(400, f"state: {body.state!r} is not a node state; choose ready (or uncordon), cordon or drain")
+            raise ControlError(
+                400, f"state: {body.state!r} is not a node state; choose ready (or uncordon), cordon or drain"
+            )
         return NodeStateView(id=id, state=await set_node_state(ctx, id, word))
 
-    @api.post("/api/v1/nodes/{id}/upgrade", operation_id="postNodesIdUpgrade", tags=["nodes"], response_model=UpgradeView)
+    @api.post(
+        "/api/v1/nodes/{id}/upgrade", operation_id="postNodesIdUpgrade", tags=["nodes"], response_model=UpgradeView
+    )
     async def post_nodes_id_upgrade(id: str, body: UpgradeRequest) -> UpgradeView:
         node = known(id)
         version = (body.version or "").strip()
@@ -451,7 +567,9 @@ def router(ctx: ControlContext) -> SpecRouter:
         ctx.emit("node.upgrade_wanted", id, {"version": version, "running": node.inventory.agent_version})
         return UpgradeView(node=id, version=version)
 
-    @api.post("/api/v1/agents/restart", operation_id="postAgentsRestart", tags=["agents"], response_model=AgentRestartView)
+    @api.post(
+        "/api/v1/agents/restart", operation_id="postAgentsRestart", tags=["agents"], response_model=AgentRestartView
+    )
     async def post_agents_restart() -> AgentRestartView:
         """Each reachable worker starts its agent again, its engines kept serving: ``opod join``'s as a new process
         (``worker.adoption``), ``opod up``'s own in place. A worker that cannot now (a model's weights still
@@ -473,7 +591,12 @@ def router(ctx: ControlContext) -> SpecRouter:
         ctx.emit("agents.restarted", "", {"nodes": restarted})
         return AgentRestartView(nodes=restarted)
 
-    @api.get("/api/v1/opod/node-models", operation_id="getOpodNodeModels", tags=[EXTENSION_TAG], response_model=dict[str, dict[str, str]])
+    @api.get(
+        "/api/v1/opod/node-models",
+        operation_id="getOpodNodeModels",
+        tags=[EXTENSION_TAG],
+        response_model=dict[str, dict[str, str]],
+    )
     async def get_node_models() -> dict[str, dict[str, str]]:
         """node id → each model it holds or says anything of: ``serving``, or why not (what ``opod node ls`` shows)."""
         now = time.monotonic()

@@ -15,7 +15,10 @@ def router(ctx: ControlContext) -> APIRouter:
     @api.post("/api/v1/notify/test", operation_id="postNotifyTest", tags=["notify"], response_model=list[NotifyResult])
     async def post_notify_test() -> list[NotifyResult]:
         if ctx.notifier is None:
-            raise ControlError(503, "this leader sends no webhooks (it was built without a notifier); notify/test needs opod up's leader")
+            raise ControlError(
+                503,
+                "this leader sends no webhooks (it was built without a notifier); notify/test needs opod up's leader",
+            )
         answers = await ctx.notifier.test()
         return [NotifyResult(url=url, error=error or None) for url, error in answers]
 

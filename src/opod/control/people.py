@@ -53,10 +53,20 @@ def target_path(ctx: ControlContext, target: str) -> str:
 
 
 def user_view(ctx: ControlContext, people: People, user: UserRecord) -> UserView:
-    memberships = [MembershipView(target=m.target, path=target_path(ctx, m.target), role=m.role, at=m.at, by=m.by or None)
-                   for m in people.memberships(user.id)]
-    return UserView(id=user.id, email=user.email, name=user.name or None, state=user.state, role=user.role or None,
-                    memberships=memberships, created_at=user.created_at, last_login_at=user.last_login_at)
+    memberships = [
+        MembershipView(target=m.target, path=target_path(ctx, m.target), role=m.role, at=m.at, by=m.by or None)
+        for m in people.memberships(user.id)
+    ]
+    return UserView(
+        id=user.id,
+        email=user.email,
+        name=user.name or None,
+        state=user.state,
+        role=user.role or None,
+        memberships=memberships,
+        created_at=user.created_at,
+        last_login_at=user.last_login_at,
+    )
 
 
 def find_user(people: People, id_or_email: str) -> UserRecord:
@@ -68,7 +78,9 @@ def find_user(people: People, id_or_email: str) -> UserRecord:
 
 def resolve_target(ctx: ControlContext, text: str | None) -> Scope:
     if not text:
-        raise ControlError(400, "target: name where the person belongs: org:NAME, team:ORG/TEAM, project:ORG/TEAM/PROJECT, or an ID")
+        raise ControlError(
+            400, "target: name where the person belongs: org:NAME, team:ORG/TEAM, project:ORG/TEAM/PROJECT, or an ID"
+        )
     if ctx.tenancy is None:
         raise ControlError(503, "target: organizations, teams and projects are not kept on this leader")
     try:
@@ -104,7 +116,9 @@ def router(ctx: ControlContext) -> APIRouter:
     async def get_users(state: str | None = None) -> list[UserView]:
         people = people_of(ctx)
         if state is not None and state not in USER_STATES:
-            raise ControlError(400, f"state: {state!r} is not one of {', '.join(USER_STATES)}; leave it out for everyone")
+            raise ControlError(
+                400, f"state: {state!r} is not one of {', '.join(USER_STATES)}; leave it out for everyone"
+            )
         return [user_view(ctx, people, u) for u in people.users(state)]
 
     @api.get("/api/v1/users/{id}", operation_id="getUsersId", tags=["users"], response_model=UserView)
@@ -112,29 +126,51 @@ def router(ctx: ControlContext) -> APIRouter:
         people = people_of(ctx)
         return user_view(ctx, people, find_user(people, id))
 
-    @api.post("/api/v1/users/{id}/memberships", operation_id="postUsersIdMemberships", tags=["users"], response_model=UserView)
-    async def post_users_id_memberships(id: str, body: MembershipRequest, draft: AuditDraft = Depends(audit_draft)) -> UserView:
+    @api.post(
+        "/api/v1/users/{id}/memberships", operation_id="postUsersIdMemberships", tags=["users"], response_model=UserView
+    )
+    async def post_users_id_memberships(
+        id: str, body: MembershipRequest, draft: AuditDraft = Depends(audit_draft)
+    ) -> UserView:
         people = people_of(ctx)
         user = find_user(people, id)
         role = body.role or "member"
         if role not in MEMBER_ROLES:
             raise ControlError(400, f"role: {role!r} is not one of {', '.join(MEMBER_ROLES)} (member when left out)")
         scope = resolve_target(ctx, body.target)
-        row = draft.row(target=f"user:{user.id}", detail={"target": scope.text, "path": target_path(ctx, scope.id), "role": role})
+        row = draft.row(
+            target=f"user:{user.id}", detail={"target": scope.text, "path": target_path(ctx, scope.id), "role": role}
+        )
         await people.join(user.id, scope.id, role=role, by=draft.actor, audit=row)
         return user_view(ctx, people, user)
 
-    @api.delete("/api/v1/users/{id}/memberships", operation_id="deleteUsersIdMemberships", tags=["users"], response_model=UserView)
-    async def delete_users_id_memberships(id: str, body: MembershipRequest, draft: AuditDraft = Depends(audit_draft)) -> UserView:
+    @api.delete(
+        "/api/v1/users/{id}/memberships",
+        operation_id="deleteUsersIdMemberships",
+        tags=["users"],
+        response_model=UserView,
+    )
+    async def delete_users_id_memberships(
+        id: str, body: MembershipRequest, draft: AuditDraft = Depends(audit_draft)
+    ) -> UserView:
         people = people_of(ctx)
         user = find_user(people, id)
         scope = resolve_target(ctx, body.target)
         if scope.id not in {m.target for m in people.memberships(user.id)}:
-            raise ControlError(404, f"target: {user.email} is not a member of {scope.text}; GET /api/v1/users/{user.id} says where they are")
+            raise ControlError(
+                404,
+                f"target: {user.email} is not a member of {scope.text}; GET /api/v1/users/{user.id} says where they are",
+            )
         left = {m.target for m in people.memberships(user.id)} - {scope.id}
         losing = unreachable_projects(ctx, left, await keyed_projects(ctx, user.id))
-        row = draft.row(target=f"user:{user.id}", detail={"target": scope.text, "path": target_path(ctx, scope.id),
-                                                           "revokes_keys_in": [target_path(ctx, p) for p in losing]})
+        row = draft.row(
+            target=f"user:{user.id}",
+            detail={
+                "target": scope.text,
+                "path": target_path(ctx, scope.id),
+                "revokes_keys_in": [target_path(ctx, p) for p in losing],
+            },
+        )
         await people.leave(user.id, scope.id, audit=row)  # the keys in projects no longer reached are revoked with it
         return user_view(ctx, people, user)
 
@@ -143,12 +179,16 @@ def router(ctx: ControlContext) -> APIRouter:
         token = await run_sync(ctx.store.secret_info, scim_secret_name(ctx))
         return AuthView(signup_open=False, scim=token is not None)
 
-    @api.put("/api/v1/auth/secrets/{name}", operation_id="putAuthSecretsName", tags=["auth"], response_model=dict[str, str])
-    async def put_auth_secrets_name(name: str, body: SecretRequest, draft: AuditDraft = Depends(audit_draft)) -> dict[str, str]:
+    @api.put(
+        "/api/v1/auth/secrets/{name}", operation_id="putAuthSecretsName", tags=["auth"], response_model=dict[str, str]
+    )
+    async def put_auth_secrets_name(
+        name: str, body: SecretRequest, draft: AuditDraft = Depends(audit_draft)
+    ) -> dict[str, str]:
         if name not in AUTH_SECRETS:
             raise ControlError(400, f"name: {name!r} is not a secret opod keeps; use one of {', '.join(AUTH_SECRETS)}")
         if not body.value:
-            raise ControlError(400, "value: send the secret as {\"value\": \"...\"}; it is stored, never shown again")
+            raise ControlError(400, 'value: send the secret as {"value": "..."}; it is stored, never shown again')
         reference = secret_reference(name)
         row = draft.row(target=f"secret:auth/{name}", detail={"name": name, "reference": reference})
         record = await run_sync(ctx.store.put_secret, f"auth/{name}", body.value, by=draft.actor, audit=row)

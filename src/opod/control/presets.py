@@ -53,7 +53,9 @@ def fit(entry: Entry, nodes: list[NodeState]) -> list[str]:
     """
     need = entry.hardware.min_vram_gb or entry.hardware.min_ram_gb
     # A card sold as 80 GB reports about 81,500 MiB: compared in thousands, so it meets an 80 GB need.
-    classes = {gpu.gpu_class for node in nodes for gpu in node.inventory.gpus if gpu.healthy and gpu.memory_mb >= need * 1000}
+    classes = {
+        gpu.gpu_class for node in nodes for gpu in node.inventory.gpus if gpu.healthy and gpu.memory_mb >= need * 1000
+    }
     if not entry.hardware.min_vram_gb and any(node.hardware.ram_gb >= entry.hardware.min_ram_gb for node in nodes):
         classes.add("cpu")
     return sorted(classes)
@@ -93,7 +95,11 @@ def choices(ctx: ControlContext, records: dict[str, PresetRecord], auto: bool) -
     for entry in ctx.catalog:
         classes[entry.id] = fit(entry, nodes)
         record = records.get(entry.id)
-        eligible = not (record is not None and record.declined) and not entry.sharding.required and ctx.models.active(entry.id) is None
+        eligible = (
+            not (record is not None and record.declined)
+            and not entry.sharding.required
+            and ctx.models.active(entry.id) is None
+        )
         if classes[entry.id] and eligible:
             fitting.setdefault(makes(entry.capabilities), []).append(entry)
     chosen: dict[str, Entry] = {}
@@ -109,24 +115,37 @@ def choices(ctx: ControlContext, records: dict[str, PresetRecord], auto: bool) -
         blocked = ""
         if not in_catalog:
             if not auto:
-                blocked = "presets.auto is off (PUT /api/v1/presets/auto {\"on\": true})"
+                blocked = 'presets.auto is off (PUT /api/v1/presets/auto {"on": true})'
             elif not classes[entry.id]:
                 blocked = _need(entry)
             elif declined:
-                blocked = "declined: it was removed after it was added; POST /api/v1/presets/" + entry.id + " adds it again"
+                blocked = (
+                    "declined: it was removed after it was added; POST /api/v1/presets/" + entry.id + " adds it again"
+                )
             elif entry.sharding.required:
                 blocked = "it is split across nodes (sharded): add it by hand"
             elif kind in made:
                 blocked = f"{made[kind]} already makes {kind}"
             elif chosen.get(kind) is not entry:
                 blocked = f"{chosen[kind].id} is added for {kind} instead"
-        views.append(PresetView(
-            name=entry.id, makes=kind, description=entry.description or None, card=_card(entry),
-            licence=CatalogLicense(id=entry.license or None, url=entry.license_url or None, commercial=not entry.restricted),
-            fits=bool(classes[entry.id]), fits_classes=classes[entry.id], in_catalog=in_catalog,
-            added_by=record.added_by if record is not None and record.added_by else None,
-            added_at=record.added_at if record is not None else None, declined=declined, blocked=blocked or None,
-        ))
+        views.append(
+            PresetView(
+                name=entry.id,
+                makes=kind,
+                description=entry.description or None,
+                card=_card(entry),
+                licence=CatalogLicense(
+                    id=entry.license or None, url=entry.license_url or None, commercial=not entry.restricted
+                ),
+                fits=bool(classes[entry.id]),
+                fits_classes=classes[entry.id],
+                in_catalog=in_catalog,
+                added_by=record.added_by if record is not None and record.added_by else None,
+                added_at=record.added_at if record is not None else None,
+                declined=declined,
+                blocked=blocked or None,
+            )
+        )
     return views, [e for kind, e in chosen.items() if kind not in made] if auto else []
 
 
@@ -169,7 +188,9 @@ def router(ctx: ControlContext) -> APIRouter:
     @api.put("/api/v1/presets/auto", operation_id="putPresetsAuto", tags=["presets"], response_model=PresetsView)
     async def put_presets_auto(body: PresetsAutoRequest) -> PresetsView:
         if body.on is None:
-            raise ControlError(400, 'on: required; true adds a preset when a node fits it, false stops that ({"on": true})')
+            raise ControlError(
+                400, 'on: required; true adds a preset when a node fits it, false stops that ({"on": true})'
+            )
         await run_sync(ctx.store.set_presets_auto, body.on)
         if body.on:
             await auto_add(ctx)

@@ -100,7 +100,11 @@ def _amounts(body: StoreResources | None) -> QuotaAmounts:
 
 
 def _resources(amounts: QuotaAmounts) -> StoreResources | None:
-    return StoreResources(gpus=amounts.gpus, cpu_cores=amounts.cpu_cores, memory_gb=amounts.memory_gb) if amounts.governed() else None
+    return (
+        StoreResources(gpus=amounts.gpus, cpu_cores=amounts.cpu_cores, memory_gb=amounts.memory_gb)
+        if amounts.governed()
+        else None
+    )
 
 
 def _held(amount: Amount) -> QuotaAmount:
@@ -122,9 +126,18 @@ def router(ctx: ControlContext) -> APIRouter:
 
     def views(records: Iterable[QuotaRecord]) -> list[QuotaView]:
         holds = ctx.quota_holds() if ctx.quota_holds is not None else {}
-        return [QuotaView(scope=r.scope, name=name(r.scope) or None, guarantee=_resources(r.guarantee), limit=_resources(r.limit),
-                          holds=_held(holds.get(r.scope, Amount())), updated_by=r.updated_by or None, updated_at=r.updated_at)
-                for r in records]
+        return [
+            QuotaView(
+                scope=r.scope,
+                name=name(r.scope) or None,
+                guarantee=_resources(r.guarantee),
+                limit=_resources(r.limit),
+                holds=_held(holds.get(r.scope, Amount())),
+                updated_by=r.updated_by or None,
+                updated_at=r.updated_at,
+            )
+            for r in records
+        ]
 
     def changed(scope: str, record: QuotaRecord | None) -> None:
         if ctx.quotas is not None:
@@ -143,13 +156,22 @@ def router(ctx: ControlContext) -> APIRouter:
         scope = resolve(body.scope)
         guarantee, limit = _amounts(body.guarantee), _amounts(body.limit)
         detail = {"scope": body.scope, **body.model_dump(exclude_none=True, include={"guarantee", "limit"})}
-        record = await run_sync(ctx.store.put_quota, scope.text, scope.kind, guarantee, limit, by=draft.actor,
-                                audit=draft.row(target=scope.text, detail=detail))
+        record = await run_sync(
+            ctx.store.put_quota,
+            scope.text,
+            scope.kind,
+            guarantee,
+            limit,
+            by=draft.actor,
+            audit=draft.row(target=scope.text, detail=detail),
+        )
         changed(scope.text, record)
         return QuotaSet(scope=scope.text)
 
     # ``:path``: a scope named by path (``team:acme/ml``) holds slashes; the document still reads ``{scope}``.
-    @api.delete("/api/v1/quotas/{scope:path}", operation_id="deleteQuotasScope", tags=["quotas"], response_model=Removed)
+    @api.delete(
+        "/api/v1/quotas/{scope:path}", operation_id="deleteQuotasScope", tags=["quotas"], response_model=Removed
+    )
     async def delete_quotas_scope(scope: str, draft: AuditDraft = Depends(audit_draft)) -> Removed:
         try:
             key = resolve(scope).text

@@ -66,17 +66,38 @@ def replica_view(ctx: ControlContext, desk: ReplicaDesk, replica: ReplicaRecord,
     for rank, node_id in enumerate(replica.nodes):
         node = ctx.fleet.get(node_id)
         progress = node.load_progress.get(replica.model, "") if node is not None else ""
-        shards.append(ShardView(
-            id=f"{replica.id}/{rank}", node=node_id, rank=rank, gpus=list(replica.gpus.get(node_id, [])),
-            state=replica.state, error=(replica.error or progress) or None,
-        ))
-    pools = sorted({g.gpu_class for n in replica.nodes if (node := ctx.fleet.get(n)) is not None
-                    for g in node.inventory.gpus if g.index in replica.gpus.get(n, [])})
+        shards.append(
+            ShardView(
+                id=f"{replica.id}/{rank}",
+                node=node_id,
+                rank=rank,
+                gpus=list(replica.gpus.get(node_id, [])),
+                state=replica.state,
+                error=(replica.error or progress) or None,
+            )
+        )
+    pools = sorted(
+        {
+            g.gpu_class
+            for n in replica.nodes
+            if (node := ctx.fleet.get(n)) is not None
+            for g in node.inventory.gpus
+            if g.index in replica.gpus.get(n, [])
+        }
+    )
     return ReplicaView(
-        id=replica.id, model=replica.model, profile=replica.profile_name, state=replica.state,
-        restart=replica.restart or None, stale=stale or None, pool=",".join(pools) or ("cpu" if not any(replica.gpus.values()) else None),
-        endpoint=head.address if head is not None else None, age_seconds=_seconds(replica.started, now),
-        idle_seconds=idle_seconds(desk, replica, now), error=replica.error or None, shards=shards,
+        id=replica.id,
+        model=replica.model,
+        profile=replica.profile_name,
+        state=replica.state,
+        restart=replica.restart or None,
+        stale=stale or None,
+        pool=",".join(pools) or ("cpu" if not any(replica.gpus.values()) else None),
+        endpoint=head.address if head is not None else None,
+        age_seconds=_seconds(replica.started, now),
+        idle_seconds=idle_seconds(desk, replica, now),
+        error=replica.error or None,
+        shards=shards,
     )
 
 
@@ -87,10 +108,21 @@ def summary(ctx: ControlContext) -> Summary:
     unreachable = {n.id for n in nodes if now - n.last_heartbeat > HEARTBEAT_MAX_AGE or n.goodbye}
     cordoned = sum(1 for n in nodes if n.cordoned and n.id not in unreachable)
     draining = sum(1 for n in nodes if n.drained and n.id not in unreachable)
-    totals = NodeTotals(total=len(nodes), ready=len(nodes) - len(unreachable) - cordoned - draining,
-                        cordoned=cordoned, draining=draining, unreachable=len(unreachable))
+    totals = NodeTotals(
+        total=len(nodes),
+        ready=len(nodes) - len(unreachable) - cordoned - draining,
+        cordoned=cordoned,
+        draining=draining,
+        unreachable=len(unreachable),
+    )
     replicas = list(desk.replica_list()) if desk is not None else []
-    held = {(n, i) for r in replicas if r.state in ("starting", "ready", "draining") for n, ids in r.gpus.items() for i in ids}
+    held = {
+        (n, i)
+        for r in replicas
+        if r.state in ("starting", "ready", "draining")
+        for n, ids in r.gpus.items()
+        for i in ids
+    }
     classes: dict[str, list[int]] = {}
     """GPU class → [total, used, unhealthy]: counted in plain ints, one wire object per class at the end."""
     for node in nodes:
@@ -103,7 +135,9 @@ def summary(ctx: ControlContext) -> Summary:
                 use[2] += 1
             elif (node.id, gpu.index) in held:
                 use[1] += 1
-    counts = {state: sum(1 for r in replicas if r.state == state) for state in ("ready", "starting", "draining", "failed")}
+    counts = {
+        state: sum(1 for r in replicas if r.state == state) for state in ("ready", "starting", "draining", "failed")
+    }
     active = [m for m in ctx.models if not m.removed]
     satisfied = 0
     for model in active:
@@ -115,18 +149,34 @@ def summary(ctx: ControlContext) -> Summary:
     if desk is not None:
         for replica in replicas:
             seconds = idle_seconds(desk, replica, now) if replica.state == "ready" else -1
-            if replica.state == "ready" and (seconds < 0 and now - replica.ready_at > IDLE_AFTER or seconds > IDLE_AFTER):
-                idle.append(IdleReplica(id=replica.id, model=replica.model, gpus=sum(len(v) for v in replica.gpus.values()),
-                                        idle_seconds=seconds if seconds >= 0 else _seconds(replica.ready_at, now)))
-    parked = [ParkedModel(model=m, failures=f, reason=r or None) for m, f, r in desk.parked()] if desk is not None else []
+            if replica.state == "ready" and (
+                seconds < 0 and now - replica.ready_at > IDLE_AFTER or seconds > IDLE_AFTER
+            ):
+                idle.append(
+                    IdleReplica(
+                        id=replica.id,
+                        model=replica.model,
+                        gpus=sum(len(v) for v in replica.gpus.values()),
+                        idle_seconds=seconds if seconds >= 0 else _seconds(replica.ready_at, now),
+                    )
+                )
+    parked = (
+        [ParkedModel(model=m, failures=f, reason=r or None) for m, f, r in desk.parked()] if desk is not None else []
+    )
     return Summary(
-        version=__version__, nodes=totals,
-        gpus=[ClassUse(class_=k, total=classes[k][0], used=classes[k][1], unhealthy=classes[k][2]) for k in sorted(classes)] or None,
+        version=__version__,
+        nodes=totals,
+        gpus=[
+            ClassUse(class_=k, total=classes[k][0], used=classes[k][1], unhealthy=classes[k][2])
+            for k in sorted(classes)
+        ]
+        or None,
         fabrics=fabric_uses(nodes, {n for n, _ in held}, now) or None,
         replicas=ReplicaTotal(**counts),
         models=ModelTotals(total=len(active), satisfied=satisfied, short=len(active) - satisfied),
         unplaceable=sorted(m.id for m in active if m.status.unplaceable) or None,
-        parked=parked or None, idle_replicas=idle or None,
+        parked=parked or None,
+        idle_replicas=idle or None,
     )
 
 
@@ -141,14 +191,20 @@ def router(ctx: ControlContext) -> APIRouter:
             raise ControlError(404, f"model: {model!r} is not in the catalog; GET /api/v1/models lists the models")
         return [replica_view(ctx, desk, r, now) for r in desk.replica_list() if not model or r.model == model]
 
-    @api.post("/api/v1/restart", operation_id="postRestart", tags=["restart"], response_model=RestartResult, status_code=202)
+    @api.post(
+        "/api/v1/restart", operation_id="postRestart", tags=["restart"], response_model=RestartResult, status_code=202
+    )
     async def post_restart(body: RestartRequest) -> RestartResult:
         desk = _desk(ctx)
         for field, value in (("max_surge", body.max_surge), ("max_unavailable", body.max_unavailable)):
             if value is not None and value < 0:
-                raise ControlError(400, f"{field}: {value} is negative; give 0 or more (both 0: one at a time, replaced beside itself)")
+                raise ControlError(
+                    400, f"{field}: {value} is negative; give 0 or more (both 0: one at a time, replaced beside itself)"
+                )
         if not (body.replicas or body.models or body.all):
-            raise ControlError(400, "replicas, models or all: name what to restart (replica ids, model names, or all: true)")
+            raise ControlError(
+                400, "replicas, models or all: name what to restart (replica ids, model names, or all: true)"
+            )
         current = {r.id: r for r in desk.replica_list()}
         for replica_id in body.replicas or []:
             if replica_id not in current:
@@ -156,13 +212,26 @@ def router(ctx: ControlContext) -> APIRouter:
         for name in body.models or []:
             if ctx.models.active(name) is None:
                 raise ControlError(404, f"models: {name!r} is not in the catalog; GET /api/v1/models lists the models")
-        chosen = [r.id for r in current.values() if body.all and r.state == "ready"
-                  or r.id in (body.replicas or []) or r.model in (body.models or []) and r.state in ("starting", "ready")]
-        queued = desk.queue_restart(chosen, in_place=bool(body.in_place), max_surge=body.max_surge or 0,
-                                    max_unavailable=body.max_unavailable or 0)
+        chosen = [
+            r.id
+            for r in current.values()
+            if body.all
+            and r.state == "ready"
+            or r.id in (body.replicas or [])
+            or r.model in (body.models or [])
+            and r.state in ("starting", "ready")
+        ]
+        queued = desk.queue_restart(
+            chosen,
+            in_place=bool(body.in_place),
+            max_surge=body.max_surge or 0,
+            max_unavailable=body.max_unavailable or 0,
+        )
         return RestartResult(queued=queued)
 
-    @api.post("/api/v1/models/{name}/retry", operation_id="postModelsNameRetry", tags=["models"], response_model=RetryView)
+    @api.post(
+        "/api/v1/models/{name}/retry", operation_id="postModelsNameRetry", tags=["models"], response_model=RetryView
+    )
     async def post_models_name_retry(name: str) -> RetryView:
         desk = _desk(ctx)
         if ctx.models.active(name) is None:

@@ -113,8 +113,15 @@ class _Call:
         return f"{self.request.method} {self.request.url.path}"
 
     def audit(self, target: str, detail: Any, status: int) -> AuditRow:
-        return AuditRow(actor=ACTOR, source=SOURCE_API, action=self.action, target=target, detail=detail_text(detail),
-                        status=status, at=datetime.now(UTC))
+        return AuditRow(
+            actor=ACTOR,
+            source=SOURCE_API,
+            action=self.action,
+            target=target,
+            detail=detail_text(detail),
+            status=status,
+            at=datetime.now(UTC),
+        )
 
 
 def routes(ctx: ControlContext) -> list[Route]:
@@ -153,7 +160,9 @@ class _Scim:
                 refused = err
             except SCIMException as err:  # a patch path that reaches nothing, a mutability rule
                 where = err.context.get("path")
-                refused = ScimError(err.status, err.detail + (f" (path {where})" if where else ""), err.scim_type or None)
+                refused = ScimError(
+                    err.status, err.detail + (f" (path {where})" if where else ""), err.scim_type or None
+                )
             except (InvalidInput, ValidationError) as err:
                 refused = ScimError(400, str(err), "invalidValue")
             except Conflict as err:
@@ -174,16 +183,23 @@ class _Scim:
     async def _authenticate(self, request: Request) -> None:
         token = await run_sync(self.ctx.store.get_secret, scim_secret_name(self.ctx))
         if token is None:
-            raise ScimError(404, "SCIM provisioning is off on this fleet: no SCIM token is set; an operator sets one with "
-                                 "PUT /api/v1/auth/secrets/scim-token")
+            raise ScimError(
+                404,
+                "SCIM provisioning is off on this fleet: no SCIM token is set; an operator sets one with "
+                "PUT /api/v1/auth/secrets/scim-token",
+            )
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not given or not hmac.compare_digest(given.strip().encode(), token.encode()):
-            raise ScimError(401, "send the SCIM token as Authorization: Bearer TOKEN (the secret auth/scim-token the operator set)")
+            raise ScimError(
+                401, "send the SCIM token as Authorization: Bearer TOKEN (the secret auth/scim-token the operator set)"
+            )
 
     async def _record_refusal(self, call: _Call, err: ScimError) -> None:
         try:
-            await run_sync(self.ctx.store.record_audit, call.audit(call.request.path_params.get("id", ""), {"refused": err.detail},
-                                                                   err.status))
+            await run_sync(
+                self.ctx.store.record_audit,
+                call.audit(call.request.path_params.get("id", ""), {"refused": err.detail}, err.status),
+            )
         except StoreError as failure:
             log.error("could not record the audit row of %s: %s", call.action, failure)
 
@@ -200,10 +216,15 @@ class _Scim:
             given = await _body(call.request, ScimUser, Context.RESOURCE_CREATION_REQUEST)
             fields = _user_fields(given)
             if people.user(fields["email"]) is not None:
-                raise ScimError(409, f"userName {fields['email']!r} is someone's already; PUT or PATCH /Users/ID changes them",
-                                "uniqueness")
+                raise ScimError(
+                    409,
+                    f"userName {fields['email']!r} is someone's already; PUT or PATCH /Users/ID changes them",
+                    "uniqueness",
+                )
             user_id = new_user_id()
-            user = await people.create(id=user_id, audit=call.audit(f"user:{user_id}", _audit_fields(fields), 201), **fields)
+            user = await people.create(
+                id=user_id, audit=call.audit(f"user:{user_id}", _audit_fields(fields), 201), **fields
+            )
             return scim_response(self.user_resource(user, call.base), 201, {"Location": f"{call.base}/Users/{user.id}"})
         wanted = _filter(call.request, _USER_FILTERS)
         found = [u for u in people.users() if _matches(wanted, u)]
@@ -224,24 +245,36 @@ class _Scim:
             fields = _user_fields(await _body(call.request, ScimUser, Context.RESOURCE_REPLACEMENT_REQUEST))
         else:
             patch = await _body(call.request, PatchOp[ScimUser], Context.RESOURCE_PATCH_REQUEST)
-            before: User = ScimUser.model_validate(self.user_resource(user, call.base), scim_ctx=Context.RESOURCE_QUERY_RESPONSE)
+            before: User = ScimUser.model_validate(
+                self.user_resource(user, call.base), scim_ctx=Context.RESOURCE_QUERY_RESPONSE
+            )
             current = before.model_copy(deep=True)
             try:
                 patch.patch(current)
             except ValueError as err:
                 raise ScimError(400, f"the patch does not apply: {err}", "invalidValue") from None
             fields = _user_fields(current, before)
-        changed = await people.update(user.id, audit=call.audit(f"user:{user.id}", _audit_fields(fields), 200), **fields)
+        changed = await people.update(
+            user.id, audit=call.audit(f"user:{user.id}", _audit_fields(fields), 200), **fields
+        )
         return scim_response(self.user_resource(changed, call.base))
 
     def user_resource(self, user: UserRecord, base: str) -> dict[str, Any]:
         people = self.people()
-        groups = [GroupMembership(value=m.target, display=self._path(m.target), ref=f"{base}/Groups/{m.target}")
-                  for m in people.memberships(user.id) if self._group_kind(m.target)]
+        groups = [
+            GroupMembership(value=m.target, display=self._path(m.target), ref=f"{base}/Groups/{m.target}")
+            for m in people.memberships(user.id)
+            if self._group_kind(m.target)
+        ]
         resource: User = User(
-            id=user.id, external_id=user.external_id or None, user_name=user.email, display_name=user.name or None,
-            name=Name(formatted=user.name) if user.name else None, active=user.state != "disabled",
-            emails=[Email(value=user.email, primary=True)], groups=groups or None,
+            id=user.id,
+            external_id=user.external_id or None,
+            user_name=user.email,
+            display_name=user.name or None,
+            name=Name(formatted=user.name) if user.name else None,
+            active=user.state != "disabled",
+            emails=[Email(value=user.email, primary=True)],
+            groups=groups or None,
             meta=Meta(resource_type="User", created=user.created_at, location=f"{base}/Users/{user.id}"),
         )
         return resource.model_dump(scim_ctx=Context.RESOURCE_QUERY_RESPONSE)
@@ -254,8 +287,12 @@ class _Scim:
             scope = self._group_by_path(given.display_name or "")
             members = self._member_ids([m.value or "" for m in given.members or []])
             detail = {"displayName": given.display_name, "add": members}
-            await self.people().change_members(scope.id, add=members, by=ACTOR, audit=call.audit(scope.text, detail, 201))
-            return scim_response(self.group_resource(scope, call.base), 201, {"Location": f"{call.base}/Groups/{scope.id}"})
+            await self.people().change_members(
+                scope.id, add=members, by=ACTOR, audit=call.audit(scope.text, detail, 201)
+            )
+            return scim_response(
+                self.group_resource(scope, call.base), 201, {"Location": f"{call.base}/Groups/{scope.id}"}
+            )
         wanted = _filter(call.request, _GROUP_FILTERS)
         scopes = self._all_groups()
         if wanted is not None:
@@ -263,21 +300,26 @@ class _Scim:
             scopes = [s for s in scopes if (s.id if attribute == "id" else self._path(s.id)) == value]
         # Providers ask for groups without their members when they only look one up (excludedAttributes=members).
         bare = "members" in call.request.query_params.get("excludedAttributes", "").lower().split(",")
-        return scim_response(_page(call.request, [self.group_resource(s, call.base, members=not bare) for s in scopes], Group))
+        return scim_response(
+            _page(call.request, [self.group_resource(s, call.base, members=not bare) for s in scopes], Group)
+        )
 
     async def group(self, call: _Call) -> Response:
         group_id = call.request.path_params["id"]
         kind = self._group_kind(group_id)
         if kind is None:
-            raise ScimError(404, f"no Group {group_id!r}: groups are the teams and projects; GET /scim/v2/Groups lists them")
+            raise ScimError(
+                404, f"no Group {group_id!r}: groups are the teams and projects; GET /scim/v2/Groups lists them"
+            )
         scope = Scope(kind, group_id)
         method = call.request.method
         if method == "GET":
             return scim_response(self.group_resource(scope, call.base))
         if method == "DELETE":
             # Those who leave lose their keys in projects they no longer reach, in the same transaction.
-            await self.people().change_members(scope.id, replace_all=True, by=ACTOR,
-                                               audit=call.audit(scope.text, {"members": "all removed"}, 204))
+            await self.people().change_members(
+                scope.id, replace_all=True, by=ACTOR, audit=call.audit(scope.text, {"members": "all removed"}, 204)
+            )
             return Response(status_code=204)
         if method == "PUT":
             given = await _body(call.request, Group, Context.RESOURCE_REPLACEMENT_REQUEST)
@@ -287,8 +329,14 @@ class _Scim:
             patch = await _body(call.request, PatchOp[Group], Context.RESOURCE_PATCH_REQUEST)
             add, remove, replace_all = self._group_patch(scope, patch)
         detail = {"add": add, "remove": remove, "replace": replace_all}
-        await self.people().change_members(scope.id, add=add, remove=remove, replace_all=replace_all, by=ACTOR,
-                                           audit=call.audit(scope.text, detail, 200))
+        await self.people().change_members(
+            scope.id,
+            add=add,
+            remove=remove,
+            replace_all=replace_all,
+            by=ACTOR,
+            audit=call.audit(scope.text, detail, 200),
+        )
         return scim_response(self.group_resource(scope, call.base))
 
     def _group_patch(self, scope: Scope, patch: PatchOp[Group]) -> tuple[list[str], list[str], bool]:
@@ -315,8 +363,11 @@ class _Scim:
                 remove.append(single.group(1))
                 continue
             if path.lower() != "members":
-                raise ScimError(400, f"path {path!r}: a group's members change through path members (or members[value eq \"ID\"])",
-                                "invalidPath")
+                raise ScimError(
+                    400,
+                    f'path {path!r}: a group\'s members change through path members (or members[value eq "ID"])',
+                    "invalidPath",
+                )
             ids = [str(v.get("value", "")) for v in value] if isinstance(value, list) else []
             if op == "add":
                 add += ids
@@ -335,10 +386,19 @@ class _Scim:
         shown = []
         for membership in people.members(scope.id) if members else []:
             person = people.user(membership.user_id)
-            shown.append(GroupMember(value=membership.user_id, display=person.email if person else None,
-                                     ref=f"{base}/Users/{membership.user_id}"))
-        resource = Group(id=scope.id, display_name=self._path(scope.id), members=shown or None,
-                         meta=Meta(resource_type="Group", location=f"{base}/Groups/{scope.id}"))
+            shown.append(
+                GroupMember(
+                    value=membership.user_id,
+                    display=person.email if person else None,
+                    ref=f"{base}/Users/{membership.user_id}",
+                )
+            )
+        resource = Group(
+            id=scope.id,
+            display_name=self._path(scope.id),
+            members=shown or None,
+            meta=Meta(resource_type="Group", location=f"{base}/Groups/{scope.id}"),
+        )
         return resource.model_dump(scim_ctx=Context.RESOURCE_QUERY_RESPONSE)
 
     def _all_groups(self) -> list[Scope]:
@@ -360,26 +420,39 @@ class _Scim:
     def _group_by_path(self, path: str) -> Scope:
         depth = len(path.split("/")) if path else 0
         if depth not in (2, 3) or self.ctx.tenancy is None:
-            raise ScimError(400, f"displayName {path!r}: a group is a team (ORG/TEAM) or a project (ORG/TEAM/PROJECT) by its path",
-                            "invalidValue")
+            raise ScimError(
+                400,
+                f"displayName {path!r}: a group is a team (ORG/TEAM) or a project (ORG/TEAM/PROJECT) by its path",
+                "invalidValue",
+            )
         kind = "team" if depth == 2 else "project"
         try:
             return self.ctx.tenancy.resolve(f"{kind}:{path}", kinds=(kind,), field="displayName")
         except NotFound as err:
-            raise ScimError(400, f"{err}; an operator creates it first (POST /api/v1/{kind}s), then the provider pushes its members",
-                            "invalidValue") from None
+            raise ScimError(
+                400,
+                f"{err}; an operator creates it first (POST /api/v1/{kind}s), then the provider pushes its members",
+                "invalidValue",
+            ) from None
 
     def _same_name(self, scope: Scope, name: str | None) -> None:
         if name is not None and name != self._path(scope.id):
-            raise ScimError(400, f"displayName {name!r}: a group is named by its team's or project's path "
-                                 f"({self._path(scope.id)}); rename it through /api/v1", "mutability")
+            raise ScimError(
+                400,
+                f"displayName {name!r}: a group is named by its team's or project's path "
+                f"({self._path(scope.id)}); rename it through /api/v1",
+                "mutability",
+            )
 
     def _member_ids(self, values: list[str]) -> list[str]:
         people = self.people()
         unknown = [v for v in values if people.user(v) is None or not v.startswith("usr_")]
         if unknown:
-            raise ScimError(400, f"members: no User {', '.join(repr(u) for u in unknown)}; provision them through /Users first",
-                            "invalidValue")
+            raise ScimError(
+                400,
+                f"members: no User {', '.join(repr(u) for u in unknown)}; provision them through /Users first",
+                "invalidValue",
+            )
         return list(dict.fromkeys(values))
 
     def _path(self, target: str) -> str:
@@ -393,12 +466,20 @@ class _Scim:
     async def service_provider_config(self, call: _Call) -> Response:
         config = ServiceProviderConfig(
             documentation_uri="https://github.com/opod/opod",
-            patch=Patch(supported=True), bulk=Bulk(supported=False, max_operations=0, max_payload_size=0),
-            filter=Filter(supported=True, max_results=PAGE_MAX), change_password=ChangePassword(supported=False),
-            sort=Sort(supported=False), etag=ETag(supported=False),
-            authentication_schemes=[AuthenticationScheme(
-                type="oauthbearertoken", name="Bearer token", primary=True,
-                description="The SCIM token an operator stored with PUT /api/v1/auth/secrets/scim-token")],
+            patch=Patch(supported=True),
+            bulk=Bulk(supported=False, max_operations=0, max_payload_size=0),
+            filter=Filter(supported=True, max_results=PAGE_MAX),
+            change_password=ChangePassword(supported=False),
+            sort=Sort(supported=False),
+            etag=ETag(supported=False),
+            authentication_schemes=[
+                AuthenticationScheme(
+                    type="oauthbearertoken",
+                    name="Bearer token",
+                    primary=True,
+                    description="The SCIM token an operator stored with PUT /api/v1/auth/secrets/scim-token",
+                )
+            ],
             meta=Meta(resource_type="ServiceProviderConfig", location=f"{call.base}/ServiceProviderConfig"),
         )
         return scim_response(config.model_dump(scim_ctx=Context.RESOURCE_QUERY_RESPONSE))
@@ -452,9 +533,10 @@ def _matches(wanted: tuple[str, str] | None, user: UserRecord) -> bool:
 def _page(request: Request, resources: list[dict[str, Any]], kind: Any) -> dict[str, Any]:
     start = max(1, _int(request, "startIndex", 1))
     count = min(PAGE_MAX, max(0, _int(request, "count", PAGE_MAX)))
-    shown = resources[start - 1:start - 1 + count]
+    shown = resources[start - 1 : start - 1 + count]
     body = ListResponse[kind](total_results=len(resources), start_index=start, items_per_page=len(shown)).model_dump(
-        scim_ctx=Context.SEARCH_RESPONSE)
+        scim_ctx=Context.SEARCH_RESPONSE
+    )
     body["Resources"] = shown
     return body
 
@@ -473,7 +555,8 @@ def _one_or_list(call: _Call, found: dict[str, dict[str, Any]], what: str, kind:
     wanted = call.request.path_params.get("id")
     if wanted is None:
         body = ListResponse[kind](total_results=len(found), start_index=1, items_per_page=len(found)).model_dump(
-            scim_ctx=Context.SEARCH_RESPONSE)
+            scim_ctx=Context.SEARCH_RESPONSE
+        )
         body["Resources"] = list(found.values())
         return scim_response(body)
     if wanted not in found:
@@ -491,7 +574,9 @@ async def _body(request: Request, model: Any, context: Context) -> Any:
     try:
         data = json.loads(raw or b"null")
     except ValueError:
-        raise ScimError(400, "the body is not JSON; send a SCIM resource as application/scim+json", "invalidSyntax") from None
+        raise ScimError(
+            400, "the body is not JSON; send a SCIM resource as application/scim+json", "invalidSyntax"
+        ) from None
     if not isinstance(data, dict):
         raise ScimError(400, "send a SCIM resource: a JSON object with its schemas", "invalidSyntax")
     try:
@@ -519,13 +604,21 @@ def _user_fields(user: User, before: User | None = None) -> dict[str, Any]:
         name = formatted if formatted and formatted != was else parts or formatted or ""
     else:
         name = user.display_name or ""
-    return {"email": user.user_name.strip(), "name": name, "state": "disabled" if user.active is False else "active",
-            "external_id": user.external_id or ""}
+    return {
+        "email": user.user_name.strip(),
+        "name": name,
+        "state": "disabled" if user.active is False else "active",
+        "external_id": user.external_id or "",
+    }
 
 
 def _audit_fields(fields: dict[str, Any]) -> dict[str, Any]:
-    return {"userName": fields["email"], "name": fields["name"], "active": fields["state"] != "disabled",
-            "externalId": fields["external_id"]}
+    return {
+        "userName": fields["email"],
+        "name": fields["name"],
+        "active": fields["state"] != "disabled",
+        "externalId": fields["external_id"],
+    }
 
 
 __all__ = ["MEDIA_TYPE", "PREFIX", "ScimError", "routes"]

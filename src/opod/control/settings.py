@@ -57,11 +57,18 @@ def router(ctx: ControlContext) -> APIRouter:
         local = holder.local_keys if holder is not None else []
         if record is None:  # nothing written yet: every default is in force
             return SettingsView(version=0, body="", local_keys=local)
-        return SettingsView(version=record.version, body=record.body, note=record.note or None, at=record.at,
-                            by=record.by, local_keys=local)
+        return SettingsView(
+            version=record.version,
+            body=record.body,
+            note=record.note or None,
+            at=record.at,
+            by=record.by,
+            local_keys=local,
+        )
 
-    async def write(base: int, body: str, settings: ClusterSettings, note: str, draft: AuditDraft,
-                    detail: dict[str, object]) -> SettingsView:
+    async def write(
+        base: int, body: str, settings: ClusterSettings, note: str, draft: AuditDraft, detail: dict[str, object]
+    ) -> SettingsView:
         row = draft.row(target=f"{TARGET}:v{base + 1}", detail=detail)  # the body itself stays out: it may name secrets
         try:
             record = await run_sync(ctx.store.put_settings, base, body, note=note, by=draft.actor, audit=row)
@@ -88,21 +95,34 @@ def router(ctx: ControlContext) -> APIRouter:
             raise ControlError(400, "body: missing; send the whole settings text (an empty string means every default)")
         base = body.base or 0
         if not 0 <= base < VERSION_MAX:
-            raise ControlError(400, f"base: {base} is not a version; send the version you read (0 when none exists yet)")
+            raise ControlError(
+                400, f"base: {base} is not a version; send the version you read (0 when none exists yet)"
+            )
         settings = _parse(body.body)
         note = body.note or ""
         return await write(base, body.body, settings, note, draft, {"base": base, "note": note})
 
-    @api.get("/api/v1/settings/history", operation_id="getSettingsHistory", tags=["settings"], response_model=list[SettingsView])
+    @api.get(
+        "/api/v1/settings/history",
+        operation_id="getSettingsHistory",
+        tags=["settings"],
+        response_model=list[SettingsView],
+    )
     async def get_settings_history(limit: str | None = None) -> list[SettingsView]:
         count = _number(limit, "limit", default=DEFAULT_HISTORY, low=1, high=HISTORY_MAX)
         return [view(r) for r in await run_sync(ctx.store.settings_history, count)]
 
-    @api.post("/api/v1/settings/rollback", operation_id="postSettingsRollback", tags=["settings"], response_model=SettingsView)
-    async def post_settings_rollback(body: SettingsRollbackRequest, draft: AuditDraft = Depends(audit_draft)) -> SettingsView:
+    @api.post(
+        "/api/v1/settings/rollback", operation_id="postSettingsRollback", tags=["settings"], response_model=SettingsView
+    )
+    async def post_settings_rollback(
+        body: SettingsRollbackRequest, draft: AuditDraft = Depends(audit_draft)
+    ) -> SettingsView:
         draft.body = {"version": body.version, "note": body.note}
         if body.version is None or not 1 <= body.version <= VERSION_MAX:
-            raise ControlError(400, "version: send the version to roll back to (GET /api/v1/settings/history lists them)")
+            raise ControlError(
+                400, "version: send the version to roll back to (GET /api/v1/settings/history lists them)"
+            )
         old = await run_sync(ctx.store.settings_version, body.version)
         if old is None:  # settings_version(n) raises NotFound first; this only keeps the type narrow
             raise ControlError(404, f"version: settings version {body.version} does not exist")

@@ -35,7 +35,10 @@ ACTOR_PARAMETER = {
 _ERROR_REF = {"$ref": "#/components/schemas/ErrorView"}
 _RESPONSES = {
     "Error": {"description": "Refused; the error says why.", "content": {"application/json": {"schema": _ERROR_REF}}},
-    "Unauthorized": {"description": "The admin token is missing or wrong.", "content": {"application/json": {"schema": _ERROR_REF}}},
+    "Unauthorized": {
+        "description": "The admin token is missing or wrong.",
+        "content": {"application/json": {"schema": _ERROR_REF}},
+    },
 }
 _SECURITY = {
     "adminToken": {
@@ -70,14 +73,18 @@ def document(app: FastAPI) -> dict[str, Any]:
     raw["paths"] = {path: item for path, item in raw.get("paths", {}).items() if path.startswith("/api/")}
     names = _spec_names(raw.get("components", {}).get("schemas", {}))
     doc = _rewrite(raw, names)
-    schemas = {names.get(k, k): v for k, v in doc.get("components", {}).get("schemas", {}).items() if k not in _FASTAPI_ONLY}
+    schemas = {
+        names.get(k, k): v for k, v in doc.get("components", {}).get("schemas", {}).items() if k not in _FASTAPI_ONLY
+    }
     schemas["ErrorView"] = _rewrite(ErrorView.model_json_schema(), names)
     for path_item in doc.get("paths", {}).values():
         for method, op in path_item.items():
             _conform_operation(method, op)
     doc["servers"] = [{"url": "http://127.0.0.1:9090", "description": "The admin listener at its default address."}]
     doc["security"] = [{"adminToken": []}]
-    doc["tags"] = [{"name": t} for t in sorted({op["tags"][0] for item in doc["paths"].values() for op in item.values()})]
+    doc["tags"] = [
+        {"name": t} for t in sorted({op["tags"][0] for item in doc["paths"].values() for op in item.values()})
+    ]
     doc["components"] = {
         "securitySchemes": _SECURITY,
         "parameters": {"Actor": ACTOR_PARAMETER},
@@ -97,7 +104,9 @@ def _conform_operation(method: str, op: dict[str, Any]) -> None:
     responses = op.setdefault("responses", {})
     responses.pop("422", None)
     for code, answer in responses.items():
-        answer["description"] = {"200": "OK", "201": "Created", "202": "Accepted"}.get(code, answer.get("description", ""))
+        answer["description"] = {"200": "OK", "201": "Created", "202": "Accepted"}.get(
+            code, answer.get("description", "")
+        )
     responses["401"] = {"$ref": "#/components/responses/Unauthorized"}
     responses["default"] = {"$ref": "#/components/responses/Error"}
     params = [p for p in op.get("parameters", []) if p.get("name") != "X-Llmgw-Actor"]

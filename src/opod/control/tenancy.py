@@ -16,7 +16,14 @@ from fastapi import APIRouter, Depends
 
 from opod.access.offloop import run_sync
 from opod.access.tenancy import Tenancy
-from opod.contract.admin.tenancy import OrgView, ProjectView, TeamView, TenancyChangeRequest, TenancyCreateRequest, TenancyItem
+from opod.contract.admin.tenancy import (
+    OrgView,
+    ProjectView,
+    TeamView,
+    TenancyChangeRequest,
+    TenancyCreateRequest,
+    TenancyItem,
+)
 from opod.control.audit import AuditDraft, audit_draft
 from opod.control.context import ControlContext, ControlError
 from opod.control.spec import SpecRouter
@@ -42,15 +49,32 @@ def tree(tenancy: Tenancy, members: dict[str, int], keys: dict[str, tuple[int, i
 
     def project_view(p: ProjectRecord) -> ProjectView:
         total, active = keys.get(p.id, (0, 0))
-        return ProjectView(id=p.id, name=p.name, team=p.team_id, path=tenancy.path(p.id), users=members.get(p.id, 0),
-                           keys=total, active_keys=active)
+        return ProjectView(
+            id=p.id,
+            name=p.name,
+            team=p.team_id,
+            path=tenancy.path(p.id),
+            users=members.get(p.id, 0),
+            keys=total,
+            active_keys=active,
+        )
 
     return [
-        OrgView(id=o.id, name=o.name, members=members.get(o.id, 0), teams=[
-            TeamView(id=t.id, name=t.name, org=o.id, members=members.get(t.id, 0),
-                     projects=[project_view(p) for p in projects.get(t.id, [])])
-            for t in teams.get(o.id, [])
-        ])
+        OrgView(
+            id=o.id,
+            name=o.name,
+            members=members.get(o.id, 0),
+            teams=[
+                TeamView(
+                    id=t.id,
+                    name=t.name,
+                    org=o.id,
+                    members=members.get(t.id, 0),
+                    projects=[project_view(p) for p in projects.get(t.id, [])],
+                )
+                for t in teams.get(o.id, [])
+            ],
+        )
         for o in tenancy.orgs
     ]
 
@@ -60,7 +84,9 @@ def router(ctx: ControlContext) -> APIRouter:
 
     def tenancy() -> Tenancy:
         if ctx.tenancy is None:
-            raise ControlError(501, "this leader was built without tenancy; organizations, teams and projects are not kept")
+            raise ControlError(
+                501, "this leader was built without tenancy; organizations, teams and projects are not kept"
+            )
         return ctx.tenancy
 
     async def create(level: Level, body: TenancyCreateRequest, draft: AuditDraft) -> TenancyItem:
@@ -71,31 +97,50 @@ def router(ctx: ControlContext) -> APIRouter:
         where = ""
         if body.in_:
             try:  # the target names the parent by path however the caller named it; a bad parent is refused below
-                where = tenancy().scope_path(tenancy().node("team" if level == "project" else "org", body.in_, field="in")) + "/"
+                where = (
+                    tenancy().scope_path(tenancy().node("team" if level == "project" else "org", body.in_, field="in"))
+                    + "/"
+                )
             except StoreError:
                 where = f"{body.in_}/"
         with refused_uncommits(draft):
-            record = await tenancy().create(level, body.name, body.in_, audit=draft.row(target=f"{level}:{where}{body.name}"))
+            record = await tenancy().create(
+                level, body.name, body.in_, audit=draft.row(target=f"{level}:{where}{body.name}")
+            )
         return item(record)
 
     async def change(level: Level, id: str, body: TenancyChangeRequest, draft: AuditDraft) -> TenancyItem:
         if body.name is None and body.in_ is None:
-            raise ControlError(400, "name or in: give a new name to rename it, or in to move it"
-                                    + ("" if level == "org" else f" (a {_NOUN[level]} goes in a {'organization' if level == 'team' else 'team'})"))
+            raise ControlError(
+                400,
+                "name or in: give a new name to rename it, or in to move it"
+                + (
+                    ""
+                    if level == "org"
+                    else f" (a {_NOUN[level]} goes in a {'organization' if level == 'team' else 'team'})"
+                ),
+            )
         if level == "org" and body.in_:
             raise ControlError(400, "in: an organization is at the top of the tree and cannot be moved; leave in out")
         scope = tenancy().node(level, id)
         before = f"{level}:{tenancy().scope_path(scope)}"
         with refused_uncommits(draft):
-            record = await tenancy().change(level, scope.id, name=body.name, parent=body.in_,
-                                            audit=draft.row(target=f"{level}:{scope.id}", detail={"was": before, **_body(body)}))
+            record = await tenancy().change(
+                level,
+                scope.id,
+                name=body.name,
+                parent=body.in_,
+                audit=draft.row(target=f"{level}:{scope.id}", detail={"was": before, **_body(body)}),
+            )
         return item(record)
 
     async def remove(level: Level, id: str, draft: AuditDraft) -> dict[str, Any]:
         scope = tenancy().node(level, id)
         path = tenancy().scope_path(scope)
         with refused_uncommits(draft):
-            await tenancy().delete(level, scope.id, audit=draft.row(target=f"{level}:{scope.id}", detail={"path": path}))
+            await tenancy().delete(
+                level, scope.id, audit=draft.row(target=f"{level}:{scope.id}", detail={"path": path})
+            )
         return {"id": scope.id, "deleted": True}
 
     @api.get("/api/v1/orgs", operation_id="getOrgs", tags=["orgs"], response_model=list[OrgView])
@@ -109,22 +154,30 @@ def router(ctx: ControlContext) -> APIRouter:
         return await create("org", body, draft)
 
     @api.patch("/api/v1/orgs/{id}", operation_id="patchOrgsId", tags=["orgs"], response_model=TenancyItem)
-    async def patch_orgs_id(id: str, body: TenancyChangeRequest, draft: AuditDraft = Depends(audit_draft)) -> TenancyItem:
+    async def patch_orgs_id(
+        id: str, body: TenancyChangeRequest, draft: AuditDraft = Depends(audit_draft)
+    ) -> TenancyItem:
         return await change("org", id, body, draft)
 
     @api.delete("/api/v1/orgs/{id}", operation_id="deleteOrgsId", tags=["orgs"], response_model=dict[str, Any])
     async def delete_orgs_id(id: str, draft: AuditDraft = Depends(audit_draft)) -> dict[str, Any]:
         return await remove("org", id, draft)
 
-    @api.post("/api/v1/projects", operation_id="postProjects", tags=["projects"], response_model=TenancyItem, status_code=201)
+    @api.post(
+        "/api/v1/projects", operation_id="postProjects", tags=["projects"], response_model=TenancyItem, status_code=201
+    )
     async def post_projects(body: TenancyCreateRequest, draft: AuditDraft = Depends(audit_draft)) -> TenancyItem:
         return await create("project", body, draft)
 
     @api.patch("/api/v1/projects/{id}", operation_id="patchProjectsId", tags=["projects"], response_model=TenancyItem)
-    async def patch_projects_id(id: str, body: TenancyChangeRequest, draft: AuditDraft = Depends(audit_draft)) -> TenancyItem:
+    async def patch_projects_id(
+        id: str, body: TenancyChangeRequest, draft: AuditDraft = Depends(audit_draft)
+    ) -> TenancyItem:
         return await change("project", id, body, draft)
 
-    @api.delete("/api/v1/projects/{id}", operation_id="deleteProjectsId", tags=["projects"], response_model=dict[str, Any])
+    @api.delete(
+        "/api/v1/projects/{id}", operation_id="deleteProjectsId", tags=["projects"], response_model=dict[str, Any]
+    )
     async def delete_projects_id(id: str, draft: AuditDraft = Depends(audit_draft)) -> dict[str, Any]:
         return await remove("project", id, draft)
 
@@ -133,7 +186,9 @@ def router(ctx: ControlContext) -> APIRouter:
         return await create("team", body, draft)
 
     @api.patch("/api/v1/teams/{id}", operation_id="patchTeamsId", tags=["teams"], response_model=TenancyItem)
-    async def patch_teams_id(id: str, body: TenancyChangeRequest, draft: AuditDraft = Depends(audit_draft)) -> TenancyItem:
+    async def patch_teams_id(
+        id: str, body: TenancyChangeRequest, draft: AuditDraft = Depends(audit_draft)
+    ) -> TenancyItem:
         return await change("team", id, body, draft)
 
     @api.delete("/api/v1/teams/{id}", operation_id="deleteTeamsId", tags=["teams"], response_model=dict[str, Any])

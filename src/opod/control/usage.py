@@ -47,7 +47,9 @@ def parse_time(text: str, field: str, *, end: bool = False) -> datetime:
             return day + timedelta(days=1) if end else day
         at = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
-        raise ControlError(400, f"{field}: {text!r} is neither a date (2026-09-01) nor an RFC 3339 time (2026-09-01T12:00:00Z)") from None
+        raise ControlError(
+            400, f"{field}: {text!r} is neither a date (2026-09-01) nor an RFC 3339 time (2026-09-01T12:00:00Z)"
+        ) from None
     if at.tzinfo is None:
         raise ControlError(400, f"{field}: {text!r} has no time zone; end it with Z or an offset like +02:00")
     return at.astimezone(UTC)
@@ -60,8 +62,18 @@ def _stamp(at: datetime) -> str:
 def export_row(row: ExportTotals) -> StoreExportRow:
     dims = {FIELD[name]: value for name, value in row.dims.items()}
     fields = {FIELD[name]: "" for name in DIMENSIONS} | dims
-    return StoreExportRow(Period=row.period, **fields, Requests=row.requests, Errors=row.errors, Limited=row.limited,
-                          Prompt=row.prompt, Completion=row.completion, CostMicros=row.cost_micros, Images=0, Meshes=0)
+    return StoreExportRow(
+        Period=row.period,
+        **fields,
+        Requests=row.requests,
+        Errors=row.errors,
+        Limited=row.limited,
+        Prompt=row.prompt,
+        Completion=row.completion,
+        CostMicros=row.cost_micros,
+        Images=0,
+        Meshes=0,
+    )
 
 
 def router(ctx: ControlContext) -> APIRouter:
@@ -85,7 +97,9 @@ def router(ctx: ControlContext) -> APIRouter:
     async def get_usage(by: str | None = None, since: str | None = None) -> list[ScopeUsageView]:
         level = (by or "team").strip().lower()
         if level not in LEVELS:
-            raise ControlError(400, f"by: {by!r} is not a level of the tenancy tree; use org, team or project (team when absent)")
+            raise ControlError(
+                400, f"by: {by!r} is not a level of the tenancy tree; use org, team or project (team when absent)"
+            )
         window = parse_lifetime(since or "24h", "since")
         if window is None:
             raise ControlError(400, "since: give a duration back from now, like 24h or 7d")
@@ -95,9 +109,16 @@ def router(ctx: ControlContext) -> APIRouter:
         for t in totals:
             scope = Scope(level, t.id)  # type: ignore[arg-type]
             view = ScopeUsageView(
-                scope=scope.text, id=t.id, name=ctx.tenancy.name(scope) if ctx.tenancy is not None else t.id, keys=t.keys,
-                requests=t.requests, prompt_tokens=t.prompt_tokens, completion_tokens=t.completion_tokens,
-                cost_micros=t.cost_micros, errors=t.errors, last_at=t.last_at,
+                scope=scope.text,
+                id=t.id,
+                name=ctx.tenancy.name(scope) if ctx.tenancy is not None else t.id,
+                keys=t.keys,
+                requests=t.requests,
+                prompt_tokens=t.prompt_tokens,
+                completion_tokens=t.completion_tokens,
+                cost_micros=t.cost_micros,
+                errors=t.errors,
+                last_at=t.last_at,
             )
             budget = budget_of(scope)
             if budget is not None:
@@ -126,7 +147,9 @@ def router(ctx: ControlContext) -> APIRouter:
         start = parse_time(from_, "from") if from_ else now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
         end = parse_time(to, "to", end=True) if to else now
         if end <= start:
-            raise ControlError(400, f"to: {_stamp(end)} is not after from ({_stamp(start)}); give a range that moves forward")
+            raise ControlError(
+                400, f"to: {_stamp(end)} is not after from ({_stamp(start)}); give a range that moves forward"
+            )
         step = (period or "day").strip().lower()
         if step not in PERIODS:
             raise ControlError(400, f"period: {period!r} is not one of hour, day, month (day when absent)")
@@ -148,8 +171,19 @@ def router(ctx: ControlContext) -> APIRouter:
             async for found in pieces():
                 out.seek(0)
                 out.truncate()
-                writer.writerows([_stamp(r.period), *(r.dims[d] for d in dims), r.requests, r.errors, r.limited, r.prompt,
-                                  r.completion, r.cost_micros] for r in found)
+                writer.writerows(
+                    [
+                        _stamp(r.period),
+                        *(r.dims[d] for d in dims),
+                        r.requests,
+                        r.errors,
+                        r.limited,
+                        r.prompt,
+                        r.completion,
+                        r.cost_micros,
+                    ]
+                    for r in found
+                )
                 yield out.getvalue()
 
         async def as_json_list() -> AsyncIterator[str]:
@@ -164,7 +198,10 @@ def router(ctx: ControlContext) -> APIRouter:
         if as_json:
             return StreamingResponse(as_json_list(), media_type="application/json")
         name = f"usage-{start:%Y%m%d}-{end:%Y%m%d}-{step}.csv"
-        return StreamingResponse(as_csv(), media_type="text/csv; charset=utf-8",
-                                 headers={"Content-Disposition": f'attachment; filename="{name}"'})
+        return StreamingResponse(
+            as_csv(),
+            media_type="text/csv; charset=utf-8",
+            headers={"Content-Disposition": f'attachment; filename="{name}"'},
+        )
 
     return api

@@ -128,13 +128,19 @@ def router(ctx: ControlContext) -> APIRouter:
     async def cache_of(workers: WorkerClient, node: NodeState) -> nodeapi.WeightsCache:
         status, body = await workers.call_json(node, "GET", nodeapi.PATH_WEIGHTS, timeout=LIST_TIMEOUT)
         if status == 404:
-            raise WorkerUnavailable(f"worker {node.id} is older than this leader and cannot list its weights; upgrade it")
+            raise WorkerUnavailable(
+                f"worker {node.id} is older than this leader and cannot list its weights; upgrade it"
+            )
         if status != 200 or not isinstance(body, dict):
-            raise WorkerUnavailable(f"worker {node.id} answered {status} listing its weights: {str(body).strip()[:200]}")
+            raise WorkerUnavailable(
+                f"worker {node.id} answered {status} listing its weights: {str(body).strip()[:200]}"
+            )
         try:
             return nodeapi.WeightsCache.from_wire(body)
         except WireError as err:
-            raise WorkerUnavailable(f"worker {node.id} listed its weights in a form this leader does not read: {err}") from err
+            raise WorkerUnavailable(
+                f"worker {node.id} listed its weights in a form this leader does not read: {err}"
+            ) from err
 
     async def collect_on(workers: WorkerClient, node: NodeState) -> CollectResult:
         try:
@@ -143,10 +149,16 @@ def router(ctx: ControlContext) -> APIRouter:
                 return CollectResult(node=node.id, files=0, bytes=0)
             request = nodeapi.DeleteWeightsRequest(paths=[f.path for f in stray])
             status, body = await workers.call_json(
-                node, "POST", nodeapi.PATH_WEIGHTS_DELETE, body=request.to_wire(), timeout=DELETE_TIMEOUT,
+                node,
+                "POST",
+                nodeapi.PATH_WEIGHTS_DELETE,
+                body=request.to_wire(),
+                timeout=DELETE_TIMEOUT,
             )
             if status != 200 or not isinstance(body, dict):
-                raise WorkerUnavailable(f"worker {node.id} answered {status} deleting weights: {str(body).strip()[:200]}")
+                raise WorkerUnavailable(
+                    f"worker {node.id} answered {status} deleting weights: {str(body).strip()[:200]}"
+                )
             done = nodeapi.DeleteWeightsResponse.from_wire(body)
         except (WorkerUnavailable, WireError) as err:
             return CollectResult(node=node.id, files=0, bytes=0, error=str(err))
@@ -158,18 +170,28 @@ def router(ctx: ControlContext) -> APIRouter:
             result.error = f"{len(done.refused)} file(s) kept: {kept}{more}"
         return result
 
-    @api.post("/api/v1/weights/collect", operation_id="postWeightsCollect", tags=["weights"], response_model=list[CollectResult])
+    @api.post(
+        "/api/v1/weights/collect",
+        operation_id="postWeightsCollect",
+        tags=["weights"],
+        response_model=list[CollectResult],
+    )
     async def post_weights_collect(body: CollectRequest | None = None) -> list[CollectResult]:
         wanted = (body.node or "") if body is not None else ""
         nodes = sorted(ctx.fleet, key=lambda n: n.id)
         if wanted:
             nodes = [n for n in nodes if n.id == wanted]
             if not nodes:
-                raise ControlError(404, f"node: {wanted!r} is not known; GET /api/v1/nodes lists them (leave node out to sweep every node)")
+                raise ControlError(
+                    404,
+                    f"node: {wanted!r} is not known; GET /api/v1/nodes lists them (leave node out to sweep every node)",
+                )
         async with collecting, worker_client() as workers:
             return list(await asyncio.gather(*(collect_on(workers, n) for n in nodes)))
 
-    @api.get("/api/v1/weights/orphans", operation_id="getWeightsOrphans", tags=["weights"], response_model=list[OrphanView])
+    @api.get(
+        "/api/v1/weights/orphans", operation_id="getWeightsOrphans", tags=["weights"], response_model=list[OrphanView]
+    )
     async def get_weights_orphans() -> list[OrphanView]:
         nodes = sorted(ctx.fleet, key=lambda n: n.id)
         async with worker_client() as workers:

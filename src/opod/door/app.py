@@ -45,8 +45,20 @@ CONNECT_TIMEOUT_S = 3.0
 RETRY_AFTER_S = 5
 
 # Hop-by-hop headers (RFC 9110 §7.6.1) belong to one connection and are never forwarded.
-_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
-                  "te", "trailer", "trailers", "transfer-encoding", "upgrade"})
+_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
 _NOT_UPSTREAM = _HOP | {"host", "content-length", "x-request-id"}
 _NOT_DOWNSTREAM = _HOP | {"x-request-id"}
 
@@ -80,14 +92,19 @@ class Door:
             await self._session.close()
 
     def app(self) -> RequestIds:
-        return RequestIds(Starlette(exception_handlers={404: self._http_error, 405: self._http_error}, routes=[
-            Route("/healthz", self.healthz, methods=["GET"]),
-            Route("/readyz", self.readyz, methods=["GET"]),
-            Route("/v1/models", self.list_models, methods=["GET"]),
-            Route("/v1/models/{alias:path}", self.get_model, methods=["GET"]),
-            Route("/v1/{rest:path}", self.proxy, methods=["POST"]),
-            Route("/v1/{rest:path}", self.not_found, methods=["GET", "PUT", "PATCH", "DELETE"]),
-        ]))
+        return RequestIds(
+            Starlette(
+                exception_handlers={404: self._http_error, 405: self._http_error},
+                routes=[
+                    Route("/healthz", self.healthz, methods=["GET"]),
+                    Route("/readyz", self.readyz, methods=["GET"]),
+                    Route("/v1/models", self.list_models, methods=["GET"]),
+                    Route("/v1/models/{alias:path}", self.get_model, methods=["GET"]),
+                    Route("/v1/{rest:path}", self.proxy, methods=["POST"]),
+                    Route("/v1/{rest:path}", self.not_found, methods=["GET", "PUT", "PATCH", "DELETE"]),
+                ],
+            )
+        )
 
     async def _http_error(self, request: Request, exc: Exception) -> Response:
         return await self.not_found(request)
@@ -100,8 +117,11 @@ class Door:
     async def readyz(self, request: Request) -> Response:
         table = self.routes.table()
         if table is None:
-            return JSONResponse({"ready": False, "reason": "no routes file applied yet"}, status_code=503,
-                                headers={"Retry-After": str(RETRY_AFTER_S)})
+            return JSONResponse(
+                {"ready": False, "reason": "no routes file applied yet"},
+                status_code=503,
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
         return JSONResponse({"ready": True, "revision": table.revision, "models": table.aliases()})
 
     def _aliases(self) -> list[str]:
@@ -119,11 +139,15 @@ class Door:
         alias = request.path_params["alias"]
         if not self.routes.lookup(alias):
             return error_response(ModelNotFound(alias, self._aliases()), request_id)
-        return JSONResponse({"id": alias, "object": "model", "created": int(time.time()), "owned_by": "opod"},
-                            headers={"X-Request-Id": request_id})
+        return JSONResponse(
+            {"id": alias, "object": "model", "created": int(time.time()), "owned_by": "opod"},
+            headers={"X-Request-Id": request_id},
+        )
 
     async def not_found(self, request: Request) -> Response:
-        return error_response(NotFound(f"{request.method} {request.url.path} is not served by this door."), request_id_for(request))
+        return error_response(
+            NotFound(f"{request.method} {request.url.path} is not served by this door."), request_id_for(request)
+        )
 
     # --- the proxy ----------------------------------------------------------------------
 
@@ -211,7 +235,7 @@ class RequestIds:
 def _cut_off_event(target: Target, err: BaseException) -> bytes:
     error = {
         "message": f"The answer was cut off: the leader serving {target.alias!r} ({target.base}) stopped mid-stream "
-                   f"({type(err).__name__}). Retry the request.",
+        f"({type(err).__name__}). Retry the request.",
         "type": "server_error",
         "code": "upstream_interrupted",
     }

@@ -54,8 +54,10 @@ def build_table(routes: DoorRoutes) -> RouteTable:
         target = _target(route, i)
         earlier = where.get((target.alias, target.base))
         if earlier is not None:
-            raise SnapshotError(f"routes[{i}] (alias {target.alias!r}).upstream: {target.base} already serves this alias "
-                                f"(routes[{earlier}]); list each leader once per alias")
+            raise SnapshotError(
+                f"routes[{i}] (alias {target.alias!r}).upstream: {target.base} already serves this alias "
+                f"(routes[{earlier}]); list each leader once per alias"
+            )
         where[(target.alias, target.base)] = i
         targets[target.alias] = (*targets.get(target.alias, ()), target)
     return RouteTable(routes.revision, MappingProxyType(targets))

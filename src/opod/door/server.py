@@ -20,8 +20,9 @@ class DoorError(RuntimeError):
 
 
 class DoorServer:
-    def __init__(self, routes_path: Path, listen: tuple[str, int], emit: Emit = no_events, *,
-                 interval: float = POLL_INTERVAL) -> None:
+    def __init__(
+        self, routes_path: Path, listen: tuple[str, int], emit: Emit = no_events, *, interval: float = POLL_INTERVAL
+    ) -> None:
         self.routes_path = Path(routes_path)
         self.listen = listen
         self.routes = DoorRoutesFile()
@@ -32,8 +33,10 @@ class DoorServer:
     async def start(self) -> None:
         """Load the routes file (or raise :class:`DoorError`), bind the listener, start watching."""
         if not self.routes_path.is_file():
-            raise DoorError(f"the routes file {self.routes_path} does not exist; write it first "
-                            f'(e.g. {{"revision": "1", "routes": [{{"alias": "chat", "upstream": "http://leader:8080"}}]}})')
+            raise DoorError(
+                f"the routes file {self.routes_path} does not exist; write it first "
+                f'(e.g. {{"revision": "1", "routes": [{{"alias": "chat", "upstream": "http://leader:8080"}}]}})'
+            )
         await self.watcher.start()
         if self.routes.table() is None:
             await self.watcher.stop()

@@ -177,7 +177,9 @@ class EngineDriver(ABC):
             return Readiness.DOWN
 
     @abstractmethod
-    def parse_metrics(self, text: str, previous: MetricsState | None, now: float | None = None) -> tuple[LoadSample, MetricsState]:
+    def parse_metrics(
+        self, text: str, previous: MetricsState | None, now: float | None = None
+    ) -> tuple[LoadSample, MetricsState]:
         """Turn the engine's Prometheus text into a load sample; ``previous`` gives rates."""
 
     async def sample(

@@ -28,8 +28,9 @@ async def call_text(
         async with session.request(method, url, json=body, params=params, timeout=timeout) as resp:
             text = await resp.text()
             if resp.status >= 400:
-                raise EngineCallError(engine, what, f"HTTP {resp.status} from {url}: {text[:300]}",
-                                     status=resp.status, answer=text)
+                raise EngineCallError(
+                    engine, what, f"HTTP {resp.status} from {url}: {text[:300]}", status=resp.status, answer=text
+                )
     except (aiohttp.ClientError, TimeoutError, OSError) as err:
         raise EngineCallError(engine, what, f"no answer from {url} ({type(err).__name__}: {err})") from err
     return text

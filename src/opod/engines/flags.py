@@ -42,14 +42,18 @@ def check_spec(spec: LaunchSpec, *, needs_port: bool = True) -> None:
     if not spec.host or any(c.isspace() for c in spec.host) or spec.host.startswith("-"):
         raise LaunchError("spec.host", f"{spec.host!r} is not a host name or address", "use e.g. 127.0.0.1")
     if needs_port and not (isinstance(spec.port, int) and 0 < spec.port < 65536):
-        raise LaunchError("spec.port", f"{spec.port!r} is not a port (1–65535)", "the supervisor picks a free loopback port")
+        raise LaunchError(
+            "spec.port", f"{spec.port!r} is not a port (1–65535)", "the supervisor picks a free loopback port"
+        )
     for name in ("context", "parallel", "threads"):
         value = getattr(spec, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise LaunchError(f"spec.{name}", f"{value!r} is not a whole number ≥ 0", "use 0 for the engine's default")
     for i, item in enumerate(spec.launcher):
         if not isinstance(item, str) or not item:
-            raise LaunchError(f"spec.launcher[{i}]", f"{item!r} is not a non-empty string", "give the command as a list of strings")
+            raise LaunchError(
+                f"spec.launcher[{i}]", f"{item!r} is not a non-empty string", "give the command as a list of strings"
+            )
 
 
 def int_flag(flags: Mapping[str, object], key: str, *, minimum: int = 0) -> int | None:
@@ -62,11 +66,15 @@ def int_flag(flags: Mapping[str, object], key: str, *, minimum: int = 0) -> int 
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise LaunchError(f"flags.{key}", f"{value!r} is not a whole number ≥ {minimum}", f"set {key} to a number, or remove it")
+        raise LaunchError(
+            f"flags.{key}", f"{value!r} is not a whole number ≥ {minimum}", f"set {key} to a number, or remove it"
+        )
     return value
 
 
-def float_flag(flags: Mapping[str, object], key: str, *, low: float, high: float, low_inclusive: bool = False) -> float | None:
+def float_flag(
+    flags: Mapping[str, object], key: str, *, low: float, high: float, low_inclusive: bool = False
+) -> float | None:
     value = flags.get(key)
     if value is None:
         return None
@@ -75,9 +83,17 @@ def float_flag(flags: Mapping[str, object], key: str, *, low: float, high: float
             value = float(value)
         except ValueError:
             pass
-    if isinstance(value, bool) or not isinstance(value, int | float) or not ((value >= low if low_inclusive else value > low) and value <= high):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not ((value >= low if low_inclusive else value > low) and value <= high)
+    ):
         bracket = "[" if low_inclusive else "("
-        raise LaunchError(f"flags.{key}", f"{value!r} is not a number in {bracket}{low:g}, {high:g}]", f"set {key} within that range, or remove it")
+        raise LaunchError(
+            f"flags.{key}",
+            f"{value!r} is not a number in {bracket}{low:g}, {high:g}]",
+            f"set {key} within that range, or remove it",
+        )
     return float(value)
 
 
@@ -113,7 +129,9 @@ def list_flag(flags: Mapping[str, object], key: str) -> list[str] | None:
         return None
     items = value.split(",") if isinstance(value, str) else value
     if not isinstance(items, list) or not items:
-        raise LaunchError(f"flags.{key}", f"{value!r} is not a list", f"give {key} as a JSON list or a comma-separated string")
+        raise LaunchError(
+            f"flags.{key}", f"{value!r} is not a list", f"give {key} as a JSON list or a comma-separated string"
+        )
     out = []
     for i, item in enumerate(items):
         if isinstance(item, bool) or not isinstance(item, str | int | float):
@@ -121,7 +139,9 @@ def list_flag(flags: Mapping[str, object], key: str) -> list[str] | None:
         text = str(item).strip()
         _plain(f"flags.{key}[{i}]", text)
         if not text or "," in text or text.startswith("-"):
-            raise LaunchError(f"flags.{key}[{i}]", f"{item!r} is empty, holds a comma or starts with '-'", "use plain values")
+            raise LaunchError(
+                f"flags.{key}[{i}]", f"{item!r} is empty, holds a comma or starts with '-'", "use plain values"
+            )
         out.append(text)
     return out
 
@@ -141,7 +161,11 @@ def extra_args(flags: Mapping[str, object], reserved: frozenset[str] = frozenset
     if value is None:
         return []
     if not isinstance(value, list):
-        raise LaunchError("flags.extra", f"is a {type(value).__name__}, not a list", 'give it as a JSON list, e.g. ["--flag", "value"]')
+        raise LaunchError(
+            "flags.extra",
+            f"is a {type(value).__name__}, not a list",
+            'give it as a JSON list, e.g. ["--flag", "value"]',
+        )
     out: list[str] = []
     for i, item in enumerate(value):
         field = f"flags.extra[{i}]"
@@ -154,16 +178,23 @@ def extra_args(flags: Mapping[str, object], reserved: frozenset[str] = frozenset
         bad = next((s for s in _SHELL if s in text), None)
         if bad is not None:
             raise LaunchError(
-                field, f"{text!r} contains shell syntax {bad!r}",
+                field,
+                f"{text!r} contains shell syntax {bad!r}",
                 "extra items go to the engine as separate argv items, never through a shell; give plain flag/value strings",
             )
         if text.startswith("-") and not _is_number(text):
             if not _FLAG.match(text):
                 raise LaunchError(field, f"{text!r} is not a flag (--name or --name=value)", "fix the flag's spelling")
             if _flag_name(text) in reserved:
-                raise LaunchError(field, f"{_flag_name(text)} is set by opod itself", "remove it; opod sets the address and model names")
+                raise LaunchError(
+                    field,
+                    f"{_flag_name(text)} is set by opod itself",
+                    "remove it; opod sets the address and model names",
+                )
         elif i == 0:
-            raise LaunchError(field, f"{text!r} is a value with no flag before it", "start extra with a flag such as --name")
+            raise LaunchError(
+                field, f"{text!r} is a value with no flag before it", "start extra with a flag such as --name"
+            )
         out.append(text)
     return out
 

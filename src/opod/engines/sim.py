@@ -33,8 +33,11 @@ def _bind_endpoint(flags: Mapping[str, object]) -> str | None:
         return None
     match = _BIND.match(value)
     if not match or (match.group(2) != "*" and not 0 < int(match.group(2)) < 65536):
-        raise LaunchError("flags.kv_events_bind", f"{value!r} is not a tcp://HOST:PORT endpoint to bind",
-                          "use e.g. tcp://127.0.0.1:5560 (or tcp://*:5560 for every interface), a port of its own per engine")
+        raise LaunchError(
+            "flags.kv_events_bind",
+            f"{value!r} is not a tcp://HOST:PORT endpoint to bind",
+            "use e.g. tcp://127.0.0.1:5560 (or tcp://*:5560 for every interface), a port of its own per engine",
+        )
     return value
 
 
@@ -44,14 +47,37 @@ class SimDriver(VllmDriver):
     native = "id"
     dialect = "vllm"
     publishes_kv_events = True  # ``--kv-events``: the same frames as vLLM's
-    flag_keys = frozenset({"dialect", "seed", "max_num_seqs", "np", "max_model_len", "ctx", "time_scale", "block_size",
-                           "kv_blocks", "load_ms", "mode", "kv_events_bind", "max_lora_rank", "max_loras", "extra"})
-    reserved = frozenset({"--host", "--port", "--model", "--dialect", "--kv-events", "--enable-lora", "--max-lora-rank"})
+    flag_keys = frozenset(
+        {
+            "dialect",
+            "seed",
+            "max_num_seqs",
+            "np",
+            "max_model_len",
+            "ctx",
+            "time_scale",
+            "block_size",
+            "kv_blocks",
+            "load_ms",
+            "mode",
+            "kv_events_bind",
+            "max_lora_rank",
+            "max_loras",
+            "extra",
+        }
+    )
+    reserved = frozenset(
+        {"--host", "--port", "--model", "--dialect", "--kv-events", "--enable-lora", "--max-lora-rank"}
+    )
 
     def max_batch(self, spec: LaunchSpec) -> int:
         f = spec.flags
-        return fl.int_flag(f, "max_num_seqs", minimum=1) or fl.int_flag(f, "np", minimum=1) or spec.parallel or DEFAULT_MAX_BATCH
-
+        return (
+            fl.int_flag(f, "max_num_seqs", minimum=1)
+            or fl.int_flag(f, "np", minimum=1)
+            or spec.parallel
+            or DEFAULT_MAX_BATCH
+        )
 
     def argv(self, spec: LaunchSpec) -> list[str]:
         """``python -m opod sim --host H --port P --model ID --dialect vllm --max-batch N`` + plan flags."""
@@ -60,11 +86,24 @@ class SimDriver(VllmDriver):
         dialect = fl.str_flag(f, "dialect")
         if dialect not in (None, self.dialect):
             # This driver reads vLLM's names; another dialect's metrics and endpoints would be misread.
-            raise LaunchError("flags.dialect", f"{dialect!r}: the sim engine speaks vLLM's wire",
-                              f"to simulate {dialect}, start 'opod sim --dialect {dialect}' and use the {dialect} driver")
+            raise LaunchError(
+                "flags.dialect",
+                f"{dialect!r}: the sim engine speaks vLLM's wire",
+                f"to simulate {dialect}, start 'opod sim --dialect {dialect}' and use the {dialect} driver",
+            )
         prefix = list(spec.launcher) or [spec.binary or sys.executable, "-m", "opod", "sim"]
-        out = prefix + ["--host", spec.host, "--port", str(spec.port), "--model", spec.model_id,
-                        "--dialect", self.dialect, "--max-batch", str(self.max_batch(spec))]
+        out = prefix + [
+            "--host",
+            spec.host,
+            "--port",
+            str(spec.port),
+            "--model",
+            spec.model_id,
+            "--dialect",
+            self.dialect,
+            "--max-batch",
+            str(self.max_batch(spec)),
+        ]
         max_len = fl.int_flag(f, "max_model_len", minimum=2) or fl.int_flag(f, "ctx", minimum=2) or spec.context
         if max_len:
             out += ["--max-model-len", str(max_len)]

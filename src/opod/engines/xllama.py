@@ -29,9 +29,17 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m opod.engines.xllama", allow_abbrev=False, add_help=True,
-                description="llama.cpp's server from xllamacpp, taking a subset of llama-server's flags.")
-    p.add_argument("--list-devices", action="store_true", help="List the devices llama.cpp can use, as llama-server does, and exit.")
+    p = _Parser(
+        prog="python -m opod.engines.xllama",
+        allow_abbrev=False,
+        add_help=True,
+        description="llama.cpp's server from xllamacpp, taking a subset of llama-server's flags.",
+    )
+    p.add_argument(
+        "--list-devices",
+        action="store_true",
+        help="List the devices llama.cpp can use, as llama-server does, and exit.",
+    )
     p.add_argument("-m", "--model")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
@@ -72,7 +80,9 @@ def device_list(devices: list[dict[str, Any]]) -> str:
     for d in devices:
         if str(d.get("type", "")).endswith("_CPU") or d.get("name") == "CPU":
             continue
-        lines.append(f"  {d.get('name', '?')}: {d.get('description', '')} ({d.get('memory_total', 0) // mib} MiB, {d.get('memory_free', 0) // mib} MiB free)")
+        lines.append(
+            f"  {d.get('name', '?')}: {d.get('description', '')} ({d.get('memory_total', 0) // mib} MiB, {d.get('memory_free', 0) // mib} MiB free)"
+        )
     return "\n".join(lines if len(lines) > 1 else [*lines, "  (none)"])
 
 
@@ -103,10 +113,19 @@ def to_params(args: argparse.Namespace, xlc: Any) -> Any:
     if args.alias:
         p.model_alias = {a for a in args.alias.split(",") if a}
     simple = {
-        "ctx_size": "n_ctx", "parallel": "n_parallel", "threads_http": "n_threads_http", "batch_size": "n_batch",
-        "ubatch_size": "n_ubatch", "chat_template": "chat_template", "slot_save_path": "slot_save_path",
-        "cache_reuse": "n_cache_reuse", "jinja": "use_jinja", "ui": "ui", "slots": "endpoint_slots",
-        "kv_unified": "kv_unified", "timeout": "timeout_read",
+        "ctx_size": "n_ctx",
+        "parallel": "n_parallel",
+        "threads_http": "n_threads_http",
+        "batch_size": "n_batch",
+        "ubatch_size": "n_ubatch",
+        "chat_template": "chat_template",
+        "slot_save_path": "slot_save_path",
+        "cache_reuse": "n_cache_reuse",
+        "jinja": "use_jinja",
+        "ui": "ui",
+        "slots": "endpoint_slots",
+        "kv_unified": "kv_unified",
+        "timeout": "timeout_read",
     }
     for arg, attr in simple.items():
         value = getattr(args, arg)

@@ -56,7 +56,9 @@ class Ask:
         """What a node's devices are asked to be, in words: ``H100``, ``compute capability ≥ 8.0, ≥ 40 GB``."""
         if self.gpu_class:
             return self.gpu_class
-        parts = ([f"compute capability ≥ {self.min_cc:g}"] if self.min_cc else []) + ([f"≥ {self.min_vram_gb:g} GB"] if self.min_vram_gb else [])
+        parts = ([f"compute capability ≥ {self.min_cc:g}"] if self.min_cc else []) + (
+            [f"≥ {self.min_vram_gb:g} GB"] if self.min_vram_gb else []
+        )
         return " and ".join(parts) or "any GPU"
 
 
@@ -77,8 +79,10 @@ def ask_of(name: str, definition: CatalogModel, profile: CatalogProfile, index: 
         if profile.nodes is None and total > per_node:
             nodes = math.ceil(total / per_node)
         if per_node * nodes != total:
-            problem = (f"profile: tp×pp = {total} GPUs a replica, but gpus_per_node {per_node} × nodes {nodes} = "
-                       f"{per_node * nodes}; make them agree")
+            problem = (
+                f"profile: tp×pp = {total} GPUs a replica, but gpus_per_node {per_node} × nodes {nodes} = "
+                f"{per_node * nodes}; make them agree"
+            )
     else:
         per_node = math.ceil(total / nodes) if wants_gpus else 0
         if wants_gpus and per_node * nodes != total:
@@ -90,12 +94,26 @@ def ask_of(name: str, definition: CatalogModel, profile: CatalogProfile, index: 
     else:
         pool = "cpu"
     sources = frozenset(s for s in (name, definition.source, profile.source) if s)
-    return Ask(index=index, label=profile_label(profile, index), pool=pool, engine=profile.engine or engine,
-                engine_version=profile.engine_version or "", gpus=wants_gpus, gpu_class=profile.gpu_class or "",
-                min_cc=min_cc, min_vram_gb=min_vram, per_node=per_node, nodes=nodes,
-                memory_gb=float(profile.min_memory_gb or 0), cpu_cores=float(profile.cpu_cores or 0),
-                disk_gb=float(profile.min_disk_gb or 0), selector=dict(profile.node_selector or {}),
-                keep_within=profile.keep_within or "", sources=sources, problem=problem)
+    return Ask(
+        index=index,
+        label=profile_label(profile, index),
+        pool=pool,
+        engine=profile.engine or engine,
+        engine_version=profile.engine_version or "",
+        gpus=wants_gpus,
+        gpu_class=profile.gpu_class or "",
+        min_cc=min_cc,
+        min_vram_gb=min_vram,
+        per_node=per_node,
+        nodes=nodes,
+        memory_gb=float(profile.min_memory_gb or 0),
+        cpu_cores=float(profile.cpu_cores or 0),
+        disk_gb=float(profile.min_disk_gb or 0),
+        selector=dict(profile.node_selector or {}),
+        keep_within=profile.keep_within or "",
+        sources=sources,
+        problem=problem,
+    )
 
 
 def version_matches(version: str, prefix: str) -> bool:

@@ -133,15 +133,34 @@ class OperatorSide:
 def devices_from_report(report: nodeapi.InventoryReport | None, cards: list[nodeapi.GPU] | None) -> list[GPUDevice]:
     """The node's devices: from opod's report when the worker sent one, else from the contract's whole cards."""
     if report is not None and report.gpus is not None:
-        return [GPUDevice(index=g.index, label=g.label or str(g.index), name=g.name, gpu_class=g.gpu_class or g.name,
-                          memory_mb=g.memory_mb, compute_capability=g.compute_capability, uuid=g.uuid, card=g.card,
-                          mig_profile=g.mig_profile, healthy=g.healthy, why=g.why, nvlink_peers=tuple(g.nvlink_peers or ()),
-                          nvlink_domain=g.nvlink_domain, fabric_state=g.fabric_state) for g in report.gpus]
-    return [GPUDevice(index=i, label=str(i), name=g.name, gpu_class=g.name, memory_mb=g.vram_gb * 1024, card=i)
-            for i, g in enumerate(cards or [])]
+        return [
+            GPUDevice(
+                index=g.index,
+                label=g.label or str(g.index),
+                name=g.name,
+                gpu_class=g.gpu_class or g.name,
+                memory_mb=g.memory_mb,
+                compute_capability=g.compute_capability,
+                uuid=g.uuid,
+                card=g.card,
+                mig_profile=g.mig_profile,
+                healthy=g.healthy,
+                why=g.why,
+                nvlink_peers=tuple(g.nvlink_peers or ()),
+                nvlink_domain=g.nvlink_domain,
+                fabric_state=g.fabric_state,
+            )
+            for g in report.gpus
+        ]
+    return [
+        GPUDevice(index=i, label=str(i), name=g.name, gpu_class=g.name, memory_mb=g.vram_gb * 1024, card=i)
+        for i, g in enumerate(cards or [])
+    ]
 
 
-def apply_report(inventory: NodeInventory, report: nodeapi.InventoryReport | None, cards: list[nodeapi.GPU] | None) -> None:
+def apply_report(
+    inventory: NodeInventory, report: nodeapi.InventoryReport | None, cards: list[nodeapi.GPU] | None
+) -> None:
     """Take the worker's word for what it has; operator labels stay as the management API set them."""
     inventory.gpus = devices_from_report(report, cards)
     if report is None:

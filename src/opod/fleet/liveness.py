@@ -119,8 +119,14 @@ READY, CORDONED, DRAINING = "ready", "cordoned", "draining"
 UNREACHABLE, LOST = "unreachable", "lost"
 LOST_AFTER = 300.0
 """Seconds without a word before an unreachable node is lost (it may be forgotten even with replicas on it)."""
-STATE_WORDS = {"ready": READY, "uncordon": READY, "cordon": CORDONED, "cordoned": CORDONED,
-               "drain": DRAINING, "draining": DRAINING}
+STATE_WORDS = {
+    "ready": READY,
+    "uncordon": READY,
+    "cordon": CORDONED,
+    "cordoned": CORDONED,
+    "drain": DRAINING,
+    "draining": DRAINING,
+}
 """What ``POST /nodes/{id}/state`` accepts, and the state each word sets."""
 
 
@@ -192,8 +198,11 @@ def model_state(node: ModelLiveness, model: str, now: float) -> ModelState:
     if engine is not None:
         word, detail = engine.word, f" ({engine.detail})" if engine.detail else ""
         if word is EngineStateWord.CRASH_LOOPING:
-            return ModelState("down", f"its engine keeps crashing{detail}, restarted {engine.restarts} times; restarting after a back-off",
-                              RETRY_CRASH_LOOPING)
+            return ModelState(
+                "down",
+                f"its engine keeps crashing{detail}, restarted {engine.restarts} times; restarting after a back-off",
+                RETRY_CRASH_LOOPING,
+            )
         if word is EngineStateWord.STOPPED:
             return ModelState("down", f"its engine stopped{detail} and is not restarted", RETRY_FAILED)
         if word is EngineStateWord.STARTING and (engine.restarts or engine.detail):

@@ -92,7 +92,11 @@ class ModelRegistry:
         if model is not None:
             return model
         for candidate in self._models.values():
-            if not candidate.removed and candidate.definition is not None and name in (candidate.definition.aliases or ()):
+            if (
+                not candidate.removed
+                and candidate.definition is not None
+                and name in (candidate.definition.aliases or ())
+            ):
                 return candidate
         return None
 

@@ -91,9 +91,15 @@ class Assignment:
 
     def held(self, replica_id: str, klass: str) -> Held:
         """The :class:`Held` record of the replica started from this assignment."""
-        return Held(replica_id=replica_id, model=self.model, profile=self.profile, klass=klass,
-                    gpus={node: list(devices) for node, devices in self.gpus.items()},
-                    cpu_cores=self.cpu_cores, memory_gb=self.memory_gb)
+        return Held(
+            replica_id=replica_id,
+            model=self.model,
+            profile=self.profile,
+            klass=klass,
+            gpus={node: list(devices) for node, devices in self.gpus.items()},
+            cpu_cores=self.cpu_cores,
+            memory_gb=self.memory_gb,
+        )
 
 
 @dataclass(slots=True)
@@ -117,16 +123,27 @@ def effective_class(definition: CatalogModel) -> str:
     return class_in_force(definition)
 
 
-def place(name: str, definition: CatalogModel, nodes: list[NodeState], held: list[Held], *, klass: str,
-          now: float | None = None, engine: str = "", exclude: Mapping[str, str] | None = None,
-          preempt: bool = True) -> tuple[Assignment | None, list[Rejection]]:
+def place(
+    name: str,
+    definition: CatalogModel,
+    nodes: list[NodeState],
+    held: list[Held],
+    *,
+    klass: str,
+    now: float | None = None,
+    engine: str = "",
+    exclude: Mapping[str, str] | None = None,
+    preempt: bool = True,
+) -> tuple[Assignment | None, list[Rejection]]:
     """Where one more replica of ``name`` goes, given what ``held`` holds; with every node each profile rejected.
 
     ``engine`` is the engine of a profile that names none (the model's own, for a definition
     without profiles); ``exclude`` maps node ids the caller rules out to why; ``preempt=False``
     takes free room only.
     """
-    return Planner(nodes, held, now=now).place(name, definition, klass=klass, engine=engine, exclude=exclude, preempt=preempt)
+    return Planner(nodes, held, now=now).place(
+        name, definition, klass=klass, engine=engine, exclude=exclude, preempt=preempt
+    )
 
 
 # --- the fleet, indexed ---------------------------------------------------------------------
@@ -190,8 +207,14 @@ class _Fit:
 class Planner:
     """The fleet for one placement pass: :meth:`place` asks, :meth:`take` records what was decided."""
 
-    def __init__(self, nodes: Iterable[NodeState], held: Iterable[Held], *, now: float | None = None,
-                 quotas: QuotaBook | None = None) -> None:
+    def __init__(
+        self,
+        nodes: Iterable[NodeState],
+        held: Iterable[Held],
+        *,
+        now: float | None = None,
+        quotas: QuotaBook | None = None,
+    ) -> None:
         """``quotas`` holds nothing yet: the planner counts ``held`` and every replica it takes or releases in it."""
         now = time.monotonic() if now is None else now
         self.quotas = quotas
@@ -201,8 +224,13 @@ class Planner:
         for node in sorted(nodes, key=lambda n: n.id):
             ok, why = can_place(node, now)
             devices = {d.index: d for d in node.inventory.gpus if d.healthy}
-            slot = _Slot(node=node, down="" if ok else why, devices=devices,
-                         unhealthy=[d for d in node.inventory.gpus if not d.healthy], models=set(node.loaded_models))
+            slot = _Slot(
+                node=node,
+                down="" if ok else why,
+                devices=devices,
+                unhealthy=[d for d in node.inventory.gpus if not d.healthy],
+                models=set(node.loaded_models),
+            )
             self._slots[node.id] = slot
         self._replicas: dict[str, Held] = {}
         self._by_load: dict[int, list[str]] = {}
@@ -280,7 +308,10 @@ class Planner:
             for index in indices:
                 if slot.holder.get(index) is record:
                     del slot.holder[index]
-            if not any(h.model == record.model for h in slot.held.values()) and record.model not in slot.node.loaded_models:
+            if (
+                not any(h.model == record.model for h in slot.held.values())
+                and record.model not in slot.node.loaded_models
+            ):
                 self._models_changed(slot, discard=record.model)
             self._rebucket(slot, classes, before)
 
@@ -302,12 +333,22 @@ class Planner:
 
     # --- the question --------------------------------------------------------------------------
 
-    def place(self, name: str, definition: CatalogModel, *, klass: str, engine: str = "",
-              exclude: Mapping[str, str] | None = None, preempt: bool = True) -> tuple[Assignment | None, list[Rejection]]:
+    def place(
+        self,
+        name: str,
+        definition: CatalogModel,
+        *,
+        klass: str,
+        engine: str = "",
+        exclude: Mapping[str, str] | None = None,
+        preempt: bool = True,
+    ) -> tuple[Assignment | None, list[Rejection]]:
         """Where one more replica of ``name`` goes now; the rejections of every profile that could not place it."""
         if definition.external is not None:
             where = definition.external.url or definition.external.peer or "an outside provider"
-            return None, [Rejection("", "external", EVERY_NODE, f"external: served by {where}; nothing is placed for it")]
+            return None, [
+                Rejection("", "external", EVERY_NODE, f"external: served by {where}; nothing is placed for it")
+            ]
         profiles = definition.profiles or [CatalogProfile()]
         order = sorted(range(len(profiles)), key=lambda i: -(profiles[i].priority or 0))
         asks = [ask_of(name, definition, profiles[i], i, engine) for i in order]
@@ -357,9 +398,16 @@ class Planner:
 
     def _assignment(self, name: str, ask: Ask, fits: list[_Fit]) -> Assignment:
         victims = sorted({h.replica_id for fit in fits for h in fit.preempts})
-        return Assignment(model=name, profile=ask.index, nodes=[f.node for f in fits], gpus={f.node: f.devices for f in fits},
-                          preempts=victims, memory_gb=ask.memory_gb, cpu_cores=ask.cpu_cores,
-                          gpu_class=fits[0].gpu_class if fits else "")
+        return Assignment(
+            model=name,
+            profile=ask.index,
+            nodes=[f.node for f in fits],
+            gpus={f.node: f.devices for f in fits},
+            preempts=victims,
+            memory_gb=ask.memory_gb,
+            cpu_cores=ask.cpu_cores,
+            gpu_class=fits[0].gpu_class if fits else "",
+        )
 
     def _quick(self, name: str, ask: Ask, klass: str, exclude: Mapping[str, str]) -> list[_Fit]:
         """A free fit found through the indexes, in the order :meth:`_choose` ranks free fits; ``[]`` when there is none.
@@ -369,7 +417,10 @@ class Planner:
         """
         if ask.gpus:
             classes = [ask.gpu_class] if ask.gpu_class else self._class_order
-            lanes = [(c, [self._buckets.get(c, {})[k] for k in sorted(self._buckets.get(c, {})) if k >= ask.per_node]) for c in classes]
+            lanes = [
+                (c, [self._buckets.get(c, {})[k] for k in sorted(self._buckets.get(c, {})) if k >= ask.per_node])
+                for c in classes
+            ]
         else:
             lanes = [("", [self._by_load[k] for k in sorted(self._by_load)])]
         for gpu_class, buckets in lanes:
@@ -393,10 +444,15 @@ class Planner:
 
     def _location(self, node_id: str, ask: Ask) -> str:
         """The node's ``llmgw.io/<keep_within>`` label (its rack, row, room or site); empty without one."""
-        return self._slots[node_id].node.inventory.all_labels().get(LOCATION_LABEL + ask.keep_within, "") if ask.keep_within else ""
+        return (
+            self._slots[node_id].node.inventory.all_labels().get(LOCATION_LABEL + ask.keep_within, "")
+            if ask.keep_within
+            else ""
+        )
 
-    def _scan(self, name: str, ask: Ask, klass: str, exclude: Mapping[str, str],
-              preempt: bool) -> tuple[list[_Fit], dict[str, str]]:
+    def _scan(
+        self, name: str, ask: Ask, klass: str, exclude: Mapping[str, str], preempt: bool
+    ) -> tuple[list[_Fit], dict[str, str]]:
         fits: list[_Fit] = []
         refused: dict[str, str] = {}
         for node_id in self._order:
@@ -421,14 +477,19 @@ class Planner:
         for fit in fits:
             where = self._location(fit.node, ask)
             if ask.keep_within and not where:
-                refused[fit.node] = f"keep_within: wants all {ask.nodes} nodes in one {ask.keep_within}; it has no {LOCATION_LABEL}{ask.keep_within} label"
+                refused[fit.node] = (
+                    f"keep_within: wants all {ask.nodes} nodes in one {ask.keep_within}; it has no {LOCATION_LABEL}{ask.keep_within} label"
+                )
                 continue
             fitting.append(fit)
             for network in self._slots[fit.node].on():
                 groups.setdefault((fit.gpu_class, where, network), []).append(fit)
                 networks.setdefault(network, []).append(fit.node)
-        best = min((g[:ask.nodes] for g in groups.values() if len(g) >= ask.nodes),
-                   key=lambda g: (sum(len(f.preempts) for f in g), [f.node for f in g]), default=[])
+        best = min(
+            (g[: ask.nodes] for g in groups.values() if len(g) >= ask.nodes),
+            key=lambda g: (sum(len(f.preempts) for f in g), [f.node for f in g]),
+            default=[],
+        )
         if not best:
             scope = f" in one {ask.keep_within}" if ask.keep_within else ""
             together: dict[tuple[str, str], int] = {}
@@ -436,17 +497,22 @@ class Planner:
                 key = (fit.gpu_class, self._location(fit.node, ask))
                 together[key] = together.get(key, 0) + 1
             if any(n >= ask.nodes for n in together.values()):
-                why = (f"fabric: a replica across {ask.nodes} nodes stays on one fabric (nodes on no fabric share the machine network); "
-                       f"fitting nodes by fabric: {refusals.by_network(networks)}")
+                why = (
+                    f"fabric: a replica across {ask.nodes} nodes stays on one fabric (nodes on no fabric share the machine network); "
+                    f"fitting nodes by fabric: {refusals.by_network(networks)}"
+                )
             else:
-                why = (f"nodes: a replica needs {ask.nodes} nodes{scope} with {ask.per_node} free {ask.wanted()} each; "
-                       f"{len(fitting)} fit ({', '.join(f.node for f in fitting[:8])})")
+                why = (
+                    f"nodes: a replica needs {ask.nodes} nodes{scope} with {ask.per_node} free {ask.wanted()} each; "
+                    f"{len(fitting)} fit ({', '.join(f.node for f in fitting[:8])})"
+                )
             for fit in fitting:
                 refused[fit.node] = why
         return best
 
-    def _check(self, slot: _Slot, name: str, ask: Ask, klass: str, exclude: Mapping[str, str], *,
-               preempt: bool) -> _Fit | str:
+    def _check(
+        self, slot: _Slot, name: str, ask: Ask, klass: str, exclude: Mapping[str, str], *, preempt: bool
+    ) -> _Fit | str:
         """A fit of ``ask`` on one node, or the rule that refuses it there and by how much."""
         node = slot.node
         if node.id in exclude:
@@ -456,8 +522,10 @@ class Planner:
         if name in slot.models:
             return f"replica: already holds a replica of {name} (a worker runs one engine per model)"
         if ask.nodes > 1 and not slot.on():
-            return (f"fabric: multi_node is {node.inventory.multi_node()} (adapters whose ports are not active); "
-                    f"a replica across nodes takes only nodes whose fabrics are up")
+            return (
+                f"fabric: multi_node is {node.inventory.multi_node()} (adapters whose ports are not active); "
+                f"a replica across nodes takes only nodes whose fabrics are up"
+            )
         if ask.engine:
             engines = node.inventory.engine_versions
             if (node.engine_id or engines) and ask.engine != node.engine_id and ask.engine not in engines:
@@ -471,7 +539,9 @@ class Planner:
                     return f"engine_version: wants {ask.engine} {ask.engine_version}*, node has {ask.engine} {version}"
         engine = ask.engine or node.engine_id
         if engine and node.inventory.operator.engine_builds.get(engine) == NO_BUILD:
-            return f"engine: the operator chose no build of {engine} on this node (POST /api/v1/nodes/{node.id}/engines)"
+            return (
+                f"engine: the operator chose no build of {engine} on this node (POST /api/v1/nodes/{node.id}/engines)"
+            )
         if ask.selector:
             labels = node.inventory.all_labels()
             for key, value in sorted(ask.selector.items()):
@@ -499,7 +569,11 @@ class Planner:
             taken = sum(getattr(h, reserved) for h in slot.held.values() if h.replica_id not in gone)
             if total - taken >= need:
                 continue
-            more = self._victims(slot, klass, victims, lambda h, r=reserved: getattr(h, r), need - (total - taken)) if preempt else None
+            more = (
+                self._victims(slot, klass, victims, lambda h, r=reserved: getattr(h, r), need - (total - taken))
+                if preempt
+                else None
+            )
             if more is None:
                 by = refusals.held_by(h for h in slot.held.values() if getattr(h, reserved))
                 return f"{rule}: needs {need:g} {unit} free, has {max(total - taken, 0):g} ({total:g}, {taken:g} reserved{by})"
@@ -508,13 +582,20 @@ class Planner:
         if ask.disk_gb and node.hardware.disk_free_gb and node.hardware.disk_free_gb < ask.disk_gb:
             on_disk = node.inventory.models_on_disk or []
             if not ask.sources.intersection(on_disk):
-                return f"min_disk_gb: needs {ask.disk_gb:g} GB free for the weights, has {node.hardware.disk_free_gb} GB"
+                return (
+                    f"min_disk_gb: needs {ask.disk_gb:g} GB free for the weights, has {node.hardware.disk_free_gb} GB"
+                )
         if victims:
-            blocked += " (it would preempt " + ", ".join(sorted({f"{h.model} [{h.klass or 'standard'}]" for h in victims})) + ")"
+            blocked += (
+                " (it would preempt "
+                + ", ".join(sorted({f"{h.model} [{h.klass or 'standard'}]" for h in victims}))
+                + ")"
+            )
         return _Fit(node=node.id, devices=devices, gpu_class=gpu_class, preempts=victims, left=left, blocked=blocked)
 
-    def _devices(self, slot: _Slot, ask: Ask, klass: str,
-                 preempt: bool) -> tuple[str, list[int], list[Held], str, int] | str:
+    def _devices(
+        self, slot: _Slot, ask: Ask, klass: str, preempt: bool
+    ) -> tuple[str, list[int], list[Held], str, int] | str:
         """The devices ``ask`` takes on ``slot``: (class, indices, replicas to preempt, why not freely, left free); or why none."""
         if ask.gpu_class:
             by_class = {ask.gpu_class: slot.by_class[ask.gpu_class]} if ask.gpu_class in slot.by_class else {}
@@ -533,7 +614,9 @@ class Planner:
             if ask.gpu_class:
                 return f"gpu_class: wants {ask.gpu_class}, node has {refusals.by_class(slot.devices.values())}"
             return f"gpu: wants {ask.wanted()}, node has {refusals.by_class(slot.devices.values(), detail=True)}"
-        classes = sorted(by_class, key=lambda c: (self._class_index.get(c, 0), c)) if len(by_class) > 1 else list(by_class)
+        classes = (
+            sorted(by_class, key=lambda c: (self._class_index.get(c, 0), c)) if len(by_class) > 1 else list(by_class)
+        )
         best: tuple[str, list[int], list[Held], str, int] | None = None
         refusal = ""
         for gpu_class in classes:
@@ -541,8 +624,10 @@ class Planner:
             free = [i for i in indices if i not in slot.holder]
             if len(indices) < ask.per_node:
                 unhealthy = sum(1 for d in sick if d.gpu_class == gpu_class)
-                refusal = refusal or (f"gpus: needs {ask.per_node} {gpu_class} on one node, has {len(indices)}"
-                                      + (f" ({unhealthy} more unhealthy)" if unhealthy else ""))
+                refusal = refusal or (
+                    f"gpus: needs {ask.per_node} {gpu_class} on one node, has {len(indices)}"
+                    + (f" ({unhealthy} more unhealthy)" if unhealthy else "")
+                )
                 continue
             if len(free) >= ask.per_node:
                 return gpu_class, slot.pick(free, ask.per_node), [], "", len(free) - ask.per_node
@@ -551,7 +636,9 @@ class Planner:
             refusal = refusal or why
             if not preempt or best is not None:
                 continue
-            count = lambda h, c=gpu_class: sum(1 for i in h.gpus.get(slot.node.id, []) if i in slot.devices and slot.devices[i].gpu_class == c)  # noqa: E731
+            count = lambda h, c=gpu_class: sum(  # noqa: E731
+                1 for i in h.gpus.get(slot.node.id, []) if i in slot.devices and slot.devices[i].gpu_class == c
+            )
             victims = self._victims(slot, klass, [], count, ask.per_node - len(free))
             if victims is not None:
                 gone = {h.replica_id for h in victims}
@@ -563,8 +650,14 @@ class Planner:
         """The fewest replicas of a lower class than ``klass`` on ``slot`` whose stopping frees ``deficit`` (by ``gives``)."""
         rank = class_rank(klass)
         chosen = {h.replica_id for h in already}
-        candidates = sorted((h for h in slot.held.values() if class_rank(h.klass) > rank and h.replica_id not in chosen and gives(h) > 0),
-                            key=lambda h: (-gives(h), -class_rank(h.klass), h.replica_id))
+        candidates = sorted(
+            (
+                h
+                for h in slot.held.values()
+                if class_rank(h.klass) > rank and h.replica_id not in chosen and gives(h) > 0
+            ),
+            key=lambda h: (-gives(h), -class_rank(h.klass), h.replica_id),
+        )
         out: list[Held] = []
         for victim in candidates:
             if deficit <= 0:

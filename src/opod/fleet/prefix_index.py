@@ -181,7 +181,9 @@ class PrefixIndex:
         """What ``/loadz`` says; ``None`` while no worker reports cache events."""
         if not self._workers:
             return None
-        return adminapi.PrefixIndex(workers_reporting=len(self._workers), blocks=sum(len(w.blocks) for w in self._workers.values()))
+        return adminapi.PrefixIndex(
+            workers_reporting=len(self._workers), blocks=sum(len(w.blocks) for w in self._workers.values())
+        )
 
 
 _BITS = bytes.maketrans(b"01", b"\x00\x01")

@@ -30,7 +30,11 @@ class Amount:
     memory_gb: float = 0
 
     def plus(self, other: Amount, sign: int = 1) -> Amount:
-        return Amount(self.gpus + sign * other.gpus, self.cpu_cores + sign * other.cpu_cores, self.memory_gb + sign * other.memory_gb)
+        return Amount(
+            self.gpus + sign * other.gpus,
+            self.cpu_cores + sign * other.cpu_cores,
+            self.memory_gb + sign * other.memory_gb,
+        )
 
     def get(self, resource: str) -> float:
         return float(getattr(self, resource))
@@ -86,8 +90,9 @@ class QuotaBook:
     """model → the scope whose quota refused its last replica (a limit's scope, or the first guarantee kept)."""
 
     @classmethod
-    def of(cls, quotas: Iterable[Quota], owners: Mapping[str, Sequence[str]],
-           held: Iterable[tuple[str, Amount]] = ()) -> QuotaBook:
+    def of(
+        cls, quotas: Iterable[Quota], owners: Mapping[str, Sequence[str]], held: Iterable[tuple[str, Amount]] = ()
+    ) -> QuotaBook:
         """The book for ``quotas``, with ``held`` (model, amount) counted against their owners."""
         book = cls(quotas={q.scope: q for q in quotas}, owners={m: tuple(s) for m, s in owners.items() if s})
         for model, amount in held:
@@ -125,8 +130,10 @@ class QuotaBook:
                 limit, wants = quota.limit.get(resource), need.get(resource)
                 if limit is not None and wants > 0 and holds.get(resource) + wants > limit:
                     self.refused[model] = scope
-                    return (f"quota: {quota.label()} holds {_whole(holds.get(resource))} of {limit} {UNITS[resource]} "
-                            f"(its limit); this replica needs {_whole(wants)} more")
+                    return (
+                        f"quota: {quota.label()} holds {_whole(holds.get(resource))} of {limit} {UNITS[resource]} "
+                        f"(its limit); this replica needs {_whole(wants)} more"
+                    )
         if free is None:
             return ""
         for resource in RESOURCES:
@@ -137,8 +144,10 @@ class QuotaBook:
             if kept and free.get(resource) - wants < kept:
                 self.refused[model] = whose[0][0] if whose else ""
                 short = "; ".join(text for _, text in whose[:3]) + ("; …" if len(whose) > 3 else "")
-                return (f"quota: {short}, so {_whole(kept)} stay free for guarantees; "
-                        f"{_whole(free.get(resource))} are free and this replica needs {_whole(wants)}")
+                return (
+                    f"quota: {short}, so {_whole(kept)} stay free for guarantees; "
+                    f"{_whole(free.get(resource))} are free and this replica needs {_whole(wants)}"
+                )
         return ""
 
     def _kept_free(self, resource: str, mine: set[str]) -> tuple[float, list[tuple[str, str]]]:
@@ -165,8 +174,13 @@ class QuotaBook:
             quota = guaranteed[scope]
             lacks = max((quota.guarantee.get(resource) or 0) - self.held_by(scope).get(resource), 0.0)
             if lacks > inner:
-                whose.append((scope, f"{quota.label()} holds {_whole(self.held_by(scope).get(resource))} of its guarantee of "
-                             f"{quota.guarantee.get(resource)} {UNITS[resource]}"))
+                whose.append(
+                    (
+                        scope,
+                        f"{quota.label()} holds {_whole(self.held_by(scope).get(resource))} of its guarantee of "
+                        f"{quota.guarantee.get(resource)} {UNITS[resource]}",
+                    )
+                )
             return max(lacks, inner)
 
         total = sum(keeps(s) for s in sorted(children.get("", ())))
@@ -218,6 +232,14 @@ class QuotaTable:
                 cache[text] = scopes.chain(text) if scopes is not None else (text,)
             return cache[text]
 
-        quotas = [Quota(q.scope, q.guarantee, q.limit, within=chain(q.scope)[1:],
-                        name=(scopes.label(q.scope) if scopes is not None else "") or q.name) for q in self._quotas.values()]
+        quotas = [
+            Quota(
+                q.scope,
+                q.guarantee,
+                q.limit,
+                within=chain(q.scope)[1:],
+                name=(scopes.label(q.scope) if scopes is not None else "") or q.name,
+            )
+            for q in self._quotas.values()
+        ]
         return QuotaBook.of(quotas, {model: chain(owner) for model, owner in owners.items() if owner})

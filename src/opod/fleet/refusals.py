@@ -19,8 +19,10 @@ class _HasModel(Protocol):
 
 def by_network(nodes: Mapping[str, list[str]]) -> str:
     """``ib-a 1 (n1); no fabric 1 (n3)``: the fitting nodes (network → node ids) on each network."""
-    return "; ".join(f"{network or 'no fabric'} {len(ids)} ({', '.join(ids[:8])})"
-                     for network, ids in sorted(nodes.items(), key=lambda item: (item[0] == MACHINE_NETWORK, item[0])))
+    return "; ".join(
+        f"{network or 'no fabric'} {len(ids)} ({', '.join(ids[:8])})"
+        for network, ids in sorted(nodes.items(), key=lambda item: (item[0] == MACHINE_NETWORK, item[0]))
+    )
 
 
 def held_by(replicas: Iterable[_HasModel]) -> str:
@@ -39,7 +41,11 @@ def by_class(devices: Iterable[GPUDevice], *, detail: bool = False) -> str:
     parts = []
     for gpu_class, group in sorted(counts.items()):
         first = group[0]
-        extra = f" ({first.compute_capability or 'compute capability unknown'}, {first.memory_mb / 1024:g} GB)" if detail else ""
+        extra = (
+            f" ({first.compute_capability or 'compute capability unknown'}, {first.memory_mb / 1024:g} GB)"
+            if detail
+            else ""
+        )
         parts.append(f"{gpu_class} ×{len(group)}{extra}")
     return ", ".join(parts)
 

@@ -121,7 +121,11 @@ def pick(
         candidates = group or candidates
     if not candidates:
         return None
-    held = index.leading_blocks(request.hashes) if index is not None and request.hashes and policy.prefix_block_weight else {}
+    held = (
+        index.leading_blocks(request.hashes)
+        if index is not None and request.hashes and policy.prefix_block_weight
+        else {}
+    )
     key = request.pin() if pins is not None and policy.prefix_affinity and not held else None
     pinned = pins.get(key) if key and pins is not None else None
     best: list[NodeState] = []
@@ -160,4 +164,6 @@ def pick(
         reason = "pin"
     else:
         reason = "load"
-    return Decision(node, reason, blocks, len(request.hashes) if held or request.hashes else 0, load, queue, request.revision)
+    return Decision(
+        node, reason, blocks, len(request.hashes) if held or request.hashes else 0, load, queue, request.revision
+    )

@@ -192,7 +192,9 @@ class Fleet:
         node.sleeping = hb.sleeping
         node.engine = hb.engine
         node.engine_word = word
-        node.goodbye = hb.engine is not None and hb.engine.word is nodeapi.EngineStateWord.STOPPED and not hb.loaded_models
+        node.goodbye = (
+            hb.engine is not None and hb.engine.word is nodeapi.EngineStateWord.STOPPED and not hb.loaded_models
+        )
         if hb.load is not None:
             node.load = hb.load
         if hb.host_load is not None:

@@ -165,7 +165,9 @@ class FleetCapacity:
     does not say is never blocked by admission.
     """
 
-    def __init__(self, fleet: Fleet, default_slots: int = DEFAULT_SLOTS, ttl: float = 1.0, clock: Clock = LOOP_CLOCK) -> None:
+    def __init__(
+        self, fleet: Fleet, default_slots: int = DEFAULT_SLOTS, ttl: float = 1.0, clock: Clock = LOOP_CLOCK
+    ) -> None:
         self.fleet = fleet
         self.default_slots = default_slots
         self.ttl = ttl
@@ -439,8 +441,9 @@ class Admission:
     hand the new slots to waiters at once.
     """
 
-    def __init__(self, capacity: Callable[[str], int], policy: PolicyAdmission | None = None, *,
-                 clock: Clock = LOOP_CLOCK) -> None:
+    def __init__(
+        self, capacity: Callable[[str], int], policy: PolicyAdmission | None = None, *, clock: Clock = LOOP_CLOCK
+    ) -> None:
         self.capacity = capacity
         self.config = AdmissionConfig.from_policy(policy or PolicyAdmission())
         self.clock = clock
@@ -474,7 +477,9 @@ class Admission:
             retry_after = max(1, min(RETRY_AFTER_MAX, int(retry_after)))
             self.closed = Stopping(
                 f"This node is not taking new requests: {why}. Requests in flight finish; "
-                f"retry in about {retry_after} s (on another node, if there is one).", retry_after)
+                f"retry in about {retry_after} s (on another node, if there is one).",
+                retry_after,
+            )
             for pool in self._pools.values():
                 pool.refuse_all(self.closed)
         return self.in_flight
@@ -552,7 +557,9 @@ class Admission:
         permit = self.admit_now(model, admission_class)
         return permit if permit is not None else await self.wait(model, admission_class, team=team, key_id=key_id)
 
-    async def wait(self, model: str, admission_class: str = AdmissionClass.STANDARD, *, team: str = "", key_id: str = "") -> Permit:
+    async def wait(
+        self, model: str, admission_class: str = AdmissionClass.STANDARD, *, team: str = "", key_id: str = ""
+    ) -> Permit:
         """:meth:`admit` after :meth:`admit_now` said ``None``: queue for a slot, or shed."""
         if self.closed is not None:
             raise self.closed.again()

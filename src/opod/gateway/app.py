@@ -80,7 +80,10 @@ ROUTES = (
 )
 
 _UNSUPPORTED = {
-    "embedding": ("embeddings_not_supported", "does not produce embeddings; use an embedding model such as all-minilm-l6-v2"),
+    "embedding": (
+        "embeddings_not_supported",
+        "does not produce embeddings; use an embedding model such as all-minilm-l6-v2",
+    ),
     "rerank": ("rerank_not_supported", "cannot rerank; use a reranker such as bge-reranker-v2-m3-gguf"),
     "chat": ("chat_not_supported", "does not generate text; use a chat model"),
 }
@@ -114,10 +117,24 @@ Demand = Callable[[str], Awaitable[None] | None]
 
 class Gateway:
     def __init__(
-        self, *, fleet: Fleet, models: ModelRegistry, keys: KeyTable, relay: Relay, admission: Admission,
-        usage: UsageRecorder, prefix: PrefixHasher, policies: Policies, guardrails: Guardrails, prompts: PromptCounter | None = None,
-        require_keys: bool = True, demand: Demand | None = None, tenancy: Chains | None = None, budgets: Budgets | None = None,
-        bodies: BodyKeeping | None = None, profiles: RoutingProfiles | None = None,
+        self,
+        *,
+        fleet: Fleet,
+        models: ModelRegistry,
+        keys: KeyTable,
+        relay: Relay,
+        admission: Admission,
+        usage: UsageRecorder,
+        prefix: PrefixHasher,
+        policies: Policies,
+        guardrails: Guardrails,
+        prompts: PromptCounter | None = None,
+        require_keys: bool = True,
+        demand: Demand | None = None,
+        tenancy: Chains | None = None,
+        budgets: Budgets | None = None,
+        bodies: BodyKeeping | None = None,
+        profiles: RoutingProfiles | None = None,
     ) -> None:
         self.fleet = fleet
         self.demand = demand
@@ -153,8 +170,12 @@ class Gateway:
     def routes(self) -> list[Route]:
         """The hot routes, ``GET /v1/models/{id}``, then every other ``/v1`` path (last: it matches them all)."""
         hot = [Route(path, handler, methods=[method]) for (method, path), handler in self.handlers().items()]
-        return [*hot, Route("/v1/models/{model:path}", self.retrieve_model, methods=["GET"]),
-                Route("/v1", self.unknown_route, methods=ANY_METHOD), Route("/v1/{rest:path}", self.unknown_route, methods=ANY_METHOD)]
+        return [
+            *hot,
+            Route("/v1/models/{model:path}", self.retrieve_model, methods=["GET"]),
+            Route("/v1", self.unknown_route, methods=ANY_METHOD),
+            Route("/v1/{rest:path}", self.unknown_route, methods=ANY_METHOD),
+        ]
 
     def handlers(self) -> dict[tuple[str, str], Handler]:
         """(method, path) → handler, for :class:`opod.http.fastpath.FastPath`."""
@@ -162,7 +183,9 @@ class Gateway:
         for spec in ROUTES:
             out[("POST", spec.path)] = self._endpoint(spec)
         # The Responses API, translated onto chat completions; its usage rows name their own protocol.
-        out[("POST", RESPONSES_PATH)] = responses_endpoint(self._endpoint(ROUTES[0], "openai.responses"), self.authenticate)
+        out[("POST", RESPONSES_PATH)] = responses_endpoint(
+            self._endpoint(ROUTES[0], "openai.responses"), self.authenticate
+        )
         return out
 
     def _endpoint(self, spec: RouteSpec, protocol: str = "") -> Handler:
@@ -173,8 +196,9 @@ class Gateway:
             request_id = sane_request_id(headers.get(b"x-request-id"))
             policy = self.policies.current_policy()
             access_log = policy is not None and policy.access_log is True
-            exchange = Exchange(self.stats, self.usage, request_id, protocol, PROBE in headers, access_log, self.prompts,
-                                self.budgets)
+            exchange = Exchange(
+                self.stats, self.usage, request_id, protocol, PROBE in headers, access_log, self.prompts, self.budgets
+            )
             try:
                 return await self.serve(request, headers, spec, exchange, policy)
             except GatewayError as err:
@@ -192,7 +216,9 @@ class Gateway:
             return headers.caller  # a request made in process (a batch's line) for a caller checked already
         return self.keys.authenticate(_text(headers.get(b"authorization")), self.require_keys)
 
-    async def serve_as(self, caller: KeyEntry | None, path: str, body: bytes, request_id: str, admission_class: str = "") -> Response:
+    async def serve_as(
+        self, caller: KeyEntry | None, path: str, body: bytes, request_id: str, admission_class: str = ""
+    ) -> Response:
         """Serve one ``POST`` to a ``/v1`` route in process, for ``caller`` instead of an Authorization header.
 
         The request takes the very path of one from a client (the route's rules, admission, routing,
@@ -209,12 +235,26 @@ class Gateway:
         handler = self._in_process.get(("POST", path))
         if handler is None:
             return error_response(UnknownRoute("POST", path, self.known_paths()), request_id)
-        raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-               (b"x-request-id", request_id.encode())]
+        raw = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"x-request-id", request_id.encode()),
+        ]
         if admission_class:
             raw.append((b"x-opod-class", admission_class.encode()))
-        scope = {"type": "http", "method": "POST", "path": path, "raw_path": path.encode(), "query_string": b"", "headers": raw,
-                 "http_version": "1.1", "scheme": "http", "root_path": "", "server": ("opod", 0), "client": ("in-process", 0)}
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": path,
+            "raw_path": path.encode(),
+            "query_string": b"",
+            "headers": raw,
+            "http_version": "1.1",
+            "scheme": "http",
+            "root_path": "",
+            "server": ("opod", 0),
+            "client": ("in-process", 0),
+        }
         request = ReadRequest(scope, body)
         request.header_map = CallerHeaders(caller, request.header_map)
         return await handler(request)
@@ -263,7 +303,9 @@ class Gateway:
         allowed = sorted(m for m, p in self.handlers() if p == path)
         if not allowed and path.startswith("/v1/models/"):
             allowed = ["GET"]
-        error: GatewayError = MethodNotAllowed(method, path, allowed) if allowed else UnknownRoute(method, path, self.known_paths())
+        error: GatewayError = (
+            MethodNotAllowed(method, path, allowed) if allowed else UnknownRoute(method, path, self.known_paths())
+        )
         return error_response(error, request_id)
 
     def traits(self, model: str) -> ModelTraits:
@@ -282,8 +324,14 @@ class Gateway:
         context = min(stated, served) if stated and served else stated or served
         return ModelTraits(model, context=context, capabilities=known.stated_capabilities, engines=engines)
 
-    async def serve(self, request: Request, headers: dict[bytes, bytes], spec: RouteSpec, exchange: Exchange,
-                    policy: PolicyView | None) -> Response:
+    async def serve(
+        self,
+        request: Request,
+        headers: dict[bytes, bytes],
+        spec: RouteSpec,
+        exchange: Exchange,
+        policy: PolicyView | None,
+    ) -> Response:
         key = self.authenticate(headers)
         exchange.identify(key, self.tenancy)
         body = read_whole(request)
@@ -310,14 +358,19 @@ class Gateway:
                 options = payload.get("stream_options")
                 if not isinstance(options, dict) or options.get("include_usage") is not True:
                     # Always count tokens; the usage chunk is dropped if the client did not ask for it.
-                    payload["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+                    payload["stream_options"] = {
+                        **(options if isinstance(options, dict) else {}),
+                        "include_usage": True,
+                    }
                     strip_usage = changed = True
             changed = json_object_as_schema(payload) or changed
         if changed:
             body = json.dumps(payload).encode()
         if self.budgets is not None and self.budgets.active and not exchange.probe:
             try:
-                exchange.reservation = self.budgets.reserve(request_scopes(exchange), self.reservation(spec, model, payload, traits))
+                exchange.reservation = self.budgets.reserve(
+                    request_scopes(exchange), self.reservation(spec, model, payload, traits)
+                )
             except BudgetExceeded as refusal:
                 exchange.route = {"limited": "budget", "scope": refusal.scope, "period": refusal.period}
                 raise
@@ -330,7 +383,9 @@ class Gateway:
         permit = self.admission.admit_now(model, klass)
         if permit is None:
             waited = time.perf_counter()
-            permit = await self.admission.wait(model, klass, team=key.team if key is not None else "", key_id=exchange.key_id)
+            permit = await self.admission.wait(
+                model, klass, team=key.team if key is not None else "", key_id=exchange.key_id
+            )
             exchange.queue_ms = int((time.perf_counter() - waited) * 1000)
         exchange.permit = permit
         exchange.route = {"class": str(klass)}
@@ -349,9 +404,17 @@ class Gateway:
         if policy is not None and policy.guardrails:
             response = await self._after(policy, exchange, model, body, response, stream)
         if keep is not None and self.bodies is not None:
-            response = self.bodies.keep(keep, request_id=exchange.request_id, project_id=exchange.project_id, path=spec.path,
-                                        model=model, served_model=exchange.served_model, request=received, response=response,
-                                        stream=stream)
+            response = self.bodies.keep(
+                keep,
+                request_id=exchange.request_id,
+                project_id=exchange.project_id,
+                path=spec.path,
+                model=model,
+                served_model=exchange.served_model,
+                request=received,
+                response=response,
+                stream=stream,
+            )
         return response
 
     def reservation(self, spec: RouteSpec, model: str, payload: dict, traits: ModelTraits) -> int:
@@ -381,8 +444,15 @@ class Gateway:
             route.revision = choose_revision(routing.revisions, request_id, present)
         return route
 
-    async def fallback(self, call: RelayCall, model: str, payload: dict, exchange: Exchange, policy: PolicyView | None,
-                       refusal: NoCapacity) -> Response:
+    async def fallback(
+        self,
+        call: RelayCall,
+        model: str,
+        payload: dict,
+        exchange: Exchange,
+        policy: PolicyView | None,
+        refusal: NoCapacity,
+    ) -> Response:
         """No worker could take the request before its first byte: the model's catalog fallbacks, then the policy's URL."""
         known = self.models.active(model)
         for alternative in (known.entry.fallback or []) if known is not None and known.entry is not None else []:
@@ -392,8 +462,9 @@ class Gateway:
             exchange.route = {**(exchange.route or {}), "fallback": alternative}
             body = json.dumps({**payload, "model": alternative}).encode()
             try:
-                response = await self.relay.forward(RelayCall(call.path, body, call.stream, call.strip_usage, exchange),
-                                                    RouteRequest(model=alternative))
+                response = await self.relay.forward(
+                    RelayCall(call.path, body, call.stream, call.strip_usage, exchange), RouteRequest(model=alternative)
+                )
             except NoCapacity:
                 continue
             response.headers[FALLBACK_HEADER] = alternative
@@ -406,13 +477,17 @@ class Gateway:
         response.headers[FALLBACK_HEADER] = target.url
         return response
 
-    async def _after(self, policy: PolicyView, exchange: Exchange, model: str, body: bytes, response: Response, stream: bool) -> Response:
+    async def _after(
+        self, policy: PolicyView, exchange: Exchange, model: str, body: bytes, response: Response, stream: bool
+    ) -> Response:
         """The policy's post and logging-only webhooks; a streamed answer is only logged (it is already on its way)."""
         answer = None if stream else bytes(response.body)
         if answer is not None and response.status_code == 200 and policy.guardrails_for("post"):
             checked = await self.guardrails.post(policy, exchange.request_id, model, body, answer, exchange.guard)
             if checked is not answer:
-                response = Response(checked, status_code=200, media_type="application/json", headers=dict(response.headers))
+                response = Response(
+                    checked, status_code=200, media_type="application/json", headers=dict(response.headers)
+                )
                 response.headers["content-length"] = str(len(checked))
                 answer = checked
         exchange.release()
@@ -427,8 +502,11 @@ class Gateway:
         if model == "auto":
             model = (plan.model if plan is not None else "") or self.models.default_for(spec.capability) or ""
             if not model:
-                raise BadRequest(f"model 'auto' means the default model, and none is loaded for {spec.path}; "
-                                 "name one (GET /v1/models lists them).", param="model")
+                raise BadRequest(
+                    f"model 'auto' means the default model, and none is loaded for {spec.path}; "
+                    "name one (GET /v1/models lists them).",
+                    param="model",
+                )
         if plan is not None and plan.model and model != plan.model and not _is_plan_adapter(model, plan):
             raise ModelNotFound(model, [plan.model])
         known = self.models.active(model)
@@ -455,8 +533,13 @@ class CallerHeaders(dict[bytes, bytes]):
 
 def request_scopes(exchange: Exchange) -> list[BudgetScope]:
     """The scopes a request is spent in, narrowest first: its key, person, project, team and org."""
-    pairs = (("key", exchange.key_id), ("user", exchange.user_id), ("project", exchange.project_id),
-             ("team", exchange.team_id), ("org", exchange.org_id))
+    pairs = (
+        ("key", exchange.key_id),
+        ("user", exchange.user_id),
+        ("project", exchange.project_id),
+        ("team", exchange.team_id),
+        ("org", exchange.org_id),
+    )
     return [BudgetScope(kind, ident) for kind, ident in pairs if ident]
 
 
@@ -471,7 +554,11 @@ def json_object_as_schema(payload: dict) -> bool:
     the promise, and engines that build ``json_object``'s grammar themselves ignore the key.
     """
     response_format = payload.get("response_format")
-    if not isinstance(response_format, dict) or response_format.get("type") != "json_object" or response_format.get("schema"):
+    if (
+        not isinstance(response_format, dict)
+        or response_format.get("type") != "json_object"
+        or response_format.get("schema")
+    ):
         return False
     payload["response_format"] = {**response_format, "schema": JSON_OBJECT_SCHEMA}
     return True
@@ -483,8 +570,11 @@ def routing_policy(view: PolicyView | None) -> RoutingPolicy:
         return RoutingPolicy()
     r = view.routing
     return RoutingPolicy(
-        kv_weight=r.kv_weight, kv_saturation_pct=r.kv_saturation_pct, prefix_affinity=r.prefix_affinity,
-        prefix_block_weight=r.prefix_block_weight, revisions=tuple((x.revision, x.share) for x in r.revisions),
+        kv_weight=r.kv_weight,
+        kv_saturation_pct=r.kv_saturation_pct,
+        prefix_affinity=r.prefix_affinity,
+        prefix_block_weight=r.prefix_block_weight,
+        revisions=tuple((x.revision, x.share) for x in r.revisions),
     )
 
 

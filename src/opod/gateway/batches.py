@@ -52,9 +52,16 @@ def metadata_arg(value: object) -> dict[str, str]:
     """OpenAI's metadata: at most 16 string pairs, keys up to 64 characters, values up to 512."""
     if value is None:
         return {}
-    if not isinstance(value, dict) or len(value) > 16 or not all(
-            isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512 for k, v in value.items()):
-        raise BadRequest("metadata: at most 16 pairs of strings (keys up to 64 characters, values up to 512)", param="metadata")
+    if (
+        not isinstance(value, dict)
+        or len(value) > 16
+        or not all(
+            isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512 for k, v in value.items()
+        )
+    ):
+        raise BadRequest(
+            "metadata: at most 16 pairs of strings (keys up to 64 characters, values up to 512)", param="metadata"
+        )
     return value
 
 
@@ -71,7 +78,11 @@ def parse_lines(content: bytes, endpoint: str) -> tuple[list[JobLine], str, list
     try:
         text = content.decode("utf-8")
     except UnicodeDecodeError:
-        return [], "", [{"code": "invalid_json_line", "line": 1, "message": "The file is not UTF-8 text; a batch is JSONL."}]
+        return (
+            [],
+            "",
+            [{"code": "invalid_json_line", "line": 1, "message": "The file is not UTF-8 text; a batch is JSONL."}],
+        )
     for number, raw in enumerate(text.splitlines(), start=1):
         if not raw.strip():
             continue
@@ -85,14 +96,28 @@ def parse_lines(content: bytes, endpoint: str) -> tuple[list[JobLine], str, list
             continue
         custom_id, method, url, body = item.get("custom_id"), item.get("method"), item.get("url"), item.get("body")
         if not isinstance(custom_id, str) or not custom_id or len(custom_id) > 512:
-            fail(number, "missing_required_parameter", f"Line {number}: custom_id must be a non-empty string.", "custom_id")
+            fail(
+                number,
+                "missing_required_parameter",
+                f"Line {number}: custom_id must be a non-empty string.",
+                "custom_id",
+            )
         elif custom_id in seen:
-            fail(number, "duplicate_custom_id", f"Line {number}: custom_id {custom_id!r} is used by an earlier line; each must be unique.",
-                 "custom_id")
+            fail(
+                number,
+                "duplicate_custom_id",
+                f"Line {number}: custom_id {custom_id!r} is used by an earlier line; each must be unique.",
+                "custom_id",
+            )
         elif method != "POST":
             fail(number, "invalid_method", f"Line {number}: method must be POST, not {method!r}.", "method")
         elif url != endpoint:
-            fail(number, "mismatched_endpoint", f"Line {number}: url {url!r} is not the batch's endpoint {endpoint}.", "url")
+            fail(
+                number,
+                "mismatched_endpoint",
+                f"Line {number}: url {url!r} is not the batch's endpoint {endpoint}.",
+                "url",
+            )
         elif not isinstance(body, dict):
             fail(number, "invalid_request", f"Line {number}: body must be the request, a JSON object.", "body")
         else:
@@ -111,17 +136,35 @@ def _stamp(value: Any) -> int | None:
 
 def batch_object(job: JobRecord) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "id": job.id, "object": "batch", "endpoint": job.endpoint, "input_file_id": job.input_file_id,
-        "completion_window": job.completion_window, "status": job.status, "created_at": _stamp(job.created_at),
-        "expires_at": _stamp(job.expires_at), "metadata": json.loads(job.metadata_json) or None,
+        "id": job.id,
+        "object": "batch",
+        "endpoint": job.endpoint,
+        "input_file_id": job.input_file_id,
+        "completion_window": job.completion_window,
+        "status": job.status,
+        "created_at": _stamp(job.created_at),
+        "expires_at": _stamp(job.expires_at),
+        "metadata": json.loads(job.metadata_json) or None,
         "request_counts": {"total": job.total, "completed": job.completed, "failed": job.failed},
-        "usage": {"input_tokens": job.prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
-                  "output_tokens": job.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
-                  "total_tokens": job.prompt_tokens + job.completion_tokens},
+        "usage": {
+            "input_tokens": job.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": job.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": job.prompt_tokens + job.completion_tokens,
+        },
     }
     if job.model:
         out["model"] = job.model
-    for name in ("in_progress_at", "finalizing_at", "completed_at", "failed_at", "expired_at", "cancelling_at", "cancelled_at"):
+    for name in (
+        "in_progress_at",
+        "finalizing_at",
+        "completed_at",
+        "failed_at",
+        "expired_at",
+        "cancelling_at",
+        "cancelled_at",
+    ):
         if (value := getattr(job, name)) is not None:
             out[name] = _stamp(value)
     if job.output_file_id:
@@ -162,24 +205,40 @@ class ClientBatches:
             body = json_object(await request.body())
             endpoint = body.get("endpoint")
             if endpoint not in ENDPOINTS:
-                raise BadRequest(f"endpoint: {endpoint!r} is not one a batch runs; send one of {', '.join(ENDPOINTS)}", param="endpoint")
+                raise BadRequest(
+                    f"endpoint: {endpoint!r} is not one a batch runs; send one of {', '.join(ENDPOINTS)}",
+                    param="endpoint",
+                )
             window_text = body.get("completion_window", "24h")
             window = completion_window(window_text)
             metadata = metadata_arg(body.get("metadata"))
             input_file_id = body.get("input_file_id")
             if not isinstance(input_file_id, str) or not input_file_id:
-                raise BadRequest("input_file_id: name the uploaded file (POST /v1/files with purpose=batch)", param="input_file_id")
+                raise BadRequest(
+                    "input_file_id: name the uploaded file (POST /v1/files with purpose=batch)", param="input_file_id"
+                )
             record = await self.files.visible(key, input_file_id)
             if record.purpose != "batch":
-                raise BadRequest(f"input_file_id: the file {input_file_id!r} was uploaded for {record.purpose!r}, not batch",
-                                 param="input_file_id")
+                raise BadRequest(
+                    f"input_file_id: the file {input_file_id!r} was uploaded for {record.purpose!r}, not batch",
+                    param="input_file_id",
+                )
             content = await run_sync(self.store.file_content, record.id) or b""
             lines, model, errors = parse_lines(content, endpoint)
             key_id, project_id = caller_of(key)
             job = await run_sync(
-                self.store.create_client_job, owner_key_id=key_id, project_id=project_id, endpoint=endpoint, model=model,
-                input_file_id=record.id, completion_window=window, window_text=str(window_text), metadata_json=json.dumps(metadata),
-                lines=lines, errors_json=json.dumps(errors[:ERRORS_LISTED]) if errors else None)
+                self.store.create_client_job,
+                owner_key_id=key_id,
+                project_id=project_id,
+                endpoint=endpoint,
+                model=model,
+                input_file_id=record.id,
+                completion_window=window,
+                window_text=str(window_text),
+                metadata_json=json.dumps(metadata),
+                lines=lines,
+                errors_json=json.dumps(errors[:ERRORS_LISTED]) if errors else None,
+            )
             if not job.ended:
                 self.wake()
             return batch_object(job)

@@ -134,8 +134,15 @@ NO_RESERVATION = Reservation(None, [], 0)
 
 
 class Budgets:
-    def __init__(self, *, settings: SettingsSource, resolve: Resolve | None = None, spent_since: SpentSince | None = None,
-                 emit: Emit | None = None, clock: Callable[[], datetime] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        settings: SettingsSource,
+        resolve: Resolve | None = None,
+        spent_since: SpentSince | None = None,
+        emit: Emit | None = None,
+        clock: Callable[[], datetime] | None = None,
+    ) -> None:
         self.settings = settings
         self.resolve = resolve
         self.spent_since = spent_since
@@ -178,8 +185,16 @@ class Budgets:
                     kept.micros, kept.text = budget.micros, budget.scope
                     account = kept
                 else:
-                    account = Account(scope.kind, scope.id, budget.scope, budget.period, budget.micros, start, end,
-                                      spent=self._load(scope.kind, scope.id, start))
+                    account = Account(
+                        scope.kind,
+                        scope.id,
+                        budget.scope,
+                        budget.period,
+                        budget.micros,
+                        start,
+                        end,
+                        spent=self._load(scope.kind, scope.id, start),
+                    )
                 accounts.setdefault((scope.kind, scope.id), []).append(account)
             self._accounts = accounts
             self._configured_for = settings
@@ -201,13 +216,21 @@ class Budgets:
         try:
             return int(self.spent_since(kind, ident, since))
         except Exception as err:
-            log.error("budgets: cannot read what %s:%s spent since %s (%s); counting from 0", kind, ident, since.isoformat(), err)
+            log.error(
+                "budgets: cannot read what %s:%s spent since %s (%s); counting from 0",
+                kind,
+                ident,
+                since.isoformat(),
+                err,
+            )
             return 0
 
     @property
     def active(self) -> bool:
         """Any budget is in force (checked without the lock: a request without one pays nothing)."""
-        if self.settings.current is not self._configured_for or (self._retry_at is not None and time.monotonic() >= self._retry_at):
+        if self.settings.current is not self._configured_for or (
+            self._retry_at is not None and time.monotonic() >= self._retry_at
+        ):
             self.configure()
         return bool(self._accounts)
 
@@ -248,12 +271,18 @@ class Budgets:
 
     def _refusal(self, account: Account, micros: int, now: datetime) -> BudgetExceeded:
         left = max(0, account.micros - account.spent - account.reserved)
-        message = (f"{account.text} has used its {ADJECTIVE[account.period]} budget of {account.micros} micros "
-                   f"({account.spent} spent, {account.reserved} held by requests in flight, {left} left); this request "
-                   f"could cost up to {micros}. The {account.period} ends at {account.end.isoformat().replace('+00:00', 'Z')}; "
-                   f"retry then, or ask an operator to raise the budget.")
-        return BudgetExceeded(message, scope=account.text, period=account.period,
-                              retry_after_s=int((account.end - now).total_seconds()) + 1)
+        message = (
+            f"{account.text} has used its {ADJECTIVE[account.period]} budget of {account.micros} micros "
+            f"({account.spent} spent, {account.reserved} held by requests in flight, {left} left); this request "
+            f"could cost up to {micros}. The {account.period} ends at {account.end.isoformat().replace('+00:00', 'Z')}; "
+            f"retry then, or ask an operator to raise the budget."
+        )
+        return BudgetExceeded(
+            message,
+            scope=account.text,
+            period=account.period,
+            retry_after_s=int((account.end - now).total_seconds()) + 1,
+        )
 
     def _settle(self, held: list[Account], reserved: int, actual: int) -> None:
         crossed: list[Account] = []
@@ -274,8 +303,16 @@ class Budgets:
             return
         for account in crossed:
             try:
-                self.emit("budget.crossed", account.id, {"scope": account.text, "period": account.period,
-                                                         "budget_micros": account.micros, "spent_micros": account.spent})
+                self.emit(
+                    "budget.crossed",
+                    account.id,
+                    {
+                        "scope": account.text,
+                        "period": account.period,
+                        "budget_micros": account.micros,
+                        "spent_micros": account.spent,
+                    },
+                )
             except Exception:
                 log.exception("budgets: cannot emit budget.crossed for %s", account.text)
 

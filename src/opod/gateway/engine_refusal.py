@@ -19,8 +19,18 @@ MESSAGE_CAP = 1000
 
 _CODES = {"exceed_context_size_error": ("context_length_exceeded", "messages")}
 """Engine error types that OpenAI names otherwise: (code, param)."""
-_GENERIC = frozenset({"server_error", "invalid_request_error", "BadRequestError", "InternalServerError", "NotImplementedError",
-                      "not_supported_error", "NotFoundError", "not_found_error"})
+_GENERIC = frozenset(
+    {
+        "server_error",
+        "invalid_request_error",
+        "BadRequestError",
+        "InternalServerError",
+        "NotImplementedError",
+        "not_supported_error",
+        "NotFoundError",
+        "not_found_error",
+    }
+)
 
 
 @dataclass(slots=True)
@@ -39,9 +49,13 @@ class Refusal:
     answered: float
 
     @classmethod
-    def of(cls, node: NodeState, status: int, data: bytes, *, final: bool, route: str, sent: float, answered: float) -> Refusal:
+    def of(
+        cls, node: NodeState, status: int, data: bytes, *, final: bool, route: str, sent: float, answered: float
+    ) -> Refusal:
         message, code, param = engine_error(data)
-        return cls(node, status, message or f"HTTP {status} with no explanation", code, param, final, route, sent, answered)
+        return cls(
+            node, status, message or f"HTTP {status} with no explanation", code, param, final, route, sent, answered
+        )
 
 
 def engine_error(data: bytes) -> tuple[str, str, str | None]:

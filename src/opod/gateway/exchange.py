@@ -37,15 +37,40 @@ access = logging.getLogger("opod.access")
 class UsageRecorder(Protocol):
     """Where usage rows go: what the gateway calls on ``opod.ledger.Ledger``."""
 
-    def begin(self, *, request_id: str, api_key_id: str, user_id: str, model: str, protocol: str,
-              project_id: str = "", team_id: str = "", org_id: str = "", end_user: str = "",
-              tags: Mapping[str, str] | None = None, details: Mapping[str, object] | None = None) -> UsageTicket: ...
+    def begin(
+        self,
+        *,
+        request_id: str,
+        api_key_id: str,
+        user_id: str,
+        model: str,
+        protocol: str,
+        project_id: str = "",
+        team_id: str = "",
+        org_id: str = "",
+        end_user: str = "",
+        tags: Mapping[str, str] | None = None,
+        details: Mapping[str, object] | None = None,
+    ) -> UsageTicket: ...
 
-    def end(self, ticket: UsageTicket, *, outcome: str, prompt_tokens: int, completion_tokens: int, latency_ms: int,
-            ttft_ms: int = 0, node_id: str = "", route: dict | None = None, cost_micros: int = 0,
-            details: Mapping[str, object] | None = None) -> None: ...
+    def end(
+        self,
+        ticket: UsageTicket,
+        *,
+        outcome: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        latency_ms: int,
+        ttft_ms: int = 0,
+        node_id: str = "",
+        route: dict | None = None,
+        cost_micros: int = 0,
+        details: Mapping[str, object] | None = None,
+    ) -> None: ...
 
-    def progress(self, ticket: UsageTicket, *, prompt_tokens: int, completion_tokens: int, node_id: str = "") -> None: ...
+    def progress(
+        self, ticket: UsageTicket, *, prompt_tokens: int, completion_tokens: int, node_id: str = ""
+    ) -> None: ...
 
 
 class ProjectChain(Protocol):
@@ -67,13 +92,50 @@ class Chains(Protocol):
 class Exchange:
     """Implements ``opod.gateway.relay.RelayObserver``: the relay tells it what happened, it records it."""
 
-    __slots__ = ("stats", "ledger", "request_id", "protocol", "probe", "started", "key_id", "model", "ticket",
-                 "permit", "ended", "route", "_begun", "access_log", "prompts", "payload", "prompt_estimate",
-                 "user_id", "project_id", "team_id", "org_id", "budgets", "reservation", "end_user", "tags", "queue_ms",
-                 "body_state", "guard", "hold", "held")
+    __slots__ = (
+        "stats",
+        "ledger",
+        "request_id",
+        "protocol",
+        "probe",
+        "started",
+        "key_id",
+        "model",
+        "ticket",
+        "permit",
+        "ended",
+        "route",
+        "_begun",
+        "access_log",
+        "prompts",
+        "payload",
+        "prompt_estimate",
+        "user_id",
+        "project_id",
+        "team_id",
+        "org_id",
+        "budgets",
+        "reservation",
+        "end_user",
+        "tags",
+        "queue_ms",
+        "body_state",
+        "guard",
+        "hold",
+        "held",
+    )
 
-    def __init__(self, stats: GatewayStats, ledger: UsageRecorder, request_id: str, protocol: str, probe: bool,
-                 access_log: bool, prompts: PromptCounter | None = None, budgets: Budgets | None = None) -> None:
+    def __init__(
+        self,
+        stats: GatewayStats,
+        ledger: UsageRecorder,
+        request_id: str,
+        protocol: str,
+        probe: bool,
+        access_log: bool,
+        prompts: PromptCounter | None = None,
+        budgets: Budgets | None = None,
+    ) -> None:
         self.stats = stats
         self.ledger = ledger
         self.request_id = request_id
@@ -153,9 +215,18 @@ class Exchange:
         # The pre guardrails' outcome goes with the start, so a row recovered after a crash keeps it.
         guard = self.guard.fields() if self.guard is not None else None
         ticket = self.ticket = self.ledger.begin(
-            request_id=self.request_id, api_key_id=self.key_id, user_id=self.user_id, model=self.model, protocol=self.protocol,
-            project_id=self.project_id, team_id=self.team_id, org_id=self.org_id, end_user=self.end_user, tags=self.tags,
-            details=guard or None)
+            request_id=self.request_id,
+            api_key_id=self.key_id,
+            user_id=self.user_id,
+            model=self.model,
+            protocol=self.protocol,
+            project_id=self.project_id,
+            team_id=self.team_id,
+            org_id=self.org_id,
+            end_user=self.end_user,
+            tags=self.tags,
+            details=guard or None,
+        )
         return ticket
 
     def streaming(self, tokens_sent: int, node_id: str) -> None:
@@ -164,7 +235,9 @@ class Exchange:
             return
         if self.prompt_estimate is None:
             self.prompt_estimate = estimate(self.payload) if self.payload is not None else 0
-        self.ledger.progress(self.ticket, prompt_tokens=self.prompt_estimate, completion_tokens=tokens_sent, node_id=node_id)
+        self.ledger.progress(
+            self.ticket, prompt_tokens=self.prompt_estimate, completion_tokens=tokens_sent, node_id=node_id
+        )
 
     def done(self, outcome: Outcome) -> None:
         if self.ended:
@@ -180,8 +253,17 @@ class Exchange:
         if self.permit is not None:
             self.permit.release()
         if self.access_log:
-            access.info("%s %s %s %d %s %dms node=%s key=%s", self.request_id, self.protocol, self.model or "-", outcome.status,
-                        outcome.outcome, (time.perf_counter() - self.started) * 1000, outcome.node_id or "-", self.key_id or "-")
+            access.info(
+                "%s %s %s %d %s %dms node=%s key=%s",
+                self.request_id,
+                self.protocol,
+                self.model or "-",
+                outcome.status,
+                outcome.outcome,
+                (time.perf_counter() - self.started) * 1000,
+                outcome.node_id or "-",
+                self.key_id or "-",
+            )
         if self.probe:
             self.reservation.settle(0)
             return
@@ -204,16 +286,29 @@ class Exchange:
             # Priced at the request's end, at the prices in force then.
             cost = self.budgets.cost(self.model, prompt_tokens, completion_tokens) if self.budgets is not None else 0
             self.reservation.settle(cost)
-            self.ledger.end(ticket, outcome=outcome.outcome, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                            latency_ms=latency_ms, ttft_ms=outcome.ttft_ms, node_id=outcome.node_id, route=route,
-                            cost_micros=cost, details=details)
+            self.ledger.end(
+                ticket,
+                outcome=outcome.outcome,
+                prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens,
+                latency_ms=latency_ms,
+                ttft_ms=outcome.ttft_ms,
+                node_id=outcome.node_id,
+                route=route,
+                cost_micros=cost,
+                details=details,
+            )
 
         if isinstance(prompt, int) or self.prompts is None or self.payload is None or not _cut_short(outcome):
             record(int(prompt or 0), self.route)
             return
         route = self.route
-        self.prompts.later(outcome.node_id, self.model, self.payload,
-                           lambda tokens, how: record(tokens, {**(route or {}), "prompt_tokens": how}))
+        self.prompts.later(
+            outcome.node_id,
+            self.model,
+            self.payload,
+            lambda tokens, how: record(tokens, {**(route or {}), "prompt_tokens": how}),
+        )
 
     def refuse(self, status: int) -> None:
         """The client is refused with ``status``; an answer held for the post guardrails is recorded with it."""

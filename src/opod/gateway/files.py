@@ -46,8 +46,15 @@ def caller_of(key: KeyEntry | None) -> tuple[str, str]:
 
 
 def file_object(record: FileRecord) -> dict[str, Any]:
-    return {"id": record.id, "object": "file", "bytes": record.bytes, "created_at": int(record.created_at.timestamp()),
-            "filename": record.filename, "purpose": record.purpose, "status": "processed"}
+    return {
+        "id": record.id,
+        "object": "file",
+        "bytes": record.bytes,
+        "created_at": int(record.created_at.timestamp()),
+        "filename": record.filename,
+        "purpose": record.purpose,
+        "status": "processed",
+    }
 
 
 def page(objects: Sequence[dict[str, Any]], after: str | None, limit: int) -> dict[str, Any]:
@@ -56,11 +63,18 @@ def page(objects: Sequence[dict[str, Any]], after: str | None, limit: int) -> di
     if after:
         ids = [o["id"] for o in objects]
         if after not in ids:
-            raise BadRequest(f"after: {after!r} is not an id of this listing; pass the last_id of the previous page", param="after")
+            raise BadRequest(
+                f"after: {after!r} is not an id of this listing; pass the last_id of the previous page", param="after"
+            )
         start = ids.index(after) + 1
-    data = list(objects[start:start + limit])
-    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None, "has_more": start + limit < len(objects)}
+    data = list(objects[start : start + limit])
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": start + limit < len(objects),
+    }
 
 
 def limit_arg(text: str | None, default: int, most: int) -> int:
@@ -121,15 +135,23 @@ class ClientFiles:
             try:
                 purpose, upload = form.get("purpose"), form.get("file")
                 if not isinstance(purpose, str) or purpose not in PURPOSES:
-                    raise BadRequest(f"purpose: {purpose!r} is not one this server takes; send purpose=batch", param="purpose")
+                    raise BadRequest(
+                        f"purpose: {purpose!r} is not one this server takes; send purpose=batch", param="purpose"
+                    )
                 if not isinstance(upload, UploadFile):
                     raise BadRequest("file: no file in the upload; send it as the multipart field `file`", param="file")
                 content = await upload.read(FILE_MAX_BYTES + 1)
                 if len(content) > FILE_MAX_BYTES:
                     raise BodyTooLarge(FILE_MAX_BYTES)
                 key_id, project_id = caller_of(key)
-                record = await run_sync(self.store.add_file, owner_key_id=key_id, project_id=project_id, purpose=purpose,
-                                        filename=upload.filename or "upload.jsonl", content=content)
+                record = await run_sync(
+                    self.store.add_file,
+                    owner_key_id=key_id,
+                    project_id=project_id,
+                    purpose=purpose,
+                    filename=upload.filename or "upload.jsonl",
+                    content=content,
+                )
             finally:
                 await form.close()
             return file_object(record)
@@ -144,8 +166,13 @@ class ClientFiles:
                 raise BadRequest(f"order: {order!r} is neither asc nor desc", param="order")
             limit = limit_arg(query.get("limit"), 10_000, 10_000)
             key_id, project_id = caller_of(key)
-            records = await run_sync(self.store.list_files, key_id=key_id, project_id=project_id, purpose=query.get("purpose") or None,
-                                     newest_first=order == "desc")
+            records = await run_sync(
+                self.store.list_files,
+                key_id=key_id,
+                project_id=project_id,
+                purpose=query.get("purpose") or None,
+                newest_first=order == "desc",
+            )
             return page([file_object(r) for r in records], query.get("after"), limit)
 
         return await self.answer(request, work)
@@ -162,8 +189,11 @@ class ClientFiles:
             content = await run_sync(self.store.file_content, record.id)
             if content is None:
                 raise NotFoundHere(f"The file {record.id!r} was deleted.", param="file_id")
-            return Response(content, media_type="application/jsonl",
-                            headers={"Content-Disposition": f'attachment; filename="{record.filename.replace(chr(34), "")}"'})
+            return Response(
+                content,
+                media_type="application/jsonl",
+                headers={"Content-Disposition": f'attachment; filename="{record.filename.replace(chr(34), "")}"'},
+            )
 
         return await self.answer(request, work)
 

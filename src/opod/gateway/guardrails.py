@@ -103,8 +103,12 @@ class GuardNote:
         """The request record's guard fields (``guard_action``, ...); none when no rule was consulted."""
         if not self.action:
             return {}
-        out: dict[str, object] = {"guard_action": self.action, "guard_policy": self.policy, "guard_rule": self.rule,
-                                  "guard_ms": int(self.seconds * 1000)}
+        out: dict[str, object] = {
+            "guard_action": self.action,
+            "guard_policy": self.policy,
+            "guard_rule": self.rule,
+            "guard_ms": int(self.seconds * 1000),
+        }
         if self.category:
             out["guard_category"] = self.category
         return out
@@ -187,7 +191,9 @@ class Guardrails:
 
     # --- the three phases ----------------------------------------------------------------
 
-    async def pre(self, policy: Rules, request_id: str, model: str, body: bytes, note: GuardNote | None = None) -> bytes:
+    async def pre(
+        self, policy: Rules, request_id: str, model: str, body: bytes, note: GuardNote | None = None
+    ) -> bytes:
         """The request body to send on (``body`` itself when nothing rewrote it); raises a refusal otherwise.
 
         ``note`` is told what each rule did, a refusal included."""
@@ -197,16 +203,29 @@ class Guardrails:
         request = _json_or_text(body)
         rewritten = False
         for rule in rules:
-            payload = {"phase": "pre", "guardrail_id": rule.id, "request_id": request_id, "model": model,
-                       "request": request, "response": None}
+            payload = {
+                "phase": "pre",
+                "guardrail_id": rule.id,
+                "request_id": request_id,
+                "model": model,
+                "request": request,
+                "response": None,
+            }
             new = await self._judge(rule, payload, request_id, note)
             if new is not None:
                 # The model stays the one the gateway resolved (a rewrite may leave it out).
                 request, rewritten = {**new, "model": model}, True
         return json.dumps(request).encode() if rewritten else body
 
-    async def post(self, policy: Rules, request_id: str, model: str, request_body: bytes, answer: bytes,
-                   note: GuardNote | None = None) -> bytes:
+    async def post(
+        self,
+        policy: Rules,
+        request_id: str,
+        model: str,
+        request_body: bytes,
+        answer: bytes,
+        note: GuardNote | None = None,
+    ) -> bytes:
         """The answer to give the client (``answer`` itself when nothing rewrote it); raises a refusal otherwise.
 
         Only for answers that were not streamed: a stream has gone to the client before it could be judged.
@@ -218,26 +237,48 @@ class Guardrails:
         response = _json_or_text(answer)
         rewritten = False
         for rule in rules:
-            payload = {"phase": "post", "guardrail_id": rule.id, "request_id": request_id, "model": model,
-                       "request": request, "response": response}
+            payload = {
+                "phase": "post",
+                "guardrail_id": rule.id,
+                "request_id": request_id,
+                "model": model,
+                "request": request,
+                "response": response,
+            }
             new = await self._judge(rule, payload, request_id, note)
             if new is not None:
                 response, rewritten = new, True
         return json.dumps(response).encode() if rewritten else answer
 
-    def log(self, policy: Rules, request_id: str, model: str, request_body: bytes,
-            answer: bytes | None = None, status: int | None = None) -> None:
+    def log(
+        self,
+        policy: Rules,
+        request_id: str,
+        model: str,
+        request_body: bytes,
+        answer: bytes | None = None,
+        status: int | None = None,
+    ) -> None:
         """Send the exchange to every ``logging_only`` webhook in the background; returns at once."""
         rules = _rules(policy, "logging_only")
         if not rules:
             return
-        payload = {"phase": "logging_only", "guardrail_id": "", "request_id": request_id, "model": model,
-                   "request": _json_or_text(request_body), "response": _json_or_text(answer), "status": status}
+        payload = {
+            "phase": "logging_only",
+            "guardrail_id": "",
+            "request_id": request_id,
+            "model": model,
+            "request": _json_or_text(request_body),
+            "response": _json_or_text(answer),
+            "status": status,
+        }
         for rule in rules:
             if len(self._pending) >= MAX_PENDING_LOGS:
                 self.dropped_logs += 1
                 continue
-            task = asyncio.get_running_loop().create_task(self._log_one(rule, {**payload, "guardrail_id": rule.id}, request_id))
+            task = asyncio.get_running_loop().create_task(
+                self._log_one(rule, {**payload, "guardrail_id": rule.id}, request_id)
+            )
             self._pending.add(task)
             task.add_done_callback(self._pending.discard)
 
@@ -249,7 +290,9 @@ class Guardrails:
 
     # --- one webhook ------------------------------------------------------------------------
 
-    async def _judge(self, rule: GuardrailRule, payload: dict[str, Any], request_id: str, note: GuardNote | None) -> Any | None:
+    async def _judge(
+        self, rule: GuardrailRule, payload: dict[str, Any], request_id: str, note: GuardNote | None
+    ) -> Any | None:
         """None to go on unchanged, a new body for a rewrite; raises a refusal for a block or a closed failure."""
         if note is None:
             note = GuardNote()  # a caller that does not ask: the same decisions, told to no one
@@ -312,4 +355,3 @@ class Guardrails:
         if not isinstance(answer, dict):
             raise _WebhookFailed("its answer is not a JSON object")
         return answer
-

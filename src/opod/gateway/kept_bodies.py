@@ -63,7 +63,9 @@ class KeepPlan:
 class BodyKeeping:
     """Decides per request whether its bodies are kept, and hands them to the sink when its answer is whole."""
 
-    def __init__(self, settings: Callable[[], ClusterSettings], sink: BodySink, resolve_project: Callable[[str], str]) -> None:
+    def __init__(
+        self, settings: Callable[[], ClusterSettings], sink: BodySink, resolve_project: Callable[[str], str]
+    ) -> None:
         self.settings = settings
         """The settings in force (``SettingsHolder.current``), read per request."""
         self.sink = sink
@@ -105,21 +107,45 @@ class BodyKeeping:
                 return entry
         return None
 
-    def keep(self, plan: KeepPlan, *, request_id: str, project_id: str, path: str, model: str, served_model: str,
-             request: bytes, response: Response, stream: bool) -> Response:
+    def keep(
+        self,
+        plan: KeepPlan,
+        *,
+        request_id: str,
+        project_id: str,
+        path: str,
+        model: str,
+        served_model: str,
+        request: bytes,
+        response: Response,
+        stream: bool,
+    ) -> Response:
         """Hand the request and its answer to the sink: now for a whole answer, at its end for a stream
         (the answer is returned with its body wrapped, so the text is gathered as it goes)."""
         at = datetime.now(UTC)
         request_text, cut = capped(request, plan.max_bytes)
 
         def offer(status: int, answer: str, answer_cut: bool) -> None:
-            self.sink.offer(RequestBody(
-                request_id=request_id, project_id=project_id, at=at, expires_at=at + timedelta(days=plan.days), path=path,
-                model=model, served_model=served_model, status=status, request=request_text, response=answer,
-                truncated=cut or answer_cut))
+            self.sink.offer(
+                RequestBody(
+                    request_id=request_id,
+                    project_id=project_id,
+                    at=at,
+                    expires_at=at + timedelta(days=plan.days),
+                    path=path,
+                    model=model,
+                    served_model=served_model,
+                    status=status,
+                    request=request_text,
+                    response=answer,
+                    truncated=cut or answer_cut,
+                )
+            )
 
         if stream and isinstance(response, StreamingResponse):
-            response.body_iterator = _gathering(response.body_iterator, plan.max_bytes, lambda text, over: offer(response.status_code, text, over))
+            response.body_iterator = _gathering(
+                response.body_iterator, plan.max_bytes, lambda text, over: offer(response.status_code, text, over)
+            )
             return response
         answer, answer_cut = capped(bytes(response.body), plan.max_bytes)
         offer(response.status_code, answer, answer_cut)
@@ -133,13 +159,16 @@ def capped(data: bytes, max_bytes: int) -> tuple[str, bool]:
     return text.replace("\x00", ""), over
 
 
-async def _gathering(chunks: AsyncIterable[str | bytes | memoryview], max_bytes: int,
-                     done: Callable[[str, bool], None]) -> AsyncIterator[str | bytes | memoryview]:
+async def _gathering(
+    chunks: AsyncIterable[str | bytes | memoryview], max_bytes: int, done: Callable[[str, bool], None]
+) -> AsyncIterator[str | bytes | memoryview]:
     """``chunks`` passed on unchanged, the deltas' text gathered; ``done`` told it once the stream ends."""
     text = StreamText(max_bytes)
     try:
         async for chunk in chunks:
-            text.feed(chunk if isinstance(chunk, bytes) else bytes(chunk) if isinstance(chunk, memoryview) else chunk.encode())
+            text.feed(
+                chunk if isinstance(chunk, bytes) else bytes(chunk) if isinstance(chunk, memoryview) else chunk.encode()
+            )
             yield chunk
     finally:
         done(*text.result())

@@ -75,12 +75,21 @@ class _Prompt:
     def request(self) -> nodeapi.TokenizeRequest:
         if not self.messages:
             return nodeapi.TokenizeRequest(model=self.model, prompt=self.text)
-        return nodeapi.TokenizeRequest(model=self.model, messages=[nodeapi.TokenizeMessage(role=r, content=c) for r, c in self.messages])
+        return nodeapi.TokenizeRequest(
+            model=self.model, messages=[nodeapi.TokenizeMessage(role=r, content=c) for r, c in self.messages]
+        )
 
 
 class PrefixHasher:
-    def __init__(self, fleet: Fleet, index: PrefixIndex, tokenize: Tokenize, *,
-                 kept: int = PREFIXES_KEPT, at_once: int = LEARNING_AT_ONCE) -> None:
+    def __init__(
+        self,
+        fleet: Fleet,
+        index: PrefixIndex,
+        tokenize: Tokenize,
+        *,
+        kept: int = PREFIXES_KEPT,
+        at_once: int = LEARNING_AT_ONCE,
+    ) -> None:
         self.fleet = fleet
         self.index = index
         self.tokenize = tokenize

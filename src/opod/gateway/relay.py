@@ -62,7 +62,9 @@ TIMING_HEADER = "Server-Timing"
 ``upstream`` is the answering worker's time, from sending it the request to its whole answer
 (to its first byte when streamed); ``opod`` is the rest, from the request's arrival: reading,
 checking, queueing for a slot, routing, failed attempts, and recording the answer."""
-_REQUEST_ID, _WORKER, _ROUTE, _TIMING = (name.lower().encode() for name in ("X-Request-Id", WORKER_HEADER, ROUTE_HEADER, TIMING_HEADER))
+_REQUEST_ID, _WORKER, _ROUTE, _TIMING = (
+    name.lower().encode() for name in ("X-Request-Id", WORKER_HEADER, ROUTE_HEADER, TIMING_HEADER)
+)
 FIRST_BYTE_TIMEOUT = 120.0
 """A stream whose first byte takes longer than this is treated as a failed attempt (a stalled engine)."""
 
@@ -80,8 +82,9 @@ class RelayCall:
 
 
 class Relay:
-    def __init__(self, fleet: Fleet, workers: WorkerClient, *, index: PrefixIndex, pins: AffinityTable,
-                 local: LocalEngines) -> None:
+    def __init__(
+        self, fleet: Fleet, workers: WorkerClient, *, index: PrefixIndex, pins: AffinityTable, local: LocalEngines
+    ) -> None:
         self.fleet = fleet
         self.workers = workers
         self.index = index
@@ -123,25 +126,33 @@ class Relay:
         availability = self.fleet.availability(model)
         if not tried:
             wait = availability.retry_after()
-            raise NoCapacity(f"The model {model!r} cannot serve right now: {availability.why()}. Retry in {wait}s.", retry_after=wait)
+            raise NoCapacity(
+                f"The model {model!r} cannot serve right now: {availability.why()}. Retry in {wait}s.", retry_after=wait
+            )
         if availability.ok:  # others still serve it: the next try may well land there
             raise NoCapacity(f"No worker could serve {model!r}: {'; '.join(problems)}. Retry in 1s.", retry_after=1)
         wait = availability.retry_after()
-        raise NoCapacity(f"No worker could serve {model!r}: {'; '.join(problems)}. It cannot serve now: {availability.why()}. Retry in {wait}s.",
-                         retry_after=wait)
+        raise NoCapacity(
+            f"No worker could serve {model!r}: {'; '.join(problems)}. It cannot serve now: {availability.why()}. Retry in {wait}s.",
+            retry_after=wait,
+        )
 
     def _refused(self, refusal: Refusal, call: RelayCall) -> Response:
         """The engine's refusal of the request's content, as the client's 400 in OpenAI's shape."""
         observer = call.observer
         body = json.dumps(refusal_body(refusal)).encode()
         observer.done(Outcome(400, "error", refusal.node.id, None))
-        return PreparedResponse(body, 400, [
-            (_REQUEST_ID, observer.request_id.encode("latin-1")),
-            (_WORKER, refusal.node.id.encode("latin-1")),
-            (_ROUTE, refusal.route.encode("latin-1")),
-            (_TIMING, server_timing(observer.started, refusal.sent, refusal.answered).encode("latin-1")),
-            (b"content-type", b"application/json"),
-        ])
+        return PreparedResponse(
+            body,
+            400,
+            [
+                (_REQUEST_ID, observer.request_id.encode("latin-1")),
+                (_WORKER, refusal.node.id.encode("latin-1")),
+                (_ROUTE, refusal.route.encode("latin-1")),
+                (_TIMING, server_timing(observer.started, refusal.sent, refusal.answered).encode("latin-1")),
+                (b"content-type", b"application/json"),
+            ],
+        )
 
     def _where(self, node: NodeState, model: str, request_id: str, path: str) -> tuple[str, dict[str, str]] | None:
         """The URL to send to and its headers: the engine itself when it is on this machine, else its worker.
@@ -160,8 +171,9 @@ class Relay:
         headers.update({MODEL_HEADER: model, "X-Request-Id": request_id, "Content-Type": "application/json"})
         return node.base_url(), headers
 
-    async def _attempt(self, node: NodeState, call: RelayCall, model: str, route: str,
-                       problems: list[str]) -> Response | Refusal | None:
+    async def _attempt(
+        self, node: NodeState, call: RelayCall, model: str, route: str, problems: list[str]
+    ) -> Response | Refusal | None:
         """The answer; a :class:`Refusal` when the engine refused the request's content; ``None`` to move on."""
         observer = call.observer
         request_id = observer.request_id
@@ -183,7 +195,9 @@ class Relay:
                 if data is None:
                     data = await resp.read()
                 if kind in (REFUSED, ENGINE_ERROR):
-                    return Refusal.of(node, status, data, final=kind == REFUSED, route=route, sent=sent, answered=time.perf_counter())
+                    return Refusal.of(
+                        node, status, data, final=kind == REFUSED, route=route, sent=sent, answered=time.perf_counter()
+                    )
                 reason = resp.headers.get(WORKER_ERROR_HEADER) or f"HTTP {status}"
                 detail = data[:200].decode(errors="replace").strip()
                 problem = reason + (f" ({detail})" if detail else "")
@@ -198,13 +212,17 @@ class Relay:
                 answered = time.perf_counter()
                 self.fleet.succeeded(node, model)
                 observer.done(Outcome(resp.status, "ok", node.id, _usage_of(data)))
-                return PreparedResponse(data, resp.status, [
-                    (_REQUEST_ID, request_id.encode("latin-1")),
-                    (_WORKER, node.id.encode("latin-1")),
-                    (_ROUTE, route.encode("latin-1")),
-                    (_TIMING, server_timing(observer.started, sent, answered).encode("latin-1")),
-                    (b"content-type", (resp.content_type or "application/json").encode("latin-1")),
-                ])
+                return PreparedResponse(
+                    data,
+                    resp.status,
+                    [
+                        (_REQUEST_ID, request_id.encode("latin-1")),
+                        (_WORKER, node.id.encode("latin-1")),
+                        (_ROUTE, route.encode("latin-1")),
+                        (_TIMING, server_timing(observer.started, sent, answered).encode("latin-1")),
+                        (b"content-type", (resp.content_type or "application/json").encode("latin-1")),
+                    ],
+                )
             try:
                 first = await asyncio.wait_for(resp.readany(), FIRST_BYTE_TIMEOUT)
                 why = "the answer ended before its first byte"
@@ -218,10 +236,18 @@ class Relay:
             self.fleet.succeeded(node, model)
             handed_over = True
             ttft_ms = int((answered - observer.started) * 1000)
-            headers = {"X-Request-Id": request_id, WORKER_HEADER: node.id, ROUTE_HEADER: route,
-                       TIMING_HEADER: server_timing(observer.started, sent, answered), "Cache-Control": "no-cache"}
-            return StreamingResponse(relay_sse(resp, first, call.strip_usage, observer, ttft_ms, node_id=node.id, lease=lease),
-                                     media_type="text/event-stream", headers=headers)
+            headers = {
+                "X-Request-Id": request_id,
+                WORKER_HEADER: node.id,
+                ROUTE_HEADER: route,
+                TIMING_HEADER: server_timing(observer.started, sent, answered),
+                "Cache-Control": "no-cache",
+            }
+            return StreamingResponse(
+                relay_sse(resp, first, call.strip_usage, observer, ttft_ms, node_id=node.id, lease=lease),
+                media_type="text/event-stream",
+                headers=headers,
+            )
         except (WorkerUnavailable, TimeoutError, OSError) as err:
             problem = str(err) or type(err).__name__
             problems.append(f"{node.id}: {problem}")
@@ -245,11 +271,15 @@ class Relay:
             where, target_path = split_url(target.url.rstrip("/") + call.path.removeprefix("/v1"))
             resp = await self.workers.upstream.post(where, target_path, body, headers, observer.sent)
         except OSError as err:
-            raise NoCapacity(f"No worker could serve the request and the fallback at {target.url} did not answer ({err}). Retry shortly.") from None
+            raise NoCapacity(
+                f"No worker could serve the request and the fallback at {target.url} did not answer ({err}). Retry shortly."
+            ) from None
         if resp.status >= 500:
             detail = (await resp.text())[:200]
             resp.release()
-            raise NoCapacity(f"No worker could serve the request and the fallback answered HTTP {resp.status} ({detail}). Retry shortly.")
+            raise NoCapacity(
+                f"No worker could serve the request and the fallback answered HTTP {resp.status} ({detail}). Retry shortly."
+            )
         out_headers = {"X-Request-Id": observer.request_id, ROUTE_HEADER: f"fallback={target.url}"}
         if not call.stream or resp.status != 200:
             data = await resp.read()
@@ -257,13 +287,18 @@ class Relay:
             resp.release()
             observer.done(Outcome(resp.status, "ok" if resp.status < 400 else "error", "", _usage_of(data)))
             out_headers[TIMING_HEADER] = server_timing(observer.started, sent, answered)
-            return Response(data, status_code=resp.status, headers=out_headers, media_type=resp.content_type or "application/json")
+            return Response(
+                data, status_code=resp.status, headers=out_headers, media_type=resp.content_type or "application/json"
+            )
         first = await resp.readany()
         answered = time.perf_counter()
         ttft_ms = int((answered - observer.started) * 1000)
         out_headers[TIMING_HEADER] = server_timing(observer.started, sent, answered)
-        return StreamingResponse(relay_sse(resp, first, call.strip_usage, observer, ttft_ms, source=target.url),
-                                 media_type="text/event-stream", headers={**out_headers, "Cache-Control": "no-cache"})
+        return StreamingResponse(
+            relay_sse(resp, first, call.strip_usage, observer, ttft_ms, source=target.url),
+            media_type="text/event-stream",
+            headers={**out_headers, "Cache-Control": "no-cache"},
+        )
 
 
 FAULT, BUSY, REFUSED, ENGINE_ERROR = "fault", "busy", "refused", "engine_error"

@@ -39,11 +39,33 @@ CHAT_PATH = "/v1/chat/completions"
 BODY_CAP = 32 << 20
 """As the chat route's."""
 
-_RESPONSES_ONLY = frozenset({
-    "input", "instructions", "max_output_tokens", "text", "tools", "tool_choice", "stream", "stream_options", "store",
-    "include", "truncation", "reasoning", "metadata", "prompt_cache_key", "prompt_cache_retention", "safety_identifier",
-    "max_tool_calls", "top_logprobs", "background", "previous_response_id", "conversation", "prompt", "context_management",
-})
+_RESPONSES_ONLY = frozenset(
+    {
+        "input",
+        "instructions",
+        "max_output_tokens",
+        "text",
+        "tools",
+        "tool_choice",
+        "stream",
+        "stream_options",
+        "store",
+        "include",
+        "truncation",
+        "reasoning",
+        "metadata",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "safety_identifier",
+        "max_tool_calls",
+        "top_logprobs",
+        "background",
+        "previous_response_id",
+        "conversation",
+        "prompt",
+        "context_management",
+    }
+)
 """Keys the translation reads or drops; any other key (an engine's extension, such as ``top_k``) travels to the chat route."""
 _STATELESS = {
     "previous_response_id": "opod does not store responses; send the whole conversation in `input`",
@@ -79,7 +101,9 @@ def chat_request(body: dict[str, Any]) -> dict[str, Any]:
     limit = body.get("max_output_tokens")
     if limit is not None:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise BadRequest(f"max_output_tokens must be a whole number of at least 1 (got {limit!r}).", param="max_output_tokens")
+            raise BadRequest(
+                f"max_output_tokens must be a whole number of at least 1 (got {limit!r}).", param="max_output_tokens"
+            )
         chat["max_tokens"] = limit
     top_logprobs = body.get("top_logprobs")
     if top_logprobs:
@@ -106,22 +130,33 @@ def _input_messages(value: Any) -> list[dict[str, Any]]:
     if isinstance(value, str):
         return [{"role": "user", "content": value}]
     if not isinstance(value, list) or not value:
-        raise BadRequest("input is required: a string, or a non-empty list of input items (messages, function calls and "
-                         "their outputs).", param="input")
+        raise BadRequest(
+            "input is required: a string, or a non-empty list of input items (messages, function calls and "
+            "their outputs).",
+            param="input",
+        )
     out: list[dict[str, Any]] = []
     for i, item in enumerate(value):
         where = f"input[{i}]"
         if not isinstance(item, dict):
-            raise BadRequest(f"{where} must be an object such as {{\"role\": \"user\", \"content\": \"...\"}}.", param=where)
+            raise BadRequest(f'{where} must be an object such as {{"role": "user", "content": "..."}}.', param=where)
         kind = item.get("type", "message")
         if kind == "message":
             role = item.get("role")
             if role not in _ROLES:
-                raise BadRequest(f"{where}.role must be one of {', '.join(sorted(_ROLES))} (got {role!r}).", param=f"{where}.role")
+                raise BadRequest(
+                    f"{where}.role must be one of {', '.join(sorted(_ROLES))} (got {role!r}).", param=f"{where}.role"
+                )
             out.append({"role": role, "content": _content(item.get("content"), f"{where}.content")})
         elif kind == "function_call":
-            call = {"id": _text_field(item, "call_id", where), "type": "function",
-                    "function": {"name": _text_field(item, "name", where), "arguments": _text_field(item, "arguments", where)}}
+            call = {
+                "id": _text_field(item, "call_id", where),
+                "type": "function",
+                "function": {
+                    "name": _text_field(item, "name", where),
+                    "arguments": _text_field(item, "arguments", where),
+                },
+            }
             last = out[-1] if out else None
             if last is not None and last["role"] == "assistant" and last.get("tool_calls") and not last.get("content"):
                 last["tool_calls"].append(call)  # consecutive calls are one assistant turn's parallel calls
@@ -134,8 +169,11 @@ def _input_messages(value: Any) -> list[dict[str, Any]]:
         elif kind == "reasoning":
             continue  # a previous turn's reasoning: chat templates drop it too
         else:
-            raise BadRequest(f"{where}.type {kind!r} is not supported here; send message, function_call or "
-                             "function_call_output items.", param=f"{where}.type")
+            raise BadRequest(
+                f"{where}.type {kind!r} is not supported here; send message, function_call or "
+                "function_call_output items.",
+                param=f"{where}.type",
+            )
     return out
 
 
@@ -163,7 +201,9 @@ def _content(value: Any, where: str) -> str | list[dict[str, Any]]:
         elif kind == "input_image":
             url = part.get("image_url")
             if not isinstance(url, str):
-                raise BadRequest(f"{at}.image_url must be a URL or a data: URL (file_id is not supported).", param=f"{at}.image_url")
+                raise BadRequest(
+                    f"{at}.image_url must be a URL or a data: URL (file_id is not supported).", param=f"{at}.image_url"
+                )
             image: dict[str, Any] = {"url": url}
             if part.get("detail") is not None:
                 image["detail"] = part["detail"]
@@ -171,8 +211,10 @@ def _content(value: Any, where: str) -> str | list[dict[str, Any]]:
         elif kind == "input_audio" and isinstance(part.get("input_audio"), dict):
             parts.append({"type": "input_audio", "input_audio": part["input_audio"]})
         else:
-            raise BadRequest(f"{at} must be an input_text, input_image or input_audio part with its field (got type {kind!r}).",
-                             param=f"{at}.type")
+            raise BadRequest(
+                f"{at} must be an input_text, input_image or input_audio part with its field (got type {kind!r}).",
+                param=f"{at}.type",
+            )
     return parts
 
 
@@ -192,8 +234,11 @@ def _response_format(text: Any) -> dict[str, Any] | None:
         if fmt.get("strict") is not None:
             schema["strict"] = fmt["strict"]
         return {"type": "json_schema", "json_schema": schema}
-    raise BadRequest("text.format must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
-                     "{\"type\": \"json_schema\", \"name\": ..., \"schema\": {...}}.", param="text.format")
+    raise BadRequest(
+        'text.format must be {"type": "text"}, {"type": "json_object"} or '
+        '{"type": "json_schema", "name": ..., "schema": {...}}.',
+        param="text.format",
+    )
 
 
 def _tools(tools: Any) -> list[dict[str, Any]]:
@@ -203,8 +248,11 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
     for i, tool in enumerate(tools):
         if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("name"), str):
             kind = tool.get("type") if isinstance(tool, dict) else None
-            raise BadRequest(f"tools[{i}] must be a function tool {{\"type\": \"function\", \"name\": ..., \"parameters\": {{...}}}}; "
-                             f"opod has no built-in tools (got type {kind!r}).", param=f"tools[{i}]")
+            raise BadRequest(
+                f'tools[{i}] must be a function tool {{"type": "function", "name": ..., "parameters": {{...}}}}; '
+                f"opod has no built-in tools (got type {kind!r}).",
+                param=f"tools[{i}]",
+            )
         fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
         out.append({"type": "function", "function": fn})
     return out
@@ -215,8 +263,9 @@ def _tool_choice(choice: Any) -> Any:
         return choice
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
         return {"type": "function", "function": {"name": choice["name"]}}
-    raise BadRequest("tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"name\": ...}.",
-                     param="tool_choice")
+    raise BadRequest(
+        'tool_choice must be "none", "auto", "required" or {"type": "function", "name": ...}.', param="tool_choice"
+    )
 
 
 # --- the answer ----------------------------------------------------------------------------------
@@ -241,8 +290,18 @@ def _echo(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _skeleton(response_id: str, created: int, model: str, body: dict[str, Any], status: str) -> dict[str, Any]:
-    return {"id": response_id, "object": "response", "created_at": created, "status": status, "error": None,
-            "incomplete_details": None, "model": model, "output": [], "usage": None, **_echo(body)}
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": created,
+        "status": status,
+        "error": None,
+        "incomplete_details": None,
+        "model": model,
+        "output": [],
+        "usage": None,
+        **_echo(body),
+    }
 
 
 def _usage(usage: Any) -> dict[str, Any] | None:
@@ -252,8 +311,13 @@ def _usage(usage: Any) -> dict[str, Any] | None:
     completion = int(usage.get("completion_tokens") or 0)
     details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": int(cached or 0), "cache_write_tokens": 0}, "output_tokens": completion,
-            "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": prompt + completion}
+    return {
+        "input_tokens": prompt,
+        "input_tokens_details": {"cached_tokens": int(cached or 0), "cache_write_tokens": 0},
+        "output_tokens": completion,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": prompt + completion,
+    }
 
 
 def _finish(response: dict[str, Any], finish_reason: str | None) -> None:
@@ -267,12 +331,24 @@ def _finish(response: dict[str, Any], finish_reason: str | None) -> None:
 
 
 def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
-    return {"id": item_id, "type": "message", "status": status, "role": "assistant",
-            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
+    return {
+        "id": item_id,
+        "type": "message",
+        "status": status,
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
+    }
 
 
 def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
-    return {"id": item_id, "type": "function_call", "status": status, "call_id": call_id, "name": name, "arguments": arguments}
+    return {
+        "id": item_id,
+        "type": "function_call",
+        "status": status,
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+    }
 
 
 def response_object(chat: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
@@ -289,8 +365,15 @@ def response_object(chat: dict[str, Any], body: dict[str, Any]) -> dict[str, Any
         response["output"].append(_message_item(_new_id("msg"), text, status))
     for call in message.get("tool_calls") or []:
         fn = call.get("function") or {}
-        response["output"].append(_call_item(_new_id("fc"), str(call.get("id") or _new_id("call")), str(fn.get("name") or ""),
-                                             str(fn.get("arguments") or ""), "completed"))
+        response["output"].append(
+            _call_item(
+                _new_id("fc"),
+                str(call.get("id") or _new_id("call")),
+                str(fn.get("name") or ""),
+                str(fn.get("arguments") or ""),
+                "completed",
+            )
+        )
     if not response["output"]:
         response["output"].append(_message_item(_new_id("msg"), "", status))
     response["usage"] = _usage(chat.get("usage"))
@@ -320,11 +403,18 @@ class ResponseStream:
     def _event(self, kind: str, **fields: Any) -> bytes:
         data = {"type": kind, "sequence_number": self.sequence, **fields}
         self.sequence += 1
-        return f"event: {kind}\ndata: ".encode() + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+        return (
+            f"event: {kind}\ndata: ".encode()
+            + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
+            + b"\n\n"
+        )
 
     def start(self) -> list[bytes]:
         snapshot = {**self.response, "output": []}
-        return [self._event("response.created", response=snapshot), self._event("response.in_progress", response=snapshot)]
+        return [
+            self._event("response.created", response=snapshot),
+            self._event("response.in_progress", response=snapshot),
+        ]
 
     def feed(self, chunk: dict[str, Any]) -> list[bytes]:
         """One chat chunk's events."""
@@ -356,12 +446,27 @@ class ResponseStream:
             index = len(self.response["output"])
             self.response["output"].append(item)
             out.append(self._event("response.output_item.added", output_index=index, item={**item, "content": []}))
-            out.append(self._event("response.content_part.added", item_id=item["id"], output_index=index, content_index=0,
-                                   part={"type": "output_text", "text": "", "annotations": [], "logprobs": []}))
+            out.append(
+                self._event(
+                    "response.content_part.added",
+                    item_id=item["id"],
+                    output_index=index,
+                    content_index=0,
+                    part={"type": "output_text", "text": "", "annotations": [], "logprobs": []},
+                )
+            )
         part = item["content"][0]
         part["text"] += text
-        out.append(self._event("response.output_text.delta", item_id=item["id"], output_index=self._index(item), content_index=0,
-                               delta=text, logprobs=[]))
+        out.append(
+            self._event(
+                "response.output_text.delta",
+                item_id=item["id"],
+                output_index=self._index(item),
+                content_index=0,
+                delta=text,
+                logprobs=[],
+            )
+        )
         return out
 
     def _call(self, call: dict[str, Any]) -> list[bytes]:
@@ -371,15 +476,23 @@ class ResponseStream:
         item = self._calls.get(index)
         if item is None:
             out += self._close()
-            item = _call_item(_new_id("fc"), str(call.get("id") or _new_id("call")), str(fn.get("name") or ""), "", "in_progress")
+            item = _call_item(
+                _new_id("fc"), str(call.get("id") or _new_id("call")), str(fn.get("name") or ""), "", "in_progress"
+            )
             self._calls[index] = self._open = item
             self.response["output"].append(item)
             out.append(self._event("response.output_item.added", output_index=self._index(item), item=dict(item)))
         fragment = fn.get("arguments")
         if isinstance(fragment, str) and fragment:
             item["arguments"] += fragment
-            out.append(self._event("response.function_call_arguments.delta", item_id=item["id"], output_index=self._index(item),
-                                   delta=fragment))
+            out.append(
+                self._event(
+                    "response.function_call_arguments.delta",
+                    item_id=item["id"],
+                    output_index=self._index(item),
+                    delta=fragment,
+                )
+            )
         return out
 
     def _index(self, item: dict[str, Any]) -> int:
@@ -394,12 +507,31 @@ class ResponseStream:
         out: list[bytes] = []
         if item["type"] == "message":
             part = item["content"][0]
-            out.append(self._event("response.output_text.done", item_id=item["id"], output_index=index, content_index=0,
-                                   text=part["text"], logprobs=[]))
-            out.append(self._event("response.content_part.done", item_id=item["id"], output_index=index, content_index=0, part=part))
+            out.append(
+                self._event(
+                    "response.output_text.done",
+                    item_id=item["id"],
+                    output_index=index,
+                    content_index=0,
+                    text=part["text"],
+                    logprobs=[],
+                )
+            )
+            out.append(
+                self._event(
+                    "response.content_part.done", item_id=item["id"], output_index=index, content_index=0, part=part
+                )
+            )
         else:
-            out.append(self._event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
-                                   name=item["name"], arguments=item["arguments"]))
+            out.append(
+                self._event(
+                    "response.function_call_arguments.done",
+                    item_id=item["id"],
+                    output_index=index,
+                    name=item["name"],
+                    arguments=item["arguments"],
+                )
+            )
         item["status"] = done
         out.append(self._event("response.output_item.done", output_index=index, item=item))
         return out
@@ -429,7 +561,9 @@ class ResponseStream:
         return out
 
 
-async def translate_stream(chunks: AsyncIterable[str | bytes | memoryview], body: dict[str, Any], model: str) -> AsyncIterator[bytes]:
+async def translate_stream(
+    chunks: AsyncIterable[str | bytes | memoryview], body: dict[str, Any], model: str
+) -> AsyncIterator[bytes]:
     """A chat SSE byte stream as the Responses event stream; closing it closes the chat stream (its usage row says so)."""
     events = ResponseStream(body, model)
     pending = b""
@@ -504,8 +638,12 @@ def responses_endpoint(chat: Handler, authenticate: Authenticate | None = None) 
         kept = {k: v for k, v in answer.headers.items() if k.lower() not in _DROP}
         if isinstance(answer, StreamingResponse):
             model = str(payload.get("model") or "")
-            return StreamingResponse(translate_stream(answer.body_iterator, body, model), status_code=answer.status_code,
-                                     media_type="text/event-stream", headers=kept)
+            return StreamingResponse(
+                translate_stream(answer.body_iterator, body, model),
+                status_code=answer.status_code,
+                media_type="text/event-stream",
+                headers=kept,
+            )
         if answer.status_code != 200:
             return answer
         try:
@@ -514,7 +652,9 @@ def responses_endpoint(chat: Handler, authenticate: Authenticate | None = None) 
             return answer
         if not isinstance(chat_body, dict):
             return answer
-        return Response(json.dumps(response_object(chat_body, body)).encode(), media_type="application/json", headers=kept)
+        return Response(
+            json.dumps(response_object(chat_body, body)).encode(), media_type="application/json", headers=kept
+        )
 
     return endpoint
 

@@ -15,8 +15,18 @@ from opod.http.upstream import UpstreamResponse
 PROGRESS_EVERY = 1.0
 """Seconds between two progress reports of a stream (each is one journal line)."""
 
-async def relay_sse(resp: UpstreamResponse, first: bytes, strip_usage: bool, observer: RelayObserver, ttft_ms: int, *,
-                    node_id: str = "", source: str = "", lease: Lease | None = None) -> AsyncIterator[bytes]:
+
+async def relay_sse(
+    resp: UpstreamResponse,
+    first: bytes,
+    strip_usage: bool,
+    observer: RelayObserver,
+    ttft_ms: int,
+    *,
+    node_id: str = "",
+    source: str = "",
+    lease: Lease | None = None,
+) -> AsyncIterator[bytes]:
     """An upstream's SSE answer, passed on as it comes; its outcome is told to ``observer`` once.
 
     The upstream is worker ``node_id`` (held by ``lease`` until the stream ends), or the fallback URL ``source``.

@@ -46,7 +46,9 @@ class PromptCounter:
         if request is None or not node_id or len(self._counting) >= self.at_once:
             then(estimate(payload), "estimated")
             return
-        task = asyncio.get_running_loop().create_task(self._count(node_id, request, payload, then), name="count a prompt")
+        task = asyncio.get_running_loop().create_task(
+            self._count(node_id, request, payload, then), name="count a prompt"
+        )
         self._counting.add(task)
         task.add_done_callback(self._counting.discard)
 

@@ -71,8 +71,10 @@ def check_content_type(value: bytes | None) -> None:
     if media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json")):
         return
     shown = value.decode("latin-1")[:80]
-    raise BadRequest(f"The body must be JSON sent with Content-Type: application/json (this request says {shown!r}).",
-                     param="Content-Type")
+    raise BadRequest(
+        f"The body must be JSON sent with Content-Type: application/json (this request says {shown!r}).",
+        param="Content-Type",
+    )
 
 
 def require_model(payload: dict) -> str:
@@ -81,7 +83,9 @@ def require_model(payload: dict) -> str:
     if model is None or model == "":
         raise BadRequest("model is required: name the model to use (GET /v1/models lists them).", param="model")
     if not isinstance(model, str):
-        raise BadRequest(f"model must be a string naming a model, not {_kind(model)} (GET /v1/models lists them).", param="model")
+        raise BadRequest(
+            f"model must be a string naming a model, not {_kind(model)} (GET /v1/models lists them).", param="model"
+        )
     return model
 
 
@@ -93,8 +97,11 @@ def check_chat(payload: dict, model: ModelTraits) -> bool:
     messages = payload.get("messages")
     if not isinstance(messages, list) or not messages:
         what = "missing" if messages is None else "empty" if isinstance(messages, list) else _kind(messages)
-        raise BadRequest(f"messages must be a non-empty list of messages ({what} here), e.g. "
-                         '[{"role": "user", "content": "Hello"}].', param="messages")
+        raise BadRequest(
+            f"messages must be a non-empty list of messages ({what} here), e.g. "
+            '[{"role": "user", "content": "Hello"}].',
+            param="messages",
+        )
     chars = 0
     for i, message in enumerate(messages):
         chars += _check_message(message, i, model)
@@ -132,7 +139,10 @@ def check_embeddings(payload: dict, model: ModelTraits) -> bool:
         raise BadRequest('input is required: a text or a list of texts to embed, e.g. "input": "Hello".', param="input")
     texts, tokens = _texts_or_tokens(payload["input"], "input", allow_empty=False)
     if len(texts) + len(tokens) > MAX_EMBEDDING_INPUTS:
-        raise BadRequest(f"input holds {len(texts) + len(tokens)} items; send at most {MAX_EMBEDDING_INPUTS} per request.", param="input")
+        raise BadRequest(
+            f"input holds {len(texts) + len(tokens)} items; send at most {MAX_EMBEDDING_INPUTS} per request.",
+            param="input",
+        )
     encoding = payload.get("encoding_format")
     if encoding is not None and encoding not in ("float", "base64"):
         raise BadRequest(f"encoding_format must be 'float' or 'base64', not {encoding!r}.", param="encoding_format")
@@ -140,8 +150,10 @@ def check_embeddings(payload: dict, model: ModelTraits) -> bool:
     cut = payload.get("truncate_prompt_tokens")
     if cut is not None:
         if not _is_int(cut) or (cut < 1 and cut != -1):
-            raise BadRequest(f"truncate_prompt_tokens must be a token count ≥ 1, or -1 for the model's limit; not {cut!r}.",
-                             param="truncate_prompt_tokens")
+            raise BadRequest(
+                f"truncate_prompt_tokens must be a token count ≥ 1, or -1 for the model's limit; not {cut!r}.",
+                param="truncate_prompt_tokens",
+            )
         limit = model.context if cut == -1 else cut if model.context is None else min(cut, model.context)
         return limit is not None and _cut_token_inputs(payload, limit)
     if model.context is None:
@@ -162,12 +174,16 @@ def check_rerank(payload: dict, model: ModelTraits) -> bool:
         raise BadRequest("query must be a non-empty string: what the documents are ranked against.", param="query")
     documents = payload.get("documents")
     if not isinstance(documents, list) or not documents:
-        raise BadRequest('documents must be a non-empty list of texts to rank, e.g. ["first", "second"].', param="documents")
+        raise BadRequest(
+            'documents must be a non-empty list of texts to rank, e.g. ["first", "second"].', param="documents"
+        )
     for i, document in enumerate(documents):
         text = document.get("text") if isinstance(document, dict) else document
         if not isinstance(text, str):
-            raise BadRequest(f"documents[{i}] must be a string (or an object with a string text), not {_kind(document)}.",
-                             param=f"documents[{i}]")
+            raise BadRequest(
+                f"documents[{i}] must be a string (or an object with a string text), not {_kind(document)}.",
+                param=f"documents[{i}]",
+            )
         if model.context is not None and len(query) + len(text) > model.context:
             _check_fits(model, f"documents[{i}]", len(query) + len(text), [query, text])
     top_n = payload.get("top_n")
@@ -187,31 +203,43 @@ def _check_message(message: Any, i: int, model: ModelTraits) -> int:
     role = message.get("role")
     if role not in ROLES:
         shown = "missing" if role is None else repr(role)
-        raise BadRequest(f"{where}.role must be one of {', '.join(sorted(ROLES))} ({shown} here).", param=f"{where}.role")
+        raise BadRequest(
+            f"{where}.role must be one of {', '.join(sorted(ROLES))} ({shown} here).", param=f"{where}.role"
+        )
     content = message.get("content")
     if content is None:
         if role == "assistant" and not (message.get("tool_calls") or message.get("function_call")):
-            raise BadRequest(f"{where}.content is required unless the assistant message has tool_calls.", param=f"{where}.content")
+            raise BadRequest(
+                f"{where}.content is required unless the assistant message has tool_calls.", param=f"{where}.content"
+            )
         if role not in ("assistant", "function"):
-            raise BadRequest(f"{where}.content is required for a {role} message: a string, or a list of content parts.",
-                             param=f"{where}.content")
+            raise BadRequest(
+                f"{where}.content is required for a {role} message: a string, or a list of content parts.",
+                param=f"{where}.content",
+            )
         chars = 0
     elif isinstance(content, str):
         chars = len(content)
     elif isinstance(content, list):
         chars = _check_parts(content, f"{where}.content", role, model)
     else:
-        raise BadRequest(f"{where}.content must be a string or a list of content parts, not {_kind(content)}.",
-                         param=f"{where}.content")
+        raise BadRequest(
+            f"{where}.content must be a string or a list of content parts, not {_kind(content)}.",
+            param=f"{where}.content",
+        )
     if role == "tool" and not isinstance(message.get("tool_call_id"), str):
-        raise BadRequest(f"{where}.tool_call_id is required for a tool message: the id of the tool call it answers.",
-                         param=f"{where}.tool_call_id")
+        raise BadRequest(
+            f"{where}.tool_call_id is required for a tool message: the id of the tool call it answers.",
+            param=f"{where}.tool_call_id",
+        )
     if role == "function" and not isinstance(message.get("name"), str):
         raise BadRequest(f"{where}.name is required for a function message.", param=f"{where}.name")
     tool_calls = message.get("tool_calls")
     if tool_calls is not None:
         if role != "assistant":
-            raise BadRequest(f"{where}.tool_calls belongs on an assistant message, not a {role} one.", param=f"{where}.tool_calls")
+            raise BadRequest(
+                f"{where}.tool_calls belongs on an assistant message, not a {role} one.", param=f"{where}.tool_calls"
+            )
         if not isinstance(tool_calls, list) or not all(isinstance(c, dict) for c in tool_calls):
             raise BadRequest(f"{where}.tool_calls must be a list of tool call objects.", param=f"{where}.tool_calls")
     return chars
@@ -224,7 +252,9 @@ def _check_parts(parts: list, where: str, role: str, model: ModelTraits) -> int:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind not in PART_TYPES:
             shown = _kind(part) if not isinstance(part, dict) else "no type" if kind is None else repr(kind)
-            raise BadRequest(f"{at}.type must be one of {', '.join(sorted(PART_TYPES))} ({shown} here).", param=f"{at}.type")
+            raise BadRequest(
+                f"{at}.type must be one of {', '.join(sorted(PART_TYPES))} ({shown} here).", param=f"{at}.type"
+            )
         if kind == "text" or kind == "refusal":
             text = part.get(kind)
             if not isinstance(text, str):
@@ -235,8 +265,11 @@ def _check_parts(parts: list, where: str, role: str, model: ModelTraits) -> int:
             raise BadRequest(f"{at}.type is {kind!r}, but a {role} message takes text parts only.", param=f"{at}.type")
         needs = _NEEDS.get(kind)
         if needs is not None and model.lacks(needs):
-            raise BadRequest(f"{at}.type is {kind!r}, but the model {model.id!r} does not take {kind} input (it has no {needs} capability); "
-                             f"send text, or use a model with {needs} (opod catalog ls).", param=f"{at}.type")
+            raise BadRequest(
+                f"{at}.type is {kind!r}, but the model {model.id!r} does not take {kind} input (it has no {needs} capability); "
+                f"send text, or use a model with {needs} (opod catalog ls).",
+                param=f"{at}.type",
+            )
         if part.get(kind) is None:
             raise BadRequest(f"{at}.{kind} is required for a {kind} part.", param=f"{at}.{kind}")
     return chars
@@ -254,7 +287,12 @@ def _message_text(message: dict) -> str:
 # --- samplers and tools -----------------------------------------------------------------------
 
 
-_RANGES = (("temperature", 0.0, 2.0), ("top_p", 0.0, 1.0), ("presence_penalty", -2.0, 2.0), ("frequency_penalty", -2.0, 2.0))
+_RANGES = (
+    ("temperature", 0.0, 2.0),
+    ("top_p", 0.0, 1.0),
+    ("presence_penalty", -2.0, 2.0),
+    ("frequency_penalty", -2.0, 2.0),
+)
 
 
 def _check_sampling(payload: dict, model: ModelTraits) -> None:
@@ -265,8 +303,11 @@ def _check_sampling(payload: dict, model: ModelTraits) -> None:
         if not _is_int(value) or value < 1:
             raise BadRequest(f"{name} must be an integer ≥ 1 (the most tokens to generate), not {value!r}.", param=name)
         if model.context is not None and value > model.context:
-            raise BadRequest(f"{name}={value} is more than the model {model.id!r} can hold: its context is {model.context} "
-                             f"tokens, prompt included; ask for fewer.", param=name)
+            raise BadRequest(
+                f"{name}={value} is more than the model {model.id!r} can hold: its context is {model.context} "
+                f"tokens, prompt included; ask for fewer.",
+                param=name,
+            )
     for name, low, high in _RANGES:
         value = payload.get(name)
         if value is not None and (not _is_number(value) or not low <= value <= high):
@@ -279,8 +320,11 @@ def _check_sampling(payload: dict, model: ModelTraits) -> None:
             raise BadRequest(f"{name} must be an integer from 1 to {MAX_N}, not {value!r}.", param=name)
         if value > 1 and model.engines and not model.engines <= MULTIPLE_CHOICE_ENGINES:
             engines = ", ".join(sorted(model.engines - MULTIPLE_CHOICE_ENGINES))
-            raise BadRequest(f"{name}={value} is not supported: the model {model.id!r} is served by {engines}, which answers "
-                             f"one choice per request; send {name}=1 and repeat the request for more answers.", param=name)
+            raise BadRequest(
+                f"{name}={value} is not supported: the model {model.id!r} is served by {engines}, which answers "
+                f"one choice per request; send {name}=1 and repeat the request for more answers.",
+                param=name,
+            )
     stop = payload.get("stop")
     if stop is not None and not isinstance(stop, str):
         if not isinstance(stop, list) or len(stop) > MAX_STOP or not all(isinstance(s, str) for s in stop):
@@ -296,9 +340,13 @@ def _check_sampling(payload: dict, model: ModelTraits) -> None:
     if top is not None and (not _is_int(top) or not 0 <= top <= 20):
         raise BadRequest(f"top_logprobs must be an integer from 0 to 20, not {top!r}.", param="top_logprobs")
     response_format = payload.get("response_format")
-    if response_format is not None and (not isinstance(response_format, dict)
-                                        or response_format.get("type") not in ("text", "json_object", "json_schema")):
-        raise BadRequest("response_format must be an object whose type is text, json_object or json_schema.", param="response_format")
+    if response_format is not None and (
+        not isinstance(response_format, dict)
+        or response_format.get("type") not in ("text", "json_object", "json_schema")
+    ):
+        raise BadRequest(
+            "response_format must be an object whose type is text, json_object or json_schema.", param="response_format"
+        )
 
 
 def _check_tools(payload: dict, model: ModelTraits) -> None:
@@ -310,21 +358,34 @@ def _check_tools(payload: dict, model: ModelTraits) -> None:
         for i, tool in enumerate(tools):
             function = tool.get("function") if isinstance(tool, dict) else None
             if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(function, dict):
-                raise BadRequest(f'tools[{i}] must be {{"type": "function", "function": {{"name": ..., "parameters": ...}}}}.',
-                                 param=f"tools[{i}]")
+                raise BadRequest(
+                    f'tools[{i}] must be {{"type": "function", "function": {{"name": ..., "parameters": ...}}}}.',
+                    param=f"tools[{i}]",
+                )
             if not isinstance(function.get("name"), str) or not function["name"]:
-                raise BadRequest(f"tools[{i}].function.name is required: the name the model calls the tool by.",
-                                 param=f"tools[{i}].function.name")
+                raise BadRequest(
+                    f"tools[{i}].function.name is required: the name the model calls the tool by.",
+                    param=f"tools[{i}].function.name",
+                )
     choice = payload.get("tool_choice")
     if choice is not None and choice not in ("none", "auto", "required"):
-        name = choice.get("function", {}).get("name") if isinstance(choice, dict) and isinstance(choice.get("function"), dict) else None
+        name = (
+            choice.get("function", {}).get("name")
+            if isinstance(choice, dict) and isinstance(choice.get("function"), dict)
+            else None
+        )
         if not isinstance(name, str):
-            raise BadRequest('tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}.',
-                             param="tool_choice")
+            raise BadRequest(
+                'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}.',
+                param="tool_choice",
+            )
     if (tools or functions) and model.lacks("tools"):
         param = "tools" if tools else "functions"
-        raise BadRequest(f"The model {model.id!r} cannot call tools (its catalog entry has no tools capability); "
-                         f"leave out {param}, or use a model with tools (opod catalog ls).", param=param)
+        raise BadRequest(
+            f"The model {model.id!r} cannot call tools (its catalog entry has no tools capability); "
+            f"leave out {param}, or use a model with tools (opod catalog ls).",
+            param=param,
+        )
 
 
 # --- inputs and the context --------------------------------------------------------------------
@@ -345,11 +406,15 @@ def _texts_or_tokens(value: Any, name: str, *, allow_empty: bool) -> tuple[list[
             return [], [len(value)]
         if all(isinstance(v, list) and v and all(_is_int(t) for t in v) for v in value):
             return [], [len(v) for v in value]
-    raise BadRequest(f"{name} must be a non-empty string, a list of strings, a list of token ids or a list of such lists.",
-                     param=name)
+    raise BadRequest(
+        f"{name} must be a non-empty string, a list of strings, a list of token ids or a list of such lists.",
+        param=name,
+    )
 
 
-def _check_fits(model: ModelTraits, param: str, chars: int, texts: Callable[[], list[str]] | list[str], hint: str = "") -> None:
+def _check_fits(
+    model: ModelTraits, param: str, chars: int, texts: Callable[[], list[str]] | list[str], hint: str = ""
+) -> None:
     """Refuse when the text's tokens are certainly more than the model's context; the caller knows ``chars`` > context."""
     assert model.context is not None
     at_least = -(-chars // CHARS_PER_TOKEN_AT_MOST)
@@ -362,8 +427,11 @@ def _check_fits(model: ModelTraits, param: str, chars: int, texts: Callable[[], 
 
 def _too_long(model: ModelTraits, param: str, tokens: int, *, exact: bool, hint: str = "") -> None:
     counted = f"{tokens} tokens" if exact else f"at least {tokens} tokens (estimated from its length)"
-    raise ContextLengthExceeded(f"This model's maximum context length is {model.context} tokens, and {param} comes to "
-                                f"{counted}; shorten it{', ' + hint if hint else ''}.", param=param)
+    raise ContextLengthExceeded(
+        f"This model's maximum context length is {model.context} tokens, and {param} comes to "
+        f"{counted}; shorten it{', ' + hint if hint else ''}.",
+        param=param,
+    )
 
 
 def _cut_token_inputs(payload: dict, limit: int) -> bool:
@@ -397,4 +465,5 @@ def _positive_int(payload: dict, name: str) -> None:
 
 def _kind(value: Any) -> str:
     return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
-        type(value), "a number" if _is_number(value) else type(value).__name__)
+        type(value), "a number" if _is_number(value) else type(value).__name__
+    )

@@ -47,7 +47,11 @@ class ModelNotFound(GatewayError):
     code = "model_not_found"
 
     def __init__(self, model: str, known: list[str]) -> None:
-        hint = f" Models served here: {', '.join(known)}." if known else " No model is served yet: add one with `opod model add`."
+        hint = (
+            f" Models served here: {', '.join(known)}."
+            if known
+            else " No model is served yet: add one with `opod model add`."
+        )
         super().__init__(f"The model {model!r} does not exist here.{hint}", param="model")
 
 
@@ -87,8 +91,9 @@ class MethodNotAllowed(GatewayError):
     code = "method_not_allowed"
 
     def __init__(self, method: str, path: str, allowed: list[str]) -> None:
-        super().__init__(f"{path} does not answer {method}; use {' or '.join(allowed)}.",
-                         headers={"Allow": ", ".join(allowed)})
+        super().__init__(
+            f"{path} does not answer {method}; use {' or '.join(allowed)}.", headers={"Allow": ", ".join(allowed)}
+        )
 
 
 class NoCapacity(GatewayError):

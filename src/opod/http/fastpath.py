@@ -112,8 +112,10 @@ class FastPath:
 
 
 _CLOSE = b"connection: close\r\n"
-_INTERNAL_ERROR = (b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain; charset=utf-8\r\n"
-                   b"content-length: 21\r\nconnection: close\r\n\r\nInternal Server Error")
+_INTERNAL_ERROR = (
+    b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain; charset=utf-8\r\n"
+    b"content-length: 21\r\nconnection: close\r\n\r\nInternal Server Error"
+)
 
 
 class _Exchange:
@@ -141,10 +143,27 @@ class _Exchange:
 
 
 UVICORN_INTERNALS = {
-    "attributes": ("app", "loop", "parser", "tasks", "transport", "flow", "url", "headers", "scope", "cycle",
-                   "expect_100_continue"),
-    "methods": ("connection_made", "on_header", "on_headers_complete", "on_body", "on_message_complete",
-                "on_response_complete"),
+    "attributes": (
+        "app",
+        "loop",
+        "parser",
+        "tasks",
+        "transport",
+        "flow",
+        "url",
+        "headers",
+        "scope",
+        "cycle",
+        "expect_100_continue",
+    ),
+    "methods": (
+        "connection_made",
+        "on_header",
+        "on_headers_complete",
+        "on_body",
+        "on_message_complete",
+        "on_response_complete",
+    ),
     "connection_lost": ("self.cycle.disconnected = True", "self.cycle.message_event.set()"),
 }
 """What :class:`FastHttpProtocol` reads or overrides of uvicorn's ``HttpToolsProtocol``: its per-connection
@@ -181,7 +200,9 @@ class FastHttpProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         app = self.app
         self.hot_routes: dict[tuple[str, str], Handler] = app.routes if isinstance(app, FastPath) else {}
-        self.hot_targets: dict[tuple[bytes, bytes], tuple[Handler, str, str]] = app.targets if isinstance(app, FastPath) else {}
+        self.hot_targets: dict[tuple[bytes, bytes], tuple[Handler, str, str]] = (
+            app.targets if isinstance(app, FastPath) else {}
+        )
         self.hot: _Exchange | None = None
         self.body_length: bytes | None = None
         self.body_chunked = False

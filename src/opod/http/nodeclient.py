@@ -102,4 +102,6 @@ class WorkerClient:
                         pass
                 return resp.status, text
         except (aiohttp.ClientError, TimeoutError, OSError) as err:
-            raise WorkerUnavailable(f"worker {node.id} at {node.address} did not answer {path}: {err or type(err).__name__}") from err
+            raise WorkerUnavailable(
+                f"worker {node.id} at {node.address} did not answer {path}: {err or type(err).__name__}"
+            ) from err

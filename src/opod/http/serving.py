@@ -77,7 +77,9 @@ def bind(host: str, port: int, what: str, *, option: str = "its --listen option"
     except OSError as err:
         sock.close()
         if err.errno == errno.EADDRINUSE:
-            raise ListenError(f"{what} cannot listen on {host}:{port}: the port is in use (another opod?). Choose another with {option}.") from None
+            raise ListenError(
+                f"{what} cannot listen on {host}:{port}: the port is in use (another opod?). Choose another with {option}."
+            ) from None
         raise ListenError(f"{what} cannot listen on {host}:{port}: {err.strerror}") from None
     if listen:
         sock.listen(2048)
@@ -112,16 +114,26 @@ async def serve(listeners: list[Listener], stop: asyncio.Event) -> None:
     servers = []
     for listener in listeners:
         config = uvicorn.Config(
-            listener.app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=5,
-            http=FastHttpProtocol if listener.ssl is None else TLSHttpToolsProtocol, loop="none",
-            proxy_headers=False, server_header=False, date_header=False,
+            listener.app,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=5,
+            http=FastHttpProtocol if listener.ssl is None else TLSHttpToolsProtocol,
+            loop="none",
+            proxy_headers=False,
+            server_header=False,
+            date_header=False,
         )
         if listener.ssl is not None:
             # uvicorn builds its own context from file names; opod's changes while serving.
             config.load()
             config.ssl = listener.ssl
         servers.append(QuietServer(config))
-    tasks = [asyncio.create_task(server.serve(sockets=[listener.sock])) for server, listener in zip(servers, listeners, strict=True)]
+    tasks = [
+        asyncio.create_task(server.serve(sockets=[listener.sock]))
+        for server, listener in zip(servers, listeners, strict=True)
+    ]
     waiter = asyncio.create_task(stop.wait())
     await asyncio.wait([waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
     for server in servers:

@@ -39,8 +39,23 @@ class _Connection(asyncio.Protocol):
     """One keep-alive connection: a request at a time, its answer parsed as it arrives."""
 
     transport: asyncio.Transport
-    __slots__ = ("transport", "_loop", "parser", "closed", "error", "headers", "status", "_chunks", "_buffered", "_waiter",
-                 "_head", "complete", "keep_alive", "received", "_paused")
+    __slots__ = (
+        "transport",
+        "_loop",
+        "parser",
+        "closed",
+        "error",
+        "headers",
+        "status",
+        "_chunks",
+        "_buffered",
+        "_waiter",
+        "_head",
+        "complete",
+        "keep_alive",
+        "received",
+        "_paused",
+    )
 
     def __init__(self) -> None:
         # ``transport`` is set by ``connection_made``, before the pool ever hands the connection out.
@@ -82,7 +97,11 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         if not self.complete:
-            self._fail(UpstreamError(f"the upstream closed the connection ({exc})" if exc else "the upstream closed the connection"))
+            self._fail(
+                UpstreamError(
+                    f"the upstream closed the connection ({exc})" if exc else "the upstream closed the connection"
+                )
+            )
 
     # -- httptools callbacks --------------------------------------------------------------------
 
@@ -255,8 +274,9 @@ class Upstreams:
         self.opened = 0
         """Connections opened so far (a figure for tests and benchmarks)."""
 
-    async def post(self, key: Origin, path: str, body: bytes, headers: dict[str, str],
-                   on_sent: Callable[[], None] | None = None) -> UpstreamResponse:
+    async def post(
+        self, key: Origin, path: str, body: bytes, headers: dict[str, str], on_sent: Callable[[], None] | None = None
+    ) -> UpstreamResponse:
         """Send one POST to ``path`` at ``key`` and return once the answer's headers are in.
 
         ``on_sent`` is called each time the request has been written, while the upstream works on it:

@@ -31,8 +31,15 @@ SEEN_RECENTLY = 600.0
 """A node the store saw within this many seconds before a leader's start is waited for (:func:`awaiting_reports`)."""
 
 
-def reported(fleet: Fleet, models: ModelRegistry, known: Mapping[str, Replica], stopped: Collection[str], *,
-             now: float, starting: bool) -> list[Replica]:
+def reported(
+    fleet: Fleet,
+    models: ModelRegistry,
+    known: Mapping[str, Replica],
+    stopped: Collection[str],
+    *,
+    now: float,
+    starting: bool,
+) -> list[Replica]:
     """The replicas workers report running that ``known`` lacks (and that were not ``stopped`` here), as tracked from now on.
 
     ``starting``: the leader started within a heartbeat age, so a rank whose node has not reported
@@ -55,28 +62,42 @@ def reported(fleet: Fleet, models: ModelRegistry, known: Mapping[str, Replica], 
                 continue  # the engine there is a replica this leader tracks already
             ranks = _ranks(fleet, model_id, node, held, now, starting=starting)
             if ranks is not None:
-                found.append(adopted(model_id, definition, ranks, serving=model_id in node.loaded_models, now=now, wall=wall))
+                found.append(
+                    adopted(model_id, definition, ranks, serving=model_id in node.loaded_models, now=now, wall=wall)
+                )
     return found
 
 
-def _ranks(fleet: Fleet, model_id: str, head: NodeState, held: nodeapi.HeldReplica, now: float, *,
-           starting: bool) -> list[tuple[NodeState, nodeapi.HeldReplica]] | None:
+def _ranks(
+    fleet: Fleet, model_id: str, head: NodeState, held: nodeapi.HeldReplica, now: float, *, starting: bool
+) -> list[tuple[NodeState, nodeapi.HeldReplica]] | None:
     """Every node reporting a rank of rank 0's replica, in rank order; ``None`` while one may still report."""
     if held.ranks <= 1:
         return [(head, held)]
     found = {0: (head, held)}
     for node in fleet:
         other = node.replicas.get(model_id)
-        if node is not head and other is not None and other.replica == held.replica \
-                and now - node.last_heartbeat <= HEARTBEAT_MAX_AGE:
+        if (
+            node is not head
+            and other is not None
+            and other.replica == held.replica
+            and now - node.last_heartbeat <= HEARTBEAT_MAX_AGE
+        ):
             found.setdefault(other.rank, (node, other))
     if len(found) < held.ranks and starting:
         return None  # a rank's node has not reported since this leader started
     return [found[rank] for rank in sorted(found)]
 
 
-def adopted(model: str, definition: CatalogModel, ranks: list[tuple[NodeState, nodeapi.HeldReplica]], *,
-            serving: bool, now: float, wall: float) -> Replica:
+def adopted(
+    model: str,
+    definition: CatalogModel,
+    ranks: list[tuple[NodeState, nodeapi.HeldReplica]],
+    *,
+    serving: bool,
+    now: float,
+    wall: float,
+) -> Replica:
     """The replica that workers report running (rank order), as this leader tracks it from now on.
 
     ``ready`` when rank 0 serves it, else ``starting`` (its load was still under way);
@@ -89,12 +110,19 @@ def adopted(model: str, definition: CatalogModel, ranks: list[tuple[NodeState, n
     profile = profiles[index] if index < len(profiles) else None
     age = engine_age(head, model, wall) if serving else 0.0
     replica = Replica(
-        id=held.replica, model=model, profile=index,
+        id=held.replica,
+        model=model,
+        profile=index,
         profile_name=profile.name if profile is not None and profile.name else str(index),
-        klass=class_in_force(definition), nodes=[node.id for node, _ in ranks],
+        klass=class_in_force(definition),
+        nodes=[node.id for node, _ in ranks],
         gpus={node.id: list(h.devices or []) for node, h in ranks},
-        state=READY if serving else STARTING, started=now - age, started_wall=wall - age,
-        fingerprint=held.fingerprint if held.fingerprint and (held.profile < len(profiles) or held.profile == 0) else STALE,
+        state=READY if serving else STARTING,
+        started=now - age,
+        started_wall=wall - age,
+        fingerprint=held.fingerprint
+        if held.fingerprint and (held.profile < len(profiles) or held.profile == 0)
+        else STALE,
         cpu_cores=float(profile.cpu_cores or 0) if profile else 0.0,
         memory_gb=float(profile.min_memory_gb or 0) if profile else 0.0,
     )

@@ -94,8 +94,15 @@ def _line_id(job_id: str, line: int) -> str:
 
 
 class BatchRunner:
-    def __init__(self, store: Store, serve_as: ServeAs, caller: Callable[[str], KeyEntry | None], owner: str, *,
-                 concurrency: int = 8) -> None:
+    def __init__(
+        self,
+        store: Store,
+        serve_as: ServeAs,
+        caller: Callable[[str], KeyEntry | None],
+        owner: str,
+        *,
+        concurrency: int = 8,
+    ) -> None:
         self.store = store
         self.serve_as = serve_as
         self.caller = caller
@@ -146,7 +153,13 @@ class BatchRunner:
             current = await run_sync(self.store.get_client_job, job.id)
             if current is None or current.ended:
                 return
-            ending = "cancelled" if current.status == "cancelling" else "expired" if datetime.now(UTC) >= current.expires_at else ""
+            ending = (
+                "cancelled"
+                if current.status == "cancelling"
+                else "expired"
+                if datetime.now(UTC) >= current.expires_at
+                else ""
+            )
             if stop.is_set() or ending:
                 await asyncio.gather(*in_flight.values(), return_exceptions=True)
                 if ending:
@@ -170,7 +183,9 @@ class BatchRunner:
                     return
             signals = [asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(stop.wait())]
             waits: set[asyncio.Future[Any]] = {*in_flight.values(), *signals}
-            done, _ = await asyncio.wait(waits, timeout=LOOK_EVERY if not in_flight else None, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                waits, timeout=LOOK_EVERY if not in_flight else None, return_when=asyncio.FIRST_COMPLETED
+            )
             for signal in signals:
                 signal.cancel()
             for number, task in list(in_flight.items()):
@@ -199,8 +214,18 @@ class BatchRunner:
                 status, data = response.status_code, await _read(response)
             except Exception as err:  # a failure of the leader, not of the request: the line says so
                 log.exception("batch %s line %d failed in the leader", job.id, line.line)
-                status, data = 500, json.dumps({"error": {"message": f"the leader failed serving this line: {err}",
-                                                          "type": "server_error", "code": "internal_error"}}).encode()
+                status, data = (
+                    500,
+                    json.dumps(
+                        {
+                            "error": {
+                                "message": f"the leader failed serving this line: {err}",
+                                "type": "server_error",
+                                "code": "internal_error",
+                            }
+                        }
+                    ).encode(),
+                )
         try:
             answer: object = json.loads(data) if data else None
         except ValueError:
@@ -212,9 +237,17 @@ class BatchRunner:
         prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
         record = json.dumps({"status_code": status, "request_id": request_id, "body": answer})
         # Shielded: once the answer is here it is written, even if the leader stops this task meanwhile.
-        await asyncio.shield(run_sync(
-            self.store.answer_line, job.id, line.line, ok=200 <= status < 300, response_json=record,
-            prompt_tokens=prompt if isinstance(prompt, int) else 0, completion_tokens=completion if isinstance(completion, int) else 0))
+        await asyncio.shield(
+            run_sync(
+                self.store.answer_line,
+                job.id,
+                line.line,
+                ok=200 <= status < 300,
+                response_json=record,
+                prompt_tokens=prompt if isinstance(prompt, int) else 0,
+                completion_tokens=completion if isinstance(completion, int) else 0,
+            )
+        )
         return True
 
     async def _finish(self, job: JobRecord, status: str) -> None:
@@ -224,17 +257,26 @@ class BatchRunner:
         skipped_error = {"code": f"batch_{status}", "message": f"The batch was {status} before this request was sent."}
         output, errors = [], []
         for line in lines:
-            item = {"id": _line_id(job.id, line.line), "custom_id": line.custom_id,
-                    "response": json.loads(line.response_json) if line.response_json else None,
-                    "error": json.loads(line.error_json) if line.error_json else None}
+            item = {
+                "id": _line_id(job.id, line.line),
+                "custom_id": line.custom_id,
+                "response": json.loads(line.response_json) if line.response_json else None,
+                "error": json.loads(line.error_json) if line.error_json else None,
+            }
             if line.state == "answered":
                 output.append(item)
             elif line.state == "failed":
                 errors.append(item)
             elif line.state == "pending":
                 errors.append({**item, "error": skipped_error})
-        await run_sync(self.store.finish_client_job, job.id, status, output=_jsonl(output), errors=_jsonl(errors),
-                       skipped_error_json=json.dumps(skipped_error))
+        await run_sync(
+            self.store.finish_client_job,
+            job.id,
+            status,
+            output=_jsonl(output),
+            errors=_jsonl(errors),
+            skipped_error_json=json.dumps(skipped_error),
+        )
         log.info("batch %s %s: %d answered, %d failed", job.id, status, len(output), len(errors))
 
 

@@ -188,7 +188,9 @@ class Leader:
         access = AccessService.load(store, minter)
         # The admin key is this leader's, named as its batch leases name it: its machine and home, kept across restarts.
         new_admin_key = access.ensure_admin_key(settings.home / "admin.key", runner_owner(settings.home))
-        people = People.load(store, access)  # before the first request: a disabled person's keys are refused from the start
+        people = People.load(
+            store, access
+        )  # before the first request: a disabled person's keys are refused from the start
         tenancy = Tenancy.load(store, people)
         fleet, models = Fleet(), ModelRegistry()
         _load_nodes(store, fleet)
@@ -201,10 +203,20 @@ class Leader:
         workers = WorkerClient(access.tokens.token_for_node, Signer)
         index, pins, local_engines = PrefixIndex(), AffinityTable(), LocalEngines()
         quotas = load_quotas(store)
-        reconciler = Reconciler(fleet, models, workers, housekeeping=index.sweep, quotas=quotas, scopes=TenancyScopes(tenancy), emit=emit)
+        reconciler = Reconciler(
+            fleet, models, workers, housekeeping=index.sweep, quotas=quotas, scopes=TenancyScopes(tenancy), emit=emit
+        )
         lifecycle = LifecycleWatch(fleet, reconciler.parked, emit)
-        shards = ShardManager(Gangs(fleet, workers, entry_for, emit=emit, local_node=settings.local_node,
-                              coordinator_node=config.read(contract_env.ENV_COORDINATOR_NODE) or None))
+        shards = ShardManager(
+            Gangs(
+                fleet,
+                workers,
+                entry_for,
+                emit=emit,
+                local_node=settings.local_node,
+                coordinator_node=config.read(contract_env.ENV_COORDINATOR_NODE) or None,
+            )
+        )
         _restore_gangs(store, shards)
         tls_files = (settings.tls_cert, settings.tls_key) if settings.tls_cert and settings.tls_key else None
         snapshots = Snapshots(access, emit, client_certs_verified=tls_files is not None)
@@ -215,49 +227,126 @@ class Leader:
         prompts = PromptCounter(tokenize)
         guardrails = Guardrails()
         # Budgets: the settings' prices and budgets, the spend so far read from the usage rows.
-        budgets = Budgets(settings=cluster_settings, resolve=tenancy.resolve, spent_since=store.usage_spent_since, emit=emit)
+        budgets = Budgets(
+            settings=cluster_settings, resolve=tenancy.resolve, spent_since=store.usage_spent_since, emit=emit
+        )
         budgets.configure()
         cluster_settings.subscribe(budgets.configure)
         gateway = Gateway(
-            fleet=fleet, models=models, keys=access.keys, relay=Relay(fleet, workers, index=index, pins=pins, local=local_engines),
-            admission=admission, usage=ledger, prefix=PrefixHasher(fleet, index, tokenize), policies=snapshots,
-            guardrails=guardrails, prompts=prompts, require_keys=settings.require_keys, demand=reconciler.requested,
-            tenancy=tenancy, budgets=budgets, profiles=RoutingProfiles(lambda: cluster_settings.current.routing_profiles),
-            bodies=BodyKeeping(lambda: cluster_settings.current, ledger.bodies, lambda text: tenancy.resolve(text, kinds=("project",)).id),
+            fleet=fleet,
+            models=models,
+            keys=access.keys,
+            relay=Relay(fleet, workers, index=index, pins=pins, local=local_engines),
+            admission=admission,
+            usage=ledger,
+            prefix=PrefixHasher(fleet, index, tokenize),
+            policies=snapshots,
+            guardrails=guardrails,
+            prompts=prompts,
+            require_keys=settings.require_keys,
+            demand=reconciler.requested,
+            tenancy=tenancy,
+            budgets=budgets,
+            profiles=RoutingProfiles(lambda: cluster_settings.current.routing_profiles),
+            bodies=BodyKeeping(
+                lambda: cluster_settings.current,
+                ledger.bodies,
+                lambda text: tenancy.resolve(text, kinds=("project",)).id,
+            ),
         )
         snapshots.policy.subscribe(lambda view: _apply_admission(admission, view))
         registry = NodeRegistry(fleet, access, store, reconciler.kick, emit, index, lambda: auth_file.node_mtls)
-        batches = BatchRunner(store, gateway.serve_as, lambda key_id: key_entry(store, access.keys.snapshot_keys, key_id),
-                              runner_owner(settings.home))
+        batches = BatchRunner(
+            store,
+            gateway.serve_as,
+            lambda key_id: key_entry(store, access.keys.snapshot_keys, key_id),
+            runner_owner(settings.home),
+        )
         client_files = ClientFiles(store, gateway.authenticate)
-        client_routes = (*client_files.routes(), *ClientBatches(store, gateway.authenticate, batches.wake, client_files).routes())
+        client_routes = (
+            *client_files.routes(),
+            *ClientBatches(store, gateway.authenticate, batches.wake, client_files).routes(),
+        )
         admin = AdminContext(
-            store=store, fleet=fleet, models=models, workers=workers, stats=gateway.stats, kick_reconciler=reconciler.kick,
-            emit=emit, ledger=ledger, shards=shards, plan=snapshots.current_plan, prefix_index=index.stats, tls=tls is not None,
-            stopping=lambda: admission.stopping, webhook_counts=webhooks.counts,
+            store=store,
+            fleet=fleet,
+            models=models,
+            workers=workers,
+            stats=gateway.stats,
+            kick_reconciler=reconciler.kick,
+            emit=emit,
+            ledger=ledger,
+            shards=shards,
+            plan=snapshots.current_plan,
+            prefix_index=index.stats,
+            tls=tls is not None,
+            stopping=lambda: admission.stopping,
+            webhook_counts=webhooks.counts,
         )
         control = ControlContext(
             wake_client_jobs=batches.wake,
-            store=store, access=access, fleet=fleet, models=models, catalog=catalog, models_changed=reconciler.kick,
-            model_status=reconciler.status, emit=emit, forget_node=index.forget,
-            declared_models=frozenset(DEFAULT_MODELS) if settings.default_models else frozenset(), replicas=reconciler,
-            workers=workers, cluster_settings=cluster_settings, notifier=webhooks, people=people, tenancy=tenancy,
-            quotas=quotas, quota_holds=reconciler.quota_holds,
+            store=store,
+            access=access,
+            fleet=fleet,
+            models=models,
+            catalog=catalog,
+            models_changed=reconciler.kick,
+            model_status=reconciler.status,
+            emit=emit,
+            forget_node=index.forget,
+            declared_models=frozenset(DEFAULT_MODELS) if settings.default_models else frozenset(),
+            replicas=reconciler,
+            workers=workers,
+            cluster_settings=cluster_settings,
+            notifier=webhooks,
+            people=people,
+            tenancy=tenancy,
+            quotas=quotas,
+            quota_holds=reconciler.quota_holds,
             replay=replayer(gateway, access.keys.local_entries),
         )
         return cls(
-            batches=batches, client_routes=client_routes,
-            settings=settings, store=store, catalog=catalog, boot=boot, access=access, fleet=fleet, models=models,
-            ledger=ledger, workers=workers, index=index, local_engines=local_engines, reconciler=reconciler, shards=shards,
-            snapshots=snapshots, tls=tls, admission=admission, prompts=prompts, guardrails=guardrails, gateway=gateway, registry=registry,
-            admin=admin, control=control, new_admin_key=new_admin_key, cluster_settings=cluster_settings, webhooks=webhooks, lifecycle=lifecycle,
+            batches=batches,
+            client_routes=client_routes,
+            settings=settings,
+            store=store,
+            catalog=catalog,
+            boot=boot,
+            access=access,
+            fleet=fleet,
+            models=models,
+            ledger=ledger,
+            workers=workers,
+            index=index,
+            local_engines=local_engines,
+            reconciler=reconciler,
+            shards=shards,
+            snapshots=snapshots,
+            tls=tls,
+            admission=admission,
+            prompts=prompts,
+            guardrails=guardrails,
+            gateway=gateway,
+            registry=registry,
+            admin=admin,
+            control=control,
+            new_admin_key=new_admin_key,
+            cluster_settings=cluster_settings,
+            webhooks=webhooks,
+            lifecycle=lifecycle,
         )
 
     # --- the listeners' apps -------------------------------------------------------------
 
     def public_app(self) -> FastPath:
-        return public_app(self.admin, self.access.keys, self.registry.routes(), self.gateway, scim_routes(self.control),
-                          client_routes=self.client_routes)
+        return public_app(
+            self.admin,
+            self.access.keys,
+            self.registry.routes(),
+            self.gateway,
+            scim_routes(self.control),
+            client_routes=self.client_routes,
+        )
 
     def admin_app(self) -> FastAPI:
         return create_control_app(self.control)
@@ -270,9 +359,17 @@ class Leader:
 
     # --- the lifespan ------------------------------------------------------------------------
 
-    async def run(self, listeners: Sequence[Listener], stop: asyncio.Event, *,
-                  drain: Callable[[], Awaitable[None]] | None = None, beside: Sequence[Background] = (),
-                  grace: float = 0.0, hurry: asyncio.Event | None = None, say: Callable[[str], None] | None = None) -> None:
+    async def run(
+        self,
+        listeners: Sequence[Listener],
+        stop: asyncio.Event,
+        *,
+        drain: Callable[[], Awaitable[None]] | None = None,
+        beside: Sequence[Background] = (),
+        grace: float = 0.0,
+        hurry: asyncio.Event | None = None,
+        say: Callable[[str], None] | None = None,
+    ) -> None:
         """Serve until ``stop`` is set, then stop everything in order; ends with the store closed.
 
         Start: the mounted files (applied before the first request), the ledger's writer, the
@@ -289,8 +386,17 @@ class Leader:
             raise
         ledger_stop, listeners_stop = asyncio.Event(), asyncio.Event()
         writer = asyncio.create_task(self.ledger.run(ledger_stop), name="ledger writer")
-        work: list[Background] = [self.batches.run, self.reconciler.run, self.shards.run_healer, self._flush_key_uses, self._auto_presets,
-                                   self.cluster_settings.run, self.webhooks.run, self.lifecycle.run, *beside]
+        work: list[Background] = [
+            self.batches.run,
+            self.reconciler.run,
+            self.shards.run_healer,
+            self._flush_key_uses,
+            self._auto_presets,
+            self.cluster_settings.run,
+            self.webhooks.run,
+            self.lifecycle.run,
+            *beside,
+        ]
         if self.control.people is not None:
             work.append(self.control.people.run)  # people and their states as other leaders change them
         # What other leaders of the same store change (keys, the tenancy tree, quotas) is in force here within 2 s.
@@ -346,8 +452,10 @@ class Leader:
         if grace <= 0 or (hurry is not None and hurry.is_set()):
             say(f"stopping now: {_requests(in_flight)} in flight are cut off")
             return
-        say(f"stopping: {_requests(in_flight)} in flight, waiting up to {grace:g} s for them to finish "
-            "(Ctrl-C again to stop now)")
+        say(
+            f"stopping: {_requests(in_flight)} in flight, waiting up to {grace:g} s for them to finish "
+            "(Ctrl-C again to stop now)"
+        )
         started = asyncio.get_running_loop().time()
         settled = asyncio.create_task(self.admission.settled(grace))
         waits: set[asyncio.Future[Any]] = {settled}
@@ -365,8 +473,10 @@ class Leader:
         elif hurry is not None and hurry.is_set():
             say(f"stopping now, as asked: {_requests(left)} in flight are cut off")
         else:
-            say(f"stopping: {_requests(left)} still in flight after {grace:g} s are cut off "
-                "(OPOD_STOP_GRACE gives them longer)")
+            say(
+                f"stopping: {_requests(left)} still in flight after {grace:g} s are cut off "
+                "(OPOD_STOP_GRACE gives them longer)"
+            )
 
     async def _flush_key_uses(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -412,8 +522,20 @@ def _load_nodes(store: Store, fleet: Fleet) -> None:
             hardware = nodeapi.decode_hardware(record.hardware_json)
         except ValueError:
             hardware = nodeapi.Capabilities()
-        fleet.restore(restored(NodeState(id=record.id, address=record.address, hostname=record.hostname, boot_id=record.boot_id,
-                                         token_id=record.token_id or "", hardware=hardware, drained=record.drained), record))
+        fleet.restore(
+            restored(
+                NodeState(
+                    id=record.id,
+                    address=record.address,
+                    hostname=record.hostname,
+                    boot_id=record.boot_id,
+                    token_id=record.token_id or "",
+                    hardware=hardware,
+                    drained=record.drained,
+                ),
+                record,
+            )
+        )
 
 
 def _load_models(store: Store, catalog: Catalog, models: ModelRegistry, *, default_models: bool) -> None:
@@ -422,8 +544,12 @@ def _load_models(store: Store, catalog: Catalog, models: ModelRegistry, *, defau
         for model_id in DEFAULT_MODELS:
             entry = catalog.get(model_id)
             if entry is not None:
-                store.add_model(model_id, source_json=json.dumps(entry.source.to_wire()),
-                                definition_json=from_entry(entry).model_dump_json(exclude_none=True, by_alias=True), wanted="loaded")
+                store.add_model(
+                    model_id,
+                    source_json=json.dumps(entry.source.to_wire()),
+                    definition_json=from_entry(entry).model_dump_json(exclude_none=True, by_alias=True),
+                    wanted="loaded",
+                )
         store.set_meta("default_models", "added")
         records = store.list_models()
     placements: dict[str, dict[str, str]] = {}
@@ -432,11 +558,20 @@ def _load_models(store: Store, catalog: Catalog, models: ModelRegistry, *, defau
     for record in records:
         entry = Entry.from_wire(record.entry_json) if record.entry_json else catalog.get(record.id)
         wanted = placements.get(record.id, {})
-        models.put(KnownModel(id=record.id, entry=entry, engine=record.engine, wanted=wanted,
-                              definition=_definition(record.id, record.definition_json, entry, record.engine, wanted)))
+        models.put(
+            KnownModel(
+                id=record.id,
+                entry=entry,
+                engine=record.engine,
+                wanted=wanted,
+                definition=_definition(record.id, record.definition_json, entry, record.engine, wanted),
+            )
+        )
 
 
-def _definition(model_id: str, saved: str | None, entry: Entry | None, engine: str, wanted: dict[str, str]) -> CatalogModel:
+def _definition(
+    model_id: str, saved: str | None, entry: Entry | None, engine: str, wanted: dict[str, str]
+) -> CatalogModel:
     """A model's catalog definition: as kept, or, for a model added before definitions were, what its entry and placements say."""
     if saved:
         return CatalogModel.model_validate_json(saved)
@@ -462,7 +597,9 @@ def _apply_admission(admission: Admission, view: PolicyView) -> None:
     admission.configure(block if block.to_wire() else DEFAULT_ADMISSION)
 
 
-def replayer(gateway: Gateway, local_keys: Callable[[], list[KeyEntry]]) -> Callable[[str, bytes, str], Awaitable[tuple[int, bytes]]]:
+def replayer(
+    gateway: Gateway, local_keys: Callable[[], list[KeyEntry]]
+) -> Callable[[str, bytes, str], Awaitable[tuple[int, bytes]]]:
     """``ControlContext.replay``: a kept request served again in process, as the admin key.
 
     A replay is the operator's own request: its cost and its usage row are the operator's, never

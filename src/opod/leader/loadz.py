@@ -24,15 +24,24 @@ def _holders(fleet: Fleet, model: str) -> list[NodeState]:
     return [n for n in fleet if n.loaded_models]
 
 
-def compute(fleet: Fleet, stats: GatewayStats, plan: adminapi.PlanSnapshot | None = None,
-            prefix_index: adminapi.PrefixIndex | None = None) -> adminapi.Load:
+def compute(
+    fleet: Fleet,
+    stats: GatewayStats,
+    plan: adminapi.PlanSnapshot | None = None,
+    prefix_index: adminapi.PrefixIndex | None = None,
+) -> adminapi.Load:
     now_wall, now = time.time(), time.monotonic()
     model = plan.model if plan is not None else ""
     holders = _holders(fleet, model)
     # With a plan, its model's own health counts (a cooling-down engine is not live for it).
     live = fleet.workers_for(model, now) if model else [n for n in holders if takes_new_work(n, now)[0]]
     reporting = [n.load for n in live if n.load is not None and now_wall - n.load.sampled_at < SAMPLE_MAX_AGE]
-    unhealthy = [n for n in holders if n.engine is not None and n.engine.word in (nodeapi.EngineStateWord.CRASH_LOOPING, nodeapi.EngineStateWord.STOPPED)]
+    unhealthy = [
+        n
+        for n in holders
+        if n.engine is not None
+        and n.engine.word in (nodeapi.EngineStateWord.CRASH_LOOPING, nodeapi.EngineStateWord.STOPPED)
+    ]
     p50, p95 = stats.ttft_percentiles()
     kv = [sample.kv_used_pct for sample in reporting]
     hits = [sample.prefix_hit_pct for sample in reporting]

@@ -154,7 +154,9 @@ class NodeRegistry:
     async def _touch_soon(self) -> None:
         await asyncio.sleep(TOUCH_BATCH)
         batch, self._to_touch = sorted(self._to_touch), set()
-        await self._store_quietly(f"the last-seen time of {len(batch)} nodes", self.store.touch_nodes, batch, datetime.now(UTC))
+        await self._store_quietly(
+            f"the last-seen time of {len(batch)} nodes", self.store.touch_nodes, batch, datetime.now(UTC)
+        )
 
     async def _store_quietly(self, what: str, call: Callable[P, object], /, *args: P.args, **kwargs: P.kwargs) -> None:
         """Write to the store off the event loop; a failure is logged, never raised into a worker's call.
@@ -198,8 +200,13 @@ class NodeRegistry:
         # binds the token the leader signs its calls to this worker with.
         header, token_id = self.tokens.check(value, "POST", request.url.path, registering=registering)
         if cert_id is not None and header.node_id != cert_id:
-            raise _Refused(admin_error_response(
-                403, f"the client certificate names node {cert_id!r} but the signature is node {header.node_id!r}", "forbidden"))
+            raise _Refused(
+                admin_error_response(
+                    403,
+                    f"the client certificate names node {cert_id!r} but the signature is node {header.node_id!r}",
+                    "forbidden",
+                )
+            )
         return _Caller(header.node_id, header, token_id, by_cert=cert_id is not None)
 
     def _own_worker(self, request: Request, value: str | None, registering: bool) -> _Caller | None:
@@ -217,7 +224,9 @@ class NodeRegistry:
         if body_id == caller.node_id:
             return None
         what = "the client certificate names" if caller.by_cert else "the signature is"
-        return admin_error_response(403, f"the body names node {body_id!r} but {what} node {caller.node_id!r}", "forbidden")
+        return admin_error_response(
+            403, f"the body names node {body_id!r} but {what} node {caller.node_id!r}", "forbidden"
+        )
 
     async def register(self, request: Request) -> Response:
         try:
@@ -235,30 +244,60 @@ class NodeRegistry:
         if mismatch is not None:
             return mismatch
         if not req.address:
-            return admin_error_response(400, "RegisterRequest: address: required (host:port the leader can dial)", "invalid_request")
+            return admin_error_response(
+                400, "RegisterRequest: address: required (host:port the leader can dial)", "invalid_request"
+            )
         if caller.token_id is not None:
             self.access.bind_node(req.id, caller.token_id)
         # A certificate-only register keeps the token the node joined with before, if any.
         token_id = caller.token_id or self.tokens.token_id_of(req.id)
         before = self.fleet.get(req.id)
-        kept = (before.cordoned, before.inventory.operator_labels, before.inventory.operator) if before is not None else None
+        kept = (
+            (before.cordoned, before.inventory.operator_labels, before.inventory.operator)
+            if before is not None
+            else None
+        )
         node = self.fleet.register(req, token_id or "", hardware)
         if kept is not None:
             node.cordoned, node.inventory.operator_labels, node.inventory.operator = kept
         apply_report(node.inventory, hardware.inventory, hardware.gpus)
         node.inventory.last_seen = time.time()
-        node.same_host = _loopback(request.client.host if request.client else "") and _loopback(req.address.rsplit(":", 1)[0])
-        event = {"address": req.address, "engine": hardware.engine, "boot_id": req.boot_id, "credential": caller.credential}
+        node.same_host = _loopback(request.client.host if request.client else "") and _loopback(
+            req.address.rsplit(":", 1)[0]
+        )
+        event = {
+            "address": req.address,
+            "engine": hardware.engine,
+            "boot_id": req.boot_id,
+            "credential": caller.credential,
+        }
         if token_id is None:
-            event["warning"] = "registered by certificate without a signed header: the leader holds no token to sign its calls to this worker"
+            event["warning"] = (
+                "registered by certificate without a signed header: the leader holds no token to sign its calls to this worker"
+            )
         self._emit("node.registered", req.id, event)
-        log.info("node %s registered from %s (engine %s, by %s)", node.id, node.address, hardware.engine or "unstated", caller.credential)
+        log.info(
+            "node %s registered from %s (engine %s, by %s)",
+            node.id,
+            node.address,
+            hardware.engine or "unstated",
+            caller.credential,
+        )
         now = datetime.now(UTC)
         # The node's row also keeps which token it joined with: the binding outlives a restart.
         await self._store_quietly(
-            f"node {req.id}", self.store.upsert_node,
-            req.id, hostname=req.hostname, os=req.os, arch=req.arch, ram_gb=req.ram_gb, address=req.address,
-            hardware_json=req.hardware_json or "{}", boot_id=req.boot_id, token_id=token_id, at=now,
+            f"node {req.id}",
+            self.store.upsert_node,
+            req.id,
+            hostname=req.hostname,
+            os=req.os,
+            arch=req.arch,
+            ram_gb=req.ram_gb,
+            address=req.address,
+            hardware_json=req.hardware_json or "{}",
+            boot_id=req.boot_id,
+            token_id=token_id,
+            at=now,
         )
         self._on_change()
         body = nodeapi.RegisterResponse(status=nodeapi.Status.REGISTERED, id=req.id)
@@ -271,7 +310,11 @@ class NodeRegistry:
         except _Refused as refused:
             return refused.response
         except AuthRefused as err:
-            if err.reason is Refusal.UNKNOWN_NODE and self.fleet.get(err.node_id) is None and self.tokens.token_id_of(err.node_id) is None:
+            if (
+                err.reason is Refusal.UNKNOWN_NODE
+                and self.fleet.get(err.node_id) is None
+                and self.tokens.token_id_of(err.node_id) is None
+            ):
                 return admin_error_response(404, str(err), "not_found")
             return refusal_response(err)
         except WireError as err:
@@ -283,7 +326,9 @@ class NodeRegistry:
         models_before = before.loaded_models if before else None
         node = self.fleet.heartbeat(hb)
         if node is None:
-            return admin_error_response(404, f"node {hb.id!r} is not registered with this leader; register first", "not_found")
+            return admin_error_response(
+                404, f"node {hb.id!r} is not registered with this leader; register first", "not_found"
+            )
         node.inventory.last_seen = time.time()
         if hb.inventory is not None:
             apply_report(node.inventory, hb.inventory, node.hardware.gpus)
@@ -299,8 +344,11 @@ class NodeRegistry:
                 self._writes.add(task)
                 task.add_done_callback(self._writes.discard)
         orders = node.inventory.operator
-        answer = nodeapi.HeartbeatResponse(status=nodeapi.Status.OK, wanted_version=orders.wanted_version,
-                                           engine_builds=dict(orders.engine_builds) or None)
+        answer = nodeapi.HeartbeatResponse(
+            status=nodeapi.Status.OK,
+            wanted_version=orders.wanted_version,
+            engine_builds=dict(orders.engine_builds) or None,
+        )
         return Response(answer.to_json(), media_type="application/json")
 
     def _report_changes(self, node: NodeState, hb: nodeapi.Heartbeat, before: frozenset[str] | None) -> None:

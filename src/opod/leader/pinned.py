@@ -42,8 +42,12 @@ class Attempt:
 def unload_request(model_id: str, model: KnownModel | None) -> nodeapi.UnloadModelRequest:
     """What a worker is asked to unload: the model, named by its weights' source as it was loaded."""
     source = model.entry.source if model is not None and model.entry is not None else None
-    return nodeapi.UnloadModelRequest(id=model_id, ollama_name=source.ollama_name if source else "",
-                                      repo=source.repo if source else "", path=source.path if source else "")
+    return nodeapi.UnloadModelRequest(
+        id=model_id,
+        ollama_name=source.ollama_name if source else "",
+        repo=source.repo if source else "",
+        path=source.path if source else "",
+    )
 
 
 class PinnedLoads:
@@ -73,7 +77,9 @@ class PinnedLoads:
             if m == model.id and not attempt.error and holder is not None and model.id in holder.load_errors:
                 attempt.error = holder.load_errors[model.id]
                 attempt.failures += 1
-        busy = [a for (m, _), a in self.attempts.items() if m == model.id and not a.error and now - a.started < PENDING_FOR]
+        busy = [
+            a for (m, _), a in self.attempts.items() if m == model.id and not a.error and now - a.started < PENDING_FOR
+        ]
         if busy:
             return []
         for node in sorted(candidates, key=lambda n: (len(n.loaded_models), n.id)):
@@ -105,7 +111,9 @@ class PinnedLoads:
             path=source.path if source else "",
         )
         try:
-            status, body = await self.workers.call_json(node, "POST", nodeapi.PATH_MODEL_LOAD, req.to_wire(), timeout=30)
+            status, body = await self.workers.call_json(
+                node, "POST", nodeapi.PATH_MODEL_LOAD, req.to_wire(), timeout=30
+            )
         except WorkerUnavailable as err:
             attempt.error = str(err)
             attempt.failures += 1
@@ -120,7 +128,9 @@ class PinnedLoads:
     async def _unload(self, model: KnownModel, node: NodeState) -> None:
         req = unload_request(model.id, model)
         try:
-            status, body = await self.workers.call_json(node, "POST", nodeapi.PATH_MODEL_UNLOAD, req.to_wire(), timeout=60)
+            status, body = await self.workers.call_json(
+                node, "POST", nodeapi.PATH_MODEL_UNLOAD, req.to_wire(), timeout=60
+            )
         except WorkerUnavailable as err:
             log.warning("unloading %s on %s: %s", model.id, node.id, err)
             return

@@ -57,8 +57,9 @@ class WebhookCollector(Collector):
         self.counts = counts
 
     def collect(self) -> Iterator[CounterMetricFamily]:
-        family = CounterMetricFamily("opod_webhook_events", "Webhook events by what became of them (retried counts attempts)",
-                                     labels=["outcome"])
+        family = CounterMetricFamily(
+            "opod_webhook_events", "Webhook events by what became of them (retried counts attempts)", labels=["outcome"]
+        )
         for outcome in self.OUTCOMES:
             family.add_metric([outcome], getattr(self.counts, outcome))
         yield family
@@ -78,8 +79,14 @@ def probe_routes(ctx: AdminContext) -> list[Route]:
     async def readyz(request: Request) -> Response:
         """Ready while some model serves; each wanted model that cannot is named with why (the 503's words)."""
         if ctx.stopping():
-            return JSONResponse({"ready": False, "reason": "the node is stopping: it takes no new requests while those in flight finish"},
-                                status_code=503, headers={"Retry-After": "5"})
+            return JSONResponse(
+                {
+                    "ready": False,
+                    "reason": "the node is stopping: it takes no new requests while those in flight finish",
+                },
+                status_code=503,
+                headers={"Retry-After": "5"},
+            )
         now = time.monotonic()
         served = sorted(ctx.fleet.served_models(now))
         down = {m.id: ctx.fleet.availability(m.id, now) for m in ctx.models if m.wants_loaded() and m.id not in served}
@@ -94,8 +101,11 @@ def probe_routes(ctx: AdminContext) -> list[Route]:
             wait = min(availability.retry_after() for availability in down.values())
         else:
             why, wait = "no model is loaded; add one with opod model add", 5
-        return JSONResponse({"ready": False, "reason": why, "not_serving": not_serving}, status_code=503,
-                            headers={"Retry-After": str(wait)})
+        return JSONResponse(
+            {"ready": False, "reason": why, "not_serving": not_serving},
+            status_code=503,
+            headers={"Retry-After": str(wait)},
+        )
 
     async def loadz(request: Request) -> Response:
         return loadz_response(ctx)
@@ -114,8 +124,14 @@ def probe_routes(ctx: AdminContext) -> list[Route]:
     ]
 
 
-def public_app(ctx: AdminContext, keys: KeyTable, join_routes: list[Route], data_path: DataPath,
-               scim_routes: list[Route] | None = None, client_routes: Sequence[Route] = ()) -> FastPath:
+def public_app(
+    ctx: AdminContext,
+    keys: KeyTable,
+    join_routes: list[Route],
+    data_path: DataPath,
+    scim_routes: list[Route] | None = None,
+    client_routes: Sequence[Route] = (),
+) -> FastPath:
     """``/v1`` from ``data_path``, the join paths, the probes and ``/admin/v1`` behind the admin key in ``keys``.
 
     ``client_routes`` (``/v1/files``, ``/v1/batches``) go before ``data_path``'s, whose last route answers every other ``/v1`` path.
@@ -157,10 +173,22 @@ def public_app(ctx: AdminContext, keys: KeyTable, join_routes: list[Route], data
     # Routes are added one by one (not include_router) so the app's route table lists every
     # /admin/v1 path itself: the frozen-route test walks it.
     # SCIM (``/scim/v2``, opod.control.scim) checks its own bearer token: an identity provider calls it from outside.
-    for route in [*probe_routes(ctx), *join_routes, *client_routes, *data_path.routes(), *router(ctx).routes, *(scim_routes or [])]:
+    for route in [
+        *probe_routes(ctx),
+        *join_routes,
+        *client_routes,
+        *data_path.routes(),
+        *router(ctx).routes,
+        *(scim_routes or []),
+    ]:
         app.router.routes.append(route)
     # The join paths are hot too: a fleet of a thousand workers heartbeats two hundred times a second.
-    joins = {(method, route.path): route.endpoint for route in join_routes for method in (route.methods or ()) if method != "HEAD"}
+    joins = {
+        (method, route.path): route.endpoint
+        for route in join_routes
+        for method in (route.methods or ())
+        if method != "HEAD"
+    }
     return FastPath({**data_path.handlers(), **joins}, app)
 
 

@@ -79,9 +79,18 @@ def draining(node: NodeState) -> bool:
 
 
 class Reconciler:
-    def __init__(self, fleet: Fleet, models: ModelRegistry, workers: WorkerClient, housekeeping=None, *,
-                 clock: Callable[[], datetime] = datetime.now, quotas: QuotaTable | None = None,
-                 scopes: ScopeTree | None = None, emit: Callable[[str, str, dict], None] | None = None) -> None:
+    def __init__(
+        self,
+        fleet: Fleet,
+        models: ModelRegistry,
+        workers: WorkerClient,
+        housekeeping=None,
+        *,
+        clock: Callable[[], datetime] = datetime.now,
+        quotas: QuotaTable | None = None,
+        scopes: ScopeTree | None = None,
+        emit: Callable[[str, str, dict], None] | None = None,
+    ) -> None:
         self.fleet = fleet
         self.models = models
         self.workers = workers
@@ -227,8 +236,11 @@ class Reconciler:
             parking = self.parking.get(model_id)
             if parking is not None and parking.parked:
                 return
-            if self.rounds > rounds + 1 and not self._awaiting \
-                    and not any(r.model == model_id and r.state == STARTING for r in self.replicas.values()):
+            if (
+                self.rounds > rounds + 1
+                and not self._awaiting
+                and not any(r.model == model_id and r.state == STARTING for r in self.replicas.values())
+            ):
                 return  # a round came and went without starting one: it cannot be placed, the 503 says so
             await asyncio.sleep(0.1)
 
@@ -242,8 +254,13 @@ class Reconciler:
             for node_key, wanted in model.wanted.items():
                 if model.definition is not None and (node_key == ANY_NODE or model.removed):
                     continue  # a defined model's replicas are the rounds' below; only what is pinned to a node is kept here
-                if model.definition is not None and wanted != "loaded" and any(
-                        node_key in r.nodes for r in self.replicas.values() if r.model == model.id and r.state in ACTIVE):
+                if (
+                    model.definition is not None
+                    and wanted != "loaded"
+                    and any(
+                        node_key in r.nodes for r in self.replicas.values() if r.model == model.id and r.state in ACTIVE
+                    )
+                ):
                     continue  # a replica there is moved off below, not unloaded under its feet
                 if wanted == "loaded":
                     jobs += self.pinned.loads(model, node_key, live, now)
@@ -257,10 +274,17 @@ class Reconciler:
         for model in self.models:
             parking = self.parking.get(model.id)
             if model.definition is not None and parking is not None:  # a start refused just now shows at once
-                model.status.failures, model.status.parked, model.status.reason = parking.failures, parking.parked, parking.reason
+                model.status.failures, model.status.parked, model.status.reason = (
+                    parking.failures,
+                    parking.parked,
+                    parking.reason,
+                )
         for model in list(self.models):
-            if model.removed and not any(model.id in n.loaded_models for n in self.fleet) \
-                    and not any(r.model == model.id and r.state in ACTIVE for r in self.replicas.values()):
+            if (
+                model.removed
+                and not any(model.id in n.loaded_models for n in self.fleet)
+                and not any(r.model == model.id and r.state in ACTIVE for r in self.replicas.values())
+            ):
                 self.models.remove(model.id)
                 self.parking.pop(model.id, None)
                 self.demand.pop(model.id, None)
@@ -282,9 +306,19 @@ class Reconciler:
         self._adopt(now)
         self._awaiting = now - self.born <= HEARTBEAT_MAX_AGE and adoption.awaiting_reports(self.fleet)
         # One planner for the whole pass: built once from what replicas hold, told of each start and preemption.
-        held = [Held(replica_id=r.id, model=r.model, profile=r.profile, klass=r.klass, gpus={k: list(v) for k, v in r.gpus.items()},
-                     cpu_cores=r.cpu_cores, memory_gb=r.memory_gb)
-                for r in self.replicas.values() if r.state in ACTIVE]
+        held = [
+            Held(
+                replica_id=r.id,
+                model=r.model,
+                profile=r.profile,
+                klass=r.klass,
+                gpus={k: list(v) for k, v in r.gpus.items()},
+                cpu_cores=r.cpu_cores,
+                memory_gb=r.memory_gb,
+            )
+            for r in self.replicas.values()
+            if r.state in ACTIVE
+        ]
         defined = [m for m in self.models if m.definition is not None]
         owners = {m.id: m.definition.owner or "" for m in defined if m.definition is not None}
         self._planner = Planner(list(self.fleet), held, now=now, quotas=self.quotas.book(owners, self.scopes))
@@ -299,12 +333,23 @@ class Reconciler:
         """Track, under their own ids, the replicas workers report running and this leader does not know."""
         for replica_id in [k for k, at in self._stopped.items() if now - at > STOPPED_KEPT]:
             del self._stopped[replica_id]
-        for replica in adoption.reported(self.fleet, self.models, self.replicas, self._stopped, now=now,
-                                         starting=now - self.born <= HEARTBEAT_MAX_AGE):
+        for replica in adoption.reported(
+            self.fleet,
+            self.models,
+            self.replicas,
+            self._stopped,
+            now=now,
+            starting=now - self.born <= HEARTBEAT_MAX_AGE,
+        ):
             self.replicas[replica.id] = replica
             self._by_model.setdefault(replica.model, {})[replica.id] = replica
-            log.info("adopted replica %s of %s on %s (GPUs %s)", replica.id, replica.model, "+".join(replica.nodes),
-                     ", ".join(f"{n}: {g}" for n, g in replica.gpus.items()))
+            log.info(
+                "adopted replica %s of %s on %s (GPUs %s)",
+                replica.id,
+                replica.model,
+                "+".join(replica.nodes),
+                ", ".join(f"{n}: {g}" for n, g in replica.gpus.items()),
+            )
 
     def _observe(self, replica: Replica, now: float) -> None:
         """Move a replica on by what rank 0's heartbeats say."""
@@ -333,7 +378,11 @@ class Reconciler:
         if replica.model in head.load_errors:
             self._fail(replica, head.load_errors[replica.model], now)
         elif engine is None or engine.state in ("crash-looping", "stopped"):
-            self._fail(replica, f"its engine on {head.id} stopped" + (f" ({engine.detail})" if engine and engine.detail else ""), now)
+            self._fail(
+                replica,
+                f"its engine on {head.id} stopped" + (f" ({engine.detail})" if engine and engine.detail else ""),
+                now,
+            )
 
     def _startup_timeout(self, replica: Replica) -> float:
         model = self.models.get(replica.model)
@@ -378,7 +427,9 @@ class Reconciler:
             wanted = max(wanted, 1)  # ``load`` anywhere: at least one replica
         # A node the model is pinned to and served on counts as one of its replicas.
         on_replicas = {n for r in mine for n in r.nodes}
-        pinned_serving = sum(1 for n in pins - on_replicas if (node := self.fleet.get(n)) is not None and model.id in node.loaded_models)
+        pinned_serving = sum(
+            1 for n in pins - on_replicas if (node := self.fleet.get(n)) is not None and model.id in node.loaded_models
+        )
         wanted = max(wanted - pinned_serving, 0)
         klass = capacity_class(definition)
         status = model.status
@@ -392,7 +443,9 @@ class Reconciler:
         budget = self._restart_budget(mine)
         for replica in list(serving):
             nodes = [self.fleet.get(n) for n in replica.nodes]
-            if banned & set(replica.nodes) and (pinned_serving or any(r.state == READY for r in serving if r is not replica)):
+            if banned & set(replica.nodes) and (
+                pinned_serving or any(r.state == READY for r in serving if r is not replica)
+            ):
                 serving.remove(replica)  # unloaded there by the operator, and served elsewhere: stop it now
                 stops.append(self._stop(replica))
                 continue
@@ -401,8 +454,12 @@ class Reconciler:
                 budget["unavailable"] -= 1
                 serving.remove(replica)
                 stops.append(self._stop(replica))
-            elif (moving or replica.restart == "queued") and (moving or budget["surge"] > 0) and not parking.parked \
-                    and not self._awaiting:
+            elif (
+                (moving or replica.restart == "queued")
+                and (moving or budget["surge"] > 0)
+                and not parking.parked
+                and not self._awaiting
+            ):
                 new = self._start_one(model, klass, now, stops, starts, replaces=replica)
                 if new is not None:
                     budget["surge"] -= 0 if moving else 1
@@ -434,8 +491,9 @@ class Reconciler:
         down = sum(1 for r in mine if r.state == DRAINING and r.restart)
         return {"surge": max(surge - replacing, 0), "unavailable": max(unavailable - down, 0)}
 
-    def _start_one(self, model: KnownModel, klass: str, now: float, stops: list, starts: list,
-                   replaces: Replica | None = None) -> Replica | None:
+    def _start_one(
+        self, model: KnownModel, klass: str, now: float, stops: list, starts: list, replaces: Replica | None = None
+    ) -> Replica | None:
         """Place one more replica of ``model`` and schedule its start (and any preemption); ``None`` when it fits nowhere."""
         definition = model.definition
         assert definition is not None
@@ -446,7 +504,9 @@ class Reconciler:
         for node_id, word in model.wanted.items():
             if node_id != ANY_NODE and word == "unloaded":
                 taken.setdefault(node_id, "unloaded there by the operator")
-        assignment, rejections = self._planner.place(model.id, definition, klass=klass, engine=model.engine, exclude=taken)
+        assignment, rejections = self._planner.place(
+            model.id, definition, klass=klass, engine=model.engine, exclude=taken
+        )
         self.last_rejections[model.id] = list(rejections)
         if assignment is None:
             self._quota_refused(model.id, rejections)
@@ -466,10 +526,17 @@ class Reconciler:
         profiles = definition.profiles or []
         profile = profiles[assignment.profile] if assignment.profile < len(profiles) else None
         replica = Replica(
-            id=f"{model.id}-{secrets.token_hex(3)}", model=model.id, profile=assignment.profile,
+            id=f"{model.id}-{secrets.token_hex(3)}",
+            model=model.id,
+            profile=assignment.profile,
             profile_name=(profile.name if profile is not None and profile.name else str(assignment.profile)),
-            klass=klass, nodes=list(assignment.nodes), gpus={k: list(v) for k, v in assignment.gpus.items()},
-            fingerprint=fingerprint(definition), started=now, cpu_cores=assignment.cpu_cores, memory_gb=assignment.memory_gb,
+            klass=klass,
+            nodes=list(assignment.nodes),
+            gpus={k: list(v) for k, v in assignment.gpus.items()},
+            fingerprint=fingerprint(definition),
+            started=now,
+            cpu_cores=assignment.cpu_cores,
+            memory_gb=assignment.memory_gb,
         )
         if replaces is not None:
             replica.replaces, replaces.replaced_by = replaces.id, replica.id
@@ -512,7 +579,9 @@ class Reconciler:
                 self._fail(replica, f"node {node_id} is gone", time.monotonic())
                 return
             try:
-                status, body = await self.workers.call_json(node, "POST", nodeapi.PATH_MODEL_LOAD, req.to_wire(), timeout=30)
+                status, body = await self.workers.call_json(
+                    node, "POST", nodeapi.PATH_MODEL_LOAD, req.to_wire(), timeout=30
+                )
             except WorkerUnavailable as err:
                 self._fail(replica, f"{node_id}: {err}", time.monotonic())
                 return
@@ -550,7 +619,11 @@ class Reconciler:
         return self.demand.get(model)
 
     def parked(self) -> list[tuple[str, int, str]]:
-        return [(m, p.failures, p.reason) for m, p in sorted(self.parking.items()) if p.parked and self.models.active(m) is not None]
+        return [
+            (m, p.failures, p.reason)
+            for m, p in sorted(self.parking.items())
+            if p.parked and self.models.active(m) is not None
+        ]
 
     def retry(self, model_id: str) -> bool:
         """Clear a model's parking and run of failures; whether it had been parked."""
@@ -564,7 +637,9 @@ class Reconciler:
         self.kick()
         return was
 
-    def queue_restart(self, replica_ids: list[str], *, in_place: bool, max_surge: int, max_unavailable: int) -> list[str]:
+    def queue_restart(
+        self, replica_ids: list[str], *, in_place: bool, max_surge: int, max_unavailable: int
+    ) -> list[str]:
         """Mark replicas for a rolling restart; the rounds replace them within the limits, per model."""
         queued = []
         for replica_id in replica_ids:

@@ -158,15 +158,27 @@ def load_requests(model: KnownModel, replica: Replica, peers: list[str]) -> list
         path, repo = (text, "") if text.startswith(("/", "./", "~")) or text.endswith(".gguf") else ("", text)
     out = []
     for rank, node_id in enumerate(replica.nodes):
-        out.append((node_id, nodeapi.LoadModelRequest(
-            id=model.id, ollama_name=source.ollama_name if source else "", repo=repo,
-            file=source.file if source else "", path=path, replica=replica.id,
-            devices=list(replica.gpus.get(node_id, [])) or None,
-            tp=(profile.tp or 0) if profile else 0, pp=(profile.pp or 0) if profile else 0,
-            engine=(profile.engine or "") if profile else "", args=list(profile.args) if profile and profile.args else None,
-            env=dict(profile.env) if profile and profile.env else None,
-            rank=rank, peers=peers if len(replica.nodes) > 1 else None,
-            profile=replica.profile, fingerprint=replica.fingerprint,
-        )))
+        out.append(
+            (
+                node_id,
+                nodeapi.LoadModelRequest(
+                    id=model.id,
+                    ollama_name=source.ollama_name if source else "",
+                    repo=repo,
+                    file=source.file if source else "",
+                    path=path,
+                    replica=replica.id,
+                    devices=list(replica.gpus.get(node_id, [])) or None,
+                    tp=(profile.tp or 0) if profile else 0,
+                    pp=(profile.pp or 0) if profile else 0,
+                    engine=(profile.engine or "") if profile else "",
+                    args=list(profile.args) if profile and profile.args else None,
+                    env=dict(profile.env) if profile and profile.env else None,
+                    rank=rank,
+                    peers=peers if len(replica.nodes) > 1 else None,
+                    profile=replica.profile,
+                    fingerprint=replica.fingerprint,
+                ),
+            )
+        )
     return out
-

@@ -101,11 +101,21 @@ class Up:
     async def _bind(self, leader: Leader) -> Started:
         s = self.settings
         tls = leader.tls
-        public = Listener(leader.public_app(), bind(*s.listen, "the leader"), "public", ssl=tls.context if tls else None)
-        admin = Listener(leader.admin_app(), bind(*s.admin_listen, "the admin listener", option="--admin-listen (or OPOD_ADMIN_LISTEN)"), "admin")
+        public = Listener(
+            leader.public_app(), bind(*s.listen, "the leader"), "public", ssl=tls.context if tls else None
+        )
+        admin = Listener(
+            leader.admin_app(),
+            bind(*s.admin_listen, "the admin listener", option="--admin-listen (or OPOD_ADMIN_LISTEN)"),
+            "admin",
+        )
         listeners = [public, admin]
         if s.probe_listen is not None:
-            listeners.append(Listener(leader.probe_app(), bind(*s.probe_listen, "the probe listener", option="OPOD_PROBE_LISTEN"), "probe"))
+            listeners.append(
+                Listener(
+                    leader.probe_app(), bind(*s.probe_listen, "the probe listener", option="OPOD_PROBE_LISTEN"), "probe"
+                )
+            )
         if s.worker is None:
             return Started(leader, listeners, None)
         s.worker.leader_url = f"{public.scheme}://127.0.0.1:{public.port}"
@@ -125,8 +135,15 @@ class Up:
         worker = started.worker
         beside = [self._report] + ([self._run_worker] if worker is not None else [])
         try:
-            await started.leader.run(started.listeners, self.stop, drain=self._drain, beside=beside,
-                                     grace=self.grace, hurry=self.hurry, say=self.say)
+            await started.leader.run(
+                started.listeners,
+                self.stop,
+                drain=self._drain,
+                beside=beside,
+                grace=self.grace,
+                hurry=self.hurry,
+                say=self.say,
+            )
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)

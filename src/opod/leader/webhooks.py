@@ -62,8 +62,9 @@ def signature(secret: str, timestamp: int, body: bytes) -> str:
 def event_body(type: str, subject: str, data: Mapping[str, object] | None, at: datetime | None = None) -> bytes:
     """The JSON a receiver gets: ``{type, subject, at, data}``, ``at`` in RFC 3339 UTC."""
     when = (at or datetime.now(UTC)).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    return json.dumps({"type": type, "subject": subject, "at": when, "data": dict(data or {})},
-                      separators=(",", ":"), default=str).encode()
+    return json.dumps(
+        {"type": type, "subject": subject, "at": when, "data": dict(data or {})}, separators=(",", ":"), default=str
+    ).encode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,8 +118,16 @@ SecretReader = Callable[[str], str | None]
 class Webhooks:
     """Delivers operator events to the receivers ``receivers()`` names now (read at each event, so a settings change holds at once)."""
 
-    def __init__(self, receivers: Callable[[], Sequence[Webhook]], secrets: SecretReader, *, backoff: Backoff = Backoff(),
-                 timeout: float = TIMEOUT, lane_size: int = LANE_SIZE, seed: int | None = None) -> None:
+    def __init__(
+        self,
+        receivers: Callable[[], Sequence[Webhook]],
+        secrets: SecretReader,
+        *,
+        backoff: Backoff = Backoff(),
+        timeout: float = TIMEOUT,
+        lane_size: int = LANE_SIZE,
+        seed: int | None = None,
+    ) -> None:
         self._receivers = receivers
         self._secrets = secrets
         self._backoff = backoff
@@ -164,8 +173,13 @@ class Webhooks:
                 self.counts.queued += 1
             loop = self._loop
         for url in dropped:
-            log.warning("webhook %s: %s %s dropped, %d events already wait for it (the next drops are only counted)",
-                        url, type, subject, self._lane_size)
+            log.warning(
+                "webhook %s: %s %s dropped, %d events already wait for it (the next drops are only counted)",
+                url,
+                type,
+                subject,
+                self._lane_size,
+            )
         if loop is not None:
             with contextlib.suppress(RuntimeError):  # the loop closed while the leader stops
                 loop.call_soon_threadsafe(self._wake.set)
@@ -202,8 +216,14 @@ class Webhooks:
                 self._session = None
             counts = self.counts
             if counts.queued or counts.dropped:
-                log.info("webhooks: %d events queued, %d delivered, %d retried, %d failed, %d dropped",
-                         counts.queued, counts.delivered, counts.retried, counts.failed, counts.dropped)
+                log.info(
+                    "webhooks: %d events queued, %d delivered, %d retried, %d failed, %d dropped",
+                    counts.queued,
+                    counts.delivered,
+                    counts.retried,
+                    counts.failed,
+                    counts.dropped,
+                )
 
     async def _drain(self, lane: _Lane) -> None:
         while True:
@@ -224,10 +244,19 @@ class Webhooks:
                 break
             self.counts.retried += 1
             delay = self._backoff.delay(attempt, self._rng)
-            log.info("webhook %s: %s attempt %d failed (%s); trying again in %.1f s", url, event.type, attempt, error, delay)
+            log.info(
+                "webhook %s: %s attempt %d failed (%s); trying again in %.1f s", url, event.type, attempt, error, delay
+            )
             await asyncio.sleep(delay)
         self.counts.failed += 1
-        log.warning("webhook %s: gave up on %s %s after %d attempts: %s", url, event.type, event.id, self._backoff.attempts, error)
+        log.warning(
+            "webhook %s: gave up on %s %s after %d attempts: %s",
+            url,
+            event.type,
+            event.id,
+            self._backoff.attempts,
+            error,
+        )
 
     async def _post(self, event: _Event) -> str:
         """One attempt: ``""`` when the receiver answered 2xx, else what went wrong."""
@@ -239,7 +268,9 @@ class Webhooks:
         if secret:
             headers[SIGNATURE_HEADER] = signature(secret, int(time.time()), event.body)
         try:
-            async with self._client().post(event.webhook.url, data=event.body, headers=headers, allow_redirects=False) as answer:
+            async with self._client().post(
+                event.webhook.url, data=event.body, headers=headers, allow_redirects=False
+            ) as answer:
                 if 200 <= answer.status < 300:
                     return ""
                 text = (await answer.text(errors="replace"))[:200].strip()
@@ -306,7 +337,9 @@ class LifecycleWatch:
     emitted once per transition: a node heard again, or a model retried, can be lost or parked again.
     """
 
-    def __init__(self, fleet: Fleet, parked: Callable[[], Sequence[tuple[str, int, str]]], emit: Emit, *, every: float = 1.0) -> None:
+    def __init__(
+        self, fleet: Fleet, parked: Callable[[], Sequence[tuple[str, int, str]]], emit: Emit, *, every: float = 1.0
+    ) -> None:
         self._fleet = fleet
         self._parked = parked
         self._emit = emit
@@ -325,10 +358,16 @@ class LifecycleWatch:
                 heard.add(node.id)
             elif node.id in self._heard and not node.goodbye:
                 silent = now - node.last_heartbeat
-                self._emit(NODE_LOST, node.id, {
-                    "node": node.id, "address": node.address, "silent_s": round(silent),
-                    "reason": f"no heartbeat for {silent:.0f}s (limit {HEARTBEAT_MAX_AGE:.0f}s)",
-                })
+                self._emit(
+                    NODE_LOST,
+                    node.id,
+                    {
+                        "node": node.id,
+                        "address": node.address,
+                        "silent_s": round(silent),
+                        "reason": f"no heartbeat for {silent:.0f}s (limit {HEARTBEAT_MAX_AGE:.0f}s)",
+                    },
+                )
         self._heard = heard
         parked = {}
         for model, failures, reason in self._parked():

@@ -44,7 +44,11 @@ class BodyKeeper:
         if len(self._waiting) >= self.max_waiting or self._bytes + size > self.max_bytes:
             self.dropped += 1
             if self.dropped == 1 or self.dropped % 1000 == 0:
-                log.warning("ledger: %d request bodies dropped so far: the store is behind (%d waiting)", self.dropped, len(self._waiting))
+                log.warning(
+                    "ledger: %d request bodies dropped so far: the store is behind (%d waiting)",
+                    self.dropped,
+                    len(self._waiting),
+                )
             return False
         self._waiting.append(body)
         self._bytes += size

@@ -85,7 +85,9 @@ class Journal:
             directory.mkdir(mode=0o700, parents=True, exist_ok=True)
             lock_fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except OSError as err:
-            raise JournalError(f"cannot use the ledger directory {directory}: {err.strerror}; make it writable or set OPOD_HOME elsewhere") from None
+            raise JournalError(
+                f"cannot use the ledger directory {directory}: {err.strerror}; make it writable or set OPOD_HOME elsewhere"
+            ) from None
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as err:
@@ -176,7 +178,8 @@ class Journal:
             log.error(
                 "LEDGER JOURNAL WRITE FAILED in %s: %s. Usage is kept in memory until it is committed, "
                 "but a crash now would lose it; free disk space or fix the directory",
-                self.directory, why,
+                self.directory,
+                why,
             )
         self.broken = True
 

@@ -114,14 +114,18 @@ class Ledger:
         try:
             older = self.journal.rotate(self._header(), [])
         except OSError as err:
-            raise JournalError(f"cannot start a journal segment in {self.journal.directory}: {err}; free disk space or fix the directory") from None
+            raise JournalError(
+                f"cannot start a journal segment in {self.journal.directory}: {err}; free disk space or fix the directory"
+            ) from None
         for path in older:
             path.unlink(missing_ok=True)
         if new or found.interrupted or self.journal.bad_lines:
             log.warning(
                 "ledger: the journal held %d records the store lacked (usage rows and events; %d requests were in flight "
                 "when the last leader stopped, recorded as interrupted); %d lines were unreadable",
-                new, found.interrupted, self.journal.bad_lines,
+                new,
+                found.interrupted,
+                self.journal.bad_lines,
             )
 
     def _header(self) -> dict[str, Any]:
@@ -129,16 +133,32 @@ class Ledger:
 
     # --- the request path: synchronous, microseconds, never raises ---------------
 
-    def begin(self, *, request_id: str, api_key_id: str, user_id: str, model: str, protocol: str,
-              project_id: str = "", team_id: str = "", org_id: str = "", end_user: str = "",
-              tags: Mapping[str, str] | None = None, details: Mapping[str, object] | None = None) -> UsageTicket:
+    def begin(
+        self,
+        *,
+        request_id: str,
+        api_key_id: str,
+        user_id: str,
+        model: str,
+        protocol: str,
+        project_id: str = "",
+        team_id: str = "",
+        org_id: str = "",
+        end_user: str = "",
+        tags: Mapping[str, str] | None = None,
+        details: Mapping[str, object] | None = None,
+    ) -> UsageTicket:
         """A request starts: journal it, so a crash before its end leaves an ``interrupted`` row
         (attributed to the same project, team and org, with its end user, tags and ``details``: request
         record fields known already, as :meth:`end` takes them)."""
         entry = self._prefix + format(next(self._ids), "x")
         try:
-            ticket = UsageTicket(entry, *rec.start_texts(request_id, api_key_id, user_id, model, protocol), rec.now_us(),
-                                 *rec.scope_texts(project_id, team_id, org_id))
+            ticket = UsageTicket(
+                entry,
+                *rec.start_texts(request_id, api_key_id, user_id, model, protocol),
+                rec.now_us(),
+                *rec.scope_texts(project_id, team_id, org_id),
+            )
             if end_user:
                 ticket.end_user = rec.text(end_user, "end_user")
             if tags is not None:
@@ -177,10 +197,23 @@ class Ledger:
         and guard fields (``opod.ledger.records.request_details``)."""
         try:
             if not isinstance(ticket, UsageTicket):
-                log.error("ledger: end() needs the ticket begin() returned, not %s; no row recorded", type(ticket).__name__)
+                log.error(
+                    "ledger: end() needs the ticket begin() returned, not %s; no row recorded", type(ticket).__name__
+                )
                 return
-            record = rec.finished_record(ticket, rec.now_us(), outcome, prompt_tokens, completion_tokens, latency_ms,
-                                         ttft_ms, node_id, route, cost_micros, details)
+            record = rec.finished_record(
+                ticket,
+                rec.now_us(),
+                outcome,
+                prompt_tokens,
+                completion_tokens,
+                latency_ms,
+                ttft_ms,
+                node_id,
+                route,
+                cost_micros,
+                details,
+            )
             line = encode(record)
             with self._lock:
                 if ticket.ended:
@@ -292,8 +325,12 @@ class Ledger:
                     await self.flush()
                     backoff = BACKOFF_S[0]
                 except Exception as err:
-                    log.error("ledger: cannot commit %d records (%s); they stay in the journal, retrying in %.1f s",
-                              self.writer.backlog, err, backoff)
+                    log.error(
+                        "ledger: cannot commit %d records (%s); they stay in the journal, retrying in %.1f s",
+                        self.writer.backlog,
+                        err,
+                        backoff,
+                    )
                     await self._idle(backoff)
                     backoff = min(backoff * 2, BACKOFF_S[1])
                     continue
@@ -339,7 +376,12 @@ class Ledger:
             log.error("ledger: retention could not delete old rows (%s); trying again in %.0f s", err, PRUNE_EVERY_S)
             return
         if gone.usage or gone.events:
-            log.info("ledger: retention deleted %d usage rows and %d events older than %s", gone.usage, gone.events, self.keep)
+            log.info(
+                "ledger: retention deleted %d usage rows and %d events older than %s",
+                gone.usage,
+                gone.events,
+                self.keep,
+            )
         if gone.bodies:
             log.info("ledger: retention deleted %d expired request bodies", gone.bodies)
 
@@ -347,8 +389,11 @@ class Ledger:
         try:
             await self.flush()
         except Exception as err:
-            log.error("ledger: %d records could not be committed at stop (%s); the next start replays them from the journal",
-                      self.writer.backlog, err)
+            log.error(
+                "ledger: %d records could not be committed at stop (%s); the next start replays them from the journal",
+                self.writer.backlog,
+                err,
+            )
             return
         self._rotate()
         self._trim()
@@ -395,8 +440,11 @@ class Ledger:
         with self._lock:
             self._closed = True
             if self.writer.backlog or self._open:
-                log.info("ledger: closed with %d records to commit and %d requests in flight; the next start replays them",
-                         self.writer.backlog, len(self._open))
+                log.info(
+                    "ledger: closed with %d records to commit and %d requests in flight; the next start replays them",
+                    self.writer.backlog,
+                    len(self._open),
+                )
             self.journal.close()
 
 

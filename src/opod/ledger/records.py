@@ -66,12 +66,23 @@ def at_us(ts_us: int) -> datetime:
 
 def text(value: str, name: str) -> str:
     """``value`` as text the store keeps (cut to its length, without NUL or lone surrogates); the change logged."""
-    if type(value) is str and len(value) <= MAX_TEXT and "\x00" not in value and (value.isascii() or _encodable(value) is value):
+    if (
+        type(value) is str
+        and len(value) <= MAX_TEXT
+        and "\x00" not in value
+        and (value.isascii() or _encodable(value) is value)
+    ):
         return value  # the common case, first and cheap
     if value is None:
         return ""
     cleaned = _encodable((value if isinstance(value, str) else str(value)).replace("\x00", "")[:MAX_TEXT])
-    log.warning("ledger: %s %r was stored as %r; pass text of at most %d characters, without NUL or lone surrogates", name, value, cleaned, MAX_TEXT)
+    log.warning(
+        "ledger: %s %r was stored as %r; pass text of at most %d characters, without NUL or lone surrogates",
+        name,
+        value,
+        cleaned,
+        MAX_TEXT,
+    )
     return cleaned
 
 
@@ -120,7 +131,7 @@ def json_text(value: Mapping[str, object], name: str) -> str:
     if type(value) is dict:
         pass  # the gateway's own records: the isinstance checks below cost more than the dump
     elif not isinstance(value, Mapping):
-        log.warning("ledger: %s must be a dict, not %s; stored under the key \"value\"", name, type(value).__name__)
+        log.warning('ledger: %s must be a dict, not %s; stored under the key "value"', name, type(value).__name__)
         value = {"value": value}
     elif type(value) is not dict:
         value = dict(value)  # the standard library would write another Mapping with str(), not as an object
@@ -181,30 +192,60 @@ def scope_texts(project_id: str, team_id: str, org_id: str) -> tuple[str, str, s
     return text(project_id, "project_id"), text(team_id, "team_id"), text(org_id, "org_id")
 
 
-def start_texts(request_id: str, api_key_id: str, user_id: str, model: str, protocol: str) -> tuple[str, str, str, str, str]:
+def start_texts(
+    request_id: str, api_key_id: str, user_id: str, model: str, protocol: str
+) -> tuple[str, str, str, str, str]:
     """A start's text fields as :func:`text` cleans them, with one check for the usual case (short
     ASCII text without NUL) instead of one call per field: this runs for every request."""
-    if type(request_id) is str and type(api_key_id) is str and type(user_id) is str and type(model) is str and type(protocol) is str:
+    if (
+        type(request_id) is str
+        and type(api_key_id) is str
+        and type(user_id) is str
+        and type(model) is str
+        and type(protocol) is str
+    ):
         joined = request_id + api_key_id + user_id + model + protocol
         if len(joined) <= MAX_TEXT and joined.isascii() and "\x00" not in joined:
             return request_id, api_key_id, user_id, model, protocol
-    return (text(request_id, "request_id"), text(api_key_id, "api_key_id"), text(user_id, "user_id"), text(model, "model"),
-            text(protocol, "protocol"))
+    return (
+        text(request_id, "request_id"),
+        text(api_key_id, "api_key_id"),
+        text(user_id, "user_id"),
+        text(model, "model"),
+        text(protocol, "protocol"),
+    )
 
 
-def finished_record(ticket: UsageTicket, ts_us: int, outcome_: str, prompt_tokens: int, completion_tokens: int,
-                    latency_ms: int, ttft_ms: int, node_id: str, route: Mapping[str, object] | None,
-                    cost_micros: int = 0, details: Mapping[str, object] | None = None) -> dict[str, Any]:
+def finished_record(
+    ticket: UsageTicket,
+    ts_us: int,
+    outcome_: str,
+    prompt_tokens: int,
+    completion_tokens: int,
+    latency_ms: int,
+    ttft_ms: int,
+    node_id: str,
+    route: Mapping[str, object] | None,
+    cost_micros: int = 0,
+    details: Mapping[str, object] | None = None,
+) -> dict[str, Any]:
     """The end record for ``ticket``, its values cleaned as :func:`outcome`, :func:`count`, :func:`text`
     and :func:`json_text` clean them; the usual case (a known outcome, counts that are whole numbers
     in range, short ASCII node id) is checked inline, since this runs for every request."""
     usual = (
         outcome_ in OUTCOMES
-        and type(prompt_tokens) is int and 0 <= prompt_tokens <= INT64_MAX
-        and type(completion_tokens) is int and 0 <= completion_tokens <= INT64_MAX
-        and type(latency_ms) is int and 0 <= latency_ms <= INT64_MAX
-        and type(ttft_ms) is int and 0 <= ttft_ms <= INT64_MAX
-        and type(node_id) is str and len(node_id) <= MAX_TEXT and node_id.isascii() and "\x00" not in node_id
+        and type(prompt_tokens) is int
+        and 0 <= prompt_tokens <= INT64_MAX
+        and type(completion_tokens) is int
+        and 0 <= completion_tokens <= INT64_MAX
+        and type(latency_ms) is int
+        and 0 <= latency_ms <= INT64_MAX
+        and type(ttft_ms) is int
+        and 0 <= ttft_ms <= INT64_MAX
+        and type(node_id) is str
+        and len(node_id) <= MAX_TEXT
+        and node_id.isascii()
+        and "\x00" not in node_id
     )
     if not usual:
         outcome_ = outcome(outcome_)
@@ -214,9 +255,17 @@ def finished_record(ticket: UsageTicket, ts_us: int, outcome_: str, prompt_token
         ttft_ms = count(ttft_ms, "ttft_ms")
         node_id = text(node_id, "node_id")
     record = start_record(ticket)
-    record.update(rec="end", ts_us=ts_us, outcome=outcome_, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                  latency_ms=latency_ms, ttft_ms=ttft_ms, node_id=node_id,
-                  route_json=None if route is None else json_text(route, "route"))
+    record.update(
+        rec="end",
+        ts_us=ts_us,
+        outcome=outcome_,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        latency_ms=latency_ms,
+        ttft_ms=ttft_ms,
+        node_id=node_id,
+        route_json=None if route is None else json_text(route, "route"),
+    )
     if cost_micros:
         record["cost_micros"] = count(cost_micros, "cost_micros")
     if details:
@@ -240,13 +289,25 @@ def request_details(details: Mapping[str, object]) -> dict[str, Any]:
         elif name == "cache_hit":
             out[name] = value is True
         else:
-            log.warning("ledger: request detail %r is not one of %s; dropped", name, ", ".join((*DETAIL_COUNTS, *DETAIL_TEXTS, "cache_hit")))
+            log.warning(
+                "ledger: request detail %r is not one of %s; dropped",
+                name,
+                ", ".join((*DETAIL_COUNTS, *DETAIL_TEXTS, "cache_hit")),
+            )
     return out
 
 
-def progress_record(ticket: UsageTicket, ts_us: int, prompt_tokens: int, completion_tokens: int, node_id: str) -> dict[str, Any]:
-    return {"rec": "progress", "entry": ticket.entry, "ts_us": ts_us, "prompt_tokens": count(prompt_tokens, "prompt_tokens"),
-            "completion_tokens": count(completion_tokens, "completion_tokens"), "node_id": text(node_id, "node_id")}
+def progress_record(
+    ticket: UsageTicket, ts_us: int, prompt_tokens: int, completion_tokens: int, node_id: str
+) -> dict[str, Any]:
+    return {
+        "rec": "progress",
+        "entry": ticket.entry,
+        "ts_us": ts_us,
+        "prompt_tokens": count(prompt_tokens, "prompt_tokens"),
+        "completion_tokens": count(completion_tokens, "completion_tokens"),
+        "node_id": text(node_id, "node_id"),
+    }
 
 
 def interrupted_record(start: dict[str, Any], progress: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -254,8 +315,12 @@ def interrupted_record(start: dict[str, Any], progress: dict[str, Any] | None = 
     zeros = {"prompt_tokens": 0, "completion_tokens": 0, "latency_ms": 0, "ttft_ms": 0}
     record = {**start, "rec": "end", "outcome": INTERRUPTED, **zeros, "node_id": "", "route_json": None}
     if progress is not None:
-        record.update(prompt_tokens=progress.get("prompt_tokens", 0), completion_tokens=progress.get("completion_tokens", 0),
-                      node_id=progress.get("node_id", ""), route_json=json.dumps({"prompt_tokens": "estimated"}))
+        record.update(
+            prompt_tokens=progress.get("prompt_tokens", 0),
+            completion_tokens=progress.get("completion_tokens", 0),
+            node_id=progress.get("node_id", ""),
+            route_json=json.dumps({"prompt_tokens": "estimated"}),
+        )
     return record
 
 
@@ -272,8 +337,11 @@ def to_row(record: dict[str, Any]) -> NewUsage | NewEvent:
     get = record.get
     if kind == "event":
         return NewEvent(
-            entry=entry, ts=at_us(ts_us), type=label(get("type", ""), "event type", "unknown"),
-            subject=text(get("subject", ""), "event subject"), data_json=_json_field(get("data_json") or "{}"),
+            entry=entry,
+            ts=at_us(ts_us),
+            type=label(get("type", ""), "event type", "unknown"),
+            subject=text(get("subject", ""), "event subject"),
+            data_json=_json_field(get("data_json") or "{}"),
         )
     if kind != "end":
         raise ValueError(f"rec {kind!r} is neither an end nor an event")
@@ -342,7 +410,9 @@ def recover(lines: Iterable[Line]) -> Recovered:
         record, entry = line.record, line.record.get("entry")
         kind = record.get("rec")
         if not isinstance(entry, str) or kind not in ("start", "end", "event", "progress"):
-            log.error("ledger journal %s line %d is not a start, end, progress or event; skipped", line.segment, line.number)
+            log.error(
+                "ledger journal %s line %d is not a start, end, progress or event; skipped", line.segment, line.number
+            )
             continue
         if kind == "progress":
             # The furthest a stream got: a progress record carried into a newer segment may come again.
@@ -351,6 +421,8 @@ def recover(lines: Iterable[Line]) -> Recovered:
                 progress[entry] = record
             continue
         {"start": starts, "end": ends, "event": events}[kind].setdefault(entry, record)
-    interrupted = [interrupted_record(start, progress.get(entry)) for entry, start in starts.items() if entry not in ends]
+    interrupted = [
+        interrupted_record(start, progress.get(entry)) for entry, start in starts.items() if entry not in ends
+    ]
     records = sorted([*ends.values(), *interrupted, *events.values()], key=_ts_us)
     return Recovered(records, ended=len(ends), interrupted=len(interrupted), events=len(events))

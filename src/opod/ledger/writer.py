@@ -66,7 +66,9 @@ def commit_records(store: Store, records: Sequence[dict[str, Any]], rejected: Pa
     except InvalidInput:
         # One of them is refused: store the others, each on its own, and set that one aside.
         alone: list[tuple[list[NewUsage], list[NewEvent], dict[str, Any]]] = [
-            *(([row], [], source[id(row)]) for row in usage), *(([], [event], source[id(event)]) for event in events)]
+            *(([row], [], source[id(row)]) for row in usage),
+            *(([], [event], source[id(event)]) for event in events),
+        ]
         for usage_row, event_row, record in alone:
             try:
                 new += sum(store.append_ledger(usage_row, event_row))
@@ -118,8 +120,9 @@ class Writer:
         async with self._lock:
             while self.committed < target and self._pending:
                 batch = list(islice(self._pending, self.batch_max))
-                await asyncio.to_thread(commit_records, self.store, [record for _, record in batch], self.rejected,
-                                        check_known=False)
+                await asyncio.to_thread(
+                    commit_records, self.store, [record for _, record in batch], self.rejected, check_known=False
+                )
                 # Only this coroutine (under the lock) removes from the left; add() appends on the right.
                 for _ in batch:
                     self._pending.popleft()

@@ -43,7 +43,9 @@ def load_or_create_secret(path: Path) -> bytes:
     if path.exists():
         data = path.read_bytes().strip()
         if len(data) < 64:
-            raise ValueError(f"{path} is too short to be a node secret; delete it to mint a new one (existing node tokens stop working)")
+            raise ValueError(
+                f"{path} is too short to be a node secret; delete it to mint a new one (existing node tokens stop working)"
+            )
         return bytes.fromhex(data.decode())
     path.parent.mkdir(parents=True, exist_ok=True)
     secret = secrets.token_bytes(32)

@@ -48,7 +48,11 @@ class ReplayGuard:
             self._check_plain(header, now)
 
     def _refuse(self, header: SignedHeader, why: str) -> AuthRefused:
-        return AuthRefused(Refusal.REPLAYED, f"replayed signature from node {header.node_id!r} refused ({why}); sign every call afresh", header.node_id)
+        return AuthRefused(
+            Refusal.REPLAYED,
+            f"replayed signature from node {header.node_id!r} refused ({why}); sign every call afresh",
+            header.node_id,
+        )
 
     def _check_nonce(self, header: SignedHeader, now: float) -> None:
         boot, _, count_text = header.nonce.rpartition(".")

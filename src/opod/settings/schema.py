@@ -55,8 +55,12 @@ class Budget(Section):
 class ProjectRetention(Section):
     """One project's own retention, in place of the cluster's defaults."""
 
-    requests_days: int | None = Field(None, ge=0, description="Days its request records are kept (the cluster's when absent).")
-    bodies: bool | None = Field(None, description="Whether its request and answer bodies are kept (the cluster's when absent).")
+    requests_days: int | None = Field(
+        None, ge=0, description="Days its request records are kept (the cluster's when absent)."
+    )
+    bodies: bool | None = Field(
+        None, description="Whether its request and answer bodies are kept (the cluster's when absent)."
+    )
     body_max_bytes: int | None = Field(None, ge=0, description="Bytes of a body kept before it is marked truncated.")
     bodies_days: int | None = Field(None, ge=0, description="Days its bodies are kept (the cluster's when absent).")
 
@@ -65,11 +69,16 @@ class Retention(Section):
     """How long request records and bodies are kept."""
 
     requests_days: int = Field(30, ge=0, description="Days a request's record (not its body) is kept.")
-    bodies: bool = Field(False, description="Whether request and answer bodies are kept at all; a request's no_store wins.")
-    body_max_bytes: int = Field(65536, ge=0, description="Bytes of a body kept; a longer body is cut and marked truncated.")
+    bodies: bool = Field(
+        False, description="Whether request and answer bodies are kept at all; a request's no_store wins."
+    )
+    body_max_bytes: int = Field(
+        65536, ge=0, description="Bytes of a body kept; a longer body is cut and marked truncated."
+    )
     bodies_days: int = Field(7, ge=0, description="Days a kept body is kept.")
     projects: dict[str, ProjectRetention] = Field(
-        default_factory=dict, description="Per-project retention, by project scope text or ID, in place of the defaults."
+        default_factory=dict,
+        description="Per-project retention, by project scope text or ID, in place of the defaults.",
     )
 
 
@@ -96,7 +105,9 @@ class Webhook(Section):
 class Prometheus(Section):
     """The Prometheus server metrics/range asks."""
 
-    url: str = Field("", description="The Prometheus server's base URL; metrics/range answers configured: false when empty.")
+    url: str = Field(
+        "", description="The Prometheus server's base URL; metrics/range answers configured: false when empty."
+    )
 
     @field_validator("url")
     @classmethod
@@ -109,9 +120,12 @@ class Prometheus(Section):
 class KeyRules(Section):
     """Bounds on the lifetime of API keys."""
 
-    max_lifetime: Lifetime = Field("", description="The longest lifetime of any key, as a duration (720h); unbounded when empty.")
+    max_lifetime: Lifetime = Field(
+        "", description="The longest lifetime of any key, as a duration (720h); unbounded when empty."
+    )
     scopes: dict[str, Lifetime] = Field(
-        default_factory=dict, description="Scope text or ID → the longest lifetime of a key in that scope, as a duration."
+        default_factory=dict,
+        description="Scope text or ID → the longest lifetime of a key in that scope, as a duration.",
     )
 
 
@@ -119,20 +133,30 @@ class AuthSettings(Section):
     """How people and providers authenticate."""
 
     scim_token: str = Field(
-        "", description="Where the SCIM provider's bearer token is: store:NAME, or empty for the stored secret auth/scim-token."
+        "",
+        description="Where the SCIM provider's bearer token is: store:NAME, or empty for the stored secret auth/scim-token.",
     )
 
 
 class RoutingProfile(Section):
     """How the requests of keys that name this profile are routed: each field given replaces the policy file's value."""
 
-    kv_weight: float | None = Field(None, ge=0, description="Weight of a worker's KV-cache use in its score (the policy's when absent).")
-    kv_saturation_pct: float | None = Field(
-        None, ge=0, le=100, description="KV-cache use, in percent, past which a worker is avoided (the policy's when absent)."
+    kv_weight: float | None = Field(
+        None, ge=0, description="Weight of a worker's KV-cache use in its score (the policy's when absent)."
     )
-    prefix_affinity: bool | None = Field(None, description="Keep a conversation on the worker that holds its prefix (the policy's when absent).")
+    kv_saturation_pct: float | None = Field(
+        None,
+        ge=0,
+        le=100,
+        description="KV-cache use, in percent, past which a worker is avoided (the policy's when absent).",
+    )
+    prefix_affinity: bool | None = Field(
+        None, description="Keep a conversation on the worker that holds its prefix (the policy's when absent)."
+    )
     prefix_block_weight: float | None = Field(
-        None, ge=0, description="Weight of the prompt's cached blocks on a worker in its score (the policy's when absent)."
+        None,
+        ge=0,
+        description="Weight of the prompt's cached blocks on a worker in its score (the policy's when absent).",
     )
 
 
@@ -161,7 +185,8 @@ class ClusterSettings(Section):
     keys: KeyRules = Field(default_factory=KeyRules, description="Bounds on API key lifetimes.")
     auth: AuthSettings = Field(default_factory=AuthSettings, description="Authentication of people and providers.")
     routing_profiles: Annotated[dict[str, RoutingProfile], AfterValidator(_profile_names)] = Field(
-        default_factory=dict, description="Named routings a key may ask for (its routing_profile); 'default' is the policy file's."
+        default_factory=dict,
+        description="Named routings a key may ask for (its routing_profile); 'default' is the policy file's.",
     )
 
     def price(self, model: str) -> Price:

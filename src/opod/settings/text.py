@@ -124,7 +124,9 @@ def _scope_problems(settings: ClusterSettings, root: yaml.Node | None, check: Sc
     places: list[tuple[tuple[int | str, ...], str, tuple[str, ...], bool]] = [
         (("budgets", i, "scope"), budget.scope, ANY_SCOPE, False) for i, budget in enumerate(settings.budgets)
     ]
-    places += [(("keys", "scopes", text), text, ("org", "team", "project", "user"), True) for text in settings.keys.scopes]
+    places += [
+        (("keys", "scopes", text), text, ("org", "team", "project", "user"), True) for text in settings.keys.scopes
+    ]
     places += [(("retention", "projects", text), text, ("project",), True) for text in settings.retention.projects]
     problems = []
     for loc, text, kinds, at_key in places:
@@ -153,7 +155,9 @@ def parse_settings(body: str, *, check_scope: ScopeCheck | None = None) -> Clust
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise SettingsInvalid([Problem(1, "", f"the body must be a mapping of settings keys, not {type(data).__name__}")])
+        raise SettingsInvalid(
+            [Problem(1, "", f"the body must be a mapping of settings keys, not {type(data).__name__}")]
+        )
     duplicates = _duplicates(root) if root is not None else []
     if duplicates:
         raise SettingsInvalid(duplicates)

@@ -71,9 +71,13 @@ def bind_host(node: NodeState) -> str:
     return "127.0.0.1" if loopback else "0.0.0.0"
 
 
-async def get_process(workers: WorkerClient, node: NodeState, process_id: str, timeout: float = 10.0) -> nodeapi.ProcessInfo | None:
+async def get_process(
+    workers: WorkerClient, node: NodeState, process_id: str, timeout: float = 10.0
+) -> nodeapi.ProcessInfo | None:
     """The worker's view of one process; ``None`` when it has no such process. Raises WorkerUnavailable."""
-    status, body = await workers.call_json(node, "GET", f"{nodeapi.PATH_PROCESS_GET}?{urlencode({'id': process_id})}", timeout=timeout)
+    status, body = await workers.call_json(
+        node, "GET", f"{nodeapi.PATH_PROCESS_GET}?{urlencode({'id': process_id})}", timeout=timeout
+    )
     if status == 404:
         return None
     if status != 200 or not isinstance(body, dict):
@@ -83,7 +87,9 @@ async def get_process(workers: WorkerClient, node: NodeState, process_id: str, t
 
 async def process_logs(workers: WorkerClient, node: NodeState, process_id: str, lines: int = 40) -> str:
     try:
-        status, body = await workers.call_json(node, "GET", f"{nodeapi.PATH_PROCESS_LOGS}?{urlencode({'id': process_id, 'lines': lines})}", timeout=10)
+        status, body = await workers.call_json(
+            node, "GET", f"{nodeapi.PATH_PROCESS_LOGS}?{urlencode({'id': process_id, 'lines': lines})}", timeout=10
+        )
     except WorkerUnavailable:
         return ""
     return body if status == 200 and isinstance(body, str) else ""
@@ -93,7 +99,9 @@ async def stop_process(workers: WorkerClient, node: NodeState, process_id: str, 
     """Stop one process; an unknown id is already stopped. Raises WorkerUnavailable."""
     status, body = await workers.call_json(node, "POST", nodeapi.PATH_PROCESS_STOP, {"id": process_id}, timeout=timeout)
     if status not in (204, 404):
-        raise WorkerUnavailable(f"worker {node.id} answered HTTP {status} to stopping {process_id}: {str(body).strip()[:200]}")
+        raise WorkerUnavailable(
+            f"worker {node.id} answered HTTP {status} to stopping {process_id}: {str(body).strip()[:200]}"
+        )
 
 
 _LLAMA_LOG = re.compile(r"^\d+\.\d+\.\d+\.\d+ ([A-Z]) (.*)$")
@@ -136,28 +144,47 @@ async def start_part(
                 raise worker_failed(f"the RPC part on {node.id} failed: {outcome}")
         else:
             raise worker_failed(f"no RPC server could be started on {node.id}: " + "; ".join(tries))
-    raise worker_failed(f"every port tried on {node.id} is in use ({', '.join(str(p) for p in ports)}): " + "; ".join(tries)
-                        + "; free them or set the catalog's sharding.rpc_port_base elsewhere")
+    raise worker_failed(
+        f"every port tried on {node.id} is in use ({', '.join(str(p) for p in ports)}): "
+        + "; ".join(tries)
+        + "; free them or set the catalog's sharding.rpc_port_base elsewhere"
+    )
 
 
-async def _try_part(workers: WorkerClient, node: NodeState, process_id: str, port: int, command: str, timing: Timing) -> str:
+async def _try_part(
+    workers: WorkerClient, node: NodeState, process_id: str, port: int, command: str, timing: Timing
+) -> str:
     """``""`` when the part runs; else ``port …`` (taken), ``could not start …`` (no such command) or another reason."""
     args = ["-H", bind_host(node), "-p", str(port)]
     if node.hardware.cpu_cores > 0:
         args += ["-t", str(node.hardware.cpu_cores)]
     spec = nodeapi.ProcessSpec(
-        id=process_id, command=command, args=args, env=None, work_dir="", health_port=port, health_host="127.0.0.1",
-        log_lines=200, health_path="", ready_timeout=int(timing.part_ready * SECOND), restart=True, max_restarts=3,
+        id=process_id,
+        command=command,
+        args=args,
+        env=None,
+        work_dir="",
+        health_port=port,
+        health_host="127.0.0.1",
+        log_lines=200,
+        health_path="",
+        ready_timeout=int(timing.part_ready * SECOND),
+        restart=True,
+        max_restarts=3,
         restart_backoff=SECOND,
     )
-    status, body = await workers.call_json(node, "POST", nodeapi.PATH_PROCESS_START, spec.to_wire(), timeout=timing.call)
+    status, body = await workers.call_json(
+        node, "POST", nodeapi.PATH_PROCESS_START, spec.to_wire(), timeout=timing.call
+    )
     if status == 502 and isinstance(body, dict):
         error = str(body.get("error", ""))
         if "already running" not in error:
             return f"refused: {error}"
         # A live process with this id is left from an earlier try: replace it.
         await stop_process(workers, node, process_id)
-        status, body = await workers.call_json(node, "POST", nodeapi.PATH_PROCESS_START, spec.to_wire(), timeout=timing.call)
+        status, body = await workers.call_json(
+            node, "POST", nodeapi.PATH_PROCESS_START, spec.to_wire(), timeout=timing.call
+        )
     if status != 202:
         # A program that cannot be spawned is recorded as failed before the worker answers 500.
         info = await get_process(workers, node, process_id)
@@ -203,14 +230,21 @@ def load_request(model: str, source: Source | None, weights: str, rpc: str) -> n
     )
 
 
-async def unload_coordinator(workers: WorkerClient, node: NodeState, model: str, source: Source | None, timeout: float = 60.0) -> None:
+async def unload_coordinator(
+    workers: WorkerClient, node: NodeState, model: str, source: Source | None, timeout: float = 60.0
+) -> None:
     """Raises WorkerUnavailable when the worker cannot be told."""
     req = nodeapi.UnloadModelRequest(
-        id=model, ollama_name=source.ollama_name if source else "", repo=source.repo if source else "", path=source.path if source else ""
+        id=model,
+        ollama_name=source.ollama_name if source else "",
+        repo=source.repo if source else "",
+        path=source.path if source else "",
     )
     status, body = await workers.call_json(node, "POST", nodeapi.PATH_MODEL_UNLOAD, req.to_wire(), timeout=timeout)
     if status not in (200, 501):
-        raise WorkerUnavailable(f"worker {node.id} answered HTTP {status} to unloading {model}: {str(body).strip()[:200]}")
+        raise WorkerUnavailable(
+            f"worker {node.id} answered HTTP {status} to unloading {model}: {str(body).strip()[:200]}"
+        )
 
 
 async def load_coordinator(
@@ -228,7 +262,9 @@ async def load_coordinator(
     old = (before.pid, before.started_at) if before is not None else None
     status, body = await workers.call_json(node, "POST", nodeapi.PATH_MODEL_LOAD, req.to_wire(), timeout=timing.call)
     if status != 200:
-        raise worker_failed(f"worker {node_id} refused to load the coordinator of {model}: HTTP {status}: {str(body).strip()[:300]}")
+        raise worker_failed(
+            f"worker {node_id} refused to load the coordinator of {model}: HTTP {status}: {str(body).strip()[:300]}"
+        )
     deadline = time.monotonic() + timing.coordinator_ready
     while True:
         node = node_of(node_id)
@@ -238,20 +274,33 @@ async def load_coordinator(
         if info is not None and (info.pid, info.started_at) != old:
             if info.status == nodeapi.ProcessStatus.RUNNING:
                 break
-            if info.status in (nodeapi.ProcessStatus.FAILED, nodeapi.ProcessStatus.CRASHLOOP, nodeapi.ProcessStatus.STOPPED):
+            if info.status in (
+                nodeapi.ProcessStatus.FAILED,
+                nodeapi.ProcessStatus.CRASHLOOP,
+                nodeapi.ProcessStatus.STOPPED,
+            ):
                 line = _last_line(await process_logs(workers, node, pid))
-                raise worker_failed(f"the coordinator of {model} on {node_id} ended: {info.exit_err or info.status}" + (f" (it said: {line})" if line else ""))
+                raise worker_failed(
+                    f"the coordinator of {model} on {node_id} ended: {info.exit_err or info.status}"
+                    + (f" (it said: {line})" if line else "")
+                )
         if time.monotonic() > deadline:
-            raise worker_failed(f"the coordinator of {model} on {node_id} did not serve within {timing.coordinator_ready:g}s")
+            raise worker_failed(
+                f"the coordinator of {model} on {node_id} did not serve within {timing.coordinator_ready:g}s"
+            )
         await asyncio.sleep(timing.poll)
     logs = await process_logs(workers, node, pid, lines=400)
-    missing = [line[line.index(PART_UNREACHABLE):].strip() for line in logs.splitlines() if PART_UNREACHABLE in line]
+    missing = [line[line.index(PART_UNREACHABLE) :].strip() for line in logs.splitlines() if PART_UNREACHABLE in line]
     if missing:
-        raise worker_failed(f"the coordinator of {model} on {node_id} could not reach its parts: {'; '.join(missing)[:300]}")
+        raise worker_failed(
+            f"the coordinator of {model} on {node_id} could not reach its parts: {'; '.join(missing)[:300]}"
+        )
     deadline = time.monotonic() + timing.heartbeat
     while time.monotonic() < deadline:
         node = node_of(node_id)
         if node is not None and model in node.loaded_models:
             return
         await asyncio.sleep(timing.poll)
-    raise worker_failed(f"the coordinator of {model} runs on {node_id}, but the worker's heartbeat has not listed it within {timing.heartbeat:g}s")
+    raise worker_failed(
+        f"the coordinator of {model} runs on {node_id}, but the worker's heartbeat has not listed it within {timing.heartbeat:g}s"
+    )

@@ -107,13 +107,18 @@ async def place_file(workers: WorkerClient, node: NodeState, path: Path, digest:
             if resp.status not in (200, 404):
                 raise worker_failed(f"worker {node.id} answered HTTP {resp.status} when asked for {path.name}")
     except (aiohttp.ClientError, TimeoutError, OSError) as err:
-        raise WorkerUnavailable(f"worker {node.id} at {node.address} did not answer the file check: {err or type(err).__name__}") from err
+        raise WorkerUnavailable(
+            f"worker {node.id} at {node.address} did not answer the file check: {err or type(err).__name__}"
+        ) from err
     if found:
         return Placed(found, digest, False, time.monotonic() - started)
     size = path.stat().st_size
     url = f"{node.base_url()}{nodeapi.PATH_PROCESS_UPLOAD}?{query}"
-    headers = {**workers.signed_headers(node, "POST", nodeapi.PATH_PROCESS_UPLOAD), "Content-Type": "application/octet-stream",
-               "Content-Length": str(size)}
+    headers = {
+        **workers.signed_headers(node, "POST", nodeapi.PATH_PROCESS_UPLOAD),
+        "Content-Type": "application/octet-stream",
+        "Content-Length": str(size),
+    }
     # No total bound: a large GGUF takes as long as the network needs; a stalled one is caught per read.
     timeout = aiohttp.ClientTimeout(total=None, connect=5, sock_read=300)
     try:

@@ -136,7 +136,9 @@ class Gangs:
         return ShardPlan(model=gang.model, shards=gang.shards, port_base=gang.port_base, entry=entry)
 
     async def start_part(self, gang: Gang, part: Part, node: NodeState, plan: ShardPlan, commands: list[str]) -> None:
-        ran = await self.guard(node, calls.start_part(self.workers, node, part.process_id, plan.ports(part.index), commands, self.timing))
+        ran = await self.guard(
+            node, calls.start_part(self.workers, node, part.process_id, plan.ports(part.index), commands, self.timing)
+        )
         part.node, part.port, part.command = node.id, ran.port, ran.command
         part.address = f"{calls.host_of(node)}:{ran.port}"
         part.state, part.detail = ProcessState.RUNNING, ""

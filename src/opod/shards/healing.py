@@ -128,13 +128,19 @@ class Healer:
             self.gangs.unreachable(node_id, str(err))
             misses = self._misses[key] = self._misses.get(key, 0) + 1
             if misses >= self.miss_limit:
-                return f"worker {node_id} at {node.address} did not answer {self.miss_limit} checks in a row ({_cause(err)})", ""
+                return (
+                    f"worker {node_id} at {node.address} did not answer {self.miss_limit} checks in a row ({_cause(err)})",
+                    "",
+                )
             return "", ""
         self._misses.pop(key, None)
         if info is None:
             return "", f"its process is no longer on {node_id} (the worker restarted?)"
         if info.status in ENDED:
-            return "", f"its process on {node_id} {info.status}: {rpc_binary.describe_exit(info.exit_err or 'no reason given')}"
+            return (
+                "",
+                f"its process on {node_id} {info.status}: {rpc_binary.describe_exit(info.exit_err or 'no reason given')}",
+            )
         return "", ""
 
     async def check(self, gang: Gang) -> Findings:
@@ -196,7 +202,9 @@ class Healer:
                 gang.state, gang.detail = GangState.DEGRADED, f"a heal stopped before it ended: {err!r}"
                 raise
             reason = err.message if isinstance(err, ShardError) else str(err)
-            return await self._failed(gang, found, reason, coordinator_down=trial.coordinator.state is not ProcessState.RUNNING)
+            return await self._failed(
+                gang, found, reason, coordinator_down=trial.coordinator.state is not ProcessState.RUNNING
+            )
         now = datetime.now(UTC)
         trial.state, trial.heals, trial.healed_at = GangState.SERVING, gang.heals + 1, now
         words = [f"part {m['index']} {m['from']} → {m['to']}" for m in moves]
@@ -208,10 +216,17 @@ class Healer:
             setattr(gang, name, getattr(trial, name))
         for key in [k for k in self._misses if k[0] == gang.id]:
             del self._misses[key]
-        await gangs.emit(SHARD_HEALED, gang.model, {
-            "gang": gang.id, "replaced": moves, "coordinator": gang.coordinator.node,
-            "coordinator_moved": gang.coordinator.node != coordinator_from, "seconds": gang.timings["total"],
-        })
+        await gangs.emit(
+            SHARD_HEALED,
+            gang.model,
+            {
+                "gang": gang.id,
+                "replaced": moves,
+                "coordinator": gang.coordinator.node,
+                "coordinator_moved": gang.coordinator.node != coordinator_from,
+                "seconds": gang.timings["total"],
+            },
+        )
         return f"gang {gang.id} of {gang.model}: {gang.detail}"
 
     async def _restart_coordinator(self, trial: Gang, found: Findings, plan: ShardPlan) -> None:
@@ -222,9 +237,20 @@ class Healer:
         if found.coordinator_gone:
             busy = {g.coordinator.node for g in gangs.records.values() if g.model == trial.model and g.id != trial.id}
             nodes = [n for n in gangs.nodes() if n.id not in found.gone]
-            node = choose_coordinator(trial.model, nodes, pinned=gangs.coordinator_node, local_node=gangs.local_node,
-                                      busy=busy, suspect=gangs.suspect())
-            coordinator.node, coordinator.address, coordinator.weights, coordinator.uploaded = node.id, node.address, "", False
+            node = choose_coordinator(
+                trial.model,
+                nodes,
+                pinned=gangs.coordinator_node,
+                local_node=gangs.local_node,
+                busy=busy,
+                suspect=gangs.suspect(),
+            )
+            coordinator.node, coordinator.address, coordinator.weights, coordinator.uploaded = (
+                node.id,
+                node.address,
+                "",
+                False,
+            )
             local = leader_file(trial.model, source)
             if local is not None:
                 digest = await checked_digest(trial.model, local, source, gangs.digests)
@@ -256,11 +282,15 @@ class Healer:
                 part.state, part.detail = ProcessState.LOST, found.lost[part.index]
         if found.coordinator or coordinator_down:
             gang.coordinator.state = ProcessState.LOST
-            gang.coordinator.detail = found.coordinator or "stopped to take the new RPC list, not started again: " + reason
+            gang.coordinator.detail = (
+                found.coordinator or "stopped to take the new RPC list, not started again: " + reason
+            )
         first = not _same(gang.detail, reason)
         gang.state, gang.detail = GangState.DEGRADED, reason
         if first:
-            await self.gangs.emit(SHARD_HEAL_FAILED, gang.model, {"gang": gang.id, "reason": reason, "lost": _reasons(found)})
+            await self.gangs.emit(
+                SHARD_HEAL_FAILED, gang.model, {"gang": gang.id, "reason": reason, "lost": _reasons(found)}
+            )
         return f"gang {gang.id} of {gang.model}: heal failed: {reason}"
 
     async def run(self, stop: asyncio.Event, every: float = 5.0) -> None:

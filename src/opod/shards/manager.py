@@ -79,16 +79,29 @@ class ShardManager:
         gangs = self._gangs
         started = time.monotonic()
         route = gangs.route()
-        placement = place(plan, gangs.nodes(), pinned=gangs.coordinator_node, local_node=gangs.local_node,
-                          gangs=gangs.records.values(), suspect=gangs.suspect())
+        placement = place(
+            plan,
+            gangs.nodes(),
+            pinned=gangs.coordinator_node,
+            local_node=gangs.local_node,
+            gangs=gangs.records.values(),
+            suspect=gangs.suspect(),
+        )
         source = plan.entry.source
         local = leader_file(plan.model, source)
         digest = await checked_digest(plan.model, local, source, gangs.digests) if local is not None else ""
         coordinator = placement.coordinator
-        gang = Gang(id=new_gang_id(), model=plan.model, shards=plan.shards, port_base=plan.port_base,
-                    coordinator=Coordinator(node=coordinator.id, address=coordinator.address))
-        gang.parts = [Part(index=i, node=n.id, address="", port=0, process_id=part_process_id(plan.model, gang.id, i))
-                      for i, n in enumerate(placement.parts)]
+        gang = Gang(
+            id=new_gang_id(),
+            model=plan.model,
+            shards=plan.shards,
+            port_base=plan.port_base,
+            coordinator=Coordinator(node=coordinator.id, address=coordinator.address),
+        )
+        gang.parts = [
+            Part(index=i, node=n.id, address="", port=0, process_id=part_process_id(plan.model, gang.id, i))
+            for i, n in enumerate(placement.parts)
+        ]
         gangs.records[gang.id] = gang
         try:
             await self._form(gang, plan, route, local, digest, started)
@@ -99,23 +112,42 @@ class ShardManager:
                 raise
             message = err.message if isinstance(err, ShardError) else str(err)
             stopped = ", ".join(sorted({p.node for p in gang.parts}))
-            tail = f"; rolled back: stopped the parts on {stopped} and unloaded the coordinator on {gang.coordinator.node}"
+            tail = (
+                f"; rolled back: stopped the parts on {stopped} and unloaded the coordinator on {gang.coordinator.node}"
+            )
             if undone.unreached:
                 tail += f" (not reached: {', '.join(undone.unreached)})"
-            raise ShardError(err.status if isinstance(err, ShardError) else 502,
-                             err.kind if isinstance(err, ShardError) else "worker_failed",
-                             f"creating a gang of {plan.model} failed: {message}{tail}") from None
+            raise ShardError(
+                err.status if isinstance(err, ShardError) else 502,
+                err.kind if isinstance(err, ShardError) else "worker_failed",
+                f"creating a gang of {plan.model} failed: {message}{tail}",
+            ) from None
         gang.state = GangState.SERVING
         gang.timings["total"] = round(time.monotonic() - started, 3)
-        log.info("gang %s of %s serving: coordinator on %s, parts %s", gang.id, gang.model, gang.coordinator.node, gang.rpc_list())
-        await gangs.emit(SHARD_CREATED, gang.model, {
-            "gang": gang.id, "coordinator": gang.coordinator.node, "shards": gang.shards,
-            "parts": [{"index": p.index, "node": p.node, "address": p.address} for p in gang.parts],
-            "uploaded": gang.coordinator.uploaded, "seconds": gang.timings["total"],
-        })
+        log.info(
+            "gang %s of %s serving: coordinator on %s, parts %s",
+            gang.id,
+            gang.model,
+            gang.coordinator.node,
+            gang.rpc_list(),
+        )
+        await gangs.emit(
+            SHARD_CREATED,
+            gang.model,
+            {
+                "gang": gang.id,
+                "coordinator": gang.coordinator.node,
+                "shards": gang.shards,
+                "parts": [{"index": p.index, "node": p.node, "address": p.address} for p in gang.parts],
+                "uploaded": gang.coordinator.uploaded,
+                "seconds": gang.timings["total"],
+            },
+        )
         return gang
 
-    async def _form(self, gang: Gang, plan: ShardPlan, route: rpc_binary.RpcRoute, local: Path | None, digest: str, started: float) -> None:
+    async def _form(
+        self, gang: Gang, plan: ShardPlan, route: rpc_binary.RpcRoute, local: Path | None, digest: str, started: float
+    ) -> None:
         gangs = self._gangs
         commands = rpc_binary.fallback_commands(route)
         coordinator = gangs.require(gang.coordinator.node)
@@ -147,7 +179,10 @@ class ShardManager:
         gangs = [g for g in records.values() if g.model == model_id]
         if not gangs:
             models = sorted({g.model for g in records.values()})
-            raise not_found(f"model {model_id!r} has no gangs" + (f"; gangs exist for: {', '.join(models)}" if models else "; there are no gangs"))
+            raise not_found(
+                f"model {model_id!r} has no gangs"
+                + (f"; gangs exist for: {', '.join(models)}" if models else "; there are no gangs")
+            )
         return await self._remove(model_id, gangs)
 
     async def delete_gang(self, model_id: str, gang_id: str) -> RemovedGangs:
@@ -155,7 +190,10 @@ class ShardManager:
         gang = records.get(gang_id)
         if gang is None or gang.model != model_id:
             ids = sorted(g.id for g in records.values() if g.model == model_id)
-            raise not_found(f"model {model_id!r} has no gang {gang_id!r}" + (f"; its gangs: {', '.join(ids)}" if ids else "; it has no gangs"))
+            raise not_found(
+                f"model {model_id!r} has no gang {gang_id!r}"
+                + (f"; its gangs: {', '.join(ids)}" if ids else "; it has no gangs")
+            )
         return await self._remove(model_id, [gang])
 
     async def _remove(self, model_id: str, gangs: builtins.list[Gang]) -> RemovedGangs:
@@ -194,8 +232,13 @@ class ShardManager:
 
         jobs = [quietly(p.node, f"part {p.index}", stop_part(p)) for p in gang.parts]
         if unload:
-            jobs.append(quietly(gang.coordinator.node, "coordinator",
-                                lambda node: calls.unload_coordinator(workers, node, gang.model, source)))
+            jobs.append(
+                quietly(
+                    gang.coordinator.node,
+                    "coordinator",
+                    lambda node: calls.unload_coordinator(workers, node, gang.model, source),
+                )
+            )
         await asyncio.gather(*jobs)
         for part in gang.parts:
             part.state = ProcessState.STOPPED
@@ -226,7 +269,10 @@ class ShardManager:
         gangs = gangs_from_json(text)
         for gang in gangs:
             if gang.state is GangState.REMOVING:
-                gang.state, gang.detail = GangState.DEGRADED, "was being removed when the leader stopped; delete it again"
+                gang.state, gang.detail = (
+                    GangState.DEGRADED,
+                    "was being removed when the leader stopped; delete it again",
+                )
             elif gang.state is GangState.HEALING:
                 gang.state = GangState.DEGRADED
         records = self._gangs.records

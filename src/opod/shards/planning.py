@@ -52,7 +52,9 @@ def plan_for(model_id: str, entry: Entry | None, shards: int | None) -> ShardPla
         )
     source = entry.source
     if source.type == "ollama" and not source.repo:
-        raise bad_request(f"model {model_id!r} comes from Ollama ({source.ollama_name}) with no GGUF repo; llama.cpp cannot load an Ollama tag")
+        raise bad_request(
+            f"model {model_id!r} comes from Ollama ({source.ollama_name}) with no GGUF repo; llama.cpp cannot load an Ollama tag"
+        )
     if shards is None:
         shards = sharding.default_shards or DEFAULT_SHARDS
     if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= MAX_SHARDS:
@@ -147,11 +149,15 @@ def choose_coordinator(
     if pinned:
         wanted = local_node if pinned == LOCAL else pinned
         if wanted is None:
-            raise conflict(f"OPOD_COORDINATOR_NODE is {LOCAL!r} but this leader runs no worker of its own (opod up --no-worker); name a node id or unset it")
+            raise conflict(
+                f"OPOD_COORDINATOR_NODE is {LOCAL!r} but this leader runs no worker of its own (opod up --no-worker); name a node id or unset it"
+            )
         node = next((n for n in nodes if n.id == wanted), None)
         if node is None:
             known = ", ".join(n.id for n in nodes) or "none"
-            raise conflict(f"OPOD_COORDINATOR_NODE names {wanted!r}, which is not a worker of this leader (known: {known}); name one of them or unset it")
+            raise conflict(
+                f"OPOD_COORDINATOR_NODE names {wanted!r}, which is not a worker of this leader (known: {known}); name one of them or unset it"
+            )
         problem = _coordinator_problem(node, model, busy, now, suspect)
         if problem:
             raise conflict(f"OPOD_COORDINATOR_NODE names {wanted!r}, which cannot coordinate now: {problem}")
@@ -161,7 +167,9 @@ def choose_coordinator(
     fit = [n for n in ranked if not problems[n.id]]
     if not fit:
         detail = ", ".join(f"{n.id} ({problems[n.id]})" for n in ranked) or "no workers at all"
-        raise conflict(f"no worker can coordinate a gang of {model}: {detail}; join a worker with `opod join --engine {COORDINATOR_ENGINE}`")
+        raise conflict(
+            f"no worker can coordinate a gang of {model}: {detail}; join a worker with `opod join --engine {COORDINATOR_ENGINE}`"
+        )
     return fit[0]
 
 
@@ -186,14 +194,21 @@ def place(
             f"join more workers (`opod join`) or ask for fewer shards"
         )
     busy = {g.coordinator.node for g in gangs if g.model == plan.model}
-    coordinator = choose_coordinator(plan.model, nodes, pinned=pinned, local_node=local_node, busy=busy, suspect=suspect, now=now)
+    coordinator = choose_coordinator(
+        plan.model, nodes, pinned=pinned, local_node=local_node, busy=busy, suspect=suspect, now=now
+    )
     # The coordinator's own machine takes part 0 when it can: that part is reached over loopback.
     order = ([coordinator] if coordinator in live else []) + [n for n in live if n is not coordinator]
     return Placement(coordinator=coordinator, parts=order[: plan.shards])
 
 
 def replacement(
-    gang: Gang, index: int, nodes: list[NodeState], *, exclude: dict[str, str], suspect: dict[str, str] | None = None,
+    gang: Gang,
+    index: int,
+    nodes: list[NodeState],
+    *,
+    exclude: dict[str, str],
+    suspect: dict[str, str] | None = None,
     now: float | None = None,
 ) -> NodeState:
     """A live worker for part ``index`` of ``gang``: not holding another of its parts, not in ``exclude`` (id → why).

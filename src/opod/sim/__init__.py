@@ -30,7 +30,12 @@ from typing import Any
 from opod.sim.config import SimConfig, SimConfigError
 
 # The server side (Starlette, uvicorn, zmq) loads on first use, so `opod --help` stays quick.
-_LAZY = {"build_app": "opod.sim.app", "SimHandle": "opod.sim.server", "running": "opod.sim.server", "serve": "opod.sim.server"}
+_LAZY = {
+    "build_app": "opod.sim.app",
+    "SimHandle": "opod.sim.server",
+    "running": "opod.sim.server",
+    "serve": "opod.sim.server",
+}
 
 __all__ = ["SimConfig", "SimConfigError", "SimHandle", "build_app", "running", "serve"]
 

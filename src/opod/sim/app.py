@@ -57,8 +57,16 @@ def _not_found_handler(dialect: str) -> Callable[[Request, Exception], Awaitable
         if dialect == "llamacpp":
             return error_response("llamacpp", SimHTTPError(404, "File Not Found", kind="not_found_error"))
         if dialect == "ollama":
-            return PlainTextResponse("404 page not found" if status == 404 else "405 method not allowed", status_code=status)
-        detail = "Not Found" if status == 404 else "Method Not Allowed" if status == 405 else str(getattr(exc, "detail", "error"))
+            return PlainTextResponse(
+                "404 page not found" if status == 404 else "405 method not allowed", status_code=status
+            )
+        detail = (
+            "Not Found"
+            if status == 404
+            else "Method Not Allowed"
+            if status == 405
+            else str(getattr(exc, "detail", "error"))
+        )
         return Response(dumps({"detail": detail}), status_code=status, media_type="application/json")
 
     return handler

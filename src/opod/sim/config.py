@@ -107,17 +107,24 @@ class SimConfig:
             raise SimConfigError(f"--model was given the same name twice ({', '.join(self.models)})")
         if self.output_min > self.output_max:
             raise SimConfigError(f"--output-min ({self.output_min}) must not exceed --output-max ({self.output_max})")
-        for flag, url in (("--kv-events", self.kv_events), ("--kv-events-bind", self.kv_events_bind),
-                          ("--kv-events-replay", self.kv_events_replay)):
+        for flag, url in (
+            ("--kv-events", self.kv_events),
+            ("--kv-events-bind", self.kv_events_bind),
+            ("--kv-events-replay", self.kv_events_replay),
+        ):
             if url and "://" not in url:
                 raise SimConfigError(f"{flag} must be a ZMQ endpoint such as tcp://127.0.0.1:5557 (got {url!r})")
         if self.enable_lora and self.dialect != "vllm":
             raise SimConfigError(f"--enable-lora is vLLM's runtime LoRA API; the {self.dialect} dialect has none")
         if self.kv_events_bind and self.kv_events_bind == self.kv_events:
-            raise SimConfigError(f"--kv-events-bind must differ from --kv-events (both are {self.kv_events!r}); "
-                                 "it is a second endpoint for another subscriber")
+            raise SimConfigError(
+                f"--kv-events-bind must differ from --kv-events (both are {self.kv_events!r}); "
+                "it is a second endpoint for another subscriber"
+            )
         if self.kv_events_replay and not (self.kv_events or self.kv_events_bind):
-            raise SimConfigError("--kv-events-replay needs --kv-events or --kv-events-bind (replay serves what the publisher sent)")
+            raise SimConfigError(
+                "--kv-events-replay needs --kv-events or --kv-events-bind (replay serves what the publisher sent)"
+            )
         return self
 
     @property
@@ -128,4 +135,7 @@ class SimConfig:
     @property
     def scaled(self) -> bool:
         """True when any latency is in effect; False makes the hot path skip every sleep."""
-        return self.time_scale > 0 and (self.ttft_ms or self.prefill_ms_per_token or self.itl_ms or self.itl_ms_per_request) > 0
+        return (
+            self.time_scale > 0
+            and (self.ttft_ms or self.prefill_ms_per_token or self.itl_ms or self.itl_ms_per_request) > 0
+        )

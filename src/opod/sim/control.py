@@ -35,7 +35,11 @@ def control_routes(state: SimState) -> list[Route]:
                 state.faults.faults.update(body)
             except (ValueError, FaultError) as err:
                 message = str(err) if isinstance(err, FaultError) else f"the body is not valid JSON ({err})"
-                return Response(dumps({"error": {"message": message, "type": "invalid_request_error", "code": 400}}), status_code=400, media_type=_JSON)
+                return Response(
+                    dumps({"error": {"message": message, "type": "invalid_request_error", "code": 400}}),
+                    status_code=400,
+                    media_type=_JSON,
+                )
         return Response(dumps(state.faults.faults.to_json()), media_type=_JSON)
 
     async def sim_state(request: Request) -> Response:
@@ -59,7 +63,9 @@ def control_routes(state: SimState) -> list[Route]:
             "cached_tokens": s.cached_tokens,
             "generation_tokens": s.generation_tokens,
             "kv_events": state.publisher.bound_endpoint if state.publisher and cfg.kv_events else None,
-            "kv_events_replay": state.publisher.replay_bound_endpoint if state.publisher and cfg.kv_events_replay else None,
+            "kv_events_replay": state.publisher.replay_bound_endpoint
+            if state.publisher and cfg.kv_events_replay
+            else None,
             "kv_events_bind": state.publisher.extra_bound_endpoint if state.publisher and cfg.kv_events_bind else None,
         }
         return Response(dumps(body), media_type=_JSON)

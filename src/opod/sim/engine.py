@@ -30,11 +30,34 @@ class Sequence:
     """One admitted request, from admission to its last token."""
 
     __slots__ = (
-        "engine", "prompt", "keys", "plan", "alloc", "slot", "arrived", "admitted", "first_at", "last_at",
-        "produced", "cached_tokens", "max_tokens", "done", "task_id", "due",
+        "engine",
+        "prompt",
+        "keys",
+        "plan",
+        "alloc",
+        "slot",
+        "arrived",
+        "admitted",
+        "first_at",
+        "last_at",
+        "produced",
+        "cached_tokens",
+        "max_tokens",
+        "done",
+        "task_id",
+        "due",
     )
 
-    def __init__(self, engine: Engine, prompt: list[int], keys: list[str], plan: Plan, alloc: Allocation, arrived: float, max_tokens: int) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        prompt: list[int],
+        keys: list[str],
+        plan: Plan,
+        alloc: Allocation,
+        arrived: float,
+        max_tokens: int,
+    ) -> None:
         self.engine = engine
         self.prompt = prompt
         self.keys = keys
@@ -145,7 +168,9 @@ class Engine:
         self.running = 0
         self.sleep_level = 0
         self._on_step = on_step
-        self._waiters: collections.deque[tuple[asyncio.Future[Allocation], list[int], list[str], int, str]] = collections.deque()
+        self._waiters: collections.deque[tuple[asyncio.Future[Allocation], list[int], list[str], int, str]] = (
+            collections.deque()
+        )
         self.adapters: Mapping[str, str] = adapters if adapters is not None else {}
         self._slots: list[Sequence | None] = [None] * cfg.max_batch
         self._free_slots = list(range(cfg.max_batch - 1, -1, -1))

@@ -17,12 +17,32 @@ from starlette.responses import Response
 
 __all__ = ["SimHTTPError", "error_response", "bad_request", "model_not_found"]
 
-_OPENAI_TYPES = {400: "BadRequestError", 404: "NotFoundError", 429: "RateLimitError", 501: "NotImplementedError", 503: "ServiceUnavailableError"}
-_LLAMA_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 501: "not_supported_error", 503: "unavailable_error"}
+_OPENAI_TYPES = {
+    400: "BadRequestError",
+    404: "NotFoundError",
+    429: "RateLimitError",
+    501: "NotImplementedError",
+    503: "ServiceUnavailableError",
+}
+_LLAMA_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    501: "not_supported_error",
+    503: "unavailable_error",
+}
 
 
 class SimHTTPError(Exception):
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | int | None = None, kind: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | int | None = None,
+        kind: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -50,9 +70,18 @@ def error_body(flavor: str, err: SimHTTPError) -> dict:
         return {"error": err.message}
     if flavor == "llamacpp":
         kind = err.kind or _LLAMA_TYPES.get(err.status, "server_error")
-        return {"error": {"code": err.code if err.code is not None else err.status, "message": err.message, "type": kind}}
+        return {
+            "error": {"code": err.code if err.code is not None else err.status, "message": err.message, "type": kind}
+        }
     kind = err.kind or _OPENAI_TYPES.get(err.status, "InternalServerError")
-    return {"error": {"message": err.message, "type": kind, "param": err.param, "code": err.code if err.code is not None else err.status}}
+    return {
+        "error": {
+            "message": err.message,
+            "type": kind,
+            "param": err.param,
+            "code": err.code if err.code is not None else err.status,
+        }
+    }
 
 
 def error_response(flavor: str, err: SimHTTPError) -> Response:

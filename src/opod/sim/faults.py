@@ -56,7 +56,7 @@ class Faults:
     def update(self, body: Any) -> None:
         """Apply the fields present in ``body``; check them all before changing anything."""
         if not isinstance(body, dict):
-            raise FaultError("the body must be a JSON object of fault settings, e.g. {\"fail_rate\": 0.5}")
+            raise FaultError('the body must be a JSON object of fault settings, e.g. {"fail_rate": 0.5}')
         known = set(self.to_json())
         unknown = sorted(set(body) - known)
         if unknown:
@@ -69,7 +69,9 @@ class Faults:
 
     @property
     def quiet(self) -> bool:
-        return not (self.fail_rate or self.fail_next or self.stall_rate or self.stall_next or self.crash_after is not None)
+        return not (
+            self.fail_rate or self.fail_next or self.stall_rate or self.stall_next or self.crash_after is not None
+        )
 
 
 def _check(name: str, value: Any) -> Any:

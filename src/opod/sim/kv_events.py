@@ -58,8 +58,14 @@ class KVEventsError(RuntimeError):
 class KVEventPublisher:
     """Owns the sockets; ``publish`` is called from the event loop's thread only."""
 
-    def __init__(self, endpoint: str, topic: str = "", replay_endpoint: str = "", buffer_steps: int = 10000,
-                 bind_endpoint: str = "") -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        topic: str = "",
+        replay_endpoint: str = "",
+        buffer_steps: int = 10000,
+        bind_endpoint: str = "",
+    ) -> None:
         self.endpoint = endpoint
         self.bind_endpoint = bind_endpoint
         self.topic = topic.encode()

@@ -24,7 +24,9 @@ __all__ = ["CONTENT_TYPE", "SGLangCollector", "VLLMCollector", "registry_for", "
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def _hist(name: str, doc: str, labels: list[str], values: list[str], h: Histogram, created: float | None) -> HistogramMetricFamily:
+def _hist(
+    name: str, doc: str, labels: list[str], values: list[str], h: Histogram, created: float | None
+) -> HistogramMetricFamily:
     fam = HistogramMetricFamily(name, doc, labels=labels)
     fam.add_metric(values, [(floatToGoString(b), float(c)) for b, c in h.cumulative()], h.sum)
     if created is not None:
@@ -70,47 +72,96 @@ class VLLMCollector(Collector):
         waiting = e.waiting
         yield gauge("vllm:num_requests_running", "Number of requests in model execution batches.", e.running)
         yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", waiting)
-        yield by("vllm:num_requests_waiting_by_reason", "Number of waiting requests by reason.", "reason", {"capacity": waiting, "deferred": 0}, GaugeMetricFamily)
+        yield by(
+            "vllm:num_requests_waiting_by_reason",
+            "Number of waiting requests by reason.",
+            "reason",
+            {"capacity": waiting, "deferred": 0},
+            GaugeMetricFamily,
+        )
         level = e.sleep_level
         yield by(
-            "vllm:engine_sleep_state", "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; "
-            "weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.", "sleep_state",
-            {"awake": level == 0, "weights_offloaded": level == 1, "discard_all": level >= 2}, GaugeMetricFamily,
+            "vllm:engine_sleep_state",
+            "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; "
+            "weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
+            "sleep_state",
+            {"awake": level == 0, "weights_offloaded": level == 1, "discard_all": level >= 2},
+            GaugeMetricFamily,
         )
         yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", e.kv_usage)
         hits, prompt = s.cached_tokens, s.prompt_tokens
-        yield counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", prompt)
+        yield counter(
+            "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", prompt
+        )
         yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", hits)
-        for name in ("external_prefix_cache_queries", "external_prefix_cache_hits", "mm_cache_queries", "mm_cache_hits", "num_preemptions"):
+        for name in (
+            "external_prefix_cache_queries",
+            "external_prefix_cache_hits",
+            "mm_cache_queries",
+            "mm_cache_hits",
+            "num_preemptions",
+        ):
             yield counter(f"vllm:{name}", f"{name.replace('_', ' ').capitalize()} (always 0 in the simulator).", 0)
         yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.", prompt)
-        yield by("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.", "source",
-                 {"local_compute": prompt - hits, "local_cache_hit": hits, "external_kv_transfer": 0})
+        yield by(
+            "vllm:prompt_tokens_by_source",
+            "Number of prompt tokens by source.",
+            "source",
+            {"local_compute": prompt - hits, "local_cache_hit": hits, "external_kv_transfer": 0},
+        )
         yield counter("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).", hits)
-        yield by("vllm:prompt_tokens_cached_by_source", "Prefix-cache hit tokens by the cache tier that supplied them.", "source",
-                 {"device": hits, "host": 0, "p2p": 0, "disk": 0, "external_unspecified": 0})
+        yield by(
+            "vllm:prompt_tokens_cached_by_source",
+            "Prefix-cache hit tokens by the cache tier that supplied them.",
+            "source",
+            {"device": hits, "host": 0, "p2p": 0, "disk": 0, "external_unspecified": 0},
+        )
         yield counter("vllm:generation_tokens", "Number of generation tokens processed.", s.generation_tokens)
-        yield by("vllm:request_success", "Count of successfully processed requests.", "finished_reason",
-                 {r: s.finished.get(r, 0) for r in FINISH_REASONS})
-        rejections = CounterMetricFamily("vllm:admission_rejections", "Number of admission attempts rejected by a queue limit, by reason.", labels=["model_name", "reason"])
+        yield by(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            "finished_reason",
+            {r: s.finished.get(r, 0) for r in FINISH_REASONS},
+        )
+        rejections = CounterMetricFamily(
+            "vllm:admission_rejections",
+            "Number of admission attempts rejected by a queue limit, by reason.",
+            labels=["model_name", "reason"],
+        )
         for reason in ("max_num_queued_reqs", "max_num_queued_tokens"):
             rejections.add_metric([cfg.model, reason], 0.0, created=t0)
         yield rejections
         for name, doc, h in (
             ("vllm:request_prompt_tokens", "Number of prefill tokens processed.", s.prompt_len),
             ("vllm:request_generation_tokens", "Number of generation tokens processed.", s.gen_len),
-            ("vllm:request_max_num_generation_tokens", "Histogram of maximum number of requested generation tokens.", s.max_tokens),
+            (
+                "vllm:request_max_num_generation_tokens",
+                "Histogram of maximum number of requested generation tokens.",
+                s.max_tokens,
+            ),
             ("vllm:request_params_n", "Histogram of the n request parameter.", s.params_n),
             ("vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", s.max_tokens),
             ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", s.ttft),
             ("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", s.itl),
-            ("vllm:request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds per request.", s.tpot),
+            (
+                "vllm:request_time_per_output_token_seconds",
+                "Histogram of time_per_output_token_seconds per request.",
+                s.tpot,
+            ),
             ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", s.e2e),
             ("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", s.queue),
-            ("vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.", s.inference),
+            (
+                "vllm:request_inference_time_seconds",
+                "Histogram of time spent in RUNNING phase for request.",
+                s.inference,
+            ),
             ("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", s.prefill),
             ("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", s.decode),
-            ("vllm:request_prefill_kv_computed_tokens", "Histogram of new KV tokens computed during prefill (excluding cached tokens).", s.prefill_computed),
+            (
+                "vllm:request_prefill_kv_computed_tokens",
+                "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
+                s.prefill_computed,
+            ),
         ):
             yield _hist(name, doc, L, V, h, t0)
         info = {

@@ -32,8 +32,14 @@ def _tool_calls(plan: Plan) -> list[dict[str, Any]] | None:
     """A plan's tool calls as OpenAI's ``message.tool_calls``; ``None`` for a text answer."""
     if not plan.calls:
         return None
-    return [{"id": span.id, "type": "function", "function": {"name": span.name, "arguments": "".join(plan.pieces[span.start:span.end])}}
-            for span in plan.calls]
+    return [
+        {
+            "id": span.id,
+            "type": "function",
+            "function": {"name": span.name, "arguments": "".join(plan.pieces[span.start : span.end])},
+        }
+        for span in plan.calls
+    ]
 
 
 def unavailable_while_loading(state: SimState) -> Response | None:
@@ -68,9 +74,14 @@ def openai_routes(state: SimState, before_answer: Callable[[str], Awaitable[obje
             if kind == "chat":
                 req = parse_chat(body, state.served, tokenizer, cfg.max_model_len)
             else:
-                req = parse_completion(body, state.served, tokenizer, cfg.max_model_len, add_bos=cfg.dialect == "llamacpp")
+                req = parse_completion(
+                    body, state.served, tokenizer, cfg.max_model_len, add_bos=cfg.dialect == "llamacpp"
+                )
             if req.n > 1 and cfg.dialect not in MANY_CHOICES:
-                raise bad_request("n", f"n={req.n} is not supported by {cfg.dialect}: it answers one choice per request; send n=1 or leave it out")
+                raise bad_request(
+                    "n",
+                    f"n={req.n} is not supported by {cfg.dialect}: it answers one choice per request; send n=1 or leave it out",
+                )
         except SimHTTPError as err:
             return state.error(err)
         decision = state.faults.on_request()
@@ -80,12 +91,14 @@ def openai_routes(state: SimState, before_answer: Callable[[str], Awaitable[obje
         rng = plans[0][1]
         answer_tokens = sum(len(plan.ids) for plan, _ in plans)
         if not engine.fits(len(req.prompt), answer_tokens):
-            return state.error(SimHTTPError(
-                400,
-                f"the request needs {engine.cache.blocks_for(len(req.prompt) + answer_tokens)} KV blocks but the cache holds "
-                f"{cfg.kv_blocks} (--kv-blocks); send a shorter prompt or a lower max_tokens",
-                param="input_tokens",
-            ))
+            return state.error(
+                SimHTTPError(
+                    400,
+                    f"the request needs {engine.cache.blocks_for(len(req.prompt) + answer_tokens)} KV blocks but the cache holds "
+                    f"{cfg.kv_blocks} (--kv-blocks); send a shorter prompt or a lower max_tokens",
+                    param="input_tokens",
+                )
+            )
         if before_answer is not None:
             await before_answer(req.model)
         answer = Answer(shape.new_id(kind, rng), int(time.time()), req.model, len(req.prompt), 0, req.include_usage)
@@ -99,7 +112,10 @@ def openai_routes(state: SimState, before_answer: Callable[[str], Awaitable[obje
             for run in runs:
                 run.close()
         _settle(answer, runs)
-        choices = [Choice(i, text, run.plan.finish_reason, _tool_calls(run.plan)) for i, (run, text) in enumerate(zip(runs, texts, strict=True))]
+        choices = [
+            Choice(i, text, run.plan.finish_reason, _tool_calls(run.plan))
+            for i, (run, text) in enumerate(zip(runs, texts, strict=True))
+        ]
         body_out = shape.chat_choices(answer, choices) if kind == "chat" else shape.completion_choices(answer, choices)
         return Response(dumps(body_out), media_type=_JSON)
 
@@ -187,11 +203,24 @@ def openai_routes(state: SimState, before_answer: Callable[[str], Awaitable[obje
         data: list[dict[str, Any]] = []
         for i, text in enumerate(texts):
             v = embed(model, text, dim)
-            item: dict[str, Any] = {"index": i, "object": "embedding", "embedding": encode_base64(v) if fmt == "base64" else v.tolist()}
+            item: dict[str, Any] = {
+                "index": i,
+                "object": "embedding",
+                "embedding": encode_base64(v) if fmt == "base64" else v.tolist(),
+            }
             data.append(item)
         out = {
-            "id": f"embd-{state.faults.arrivals:016x}", "object": "list", "created": int(time.time()), "model": model, "data": data,
-            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens, "completion_tokens": 0, "prompt_tokens_details": None},
+            "id": f"embd-{state.faults.arrivals:016x}",
+            "object": "list",
+            "created": int(time.time()),
+            "model": model,
+            "data": data,
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "total_tokens": prompt_tokens,
+                "completion_tokens": 0,
+                "prompt_tokens_details": None,
+            },
         }
         return Response(dumps(out), media_type=_JSON)
 
@@ -219,4 +248,3 @@ def openai_routes(state: SimState, before_answer: Callable[[str], Awaitable[obje
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/embeddings", embeddings, methods=["POST"]),
     ]
-

@@ -104,13 +104,16 @@ def _common(body: dict[str, Any], model: str, prompt: list[int], echo_text: str,
             param="input_tokens",
         )
     if asked is not None and asked > max_model_len:
-        raise bad_request("max_tokens", f"max_tokens={asked} cannot be greater than max_model_len={max_model_len}; ask for fewer tokens")
+        raise bad_request(
+            "max_tokens",
+            f"max_tokens={asked} cannot be greater than max_model_len={max_model_len}; ask for fewer tokens",
+        )
     room = max_model_len - len(prompt)
     budget = min(asked, room) if asked is not None else room
     stream = _bool(body, "stream")
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
-        raise bad_request("stream_options", "`stream_options` must be an object such as {\"include_usage\": true}")
+        raise bad_request("stream_options", '`stream_options` must be an object such as {"include_usage": true}')
     include_usage = bool(stream and options and options.get("include_usage"))
     return GenRequest(
         model=model,
@@ -131,7 +134,7 @@ def parse_chat(body: dict[str, Any], served: tuple[str, ...], tokenizer: Tokeniz
     model = resolve_model(body, served)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise bad_request("messages", "`messages` is required: a non-empty list of {\"role\", \"content\"} objects")
+        raise bad_request("messages", '`messages` is required: a non-empty list of {"role", "content"} objects')
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise bad_request(f"messages[{i}]", f"messages[{i}] must be an object with a string `role`")
@@ -144,7 +147,9 @@ def parse_chat(body: dict[str, Any], served: tuple[str, ...], tokenizer: Tokeniz
     return req
 
 
-def parse_completion(body: dict[str, Any], served: tuple[str, ...], tokenizer: Tokenizer, max_model_len: int, add_bos: bool = False) -> GenRequest:
+def parse_completion(
+    body: dict[str, Any], served: tuple[str, ...], tokenizer: Tokenizer, max_model_len: int, add_bos: bool = False
+) -> GenRequest:
     """``add_bos``: a text prompt starts with ``<s>``, as llama-server tokenizes one."""
     model = resolve_model(body, served)
     prompt = body.get("prompt")
@@ -154,7 +159,11 @@ def parse_completion(body: dict[str, Any], served: tuple[str, ...], tokenizer: T
         ids, text = tokenizer.encode(prompt), prompt
         if add_bos and ids[:1] != [BOS]:
             ids.insert(0, BOS)
-    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31 for t in prompt):
+    elif (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31 for t in prompt)
+    ):
         ids, text = list(prompt), tokenizer.decode(prompt)
     elif isinstance(prompt, list) and len(prompt) > 1:
         raise bad_request("prompt", "one prompt per request: send a string or a list of token ids, not a batch")

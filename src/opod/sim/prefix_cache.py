@@ -204,13 +204,17 @@ class PrefixCache:
             else:
                 self._hold(b)
                 if run:
-                    events.append(_stored(run, parent_hash, tokens[run_start * bs : (run_start + len(run)) * bs], bs, alloc.lora))
+                    events.append(
+                        _stored(run, parent_hash, tokens[run_start * bs : (run_start + len(run)) * bs], bs, alloc.lora)
+                    )
                     run = []
             alloc.blocks.append(b)
             if not run:
                 parent_hash = b.ehash
         if run:
-            events.append(_stored(run, parent_hash, tokens[run_start * bs : (run_start + len(run)) * bs], bs, alloc.lora))
+            events.append(
+                _stored(run, parent_hash, tokens[run_start * bs : (run_start + len(run)) * bs], bs, alloc.lora)
+            )
         if emit and events:
             self.sink(events)  # type: ignore[misc]
         self.release(alloc)

@@ -17,7 +17,14 @@ from opod.sim.textgen import request_rng
 
 __all__ = ["render_body"]
 
-_DEFAULTS = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "temperature": 1.0, "top_p": 1.0, "min_p": 0.0}
+_DEFAULTS = {
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "min_p": 0.0,
+}
 """vLLM's sampling defaults, used where the request leaves a value out."""
 _OUTPUT_KIND = {True: 1, False: 2}
 """vLLM's RequestOutputKind: DELTA (1) for a stream, FINAL_ONLY (2) otherwise."""
@@ -50,10 +57,17 @@ def render_body(req: GenRequest, body: dict[str, Any], seed: int) -> dict[str, A
     stop_ids = body.get("stop_token_ids") or []
     if not isinstance(stop_ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in stop_ids):
         raise bad_request("stop_token_ids", "`stop_token_ids` must be a list of integer token ids")
-    sampling.update({
-        "stop": _stop(body), "stop_token_ids": stop_ids, "max_tokens": req.max_tokens, "output_kind": _OUTPUT_KIND[req.stream],
-        "skip_clone": True, "bad_words": [], "skip_reading_prefix_cache": False,
-    })
+    sampling.update(
+        {
+            "stop": _stop(body),
+            "stop_token_ids": stop_ids,
+            "max_tokens": req.max_tokens,
+            "output_kind": _OUTPUT_KIND[req.stream],
+            "skip_clone": True,
+            "bad_words": [],
+            "skip_reading_prefix_cache": False,
+        }
+    )
     return {
         "request_id": f"chatcmpl-{rng.getrandbits(64):016x}",
         "token_ids": req.prompt,

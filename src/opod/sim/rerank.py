@@ -35,7 +35,12 @@ def rerank(body: dict[str, Any], model: str, count_tokens) -> dict[str, Any]:
             item["document"] = {"text": documents[index]}
         results.append(item)
     tokens = count_tokens(query) + sum(count_tokens(d) for d in documents)
-    return {"model": model, "object": "list", "usage": {"prompt_tokens": tokens, "total_tokens": tokens}, "results": results}
+    return {
+        "model": model,
+        "object": "list",
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        "results": results,
+    }
 
 
 def check(body: dict[str, Any]) -> str | None:

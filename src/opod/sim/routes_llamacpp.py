@@ -22,7 +22,17 @@ _TEMPLATE = (
     "{{ '<s>' }}{% for message in messages %}{{ '<|' + message['role'] + '|>\\n' + message['content'] + '\\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
 )
-_PARAMS = {"seed": 4294967295, "temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "max_tokens": -1, "n_predict": -1, "stream": False, "samplers": ["top_k", "top_p", "min_p", "temperature"]}
+_PARAMS = {
+    "seed": 4294967295,
+    "temperature": 0.8,
+    "top_k": 40,
+    "top_p": 0.95,
+    "min_p": 0.05,
+    "max_tokens": -1,
+    "n_predict": -1,
+    "stream": False,
+    "samplers": ["top_k", "top_p", "min_p", "temperature"],
+}
 
 
 def llamacpp_routes(state: SimState) -> list[Route]:
@@ -40,7 +50,9 @@ def llamacpp_routes(state: SimState) -> list[Route]:
 
     async def props(request: Request) -> Response:
         if request.method == "POST":
-            return state.error(SimHTTPError(501, "This server does not support changing global properties. Start it with `--props`"))
+            return state.error(
+                SimHTTPError(501, "This server does not support changing global properties. Start it with `--props`")
+            )
         body = {
             "default_generation_settings": {"params": _PARAMS, "n_ctx": cfg.max_model_len},
             "total_slots": cfg.max_batch,
@@ -54,7 +66,12 @@ def llamacpp_routes(state: SimState) -> list[Route]:
             "ui": False,
             "ui_settings": {},
             "chat_template": _TEMPLATE,
-            "chat_template_caps": {"supports_string_content": True, "supports_system_role": True, "supports_tool_calls": False, "supports_tools": False},
+            "chat_template_caps": {
+                "supports_string_content": True,
+                "supports_system_role": True,
+                "supports_tool_calls": False,
+                "supports_tools": False,
+            },
             "bos_token": "<s>",
             "eos_token": "</s>",
             "build_info": "b1-opodsim",
@@ -72,18 +89,31 @@ def llamacpp_routes(state: SimState) -> list[Route]:
             return state.error(SimHTTPError(503, "no slot available", kind="unavailable_error"))
         out: list[dict[str, Any]] = []
         for i, seq in enumerate(table):
-            slot: dict[str, Any] = {"id": i, "n_ctx": cfg.max_model_len, "speculative": False, "is_processing": seq is not None}
+            slot: dict[str, Any] = {
+                "id": i,
+                "n_ctx": cfg.max_model_len,
+                "speculative": False,
+                "is_processing": seq is not None,
+            }
             if seq is None:
-                slot.update({"id_task": -1, "n_prompt_tokens": 0, "n_prompt_tokens_processed": 0, "n_prompt_tokens_cache": 0})
+                slot.update(
+                    {"id_task": -1, "n_prompt_tokens": 0, "n_prompt_tokens_processed": 0, "n_prompt_tokens_cache": 0}
+                )
                 remain, decoded, more = -1, 0, False
             else:
-                slot.update({
-                    "id_task": seq.task_id, "n_prompt_tokens": seq.prompt_tokens,
-                    "n_prompt_tokens_processed": seq.prompt_tokens - seq.cached_tokens, "n_prompt_tokens_cache": seq.cached_tokens,
-                })
+                slot.update(
+                    {
+                        "id_task": seq.task_id,
+                        "n_prompt_tokens": seq.prompt_tokens,
+                        "n_prompt_tokens_processed": seq.prompt_tokens - seq.cached_tokens,
+                        "n_prompt_tokens_cache": seq.cached_tokens,
+                    }
+                )
                 remain, decoded, more = len(seq.plan.ids) - seq.produced, seq.produced, True
             slot["params"] = _PARAMS
-            slot["next_token"] = [{"has_next_token": more, "has_new_line": False, "n_remain": remain, "n_decoded": decoded}]
+            slot["next_token"] = [
+                {"has_next_token": more, "has_new_line": False, "n_remain": remain, "n_decoded": decoded}
+            ]
             out.append(slot)
         return Response(dumps(out), media_type=_JSON)
 
@@ -119,7 +149,7 @@ def llamacpp_routes(state: SimState) -> list[Route]:
             body = await read_json(request)
             messages = body.get("messages")
             if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-                raise bad_request("messages", "'messages' is required: a list of {\"role\", \"content\"} objects")
+                raise bad_request("messages", '\'messages\' is required: a list of {"role", "content"} objects')
         except SimHTTPError as err:
             return state.error(err)
         return Response(dumps({"prompt": render_chat(messages)}), media_type=_JSON)

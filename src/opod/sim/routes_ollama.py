@@ -47,7 +47,7 @@ def parse_keep_alive(value: Any) -> float:
     if value is None or value == "":
         return DEFAULT_KEEP_ALIVE
     if isinstance(value, bool):
-        raise SimHTTPError(400, "keep_alive must be a duration such as \"5m\" or a number of seconds")
+        raise SimHTTPError(400, 'keep_alive must be a duration such as "5m" or a number of seconds')
     if isinstance(value, (int, float)):
         return _FOREVER if value < 0 else float(value)
     if isinstance(value, str):
@@ -56,7 +56,9 @@ def parse_keep_alive(value: Any) -> float:
         if _GO_DURATION.match(value):
             total = sum(float(num) * _UNIT[unit] for num, unit in _PART.findall(value))
             return _FOREVER if value.startswith("-") else total
-    raise SimHTTPError(400, f"keep_alive {value!r} is not a duration: use e.g. \"5m\", \"1h\", -1 (keep loaded) or 0 (unload now)")
+    raise SimHTTPError(
+        400, f'keep_alive {value!r} is not a duration: use e.g. "5m", "1h", -1 (keep loaded) or 0 (unload now)'
+    )
 
 
 def _stamp(epoch: float) -> str:
@@ -76,7 +78,7 @@ class OllamaModels:
             raise SimHTTPError(400, "model is required")
         full = tagged(name)
         if full not in self.names:
-            raise SimHTTPError(404, f"model \"{name}\" not found, try pulling it first", code="model_not_found")
+            raise SimHTTPError(404, f'model "{name}" not found, try pulling it first', code="model_not_found")
         return full
 
     def _expire(self) -> None:
@@ -106,15 +108,36 @@ class OllamaModels:
         out = []
         for name, until in self.loaded.items():
             # Ollama writes "for ever" as now plus the largest Go duration (about 292 years).
-            expires = datetime.now(UTC) + timedelta(microseconds=(2**63 - 1) // 1000) if until == _FOREVER else datetime.fromtimestamp(until, UTC)
-            out.append({**self.card(name), "expires_at": expires.strftime("%Y-%m-%dT%H:%M:%S.%fZ"), "size_vram": 100_000_000, "context_length": self.state.cfg.max_model_len})
+            expires = (
+                datetime.now(UTC) + timedelta(microseconds=(2**63 - 1) // 1000)
+                if until == _FOREVER
+                else datetime.fromtimestamp(until, UTC)
+            )
+            out.append(
+                {
+                    **self.card(name),
+                    "expires_at": expires.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+                    "size_vram": 100_000_000,
+                    "context_length": self.state.cfg.max_model_len,
+                }
+            )
         return out
 
     def card(self, name: str) -> dict[str, Any]:
         return {
-            "name": name, "model": name, "modified_at": _stamp(self.state.created), "size": 100_000_000,
+            "name": name,
+            "model": name,
+            "modified_at": _stamp(self.state.created),
+            "size": 100_000_000,
             "digest": hashlib.sha256(name.encode()).hexdigest(),
-            "details": {"parent_model": "", "format": "gguf", "family": "sim", "families": ["sim"], "parameter_size": "135M", "quantization_level": "Q4_0"},
+            "details": {
+                "parent_model": "",
+                "format": "gguf",
+                "family": "sim",
+                "families": ["sim"],
+                "parameter_size": "135M",
+                "quantization_level": "Q4_0",
+            },
         }
 
 
@@ -146,7 +169,7 @@ def ollama_routes(state: SimState, models: OllamaModels) -> list[Route]:
             if chat:
                 messages = body.get("messages") or []
                 if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-                    raise SimHTTPError(400, "messages must be a list of {\"role\", \"content\"} objects")
+                    raise SimHTTPError(400, 'messages must be a list of {"role", "content"} objects')
                 empty = not messages
                 prompt = tok.encode_chat(messages) if messages else []
                 echo = str(messages[-1].get("content", "")) if messages else ""
@@ -155,7 +178,9 @@ def ollama_routes(state: SimState, models: OllamaModels) -> list[Route]:
                 if not isinstance(text, str):
                     raise SimHTTPError(400, "prompt must be a string")
                 empty = not text
-                turns = ([{"role": "system", "content": body["system"]}] if isinstance(body.get("system"), str) else []) + [{"role": "user", "content": text}]
+                turns = (
+                    [{"role": "system", "content": body["system"]}] if isinstance(body.get("system"), str) else []
+                ) + [{"role": "user", "content": text}]
                 prompt = tok.encode(text) if body.get("raw") else tok.encode_chat(turns)
                 echo = text
             if not empty and len(prompt) >= cfg.max_model_len:
@@ -177,13 +202,24 @@ def ollama_routes(state: SimState, models: OllamaModels) -> list[Route]:
             return fail(state.injected())
         seed = options.get("seed")
         req = GenRequest(
-            model=name, prompt=prompt, max_tokens=max_tokens, asked_max_tokens=options.get("num_predict"),
-            stream=body.get("stream", True) is not False, include_usage=False,
-            seed=seed if isinstance(seed, int) else None, ignore_eos=False, min_tokens=0, echo_text=echo,
+            model=name,
+            prompt=prompt,
+            max_tokens=max_tokens,
+            asked_max_tokens=options.get("num_predict"),
+            stream=body.get("stream", True) is not False,
+            include_usage=False,
+            seed=seed if isinstance(seed, int) else None,
+            ignore_eos=False,
+            min_tokens=0,
+            echo_text=echo,
         )
         plan, _ = make_plan(engine, req, "ollama-chat" if chat else "ollama-generate")
         if not engine.fits(len(prompt), len(plan.ids)):
-            return fail(SimHTTPError(400, f"the request needs more KV blocks than the cache holds ({cfg.kv_blocks}, --kv-blocks)"))
+            return fail(
+                SimHTTPError(
+                    400, f"the request needs more KV blocks than the cache holds ({cfg.kv_blocks}, --kv-blocks)"
+                )
+            )
         run = TokenRun(engine, req, plan, decision)
 
         def line(piece: str, done: bool) -> dict[str, Any]:
@@ -192,11 +228,17 @@ def ollama_routes(state: SimState, models: OllamaModels) -> list[Route]:
             out["done"] = done
             if done:
                 total = time.monotonic() - started
-                out.update({
-                    "done_reason": plan.finish_reason, "total_duration": int(total * 1e9), "load_duration": int(load_s * 1e9),
-                    "prompt_eval_count": len(prompt), "prompt_eval_duration": int(run.prompt_ms * 1e6),
-                    "eval_count": run.sent, "eval_duration": int(run.predicted_ms * 1e6),
-                })
+                out.update(
+                    {
+                        "done_reason": plan.finish_reason,
+                        "total_duration": int(total * 1e9),
+                        "load_duration": int(load_s * 1e9),
+                        "prompt_eval_count": len(prompt),
+                        "prompt_eval_duration": int(run.prompt_ms * 1e6),
+                        "eval_count": run.sent,
+                        "eval_duration": int(run.predicted_ms * 1e6),
+                    }
+                )
                 if not chat:
                     out["context"] = prompt + plan.ids[: run.sent]
             return out
@@ -250,8 +292,13 @@ def ollama_routes(state: SimState, models: OllamaModels) -> list[Route]:
         if legacy:
             return Response(dumps({"embedding": vectors[0]}), media_type="application/json")
         count = sum(len(tok.encode(t)) for t in texts)
-        out = {"model": name, "embeddings": vectors, "total_duration": int((time.monotonic() - started) * 1e9),
-               "load_duration": int(load_s * 1e9), "prompt_eval_count": count}
+        out = {
+            "model": name,
+            "embeddings": vectors,
+            "total_duration": int((time.monotonic() - started) * 1e9),
+            "load_duration": int(load_s * 1e9),
+            "prompt_eval_count": count,
+        }
         return Response(dumps(out), media_type="application/json")
 
     async def version(request: Request) -> Response:
@@ -270,9 +317,19 @@ def ollama_routes(state: SimState, models: OllamaModels) -> list[Route]:
         except SimHTTPError as err:
             return fail(err)
         card = models.card(name)
-        out = {"modelfile": f"FROM {name}\n", "parameters": "", "template": "{{ .Prompt }}", "details": card["details"],
-               "model_info": {"general.architecture": "sim", "sim.context_length": cfg.max_model_len, "sim.embedding_length": cfg.embedding_dim},
-               "capabilities": ["completion", "embedding"], "modified_at": card["modified_at"]}
+        out = {
+            "modelfile": f"FROM {name}\n",
+            "parameters": "",
+            "template": "{{ .Prompt }}",
+            "details": card["details"],
+            "model_info": {
+                "general.architecture": "sim",
+                "sim.context_length": cfg.max_model_len,
+                "sim.embedding_length": cfg.embedding_dim,
+            },
+            "capabilities": ["completion", "embedding"],
+            "modified_at": card["modified_at"],
+        }
         return Response(dumps(out), media_type="application/json")
 
     async def root(request: Request) -> Response:

@@ -42,7 +42,9 @@ def sglang_routes(state: SimState) -> list[Route]:
             "mem_fraction_static": 0.88,
             "random_seed": cfg.seed,
             "enable_metrics": True,
-            "kv_events_config": None if not cfg.kv_events else dumps({"publisher": "zmq", "endpoint": cfg.kv_events, "topic": cfg.kv_events_topic}).decode(),
+            "kv_events_config": None
+            if not cfg.kv_events
+            else dumps({"publisher": "zmq", "endpoint": cfg.kv_events, "topic": cfg.kv_events_topic}).decode(),
         }
 
     async def health(request: Request) -> Response:
@@ -52,14 +54,16 @@ def sglang_routes(state: SimState) -> list[Route]:
         args = server_args()
         capacity = cfg.kv_blocks * cfg.block_size
         internal = dict(args)
-        internal.update({
-            "last_gen_throughput": 0.0,
-            "memory_usage": {"kvcache": round(engine.kv_usage, 6), "token_capacity": capacity},
-            "avg_spec_accept_length": None,
-            "engine_paused": bool(engine.sleep_level),
-            "waiting_queue_size": engine.waiting,
-            "running_batch_size": engine.running,
-        })
+        internal.update(
+            {
+                "last_gen_throughput": 0.0,
+                "memory_usage": {"kvcache": round(engine.kv_usage, 6), "token_capacity": capacity},
+                "avg_spec_accept_length": None,
+                "engine_paused": bool(engine.sleep_level),
+                "waiting_queue_size": engine.waiting,
+                "running_batch_size": engine.running,
+            }
+        )
         body = {
             **args,
             "status": "loading" if state.loading() else "ready",
@@ -72,21 +76,35 @@ def sglang_routes(state: SimState) -> list[Route]:
 
     async def model_info(request: Request) -> Response:
         body = {
-            "model_path": cfg.model, "tokenizer_path": cfg.model, "is_generation": True, "preferred_sampling_params": None,
-            "weight_version": "default", "has_image_understanding": False, "has_audio_understanding": False,
+            "model_path": cfg.model,
+            "tokenizer_path": cfg.model,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": "default",
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
         }
         return Response(dumps(body), media_type=_JSON)
 
     async def get_load(request: Request) -> Response:
         waiting = engine.waiting
-        body = [{"dp_rank": 0, "num_reqs": engine.running + waiting, "num_waiting_reqs": waiting, "num_pages": engine.cache.held}]
+        body = [
+            {
+                "dp_rank": 0,
+                "num_reqs": engine.running + waiting,
+                "num_waiting_reqs": waiting,
+                "num_pages": engine.cache.held,
+            }
+        ]
         return Response(dumps(body), media_type=_JSON)
 
     async def flush_cache(request: Request) -> Response:
         ok = engine.reset_prefix_cache()
         if ok and state.publisher is not None:
             state.publisher.defer_cleared()
-        return Response("Cache flushed.\n" if ok else "Cache not flushed: requests are running.\n", status_code=200 if ok else 400)
+        return Response(
+            "Cache flushed.\n" if ok else "Cache not flushed: requests are running.\n", status_code=200 if ok else 400
+        )
 
     async def metrics(request: Request) -> Response:
         return Response(render(registry), media_type=CONTENT_TYPE)

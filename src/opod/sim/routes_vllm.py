@@ -25,7 +25,7 @@ def tokenize_body(state: SimState, body: dict) -> list[int]:
     if body.get("messages") is not None:
         messages = body["messages"]
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-            raise bad_request("messages", "`messages` must be a list of {\"role\", \"content\"} objects")
+            raise bad_request("messages", '`messages` must be a list of {"role", "content"} objects')
         return tok.encode_chat(messages, add_generation_prompt=body.get("add_generation_prompt", True) is not False)
     prompt = body.get("prompt")
     if not isinstance(prompt, str):
@@ -53,9 +53,14 @@ def vllm_routes(state: SimState) -> list[Route]:
             return Response(b"{}", media_type=_JSON)
         source = {
             # The bound endpoint when there is one: it is the one an outside subscriber can dial.
-            "enable_kv_cache_events": True, "publisher": "zmq", "endpoint": cfg.kv_events_bind or cfg.kv_events,
-            "replay_endpoint": cfg.kv_events_replay or None, "buffer_steps": cfg.kv_events_buffer,
-            "hwm": 100000, "max_queue_size": 100000, "topic": cfg.kv_events_topic,
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": cfg.kv_events_bind or cfg.kv_events,
+            "replay_endpoint": cfg.kv_events_replay or None,
+            "buffer_steps": cfg.kv_events_buffer,
+            "hwm": 100000,
+            "max_queue_size": 100000,
+            "topic": cfg.kv_events_topic,
         }
         return Response(dumps({"0": source}), media_type=_JSON)
 
@@ -67,7 +72,10 @@ def vllm_routes(state: SimState) -> list[Route]:
         except SimHTTPError as err:
             return state.error(err)
         strs = engine.tokenizer.token_strs(ids) if body.get("return_token_strs") else None
-        return Response(dumps({"count": len(ids), "max_model_len": cfg.max_model_len, "tokens": ids, "token_strs": strs}), media_type=_JSON)
+        return Response(
+            dumps({"count": len(ids), "max_model_len": cfg.max_model_len, "tokens": ids, "token_strs": strs}),
+            media_type=_JSON,
+        )
 
     async def render_chat(request: Request) -> Response:
         # Always served here; a real vLLM answers 403 unless started with --enable-scale-out.
@@ -100,7 +108,9 @@ def vllm_routes(state: SimState) -> list[Route]:
 
     async def wake_up(request: Request) -> Response:
         engine.wake()
-        return Response(dumps({"status": "awake", "tags": request.query_params.getlist("tags") or None}), media_type=_JSON)
+        return Response(
+            dumps({"status": "awake", "tags": request.query_params.getlist("tags") or None}), media_type=_JSON
+        )
 
     async def is_sleeping(request: Request) -> Response:
         return Response(dumps({"is_sleeping": bool(engine.sleep_level)}), media_type=_JSON)

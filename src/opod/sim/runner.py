@@ -20,10 +20,14 @@ __all__ = ["TokenRun", "make_plan"]
 def make_plan(engine: Engine, req: GenRequest, kind: str, choice: int = 0) -> tuple[Plan, random.Random]:
     """The answer of choice ``choice`` and its RNG (choice 0's also draws the response id)."""
     cfg = engine.cfg
-    extra = f"{kind}|{req.model}|{req.asked_max_tokens}|{req.seed}|{req.min_tokens}|{req.ignore_eos}" + (f"|choice {choice}" if choice else "")
+    extra = f"{kind}|{req.model}|{req.asked_max_tokens}|{req.seed}|{req.min_tokens}|{req.ignore_eos}" + (
+        f"|choice {choice}" if choice else ""
+    )
     rng = request_rng(cfg.seed, req.prompt, extra)
     if req.tool_calls:
-        return plan_tool_answer(engine.tokenizer, rng, [(c.name, c.arguments) for c in req.tool_calls], budget=req.max_tokens), rng
+        return plan_tool_answer(
+            engine.tokenizer, rng, [(c.name, c.arguments) for c in req.tool_calls], budget=req.max_tokens
+        ), rng
     plan = plan_answer(
         engine.tokenizer,
         rng,

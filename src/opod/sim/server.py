@@ -35,10 +35,21 @@ HOT_PATHS = ("/v1/chat/completions", "/v1/completions")
 
 
 def _uvicorn(app: Starlette) -> uvicorn.Server:
-    hot = {("POST", route.path): route.endpoint for route in app.routes
-           if isinstance(route, Route) and route.path in HOT_PATHS and "POST" in (route.methods or ())}
-    config = uvicorn.Config(FastPath(hot, app), loop="none", http=FastHttpProtocol, lifespan="on", log_level="warning",
-                            access_log=False, timeout_keep_alive=30, proxy_headers=False)
+    hot = {
+        ("POST", route.path): route.endpoint
+        for route in app.routes
+        if isinstance(route, Route) and route.path in HOT_PATHS and "POST" in (route.methods or ())
+    }
+    config = uvicorn.Config(
+        FastPath(hot, app),
+        loop="none",
+        http=FastHttpProtocol,
+        lifespan="on",
+        log_level="warning",
+        access_log=False,
+        timeout_keep_alive=30,
+        proxy_headers=False,
+    )
     return uvicorn.Server(config)
 
 
@@ -58,7 +69,11 @@ class Simulator:
     def banner(self) -> str:
         cfg = self.config
         models = ", ".join(cfg.models)
-        events = ", KV events " + " and ".join(e for e in (cfg.kv_events, cfg.kv_events_bind) if e) if cfg.kv_events or cfg.kv_events_bind else ""
+        events = (
+            ", KV events " + " and ".join(e for e in (cfg.kv_events, cfg.kv_events_bind) if e)
+            if cfg.kv_events or cfg.kv_events_bind
+            else ""
+        )
         return f"opod sim: listening on http://{cfg.host}:{self.port} (dialect {cfg.dialect}, model {models}, seed {cfg.seed}{events})"
 
     async def serve(self) -> None:

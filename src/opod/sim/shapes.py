@@ -55,7 +55,9 @@ class Choice:
     """OpenAI's ``message.tool_calls``: ``[{"id", "type": "function", "function": {"name", "arguments"}}]``."""
 
 
-def tool_call_delta(call_index: int, *, call_id: str | None = None, name: str | None = None, arguments: str = "") -> dict[str, Any]:
+def tool_call_delta(
+    call_index: int, *, call_id: str | None = None, name: str | None = None, arguments: str = ""
+) -> dict[str, Any]:
     """A stream's ``delta`` for a tool call: the first names the call (id, name), the rest carry argument text."""
     call: dict[str, Any] = {"index": call_index}
     if call_id is not None:
@@ -92,27 +94,68 @@ class Shape:
 
     def chat_choices(self, a: Answer, choices: list[Choice]) -> dict[str, Any]:
         return {
-            "id": a.id, "object": "chat.completion", "created": a.created, "model": a.model, "choices": [self._chat_choice(c) for c in choices],
-            "service_tier": None, "system_fingerprint": self.fingerprint, "usage": {**self.usage(a), "completion_tokens_details": None},
-            "prompt_logprobs": None, "prompt_token_ids": None, "prompt_text": None, "kv_transfer_params": None,
-            "ec_transfer_params": None, "metrics": None,
+            "id": a.id,
+            "object": "chat.completion",
+            "created": a.created,
+            "model": a.model,
+            "choices": [self._chat_choice(c) for c in choices],
+            "service_tier": None,
+            "system_fingerprint": self.fingerprint,
+            "usage": {**self.usage(a), "completion_tokens_details": None},
+            "prompt_logprobs": None,
+            "prompt_token_ids": None,
+            "prompt_text": None,
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "metrics": None,
         }
 
     def _chat_choice(self, c: Choice) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": None if c.tool_calls else c.text, "refusal": None, "annotations": None,
-                                   "audio": None, "function_call": None}
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": None if c.tool_calls else c.text,
+            "refusal": None,
+            "annotations": None,
+            "audio": None,
+            "function_call": None,
+        }
         if c.tool_calls:
             message["tool_calls"] = c.tool_calls
         message["reasoning"] = None
-        return {"index": c.index, "message": message, "logprobs": None, "finish_reason": c.finish_reason, "stop_reason": None,
-                "token_ids": None, "routed_experts": None}
+        return {
+            "index": c.index,
+            "message": message,
+            "logprobs": None,
+            "finish_reason": c.finish_reason,
+            "stop_reason": None,
+            "token_ids": None,
+            "routed_experts": None,
+        }
 
     def completion_choices(self, a: Answer, choices: list[Choice]) -> dict[str, Any]:
-        out = [{"index": c.index, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason, "stop_reason": None, "token_ids": None,
-                "prompt_logprobs": None, "prompt_token_ids": None} for c in choices]
+        out = [
+            {
+                "index": c.index,
+                "text": c.text,
+                "logprobs": None,
+                "finish_reason": c.finish_reason,
+                "stop_reason": None,
+                "token_ids": None,
+                "prompt_logprobs": None,
+                "prompt_token_ids": None,
+            }
+            for c in choices
+        ]
         return {
-            "id": a.id, "object": "text_completion", "created": a.created, "model": a.model, "choices": out,
-            "service_tier": None, "system_fingerprint": self.fingerprint, "usage": self.usage(a), "kv_transfer_params": None,
+            "id": a.id,
+            "object": "text_completion",
+            "created": a.created,
+            "model": a.model,
+            "choices": out,
+            "service_tier": None,
+            "system_fingerprint": self.fingerprint,
+            "usage": self.usage(a),
+            "kv_transfer_params": None,
         }
 
     # -- streams -------------------------------------------------------------------------------
@@ -121,7 +164,11 @@ class Shape:
         return {"id": a.id, "object": obj, "created": a.created, "model": a.model, "choices": choices}
 
     def chat_start(self, a: Answer, index: int = 0) -> list[dict[str, Any]]:
-        c = self._chunk(a, "chat.completion.chunk", [{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}])
+        c = self._chunk(
+            a,
+            "chat.completion.chunk",
+            [{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}],
+        )
         c["prompt_token_ids"] = None
         c["prompt_text"] = None
         return [c]
@@ -143,7 +190,11 @@ class Shape:
         return []
 
     def completion_token(self, a: Answer, piece: str, finish: str | None, index: int = 0) -> dict[str, Any]:
-        c = self._chunk(a, "text_completion", [{"index": index, "text": piece, "logprobs": None, "finish_reason": finish, "stop_reason": None}])
+        c = self._chunk(
+            a,
+            "text_completion",
+            [{"index": index, "text": piece, "logprobs": None, "finish_reason": finish, "stop_reason": None}],
+        )
         if finish is not None and not a.include_usage:
             c["system_fingerprint"] = self.fingerprint
         return c
@@ -160,13 +211,29 @@ class Shape:
 
     def model_card(self, name: str, created: int, max_model_len: int) -> dict[str, Any]:
         return {
-            "id": name, "object": "model", "created": created, "owned_by": self.owned_by, "root": name, "parent": None,
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": self.owned_by,
+            "root": name,
+            "parent": None,
             "max_model_len": max_model_len,
-            "permission": [{
-                "id": f"modelperm-{zlib.crc32(name.encode()):016x}", "object": "model_permission", "created": created,
-                "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True, "allow_search_indices": False,
-                "allow_view": True, "allow_fine_tuning": False, "organization": "*", "group": None, "is_blocking": False,
-            }],
+            "permission": [
+                {
+                    "id": f"modelperm-{zlib.crc32(name.encode()):016x}",
+                    "object": "model_permission",
+                    "created": created,
+                    "allow_create_engine": False,
+                    "allow_sampling": True,
+                    "allow_logprobs": True,
+                    "allow_search_indices": False,
+                    "allow_view": True,
+                    "allow_fine_tuning": False,
+                    "organization": "*",
+                    "group": None,
+                    "is_blocking": False,
+                }
+            ],
         }
 
     def models(self, names: tuple[str, ...], created: int, max_model_len: int, embedding_dim: int) -> dict[str, Any]:
@@ -178,7 +245,14 @@ class SGLangShape(Shape):
     fingerprint = None
 
     def model_card(self, name: str, created: int, max_model_len: int) -> dict[str, Any]:
-        return {"id": name, "object": "model", "created": created, "owned_by": "sglang", "root": name, "max_model_len": max_model_len}
+        return {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": "sglang",
+            "root": name,
+            "max_model_len": max_model_len,
+        }
 
 
 class LlamaCppShape(Shape):
@@ -190,22 +264,36 @@ class LlamaCppShape(Shape):
 
     def usage(self, a: Answer) -> dict[str, Any]:
         return {
-            "completion_tokens": a.completion_tokens, "prompt_tokens": a.prompt_tokens,
-            "total_tokens": a.prompt_tokens + a.completion_tokens, "prompt_tokens_details": {"cached_tokens": a.cached_tokens},
+            "completion_tokens": a.completion_tokens,
+            "prompt_tokens": a.prompt_tokens,
+            "total_tokens": a.prompt_tokens + a.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": a.cached_tokens},
         }
 
     def timings(self, a: Answer) -> dict[str, Any]:
         prompt_n = a.prompt_tokens - a.cached_tokens
         pms, dms = max(a.prompt_ms, 1e-3), max(a.predicted_ms, 1e-3)
         return {
-            "cache_n": a.cached_tokens, "prompt_n": prompt_n, "prompt_ms": a.prompt_ms,
-            "prompt_per_token_ms": pms / max(prompt_n, 1), "prompt_per_second": prompt_n * 1000.0 / pms,
-            "predicted_n": a.completion_tokens, "predicted_ms": a.predicted_ms,
-            "predicted_per_token_ms": dms / max(a.completion_tokens, 1), "predicted_per_second": a.completion_tokens * 1000.0 / dms,
+            "cache_n": a.cached_tokens,
+            "prompt_n": prompt_n,
+            "prompt_ms": a.prompt_ms,
+            "prompt_per_token_ms": pms / max(prompt_n, 1),
+            "prompt_per_second": prompt_n * 1000.0 / pms,
+            "predicted_n": a.completion_tokens,
+            "predicted_ms": a.predicted_ms,
+            "predicted_per_token_ms": dms / max(a.completion_tokens, 1),
+            "predicted_per_second": a.completion_tokens * 1000.0 / dms,
         }
 
     def _wrap(self, a: Answer, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"choices": choices, "created": a.created, "model": a.model, "system_fingerprint": self.fingerprint, "object": obj, "id": a.id}
+        return {
+            "choices": choices,
+            "created": a.created,
+            "model": a.model,
+            "system_fingerprint": self.fingerprint,
+            "object": obj,
+            "id": a.id,
+        }
 
     def chat_choices(self, a: Answer, choices: list[Choice]) -> dict[str, Any]:
         out = []
@@ -220,23 +308,39 @@ class LlamaCppShape(Shape):
         return body
 
     def completion_choices(self, a: Answer, choices: list[Choice]) -> dict[str, Any]:
-        body = self._wrap(a, "text_completion", [{"text": c.text, "index": c.index, "logprobs": None, "finish_reason": c.finish_reason} for c in choices])
+        body = self._wrap(
+            a,
+            "text_completion",
+            [{"text": c.text, "index": c.index, "logprobs": None, "finish_reason": c.finish_reason} for c in choices],
+        )
         body["usage"] = self.usage(a)
         body["timings"] = self.timings(a)
         return body
 
     def chat_start(self, a: Answer, index: int = 0) -> list[dict[str, Any]]:
-        return [self._wrap(a, "chat.completion.chunk", [{"finish_reason": None, "index": index, "delta": {"role": "assistant", "content": None}}])]
+        return [
+            self._wrap(
+                a,
+                "chat.completion.chunk",
+                [{"finish_reason": None, "index": index, "delta": {"role": "assistant", "content": None}}],
+            )
+        ]
 
     def chat_delta(self, a: Answer, delta: dict[str, Any], finish: str | None, index: int = 0) -> dict[str, Any]:
         return self._wrap(a, "chat.completion.chunk", [{"finish_reason": None, "index": index, "delta": delta}])
 
     def completion_token(self, a: Answer, piece: str, finish: str | None, index: int = 0) -> dict[str, Any]:
-        return self._wrap(a, "text_completion", [{"text": piece, "index": index, "logprobs": None, "finish_reason": None}])
+        return self._wrap(
+            a, "text_completion", [{"text": piece, "index": index, "logprobs": None, "finish_reason": None}]
+        )
 
     def stream_end(self, a: Answer, obj: str) -> list[dict[str, Any]]:
         chat = obj == "chat.completion.chunk"
-        final = {"finish_reason": a.finish_reason, "index": 0, "delta": {}} if chat else {"text": "", "index": 0, "logprobs": None, "finish_reason": a.finish_reason}
+        final = (
+            {"finish_reason": a.finish_reason, "index": 0, "delta": {}}
+            if chat
+            else {"text": "", "index": 0, "logprobs": None, "finish_reason": a.finish_reason}
+        )
         finish = self._wrap(a, obj, [final])
         if not a.include_usage:
             finish["timings"] = self.timings(a)
@@ -247,18 +351,51 @@ class LlamaCppShape(Shape):
         return [finish, tail]
 
     def models(self, names: tuple[str, ...], created: int, max_model_len: int, embedding_dim: int) -> dict[str, Any]:
-        details = {"parent_model": "", "format": "gguf", "family": "", "families": [""], "parameter_size": "", "quantization_level": ""}
+        details = {
+            "parent_model": "",
+            "format": "gguf",
+            "family": "",
+            "families": [""],
+            "parameter_size": "",
+            "quantization_level": "",
+        }
         return {
             "models": [
-                {"name": n, "model": n, "modified_at": "", "size": "", "digest": "", "type": "model", "description": "", "tags": [""],
-                 "capabilities": ["completion"], "parameters": "", "details": details}
+                {
+                    "name": n,
+                    "model": n,
+                    "modified_at": "",
+                    "size": "",
+                    "digest": "",
+                    "type": "model",
+                    "description": "",
+                    "tags": [""],
+                    "capabilities": ["completion"],
+                    "parameters": "",
+                    "details": details,
+                }
                 for n in names
             ],
             "object": "list",
             "data": [
-                {"id": n, "aliases": [n], "tags": [], "object": "model", "created": created, "owned_by": "llamacpp",
-                 "meta": {"vocab_type": 2, "n_vocab": 32000, "n_ctx": max_model_len, "n_ctx_train": max_model_len, "n_embd": embedding_dim,
-                          "n_params": 0, "size": 0, "ftype": "sim"}}
+                {
+                    "id": n,
+                    "aliases": [n],
+                    "tags": [],
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "llamacpp",
+                    "meta": {
+                        "vocab_type": 2,
+                        "n_vocab": 32000,
+                        "n_ctx": max_model_len,
+                        "n_ctx_train": max_model_len,
+                        "n_embd": embedding_dim,
+                        "n_params": 0,
+                        "size": 0,
+                        "ftype": "sim",
+                    },
+                }
                 for n in names
             ],
         }
@@ -273,12 +410,21 @@ class OllamaShape(Shape):
 
     def usage(self, a: Answer) -> dict[str, Any]:
         return {
-            "prompt_tokens": a.prompt_tokens, "completion_tokens": a.completion_tokens,
-            "total_tokens": a.prompt_tokens + a.completion_tokens, "prompt_tokens_details": {"cached_tokens": a.cached_tokens},
+            "prompt_tokens": a.prompt_tokens,
+            "completion_tokens": a.completion_tokens,
+            "total_tokens": a.prompt_tokens + a.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": a.cached_tokens},
         }
 
     def _wrap(self, a: Answer, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"id": a.id, "object": obj, "created": a.created, "model": a.model, "system_fingerprint": self.fingerprint, "choices": choices}
+        return {
+            "id": a.id,
+            "object": obj,
+            "created": a.created,
+            "model": a.model,
+            "system_fingerprint": self.fingerprint,
+            "choices": choices,
+        }
 
     def chat_choices(self, a: Answer, choices: list[Choice]) -> dict[str, Any]:
         out = []
@@ -292,7 +438,11 @@ class OllamaShape(Shape):
         return body
 
     def completion_choices(self, a: Answer, choices: list[Choice]) -> dict[str, Any]:
-        body = self._wrap(a, "text_completion", [{"text": c.text, "index": c.index, "finish_reason": c.finish_reason} for c in choices])
+        body = self._wrap(
+            a,
+            "text_completion",
+            [{"text": c.text, "index": c.index, "finish_reason": c.finish_reason} for c in choices],
+        )
         body["usage"] = self.usage(a)
         return body
 
@@ -300,7 +450,11 @@ class OllamaShape(Shape):
         return []
 
     def chat_delta(self, a: Answer, delta: dict[str, Any], finish: str | None, index: int = 0) -> dict[str, Any]:
-        return self._wrap(a, "chat.completion.chunk", [{"index": index, "delta": {"role": "assistant", "content": "", **delta}, "finish_reason": None}])
+        return self._wrap(
+            a,
+            "chat.completion.chunk",
+            [{"index": index, "delta": {"role": "assistant", "content": "", **delta}, "finish_reason": None}],
+        )
 
     def completion_token(self, a: Answer, piece: str, finish: str | None, index: int = 0) -> dict[str, Any]:
         return self._wrap(a, "text_completion", [{"text": piece, "index": index, "finish_reason": None}])
@@ -318,7 +472,15 @@ class OllamaShape(Shape):
         return out
 
     def models(self, names: tuple[str, ...], created: int, max_model_len: int, embedding_dim: int) -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": n, "object": "model", "created": created, "owned_by": "library"} for n in names]}
+        return {
+            "object": "list",
+            "data": [{"id": n, "object": "model", "created": created, "owned_by": "library"} for n in names],
+        }
 
 
-SHAPES: dict[str, type[Shape]] = {"vllm": Shape, "sglang": SGLangShape, "llamacpp": LlamaCppShape, "ollama": OllamaShape}
+SHAPES: dict[str, type[Shape]] = {
+    "vllm": Shape,
+    "sglang": SGLangShape,
+    "llamacpp": LlamaCppShape,
+    "ollama": OllamaShape,
+}

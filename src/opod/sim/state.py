@@ -21,9 +21,13 @@ _FLAVORS = {"vllm": "openai", "sglang": "openai", "llamacpp": "llamacpp", "ollam
 def _publisher(cfg: SimConfig) -> KVEventPublisher:
     """The KV-event sockets, or a config error naming the option whose endpoint would not open."""
     try:
-        return KVEventPublisher(cfg.kv_events, cfg.kv_events_topic, cfg.kv_events_replay, cfg.kv_events_buffer, cfg.kv_events_bind)
+        return KVEventPublisher(
+            cfg.kv_events, cfg.kv_events_topic, cfg.kv_events_replay, cfg.kv_events_buffer, cfg.kv_events_bind
+        )
     except KVEventsError as err:
-        flag = {cfg.kv_events: "--kv-events", cfg.kv_events_bind: "--kv-events-bind"}.get(err.endpoint, "--kv-events-replay")
+        flag = {cfg.kv_events: "--kv-events", cfg.kv_events_bind: "--kv-events-bind"}.get(
+            err.endpoint, "--kv-events-replay"
+        )
         raise SimConfigError(f"{flag}: {err}") from None
 
 

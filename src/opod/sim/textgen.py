@@ -111,7 +111,9 @@ def plan_answer(
     return Plan(pieces=pieces, ids=[pid(p) for p in pieces], finish_reason=reason)
 
 
-def plan_tool_answer(tokenizer: Tokenizer, rng: random.Random, calls: Sequence[tuple[str, str]], *, budget: int) -> Plan:
+def plan_tool_answer(
+    tokenizer: Tokenizer, rng: random.Random, calls: Sequence[tuple[str, str]], *, budget: int
+) -> Plan:
     """An answer made of tool calls (name, arguments JSON): each call's arguments as pieces, cut at ``budget``."""
     pieces: list[str] = []
     spans: list[CallSpan] = []

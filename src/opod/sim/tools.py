@@ -41,17 +41,25 @@ def _tools(body: dict[str, Any]) -> list[dict[str, Any]]:
     if tools is None:
         return []
     if not isinstance(tools, list):
-        raise bad_request("tools", "`tools` must be a list of {\"type\": \"function\", \"function\": {...}} objects")
+        raise bad_request("tools", '`tools` must be a list of {"type": "function", "function": {...}} objects')
     for i, tool in enumerate(tools):
         fn = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(tool, dict) or tool.get("type", "function") != "function" or not isinstance(fn, dict):
-            raise bad_request(f"tools[{i}]", f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": ..., \"parameters\": {{...}}}}}}")
+            raise bad_request(
+                f"tools[{i}]",
+                f'tools[{i}] must be {{"type": "function", "function": {{"name": ..., "parameters": {{...}}}}}}',
+            )
         name = fn.get("name")
         if not isinstance(name, str) or not _NAME.match(name):
-            raise bad_request(f"tools[{i}].function.name", f"tools[{i}].function.name must be 1-64 letters, digits, '_' or '-' (got {name!r})")
+            raise bad_request(
+                f"tools[{i}].function.name",
+                f"tools[{i}].function.name must be 1-64 letters, digits, '_' or '-' (got {name!r})",
+            )
         params = fn.get("parameters")
         if params is not None and not isinstance(params, dict):
-            raise bad_request(f"tools[{i}].function.parameters", f"tools[{i}].function.parameters must be a JSON schema object")
+            raise bad_request(
+                f"tools[{i}].function.parameters", f"tools[{i}].function.parameters must be a JSON schema object"
+            )
     return tools
 
 
@@ -62,7 +70,10 @@ def _forced_name(choice: Any, names: list[str]) -> str | None:
     fn = choice.get("function") if isinstance(choice, dict) and choice.get("type") == "function" else None
     name = fn.get("name") if isinstance(fn, dict) else None
     if not isinstance(name, str):
-        raise bad_request("tool_choice", "`tool_choice` must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}")
+        raise bad_request(
+            "tool_choice",
+            '`tool_choice` must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}',
+        )
     if name not in names:
         raise bad_request("tool_choice", f"tool_choice names {name!r}, which is not in `tools` ({', '.join(names)})")
     return name
@@ -84,7 +95,12 @@ def plan_tool_calls(body: dict[str, Any]) -> list[PlannedCall]:
     if choice == "none":
         return []
     messages = body.get("messages")
-    after_tool = isinstance(messages, list) and bool(messages) and isinstance(messages[-1], dict) and messages[-1].get("role") == "tool"
+    after_tool = (
+        isinstance(messages, list)
+        and bool(messages)
+        and isinstance(messages[-1], dict)
+        and messages[-1].get("role") == "tool"
+    )
     if after_tool and forced is None and choice != "required":
         return []
     if forced is not None:
@@ -93,8 +109,12 @@ def plan_tool_calls(body: dict[str, Any]) -> list[PlannedCall]:
         chosen = tools
     else:
         chosen = tools[:1]
-    return [PlannedCall(t["function"]["name"], json.dumps(arguments_for(t["function"].get("parameters") or {}), ensure_ascii=False))
-            for t in chosen]
+    return [
+        PlannedCall(
+            t["function"]["name"], json.dumps(arguments_for(t["function"].get("parameters") or {}), ensure_ascii=False)
+        )
+        for t in chosen
+    ]
 
 
 def arguments_for(schema: dict[str, Any], depth: int = 0) -> Any:
@@ -125,7 +145,9 @@ def arguments_for(schema: dict[str, Any], depth: int = 0) -> Any:
         least = schema.get("minItems")
         item = schema.get("items")
         item = item if isinstance(item, dict) else {}
-        return [arguments_for(item, depth + 1) for _ in range(least if isinstance(least, int) and 0 < least <= 8 else 0)]
+        return [
+            arguments_for(item, depth + 1) for _ in range(least if isinstance(least, int) and 0 < least <= 8 else 0)
+        ]
     if kind == "integer":
         return _bounded(schema, 1)
     if kind == "number":

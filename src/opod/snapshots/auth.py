@@ -55,7 +55,9 @@ def _node_mtls(snap: AuthSnapshot, client_certs_verified: bool) -> NodeMtls:
         try:
             ssl.create_default_context(cadata=ca)
         except (ssl.SSLError, ValueError) as err:
-            raise SnapshotError(f"nodeCertCa: the PEM does not load as CA certificates ({err}); give the CA that signs worker certificates") from None
+            raise SnapshotError(
+                f"nodeCertCa: the PEM does not load as CA certificates ({err}); give the CA that signs worker certificates"
+            ) from None
     if mode in ("allow", "require") and not ca:
         raise SnapshotError(f"nodeMtls: {mode!r} needs nodeCertCa, the PEM of the CA that signs worker certificates")
     if mode == "require" and not client_certs_verified:
@@ -123,13 +125,24 @@ class AuthFile:
                     f"{where}.hash (id {key.id!r}): must be the lowercase hex SHA-256 of the key, 64 characters; never the key itself"
                 )
             if key.hash in hashes:
-                raise SnapshotError(f"{where}.hash (id {key.id!r}): the same hash as key {hashes[key.hash]!r}; one key, one id")
+                raise SnapshotError(
+                    f"{where}.hash (id {key.id!r}): the same hash as key {hashes[key.hash]!r}; one key, one id"
+                )
             hashes[key.hash] = key.id
             expires = rfc3339(key.expires_at, f"{where}.expiresAt (id {key.id!r})")
-            entries.append(KeyEntry(
-                id=key_id, kind="api", name=key.name or key.id, hash=key.hash, expires_at=expires,
-                team=key.team, admission_class=key.admission_class, scope=key.scope, source=SNAPSHOT,
-            ))
+            entries.append(
+                KeyEntry(
+                    id=key_id,
+                    kind="api",
+                    name=key.name or key.id,
+                    hash=key.hash,
+                    expires_at=expires,
+                    team=key.team,
+                    admission_class=key.admission_class,
+                    scope=key.scope,
+                    source=SNAPSHOT,
+                )
+            )
         mtls = _node_mtls(snap, self.client_certs_verified)
         return ParsedAuth(snap, tuple(entries), issued_at, mtls, frozenset(revoked))
 
@@ -154,5 +167,7 @@ class AuthFile:
         if len(parsed.entries) != served:
             data["refused_rows"] = sorted(e.id for e in parsed.entries if e.id in keys.tombstones)
         if not added.persisted:
-            data["warning"] = "revoked keys apply now but could not be saved; a restart may forget those the file no longer lists"
+            data["warning"] = (
+                "revoked keys apply now but could not be saved; a restart may forget those the file no longer lists"
+            )
         return data

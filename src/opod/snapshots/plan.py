@@ -80,5 +80,10 @@ class PlanFile:
     def apply(self, plan: PlanSnapshot) -> dict[str, Any]:
         served = frozenset([plan.model, *(f"{plan.model}:{a}" for a in plan.adapters or [])])
         self._state = (plan, served)
-        return {"revision": str(plan.revision), "model": plan.model, "adapters": list(plan.adapters or []),
-                "floor": plan.floor, "max": plan.max}
+        return {
+            "revision": str(plan.revision),
+            "model": plan.model,
+            "adapters": list(plan.adapters or []),
+            "floor": plan.floor,
+            "max": plan.max,
+        }

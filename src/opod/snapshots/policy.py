@@ -131,7 +131,9 @@ def _routing(snap: PolicySnapshot) -> RoutingView:
                 raise SnapshotError(f"routing.revisions[{i}].weight: {w.weight} must be ≥ 0")
         total = sum(w.weight for w in r.revisions)
         if total == 0:
-            raise SnapshotError("routing.revisions: every weight is 0; give at least one revision a weight (or leave revisions out)")
+            raise SnapshotError(
+                "routing.revisions: every weight is 0; give at least one revision a weight (or leave revisions out)"
+            )
         shares = tuple(RevisionShare(w.revision, w.weight / total) for w in r.revisions)
     fallback = None
     if r.fallback_url:
@@ -141,8 +143,9 @@ def _routing(snap: PolicySnapshot) -> RoutingView:
     elif r.fallback_model or r.fallback_key:
         which = "routing.fallbackModel" if r.fallback_model else "routing.fallbackKey"
         raise SnapshotError(f"{which} is set but routing.fallbackUrl is empty; give the fallback's base URL")
-    return RoutingView(r.kv_weight, r.kv_saturation_pct, r.prefix_affinity, r.prefix_block_weight,
-                       r.cache_isolation, shares, fallback)
+    return RoutingView(
+        r.kv_weight, r.kv_saturation_pct, r.prefix_affinity, r.prefix_block_weight, r.cache_isolation, shares, fallback
+    )
 
 
 def _guardrails(snap: PolicySnapshot) -> tuple[GuardrailRule, ...]:
@@ -156,7 +159,9 @@ def _guardrails(snap: PolicySnapshot) -> tuple[GuardrailRule, ...]:
             raise SnapshotError(f"{where}.id: {g.id!r} is also guardrails[{ids[g.id]}].id; ids must be unique")
         ids[g.id] = i
         http_url(g.url, f"{where}.url (id {g.id!r})")
-        in_range(g.timeout_ms, 0, MAX_GUARDRAIL_TIMEOUT_MS, f"{where}.timeoutMs (id {g.id!r})", " ms (0 = the default 2000)")
+        in_range(
+            g.timeout_ms, 0, MAX_GUARDRAIL_TIMEOUT_MS, f"{where}.timeoutMs (id {g.id!r})", " ms (0 = the default 2000)"
+        )
         header_safe(g.auth_key, f"{where}.authKey (id {g.id!r})")
         for name, value in (g.headers or {}).items():
             header_name(name, f"{where}.headers (id {g.id!r})")

@@ -63,8 +63,15 @@ class Snapshots:
     so worker certificates can be checked (and ``nodeMtls: require`` is accepted).
     """
 
-    def __init__(self, access: AccessService, emit: Emit = no_events, *, paths: SnapshotPaths | None = None,
-                 client_certs_verified: bool = False, interval: float = POLL_INTERVAL) -> None:
+    def __init__(
+        self,
+        access: AccessService,
+        emit: Emit = no_events,
+        *,
+        paths: SnapshotPaths | None = None,
+        client_certs_verified: bool = False,
+        interval: float = POLL_INTERVAL,
+    ) -> None:
         self.access = access
         self.paths = paths if paths is not None else SnapshotPaths.from_env()
         self.auth = AuthFile(access, client_certs_verified=client_certs_verified)
@@ -72,7 +79,11 @@ class Snapshots:
         self.plan = PlanFile()
         self.policy.subscribe(self._policy_applied)
         self.watchers: list[FileWatcher[Any]] = []
-        for path, applier in ((self.paths.auth, self.auth), (self.paths.policy, self.policy), (self.paths.plan, self.plan)):
+        for path, applier in (
+            (self.paths.auth, self.auth),
+            (self.paths.policy, self.policy),
+            (self.paths.plan, self.plan),
+        ):
             if path is not None:
                 self.watchers.append(FileWatcher(path, applier, emit, interval=interval))
 
@@ -101,7 +112,11 @@ class Snapshots:
         """Per file: path, revision held, why the newest version is not held; plus the auth snapshot's age."""
         out: dict[str, Any] = {}
         for watcher in self.watchers:
-            out[watcher.applier.kind] = {"path": str(watcher.path), "revision": watcher.applier.revision, "error": watcher.last_error}
+            out[watcher.applier.kind] = {
+                "path": str(watcher.path),
+                "revision": watcher.applier.revision,
+                "error": watcher.last_error,
+            }
         age = self.access.keys.snapshot_age_sec()
         out["auth_snapshot_age_sec"] = None if age is None else int(age)
         out["node_mtls"] = self.auth.node_mtls.describe()

@@ -85,7 +85,9 @@ class _Seen:
 class FileWatcher(Generic[T]):
     """Polls ``path`` and hands each new version to ``applier``; outcomes go to ``emit``."""
 
-    def __init__(self, path: Path, applier: Applier[T], emit: Emit = no_events, *, interval: float = POLL_INTERVAL) -> None:
+    def __init__(
+        self, path: Path, applier: Applier[T], emit: Emit = no_events, *, interval: float = POLL_INTERVAL
+    ) -> None:
         self.path = Path(path)
         self.applier = applier
         self.emit = emit
@@ -112,7 +114,10 @@ class FileWatcher(Generic[T]):
         if before == self._seen.signature:
             return ("same", None)
         if before[2] > MAX_FILE_BYTES:
-            return ("error", f"{self.path} is {before[2]} bytes, more than the {MAX_FILE_BYTES >> 20} MiB a snapshot may be")
+            return (
+                "error",
+                f"{self.path} is {before[2]} bytes, more than the {MAX_FILE_BYTES >> 20} MiB a snapshot may be",
+            )
         try:
             with open(self.path, "rb") as handle:
                 data = handle.read(MAX_FILE_BYTES + 1)
@@ -228,7 +233,9 @@ DEFAULT_POLICY_FILE = Path("/etc/opod-auth/policy.json")
 DEFAULT_PLAN_FILE = Path("/etc/opod/plan.json")
 
 
-def resolve(variable: str, default: Path, *, only_if_present: bool = False, environ: dict[str, str] | None = None) -> Path | None:
+def resolve(
+    variable: str, default: Path, *, only_if_present: bool = False, environ: dict[str, str] | None = None
+) -> Path | None:
     """The path to watch for a contract variable: its value, None for ``off``, else ``default``.
 
     ``only_if_present``: the default path is watched only when it exists now (the

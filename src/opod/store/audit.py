@@ -70,9 +70,13 @@ def _values(row: AuditRow) -> dict[str, Any]:
         raise InvalidInput(f"audit status {row.status!r} is not an HTTP status")
     detail = row.detail if len(row.detail) <= DETAIL_MAX else row.detail[:DETAIL_MAX] + " …(cut)"
     return {
-        "at": when(row.at, "audit at"), "actor": text_arg(row.actor, "audit actor"), "source": text_arg(row.source, "audit source"),
-        "action": text_arg(row.action, "audit action"), "target": text_arg(row.target, "audit target", empty=True),
-        "detail": detail.replace("\x00", ""), "status": row.status,
+        "at": when(row.at, "audit at"),
+        "actor": text_arg(row.actor, "audit actor"),
+        "source": text_arg(row.source, "audit source"),
+        "action": text_arg(row.action, "audit action"),
+        "target": text_arg(row.target, "audit target", empty=True),
+        "detail": detail.replace("\x00", ""),
+        "status": row.status,
     }
 
 
@@ -91,8 +95,9 @@ class AuditRepo(Repository):
         with self._write() as conn:
             insert_audit(conn, row)
 
-    def list_audit(self, *, since: datetime | None = None, limit: int = 1000, actor: str | None = None,
-                   contains: str | None = None) -> list[AuditRecord]:
+    def list_audit(
+        self, *, since: datetime | None = None, limit: int = 1000, actor: str | None = None, contains: str | None = None
+    ) -> list[AuditRecord]:
         """Newest first: at most ``limit`` rows from ``since`` on, by ``actor``, whose action or target holds ``contains``."""
         if limit < 1 or limit > LIST_MAX:
             raise InvalidInput(f"limit {limit} is outside 1..{LIST_MAX}")
@@ -103,7 +108,9 @@ class AuditRepo(Repository):
             query = query.where(audit.c.actor == actor)
         if contains:
             pattern = "%" + contains.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-            query = query.where(or_(audit.c.action.like(pattern, escape="\\"), audit.c.target.like(pattern, escape="\\")))
+            query = query.where(
+                or_(audit.c.action.like(pattern, escape="\\"), audit.c.target.like(pattern, escape="\\"))
+            )
         with self._read() as conn:
             return [_record(r) for r in conn.execute(query)]
 

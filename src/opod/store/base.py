@@ -84,7 +84,9 @@ def aware(value: datetime, field: str) -> datetime:
     if not isinstance(value, datetime):
         raise InvalidInput(f"{field} must be a datetime, not {type(value).__name__}")
     if value.tzinfo is None or value.utcoffset() is None:
-        raise InvalidInput(f"{field} {value.isoformat()} has no timezone; pass an aware datetime (e.g. datetime.now(UTC))")
+        raise InvalidInput(
+            f"{field} {value.isoformat()} has no timezone; pass an aware datetime (e.g. datetime.now(UTC))"
+        )
     return value.astimezone(UTC)
 
 

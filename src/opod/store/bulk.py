@@ -36,8 +36,13 @@ BindProcessor = Callable[[Any], Any]
 class _Statement:
     """A store statement compiled once for the engine's dialect; its parameters in the driver's form."""
 
-    def __init__(self, engine: Engine, clause: ClauseElement, names: Sequence[str],
-                 convert: Mapping[str, BindProcessor | None] | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        clause: ClauseElement,
+        names: Sequence[str],
+        convert: Mapping[str, BindProcessor | None] | None = None,
+    ) -> None:
         compiled = clause.compile(dialect=engine.dialect, column_keys=list(names))
         assert isinstance(compiled, SQLCompiler)  # a statement, not DDL
         self.sql = compiled.string
@@ -47,15 +52,23 @@ class _Statement:
         self.convert = tuple((convert or {}).get(name) for name in self.names)
 
     def parameters(self, values: dict[str, Any]) -> Parameters:
-        converted = [values[name] if convert is None else convert(values[name]) for name, convert in zip(self.names, self.convert)]
+        converted = [
+            values[name] if convert is None else convert(values[name])
+            for name, convert in zip(self.names, self.convert)
+        ]
         return tuple(converted) if self.positional else dict(zip(self.names, converted))
 
     def many(self, rows: list[dict[str, Any]]) -> list[tuple[Any, ...]] | list[dict[str, Any]]:
         """:meth:`parameters` for each row, for ``executemany``."""
         converts = list(zip(self.names, self.convert))
         if self.positional:
-            return [tuple(row[name] if convert is None else convert(row[name]) for name, convert in converts) for row in rows]
-        return [{name: row[name] if convert is None else convert(row[name]) for name, convert in converts} for row in rows]
+            return [
+                tuple(row[name] if convert is None else convert(row[name]) for name, convert in converts)
+                for row in rows
+            ]
+        return [
+            {name: row[name] if convert is None else convert(row[name]) for name, convert in converts} for row in rows
+        ]
 
 
 class _Table:
@@ -75,7 +88,9 @@ class _Table:
         entries = [row["entry"] for row in rows]
         for start in range(0, len(entries), KNOWN_CHUNK):
             chunk = entries[start : start + KNOWN_CHUNK]
-            cursor.execute(f"SELECT entry FROM {self._name} WHERE entry IN ({', '.join([self._mark] * len(chunk))})", tuple(chunk))
+            cursor.execute(
+                f"SELECT entry FROM {self._name} WHERE entry IN ({', '.join([self._mark] * len(chunk))})", tuple(chunk)
+            )
             known.update(entry for (entry,) in cursor.fetchall())
         return [row for row in rows if row["entry"] not in known] if known else rows
 

@@ -44,8 +44,12 @@ class CapacityRepo(Repository):
             measured_at=when(at, "measured_at"),
         )
         values = asdict(record)
-        statement = self._upsert(capacity, values, on=["model_id", "profile"],
-                                 update={k: v for k, v in values.items() if k not in ("model_id", "profile")})
+        statement = self._upsert(
+            capacity,
+            values,
+            on=["model_id", "profile"],
+            update={k: v for k, v in values.items() if k not in ("model_id", "profile")},
+        )
         try:
             with self._write() as conn:
                 if conn.execute(select(models.c.id).where(models.c.id == model_id)).first() is None:

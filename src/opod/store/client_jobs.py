@@ -215,16 +215,29 @@ def _visible(table: Table, key_id: str | None, project_id: str) -> Any:
 class ClientJobsRepo(Repository):
     # --- files ------------------------------------------------------------------------------------
 
-    def add_file(self, *, owner_key_id: str, project_id: str, purpose: str, filename: str, content: bytes,
-                 created_at: datetime | None = None, id: str | None = None) -> FileRecord:
+    def add_file(
+        self,
+        *,
+        owner_key_id: str,
+        project_id: str,
+        purpose: str,
+        filename: str,
+        content: bytes,
+        created_at: datetime | None = None,
+        id: str | None = None,
+    ) -> FileRecord:
         if not isinstance(content, bytes):
             raise InvalidInput(f"file content must be bytes, not {type(content).__name__}")
         if len(content) > FILE_MAX_BYTES:
             raise InvalidInput(f"file is {len(content)} bytes; at most {FILE_MAX_BYTES} are kept")
         record = FileRecord(
-            id=text_arg(id, "file id") if id is not None else new_file_id(), owner_key_id=text_arg(owner_key_id, "owner key", empty=True),
-            project_id=text_arg(project_id, "project", empty=True), purpose=text_arg(purpose, "purpose"),
-            filename=text_arg(filename, "filename", empty=True), bytes=len(content), created_at=when(created_at, "created_at"),
+            id=text_arg(id, "file id") if id is not None else new_file_id(),
+            owner_key_id=text_arg(owner_key_id, "owner key", empty=True),
+            project_id=text_arg(project_id, "project", empty=True),
+            purpose=text_arg(purpose, "purpose"),
+            filename=text_arg(filename, "filename", empty=True),
+            bytes=len(content),
+            created_at=when(created_at, "created_at"),
         )
         with self._write() as conn:
             conn.execute(insert(files).values(**_record_values(record), content=content))
@@ -233,7 +246,9 @@ class ClientJobsRepo(Repository):
     def get_file(self, id: str, *, key_id: str | None = None, project_id: str = "") -> FileRecord | None:
         """The file ``id`` if it exists and the key sees it (``key_id`` None: any caller)."""
         with self._read() as conn:
-            row = conn.execute(select(*_FILE_COLUMNS).where(files.c.id == id, _visible(files, key_id, project_id))).first()
+            row = conn.execute(
+                select(*_FILE_COLUMNS).where(files.c.id == id, _visible(files, key_id, project_id))
+            ).first()
         return None if row is None else _file(row)
 
     def file_content(self, id: str) -> bytes | None:
@@ -241,8 +256,15 @@ class ClientJobsRepo(Repository):
             value = conn.execute(select(files.c.content).where(files.c.id == id)).scalar()
         return None if value is None else bytes(value)
 
-    def list_files(self, *, key_id: str | None = None, project_id: str = "", purpose: str | None = None,
-                   limit: int = 10_000, newest_first: bool = True) -> list[FileRecord]:
+    def list_files(
+        self,
+        *,
+        key_id: str | None = None,
+        project_id: str = "",
+        purpose: str | None = None,
+        limit: int = 10_000,
+        newest_first: bool = True,
+    ) -> list[FileRecord]:
         order = (files.c.created_at.desc(), files.c.id.desc()) if newest_first else (files.c.created_at, files.c.id)
         query = select(*_FILE_COLUMNS).where(_visible(files, key_id, project_id)).order_by(*order).limit(_limit(limit))
         if purpose:
@@ -256,9 +278,22 @@ class ClientJobsRepo(Repository):
 
     # --- jobs -------------------------------------------------------------------------------------
 
-    def create_client_job(self, *, owner_key_id: str, project_id: str, endpoint: str, model: str, input_file_id: str,
-                          completion_window: timedelta, window_text: str, metadata_json: str, lines: Sequence[JobLine],
-                          errors_json: str | None = None, created_at: datetime | None = None, id: str | None = None) -> JobRecord:
+    def create_client_job(
+        self,
+        *,
+        owner_key_id: str,
+        project_id: str,
+        endpoint: str,
+        model: str,
+        input_file_id: str,
+        completion_window: timedelta,
+        window_text: str,
+        metadata_json: str,
+        lines: Sequence[JobLine],
+        errors_json: str | None = None,
+        created_at: datetime | None = None,
+        id: str | None = None,
+    ) -> JobRecord:
         """A new job with its lines, in one transaction: ``in_progress``, or ``failed`` when ``errors_json`` says why."""
         at = when(created_at, "created_at")
         failed = errors_json is not None
@@ -266,32 +301,72 @@ class ClientJobsRepo(Repository):
         if len(set(custom_ids)) != len(custom_ids):
             raise InvalidInput("custom_id must be unique within a batch")
         values: dict[str, Any] = dict(
-            id=text_arg(id, "job id") if id is not None else new_job_id(), owner_key_id=text_arg(owner_key_id, "owner key", empty=True),
-            project_id=text_arg(project_id, "project", empty=True), endpoint=text_arg(endpoint, "endpoint"),
-            model=text_arg(model, "model", empty=True), input_file_id=text_arg(input_file_id, "input_file_id"),
-            completion_window=text_arg(window_text, "completion_window"), status="failed" if failed else "in_progress",
-            metadata_json=json_arg(metadata_json, "metadata"), errors_json=json_arg(errors_json, "errors") if errors_json is not None else None,
-            created_at=at, expires_at=at + completion_window, in_progress_at=None if failed else at, finalizing_at=None,
-            completed_at=None, failed_at=at if failed else None, expired_at=None, cancelling_at=None, cancelled_at=None,
-            output_file_id=None, error_file_id=None, total=0 if failed else len(lines), completed=0, failed=0, prompt_tokens=0,
-            completion_tokens=0, lease_owner="", lease_until=None,
+            id=text_arg(id, "job id") if id is not None else new_job_id(),
+            owner_key_id=text_arg(owner_key_id, "owner key", empty=True),
+            project_id=text_arg(project_id, "project", empty=True),
+            endpoint=text_arg(endpoint, "endpoint"),
+            model=text_arg(model, "model", empty=True),
+            input_file_id=text_arg(input_file_id, "input_file_id"),
+            completion_window=text_arg(window_text, "completion_window"),
+            status="failed" if failed else "in_progress",
+            metadata_json=json_arg(metadata_json, "metadata"),
+            errors_json=json_arg(errors_json, "errors") if errors_json is not None else None,
+            created_at=at,
+            expires_at=at + completion_window,
+            in_progress_at=None if failed else at,
+            finalizing_at=None,
+            completed_at=None,
+            failed_at=at if failed else None,
+            expired_at=None,
+            cancelling_at=None,
+            cancelled_at=None,
+            output_file_id=None,
+            error_file_id=None,
+            total=0 if failed else len(lines),
+            completed=0,
+            failed=0,
+            prompt_tokens=0,
+            completion_tokens=0,
+            lease_owner="",
+            lease_until=None,
         )
         with self._write() as conn:
             conn.execute(insert(client_jobs).values(**values))
             if not failed and lines:
-                conn.execute(insert(client_job_lines), [
-                    {"job_id": values["id"], "line": line.line, "custom_id": text_arg(line.custom_id, "custom_id"), "state": "pending",
-                     "request_json": json_arg(line.request_json, "body"), "response_json": None, "error_json": None, "answered_at": None}
-                    for line in lines])
+                conn.execute(
+                    insert(client_job_lines),
+                    [
+                        {
+                            "job_id": values["id"],
+                            "line": line.line,
+                            "custom_id": text_arg(line.custom_id, "custom_id"),
+                            "state": "pending",
+                            "request_json": json_arg(line.request_json, "body"),
+                            "response_json": None,
+                            "error_json": None,
+                            "answered_at": None,
+                        }
+                        for line in lines
+                    ],
+                )
         return JobRecord(**values)
 
     def get_client_job(self, id: str, *, key_id: str | None = None, project_id: str = "") -> JobRecord | None:
         with self._read() as conn:
-            row = conn.execute(select(client_jobs).where(client_jobs.c.id == id, _visible(client_jobs, key_id, project_id))).first()
+            row = conn.execute(
+                select(client_jobs).where(client_jobs.c.id == id, _visible(client_jobs, key_id, project_id))
+            ).first()
         return None if row is None else _job(row)
 
-    def list_client_jobs(self, *, key_id: str | None = None, project_id: str = "", status: str | None = None,
-                         limit: int = 50, after: str | None = None) -> list[JobRecord]:
+    def list_client_jobs(
+        self,
+        *,
+        key_id: str | None = None,
+        project_id: str = "",
+        status: str | None = None,
+        limit: int = 50,
+        after: str | None = None,
+    ) -> list[JobRecord]:
         """Newest first; ``after`` a job id: only those created before it (OpenAI's cursor)."""
         query = select(client_jobs).where(_visible(client_jobs, key_id, project_id))
         if status:
@@ -301,7 +376,12 @@ class ClientJobsRepo(Repository):
                 cursor = conn.execute(select(client_jobs.c.created_at).where(client_jobs.c.id == after)).scalar()
                 if cursor is None:
                     raise NotFound(f"after: no batch {after!r}; pass the last id of the previous page")
-                query = query.where(or_(client_jobs.c.created_at < cursor, and_(client_jobs.c.created_at == cursor, client_jobs.c.id < after)))
+                query = query.where(
+                    or_(
+                        client_jobs.c.created_at < cursor,
+                        and_(client_jobs.c.created_at == cursor, client_jobs.c.id < after),
+                    )
+                )
             query = query.order_by(client_jobs.c.created_at.desc(), client_jobs.c.id.desc()).limit(_limit(limit))
             return [_job(row) for row in conn.execute(query)]
 
@@ -309,8 +389,11 @@ class ClientJobsRepo(Repository):
         """Ask a job to stop: ``cancelling`` until its runner has let the lines in flight finish. An ended job is left as it is."""
         stamp = when(at, "cancelling_at")
         with self._write() as conn:
-            conn.execute(update(client_jobs).where(client_jobs.c.id == id, client_jobs.c.status.in_(("validating", "in_progress")))
-                         .values(status="cancelling", cancelling_at=stamp))
+            conn.execute(
+                update(client_jobs)
+                .where(client_jobs.c.id == id, client_jobs.c.status.in_(("validating", "in_progress")))
+                .values(status="cancelling", cancelling_at=stamp)
+            )
             row = conn.execute(select(client_jobs).where(client_jobs.c.id == id)).first()
         if row is None:
             raise NotFound(f"no batch {id!r}")
@@ -319,51 +402,121 @@ class ClientJobsRepo(Repository):
     def claim_client_jobs(self, owner: str, *, lease: timedelta, at: datetime | None = None) -> list[JobRecord]:
         """Take (or keep) the lease of every job with work left whose lease is free, lapsed or ``owner``'s own."""
         stamp = when(at, "at")
-        free = or_(client_jobs.c.lease_owner == owner, client_jobs.c.lease_until.is_(None), client_jobs.c.lease_until < stamp)
+        free = or_(
+            client_jobs.c.lease_owner == owner, client_jobs.c.lease_until.is_(None), client_jobs.c.lease_until < stamp
+        )
         with self._write() as conn:
-            conn.execute(update(client_jobs).where(client_jobs.c.status.in_(ACTIVE_STATES), free)
-                         .values(lease_owner=owner, lease_until=stamp + lease))
-            rows = conn.execute(select(client_jobs).where(client_jobs.c.status.in_(ACTIVE_STATES), client_jobs.c.lease_owner == owner)
-                                .order_by(client_jobs.c.created_at, client_jobs.c.id)).all()
+            conn.execute(
+                update(client_jobs)
+                .where(client_jobs.c.status.in_(ACTIVE_STATES), free)
+                .values(lease_owner=owner, lease_until=stamp + lease)
+            )
+            rows = conn.execute(
+                select(client_jobs)
+                .where(client_jobs.c.status.in_(ACTIVE_STATES), client_jobs.c.lease_owner == owner)
+                .order_by(client_jobs.c.created_at, client_jobs.c.id)
+            ).all()
         return [_job(row) for row in rows]
 
     def pending_lines(self, job_id: str, *, after: int = -1, limit: int = 256) -> list[JobLine]:
         """Lines not answered yet, in order, after line number ``after``."""
-        query = (select(client_job_lines.c.line, client_job_lines.c.custom_id, client_job_lines.c.request_json)
-                 .where(client_job_lines.c.job_id == job_id, client_job_lines.c.state == "pending", client_job_lines.c.line > after)
-                 .order_by(client_job_lines.c.line).limit(_limit(limit)))
+        query = (
+            select(client_job_lines.c.line, client_job_lines.c.custom_id, client_job_lines.c.request_json)
+            .where(
+                client_job_lines.c.job_id == job_id,
+                client_job_lines.c.state == "pending",
+                client_job_lines.c.line > after,
+            )
+            .order_by(client_job_lines.c.line)
+            .limit(_limit(limit))
+        )
         with self._read() as conn:
             return [JobLine(row.line, row.custom_id, row.request_json) for row in conn.execute(query)]
 
-    def answer_line(self, job_id: str, line: int, *, ok: bool, response_json: str | None, error_json: str | None = None,
-                    prompt_tokens: int = 0, completion_tokens: int = 0, at: datetime | None = None) -> bool:
+    def answer_line(
+        self,
+        job_id: str,
+        line: int,
+        *,
+        ok: bool,
+        response_json: str | None,
+        error_json: str | None = None,
+        prompt_tokens: int = 0,
+        completion_tokens: int = 0,
+        at: datetime | None = None,
+    ) -> bool:
         """Record a line's answer and count it, once: False (and nothing changed) when it was answered already."""
         stamp = when(at, "answered_at")
         with self._write() as conn:
-            changed = conn.execute(update(client_job_lines).where(
-                client_job_lines.c.job_id == job_id, client_job_lines.c.line == line, client_job_lines.c.state == "pending",
-            ).values(state="answered" if ok else "failed", response_json=response_json, error_json=error_json, answered_at=stamp)).rowcount
+            changed = conn.execute(
+                update(client_job_lines)
+                .where(
+                    client_job_lines.c.job_id == job_id,
+                    client_job_lines.c.line == line,
+                    client_job_lines.c.state == "pending",
+                )
+                .values(
+                    state="answered" if ok else "failed",
+                    response_json=response_json,
+                    error_json=error_json,
+                    answered_at=stamp,
+                )
+            ).rowcount
             if not changed:
                 return False
             counter = client_jobs.c.completed if ok else client_jobs.c.failed
-            conn.execute(update(client_jobs).where(client_jobs.c.id == job_id).values({
-                counter.name: counter + 1, "prompt_tokens": client_jobs.c.prompt_tokens + prompt_tokens,
-                "completion_tokens": client_jobs.c.completion_tokens + completion_tokens}))
+            conn.execute(
+                update(client_jobs)
+                .where(client_jobs.c.id == job_id)
+                .values(
+                    {
+                        counter.name: counter + 1,
+                        "prompt_tokens": client_jobs.c.prompt_tokens + prompt_tokens,
+                        "completion_tokens": client_jobs.c.completion_tokens + completion_tokens,
+                    }
+                )
+            )
         return True
 
     def job_lines(self, job_id: str) -> list[LineRecord]:
-        query = (select(client_job_lines.c.line, client_job_lines.c.custom_id, client_job_lines.c.state, client_job_lines.c.response_json,
-                        client_job_lines.c.error_json).where(client_job_lines.c.job_id == job_id).order_by(client_job_lines.c.line))
+        query = (
+            select(
+                client_job_lines.c.line,
+                client_job_lines.c.custom_id,
+                client_job_lines.c.state,
+                client_job_lines.c.response_json,
+                client_job_lines.c.error_json,
+            )
+            .where(client_job_lines.c.job_id == job_id)
+            .order_by(client_job_lines.c.line)
+        )
         with self._read() as conn:
-            return [LineRecord(row.line, row.custom_id, row.state, row.response_json, row.error_json) for row in conn.execute(query)]
+            return [
+                LineRecord(row.line, row.custom_id, row.state, row.response_json, row.error_json)
+                for row in conn.execute(query)
+            ]
 
     def count_pending_lines(self, job_id: str) -> int:
         with self._read() as conn:
-            return int(conn.execute(select(func.count()).select_from(client_job_lines).where(
-                client_job_lines.c.job_id == job_id, client_job_lines.c.state == "pending")).scalar() or 0)
+            return int(
+                conn.execute(
+                    select(func.count())
+                    .select_from(client_job_lines)
+                    .where(client_job_lines.c.job_id == job_id, client_job_lines.c.state == "pending")
+                ).scalar()
+                or 0
+            )
 
-    def finish_client_job(self, job_id: str, status: str, *, output: bytes | None, errors: bytes | None,
-                          skipped_error_json: str | None = None, at: datetime | None = None) -> JobRecord:
+    def finish_client_job(
+        self,
+        job_id: str,
+        status: str,
+        *,
+        output: bytes | None,
+        errors: bytes | None,
+        skipped_error_json: str | None = None,
+        at: datetime | None = None,
+    ) -> JobRecord:
         """End a job: its output and error files, the lines never sent marked ``skipped``, its state and time, in one transaction."""
         if status not in ENDED_STATES:
             raise InvalidInput(f"a job ends {', '.join(ENDED_STATES)}, not {status!r}")
@@ -376,25 +529,45 @@ class ClientJobsRepo(Repository):
             if job.ended:
                 return job
             file_ids: dict[str, str | None] = {"output_file_id": None, "error_file_id": None}
-            for column, content, filename in (("output_file_id", output, "output"), ("error_file_id", errors, "errors")):
+            for column, content, filename in (
+                ("output_file_id", output, "output"),
+                ("error_file_id", errors, "errors"),
+            ):
                 if content:
                     file_ids[column] = new_file_id()
-                    conn.execute(insert(files).values(
-                        id=file_ids[column], owner_key_id=job.owner_key_id, project_id=job.project_id, purpose="batch_output",
-                        filename=f"{job.id}_{filename}.jsonl", bytes=len(content), created_at=stamp, content=content))
-            skipped = conn.execute(update(client_job_lines).where(client_job_lines.c.job_id == job_id, client_job_lines.c.state == "pending")
-                                   .values(state="skipped", error_json=skipped_error_json, answered_at=stamp)).rowcount
+                    conn.execute(
+                        insert(files).values(
+                            id=file_ids[column],
+                            owner_key_id=job.owner_key_id,
+                            project_id=job.project_id,
+                            purpose="batch_output",
+                            filename=f"{job.id}_{filename}.jsonl",
+                            bytes=len(content),
+                            created_at=stamp,
+                            content=content,
+                        )
+                    )
+            skipped = conn.execute(
+                update(client_job_lines)
+                .where(client_job_lines.c.job_id == job_id, client_job_lines.c.state == "pending")
+                .values(state="skipped", error_json=skipped_error_json, answered_at=stamp)
+            ).rowcount
             values: dict[str, Any] = {**file_ids, "status": status, f"{status}_at": stamp, "lease_until": None}
             if status == "expired" and skipped:
-                values["failed"] = client_jobs.c.failed + skipped  # OpenAI counts a line the window ran out on as failed
+                values["failed"] = (
+                    client_jobs.c.failed + skipped
+                )  # OpenAI counts a line the window ran out on as failed
             conn.execute(update(client_jobs).where(client_jobs.c.id == job_id).values(values))
             return _job(conn.execute(select(client_jobs).where(client_jobs.c.id == job_id)).one())
 
     def mark_finalizing(self, job_id: str, at: datetime | None = None) -> None:
         stamp = when(at, "finalizing_at")
         with self._write() as conn:
-            conn.execute(update(client_jobs).where(client_jobs.c.id == job_id, client_jobs.c.status == "in_progress")
-                         .values(status="finalizing", finalizing_at=stamp))
+            conn.execute(
+                update(client_jobs)
+                .where(client_jobs.c.id == job_id, client_jobs.c.status == "in_progress")
+                .values(status="finalizing", finalizing_at=stamp)
+            )
 
 
 def _record_values(record: FileRecord) -> dict[str, Any]:

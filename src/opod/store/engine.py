@@ -65,7 +65,9 @@ def resolve_url(url: str | None, home: Path | None) -> URL:
         try:
             base.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as err:
-            raise StoreError(f"cannot create opod's data directory {base}: {err.strerror}; set OPOD_HOME to a writable directory") from None
+            raise StoreError(
+                f"cannot create opod's data directory {base}: {err.strerror}; set OPOD_HOME to a writable directory"
+            ) from None
         return URL.create("sqlite", database=str(base / DB_FILE))
     try:
         parsed = make_url(text.strip())
@@ -92,7 +94,9 @@ def _check_driver(url: URL) -> URL:
         if not parent.is_dir():
             raise StoreError(f"{mask(url)}: the directory {parent} does not exist; create it or choose another path")
         return url
-    raise StoreError(f"{mask(url)}: the store runs on SQLite (sqlite:///PATH) or PostgreSQL (postgresql+psycopg://…), not {backend}")
+    raise StoreError(
+        f"{mask(url)}: the store runs on SQLite (sqlite:///PATH) or PostgreSQL (postgresql+psycopg://…), not {backend}"
+    )
 
 
 def make_engine(url: URL) -> Engine:
@@ -124,7 +128,9 @@ def _enable_wal(cursor: DBAPICursor, url: URL) -> None:
                 raise
             time.sleep(0.01)
     if mode != "wal":
-        raise StoreError(f"{mask(url)}: SQLite kept journal mode {mode!r} instead of WAL; put the database on a local disk")
+        raise StoreError(
+            f"{mask(url)}: SQLite kept journal mode {mode!r} instead of WAL; put the database on a local disk"
+        )
 
 
 def _sqlite_hooks(engine: Engine) -> None:

@@ -121,21 +121,29 @@ class KeysRepo(Repository):
             leader_id=text_arg(leader_id, "leader id", empty=True),
         )
         if len(record.prefix) > PREFIX_MAX:
-            raise InvalidInput(f"key prefix is {len(record.prefix)} characters; keep at most {PREFIX_MAX}, never the whole key")
+            raise InvalidInput(
+                f"key prefix is {len(record.prefix)} characters; keep at most {PREFIX_MAX}, never the whole key"
+            )
         if record.node_id is not None and record.kind != "node":
             raise InvalidInput(f"only node tokens are bound to a node; this key is kind {record.kind!r}")
         if record.leader_id and record.kind != "admin":
             raise InvalidInput(f"only admin keys belong to a leader; this key is kind {record.kind!r}")
         if record.expires_at is not None and record.expires_at <= record.created_at:
-            raise InvalidInput(f"expires_at {record.expires_at.isoformat()} is not after created_at {record.created_at.isoformat()}")
+            raise InvalidInput(
+                f"expires_at {record.expires_at.isoformat()} is not after created_at {record.created_at.isoformat()}"
+            )
         try:
             with self._write() as conn:
                 _refuse_duplicate(conn, record)
                 if record.project_id:
                     # The project keeps, for good, that it had a key: usage refers to it, so it is only renamed.
-                    marked = conn.execute(update(projects).where(projects.c.id == record.project_id).values(had_key=True)).rowcount
+                    marked = conn.execute(
+                        update(projects).where(projects.c.id == record.project_id).values(had_key=True)
+                    ).rowcount
                     if not marked:
-                        raise NotFound(f"project: no project with ID {record.project_id!r}; GET /api/v1/orgs lists them")
+                        raise NotFound(
+                            f"project: no project with ID {record.project_id!r}; GET /api/v1/orgs lists them"
+                        )
                 conn.execute(keys.insert().values(**asdict(record)))
                 if audit is not None:
                     insert_audit(conn, audit)
@@ -178,8 +186,9 @@ class KeysRepo(Repository):
         with self._read() as conn:
             return [_record(row) for row in conn.execute(query)]
 
-    def replace_admin_key(self, leader_id: str, *, hash: str, prefix: str, name: str = "admin",
-                          at: datetime | None = None) -> tuple[KeyRecord, list[KeyRecord]]:
+    def replace_admin_key(
+        self, leader_id: str, *, hash: str, prefix: str, name: str = "admin", at: datetime | None = None
+    ) -> tuple[KeyRecord, list[KeyRecord]]:
         """Store a new admin key for ``leader_id`` and revoke its active ones, in one transaction; returns the new key
         and those revoked.
 
@@ -189,21 +198,38 @@ class KeysRepo(Repository):
         """
         owner = text_arg(leader_id, "leader id")
         stamp = when(at, "revoked_at")
-        stale = select(keys).where(keys.c.kind == "admin", keys.c.revoked_at.is_(None), keys.c.leader_id.in_([owner, ""]))
+        stale = select(keys).where(
+            keys.c.kind == "admin", keys.c.revoked_at.is_(None), keys.c.leader_id.in_([owner, ""])
+        )
         record = KeyRecord(
-            id=new_key_id("admin"), kind="admin", name=text_arg(name, "key name", empty=True), hash=_hash(hash),
-            prefix=text_arg(prefix, "key prefix", empty=True), team="", admission_class="", created_at=stamp,
-            expires_at=None, revoked_at=None, last_used_at=None, node_id=None, leader_id=owner,
+            id=new_key_id("admin"),
+            kind="admin",
+            name=text_arg(name, "key name", empty=True),
+            hash=_hash(hash),
+            prefix=text_arg(prefix, "key prefix", empty=True),
+            team="",
+            admission_class="",
+            created_at=stamp,
+            expires_at=None,
+            revoked_at=None,
+            last_used_at=None,
+            node_id=None,
+            leader_id=owner,
         )
         if len(record.prefix) > PREFIX_MAX:
-            raise InvalidInput(f"key prefix is {len(record.prefix)} characters; keep at most {PREFIX_MAX}, never the whole key")
+            raise InvalidInput(
+                f"key prefix is {len(record.prefix)} characters; keep at most {PREFIX_MAX}, never the whole key"
+            )
         try:
             with self._write() as conn:
                 _refuse_duplicate(conn, record)
                 found = [_record(r) for r in conn.execute(stale)]
                 if found:
-                    conn.execute(update(keys).where(keys.c.id.in_([k.id for k in found]), keys.c.revoked_at.is_(None))
-                                 .values(revoked_at=stamp))
+                    conn.execute(
+                        update(keys)
+                        .where(keys.c.id.in_([k.id for k in found]), keys.c.revoked_at.is_(None))
+                        .values(revoked_at=stamp)
+                    )
                 conn.execute(keys.insert().values(**asdict(record)))
         except IntegrityError as err:
             raise Conflict(f"key {record.id!r} or its hash already exists; generate a new key") from err
@@ -232,8 +258,14 @@ class KeysRepo(Repository):
                 insert_audit(conn, audit)
         return _record(row)
 
-    def revoke_user_keys(self, user_id: str, project_ids: Collection[str] | None = None, at: datetime | None = None, *,
-                         audit: AuditRow | None = None) -> list[KeyRecord]:
+    def revoke_user_keys(
+        self,
+        user_id: str,
+        project_ids: Collection[str] | None = None,
+        at: datetime | None = None,
+        *,
+        audit: AuditRow | None = None,
+    ) -> list[KeyRecord]:
         """Revoke a person's active keys, in ``project_ids`` only when given (``""`` names their own keys); returns those revoked."""
         stamp = when(at, "revoked_at")
         query = select(keys).where(keys.c.user_id == text_arg(user_id, "user"), keys.c.revoked_at.is_(None))
@@ -260,7 +292,7 @@ class KeysRepo(Repository):
         moved = 0
         with self._write() as conn:
             for start in range(0, len(wanted), _IDS_PER_STATEMENT):
-                chunk = wanted[start:start + _IDS_PER_STATEMENT]
+                chunk = wanted[start : start + _IDS_PER_STATEMENT]
                 moved += conn.execute(
                     update(keys)
                     .where(keys.c.id.in_(chunk), or_(keys.c.last_used_at.is_(None), keys.c.last_used_at < stamp))

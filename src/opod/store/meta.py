@@ -28,10 +28,14 @@ class MetaRepo(Repository):
     def next_boot(self) -> int:
         """Count one more leader start and return its number (1, 2, …); atomic across processes."""
         increment = {"value": cast(cast(meta.c.value, BigInteger) + 1, Text)}
-        statement = self._upsert(meta, {"key": BOOT_KEY, "value": "1"}, on=["key"], update=increment).returning(meta.c.value)
+        statement = self._upsert(meta, {"key": BOOT_KEY, "value": "1"}, on=["key"], update=increment).returning(
+            meta.c.value
+        )
         with self._write() as conn:
             current = conn.execute(select(meta.c.value).where(meta.c.key == BOOT_KEY)).scalar()
             if current is not None and not (current.isascii() and current.isdigit()):
                 # SQLite would cast it to 0 and restart the count; refuse instead.
-                raise StoreError(f"meta {BOOT_KEY!r} holds {current!r}, not a boot number; set it to the last boot number")
+                raise StoreError(
+                    f"meta {BOOT_KEY!r} holds {current!r}, not a boot number; set it to the last boot number"
+                )
             return int(conn.execute(statement).scalar_one())

@@ -62,7 +62,9 @@ class ModelsRepo(Repository):
             entry_json=json_arg(entry_json, f"entry_json of model {id!r}") if entry_json is not None else None,
             engine=text_arg(engine, "engine", empty=True),
             added_at=when(at, "added_at"),
-            definition_json=json_arg(definition_json, f"definition_json of model {id!r}") if definition_json is not None else None,
+            definition_json=json_arg(definition_json, f"definition_json of model {id!r}")
+            if definition_json is not None
+            else None,
         )
         if wanted is not None and wanted not in WANTED_STATES:
             raise InvalidInput(f"wanted {wanted!r} is not one of {', '.join(WANTED_STATES)}")
@@ -73,7 +75,9 @@ class ModelsRepo(Repository):
                     raise conflict
                 conn.execute(models.insert().values(**asdict(record)))
                 if wanted is not None:
-                    conn.execute(placements.insert().values(model_id=id, node_id="*", wanted=wanted, updated_at=record.added_at))
+                    conn.execute(
+                        placements.insert().values(model_id=id, node_id="*", wanted=wanted, updated_at=record.added_at)
+                    )
                 if preset_by is not None:
                     self._mark_preset(conn, id, text_arg(preset_by, "added_by"), record.added_at)
         except IntegrityError as err:  # added by another writer in the meantime
@@ -82,11 +86,19 @@ class ModelsRepo(Repository):
 
     def _mark_preset(self, conn: Connection, name: str, by: str, at: datetime) -> None:
         values = {"name": name, "added_by": by, "added_at": at, "declined": False}
-        conn.execute(self._upsert(presets, values, on=["name"], update={"added_by": by, "added_at": at, "declined": False}))
+        conn.execute(
+            self._upsert(presets, values, on=["name"], update={"added_by": by, "added_at": at, "declined": False})
+        )
 
     def set_definition(
-        self, id: str, definition_json: str, *, entry_json: str | None = None, engine: str | None = None,
-        wanted: str | None = None, at: datetime | None = None,
+        self,
+        id: str,
+        definition_json: str,
+        *,
+        entry_json: str | None = None,
+        engine: str | None = None,
+        wanted: str | None = None,
+        at: datetime | None = None,
     ) -> None:
         """Replace a model's definition (and, when given, its entry, engine and what is wanted on any worker) in one transaction.
 
@@ -105,9 +117,17 @@ class ModelsRepo(Repository):
             if wanted is not None:
                 stamp = when(at, "updated_at")
                 if wanted == "unloaded":  # no replicas wanted: not on any node it was pinned to either
-                    conn.execute(update(placements).where(placements.c.model_id == id).values(wanted=wanted, updated_at=stamp))
-                conn.execute(self._upsert(placements, {"model_id": id, "node_id": "*", "wanted": wanted, "updated_at": stamp},
-                                          on=["model_id", "node_id"], update={"wanted": wanted, "updated_at": stamp}))
+                    conn.execute(
+                        update(placements).where(placements.c.model_id == id).values(wanted=wanted, updated_at=stamp)
+                    )
+                conn.execute(
+                    self._upsert(
+                        placements,
+                        {"model_id": id, "node_id": "*", "wanted": wanted, "updated_at": stamp},
+                        on=["model_id", "node_id"],
+                        update={"wanted": wanted, "updated_at": stamp},
+                    )
+                )
 
     def get_model(self, id: str) -> ModelRecord:
         with self._read() as conn:

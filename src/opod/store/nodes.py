@@ -117,7 +117,11 @@ class NodesRepo(Repository):
         stamp = when(at, "drained_at")
         with self._write() as conn:
             if drained:
-                change = update(nodes).where(nodes.c.id == id, nodes.c.drained.is_(False)).values(drained=True, drained_at=stamp)
+                change = (
+                    update(nodes)
+                    .where(nodes.c.id == id, nodes.c.drained.is_(False))
+                    .values(drained=True, drained_at=stamp)
+                )
             else:
                 change = update(nodes).where(nodes.c.id == id).values(drained=False, drained_at=None)
             conn.execute(change)
@@ -142,8 +146,14 @@ class NodesRepo(Repository):
             raise _not_found(id)
         return _record(row)
 
-    def set_operator_side(self, id: str, *, labels: dict[str, str] | None = None, engine_builds: dict[str, str] | None = None,
-                          wanted_version: str | None = None) -> NodeRecord:
+    def set_operator_side(
+        self,
+        id: str,
+        *,
+        labels: dict[str, str] | None = None,
+        engine_builds: dict[str, str] | None = None,
+        wanted_version: str | None = None,
+    ) -> NodeRecord:
         """Replace what is given of the operator's labels, engine builds and wanted release."""
         values: dict[str, Any] = {}
         if labels is not None:
@@ -166,7 +176,9 @@ class NodesRepo(Repository):
             return
         stamp = when(at, "last_seen_at")
         with self._write() as conn:
-            conn.execute(update(nodes).where(nodes.c.id.in_(ids), nodes.c.last_seen_at < stamp).values(last_seen_at=stamp))
+            conn.execute(
+                update(nodes).where(nodes.c.id.in_(ids), nodes.c.last_seen_at < stamp).values(last_seen_at=stamp)
+            )
 
     def delete_node(self, id: str) -> None:
         """Forget a node. Its placements by id stay: they say what is wanted should it come back."""

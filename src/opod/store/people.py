@@ -103,14 +103,28 @@ def _email_taken(conn: Connection, email: str, other_than: str | None = None) ->
 class PeopleRepo(Repository):
     # --- people ------------------------------------------------------------------------------
 
-    def create_user(self, *, email: str, name: str = "", state: str = "active", role: str = "", external_id: str = "",
-                    id: str | None = None, created_at: datetime | None = None, audit: AuditRow | None = None) -> UserRecord:
+    def create_user(
+        self,
+        *,
+        email: str,
+        name: str = "",
+        state: str = "active",
+        role: str = "",
+        external_id: str = "",
+        id: str | None = None,
+        created_at: datetime | None = None,
+        audit: AuditRow | None = None,
+    ) -> UserRecord:
         """A new person; Conflict when the email (in any case) is someone's already."""
         record = UserRecord(
-            id=text_arg(id, "user id") if id is not None else new_user_id(), email=_email(email),
-            name=text_arg(name, "name", empty=True), state=_one_of(state, USER_STATES, "state"),
-            role=_one_of(role, USER_ROLES, "role"), external_id=text_arg(external_id, "external id", empty=True),
-            created_at=when(created_at, "created_at"), last_login_at=None,
+            id=text_arg(id, "user id") if id is not None else new_user_id(),
+            email=_email(email),
+            name=text_arg(name, "name", empty=True),
+            state=_one_of(state, USER_STATES, "state"),
+            role=_one_of(role, USER_ROLES, "role"),
+            external_id=text_arg(external_id, "external id", empty=True),
+            created_at=when(created_at, "created_at"),
+            last_login_at=None,
         )
         try:
             with self._write() as conn:
@@ -124,9 +138,18 @@ class PeopleRepo(Repository):
             raise Conflict(f"email {record.email!r} or id {record.id!r} is taken already") from err
         return record
 
-    def update_user(self, id: str, *, email: str | None = None, name: str | None = None, state: str | None = None,
-                    role: str | None = None, external_id: str | None = None, last_login_at: datetime | None = None,
-                    audit: AuditRow | None = None) -> UserRecord:
+    def update_user(
+        self,
+        id: str,
+        *,
+        email: str | None = None,
+        name: str | None = None,
+        state: str | None = None,
+        role: str | None = None,
+        external_id: str | None = None,
+        last_login_at: datetime | None = None,
+        audit: AuditRow | None = None,
+    ) -> UserRecord:
         """Change the fields given; NotFound for an unknown id, Conflict for an email someone else has."""
         changes: dict[str, Any] = {}
         if email is not None:
@@ -185,11 +208,24 @@ class PeopleRepo(Repository):
 
     # --- memberships -------------------------------------------------------------------------
 
-    def set_membership(self, user_id: str, target: str, *, role: str = "member", by: str = "", at: datetime | None = None,
-                       audit: AuditRow | None = None) -> MembershipRecord:
+    def set_membership(
+        self,
+        user_id: str,
+        target: str,
+        *,
+        role: str = "member",
+        by: str = "",
+        at: datetime | None = None,
+        audit: AuditRow | None = None,
+    ) -> MembershipRecord:
         """Put a person in ``target`` (an org, team or project id), or change their role there."""
-        record = MembershipRecord(user_id=text_arg(user_id, "user id"), target=text_arg(target, "target"),
-                                  role=_one_of(role, MEMBER_ROLES, "role"), at=when(at, "at"), by=text_arg(by, "by", empty=True))
+        record = MembershipRecord(
+            user_id=text_arg(user_id, "user id"),
+            target=text_arg(target, "target"),
+            role=_one_of(role, MEMBER_ROLES, "role"),
+            at=when(at, "at"),
+            by=text_arg(by, "by", empty=True),
+        )
         with self._write() as conn:
             self._put_membership(conn, record, keep_role=False)
             if audit is not None:
@@ -199,17 +235,23 @@ class PeopleRepo(Repository):
     def remove_membership(self, user_id: str, target: str, *, audit: AuditRow | None = None) -> bool:
         """Take a person out of ``target``; False when they were not in it (nothing changes, nothing is audited)."""
         with self._write() as conn:
-            gone = conn.execute(delete(memberships).where(memberships.c.user_id == user_id, memberships.c.target == target)).rowcount
+            gone = conn.execute(
+                delete(memberships).where(memberships.c.user_id == user_id, memberships.c.target == target)
+            ).rowcount
             if gone and audit is not None:
                 insert_audit(conn, audit)
         return bool(gone)
 
-    def leave(self, user_id: str, target: str, *, at: datetime | None = None, audit: AuditRow | None = None) -> MembersChanged:
+    def leave(
+        self, user_id: str, target: str, *, at: datetime | None = None, audit: AuditRow | None = None
+    ) -> MembersChanged:
         """Take a person out of ``target`` and revoke their keys in the projects they no longer reach, with ``audit``:
         one transaction, so a failure leaves the membership and the keys as they were. Nothing when they were not in it."""
         stamp = when(at, "revoked_at")
         with self._write() as conn:
-            gone = conn.execute(delete(memberships).where(memberships.c.user_id == user_id, memberships.c.target == target)).rowcount
+            gone = conn.execute(
+                delete(memberships).where(memberships.c.user_id == user_id, memberships.c.target == target)
+            ).rowcount
             if not gone:
                 return MembersChanged([], [], [])
             revoked = _revoke_unreachable(conn, [user_id], stamp)
@@ -217,17 +259,36 @@ class PeopleRepo(Repository):
                 insert_audit(conn, audit)
         return MembersChanged([], [user_id], revoked)
 
-    def change_members(self, target: str, *, add: Collection[str] = (), remove: Collection[str] = (), replace_all: bool = False,
-                       by: str = "", at: datetime | None = None, audit: AuditRow | None = None) -> tuple[list[str], list[str]]:
+    def change_members(
+        self,
+        target: str,
+        *,
+        add: Collection[str] = (),
+        remove: Collection[str] = (),
+        replace_all: bool = False,
+        by: str = "",
+        at: datetime | None = None,
+        audit: AuditRow | None = None,
+    ) -> tuple[list[str], list[str]]:
         """A group push: ``add`` people to ``target`` as members (a manager stays one), take ``remove`` out;
         with ``replace_all`` everyone not in ``add`` leaves. One transaction; returns (added, removed) user ids."""
-        change = self.push_members(target, add=add, remove=remove, replace_all=replace_all, by=by, at=at, audit=audit,
-                                   revoke_unreachable=False)
+        change = self.push_members(
+            target, add=add, remove=remove, replace_all=replace_all, by=by, at=at, audit=audit, revoke_unreachable=False
+        )
         return change.added, change.removed
 
-    def push_members(self, target: str, *, add: Collection[str] = (), remove: Collection[str] = (), replace_all: bool = False,
-                     by: str = "", at: datetime | None = None, audit: AuditRow | None = None,
-                     revoke_unreachable: bool = True) -> MembersChanged:
+    def push_members(
+        self,
+        target: str,
+        *,
+        add: Collection[str] = (),
+        remove: Collection[str] = (),
+        replace_all: bool = False,
+        by: str = "",
+        at: datetime | None = None,
+        audit: AuditRow | None = None,
+        revoke_unreachable: bool = True,
+    ) -> MembersChanged:
         """:meth:`change_members`, and (``revoke_unreachable``) the keys of those who leave revoked in the projects they
         no longer reach: the memberships, the keys and ``audit`` in one transaction."""
         stamp, who = when(at, "at"), text_arg(by, "by", empty=True)
@@ -239,7 +300,11 @@ class PeopleRepo(Repository):
             for user_id in arriving:
                 self._put_membership(conn, MembershipRecord(user_id, target, "member", stamp, who), keep_role=True)
             if leaving:
-                conn.execute(delete(memberships).where(memberships.c.target == target, memberships.c.user_id.in_(sorted(leaving))))
+                conn.execute(
+                    delete(memberships).where(
+                        memberships.c.target == target, memberships.c.user_id.in_(sorted(leaving))
+                    )
+                )
             revoked = _revoke_unreachable(conn, sorted(leaving), stamp) if revoke_unreachable and leaving else []
             if audit is not None:
                 insert_audit(conn, audit)
@@ -258,7 +323,9 @@ class PeopleRepo(Repository):
         if conn.execute(select(users.c.id).where(users.c.id == record.user_id)).first() is None:
             raise NotFound(f"no person {record.user_id!r}; GET /api/v1/users lists them")
         values = asdict(record)
-        update_set = {"at": record.at, "by": record.by} if keep_role else {"role": record.role, "at": record.at, "by": record.by}
+        update_set = (
+            {"at": record.at, "by": record.by} if keep_role else {"role": record.role, "at": record.at, "by": record.by}
+        )
         conn.execute(self._upsert(memberships, values, on=["user_id", "target"], update=update_set))
 
 
@@ -269,16 +336,32 @@ def _revoke_unreachable(conn: Connection, user_ids: Sequence[str], stamp: dateti
     revoked: list[KeyRecord] = []
     for user_id in user_ids:
         held = set(conn.execute(select(memberships.c.target).where(memberships.c.user_id == user_id)).scalars())
-        active = [KeyRecord(**row._mapping) for row in conn.execute(
-            select(keys).where(keys.c.user_id == user_id, keys.c.kind == "api", keys.c.project_id != "", keys.c.revoked_at.is_(None)))]
+        active = [
+            KeyRecord(**row._mapping)
+            for row in conn.execute(
+                select(keys).where(
+                    keys.c.user_id == user_id,
+                    keys.c.kind == "api",
+                    keys.c.project_id != "",
+                    keys.c.revoked_at.is_(None),
+                )
+            )
+        ]
         if not active:
             continue
         wanted = sorted({k.project_id for k in active})
-        reached = {row.id for row in conn.execute(chains.where(projects.c.id.in_(wanted)))
-                   if held & {row.id, row.team_id, row.org_id}}
+        reached = {
+            row.id
+            for row in conn.execute(chains.where(projects.c.id.in_(wanted)))
+            if held & {row.id, row.team_id, row.org_id}
+        }
         lost = [k for k in active if k.project_id not in reached]
         if lost:
-            conn.execute(update(keys).where(keys.c.id.in_([k.id for k in lost]), keys.c.revoked_at.is_(None)).values(revoked_at=stamp))
+            conn.execute(
+                update(keys)
+                .where(keys.c.id.in_([k.id for k in lost]), keys.c.revoked_at.is_(None))
+                .values(revoked_at=stamp)
+            )
             revoked += [replace(k, revoked_at=stamp) for k in lost]
     return revoked
 

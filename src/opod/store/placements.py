@@ -37,7 +37,9 @@ def _require_model(conn: Connection, model_id: str) -> None:
 
 
 class PlacementsRepo(Repository):
-    def set_placement(self, model_id: str, node_id: str, wanted: Wanted, *, at: datetime | None = None) -> PlacementRecord:
+    def set_placement(
+        self, model_id: str, node_id: str, wanted: Wanted, *, at: datetime | None = None
+    ) -> PlacementRecord:
         """Say that ``model_id`` should be ``wanted`` on ``node_id`` (``*``: any worker); replaces the previous word."""
         if wanted not in WANTED_STATES:
             raise InvalidInput(f"wanted {wanted!r} is not one of {', '.join(WANTED_STATES)}")

@@ -50,9 +50,13 @@ def _amounts(values: QuotaAmounts, which: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for resource in RESOURCES:
         value = getattr(values, resource)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= AMOUNT_MAX):
-            raise InvalidInput(f"{which}.{resource}: {value!r} is not an amount; give a whole number from 0 up, or leave it out "
-                               "for no " + which)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= AMOUNT_MAX
+        ):
+            raise InvalidInput(
+                f"{which}.{resource}: {value!r} is not an amount; give a whole number from 0 up, or leave it out "
+                "for no " + which
+            )
         out[f"{which}_{resource}"] = value
     return out
 
@@ -60,10 +64,12 @@ def _amounts(values: QuotaAmounts, which: str) -> dict[str, Any]:
 def _record(row: Row[Any]) -> QuotaRecord:
     m = row._mapping
     return QuotaRecord(
-        scope=m["scope"], kind=m["kind"],
+        scope=m["scope"],
+        kind=m["kind"],
         guarantee=QuotaAmounts(*(m[f"guarantee_{r}"] for r in RESOURCES)),
         limit=QuotaAmounts(*(m[f"limit_{r}"] for r in RESOURCES)),
-        updated_by=m["updated_by"], updated_at=m["updated_at"],
+        updated_by=m["updated_by"],
+        updated_at=m["updated_at"],
     )
 
 
@@ -77,8 +83,17 @@ class QuotasRepo(Repository):
             row = conn.execute(select(quotas).where(quotas.c.scope == text_arg(scope, "quota scope"))).first()
         return _record(row) if row is not None else None
 
-    def put_quota(self, scope: str, kind: str, guarantee: QuotaAmounts, limit: QuotaAmounts, *, by: str,
-                  at: datetime | None = None, audit: AuditRow | None = None) -> QuotaRecord:
+    def put_quota(
+        self,
+        scope: str,
+        kind: str,
+        guarantee: QuotaAmounts,
+        limit: QuotaAmounts,
+        *,
+        by: str,
+        at: datetime | None = None,
+        audit: AuditRow | None = None,
+    ) -> QuotaRecord:
         """Replace ``scope``'s quota whole (a new one, or every amount of the old); its audit row in the same transaction.
 
         Refused (``InvalidInput``, nothing written) when an amount is not a whole number from 0, or a
@@ -86,14 +101,21 @@ class QuotasRepo(Repository):
         """
         if kind not in QUOTA_KINDS:
             raise InvalidInput(f"quota scope kind {kind!r} is not one of {', '.join(QUOTA_KINDS)}")
-        values: dict[str, Any] = {"scope": text_arg(scope, "quota scope"), "kind": kind,
-                                  **_amounts(guarantee, "guarantee"), **_amounts(limit, "limit"),
-                                  "updated_by": text_arg(by, "quota updated_by", empty=True), "updated_at": when(at, "quota updated_at")}
+        values: dict[str, Any] = {
+            "scope": text_arg(scope, "quota scope"),
+            "kind": kind,
+            **_amounts(guarantee, "guarantee"),
+            **_amounts(limit, "limit"),
+            "updated_by": text_arg(by, "quota updated_by", empty=True),
+            "updated_at": when(at, "quota updated_at"),
+        }
         for resource in RESOURCES:
             floor, ceiling = getattr(guarantee, resource), getattr(limit, resource)
             if floor is not None and ceiling is not None and floor > ceiling:
-                raise InvalidInput(f"guarantee.{resource}: {floor} is above limit.{resource} {ceiling}; a scope cannot be "
-                                   "guaranteed more than it may hold, so lower the guarantee or raise the limit")
+                raise InvalidInput(
+                    f"guarantee.{resource}: {floor} is above limit.{resource} {ceiling}; a scope cannot be "
+                    "guaranteed more than it may hold, so lower the guarantee or raise the limit"
+                )
         update = {k: v for k, v in values.items() if k != "scope"}
         with self._write() as conn:
             conn.execute(self._upsert(quotas, values, on=["scope"], update=update))

@@ -67,8 +67,10 @@ class RequestsRepo(Repository):
         with self._read() as conn:
             row = conn.execute(query).first()
         if row is None:
-            raise NotFound(f"no request {request_id!r} is recorded; use the X-Request-Id a /v1 answer carried "
-                           "(records older than the usage retention are deleted)")
+            raise NotFound(
+                f"no request {request_id!r} is recorded; use the X-Request-Id a /v1 answer carried "
+                "(records older than the usage retention are deleted)"
+            )
         return UsageRecord(**row._mapping)
 
     def keep_request_bodies(self, rows: Sequence[RequestBody]) -> int:
@@ -97,7 +99,9 @@ class RequestsRepo(Repository):
         limit = count_arg(limit, "limit")
         due = select(request_bodies.c.request_id).where(request_bodies.c.expires_at <= now).limit(limit)
         with self._write() as conn:
-            return conn.execute(delete(request_bodies).where(request_bodies.c.request_id.in_(due.scalar_subquery()))).rowcount
+            return conn.execute(
+                delete(request_bodies).where(request_bodies.c.request_id.in_(due.scalar_subquery()))
+            ).rowcount
 
 
 def _body(row: Row[Any]) -> RequestBody:

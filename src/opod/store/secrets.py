@@ -30,18 +30,31 @@ class SecretRecord:
 
 
 class SecretsRepo(Repository):
-    def put_secret(self, name: str, value: str, *, by: str = "", at: datetime | None = None,
-                   audit: AuditRow | None = None) -> SecretRecord:
+    def put_secret(
+        self, name: str, value: str, *, by: str = "", at: datetime | None = None, audit: AuditRow | None = None
+    ) -> SecretRecord:
         """Keep ``value`` as the secret ``name``, replacing the one before."""
         if not isinstance(value, str) or not value:
             raise InvalidInput("a secret's value must be non-empty text")
         if len(value) > VALUE_MAX or "\x00" in value:
             raise InvalidInput(f"a secret's value is at most {VALUE_MAX} characters, with no NUL")
-        record = SecretRecord(text_arg(name, "secret name"), when(at, "updated_at"), text_arg(by, "updated_by", empty=True))
+        record = SecretRecord(
+            text_arg(name, "secret name"), when(at, "updated_at"), text_arg(by, "updated_by", empty=True)
+        )
         with self._write() as conn:
-            conn.execute(self._upsert(secrets, {"name": record.name, "value": value, "updated_at": record.updated_at,
-                                                "updated_by": record.updated_by},
-                                      on=["name"], update={"value": value, "updated_at": record.updated_at, "updated_by": record.updated_by}))
+            conn.execute(
+                self._upsert(
+                    secrets,
+                    {
+                        "name": record.name,
+                        "value": value,
+                        "updated_at": record.updated_at,
+                        "updated_by": record.updated_by,
+                    },
+                    on=["name"],
+                    update={"value": value, "updated_at": record.updated_at, "updated_by": record.updated_by},
+                )
+            )
             if audit is not None:
                 insert_audit(conn, audit)
         return record
@@ -53,7 +66,9 @@ class SecretsRepo(Repository):
 
     def secret_info(self, name: str) -> SecretRecord | None:
         with self._read() as conn:
-            row = conn.execute(select(secrets.c.name, secrets.c.updated_at, secrets.c.updated_by).where(secrets.c.name == name)).first()
+            row = conn.execute(
+                select(secrets.c.name, secrets.c.updated_at, secrets.c.updated_by).where(secrets.c.name == name)
+            ).first()
         return None if row is None else SecretRecord(**row._mapping)
 
 

@@ -69,7 +69,9 @@ class SettingsRepo(Repository):
 
     def settings_version(self, version: int | None = None) -> SettingsRecord | None:
         """Version ``version`` (NotFound when there is none such), or the newest (None when none was written)."""
-        if version is not None and (isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= VERSION_MAX):
+        if version is not None and (
+            isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= VERSION_MAX
+        ):
             raise InvalidInput(f"version {version!r} is not a version number (1 or more)")
         query = select(settings_versions)
         if version is None:
@@ -79,7 +81,9 @@ class SettingsRepo(Repository):
         with self._read() as conn:
             row = conn.execute(query).first()
         if row is None and version is not None:
-            raise NotFound(f"settings version {version} does not exist; GET /api/v1/settings/history lists the versions")
+            raise NotFound(
+                f"settings version {version} does not exist; GET /api/v1/settings/history lists the versions"
+            )
         return None if row is None else _record(row)
 
     def settings_history(self, limit: int = 20) -> list[SettingsRecord]:
@@ -90,7 +94,9 @@ class SettingsRepo(Repository):
         with self._read() as conn:
             return [_record(row) for row in conn.execute(query)]
 
-    def put_settings(self, base: int, body: str, *, note: str = "", by: str, audit: AuditRow | None = None) -> SettingsRecord:
+    def put_settings(
+        self, base: int, body: str, *, note: str = "", by: str, audit: AuditRow | None = None
+    ) -> SettingsRecord:
         """Write ``body`` as version ``base + 1``, with ``audit`` in the same transaction.
 
         Raises StaleBase (a Conflict) unless ``base`` is the newest version (0 when none exists),
@@ -106,9 +112,15 @@ class SettingsRepo(Repository):
                 newest = int(conn.execute(select(func.max(settings_versions.c.version))).scalar() or 0)
                 if newest != base:
                     raise StaleBase(base, newest)
-                conn.execute(insert(settings_versions).values(
-                    version=record.version, body=record.body, note=record.note, at=record.at, by=record.by,
-                ))
+                conn.execute(
+                    insert(settings_versions).values(
+                        version=record.version,
+                        body=record.body,
+                        note=record.note,
+                        at=record.at,
+                        by=record.by,
+                    )
+                )
                 if audit is not None:
                     insert_audit(conn, audit)
         except IntegrityError as err:

@@ -34,8 +34,25 @@ from opod.store.tenancy import TenancyRepo
 from opod.store.usage import UsageRepo
 
 
-class Store(KeysRepo, NodesRepo, ModelsRepo, PlacementsRepo, MetaRepo, UsageRepo, EventsRepo, CapacityRepo, PresetsRepo, AuditRepo,
-            SettingsRepo, TenancyRepo, PeopleRepo, SecretsRepo, ClientJobsRepo, QuotasRepo, RequestsRepo):
+class Store(
+    KeysRepo,
+    NodesRepo,
+    ModelsRepo,
+    PlacementsRepo,
+    MetaRepo,
+    UsageRepo,
+    EventsRepo,
+    CapacityRepo,
+    PresetsRepo,
+    AuditRepo,
+    SettingsRepo,
+    TenancyRepo,
+    PeopleRepo,
+    SecretsRepo,
+    ClientJobsRepo,
+    QuotasRepo,
+    RequestsRepo,
+):
     def __init__(self, engine: Engine) -> None:
         """Use :meth:`open`; this wraps an engine whose database is already migrated."""
         self._engine = engine
@@ -83,7 +100,9 @@ class Store(KeysRepo, NodesRepo, ModelsRepo, PlacementsRepo, MetaRepo, UsageRepo
     def __enter__(self) -> Store:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
         self.close()
 
     def __repr__(self) -> str:

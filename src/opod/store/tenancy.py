@@ -70,8 +70,10 @@ def tenancy_name(value: object, level: Level) -> str:
     if not isinstance(value, str) or not value:
         raise InvalidInput(f"name: give the {_noun(level)} a name (letters, digits and ._-, at most 64)")
     if not NAME.fullmatch(value) or _LOOKS_LIKE_ID.fullmatch(value):
-        raise InvalidInput(f"name: {value!r} is not a name; use letters, digits and ._- (at most 64, starting with a letter "
-                           "or digit, not starting like an ID: org_, team_, prj_, usr_, k_)")
+        raise InvalidInput(
+            f"name: {value!r} is not a name; use letters, digits and ._- (at most 64, starting with a letter "
+            "or digit, not starting like an ID: org_, team_, prj_, usr_, k_)"
+        )
     return value
 
 
@@ -99,8 +101,14 @@ class TenancyRepo(Repository):
         with self._read() as conn:
             return TenancyTree(
                 [OrgRecord(**r._mapping) for r in conn.execute(select(orgs).order_by(orgs.c.created_at, orgs.c.id))],
-                [TeamRecord(**r._mapping) for r in conn.execute(select(teams).order_by(teams.c.created_at, teams.c.id))],
-                [ProjectRecord(**r._mapping) for r in conn.execute(select(projects).order_by(projects.c.created_at, projects.c.id))],
+                [
+                    TeamRecord(**r._mapping)
+                    for r in conn.execute(select(teams).order_by(teams.c.created_at, teams.c.id))
+                ],
+                [
+                    ProjectRecord(**r._mapping)
+                    for r in conn.execute(select(projects).order_by(projects.c.created_at, projects.c.id))
+                ],
             )
 
     def member_counts(self) -> dict[str, int]:
@@ -115,9 +123,14 @@ class TenancyRepo(Repository):
     def key_counts(self) -> dict[str, tuple[int, int]]:
         """Project id → (keys, active keys); a key is active while neither revoked nor expired."""
         now = when(None, "now")
-        active = case((keys.c.revoked_at.is_(None) & (keys.c.expires_at.is_(None) | (keys.c.expires_at > now)), 1), else_=0)
-        query = (select(keys.c.project_id, func.count(), func.coalesce(func.sum(active), 0))
-                 .where(keys.c.project_id != "").group_by(keys.c.project_id))
+        active = case(
+            (keys.c.revoked_at.is_(None) & (keys.c.expires_at.is_(None) | (keys.c.expires_at > now)), 1), else_=0
+        )
+        query = (
+            select(keys.c.project_id, func.count(), func.coalesce(func.sum(active), 0))
+            .where(keys.c.project_id != "")
+            .group_by(keys.c.project_id)
+        )
         with self._read() as conn:
             return {str(p): (int(n), int(a)) for p, n, a in conn.execute(query)}
 
@@ -127,14 +140,24 @@ class TenancyRepo(Repository):
         record = OrgRecord(new_tenancy_id("org"), tenancy_name(name, "org"), when(created_at, "created_at"))
         return self._insert("org", record, "", audit)
 
-    def create_team(self, org_id: str, name: str, *, audit: AuditRow | None = None, created_at: datetime | None = None) -> TeamRecord:
-        record = TeamRecord(new_tenancy_id("team"), text_arg(org_id, "in"), tenancy_name(name, "team"), when(created_at, "created_at"))
+    def create_team(
+        self, org_id: str, name: str, *, audit: AuditRow | None = None, created_at: datetime | None = None
+    ) -> TeamRecord:
+        record = TeamRecord(
+            new_tenancy_id("team"), text_arg(org_id, "in"), tenancy_name(name, "team"), when(created_at, "created_at")
+        )
         return self._insert("team", record, org_id, audit)
 
-    def create_project(self, team_id: str, name: str, *, audit: AuditRow | None = None,
-                       created_at: datetime | None = None) -> ProjectRecord:
-        record = ProjectRecord(new_tenancy_id("project"), text_arg(team_id, "in"), tenancy_name(name, "project"), False,
-                               when(created_at, "created_at"))
+    def create_project(
+        self, team_id: str, name: str, *, audit: AuditRow | None = None, created_at: datetime | None = None
+    ) -> ProjectRecord:
+        record = ProjectRecord(
+            new_tenancy_id("project"),
+            text_arg(team_id, "in"),
+            tenancy_name(name, "project"),
+            False,
+            when(created_at, "created_at"),
+        )
         return self._insert("project", record, team_id, audit)
 
     def _insert(self, level: Level, record: Any, parent_id: str, audit: AuditRow | None) -> Any:
@@ -150,7 +173,9 @@ class TenancyRepo(Repository):
             raise _taken(level, record.name, "") from err
         return record
 
-    def _refuse_sibling(self, conn: Connection, level: Level, name: str, parent_id: str, parent_name: str, own_id: str | None) -> None:
+    def _refuse_sibling(
+        self, conn: Connection, level: Level, name: str, parent_id: str, parent_name: str, own_id: str | None
+    ) -> None:
         table = _table(level)
         query = select(table.c.id).where(table.c.name == name)
         if level == "team":
@@ -163,8 +188,15 @@ class TenancyRepo(Repository):
 
     # --- change ---------------------------------------------------------------------------
 
-    def change_tenancy(self, level: Level, id: str, *, name: str | None = None, parent_id: str | None = None,
-                       audit: AuditRow | None = None) -> Any:
+    def change_tenancy(
+        self,
+        level: Level,
+        id: str,
+        *,
+        name: str | None = None,
+        parent_id: str | None = None,
+        audit: AuditRow | None = None,
+    ) -> Any:
         """Rename and/or move (a team to another organization, a project to another team); returns the new record."""
         if level == "org" and parent_id is not None:
             raise InvalidInput("in: an organization is at the top of the tree and cannot be moved; leave in out")
@@ -208,18 +240,29 @@ class TenancyRepo(Repository):
                 if held:
                     raise Conflict(f"organization {name!r} still has {held} team(s); move or remove them first")
             elif level == "team":
-                held = conn.execute(select(func.count()).select_from(projects).where(projects.c.team_id == id)).scalar_one()
+                held = conn.execute(
+                    select(func.count()).select_from(projects).where(projects.c.team_id == id)
+                ).scalar_one()
                 if held:
                     raise Conflict(f"team {name!r} still has {held} project(s); move or remove them first")
             else:
-                if row._mapping["had_key"] or conn.execute(select(keys.c.id).where(keys.c.project_id == id).limit(1)).first():
-                    raise Conflict(f"project {name!r} has had keys, and usage refers to it: it can only be renamed "
-                                   "(PATCH /api/v1/projects/{id} with a new name)")
+                if (
+                    row._mapping["had_key"]
+                    or conn.execute(select(keys.c.id).where(keys.c.project_id == id).limit(1)).first()
+                ):
+                    raise Conflict(
+                        f"project {name!r} has had keys, and usage refers to it: it can only be renamed "
+                        "(PATCH /api/v1/projects/{id} with a new name)"
+                    )
             members = _memberships()
             if members is not None:
-                people = conn.execute(select(func.count()).select_from(members).where(members.c.target == id)).scalar_one()
+                people = conn.execute(
+                    select(func.count()).select_from(members).where(members.c.target == id)
+                ).scalar_one()
                 if people:
-                    raise Conflict(f"{_noun(level)} {name!r} still has {people} member(s); remove their memberships first")
+                    raise Conflict(
+                        f"{_noun(level)} {name!r} still has {people} member(s); remove their memberships first"
+                    )
             conn.execute(delete(table).where(table.c.id == id))
             if audit is not None:
                 insert_audit(conn, audit)

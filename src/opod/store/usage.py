@@ -68,15 +68,21 @@ usage = Table(
     Column("org_id", Text, nullable=False, server_default=text("''")),
     Column("cost_micros", BigInteger, nullable=False, server_default=text("0")),
     # The request's record (0012): what ``GET /api/v1/requests/{id}`` shows beyond the counts.
-    Column("status", BigInteger, nullable=False, server_default=text("0")),  # the HTTP status the client got; 0 = not known
+    Column(
+        "status", BigInteger, nullable=False, server_default=text("0")
+    ),  # the HTTP status the client got; 0 = not known
     Column("served_model", Text, nullable=False, server_default=text("''")),  # the model that answered (a fallback)
     Column("queue_ms", BigInteger, nullable=False, server_default=text("0")),  # the wait for an admission slot
     Column("end_user", Text, nullable=False, server_default=text("''")),  # OpenAI's `user` field
     Column("tags_json", Text, nullable=True),  # OpenAI's `metadata` object of strings; NULL = none
     Column("cache_hit", Boolean, nullable=False, server_default=false()),
-    Column("body_state", Text, nullable=False, server_default=text("''")),  # kept, off, no_store, dropped; '' = not said
+    Column(
+        "body_state", Text, nullable=False, server_default=text("''")
+    ),  # kept, off, no_store, dropped; '' = not said
     # What the guardrails did (0013, ``opod.gateway.guardrails``); '' and 0 = no guardrail was consulted.
-    Column("guard_action", Text, nullable=False, server_default=text("''")),  # block, unavailable, rewrite, failed_open, allow
+    Column(
+        "guard_action", Text, nullable=False, server_default=text("''")
+    ),  # block, unavailable, rewrite, failed_open, allow
     Column("guard_policy", Text, nullable=False, server_default=text("''")),  # the deciding guardrail's id
     Column("guard_rule", Text, nullable=False, server_default=text("''")),  # its phase: pre or post
     Column("guard_category", Text, nullable=False, server_default=text("''")),  # the reason it gave, capped
@@ -150,7 +156,9 @@ def usage_values(row: NewUsage) -> dict[str, Any]:
         "ttft_ms": count_arg(row.ttft_ms, "ttft_ms"),
         "outcome": text_arg(row.outcome, f"outcome of usage entry {entry!r}"),
         "node_id": text_arg(row.node_id, "node_id", empty=True),
-        "route_json": None if row.route_json is None else json_arg(row.route_json, f"route_json of usage entry {entry!r}"),
+        "route_json": None
+        if row.route_json is None
+        else json_arg(row.route_json, f"route_json of usage entry {entry!r}"),
         "project_id": text_arg(row.project_id, "project_id", empty=True),
         "team_id": text_arg(row.team_id, "team_id", empty=True),
         "org_id": text_arg(row.org_id, "org_id", empty=True),
@@ -177,7 +185,9 @@ def _record(row: Row[Any]) -> UsageRecord:
 class UsageRepo(Repository):
     _appender: LedgerAppender | None = None
 
-    def append_ledger(self, rows: Sequence[NewUsage], events: Sequence[NewEvent] = (), *, check_known: bool = True) -> tuple[int, int]:
+    def append_ledger(
+        self, rows: Sequence[NewUsage], events: Sequence[NewEvent] = (), *, check_known: bool = True
+    ) -> tuple[int, int]:
         """Append usage rows and events in ONE transaction: all of them are stored, or none.
 
         A row or event whose ``entry`` is already stored is skipped, so appending the same batch
@@ -223,7 +233,9 @@ class UsageRepo(Repository):
         with self._read() as conn:
             return spent_since(conn, usage, kind, ident, since)
 
-    def usage_export_chunk(self, period: str, dims: Sequence[str], start: datetime, end: datetime) -> list[ExportTotals]:
+    def usage_export_chunk(
+        self, period: str, dims: Sequence[str], start: datetime, end: datetime
+    ) -> list[ExportTotals]:
         """One chunk of the export (see :func:`opod.store.usage_report.chunks`): rows in [start, end) by period and dims."""
         start, end = aware(start, "from"), aware(end, "to")
         with self._read() as conn:

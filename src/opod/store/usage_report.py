@@ -68,9 +68,14 @@ def scope_totals(conn: Connection, table: Any, level: str, since: datetime) -> l
     column = table.c[LEVELS[level]]
     query = (
         select(
-            column.label("id"), func.count(func.distinct(table.c.api_key_id)), func.count(),
-            func.coalesce(func.sum(table.c.prompt_tokens), 0), func.coalesce(func.sum(table.c.completion_tokens), 0),
-            func.coalesce(func.sum(table.c.cost_micros), 0), _errors(table), func.max(table.c.ts),
+            column.label("id"),
+            func.count(func.distinct(table.c.api_key_id)),
+            func.count(),
+            func.coalesce(func.sum(table.c.prompt_tokens), 0),
+            func.coalesce(func.sum(table.c.completion_tokens), 0),
+            func.coalesce(func.sum(table.c.cost_micros), 0),
+            _errors(table),
+            func.max(table.c.ts),
         )
         .where(table.c.ts >= since, column != "")
         .group_by(column)
@@ -83,14 +88,18 @@ def scope_totals(conn: Connection, table: Any, level: str, since: datetime) -> l
             last = datetime.fromisoformat(last)
         if last is not None and last.tzinfo is None:
             last = last.replace(tzinfo=UTC)
-        out.append(ScopeTotals(row[0], int(row[1]), int(row[2]), int(row[3]), int(row[4]), int(row[5]), int(row[6]), last))
+        out.append(
+            ScopeTotals(row[0], int(row[1]), int(row[2]), int(row[3]), int(row[4]), int(row[5]), int(row[6]), last)
+        )
     return out
 
 
 def spent_since(conn: Connection, table: Any, kind: str, ident: str, since: datetime) -> int:
     if kind not in SCOPE_COLUMNS:
         raise InvalidInput(f"scope kind {kind!r} is not one of {', '.join(SCOPE_COLUMNS)}")
-    query = select(func.coalesce(func.sum(table.c.cost_micros), 0)).where(table.c[SCOPE_COLUMNS[kind]] == ident, table.c.ts >= since)
+    query = select(func.coalesce(func.sum(table.c.cost_micros), 0)).where(
+        table.c[SCOPE_COLUMNS[kind]] == ident, table.c.ts >= since
+    )
     return int(conn.execute(query).scalar_one())
 
 
@@ -151,15 +160,29 @@ def _parse_bucket(text: str) -> datetime:
     return datetime.strptime(text, "%Y-%m-%d %H").replace(tzinfo=UTC)
 
 
-def export_chunk(conn: Connection, table: Any, period: str, dims: Sequence[str], start: datetime, end: datetime) -> list[ExportTotals]:
+def export_chunk(
+    conn: Connection, table: Any, period: str, dims: Sequence[str], start: datetime, end: datetime
+) -> list[ExportTotals]:
     """The export's rows for [start, end), by bucket and then the dimensions' values."""
     bucket = _bucket(conn, table, period).label("bucket")
     columns = [table.c[DIMENSIONS[d]] for d in dims]
-    limited = func.coalesce(func.sum(case((and_(table.c.route_json.is_not(None), table.c.route_json.like(LIMITED_MARK)), 1),
-                                          else_=literal(0))), 0)
+    limited = func.coalesce(
+        func.sum(
+            case((and_(table.c.route_json.is_not(None), table.c.route_json.like(LIMITED_MARK)), 1), else_=literal(0))
+        ),
+        0,
+    )
     query = (
-        select(bucket, *columns, func.count(), _errors(table), limited, func.coalesce(func.sum(table.c.prompt_tokens), 0),
-               func.coalesce(func.sum(table.c.completion_tokens), 0), func.coalesce(func.sum(table.c.cost_micros), 0))
+        select(
+            bucket,
+            *columns,
+            func.count(),
+            _errors(table),
+            limited,
+            func.coalesce(func.sum(table.c.prompt_tokens), 0),
+            func.coalesce(func.sum(table.c.completion_tokens), 0),
+            func.coalesce(func.sum(table.c.cost_micros), 0),
+        )
         .where(table.c.ts >= start, table.c.ts < end)
         .group_by(bucket, *columns)
         .order_by(bucket, *columns)

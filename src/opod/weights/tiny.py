@@ -120,11 +120,20 @@ def write_tiny_llama(
     is healthy a few tens of milliseconds after it starts.
     """
     kv_heads = heads if kv_heads is None else kv_heads
-    for field, value in (("layers", layers), ("dim", dim), ("heads", heads), ("kv_heads", kv_heads), ("ff", ff), ("context", context)):
+    for field, value in (
+        ("layers", layers),
+        ("dim", dim),
+        ("heads", heads),
+        ("kv_heads", kv_heads),
+        ("ff", ff),
+        ("context", context),
+    ):
         if value <= 0:
             raise ValueError(f"write_tiny_llama: {field} must be > 0, got {value}")
     if dim % heads or heads % kv_heads:
-        raise ValueError(f"write_tiny_llama: dim ({dim}) must divide by heads ({heads}), and heads by kv_heads ({kv_heads})")
+        raise ValueError(
+            f"write_tiny_llama: dim ({dim}) must divide by heads ({heads}), and heads by kv_heads ({kv_heads})"
+        )
     head_dim = dim // heads
     if head_dim % 2:
         raise ValueError(f"write_tiny_llama: dim/heads must be even for rope, got {head_dim}")

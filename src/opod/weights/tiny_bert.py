@@ -26,7 +26,14 @@ def tiny_wordpieces() -> list[str]:
 
 
 def write_tiny_embedding_model(
-    path: Path | str, *, seed: int = 0, layers: int = 2, dim: int = 32, heads: int = 2, ff: int = 64, context: int = 512,
+    path: Path | str,
+    *,
+    seed: int = 0,
+    layers: int = 2,
+    dim: int = 32,
+    heads: int = 2,
+    ff: int = 64,
+    context: int = 512,
     name: str = "opod-tiny-bert",
 ) -> Path:
     """Write a tiny BERT embedding GGUF (mean pooling, F32) to ``path`` atomically; returns the path."""
@@ -60,4 +67,6 @@ def write_tiny_embedding_model(
         tensors[p + "output.LayerNorm.weight"] = ones
         tensors[p + "output.LayerNorm.bias"] = zeros
     shape = BertShape(hidden=dim, layers=layers, heads=heads, ff=ff, context=context, layer_norm_eps=1e-12)
-    return write_bert_gguf(Path(path), name=name, shape=shape, wordpieces=pieces, tensors=tensors, pooling="mean", f16=False)
+    return write_bert_gguf(
+        Path(path), name=name, shape=shape, wordpieces=pieces, tensors=tensors, pooling="mean", f16=False
+    )

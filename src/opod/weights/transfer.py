@@ -176,7 +176,9 @@ async def fetch_resumable(
             if response.status == 206:
                 match = _CONTENT_RANGE.match(response.headers.get("Content-Range", ""))
                 if not match or int(match.group(1)) != done:
-                    raise WeightsError(f"{url}: asked for bytes from {done}, got {response.headers.get('Content-Range')!r}")
+                    raise WeightsError(
+                        f"{url}: asked for bytes from {done}, got {response.headers.get('Content-Range')!r}"
+                    )
                 mode = "ab"
             else:
                 # A whole file (no range asked, or the server ignored it): the part starts over.

@@ -66,23 +66,32 @@ def lora_flags(driver: EngineDriver, flags: dict, wanted: list[nodeapi.Adapter])
     if not wanted:
         return flags
     if not driver.lora_ranks:
-        raise ValueError(f"OPOD_ADAPTERS names {len(wanted)} adapter(s), but the {driver.id} engine cannot attach LoRA adapters "
-                         "at run time; use the vllm engine, or leave OPOD_ADAPTERS unset")
+        raise ValueError(
+            f"OPOD_ADAPTERS names {len(wanted)} adapter(s), but the {driver.id} engine cannot attach LoRA adapters "
+            "at run time; use the vllm engine, or leave OPOD_ADAPTERS unset"
+        )
     if "max_lora_rank" in flags:
         return flags
     need = max([a.rank for a in wanted] + [DEFAULT_RANK])
     fitting = [r for r in driver.lora_ranks if r >= need]
     if not fitting:
-        raise ValueError(f"OPOD_ADAPTERS: an adapter of rank {need} is larger than any rank {driver.id} can be started for "
-                         f"(at most {driver.lora_ranks[-1]})")
+        raise ValueError(
+            f"OPOD_ADAPTERS: an adapter of rank {need} is larger than any rank {driver.id} can be started for "
+            f"(at most {driver.lora_ranks[-1]})"
+        )
     return {**flags, "max_lora_rank": fitting[0]}
 
 
 class Adapters:
     """The adapters attached on this worker; ``engine_of(model)`` gives the serving engine's (url, start time, rank)."""
 
-    def __init__(self, driver: EngineDriver, session: Callable[[], aiohttp.ClientSession],
-                 engine_of: Callable[[str], tuple[str, float, int] | None], wanted: list[nodeapi.Adapter] | None = None) -> None:
+    def __init__(
+        self,
+        driver: EngineDriver,
+        session: Callable[[], aiohttp.ClientSession],
+        engine_of: Callable[[str], tuple[str, float, int] | None],
+        wanted: list[nodeapi.Adapter] | None = None,
+    ) -> None:
         self.driver = driver
         self._session = session
         self._engine_of = engine_of
@@ -111,26 +120,40 @@ class Adapters:
         return sorted(a.id for a in self.attached.values() if a.base == base and a.name not in wanted)
 
     def held(self) -> list[nodeapi.HeldAdapter]:
-        return [nodeapi.HeldAdapter(id=a.id, name=a.name, source=a.source) for a in sorted(self.attached.values(), key=lambda a: a.id)]
+        return [
+            nodeapi.HeldAdapter(id=a.id, name=a.name, source=a.source)
+            for a in sorted(self.attached.values(), key=lambda a: a.id)
+        ]
 
     async def attach(self, req: nodeapi.LoadAdapterRequest) -> nodeapi.AdapterResponse:
         missing = [key for key in ("base", "name", "source") if not getattr(req, key)]
         if missing:
             raise AdapterRefused(400, f"LoadAdapterRequest: {', '.join(missing)}: required")
         if ":" in req.name:
-            raise AdapterRefused(400, f"LoadAdapterRequest: name: {req.name!r} must not contain ':' (it is served as <base>:<name>)")
+            raise AdapterRefused(
+                400, f"LoadAdapterRequest: name: {req.name!r} must not contain ':' (it is served as <base>:<name>)"
+            )
         engine = self._engine_of(req.base)
         if engine is None:
-            raise AdapterRefused(409, f"model {req.base!r} is not serving on this worker; load it before attaching adapters to it")
+            raise AdapterRefused(
+                409, f"model {req.base!r} is not serving on this worker; load it before attaching adapters to it"
+            )
         url, started, rank = engine
         if not rank:
-            raise AdapterRefused(501, f"the {self.driver.id} engine serving {req.base!r} cannot attach LoRA adapters at run time: "
-                                 "start it with LoRA on (the plan flag max_lora_rank, or OPOD_ADAPTERS)" if self.driver.lora_ranks else
-                                 f"the {self.driver.id} engine cannot attach LoRA adapters at run time")
+            raise AdapterRefused(
+                501,
+                f"the {self.driver.id} engine serving {req.base!r} cannot attach LoRA adapters at run time: "
+                "start it with LoRA on (the plan flag max_lora_rank, or OPOD_ADAPTERS)"
+                if self.driver.lora_ranks
+                else f"the {self.driver.id} engine cannot attach LoRA adapters at run time",
+            )
         adapter_rank = req.rank or local_rank(req.source)
         if adapter_rank > rank:
-            raise AdapterRefused(409, f"adapter {req.name!r} has rank {adapter_rank}, but the engine serving {req.base!r} was started "
-                                 f"for rank {rank} at most; raise the plan flag max_lora_rank and reload {req.base!r}")
+            raise AdapterRefused(
+                409,
+                f"adapter {req.name!r} has rank {adapter_rank}, but the engine serving {req.base!r} was started "
+                f"for rank {rank} at most; raise the plan flag max_lora_rank and reload {req.base!r}",
+            )
         served_as = adapter_id(req.base, req.name)
         current = self.attached.get(served_as)
         if current is not None and current.engine_start == started and current.source == req.source:
@@ -149,7 +172,9 @@ class Adapters:
         served_as = adapter_id(req.base, req.name)
         held = self.attached.get(served_as)
         if held is None:
-            raise AdapterRefused(404, f"adapter {served_as!r} is not attached on this worker (GET /v1/adapters lists them)")
+            raise AdapterRefused(
+                404, f"adapter {served_as!r} is not attached on this worker (GET /v1/adapters lists them)"
+            )
         engine = self._engine_of(held.base)
         if engine is not None and engine[1] == held.engine_start:
             try:
@@ -167,10 +192,17 @@ class Adapters:
 
     async def reconcile(self, bases: list[str]) -> bool:
         """Attach again what a restarted engine lost, and the wanted adapters to each serving base; True when anything changed."""
-        todo = [nodeapi.LoadAdapterRequest(base=a.base, name=a.name, source=a.source) for a in self.attached.values()
-                if a.base in bases and self.base_of(a.id) is None]
-        todo += [nodeapi.LoadAdapterRequest(base=base, name=w.name, source=w.source, rank=w.rank)
-                 for base in bases for w in self.wanted if adapter_id(base, w.name) not in self.attached]
+        todo = [
+            nodeapi.LoadAdapterRequest(base=a.base, name=a.name, source=a.source)
+            for a in self.attached.values()
+            if a.base in bases and self.base_of(a.id) is None
+        ]
+        todo += [
+            nodeapi.LoadAdapterRequest(base=base, name=w.name, source=w.source, rank=w.rank)
+            for base in bases
+            for w in self.wanted
+            if adapter_id(base, w.name) not in self.attached
+        ]
         changed = False
         for req in todo:
             served_as, engine = adapter_id(req.base, req.name), self._engine_of(req.base)

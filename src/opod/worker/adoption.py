@@ -121,8 +121,11 @@ def describe(supervisor: Supervisor, manager: EngineManager) -> dict[str, Any]:
     """The processes a re-executed worker can take back, and the engines they are."""
     handed = supervisor.handover()
     ids = {h.config.id for h in handed}
-    engines = [_engine_body(e) for e in manager.engines.values()
-               if e.state in KEPT_STATES and (e.process_id in ids or (not e.process_id and e.state == "following"))]
+    engines = [
+        _engine_body(e)
+        for e in manager.engines.values()
+        if e.state in KEPT_STATES and (e.process_id in ids or (not e.process_id and e.state == "following"))
+    ]
     return {"format": FORMAT, "processes": [_process_body(h) for h in handed], "engines": engines}
 
 
@@ -162,7 +165,12 @@ def inherited_listener(handed: Handed | None, host: str, port: int) -> socket.so
         name = sock.getsockname()
     except OSError:
         listening, name = False, ("", -1)
-    if not listening or sock.type != socket.SOCK_STREAM or (port and name[1] != port) or (host not in ("0.0.0.0", "::", "") and name[0] != host):
+    if (
+        not listening
+        or sock.type != socket.SOCK_STREAM
+        or (port and name[1] != port)
+        or (host not in ("0.0.0.0", "::", "") and name[0] != host)
+    ):
         sock.detach()  # not ours to close: whatever holds that number now keeps it
         return None
     sock.set_inheritable(False)
@@ -222,22 +230,43 @@ def _let_go(held: Handover, inode: int) -> None:
 
 def _process_body(h: Handover) -> dict[str, Any]:
     config = {f.name: _plain(getattr(h.config, f.name)) for f in dataclasses.fields(ProcessConfig) if f.name != "probe"}
-    return {"config": config, "pid": h.pid, "ticks": h.ticks, "output_fd": h.output_fd,
-            "output_inode": processes.fd_inode(h.output_fd) or 0, "started_at": h.started_at.isoformat(), "restarts": h.restarts}
+    return {
+        "config": config,
+        "pid": h.pid,
+        "ticks": h.ticks,
+        "output_fd": h.output_fd,
+        "output_inode": processes.fd_inode(h.output_fd) or 0,
+        "started_at": h.started_at.isoformat(),
+        "restarts": h.restarts,
+    }
 
 
 def _handover(item: dict[str, Any]) -> Handover:
     names = {f.name for f in dataclasses.fields(ProcessConfig)} - {"probe"}
     config = ProcessConfig(**{k: v for k, v in item["config"].items() if k in names})
-    return Handover(config=config, pid=int(item["pid"]), ticks=int(item["ticks"]), output_fd=int(item["output_fd"]),
-                    started_at=datetime.fromisoformat(item["started_at"]), restarts=int(item.get("restarts", 0)))
+    return Handover(
+        config=config,
+        pid=int(item["pid"]),
+        ticks=int(item["ticks"]),
+        output_fd=int(item["output_fd"]),
+        started_at=datetime.fromisoformat(item["started_at"]),
+        restarts=int(item.get("restarts", 0)),
+    )
 
 
 def _engine_body(e: ModelEngine) -> dict[str, Any]:
     return {
-        "model_id": e.model_id, "state": e.state, "detail": e.detail, "port": e.port, "process_id": e.process_id,
+        "model_id": e.model_id,
+        "state": e.state,
+        "detail": e.detail,
+        "port": e.port,
+        "process_id": e.process_id,
         "spec": _plain(dataclasses.asdict(e.spec)) if e.spec is not None else None,
-        "replica": e.replica, "profile": e.profile, "fingerprint": e.fingerprint, "devices": e.devices, "env": e.env,
+        "replica": e.replica,
+        "profile": e.profile,
+        "fingerprint": e.fingerprint,
+        "devices": e.devices,
+        "env": e.env,
         "ranks": {"rank": e.ranks.rank, "peers": list(e.ranks.peers)} if e.ranks is not None else None,
         "extra_argv": e.extra_argv,
     }
@@ -247,11 +276,18 @@ def _engine(body: dict[str, Any], manager: EngineManager) -> ModelEngine:
     spec = body.get("spec")
     ranks = body.get("ranks")
     return ModelEngine(
-        model_id=str(body["model_id"]), driver=manager.driver, state=str(body["state"]), detail=str(body.get("detail") or ""),
-        port=int(body["port"]), process_id=str(body.get("process_id") or ""),
+        model_id=str(body["model_id"]),
+        driver=manager.driver,
+        state=str(body["state"]),
+        detail=str(body.get("detail") or ""),
+        port=int(body["port"]),
+        process_id=str(body.get("process_id") or ""),
         spec=LaunchSpec(**{**spec, "launcher": tuple(spec.get("launcher") or ())}) if spec else None,
-        replica=str(body.get("replica") or ""), profile=int(body.get("profile") or 0), fingerprint=str(body.get("fingerprint") or ""),
-        devices=body.get("devices"), env=dict(body.get("env") or {}),
+        replica=str(body.get("replica") or ""),
+        profile=int(body.get("profile") or 0),
+        fingerprint=str(body.get("fingerprint") or ""),
+        devices=body.get("devices"),
+        env=dict(body.get("env") or {}),
         ranks=Ranks(rank=int(ranks["rank"]), peers=tuple(ranks["peers"])) if ranks else None,
         extra_argv=list(body.get("extra_argv") or []),
     )

@@ -156,7 +156,9 @@ class Agent:
         if session is None or session.closed:
             context = self._contexts.get(with_cert, self._contexts.get(True))
             connector = aiohttp.TCPConnector(ssl=context if context is not None else True)
-            session = self._sessions[with_cert] = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=10))
+            session = self._sessions[with_cert] = aiohttp.ClientSession(
+                connector=connector, timeout=aiohttp.ClientTimeout(total=10)
+            )
         return session
 
     async def _attempt(self, path: str, body: nodeapi.WireModel, with_cert: bool) -> tuple[int, str]:
@@ -208,7 +210,8 @@ class Agent:
         log.warning(
             "the leader at %s ends the TLS handshake when this worker presents its client certificate, but answers "
             "without it: it does not accept the certificate (is it signed by the leader's nodeCertCa, and unexpired?); "
-            "going on with the join token alone", self.leader_url,
+            "going on with the join token alone",
+            self.leader_url,
         )
         self._with_cert = False
         return status, text
@@ -321,15 +324,22 @@ class Agent:
             except aiohttp.ClientConnectorCertificateError as err:
                 log.error(
                     "the leader at %s is not trusted: its certificate does not verify against %s (%s); retrying in %.0fs",
-                    self.leader_url, "OPOD_LEADER_CA" if self._trusts_one else "the system's trust store (set OPOD_LEADER_CA)",
-                    err.certificate_error, backoff,
+                    self.leader_url,
+                    "OPOD_LEADER_CA" if self._trusts_one else "the system's trust store (set OPOD_LEADER_CA)",
+                    err.certificate_error,
+                    backoff,
                 )
                 wait = backoff
                 backoff = min(backoff * 2, MAX_BACKOFF)
             except (aiohttp.ClientError, OSError, RuntimeError, TimeoutError) as err:
                 if stop.is_set():
                     break  # cut off because this process is stopping (opod up stops its leader too): nothing to retry
-                log.warning("leader at %s unreachable (%s); retrying in %.0fs", self.leader_url, err or type(err).__name__, backoff)
+                log.warning(
+                    "leader at %s unreachable (%s); retrying in %.0fs",
+                    self.leader_url,
+                    err or type(err).__name__,
+                    backoff,
+                )
                 wait = backoff
                 backoff = min(backoff * 2, MAX_BACKOFF)
             if not delivered:
@@ -344,7 +354,9 @@ class Agent:
         if not self.registered.is_set():
             return
         try:
-            await asyncio.wait_for(self._post(nodeapi.PATH_HEARTBEAT, await self.heartbeat_body(goodbye=True)), timeout=3)
+            await asyncio.wait_for(
+                self._post(nodeapi.PATH_HEARTBEAT, await self.heartbeat_body(goodbye=True)), timeout=3
+            )
         except (aiohttp.ClientError, OSError, TimeoutError, TokenRefused) as err:
             log.info("could not say goodbye to the leader: %s", err or type(err).__name__)
         finally:
@@ -367,12 +379,20 @@ async def _first(*events: asyncio.Event) -> None:
             waiter.cancel()
 
 
-def _contexts(leader_url: str, leader_ca: str | None, cert: str | Path | None, key: str | Path | None,
-              given: ssl.SSLContext | None) -> dict[bool, ssl.SSLContext]:
+def _contexts(
+    leader_url: str,
+    leader_ca: str | None,
+    cert: str | Path | None,
+    key: str | Path | None,
+    given: ssl.SSLContext | None,
+) -> dict[bool, ssl.SSLContext]:
     """The TLS contexts for the leader: with the certificate (True) and without it (False)."""
     if not leader_url.startswith("https://"):
         if leader_ca or cert or given is not None:
-            log.warning("%s is plain http: OPOD_LEADER_CA and the client certificate are not used; give an https:// URL", leader_url)
+            log.warning(
+                "%s is plain http: OPOD_LEADER_CA and the client certificate are not used; give an https:// URL",
+                leader_url,
+            )
         return {}
     if given is not None:
         return {True: given}

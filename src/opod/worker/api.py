@@ -187,7 +187,9 @@ class WorkerAPI:
 
     async def process_start(self, request: Request) -> Response:
         spec = await self._read(request, nodeapi.ProcessSpec)
-        problem = "ProcessSpec.ID required" if not spec.id else "ProcessSpec.Command required" if not spec.command else ""
+        problem = (
+            "ProcessSpec.ID required" if not spec.id else "ProcessSpec.Command required" if not spec.command else ""
+        )
         existing = self.supervisor.get(spec.id) if spec.id else None
         if not problem and existing is not None and existing.live:
             problem = f"ProcessSpec.ID {spec.id!r} is already running on this worker"
@@ -365,9 +367,15 @@ class WorkerAPI:
         lines = self.log_lines(source, count)
         sources = self.log_sources()
         if lines is None:
-            body = {"source": source, "sources": sources, "error": f"no log {source!r} on this worker; it has {', '.join(sources)}"}
+            body = {
+                "source": source,
+                "sources": sources,
+                "error": f"no log {source!r} on this worker; it has {', '.join(sources)}",
+            }
             return Response(json.dumps(body), status_code=404, media_type="application/json")
-        return Response(json.dumps({"source": source, "lines": lines, "sources": sources}), media_type="application/json")
+        return Response(
+            json.dumps({"source": source, "lines": lines, "sources": sources}), media_type="application/json"
+        )
 
     async def agent_restart(self, request: Request) -> Response:
         if self.restart_agent is None:
@@ -405,4 +413,3 @@ class WorkerAPI:
                 upstream.release()
 
         return StreamingResponse(stream(), status_code=upstream.status, media_type=media)
-

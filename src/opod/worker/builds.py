@@ -67,7 +67,9 @@ def no_build(engine: str) -> str:
     return f"the operator chose no build of {engine} here"
 
 
-def install_argv(engine: str, build: str, *, python: str = sys.executable, environ: Mapping[str, str] | None = None) -> list[str]:
+def install_argv(
+    engine: str, build: str, *, python: str = sys.executable, environ: Mapping[str, str] | None = None
+) -> list[str]:
     """The install command for one build, placeholders filled in; ``ValueError`` naming the variable when it is malformed."""
     fill = {"python": python, "package": PACKAGES[engine], "build": build, "index": TORCH_INDEX.format(build=build)}
     return installs.command(INSTALL_VAR, DEFAULT_INSTALL, fill, environ)
@@ -86,8 +88,14 @@ class Chosen:
 class EngineBuilds:
     """Every engine's build choice on this worker: the route llama.cpp starts on, the pip installs, what provision shows."""
 
-    def __init__(self, home: Path, *, on_change: Callable[[], None] = lambda: None, python: str = sys.executable,
-                 environ: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        home: Path,
+        *,
+        on_change: Callable[[], None] = lambda: None,
+        python: str = sys.executable,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
         """``on_change``: called when what provision shows changed (a choice acted on, an install ended)."""
         self._file = home / INSTALLED_FILE
         self._on_change = on_change
@@ -113,15 +121,24 @@ class EngineBuilds:
             changed = True
             self._cancel_install(engine)
             if build not in BUILDS[engine]:
-                self._chosen[engine] = Chosen(build, FAILED, f"this worker knows no build {build!r} of {engine} (it has "
-                                                             f"{', '.join(BUILDS[engine])}); it keeps the current one")
+                self._chosen[engine] = Chosen(
+                    build,
+                    FAILED,
+                    f"this worker knows no build {build!r} of {engine} (it has "
+                    f"{', '.join(BUILDS[engine])}); it keeps the current one",
+                )
             elif engine == "llamacpp":
                 self._chosen[engine] = self._pin_llama(build)
             elif engine in PACKAGES and build not in (AUTO, NONE):
                 self._chosen[engine] = self._install(engine, build)
             else:
                 self._chosen[engine] = Chosen(build)
-            log.info("engine build: %s is now %s%s", engine, build, f" ({self._chosen[engine].detail})" if self._chosen[engine].detail else "")
+            log.info(
+                "engine build: %s is now %s%s",
+                engine,
+                build,
+                f" ({self._chosen[engine].detail})" if self._chosen[engine].detail else "",
+            )
         if changed:
             self._on_change()
 
@@ -135,7 +152,11 @@ class EngineBuilds:
     def launcher(self, engine: str) -> tuple[str, ...]:
         """The command prefix ``engine``'s next start uses (empty: its driver's choice); ``LaunchError`` when chosen ``none``."""
         if self.chosen(engine).build == NONE:
-            raise LaunchError("build", no_build(engine), f"choose another build with POST /api/v1/nodes/{{id}}/engines {{\"engine\": \"{engine}\"}}")
+            raise LaunchError(
+                "build",
+                no_build(engine),
+                f'choose another build with POST /api/v1/nodes/{{id}}/engines {{"engine": "{engine}"}}',
+            )
         if engine == "llamacpp" and self._route is not None:
             return self._route.argv
         return ()
@@ -163,7 +184,9 @@ class EngineBuilds:
             argv = install_argv(engine, build, python=self._python, environ=self._environ)
         except ValueError as err:
             return Chosen(build, FAILED, str(err))
-        self._installs[engine] = asyncio.get_running_loop().create_task(self._run_install(engine, build, argv), name=f"install {engine} {build}")
+        self._installs[engine] = asyncio.get_running_loop().create_task(
+            self._run_install(engine, build, argv), name=f"install {engine} {build}"
+        )
         return Chosen(build, INSTALLING, f"running {shlex.join(argv)}")
 
     async def _run_install(self, engine: str, build: str, argv: list[str]) -> None:

@@ -58,7 +58,18 @@ _CAPABILITY = re.compile(r"\d{1,2}\.\d{1,2}")
 _PROFILE = re.compile(r"\d+g\.\d+gb(\+[a-z0-9]+)?")
 _LABEL_KEY = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._/-]{0,251}[A-Za-z0-9])?")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,62}")
-_TOP = ("gpus", "unhealthy", "labels", "cpu_cores", "memory_gb", "disk_total_gb", "disk_free_gb", "nvlink", "nvlink_domain", "fabrics")
+_TOP = (
+    "gpus",
+    "unhealthy",
+    "labels",
+    "cpu_cores",
+    "memory_gb",
+    "disk_total_gb",
+    "disk_free_gb",
+    "nvlink",
+    "nvlink_domain",
+    "fabrics",
+)
 _GPU = ("name", "class", "memory_gb", "memory_mb", "compute_capability", "count", "mig", "nvlink_peers")
 _MIG = ("profile", "memory_gb", "memory_mb", "count")
 _FABRIC = ("name", "adapters", "state")
@@ -106,7 +117,9 @@ class _Reader:
 
     def name(self, value: Any, path: str, what: str) -> str:
         if not isinstance(value, str) or not _NAME.fullmatch(value):
-            raise self.fail(path, f"{value!r} is not {what}: letters, digits and ._:- (starting with a letter or digit), at most 63")
+            raise self.fail(
+                path, f"{value!r} is not {what}: letters, digits and ._:- (starting with a letter or digit), at most 63"
+            )
         return value
 
     def count(self, value: Any, path: str, *, least: int = 1, most: int = MAX_COUNT) -> int:
@@ -152,7 +165,10 @@ def parse(data: Any, where: str = "inventory") -> Declared:
         if "compute_capability" in entry:
             capability = str(entry["compute_capability"]).strip()
             if not _CAPABILITY.fullmatch(capability):
-                raise r.fail(f"{path}.compute_capability", f"must be MAJOR.MINOR such as \"9.0\" (quote it in YAML), not {entry['compute_capability']!r}")
+                raise r.fail(
+                    f"{path}.compute_capability",
+                    f'must be MAJOR.MINOR such as "9.0" (quote it in YAML), not {entry["compute_capability"]!r}',
+                )
         count = r.count(entry.get("count", 1), f"{path}.count")
         instances = _mig(r, entry.get("mig"), f"{path}.mig", memory) if "mig" in entry else []
         if "nvlink_peers" in entry:
@@ -163,21 +179,40 @@ def parse(data: Any, where: str = "inventory") -> Declared:
             if instances:
                 split.append((card, name, klass, capability, instances))
             else:
-                whole.append(InventoryGPU(index=card, label=str(card), name=name, gpu_class=klass, memory_mb=memory,
-                                          compute_capability=capability, card=card))
+                whole.append(
+                    InventoryGPU(
+                        index=card,
+                        label=str(card),
+                        name=name,
+                        gpu_class=klass,
+                        memory_mb=memory,
+                        compute_capability=capability,
+                        card=card,
+                    )
+                )
             card += 1
     _nvlink(r, top, whole, links, {c for c, *_ in split})
     devices = list(whole)
     index = card
     for card_no, name, klass, capability, instances in split:
         for n, (profile, memory) in enumerate(instances):
-            devices.append(InventoryGPU(index=index, label=f"{card_no}/mig{n}", name=name, gpu_class=f"{klass}/{profile}",
-                                        memory_mb=memory, compute_capability=capability, card=card_no, mig_profile=profile))
+            devices.append(
+                InventoryGPU(
+                    index=index,
+                    label=f"{card_no}/mig{n}",
+                    name=name,
+                    gpu_class=f"{klass}/{profile}",
+                    memory_mb=memory,
+                    compute_capability=capability,
+                    card=card_no,
+                    mig_profile=profile,
+                )
+            )
             index += 1
     by_label = {d.label: d for d in devices}
     unhealthy = top.get("unhealthy") or {}
     if not isinstance(unhealthy, dict):
-        raise r.fail("unhealthy", "must map a device label (\"3\", \"8/mig1\") to why it is unhealthy")
+        raise r.fail("unhealthy", 'must map a device label ("3", "8/mig1") to why it is unhealthy')
     for label, why in unhealthy.items():
         device = by_label.get(str(label))
         if device is None:
@@ -190,7 +225,9 @@ def parse(data: Any, where: str = "inventory") -> Declared:
         raise r.fail("labels", "must map label keys to string values")
     for key, value in labels.items():
         if not isinstance(key, str) or not _LABEL_KEY.fullmatch(key):
-            raise r.fail(f"labels[{key!r}]", "a key is letters, digits and ._/- (starting and ending with a letter or digit)")
+            raise r.fail(
+                f"labels[{key!r}]", "a key is letters, digits and ._/- (starting and ending with a letter or digit)"
+            )
         if not isinstance(value, str | int | float) or isinstance(value, bool):
             raise r.fail(f"labels[{key!r}]", f"must be a string, not {value!r}")
         out.labels[key] = str(value)
@@ -203,11 +240,16 @@ def parse(data: Any, where: str = "inventory") -> Declared:
     return out
 
 
-def _nvlink(r: _Reader, top: dict[str, Any], whole: list[InventoryGPU], links: list[tuple[range, Any, str]], split: set[int]) -> None:
+def _nvlink(
+    r: _Reader, top: dict[str, Any], whole: list[InventoryGPU], links: list[tuple[range, Any, str]], split: set[int]
+) -> None:
     """Each whole card's NVLink peers (``nvlink: all`` or the entries' ``nvlink_peers``) and its NVLink domain."""
     shorthand = top.get("nvlink")
     if shorthand is not None and shorthand != "all":
-        raise r.fail("nvlink", f"{shorthand!r}: write all (every whole card linked to every other), or nvlink_peers on the GPU entries")
+        raise r.fail(
+            "nvlink",
+            f"{shorthand!r}: write all (every whole card linked to every other), or nvlink_peers on the GPU entries",
+        )
     if shorthand and links:
         raise r.fail(links[0][2], "nvlink: all already links every card; say one or the other")
     peers: dict[int, set[int]] = {g.card: set() for g in whole}
@@ -219,7 +261,10 @@ def _nvlink(r: _Reader, top: dict[str, Any], whole: list[InventoryGPU], links: l
             raise r.fail(path, f"must be a non-empty list of card indices such as [0, 1, 2, 3], not {listed!r}")
         for j, peer in enumerate(listed):
             if isinstance(peer, bool) or not isinstance(peer, int) or not (peer in peers or peer in split):
-                raise r.fail(f"{path}[{j}]", f"{peer!r} is not a card; the whole cards are {', '.join(map(str, peers)) or 'none'}")
+                raise r.fail(
+                    f"{path}[{j}]",
+                    f"{peer!r} is not a card; the whole cards are {', '.join(map(str, peers)) or 'none'}",
+                )
             if peer in split:
                 raise r.fail(f"{path}[{j}]", f"card {peer} is in MIG mode, which has no NVLink peers")
             for card in cards:
@@ -269,7 +314,9 @@ def _fabrics(r: _Reader, value: Any) -> dict[str, dict[str, str]]:
             else:
                 adapter = r.name(item, where, "an adapter name")
             if adapter in owner:
-                raise r.fail(where, f"adapter {adapter!r} is already on fabric {owner[adapter]!r}; an adapter is on one fabric")
+                raise r.fail(
+                    where, f"adapter {adapter!r} is already on fabric {owner[adapter]!r}; an adapter is on one fabric"
+                )
             owner[adapter] = name
             ports[adapter] = own
         out[name] = ports

@@ -140,7 +140,9 @@ class EngineManager:
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60), auto_decompress=False)
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60), auto_decompress=False
+            )
         return self._session
 
     # --- loading ------------------------------------------------------------
@@ -161,13 +163,23 @@ class EngineManager:
         source = self._source(req)
         if current is not None:
             await self._stop_kv(current)  # a failed or stopped engine's listener; the new one gets its own
-        engine = ModelEngine(model_id=req.id, driver=self.driver, replica=req.replica, profile=req.profile,
-                             fingerprint=req.fingerprint, devices=req.devices,
-                             env=device_env(req.devices, req.env), ranks=ranks)
+        engine = ModelEngine(
+            model_id=req.id,
+            driver=self.driver,
+            replica=req.replica,
+            profile=req.profile,
+            fingerprint=req.fingerprint,
+            devices=req.devices,
+            env=device_env(req.devices, req.env),
+            ranks=ranks,
+        )
         self.engines[req.id] = engine
         if engine.follower and self.driver.id not in ("vllm", "sglang"):
             # The simulator (and any engine without a runtime of its own here): rank 0 serves alone.
-            engine.enter("following", f"{req.id}: rank {req.rank} of {ranks.nodes if ranks else 1}, serving from {req.peers[0] if req.peers else '?'}")
+            engine.enter(
+                "following",
+                f"{req.id}: rank {req.rank} of {ranks.nodes if ranks else 1}, serving from {req.peers[0] if req.peers else '?'}",
+            )
             log.info("%s", engine.detail)
             self.on_change()
             return nodeapi.LoadModelResponse(status=nodeapi.Status.READY, model=req.id)
@@ -189,7 +201,10 @@ class EngineManager:
             return Source(type="file", path=req.path)
         if req.repo:
             return Source(type="huggingface", repo=req.repo, file=req.file)
-        raise LoadRefused(400, f"model {req.id!r} is not in this worker's catalog and the request names no path or repo to load it from")
+        raise LoadRefused(
+            400,
+            f"model {req.id!r} is not in this worker's catalog and the request names no path or repo to load it from",
+        )
 
     async def _bring_up(self, engine: ModelEngine, req: nodeapi.LoadModelRequest, source: Source | None) -> None:
         entry = self.entry_for(req)
@@ -199,8 +214,12 @@ class EngineManager:
                 model_ref = str(await self._fetch(engine, req, source, entry))
             caps = entry.capabilities if entry is not None else ["chat"]
             # A load's own flags (the RPC parts of a sharded model) pin over the worker's plan flags.
-            flags = replica_flags({**self.flags, **(req.flags or {})}, self.driver.flag_keys, tp=req.tp, pp=req.pp, args=req.args)
-            context = int(flags.get("ctx") or 0) or min(entry.context_window if entry else CPU_CONTEXT_CAP, CPU_CONTEXT_CAP)
+            flags = replica_flags(
+                {**self.flags, **(req.flags or {})}, self.driver.flag_keys, tp=req.tp, pp=req.pp, args=req.args
+            )
+            context = int(flags.get("ctx") or 0) or min(
+                entry.context_window if entry else CPU_CONTEXT_CAP, CPU_CONTEXT_CAP
+            )
             engine.port = free_port()
             kv_endpoint = self._listen(engine, caps)
             engine.spec = LaunchSpec(
@@ -214,7 +233,9 @@ class EngineManager:
                 rerank="rerank" in caps,
                 flags=flags,
                 kv_events_endpoint=kv_endpoint,
-                tool_call_parser=(entry.tool_call_parser or {}).get(self.driver.id, "") if entry is not None and "tools" in caps else "",
+                tool_call_parser=(entry.tool_call_parser or {}).get(self.driver.id, "")
+                if entry is not None and "tools" in caps
+                else "",
                 sleep_mode=self.sleep_mode,
                 launcher=self.launcher(self.driver.id),
             )
@@ -228,7 +249,9 @@ class EngineManager:
             await self._stop_kv(engine)
             self.on_change()
 
-    async def _fetch(self, engine: ModelEngine, req: nodeapi.LoadModelRequest, source: Source, entry: Entry | None) -> Path:
+    async def _fetch(
+        self, engine: ModelEngine, req: nodeapi.LoadModelRequest, source: Source, entry: Entry | None
+    ) -> Path:
         meter = FetchMeter(f"{req.id}: fetching weights", say=log.info)
 
         def progress(done: int, total: int | None) -> None:
@@ -236,8 +259,15 @@ class EngineManager:
             engine.detail = meter.describe()  # size, share and rate: what the heartbeat's load_progress says
 
         target = entry or Entry(
-            id=req.id, display_name=req.id, source=source, size_bytes=1, context_window=CPU_CONTEXT_CAP,
-            capabilities=["chat"], recommended_engines=[self.driver.id], hardware=Hardware(min_ram_gb=0), tags=[],
+            id=req.id,
+            display_name=req.id,
+            source=source,
+            size_bytes=1,
+            context_window=CPU_CONTEXT_CAP,
+            capabilities=["chat"],
+            recommended_engines=[self.driver.id],
+            hardware=Hardware(min_ram_gb=0),
+            tags=[],
         )
         engine.enter("fetching", f"{req.id}: fetching weights")
         return await weights.aresolve(target, self.home, progress=progress)
@@ -252,9 +282,16 @@ class EngineManager:
         elif self.driver.id == "vllm" and ranks.rank == 0:
             engine.extra_argv = multinode.vllm_rank0_args(ranks)
             engine.env.update(multinode.vllm_rank0_env(ranks))
-            head = ProcessConfig(id=f"engine-{engine.model_id}-ray", argv=multinode.ray_head_argv(spec.binary), env=dict(engine.env),
-                                 restart=True, max_restarts=5, backoff=1.0, log_lines=200,
-                                 log_file=self.home / "logs" / f"engine-{engine.model_id}-ray.log")
+            head = ProcessConfig(
+                id=f"engine-{engine.model_id}-ray",
+                argv=multinode.ray_head_argv(spec.binary),
+                env=dict(engine.env),
+                restart=True,
+                max_restarts=5,
+                backoff=1.0,
+                log_lines=200,
+                log_file=self.home / "logs" / f"engine-{engine.model_id}-ray.log",
+            )
             await self._restart_process(head)
 
     def _argv(self, engine: ModelEngine) -> list[str]:
@@ -298,7 +335,10 @@ class EngineManager:
         await self.supervisor.start(config)
         ready = await self._await_ready(engine.process_id, config.ready_timeout)
         if ready and engine.follower:
-            engine.enter("following", f"{engine.model_id}: rank {engine.ranks.rank if engine.ranks else 0} of a replica across nodes")
+            engine.enter(
+                "following",
+                f"{engine.model_id}: rank {engine.ranks.rank if engine.ranks else 0} of a replica across nodes",
+            )
         elif ready:
             engine.enter("serving")
             log.info("%s serving on %s", engine.model_id, engine.base_url)
@@ -370,7 +410,9 @@ class EngineManager:
             self.on_change()
             return None
         engine.enter("starting", f"{engine.model_id}: taken back after the worker restarted")
-        engine.task = asyncio.get_running_loop().create_task(self._taken_back(engine), name=f"take back {engine.model_id}")
+        engine.task = asyncio.get_running_loop().create_task(
+            self._taken_back(engine), name=f"take back {engine.model_id}"
+        )
         self.on_change()
         return engine.task
 
@@ -382,7 +424,9 @@ class EngineManager:
             log.info("%s serving again on %s (its engine kept running)", engine.model_id, engine.base_url)
         else:
             process = self.supervisor.get(engine.process_id)
-            engine.enter("failed", f"{engine.model_id}: " + (process.exit_reason if process is not None else "not taken back"))
+            engine.enter(
+                "failed", f"{engine.model_id}: " + (process.exit_reason if process is not None else "not taken back")
+            )
             await self._stop_kv(engine)
         self.on_change()
 
@@ -396,11 +440,15 @@ class EngineManager:
             return nodeapi.UnloadModelResponse(status=nodeapi.Status.UNLOADED, model=req.id)
         riding = self.adapters.attached_by_a_manager(req.id)
         if riding and req.id in self.engines:
-            raise LoadRefused(409, f"adapters are attached to {req.id!r} on this worker ({', '.join(riding)}); unload them first")
+            raise LoadRefused(
+                409, f"adapters are attached to {req.id!r} on this worker ({', '.join(riding)}); unload them first"
+            )
         self.adapters.forget(req.id)  # OPOD_ADAPTERS' adapters go with their base and come back when it is loaded again
         engine = self.engines.pop(req.id, None)
         if engine is None:
-            return nodeapi.UnloadModelResponse(status=nodeapi.Status.NOOP, model=req.id, reason="not resident in this worker's engine")
+            return nodeapi.UnloadModelResponse(
+                status=nodeapi.Status.NOOP, model=req.id, reason="not resident in this worker's engine"
+            )
         if engine.task is not None and not engine.task.done():
             engine.task.cancel()
         if engine.process_id:
@@ -490,14 +538,22 @@ class EngineManager:
 
     def load_progress(self) -> dict[str, str]:
         """Loads under way and how far each has come."""
-        return {m: e.detail.split(": ", 1)[-1] for m, e in self.engines.items() if e.state in ("fetching", "starting") and e.detail}
+        return {
+            m: e.detail.split(": ", 1)[-1]
+            for m, e in self.engines.items()
+            if e.state in ("fetching", "starting") and e.detail
+        }
 
     def load_errors(self) -> dict[str, str]:
         return {m: e.detail for m, e in self.engines.items() if e.state == "failed"}
 
     def model_context(self) -> dict[str, int]:
         """The context one request may use on each serving engine, as it was started."""
-        return {m: e.spec.context for m, e in self.engines.items() if e.spec is not None and e.spec.context and self.serving(m)}
+        return {
+            m: e.spec.context
+            for m, e in self.engines.items()
+            if e.spec is not None and e.spec.context and self.serving(m)
+        }
 
     def model_engines(self) -> dict[str, nodeapi.EngineState]:
         """Each model's engine process, in the heartbeat's words: the leader keeps a crashed model's
@@ -513,9 +569,16 @@ class EngineManager:
         """Each engine a reconciler placed, as it was asked for, while it is loading, serving or following:
         what a restarted leader adopts instead of placing again."""
         return {
-            model: nodeapi.HeldReplica(replica=e.replica, profile=e.profile, fingerprint=e.fingerprint, devices=e.devices,
-                                       rank=e.ranks.rank if e.ranks else 0, ranks=e.ranks.nodes if e.ranks else 0)
-            for model, e in self.engines.items() if e.replica and e.state in ("fetching", "starting", "serving", "following")
+            model: nodeapi.HeldReplica(
+                replica=e.replica,
+                profile=e.profile,
+                fingerprint=e.fingerprint,
+                devices=e.devices,
+                rank=e.ranks.rank if e.ranks else 0,
+                ranks=e.ranks.nodes if e.ranks else 0,
+            )
+            for model, e in self.engines.items()
+            if e.replica and e.state in ("fetching", "starting", "serving", "following")
         }
 
     def loaded_models(self) -> list[str]:
@@ -559,7 +622,11 @@ class EngineManager:
             process = self.supervisor.get(engine.process_id) if engine.process_id else None
             word = process.engine_state() if process is not None and engine.state != "fetching" else None
             states[engine.model_id] = (engine, word)
-        problems = [f"{e.detail}" for e, w in states.values() if e.state == "failed" or (w is not None and w.state in ("crash-looping", "stopped"))]
+        problems = [
+            f"{e.detail}"
+            for e, w in states.values()
+            if e.state == "failed" or (w is not None and w.state in ("crash-looping", "stopped"))
+        ]
         if any(self.serving(m) for m in self.engines) or not self.engines:
             return nodeapi.EngineState(state="serving", detail="; ".join(problems)[:300])
         for _engine, word in states.values():
@@ -567,7 +634,9 @@ class EngineManager:
                 return word
         if any(e.state in ("fetching", "starting") for e in self.engines.values()):
             busy = next(e for e in self.engines.values() if e.state in ("fetching", "starting"))
-            return nodeapi.EngineState(state="starting", since=busy.since.strftime("%Y-%m-%dT%H:%M:%SZ"), detail=busy.detail[:300])
+            return nodeapi.EngineState(
+                state="starting", since=busy.since.strftime("%Y-%m-%dT%H:%M:%SZ"), detail=busy.detail[:300]
+            )
         return nodeapi.EngineState(state="serving", detail="; ".join(problems)[:300])
 
     async def sample(self) -> tuple[LoadSample | None, int]:
@@ -575,7 +644,10 @@ class EngineManager:
         engines = [e for e in self.engines.values() if self.serving(e.model_id)]
         if not engines:
             return None, 0
-        results = await asyncio.gather(*(self.driver.sample(self.session, e.base_url, e.metrics, spec=e.spec) for e in engines), return_exceptions=True)
+        results = await asyncio.gather(
+            *(self.driver.sample(self.session, e.base_url, e.metrics, spec=e.spec) for e in engines),
+            return_exceptions=True,
+        )
         samples: list[LoadSample] = []
         for engine, result in zip(engines, results):
             if isinstance(result, tuple):

@@ -25,7 +25,9 @@ def node_id(home: Path, *, default: str | None = None) -> str:
         data = yaml.safe_load(path.read_text()) or {}
         if isinstance(data, dict) and isinstance(data.get("id"), str) and data["id"]:
             return data["id"]
-    new = default or "n_" + (_SAFE.sub("-", socket.gethostname().lower()).strip("-") or "worker") + "-" + secrets.token_hex(2)
+    new = default or "n_" + (
+        _SAFE.sub("-", socket.gethostname().lower()).strip("-") or "worker"
+    ) + "-" + secrets.token_hex(2)
     home.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump({"id": new}))
     return new

@@ -21,7 +21,9 @@ from opod import config
 log = logging.getLogger("opod.worker")
 
 
-def command(variable: str, default: str, fill: Mapping[str, str], environ: Mapping[str, str] | None = None) -> list[str]:
+def command(
+    variable: str, default: str, fill: Mapping[str, str], environ: Mapping[str, str] | None = None
+) -> list[str]:
     """``variable``'s command (else ``default``) as argv, placeholders filled; ValueError naming the variable when malformed."""
     text = config.read(variable, environ) or default
     try:
@@ -29,7 +31,9 @@ def command(variable: str, default: str, fill: Mapping[str, str], environ: Mappi
     except (ValueError, KeyError, IndexError) as err:
         braced = ["{" + name + "}" for name in fill]
         names = " and ".join([", ".join(braced[:-1]), braced[-1]] if len(braced) > 1 else braced)
-        raise ValueError(f"{variable}={text!r} cannot be used ({err}); write a command with only {names} in braces") from None
+        raise ValueError(
+            f"{variable}={text!r} cannot be used ({err}); write a command with only {names} in braces"
+        ) from None
     if not argv:
         raise ValueError(f"{variable} is empty; unset it for the default, {default}")
     return argv
@@ -51,7 +55,8 @@ async def run(argv: list[str], *, label: str, log_file: Path | None = None) -> O
     """Run ``argv`` to its end, each line of its output logged as ``label: …``; killed when cancelled."""
     try:
         process = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        )
     except OSError as err:
         return Outcome(-1, f"{argv[0]} could not be started: {err.strerror or err}")
     assert process.stdout is not None

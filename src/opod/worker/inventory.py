@@ -65,7 +65,9 @@ class Inventory:
             inventory=self.report(engine),
         )
 
-    def report(self, engine: str, models_on_disk: list[str] | None = None, features: list[str] | None = None) -> nodeapi.InventoryReport:
+    def report(
+        self, engine: str, models_on_disk: list[str] | None = None, features: list[str] | None = None
+    ) -> nodeapi.InventoryReport:
         """The opod addition the node views read (docs/contract.md)."""
         return nodeapi.InventoryReport(
             gpus=[d.model_copy() for d in self.devices] or None,
@@ -133,9 +135,20 @@ def nvidia_devices() -> tuple[tuple[nodeapi.InventoryGPU, ...], tuple[str, ...]]
                 split.extend(instances)
             else:
                 domain, fabric_state = _nvlink_domain(pynvml, handle)
-                whole.append(nodeapi.InventoryGPU(index=card, label=str(card), name=name, gpu_class=name, memory_mb=int(memory),
-                                                  compute_capability=capability, uuid=uuid, card=card,
-                                                  nvlink_domain=domain, fabric_state=fabric_state))
+                whole.append(
+                    nodeapi.InventoryGPU(
+                        index=card,
+                        label=str(card),
+                        name=name,
+                        gpu_class=name,
+                        memory_mb=int(memory),
+                        compute_capability=capability,
+                        uuid=uuid,
+                        card=card,
+                        nvlink_domain=domain,
+                        fabric_state=fabric_state,
+                    )
+                )
                 handles[card] = handle
         try:
             peers = _nvlink_peers(pynvml, handles)
@@ -153,7 +166,9 @@ def nvidia_devices() -> tuple[tuple[nodeapi.InventoryGPU, ...], tuple[str, ...]]
     return tuple(whole + split), tuple(warnings)
 
 
-def _mig_instances(pynvml, handle, card: int, name: str, capability: str, warnings: list[str]) -> list[nodeapi.InventoryGPU]:
+def _mig_instances(
+    pynvml, handle, card: int, name: str, capability: str, warnings: list[str]
+) -> list[nodeapi.InventoryGPU]:
     """The MIG instances of a card in MIG mode; none when MIG is off or unsupported."""
     try:
         current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
@@ -175,8 +190,19 @@ def _mig_instances(pynvml, handle, card: int, name: str, capability: str, warnin
         except Exception as err:
             warnings.append(f"GPU {card}: MIG instance {slot} could not be read: {err}")
             continue
-        out.append(nodeapi.InventoryGPU(index=0, label=f"{card}/mig{len(out)}", name=name, gpu_class=f"{name}/{profile}",
-                                        memory_mb=int(memory), compute_capability=capability, uuid=uuid, card=card, mig_profile=profile))
+        out.append(
+            nodeapi.InventoryGPU(
+                index=0,
+                label=f"{card}/mig{len(out)}",
+                name=name,
+                gpu_class=f"{name}/{profile}",
+                memory_mb=int(memory),
+                compute_capability=capability,
+                uuid=uuid,
+                card=card,
+                mig_profile=profile,
+            )
+        )
     return out
 
 
@@ -258,7 +284,11 @@ def models_on_disk(home: Path) -> list[str]:
     """What the weights folder holds, by name (files and folders; partial downloads left out)."""
     folder = home / "models"
     try:
-        return sorted(p.name for p in folder.iterdir() if not p.name.startswith(".") and not p.name.endswith((".part", ".tmp", ".lock")))
+        return sorted(
+            p.name
+            for p in folder.iterdir()
+            if not p.name.startswith(".") and not p.name.endswith((".part", ".tmp", ".lock"))
+        )
     except OSError:
         return []
 

@@ -337,7 +337,10 @@ class KVReport:
     def _changed(self) -> None:
         if len(self._pending) > self.max_pending:
             self.overflows += 1
-            log.warning("%d prefix-cache changes wait for a heartbeat; dropping them, the leader will rebuild", len(self._pending))
+            log.warning(
+                "%d prefix-cache changes wait for a heartbeat; dropping them, the leader will rebuild",
+                len(self._pending),
+            )
             self._start_over()
         self._schedule_kick()
 

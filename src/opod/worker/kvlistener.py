@@ -49,7 +49,15 @@ from opod.worker.kvevents import (
     KVReport,
 )
 
-__all__ = ["KVDecodeError", "KVEventListener", "KVListenError", "decode_payload", "dial_address", "engine_binds", "split_message"]
+__all__ = [
+    "KVDecodeError",
+    "KVEventListener",
+    "KVListenError",
+    "decode_payload",
+    "dial_address",
+    "engine_binds",
+    "split_message",
+]
 
 log = logging.getLogger("opod.worker")
 
@@ -354,7 +362,9 @@ class KVEventListener:
             while True:
                 frames = await asyncio.wait_for(self._dealer.recv_multipart(), max(0.01, deadline - loop.time()))
                 if len(frames) != 4:
-                    raise KVDecodeError(f"a replay answer has 4 frames [empty, topic, seq, payload]; this one has {len(frames)}")
+                    raise KVDecodeError(
+                        f"a replay answer has 4 frames [empty, topic, seq, payload]; this one has {len(frames)}"
+                    )
                 raw_seq, payload = frames[2], frames[3]
                 if raw_seq == _END:
                     break
@@ -368,7 +378,9 @@ class KVEventListener:
                 got += 1
                 self.replayed += 1
         except (TimeoutError, zmq.ZMQError, KVDecodeError, struct.error) as err:
-            log.warning("KV events of %s: replay from batch %d failed (%s)", self.name, start, err or type(err).__name__)
+            log.warning(
+                "KV events of %s: replay from batch %d failed (%s)", self.name, start, err or type(err).__name__
+            )
             self._dealer.close(0)  # a late answer must not be read as the next replay's
             self._open_dealer()
             broken = True

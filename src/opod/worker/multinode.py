@@ -51,11 +51,28 @@ def ranks_of(rank: int, peers: list[str] | None) -> Ranks | None:
 
 
 def ray_head_argv(python: str = "") -> list[str]:
-    return [python or sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--port", str(RAY_PORT), "--block"]
+    return [
+        python or sys.executable,
+        "-m",
+        "ray.scripts.scripts",
+        "start",
+        "--head",
+        "--port",
+        str(RAY_PORT),
+        "--block",
+    ]
 
 
 def ray_worker_argv(ranks: Ranks, python: str = "") -> list[str]:
-    return [python or sys.executable, "-m", "ray.scripts.scripts", "start", "--address", f"{ranks.head_host}:{RAY_PORT}", "--block"]
+    return [
+        python or sys.executable,
+        "-m",
+        "ray.scripts.scripts",
+        "start",
+        "--address",
+        f"{ranks.head_host}:{RAY_PORT}",
+        "--block",
+    ]
 
 
 def vllm_rank0_args(ranks: Ranks) -> list[str]:
@@ -69,7 +86,14 @@ def vllm_rank0_env(ranks: Ranks) -> dict[str, str]:
 
 def sglang_args(ranks: Ranks) -> list[str]:
     """Added to every rank's SGLang command line."""
-    return ["--nnodes", str(ranks.nodes), "--node-rank", str(ranks.rank), "--dist-init-addr", f"{ranks.head_host}:{SGLANG_DIST_PORT}"]
+    return [
+        "--nnodes",
+        str(ranks.nodes),
+        "--node-rank",
+        str(ranks.rank),
+        "--dist-init-addr",
+        f"{ranks.head_host}:{SGLANG_DIST_PORT}",
+    ]
 
 
 def device_env(devices: list[int] | None, env: Mapping[str, str] | None) -> dict[str, str]:
@@ -80,7 +104,9 @@ def device_env(devices: list[int] | None, env: Mapping[str, str] | None) -> dict
     return out
 
 
-def replica_flags(flags: Mapping[str, Any], reads: frozenset[str], *, tp: int, pp: int, args: list[str] | None) -> dict[str, Any]:
+def replica_flags(
+    flags: Mapping[str, Any], reads: frozenset[str], *, tp: int, pp: int, args: list[str] | None
+) -> dict[str, Any]:
     """The worker's flags with the replica's tensor and pipeline parallel (where the driver reads them) and extra args."""
     out = dict(flags)
     if tp and "tp" in reads:

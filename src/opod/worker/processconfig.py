@@ -94,9 +94,15 @@ class ProcessConfig:
             object.__setattr__(self, "argv", tuple(argv))
         for key, value in dict(self.env).items():
             if not isinstance(key, str) or not key or "=" in key or not isinstance(value, str):
-                problems.append(f"env entry {key!r}={value!r}: names and values must be strings, names non-empty without '='")
+                problems.append(
+                    f"env entry {key!r}={value!r}: names and values must be strings, names non-empty without '='"
+                )
         object.__setattr__(self, "env", dict(self.env))
-        kinds = [name for name, v in (("ready_url", self.ready_url), ("health_port", self.health_port), ("probe", self.probe)) if v]
+        kinds = [
+            name
+            for name, v in (("ready_url", self.ready_url), ("health_port", self.health_port), ("probe", self.probe))
+            if v
+        ]
         if len(kinds) > 1:
             problems.append(f"give one readiness check, not {' and '.join(kinds)}")
         if self.ready_url and urlsplit(self.ready_url).scheme not in ("http", "https"):
@@ -119,7 +125,9 @@ class ProcessConfig:
         if self.log_lines < 1:
             problems.append("log_lines must be >= 1")
         if self.log_max_bytes < 1 or self.log_backups < 0:
-            problems.append(f"log_max_bytes must be >= 1 and log_backups >= 0 (got {self.log_max_bytes}, {self.log_backups})")
+            problems.append(
+                f"log_max_bytes must be >= 1 and log_backups >= 0 (got {self.log_max_bytes}, {self.log_backups})"
+            )
         if problems:
             raise ValueError(f"process {self.id!r}: " + "; ".join(problems))
 

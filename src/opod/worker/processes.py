@@ -266,7 +266,9 @@ class RotatingLog:
 class _Output:
     """Reads a child's merged stdout/stderr as it comes, line by line, into a callback and a log file."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int, on_line: Callable[[str], None], sink: LogSink | None) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, fd: int, on_line: Callable[[str], None], sink: LogSink | None
+    ) -> None:
         self._loop = loop
         self._fd: int | None = fd
         self._on_line = on_line
@@ -446,7 +448,9 @@ class Child:
                 if stragglers:
                     await asyncio.sleep(0.02)
             if stragglers:
-                log.warning("pids %s of group %d outlived SIGKILL for %.0fs", sorted(stragglers), self.pid, STRAGGLER_WAIT)
+                log.warning(
+                    "pids %s of group %d outlived SIGKILL for %.0fs", sorted(stragglers), self.pid, STRAGGLER_WAIT
+                )
         finally:
             self._output.close()
             if not self._exited.done():
@@ -505,7 +509,9 @@ class NotAdoptable(RuntimeError):
     """The recorded process is not there to take back: gone, someone else's, or its output pipe is not the one recorded."""
 
 
-def adopt(pid: int, *, ticks: int, output_fd: int, on_line: Callable[[str], None], sink: LogSink | None = None) -> Child:
+def adopt(
+    pid: int, *, ticks: int, output_fd: int, on_line: Callable[[str], None], sink: LogSink | None = None
+) -> Child:
     """Take back a child this process started before it re-executed itself; call from the event loop's thread.
 
     ``ticks`` is the start time recorded for ``pid`` (:func:`start_ticks`), so a reused pid is never
@@ -535,4 +541,3 @@ def _waitpid(pid: int) -> int:
     except ChildProcessError:
         return -signal.SIGKILL  # reaped elsewhere: its status is lost
     return os.waitstatus_to_exitcode(status)
-

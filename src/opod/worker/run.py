@@ -106,7 +106,7 @@ def engine_flags() -> dict:
     except ValueError as err:
         raise ValueError(f"{contract_env.ENV_ENGINE_FLAGS} is not JSON: {err}") from None
     if not isinstance(value, dict):
-        raise ValueError(f"{contract_env.ENV_ENGINE_FLAGS} must be a JSON object such as {{\"ctx\": 4096}}")
+        raise ValueError(f'{contract_env.ENV_ENGINE_FLAGS} must be a JSON object such as {{"ctx": 4096}}')
     return value
 
 
@@ -129,7 +129,9 @@ def wanted_adapters() -> list[nodeapi.Adapter]:
         except WireError as err:
             raise ValueError(f"{contract_env.ENV_ADAPTERS}[{i}]: {err}") from None
         if not adapter.name or not adapter.source or ":" in adapter.name:
-            raise ValueError(f"{contract_env.ENV_ADAPTERS}[{i}]: needs a name (without ':') and a source, as in {example}")
+            raise ValueError(
+                f"{contract_env.ENV_ADAPTERS}[{i}]: needs a name (without ':') and a source, as in {example}"
+            )
         adapters.append(adapter)
     return adapters
 
@@ -168,8 +170,15 @@ def worker_features(manager: EngineManager, *, upgrades: bool = False) -> list[s
     ``agent_upgrade`` when it installs and restarts into the release the operator wants."""
     driver = manager.driver
     out = ["logs", "agent_restart", "declared_inventory"] + (["agent_upgrade"] if upgrades else [])
-    out += [name for name, has in (("sleep", driver.can_sleep), ("tokenize", driver.can_tokenize),
-                                   ("kv_events", driver.publishes_kv_events)) if has]
+    out += [
+        name
+        for name, has in (
+            ("sleep", driver.can_sleep),
+            ("tokenize", driver.can_tokenize),
+            ("kv_events", driver.publishes_kv_events),
+        )
+        if has
+    ]
     return out
 
 
@@ -259,7 +268,9 @@ class Worker:
         if waiting:
             return f"weights are being fetched here for {', '.join(waiting)}; restart once their loads have finished"
         if self._reexec is None or self._reexec.done():
-            self._reexec = asyncio.get_running_loop().create_task(self._exec_soon(upgrade), name="restart as a new process")
+            self._reexec = asyncio.get_running_loop().create_task(
+                self._exec_soon(upgrade), name="restart as a new process"
+            )
         return ""
 
     async def _exec_soon(self, upgrade: str) -> None:
@@ -268,7 +279,9 @@ class Worker:
         if self._stopping is not None:
             return  # told to stop meanwhile: the stop wins
         for process_id in self.supervisor.unhanded():
-            await self.supervisor.stop(process_id)  # one the new process could not take back must not outlive the exec unwatched
+            await self.supervisor.stop(
+                process_id
+            )  # one the new process could not take back must not outlive the exec unwatched
         handed = self.supervisor.handover()
         self.say(f"restarting as a new process; {len(handed)} engine processes keep running")
         self.supervisor.keep_across_exec(handed)
@@ -360,13 +373,17 @@ class Worker:
             sample, _ = await self.manager.sample()
             # An engine that reports no metrics cannot say it is busy: it is taken as idle. One that has
             # metrics and did not answer this time (a slow scrape) is not: the wait goes on, within the grace.
-            unknown = sample is None and self.manager.driver.metrics_path is not None and bool(self.manager.loaded_models())
+            unknown = (
+                sample is None and self.manager.driver.metrics_path is not None and bool(self.manager.loaded_models())
+            )
             busy = 0 if sample is None else (sample.running or 0) + (sample.queue_depth or 0)
             idle = idle + 1 if busy == 0 and not unknown else 0
             if busy and not said:
                 said = True
-                self.say(f"stopping: {busy} requests in flight on the engines, waiting up to {grace:g} s "
-                         "(Ctrl-C again to stop now)")
+                self.say(
+                    f"stopping: {busy} requests in flight on the engines, waiting up to {grace:g} s "
+                    "(Ctrl-C again to stop now)"
+                )
             remaining = deadline - loop.time()
             if idle >= 2 or remaining <= 0 or self._hurry.is_set():
                 break
@@ -393,7 +410,9 @@ class Worker:
             log.info("llama.cpp can use: %s", "; ".join(devices))
 
 
-def _capabilities(taken: inventory.Inventory, manager: EngineManager, revision: int, *, upgrades: bool) -> nodeapi.Capabilities:
+def _capabilities(
+    taken: inventory.Inventory, manager: EngineManager, revision: int, *, upgrades: bool
+) -> nodeapi.Capabilities:
     caps = taken.capabilities(engine=manager.driver.id, plan_revision=revision)
     report = taken.report(manager.driver.id, features=worker_features(manager, upgrades=upgrades))
     return caps.model_copy(update={"inventory": report})
@@ -480,12 +499,25 @@ def open_worker(settings: WorkerSettings) -> Worker:
     except BaseException:
         sock.close()
         raise
-    worker = Worker(settings=settings, node_id=node_id, supervisor=supervisor, manager=manager, listener=listener, agent=agent,
-                    book=book, handed=handed)
+    worker = Worker(
+        settings=settings,
+        node_id=node_id,
+        supervisor=supervisor,
+        manager=manager,
+        listener=listener,
+        agent=agent,
+        book=book,
+        handed=handed,
+    )
     api.log_lines, api.log_sources = worker.log_lines, worker.log_sources
     api.restart_agent = worker.restart_process if book is not None else worker.restart_agent
     if book is not None:
-        upgrader = Upgrader(running=__version__, home=settings.home, restart=worker.restart_process, warn=worker.set_upgrade_warning,
-                            installed=handed.upgrade if handed is not None else "")
+        upgrader = Upgrader(
+            running=__version__,
+            home=settings.home,
+            restart=worker.restart_process,
+            warn=worker.set_upgrade_warning,
+            installed=handed.upgrade if handed is not None else "",
+        )
         agent.on_orders.append(upgrader.heard)
     return worker

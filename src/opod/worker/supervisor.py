@@ -199,7 +199,9 @@ class ManagedProcess:
         if word is not nodeapi.EngineStateWord.SERVING and self.exit_reason:
             telling = _telling_line(self.exit_lines)
             detail = f"{self.exit_reason}: {telling}" if telling else self.exit_reason
-        return nodeapi.EngineState(state=word.value, restarts=self.restarts, since=format_time(self._engine_since), detail=detail)
+        return nodeapi.EngineState(
+            state=word.value, restarts=self.restarts, since=format_time(self._engine_since), detail=detail
+        )
 
     def info(self) -> nodeapi.ProcessInfo:
         """The contract's view (``/v1/process/get``)."""
@@ -236,7 +238,9 @@ class Supervisor:
     each back (:meth:`adopt`).
     """
 
-    def __init__(self, on_change: Callable[[ManagedProcess], object] | None = None, *, adopt_orphans: bool = False) -> None:
+    def __init__(
+        self, on_change: Callable[[ManagedProcess], object] | None = None, *, adopt_orphans: bool = False
+    ) -> None:
         """``on_change`` is called on every state change. ``adopt_orphans`` makes this process the
         reaper of its engines' orphaned children (process-wide, see :func:`processes.adopt_orphans`)."""
         self._on_change = on_change
@@ -274,7 +278,9 @@ class Supervisor:
                 mp._log = processes.RotatingLog(config.log_file, config.log_max_bytes, config.log_backups)
             except OSError as exc:
                 self._finish(mp, ProcessState.FAILED, f"cannot open log file: {exc}", abnormal=True)
-                raise SpawnError(f"process {config.id!r}: cannot open log file {config.log_file}: {exc.strerror}") from exc
+                raise SpawnError(
+                    f"process {config.id!r}: cannot open log file {config.log_file}: {exc.strerror}"
+                ) from exc
         try:
             self._spawn(mp)
         except SpawnError as exc:
@@ -340,7 +346,9 @@ class Supervisor:
             with suppress(OSError):  # the log is a copy; the process is taken back without it
                 mp._log = processes.RotatingLog(config.log_file, config.log_max_bytes, config.log_backups)
         try:
-            mp._child = processes.adopt(held.pid, ticks=held.ticks, output_fd=held.output_fd, on_line=mp._lines.append, sink=mp._log)
+            mp._child = processes.adopt(
+                held.pid, ticks=held.ticks, output_fd=held.output_fd, on_line=mp._lines.append, sink=mp._log
+            )
         except NotAdoptable:
             if mp._log is not None:
                 mp._log.close()
@@ -362,12 +370,26 @@ class Supervisor:
         out = []
         for mp in self._procs.values():
             child = mp._child
-            if mp.state not in (ProcessState.STARTING, ProcessState.RUNNING) or child is None or child.done or mp.config.probe:
+            if (
+                mp.state not in (ProcessState.STARTING, ProcessState.RUNNING)
+                or child is None
+                or child.done
+                or mp.config.probe
+            ):
                 continue
             ticks, fd = processes.start_ticks(child.pid), child.output_fd
             if ticks is None or fd is None or mp.started_at is None:
                 continue
-            out.append(Handover(config=mp.config, pid=child.pid, ticks=ticks, output_fd=fd, started_at=mp.started_at, restarts=mp.restarts))
+            out.append(
+                Handover(
+                    config=mp.config,
+                    pid=child.pid,
+                    ticks=ticks,
+                    output_fd=fd,
+                    started_at=mp.started_at,
+                    restarts=mp.restarts,
+                )
+            )
         return out
 
     def keep_across_exec(self, handed: Sequence[Handover]) -> None:
@@ -465,7 +487,9 @@ class Supervisor:
                 return
             mp.exit_reason, mp._abnormal = reason, True
             delay = min(cfg.backoff * 2 ** (mp._crashes - 1), cfg.max_backoff)
-            log.warning("process %s: %s; restarting in %.3gs (%d of %d)", mp.id, reason, delay, mp._crashes, cfg.max_restarts)
+            log.warning(
+                "process %s: %s; restarting in %.3gs (%d of %d)", mp.id, reason, delay, mp._crashes, cfg.max_restarts
+            )
             self._set(mp, ProcessState.BACKOFF)
             await asyncio.sleep(delay)
             mp.restarts += 1
@@ -498,7 +522,9 @@ class Supervisor:
         probing = asyncio.get_running_loop().create_task(_probe_until_ready(mp))
         exited = asyncio.ensure_future(child.wait())
         try:
-            done, _ = await asyncio.wait({probing, exited}, timeout=max(remaining, 0.0), return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                {probing, exited}, timeout=max(remaining, 0.0), return_when=asyncio.FIRST_COMPLETED
+            )
         finally:
             # Not awaited: awaiting here could swallow a cancel meant for this task (a stop).
             probing.cancel()

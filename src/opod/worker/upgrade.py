@@ -62,8 +62,10 @@ class Upgrader:
         self._task: asyncio.Task[bool] | None = None
         if installed and installed != running:
             self._tried.add(installed)
-            self._warn(f"upgrade to {installed} failed: it was installed, but the restarted agent still runs {running} "
-                       "(check where OPOD_UPGRADE_COMMAND installs it)")
+            self._warn(
+                f"upgrade to {installed} failed: it was installed, but the restarted agent still runs {running} "
+                "(check where OPOD_UPGRADE_COMMAND installs it)"
+            )
 
     def heard(self, orders: nodeapi.HeartbeatResponse) -> None:
         """One heartbeat answer: start the upgrade when it wants a release not running here and not tried yet."""

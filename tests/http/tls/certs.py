@@ -39,19 +39,65 @@ def _run(*args: str) -> None:
 
 def make_ca(folder: Path, name: str) -> Pair:
     key, cert = folder / f"{name}.key", folder / f"{name}.pem"
-    _run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", str(key),
-         "-out", str(cert), "-days", "2", "-subj", f"/CN={name}",
-         "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+    _run(
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        str(key),
+        "-out",
+        str(cert),
+        "-days",
+        "2",
+        "-subj",
+        f"/CN={name}",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+    )
     return Pair(cert, key, "")
 
 
 def make_leaf(folder: Path, name: str, ca: Pair, serial: int, san: str, usage: str, days: int = 2) -> Pair:
     key, csr, cert, ext = (folder / f"{name}.{s}" for s in ("key", "csr", "pem", "ext"))
-    _run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", str(key),
-         "-out", str(csr), "-subj", f"/CN={name}")
+    _run(
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        str(key),
+        "-out",
+        str(csr),
+        "-subj",
+        f"/CN={name}",
+    )
     ext.write_text(f"subjectAltName={san}\nextendedKeyUsage={usage}\nbasicConstraints=CA:FALSE\n")
-    _run("x509", "-req", "-in", str(csr), "-CA", str(ca.cert), "-CAkey", str(ca.key), "-set_serial", hex(serial),
-         "-days", str(days), "-out", str(cert), "-extfile", str(ext))
+    _run(
+        "x509",
+        "-req",
+        "-in",
+        str(csr),
+        "-CA",
+        str(ca.cert),
+        "-CAkey",
+        str(ca.key),
+        "-set_serial",
+        hex(serial),
+        "-days",
+        str(days),
+        "-out",
+        str(cert),
+        "-extfile",
+        str(ext),
+    )
     return Pair(cert, key, format(serial, "x"))
 
 

@@ -79,13 +79,23 @@ class TLSLeader:
             await asyncio.sleep(0.05)
         raise AssertionError(f"the leader did not apply auth revision {revision}: {self.leader.snapshots.status()}")
 
-    def agent(self, node_id: str, cert: Pair | None = None, *, leader_ca: str | None = None, token: str | None = None) -> Agent:
-        manager = EngineManager(engine_id="sim", home=self.home / node_id, catalog=self.leader.catalog, supervisor=Supervisor())
+    def agent(
+        self, node_id: str, cert: Pair | None = None, *, leader_ca: str | None = None, token: str | None = None
+    ) -> Agent:
+        manager = EngineManager(
+            engine_id="sim", home=self.home / node_id, catalog=self.leader.catalog, supervisor=Supervisor()
+        )
         return Agent(
-            leader_url=self.url, node_id=node_id, token=token or self.token, boot_id=f"boot-{node_id}", address="127.0.0.1:9",
-            capabilities=nodeapi.Capabilities(hostname=node_id, engine="sim"), manager=manager,
+            leader_url=self.url,
+            node_id=node_id,
+            token=token or self.token,
+            boot_id=f"boot-{node_id}",
+            address="127.0.0.1:9",
+            capabilities=nodeapi.Capabilities(hostname=node_id, engine="sim"),
+            manager=manager,
             leader_ca=str(self.certs.ca.cert) if leader_ca is None else leader_ca,
-            client_cert=cert.cert if cert else None, client_key=cert.key if cert else None,
+            client_cert=cert.cert if cert else None,
+            client_key=cert.key if cert else None,
         )
 
     def client(self, cert: Pair | None = None) -> aiohttp.ClientSession:
@@ -97,7 +107,9 @@ class TLSLeader:
 
 
 @contextlib.asynccontextmanager
-async def running_leader(certs: Certs, home: Path, monkeypatch: pytest.MonkeyPatch, auth: dict | None = None) -> AsyncIterator[TLSLeader]:
+async def running_leader(
+    certs: Certs, home: Path, monkeypatch: pytest.MonkeyPatch, auth: dict | None = None
+) -> AsyncIterator[TLSLeader]:
     auth_path = home / "auth.json"
     home.mkdir(parents=True, exist_ok=True)
     if auth is not None:
@@ -105,7 +117,9 @@ async def running_leader(certs: Certs, home: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("OPOD_AUTH_FILE", str(auth_path))
     monkeypatch.setenv("OPOD_POLICY_FILE", "off")
     monkeypatch.setenv("OPOD_PLAN_FILE", "off")
-    settings = LeaderSettings(home=home / "leader", default_models=False, tls_cert=certs.leader.cert, tls_key=certs.leader.key)
+    settings = LeaderSettings(
+        home=home / "leader", default_models=False, tls_cert=certs.leader.cert, tls_key=certs.leader.key
+    )
     leader = await run_sync(Leader.open, settings)
     assert leader.tls is not None, "a leader given a certificate serves HTTPS"
     stop = asyncio.Event()
@@ -115,7 +129,9 @@ async def running_leader(certs: Certs, home: Path, monkeypatch: pytest.MonkeyPat
         local_token = await run_sync(leader.access.local_worker_token)
         _, token = await leader.access.create("node", "workers joining in tests")
         running = asyncio.create_task(leader.run([public], stop))
-        yield TLSLeader(leader, leader.tls, f"https://127.0.0.1:{public.port}", auth_path, token, certs, home, local_token)
+        yield TLSLeader(
+            leader, leader.tls, f"https://127.0.0.1:{public.port}", auth_path, token, certs, home, local_token
+        )
     finally:
         stop.set()
         if running is not None:

@@ -18,21 +18,27 @@ def peer(*ids: str, serial: str = "a01", not_after: float = 4e9) -> TLSConnectio
 
 
 def test_the_spiffe_shape_is_the_only_one_read() -> None:
-    assert spiffe_node_ids([
-        "spiffe://fleet.example/opod/node/n_1",
-        "spiffe://fleet.example/opod/node/n_1",  # twice is once
-        "spiffe://fleet.example/workload/n_2",
-        "https://fleet.example/opod/node/n_3",
-        "spiffe://fleet.example/opod/node/n_4/extra",
-        "spiffe://fleet.example/opod/node/",
-    ]) == ("n_1",)
+    assert spiffe_node_ids(
+        [
+            "spiffe://fleet.example/opod/node/n_1",
+            "spiffe://fleet.example/opod/node/n_1",  # twice is once
+            "spiffe://fleet.example/workload/n_2",
+            "https://fleet.example/opod/node/n_3",
+            "spiffe://fleet.example/opod/node/n_4/extra",
+            "spiffe://fleet.example/opod/node/",
+        ]
+    ) == ("n_1",)
 
 
 def test_peercert_from_the_ssl_module_s_dict() -> None:
-    cert = PeerCert.from_peercert({
-        "subject": ((("commonName", "w1"),),), "serialNumber": "0A01", "notAfter": "Dec  1 16:06:59 2026 GMT",
-        "subjectAltName": (("DNS", "w1.example"), ("URI", "spiffe://t.example/opod/node/w1")),
-    })
+    cert = PeerCert.from_peercert(
+        {
+            "subject": ((("commonName", "w1"),),),
+            "serialNumber": "0A01",
+            "notAfter": "Dec  1 16:06:59 2026 GMT",
+            "subjectAltName": (("DNS", "w1.example"), ("URI", "spiffe://t.example/opod/node/w1")),
+        }
+    )
     assert (cert.node_ids, cert.serial, cert.subject) == (("w1",), "a01", "commonName=w1")
 
 
@@ -53,7 +59,9 @@ def test_refusals(policy: NodeMtls) -> None:
     with pytest.raises(CertRefused, match="names several nodes") as err:
         certificate_identity(policy, peer("n1", "n2"))
     assert err.value.status == 403
-    stale = TLSConnection("-----BEGIN CERTIFICATE-----\nOLD\n-----END CERTIFICATE-----\n", PeerCert(("n1",), "a01", 4e9))
+    stale = TLSConnection(
+        "-----BEGIN CERTIFICATE-----\nOLD\n-----END CERTIFICATE-----\n", PeerCert(("n1",), "a01", 4e9)
+    )
     with pytest.raises(CertRefused, match="retry on a new connection") as err:
         certificate_identity(policy, stale)
     assert err.value.status == 421

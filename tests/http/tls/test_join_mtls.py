@@ -21,11 +21,14 @@ from tests.http.tls.conftest import TLSLeader, auth_body, running_leader
 
 
 def register_body(node_id: str) -> str:
-    return nodeapi.RegisterRequest(id=node_id, hostname=node_id, os="linux", arch="amd64", ram_gb=1, address="127.0.0.1:9",
-                                   boot_id="b1").to_json()
+    return nodeapi.RegisterRequest(
+        id=node_id, hostname=node_id, os="linux", arch="amd64", ram_gb=1, address="127.0.0.1:9", boot_id="b1"
+    ).to_json()
 
 
-async def post(session: aiohttp.ClientSession, url: str, path: str, body: str, header: str | None = None) -> tuple[int, dict]:
+async def post(
+    session: aiohttp.ClientSession, url: str, path: str, body: str, header: str | None = None
+) -> tuple[int, dict]:
     headers = {"Content-Type": "application/json"}
     if header is not None:
         headers[HEADER] = header
@@ -49,15 +52,23 @@ async def joins(tls_leader: TLSLeader, agent, caplog: pytest.LogCaptureFixture) 
 async def test_v1_over_https_needs_no_client_certificate(tls_leader: TLSLeader) -> None:
     await tls_leader.set_auth("allow")
     key = tls_leader.leader.new_admin_key
-    async with tls_leader.client() as session, session.get(tls_leader.url + "/v1/models", headers={"Authorization": f"Bearer {key}"}) as resp:
+    async with (
+        tls_leader.client() as session,
+        session.get(tls_leader.url + "/v1/models", headers={"Authorization": f"Bearer {key}"}) as resp,
+    ):
         assert resp.status == 200
         assert (await resp.json())["object"] == "list"
 
 
-async def test_allow_a_certificate_worker_registers_and_heartbeats(tls_leader: TLSLeader, caplog: pytest.LogCaptureFixture) -> None:
+async def test_allow_a_certificate_worker_registers_and_heartbeats(
+    tls_leader: TLSLeader, caplog: pytest.LogCaptureFixture
+) -> None:
     await tls_leader.set_auth("allow")
     # opod's worker signs as well: the certificate names the node, the token is what the leader signs back with.
-    assert await joins(tls_leader, tls_leader.agent("n_alpha", tls_leader.certs.workers["n_alpha"]), caplog) == "127.0.0.1:9 (engine sim, by certificate+token)"
+    assert (
+        await joins(tls_leader, tls_leader.agent("n_alpha", tls_leader.certs.workers["n_alpha"]), caplog)
+        == "127.0.0.1:9 (engine sim, by certificate+token)"
+    )
 
 
 async def test_allow_a_certificate_alone_authenticates(tls_leader: TLSLeader) -> None:
@@ -118,10 +129,15 @@ async def test_require_refuses_a_token_only_worker_and_takes_a_certificate_worke
     assert tls_leader.leader.fleet.get("n_plain") is None
 
 
-async def test_require_still_takes_opod_ups_own_worker_on_loopback(tls_leader: TLSLeader, caplog: pytest.LogCaptureFixture) -> None:
+async def test_require_still_takes_opod_ups_own_worker_on_loopback(
+    tls_leader: TLSLeader, caplog: pytest.LogCaptureFixture
+) -> None:
     # The worker opod up runs beside its leader has no certificate; it signs with the local token only the leader holds.
     await tls_leader.set_auth("require")
-    assert await joins(tls_leader, tls_leader.agent("n_own", token=tls_leader.local_token), caplog) == "127.0.0.1:9 (engine sim, by token)"
+    assert (
+        await joins(tls_leader, tls_leader.agent("n_own", token=tls_leader.local_token), caplog)
+        == "127.0.0.1:9 (engine sim, by token)"
+    )
 
 
 async def test_require_a_certificate_without_a_node_is_refused(tls_leader: TLSLeader) -> None:
@@ -150,7 +166,9 @@ async def test_a_signature_sent_with_a_certificate_is_still_replay_checked(tls_l
     assert status == 403 and "replay" in body["error"]["message"]
 
 
-async def test_revocations_and_the_ca_change_without_a_restart(tls_leader: TLSLeader, caplog: pytest.LogCaptureFixture) -> None:
+async def test_revocations_and_the_ca_change_without_a_restart(
+    tls_leader: TLSLeader, caplog: pytest.LogCaptureFixture
+) -> None:
     certs = tls_leader.certs
     await tls_leader.set_auth("allow")
     alpha = tls_leader.agent("n_alpha", certs.workers["n_alpha"])
@@ -204,7 +222,9 @@ async def test_require_after_a_ca_change_refuses_the_old_certificate_plainly(tls
 async def test_require_written_before_the_listener_is_judged_again(certs, tmp_path, monkeypatch) -> None:
     # A leader applies its files before the TLS listener exists; 'require' is refused then,
     # and taken once the listener checks certificates.
-    async with running_leader(certs, tmp_path, monkeypatch, auth=auth_body("early", "require", certs.ca.pem)) as running:
+    async with running_leader(
+        certs, tmp_path, monkeypatch, auth=auth_body("early", "require", certs.ca.pem)
+    ) as running:
         for _ in range(50):
             if running.leader.snapshots.auth.revision == "early":
                 break

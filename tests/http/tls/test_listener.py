@@ -59,7 +59,11 @@ def test_the_peer_reaches_the_app_under_uvloop(certs: Certs) -> None:
 
     def check(url: str) -> None:
         assert fetch(url, certs.ca.cert) == {"tls": True, "asked": True, "peer": None}
-        assert fetch(url, certs.ca.cert, certs.workers["n_alpha"]) == {"tls": True, "asked": True, "peer": {"ids": ["n_alpha"], "serial": "a01"}}
+        assert fetch(url, certs.ca.cert, certs.workers["n_alpha"]) == {
+            "tls": True,
+            "asked": True,
+            "peer": {"ids": ["n_alpha"], "serial": "a01"},
+        }
 
     uvloop.run(serve_echo(tls, check))
 
@@ -102,7 +106,10 @@ async def test_renewed_certificate_files_are_served_without_a_restart(certs: Cer
         context = ssl.create_default_context(cafile=str(certs.other_ca.cert))
         context.load_verify_locations(cafile=str(certs.ca.cert))
         port = int(url.rstrip("/").rsplit(":", 1)[1])
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as raw, context.wrap_socket(raw, server_hostname="127.0.0.1") as conn:
+        with (
+            socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
+            context.wrap_socket(raw, server_hostname="127.0.0.1") as conn,
+        ):
             return conn.getpeercert()["serialNumber"]
 
     def check(url: str) -> None:

@@ -12,7 +12,9 @@ from opod.http.tls.client import TLSClientError, worker_context
 from tests.http.tls.conftest import TLSLeader
 
 
-async def test_a_worker_trusting_another_ca_refuses_the_leader(tls_leader: TLSLeader, caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_worker_trusting_another_ca_refuses_the_leader(
+    tls_leader: TLSLeader, caplog: pytest.LogCaptureFixture
+) -> None:
     agent = tls_leader.agent("n_plain", leader_ca=str(tls_leader.certs.other_ca.cert))
     try:
         with pytest.raises(aiohttp.ClientConnectorCertificateError):

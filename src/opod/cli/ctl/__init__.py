@@ -13,7 +13,7 @@ from opod.cli.ctl import fleet, models, operations, people, presets, replicas, s
 
 app = typer.Typer(
     help="Operate the fleet through the management API: summary, nodes, models, replicas, restarts, placement, presets, weights, "
-         "tenancy, people, keys, quotas, usage, audit, settings, client jobs, webhooks, secrets.",
+    "tenancy, people, keys, quotas, usage, audit, settings, client jobs, webhooks, secrets.",
     no_args_is_help=True,
 )
 app.command("summary")(fleet.summary)

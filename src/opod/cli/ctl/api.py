@@ -65,8 +65,10 @@ def request(method: str, where: str, body: Any = None, query: dict[str, Any] | N
         raise fail(escape(refusal(method, where, error.code, error.read().decode(errors="replace")))) from None
     except (urllib.error.URLError, OSError) as error:
         reason = getattr(error, "reason", error)
-        raise fail(f"cannot reach the leader's admin API at {admin_url()}: {reason}. Is opod up running on this machine? "
-                   "Set OPOD_ADMIN_URL (and OPOD_ADMIN_KEY) to reach another.") from None
+        raise fail(
+            f"cannot reach the leader's admin API at {admin_url()}: {reason}. Is opod up running on this machine? "
+            "Set OPOD_ADMIN_URL (and OPOD_ADMIN_KEY) to reach another."
+        ) from None
     try:
         return json.loads(text) if text else None
     except ValueError:
@@ -116,8 +118,9 @@ def emit_json(data: Any) -> None:
     typer.echo(json.dumps(data, indent=2))
 
 
-def _call(method: str, where: str, body: Any = None, query: dict[str, Any] | None = None,
-          accept: str = "application/json") -> urllib.request.Request:
+def _call(
+    method: str, where: str, body: Any = None, query: dict[str, Any] | None = None, accept: str = "application/json"
+) -> urllib.request.Request:
     params = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in (query or {}).items() if v is not None}
     url = admin_url() + where + (f"?{urllib.parse.urlencode(params)}" if params else "")
     call = urllib.request.Request(url, data=json.dumps(body).encode() if body is not None else None, method=method)
@@ -131,8 +134,10 @@ def _call(method: str, where: str, body: Any = None, query: dict[str, Any] | Non
 
 def _unreachable(error: BaseException) -> typer.Exit:
     reason = getattr(error, "reason", error)
-    return fail(f"cannot reach the leader's admin API at {admin_url()}: {reason}. Is opod up running on this machine? "
-                "Set OPOD_ADMIN_URL (and OPOD_ADMIN_KEY) to reach another.")
+    return fail(
+        f"cannot reach the leader's admin API at {admin_url()}: {reason}. Is opod up running on this machine? "
+        "Set OPOD_ADMIN_URL (and OPOD_ADMIN_KEY) to reach another."
+    )
 
 
 def attempt(method: str, where: str, body: Any = None, query: dict[str, Any] | None = None) -> tuple[int, Any]:

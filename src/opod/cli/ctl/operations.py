@@ -13,7 +13,9 @@ from opod.contract.admin.common import Removed
 from opod.contract.admin.records import JobView, NotifyResult
 from opod.contract.admin.tenancy import QuotaAmount, QuotaRequest, QuotaSet, QuotaView, StoreResources
 
-quotas = typer.Typer(help="Capacity quotas per scope: a guarantee kept free for it and a limit it cannot pass.", no_args_is_help=True)
+quotas = typer.Typer(
+    help="Capacity quotas per scope: a guarantee kept free for it and a limit it cannot pass.", no_args_is_help=True
+)
 jobs = typer.Typer(help="Clients' batch jobs (OpenAI's Batch API): list, show, cancel.", no_args_is_help=True)
 notify = typer.Typer(help="Webhooks named in the settings.", no_args_is_help=True)
 
@@ -24,8 +26,11 @@ def _resources(r: StoreResources | None) -> str:
     """``2 gpus, 16 cpu cores, 64 GB``; ``-`` when not governed."""
     if r is None:
         return render.DASH
-    parts = [f"{r.gpus} gpus" if r.gpus is not None else "", f"{r.cpu_cores} cpu cores" if r.cpu_cores is not None else "",
-             f"{r.memory_gb} GB" if r.memory_gb is not None else ""]
+    parts = [
+        f"{r.gpus} gpus" if r.gpus is not None else "",
+        f"{r.cpu_cores} cpu cores" if r.cpu_cores is not None else "",
+        f"{r.memory_gb} GB" if r.memory_gb is not None else "",
+    ]
     return ", ".join(p for p in parts if p) or "none"
 
 
@@ -44,8 +49,15 @@ def list_quotas(as_json: bool = render.json_option()) -> None:
     rows = parse_list(QuotaView, body, "GET /api/v1/quotas")
     shown = render.table("SCOPE", "NAME", "GUARANTEE", "LIMIT", "HOLDS", "UPDATED BY", "UPDATED")
     for q in rows:
-        shown.add_row(q.scope or render.DASH, q.name or render.DASH, _resources(q.guarantee), _resources(q.limit), _holds(q.holds),
-                      q.updated_by or render.DASH, when(q.updated_at))
+        shown.add_row(
+            q.scope or render.DASH,
+            q.name or render.DASH,
+            _resources(q.guarantee),
+            _resources(q.limit),
+            _holds(q.holds),
+            q.updated_by or render.DASH,
+            when(q.updated_at),
+        )
     render.show(shown)
     if not rows:
         render.note("no quotas: every scope is ungoverned (opod ctl quotas set team:ORG/TEAM --gpus 4)")
@@ -63,17 +75,25 @@ def set_quota(
     gpus: int | None = typer.Option(None, "--gpus", help="Limit: GPUs the scope may hold."),
     cpu_cores: int | None = typer.Option(None, "--cpu-cores", help="Limit: CPU cores."),
     memory_gb: int | None = typer.Option(None, "--memory-gb", help="Limit: memory in GB."),
-    guarantee_gpus: int | None = typer.Option(None, "--guarantee-gpus", help="Guarantee: GPUs kept free for the scope."),
+    guarantee_gpus: int | None = typer.Option(
+        None, "--guarantee-gpus", help="Guarantee: GPUs kept free for the scope."
+    ),
     guarantee_cpu_cores: int | None = typer.Option(None, "--guarantee-cpu-cores", help="Guarantee: CPU cores."),
     guarantee_memory_gb: int | None = typer.Option(None, "--guarantee-memory-gb", help="Guarantee: memory in GB."),
     as_json: bool = render.json_option(),
 ) -> None:
     """Set a scope's quota; it replaces the quota whole (what is left out is ungoverned)."""
-    asked = QuotaRequest(scope=scope, limit=_amount(gpus, cpu_cores, memory_gb),
-                         guarantee=_amount(guarantee_gpus, guarantee_cpu_cores, guarantee_memory_gb))
+    asked = QuotaRequest(
+        scope=scope,
+        limit=_amount(gpus, cpu_cores, memory_gb),
+        guarantee=_amount(guarantee_gpus, guarantee_cpu_cores, guarantee_memory_gb),
+    )
     if asked.limit is None and asked.guarantee is None:
-        raise typer.BadParameter("give a limit (--gpus, --cpu-cores, --memory-gb) or a guarantee (--guarantee-gpus, ...); "
-                                 "opod ctl quotas rm SCOPE removes a quota", param_hint="SCOPE")
+        raise typer.BadParameter(
+            "give a limit (--gpus, --cpu-cores, --memory-gb) or a guarantee (--guarantee-gpus, ...); "
+            "opod ctl quotas rm SCOPE removes a quota",
+            param_hint="SCOPE",
+        )
     body = request("PUT", path("quotas"), wire(asked))
     if as_json:
         return emit_json(body)
@@ -102,34 +122,65 @@ def _progress(value: object) -> str:
 
 
 @jobs.command("ls")
-def list_jobs(status: str | None = typer.Option(None, "--status", help="queued, running, cancelling, completed, failed, cancelled, expired."),
-              limit: int | None = typer.Option(None, "--limit", help="The most jobs to list [default: 50]."),
-              as_json: bool = render.json_option()) -> None:
+def list_jobs(
+    status: str | None = typer.Option(
+        None, "--status", help="queued, running, cancelling, completed, failed, cancelled, expired."
+    ),
+    limit: int | None = typer.Option(None, "--limit", help="The most jobs to list [default: 50]."),
+    as_json: bool = render.json_option(),
+) -> None:
     """Clients' jobs of every owner, newest first."""
     body = request("GET", path("client-jobs"), query={"status": status, "limit": limit})
     if as_json:
         return emit_json(body)
     rows = parse_list(JobView, body, "GET /api/v1/client-jobs")
-    shown = render.table("ID", "STATUS", "PROGRESS", "ENDPOINT", "MODEL", "OWNER", "KEY", "CREATED", "ERROR", wrap=["ERROR"])
+    shown = render.table(
+        "ID", "STATUS", "PROGRESS", "ENDPOINT", "MODEL", "OWNER", "KEY", "CREATED", "ERROR", wrap=["ERROR"]
+    )
     for j in rows:
-        shown.add_row(j.id or render.DASH, j.status or render.DASH, _progress(j.progress), j.endpoint or render.DASH,
-                      j.model or render.DASH, j.owner or render.DASH, j.key_id or render.DASH, when(j.created_at), j.error or render.DASH)
+        shown.add_row(
+            j.id or render.DASH,
+            j.status or render.DASH,
+            _progress(j.progress),
+            j.endpoint or render.DASH,
+            j.model or render.DASH,
+            j.owner or render.DASH,
+            j.key_id or render.DASH,
+            when(j.created_at),
+            j.error or render.DASH,
+        )
     render.show(shown)
     if not rows:
         render.note("no jobs: clients send them with the openai package's files.create and batches.create on /v1")
 
 
 def _show_job(j: JobView) -> None:
-    render.show(render.pairs([
-        ("id", j.id), ("status", j.status), ("progress", _progress(j.progress) if j.progress is not None else None),
-        ("endpoint", j.endpoint), ("model", j.model), ("owner", j.owner), ("key", j.key_id),
-        ("output file", j.output_file_id), ("content type", j.content_type), ("created", when(j.created_at) if j.created_at else None),
-        ("started", j.started_at), ("finished", j.finished_at), ("error", j.error),
-    ]))
+    render.show(
+        render.pairs(
+            [
+                ("id", j.id),
+                ("status", j.status),
+                ("progress", _progress(j.progress) if j.progress is not None else None),
+                ("endpoint", j.endpoint),
+                ("model", j.model),
+                ("owner", j.owner),
+                ("key", j.key_id),
+                ("output file", j.output_file_id),
+                ("content type", j.content_type),
+                ("created", when(j.created_at) if j.created_at else None),
+                ("started", j.started_at),
+                ("finished", j.finished_at),
+                ("error", j.error),
+            ]
+        )
+    )
 
 
 @jobs.command("show")
-def show_job(job: str = typer.Argument(..., metavar="ID", help="A job's ID (opod ctl jobs ls)."), as_json: bool = render.json_option()) -> None:
+def show_job(
+    job: str = typer.Argument(..., metavar="ID", help="A job's ID (opod ctl jobs ls)."),
+    as_json: bool = render.json_option(),
+) -> None:
     """One job: status, progress, its output file."""
     body = request("GET", path("client-jobs", job))
     if as_json:
@@ -138,7 +189,10 @@ def show_job(job: str = typer.Argument(..., metavar="ID", help="A job's ID (opod
 
 
 @jobs.command("cancel")
-def cancel_job(job: str = typer.Argument(..., metavar="ID", help="A job's ID (opod ctl jobs ls)."), as_json: bool = render.json_option()) -> None:
+def cancel_job(
+    job: str = typer.Argument(..., metavar="ID", help="A job's ID (opod ctl jobs ls)."),
+    as_json: bool = render.json_option(),
+) -> None:
     """Cancel a job; its lines waiting in the engines' queues are dropped too."""
     body = request("POST", path("client-jobs", job, "cancel"))
     if as_json:

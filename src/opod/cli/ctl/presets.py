@@ -11,20 +11,42 @@ from opod.cli.ctl.api import emit_json, parse, parse_list, path, request, wire
 from opod.contract.admin.fleet import CollectRequest, CollectResult, OrphanView
 from opod.contract.admin.models import ModelAdded, PresetsAutoRequest, PresetsView
 
-presets = typer.Typer(help="Presets: the models opod knows how to serve, which fit this fleet, auto-adding them.", no_args_is_help=True)
-weights = typer.Typer(help="Weights on the nodes' disks that no model of the catalog uses: list them, delete them.", no_args_is_help=True)
+presets = typer.Typer(
+    help="Presets: the models opod knows how to serve, which fit this fleet, auto-adding them.", no_args_is_help=True
+)
+weights = typer.Typer(
+    help="Weights on the nodes' disks that no model of the catalog uses: list them, delete them.", no_args_is_help=True
+)
 
 
 def _presets_table(view: PresetsView) -> None:
     render.line(f"auto-add: {'on' if view.auto else 'off'} (a preset that fits a node is added by itself when on)")
-    shown = render.table("PRESET", "MAKES", "FITS", "GPU CLASSES", "IN CATALOG", "ADDED BY", "LICENCE", "NOTE", wrap=["NOTE", "GPU CLASSES"])
+    shown = render.table(
+        "PRESET",
+        "MAKES",
+        "FITS",
+        "GPU CLASSES",
+        "IN CATALOG",
+        "ADDED BY",
+        "LICENCE",
+        "NOTE",
+        wrap=["NOTE", "GPU CLASSES"],
+    )
     for p in view.presets or []:
         notes = [f"blocked: {p.blocked}"] if p.blocked else []
         if p.declined:
             notes.append("declined (removed after auto-add; opod ctl presets add brings it back)")
         licence = (p.licence.id or p.licence.name) if p.licence else None
-        shown.add_row(p.name or render.DASH, p.makes or render.DASH, render.text(p.fits), render.text(p.fits_classes),
-                      render.text(p.in_catalog), p.added_by or render.DASH, licence or render.DASH, "\n".join(notes) or render.DASH)
+        shown.add_row(
+            p.name or render.DASH,
+            p.makes or render.DASH,
+            render.text(p.fits),
+            render.text(p.fits_classes),
+            render.text(p.in_catalog),
+            p.added_by or render.DASH,
+            licence or render.DASH,
+            "\n".join(notes) or render.DASH,
+        )
     render.show(shown)
     if view.comfyui:
         render.note(f"ComfyUI: {view.comfyui}")
@@ -41,7 +63,9 @@ def list_presets(as_json: bool = render.json_option()) -> None:
 
 @presets.command("auto")
 def auto(
-    setting: str = typer.Argument(..., metavar="on|off", help="on: add a preset by itself when a node fits it; off: only by hand."),
+    setting: str = typer.Argument(
+        ..., metavar="on|off", help="on: add a preset by itself when a node fits it; off: only by hand."
+    ),
     as_json: bool = render.json_option(),
 ) -> None:
     """Turn auto-adding of presets that fit on or off."""
@@ -52,12 +76,17 @@ def auto(
         return emit_json(body)
     view = parse(PresetsView, body, "PUT /api/v1/presets/auto")
     fitting = [p.name for p in view.presets or [] if p.fits and not p.in_catalog and p.name]
-    render.line(f"auto-add: {'on' if view.auto else 'off'}; {render.count(len(fitting), 'preset')} fit this fleet and are not in the catalog"
-              + (" (opod ctl presets ls)" if fitting else ""))
+    render.line(
+        f"auto-add: {'on' if view.auto else 'off'}; {render.count(len(fitting), 'preset')} fit this fleet and are not in the catalog"
+        + (" (opod ctl presets ls)" if fitting else "")
+    )
 
 
 @presets.command("add")
-def add(name: str = typer.Argument(..., metavar="PRESET", help="A preset's name (opod ctl presets ls)."), as_json: bool = render.json_option()) -> None:
+def add(
+    name: str = typer.Argument(..., metavar="PRESET", help="A preset's name (opod ctl presets ls)."),
+    as_json: bool = render.json_option(),
+) -> None:
     """Add a preset to the cluster's catalog (and clear a decline of it)."""
     body = request("POST", path("presets", name))
     if as_json:
@@ -78,12 +107,18 @@ def orphans(as_json: bool = render.json_option()) -> None:
         shown.add_row(o.node or render.DASH, render.size(o.bytes), "\n".join(o.paths or []) or render.DASH)
     render.show(shown)
     total = sum(o.bytes or 0 for o in rows)
-    render.note(f"{render.size(total)} unused on {render.count(len(rows), 'node')}; opod ctl weights collect deletes them" if rows else "no unused weights")
+    render.note(
+        f"{render.size(total)} unused on {render.count(len(rows), 'node')}; opod ctl weights collect deletes them"
+        if rows
+        else "no unused weights"
+    )
 
 
 @weights.command("collect")
 def collect(
-    node: str | None = typer.Option(None, "--node", metavar="NODE", help="Only this node [default: every node with unused weights]."),
+    node: str | None = typer.Option(
+        None, "--node", metavar="NODE", help="Only this node [default: every node with unused weights]."
+    ),
     as_json: bool = render.json_option(),
 ) -> None:
     """Delete unused weights, node by node, showing each node's result as it finishes."""
@@ -102,11 +137,17 @@ def collect(
             freed += r.bytes or 0
             failed += bool(r.error)
             if not as_json:
-                line = f"[{i}/{len(targets)}] {r.node or target}: {r.files or 0} files, {render.size(r.bytes or 0)} freed"
+                line = (
+                    f"[{i}/{len(targets)}] {r.node or target}: {r.files or 0} files, {render.size(r.bytes or 0)} freed"
+                )
                 out.print(escape(line) + (f" [red]error:[/] {escape(r.error)}" if r.error else ""))
     if as_json:
         return emit_json(results)
-    render.line(f"freed {render.size(freed)} on {render.count(len(targets), 'node')}" + (f"; {failed} failed (see above)" if failed else "")
-              if targets else "no unused weights to collect")
+    render.line(
+        f"freed {render.size(freed)} on {render.count(len(targets), 'node')}"
+        + (f"; {failed} failed (see above)" if failed else "")
+        if targets
+        else "no unused weights to collect"
+    )
     if failed:
         raise typer.Exit(1)

@@ -14,7 +14,15 @@ from opod.cli.common import err, out
 
 DASH = "-"
 
-_UNITS_NS = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": 1_000_000, "s": 1_000_000_000, "m": 60_000_000_000, "h": 3_600_000_000_000}
+_UNITS_NS = {
+    "ns": 1,
+    "us": 1_000,
+    "µs": 1_000,
+    "ms": 1_000_000,
+    "s": 1_000_000_000,
+    "m": 60_000_000_000,
+    "h": 3_600_000_000_000,
+}
 _PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 
 
@@ -136,7 +144,9 @@ def parse_duration(value: str, flag: str) -> int:
         total += float(match.group(1)) * _UNITS_NS[match.group(2)]
         at = match.end()
     if at != len(value) or not value:
-        raise typer.BadParameter(f"{value!r} is not a duration; write it as Go does: 90s, 10m, 1h30m (or 0)", param_hint=flag)
+        raise typer.BadParameter(
+            f"{value!r} is not a duration; write it as Go does: 90s, 10m, 1h30m (or 0)", param_hint=flag
+        )
     return int(total)
 
 

@@ -19,15 +19,21 @@ from opod.cli.ctl.api import attempt, emit_json, parse, parse_list, path, reques
 from opod.cli.ctl.people import when
 from opod.contract.admin.records import SettingsRequest, SettingsRollbackRequest, SettingsView
 
-settings = typer.Typer(help="The cluster's settings: prices, budgets, retention, webhooks, Prometheus, key rules, sign-in.",
-                       no_args_is_help=True)
+settings = typer.Typer(
+    help="The cluster's settings: prices, budgets, retention, webhooks, Prometheus, key rules, sign-in.",
+    no_args_is_help=True,
+)
 
 
 def _about(view: SettingsView) -> str:
     if not view.version:
         return "version 0: nothing written yet, every default is in force"
-    return (f"version {view.version}" + (f" by {view.by}" if view.by else "") + (f" at {when(view.at)}" if view.at else "")
-            + (f": {view.note}" if view.note else ""))
+    return (
+        f"version {view.version}"
+        + (f" by {view.by}" if view.by else "")
+        + (f" at {when(view.at)}" if view.at else "")
+        + (f": {view.note}" if view.note else "")
+    )
 
 
 def _newest() -> SettingsView:
@@ -35,8 +41,10 @@ def _newest() -> SettingsView:
 
 
 @settings.command("show")
-def show(version: int | None = typer.Option(None, "--version", help="An earlier version [default: the newest]."),
-         as_json: bool = render.json_option()) -> None:
+def show(
+    version: int | None = typer.Option(None, "--version", help="An earlier version [default: the newest]."),
+    as_json: bool = render.json_option(),
+) -> None:
     """The settings in force (or an earlier version) as YAML on standard output; which version on standard error."""
     body = request("GET", path("settings"), query={"version": version})
     if as_json:
@@ -59,9 +67,13 @@ def _edit(text: str) -> str | None:
 
 @settings.command("edit")
 def edit(
-    file: Path | None = typer.Option(None, "--file", exists=True, dir_okay=False, help="Put this file as the new body instead of editing."),
+    file: Path | None = typer.Option(
+        None, "--file", exists=True, dir_okay=False, help="Put this file as the new body instead of editing."
+    ),
     note: str | None = typer.Option(None, "--note", help="Why, kept with the version."),
-    base: int | None = typer.Option(None, "--base", help="The version the new body was made from [default: the newest now]."),
+    base: int | None = typer.Option(
+        None, "--base", help="The version the new body was made from [default: the newest now]."
+    ),
     as_json: bool = render.json_option(),
 ) -> None:
     """Change the settings: opens $EDITOR on the newest body (or puts --file); in force on every leader within seconds."""
@@ -71,12 +83,16 @@ def edit(
     if text is None or (file is None and text == (newest.body or "")):
         render.err_note(f"no change; the settings stay at {_about(newest)}")
         return
-    status, answer = attempt("PUT", path("settings"), wire(SettingsRequest(base=was if base is None else base, body=text, note=note)))
+    status, answer = attempt(
+        "PUT", path("settings"), wire(SettingsRequest(base=was if base is None else base, body=text, note=note))
+    )
     if status >= 400:
         kept = "" if file is not None else f"; your edit is kept in {_keep(text, was)}"
         if status == 409:
             latest = _newest()
-            raise fail(escape(f"{answer}\nthe newest is {_about(latest)}: opod ctl settings show, then edit again{kept}"))
+            raise fail(
+                escape(f"{answer}\nthe newest is {_about(latest)}: opod ctl settings show, then edit again{kept}")
+            )
         raise fail(escape(f"{answer}{kept}"))
     if as_json:
         return emit_json(answer)
@@ -91,8 +107,10 @@ def _keep(text: str, version: int) -> str:
 
 
 @settings.command("history")
-def history(limit: int | None = typer.Option(None, "--limit", help="How many versions [default: 20]."),
-            as_json: bool = render.json_option()) -> None:
+def history(
+    limit: int | None = typer.Option(None, "--limit", help="How many versions [default: 20]."),
+    as_json: bool = render.json_option(),
+) -> None:
     """Versions of the settings, newest first."""
     body = request("GET", path("settings", "history"), query={"limit": limit})
     if as_json:
@@ -107,9 +125,13 @@ def history(limit: int | None = typer.Option(None, "--limit", help="How many ver
 
 
 @settings.command("rollback")
-def rollback(version: int = typer.Argument(..., metavar="VERSION", help="The version whose body to put back (opod ctl settings history)."),
-             note: str | None = typer.Option(None, "--note", help="Why, kept with the new version."),
-             as_json: bool = render.json_option()) -> None:
+def rollback(
+    version: int = typer.Argument(
+        ..., metavar="VERSION", help="The version whose body to put back (opod ctl settings history)."
+    ),
+    note: str | None = typer.Option(None, "--note", help="Why, kept with the new version."),
+    as_json: bool = render.json_option(),
+) -> None:
     """Put an earlier version's body back, as a new version."""
     body = request("POST", path("settings", "rollback"), wire(SettingsRollbackRequest(version=version, note=note)))
     if as_json:

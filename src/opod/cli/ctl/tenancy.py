@@ -11,8 +11,12 @@ from opod.cli.ctl import render
 from opod.cli.ctl.api import emit_json, parse, parse_list, path, request, wire
 from opod.contract.admin.tenancy import OrgView, TenancyChangeRequest, TenancyCreateRequest, TenancyItem
 
-orgs = typer.Typer(help="Organizations: the tenancy tree, add, rename, remove (only when it has no teams).", no_args_is_help=True)
-teams = typer.Typer(help="Teams of an organization: add, move to another organization, rename, remove.", no_args_is_help=True)
+orgs = typer.Typer(
+    help="Organizations: the tenancy tree, add, rename, remove (only when it has no teams).", no_args_is_help=True
+)
+teams = typer.Typer(
+    help="Teams of an organization: add, move to another organization, rename, remove.", no_args_is_help=True
+)
 projects = typer.Typer(help="Projects of a team: add, move to another team, rename, remove.", no_args_is_help=True)
 
 
@@ -29,9 +33,15 @@ def _tree(rows: list[OrgView]) -> Tree:
         for team in org.teams or []:
             team_node = org_node.add(_label(team.name, team.id, render.count(team.members or 0, "member")))
             for project in team.projects or []:
-                team_node.add(_label(project.name, project.id, project.path or "",
-                                     render.count(project.users or 0, "user"),
-                                     f"{project.active_keys or 0}/{render.count(project.keys or 0, 'key')} active"))
+                team_node.add(
+                    _label(
+                        project.name,
+                        project.id,
+                        project.path or "",
+                        render.count(project.users or 0, "user"),
+                        f"{project.active_keys or 0}/{render.count(project.keys or 0, 'key')} active",
+                    )
+                )
     return root
 
 
@@ -80,15 +90,20 @@ def add_org(name: str = NAME, as_json: bool = render.json_option()) -> None:
 
 
 @orgs.command("rename")
-def rename_org(ident: str = typer.Argument(..., metavar="ORG", help="The organization's ID or name."),
-               name: str = NAME, as_json: bool = render.json_option()) -> None:
+def rename_org(
+    ident: str = typer.Argument(..., metavar="ORG", help="The organization's ID or name."),
+    name: str = NAME,
+    as_json: bool = render.json_option(),
+) -> None:
     """Rename an organization."""
     _changed("org", ident, TenancyChangeRequest(name=name), as_json)
 
 
 @orgs.command("rm")
-def remove_org(ident: str = typer.Argument(..., metavar="ORG", help="The organization's ID or name."),
-               as_json: bool = render.json_option()) -> None:
+def remove_org(
+    ident: str = typer.Argument(..., metavar="ORG", help="The organization's ID or name."),
+    as_json: bool = render.json_option(),
+) -> None:
     """Remove an organization that has no teams."""
     _removed("org", ident, as_json)
 
@@ -98,15 +113,21 @@ PROJECT = typer.Argument(..., metavar="PROJECT", help="The project's ID (opod ct
 
 
 @teams.command("add")
-def add_team(name: str = NAME, parent: str = typer.Option(..., "--in", metavar="ORG", help="The organization: its name or ID."),
-             as_json: bool = render.json_option()) -> None:
+def add_team(
+    name: str = NAME,
+    parent: str = typer.Option(..., "--in", metavar="ORG", help="The organization: its name or ID."),
+    as_json: bool = render.json_option(),
+) -> None:
     """Add a team to an organization."""
     _created("team", request("POST", path("teams"), wire(TenancyCreateRequest(name=name, in_=parent))), as_json)
 
 
 @teams.command("mv")
-def move_team(ident: str = TEAM, parent: str = typer.Option(..., "--in", metavar="ORG", help="The organization to move it to."),
-              as_json: bool = render.json_option()) -> None:
+def move_team(
+    ident: str = TEAM,
+    parent: str = typer.Option(..., "--in", metavar="ORG", help="The organization to move it to."),
+    as_json: bool = render.json_option(),
+) -> None:
     """Move a team to another organization (it takes on that organization's limits)."""
     _changed("team", ident, TenancyChangeRequest(in_=parent), as_json)
 
@@ -124,17 +145,21 @@ def remove_team(ident: str = TEAM, as_json: bool = render.json_option()) -> None
 
 
 @projects.command("add")
-def add_project(name: str = NAME,
-                parent: str = typer.Option(..., "--in", metavar="ORG/TEAM", help="The team: ORG/TEAM or its ID."),
-                as_json: bool = render.json_option()) -> None:
+def add_project(
+    name: str = NAME,
+    parent: str = typer.Option(..., "--in", metavar="ORG/TEAM", help="The team: ORG/TEAM or its ID."),
+    as_json: bool = render.json_option(),
+) -> None:
     """Add a project to a team."""
     _created("project", request("POST", path("projects"), wire(TenancyCreateRequest(name=name, in_=parent))), as_json)
 
 
 @projects.command("mv")
-def move_project(ident: str = PROJECT,
-                 parent: str = typer.Option(..., "--in", metavar="ORG/TEAM", help="The team to move it to."),
-                 as_json: bool = render.json_option()) -> None:
+def move_project(
+    ident: str = PROJECT,
+    parent: str = typer.Option(..., "--in", metavar="ORG/TEAM", help="The team to move it to."),
+    as_json: bool = render.json_option(),
+) -> None:
     """Move a project to another team."""
     _changed("project", ident, TenancyChangeRequest(in_=parent), as_json)
 

@@ -19,8 +19,10 @@ from opod.cli.ctl.api import emit_json, open_stream, parse_list, path, request
 from opod.cli.ctl.people import when
 from opod.contract.admin.records import ScopeUsageView, StoreAuditEvent
 
-usage = typer.Typer(help="Spend by organization, team or project; usage export writes totals by period to a file (CSV or JSON).",
-                    invoke_without_command=True)
+usage = typer.Typer(
+    help="Spend by organization, team or project; usage export writes totals by period to a file (CSV or JSON).",
+    invoke_without_command=True,
+)
 
 CHUNK = 64 * 1024
 DIMENSIONS = ("org", "team", "project", "user", "key", "model")
@@ -48,13 +50,25 @@ def spend(
     if as_json:
         return emit_json(body)
     rows = parse_list(ScopeUsageView, body, "GET /api/v1/usage")
-    shown = render.table("SCOPE", "NAME", "KEYS", "REQUESTS", "PROMPT", "COMPLETION", "COST", "ERRORS", "BUDGET", "USED", "LAST")
+    shown = render.table(
+        "SCOPE", "NAME", "KEYS", "REQUESTS", "PROMPT", "COMPLETION", "COST", "ERRORS", "BUDGET", "USED", "LAST"
+    )
     for u in rows:
         budget = f"{money(u.budget_micros)}/{u.budget_period}" if u.budget_micros else render.DASH
         used = f"{u.fraction * 100:.1f}%" if u.fraction is not None and u.budget_micros else render.DASH
-        shown.add_row(u.id or u.scope or render.DASH, u.name or render.DASH, render.text(u.keys or 0), render.text(u.requests or 0),
-                      render.text(u.prompt_tokens or 0), render.text(u.completion_tokens or 0), money(u.cost_micros or 0),
-                      render.text(u.errors or 0), budget, used, when(u.last_at))
+        shown.add_row(
+            u.id or u.scope or render.DASH,
+            u.name or render.DASH,
+            render.text(u.keys or 0),
+            render.text(u.requests or 0),
+            render.text(u.prompt_tokens or 0),
+            render.text(u.completion_tokens or 0),
+            money(u.cost_micros or 0),
+            render.text(u.errors or 0),
+            budget,
+            used,
+            when(u.last_at),
+        )
     render.show(shown)
     if not rows:
         render.note(f"no usage in the last {since or '24h'}")
@@ -105,10 +119,14 @@ class RowCounter:
 @usage.command("export")
 def export(
     out_file: Path = typer.Option(..., "--out", help="The file to write (replaced when the export is whole)."),
-    since: str | None = typer.Option(None, "--from", help="A date (2026-09-01) or an RFC 3339 time [default: the 1st of this month]."),
+    since: str | None = typer.Option(
+        None, "--from", help="A date (2026-09-01) or an RFC 3339 time [default: the 1st of this month]."
+    ),
     until: str | None = typer.Option(None, "--to", help="A date or an RFC 3339 time [default: now]."),
     period: str | None = typer.Option(None, "--period", help="hour, day or month [default: day]."),
-    by: str | None = typer.Option(None, "--by", help="Dimensions, comma-separated: org, team, project, user, key, model."),
+    by: str | None = typer.Option(
+        None, "--by", help="Dimensions, comma-separated: org, team, project, user, key, model."
+    ),
     form: str = typer.Option("csv", "--format", help="csv or json."),
 ) -> None:
     """Usage totals by period and dimension, streamed into a file with a progress bar."""
@@ -117,15 +135,24 @@ def export(
     if by:
         unknown = [d for d in (p.strip() for p in by.split(",")) if d not in DIMENSIONS]
         if unknown:
-            raise typer.BadParameter(f"{', '.join(unknown)}: the dimensions are {', '.join(DIMENSIONS)}", param_hint="--by")
+            raise typer.BadParameter(
+                f"{', '.join(unknown)}: the dimensions are {', '.join(DIMENSIONS)}", param_hint="--by"
+            )
     query = {"from": since, "to": until, "period": period, "by": by, "format": "json" if form == "json" else None}
     partial = out_file.with_name(out_file.name + ".part")
     counter = RowCounter(form == "json")
     response = open_stream(path("usage", "export"), query, accept="application/json" if form == "json" else "text/csv")
     total = response.headers.get("Content-Length")
     written, last = 0, b""
-    progress = Progress(TextColumn("[bold]export[/]"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                        TextColumn("{task.fields[rows]} rows"), TimeElapsedColumn(), console=err)
+    progress = Progress(
+        TextColumn("[bold]export[/]"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TextColumn("{task.fields[rows]} rows"),
+        TimeElapsedColumn(),
+        console=err,
+    )
     try:
         with response, progress, partial.open("wb") as sink:
             task = progress.add_task("export", total=int(total) if total else None, rows=0)
@@ -158,8 +185,15 @@ def audit(
     rows = parse_list(StoreAuditEvent, body, "GET /api/v1/audit")
     shown = render.table("AT", "ACTOR", "SOURCE", "ACTION", "TARGET", "STATUS", "DETAIL", wrap=["DETAIL"])
     for e in rows:
-        shown.add_row(when(e.at), e.actor or render.DASH, e.source or render.DASH, e.action or render.DASH, e.target or render.DASH,
-                      render.text(e.status), e.detail or render.DASH)
+        shown.add_row(
+            when(e.at),
+            e.actor or render.DASH,
+            e.source or render.DASH,
+            e.action or render.DASH,
+            e.target or render.DASH,
+            render.text(e.status),
+            e.detail or render.DASH,
+        )
     render.show(shown)
     if not rows:
         render.note(f"no changes in the last {since or '7d'}")

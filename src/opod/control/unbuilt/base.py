@@ -7,5 +7,6 @@ from opod.control.context import ControlError
 
 def not_built(area: str) -> ControlError:
     return ControlError(
-        501, f"this opod does not have the management API's {area} yet; the operation is in the document so clients can see it"
+        501,
+        f"this opod does not have the management API's {area} yet; the operation is in the document so clients can see it",
     )

@@ -29,7 +29,12 @@ def router() -> APIRouter:
     async def get_fabrics() -> FabricsReport:
         raise not_built("fabrics")
 
-    @api.get("/api/v1/fabrics/{id}/topology", operation_id="getFabricsIdTopology", tags=["fabrics"], response_model=TopologyView)
+    @api.get(
+        "/api/v1/fabrics/{id}/topology",
+        operation_id="getFabricsIdTopology",
+        tags=["fabrics"],
+        response_model=TopologyView,
+    )
     async def get_fabrics_id_topology(id: str) -> TopologyView:
         raise not_built("fabrics")
 
@@ -41,7 +46,12 @@ def router() -> APIRouter:
     async def post_facility_holds(body: HoldRequest) -> HoldView:
         raise not_built("facility power")
 
-    @api.delete("/api/v1/facility/holds/{domain}", operation_id="deleteFacilityHoldsDomain", tags=["facility"], response_model=HoldView)
+    @api.delete(
+        "/api/v1/facility/holds/{domain}",
+        operation_id="deleteFacilityHoldsDomain",
+        tags=["facility"],
+        response_model=HoldView,
+    )
     async def delete_facility_holds_domain(domain: str) -> HoldView:
         raise not_built("facility power")
 

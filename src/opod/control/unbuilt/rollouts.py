@@ -33,7 +33,9 @@ from opod.control.unbuilt.base import not_built
 def router() -> APIRouter:
     api = SpecRouter()
 
-    @api.get("/api/v1/canaries", operation_id="getCanaries", tags=["canaries"], response_model=list[ModelserveCanaryView])
+    @api.get(
+        "/api/v1/canaries", operation_id="getCanaries", tags=["canaries"], response_model=list[ModelserveCanaryView]
+    )
     async def get_canaries() -> list[ModelserveCanaryView]:
         raise not_built("model rollouts")
 
@@ -57,16 +59,31 @@ def router() -> APIRouter:
     async def get_jobs_id(id: str) -> ModelserveJob:
         raise not_built("model rollouts")
 
-    @api.post("/api/v1/models/serve", operation_id="postModelsServe", tags=["models"], response_model=ModelserveJob, status_code=202)
+    @api.post(
+        "/api/v1/models/serve",
+        operation_id="postModelsServe",
+        tags=["models"],
+        response_model=ModelserveJob,
+        status_code=202,
+    )
     async def post_models_serve(body: ModelserveRequest) -> ModelserveJob:
         raise not_built("model rollouts")
 
-    @api.post("/api/v1/models/{name}/adapters", operation_id="postModelsNameAdapters", tags=["models"], response_model=AdaptersRequest)
+    @api.post(
+        "/api/v1/models/{name}/adapters",
+        operation_id="postModelsNameAdapters",
+        tags=["models"],
+        response_model=AdaptersRequest,
+    )
     async def post_models_name_adapters(name: str, body: AdaptersRequest) -> AdaptersRequest:
         raise not_built("model rollouts")
 
     @api.post(
-        "/api/v1/models/{name}/canary", operation_id="postModelsNameCanary", tags=["models"], response_model=ModelserveJob, status_code=202
+        "/api/v1/models/{name}/canary",
+        operation_id="postModelsNameCanary",
+        tags=["models"],
+        response_model=ModelserveJob,
+        status_code=202,
     )
     async def post_models_name_canary(name: str, body: CatalogCanary) -> ModelserveJob:
         raise not_built("model rollouts")
@@ -75,27 +92,52 @@ def router() -> APIRouter:
     async def put_models_name_canary(name: str, body: CanaryPercentRequest) -> Result:
         raise not_built("model rollouts")
 
-    @api.delete("/api/v1/models/{name}/canary", operation_id="deleteModelsNameCanary", tags=["models"], response_model=Result)
+    @api.delete(
+        "/api/v1/models/{name}/canary", operation_id="deleteModelsNameCanary", tags=["models"], response_model=Result
+    )
     async def delete_models_name_canary(name: str) -> Result:
         raise not_built("model rollouts")
 
-    @api.post("/api/v1/models/{name}/eval", operation_id="postModelsNameEval", tags=["models"], response_model=EvalLive, status_code=202)
+    @api.post(
+        "/api/v1/models/{name}/eval",
+        operation_id="postModelsNameEval",
+        tags=["models"],
+        response_model=EvalLive,
+        status_code=202,
+    )
     async def post_models_name_eval(name: str, body: EvalRequest) -> EvalLive:
         raise not_built("model rollouts")
 
-    @api.put("/api/v1/models/{name}/eval-gate", operation_id="putModelsNameEvalGate", tags=["models"], response_model=EvalGateView)
+    @api.put(
+        "/api/v1/models/{name}/eval-gate",
+        operation_id="putModelsNameEvalGate",
+        tags=["models"],
+        response_model=EvalGateView,
+    )
     async def put_models_name_eval_gate(name: str, body: EvalGateRequest) -> EvalGateView:
         raise not_built("model rollouts")
 
-    @api.delete("/api/v1/models/{name}/eval-gate", operation_id="deleteModelsNameEvalGate", tags=["models"], response_model=EvalGateView)
+    @api.delete(
+        "/api/v1/models/{name}/eval-gate",
+        operation_id="deleteModelsNameEvalGate",
+        tags=["models"],
+        response_model=EvalGateView,
+    )
     async def delete_models_name_eval_gate(name: str) -> EvalGateView:
         raise not_built("model rollouts")
 
-    @api.put("/api/v1/models/{name}/fallbacks", operation_id="putModelsNameFallbacks", tags=["models"], response_model=FallbacksView)
+    @api.put(
+        "/api/v1/models/{name}/fallbacks",
+        operation_id="putModelsNameFallbacks",
+        tags=["models"],
+        response_model=FallbacksView,
+    )
     async def put_models_name_fallbacks(name: str, body: FallbacksRequest) -> FallbacksView:
         raise not_built("model rollouts")
 
-    @api.post("/api/v1/models/{name}/origin", operation_id="postModelsNameOrigin", tags=["models"], response_model=OriginView)
+    @api.post(
+        "/api/v1/models/{name}/origin", operation_id="postModelsNameOrigin", tags=["models"], response_model=OriginView
+    )
     async def post_models_name_origin(name: str, body: OriginRequest) -> OriginView:
         raise not_built("model rollouts")
 
@@ -109,12 +151,18 @@ def router() -> APIRouter:
     async def post_models_name_promote(name: str, body: ModelserveChange | None = None) -> ModelserveJob:
         raise not_built("model rollouts")
 
-    @api.post("/api/v1/models/{name}/rollback", operation_id="postModelsNameRollback", tags=["models"], response_model=Result)
+    @api.post(
+        "/api/v1/models/{name}/rollback", operation_id="postModelsNameRollback", tags=["models"], response_model=Result
+    )
     async def post_models_name_rollback(name: str) -> Result:
         raise not_built("model rollouts")
 
     @api.post(
-        "/api/v1/models/{name}/update", operation_id="postModelsNameUpdate", tags=["models"], response_model=ModelserveJob, status_code=202
+        "/api/v1/models/{name}/update",
+        operation_id="postModelsNameUpdate",
+        tags=["models"],
+        response_model=ModelserveJob,
+        status_code=202,
     )
     async def post_models_name_update(name: str, body: ModelserveChange | None = None) -> ModelserveJob:
         raise not_built("model rollouts")
@@ -127,7 +175,12 @@ def router() -> APIRouter:
     async def get_updates() -> list[ModelserveUpdateInfo]:
         raise not_built("model rollouts")
 
-    @api.post("/api/v1/updates/check", operation_id="postUpdatesCheck", tags=["updates"], response_model=list[ModelserveUpdateInfo])
+    @api.post(
+        "/api/v1/updates/check",
+        operation_id="postUpdatesCheck",
+        tags=["updates"],
+        response_model=list[ModelserveUpdateInfo],
+    )
     async def post_updates_check(body: CheckRequest | None = None) -> list[ModelserveUpdateInfo]:
         raise not_built("model rollouts")
 

@@ -44,15 +44,28 @@ def router() -> APIRouter:
     async def get_federation() -> FederationView:
         raise not_built("federation")
 
-    @api.post("/api/v1/federation", operation_id="postFederation", tags=["federation"], response_model=FederationStatus, status_code=201)
+    @api.post(
+        "/api/v1/federation",
+        operation_id="postFederation",
+        tags=["federation"],
+        response_model=FederationStatus,
+        status_code=201,
+    )
     async def post_federation(body: FederationAddRequest) -> FederationStatus:
         raise not_built("federation")
 
-    @api.delete("/api/v1/federation/{peer}", operation_id="deleteFederationPeer", tags=["federation"], response_model=Removed)
+    @api.delete(
+        "/api/v1/federation/{peer}", operation_id="deleteFederationPeer", tags=["federation"], response_model=Removed
+    )
     async def delete_federation_peer(peer: str) -> Removed:
         raise not_built("federation")
 
-    @api.post("/api/v1/federation/{peer}/sync", operation_id="postFederationPeerSync", tags=["federation"], response_model=FederationStatus)
+    @api.post(
+        "/api/v1/federation/{peer}/sync",
+        operation_id="postFederationPeerSync",
+        tags=["federation"],
+        response_model=FederationStatus,
+    )
     async def post_federation_peer_sync(peer: str) -> FederationStatus:
         raise not_built("federation")
 
@@ -60,11 +73,18 @@ def router() -> APIRouter:
     async def get_guard() -> GuardView:
         raise not_built("guardrails")
 
-    @api.post("/api/v1/guard/attachments", operation_id="postGuardAttachments", tags=["guard"], response_model=GuardAttachment)
+    @api.post(
+        "/api/v1/guard/attachments", operation_id="postGuardAttachments", tags=["guard"], response_model=GuardAttachment
+    )
     async def post_guard_attachments(body: GuardAttachmentRequest) -> GuardAttachment:
         raise not_built("guardrails")
 
-    @api.delete("/api/v1/guard/attachments", operation_id="deleteGuardAttachments", tags=["guard"], response_model=GuardAttachment)
+    @api.delete(
+        "/api/v1/guard/attachments",
+        operation_id="deleteGuardAttachments",
+        tags=["guard"],
+        response_model=GuardAttachment,
+    )
     async def delete_guard_attachments(body: GuardAttachmentRequest) -> GuardAttachment:
         raise not_built("guardrails")
 
@@ -76,7 +96,9 @@ def router() -> APIRouter:
     async def get_guard_judges() -> list[JudgeView]:
         raise not_built("guardrails")
 
-    @api.post("/api/v1/guard/judges/ask", operation_id="postGuardJudgesAsk", tags=["guard"], response_model=JudgeAskView)
+    @api.post(
+        "/api/v1/guard/judges/ask", operation_id="postGuardJudgesAsk", tags=["guard"], response_model=JudgeAskView
+    )
     async def post_guard_judges_ask(body: JudgeAskRequest) -> JudgeAskView:
         raise not_built("guardrails")
 
@@ -84,15 +106,28 @@ def router() -> APIRouter:
     async def get_kb() -> KBView:
         raise not_built("knowledge bases")
 
-    @api.post("/api/v1/kb/collections", operation_id="postKbCollections", tags=["kb"], response_model=KBCollectionView, status_code=201)
+    @api.post(
+        "/api/v1/kb/collections",
+        operation_id="postKbCollections",
+        tags=["kb"],
+        response_model=KBCollectionView,
+        status_code=201,
+    )
     async def post_kb_collections(body: KBCreateRequest) -> KBCollectionView:
         raise not_built("knowledge bases")
 
-    @api.delete("/api/v1/kb/collections/{id}", operation_id="deleteKbCollectionsId", tags=["kb"], response_model=dict[str, Any])
+    @api.delete(
+        "/api/v1/kb/collections/{id}", operation_id="deleteKbCollectionsId", tags=["kb"], response_model=dict[str, Any]
+    )
     async def delete_kb_collections_id(id: str) -> dict[str, Any]:
         raise not_built("knowledge bases")
 
-    @api.post("/api/v1/kb/collections/{id}/dataset", operation_id="postKbCollectionsIdDataset", tags=["kb"], response_model=KBDatasetLine)
+    @api.post(
+        "/api/v1/kb/collections/{id}/dataset",
+        operation_id="postKbCollectionsIdDataset",
+        tags=["kb"],
+        response_model=KBDatasetLine,
+    )
     async def post_kb_collections_id_dataset(id: str, body: KBDatasetRequest) -> KBDatasetLine:
         raise not_built("knowledge bases")
 
@@ -106,7 +141,10 @@ def router() -> APIRouter:
         raise not_built("knowledge bases")
 
     @api.delete(
-        "/api/v1/kb/collections/{id}/documents", operation_id="deleteKbCollectionsIdDocuments", tags=["kb"], response_model=dict[str, Any]
+        "/api/v1/kb/collections/{id}/documents",
+        operation_id="deleteKbCollectionsIdDocuments",
+        tags=["kb"],
+        response_model=dict[str, Any],
     )
     async def delete_kb_collections_id_documents(id: str, name: str = Query()) -> dict[str, Any]:
         raise not_built("knowledge bases")
@@ -127,7 +165,9 @@ def router() -> APIRouter:
     async def post_kb_search(body: KBSearchRequest) -> list[KBHitView]:
         raise not_built("knowledge bases")
 
-    @api.post("/api/v1/train/jobs", operation_id="postTrainJobs", tags=["train"], response_model=TrainJobView, status_code=201)
+    @api.post(
+        "/api/v1/train/jobs", operation_id="postTrainJobs", tags=["train"], response_model=TrainJobView, status_code=201
+    )
     async def post_train_jobs(body: TrainRequest) -> TrainJobView:
         raise not_built("training")
 
@@ -139,7 +179,9 @@ def router() -> APIRouter:
     async def get_train_jobs_id(id: str) -> TrainJobView:
         raise not_built("training")
 
-    @api.delete("/api/v1/train/jobs/{id}", operation_id="deleteTrainJobsId", tags=["train"], response_model=dict[str, Any])
+    @api.delete(
+        "/api/v1/train/jobs/{id}", operation_id="deleteTrainJobsId", tags=["train"], response_model=dict[str, Any]
+    )
     async def delete_train_jobs_id(id: str) -> dict[str, Any]:
         raise not_built("training")
 
@@ -152,11 +194,21 @@ def router() -> APIRouter:
     async def get_train_jobs_id_artifacts_kind(id: str, kind: str) -> dict[str, Any]:
         raise not_built("training")
 
-    @api.post("/api/v1/train/jobs/{id}/cancel", operation_id="postTrainJobsIdCancel", tags=["train"], response_model=TrainJobView)
+    @api.post(
+        "/api/v1/train/jobs/{id}/cancel",
+        operation_id="postTrainJobsIdCancel",
+        tags=["train"],
+        response_model=TrainJobView,
+    )
     async def post_train_jobs_id_cancel(id: str) -> TrainJobView:
         raise not_built("training")
 
-    @api.post("/api/v1/train/jobs/{id}/publish", operation_id="postTrainJobsIdPublish", tags=["train"], response_model=TrainPublishView)
+    @api.post(
+        "/api/v1/train/jobs/{id}/publish",
+        operation_id="postTrainJobsIdPublish",
+        tags=["train"],
+        response_model=TrainPublishView,
+    )
     async def post_train_jobs_id_publish(id: str) -> TrainPublishView:
         raise not_built("training")
 

@@ -49,25 +49,33 @@ def certificate_identity(policy: NodeMtls, tls: TLSConnection | None, *, now: fl
         return None
     if (now if now is not None else time.time()) >= cert.not_after:
         raise CertRefused(
-            421, "the client certificate of this connection has expired since it was opened; retry on a new connection "
-            "(with a renewed certificate)", "stale_connection",
+            421,
+            "the client certificate of this connection has expired since it was opened; retry on a new connection "
+            "(with a renewed certificate)",
+            "stale_connection",
         )
     if policy.is_revoked(cert.serial):
         named = f" of node {cert.node_ids[0]!r}" if len(cert.node_ids) == 1 else ""
         raise CertRefused(
-            403, f"the client certificate{named} (serial {cert.serial}) is revoked by the auth file (revokedCerts); "
-            "give the worker a newly issued certificate", "forbidden",
+            403,
+            f"the client certificate{named} (serial {cert.serial}) is revoked by the auth file (revokedCerts); "
+            "give the worker a newly issued certificate",
+            "forbidden",
         )
     if len(cert.node_ids) > 1:
         raise CertRefused(
-            403, f"the client certificate names several nodes ({', '.join(cert.node_ids)}); a worker certificate "
-            f"needs exactly one URI SAN {SAN_SHAPE}", "forbidden",
+            403,
+            f"the client certificate names several nodes ({', '.join(cert.node_ids)}); a worker certificate "
+            f"needs exactly one URI SAN {SAN_SHAPE}",
+            "forbidden",
         )
     if not cert.node_ids:
         if policy.mode == "require":
             raise CertRefused(
-                403, f"the client certificate ({cert.subject or 'no subject'}) names no node; a worker certificate "
-                f"needs a URI SAN {SAN_SHAPE}", "forbidden",
+                403,
+                f"the client certificate ({cert.subject or 'no subject'}) names no node; a worker certificate "
+                f"needs a URI SAN {SAN_SHAPE}",
+                "forbidden",
             )
         return None  # signed by the CA but not a node certificate: in allow, the token decides
     return cert.node_ids[0]

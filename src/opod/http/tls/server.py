@@ -60,8 +60,9 @@ class _SwitchingContext(ssl.SSLContext):
         self._owner = owner
 
     def wrap_bio(self, incoming, outgoing, server_side=False, server_hostname=None, session=None):
-        return self._owner.current().wrap_bio(incoming, outgoing, server_side=server_side,
-                                              server_hostname=server_hostname, session=session)
+        return self._owner.current().wrap_bio(
+            incoming, outgoing, server_side=server_side, server_hostname=server_hostname, session=session
+        )
 
     def wrap_socket(self, sock, *args, **kwargs):
         return self._owner.current().wrap_socket(sock, *args, **kwargs)
@@ -91,7 +92,9 @@ class LeaderTLS:
         try:
             return (os.stat(self.certfile).st_mtime_ns, os.stat(self.keyfile).st_mtime_ns)
         except OSError as err:
-            raise TLSConfigError(f"cannot read {err.filename}: {err.strerror}; OPOD_TLS_CERT and OPOD_TLS_KEY name the listener's PEM certificate and key") from None
+            raise TLSConfigError(
+                f"cannot read {err.filename}: {err.strerror}; OPOD_TLS_CERT and OPOD_TLS_KEY name the listener's PEM certificate and key"
+            ) from None
 
     def _build(self, node_ca: str | None) -> ssl.SSLContext:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -100,7 +103,9 @@ class LeaderTLS:
         try:
             context.load_cert_chain(self.certfile, self.keyfile)
         except (FileNotFoundError, PermissionError, IsADirectoryError) as err:
-            raise TLSConfigError(f"cannot read {err.filename}: {err.strerror}; OPOD_TLS_CERT and OPOD_TLS_KEY name the listener's PEM certificate and key") from None
+            raise TLSConfigError(
+                f"cannot read {err.filename}: {err.strerror}; OPOD_TLS_CERT and OPOD_TLS_KEY name the listener's PEM certificate and key"
+            ) from None
         except ssl.SSLError as err:
             raise TLSConfigError(
                 f"{self.certfile} and {self.keyfile} do not load as a PEM certificate and its private key ({err.reason or err}); "
@@ -138,7 +143,10 @@ class LeaderTLS:
         if files != self._files:
             log.info("the public listener's certificate was reloaded from %s", self.certfile)
         if ca != self._ca:
-            log.info("the public listener now %s", "asks workers for certificates" if ca else "asks for no client certificate")
+            log.info(
+                "the public listener now %s",
+                "asks workers for certificates" if ca else "asks for no client certificate",
+            )
         self._current, self._ca, self._files = context, ca, files
         return self._current
 
@@ -152,8 +160,10 @@ class LeaderTLS:
         end = "-----END CERTIFICATE-----"
         start = text.find("-----BEGIN CERTIFICATE-----")
         if start < 0 or end not in text[start:]:
-            raise TLSConfigError(f"{self.certfile} holds no PEM certificate; OPOD_TLS_CERT names the listener's certificate")
-        leaf = text[start:text.index(end, start) + len(end)] + "\n"
+            raise TLSConfigError(
+                f"{self.certfile} holds no PEM certificate; OPOD_TLS_CERT names the listener's certificate"
+            )
+        leaf = text[start : text.index(end, start) + len(end)] + "\n"
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         context.check_hostname = False
         context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN  # the leaf as its own trust anchor

@@ -23,7 +23,9 @@ Emit = Callable[[str, str, dict], None]
 
 def admin_error_response(status: int, message: str, kind: str = "invalid_request") -> Response:
     """The leader's error body on /admin/v1 and the join paths: ``{"error": {"message", "type"}}``."""
-    return Response(json.dumps({"error": {"message": message, "type": kind}}), status_code=status, media_type="application/json")
+    return Response(
+        json.dumps({"error": {"message": message, "type": kind}}), status_code=status, media_type="application/json"
+    )
 
 
 class AdminError(Exception):
@@ -60,5 +62,7 @@ class AdminContext:
     def node(self, node_id: str) -> NodeState:
         node = self.fleet.get(node_id)
         if node is None:
-            raise AdminError(404, f"node {node_id!r} is not known to this leader; GET /admin/v1/nodes lists them", "not_found")
+            raise AdminError(
+                404, f"node {node_id!r} is not known to this leader; GET /admin/v1/nodes lists them", "not_found"
+            )
         return node

@@ -33,12 +33,16 @@ class Mover:
         if source == target:
             raise AdminError(400, f"`from` and `to` are both {source!r}; name two different nodes")
         if model_id not in ctx.node(source).loaded_models:
-            raise AdminError(409, f"node {source!r} does not hold {model_id!r}; GET /admin/v1/models shows where it is", "conflict")
+            raise AdminError(
+                409, f"node {source!r} does not hold {model_id!r}; GET /admin/v1/models shows where it is", "conflict"
+            )
         ctx.node(target)
         if target not in [n.id for n in ctx.fleet.placeable()]:
             raise AdminError(409, f"node {target!r} is not taking work now (GET /admin/v1/nodes says why)", "conflict")
         if model_id in self.moving and not self.moving[model_id].done():
-            raise AdminError(409, f"{model_id!r} is already moving; wait for model.moved or model.move_failed", "conflict")
+            raise AdminError(
+                409, f"{model_id!r} is already moving; wait for model.moved or model.move_failed", "conflict"
+            )
         await run_sync(ctx.store.set_placement, model_id, target, "loaded")
         model.wanted[target] = "loaded"
         ctx.emit("model.move_started", model_id, {"from": source, "to": target})
@@ -55,7 +59,11 @@ class Mover:
                 break
             await asyncio.sleep(0.5)
         else:
-            ctx.emit("model.move_failed", model_id, {"from": source, "to": target, "reason": f"{target} did not report the model within {MOVE_LIMIT:.0f}s"})
+            ctx.emit(
+                "model.move_failed",
+                model_id,
+                {"from": source, "to": target, "reason": f"{target} did not report the model within {MOVE_LIMIT:.0f}s"},
+            )
             return
         if model is not None:
             # "Not here" on the source; "anywhere" stays satisfied by the target.

@@ -136,13 +136,15 @@ def router(ctx: AdminContext) -> APIRouter:
         for model in ctx.models:
             if model.removed:
                 continue
-            out.append({
-                "id": model.id,
-                "capabilities": model.capabilities,
-                "wanted": dict(model.wanted),
-                "workers": [n.id for n in ctx.fleet.workers_for(model.id)],
-                "engine": model.engine,
-            })
+            out.append(
+                {
+                    "id": model.id,
+                    "capabilities": model.capabilities,
+                    "wanted": dict(model.wanted),
+                    "workers": [n.id for n in ctx.fleet.workers_for(model.id)],
+                    "engine": model.engine,
+                }
+            )
         return JSONResponse(out)
 
     @api.post("/admin/v1/models/{id}/load")
@@ -150,7 +152,9 @@ def router(ctx: AdminContext) -> APIRouter:
         model_id = id
         model = ctx.models.active(model_id)
         if model is None:
-            raise AdminError(404, f"model {model_id!r} has not been added to this leader (opod model add {model_id})", "not_found")
+            raise AdminError(
+                404, f"model {model_id!r} has not been added to this leader (opod model add {model_id})", "not_found"
+            )
         node = (body.node if body else "") or ANY_NODE
         if node != ANY_NODE:
             ctx.node(node)
@@ -158,7 +162,10 @@ def router(ctx: AdminContext) -> APIRouter:
         model.wanted[node] = "loaded"
         ctx.kick_reconciler()
         serving = [n.id for n in ctx.fleet.workers_for(model_id)]
-        return JSONResponse({"model": model_id, "node": node, "status": "serving" if serving else "loading", "workers": serving}, status_code=202)
+        return JSONResponse(
+            {"model": model_id, "node": node, "status": "serving" if serving else "loading", "workers": serving},
+            status_code=202,
+        )
 
     @api.post("/admin/v1/models/{id}/move")
     async def move(id: str, body: MoveRequest) -> JSONResponse:
@@ -170,8 +177,12 @@ def router(ctx: AdminContext) -> APIRouter:
         return await _adapters(body.base, body.node, nodeapi.PATH_ADAPTERS_LOAD, req)
 
     @api.delete("/admin/v1/adapters/{name}")
-    async def adapters_unload(name: str, base: str = Query(..., description="The model the adapter is attached to.")) -> JSONResponse:
-        return await _adapters(base, "", nodeapi.PATH_ADAPTERS_UNLOAD, nodeapi.UnloadAdapterRequest(base=base, name=name))
+    async def adapters_unload(
+        name: str, base: str = Query(..., description="The model the adapter is attached to.")
+    ) -> JSONResponse:
+        return await _adapters(
+            base, "", nodeapi.PATH_ADAPTERS_UNLOAD, nodeapi.UnloadAdapterRequest(base=base, name=name)
+        )
 
     async def _adapters(base: str, node_id: str, path: str, req: nodeapi.WireModel) -> JSONResponse:
         holders = [ctx.node(node_id)] if node_id else ctx.fleet.workers_for(base)
@@ -185,7 +196,13 @@ def router(ctx: AdminContext) -> APIRouter:
             except WorkerUnavailable as err:
                 status, answer = 503, str(err)
             worst = max(worst, status)
-            results.append({"node": node.id, "status": status, "answer": answer if isinstance(answer, dict) else str(answer).strip()})
+            results.append(
+                {
+                    "node": node.id,
+                    "status": status,
+                    "answer": answer if isinstance(answer, dict) else str(answer).strip(),
+                }
+            )
         return JSONResponse({"results": results}, status_code=200 if worst < 400 else worst)
 
     @api.post("/admin/v1/healthcheck")
@@ -195,15 +212,23 @@ def router(ctx: AdminContext) -> APIRouter:
         async def probe(node: NodeState) -> dict[str, Any]:
             started = time.perf_counter()
             try:
-                async with ctx.workers.session.get(node.base_url() + "/healthz", timeout=aiohttp.ClientTimeout(total=3)) as resp:
+                async with ctx.workers.session.get(
+                    node.base_url() + "/healthz", timeout=aiohttp.ClientTimeout(total=3)
+                ) as resp:
                     ok = resp.status == 200
                     error = "" if ok else f"HTTP {resp.status}"
             except (aiohttp.ClientError, TimeoutError, OSError) as err:
                 ok, error = False, str(err) or type(err).__name__
             live, why = takes_new_work(node, now)
-            return {"id": node.id, "reachable": ok, "latency_ms": round((time.perf_counter() - started) * 1000, 1),
-                    "error": error, "takes_work": live, "reason": why,
-                    "engine": node.engine.to_wire() if node.engine is not None else None}
+            return {
+                "id": node.id,
+                "reachable": ok,
+                "latency_ms": round((time.perf_counter() - started) * 1000, 1),
+                "error": error,
+                "takes_work": live,
+                "reason": why,
+                "engine": node.engine.to_wire() if node.engine is not None else None,
+            }
 
         results = await asyncio.gather(*(probe(n) for n in ctx.fleet))
         return JSONResponse({"nodes": list(results), "healthy": all(r["reachable"] for r in results)})
@@ -255,4 +280,3 @@ def router(ctx: AdminContext) -> APIRouter:
 
 def loadz_response(ctx: AdminContext) -> Response:
     return _wire(loadz.compute(ctx.fleet, ctx.stats, ctx.plan(), ctx.prefix_index()))
-

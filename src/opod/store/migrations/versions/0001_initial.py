@@ -74,9 +74,7 @@ def upgrade() -> None:
         sa.Column("wanted", sa.Text(), nullable=False),
         sa.Column("updated_at", UTC_TIME, nullable=False),
         sa.PrimaryKeyConstraint("model_id", "node_id", name="pk_placements"),
-        sa.ForeignKeyConstraint(
-            ["model_id"], ["models.id"], name="fk_placements_model_id_models", ondelete="CASCADE"
-        ),
+        sa.ForeignKeyConstraint(["model_id"], ["models.id"], name="fk_placements_model_id_models", ondelete="CASCADE"),
         sa.CheckConstraint("wanted IN ('loaded', 'unloaded')", name="ck_placements_wanted"),
     )
     op.create_table(

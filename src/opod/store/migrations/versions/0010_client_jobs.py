@@ -80,7 +80,9 @@ def upgrade() -> None:
         sa.Column("error_json", sa.Text(), nullable=True),
         sa.Column("answered_at", UTC_TIME, nullable=True),
         sa.PrimaryKeyConstraint("job_id", "line", name="pk_client_job_lines"),
-        sa.ForeignKeyConstraint(["job_id"], ["client_jobs.id"], name="fk_client_job_lines_job_id_client_jobs", ondelete="CASCADE"),
+        sa.ForeignKeyConstraint(
+            ["job_id"], ["client_jobs.id"], name="fk_client_job_lines_job_id_client_jobs", ondelete="CASCADE"
+        ),
         sa.UniqueConstraint("job_id", "custom_id", name="uq_client_job_lines_job_id"),
     )
 
