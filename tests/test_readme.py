@@ -19,10 +19,11 @@ def test_ci_runs_the_readme_test_command_step_by_step() -> None:
     assert -1 not in found and found == sorted(found), f"CI must run {steps} as lines of .ci/run, in this order"
 
 
-def test_ci_checks_lint_and_types_before_the_tests() -> None:
+def test_ci_checks_lint_format_and_types_before_the_tests() -> None:
     readme = (REPO / "README.md").read_text()
     test_command = next(c for c in re.findall(r"```sh\n(.+?)\n```", readme) if "pytest" in c)
     assert "ruff check src tests bench" in test_command and ".venv/bin/mypy" in test_command
+    assert "ruff format --check src tests bench" in test_command
 
 
 def test_every_cli_command_in_the_readme_table_exists() -> None:
