@@ -14,11 +14,11 @@ import logging
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from opod.access.following import FOLLOW_EVERY, follow_store
-from opod.access.offloop import run_sync
 from opod.access.service import AccessService
 from opod.store import Store
 from opod.store.audit import AuditRow
+from opod.store.following import FOLLOW_EVERY, follow_store
+from opod.store.offloop import run_sync
 from opod.store.people import MembershipRecord, UserRecord
 
 log = logging.getLogger("opod.access")

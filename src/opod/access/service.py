@@ -20,14 +20,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Literal
 
-from opod.access.following import follow_store
 from opod.access.keytable import KeyEntry, KeyTable
 from opod.access.nodetokens import LOCAL_TOKEN_ID, NodeToken, NodeTokenBook
-from opod.access.offloop import run_sync
 from opod.security.keys import ADMIN_PREFIX, API_PREFIX, display_prefix, hash_key, new_key_id, new_secret
 from opod.security.nodetokens import NodeTokenMinter
 from opod.store import KeyRecord, Store
 from opod.store.audit import AuditRow
+from opod.store.following import follow_store
+from opod.store.offloop import run_sync
 
 log = logging.getLogger("opod.access")
 

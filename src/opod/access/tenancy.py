@@ -16,12 +16,12 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from opod.access.following import follow_store
-from opod.access.offloop import run_sync
 from opod.access.scopes import KINDS, TENANCY_KINDS, Scope, ScopeRef, parse_scope
 from opod.store import NotFound, OrgRecord, ProjectRecord, Store, TeamRecord, TenancyTree
 from opod.store.audit import AuditRow
 from opod.store.errors import InvalidInput
+from opod.store.following import follow_store
+from opod.store.offloop import run_sync
 from opod.store.tenancy import Level
 
 

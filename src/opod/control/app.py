@@ -26,7 +26,6 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from opod import __version__
-from opod.access.offloop import run_sync
 from opod.control import audit as audit_area
 from opod.control import capacity as capacity_area
 from opod.control import client_jobs as client_jobs_area
@@ -48,6 +47,7 @@ from opod.control.spec import SpecRouter, document
 from opod.control.unbuilt import hardware, rollouts, services, signin
 from opod.http.errors import Unauthorized
 from opod.store.errors import Conflict, InvalidInput, NotFound, StoreError
+from opod.store.offloop import run_sync
 
 log = logging.getLogger("opod.control")
 

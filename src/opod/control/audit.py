@@ -19,11 +19,11 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from opod.access.offloop import run_sync
 from opod.contract.admin.records import StoreAuditEvent
 from opod.control.context import ControlContext, ControlError, parse_lifetime
 from opod.control.spec import SpecRouter
 from opod.store.audit import AuditRecord, AuditRow
+from opod.store.offloop import run_sync
 
 SOURCE_API = "api"
 SOURCE_WEB = "web"

@@ -19,7 +19,6 @@ from datetime import UTC, datetime
 from fastapi import APIRouter, Query, Request
 from pydantic import ValidationError
 
-from opod.access.offloop import run_sync
 from opod.contract.admin.catalog import CatalogModel
 from opod.contract.admin.fleet import CapacityView, ExplainView, RejectionView
 from opod.contract.admin.models import BenchCapacity, HeadroomView, TargetView
@@ -29,6 +28,7 @@ from opod.fleet.asks import profile_label
 from opod.fleet.models import KnownModel
 from opod.fleet.placement import Held, Planner, Rejection, effective_class, place
 from opod.store.capacity import CapacityRecord
+from opod.store.offloop import run_sync
 
 HOLDING = ("starting", "ready", "draining")
 """Replica states that hold devices."""

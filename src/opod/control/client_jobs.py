@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from opod.access.offloop import run_sync
 from opod.contract.admin.records import JobView
 from opod.control.context import ControlContext, ControlError
 from opod.control.spec import SpecRouter
 from opod.store.client_jobs import JobRecord
+from opod.store.offloop import run_sync
 
 SPEC_STATES = {
     "validating": "queued",

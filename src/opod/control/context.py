@@ -24,7 +24,7 @@ from opod.store import Store
 @dataclass(frozen=True, slots=True)
 class ControlContext:
     store: Store
-    """Synchronous: called through :func:`opod.access.offloop.run_sync`."""
+    """Synchronous: called through :func:`opod.store.offloop.run_sync`."""
     access: AccessService
     """The one writer of keys and node tokens."""
     fleet: Fleet

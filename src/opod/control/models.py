@@ -22,7 +22,6 @@ from urllib.parse import urlsplit
 from fastapi import APIRouter, Request
 from pydantic import BaseModel
 
-from opod.access.offloop import run_sync
 from opod.catalog.definition import (
     DefinitionError,
     class_in_force,
@@ -53,6 +52,7 @@ from opod.control.spec import EXTENSION_TAG, SpecRouter
 from opod.engines.registry import DRIVERS
 from opod.fleet.models import ANY_NODE, KnownModel
 from opod.store import Wanted
+from opod.store.offloop import run_sync
 
 ENGINES = frozenset(name for d in DRIVERS for name in (d.id, *d.aliases))
 """Engine names a profile may give: every driver's id and aliases."""

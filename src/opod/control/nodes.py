@@ -22,7 +22,6 @@ import aiohttp
 from fastapi import Response
 from pydantic import TypeAdapter
 
-from opod.access.offloop import run_sync
 from opod.contract import nodeapi
 from opod.contract.admin.fleet import (
     AgentRestartView,
@@ -61,6 +60,7 @@ from opod.fleet.liveness import (
 )
 from opod.fleet.state import NodeState
 from opod.http.nodeclient import WorkerUnavailable
+from opod.store.offloop import run_sync
 
 log = logging.getLogger("opod.control")
 

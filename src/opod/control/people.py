@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends
 
-from opod.access.offloop import run_sync
 from opod.access.people import People
 from opod.access.scopes import Scope, id_kind
 from opod.contract.admin.tenancy import AuthView, MembershipRequest, MembershipView, SecretRequest, UserView
@@ -18,6 +17,7 @@ from opod.control.audit import AuditDraft, audit_draft
 from opod.control.context import ControlContext, ControlError
 from opod.control.spec import SpecRouter
 from opod.store.errors import InvalidInput, NotFound
+from opod.store.offloop import run_sync
 from opod.store.people import UserRecord
 from opod.store.schema import MEMBER_ROLES, USER_STATES
 

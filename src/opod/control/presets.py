@@ -19,7 +19,6 @@ import logging
 
 from fastapi import APIRouter, Request
 
-from opod.access.offloop import run_sync
 from opod.catalog.definition import from_entry
 from opod.contract.admin.catalog import CatalogLicense
 from opod.contract.admin.models import ModelAdded, PresetsAutoRequest, PresetsView, PresetView
@@ -29,6 +28,7 @@ from opod.control.models import actor, add_model
 from opod.control.spec import SpecRouter
 from opod.fleet.state import NodeState
 from opod.store import PresetRecord
+from opod.store.offloop import run_sync
 
 log = logging.getLogger("opod.control")
 

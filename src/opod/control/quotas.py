@@ -17,8 +17,6 @@ from collections.abc import Callable, Iterable
 
 from fastapi import APIRouter, Depends
 
-from opod.access.following import follow_store
-from opod.access.offloop import run_sync
 from opod.access.scopes import TENANCY_KINDS, Scope, parse_scope
 from opod.access.tenancy import Tenancy
 from opod.contract.admin.common import Removed
@@ -29,6 +27,8 @@ from opod.control.spec import SpecRouter
 from opod.fleet.quotas import Amount, Bounds, Quota, QuotaTable
 from opod.store import NotFound, QuotaAmounts, QuotaRecord, Store
 from opod.store.errors import InvalidInput
+from opod.store.following import follow_store
+from opod.store.offloop import run_sync
 
 
 class TenancyScopes:

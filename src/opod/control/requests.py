@@ -24,11 +24,11 @@ from datetime import UTC, datetime
 
 from fastapi import APIRouter
 
-from opod.access.offloop import run_sync
 from opod.contract.admin.records import ReplayRequest, ReplayView, RequestView, StoreRequestBody
 from opod.control.context import ControlContext, ControlError
 from opod.control.spec import SpecRouter
 from opod.store import NotFound
+from opod.store.offloop import run_sync
 from opod.store.requests import RequestBody
 from opod.store.usage import UsageRecord
 

@@ -55,7 +55,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from opod.access.offloop import run_sync
 from opod.access.people import People
 from opod.access.scopes import Scope, ScopeKind, id_kind
 from opod.control.audit import SOURCE_API, detail_text
@@ -63,6 +62,7 @@ from opod.control.context import ControlContext
 from opod.control.people import scim_secret_name
 from opod.store.audit import AuditRow
 from opod.store.errors import Conflict, InvalidInput, NotFound, StoreError
+from opod.store.offloop import run_sync
 from opod.store.people import UserRecord, new_user_id
 
 log = logging.getLogger("opod.scim")

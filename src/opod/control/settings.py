@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Response
 
-from opod.access.offloop import run_sync
 from opod.access.scopes import parse_scope
 from opod.contract.admin.records import SettingsRequest, SettingsRollbackRequest, SettingsView
 from opod.control.audit import AuditDraft, audit_draft
@@ -17,6 +16,7 @@ from opod.control.context import ControlContext, ControlError
 from opod.control.spec import SpecRouter
 from opod.settings.schema import ClusterSettings
 from opod.settings.text import SettingsInvalid, parse_settings
+from opod.store.offloop import run_sync
 from opod.store.settings import HISTORY_MAX, VERSION_MAX, SettingsRecord, StaleBase
 
 DEFAULT_HISTORY = 20

@@ -14,7 +14,6 @@ from typing import Any
 
 from fastapi import APIRouter, Depends
 
-from opod.access.offloop import run_sync
 from opod.access.tenancy import Tenancy
 from opod.contract.admin.tenancy import (
     OrgView,
@@ -28,6 +27,7 @@ from opod.control.audit import AuditDraft, audit_draft
 from opod.control.context import ControlContext, ControlError
 from opod.control.spec import SpecRouter
 from opod.store.errors import StoreError
+from opod.store.offloop import run_sync
 from opod.store.tenancy import Level, OrgRecord, ProjectRecord, TeamRecord
 
 _NOUN = {"org": "organization", "team": "team", "project": "project"}

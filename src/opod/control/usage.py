@@ -24,12 +24,12 @@ from datetime import UTC, datetime, timedelta
 from fastapi import APIRouter, Query
 from fastapi.responses import Response, StreamingResponse
 
-from opod.access.offloop import run_sync
 from opod.access.scopes import Scope
 from opod.contract.admin.records import ScopeUsageView, StoreExportRow
 from opod.control.context import ControlContext, ControlError, parse_lifetime
 from opod.control.spec import SpecRouter
 from opod.gateway.budgets import period_bounds
+from opod.store.offloop import run_sync
 from opod.store.usage_report import DIMENSIONS, PERIODS, ExportTotals, chunks, dimensions
 
 LEVELS = ("org", "team", "project")

@@ -21,12 +21,12 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from opod.access.keytable import KeyEntry
-from opod.access.offloop import run_sync
 from opod.gateway.files import Authenticate, ClientFiles, NotFoundHere, caller_of, limit_arg, page
 from opod.http.errors import BadRequest
 from opod.http.inbound import json_object
 from opod.store import Store
 from opod.store.client_jobs import JobLine, JobRecord
+from opod.store.offloop import run_sync
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 """The routes a batch's lines may name (its ``endpoint``)."""

@@ -17,12 +17,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from opod.access.keytable import KeyEntry
-from opod.access.offloop import run_sync
 from opod.http.errors import BadRequest, BodyTooLarge, GatewayError, error_response
 from opod.http.fastpath import headers_of
 from opod.http.inbound import sane_request_id
 from opod.store import Store
 from opod.store.client_jobs import FILE_MAX_BYTES, FileRecord
+from opod.store.offloop import run_sync
 
 PURPOSES = ("batch",)
 """What an upload may be for here: the Batch API's input."""

@@ -30,9 +30,9 @@ from typing import Any
 from starlette.responses import Response
 
 from opod.access.keytable import KeyEntry
-from opod.access.offloop import run_sync
 from opod.store import NotFound, Store
 from opod.store.client_jobs import JobLine, JobRecord
+from opod.store.offloop import run_sync
 
 log = logging.getLogger("opod.batches")
 

@@ -22,7 +22,6 @@ from starlette.routing import Route
 
 from opod import config
 from opod.access.keytable import KeyEntry
-from opod.access.offloop import run_sync
 from opod.access.people import People
 from opod.access.service import AccessService
 from opod.access.tenancy import Tenancy
@@ -72,6 +71,7 @@ from opod.shards import Gangs, ShardError, ShardManager
 from opod.snapshots.policy import PolicyView
 from opod.snapshots.service import Snapshots
 from opod.store import Store
+from opod.store.offloop import run_sync
 
 log = logging.getLogger("opod.leader")
 

@@ -37,7 +37,6 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from opod.access.nodetokens import LOCAL_TOKEN_ID
-from opod.access.offloop import run_sync
 from opod.access.service import AccessService
 from opod.contract import nodeapi
 from opod.contract.nodeauth import HEADER, AuthRefused, Refusal, SignedHeader
@@ -50,6 +49,7 @@ from opod.http.tls.peer import connection_of
 from opod.http.tls.policy import NodeMtls
 from opod.leader.adminv1.context import Emit, admin_error_response
 from opod.store import NodeRecord, Store
+from opod.store.offloop import run_sync
 
 log = logging.getLogger("opod.leader")
 

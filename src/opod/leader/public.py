@@ -24,7 +24,6 @@ from starlette.routing import Route
 
 from opod import __version__
 from opod.access.keytable import KeyTable
-from opod.access.offloop import run_sync
 from opod.contract import nodeapi
 from opod.control.app import ACTOR
 from opod.control.audit import open_draft, settle_route
@@ -34,6 +33,7 @@ from opod.leader.adminv1.context import AdminContext, AdminError
 from opod.leader.adminv1.routes import loadz_response, router
 from opod.leader.webhooks import WebhookCounts
 from opod.store.errors import StoreError
+from opod.store.offloop import run_sync
 
 log = logging.getLogger("opod.leader")
 

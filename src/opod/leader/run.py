@@ -19,9 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from opod import config
-from opod.access.offloop import run_sync
 from opod.http.serving import Listener, bind, settle_memory
 from opod.leader.leader import Leader, LeaderSettings
+from opod.store.offloop import run_sync
 from opod.worker import identity
 from opod.worker.run import Worker, WorkerSettings, open_worker
 

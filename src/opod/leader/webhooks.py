@@ -32,10 +32,10 @@ from typing import Protocol
 
 import aiohttp
 
-from opod.access.offloop import run_sync
 from opod.fleet.liveness import HEARTBEAT_MAX_AGE, reachability
 from opod.fleet.state import Fleet
 from opod.settings.schema import Webhook
+from opod.store.offloop import run_sync
 
 log = logging.getLogger("opod.webhooks")
 

@@ -19,11 +19,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from opod.access.offloop import run_sync
 from opod.contract import nodeapi
 from opod.http.serving import Listener, bind
 from opod.http.tls.server import LeaderTLS
 from opod.leader.leader import Leader, LeaderSettings
+from opod.store.offloop import run_sync
 from opod.worker.agent import Agent
 from opod.worker.engines import EngineManager
 from opod.worker.supervisor import Supervisor

@@ -10,8 +10,8 @@ import asyncio
 import logging
 import time
 
-from opod.access.offloop import run_sync
 from opod.leader.adminv1.context import AdminContext, AdminError
+from opod.store.offloop import run_sync
 
 log = logging.getLogger("opod.leader")
 

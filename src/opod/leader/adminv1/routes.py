@@ -13,7 +13,6 @@ from pydantic import BaseModel
 from starlette.responses import JSONResponse, Response
 
 from opod import __version__
-from opod.access.offloop import run_sync
 from opod.contract import adminapi, nodeapi
 from opod.fleet.liveness import model_states, state_flags, takes_new_work
 from opod.fleet.models import ANY_NODE
@@ -24,6 +23,7 @@ from opod.leader.adminv1.capabilities import capabilities
 from opod.leader.adminv1.context import AdminContext, AdminError
 from opod.leader.adminv1.moves import Mover
 from opod.shards import ShardError
+from opod.store.offloop import run_sync
 
 
 def _wire(model: nodeapi.WireModel, status: int = 200) -> Response:

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from opod.access.following import follow_store
 from opod.access.keytable import KeyEntry, KeyTable
 from opod.access.service import AccessService
 from opod.access.tenancy import Tenancy
@@ -24,6 +23,7 @@ from opod.http.errors import Unauthorized
 from opod.security.keys import hash_key
 from opod.security.nodetokens import NodeTokenMinter
 from opod.store import QuotaAmounts, Store
+from opod.store.following import follow_store
 
 SECRET = secrets.token_bytes(32)
 

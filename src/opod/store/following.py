@@ -12,7 +12,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
-log = logging.getLogger("opod.access")
+log = logging.getLogger("opod.store")
 
 FOLLOW_EVERY = 1.0
 """Seconds between reads of the store for what other leaders changed: with the read itself, in force everywhere within 2 s."""
