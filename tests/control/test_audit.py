@@ -62,7 +62,7 @@ def test_a_change_is_recorded_with_its_actor_action_target_and_status(leader: Le
         ("DELETE /api/v1/node-tokens/{id}", 200, "api"),
         ("POST /api/v1/node-tokens", 201, "api"),
     ]  # newest first
-    assert rows[0]["target"] == created["id"]
+    assert rows[0]["target"] == f"node-token:{created['id']}"
     assert '"rack-7"' in rows[1]["detail"]
     assert all(r["id"] > 0 and r["at"] for r in rows)
 
@@ -131,3 +131,16 @@ def test_an_oversized_body_is_refused_before_it_is_read(leader: Leader) -> None:
     body = json.loads(response.read())
     conn.close()
     assert response.status == 413 and "at most" in body["error"]
+
+
+def test_a_change_the_store_refuses_is_recorded_with_its_refusal(leader: Leader) -> None:
+    status, org = change(leader, "POST", "/api/v1/orgs", {"name": "quota-less"}, "carol")
+    assert status == 201, org
+    # The organization exists but holds no quota: the store refuses the removal, after the route began the change.
+    status, _ = change(leader, "DELETE", "/api/v1/quotas/org:quota-less", {}, "carol")
+    assert status == 404
+    rows = audit(leader, "?actor=carol")
+    assert [(r["action"], r["status"]) for r in rows] == [
+        ("DELETE /api/v1/quotas/{scope}", 404),
+        ("POST /api/v1/orgs", 201),
+    ]

@@ -41,13 +41,12 @@ from opod.control import settings as settings_area
 from opod.control import tenancy as tenancy_area
 from opod.control import usage as usage_area
 from opod.control import weights as weights_area
-from opod.control.audit import open_draft, settle_route
+from opod.control.audit import open_draft, record_after
 from opod.control.context import ControlContext, ControlError
 from opod.control.spec import SpecRouter, document
 from opod.control.unbuilt import hardware, rollouts, services, signin
 from opod.http.errors import Unauthorized
 from opod.store.errors import Conflict, InvalidInput, NotFound, StoreError
-from opod.store.offloop import run_sync
 
 log = logging.getLogger("opod.control")
 
@@ -127,12 +126,7 @@ def create_app(ctx: ControlContext) -> FastAPI:
             request.url.path,
             {"method": request.method, "status": response.status_code, "actor": draft.actor},
         )
-        if not draft.committed:
-            settle_route(request, draft)
-            try:
-                await run_sync(ctx.store.record_audit, draft.after(response.status_code))
-            except StoreError as err:  # the change stands; the log says its row is missing
-                log.error("could not record the audit row of %s: %s", draft.action, err)
+        await record_after(ctx.store, request, draft, response.status_code)
         return response
 
     async def answer(request: Request, call_next) -> Response:
@@ -196,7 +190,7 @@ def create_app(ctx: ControlContext) -> FastAPI:
     app.include_router(capacity_area.router(ctx))
     app.include_router(quotas_area.router(ctx))
     app.include_router(client_jobs_area.router(ctx))
-    app.include_router(audit_area.router(ctx))
+    app.include_router(audit_area.router(ctx.store))
     app.include_router(settings_area.router(ctx))
     app.include_router(notify_area.router(ctx))
     app.include_router(metrics_area.router(ctx))

@@ -1,107 +1,35 @@
-"""The audit of the management API: every change recorded with its actor, source, action, target, detail and status.
+"""The audit of the management API on its listeners: a draft for each call, and ``GET /audit``.
 
-Each non-GET call gets an :class:`AuditDraft` on ``request.state.audit`` before its route
-runs. A route whose change and audit row commit together takes the draft as a dependency
-(``draft: AuditDraft = Depends(audit_draft)``) and hands ``draft.row(...)`` to the store
-method that makes the change; that marks the draft committed. Every other call (a refusal,
-or an area whose store writes take no row) is recorded by the listener after its answer,
-with the body it was sent as the detail. Either way :func:`redact` takes the secrets out
-first: no detail ever holds one.
+Each non-GET call gets an :class:`~opod.store.audit.AuditDraft` on ``request.state.audit``
+before its route runs (:func:`open_draft`). A route hands the draft (the dependency
+:func:`audit_draft`) to the service that makes the change, which writes the draft's row with
+it (``with audit.commit(...) as row``). When the call answered and no change committed a row (a
+refusal, or a change the store does not keep), the listener records the draft on its own with
+the status it answered (:func:`record_after`). Either way no detail holds a secret
+(:func:`opod.store.audit.redact`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fastapi import APIRouter, Request
 
 from opod.contract.admin.records import StoreAuditEvent
-from opod.control.context import ControlContext, ControlError, parse_lifetime
+from opod.control.context import ControlError, parse_lifetime
 from opod.control.spec import SpecRouter
-from opod.store.audit import AuditRecord, AuditRow
+from opod.store import Store
+from opod.store.audit import SOURCE_API, AuditDraft, AuditRecord
+from opod.store.errors import StoreError
 from opod.store.offloop import run_sync
 
-SOURCE_API = "api"
-SOURCE_WEB = "web"
-REDACTED = "[redacted]"
+log = logging.getLogger("opod.control")
 
-_SECRET_FIELDS = re.compile(
-    r"(secret|password|passwd|token|value|credential|private|api_?key|authorization|bearer)", re.I
-)
-"""Field names whose values are never kept (``value`` is what ``PUT /auth/secrets/{name}`` sends)."""
-_KEYLIKE = re.compile(r"\b(sk-[A-Za-z0-9._-]{8,}|k_cp_[A-Za-z0-9._-]{8,}|[A-Za-z0-9_-]*\.[A-Za-z0-9]{32,})\b")
-"""Text that looks like a key or token wherever it appears (opod's ``sk-…`` secrets and long token tails)."""
-_NOT_SECRET = frozenset({"key_id", "token_id", "secret_name", "api_key_id"})
-
-
-def redact(value: Any) -> Any:
-    """``value`` with every secret replaced: by field name at any depth, and any key-like text in strings."""
-    if isinstance(value, dict):
-        return {
-            k: (REDACTED if _secret_field(k) and v not in (None, "", [], {}) else redact(v)) for k, v in value.items()
-        }
-    if isinstance(value, list):
-        return [redact(v) for v in value]
-    if isinstance(value, str):
-        return _KEYLIKE.sub(REDACTED, value)
-    return value
-
-
-def _secret_field(name: object) -> bool:
-    return isinstance(name, str) and name.lower() not in _NOT_SECRET and bool(_SECRET_FIELDS.search(name))
-
-
-def detail_text(detail: Any) -> str:
-    """A detail as the audit keeps it: redacted, JSON for structures, text as it is."""
-    if detail is None or detail == {} or detail == "":
-        return ""
-    cleaned = redact(detail)
-    return (
-        cleaned if isinstance(cleaned, str) else json.dumps(cleaned, separators=(",", ":"), sort_keys=True, default=str)
-    )
-
-
-@dataclass(slots=True)
-class AuditDraft:
-    """One call's audit row in the making; ``committed`` once a route wrote it with its change."""
-
-    actor: str
-    source: str
-    action: str
-    target: str = ""
-    status: int = 200
-    """The route's success status, filled in once the route is known."""
-    committed: bool = False
-    body: Any = field(default=None)
-
-    def row(self, *, target: str = "", detail: Any = None, status: int | None = None) -> AuditRow:
-        """The row to commit with the change; the listener then records nothing more for this call."""
-        self.committed = True
-        return AuditRow(
-            actor=self.actor,
-            source=self.source,
-            action=self.action,
-            target=target or self.target,
-            detail=detail_text(detail if detail is not None else self.body),
-            status=status or self.status,
-            at=datetime.now(UTC),
-        )
-
-    def after(self, status: int) -> AuditRow:
-        """The row the listener records for a call whose route wrote none."""
-        return AuditRow(
-            actor=self.actor,
-            source=self.source,
-            action=self.action,
-            target=self.target,
-            detail=detail_text(self.body),
-            status=status,
-            at=datetime.now(UTC),
-        )
+_CONVERTER = re.compile(r"\{(\w+):\w+\}")
 
 
 def open_draft(request: Request, actor: str, body: bytes) -> AuditDraft:
@@ -121,14 +49,25 @@ def settle_route(request: Request, draft: AuditDraft) -> None:
     """Once routed: the action names the route's template (``POST /api/v1/nodes/{id}/state``), the target its ids."""
     route = request.scope.get("route")
     template = getattr(route, "path", None)
-    if template:
-        draft.action = f"{request.method} {template}"
+    if template:  # as the document writes it: ``{scope:path}`` is ``{scope}``
+        draft.action = request.method + " " + _CONVERTER.sub(r"{\1}", template)
     params = request.scope.get("path_params") or {}
     if params and not draft.target:
         draft.target = "/".join(str(v) for v in params.values())
     status = getattr(route, "status_code", None)
     if isinstance(status, int):
         draft.status = status
+
+
+async def record_after(store: Store, request: Request, draft: AuditDraft, status: int) -> None:
+    """Once a call answered: its row, unless a change committed one (a refusal's status included)."""
+    if draft.committed:
+        return
+    settle_route(request, draft)
+    try:
+        await run_sync(store.record_audit, draft.after(status))
+    except StoreError as err:  # the change stands; the log says its row is missing
+        log.error("could not record the audit row of %s: %s", draft.action, err)
 
 
 def audit_draft(request: Request) -> AuditDraft:
@@ -158,7 +97,7 @@ DEFAULT_SINCE = timedelta(days=7)
 DEFAULT_LIMIT = 1000
 
 
-def router(ctx: ControlContext) -> APIRouter:
+def router(store: Store) -> APIRouter:
     api = SpecRouter()
 
     @api.get("/api/v1/audit", operation_id="getAudit", tags=["audit"], response_model=list[StoreAuditEvent])
@@ -173,7 +112,7 @@ def router(ctx: ControlContext) -> APIRouter:
             )
         start = datetime.now(UTC) - window if window else None
         rows = await run_sync(
-            ctx.store.list_audit,
+            store.list_audit,
             since=start,
             limit=limit or DEFAULT_LIMIT,
             actor=actor or None,

@@ -10,7 +10,6 @@ auth file's are read-only, with their ``k_cp_`` ids.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -24,7 +23,6 @@ from opod.contract.admin.tenancy import KeyCreated, KeyCreateRequest, KeyView
 from opod.control.audit import AuditDraft, audit_draft
 from opod.control.context import ControlContext, ControlError, parse_lifetime
 from opod.control.spec import EXTENSION_TAG, SpecRouter
-from opod.control.tenancy import refused_uncommits
 from opod.security.keys import new_key_id
 from opod.settings.schema import duration_seconds
 from opod.store import KeyRecord, NotFound
@@ -68,6 +66,11 @@ def file_view(entry: KeyEntry, tombstoned: bool, issued_at: datetime | None) -> 
         expires_at=entry.expires_at,
         band=entry.admission_class or None,
     )
+
+
+def _target(kind: MintedKind) -> str:
+    """How the audit names a key's kind in its targets (``key:ID``, ``node-token:ID``)."""
+    return "node-token" if kind == "node" else "key"
 
 
 def _what(kind: MintedKind) -> str:
@@ -163,7 +166,7 @@ def router(ctx: ControlContext) -> APIRouter:
             )
         return band, profile
 
-    async def create(kind: MintedKind, body: KeyCreateRequest, draft: AuditDraft | None) -> KeyCreated:
+    async def create(kind: MintedKind, body: KeyCreateRequest, draft: AuditDraft) -> KeyCreated:
         if kind == "node" and any((body.project, body.user, body.band, body.routing_profile)):
             raise ControlError(
                 400,
@@ -175,20 +178,15 @@ def router(ctx: ControlContext) -> APIRouter:
         expires = expiry(body.expires_in, project_id, user_id)
         key_id = new_key_id(kind)
         name = body.name or ("node token" if kind == "node" else "api key")
-        audit = None
-        if draft is not None:
-            audit = draft.row(
-                target=f"key:{key_id}",
-                detail={
-                    "name": name,
-                    "project": project_id,
-                    "user": user_id,
-                    "band": band,
-                    "routing_profile": profile,
-                    "expires_at": expires.isoformat() if expires else "",
-                },
-            )
-        with refused_uncommits(draft) if draft is not None else nullcontext():
+        detail = {
+            "name": name,
+            "project": project_id,
+            "user": user_id,
+            "band": band,
+            "routing_profile": profile,
+            "expires_at": expires.isoformat() if expires else "",
+        }
+        with draft.commit(target=f"{_target(kind)}:{key_id}", detail=detail) as audit:
             record, secret = await ctx.access.create(
                 kind,
                 name,
@@ -224,7 +222,7 @@ def router(ctx: ControlContext) -> APIRouter:
             )
         return record
 
-    async def revoke(kind: MintedKind, key_id: str, draft: AuditDraft | None) -> dict[str, Any]:
+    async def revoke(kind: MintedKind, key_id: str, draft: AuditDraft) -> dict[str, Any]:
         if kind == "api" and any(v.id == key_id for v in file_keys()):
             raise ControlError(
                 409,
@@ -232,8 +230,7 @@ def router(ctx: ControlContext) -> APIRouter:
                 "the manager revokes it (the auth file's revokedKeys)",
             )
         await one(kind, key_id)
-        audit = draft.row(target=f"key:{key_id}") if draft is not None else None
-        with refused_uncommits(draft) if draft is not None else nullcontext():
+        with draft.commit(target=f"{_target(kind)}:{key_id}") as audit:
             record = await ctx.access.revoke(key_id, audit=audit)
         return {"id": record.id, "revoked": True}
 
@@ -273,8 +270,8 @@ def router(ctx: ControlContext) -> APIRouter:
         response_model=KeyCreated,
         status_code=201,
     )
-    async def post_node_tokens(body: KeyCreateRequest) -> KeyCreated:
-        return await create("node", body, None)
+    async def post_node_tokens(body: KeyCreateRequest, draft: AuditDraft = Depends(audit_draft)) -> KeyCreated:
+        return await create("node", body, draft)
 
     @api.delete(
         "/api/v1/node-tokens/{id}",
@@ -282,8 +279,8 @@ def router(ctx: ControlContext) -> APIRouter:
         tags=[EXTENSION_TAG],
         response_model=dict[str, Any],
     )
-    async def delete_node_tokens_id(id: str) -> dict[str, Any]:
-        return await revoke("node", id, None)
+    async def delete_node_tokens_id(id: str, draft: AuditDraft = Depends(audit_draft)) -> dict[str, Any]:
+        return await revoke("node", id, draft)
 
     return api
 

@@ -138,10 +138,9 @@ def router(ctx: ControlContext) -> APIRouter:
         if role not in MEMBER_ROLES:
             raise ControlError(400, f"role: {role!r} is not one of {', '.join(MEMBER_ROLES)} (member when left out)")
         scope = resolve_target(ctx, body.target)
-        row = draft.row(
-            target=f"user:{user.id}", detail={"target": scope.text, "path": target_path(ctx, scope.id), "role": role}
-        )
-        await people.join(user.id, scope.id, role=role, by=draft.actor, audit=row)
+        detail = {"target": scope.text, "path": target_path(ctx, scope.id), "role": role}
+        with draft.commit(target=f"user:{user.id}", detail=detail) as row:
+            await people.join(user.id, scope.id, role=role, by=draft.actor, audit=row)
         return user_view(ctx, people, user)
 
     @api.delete(
@@ -163,15 +162,13 @@ def router(ctx: ControlContext) -> APIRouter:
             )
         left = {m.target for m in people.memberships(user.id)} - {scope.id}
         losing = unreachable_projects(ctx, left, await keyed_projects(ctx, user.id))
-        row = draft.row(
-            target=f"user:{user.id}",
-            detail={
-                "target": scope.text,
-                "path": target_path(ctx, scope.id),
-                "revokes_keys_in": [target_path(ctx, p) for p in losing],
-            },
-        )
-        await people.leave(user.id, scope.id, audit=row)  # the keys in projects no longer reached are revoked with it
+        detail = {
+            "target": scope.text,
+            "path": target_path(ctx, scope.id),
+            "revokes_keys_in": [target_path(ctx, p) for p in losing],
+        }
+        with draft.commit(target=f"user:{user.id}", detail=detail) as row:
+            await people.leave(user.id, scope.id, audit=row)  # the keys in projects no longer reached go with it
         return user_view(ctx, people, user)
 
     @api.get("/api/v1/auth", operation_id="getAuth", tags=["auth"], response_model=AuthView)
@@ -190,8 +187,8 @@ def router(ctx: ControlContext) -> APIRouter:
         if not body.value:
             raise ControlError(400, 'value: send the secret as {"value": "..."}; it is stored, never shown again')
         reference = secret_reference(name)
-        row = draft.row(target=f"secret:auth/{name}", detail={"name": name, "reference": reference})
-        record = await run_sync(ctx.store.put_secret, f"auth/{name}", body.value, by=draft.actor, audit=row)
+        with draft.commit(target=f"secret:auth/{name}", detail={"name": name, "reference": reference}) as row:
+            record = await run_sync(ctx.store.put_secret, f"auth/{name}", body.value, by=draft.actor, audit=row)
         return {"name": name, "reference": reference, "updated_at": record.updated_at.isoformat()}
 
     return api

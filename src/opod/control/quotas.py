@@ -156,15 +156,16 @@ def router(ctx: ControlContext) -> APIRouter:
         scope = resolve(body.scope)
         guarantee, limit = _amounts(body.guarantee), _amounts(body.limit)
         detail = {"scope": body.scope, **body.model_dump(exclude_none=True, include={"guarantee", "limit"})}
-        record = await run_sync(
-            ctx.store.put_quota,
-            scope.text,
-            scope.kind,
-            guarantee,
-            limit,
-            by=draft.actor,
-            audit=draft.row(target=scope.text, detail=detail),
-        )
+        with draft.commit(target=scope.text, detail=detail) as row:
+            record = await run_sync(
+                ctx.store.put_quota,
+                scope.text,
+                scope.kind,
+                guarantee,
+                limit,
+                by=draft.actor,
+                audit=row,
+            )
         changed(scope.text, record)
         return QuotaSet(scope=scope.text)
 
@@ -179,7 +180,8 @@ def router(ctx: ControlContext) -> APIRouter:
             if await run_sync(ctx.store.get_quota, scope) is None:
                 raise
             key = scope  # the quota of a scope that is gone, named by ID: it can still be removed
-        await run_sync(ctx.store.remove_quota, key, audit=draft.row(target=key))
+        with draft.commit(target=key) as row:
+            await run_sync(ctx.store.remove_quota, key, audit=row)
         changed(key, None)
         return Removed(removed=key)
 

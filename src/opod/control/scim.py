@@ -57,10 +57,9 @@ from starlette.routing import Route
 
 from opod.access.people import People
 from opod.access.scopes import Scope, ScopeKind, id_kind
-from opod.control.audit import SOURCE_API, detail_text
 from opod.control.context import ControlContext
 from opod.control.people import scim_secret_name
-from opod.store.audit import AuditRow
+from opod.store.audit import SOURCE_API, AuditRow, detail_text
 from opod.store.errors import Conflict, InvalidInput, NotFound, StoreError
 from opod.store.offloop import run_sync
 from opod.store.people import UserRecord, new_user_id

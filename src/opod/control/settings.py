@@ -69,11 +69,10 @@ def router(ctx: ControlContext) -> APIRouter:
     async def write(
         base: int, body: str, settings: ClusterSettings, note: str, draft: AuditDraft, detail: dict[str, object]
     ) -> SettingsView:
-        row = draft.row(target=f"{TARGET}:v{base + 1}", detail=detail)  # the body itself stays out: it may name secrets
-        try:
-            record = await run_sync(ctx.store.put_settings, base, body, note=note, by=draft.actor, audit=row)
+        try:  # the body itself stays out of the detail: it may name secrets
+            with draft.commit(target=f"{TARGET}:v{base + 1}", detail=detail) as row:
+                record = await run_sync(ctx.store.put_settings, base, body, note=note, by=draft.actor, audit=row)
         except StaleBase as err:
-            draft.committed = False  # refused: the listener records the 409 on its own
             raise ControlError(409, f"base: {err}") from None
         if holder is not None:
             holder.apply(record.version, settings)

@@ -8,8 +8,6 @@ with its audit row; the tree the gateway reads changes right after the store.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from fastapi import APIRouter, Depends
@@ -103,10 +101,8 @@ def router(ctx: ControlContext) -> APIRouter:
                 )
             except StoreError:
                 where = f"{body.in_}/"
-        with refused_uncommits(draft):
-            record = await tenancy().create(
-                level, body.name, body.in_, audit=draft.row(target=f"{level}:{where}{body.name}")
-            )
+        with draft.commit(target=f"{level}:{where}{body.name}") as row:
+            record = await tenancy().create(level, body.name, body.in_, audit=row)
         return item(record)
 
     async def change(level: Level, id: str, body: TenancyChangeRequest, draft: AuditDraft) -> TenancyItem:
@@ -124,23 +120,15 @@ def router(ctx: ControlContext) -> APIRouter:
             raise ControlError(400, "in: an organization is at the top of the tree and cannot be moved; leave in out")
         scope = tenancy().node(level, id)
         before = f"{level}:{tenancy().scope_path(scope)}"
-        with refused_uncommits(draft):
-            record = await tenancy().change(
-                level,
-                scope.id,
-                name=body.name,
-                parent=body.in_,
-                audit=draft.row(target=f"{level}:{scope.id}", detail={"was": before, **_body(body)}),
-            )
+        with draft.commit(target=f"{level}:{scope.id}", detail={"was": before, **_body(body)}) as row:
+            record = await tenancy().change(level, scope.id, name=body.name, parent=body.in_, audit=row)
         return item(record)
 
     async def remove(level: Level, id: str, draft: AuditDraft) -> dict[str, Any]:
         scope = tenancy().node(level, id)
         path = tenancy().scope_path(scope)
-        with refused_uncommits(draft):
-            await tenancy().delete(
-                level, scope.id, audit=draft.row(target=f"{level}:{scope.id}", detail={"path": path})
-            )
+        with draft.commit(target=f"{level}:{scope.id}", detail={"path": path}) as row:
+            await tenancy().delete(level, scope.id, audit=row)
         return {"id": scope.id, "deleted": True}
 
     @api.get("/api/v1/orgs", operation_id="getOrgs", tags=["orgs"], response_model=list[OrgView])
@@ -196,16 +184,6 @@ def router(ctx: ControlContext) -> APIRouter:
         return await remove("team", id, draft)
 
     return api
-
-
-@contextmanager
-def refused_uncommits(draft: AuditDraft) -> Iterator[None]:
-    """A change the store refused wrote no audit row: the listener records the refusal instead."""
-    try:
-        yield
-    except BaseException:
-        draft.committed = False
-        raise
 
 
 def _body(body: TenancyChangeRequest) -> dict[str, str]:

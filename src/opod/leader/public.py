@@ -26,14 +26,12 @@ from opod import __version__
 from opod.access.keytable import KeyTable
 from opod.contract import nodeapi
 from opod.control.app import ACTOR
-from opod.control.audit import open_draft, settle_route
+from opod.control.audit import open_draft, record_after
 from opod.http.errors import Unauthorized
 from opod.http.fastpath import FastPath, Handler
 from opod.leader.adminv1.context import AdminContext, AdminError
 from opod.leader.adminv1.routes import loadz_response, router
 from opod.leader.webhooks import WebhookCounts
-from opod.store.errors import StoreError
-from opod.store.offloop import run_sync
 
 log = logging.getLogger("opod.leader")
 
@@ -154,11 +152,7 @@ def public_app(
         draft = open_draft(request, actor if ACTOR.fullmatch(actor) else "unknown", await request.body())
         response = await call_next(request)
         ctx.emit("admin.call", path, {"method": request.method, "status": response.status_code})
-        settle_route(request, draft)
-        try:
-            await run_sync(ctx.store.record_audit, draft.after(response.status_code))
-        except StoreError as err:  # the change stands; the log says its row is missing
-            log.error("could not record the audit row of %s: %s", draft.action, err)
+        await record_after(ctx.store, request, draft, response.status_code)
         return response
 
     @app.exception_handler(AdminError)

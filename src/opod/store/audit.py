@@ -1,16 +1,28 @@
 """The audit log: every change made through the management API, who made it, to what, and how it ended.
 
-A change and its audit row commit in one transaction: a repository method that changes
-something takes ``audit: AuditRow | None`` and calls :func:`insert_audit` on its own
-connection. A call whose row was not written with its change (a refusal, or an area that does
-not pass one) is recorded on its own by :meth:`AuditRepo.record_audit`. The writer takes
-secrets out of ``detail`` before it gets here (``opod.control.audit.redact``).
+A change and its audit row commit in one transaction. A call gets an :class:`AuditDraft`
+before anything is changed; the service that makes the change writes the draft's row with
+it, inside :meth:`AuditDraft.commit`::
+
+    with audit.commit(target=scope) as row:
+        await run_sync(store.put_quota, ..., audit=row)
+
+A repository method that changes something takes ``audit: AuditRow | None`` and calls
+:func:`insert_audit` on its own connection. The draft counts as committed only once that
+block ended without an error, so a refused change (the store's 404, a stale base) is still
+recorded, with its refusal's status, by :meth:`AuditRepo.record_audit` once the call has
+answered (the listener does it). :func:`redact` takes secrets out of every detail: no row
+ever holds one.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime
+import json
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Column, Connection, Index, Integer, Row, Table, Text, insert, or_, select
@@ -51,6 +63,96 @@ class AuditRow:
     detail: str
     status: int
     at: datetime | None = None
+
+
+SOURCE_API = "api"
+SOURCE_WEB = "web"
+REDACTED = "[redacted]"
+
+_SECRET_FIELDS = re.compile(
+    r"(secret|password|passwd|token|value|credential|private|api_?key|authorization|bearer)", re.I
+)
+"""Field names whose values are never kept (``value`` is what ``PUT /auth/secrets/{name}`` sends)."""
+_KEYLIKE = re.compile(r"\b(sk-[A-Za-z0-9._-]{8,}|k_cp_[A-Za-z0-9._-]{8,}|[A-Za-z0-9_-]*\.[A-Za-z0-9]{32,})\b")
+"""Text that looks like a key or token wherever it appears (opod's ``sk-…`` secrets and long token tails)."""
+_NOT_SECRET = frozenset({"key_id", "token_id", "secret_name", "api_key_id"})
+
+
+def redact(value: Any) -> Any:
+    """``value`` with every secret replaced: by field name at any depth, and any key-like text in strings."""
+    if isinstance(value, dict):
+        return {
+            k: (REDACTED if _secret_field(k) and v not in (None, "", [], {}) else redact(v)) for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [redact(v) for v in value]
+    if isinstance(value, str):
+        return _KEYLIKE.sub(REDACTED, value)
+    return value
+
+
+def _secret_field(name: object) -> bool:
+    return isinstance(name, str) and name.lower() not in _NOT_SECRET and bool(_SECRET_FIELDS.search(name))
+
+
+def detail_text(detail: Any) -> str:
+    """A detail as the audit keeps it: redacted, JSON for structures, text as it is."""
+    if detail is None or detail == {} or detail == "":
+        return ""
+    cleaned = redact(detail)
+    if isinstance(cleaned, str):
+        return cleaned
+    return json.dumps(cleaned, separators=(",", ":"), sort_keys=True, default=str)
+
+
+@dataclass(slots=True)
+class AuditDraft:
+    """One call's audit row in the making: who (``actor``, ``source``), what (``action``), and on what.
+
+    ``action`` is ``"METHOD /path template"`` for a call of the API; ``status`` the success status the
+    call answers when the change is made; ``body`` what the caller sent (the detail when the change
+    names none).
+    """
+
+    actor: str
+    source: str
+    action: str
+    target: str = ""
+    status: int = 200
+    body: Any = None
+    _committed: bool = field(default=False, repr=False)
+
+    @property
+    def committed(self) -> bool:
+        """True once a change wrote this call's row with it (then nothing more is recorded for the call)."""
+        return self._committed
+
+    @contextmanager
+    def commit(self, *, target: str = "", detail: Any = None, status: int | None = None) -> Iterator[AuditRow]:
+        """The row to write with the change, inside its transaction; committed only when the block ends without
+        an error, so a change the store refuses leaves the row of its refusal to :meth:`after`."""
+        yield AuditRow(
+            actor=self.actor,
+            source=self.source,
+            action=self.action,
+            target=target or self.target,
+            detail=detail_text(detail if detail is not None else self.body),
+            status=status or self.status,
+            at=datetime.now(UTC),
+        )
+        self._committed = True
+
+    def after(self, status: int) -> AuditRow:
+        """The row of a call no change wrote a row for: a refusal, or a change that keeps nothing in the store."""
+        return AuditRow(
+            actor=self.actor,
+            source=self.source,
+            action=self.action,
+            target=self.target,
+            detail=detail_text(self.body),
+            status=status,
+            at=datetime.now(UTC),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,4 +217,14 @@ class AuditRepo(Repository):
             return [_record(r) for r in conn.execute(query)]
 
 
-__all__ = ["AuditRecord", "AuditRepo", "AuditRow", "insert_audit"]
+__all__ = [
+    "SOURCE_API",
+    "SOURCE_WEB",
+    "AuditDraft",
+    "AuditRecord",
+    "AuditRepo",
+    "AuditRow",
+    "detail_text",
+    "insert_audit",
+    "redact",
+]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from opod.control.audit import REDACTED, detail_text, redact
+from opod.store.audit import REDACTED, detail_text, redact
 
 
 def test_fields_that_hold_secrets_are_redacted_at_any_depth() -> None:
