@@ -1,6 +1,7 @@
 """The admin listener to the letter of the management API's conventions: the admin token on every path under
 ``/api`` (``openapi.json`` included), the listener's own refusals before the token is looked at, an ``ErrorView``
-for every refusal and error, and ``X-Llmgw-Actor`` checked and recorded. Against a real ``opod up`` on loopback."""
+for every refusal and error, and ``X-Llmgw-Actor`` checked and recorded. Raw HTTP against a leader built in the
+test's process, on its real admin listener on loopback."""
 
 from __future__ import annotations
 
@@ -10,21 +11,29 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.opod_process import Leader, http, wait_until
+from tests.support.inprocess import InProcessLeader as Leader
+from tests.support.opod_process import http, wait_until
 
 
 @pytest.fixture(scope="module")
 def leader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Leader]:
-    up = Leader(tmp_path_factory.mktemp("admin") / "home", worker=False, extra=["--no-default-models"])
+    up = Leader(tmp_path_factory.mktemp("admin") / "home")
     yield up
-    up.process.stop()
+    up.stop()
 
 
 def call(
-    leader: Leader, method: str, path: str, body: bytes | None = None, key: str | None = "admin", **headers: str
+    leader: Leader,
+    method: str,
+    path: str,
+    body: bytes | None = None,
+    key: str | None = "admin",
+    chunked: bool = False,
+    **headers: str,
 ) -> tuple[int, dict, object]:
-    """One raw request, with exactly the headers given (``Host`` is the listener's address unless given)."""
-    conn = httpclient.HTTPConnection("127.0.0.1", leader.admin_port, timeout=10)
+    """One raw request, with exactly the headers given (``Host`` is the listener's address unless given); a
+    ``chunked`` body is sent without ``Content-Length``, in 1 MiB chunks."""
+    conn = httpclient.HTTPConnection("127.0.0.1", leader.admin_port, timeout=30)
     sent = {k.replace("_", "-"): v for k, v in headers.items()}
     if key == "admin":
         sent["Authorization"] = f"Bearer {leader.key}"
@@ -33,11 +42,19 @@ def call(
     conn.putrequest(method, path, skip_host="Host" in sent, skip_accept_encoding=True)
     for name, value in sent.items():
         conn.putheader(name, value)
-    if body is not None:
-        conn.putheader("Content-Length", str(len(body)))
-    conn.endheaders(body)
+    if chunked and body is not None:
+        conn.putheader("Transfer-Encoding", "chunked")
+        conn.endheaders()
+        for start in range(0, len(body), 1 << 20):
+            piece = body[start : start + (1 << 20)]
+            conn.send(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+        conn.send(b"0\r\n\r\n")
+    else:
+        if body is not None:
+            conn.putheader("Content-Length", str(len(body)))
+        conn.endheaders(body)
     response = conn.getresponse()
-    raw = response.read()
+    raw = response.read() if method != "HEAD" else b""
     conn.close()
     return response.status, {k.lower(): v for k, v in response.getheaders()}, json.loads(raw) if raw else None
 
@@ -89,7 +106,10 @@ def test_a_host_that_is_a_name_is_refused(leader: Leader) -> None:
     assert call(leader, "GET", "/api/v1/keys", Host=f"localhost:{leader.admin_port}")[0] == 200
 
 
-@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])
+@pytest.mark.parametrize(
+    "content_type",
+    [None, "text/plain", "application/x-www-form-urlencoded", "application/jsonfoo", "application/json+x"],
+)
 def test_a_change_without_a_json_content_type_is_refused_even_without_a_body(
     leader: Leader, content_type: str | None
 ) -> None:
@@ -143,3 +163,32 @@ def test_a_missing_or_wrong_body_is_named(leader: Leader) -> None:
     assert status == 400 and error_view(body).startswith("name:")
     status, _, body = call(leader, "POST", "/api/v1/keys", b'{"colour": "red"}', Content_Type="application/json")
     assert status == 400 and "colour" in error_view(body)
+
+
+@pytest.mark.parametrize("content_type", ["Application/JSON", "application/json; charset=utf-8", "APPLICATION/json"])
+def test_json_is_json_in_any_case_and_with_parameters(leader: Leader, content_type: str) -> None:
+    status, _, body = call(leader, "POST", "/api/v1/node-tokens", b'{"name": "cased"}', Content_Type=content_type)
+    assert status == 201, body
+
+
+def test_head_answers_what_get_answers_without_the_body(leader: Leader) -> None:
+    got_status, got_headers, got = call(leader, "GET", "/api/v1/keys")
+    status, headers, body = call(leader, "HEAD", "/api/v1/keys")
+    assert (status, body) == (got_status, None) and got_status == 200
+    assert headers["content-type"] == got_headers["content-type"] == "application/json"
+    assert headers["content-length"] == got_headers["content-length"]
+    assert call(leader, "HEAD", "/api/v1/keys", key=None)[0] == 401
+
+
+def test_a_body_past_the_cap_is_refused_whether_or_not_it_said_its_size(leader: Leader) -> None:
+    big = b'{"name": "' + b"x" * (9 << 20) + b'"}'
+    for chunked in (False, True):
+        status, _, body = call(
+            leader, "POST", "/api/v1/node-tokens", big, chunked=chunked, Content_Type="application/json"
+        )
+        assert status == 413 and "at most" in error_view(body), chunked
+    # A chunked body under the cap is read whole and taken.
+    status, _, body = call(
+        leader, "POST", "/api/v1/node-tokens", b'{"name": "in pieces"}', chunked=True, Content_Type="application/json"
+    )
+    assert status == 201, body

@@ -58,7 +58,7 @@ def held_now(ctx: ControlContext) -> list[Held]:
     """
     out: list[Held] = []
     tracked: set[tuple[str, str]] = set()
-    for replica in ctx.replicas.replica_list() if ctx.replicas is not None else []:
+    for replica in ctx.reconciler.replica_list():
         if replica.state not in HOLDING:
             continue
         owner = ctx.models.get(replica.model)
@@ -93,10 +93,9 @@ def held_now(ctx: ControlContext) -> list[Held]:
 
 def current(ctx: ControlContext, model: KnownModel) -> int:
     """Replicas of ``model`` starting or ready (the reconciler's), else the workers that report it loaded."""
-    if ctx.replicas is not None:
-        mine = [r for r in ctx.replicas.replica_list() if r.model == model.id]
-        if mine:
-            return sum(1 for r in mine if r.state in SERVING)
+    mine = [r for r in ctx.reconciler.replica_list() if r.model == model.id]
+    if mine:
+        return sum(1 for r in mine if r.state in SERVING)
     return sum(1 for node in ctx.fleet if model.id in node.loaded_models)
 
 
@@ -211,7 +210,7 @@ def router(ctx: ControlContext) -> APIRouter:
     async def get_explain_placement(model: str = Query()) -> ExplainView:
         found = known(ctx, model)
         placed = current(ctx, found) > 0
-        last = ctx.replicas.last_rejections.get(found.id) if ctx.replicas is not None else None
+        last = ctx.reconciler.last_rejections.get(found.id)
         if last is not None:
             rejections = list(last)
         elif placed:

@@ -11,8 +11,9 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from opod.contract.admin.records import JobView
-from opod.control.context import ControlContext, ControlError
+from opod.control.context import ControlError, JobWaker
 from opod.control.spec import SpecRouter
+from opod.store import Store
 from opod.store.client_jobs import JobRecord
 from opod.store.offloop import run_sync
 
@@ -72,11 +73,11 @@ def view(job: JobRecord) -> JobView:
     )
 
 
-def router(ctx: ControlContext) -> APIRouter:
+def router(store: Store, batches: JobWaker) -> APIRouter:
     api = SpecRouter()
 
     async def one(id: str) -> JobRecord:
-        job = await run_sync(ctx.store.get_client_job, batch_id(id))
+        job = await run_sync(store.get_client_job, batch_id(id))
         if job is None:
             raise ControlError(404, f"id: no client job {id!r}; GET /api/v1/client-jobs lists them")
         return job
@@ -91,7 +92,7 @@ def router(ctx: ControlContext) -> APIRouter:
         states = [s for s, spec in SPEC_STATES.items() if spec == status] if status else [None]
         jobs: list[JobRecord] = []
         for state in states:
-            jobs += await run_sync(ctx.store.list_client_jobs, status=state, limit=wanted)
+            jobs += await run_sync(store.list_client_jobs, status=state, limit=wanted)
         jobs.sort(key=lambda j: (j.created_at, j.id), reverse=True)
         return [view(j) for j in jobs[:wanted]]
 
@@ -112,9 +113,8 @@ def router(ctx: ControlContext) -> APIRouter:
                 409,
                 f"id: the client job {id!r} has ended ({SPEC_STATES[job.status]}); only a queued or running one is cancelled",
             )
-        job = await run_sync(ctx.store.cancel_client_job, job.id)
-        if ctx.wake_client_jobs is not None:
-            ctx.wake_client_jobs()
+        job = await run_sync(store.cancel_client_job, job.id)
+        batches.wake()
         return view(job)
 
     return api

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Protocol
+from typing import Any, Protocol
 
 from opod.access.people import People
 from opod.access.service import AccessService
@@ -14,6 +14,7 @@ from opod.catalog import Catalog
 from opod.contract import durations
 from opod.fleet.models import ModelRegistry
 from opod.fleet.placement import Rejection
+from opod.fleet.prefix_index import PrefixIndex
 from opod.fleet.quotas import Amount, QuotaTable
 from opod.fleet.state import Fleet
 from opod.http.nodeclient import WorkerClient
@@ -21,43 +22,68 @@ from opod.settings.holder import SettingsHolder
 from opod.store import Store
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ControlContext:
+    """Everything the management API's areas work with, each field always there: built once, in ``Leader.open``.
+
+    No area takes the whole: the list of areas (:mod:`opod.control.areas`) hands each one the
+    fields it uses, so an area's signature says what it reads and what it changes.
+    """
+
     store: Store
     """Synchronous: called through :func:`opod.store.offloop.run_sync`."""
     access: AccessService
     """The one writer of keys and node tokens."""
+    people: People
+    """People and their memberships (``/users``, SCIM): the one writer."""
+    tenancy: Tenancy
+    """Organizations, teams and projects in memory (``/orgs``, ``/teams``, ``/projects``, keys' owners): the one writer."""
     fleet: Fleet
     models: ModelRegistry
     catalog: Catalog
-    models_changed: Callable[[], None]
-    model_status: Callable[[str], str]
-    emit: Callable[[str, str, dict], None]
-    forget_node: Callable[[str], None]
-    """Drop what the leader derived from a node (its cached prefix blocks)."""
-    declared_models: frozenset[str] = frozenset()
+    """The bundled catalog and the operator's own entries: what a model added by name is."""
+    reconciler: ReplicaDesk
+    """The reconciler: replicas, restarts, model states; woken after a change that moves placement."""
+    events: EventSink
+    """Lifecycle events: to the ledger's event stream, and the operator ones to the webhooks."""
+    prefix_index: PrefixIndex
+    """The routing's cached prefix blocks, which a forgotten node's must leave."""
+    declared_models: frozenset[str]
     """Models the leader's settings declare (the built-in defaults): they cannot be removed, only scaled to 0."""
-    replicas: ReplicaDesk | None = None
-    """The reconciler's replicas: ``/replicas``, ``/restart``, ``/models/{name}/retry``, ``/summary``."""
-    workers: WorkerClient | None = None
-    """Signed calls to workers (node logs, agent restarts); ``None`` where no worker can be called."""
-    cluster_settings: SettingsHolder | None = None
-    """The cluster's settings in force on this leader (``/settings``); ``None`` where none are held."""
-    notifier: Notifier | None = None
-    """The webhooks of the cluster's settings (``POST /notify/test``); ``None`` where the leader sends none."""
-    people: People | None = None
-    """People and their memberships (``/users``, SCIM): the one writer; ``None`` where none are kept."""
-    tenancy: Tenancy | None = None
-    """Organizations, teams and projects in memory (``/orgs``, ``/teams``, ``/projects``, keys' owners): the one writer."""
-    quotas: QuotaTable | None = None
+    workers: WorkerClient
+    """Signed calls to workers (node logs, agent restarts, weights)."""
+    settings: SettingsHolder
+    """The cluster's settings in force on this leader (``/settings``, key rules, prices, Prometheus)."""
+    notifier: Notifier
+    """The webhooks of the cluster's settings (``POST /notify/test``)."""
+    quotas: QuotaTable
     """The capacity quotas the reconciler places by (``/quotas``); changed here after the store."""
-    quota_holds: Callable[[], Mapping[str, Amount]] | None = None
-    """What each scope's models hold now, as the reconciler's last round counted it (``QuotaView.holds``)."""
-    wake_client_jobs: Callable[[], None] | None = None
-    """Tells the batch runner to look at its jobs now (a cancel); ``None`` where no runner runs."""
-    replay: Callable[[str, bytes, str], Awaitable[tuple[int, bytes]]] | None = None
-    """(path, body, request id) → (status, body): a kept request sent again through the gateway as the operator's
-    own request (``POST /requests/{id}/replay``); ``None`` where no gateway serves."""
+    batches: JobWaker
+    """The batch runner, told to look at its jobs now after a cancel."""
+    replay: Replayer
+    """A kept request sent again through the gateway as the operator's own request (``POST /requests/{id}/replay``)."""
+
+
+class EventSink(Protocol):
+    """Where lifecycle events go (``opod.leader.webhooks.fan_out``: the ledger, and the webhooks for the operator's)."""
+
+    def __call__(self, kind: str, subject: str, detail: dict[str, Any], /) -> None: ...
+
+
+class JobWaker(Protocol):
+    """The batch runner (``opod.leader.batches.BatchRunner``) as control sees it."""
+
+    def wake(self) -> None:
+        """Look at the jobs now (one was cancelled) rather than at the next round."""
+        ...
+
+
+class Replayer(Protocol):
+    """Sends a kept request again through the gateway (``opod.leader.leader.Replayer``)."""
+
+    async def replay(self, path: str, body: bytes, request_id: str) -> tuple[int, bytes]:
+        """(path, body, request id) → (status, body), served as the admin key's own request."""
+        ...
 
 
 class Notifier(Protocol):
@@ -89,10 +115,22 @@ class ReplicaRecord(Protocol):
 
 
 class ReplicaDesk(Protocol):
-    """What the management API asks of the reconciler."""
+    """What the management API asks of the reconciler (``opod.leader.reconciler.Reconciler``)."""
 
     last_rejections: dict[str, list[Rejection]]
     """model → why each node was refused at its last placement attempt (``explain-placement``)."""
+
+    def kick(self) -> None:
+        """Run a round soon: a change moved what should be placed where."""
+        ...
+
+    def status(self, model: str) -> str:
+        """The model's state in words (``serving on n1``, ``cannot be placed now: ...``)."""
+        ...
+
+    def quota_holds(self) -> Mapping[str, Amount]:
+        """What each scope's models hold now, as the last round counted it (``QuotaView.holds``)."""
+        ...
 
     def replica_list(self) -> Sequence[ReplicaRecord]: ...
 

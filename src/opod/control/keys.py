@@ -82,15 +82,13 @@ def router(ctx: ControlContext) -> APIRouter:
 
     def lifetime_limits(project_id: str, user_id: str) -> list[tuple[str, timedelta]]:
         """(scope, longest lifetime) of every scope above the key that limits it, from the cluster settings."""
-        if ctx.cluster_settings is None:
-            return []
-        rules = ctx.cluster_settings.current.keys
+        rules = ctx.settings.current.keys
         limits: list[tuple[str, timedelta]] = []
         if rules.max_lifetime:
             limits.append(
                 ("the cluster (settings keys.max_lifetime)", timedelta(seconds=duration_seconds(rules.max_lifetime)))
             )
-        if not rules.scopes or ctx.tenancy is None:
+        if not rules.scopes:
             return limits
         above = {s.text for s in ctx.tenancy.ancestors(Scope("project", project_id))} if project_id else set()
         if user_id:
@@ -128,14 +126,10 @@ def router(ctx: ControlContext) -> APIRouter:
 
     def owner(body: KeyCreateRequest) -> tuple[str, str]:
         """The project and person a key is for, checked: (project ID, user ID), each ``""`` when not given."""
-        if (body.project or body.user) and ctx.tenancy is None:
-            raise ControlError(501, "project, user: this leader was built without tenancy; leave them out")
         project_id = user_id = ""
         if body.project:
-            assert ctx.tenancy is not None
             project_id = ctx.tenancy.resolve(body.project, kinds=("project",), field="project").id
         if body.user:
-            assert ctx.tenancy is not None
             person = ctx.tenancy.user(body.user)
             if person is None:
                 raise ControlError(404, f"user: no person {body.user!r} (by ID or email); GET /api/v1/users lists them")
@@ -154,10 +148,7 @@ def router(ctx: ControlContext) -> APIRouter:
         band, profile = body.band or "", body.routing_profile or ""
         if band and band not in BANDS:
             raise ControlError(400, f"band: {band!r} is not an admission class; use one of {', '.join(BANDS)}")
-        known = [
-            DEFAULT_PROFILE,
-            *(ctx.cluster_settings.current.routing_profiles if ctx.cluster_settings is not None else ()),
-        ]
+        known = [DEFAULT_PROFILE, *ctx.settings.current.routing_profiles]
         if profile and profile not in known:
             raise ControlError(
                 400,
@@ -198,7 +189,7 @@ def router(ctx: ControlContext) -> APIRouter:
                 key_id=key_id,
                 audit=audit,
             )
-        if project_id and ctx.tenancy is not None:
+        if project_id:
             ctx.tenancy.mark_had_key(project_id)
         return KeyCreated(**view(record, ctx.tenancy).model_dump(exclude_none=True), secret=secret)
 
@@ -237,8 +228,6 @@ def router(ctx: ControlContext) -> APIRouter:
     @api.get("/api/v1/keys", operation_id="getKeys", tags=["keys"], response_model=list[KeyView])
     async def get_keys(project: str | None = None) -> list[KeyView]:
         if project:
-            if ctx.tenancy is None:
-                raise ControlError(501, "project: this leader was built without tenancy; leave project out")
             project_id = ctx.tenancy.resolve(project, kinds=("project",), field="project").id
             return [view(r, ctx.tenancy) for r in await ctx.access.list_keys("api", project_id=project_id)]
         return [view(r, ctx.tenancy) for r in await ctx.access.list_keys("api")] + file_keys()

@@ -21,8 +21,9 @@ import aiohttp
 from fastapi import APIRouter
 
 from opod.contract.admin.records import MetricsQuery, MetricsRequest, MetricsResult, PromqPoint, PromqSeries
-from opod.control.context import ControlContext, ControlError
+from opod.control.context import ControlError
 from opod.control.spec import SpecRouter
+from opod.settings.holder import SettingsHolder
 
 QUERY_TIMEOUT = 10.0
 """Seconds one query may take, connection included."""
@@ -32,13 +33,13 @@ MAX_QUERIES = 50
 NS = 1_000_000_000
 
 
-def router(ctx: ControlContext) -> APIRouter:
+def router(settings: SettingsHolder) -> APIRouter:
     api = SpecRouter()
 
     @api.post("/api/v1/metrics/range", operation_id="postMetricsRange", tags=["metrics"], response_model=MetricsResult)
     async def post_metrics_range(body: MetricsRequest) -> MetricsResult:
         queries = _checked(body)
-        url = ctx.cluster_settings.current.prometheus.url if ctx.cluster_settings is not None else ""
+        url = settings.current.prometheus.url
         if not url:
             return MetricsResult(configured=False, series={}, errors={})
         end = time.time()

@@ -154,7 +154,7 @@ async def add_model(ctx: ControlContext, definition: CatalogModel, *, preset_by:
     if wanted is not None:
         model.wanted[ANY_NODE] = wanted
     ctx.models.put(model)
-    ctx.models_changed()
+    ctx.reconciler.kick()
     return model
 
 
@@ -185,7 +185,7 @@ def view(ctx: ControlContext, model: KnownModel) -> ModelView:
     status = model.status
     ready = len(ctx.fleet.workers_for(model.id))
     holding = len(list(ctx.fleet.holders(model.id)))
-    phrase = ctx.model_status(model.id)
+    phrase = ctx.reconciler.status(model.id)
     reason = status.reason or (phrase if phrase.startswith(("failed", "cannot")) else "")
     first = (filled.profiles or [CatalogProfile()])[0]
     external = filled.external
@@ -253,7 +253,7 @@ async def redefine(
         model.wanted = dict.fromkeys({ANY_NODE, *model.wanted}, "unloaded")
     elif wanted is not None:
         model.wanted[ANY_NODE] = wanted
-    ctx.models_changed()
+    ctx.reconciler.kick()
     return definition
 
 
@@ -309,7 +309,7 @@ def router(ctx: ControlContext) -> APIRouter:
         await run_sync(ctx.store.remove_model, model.id)
         model.wanted = {ANY_NODE: "unloaded"}
         model.removed = True
-        ctx.models_changed()
+        ctx.reconciler.kick()
         return Removed(removed=model.id)
 
     @api.post(
@@ -388,7 +388,7 @@ def router(ctx: ControlContext) -> APIRouter:
     @api.get("/api/v1/model-states", operation_id="getModelStates", tags=[EXTENSION_TAG], response_model=dict[str, str])
     async def get_model_states() -> dict[str, str]:
         """Each model's state in words (``serving on n1``, ``loading on n1 (40%)``, ``failed on n1: ...``), for listings."""
-        return {m.id: ctx.model_status(m.id) for m in ctx.models if not m.removed}
+        return {m.id: ctx.reconciler.status(m.id) for m in ctx.models if not m.removed}
 
     async def place(name: str, node: str, wanted: Wanted) -> PlacementView:
         model = known(ctx, name)
@@ -404,12 +404,12 @@ def router(ctx: ControlContext) -> APIRouter:
             elif wanted == "loaded" and not low:
                 scaling = scaling.model_copy(update={"min": 1, "max": high if high >= 1 else None})
             await redefine(ctx, model, current.model_copy(update={"scaling": scaling}), rescale=True)
-            return PlacementView(model=model.id, wanted=dict(model.wanted), state=ctx.model_status(model.id))
+            return PlacementView(model=model.id, wanted=dict(model.wanted), state=ctx.reconciler.status(model.id))
         targets: Iterable[str] = [node] if node != ANY_NODE or wanted == "loaded" else sorted({ANY_NODE, *model.wanted})
         for target in targets:
             await run_sync(ctx.store.set_placement, model.id, target, wanted)
             model.wanted[target] = wanted
-        ctx.models_changed()
-        return PlacementView(model=model.id, wanted=dict(model.wanted), state=ctx.model_status(model.id))
+        ctx.reconciler.kick()
+        return PlacementView(model=model.id, wanted=dict(model.wanted), state=ctx.reconciler.status(model.id))
 
     return api

@@ -85,9 +85,7 @@ def go_duration(seconds: float) -> str:
 def _held(ctx: ControlContext) -> dict[str, set[int]]:
     """node id → device indices some replica holds there (the placement seam: empty until the reconciler tracks replicas)."""
     out: dict[str, set[int]] = {}
-    if ctx.replicas is None:
-        return out
-    for replica in ctx.replicas.replica_list():
+    for replica in ctx.reconciler.replica_list():
         if replica.state in _IDLE_STATES:
             continue
         for node_id, indices in replica.gpus.items():
@@ -465,9 +463,9 @@ def router(ctx: ControlContext) -> SpecRouter:
         await run_sync(ctx.store.delete_node, id)
         ctx.fleet.remove(id)
         ctx.access.forget_node(id)
-        ctx.forget_node(id)
-        ctx.emit("node.removed", id, {"was": reach})
-        ctx.models_changed()
+        ctx.prefix_index.forget(id)
+        ctx.events("node.removed", id, {"was": reach})
+        ctx.reconciler.kick()
         return NodeRemoved(id=id, removed="true")
 
     @api.post(
@@ -495,7 +493,7 @@ def router(ctx: ControlContext) -> SpecRouter:
         builds = dict(node.inventory.operator.engine_builds) | {engine: build}
         await run_sync(ctx.store.set_operator_side, id, engine_builds=builds)
         node.inventory.operator.engine_builds = builds
-        ctx.emit("node.engine_build", id, {"engine": engine, "build": build})
+        ctx.events("node.engine_build", id, {"engine": engine, "build": build})
         return NodeEngineRequest(engine=engine, build=build)
 
     @api.post(
@@ -506,8 +504,8 @@ def router(ctx: ControlContext) -> SpecRouter:
         labels = _label_changes(body, node.inventory.operator_labels)
         await run_sync(ctx.store.set_operator_side, id, labels=labels)
         node.inventory.operator_labels = labels
-        ctx.emit("node.labels", id, {"operator_labels": labels})
-        ctx.models_changed()  # a node selector may match it now, or no longer
+        ctx.events("node.labels", id, {"operator_labels": labels})
+        ctx.reconciler.kick()  # a node selector may match it now, or no longer
         merged = node.inventory.all_labels()
         return NodeLabelsView(id=id, operator_labels=labels, labels=merged, location=_location(merged))
 
@@ -518,8 +516,6 @@ def router(ctx: ControlContext) -> SpecRouter:
         if not 1 <= count <= MAX_LOG_LINES:
             raise ControlError(400, f"lines: {lines} is out of range; ask for 1 to {MAX_LOG_LINES} (300 when absent)")
         wanted = source or "agent"
-        if ctx.workers is None:
-            return LogsView(node=id, source=wanted, error="this leader cannot call its workers")
         path = nodeapi.PATH_LOGS
         try:
             headers = ctx.workers.signed_headers(node, "GET", path)
@@ -564,7 +560,7 @@ def router(ctx: ControlContext) -> SpecRouter:
             raise ControlError(400, f"version: {body.version!r} is not a release; write one such as 0.6.0")
         await run_sync(ctx.store.set_operator_side, id, wanted_version=version)
         node.inventory.operator.wanted_version = version
-        ctx.emit("node.upgrade_wanted", id, {"version": version, "running": node.inventory.agent_version})
+        ctx.events("node.upgrade_wanted", id, {"version": version, "running": node.inventory.agent_version})
         return UpgradeView(node=id, version=version)
 
     @api.post(
@@ -577,7 +573,7 @@ def router(ctx: ControlContext) -> SpecRouter:
         restarted: list[str] = []
         now = time.monotonic()
         for node in ctx.fleet:
-            if ctx.workers is None or reachability(node, now, _silent_for(node, time.time())):
+            if reachability(node, now, _silent_for(node, time.time())):
                 continue
             try:
                 status, answer = await ctx.workers.call_json(node, "POST", nodeapi.PATH_AGENT_RESTART, {}, timeout=15)
@@ -588,7 +584,7 @@ def router(ctx: ControlContext) -> SpecRouter:
                 restarted.append(node.id)
             else:
                 log.warning("agent restart: node %s answered HTTP %s: %s", node.id, status, str(answer).strip()[:300])
-        ctx.emit("agents.restarted", "", {"nodes": restarted})
+        ctx.events("agents.restarted", "", {"nodes": restarted})
         return AgentRestartView(nodes=restarted)
 
     @api.get(
@@ -611,6 +607,6 @@ async def set_node_state(ctx: ControlContext, node_id: str, word: str) -> str:
     await run_sync(ctx.store.set_state, node_id, drained=drained, cordoned=cordoned)
     node = ctx.fleet.set_state(node_id, drained=drained, cordoned=cordoned)
     state = node_state(node) if node is not None else word
-    ctx.emit({"draining": "node.drained", "cordoned": "node.cordoned"}.get(state, "node.ready"), node_id, {})
-    ctx.models_changed()
+    ctx.events({"draining": "node.drained", "cordoned": "node.cordoned"}.get(state, "node.ready"), node_id, {})
+    ctx.reconciler.kick()
     return state

@@ -34,20 +34,14 @@ def secret_reference(name: str) -> str:
 
 def scim_secret_name(ctx: ControlContext) -> str:
     """The stored secret SCIM's bearer token is: ``auth/scim-token``, unless the settings name another (``store:NAME``)."""
-    named = ctx.cluster_settings.current.auth.scim_token if ctx.cluster_settings is not None else ""
+    named = ctx.settings.current.auth.scim_token
     return named.removeprefix("store:") if named.startswith("store:") else SCIM_TOKEN_SECRET
-
-
-def people_of(ctx: ControlContext) -> People:
-    if ctx.people is None:
-        raise ControlError(503, "people are not kept on this leader; start it with opod up")
-    return ctx.people
 
 
 def target_path(ctx: ControlContext, target: str) -> str:
     """``acme``, ``acme/ml`` or ``acme/ml/chat`` for an org, team or project id; the id itself once it is gone."""
     kind = id_kind(target)
-    if ctx.tenancy is None or kind is None:
+    if kind is None:
         return target
     return ctx.tenancy.scope_path(Scope(kind, target))
 
@@ -81,8 +75,6 @@ def resolve_target(ctx: ControlContext, text: str | None) -> Scope:
         raise ControlError(
             400, "target: name where the person belongs: org:NAME, team:ORG/TEAM, project:ORG/TEAM/PROJECT, or an ID"
         )
-    if ctx.tenancy is None:
-        raise ControlError(503, "target: organizations, teams and projects are not kept on this leader")
     try:
         return ctx.tenancy.resolve(text, kinds=MEMBERSHIP_KINDS)
     except InvalidInput as err:
@@ -93,8 +85,6 @@ def resolve_target(ctx: ControlContext, text: str | None) -> Scope:
 
 def unreachable_projects(ctx: ControlContext, held: set[str], project_ids: set[str]) -> list[str]:
     """Of ``project_ids``, those no membership in ``held`` reaches (through the project, its team or its org)."""
-    if ctx.tenancy is None:
-        return []
     lost = []
     for project_id in sorted(project_ids):
         chain = ctx.tenancy.chain(project_id)
@@ -114,7 +104,7 @@ def router(ctx: ControlContext) -> APIRouter:
 
     @api.get("/api/v1/users", operation_id="getUsers", tags=["users"], response_model=list[UserView])
     async def get_users(state: str | None = None) -> list[UserView]:
-        people = people_of(ctx)
+        people = ctx.people
         if state is not None and state not in USER_STATES:
             raise ControlError(
                 400, f"state: {state!r} is not one of {', '.join(USER_STATES)}; leave it out for everyone"
@@ -123,7 +113,7 @@ def router(ctx: ControlContext) -> APIRouter:
 
     @api.get("/api/v1/users/{id}", operation_id="getUsersId", tags=["users"], response_model=UserView)
     async def get_users_id(id: str) -> UserView:
-        people = people_of(ctx)
+        people = ctx.people
         return user_view(ctx, people, find_user(people, id))
 
     @api.post(
@@ -132,7 +122,7 @@ def router(ctx: ControlContext) -> APIRouter:
     async def post_users_id_memberships(
         id: str, body: MembershipRequest, draft: AuditDraft = Depends(audit_draft)
     ) -> UserView:
-        people = people_of(ctx)
+        people = ctx.people
         user = find_user(people, id)
         role = body.role or "member"
         if role not in MEMBER_ROLES:
@@ -152,7 +142,7 @@ def router(ctx: ControlContext) -> APIRouter:
     async def delete_users_id_memberships(
         id: str, body: MembershipRequest, draft: AuditDraft = Depends(audit_draft)
     ) -> UserView:
-        people = people_of(ctx)
+        people = ctx.people
         user = find_user(people, id)
         scope = resolve_target(ctx, body.target)
         if scope.id not in {m.target for m in people.memberships(user.id)}:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 
 from fastapi import APIRouter, Depends
 
-from opod.access.scopes import TENANCY_KINDS, Scope, parse_scope
+from opod.access.scopes import TENANCY_KINDS, Scope
 from opod.access.tenancy import Tenancy
 from opod.contract.admin.common import Removed
 from opod.contract.admin.tenancy import QuotaAmount, QuotaRequest, QuotaSet, QuotaView, StoreResources
@@ -115,17 +115,14 @@ def router(ctx: ControlContext) -> APIRouter:
     api = SpecRouter()
 
     def resolve(text: str | None) -> Scope:
-        """The scope a body or path names, by ID; without tenancy, the text itself (its syntax checked)."""
-        if ctx.tenancy is not None:
-            return ctx.tenancy.resolve(text or "", kinds=TENANCY_KINDS, field="scope")
-        ref = parse_scope(text or "", kinds=TENANCY_KINDS, field="scope")
-        return Scope(ref.kind, ref.id or "/".join(ref.names))
+        """The scope a body or path names, by ID."""
+        return ctx.tenancy.resolve(text or "", kinds=TENANCY_KINDS, field="scope")
 
     def name(scope: str) -> str:
-        return TenancyScopes(ctx.tenancy).label(scope) if ctx.tenancy is not None else ""
+        return TenancyScopes(ctx.tenancy).label(scope)
 
     def views(records: Iterable[QuotaRecord]) -> list[QuotaView]:
-        holds = ctx.quota_holds() if ctx.quota_holds is not None else {}
+        holds = ctx.reconciler.quota_holds()
         return [
             QuotaView(
                 scope=r.scope,
@@ -145,7 +142,7 @@ def router(ctx: ControlContext) -> APIRouter:
                 ctx.quotas.remove(scope)
             else:
                 ctx.quotas.put(quota_of(record))
-        ctx.models_changed()
+        ctx.reconciler.kick()
 
     @api.get("/api/v1/quotas", operation_id="getQuotas", tags=["quotas"], response_model=list[QuotaView])
     async def get_quotas() -> list[QuotaView]:

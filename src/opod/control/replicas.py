@@ -40,9 +40,7 @@ IDLE_AFTER = 300.0
 
 
 def _desk(ctx: ControlContext) -> ReplicaDesk:
-    if ctx.replicas is None:
-        raise ControlError(503, "this leader runs no reconciler; replicas are not tracked")
-    return ctx.replicas
+    return ctx.reconciler
 
 
 def _seconds(since: float, now: float) -> int:
@@ -103,7 +101,7 @@ def replica_view(ctx: ControlContext, desk: ReplicaDesk, replica: ReplicaRecord,
 
 def summary(ctx: ControlContext) -> Summary:
     now = time.monotonic()
-    desk = ctx.replicas
+    desk = ctx.reconciler
     nodes = list(ctx.fleet)
     unreachable = {n.id for n in nodes if now - n.last_heartbeat > HEARTBEAT_MAX_AGE or n.goodbye}
     cordoned = sum(1 for n in nodes if n.cordoned and n.id not in unreachable)
@@ -115,7 +113,7 @@ def summary(ctx: ControlContext) -> Summary:
         draining=draining,
         unreachable=len(unreachable),
     )
-    replicas = list(desk.replica_list()) if desk is not None else []
+    replicas = list(desk.replica_list())
     held = {
         (n, i)
         for r in replicas
@@ -146,23 +144,18 @@ def summary(ctx: ControlContext) -> Summary:
         else:
             satisfied += not model.wants_loaded() or ctx.fleet.serves(model.id, now)
     idle = []
-    if desk is not None:
-        for replica in replicas:
-            seconds = idle_seconds(desk, replica, now) if replica.state == "ready" else -1
-            if replica.state == "ready" and (
-                seconds < 0 and now - replica.ready_at > IDLE_AFTER or seconds > IDLE_AFTER
-            ):
-                idle.append(
-                    IdleReplica(
-                        id=replica.id,
-                        model=replica.model,
-                        gpus=sum(len(v) for v in replica.gpus.values()),
-                        idle_seconds=seconds if seconds >= 0 else _seconds(replica.ready_at, now),
-                    )
+    for replica in replicas:
+        seconds = idle_seconds(desk, replica, now) if replica.state == "ready" else -1
+        if replica.state == "ready" and (seconds < 0 and now - replica.ready_at > IDLE_AFTER or seconds > IDLE_AFTER):
+            idle.append(
+                IdleReplica(
+                    id=replica.id,
+                    model=replica.model,
+                    gpus=sum(len(v) for v in replica.gpus.values()),
+                    idle_seconds=seconds if seconds >= 0 else _seconds(replica.ready_at, now),
                 )
-    parked = (
-        [ParkedModel(model=m, failures=f, reason=r or None) for m, f, r in desk.parked()] if desk is not None else []
-    )
+            )
+    parked = [ParkedModel(model=m, failures=f, reason=r or None) for m, f, r in desk.parked()]
     return Summary(
         version=__version__,
         nodes=totals,

@@ -25,9 +25,9 @@ from datetime import UTC, datetime
 from fastapi import APIRouter
 
 from opod.contract.admin.records import ReplayRequest, ReplayView, RequestView, StoreRequestBody
-from opod.control.context import ControlContext, ControlError
+from opod.control.context import ControlError, Replayer
 from opod.control.spec import SpecRouter
-from opod.store import NotFound
+from opod.store import NotFound, Store
 from opod.store.offloop import run_sync
 from opod.store.requests import RequestBody
 from opod.store.usage import UsageRecord
@@ -97,10 +97,10 @@ def body_view(body: RequestBody) -> StoreRequestBody:
     )
 
 
-def kept_body(ctx: ControlContext, request_id: str) -> RequestBody:
+def kept_body(store: Store, request_id: str) -> RequestBody:
     """The body kept of ``request_id``; a 404 saying why there is none."""
     try:
-        body = ctx.store.get_request_body(request_id)
+        body = store.get_request_body(request_id)
     except NotFound:
         body = None
     if body is not None:
@@ -111,7 +111,7 @@ def kept_body(ctx: ControlContext, request_id: str) -> RequestBody:
                 "(retention.bodies_days); it is no longer kept",
             )
         return body
-    record = ctx.store.find_request(request_id)  # NotFound → 404 naming the id
+    record = store.find_request(request_id)  # NotFound → 404 naming the id
     why = WHY_NOT_KEPT.get(
         record.body_state, "it was refused before it was relayed, or made before bodies were recorded"
     )
@@ -140,12 +140,12 @@ def replay_body(body: RequestBody, model: str) -> bytes:
     return json.dumps(payload).encode()
 
 
-def router(ctx: ControlContext) -> APIRouter:
+def router(store: Store, replay: Replayer) -> APIRouter:
     api = SpecRouter()
 
     @api.get("/api/v1/requests/{id}", operation_id="getRequestsId", tags=["requests"], response_model=RequestView)
     async def get_requests_id(id: str) -> RequestView:
-        return request_view(await run_sync(ctx.store.find_request, id))
+        return request_view(await run_sync(store.find_request, id))
 
     @api.get(
         "/api/v1/requests/{id}/body",
@@ -154,7 +154,7 @@ def router(ctx: ControlContext) -> APIRouter:
         response_model=StoreRequestBody,
     )
     async def get_requests_id_body(id: str) -> StoreRequestBody:
-        return body_view(await run_sync(kept_body, ctx, id))
+        return body_view(await run_sync(kept_body, store, id))
 
     @api.post(
         "/api/v1/requests/{id}/replay",
@@ -163,15 +163,13 @@ def router(ctx: ControlContext) -> APIRouter:
         response_model=ReplayView,
     )
     async def post_requests_id_replay(id: str, body: ReplayRequest) -> ReplayView:
-        if ctx.replay is None:
-            raise ControlError(503, "this leader has no gateway to replay requests through")
-        kept = await run_sync(kept_body, ctx, id)
+        kept = await run_sync(kept_body, store, id)
         model = (body.model or "").strip() or kept.model
         if not model:
             raise ControlError(400, 'model: the kept request names no model; name one in the body ({"model": "..."})')
         payload = replay_body(kept, model)
         started = time.perf_counter()
-        status, answer = await ctx.replay(kept.path, payload, f"replay-{secrets.token_hex(8)}")
+        status, answer = await replay.replay(kept.path, payload, f"replay-{secrets.token_hex(8)}")
         took_ms = int((time.perf_counter() - started) * 1000)
         try:
             parsed: object = json.loads(answer) if answer else None

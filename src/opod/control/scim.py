@@ -203,8 +203,6 @@ class _Scim:
             log.error("could not record the audit row of %s: %s", call.action, failure)
 
     def people(self) -> People:
-        if self.ctx.people is None:
-            raise ScimError(503, "people are not kept on this leader")
         return self.ctx.people
 
     # --- /Users ----------------------------------------------------------------------------------
@@ -409,7 +407,7 @@ class _Scim:
     def _group_kind(self, target: str) -> ScopeKind | None:
         """``team`` or ``project`` when ``target`` is one's id (the groups SCIM sees), else None."""
         kind = id_kind(target)
-        if self.ctx.tenancy is None or kind not in ("team", "project"):
+        if kind not in ("team", "project"):
             return None
         try:
             return self.ctx.tenancy.resolve(target, kinds=(kind,)).kind
@@ -418,7 +416,7 @@ class _Scim:
 
     def _group_by_path(self, path: str) -> Scope:
         depth = len(path.split("/")) if path else 0
-        if depth not in (2, 3) or self.ctx.tenancy is None:
+        if depth not in (2, 3):
             raise ScimError(
                 400,
                 f"displayName {path!r}: a group is a team (ORG/TEAM) or a project (ORG/TEAM/PROJECT) by its path",
@@ -456,7 +454,7 @@ class _Scim:
 
     def _path(self, target: str) -> str:
         kind = self._group_kind(target)
-        if self.ctx.tenancy is None or kind is None:
+        if kind is None:
             return target
         return self.ctx.tenancy.scope_path(Scope(kind, target))
 

@@ -51,10 +51,10 @@ def _parse(body: str, field: str = "body") -> ClusterSettings:
 
 def router(ctx: ControlContext) -> APIRouter:
     api = SpecRouter()
-    holder = ctx.cluster_settings
+    holder = ctx.settings
 
     def view(record: SettingsRecord | None) -> SettingsView:
-        local = holder.local_keys if holder is not None else []
+        local = holder.local_keys
         if record is None:  # nothing written yet: every default is in force
             return SettingsView(version=0, body="", local_keys=local)
         return SettingsView(
@@ -74,14 +74,12 @@ def router(ctx: ControlContext) -> APIRouter:
                 record = await run_sync(ctx.store.put_settings, base, body, note=note, by=draft.actor, audit=row)
         except StaleBase as err:
             raise ControlError(409, f"base: {err}") from None
-        if holder is not None:
-            holder.apply(record.version, settings)
+        holder.apply(record.version, settings)
         return view(record)
 
     @api.get("/api/v1/settings", operation_id="getSettings", tags=["settings"], response_model=SettingsView)
     async def get_settings(response: Response, version: str | None = None) -> SettingsView:
-        if holder is not None:
-            response.headers[IN_FORCE_HEADER] = str(holder.version)
+        response.headers[IN_FORCE_HEADER] = str(holder.version)
         if version is None or not version.strip():
             return view(await run_sync(ctx.store.settings_version, None))
         number = _number(version, "version", default=0, low=1, high=VERSION_MAX)

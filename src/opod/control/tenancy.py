@@ -81,10 +81,6 @@ def router(ctx: ControlContext) -> APIRouter:
     api = SpecRouter()
 
     def tenancy() -> Tenancy:
-        if ctx.tenancy is None:
-            raise ControlError(
-                501, "this leader was built without tenancy; organizations, teams and projects are not kept"
-            )
         return ctx.tenancy
 
     async def create(level: Level, body: TenancyCreateRequest, draft: AuditDraft) -> TenancyItem:

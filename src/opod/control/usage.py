@@ -25,10 +25,13 @@ from fastapi import APIRouter, Query
 from fastapi.responses import Response, StreamingResponse
 
 from opod.access.scopes import Scope
+from opod.access.tenancy import Tenancy
 from opod.contract.admin.records import ScopeUsageView, StoreExportRow
-from opod.control.context import ControlContext, ControlError, parse_lifetime
+from opod.control.context import ControlError, parse_lifetime
 from opod.control.spec import SpecRouter
 from opod.gateway.budgets import period_bounds
+from opod.settings.holder import SettingsHolder
+from opod.store import Store
 from opod.store.offloop import run_sync
 from opod.store.usage_report import DIMENSIONS, PERIODS, ExportTotals, chunks, dimensions
 
@@ -76,17 +79,15 @@ def export_row(row: ExportTotals) -> StoreExportRow:
     )
 
 
-def router(ctx: ControlContext) -> APIRouter:
+def router(store: Store, settings: SettingsHolder, tenancy: Tenancy) -> APIRouter:
     api = SpecRouter()
 
     def budget_of(scope: Scope) -> tuple[int, str] | None:
         """The budget set on exactly this scope (the shortest period first); None when it sets none."""
-        if ctx.cluster_settings is None or ctx.tenancy is None:
-            return None
         found: list[tuple[int, str]] = []
-        for budget in ctx.cluster_settings.current.budgets:
+        for budget in settings.current.budgets:
             try:
-                named = ctx.tenancy.resolve(budget.scope)
+                named = tenancy.resolve(budget.scope)
             except Exception:  # a budget naming a scope that does not exist governs nothing
                 continue
             if (named.kind, named.id) == (scope.kind, scope.id):
@@ -104,14 +105,14 @@ def router(ctx: ControlContext) -> APIRouter:
         if window is None:
             raise ControlError(400, "since: give a duration back from now, like 24h or 7d")
         now = datetime.now(UTC)
-        totals = await run_sync(ctx.store.usage_by_scope, level, now - window)
+        totals = await run_sync(store.usage_by_scope, level, now - window)
         out = []
         for t in totals:
             scope = Scope(level, t.id)  # type: ignore[arg-type]
             view = ScopeUsageView(
                 scope=scope.text,
                 id=t.id,
-                name=ctx.tenancy.name(scope) if ctx.tenancy is not None else t.id,
+                name=tenancy.name(scope),
                 keys=t.keys,
                 requests=t.requests,
                 prompt_tokens=t.prompt_tokens,
@@ -123,7 +124,7 @@ def router(ctx: ControlContext) -> APIRouter:
             budget = budget_of(scope)
             if budget is not None:
                 micros, period = budget
-                spent = await run_sync(ctx.store.usage_spent_since, level, t.id, period_bounds(period, now)[0])
+                spent = await run_sync(store.usage_spent_since, level, t.id, period_bounds(period, now)[0])
                 view.budget_micros, view.budget_period = micros, period
                 view.fraction = spent / micros if micros else (1.0 if spent else 0.0)
             out.append(view)
@@ -159,7 +160,7 @@ def router(ctx: ControlContext) -> APIRouter:
         async def pieces() -> AsyncIterator[list[ExportTotals]]:
             # One chunk of time at a time, read off the loop; an empty chunk writes nothing.
             for a, b in chunks(step, start, end):
-                found = await run_sync(ctx.store.usage_export_chunk, step, dims, a, b)
+                found = await run_sync(store.usage_export_chunk, step, dims, a, b)
                 if found:
                     yield found
 

@@ -17,10 +17,9 @@ safe. Failures are reported per node, never for the whole call.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import posixpath
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 
 from fastapi import APIRouter
@@ -33,7 +32,6 @@ from opod.control.context import ControlContext, ControlError
 from opod.control.spec import SpecRouter
 from opod.fleet.state import NodeState
 from opod.http.nodeclient import WorkerClient, WorkerUnavailable
-from opod.security.signer import Signer
 from opod.weights.pypi import cache_dir
 
 log = logging.getLogger("opod.control")
@@ -113,18 +111,6 @@ def router(ctx: ControlContext) -> APIRouter:
     collecting = asyncio.Lock()
     """One sweep at a time: two would race for the same files and report them twice."""
 
-    @contextlib.asynccontextmanager
-    async def worker_client() -> AsyncIterator[WorkerClient]:
-        """The leader's own signed client; a short-lived one where the context has none (a bare control app)."""
-        if ctx.workers is not None:
-            yield ctx.workers
-            return
-        own = WorkerClient(ctx.access.tokens.token_for_node, Signer)
-        try:
-            yield own
-        finally:
-            await own.close()
-
     async def cache_of(workers: WorkerClient, node: NodeState) -> nodeapi.WeightsCache:
         status, body = await workers.call_json(node, "GET", nodeapi.PATH_WEIGHTS, timeout=LIST_TIMEOUT)
         if status == 404:
@@ -162,7 +148,7 @@ def router(ctx: ControlContext) -> APIRouter:
             done = nodeapi.DeleteWeightsResponse.from_wire(body)
         except (WorkerUnavailable, WireError) as err:
             return CollectResult(node=node.id, files=0, bytes=0, error=str(err))
-        ctx.emit("weights.collected", node.id, {"files": done.files, "bytes": done.bytes})
+        ctx.events("weights.collected", node.id, {"files": done.files, "bytes": done.bytes})
         result = CollectResult(node=node.id, files=done.files, bytes=done.bytes)
         if done.refused:
             kept = "; ".join(f"{path}: {why}" for path, why in sorted(done.refused.items())[:5])
@@ -186,7 +172,8 @@ def router(ctx: ControlContext) -> APIRouter:
                     404,
                     f"node: {wanted!r} is not known; GET /api/v1/nodes lists them (leave node out to sweep every node)",
                 )
-        async with collecting, worker_client() as workers:
+        async with collecting:
+            workers = ctx.workers
             return list(await asyncio.gather(*(collect_on(workers, n) for n in nodes)))
 
     @api.get(
@@ -194,8 +181,7 @@ def router(ctx: ControlContext) -> APIRouter:
     )
     async def get_weights_orphans() -> list[OrphanView]:
         nodes = sorted(ctx.fleet, key=lambda n: n.id)
-        async with worker_client() as workers:
-            caches = await asyncio.gather(*(cache_of(workers, n) for n in nodes), return_exceptions=True)
+        caches = await asyncio.gather(*(cache_of(ctx.workers, n) for n in nodes), return_exceptions=True)
         out = []
         for node, cache in zip(nodes, caches, strict=True):
             if isinstance(cache, BaseException):

@@ -32,10 +32,10 @@ from opod.contract import env as contract_env
 from opod.contract.admin.catalog import CatalogModel, CatalogScaling
 from opod.contract.catalog import Entry
 from opod.control.app import create_app as create_control_app
+from opod.control.areas import public_areas
 from opod.control.context import ControlContext
 from opod.control.presets import auto_add as auto_add_presets
 from opod.control.quotas import QuotaFollower, TenancyScopes, load_quotas
-from opod.control.scim import routes as scim_routes
 from opod.fleet.affinity import AffinityTable
 from opod.fleet.local import LocalEngines
 from opod.fleet.models import ANY_NODE, KnownModel, ModelRegistry
@@ -284,26 +284,23 @@ class Leader:
             webhook_counts=webhooks.counts,
         )
         control = ControlContext(
-            wake_client_jobs=batches.wake,
             store=store,
             access=access,
+            people=people,
+            tenancy=tenancy,
             fleet=fleet,
             models=models,
             catalog=catalog,
-            models_changed=reconciler.kick,
-            model_status=reconciler.status,
-            emit=emit,
-            forget_node=index.forget,
+            reconciler=reconciler,
+            events=emit,
+            prefix_index=index,
             declared_models=frozenset(DEFAULT_MODELS) if settings.default_models else frozenset(),
-            replicas=reconciler,
             workers=workers,
-            cluster_settings=cluster_settings,
+            settings=cluster_settings,
             notifier=webhooks,
-            people=people,
-            tenancy=tenancy,
             quotas=quotas,
-            quota_holds=reconciler.quota_holds,
-            replay=replayer(gateway, access.keys.local_entries),
+            batches=batches,
+            replay=Replayer(gateway, access.keys.local_entries),
         )
         return cls(
             batches=batches,
@@ -344,7 +341,7 @@ class Leader:
             self.access.keys,
             self.registry.routes(),
             self.gateway,
-            scim_routes(self.control),
+            public_areas(self.control),
             client_routes=self.client_routes,
         )
 
@@ -397,14 +394,14 @@ class Leader:
             self.lifecycle.run,
             *beside,
         ]
-        if self.control.people is not None:
-            work.append(self.control.people.run)  # people and their states as other leaders change them
-        # What other leaders of the same store change (keys, the tenancy tree, quotas) is in force here within 2 s.
-        work.append(self.access.run)
-        if self.control.tenancy is not None:
-            work.append(self.control.tenancy.run)
-        if self.control.quotas is not None:
-            work.append(QuotaFollower(self.store, self.control.quotas, self.reconciler.kick).run)
+        # What other leaders of the same store change (people, keys, the tenancy tree, quotas) is in force here
+        # within 2 s.
+        work += [
+            self.control.people.run,
+            self.access.run,
+            self.control.tenancy.run,
+            QuotaFollower(self.store, self.control.quotas, self.reconciler.kick).run,
+        ]
         background = [asyncio.create_task(run(stop)) for run in work]
         serving = asyncio.create_task(serve(list(listeners), listeners_stop), name="listeners")
         try:
@@ -597,21 +594,23 @@ def _apply_admission(admission: Admission, view: PolicyView) -> None:
     admission.configure(block if block.to_wire() else DEFAULT_ADMISSION)
 
 
-def replayer(
-    gateway: Gateway, local_keys: Callable[[], list[KeyEntry]]
-) -> Callable[[str, bytes, str], Awaitable[tuple[int, bytes]]]:
-    """``ControlContext.replay``: a kept request served again in process, as the admin key.
+class Replayer:
+    """A kept request served again in process, as the admin key (``POST /api/v1/requests/{id}/replay``).
 
     A replay is the operator's own request: its cost and its usage row are the operator's, never
     charged to the project whose request it repeats, and a revoked key does not stop it.
     """
 
-    async def replay(path: str, body: bytes, request_id: str) -> tuple[int, bytes]:
-        entry = next((k for k in local_keys() if k.kind == "admin" and not k.revoked), None)
-        response = await gateway.serve_as(entry, path, body, request_id)
+    def __init__(self, gateway: Gateway, local_keys: Callable[[], list[KeyEntry]]) -> None:
+        self.gateway = gateway
+        self.local_keys = local_keys
+
+    async def replay(self, path: str, body: bytes, request_id: str) -> tuple[int, bytes]:
+        entry = next((k for k in self.local_keys() if k.kind == "admin" and not k.revoked), None)
+        response = await self.gateway.serve_as(entry, path, body, request_id)
         data = getattr(response, "body", None)
         if not isinstance(data, bytes | memoryview):
-            data = b"".join([c if isinstance(c, bytes) else str(c).encode() async for c in response.body_iterator])  # type: ignore[attr-defined]
+            data = b"".join(
+                [c if isinstance(c, bytes) else str(c).encode() async for c in response.body_iterator]  # type: ignore[attr-defined]
+            )
         return response.status_code, bytes(data)
-
-    return replay

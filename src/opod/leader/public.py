@@ -25,8 +25,8 @@ from starlette.routing import Route
 from opod import __version__
 from opod.access.keytable import KeyTable
 from opod.contract import nodeapi
-from opod.control.app import ACTOR
 from opod.control.audit import open_draft, record_after
+from opod.control.listener import ACTOR
 from opod.http.errors import Unauthorized
 from opod.http.fastpath import FastPath, Handler
 from opod.leader.adminv1.context import AdminContext, AdminError

@@ -1,0 +1,64 @@
+"""The management API's built areas, one list per listener, each area given only what it uses.
+
+An area is a route module under ``control/`` (thin handlers: parse, call one service method,
+answer) over a service beside the state it changes (``access``, ``fleet``, ``settings``). To add
+one: write the service and the route module, add its line here, and delete its operations'
+rows from :data:`opod.control.unbuilt.UNBUILT`; ``tests/control/test_unbuilt.py`` checks that
+every operation of the spec is in exactly one of the two.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from starlette.routing import Route
+
+from opod.control import (
+    audit,
+    capacity,
+    client_jobs,
+    keys,
+    metrics,
+    models,
+    nodes,
+    notify,
+    people,
+    presets,
+    quotas,
+    replicas,
+    requests,
+    scim,
+    settings,
+    tenancy,
+    usage,
+    weights,
+)
+from opod.control.context import ControlContext
+
+
+def admin_areas(ctx: ControlContext) -> list[APIRouter]:
+    """``/api/v1`` on the admin listener, in the order the document lists them."""
+    return [
+        keys.router(ctx),
+        models.router(ctx),
+        nodes.router(ctx),
+        weights.router(ctx),
+        presets.router(ctx),
+        replicas.router(ctx),
+        capacity.router(ctx),
+        quotas.router(ctx),
+        client_jobs.router(ctx.store, ctx.batches),
+        audit.router(ctx.store),
+        settings.router(ctx),
+        notify.router(ctx.notifier),
+        metrics.router(ctx.settings),
+        people.router(ctx),
+        tenancy.router(ctx),
+        usage.router(ctx.store, ctx.settings, ctx.tenancy),
+        requests.router(ctx.store, ctx.replay),
+    ]
+
+
+def public_areas(ctx: ControlContext) -> list[Route]:
+    """What the management layer serves on the public listener: SCIM 2.0 (``/scim/v2``), which identity providers
+    call from outside with their own bearer token."""
+    return scim.routes(ctx)
