@@ -320,3 +320,28 @@ class Tenancy:
 
 
 __all__ = ["PeopleDirectory", "Person", "ProjectChain", "Tenancy"]
+
+
+class TenancyScopes:
+    """The tenancy tree as the fleet's services read it (:class:`opod.fleet.scopes.ScopeTree`): scopes as
+    ``kind:ID`` texts."""
+
+    def __init__(self, tenancy: Tenancy) -> None:
+        self.tenancy = tenancy
+
+    def scope(self, text: str, *, kinds: Collection[str], field: str) -> str:
+        return self.tenancy.resolve(text, kinds=kinds, field=field).text
+
+    def _find(self, text: str) -> Scope | None:
+        try:
+            return self.tenancy.resolve(text, kinds=TENANCY_KINDS)
+        except (InvalidInput, NotFound):
+            return None
+
+    def chain(self, scope: str) -> tuple[str, ...]:
+        found = self._find(scope)
+        return tuple(s.text for s in self.tenancy.ancestors(found)) if found is not None else ()
+
+    def label(self, scope: str) -> str:
+        found = self._find(scope)
+        return self.tenancy.name(found) if found is not None else ""

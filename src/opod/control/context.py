@@ -5,13 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Protocol
 
 from opod.access.people import People
 from opod.access.service import AccessService
 from opod.access.tenancy import Tenancy
 from opod.catalog import Catalog
 from opod.contract import durations
+from opod.fleet.followers import EventSink, Reconciling
 from opod.fleet.models import ModelRegistry
 from opod.fleet.placement import Rejection
 from opod.fleet.prefix_index import PrefixIndex
@@ -64,12 +65,6 @@ class ControlContext:
     """A kept request sent again through the gateway as the operator's own request (``POST /requests/{id}/replay``)."""
 
 
-class EventSink(Protocol):
-    """Where lifecycle events go (``opod.leader.webhooks.fan_out``: the ledger, and the webhooks for the operator's)."""
-
-    def __call__(self, kind: str, subject: str, detail: dict[str, Any], /) -> None: ...
-
-
 class JobWaker(Protocol):
     """The batch runner (``opod.leader.batches.BatchRunner``) as control sees it."""
 
@@ -114,15 +109,11 @@ class ReplicaRecord(Protocol):
     fingerprint: str
 
 
-class ReplicaDesk(Protocol):
+class ReplicaDesk(Reconciling, Protocol):
     """What the management API asks of the reconciler (``opod.leader.reconciler.Reconciler``)."""
 
     last_rejections: dict[str, list[Rejection]]
     """model → why each node was refused at its last placement attempt (``explain-placement``)."""
-
-    def kick(self) -> None:
-        """Run a round soon: a change moved what should be placed where."""
-        ...
 
     def status(self, model: str) -> str:
         """The model's state in words (``serving on n1``, ``cannot be placed now: ...``)."""

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from fastapi import APIRouter, Depends
 
 from opod.access.scopes import TENANCY_KINDS, Scope
-from opod.access.tenancy import Tenancy
+from opod.access.tenancy import TenancyScopes
 from opod.contract.admin.common import Removed
 from opod.contract.admin.tenancy import QuotaAmount, QuotaRequest, QuotaSet, QuotaView, StoreResources
 from opod.control.audit import AuditDraft, audit_draft
@@ -26,30 +26,8 @@ from opod.control.context import ControlContext
 from opod.control.spec import SpecRouter
 from opod.fleet.quotas import Amount, Bounds, Quota, QuotaTable
 from opod.store import NotFound, QuotaAmounts, QuotaRecord, Store
-from opod.store.errors import InvalidInput
 from opod.store.following import follow_store
 from opod.store.offloop import run_sync
-
-
-class TenancyScopes:
-    """The tenancy tree read as the quotas' :class:`~opod.fleet.quotas.ScopeTree`: a scope and those above it, by ID."""
-
-    def __init__(self, tenancy: Tenancy) -> None:
-        self.tenancy = tenancy
-
-    def _find(self, text: str) -> Scope | None:
-        try:
-            return self.tenancy.resolve(text, kinds=TENANCY_KINDS)
-        except (InvalidInput, NotFound):
-            return None
-
-    def chain(self, scope: str) -> tuple[str, ...]:
-        found = self._find(scope)
-        return tuple(s.text for s in self.tenancy.ancestors(found)) if found is not None else ()
-
-    def label(self, scope: str) -> str:
-        found = self._find(scope)
-        return self.tenancy.name(found) if found is not None else ""
 
 
 def quota_of(record: QuotaRecord) -> Quota:

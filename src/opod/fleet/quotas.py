@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Protocol
+
+from opod.fleet.scopes import ScopeTree
 
 RESOURCES = ("gpus", "cpu_cores", "memory_gb")
 UNITS = {"gpus": "GPUs", "cpu_cores": "CPU cores", "memory_gb": "GB of memory"}
@@ -185,19 +186,6 @@ class QuotaBook:
 
         total = sum(keeps(s) for s in sorted(children.get("", ())))
         return total, whose
-
-
-class ScopeTree(Protocol):
-    """What the quotas ask of tenancy (``opod.access.tenancy``), which sits above the fleet."""
-
-    def chain(self, scope: str) -> tuple[str, ...]:
-        """The scope a text names (``team:acme/ml``, ``team:ID`` or an ID) and every scope above it, as ``team:ID``,
-        itself first; ``()`` when it names nothing known."""
-        ...
-
-    def label(self, scope: str) -> str:
-        """How people know a scope (``Acme / ml``); ``""`` when unknown."""
-        ...
 
 
 class QuotaTable:

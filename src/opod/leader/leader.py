@@ -24,7 +24,7 @@ from opod import config
 from opod.access.keytable import KeyEntry
 from opod.access.people import People
 from opod.access.service import AccessService
-from opod.access.tenancy import Tenancy
+from opod.access.tenancy import Tenancy, TenancyScopes
 from opod.catalog import Catalog, load_catalog
 from opod.catalog.definition import from_entry
 from opod.contract import adminapi, nodeapi
@@ -35,7 +35,7 @@ from opod.control.app import create_app as create_control_app
 from opod.control.areas import public_areas
 from opod.control.context import ControlContext
 from opod.control.presets import auto_add as auto_add_presets
-from opod.control.quotas import QuotaFollower, TenancyScopes, load_quotas
+from opod.control.quotas import QuotaFollower, load_quotas
 from opod.fleet.affinity import AffinityTable
 from opod.fleet.local import LocalEngines
 from opod.fleet.models import ANY_NODE, KnownModel, ModelRegistry

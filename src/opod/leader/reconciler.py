@@ -41,7 +41,8 @@ from opod.contract import nodeapi
 from opod.fleet.liveness import HEARTBEAT_MAX_AGE
 from opod.fleet.models import ANY_NODE, KnownModel, ModelRegistry
 from opod.fleet.placement import CLASSES, Held, Planner, Rejection
-from opod.fleet.quotas import Amount, QuotaTable, ScopeTree
+from opod.fleet.quotas import Amount, QuotaTable
+from opod.fleet.scopes import ScopeTree
 from opod.fleet.state import Fleet, NodeState
 from opod.http.nodeclient import WorkerClient, WorkerUnavailable
 from opod.leader import adoption
