@@ -212,6 +212,35 @@ def scan(root: Path) -> Findings:
     return findings
 
 
+ROUTE_FUNCTIONS = ("router", "routes")
+"""A module of ``control`` that defines one of these at its top level is a route module (an area's handlers)."""
+ASSEMBLERS = ("opod.control.areas", "opod.control.app")
+"""The modules that put the areas together: the only importers of route modules."""
+
+
+def route_modules(root: Path, known: dict[str, Path]) -> set[str]:
+    out = set()
+    for name, path in known.items():
+        if not name.startswith(f"{root.name}.control."):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        if any(isinstance(n, ast.FunctionDef) and n.name in ROUTE_FUNCTIONS for n in tree.body):
+            out.add(name)
+    return out
+
+
+def route_module_imports(root: Path) -> list[str]:
+    """Imports of an area's route module by anything but the assemblers: the leader and other areas call services."""
+    known = modules(root)
+    routes = route_modules(root, known)
+    assemblers = {f"{root.name}{name.removeprefix('opod')}" for name in ASSEMBLERS}
+    return [
+        f"{e.file}:{e.line}: {e.source} imports the route module {e.target}; call the area's service instead"
+        for e in imports(root, known)
+        if e.target in routes and e.source not in assemblers
+    ]
+
+
 def documented_layers(text: str) -> list[str]:
     """The first word of each unindented line in the code block under the doc's '## Layers' heading."""
     section = text.split("\n## Layers", 1)[1]
@@ -237,6 +266,33 @@ def test_no_two_files_import_each_other() -> None:
 def test_every_package_has_a_place_in_the_layers() -> None:
     problems = scan(SRC).unplaced
     assert not problems, _report(problems)
+
+
+def test_no_route_module_is_imported_but_by_the_list_of_areas() -> None:
+    problems = route_module_imports(SRC)
+    assert not problems, _report(problems)
+
+
+def test_a_route_module_imported_by_the_leader_or_another_area_is_reported(tmp_path: Path) -> None:
+    root = _fake_tree(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "control/__init__.py": "",
+            "control/models.py": "def router():\n    pass\n",
+            "control/presets.py": "from opod.control.models import router\n\n\ndef router():\n    pass\n",
+            "control/areas.py": "from opod.control import models, presets\n",
+            "control/context.py": "",
+            "leader/__init__.py": "",
+            "leader/leader.py": "from opod.control.presets import router\nfrom opod.control.context import x\n",
+        },
+    )
+    assert route_module_imports(root) == [
+        "opod/control/presets.py:1: opod.control.presets imports the route module opod.control.models; "
+        "call the area's service instead",
+        "opod/leader/leader.py:1: opod.leader.leader imports the route module opod.control.presets; "
+        "call the area's service instead",
+    ]
 
 
 def test_the_architecture_doc_lists_the_same_layers_in_the_same_order() -> None:

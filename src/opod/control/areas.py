@@ -13,7 +13,7 @@ from fastapi import APIRouter
 from starlette.routing import Route
 
 from opod.control import (
-    audit,
+    audit_log,
     capacity,
     client_jobs,
     keys,
@@ -47,7 +47,7 @@ def admin_areas(ctx: ControlContext) -> list[APIRouter]:
         capacity.router(ctx),
         quotas.router(ctx),
         client_jobs.router(ctx.store, ctx.batches),
-        audit.router(ctx.store),
+        audit_log.router(ctx.store),
         settings.router(ctx),
         notify.router(ctx.notifier),
         metrics.router(ctx.settings),

@@ -1,4 +1,4 @@
-"""The audit of the management API on its listeners: a draft for each call, and ``GET /audit``.
+"""The audit of each call on the admin listener and ``/admin/v1``: its draft, and its row once it answered.
 
 Each non-GET call gets an :class:`~opod.store.audit.AuditDraft` on ``request.state.audit``
 before its route runs (:func:`open_draft`). A route hands the draft (the dependency
@@ -14,16 +14,12 @@ from __future__ import annotations
 import json
 import logging
 import re
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import Request
 
-from opod.contract.admin.records import StoreAuditEvent
-from opod.control.context import ControlError, parse_lifetime
-from opod.control.spec import SpecRouter
 from opod.store import Store
-from opod.store.audit import SOURCE_API, AuditDraft, AuditRecord
+from opod.store.audit import SOURCE_API, AuditDraft
 from opod.store.errors import StoreError
 from opod.store.offloop import run_sync
 
@@ -78,46 +74,3 @@ def audit_draft(request: Request) -> AuditDraft:
         request.state.audit = draft
     settle_route(request, draft)
     return draft
-
-
-def view(record: AuditRecord) -> StoreAuditEvent:
-    return StoreAuditEvent(
-        id=record.id,
-        at=record.at,
-        actor=record.actor,
-        source=record.source,
-        action=record.action,
-        target=record.target or None,
-        detail=record.detail or None,
-        status=record.status,
-    )
-
-
-DEFAULT_SINCE = timedelta(days=7)
-DEFAULT_LIMIT = 1000
-
-
-def router(store: Store) -> APIRouter:
-    api = SpecRouter()
-
-    @api.get("/api/v1/audit", operation_id="getAudit", tags=["audit"], response_model=list[StoreAuditEvent])
-    async def get_audit(
-        since: str | None = None, limit: int | None = None, actor: str | None = None, contains: str | None = None
-    ) -> list[StoreAuditEvent]:
-        window = parse_lifetime(since, "since") if since else DEFAULT_SINCE
-        if limit is not None and not 1 <= limit <= 10_000:
-            raise ControlError(
-                400,
-                f"limit: {limit} is outside 1..10000; ask for fewer events, or narrow with since, actor or contains",
-            )
-        start = datetime.now(UTC) - window if window else None
-        rows = await run_sync(
-            store.list_audit,
-            since=start,
-            limit=limit or DEFAULT_LIMIT,
-            actor=actor or None,
-            contains=contains or None,
-        )
-        return [view(r) for r in rows]
-
-    return api
