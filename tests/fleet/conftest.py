@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from opod.access.tenancy import Tenancy
+from opod.access.tenancy import Tenancy, TenancyScopes
 from opod.catalog import load_catalog
 from opod.contract.admin.catalog import CatalogModel, CatalogProfile
 from opod.fleet.models import ModelRegistry
@@ -87,6 +87,7 @@ def setup(tmp_path: Path) -> Iterator[ModelsSetup]:
             load_catalog(),
             fleet,
             kicks,
+            TenancyScopes(tenancy),
             declared=frozenset({"smollm2-135m-instruct"}),
         )
         yield ModelsSetup(store, models, fleet, kicks, service, ids)

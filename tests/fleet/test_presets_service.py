@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from opod.access.tenancy import Tenancy, TenancyScopes
 from opod.catalog import load_catalog
 from opod.contract import nodeapi
 from opod.fleet.models import ModelRegistry
@@ -33,6 +34,7 @@ class Presets:
             catalog,
             self.fleet,
             self.kicks,
+            TenancyScopes(Tenancy.load(store)),
             declared=frozenset(),
         )
         self.service = PresetsService(store, self.models, catalog, self.fleet, self.writer)

@@ -1,6 +1,6 @@
 """``/api/v1/models``: the cluster's catalog of models (``catalog.Model``), and opod's load and unload.
 
-A definition is kept whole, as the caller wrote it, and shown back;
+A definition is kept whole, as the caller wrote it (its owners as ``kind:ID``), and shown back;
 ``GET /models/{name}`` answers it with the defaults in force filled in. Every change goes through
 :class:`~opod.fleet.models_service.ModelsService`, which checks it whole, writes the store with
 its audit row, then memory; the handlers here parse, call it, and shape its answer.

@@ -2,8 +2,10 @@
 what one replica was measured to serve.
 
 The management API and the leader's loops change models only through :class:`ModelsService`.
-A definition is checked whole before anything is written (:mod:`opod.catalog.definition`).
-Each change is written to the store first, in one transaction with its audit row, then to the registry, then the reconciler is woken;
+A definition is checked whole before anything is written (:mod:`opod.catalog.definition`), and
+its owners are resolved in the tenancy tree and kept as ``kind:ID``, so a scope renamed later still
+owns its models and an owner that names nothing is refused. Each change is written to the store
+first, in one transaction with its audit row, then to the registry, then the reconciler is woken;
 a refusal leaves store and memory as they were, and its audit row to the listener.
 
 A model with replicas wanted is wanted ``loaded`` on any worker: adding one with ``scaling.min`` 0
@@ -16,6 +18,7 @@ from __future__ import annotations
 import difflib
 import logging
 import math
+from collections.abc import Collection
 from datetime import UTC, datetime
 
 from opod.catalog import Catalog
@@ -29,12 +32,13 @@ from opod.catalog.definition import (
     scaling_in_force,
     with_defaults,
 )
-from opod.contract.admin.catalog import CatalogModel, CatalogProfile, CatalogScaling
+from opod.contract.admin.catalog import CatalogAdapter, CatalogModel, CatalogProfile, CatalogScaling
 from opod.contract.admin.models import BenchCapacity
 from opod.engines.registry import DRIVERS
 from opod.fleet.asks import profile_label
 from opod.fleet.followers import Reconciling
 from opod.fleet.models import ANY_NODE, KnownModel, ModelRegistry, definition_of
+from opod.fleet.scopes import ScopeTree
 from opod.fleet.state import Fleet
 from opod.store import Store, Wanted
 from opod.store.audit import AuditDraft
@@ -46,6 +50,11 @@ log = logging.getLogger("opod.fleet")
 
 ENGINES = frozenset(name for d in DRIVERS for name in (d.id, *d.aliases))
 """Engine names a profile may give: every driver's id and aliases."""
+
+OWNER_KINDS = ("org", "team", "project")
+"""What a model's capacity may count against (``catalog.Model.owner``)."""
+ADAPTER_OWNER_KINDS = ("org", "team", "project", "user", "key")
+"""Who an adapter may belong to (``catalog.Adapter.owner``)."""
 
 MEASURED = (
     "max_concurrency_at_slo",
@@ -95,6 +104,7 @@ class ModelsService:
         catalog: Catalog,
         fleet: Fleet,
         reconciler: Reconciling,
+        scopes: ScopeTree,
         *,
         declared: frozenset[str],
     ) -> None:
@@ -104,6 +114,7 @@ class ModelsService:
         self.catalog = catalog
         self.fleet = fleet
         self.reconciler = reconciler
+        self.scopes = scopes
         self.declared = declared
 
     # --- reading ---------------------------------------------------------------------------------------
@@ -121,17 +132,82 @@ class ModelsService:
         """The capacity measurements kept, of every model or of ``model_id``."""
         return await run_sync(self.store.list_capacity, model_id)
 
+    # --- owners -------------------------------------------------------------------------------------------
+
+    def _owner(self, text: str, kinds: Collection[str], field: str) -> str:
+        return self.scopes.scope(text, kinds=kinds, field=field)
+
+    def _owned(self, definition: CatalogModel, before: CatalogModel | None = None) -> CatalogModel:
+        """``definition`` with each owner it changes from ``before`` as ``kind:ID``.
+
+        Raises ``InvalidInput`` (not a scope of a kind taken there) or ``NotFound`` (no such scope), naming the field.
+        An owner left as it was is kept as it is: a model whose owner was removed from the tree can still be scaled.
+        """
+        update: dict[str, object] = {}
+        if definition.owner and (before is None or definition.owner != before.owner):
+            update["owner"] = self._owner(definition.owner, OWNER_KINDS, "owner")
+        kept = {a.name: a.owner for a in (before.adapters or [])} if before is not None else {}
+        adapters: list[CatalogAdapter] = []
+        for i, adapter in enumerate(definition.adapters or []):
+            if adapter.owner and (adapter.name not in kept or kept[adapter.name] != adapter.owner):
+                owner = self._owner(adapter.owner, ADAPTER_OWNER_KINDS, f"adapters[{i}].owner")
+                adapter = adapter.model_copy(update={"owner": owner})
+            adapters.append(adapter)
+        if definition.adapters is not None:
+            update["adapters"] = adapters
+        return definition.model_copy(update=update) if update else definition
+
+    def resolve_stored_owners(self) -> list[str]:
+        """Keep the owners stored as names (``team:acme/ml``) as ``kind:ID`` wherever the scope exists (at start,
+        off the loop); the models changed.
+
+        An owner that names no scope now is left as it was: it counts against nobody until somebody sets another.
+        """
+        changed = []
+        for model in self.models:
+            if model.removed or model.definition is None:
+                continue
+            resolved = self._resolved_where_known(model.definition)
+            if resolved == model.definition:
+                continue
+            self.store.set_definition(model.id, dump(resolved))
+            model.definition = resolved
+            changed.append(model.id)
+            log.info("model %s: its owners are kept by ID from now on (%s)", model.id, resolved.owner or "shared")
+        return changed
+
+    def _resolved_where_known(self, definition: CatalogModel) -> CatalogModel:
+        def known(text: str | None, kinds: Collection[str], field: str) -> str | None:
+            if not text:
+                return text
+            try:
+                return self._owner(text, kinds, field)
+            except (InvalidInput, NotFound):
+                return text
+
+        adapters = [
+            a.model_copy(update={"owner": known(a.owner, ADAPTER_OWNER_KINDS, f"adapters[{i}].owner")})
+            for i, a in enumerate(definition.adapters or [])
+        ]
+        return definition.model_copy(
+            update={
+                "owner": known(definition.owner, OWNER_KINDS, "owner"),
+                **({"adapters": adapters} if definition.adapters is not None else {}),
+            }
+        )
+
     # --- adding and removing ---------------------------------------------------------------------------
 
     async def add(self, definition: CatalogModel, audit: AuditDraft, *, preset_by: str | None = None) -> KnownModel:
         """Check a whole definition, then keep it: the store in one transaction with its audit row, then memory.
 
-        ``preset_by`` records it as a preset that actor added (``auto``: the leader). Raises ``InvalidInput`` or
-        ``Conflict`` (a name or alias taken).
+        ``preset_by`` records it as a preset that actor added (``auto``: the leader). Raises ``InvalidInput``,
+        ``NotFound`` (an owner that names nothing) or ``Conflict`` (a name or alias taken).
         """
         if not definition.name and definition.source:
             definition = definition.model_copy(update={"name": derived_name(definition.source)})
         _refuse(problems(definition, ENGINES))
+        definition = self._owned(definition)
         name = definition.name or ""
         if self.models.active(name) is not None:
             raise Conflict(
@@ -209,6 +285,7 @@ class ModelsService:
         """Replace a model's definition after checking it whole; with ``rescale``, what is wanted on any worker
         follows its scaling."""
         _refuse(problems(definition, ENGINES))
+        definition = self._owned(definition, definition_of(model))
         wanted = wanted_for(definition) if rescale else None
         engine = single_engine(definition)
         with audit.commit(target=f"model:{model.id}") as row:
@@ -249,7 +326,7 @@ class ModelsService:
         return await self._redefine(model, definition_of(model).model_copy(update={"class_": klass or None}), audit)
 
     async def set_owner(self, name: str, owner: str, audit: AuditDraft) -> KnownModel:
-        """Set the scope its capacity counts against; ``""`` makes it shared."""
+        """Set the scope its capacity counts against, kept as ``kind:ID``; ``""`` makes it shared."""
         model = self.named(name)
         _refuse([p for p in [owner_problem(owner)] if p])
         return await self._redefine(model, definition_of(model).model_copy(update={"owner": owner or None}), audit)

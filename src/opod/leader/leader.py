@@ -214,8 +214,10 @@ class Leader:
             catalog,
             fleet,
             reconciler,
+            scopes,
             declared=frozenset(DEFAULT_MODELS) if settings.default_models else frozenset(),
         )
+        models_service.resolve_stored_owners()
         lifecycle = LifecycleWatch(fleet, reconciler.parked, emit)
         shards = ShardManager(
             Gangs(
