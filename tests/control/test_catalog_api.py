@@ -104,6 +104,29 @@ def admin(
         return response.status, json.loads(response.read())
 
 
+SCOPES: dict[str, str] = {}
+"""The owners ``FULL`` and the tests name by path (``team:acme/ml``) → the ``kind:ID`` they are kept and answered as."""
+
+
+def tenancy(leader: Leader) -> None:
+    """The part of the tenancy tree the models' owners name: acme, its team ml, and ml's projects legal and chat."""
+    for kind, name, parent, path in [
+        ("org", "acme", None, "acme"),
+        ("team", "ml", "acme", "acme/ml"),
+        ("project", "legal", "acme/ml", "acme/ml/legal"),
+        ("project", "chat", "acme/ml", "acme/ml/chat"),
+    ]:
+        status, item = leader.admin("POST", f"/api/v1/{kind}s", {"name": name, **({"in": parent} if parent else {})})
+        assert status == 201, item
+        SCOPES[f"{kind}:{path}"] = f"{kind}:{item['id']}"
+
+
+def by_id(definition: dict[str, Any]) -> dict[str, Any]:
+    """``definition`` as it is kept: its owners as ``kind:ID``."""
+    adapters = [{**a, "owner": SCOPES[a["owner"]]} for a in definition["adapters"]]
+    return {**definition, "owner": SCOPES[definition["owner"]], "adapters": adapters}
+
+
 def listing(leader: Leader) -> dict[str, dict]:
     status, rows = leader.admin("GET", "/api/v1/models")
     assert status == 200, rows
@@ -114,10 +137,11 @@ def test_a_whole_definition_is_kept_shown_back_with_defaults_and_survives_a_rest
     home = tmp_path / "home"
     leader = Leader(home, worker=False)
     try:
+        tenancy(leader)
         status, body = leader.admin("POST", "/api/v1/models", FULL)
         assert (status, body) == (200, {"added": "chat-big"})
         status, shown = leader.admin("GET", "/api/v1/models/chat-big")
-        assert status == 200 and contains(shown, FULL), shown
+        assert status == 200 and contains(shown, by_id(FULL)), shown
         assert shown["profiles"][2] | {} == FULL["profiles"][2] | {"name": "ampere", "pp": 1, "gpus_per_node": 4}, (
             "defaults filled in"
         )
@@ -139,7 +163,7 @@ def test_a_whole_definition_is_kept_shown_back_with_defaults_and_survives_a_rest
                 "memory_gb": 64,
                 "cpu_cores": 8,
                 "class": "critical",
-                "owner": "team:acme/ml",
+                "owner": SCOPES["team:acme/ml"],
                 "fallbacks": ["smollm2-135m-instruct"],
                 "origin": {"repo": "acme/chat-big", "revision": "abc123"},
             },
@@ -212,6 +236,7 @@ BAD: list[tuple[dict[str, Any], int, str]] = [
 @pytest.fixture(scope="module")
 def catalog_leader(tmp_path_factory: pytest.TempPathFactory):
     leader = Leader(tmp_path_factory.mktemp("catalog") / "home", worker=False)
+    tenancy(leader)
     assert leader.admin("POST", "/api/v1/models", FULL)[0] == 200
     yield leader
     leader.process.stop()
@@ -260,7 +285,7 @@ def test_scale_class_owner_and_resources_change_the_definition(catalog_leader: L
 
     assert leader.admin("POST", "/api/v1/models/chat-big/owner", {"owner": "project:acme/ml/chat"}) == (
         200,
-        {"model": "chat-big", "owner": "project:acme/ml/chat"},
+        {"model": "chat-big", "owner": SCOPES["project:acme/ml/chat"]},
     )
     status, error = leader.admin("POST", "/api/v1/models/chat-big/owner", {"owner": "team:a/b/c"})
     assert status == 400 and "owner: 'team:a/b/c' is not a scope" in error["error"]

@@ -48,7 +48,7 @@ class DefinitionError(ValueError):
 def owner_problem(owner: str | None, field: str = "owner") -> str:
     """Why ``owner`` is not a scope (``org:NAME``, ``team:ORG/TEAM``, ``project:ORG/TEAM/PROJECT``, or the kind and an ID); ``""`` when it is.
 
-    Only the syntax is checked: whether the scope exists is checked once tenancy lands.
+    Only the syntax is checked: the models' writer (``fleet.models_service``) finds the scope in the tenancy tree.
     """
     if not owner:
         return ""

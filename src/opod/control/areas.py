@@ -39,12 +39,12 @@ def admin_areas(ctx: ControlContext) -> list[APIRouter]:
     """``/api/v1`` on the admin listener, in the order the document lists them."""
     return [
         keys.router(ctx),
-        models.router(ctx),
+        models.router(ctx.models_service, ctx.models, ctx.fleet, ctx.reconciler),
         nodes.router(ctx),
-        weights.router(ctx),
-        presets.router(ctx),
-        replicas.router(ctx),
-        capacity.router(ctx),
+        weights.router(ctx.models, ctx.catalog, ctx.fleet, ctx.workers, ctx.events),
+        presets.router(ctx.presets),
+        replicas.router(ctx.models, ctx.fleet, ctx.reconciler),
+        capacity.router(ctx.models_service, ctx.models, ctx.fleet, ctx.reconciler),
         quotas.router(ctx),
         client_jobs.router(ctx.store, ctx.batches),
         audit_log.router(ctx.store),

@@ -5,30 +5,31 @@ fleet as it is now: the nodes, and the replicas that hold devices (the
 reconciler's, or what workers report loaded where no reconciler runs).
 Nothing here changes the fleet: ``target`` and ``headroom`` place replicas in
 a :class:`~opod.fleet.placement.Planner` of their own and throw it away.
-Capacity measurements are kept in the store only (one row per model and
-profile, the newest replacing the one before), so there is nothing in memory
-to keep in step with it.
+Capacity measurements are recorded and read through
+:class:`~opod.fleet.models_service.ModelsService` (kept in the store only, one
+row per model and profile, the newest replacing the one before).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from datetime import UTC, datetime
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query
 from pydantic import ValidationError
 
 from opod.contract.admin.catalog import CatalogModel
 from opod.contract.admin.fleet import CapacityView, ExplainView, RejectionView
 from opod.contract.admin.models import BenchCapacity, HeadroomView, TargetView
-from opod.control.context import ControlContext, ControlError
+from opod.control.audit import audit_draft
+from opod.control.context import ControlError, ReplicaDesk
 from opod.control.spec import SpecRouter
-from opod.fleet.asks import profile_label
-from opod.fleet.models import KnownModel
+from opod.fleet.models import KnownModel, ModelRegistry, definition_of
+from opod.fleet.models_service import ModelsService, profile_names
 from opod.fleet.placement import Held, Planner, Rejection, effective_class, place
+from opod.fleet.state import Fleet
+from opod.store.audit import AuditDraft
 from opod.store.capacity import CapacityRecord
-from opod.store.offloop import run_sync
 
 HOLDING = ("starting", "ready", "draining")
 """Replica states that hold devices."""
@@ -39,18 +40,14 @@ TARGET_MOST = 4096
 """The most replicas ``target`` simulates placing: past it a fleet is not sized by this answer."""
 
 
-def known(ctx: ControlContext, name: str, what: str = "model") -> KnownModel:
-    model = ctx.models.named(name)
+def known(models: ModelRegistry, name: str, what: str = "model") -> KnownModel:
+    model = models.named(name)
     if model is None:
         raise ControlError(404, f"{what}: {name!r} is not a model's name or alias; GET /api/v1/models lists them")
     return model
 
 
-def definition_of(model: KnownModel) -> CatalogModel:
-    return model.definition if model.definition is not None else CatalogModel(name=model.id)
-
-
-def held_now(ctx: ControlContext) -> list[Held]:
+def held_now(models: ModelRegistry, fleet: Fleet, desk: ReplicaDesk) -> list[Held]:
     """What holds devices now: the reconciler's replicas with the host memory and cores their profiles reserve.
 
     Without a reconciler (or for models it does not track), each model a worker reports
@@ -58,10 +55,10 @@ def held_now(ctx: ControlContext) -> list[Held]:
     """
     out: list[Held] = []
     tracked: set[tuple[str, str]] = set()
-    for replica in ctx.reconciler.replica_list():
+    for replica in desk.replica_list():
         if replica.state not in HOLDING:
             continue
-        owner = ctx.models.get(replica.model)
+        owner = models.get(replica.model)
         profiles = (owner.definition.profiles or []) if owner is not None and owner.definition is not None else []
         profile = profiles[replica.profile] if 0 <= replica.profile < len(profiles) else None
         out.append(
@@ -76,10 +73,10 @@ def held_now(ctx: ControlContext) -> list[Held]:
             )
         )
         tracked.update((replica.model, node) for node in replica.nodes)
-    for node in ctx.fleet:
+    for node in fleet:
         for model_id in sorted(node.loaded_models):
             if (model_id, node.id) not in tracked:
-                owner = ctx.models.get(model_id)
+                owner = models.get(model_id)
                 klass = (
                     effective_class(owner.definition)
                     if owner is not None and owner.definition is not None
@@ -91,18 +88,18 @@ def held_now(ctx: ControlContext) -> list[Held]:
     return out
 
 
-def current(ctx: ControlContext, model: KnownModel) -> int:
+def current(fleet: Fleet, desk: ReplicaDesk, model: KnownModel) -> int:
     """Replicas of ``model`` starting or ready (the reconciler's), else the workers that report it loaded."""
-    mine = [r for r in ctx.reconciler.replica_list() if r.model == model.id]
+    mine = [r for r in desk.replica_list() if r.model == model.id]
     if mine:
         return sum(1 for r in mine if r.state in SERVING)
-    return sum(1 for node in ctx.fleet if model.id in node.loaded_models)
+    return sum(1 for node in fleet if model.id in node.loaded_models)
 
 
-def planner(ctx: ControlContext, now: float) -> tuple[Planner, dict[str, str]]:
+def planner(models: ModelRegistry, fleet: Fleet, desk: ReplicaDesk, now: float) -> tuple[Planner, dict[str, str]]:
     """A planner over the whole fleet as it is, and each held replica's model by replica id."""
-    held = held_now(ctx)
-    return Planner(list(ctx.fleet), held, now=now), {h.replica_id: h.model for h in held}
+    held = held_now(models, fleet, desk)
+    return Planner(list(fleet), held, now=now), {h.replica_id: h.model for h in held}
 
 
 def lines(rejections: list[Rejection]) -> list[str]:
@@ -116,53 +113,6 @@ def rejection_view(r: Rejection) -> RejectionView:
 
 
 # --- measurements -------------------------------------------------------------------------------------
-
-
-def profile_names(definition: CatalogModel) -> list[str]:
-    return [profile_label(p, i) for i, p in enumerate(definition.profiles or [])]
-
-
-def checked_capacity(model: KnownModel, name: str, body: BenchCapacity) -> BenchCapacity:
-    """The measurement as it is kept: its model and profile named as the catalog names them, its time set."""
-    definition = definition_of(model)
-    if body.model and body.model != model.id and body.model not in (definition.aliases or []):
-        raise ControlError(
-            400, f"model: the body names {body.model!r} but the path names {name!r}; leave it out or make them agree"
-        )
-    names = profile_names(definition)
-    profile = body.profile or ""
-    if profile and profile not in names:
-        known_names = ", ".join(names) or "none (the model has one unnamed profile: leave profile out)"
-        raise ControlError(400, f"profile: {model.id} has no profile {profile!r}; its profiles are {known_names}")
-    if not profile and len(names) > 1:
-        raise ControlError(
-            400, f"profile: {model.id} has {len(names)} profiles ({', '.join(names)}); say which one was measured"
-        )
-    if not profile and len(names) == 1:
-        profile = names[0]
-    for field in (
-        "max_concurrency_at_slo",
-        "throughput_tok_per_sec",
-        "ttft_p99",
-        "tpot_p99",
-        "suggested_target_waiting",
-        "suggested_kv_ceiling",
-    ):
-        value = getattr(body, field)
-        if value is not None and (not math.isfinite(value) or value < 0):
-            raise ControlError(400, f"{field}: {value} is not a measurement; it must be a number of at least 0")
-    if body.suggested_kv_ceiling is not None and body.suggested_kv_ceiling > 1:
-        raise ControlError(
-            400, f"suggested_kv_ceiling: {body.suggested_kv_ceiling} is a share of the KV cache, from 0 to 1"
-        )
-    if body.throughput_tok_per_sec is None:
-        raise ControlError(
-            400, "throughput_tok_per_sec: a measurement needs the output tokens a second one replica served at its SLO"
-        )
-    at = body.measured_at or datetime.now(UTC)
-    if at.tzinfo is None:
-        at = at.replace(tzinfo=UTC)
-    return body.model_copy(update={"model": model.id, "profile": profile or None, "measured_at": at})
 
 
 def capacity_views(records: list[CapacityRecord]) -> list[CapacityView]:
@@ -198,7 +148,7 @@ def measurement_for(definition: CatalogModel, measured: list[CapacityView], prof
 # --- the routes -------------------------------------------------------------------------------------
 
 
-def router(ctx: ControlContext) -> APIRouter:
+def router(service: ModelsService, models: ModelRegistry, fleet: Fleet, desk: ReplicaDesk) -> APIRouter:
     api = SpecRouter()
 
     @api.get(
@@ -208,9 +158,9 @@ def router(ctx: ControlContext) -> APIRouter:
         response_model=ExplainView,
     )
     async def get_explain_placement(model: str = Query()) -> ExplainView:
-        found = known(ctx, model)
-        placed = current(ctx, found) > 0
-        last = ctx.reconciler.last_rejections.get(found.id)
+        found = known(models, model)
+        placed = current(fleet, desk, found) > 0
+        last = desk.last_rejections.get(found.id)
         if last is not None:
             rejections = list(last)
         elif placed:
@@ -220,8 +170,8 @@ def router(ctx: ControlContext) -> APIRouter:
             _, rejections = place(
                 found.id,
                 definition,
-                list(ctx.fleet),
-                held_now(ctx),
+                list(fleet),
+                held_now(models, fleet, desk),
                 klass=effective_class(definition),
                 engine=found.engine,
             )
@@ -233,23 +183,14 @@ def router(ctx: ControlContext) -> APIRouter:
         tags=["models"],
         response_model=BenchCapacity,
     )
-    async def put_models_name_capacity(name: str, body: BenchCapacity, request: Request) -> BenchCapacity:
-        model = known(ctx, name, "name")
-        kept = checked_capacity(model, name, body)
-        who = request.headers.get("x-llmgw-actor") or "unknown"
-        await run_sync(
-            ctx.store.put_capacity,
-            model.id,
-            kept.profile or "",
-            kept.model_dump_json(exclude_none=True, by_alias=True),
-            measured_by=who,
-            at=kept.measured_at,
-        )
-        return kept
+    async def put_models_name_capacity(
+        name: str, body: BenchCapacity, draft: AuditDraft = Depends(audit_draft)
+    ) -> BenchCapacity:
+        return await service.record_capacity(name, body, draft)
 
     @api.get("/api/v1/capacity", operation_id="getCapacity", tags=["capacity"], response_model=list[CapacityView])
     async def get_capacity() -> list[CapacityView]:
-        return capacity_views(await run_sync(ctx.store.list_capacity))
+        return capacity_views(await service.measurements())
 
     @api.get(
         "/api/v1/models/{name}/target", operation_id="getModelsNameTarget", tags=["models"], response_model=TargetView
@@ -259,8 +200,8 @@ def router(ctx: ControlContext) -> APIRouter:
             raise ControlError(
                 400, f"tokens_per_sec: {tokens_per_sec} is not a throughput; ask for output tokens a second above 0"
             )
-        model = known(ctx, name, "name")
-        measured = capacity_views(await run_sync(ctx.store.list_capacity, model.id))
+        model = known(models, name, "name")
+        measured = capacity_views(await service.measurements(model.id))
         if not measured:
             raise ControlError(
                 400,
@@ -270,12 +211,12 @@ def router(ctx: ControlContext) -> APIRouter:
         definition = definition_of(model)
         klass = effective_class(definition)
         now = time.monotonic()
-        plan, owners = planner(ctx, now)
+        plan, owners = planner(models, fleet, desk, now)
         first, rejections = plan.place(model.id, definition, klass=klass, engine=model.engine)
         chosen = measurement_for(definition, measured, first.profile if first is not None else None)
         assert chosen is not None
         per = chosen.throughput_tok_per_sec or 0.0
-        have = current(ctx, model)
+        have = current(fleet, desk, model)
         view = TargetView(
             model=model.id,
             tok_per_sec=tokens_per_sec,
@@ -333,10 +274,10 @@ def router(ctx: ControlContext) -> APIRouter:
                 400, f"limit: {limit} replicas; ask for at least 1 (16 when left out, and at most {HEADROOM_MAX})"
             )
         cap = HEADROOM_LIMIT if limit is None or limit > HEADROOM_MAX else limit
-        model = known(ctx, name, "name")
+        model = known(models, name, "name")
         definition = definition_of(model)
         klass = effective_class(definition)
-        plan, owners = planner(ctx, time.monotonic())
+        plan, owners = planner(models, fleet, desk, time.monotonic())
         where: list[list[str]] = []
         blocked: list[str] = []
         first_profile: int | None = None
@@ -357,11 +298,11 @@ def router(ctx: ControlContext) -> APIRouter:
             victims.update(owners.get(v, v) for v in assignment.preempts)
             plan.take(assignment, f"headroom-preempting-{by_preempting}", klass)
             by_preempting += 1
-        measured = capacity_views(await run_sync(ctx.store.list_capacity, model.id))
+        measured = capacity_views(await service.measurements(model.id))
         chosen = measurement_for(definition, measured, first_profile)
         return HeadroomView(
             model=model.id,
-            current=current(ctx, model),
+            current=current(fleet, desk, model),
             more=len(where),
             nodes=where or None,
             limited=len(where) >= cap,

@@ -14,8 +14,10 @@ from opod.catalog import Catalog
 from opod.contract import durations
 from opod.fleet.followers import EventSink, Reconciling
 from opod.fleet.models import ModelRegistry
+from opod.fleet.models_service import ModelsService
 from opod.fleet.placement import Rejection
 from opod.fleet.prefix_index import PrefixIndex
+from opod.fleet.presets_service import PresetsService
 from opod.fleet.quotas import Amount, QuotaTable
 from opod.fleet.state import Fleet
 from opod.http.nodeclient import WorkerClient
@@ -41,6 +43,10 @@ class ControlContext:
     """Organizations, teams and projects in memory (``/orgs``, ``/teams``, ``/projects``, keys' owners): the one writer."""
     fleet: Fleet
     models: ModelRegistry
+    models_service: ModelsService
+    """The one writer of the models: definitions, scaling, class, owner, resources, pins, capacity measurements."""
+    presets: PresetsService
+    """The presets offered, the ``presets.auto`` switch, adding one."""
     catalog: Catalog
     """The bundled catalog and the operator's own entries: what a model added by name is."""
     reconciler: ReplicaDesk
@@ -49,8 +55,6 @@ class ControlContext:
     """Lifecycle events: to the ledger's event stream, and the operator ones to the webhooks."""
     prefix_index: PrefixIndex
     """The routing's cached prefix blocks, which a forgotten node's must leave."""
-    declared_models: frozenset[str]
-    """Models the leader's settings declare (the built-in defaults): they cannot be removed, only scaled to 0."""
     workers: WorkerClient
     """Signed calls to workers (node logs, agent restarts, weights)."""
     settings: SettingsHolder

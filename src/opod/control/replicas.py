@@ -3,7 +3,7 @@
 Everything here is read from the leader's memory (the fleet and the
 reconciler's replicas), never the store: a summary of two hundred nodes is an
 aggregate over the same facts the node and replica tables show; ``fabrics`` is
-one ``FabricUse`` per fabric the nodes declare (``control.nodes.fabric_uses``).
+one ``FabricUse`` per fabric the nodes declare (``fleet.fabrics.fabric_uses``).
 Parts opod has no such thing of (store members, control planes, judges) are left
 out rather than invented.
 """
@@ -30,17 +30,15 @@ from opod.contract.admin.fleet import (
     Summary,
 )
 from opod.contract.admin.models import RetryView
-from opod.control.context import ControlContext, ControlError, ReplicaDesk, ReplicaRecord
-from opod.control.nodes import fabric_uses
+from opod.control.context import ControlError, ReplicaDesk, ReplicaRecord
 from opod.control.spec import SpecRouter
+from opod.fleet.fabrics import fabric_uses
 from opod.fleet.liveness import HEARTBEAT_MAX_AGE
+from opod.fleet.models import ModelRegistry
+from opod.fleet.state import Fleet
 
 IDLE_AFTER = 300.0
 """Seconds without a request before a ready replica counts among the summary's idle ones."""
-
-
-def _desk(ctx: ControlContext) -> ReplicaDesk:
-    return ctx.reconciler
 
 
 def _seconds(since: float, now: float) -> int:
@@ -55,14 +53,16 @@ def idle_seconds(desk: ReplicaDesk, replica: ReplicaRecord, now: float) -> int:
     return _seconds(max(last, replica.ready_at), now)
 
 
-def replica_view(ctx: ControlContext, desk: ReplicaDesk, replica: ReplicaRecord, now: float) -> ReplicaView:
-    model = ctx.models.get(replica.model)
+def replica_view(
+    models: ModelRegistry, fleet: Fleet, desk: ReplicaDesk, replica: ReplicaRecord, now: float
+) -> ReplicaView:
+    model = models.get(replica.model)
     definition = model.definition if model is not None else None
     stale = definition is not None and bool(replica.fingerprint) and fingerprint(definition) != replica.fingerprint
-    head = ctx.fleet.get(replica.nodes[0]) if replica.nodes else None
+    head = fleet.get(replica.nodes[0]) if replica.nodes else None
     shards = []
     for rank, node_id in enumerate(replica.nodes):
-        node = ctx.fleet.get(node_id)
+        node = fleet.get(node_id)
         progress = node.load_progress.get(replica.model, "") if node is not None else ""
         shards.append(
             ShardView(
@@ -78,7 +78,7 @@ def replica_view(ctx: ControlContext, desk: ReplicaDesk, replica: ReplicaRecord,
         {
             g.gpu_class
             for n in replica.nodes
-            if (node := ctx.fleet.get(n)) is not None
+            if (node := fleet.get(n)) is not None
             for g in node.inventory.gpus
             if g.index in replica.gpus.get(n, [])
         }
@@ -99,10 +99,9 @@ def replica_view(ctx: ControlContext, desk: ReplicaDesk, replica: ReplicaRecord,
     )
 
 
-def summary(ctx: ControlContext) -> Summary:
+def summary(models: ModelRegistry, fleet: Fleet, desk: ReplicaDesk) -> Summary:
     now = time.monotonic()
-    desk = ctx.reconciler
-    nodes = list(ctx.fleet)
+    nodes = list(fleet)
     unreachable = {n.id for n in nodes if now - n.last_heartbeat > HEARTBEAT_MAX_AGE or n.goodbye}
     cordoned = sum(1 for n in nodes if n.cordoned and n.id not in unreachable)
     draining = sum(1 for n in nodes if n.drained and n.id not in unreachable)
@@ -136,13 +135,13 @@ def summary(ctx: ControlContext) -> Summary:
     counts = {
         state: sum(1 for r in replicas if r.state == state) for state in ("ready", "starting", "draining", "failed")
     }
-    active = [m for m in ctx.models if not m.removed]
+    active = [m for m in models if not m.removed]
     satisfied = 0
     for model in active:
         if model.definition is not None:
             satisfied += model.status.ready >= model.status.desired
         else:
-            satisfied += not model.wants_loaded() or ctx.fleet.serves(model.id, now)
+            satisfied += not model.wants_loaded() or fleet.serves(model.id, now)
     idle = []
     for replica in replicas:
         seconds = idle_seconds(desk, replica, now) if replica.state == "ready" else -1
@@ -173,22 +172,20 @@ def summary(ctx: ControlContext) -> Summary:
     )
 
 
-def router(ctx: ControlContext) -> APIRouter:
+def router(models: ModelRegistry, fleet: Fleet, desk: ReplicaDesk) -> APIRouter:
     api = SpecRouter()
 
     @api.get("/api/v1/replicas", operation_id="getReplicas", tags=["replicas"], response_model=list[ReplicaView])
     async def get_replicas(model: str | None = None) -> list[ReplicaView]:
-        desk = _desk(ctx)
         now = time.monotonic()
-        if model and ctx.models.get(model) is None:
+        if model and models.get(model) is None:
             raise ControlError(404, f"model: {model!r} is not in the catalog; GET /api/v1/models lists the models")
-        return [replica_view(ctx, desk, r, now) for r in desk.replica_list() if not model or r.model == model]
+        return [replica_view(models, fleet, desk, r, now) for r in desk.replica_list() if not model or r.model == model]
 
     @api.post(
         "/api/v1/restart", operation_id="postRestart", tags=["restart"], response_model=RestartResult, status_code=202
     )
     async def post_restart(body: RestartRequest) -> RestartResult:
-        desk = _desk(ctx)
         for field, value in (("max_surge", body.max_surge), ("max_unavailable", body.max_unavailable)):
             if value is not None and value < 0:
                 raise ControlError(
@@ -203,7 +200,7 @@ def router(ctx: ControlContext) -> APIRouter:
             if replica_id not in current:
                 raise ControlError(404, f"replicas: {replica_id!r} is not a replica; GET /api/v1/replicas lists them")
         for name in body.models or []:
-            if ctx.models.active(name) is None:
+            if models.active(name) is None:
                 raise ControlError(404, f"models: {name!r} is not in the catalog; GET /api/v1/models lists the models")
         chosen = [
             r.id
@@ -226,13 +223,12 @@ def router(ctx: ControlContext) -> APIRouter:
         "/api/v1/models/{name}/retry", operation_id="postModelsNameRetry", tags=["models"], response_model=RetryView
     )
     async def post_models_name_retry(name: str) -> RetryView:
-        desk = _desk(ctx)
-        if ctx.models.active(name) is None:
+        if models.active(name) is None:
             raise ControlError(404, f"model {name!r} is not in the catalog; GET /api/v1/models lists the models")
         return RetryView(was_parked=desk.retry(name))
 
     @api.get("/api/v1/summary", operation_id="getSummary", tags=["summary"], response_model=Summary)
     async def get_summary() -> Summary:
-        return summary(ctx)
+        return summary(models, fleet, desk)
 
     return api

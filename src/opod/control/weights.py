@@ -24,13 +24,16 @@ from pathlib import Path
 
 from fastapi import APIRouter
 
+from opod.catalog import Catalog
 from opod.contract import nodeapi
 from opod.contract.admin.fleet import CollectRequest, CollectResult, OrphanView
 from opod.contract.catalog import Entry
 from opod.contract.wire import WireError
-from opod.control.context import ControlContext, ControlError
+from opod.control.context import ControlError
 from opod.control.spec import SpecRouter
-from opod.fleet.state import NodeState
+from opod.fleet.followers import EventSink
+from opod.fleet.models import ModelRegistry
+from opod.fleet.state import Fleet, NodeState
 from opod.http.nodeclient import WorkerClient, WorkerUnavailable
 from opod.weights.pypi import cache_dir
 
@@ -79,19 +82,19 @@ def owned_by(path: str, units: Iterable[str]) -> bool:
     return False
 
 
-def _needed_ids(ctx: ControlContext, node: NodeState) -> set[str]:
+def _needed_ids(models: ModelRegistry, node: NodeState) -> set[str]:
     """The models whose weights ``node`` keeps: the catalog's, and whatever it serves, loads or is told to."""
-    ids = {m.id for m in ctx.models if not m.removed}
+    ids = {m.id for m in models if not m.removed}
     ids |= set(node.loaded_models) | set(node.resident_models or ()) | set(node.load_progress)
-    ids |= {m.id for m in ctx.models if m.wanted.get(node.id) == "loaded"}
+    ids |= {m.id for m in models if m.wanted.get(node.id) == "loaded"}
     return ids
 
 
-def _units(ctx: ControlContext, node: NodeState, root: str) -> list[str]:
+def _units(models: ModelRegistry, catalog: Catalog, node: NodeState, root: str) -> list[str]:
     units: list[str] = []
-    for model_id in _needed_ids(ctx, node):
-        known = ctx.models.get(model_id)
-        entry = known.entry if known is not None and known.entry is not None else ctx.catalog.get(model_id)
+    for model_id in _needed_ids(models, node):
+        known = models.get(model_id)
+        entry = known.entry if known is not None and known.entry is not None else catalog.get(model_id)
         if entry is not None:
             units += cache_units(entry, root)
         source = known.definition.source if known is not None and known.definition is not None else None
@@ -100,13 +103,17 @@ def _units(ctx: ControlContext, node: NodeState, root: str) -> list[str]:
     return units
 
 
-def orphans_of(ctx: ControlContext, node: NodeState, cache: nodeapi.WeightsCache) -> list[nodeapi.CachedFile]:
+def orphans_of(
+    models: ModelRegistry, catalog: Catalog, node: NodeState, cache: nodeapi.WeightsCache
+) -> list[nodeapi.CachedFile]:
     """The files of ``cache`` (``node``'s) that no model accounts for and the worker does not use."""
-    units = _units(ctx, node, cache.root) + list(cache.in_use or [])
+    units = _units(models, catalog, node, cache.root) + list(cache.in_use or [])
     return [f for f in cache.files or [] if not owned_by(f.path, units)]
 
 
-def router(ctx: ControlContext) -> APIRouter:
+def router(
+    models: ModelRegistry, catalog: Catalog, fleet: Fleet, workers: WorkerClient, events: EventSink
+) -> APIRouter:
     api = SpecRouter()
     collecting = asyncio.Lock()
     """One sweep at a time: two would race for the same files and report them twice."""
@@ -130,7 +137,7 @@ def router(ctx: ControlContext) -> APIRouter:
 
     async def collect_on(workers: WorkerClient, node: NodeState) -> CollectResult:
         try:
-            stray = orphans_of(ctx, node, await cache_of(workers, node))
+            stray = orphans_of(models, catalog, node, await cache_of(workers, node))
             if not stray:
                 return CollectResult(node=node.id, files=0, bytes=0)
             request = nodeapi.DeleteWeightsRequest(paths=[f.path for f in stray])
@@ -148,7 +155,7 @@ def router(ctx: ControlContext) -> APIRouter:
             done = nodeapi.DeleteWeightsResponse.from_wire(body)
         except (WorkerUnavailable, WireError) as err:
             return CollectResult(node=node.id, files=0, bytes=0, error=str(err))
-        ctx.events("weights.collected", node.id, {"files": done.files, "bytes": done.bytes})
+        events("weights.collected", node.id, {"files": done.files, "bytes": done.bytes})
         result = CollectResult(node=node.id, files=done.files, bytes=done.bytes)
         if done.refused:
             kept = "; ".join(f"{path}: {why}" for path, why in sorted(done.refused.items())[:5])
@@ -164,7 +171,7 @@ def router(ctx: ControlContext) -> APIRouter:
     )
     async def post_weights_collect(body: CollectRequest | None = None) -> list[CollectResult]:
         wanted = (body.node or "") if body is not None else ""
-        nodes = sorted(ctx.fleet, key=lambda n: n.id)
+        nodes = sorted(fleet, key=lambda n: n.id)
         if wanted:
             nodes = [n for n in nodes if n.id == wanted]
             if not nodes:
@@ -173,15 +180,14 @@ def router(ctx: ControlContext) -> APIRouter:
                     f"node: {wanted!r} is not known; GET /api/v1/nodes lists them (leave node out to sweep every node)",
                 )
         async with collecting:
-            workers = ctx.workers
             return list(await asyncio.gather(*(collect_on(workers, n) for n in nodes)))
 
     @api.get(
         "/api/v1/weights/orphans", operation_id="getWeightsOrphans", tags=["weights"], response_model=list[OrphanView]
     )
     async def get_weights_orphans() -> list[OrphanView]:
-        nodes = sorted(ctx.fleet, key=lambda n: n.id)
-        caches = await asyncio.gather(*(cache_of(ctx.workers, n) for n in nodes), return_exceptions=True)
+        nodes = sorted(fleet, key=lambda n: n.id)
+        caches = await asyncio.gather(*(cache_of(workers, n) for n in nodes), return_exceptions=True)
         out = []
         for node, cache in zip(nodes, caches, strict=True):
             if isinstance(cache, BaseException):
@@ -189,7 +195,7 @@ def router(ctx: ControlContext) -> APIRouter:
                     raise cache
                 log.warning("weights/orphans: %s", cache)  # a node that cannot answer has nothing to show
                 continue
-            stray = orphans_of(ctx, node, cache)
+            stray = orphans_of(models, catalog, node, cache)
             if stray:
                 out.append(OrphanView(node=node.id, paths=[f.path for f in stray], bytes=sum(f.bytes for f in stray)))
         return out

@@ -71,6 +71,11 @@ class KnownModel:
         return any(state == "loaded" for state in self.wanted.values())
 
 
+def definition_of(model: KnownModel) -> CatalogModel:
+    """The model's definition; one that names only the model when it has none."""
+    return model.definition if model.definition is not None else CatalogModel(name=model.id)
+
+
 class ModelRegistry:
     def __init__(self) -> None:
         self._models: dict[str, KnownModel] = {}

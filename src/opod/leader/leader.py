@@ -34,12 +34,13 @@ from opod.contract.catalog import Entry
 from opod.control.app import create_app as create_control_app
 from opod.control.areas import public_areas
 from opod.control.context import ControlContext
-from opod.control.presets import auto_add as auto_add_presets
 from opod.control.quotas import QuotaFollower, load_quotas
 from opod.fleet.affinity import AffinityTable
 from opod.fleet.local import LocalEngines
 from opod.fleet.models import ANY_NODE, KnownModel, ModelRegistry
+from opod.fleet.models_service import ModelsService
 from opod.fleet.prefix_index import PrefixIndex
+from opod.fleet.presets_service import PresetsService
 from opod.fleet.state import Fleet, NodeState
 from opod.gateway.admission import Admission, fleet_capacity
 from opod.gateway.app import Gateway
@@ -203,9 +204,20 @@ class Leader:
         workers = WorkerClient(access.tokens.token_for_node, Signer)
         index, pins, local_engines = PrefixIndex(), AffinityTable(), LocalEngines()
         quotas = load_quotas(store)
+        scopes = TenancyScopes(tenancy)
         reconciler = Reconciler(
-            fleet, models, workers, housekeeping=index.sweep, quotas=quotas, scopes=TenancyScopes(tenancy), emit=emit
+            fleet, models, workers, housekeeping=index.sweep, quotas=quotas, scopes=scopes, emit=emit
         )
+        models_service = ModelsService(
+            store,
+            models,
+            catalog,
+            fleet,
+            reconciler,
+            scopes,
+            declared=frozenset(DEFAULT_MODELS) if settings.default_models else frozenset(),
+        )
+        models_service.resolve_stored_owners()
         lifecycle = LifecycleWatch(fleet, reconciler.parked, emit)
         shards = ShardManager(
             Gangs(
@@ -290,11 +302,12 @@ class Leader:
             tenancy=tenancy,
             fleet=fleet,
             models=models,
+            models_service=models_service,
+            presets=PresetsService(store, models, catalog, fleet, models_service),
             catalog=catalog,
             reconciler=reconciler,
             events=emit,
             prefix_index=index,
-            declared_models=frozenset(DEFAULT_MODELS) if settings.default_models else frozenset(),
             workers=workers,
             settings=cluster_settings,
             notifier=webhooks,
@@ -489,7 +502,7 @@ class Leader:
             if stop.is_set():
                 return
             try:
-                await auto_add_presets(self.control)
+                await self.control.presets.auto_add()
             except Exception:  # one bad round must not stop the loop
                 log.exception("adding presets by themselves failed")
 

@@ -67,6 +67,8 @@ class AuditRow:
 
 SOURCE_API = "api"
 SOURCE_WEB = "web"
+SOURCE_LEADER = "leader"
+"""A change the leader made by itself (a preset added while ``presets.auto`` is on)."""
 REDACTED = "[redacted]"
 
 _SECRET_FIELDS = re.compile(
@@ -219,6 +221,7 @@ class AuditRepo(Repository):
 
 __all__ = [
     "SOURCE_API",
+    "SOURCE_LEADER",
     "SOURCE_WEB",
     "AuditDraft",
     "AuditRecord",

@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import Row, select
 from sqlalchemy.exc import IntegrityError
 
+from opod.store.audit import AuditRow, insert_audit
 from opod.store.base import Repository, json_arg, text_arg, when
 from opod.store.models import model_not_found
 from opod.store.schema import capacity, models
@@ -33,9 +34,19 @@ def _record(row: Row[Any]) -> CapacityRecord:
 
 class CapacityRepo(Repository):
     def put_capacity(
-        self, model_id: str, profile: str, capacity_json: str, *, measured_by: str = "", at: datetime | None = None
+        self,
+        model_id: str,
+        profile: str,
+        capacity_json: str,
+        *,
+        measured_by: str = "",
+        at: datetime | None = None,
+        audit: AuditRow | None = None,
     ) -> CapacityRecord:
-        """Keep a measurement of ``model_id`` on ``profile``, replacing the previous one; NotFound if not added."""
+        """Keep a measurement of ``model_id`` on ``profile``, replacing the previous one; NotFound if not added.
+
+        ``audit`` commits with the measurement.
+        """
         record = CapacityRecord(
             model_id=text_arg(model_id, "model id"),
             profile=text_arg(profile, "profile", empty=True),
@@ -55,6 +66,8 @@ class CapacityRepo(Repository):
                 if conn.execute(select(models.c.id).where(models.c.id == model_id)).first() is None:
                     raise model_not_found(model_id)
                 conn.execute(statement)
+                if audit is not None:
+                    insert_audit(conn, audit)
         except IntegrityError as err:  # the model was removed by another writer in the meantime
             raise model_not_found(model_id) from err
         return record

@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import Connection, Row, delete, select, update
 from sqlalchemy.exc import IntegrityError
 
+from opod.store.audit import AuditRow, insert_audit
 from opod.store.base import Repository, json_arg, text_arg, when
 from opod.store.errors import Conflict, InvalidInput, NotFound
 from opod.store.schema import WANTED_STATES, models, placements, presets
@@ -50,11 +51,13 @@ class ModelsRepo(Repository):
         wanted: str | None = None,
         preset_by: str | None = None,
         at: datetime | None = None,
+        audit: AuditRow | None = None,
     ) -> ModelRecord:
         """Add a model under its served name; a name already added is a Conflict.
 
         ``wanted`` writes its placement on any worker in the same transaction; ``preset_by``
-        records it as a preset added by that actor (``auto`` for the leader), clearing a decline.
+        records it as a preset added by that actor (``auto`` for the leader), clearing a decline;
+        ``audit`` is the change's row, committed with it.
         """
         record = ModelRecord(
             id=text_arg(id, "model id"),
@@ -80,6 +83,8 @@ class ModelsRepo(Repository):
                     )
                 if preset_by is not None:
                     self._mark_preset(conn, id, text_arg(preset_by, "added_by"), record.added_at)
+                if audit is not None:
+                    insert_audit(conn, audit)
         except IntegrityError as err:  # added by another writer in the meantime
             raise conflict from err
         return record
@@ -99,10 +104,11 @@ class ModelsRepo(Repository):
         engine: str | None = None,
         wanted: str | None = None,
         at: datetime | None = None,
+        audit: AuditRow | None = None,
     ) -> None:
         """Replace a model's definition (and, when given, its entry, engine and what is wanted on any worker) in one transaction.
 
-        ``wanted="unloaded"`` unloads it from the nodes it was pinned to as well.
+        ``wanted="unloaded"`` unloads it from the nodes it was pinned to as well; ``audit`` commits with the change.
         """
         if wanted is not None and wanted not in WANTED_STATES:
             raise InvalidInput(f"wanted {wanted!r} is not one of {', '.join(WANTED_STATES)}")
@@ -128,6 +134,8 @@ class ModelsRepo(Repository):
                         update={"wanted": wanted, "updated_at": stamp},
                     )
                 )
+            if audit is not None:
+                insert_audit(conn, audit)
 
     def get_model(self, id: str) -> ModelRecord:
         with self._read() as conn:
@@ -140,11 +148,12 @@ class ModelsRepo(Repository):
         with self._read() as conn:
             return [_record(row) for row in conn.execute(select(models).order_by(models.c.id))]
 
-    def remove_model(self, id: str) -> bool:
+    def remove_model(self, id: str, *, audit: AuditRow | None = None) -> bool:
         """Remove a model and, by cascade, every placement and capacity measurement of it.
 
         A model that came from a preset has that preset marked declined in the same
         transaction, so the leader does not add it again by itself; answers whether it was.
+        ``audit`` commits with the removal.
         """
         with self._write() as conn:
             if conn.execute(delete(models).where(models.c.id == id)).rowcount == 0:
@@ -152,4 +161,6 @@ class ModelsRepo(Repository):
             declined = conn.execute(
                 update(presets).where(presets.c.name == id, presets.c.added_by != "").values(declined=True)
             ).rowcount
+            if audit is not None:
+                insert_audit(conn, audit)
         return bool(declined)

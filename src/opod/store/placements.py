@@ -9,6 +9,7 @@ from typing import Any, Literal
 from sqlalchemy import Connection, Row, delete, select
 from sqlalchemy.exc import IntegrityError
 
+from opod.store.audit import AuditRow, insert_audit
 from opod.store.base import Repository, text_arg, when
 from opod.store.errors import InvalidInput, NotFound
 from opod.store.models import model_not_found
@@ -38,9 +39,18 @@ def _require_model(conn: Connection, model_id: str) -> None:
 
 class PlacementsRepo(Repository):
     def set_placement(
-        self, model_id: str, node_id: str, wanted: Wanted, *, at: datetime | None = None
+        self,
+        model_id: str,
+        node_id: str,
+        wanted: Wanted,
+        *,
+        at: datetime | None = None,
+        audit: AuditRow | None = None,
     ) -> PlacementRecord:
-        """Say that ``model_id`` should be ``wanted`` on ``node_id`` (``*``: any worker); replaces the previous word."""
+        """Say that ``model_id`` should be ``wanted`` on ``node_id`` (``*``: any worker); replaces the previous word.
+
+        ``audit`` commits with the change.
+        """
         if wanted not in WANTED_STATES:
             raise InvalidInput(f"wanted {wanted!r} is not one of {', '.join(WANTED_STATES)}")
         record = PlacementRecord(
@@ -59,6 +69,8 @@ class PlacementsRepo(Repository):
             with self._write() as conn:
                 _require_model(conn, model_id)
                 conn.execute(statement)
+                if audit is not None:
+                    insert_audit(conn, audit)
         except IntegrityError as err:  # the model was removed by another writer in the meantime
             raise model_not_found(model_id) from err
         return record

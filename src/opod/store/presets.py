@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlalchemy import Row, select
 
+from opod.store.audit import AuditRow, insert_audit
 from opod.store.base import Repository
 from opod.store.schema import meta, presets
 
@@ -41,7 +42,10 @@ class PresetsRepo(Repository):
         with self._read() as conn:
             return conn.execute(select(meta.c.value).where(meta.c.key == AUTO_KEY)).scalar() == "on"
 
-    def set_presets_auto(self, on: bool) -> None:
+    def set_presets_auto(self, on: bool, *, audit: AuditRow | None = None) -> None:
+        """Turn the adding of presets by themselves on or off; ``audit`` commits with the change."""
         value = "on" if on else "off"
         with self._write() as conn:
             conn.execute(self._upsert(meta, {"key": AUTO_KEY, "value": value}, on=["key"], update={"value": value}))
+            if audit is not None:
+                insert_audit(conn, audit)
