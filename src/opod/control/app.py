@@ -21,9 +21,12 @@ from opod.control.areas import admin_areas
 from opod.control.context import ControlContext, ControlError
 from opod.control.listener import AdminGuard, refusal
 from opod.control.spec import SpecRouter, document
-from opod.store.errors import Conflict, InvalidInput, NotFound, StoreError
+from opod.store.errors import Conflict, Forbidden, InvalidInput, NotFound, StoreError
 
 log = logging.getLogger("opod.control")
+
+_REFUSALS: dict[type[StoreError], int] = {InvalidInput: 400, Forbidden: 403, NotFound: 404, Conflict: 409}
+"""The services' typed refusals and the status each answers; any other store error is the store failing (503)."""
 
 
 def create_app(ctx: ControlContext) -> FastAPI:
@@ -51,8 +54,8 @@ def create_app(ctx: ControlContext) -> FastAPI:
 
     @app.exception_handler(StoreError)
     async def store_error(request: Request, err: StoreError) -> JSONResponse:
-        if isinstance(err, (NotFound, Conflict, InvalidInput)):
-            status = 404 if isinstance(err, NotFound) else 409 if isinstance(err, Conflict) else 400
+        status = next((s for kind, s in _REFUSALS.items() if isinstance(err, kind)), None)
+        if status is not None:
             return refusal(status, str(err))
         return refusal(503, f"the store failed: {err}; retry shortly", headers={"Retry-After": "5"})
 
