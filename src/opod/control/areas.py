@@ -48,7 +48,7 @@ def admin_areas(ctx: ControlContext) -> list[APIRouter]:
         quotas.router(ctx),
         client_jobs.router(ctx.store, ctx.batches),
         audit.router(ctx.store),
-        settings.router(ctx),
+        settings.router(ctx.settings_service),
         notify.router(ctx.notifier),
         metrics.router(ctx.settings),
         people.router(ctx),

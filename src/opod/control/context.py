@@ -20,6 +20,7 @@ from opod.fleet.quotas import Amount, QuotaTable
 from opod.fleet.state import Fleet
 from opod.http.nodeclient import WorkerClient
 from opod.settings.holder import SettingsHolder
+from opod.settings.service import SettingsService
 from opod.store import Store
 
 
@@ -54,7 +55,9 @@ class ControlContext:
     workers: WorkerClient
     """Signed calls to workers (node logs, agent restarts, weights)."""
     settings: SettingsHolder
-    """The cluster's settings in force on this leader (``/settings``, key rules, prices, Prometheus)."""
+    """The cluster's settings in force on this leader (key rules, prices, Prometheus)."""
+    settings_service: SettingsService
+    """The one writer of the cluster's settings (``/settings``: put and rollback)."""
     notifier: Notifier
     """The webhooks of the cluster's settings (``POST /notify/test``)."""
     quotas: QuotaTable

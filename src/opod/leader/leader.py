@@ -23,6 +23,7 @@ from starlette.routing import Route
 from opod import config
 from opod.access.keytable import KeyEntry
 from opod.access.people import People
+from opod.access.scopes import check_scope
 from opod.access.service import AccessService
 from opod.access.tenancy import Tenancy, TenancyScopes
 from opod.catalog import Catalog, load_catalog
@@ -67,6 +68,7 @@ from opod.ledger import Ledger
 from opod.security.nodetokens import NodeTokenMinter, load_or_create_secret
 from opod.security.signer import Signer
 from opod.settings.holder import SettingsHolder
+from opod.settings.service import SettingsService
 from opod.shards import Gangs, ShardError, ShardManager
 from opod.snapshots.policy import PolicyView
 from opod.snapshots.service import Snapshots
@@ -297,6 +299,7 @@ class Leader:
             declared_models=frozenset(DEFAULT_MODELS) if settings.default_models else frozenset(),
             workers=workers,
             settings=cluster_settings,
+            settings_service=SettingsService(store, cluster_settings, check_scope),
             notifier=webhooks,
             quotas=quotas,
             batches=batches,
