@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Protocol
 
+from opod.access.keys import KeyService
+from opod.access.keys import parse_lifetime as parse_lifetime  # the areas' reader of durations (``?since=24h``)
+from opod.access.members import Memberships
 from opod.access.people import People
+from opod.access.secrets import AuthSecrets
 from opod.access.service import AccessService
 from opod.access.tenancy import Tenancy
 from opod.catalog import Catalog
-from opod.contract import durations
 from opod.fleet.followers import EventSink, Reconciling
 from opod.fleet.models import ModelRegistry
 from opod.fleet.placement import Rejection
@@ -36,8 +38,14 @@ class ControlContext:
     """Synchronous: called through :func:`opod.store.offloop.run_sync`."""
     access: AccessService
     """The one writer of keys and node tokens."""
+    keys: KeyService
+    """Keys and node tokens as ``/keys`` and ``/node-tokens`` issue them: owners, traits and lifetimes checked."""
     people: People
     """People and their memberships (``/users``, SCIM): the one writer."""
+    members: Memberships
+    """Memberships as ``/users`` changes them: a person put in a place, or taken out with the keys they lose."""
+    secrets: AuthSecrets
+    """The sign-in secrets (``/auth/secrets``) and SCIM's bearer token."""
     tenancy: Tenancy
     """Organizations, teams and projects in memory (``/orgs``, ``/teams``, ``/projects``, keys' owners): the one writer."""
     fleet: Fleet
@@ -150,18 +158,3 @@ class ControlError(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
-
-
-def parse_lifetime(text: str | None, field: str = "expires_in") -> timedelta | None:
-    """A lifetime such as ``720h``, ``30d`` or ``1h30m``; empty or ``none`` = never expires."""
-    if text is None or text.strip().lower() in ("", "none", "never"):
-        return None
-    try:
-        seconds = durations.seconds(text)
-    except ValueError:
-        raise ControlError(
-            400, f"{field}: {text!r} is not a lifetime; write it like 720h, 30d or 1h30m (or none)"
-        ) from None
-    if seconds <= 0:
-        raise ControlError(400, f"{field}: a lifetime must be longer than zero")
-    return timedelta(seconds=seconds)

@@ -21,9 +21,12 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from opod import config
+from opod.access.keys import KeyService
 from opod.access.keytable import KeyEntry
+from opod.access.members import Memberships
 from opod.access.people import People
 from opod.access.scopes import check_scope
+from opod.access.secrets import AuthSecrets
 from opod.access.service import AccessService
 from opod.access.tenancy import Tenancy, TenancyScopes
 from opod.catalog import Catalog, load_catalog
@@ -288,7 +291,10 @@ class Leader:
         control = ControlContext(
             store=store,
             access=access,
+            keys=KeyService(access, tenancy, cluster_settings),
             people=people,
+            members=Memberships(people, tenancy, access),
+            secrets=AuthSecrets(store, cluster_settings),
             tenancy=tenancy,
             fleet=fleet,
             models=models,
