@@ -53,7 +53,7 @@ def admin_areas(ctx: ControlContext) -> list[APIRouter]:
         metrics.router(ctx.settings),
         people.router(ctx.members, ctx.secrets),
         tenancy.router(ctx.tenancy),
-        usage.router(ctx.store, ctx.settings, ctx.tenancy),
+        usage.router(ctx.store, ctx.budgets, ctx.tenancy),
         requests.router(ctx.store, ctx.replay),
     ]
 

@@ -20,6 +20,7 @@ from opod.fleet.placement import Rejection
 from opod.fleet.prefix_index import PrefixIndex
 from opod.fleet.quotas import Amount, QuotaTable
 from opod.fleet.state import Fleet
+from opod.gateway.budgets import Budgets
 from opod.http.nodeclient import WorkerClient
 from opod.settings.holder import SettingsHolder
 from opod.settings.service import SettingsService
@@ -66,6 +67,8 @@ class ControlContext:
     """The cluster's settings in force on this leader (key rules, prices, Prometheus)."""
     settings_service: SettingsService
     """The one writer of the cluster's settings (``/settings``: put and rollback)."""
+    budgets: Budgets
+    """The budgets the gateway enforces: which scope sets one (``/usage``)."""
     notifier: Notifier
     """The webhooks of the cluster's settings (``POST /notify/test``)."""
     quotas: QuotaTable

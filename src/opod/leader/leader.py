@@ -306,6 +306,7 @@ class Leader:
             workers=workers,
             settings=cluster_settings,
             settings_service=SettingsService(store, cluster_settings, check_scope),
+            budgets=budgets,
             notifier=webhooks,
             quotas=quotas,
             batches=batches,
