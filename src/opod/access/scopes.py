@@ -120,4 +120,19 @@ def parse_scope(text: str, *, kinds: Collection[str] = KINDS, field: str = "scop
     return ScopeRef(kind, names=names, text=value)
 
 
-__all__ = ["KINDS", "TENANCY_KINDS", "Scope", "ScopeKind", "ScopeRef", "forms", "id_kind", "parse_scope"]
+def check_scope(text: str, kinds: tuple[str, ...], field: str, /) -> ScopeRef:
+    """:func:`parse_scope` as the settings read the scopes a body names (``opod.settings.service.ScopeSyntax``)."""
+    return parse_scope(text, kinds=kinds, field=field)
+
+
+__all__ = [
+    "KINDS",
+    "TENANCY_KINDS",
+    "Scope",
+    "ScopeKind",
+    "ScopeRef",
+    "check_scope",
+    "forms",
+    "id_kind",
+    "parse_scope",
+]

@@ -11,15 +11,16 @@ read whole: cheaper to reason about than a change log) and swaps it in when it d
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Protocol
 
 from opod.access.scopes import KINDS, TENANCY_KINDS, Scope, ScopeRef, parse_scope
 from opod.store import NotFound, OrgRecord, ProjectRecord, Store, TeamRecord, TenancyTree
-from opod.store.audit import AuditRow
-from opod.store.errors import InvalidInput
+from opod.store.audit import AuditDraft, AuditRow
+from opod.store.errors import InvalidInput, StoreError
 from opod.store.following import follow_store
 from opod.store.offloop import run_sync
 from opod.store.tenancy import Level
@@ -241,33 +242,63 @@ class Tenancy:
 
     # --- changing (store first, then memory) -----------------------------------------------
 
-    async def create(self, level: Level, name: str, parent: str | None, *, audit: AuditRow | None = None) -> Any:
-        """Add an organization, or a team in ``parent`` (an organization), or a project in ``parent`` (a team)."""
-        parent_id = self._parent(level, parent)
-        if level == "org":
-            record: Any = await run_sync(self.store.create_org, name, audit=audit)
-        elif level == "team":
-            record = await run_sync(self.store.create_team, parent_id, name, audit=audit)
-        else:
-            record = await run_sync(self.store.create_project, parent_id, name, audit=audit)
+    async def create(
+        self, level: Level, name: str | None, parent: str | None, *, audit: AuditDraft | None = None
+    ) -> Any:
+        """Add an organization, or a team in ``parent`` (an organization), or a project in ``parent`` (a team),
+        each named by ID, name or path; the audit names it by its path."""
+        if not name:
+            raise InvalidInput(f"name: give the {_NOUN[level]} a name (letters, digits and ._-, at most 64)")
+        if level == "org" and parent:
+            raise InvalidInput("in: an organization is at the top of the tree; leave in out")
+        where = ""
+        if parent:
+            try:  # the target names the parent by path however the caller named it; a bad parent is refused below
+                where = self.scope_path(self.node("team" if level == "project" else "org", parent, field="in")) + "/"
+            except StoreError:
+                where = f"{parent}/"
+        with _committing(audit, target=f"{level}:{where}{name}") as row:
+            parent_id = self._parent(level, parent)
+            if level == "org":
+                record: Any = await run_sync(self.store.create_org, name, audit=row)
+            elif level == "team":
+                record = await run_sync(self.store.create_team, parent_id, name, audit=row)
+            else:
+                record = await run_sync(self.store.create_project, parent_id, name, audit=row)
         self._changes += 1
         self._apply(level, record)
         return record
 
     async def change(
-        self, level: Level, id: str, *, name: str | None, parent: str | None, audit: AuditRow | None = None
+        self, level: Level, id: str, *, name: str | None, parent: str | None, audit: AuditDraft | None = None
     ) -> Any:
-        """Rename and/or move; ``id`` as :meth:`node` reads it."""
+        """Rename and/or move (``parent``: the organization or team it goes in); ``id`` as :meth:`node` reads it."""
+        if name is None and parent is None:
+            below = (
+                ""
+                if level == "org"
+                else f" (a {_NOUN[level]} goes in a {'organization' if level == 'team' else 'team'})"
+            )
+            raise InvalidInput("name or in: give a new name to rename it, or in to move it" + below)
+        if level == "org" and parent:
+            raise InvalidInput("in: an organization is at the top of the tree and cannot be moved; leave in out")
         scope = self.node(level, id)
-        parent_id = self._parent(level, parent, moving=scope) if parent is not None else None
-        record = await run_sync(self.store.change_tenancy, level, scope.id, name=name, parent_id=parent_id, audit=audit)
+        changed = {k: v for k, v in (("name", name), ("in", parent)) if v is not None}
+        detail = {"was": f"{level}:{self.scope_path(scope)}", **changed}
+        with _committing(audit, target=f"{level}:{scope.id}", detail=detail) as row:
+            parent_id = self._parent(level, parent, moving=scope) if parent is not None else None
+            record = await run_sync(
+                self.store.change_tenancy, level, scope.id, name=name, parent_id=parent_id, audit=row
+            )
         self._changes += 1
         self._apply(level, record)
         return record
 
-    async def delete(self, level: Level, id: str, *, audit: AuditRow | None = None) -> Scope:
+    async def delete(self, level: Level, id: str, *, audit: AuditDraft | None = None) -> Scope:
+        """Remove an empty organization, team or project; ``id`` as :meth:`node` reads it."""
         scope = self.node(level, id)
-        await run_sync(self.store.delete_tenancy, level, scope.id, audit=audit)
+        with _committing(audit, target=f"{level}:{scope.id}", detail={"path": self.scope_path(scope)}) as row:
+            await run_sync(self.store.delete_tenancy, level, scope.id, audit=row)
         self._changes += 1
         ix = self._ix
         orgs = [o for o in ix.orgs.values() if o.id != scope.id]
@@ -275,6 +306,10 @@ class Tenancy:
         projects = [p for p in ix.projects.values() if p.id != scope.id]
         self._ix = _index(orgs, teams, projects)
         return scope
+
+    async def counts(self) -> tuple[dict[str, int], dict[str, tuple[int, int]]]:
+        """(scope ID → people holding a membership on it directly, project ID → (keys, active keys)), from the store."""
+        return await run_sync(self.store.member_counts), await run_sync(self.store.key_counts)
 
     def mark_had_key(self, project_id: str) -> None:
         """A key was stored for this project (the store marked it in the same transaction)."""
@@ -317,6 +352,17 @@ class Tenancy:
         else:
             projects[record.id] = record
         self._ix = _index(list(orgs.values()), list(teams.values()), list(projects.values()))
+
+
+@contextmanager
+def _committing(audit: AuditDraft | None, *, target: str, detail: Any = None) -> Iterator[AuditRow | None]:
+    """The draft's row to write with a change (:meth:`AuditDraft.commit`); none for a change made without a call
+    of the API (at start-up, in tests)."""
+    if audit is None:
+        yield None
+        return
+    with audit.commit(target=target, detail=detail) as row:
+        yield row
 
 
 __all__ = ["PeopleDirectory", "Person", "ProjectChain", "Tenancy"]

@@ -21,9 +21,12 @@ from opod.control.areas import admin_areas
 from opod.control.context import ControlContext, ControlError
 from opod.control.listener import AdminGuard, refusal
 from opod.control.spec import SpecRouter, document
-from opod.store.errors import Conflict, InvalidInput, NotFound, StoreError
+from opod.store.errors import Conflict, Forbidden, InvalidInput, NotFound, StoreError
 
 log = logging.getLogger("opod.control")
+
+_REFUSALS: dict[type[StoreError], int] = {InvalidInput: 400, Forbidden: 403, NotFound: 404, Conflict: 409}
+"""The services' typed refusals and the status each answers; any other store error is the store failing (503)."""
 
 
 def create_app(ctx: ControlContext) -> FastAPI:
@@ -51,8 +54,8 @@ def create_app(ctx: ControlContext) -> FastAPI:
 
     @app.exception_handler(StoreError)
     async def store_error(request: Request, err: StoreError) -> JSONResponse:
-        if isinstance(err, (NotFound, Conflict, InvalidInput)):
-            status = 404 if isinstance(err, NotFound) else 409 if isinstance(err, Conflict) else 400
+        status = next((s for kind, s in _REFUSALS.items() if isinstance(err, kind)), None)
+        if status is not None:
             return refusal(status, str(err))
         return refusal(503, f"the store failed: {err}; retry shortly", headers={"Retry-After": "5"})
 
@@ -60,20 +63,14 @@ def create_app(ctx: ControlContext) -> FastAPI:
     async def invalid(request: Request, err: RequestValidationError) -> JSONResponse:
         parts = []
         for e in err.errors():
-            where = (
-                ".".join(str(p) for p in e["loc"][1:])
-                if e["loc"][:1] == ("body",)
-                else ".".join(str(p) for p in e["loc"])
-            )
-            if e["loc"] == ("body",):
-                where = "body"
-                e = {
-                    **e,
-                    "msg": "send a JSON object"
-                    if e["type"] in ("missing", "model_attributes_type", "dict_type")
-                    else e["msg"],
-                }
-            parts.append(f"{where or 'body'}: {e['msg']}")
+            loc = tuple(e["loc"])
+            if loc == ("body",):
+                body_type = e["type"] in ("missing", "model_type", "model_attributes_type", "dict_type")
+                parts.append(f"body: {'send a JSON object' if body_type else e['msg']}")
+                continue
+            where = ".".join(str(p) for p in (loc[1:] if loc[:1] == ("body",) else loc))
+            message = _wrong_type(e["type"], e.get("input")) or str(e["msg"]).removeprefix("Value error, ")
+            parts.append(f"{where or 'body'}: {message}")
         return refusal(400, "; ".join(parts))
 
     for area in admin_areas(ctx):
@@ -91,3 +88,41 @@ def create_app(ctx: ControlContext) -> FastAPI:
 
     app.include_router(own)
     return app
+
+
+_EXPECTED = {
+    "string_type": "a string",
+    "int_type": "a whole number",
+    "float_type": "a number",
+    "bool_type": "a boolean (true or false)",
+    "list_type": "an array",
+    "dict_type": "an object",
+    "model_type": "an object",
+    "model_attributes_type": "an object",
+}
+"""What a field of each JSON type takes, by the validation error of a value of another type."""
+
+
+def _wrong_type(error: str, given: Any) -> str:
+    """``send a boolean (true or false), not a string``: a value of another JSON type than its field's; ``""`` for any
+    other refusal."""
+    expected = _EXPECTED.get(error)
+    if expected is None:
+        return ""
+    return f"send {expected}, not {_json_type(given)}"
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "a whole number"
+    if isinstance(value, float):
+        return "a number with a decimal point"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object" if isinstance(value, dict) else type(value).__name__

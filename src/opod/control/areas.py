@@ -38,7 +38,7 @@ from opod.control.context import ControlContext
 def admin_areas(ctx: ControlContext) -> list[APIRouter]:
     """``/api/v1`` on the admin listener, in the order the document lists them."""
     return [
-        keys.router(ctx),
+        keys.router(ctx.keys, ctx.tenancy),
         models.router(ctx.models_service, ctx.models, ctx.fleet, ctx.reconciler),
         nodes.router(ctx),
         weights.router(ctx.models, ctx.catalog, ctx.fleet, ctx.workers, ctx.events),
@@ -48,12 +48,12 @@ def admin_areas(ctx: ControlContext) -> list[APIRouter]:
         quotas.router(ctx),
         client_jobs.router(ctx.store, ctx.batches),
         audit_log.router(ctx.store),
-        settings.router(ctx),
+        settings.router(ctx.settings_service),
         notify.router(ctx.notifier),
         metrics.router(ctx.settings),
-        people.router(ctx),
-        tenancy.router(ctx),
-        usage.router(ctx.store, ctx.settings, ctx.tenancy),
+        people.router(ctx.members, ctx.secrets),
+        tenancy.router(ctx.tenancy),
+        usage.router(ctx.store, ctx.budgets, ctx.tenancy),
         requests.router(ctx.store, ctx.replay),
     ]
 
@@ -61,4 +61,4 @@ def admin_areas(ctx: ControlContext) -> list[APIRouter]:
 def public_areas(ctx: ControlContext) -> list[Route]:
     """What the management layer serves on the public listener: SCIM 2.0 (``/scim/v2``), which identity providers
     call from outside with their own bearer token."""
-    return scim.routes(ctx)
+    return scim.routes(ctx.people, ctx.tenancy, ctx.secrets, ctx.store)

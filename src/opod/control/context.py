@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Protocol
 
+from opod.access.keys import KeyService
+from opod.access.keys import parse_lifetime as parse_lifetime  # the areas' reader of durations (``?since=24h``)
+from opod.access.members import Memberships
 from opod.access.people import People
+from opod.access.secrets import AuthSecrets
 from opod.access.service import AccessService
 from opod.access.tenancy import Tenancy
 from opod.catalog import Catalog
-from opod.contract import durations
 from opod.fleet.followers import EventSink, Reconciling
 from opod.fleet.models import ModelRegistry
 from opod.fleet.models_service import ModelsService
@@ -20,8 +22,10 @@ from opod.fleet.prefix_index import PrefixIndex
 from opod.fleet.presets_service import PresetsService
 from opod.fleet.quotas import Amount, QuotaTable
 from opod.fleet.state import Fleet
+from opod.gateway.budgets import Budgets
 from opod.http.nodeclient import WorkerClient
 from opod.settings.holder import SettingsHolder
+from opod.settings.service import SettingsService
 from opod.store import Store
 
 
@@ -37,8 +41,14 @@ class ControlContext:
     """Synchronous: called through :func:`opod.store.offloop.run_sync`."""
     access: AccessService
     """The one writer of keys and node tokens."""
+    keys: KeyService
+    """Keys and node tokens as ``/keys`` and ``/node-tokens`` issue them: owners, traits and lifetimes checked."""
     people: People
     """People and their memberships (``/users``, SCIM): the one writer."""
+    members: Memberships
+    """Memberships as ``/users`` changes them: a person put in a place, or taken out with the keys they lose."""
+    secrets: AuthSecrets
+    """The sign-in secrets (``/auth/secrets``) and SCIM's bearer token."""
     tenancy: Tenancy
     """Organizations, teams and projects in memory (``/orgs``, ``/teams``, ``/projects``, keys' owners): the one writer."""
     fleet: Fleet
@@ -58,7 +68,11 @@ class ControlContext:
     workers: WorkerClient
     """Signed calls to workers (node logs, agent restarts, weights)."""
     settings: SettingsHolder
-    """The cluster's settings in force on this leader (``/settings``, key rules, prices, Prometheus)."""
+    """The cluster's settings in force on this leader (key rules, prices, Prometheus)."""
+    settings_service: SettingsService
+    """The one writer of the cluster's settings (``/settings``: put and rollback)."""
+    budgets: Budgets
+    """The budgets the gateway enforces: which scope sets one (``/usage``)."""
     notifier: Notifier
     """The webhooks of the cluster's settings (``POST /notify/test``)."""
     quotas: QuotaTable
@@ -151,18 +165,3 @@ class ControlError(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
-
-
-def parse_lifetime(text: str | None, field: str = "expires_in") -> timedelta | None:
-    """A lifetime such as ``720h``, ``30d`` or ``1h30m``; empty or ``none`` = never expires."""
-    if text is None or text.strip().lower() in ("", "none", "never"):
-        return None
-    try:
-        seconds = durations.seconds(text)
-    except ValueError:
-        raise ControlError(
-            400, f"{field}: {text!r} is not a lifetime; write it like 720h, 30d or 1h30m (or none)"
-        ) from None
-    if seconds <= 0:
-        raise ControlError(400, f"{field}: a lifetime must be longer than zero")
-    return timedelta(seconds=seconds)

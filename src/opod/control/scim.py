@@ -17,7 +17,6 @@ listener, beside ``/admin/v1``, since ``gateway`` may not import ``control``.
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 import re
 from collections.abc import Awaitable, Callable
@@ -38,7 +37,6 @@ from scim2_models import (
     Group,
     GroupMember,
     GroupMembership,
-    ListResponse,
     Meta,
     Name,
     Patch,
@@ -50,15 +48,31 @@ from scim2_models import (
     Sort,
     User,
 )
-from scim2_models import Error as ScimErrorBody
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from opod.access.people import People
 from opod.access.scopes import Scope, ScopeKind, id_kind
-from opod.control.context import ControlContext
-from opod.control.people import scim_secret_name
+from opod.access.secrets import AuthSecrets
+from opod.access.tenancy import Tenancy
+from opod.control.scim_wire import (
+    GROUP_FILTERS,
+    MEDIA_TYPE,
+    PAGE_MAX,
+    PREFIX,
+    USER_FILTERS,
+    ScimError,
+    audit_fields,
+    matches,
+    one_or_list,
+    page,
+    read_body,
+    read_filter,
+    scim_response,
+    user_fields,
+)
+from opod.store import Store
 from opod.store.audit import SOURCE_API, AuditRow, detail_text
 from opod.store.errors import Conflict, InvalidInput, NotFound, StoreError
 from opod.store.offloop import run_sync
@@ -66,38 +80,12 @@ from opod.store.people import UserRecord, new_user_id
 
 log = logging.getLogger("opod.scim")
 
-PREFIX = "/scim/v2"
-MEDIA_TYPE = "application/scim+json"
 ACTOR = "scim"
-BODY_MAX = 1024 * 1024
-"""The largest body a provider may send: a group push of thousands of members fits."""
-PAGE_MAX = 200
-"""At most this many resources an answer; a provider pages with ``startIndex`` and ``count``."""
 
 ScimUser = User[EnterpriseUser]
 """A User as providers send it: the enterprise extension (department, manager, ...) is read and not kept."""
 
-_FILTER = re.compile(r'^\s*(\w+)\s+eq\s+"((?:[^"\\]|\\.)*)"\s*$', re.IGNORECASE)
 _MEMBER_PATH = re.compile(r'^members\[\s*value\s+eq\s+"([^"]+)"\s*\]$', re.IGNORECASE)
-
-
-class ScimError(Exception):
-    """A refusal as RFC 7644 writes it: ``status``, ``scimType`` and a ``detail`` saying what to do."""
-
-    def __init__(self, status: int, detail: str, scim_type: str | None = None) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.detail = detail
-        self.scim_type = scim_type
-
-    def response(self) -> Response:
-        body = ScimErrorBody(status=self.status, detail=self.detail, scim_type=self.scim_type).model_dump()
-        headers = {"WWW-Authenticate": 'Bearer realm="opod SCIM"'} if self.status == 401 else None
-        return scim_response(body, self.status, headers)
-
-
-def scim_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(json.dumps(body, default=str), status_code=status, media_type=MEDIA_TYPE, headers=headers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,9 +111,10 @@ class _Call:
         )
 
 
-def routes(ctx: ControlContext) -> list[Route]:
-    """The SCIM routes, for the public listener."""
-    scim = _Scim(ctx)
+def routes(people: People, tenancy: Tenancy, secrets: AuthSecrets, store: Store) -> list[Route]:
+    """The SCIM routes, for the public listener: people changed through ``people``, groups read from ``tenancy``,
+    the bearer token from ``secrets``, refused changes recorded in ``store``'s audit."""
+    scim = _Scim(people, tenancy, secrets, store)
     return [
         Route(f"{PREFIX}/Users", scim.guard(scim.users), methods=["GET", "POST"]),
         Route(f"{PREFIX}/Users/{{id}}", scim.guard(scim.user), methods=["GET", "PUT", "PATCH", "DELETE"]),
@@ -143,8 +132,11 @@ Handler = Callable[[_Call], Awaitable[Response]]
 
 
 class _Scim:
-    def __init__(self, ctx: ControlContext) -> None:
-        self.ctx = ctx
+    def __init__(self, people: People, tenancy: Tenancy, secrets: AuthSecrets, store: Store) -> None:
+        self._people = people
+        self.tenancy = tenancy
+        self.secrets = secrets
+        self.store = store
 
     # --- the door: the token, the body cap, refusals as SCIM errors, refused changes audited -----
 
@@ -180,7 +172,7 @@ class _Scim:
         return endpoint
 
     async def _authenticate(self, request: Request) -> None:
-        token = await run_sync(self.ctx.store.get_secret, scim_secret_name(self.ctx))
+        token = await self.secrets.scim_token()
         if token is None:
             raise ScimError(
                 404,
@@ -196,22 +188,22 @@ class _Scim:
     async def _record_refusal(self, call: _Call, err: ScimError) -> None:
         try:
             await run_sync(
-                self.ctx.store.record_audit,
+                self.store.record_audit,
                 call.audit(call.request.path_params.get("id", ""), {"refused": err.detail}, err.status),
             )
         except StoreError as failure:
             log.error("could not record the audit row of %s: %s", call.action, failure)
 
     def people(self) -> People:
-        return self.ctx.people
+        return self._people
 
     # --- /Users ----------------------------------------------------------------------------------
 
     async def users(self, call: _Call) -> Response:
         people = self.people()
         if call.request.method == "POST":
-            given = await _body(call.request, ScimUser, Context.RESOURCE_CREATION_REQUEST)
-            fields = _user_fields(given)
+            given = await read_body(call.request, ScimUser, Context.RESOURCE_CREATION_REQUEST)
+            fields = user_fields(given)
             if people.user(fields["email"]) is not None:
                 raise ScimError(
                     409,
@@ -220,12 +212,12 @@ class _Scim:
                 )
             user_id = new_user_id()
             user = await people.create(
-                id=user_id, audit=call.audit(f"user:{user_id}", _audit_fields(fields), 201), **fields
+                id=user_id, audit=call.audit(f"user:{user_id}", audit_fields(fields), 201), **fields
             )
             return scim_response(self.user_resource(user, call.base), 201, {"Location": f"{call.base}/Users/{user.id}"})
-        wanted = _filter(call.request, _USER_FILTERS)
-        found = [u for u in people.users() if _matches(wanted, u)]
-        return scim_response(_page(call.request, [self.user_resource(u, call.base) for u in found], User))
+        wanted = read_filter(call.request, USER_FILTERS)
+        found = [u for u in people.users() if matches(wanted, u)]
+        return scim_response(page(call.request, [self.user_resource(u, call.base) for u in found], User))
 
     async def user(self, call: _Call) -> Response:
         people = self.people()
@@ -239,9 +231,9 @@ class _Scim:
             await people.update(user.id, state="disabled", audit=call.audit(f"user:{user.id}", {"active": False}, 204))
             return Response(status_code=204)
         if method == "PUT":
-            fields = _user_fields(await _body(call.request, ScimUser, Context.RESOURCE_REPLACEMENT_REQUEST))
+            fields = user_fields(await read_body(call.request, ScimUser, Context.RESOURCE_REPLACEMENT_REQUEST))
         else:
-            patch = await _body(call.request, PatchOp[ScimUser], Context.RESOURCE_PATCH_REQUEST)
+            patch = await read_body(call.request, PatchOp[ScimUser], Context.RESOURCE_PATCH_REQUEST)
             before: User = ScimUser.model_validate(
                 self.user_resource(user, call.base), scim_ctx=Context.RESOURCE_QUERY_RESPONSE
             )
@@ -250,10 +242,8 @@ class _Scim:
                 patch.patch(current)
             except ValueError as err:
                 raise ScimError(400, f"the patch does not apply: {err}", "invalidValue") from None
-            fields = _user_fields(current, before)
-        changed = await people.update(
-            user.id, audit=call.audit(f"user:{user.id}", _audit_fields(fields), 200), **fields
-        )
+            fields = user_fields(current, before)
+        changed = await people.update(user.id, audit=call.audit(f"user:{user.id}", audit_fields(fields), 200), **fields)
         return scim_response(self.user_resource(changed, call.base))
 
     def user_resource(self, user: UserRecord, base: str) -> dict[str, Any]:
@@ -280,7 +270,7 @@ class _Scim:
 
     async def groups(self, call: _Call) -> Response:
         if call.request.method == "POST":
-            given = await _body(call.request, Group, Context.RESOURCE_CREATION_REQUEST)
+            given = await read_body(call.request, Group, Context.RESOURCE_CREATION_REQUEST)
             scope = self._group_by_path(given.display_name or "")
             members = self._member_ids([m.value or "" for m in given.members or []])
             detail = {"displayName": given.display_name, "add": members}
@@ -290,7 +280,7 @@ class _Scim:
             return scim_response(
                 self.group_resource(scope, call.base), 201, {"Location": f"{call.base}/Groups/{scope.id}"}
             )
-        wanted = _filter(call.request, _GROUP_FILTERS)
+        wanted = read_filter(call.request, GROUP_FILTERS)
         scopes = self._all_groups()
         if wanted is not None:
             attribute, value = wanted
@@ -298,7 +288,7 @@ class _Scim:
         # Providers ask for groups without their members when they only look one up (excludedAttributes=members).
         bare = "members" in call.request.query_params.get("excludedAttributes", "").lower().split(",")
         return scim_response(
-            _page(call.request, [self.group_resource(s, call.base, members=not bare) for s in scopes], Group)
+            page(call.request, [self.group_resource(s, call.base, members=not bare) for s in scopes], Group)
         )
 
     async def group(self, call: _Call) -> Response:
@@ -319,11 +309,11 @@ class _Scim:
             )
             return Response(status_code=204)
         if method == "PUT":
-            given = await _body(call.request, Group, Context.RESOURCE_REPLACEMENT_REQUEST)
+            given = await read_body(call.request, Group, Context.RESOURCE_REPLACEMENT_REQUEST)
             self._same_name(scope, given.display_name)
             add, remove, replace_all = self._member_ids([m.value or "" for m in given.members or []]), list[str](), True
         else:
-            patch = await _body(call.request, PatchOp[Group], Context.RESOURCE_PATCH_REQUEST)
+            patch = await read_body(call.request, PatchOp[Group], Context.RESOURCE_PATCH_REQUEST)
             add, remove, replace_all = self._group_patch(scope, patch)
         detail = {"add": add, "remove": remove, "replace": replace_all}
         await self.people().change_members(
@@ -399,9 +389,7 @@ class _Scim:
         return resource.model_dump(scim_ctx=Context.RESOURCE_QUERY_RESPONSE)
 
     def _all_groups(self) -> list[Scope]:
-        tenancy = self.ctx.tenancy
-        if tenancy is None:
-            return []
+        tenancy = self.tenancy
         return [Scope("team", t.id) for t in tenancy.teams] + [Scope("project", p.id) for p in tenancy.projects]
 
     def _group_kind(self, target: str) -> ScopeKind | None:
@@ -410,7 +398,7 @@ class _Scim:
         if kind not in ("team", "project"):
             return None
         try:
-            return self.ctx.tenancy.resolve(target, kinds=(kind,)).kind
+            return self.tenancy.resolve(target, kinds=(kind,)).kind
         except (NotFound, InvalidInput):
             return None
 
@@ -424,7 +412,7 @@ class _Scim:
             )
         kind = "team" if depth == 2 else "project"
         try:
-            return self.ctx.tenancy.resolve(f"{kind}:{path}", kinds=(kind,), field="displayName")
+            return self.tenancy.resolve(f"{kind}:{path}", kinds=(kind,), field="displayName")
         except NotFound as err:
             raise ScimError(
                 400,
@@ -456,7 +444,7 @@ class _Scim:
         kind = self._group_kind(target)
         if kind is None:
             return target
-        return self.ctx.tenancy.scope_path(Scope(kind, target))
+        return self.tenancy.scope_path(Scope(kind, target))
 
     # --- discovery ---------------------------------------------------------------------------------
 
@@ -487,7 +475,7 @@ class _Scim:
             kind = ResourceType.from_resource(model)
             kind.meta = Meta(resource_type="ResourceType", location=f"{call.base}/ResourceTypes/{kind.id}")
             types[str(kind.id)] = kind.model_dump(scim_ctx=Context.RESOURCE_QUERY_RESPONSE)
-        return _one_or_list(call, types, "ResourceType", ResourceType)
+        return one_or_list(call.request, types, "ResourceType", ResourceType)
 
     async def schemas(self, call: _Call) -> Response:
         found = {}
@@ -495,127 +483,7 @@ class _Scim:
             schema = model.to_schema()
             schema.meta = Meta(resource_type="Schema", location=f"{call.base}/Schemas/{schema.id}")
             found[str(schema.id)] = schema.model_dump(scim_ctx=Context.RESOURCE_QUERY_RESPONSE)
-        return _one_or_list(call, found, "Schema", Schema)
-
-
-# --- helpers -----------------------------------------------------------------------------------------
-
-_USER_FILTERS = {"username": "userName", "externalid": "externalId", "id": "id"}
-_GROUP_FILTERS = {"displayname": "displayName", "id": "id"}
-
-
-def _filter(request: Request, allowed: dict[str, str]) -> tuple[str, str] | None:
-    """The one filter opod answers: ``ATTRIBUTE eq "VALUE"``; None without a filter."""
-    text = request.query_params.get("filter")
-    if not text:
-        return None
-    match = _FILTER.match(text)
-    if match is None or match.group(1).lower() not in allowed:
-        forms = " or ".join(f'{a} eq "VALUE"' for a in allowed.values())
-        raise ScimError(400, f"filter {text!r}: opod answers {forms}", "invalidFilter")
-    return allowed[match.group(1).lower()], match.group(2).replace('\\"', '"')
-
-
-def _matches(wanted: tuple[str, str] | None, user: UserRecord) -> bool:
-    if wanted is None:
-        return True
-    attribute, value = wanted
-    if attribute == "userName":
-        return user.email.lower() == value.lower()  # userName is case-insensitive (RFC 7643 4.1.1)
-    if attribute == "externalId":
-        return bool(user.external_id) and user.external_id == value
-    return user.id == value
-
-
-def _page(request: Request, resources: list[dict[str, Any]], kind: Any) -> dict[str, Any]:
-    start = max(1, _int(request, "startIndex", 1))
-    count = min(PAGE_MAX, max(0, _int(request, "count", PAGE_MAX)))
-    shown = resources[start - 1 : start - 1 + count]
-    body = ListResponse[kind](total_results=len(resources), start_index=start, items_per_page=len(shown)).model_dump(
-        scim_ctx=Context.SEARCH_RESPONSE
-    )
-    body["Resources"] = shown
-    return body
-
-
-def _int(request: Request, name: str, default: int) -> int:
-    text = request.query_params.get(name)
-    if text is None or text == "":
-        return default
-    try:
-        return int(text)
-    except ValueError:
-        raise ScimError(400, f"{name} {text!r} is not a whole number", "invalidValue") from None
-
-
-def _one_or_list(call: _Call, found: dict[str, dict[str, Any]], what: str, kind: Any) -> Response:
-    wanted = call.request.path_params.get("id")
-    if wanted is None:
-        body = ListResponse[kind](total_results=len(found), start_index=1, items_per_page=len(found)).model_dump(
-            scim_ctx=Context.SEARCH_RESPONSE
-        )
-        body["Resources"] = list(found.values())
-        return scim_response(body)
-    if wanted not in found:
-        raise ScimError(404, f"no {what} {wanted!r}; GET {PREFIX}/{what}s lists them")
-    return scim_response(found[wanted])
-
-
-async def _body(request: Request, model: Any, context: Context) -> Any:
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > BODY_MAX:
-        raise ScimError(413, f"the body is {declared} bytes; SCIM takes at most {BODY_MAX}")
-    raw = await request.body()
-    if len(raw) > BODY_MAX:
-        raise ScimError(413, f"the body is over {BODY_MAX} bytes")
-    try:
-        data = json.loads(raw or b"null")
-    except ValueError:
-        raise ScimError(
-            400, "the body is not JSON; send a SCIM resource as application/scim+json", "invalidSyntax"
-        ) from None
-    if not isinstance(data, dict):
-        raise ScimError(400, "send a SCIM resource: a JSON object with its schemas", "invalidSyntax")
-    try:
-        return model.model_validate(data, scim_ctx=context)
-    except ValidationError as err:
-        parts = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in err.errors())
-        raise ScimError(400, parts, "invalidValue") from None
-
-
-def _user_fields(user: User, before: User | None = None) -> dict[str, Any]:
-    """What opod keeps of a SCIM User: the email is its userName; the name is its displayName, else its name.
-
-    After a patch (``before`` given), the name is the part the patch changed, so a new given name is not
-    hidden behind the formatted name the resource showed before."""
-    if not user.user_name or not user.user_name.strip():
-        raise ScimError(400, "userName: a User needs one (opod keeps it as the person's email)", "invalidValue")
-    parts = " ".join(p for p in (user.name.given_name, user.name.family_name) if p) if user.name is not None else ""
-    formatted = user.name.formatted if user.name is not None else None
-    if before is None:
-        name = user.display_name or formatted or parts
-    elif user.display_name != before.display_name:
-        name = user.display_name or ""
-    elif user.name != before.name:
-        was = before.name.formatted if before.name is not None else None
-        name = formatted if formatted and formatted != was else parts or formatted or ""
-    else:
-        name = user.display_name or ""
-    return {
-        "email": user.user_name.strip(),
-        "name": name,
-        "state": "disabled" if user.active is False else "active",
-        "external_id": user.external_id or "",
-    }
-
-
-def _audit_fields(fields: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "userName": fields["email"],
-        "name": fields["name"],
-        "active": fields["state"] != "disabled",
-        "externalId": fields["external_id"],
-    }
+        return one_or_list(call.request, found, "Schema", Schema)
 
 
 __all__ = ["MEDIA_TYPE", "PREFIX", "ScimError", "routes"]

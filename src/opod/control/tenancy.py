@@ -2,8 +2,9 @@
 
 A team goes in an organization and a project in a team, named by ID or by name or path (``in``:
 ``acme``, ``acme/ml``). PATCH renames, or moves a team to another organization or a project to
-another team with everything under it; DELETE removes only an empty node. Each change commits
-with its audit row; the tree the gateway reads changes right after the store.
+another team with everything under it; DELETE removes only an empty node. The rules are
+:class:`opod.access.tenancy.Tenancy`'s: each change commits with its audit row, and the tree the
+gateway reads changes right after the store.
 """
 
 from __future__ import annotations
@@ -22,13 +23,8 @@ from opod.contract.admin.tenancy import (
     TenancyItem,
 )
 from opod.control.audit import AuditDraft, audit_draft
-from opod.control.context import ControlContext, ControlError
 from opod.control.spec import SpecRouter
-from opod.store.errors import StoreError
-from opod.store.offloop import run_sync
 from opod.store.tenancy import Level, OrgRecord, ProjectRecord, TeamRecord
-
-_NOUN = {"org": "organization", "team": "team", "project": "project"}
 
 
 def item(record: OrgRecord | TeamRecord | ProjectRecord) -> TenancyItem:
@@ -77,61 +73,22 @@ def tree(tenancy: Tenancy, members: dict[str, int], keys: dict[str, tuple[int, i
     ]
 
 
-def router(ctx: ControlContext) -> APIRouter:
+def router(tenancy: Tenancy) -> APIRouter:
     api = SpecRouter()
 
-    def tenancy() -> Tenancy:
-        return ctx.tenancy
-
     async def create(level: Level, body: TenancyCreateRequest, draft: AuditDraft) -> TenancyItem:
-        if not body.name:
-            raise ControlError(400, f"name: give the {_NOUN[level]} a name (letters, digits and ._-, at most 64)")
-        if level == "org" and body.in_:
-            raise ControlError(400, "in: an organization is at the top of the tree; leave in out")
-        where = ""
-        if body.in_:
-            try:  # the target names the parent by path however the caller named it; a bad parent is refused below
-                where = (
-                    tenancy().scope_path(tenancy().node("team" if level == "project" else "org", body.in_, field="in"))
-                    + "/"
-                )
-            except StoreError:
-                where = f"{body.in_}/"
-        with draft.commit(target=f"{level}:{where}{body.name}") as row:
-            record = await tenancy().create(level, body.name, body.in_, audit=row)
-        return item(record)
+        return item(await tenancy.create(level, body.name, body.in_, audit=draft))
 
     async def change(level: Level, id: str, body: TenancyChangeRequest, draft: AuditDraft) -> TenancyItem:
-        if body.name is None and body.in_ is None:
-            raise ControlError(
-                400,
-                "name or in: give a new name to rename it, or in to move it"
-                + (
-                    ""
-                    if level == "org"
-                    else f" (a {_NOUN[level]} goes in a {'organization' if level == 'team' else 'team'})"
-                ),
-            )
-        if level == "org" and body.in_:
-            raise ControlError(400, "in: an organization is at the top of the tree and cannot be moved; leave in out")
-        scope = tenancy().node(level, id)
-        before = f"{level}:{tenancy().scope_path(scope)}"
-        with draft.commit(target=f"{level}:{scope.id}", detail={"was": before, **_body(body)}) as row:
-            record = await tenancy().change(level, scope.id, name=body.name, parent=body.in_, audit=row)
-        return item(record)
+        return item(await tenancy.change(level, id, name=body.name, parent=body.in_, audit=draft))
 
     async def remove(level: Level, id: str, draft: AuditDraft) -> dict[str, Any]:
-        scope = tenancy().node(level, id)
-        path = tenancy().scope_path(scope)
-        with draft.commit(target=f"{level}:{scope.id}", detail={"path": path}) as row:
-            await tenancy().delete(level, scope.id, audit=row)
+        scope = await tenancy.delete(level, id, audit=draft)
         return {"id": scope.id, "deleted": True}
 
     @api.get("/api/v1/orgs", operation_id="getOrgs", tags=["orgs"], response_model=list[OrgView])
     async def get_orgs() -> list[OrgView]:
-        members = await run_sync(ctx.store.member_counts)
-        keys = await run_sync(ctx.store.key_counts)
-        return tree(tenancy(), members, keys)
+        return tree(tenancy, *await tenancy.counts())
 
     @api.post("/api/v1/orgs", operation_id="postOrgs", tags=["orgs"], response_model=TenancyItem, status_code=201)
     async def post_orgs(body: TenancyCreateRequest, draft: AuditDraft = Depends(audit_draft)) -> TenancyItem:
@@ -180,7 +137,3 @@ def router(ctx: ControlContext) -> APIRouter:
         return await remove("team", id, draft)
 
     return api
-
-
-def _body(body: TenancyChangeRequest) -> dict[str, str]:
-    return {k: v for k, v in (("name", body.name), ("in", body.in_)) if v is not None}

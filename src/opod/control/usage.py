@@ -2,8 +2,9 @@
 
 Both read the usage rows the ledger keeps (one per ``/v1`` request, durable and crash-safe), each
 attributed at request time to its key, person, project, team and org. A budget is shown only on
-the level that sets it: a team bounded only by its org's budget shows none, since the org's figure
-against each team would read as though each had that much. ``fraction`` is the spend of the
+the level that sets it (:meth:`opod.gateway.budgets.Budgets.budget_of`, the budgets the gateway
+enforces): a team bounded only by its org's budget shows none, since the org's figure against
+each team would read as though each had that much. ``fraction`` is the spend of the
 budget's current period over the budget.
 
 The export is streamed: the store is read one chunk of time at a time (see
@@ -29,8 +30,7 @@ from opod.access.tenancy import Tenancy
 from opod.contract.admin.records import ScopeUsageView, StoreExportRow
 from opod.control.context import ControlError, parse_lifetime
 from opod.control.spec import SpecRouter
-from opod.gateway.budgets import period_bounds
-from opod.settings.holder import SettingsHolder
+from opod.gateway.budgets import Budgets, period_bounds
 from opod.store import Store
 from opod.store.offloop import run_sync
 from opod.store.usage_report import DIMENSIONS, PERIODS, ExportTotals, chunks, dimensions
@@ -79,20 +79,8 @@ def export_row(row: ExportTotals) -> StoreExportRow:
     )
 
 
-def router(store: Store, settings: SettingsHolder, tenancy: Tenancy) -> APIRouter:
+def router(store: Store, budgets: Budgets, tenancy: Tenancy) -> APIRouter:
     api = SpecRouter()
-
-    def budget_of(scope: Scope) -> tuple[int, str] | None:
-        """The budget set on exactly this scope (the shortest period first); None when it sets none."""
-        found: list[tuple[int, str]] = []
-        for budget in settings.current.budgets:
-            try:
-                named = tenancy.resolve(budget.scope)
-            except Exception:  # a budget naming a scope that does not exist governs nothing
-                continue
-            if (named.kind, named.id) == (scope.kind, scope.id):
-                found.append((budget.micros, budget.period))
-        return min(found, key=lambda b: ("day", "week", "month").index(b[1])) if found else None
 
     @api.get("/api/v1/usage", operation_id="getUsage", tags=["usage"], response_model=list[ScopeUsageView])
     async def get_usage(by: str | None = None, since: str | None = None) -> list[ScopeUsageView]:
@@ -121,7 +109,7 @@ def router(store: Store, settings: SettingsHolder, tenancy: Tenancy) -> APIRoute
                 errors=t.errors,
                 last_at=t.last_at,
             )
-            budget = budget_of(scope)
+            budget = budgets.budget_of(scope.kind, scope.id)
             if budget is not None:
                 micros, period = budget
                 spent = await run_sync(store.usage_spent_since, level, t.id, period_bounds(period, now)[0])

@@ -228,11 +228,16 @@ class Budgets:
     @property
     def active(self) -> bool:
         """Any budget is in force (checked without the lock: a request without one pays nothing)."""
+        self._refresh()
+        return bool(self._accounts)
+
+    def _refresh(self) -> None:
+        """Configure again when the settings changed, or when a budget named a scope not found and it is time to look
+        again (a team created since)."""
         if self.settings.current is not self._configured_for or (
             self._retry_at is not None and time.monotonic() >= self._retry_at
         ):
             self.configure()
-        return bool(self._accounts)
 
     # --- the request path -----------------------------------------------------------
 
@@ -320,8 +325,7 @@ class Budgets:
 
     def budget_of(self, kind: str, ident: str) -> tuple[int, str] | None:
         """(micros, period) of the budget set on exactly that scope (the shortest period first), or None."""
-        if self.settings.current is not self._configured_for:
-            self.configure()
+        self._refresh()
         accounts = self._accounts.get((kind, ident))
         if not accounts:
             return None

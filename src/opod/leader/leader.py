@@ -21,8 +21,12 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from opod import config
+from opod.access.keys import KeyService
 from opod.access.keytable import KeyEntry
+from opod.access.members import Memberships
 from opod.access.people import People
+from opod.access.scopes import check_scope
+from opod.access.secrets import AuthSecrets
 from opod.access.service import AccessService
 from opod.access.tenancy import Tenancy, TenancyScopes
 from opod.catalog import Catalog, load_catalog
@@ -68,6 +72,7 @@ from opod.ledger import Ledger
 from opod.security.nodetokens import NodeTokenMinter, load_or_create_secret
 from opod.security.signer import Signer
 from opod.settings.holder import SettingsHolder
+from opod.settings.service import SettingsService
 from opod.shards import Gangs, ShardError, ShardManager
 from opod.snapshots.policy import PolicyView
 from opod.snapshots.service import Snapshots
@@ -298,7 +303,10 @@ class Leader:
         control = ControlContext(
             store=store,
             access=access,
+            keys=KeyService(access, tenancy, cluster_settings),
             people=people,
+            members=Memberships(people, tenancy, access),
+            secrets=AuthSecrets(store, cluster_settings),
             tenancy=tenancy,
             fleet=fleet,
             models=models,
@@ -310,6 +318,8 @@ class Leader:
             prefix_index=index,
             workers=workers,
             settings=cluster_settings,
+            settings_service=SettingsService(store, cluster_settings, check_scope),
+            budgets=budgets,
             notifier=webhooks,
             quotas=quotas,
             batches=batches,

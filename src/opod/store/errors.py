@@ -1,4 +1,5 @@
-"""The store's typed errors; handlers map them to status codes (NotFound → 404, Conflict → 409)."""
+"""The typed refusals of the store and the services over it; the edges map them to status codes
+(InvalidInput → 400, Forbidden → 403, NotFound → 404, Conflict → 409)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,10 @@ class StoreError(Exception):
 
 class NotFound(StoreError):
     """The named record does not exist."""
+
+
+class Forbidden(StoreError):
+    """The change is not allowed for whom it names (a key for a person in a project they do not belong to)."""
 
 
 class Conflict(StoreError):

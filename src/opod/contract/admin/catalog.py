@@ -6,10 +6,10 @@ from typing import Any
 
 from pydantic import ConfigDict, Field
 
-from opod.contract.admin.base import ApiModel, Int64
+from opod.contract.admin.base import ApiRequest, Int64
 
 
-class CatalogAdapter(ApiModel):
+class CatalogAdapter(ApiRequest):
     model_config = ConfigDict(title="catalog.Adapter")
     name: str | None = None
     source: str | None = None
@@ -17,7 +17,7 @@ class CatalogAdapter(ApiModel):
     owner: str | None = None
 
 
-class CatalogCanary(ApiModel):
+class CatalogCanary(ApiRequest):
     model_config = ConfigDict(title="catalog.Canary")
     model: str | None = None
     percent: int | None = None
@@ -26,7 +26,7 @@ class CatalogCanary(ApiModel):
     max_ttft_ratio: float | None = None
 
 
-class CatalogCapabilities(ApiModel):
+class CatalogCapabilities(ApiRequest):
     model_config = ConfigDict(title="catalog.Capabilities")
     tools: bool | None = None
     vision: bool | None = None
@@ -35,7 +35,7 @@ class CatalogCapabilities(ApiModel):
     meshes: bool | None = None
 
 
-class CatalogInput(ApiModel):
+class CatalogInput(ApiRequest):
     model_config = ConfigDict(title="catalog.Input")
     name: str | None = None
     type: str | None = None
@@ -48,7 +48,7 @@ class CatalogInput(ApiModel):
     doc: str | None = None
 
 
-class CatalogCustomNode(ApiModel):
+class CatalogCustomNode(ApiRequest):
     model_config = ConfigDict(title="catalog.CustomNode")
     repo: str | None = None
     commit: str | None = None
@@ -56,7 +56,7 @@ class CatalogCustomNode(ApiModel):
     build: list[str] | None = None
 
 
-class CatalogComfyUI(ApiModel):
+class CatalogComfyUI(ApiRequest):
     model_config = ConfigDict(title="catalog.ComfyUI")
     workflow: str | None = None
     checkpoint: str | None = None
@@ -67,20 +67,20 @@ class CatalogComfyUI(ApiModel):
     environment: str | None = None
 
 
-class CatalogEvalGate(ApiModel):
+class CatalogEvalGate(ApiRequest):
     model_config = ConfigDict(title="catalog.EvalGate")
     suite: str | None = None
     min_score: float | None = None
     judge: str | None = None
 
 
-class CatalogExternalKey(ApiModel):
+class CatalogExternalKey(ApiRequest):
     model_config = ConfigDict(title="catalog.ExternalKey")
     file: str | None = None
     weight: float | None = None
 
 
-class CatalogExternal(ApiModel):
+class CatalogExternal(ApiRequest):
     model_config = ConfigDict(title="catalog.External")
     url: str | None = None
     model: str | None = None
@@ -92,19 +92,19 @@ class CatalogExternal(ApiModel):
     output: str | None = None
 
 
-class CatalogGPUNeed(ApiModel):
+class CatalogGPUNeed(ApiRequest):
     model_config = ConfigDict(title="catalog.GPUNeed")
     min_compute_capability: float | None = None
     min_memory_gb: int | None = None
 
 
-class CatalogGuardModel(ApiModel):
+class CatalogGuardModel(ApiRequest):
     model_config = ConfigDict(title="catalog.GuardModel")
     format: str | None = None
     categories: list[str] | None = None
 
 
-class CatalogLicense(ApiModel):
+class CatalogLicense(ApiRequest):
     model_config = ConfigDict(title="catalog.License")
     id: str | None = None
     name: str | None = None
@@ -116,14 +116,14 @@ class CatalogLicense(ApiModel):
     attribution: str | None = None
 
 
-class CatalogProfileComfyUI(ApiModel):
+class CatalogProfileComfyUI(ApiRequest):
     model_config = ConfigDict(title="catalog.ProfileComfyUI")
     workflow: str | None = None
     checkpoint: str | None = None
     nodes: list[CatalogCustomNode] | None = None
 
 
-class CatalogProfile(ApiModel):
+class CatalogProfile(ApiRequest):
     model_config = ConfigDict(title="catalog.Profile")
     name: str | None = None
     engine: str | None = None
@@ -150,7 +150,7 @@ class CatalogProfile(ApiModel):
     comfyui: CatalogProfileComfyUI | None = None
 
 
-class CatalogScaleWindow(ApiModel):
+class CatalogScaleWindow(ApiRequest):
     model_config = ConfigDict(title="catalog.ScaleWindow")
     days: list[str] | None = None
     from_: str | None = Field(None, alias="from")
@@ -159,7 +159,7 @@ class CatalogScaleWindow(ApiModel):
     max: int | None = None
 
 
-class CatalogScaling(ApiModel):
+class CatalogScaling(ApiRequest):
     model_config = ConfigDict(title="catalog.Scaling")
     min: int | None = None
     max: int | None = None
@@ -168,27 +168,27 @@ class CatalogScaling(ApiModel):
     prewarm: Int64 | None = None
 
 
-class CatalogSLO(ApiModel):
+class CatalogSLO(ApiRequest):
     model_config = ConfigDict(title="catalog.SLO")
     TTFTp99: Int64 | None = None
     TPOTp99: Int64 | None = None
 
 
-class CatalogOriginFile(ApiModel):
+class CatalogOriginFile(ApiRequest):
     model_config = ConfigDict(title="catalog.OriginFile")
     path: str | None = None
     sha256: str | None = None
     bytes: Int64 | None = None
 
 
-class CatalogPreviousOrigin(ApiModel):
+class CatalogPreviousOrigin(ApiRequest):
     model_config = ConfigDict(title="catalog.PreviousOrigin")
     source: str | None = None
     revision: str | None = None
     files: list[CatalogOriginFile] | None = None
 
 
-class CatalogOrigin(ApiModel):
+class CatalogOrigin(ApiRequest):
     model_config = ConfigDict(title="catalog.Origin")
     repo: str | None = None
     revision: str | None = None
@@ -196,7 +196,7 @@ class CatalogOrigin(ApiModel):
     previous: CatalogPreviousOrigin | None = None
 
 
-class CatalogSharedMember(ApiModel):
+class CatalogSharedMember(ApiRequest):
     model_config = ConfigDict(title="catalog.SharedMember")
     name: str | None = None
     aliases: list[str] | None = None
@@ -206,13 +206,13 @@ class CatalogSharedMember(ApiModel):
     checkpoint: str | None = None
 
 
-class CatalogSharedComfy(ApiModel):
+class CatalogSharedComfy(ApiRequest):
     model_config = ConfigDict(title="catalog.SharedComfy")
     environment: str | None = None
     members: list[CatalogSharedMember] | None = None
 
 
-class CatalogModel(ApiModel):
+class CatalogModel(ApiRequest):
     model_config = ConfigDict(title="catalog.Model")
     name: str | None = None
     aliases: list[str] | None = None

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pydantic import ConfigDict
 
-from opod.contract.admin.base import ApiModel, Int64
+from opod.contract.admin.base import ApiModel, ApiRequest, Int64
 
 
-class BenchSLO(ApiModel):
+class BenchSLO(ApiRequest):
     model_config = ConfigDict(title="bench.SLO")
     TTFTp99: Int64 | None = None
     TPOTp99: Int64 | None = None

@@ -6,7 +6,7 @@ from datetime import datetime
 
 from pydantic import ConfigDict, Field
 
-from opod.contract.admin.base import ApiModel, Int64
+from opod.contract.admin.base import ApiModel, ApiRequest, Int64
 from opod.contract.admin.common import BenchSLO, JudgeView
 
 
@@ -44,7 +44,7 @@ class ClassUse(ApiModel):
     unhealthy: int | None = None
 
 
-class CollectRequest(ApiModel):
+class CollectRequest(ApiRequest):
     node: str | None = None
 
 
@@ -229,12 +229,12 @@ class ModelTotals(ApiModel):
     short: int | None = None
 
 
-class NodeEngineRequest(ApiModel):
+class NodeEngineRequest(ApiRequest):
     engine: str | None = None
     build: str | None = None
 
 
-class NodeLabelsRequest(ApiModel):
+class NodeLabelsRequest(ApiRequest):
     set: dict[str, str] | None = None
     remove: list[str] | None = None
 
@@ -251,7 +251,7 @@ class NodeRemoved(ApiModel):
     removed: str | None = None
 
 
-class NodeStateRequest(ApiModel):
+class NodeStateRequest(ApiRequest):
     state: str | None = None
 
 
@@ -358,7 +358,7 @@ class ReplicaView(ApiModel):
     shards: list[ShardView] | None = None
 
 
-class RestartRequest(ApiModel):
+class RestartRequest(ApiRequest):
     replicas: list[str] | None = None
     models: list[str] | None = None
     all: bool | None = None
@@ -397,7 +397,7 @@ class Summary(ApiModel):
     guard_off: bool | None = None
 
 
-class UpgradeRequest(ApiModel):
+class UpgradeRequest(ApiRequest):
     version: str | None = None
 
 

@@ -6,7 +6,7 @@ from datetime import datetime
 
 from pydantic import ConfigDict, Field
 
-from opod.contract.admin.base import ApiModel, Int64
+from opod.contract.admin.base import ApiModel, ApiRequest, Int64
 
 
 class HoldView(ApiModel):
@@ -32,7 +32,7 @@ class DomainView(ApiModel):
     held: HoldView | None = None
 
 
-class FabricTestRequest(ApiModel):
+class FabricTestRequest(ApiRequest):
     a: str | None = None
     b: str | None = None
     fabric: str | None = None
@@ -118,7 +118,7 @@ class FacilityView(ApiModel):
     unlocated: list[str] | None = None
 
 
-class HoldRequest(ApiModel):
+class HoldRequest(ApiRequest):
     domain: str | None = None
     reason: str | None = None
     drain: bool | None = None

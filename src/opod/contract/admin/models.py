@@ -6,16 +6,16 @@ from datetime import datetime
 
 from pydantic import ConfigDict, Field
 
-from opod.contract.admin.base import ApiModel, Int64
+from opod.contract.admin.base import ApiModel, ApiRequest, Int64, Timestamp
 from opod.contract.admin.catalog import CatalogAdapter, CatalogCanary, CatalogEvalGate, CatalogLicense
 from opod.contract.admin.common import BenchSLO
 
 
-class AdaptersRequest(ApiModel):
+class AdaptersRequest(ApiRequest):
     adapters: list[CatalogAdapter] | None = None
 
 
-class BenchCapacity(ApiModel):
+class BenchCapacity(ApiRequest):
     model_config = ConfigDict(title="bench.Capacity")
     model: str | None = None
     profile: str | None = None
@@ -27,10 +27,10 @@ class BenchCapacity(ApiModel):
     suggested_kv_ceiling: float | None = None
     slo: BenchSLO | None = None
     target: str | None = None
-    measured_at: datetime | None = None
+    measured_at: Timestamp | None = None
 
 
-class CanaryPercentRequest(ApiModel):
+class CanaryPercentRequest(ApiRequest):
     percent: int | None = None
 
 
@@ -52,11 +52,11 @@ class CanaryStat(ApiModel):
     candidate: CanarySide | None = None
 
 
-class CheckRequest(ApiModel):
+class CheckRequest(ApiRequest):
     model: str | None = None
 
 
-class ClassRequest(ApiModel):
+class ClassRequest(ApiRequest):
     class_: str | None = Field(None, alias="class")
 
 
@@ -65,7 +65,7 @@ class ClassView(ApiModel):
     class_: str | None = Field(None, alias="class")
 
 
-class EvalGateRequest(ApiModel):
+class EvalGateRequest(ApiRequest):
     suite: str | None = None
     min_score: float | None = None
     judge: str | None = None
@@ -115,7 +115,7 @@ class EvalLive(ApiModel):
     done: int | None = None
 
 
-class EvalRequest(ApiModel):
+class EvalRequest(ApiRequest):
     model_config = ConfigDict(title="eval.Request")
     suite: str | None = None
     content: str | None = None
@@ -137,7 +137,7 @@ class EvalSuiteInfo(ApiModel):
     error: str | None = None
 
 
-class FallbacksRequest(ApiModel):
+class FallbacksRequest(ApiRequest):
     fallbacks: list[str] | None = None
 
 
@@ -241,13 +241,13 @@ class ModelserveCanaryView(ApiModel):
     serving: CanaryStat | None = None
 
 
-class ModelserveChange(ApiModel):
+class ModelserveChange(ApiRequest):
     model_config = ConfigDict(title="modelserve.Change")
     eval: EvalRequest | None = None
     skip_eval: bool | None = None
 
 
-class ModelserveRequest(ApiModel):
+class ModelserveRequest(ApiRequest):
     model_config = ConfigDict(title="modelserve.Request")
     repo: str | None = None
     quant: str | None = None
@@ -348,11 +348,11 @@ class ModelservePlan(ApiModel):
     options: list[ModelplanOption] | None = None
 
 
-class OriginRequest(ApiModel):
+class OriginRequest(ApiRequest):
     repo: str | None = None
 
 
-class OwnerRequest(ApiModel):
+class OwnerRequest(ApiRequest):
     owner: str | None = None
 
 
@@ -376,7 +376,7 @@ class PresetView(ApiModel):
     blocked: str | None = None
 
 
-class PresetsAutoRequest(ApiModel):
+class PresetsAutoRequest(ApiRequest):
     on: bool | None = None
 
 
@@ -386,7 +386,7 @@ class PresetsView(ApiModel):
     presets: list[PresetView] | None = None
 
 
-class ResourcesRequest(ApiModel):
+class ResourcesRequest(ApiRequest):
     profile: str | None = None
     memory_gb: int | None = None
     cpu_cores: int | None = None
@@ -400,7 +400,7 @@ class RetryView(ApiModel):
     was_parked: bool | None = None
 
 
-class ScaleRequest(ApiModel):
+class ScaleRequest(ApiRequest):
     min: int | None = None
     max: int | None = None
     idle_timeout: Int64 | None = None

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import ConfigDict
 
-from opod.contract.admin.base import ApiModel, Int64
+from opod.contract.admin.base import ApiModel, ApiRequest, Int64
 
 
 class JobView(ApiModel):
@@ -26,13 +26,13 @@ class JobView(ApiModel):
     finished_at: str | None = None
 
 
-class MetricsQuery(ApiModel):
+class MetricsQuery(ApiRequest):
     id: str | None = None
     expr: str | None = None
     by: str | None = None
 
 
-class MetricsRequest(ApiModel):
+class MetricsRequest(ApiRequest):
     window: Int64 | None = None
     step: Int64 | None = None
     queries: list[MetricsQuery] | None = None
@@ -62,7 +62,7 @@ class NotifyResult(ApiModel):
     error: str | None = None
 
 
-class ReplayRequest(ApiModel):
+class ReplayRequest(ApiRequest):
     model: str | None = None
 
 
@@ -133,13 +133,13 @@ class ScopeUsageView(ApiModel):
     fraction: float | None = None
 
 
-class SettingsRequest(ApiModel):
+class SettingsRequest(ApiRequest):
     base: Int64 | None = None
     body: str | None = None
     note: str | None = None
 
 
-class SettingsRollbackRequest(ApiModel):
+class SettingsRollbackRequest(ApiRequest):
     version: Int64 | None = None
     note: str | None = None
 

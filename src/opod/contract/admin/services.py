@@ -7,10 +7,10 @@ from typing import Any
 
 from pydantic import ConfigDict
 
-from opod.contract.admin.base import ApiModel, Int64
+from opod.contract.admin.base import ApiModel, ApiRequest, Int64
 
 
-class FederationAddRequest(ApiModel):
+class FederationAddRequest(ApiRequest):
     model_config = ConfigDict(title="federation.AddRequest")
     name: str | None = None
     url: str | None = None
@@ -55,7 +55,7 @@ class GuardAttachment(ApiModel):
     Policy: str | None = None
 
 
-class GuardAttachmentRequest(ApiModel):
+class GuardAttachmentRequest(ApiRequest):
     target: str | None = None
     policy: str | None = None
 
@@ -111,7 +111,7 @@ class GuardView(ApiModel):
     details: list[GuardPolicyView] | None = None
 
 
-class JudgeAskRequest(ApiModel):
+class JudgeAskRequest(ApiRequest):
     model: str | None = None
     text: str | None = None
     answer: str | None = None
@@ -149,7 +149,7 @@ class KBCollectionView(ApiModel):
     created_by: str | None = None
 
 
-class KBCreateRequest(ApiModel):
+class KBCreateRequest(ApiRequest):
     owner: str | None = None
     org: str | None = None
     name: str | None = None
@@ -166,13 +166,13 @@ class KBDatasetLine(ApiModel):
     error: str | None = None
 
 
-class KBDatasetRequest(ApiModel):
+class KBDatasetRequest(ApiRequest):
     model: str | None = None
     per_chunk: int | None = None
     max_chunks: int | None = None
 
 
-class KBDefaultRequest(ApiModel):
+class KBDefaultRequest(ApiRequest):
     target: str | None = None
     collections: list[str] | None = None
 
@@ -194,7 +194,7 @@ class KBDocumentView(ApiModel):
     added_by: str | None = None
 
 
-class KBGrantRequest(ApiModel):
+class KBGrantRequest(ApiRequest):
     collection: str | None = None
     target: str | None = None
     perm: str | None = None
@@ -207,7 +207,7 @@ class KBHitView(ApiModel):
     text: str | None = None
 
 
-class KBSearchRequest(ApiModel):
+class KBSearchRequest(ApiRequest):
     collection: str | None = None
     query: str | None = None
     k: int | None = None
@@ -253,7 +253,7 @@ class TrainPublishView(ApiModel):
     note: str | None = None
 
 
-class TrainRequest(ApiModel):
+class TrainRequest(ApiRequest):
     name: str | None = None
     model: str | None = None
     base_repo: str | None = None

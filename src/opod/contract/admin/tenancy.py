@@ -6,7 +6,7 @@ from datetime import datetime
 
 from pydantic import ConfigDict, Field
 
-from opod.contract.admin.base import ApiModel
+from opod.contract.admin.base import ApiModel, ApiRequest
 
 
 class OIDCView(ApiModel):
@@ -50,7 +50,7 @@ class CheckView(ApiModel):
     detail: str | None = None
 
 
-class KeyCreateRequest(ApiModel):
+class KeyCreateRequest(ApiRequest):
     name: str | None = None
     project: str | None = None
     user: str | None = None
@@ -94,7 +94,7 @@ class KeyView(ApiModel):
     last_used_at: datetime | None = None
 
 
-class LDAPTestRequest(ApiModel):
+class LDAPTestRequest(ApiRequest):
     settings: str | None = None
     password: str | None = None
 
@@ -104,7 +104,7 @@ class LDAPTestView(ApiModel):
     checks: list[CheckView] | None = None
 
 
-class MembershipRequest(ApiModel):
+class MembershipRequest(ApiRequest):
     target: str | None = None
     role: str | None = None
 
@@ -149,14 +149,14 @@ class QuotaAmount(ApiModel):
     MemoryGB: int | None = None
 
 
-class StoreResources(ApiModel):
+class StoreResources(ApiRequest):
     model_config = ConfigDict(title="store.Resources")
     gpus: int | None = None
     cpu_cores: int | None = None
     memory_gb: int | None = None
 
 
-class QuotaRequest(ApiModel):
+class QuotaRequest(ApiRequest):
     scope: str | None = None
     guarantee: StoreResources | None = None
     limit: StoreResources | None = None
@@ -176,16 +176,16 @@ class QuotaView(ApiModel):
     updated_at: datetime | None = None
 
 
-class SecretRequest(ApiModel):
+class SecretRequest(ApiRequest):
     value: str | None = None
 
 
-class TenancyChangeRequest(ApiModel):
+class TenancyChangeRequest(ApiRequest):
     name: str | None = None
     in_: str | None = Field(None, alias="in")
 
 
-class TenancyCreateRequest(ApiModel):
+class TenancyCreateRequest(ApiRequest):
     name: str | None = None
     in_: str | None = Field(None, alias="in")
 
