@@ -298,3 +298,19 @@ def test_scale_window_reads_overnight_and_days():
     assert window_holds(night, datetime(2025, 6, 7, 5, 0))  # Saturday morning, the window began Friday
     assert not window_holds(night, datetime(2025, 6, 7, 23, 0))
     assert not window_holds(night, datetime(2025, 6, 6, 12, 0) + timedelta(hours=0))
+
+
+def test_a_worker_that_said_goodbye_is_sent_no_unload_it_stops_its_engines_itself(world):
+    fleet, registry, workers, rec = world
+    node(fleet, "n1")
+    model(registry, "chat")
+    run(rec)
+    heartbeat(fleet, rec)
+    run(rec)
+    (replica,) = rec.replicas.values()
+    assert replica.state == "ready"
+    stopped = nodeapi.EngineState(state="stopped", since="2026-01-01T00:00:00Z", detail="worker stopped")
+    fleet.heartbeat(nodeapi.Heartbeat(id="n1", loaded_models=[], engine=stopped))
+    run(rec)
+    assert replica.state == "failed" and "n1 stopped answering" in replica.error
+    assert workers.unloads("chat") == [], "its requests in flight finish within the worker's own stop grace"

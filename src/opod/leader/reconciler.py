@@ -600,8 +600,8 @@ class Reconciler:
         req = unload_request(replica.model, self.models.get(replica.model))
         for node_id in replica.nodes:
             node = self.fleet.get(node_id)
-            if node is None:
-                continue
+            if node is None or node.goodbye:
+                continue  # a worker that said goodbye stops its engines itself, once its requests in flight end
             try:
                 await self.workers.call_json(node, "POST", nodeapi.PATH_MODEL_UNLOAD, req.to_wire(), timeout=60)
             except WorkerUnavailable as err:
