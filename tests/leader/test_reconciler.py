@@ -300,6 +300,16 @@ def test_scale_window_reads_overnight_and_days():
     assert not window_holds(night, datetime(2025, 6, 6, 12, 0) + timedelta(hours=0))
 
 
+def test_a_model_with_no_worker_to_go_to_is_waiting_for_one_not_unplaceable(world):
+    fleet, registry, workers, rec = world
+    model(registry, "chat", profiles=gpu_profile())
+    run(rec)
+    assert registry.get("chat").status.unplaceable and rec.status("chat") == "waiting for a worker"
+    node(fleet, "n1", gpus=1, gpu_class="L4")
+    run(rec)
+    assert rec.status("chat") == "cannot be placed now (explain-placement says why)"
+
+
 def test_a_worker_that_said_goodbye_is_sent_no_unload_it_stops_its_engines_itself(world):
     fleet, registry, workers, rec = world
     node(fleet, "n1")

@@ -201,6 +201,8 @@ class Reconciler:
                 parts.append("+".join(replica.nodes) + (f" ({progress})" if progress else ""))
             return "starting on " + ", ".join(parts)
         if model.status.unplaceable:
+            if not self.fleet.placeable():
+                return "waiting for a worker"  # nothing to place on is not a placement failure
             return "cannot be placed now (explain-placement says why)"
         if parking is not None and parking.failures:
             return where + parking.reason

@@ -184,10 +184,20 @@ class Up:
             self.say(f"the local worker stopped: {err}")
 
     async def _report(self, stop: asyncio.Event) -> None:
-        """Say when a wanted model starts loading, fails, or is served — once per change."""
+        """Say when a wanted model starts loading, fails, or is served — once per change. With a local worker,
+        nothing until a reconciler round has seen it registered: before, every model "cannot be placed"."""
         leader = self.started.leader
+        worker = self.started.worker
         said: dict[str, str] = {}
+        seen_at: int | None = None
+        """The reconciler's round count when the local worker was first heard; ``None`` until then."""
         while not stop.is_set():
+            if worker is not None and (seen_at is None or leader.reconciler.rounds <= seen_at):
+                node = leader.fleet.get(worker.node_id)
+                if seen_at is None and node is not None and node.last_heartbeat > 0:
+                    seen_at = leader.reconciler.rounds
+                await asyncio.sleep(0.1)
+                continue
             for model in leader.models:
                 if model.removed or not model.wants_loaded():
                     continue
