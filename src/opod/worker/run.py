@@ -479,6 +479,7 @@ def open_worker(settings: WorkerSettings) -> Worker:
             on_change=changed,
             adapters=wanted_adapters(),
             launcher=chosen.launcher,
+            died_of_sigill=chosen.died_of_sigill,
         )
         api = WorkerAPI(node_id, settings.token, manager, supervisor, settings.home)
         listener = Listener(api.app(), sock, "worker")
