@@ -13,7 +13,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from opod.cli.common import call, fail, out
+from opod.cli.common import call, fail, out, print_whole
 
 app = typer.Typer(
     help="Models: add (catalog id, --gguf PATH, or hf:owner/repo), list, show, load, unload, remove.",
@@ -85,7 +85,7 @@ def list_models(as_json: bool = typer.Option(False, "--json", help="Print the sp
         replicas = f"{row.get('ready_replicas', 0)}/{row.get('desired_replicas', 0)}"
         state = states.get(row["name"], "") + (" [parked]" if row.get("parked") else "")
         table.add_row(name, replicas, row.get("class", ""), row.get("source", row.get("external", "")), state)
-    out.print(table)
+    print_whole(table)
     if not rows:
         out.print("[dim]no models yet: opod model add smollm2-135m-instruct[/]")
 
@@ -102,7 +102,7 @@ def show(model: str = typer.Argument(..., metavar="NAME"), as_json: bool = typer
     table.add_column()
     for key, value in definition.items():
         table.add_row(key, value if isinstance(value, str) else json.dumps(value))
-    out.print(table)
+    print_whole(table)
 
 
 def _place(action: str, model: str, node: str) -> None:

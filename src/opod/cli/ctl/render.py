@@ -7,10 +7,11 @@ from collections.abc import Iterable
 from typing import Any
 
 import typer
+from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from opod.cli.common import err, out
+from opod.cli.common import err, out, print_whole
 
 DASH = "-"
 
@@ -74,14 +75,9 @@ def text(value: Any) -> str:
     return str(value)
 
 
-def show(thing: Any) -> None:
-    """Print a table; piped, without the spaces rich pads a row's last cell with, so lines grep and diff cleanly."""
-    if out.is_terminal:
-        out.print(thing)
-        return
-    with out.capture() as captured:
-        out.print(thing)
-    typer.echo("\n".join(line.rstrip() for line in captured.get().splitlines()))
+def show(thing: RenderableType) -> None:
+    """Print a table or a tree with its ids whole at any width (:func:`opod.cli.common.print_whole`)."""
+    print_whole(thing)
 
 
 def note(message: str) -> None:

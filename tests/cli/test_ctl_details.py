@@ -1,0 +1,92 @@
+"""The ``opod`` command's details as an operator meets them: ids that survive a pipe and a copy, an export to
+standard output, settings edited on the version that was read, an audit that cannot drive the terminal, a load
+that says what it does, and a rolling restart that says why it waits.
+
+The leader runs in this process (``InProcessLeader``) with one simulator worker declaring an A10G; every
+command is the installed ``opod`` in its own process, its output piped as in a script or a log.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.gpu_fleet import ONE_A10G
+from tests.support.inprocess import InProcessLeader
+from tests.support.opod_process import OPOD, OpodProcess, sim_worker, wait_until
+
+NODE = "n_details_with_a_long_node_identifier"
+
+
+@pytest.fixture(scope="module")
+def leader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessLeader]:
+    root = tmp_path_factory.mktemp("ctl-details")
+    up = InProcessLeader(root / "home")
+    worker: OpodProcess | None = None
+    try:
+        home = root / "worker"
+        home.mkdir()
+        (home / "inventory.yaml").write_text(ONE_A10G)
+        worker = sim_worker(up, home, NODE, OPOD_INVENTORY=str(home / "inventory.yaml"))
+        wait_until(
+            lambda: NODE in {n.get("id") for n in up.admin("GET", "/api/v1/nodes")[1] or []}, 60, "the worker to join"
+        )
+        yield up
+    finally:
+        if worker is not None:
+            worker.stop()
+        up.stop()
+
+
+def opod(
+    leader: InProcessLeader, *args: str, columns: str = "", stdin: str | None = None, timeout: float = 90, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """The installed command, piped; ``columns`` is what ``COLUMNS`` says (empty: nothing, as in a cron job)."""
+    environ = {**leader.cli_env(), "COLUMNS": columns, **env}
+    return subprocess.run([*OPOD, *args], env=environ, input=stdin, capture_output=True, text=True, timeout=timeout)
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    return result.stdout
+
+
+def whole(value: str, table: str) -> bool:
+    """``value`` appears in ``table`` as a cell of its own, on one line, neither cut nor folded."""
+    return re.search(rf"(^|\s){re.escape(value)}(\s|$)", table, re.MULTILINE) is not None
+
+
+def created(leader: InProcessLeader, path: str, body: dict) -> dict:
+    status, answer = leader.admin("POST", path, body)
+    assert status in (200, 201), answer
+    return answer
+
+
+def test_key_ids_are_whole_in_the_table_at_any_width(leader: InProcessLeader) -> None:
+    created(leader, "/api/v1/orgs", {"name": "details"})
+    created(leader, "/api/v1/teams", {"name": "platform-engineering", "in": "details"})
+    created(leader, "/api/v1/projects", {"name": "chat-assistant-prod", "in": "details/platform-engineering"})
+    for name in ("ci", "a key for the nightly evaluation jobs of the chat assistant", "dashboards"):
+        created(leader, "/api/v1/keys", {"name": name, "project": "details/platform-engineering/chat-assistant-prod"})
+    ids = [k["id"] for k in json.loads(ok(opod(leader, "ctl", "keys", "ls", "--json")))]
+    assert len(ids) == 3
+    for columns in ("", "60", "80", "160", "200"):
+        table = ok(opod(leader, "ctl", "keys", "ls", columns=columns))
+        assert all(whole(key_id, table) for key_id in ids), f"COLUMNS={columns!r}:\n{table}"
+        assert len([line for line in table.splitlines() if line.strip()]) == 1 + len(ids), "a row is one line piped"
+
+
+def test_piped_tables_keep_their_ids_whole(leader: InProcessLeader) -> None:
+    model = "a-model-whose-name-is-long-enough-to-matter-in-a-pipe"
+    ok(opod(leader, "model", "add", model, "--no-load", "--engine", "sim"))
+    token = json.loads(ok(opod(leader, "token", "create", "--name", "a token named at some length", "--json")))
+    tokens = ok(opod(leader, "token", "ls"))
+    assert whole(token["id"], tokens), tokens
+    assert whole(model, ok(opod(leader, "model", "ls"))), "the model's name is whole"
+    nodes = ok(opod(leader, "node", "ls"))
+    assert whole(NODE, nodes), nodes
+    assert all(line == line.rstrip() for line in nodes.splitlines()), "no padding after a row's last cell"
