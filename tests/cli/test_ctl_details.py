@@ -90,3 +90,12 @@ def test_piped_tables_keep_their_ids_whole(leader: InProcessLeader) -> None:
     nodes = ok(opod(leader, "node", "ls"))
     assert whole(NODE, nodes), nodes
     assert all(line == line.rstrip() for line in nodes.splitlines()), "no padding after a row's last cell"
+
+
+def test_the_audit_shows_control_characters_from_a_path_escaped(leader: InProcessLeader) -> None:
+    response = leader.request("DELETE", "/api/v1/keys/k_%1b%5b2J%1b%5b31mowned%0dfake")
+    assert response.status_code == 404, response.text
+    shown = opod(leader, "ctl", "audit", "--contains", "owned")
+    table = ok(shown)
+    assert "\x1b" not in table and "\r" not in table, repr(table)
+    assert "k_\\x1b[2J\\x1b[31mowned\\rfake" in table, table

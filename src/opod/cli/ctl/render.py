@@ -27,16 +27,28 @@ _UNITS_NS = {
 _PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 
 
+def printable(value: str, *, lines: bool = False) -> str:
+    """``value`` with every character a terminal would act on (escape sequences, carriage returns, bidirectional
+    overrides) written as its Python escape (``\\x1b``), so text from the leader cannot recolour the terminal,
+    move the cursor or reorder what is shown; ``lines`` keeps line breaks (a cell of several lines)."""
+    if value.isprintable():
+        return value
+    return "".join(
+        c if c.isprintable() or (lines and c == "\n") else c.encode("unicode_escape").decode("ascii") for c in value
+    )
+
+
 class _Cells(Table):
-    """A table whose cells are text as given: a name or message holding ``[...]`` is shown, not read as markup."""
+    """A table whose cells are text as given: a name or message holding ``[...]`` is shown, not read as markup,
+    and a character a terminal would act on is shown escaped (:func:`printable`)."""
 
     def add_row(self, *cells: Any, **kwargs: Any) -> None:
-        super().add_row(*(Text(c) if isinstance(c, str) else c for c in cells), **kwargs)
+        super().add_row(*(Text(printable(c, lines=True)) if isinstance(c, str) else c for c in cells), **kwargs)
 
 
 def line(message: str) -> None:
     """A line of output as given (no markup: names and messages from the leader may hold brackets)."""
-    out.print(message, markup=False)
+    out.print(printable(message, lines=True), markup=False)
 
 
 def table(*columns: str, wrap: Iterable[str] = ()) -> Table:

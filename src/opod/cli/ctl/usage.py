@@ -185,14 +185,20 @@ def audit(
     rows = parse_list(StoreAuditEvent, body, "GET /api/v1/audit")
     shown = render.table("AT", "ACTOR", "SOURCE", "ACTION", "TARGET", "STATUS", "DETAIL", wrap=["DETAIL"])
     for e in rows:
+        # A path, and so an action or target, holds what the caller sent: a line break in it is escaped too.
         shown.add_row(
-            when(e.at),
-            e.actor or render.DASH,
-            e.source or render.DASH,
-            e.action or render.DASH,
-            e.target or render.DASH,
-            render.text(e.status),
-            e.detail or render.DASH,
+            *(
+                render.printable(cell)
+                for cell in (
+                    when(e.at),
+                    e.actor or render.DASH,
+                    e.source or render.DASH,
+                    e.action or render.DASH,
+                    e.target or render.DASH,
+                    render.text(e.status),
+                    e.detail or render.DASH,
+                )
+            )
         )
     render.show(shown)
     if not rows:
