@@ -8,16 +8,19 @@ command is the installed ``opod`` in its own process, its output piped as in a s
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import re
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.support.gpu_fleet import ONE_A10G
 from tests.support.inprocess import InProcessLeader
-from tests.support.opod_process import OPOD, OpodProcess, sim_worker, wait_until
+from tests.support.opod_process import OPOD, OpodProcess, http, sim_worker, wait_until
 
 NODE = "n_details_with_a_long_node_identifier"
 
@@ -90,6 +93,30 @@ def test_piped_tables_keep_their_ids_whole(leader: InProcessLeader) -> None:
     nodes = ok(opod(leader, "node", "ls"))
     assert whole(NODE, nodes), nodes
     assert all(line == line.rstrip() for line in nodes.splitlines()), "no padding after a row's last cell"
+
+
+def test_usage_export_writes_to_standard_output(leader: InProcessLeader, tmp_path: Path) -> None:
+    model = "sim-usage-export"
+    ok(opod(leader, "model", "add", model, "--engine", "sim"))
+    leader.wait_served(model, timeout=60)
+    chat = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    assert http("POST", leader.url + "/v1/chat/completions", chat, key=leader.key)[0] == 200
+    into_file = tmp_path / "usage.csv"
+
+    def exported() -> list[list[str]]:
+        ok(opod(leader, "ctl", "usage", "export", "--out", str(into_file), "--from", "2020-01-01", "--by", "model"))
+        return list(csv.reader(io.StringIO(into_file.read_text())))
+
+    rows = wait_until(lambda: len(found := exported()) > 1 and found, 30, "the request's usage row")
+    assert rows[0][:3] == ["Period", "Model", "Requests"] and any(model in row for row in rows[1:]), rows
+    for args in ((), ("--out", "-")):
+        result = opod(leader, "ctl", "usage", "export", "--from", "2020-01-01", "--by", "model", *args)
+        assert ok(result) == into_file.read_text(), result.stderr
+        assert "wrote 1 row" in result.stderr and "to standard output" in result.stderr, result.stderr
+        assert not Path("-").exists()
+    as_json = json.loads(ok(opod(leader, "ctl", "usage", "export", "--format", "json", "--from", "2020-01-01")))
+    assert isinstance(as_json, list) and as_json, as_json
+    ok(opod(leader, "model", "rm", model))
 
 
 def test_the_audit_shows_control_characters_from_a_path_escaped(leader: InProcessLeader) -> None:
