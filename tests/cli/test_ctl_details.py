@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from opod.contract.admin.records import SettingsView
 from tests.support.gpu_fleet import ONE_A10G
 from tests.support.inprocess import InProcessLeader
 from tests.support.opod_process import OPOD, OpodProcess, http, sim_worker, wait_until
@@ -117,6 +118,33 @@ def test_usage_export_writes_to_standard_output(leader: InProcessLeader, tmp_pat
     as_json = json.loads(ok(opod(leader, "ctl", "usage", "export", "--format", "json", "--from", "2020-01-01")))
     assert isinstance(as_json, list) and as_json, as_json
     ok(opod(leader, "model", "rm", model))
+
+
+def test_settings_edit_takes_the_version_that_was_read_as_its_base(leader: InProcessLeader, tmp_path: Path) -> None:
+    shown = ok(opod(leader, "ctl", "settings", "show"))
+    read = SettingsView.model_validate(json.loads(ok(opod(leader, "ctl", "settings", "show", "--json"))))
+    assert shown.startswith(f"# opod settings version {read.version or 0}:"), shown
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(shown + "retention:\n  requests_days: 5\n")
+
+    theirs = tmp_path / "theirs.yaml"
+    theirs.write_text("retention:\n  requests_days: 7\n")
+    unsaid = opod(leader, "ctl", "settings", "edit", "--file", str(theirs))
+    assert unsaid.returncode == 2 and "--base" in unsaid.stderr, unsaid.stderr
+    ok(opod(leader, "ctl", "settings", "edit", "--file", str(theirs), "--base", str(read.version or 0)))
+
+    stale = opod(leader, "ctl", "settings", "edit", "--file", str(mine))
+    assert stale.returncode == 1 and "(HTTP 409)" in stale.stderr, stale.stderr
+    assert f"the newest is version {(read.version or 0) + 1}" in " ".join(stale.stderr.split()), stale.stderr
+    body = SettingsView.model_validate(json.loads(ok(opod(leader, "ctl", "settings", "show", "--json")))).body
+    assert body == "retention:\n  requests_days: 7\n", "the change made since was not overwritten"
+
+    fresh = ok(opod(leader, "ctl", "settings", "show"))
+    mine.write_text(fresh.replace("requests_days: 7", "requests_days: 5"))
+    made = ok(opod(leader, "ctl", "settings", "edit", "--file", str(mine)))
+    assert made.startswith(f"settings version {(read.version or 0) + 2} "), made
+    body = SettingsView.model_validate(json.loads(ok(opod(leader, "ctl", "settings", "show", "--json")))).body
+    assert body == "retention:\n  requests_days: 5\n", "the line recording the base is not part of the body"
 
 
 def test_the_audit_shows_control_characters_from_a_path_escaped(leader: InProcessLeader) -> None:
