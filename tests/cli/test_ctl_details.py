@@ -96,6 +96,24 @@ def test_piped_tables_keep_their_ids_whole(leader: InProcessLeader) -> None:
     assert all(line == line.rstrip() for line in nodes.splitlines()), "no padding after a row's last cell"
 
 
+def test_model_load_says_it_loads_the_model_now_and_it_is_served(leader: InProcessLeader) -> None:
+    model = "sim-load-now"
+    ok(opod(leader, "model", "add", model, "--no-load", "--engine", "sim"))
+    states = json.loads(ok(opod(leader, "ctl", "models", "ls", "--json")))
+    assert any(m.get("name") == model for m in states)
+    said = ok(opod(leader, "model", "load", model))
+    assert "on demand" not in said, said
+    assert said.strip() == f"{model}: loading it on a worker now, and keeping it loaded (opod model ls shows progress)"
+    leader.wait_served(model, timeout=60)
+    again = ok(opod(leader, "model", "load", model)).strip()
+    assert again == f"{model}: serving on {NODE}; kept loaded on a worker from now on", again
+    off = ok(opod(leader, "model", "unload", model)).strip()
+    assert off.startswith(f"{model}: unloading it everywhere now"), off
+    wait_until(lambda: model not in leader.served(), 30, f"{model} to be unloaded")
+    listed = ok(opod(leader, "model", "ls"))
+    assert "not loaded (opod model load starts it)" in listed and "on demand" not in listed, listed
+
+
 def test_usage_export_writes_to_standard_output(leader: InProcessLeader, tmp_path: Path) -> None:
     model = "sim-usage-export"
     ok(opod(leader, "model", "add", model, "--engine", "sim"))

@@ -105,9 +105,10 @@ def show(model: str = typer.Argument(..., metavar="NAME"), as_json: bool = typer
     print_whole(table)
 
 
-def _place(action: str, model: str, node: str) -> None:
+def _place(action: str, model: str, node: str) -> str:
+    """The change asked of the leader; its state in words as the leader answered, before the change took effect."""
     view = call("POST", f"/api/v1/models/{model}/{action}", {"node": node})
-    out.print(f"{model}: {action} {'on ' + node if node else 'wanted'}; now {view['state']}")
+    return str(view.get("state") or "")
 
 
 @app.command("load")
@@ -115,8 +116,13 @@ def load(
     model: str = typer.Argument(..., metavar="ID"),
     node: str = typer.Option("", help="A node id [default: any worker]."),
 ) -> None:
-    """Keep a model loaded (on a node, or anywhere)."""
-    _place("load", model, node)
+    """Load a model now and keep it loaded, across restarts (on a node, or on any worker)."""
+    state = _place("load", model, node)
+    where = f"on {node}" if node else "on a worker"
+    if state.startswith("serving on") and (not node or node in state):
+        out.print(f"{model}: {state}; kept loaded {where} from now on", markup=False)
+        return
+    out.print(f"{model}: loading it {where} now, and keeping it loaded (opod model ls shows progress)", markup=False)
 
 
 @app.command("unload")
@@ -124,8 +130,12 @@ def unload(
     model: str = typer.Argument(..., metavar="ID"),
     node: str = typer.Option("", help="A node id [default: everywhere]."),
 ) -> None:
-    """Unload a model (from a node, or everywhere)."""
+    """Unload a model now, from a node (and keep it off it) or from everywhere (until opod model load)."""
     _place("unload", model, node)
+    if node:
+        out.print(f"{model}: unloading it from {node} now, and keeping it off {node}", markup=False)
+    else:
+        out.print(f"{model}: unloading it everywhere now; it stays unloaded until opod model load", markup=False)
 
 
 @app.command("rm")

@@ -36,7 +36,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
 
-from opod.catalog.definition import fingerprint
+from opod.catalog.definition import fingerprint, scaling_in_force
 from opod.contract import nodeapi
 from opod.fleet.liveness import HEARTBEAT_MAX_AGE
 from opod.fleet.models import ANY_NODE, KnownModel, ModelRegistry
@@ -207,7 +207,9 @@ class Reconciler:
         if parking is not None and parking.failures:
             return where + parking.reason
         if model.status.desired == 0:
-            return "on demand: starts when a request asks for it"
+            if model.definition is not None and scaling_in_force(model.definition)[3]:
+                return "on demand: starts when a request asks for it"
+            return "not loaded (opod model load starts it)"
         return "waiting for a worker"
 
     def requested(self, model_id: str) -> Awaitable[None] | None:
