@@ -13,11 +13,13 @@ import io
 import json
 import re
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from opod.contract.admin.fleet import ReplicaView
 from opod.contract.admin.records import SettingsView
 from tests.support.gpu_fleet import ONE_A10G
 from tests.support.inprocess import InProcessLeader
@@ -172,3 +174,28 @@ def test_the_audit_shows_control_characters_from_a_path_escaped(leader: InProces
     table = ok(shown)
     assert "\x1b" not in table and "\r" not in table, repr(table)
     assert "k_\\x1b[2J\\x1b[31mowned\\rfake" in table, table
+
+
+def test_a_restart_with_no_room_to_surge_says_why_and_the_command_stops_waiting(leader: InProcessLeader) -> None:
+    model = "restart-on-the-only-a10g"
+    status, body = leader.admin(
+        "POST",
+        "/api/v1/models",
+        {"name": model, "profiles": [{"engine": "sim", "gpu_class": "A10G"}], "scaling": {"min": 1, "max": 1}},
+    )
+    assert status == 200, body
+    leader.wait_served(model, timeout=60)
+    started = time.monotonic()
+    restart = opod(leader, "ctl", "restart", "--model", model, "--timeout", "5m", timeout=120)
+    took = time.monotonic() - started
+    assert restart.returncode == 1, f"stdout:\n{restart.stdout}\nstderr:\n{restart.stderr}"
+    assert took < 60, f"the command waited {took:.0f} s on a restart that cannot go on"
+    said = " ".join(restart.stderr.split())
+    assert "still queued for restart after 15 s: restart waits: no node can take its replacement beside it" in said
+    assert f"{NODE}: " in said and "--in-place" in said, said
+    assert re.search(r"\[0/1\] \S+ queued: restart waits: ", restart.stdout), restart.stdout
+    status, rows = leader.admin("GET", f"/api/v1/replicas?model={model}")
+    (replica,) = [ReplicaView.model_validate(r) for r in rows]
+    assert replica.restart == "queued" and replica.state == "ready"
+    assert replica.error and replica.error.startswith("restart waits: "), replica
+    assert leader.admin("DELETE", f"/api/v1/models/{model}")[0] == 200

@@ -324,3 +324,23 @@ def test_a_worker_that_said_goodbye_is_sent_no_unload_it_stops_its_engines_itsel
     run(rec)
     assert replica.state == "failed" and "n1 stopped answering" in replica.error
     assert workers.unloads("chat") == [], "its requests in flight finish within the worker's own stop grace"
+
+
+def test_a_restart_with_no_room_for_a_replacement_says_why_it_waits(world):
+    fleet, registry, workers, rec = world
+    node(fleet, "n1", gpus=1)
+    model(registry, "chat", profiles=gpu_profile())
+    run(rec)
+    heartbeat(fleet, rec)
+    run(rec)
+    (old,) = rec.replicas.values()
+    assert rec.queue_restart([old.id], in_place=False, max_surge=1, max_unavailable=0) == [old.id]
+    run(rec)
+    assert old.restart == "queued" and old.state == "ready" and len(rec.replicas) == 1
+    assert old.restart_waits.startswith("restart waits: no node can take its replacement beside it (n1: "), (
+        old.restart_waits
+    )
+    assert "--in-place" in old.restart_waits
+    node(fleet, "n2", gpus=1)  # a card frees up: the restart goes on and stops saying it waits
+    run(rec)
+    assert old.restart == "replacing" and old.restart_waits == ""

@@ -469,6 +469,8 @@ class Reconciler:
                     budget["surge"] -= 0 if moving else 1
                     serving.remove(replica)
                     serving.append(new)
+                elif replica.restart == "queued":
+                    replica.restart_waits = self._no_room_beside(model.id)
         while len(serving) < wanted and not parking.parked and now >= parking.next_try and not self._awaiting:
             new = self._start_one(model, klass, now, stops, starts)
             if new is None:
@@ -544,6 +546,7 @@ class Reconciler:
         )
         if replaces is not None:
             replica.replaces, replaces.replaced_by = replaces.id, replica.id
+            replaces.restart_waits = ""
             if replaces.restart == "queued":
                 replaces.restart = "replacing"
         self.replicas[replica.id] = replica
@@ -551,6 +554,14 @@ class Reconciler:
         self._planner.take(assignment, replica.id, klass)
         starts.append(self._start(model, replica))
         return replica
+
+    def _no_room_beside(self, model_id: str) -> str:
+        """Why a queued restart cannot start a replica's replacement beside it, from the last placement's refusals."""
+        refusals = "; ".join(f"{r.node}: {r.reason}" for r in self.last_rejections.get(model_id, [])[:4])
+        return (
+            f"restart waits: no node can take its replacement beside it ({refusals or 'no node to place on'}); "
+            "free a device of its class, or restart it in place (--in-place --max-unavailable 1)"
+        )[:400]
 
     def _quota_refused(self, model_id: str, rejections: list[Rejection]) -> None:
         reason = next((r.reason for r in rejections if r.reason.startswith("quota:")), "")
@@ -650,7 +661,7 @@ class Reconciler:
             replica = self.replicas.get(replica_id)
             if replica is None or replica.state not in (STARTING, READY) or replica.replaced_by:
                 continue
-            replica.restart, replica.in_place = "queued", in_place
+            replica.restart, replica.in_place, replica.restart_waits = "queued", in_place, ""
             surge, unavailable = (max_surge, max_unavailable) if (max_surge or max_unavailable) else (1, 0)
             if in_place and not unavailable:
                 unavailable = 1
