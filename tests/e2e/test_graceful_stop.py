@@ -277,7 +277,8 @@ def test_a_drained_worker_finishes_its_stream_and_takes_no_new_one(tmp_path: Pat
 def test_a_stream_on_llama_server_in_flight_at_sigterm_completes(tmp_path: Path) -> None:
     """The real engine: llama-server would ignore SIGTERM mid-answer; the node waits for the answer instead."""
     chat = "smollm2-135m-instruct"
-    leader = Leader(tmp_path / "home")
+    # A grace the answer fits in on a slow, shared machine: one still running when the grace ends is cut off.
+    leader = Leader(tmp_path / "home", env={"OPOD_STOP_GRACE": "120"})
     leader.wait_served(chat, timeout=150)
     proc = leader.process.proc
     stream = Stream(leader, model=chat, max_tokens=400, ignore_eos=True)
