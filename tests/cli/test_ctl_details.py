@@ -18,7 +18,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
+from opod.cli.common import print_whole
+from opod.cli.ctl import render
 from opod.contract.admin.fleet import ReplicaView
 from opod.contract.admin.records import SettingsView
 from tests.support.gpu_fleet import ONE_A10G
@@ -96,6 +99,18 @@ def test_piped_tables_keep_their_ids_whole(leader: InProcessLeader) -> None:
     nodes = ok(opod(leader, "node", "ls"))
     assert whole(NODE, nodes), nodes
     assert all(line == line.rstrip() for line in nodes.splitlines()), "no padding after a row's last cell"
+
+
+def test_at_a_narrow_terminal_ids_stay_whole_and_only_the_wrapping_columns_fold() -> None:
+    terminal = io.StringIO()
+    shown = Console(file=terminal, width=50, force_terminal=True, color_system=None)
+    table = render.table("ID", "PROJECT", "DETAIL", wrap=["DETAIL"])
+    key_id, project = "k_" + "0123456789" * 3, "prj_" + "abcdefghij" * 2
+    table.add_row(key_id, project, "a detail long enough to fold over several lines of a narrow terminal")
+    print_whole(table, shown)
+    text = terminal.getvalue()
+    assert whole(key_id, text) and whole(project, text), text
+    assert len(text.splitlines()) > 2, "the detail folds rather than the ids being cut"
 
 
 def test_model_load_says_it_loads_the_model_now_and_it_is_served(leader: InProcessLeader) -> None:
