@@ -254,17 +254,23 @@ EDITOR = "import sys; open(sys.argv[1], 'a').write('retention:\\n  requests_days
 def test_settings_are_edited_on_a_base_kept_and_rolled_back(leader: Leader, tmp_path: Path) -> None:
     first = tmp_path / "settings.yaml"
     first.write_text("prices:\n  '*':\n    input_per_million: 1\n    output_per_million: 2\n")
-    made = ok(ctl(leader, "settings", "edit", "--file", str(first), "--note", "prices"))
+    read = SettingsView.model_validate(json.loads(ok(ctl(leader, "settings", "show", "--json")))).version or 0
+    made = ok(ctl(leader, "settings", "edit", "--file", str(first), "--note", "prices", "--base", str(read)))
     version = int(re.match(r"settings version (\d+) by ", made).group(1))  # type: ignore[union-attr]
     assert made.strip().endswith(f": prices (was version {version - 1})"), made
     shown = ctl(leader, "settings", "show")
-    assert ok(shown) == first.read_text() and f"version {version} by {actor()}" in shown.stderr, shown.stderr
+    assert (
+        ok(shown)
+        == f"# opod settings version {version}: opod ctl settings edit --file takes this version as its base\n"
+        + first.read_text()
+    )
+    assert f"version {version} by {actor()}" in shown.stderr, shown.stderr
 
     stale = refused(ctl(leader, "settings", "edit", "--file", str(first), "--base", str(version - 1)))
     assert "(HTTP 409)" in stale and f"the newest is version {version} by {actor()}" in stale, stale
     bad = tmp_path / "bad.yaml"
     bad.write_text("prices:\n  '*':\n    input_per_million: lots\n")
-    invalid = refused(ctl(leader, "settings", "edit", "--file", str(bad)))
+    invalid = refused(ctl(leader, "settings", "edit", "--file", str(bad), "--base", str(version)))
     assert "input_per_million" in invalid and "(HTTP 400)" in invalid, invalid
 
     edited = ok(ctl(leader, "settings", "edit", "--note", "retention", EDITOR=f'{sys.executable} -c "{EDITOR}"'))
@@ -277,7 +283,12 @@ def test_settings_are_edited_on_a_base_kept_and_rolled_back(leader: Leader, tmp_
     assert back.startswith(f"settings version {version + 2} by ") and back.strip().endswith(
         f"(the body of version {version})"
     ), back
-    assert ok(ctl(leader, "settings", "show", "--version", str(version + 1))) == body
+    earlier = ok(ctl(leader, "settings", "show", "--version", str(version + 1)))
+    assert (
+        earlier
+        == f"# opod settings version {version + 1}: opod ctl settings edit --file takes this version as its base\n"
+        + body
+    )
     history = [
         SettingsView.model_validate(v)
         for v in json.loads(ok(ctl(leader, "settings", "history", "--limit", "2", "--json")))
@@ -324,8 +335,8 @@ def test_usage_by_scope_and_its_export_to_csv_and_json(leader: Leader, tree: dic
 
     wait_until(counted, 30, "the two requests to show in the project's usage")
     budgeted = tmp_path / "budget.yaml"
-    budgeted.write_text(
-        SettingsView.model_validate(json.loads(ok(ctl(leader, "settings", "show", "--json")))).body
+    budgeted.write_text(  # as shown: its first line records the version it was made from
+        ok(ctl(leader, "settings", "show"))
         + "budgets:\n  - scope: project:acme/ml/chat\n    period: month\n    micros: 1000\n"
     )
     ok(ctl(leader, "settings", "edit", "--file", str(budgeted)))

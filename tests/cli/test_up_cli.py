@@ -69,3 +69,17 @@ def test_the_admin_api_refusal_says_where_the_admin_key_is(leader: Leader) -> No
     status, _, body = http("GET", leader.url + "/admin/v1/nodes", key="sk-not-it")
     message = body["error"]["message"]
     assert status == 401 and "admin.key" in message and "create one with `opod token create`" not in message
+
+
+def test_up_says_nothing_alarming_about_its_models_before_its_own_worker_has_registered(tmp_path: Path) -> None:
+    started = Leader(tmp_path / "home", extra=["--engine", "sim"])
+    try:
+        started.process.wait_for_line("smollm2-135m-instruct: serving on", timeout=60)
+        started.process.wait_for_line("all-minilm-l6-v2: serving on", timeout=30)
+    finally:
+        started.process.stop()
+    lines = started.process.lines
+    registered = next(i for i, line in enumerate(lines) if "opod.worker: registered with" in line)
+    said = [line for line in lines if line.startswith(("smollm2-135m-instruct: ", "all-minilm-l6-v2: "))]
+    assert not any("cannot be placed" in line for line in said), started.process.output
+    assert all(lines.index(line) > registered for line in said), started.process.output

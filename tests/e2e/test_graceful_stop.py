@@ -67,8 +67,8 @@ class Stream:
         try:
             while chunk := self.conn.recv(65536):
                 self.seen += chunk
-                if b"data: [DONE]" in self.seen:
-                    break
+                if b"data: [DONE]" in self.seen or self.seen.endswith(b"\r\n0\r\n\r\n"):
+                    break  # the answer's end, or its chunked body's (the connection itself is kept alive)
         except OSError:
             pass
         finally:
@@ -155,6 +155,27 @@ def test_a_second_ctrl_c_stops_at_once(tmp_path: Path) -> None:
     assert "stopping now" in leader.process.output
 
 
+def test_a_stream_longer_than_the_stop_grace_is_cut_when_the_grace_ends(tmp_path: Path) -> None:
+    grace = 3
+    # 40 s of answer: the stream outlives the grace, and the engine (like llama-server) finishes it on SIGTERM.
+    leader = up_with_a_sim(tmp_path / "home", tokens=1000, OPOD_STOP_GRACE=str(grace))
+    proc = leader.process.proc
+    stream = Stream(leader)
+    try:
+        wait_until(lambda: stream.tokens >= 3, 30, "the stream's first tokens")
+        proc.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        assert stream.ended.wait(30), f"the stream did not end; output:\n{leader.process.output}"
+        took = time.monotonic() - signalled
+        assert grace - 0.5 < took < grace + 3, f"the stream was cut {took:.1f} s after SIGTERM, the grace is {grace} s"
+        assert proc.wait(timeout=15) == 0
+    finally:
+        stream.close()
+        if proc.poll() is None:
+            leader.process.stop()
+    assert f"still in flight after {grace} s are cut off" in leader.process.output, leader.process.output
+
+
 def test_a_stopping_worker_lets_its_stream_finish_before_its_engine_stops(tmp_path: Path) -> None:
     leader = Leader(tmp_path / "leader", worker=False, extra=["--no-default-models"])
     # Long enough that the stream still runs when the stopping worker first asks its engine, however slow the machine.
@@ -180,6 +201,36 @@ def test_a_stopping_worker_lets_its_stream_finish_before_its_engine_stops(tmp_pa
             worker.stop()
         leader.process.stop()
     assert "cut off" not in worker.output, worker.output
+
+
+def test_a_stopping_worker_cuts_a_stream_longer_than_its_grace_when_the_grace_ends(tmp_path: Path) -> None:
+    grace = 3
+    leader = Leader(tmp_path / "leader", worker=False, extra=["--no-default-models"])
+    worker = sim_worker(
+        leader, tmp_path / "worker", "n_cut", OPOD_ENGINE_FLAGS=slow_sim(1000), OPOD_STOP_GRACE=str(grace)
+    )
+    stream: Stream | None = None
+    try:
+        worker.wait_for_line("registered with", timeout=30)
+        assert opod_cli(leader, "model", "add", MODEL, "--engine", "sim").returncode == 0
+        leader.wait_served(MODEL, timeout=60)
+        stream = Stream(leader)
+        wait_until(lambda: stream.tokens >= 3, 30, "the stream's first tokens")
+        worker.proc.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        assert stream.ended.wait(30), f"the stream did not end; worker output:\n{worker.output}"
+        took = time.monotonic() - signalled
+        assert grace - 0.5 < took < grace + 3, (
+            f"the stream was cut {took:.1f} s after SIGTERM, the grace is {grace} s; worker output:\n{worker.output}"
+        )
+        assert worker.proc.wait(timeout=15) == 0
+    finally:
+        if stream is not None:
+            stream.close()
+        if worker.proc.poll() is None:
+            worker.stop()
+        leader.process.stop()
+    assert "still in flight are cut off" in worker.output, worker.output
 
 
 def test_readyz_says_not_ready_while_the_node_stops(tmp_path: Path) -> None:
@@ -226,7 +277,8 @@ def test_a_drained_worker_finishes_its_stream_and_takes_no_new_one(tmp_path: Pat
 def test_a_stream_on_llama_server_in_flight_at_sigterm_completes(tmp_path: Path) -> None:
     """The real engine: llama-server would ignore SIGTERM mid-answer; the node waits for the answer instead."""
     chat = "smollm2-135m-instruct"
-    leader = Leader(tmp_path / "home")
+    # A grace the answer fits in on a slow, shared machine: one still running when the grace ends is cut off.
+    leader = Leader(tmp_path / "home", env={"OPOD_STOP_GRACE": "120"})
     leader.wait_served(chat, timeout=150)
     proc = leader.process.proc
     stream = Stream(leader, model=chat, max_tokens=400, ignore_eos=True)

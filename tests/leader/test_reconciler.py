@@ -298,3 +298,49 @@ def test_scale_window_reads_overnight_and_days():
     assert window_holds(night, datetime(2025, 6, 7, 5, 0))  # Saturday morning, the window began Friday
     assert not window_holds(night, datetime(2025, 6, 7, 23, 0))
     assert not window_holds(night, datetime(2025, 6, 6, 12, 0) + timedelta(hours=0))
+
+
+def test_a_model_with_no_worker_to_go_to_is_waiting_for_one_not_unplaceable(world):
+    fleet, registry, workers, rec = world
+    model(registry, "chat", profiles=gpu_profile())
+    run(rec)
+    assert registry.get("chat").status.unplaceable and rec.status("chat") == "waiting for a worker"
+    node(fleet, "n1", gpus=1, gpu_class="L4")
+    run(rec)
+    assert rec.status("chat") == "cannot be placed now (explain-placement says why)"
+
+
+def test_a_worker_that_said_goodbye_is_sent_no_unload_it_stops_its_engines_itself(world):
+    fleet, registry, workers, rec = world
+    node(fleet, "n1")
+    model(registry, "chat")
+    run(rec)
+    heartbeat(fleet, rec)
+    run(rec)
+    (replica,) = rec.replicas.values()
+    assert replica.state == "ready"
+    stopped = nodeapi.EngineState(state="stopped", since="2026-01-01T00:00:00Z", detail="worker stopped")
+    fleet.heartbeat(nodeapi.Heartbeat(id="n1", loaded_models=[], engine=stopped))
+    run(rec)
+    assert replica.state == "failed" and "n1 stopped answering" in replica.error
+    assert workers.unloads("chat") == [], "its requests in flight finish within the worker's own stop grace"
+
+
+def test_a_restart_with_no_room_for_a_replacement_says_why_it_waits(world):
+    fleet, registry, workers, rec = world
+    node(fleet, "n1", gpus=1)
+    model(registry, "chat", profiles=gpu_profile())
+    run(rec)
+    heartbeat(fleet, rec)
+    run(rec)
+    (old,) = rec.replicas.values()
+    assert rec.queue_restart([old.id], in_place=False, max_surge=1, max_unavailable=0) == [old.id]
+    run(rec)
+    assert old.restart == "queued" and old.state == "ready" and len(rec.replicas) == 1
+    assert old.restart_waits.startswith("restart waits: no node can take its replacement beside it (n1: "), (
+        old.restart_waits
+    )
+    assert "--in-place" in old.restart_waits
+    node(fleet, "n2", gpus=1)  # a card frees up: the restart goes on and stops saying it waits
+    run(rec)
+    assert old.restart == "replacing" and old.restart_waits == ""

@@ -168,3 +168,83 @@ def test_a_build_this_worker_does_not_know_is_shown_failed_once(tmp_path: Path) 
     assert changes == [1, 1] and builds.chosen("llamacpp").state == "failed"
     assert builds.chosen("llamacpp").detail.startswith("this worker knows no build 'vulkan2' of llamacpp")
     assert builds.launcher("llamacpp") == llama_binary.portable_route().argv
+
+
+def dies_of_sigill(tmp_path: Path) -> tuple[Path, Path]:
+    """A llama-server that dies with SIGILL at start, as the prebuilt one does on a CPU without its instructions,
+    and the file each of its runs adds a line to."""
+    runs = tmp_path / "runs"
+    binary = tmp_path / "llama-server"
+    binary.write_text(
+        f"#!{sys.executable}\nimport os, signal\n"
+        f"open({str(runs)!r}, 'a').write('run\\n')\nos.kill(os.getpid(), signal.SIGILL)\n"
+    )
+    binary.chmod(0o755)
+    return binary, runs
+
+
+def test_a_route_that_died_with_sigill_is_skipped_until_the_cpu_or_the_binary_changes(tmp_path: Path) -> None:
+    binary, _ = dies_of_sigill(tmp_path)
+    home = tmp_path / "home"
+    home.mkdir()
+    environ = {"OPOD_LLAMA_SERVER": str(binary)}
+    EngineBuilds(home, environ=environ).died_of_sigill("llamacpp", (str(binary),))
+
+    restarted = EngineBuilds(home, environ=environ)  # the next start of the worker
+    assert restarted.launcher("llamacpp") == llama_binary.portable_route().argv
+    route = restarted.llama_route()
+    assert route is not None and route.kind is llama_binary.Route.PORTABLE and "died with SIGILL" in route.why
+    assert restarted.launcher("sim") == ()
+
+    other = llama_binary.LlamaRoute(llama_binary.Route.OVERRIDE, (str(binary),), "")
+    assert llama_binary.fingerprint(other, NO_AVX512) != llama_binary.fingerprint(other, ALL_AVX512), "another CPU"
+    binary.write_text(binary.read_text() + "# upgraded\n")
+    assert EngineBuilds(home, environ=environ).launcher("llamacpp") == (), "another binary is tried again"
+
+
+@pytest.mark.engine
+async def test_a_worker_that_fell_back_from_a_sigill_starts_on_the_portable_build_at_once_next_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from opod.catalog import load_catalog
+    from opod.weights.tiny import write_tiny_llama
+    from opod.worker.engines import EngineManager
+    from opod.worker.supervisor import Supervisor
+
+    pytest.importorskip("xllamacpp", reason="the portable route needs the xllamacpp wheel")
+    binary, runs = dies_of_sigill(tmp_path)
+    monkeypatch.setenv("OPOD_LLAMA_SERVER", str(binary))
+    gguf = write_tiny_llama(tmp_path / "tiny.gguf")
+    home = tmp_path / "home"
+    home.mkdir()
+
+    async def start_and_serve() -> str:
+        """One start of a worker: its builds and engines as ``open_worker`` wires them; the launch its engine served on."""
+        builds = EngineBuilds(home)
+        manager = EngineManager(
+            engine_id="llamacpp",
+            home=home,
+            catalog=load_catalog(),
+            supervisor=Supervisor(),
+            threads=2,
+            launcher=builds.launcher,
+            died_of_sigill=builds.died_of_sigill,
+        )
+        try:
+            await manager.load(nodeapi.LoadModelRequest(id="tiny", path=str(gguf)))
+            engine = manager.engines["tiny"]
+            for _ in range(1200):
+                if engine.state in ("serving", "failed"):
+                    break
+                await asyncio.sleep(0.05)
+            assert engine.state == "serving", engine.detail
+            assert engine.spec is not None
+            return " ".join(engine.spec.launcher)
+        finally:
+            await manager.stop_all()
+
+    portable = " ".join(llama_binary.portable_route().argv)
+    assert await start_and_serve() == portable
+    assert runs.read_text().count("run") == 1, "the first start crashed once, then fell back"
+    assert await start_and_serve() == portable
+    assert runs.read_text().count("run") == 1, "the next start went to the portable build without crashing first"

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from opod.catalog import Catalog, CatalogError, load_catalog, load_entry
 from opod.catalog.kvcache import kv_cost
-from opod.cli.common import call, err, fail, out
+from opod.cli.common import call, err, fail, out, print_whole
 from opod.contract.catalog import Entry
 
 app = typer.Typer(help="The model catalog: what opod knows how to serve.", no_args_is_help=True)
@@ -77,7 +77,7 @@ def list_entries(as_json: bool = typer.Option(False, "--json", help="Print the e
             ", ".join(e.capabilities),
             ", ".join(e.recommended_engines),
         )
-    out.print(table)
+    print_whole(table)
     out.print(f"\n{len(catalog)} models. [dim]opod catalog show ID[/] prints one with its KV-cache cost.")
 
 
@@ -160,7 +160,7 @@ def _print_entry(e: Entry, origin: Path | None) -> None:
     table.add_column()
     for k, v in rows:
         table.add_row(k, v)
-    out.print(table)
+    print_whole(table)
     if e.description:
         out.print(f"\n{e.description}")
     out.print()
@@ -274,7 +274,7 @@ def presets(as_json: bool = typer.Option(False, "--json", help="Print the spec's
             p.get("added_by", ""),
             p.get("blocked", ""),
         )
-    out.print(table)
+    print_whole(table)
     out.print(
         f"\npresets.auto is {'on' if view.get('auto') else 'off'}. [dim]opod catalog add ID[/] adds one; "
         "[dim]opod catalog auto on[/] lets the leader add those a node fits."

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import sys
@@ -10,7 +11,9 @@ import urllib.request
 from typing import Any
 
 import typer
-from rich.console import Console
+from rich.console import Console, RenderableType
+from rich.measure import Measurement
+from rich.table import Table
 
 from opod import config
 
@@ -28,6 +31,46 @@ def console(stderr: bool = False) -> Console:
 
 out = console()
 err = console(stderr=True)
+
+_UNBOUNDED = 1_000_000
+"""A width no table reaches: what a table measures at when nothing constrains it."""
+
+
+def print_whole(thing: RenderableType, shown: Console | None = None) -> None:
+    """Print a table (or a tree) with every column that does not wrap (ids, names, paths) whole, at any width.
+
+    Piped (a file, ``| grep``), each row is one line as wide as it needs: nothing is cut at the 80 columns a
+    pipe is given, and the lines carry no trailing padding. At a terminal, the columns that wrap fold to fit
+    its width; where even that leaves no room for the others whole, the lines run past the edge rather than
+    cutting a value (a copied id must work).
+    """
+    shown = shown or out
+    unbounded = shown.options.update_width(_UNBOUNDED)
+    if isinstance(thing, Table):
+        for column in thing.columns:
+            if column.no_wrap:
+                widths = [Measurement.get(shown, unbounded, cell).maximum for cell in (column.header, *column.cells)]
+                column.min_width = max(column.min_width or 0, *widths)
+    minimum, maximum = Measurement.get(shown, unbounded, thing)
+    width = max(shown.width, minimum) if shown.is_terminal else max(shown.width, maximum)
+    if width == shown.width and shown.is_terminal:
+        shown.print(thing)
+        return
+    buffer = io.StringIO()
+    canvas = Console(
+        file=buffer,
+        width=width,
+        color_system="auto" if shown.color_system else None,
+        force_terminal=shown.is_terminal,
+        no_color=shown.no_color,
+        highlight=False,
+    )
+    canvas.print(thing)
+    text = buffer.getvalue()
+    if not shown.is_terminal:
+        text = "".join(line.rstrip() + "\n" for line in text.splitlines())
+    shown.file.write(text)
+    shown.file.flush()
 
 
 def setup_logging(verbose: bool = False) -> None:

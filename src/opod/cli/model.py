@@ -13,7 +13,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from opod.cli.common import call, fail, out
+from opod.cli.common import call, fail, out, print_whole
 
 app = typer.Typer(
     help="Models: add (catalog id, --gguf PATH, or hf:owner/repo), list, show, load, unload, remove.",
@@ -85,7 +85,7 @@ def list_models(as_json: bool = typer.Option(False, "--json", help="Print the sp
         replicas = f"{row.get('ready_replicas', 0)}/{row.get('desired_replicas', 0)}"
         state = states.get(row["name"], "") + (" [parked]" if row.get("parked") else "")
         table.add_row(name, replicas, row.get("class", ""), row.get("source", row.get("external", "")), state)
-    out.print(table)
+    print_whole(table)
     if not rows:
         out.print("[dim]no models yet: opod model add smollm2-135m-instruct[/]")
 
@@ -102,12 +102,13 @@ def show(model: str = typer.Argument(..., metavar="NAME"), as_json: bool = typer
     table.add_column()
     for key, value in definition.items():
         table.add_row(key, value if isinstance(value, str) else json.dumps(value))
-    out.print(table)
+    print_whole(table)
 
 
-def _place(action: str, model: str, node: str) -> None:
+def _place(action: str, model: str, node: str) -> str:
+    """The change asked of the leader; its state in words as the leader answered, before the change took effect."""
     view = call("POST", f"/api/v1/models/{model}/{action}", {"node": node})
-    out.print(f"{model}: {action} {'on ' + node if node else 'wanted'}; now {view['state']}")
+    return str(view.get("state") or "")
 
 
 @app.command("load")
@@ -115,8 +116,13 @@ def load(
     model: str = typer.Argument(..., metavar="ID"),
     node: str = typer.Option("", help="A node id [default: any worker]."),
 ) -> None:
-    """Keep a model loaded (on a node, or anywhere)."""
-    _place("load", model, node)
+    """Load a model now and keep it loaded, across restarts (on a node, or on any worker)."""
+    state = _place("load", model, node)
+    where = f"on {node}" if node else "on a worker"
+    if state.startswith("serving on") and (not node or node in state):
+        out.print(f"{model}: {state}; kept loaded {where} from now on", markup=False)
+        return
+    out.print(f"{model}: loading it {where} now, and keeping it loaded (opod model ls shows progress)", markup=False)
 
 
 @app.command("unload")
@@ -124,8 +130,12 @@ def unload(
     model: str = typer.Argument(..., metavar="ID"),
     node: str = typer.Option("", help="A node id [default: everywhere]."),
 ) -> None:
-    """Unload a model (from a node, or everywhere)."""
+    """Unload a model now, from a node (and keep it off it) or from everywhere (until opod model load)."""
     _place("unload", model, node)
+    if node:
+        out.print(f"{model}: unloading it from {node} now, and keeping it off {node}", markup=False)
+    else:
+        out.print(f"{model}: unloading it everywhere now; it stays unloaded until opod model load", markup=False)
 
 
 @app.command("rm")

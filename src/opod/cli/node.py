@@ -7,7 +7,7 @@ import json
 import typer
 from rich.table import Table
 
-from opod.cli.common import call, fail, out
+from opod.cli.common import call, fail, out, print_whole
 
 app = typer.Typer(
     help="Nodes: list the workers (state, machine, GPUs, models), cordon or drain one, label it, read its logs, "
@@ -77,7 +77,7 @@ def list_nodes(as_json: bool = typer.Option(False, "--json", help="The API's row
             _models(models.get(row["id"], {})),
             row.get("last_seen_ago", "never"),
         )
-    out.print(table)
+    print_whole(table)
     if not rows:
         out.print("[dim]no workers yet: opod token create --node, then on another machine opod join URL --token T[/]")
 

@@ -7,7 +7,7 @@ import json
 import typer
 from rich.table import Table
 
-from opod.cli.common import call, err, out
+from opod.cli.common import call, err, out, print_whole
 
 app = typer.Typer(help="API keys and node tokens: create, list, revoke.", no_args_is_help=True)
 
@@ -63,7 +63,7 @@ def list_keys(
         ]
         cells.append(row.get("node_id") or "" if node else (row.get("last_used_at") or "never")[:19].replace("T", " "))
         table.add_row(*cells)
-    out.print(table)
+    print_whole(table)
     if not rows:
         out.print("[dim]none yet: opod token create" + (" --node" if node else "") + "[/]")
 

@@ -124,6 +124,8 @@ class ReplicaRecord(Protocol):
     ready_at: float
     error: str
     restart: str
+    restart_waits: str
+    """Why its queued restart cannot go on now; empty while it can."""
     fingerprint: str
 
 

@@ -94,7 +94,7 @@ def replica_view(
         endpoint=head.address if head is not None else None,
         age_seconds=_seconds(replica.started, now),
         idle_seconds=idle_seconds(desk, replica, now),
-        error=replica.error or None,
+        error=replica.error or replica.restart_waits or None,  # the spec's one reason field says why a restart waits
         shards=shards,
     )
 

@@ -16,10 +16,15 @@ refuses a route this node cannot run rather than falling through to the next.
 
 A route that still dies with SIGILL (a CPU whose flags lie, a foreign
 override binary) falls back to the portable one: :func:`after_exit` says so.
+The worker remembers such a death under :func:`fingerprint` (this CPU and that
+binary), so its next starts go to the portable build at once
+(:class:`opod.worker.builds.EngineBuilds`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 import signal
 import sys
@@ -76,6 +81,44 @@ def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
         if key.strip() == "flags":
             return frozenset(value.split())
     return frozenset()
+
+
+def cpu_model(cpuinfo: str | None = None) -> str:
+    """The CPU's ``model name`` from /proc/cpuinfo; empty when unknown."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name":
+            return value.strip()
+    return ""
+
+
+def fingerprint(route: LlamaRoute, cpuinfo: str | None = None) -> str:
+    """A digest of what a SIGILL on ``route`` depends on: this CPU (its model and flags) and the binary (its path,
+    size and modification time). Another CPU, or the binary replaced or upgraded, gives another digest."""
+    binary = Path(route.argv[0]) if route.argv else Path()
+    try:
+        stat = binary.stat()
+        made: tuple[int, int] = (stat.st_size, stat.st_mtime_ns)
+    except OSError:
+        made = (-1, -1)
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            cpuinfo = ""
+    facts = {
+        "cpu": cpu_model(cpuinfo),
+        "flags": sorted(cpu_flags(cpuinfo)),
+        "route": route.kind.value,
+        "argv": list(route.argv),
+        "binary": list(made),
+    }
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
 
 
 def prebuilt_fits(flags: frozenset[str]) -> bool:

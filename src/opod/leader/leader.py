@@ -384,7 +384,7 @@ class Leader:
         listeners: Sequence[Listener],
         stop: asyncio.Event,
         *,
-        drain: Callable[[], Awaitable[None]] | None = None,
+        drain: Callable[[bool], Awaitable[None]] | None = None,
         beside: Sequence[Background] = (),
         grace: float = 0.0,
         hurry: asyncio.Event | None = None,
@@ -396,8 +396,9 @@ class Leader:
         reconciler, the healer, the key-use flush, ``beside``, the listeners. Stop: no new request
         is taken (:meth:`let_requests_finish`: those in flight get up to ``grace`` seconds, cut
         short when ``hurry`` is set), then ``drain`` (the local worker's engines and its last
-        heartbeat, which still needs the listeners), the background work, the listeners, the
-        ledger's last rows, the files' watchers, then :meth:`close`.
+        heartbeat, which still needs the listeners; told ``True`` when requests are still in flight,
+        to cut them now rather than after the engines' own stop), the background work, the listeners,
+        the ledger's last rows, the files' watchers, then :meth:`close`.
         """
         try:
             await self.snapshots.start()
@@ -433,10 +434,10 @@ class Leader:
             stopped.cancel()
         finally:
             stop.set()
-            await self.let_requests_finish(0.0 if serving.done() else grace, hurry, say or log.info)
+            left = await self.let_requests_finish(0.0 if serving.done() else grace, hurry, say or log.info)
             if drain is not None:
                 try:
-                    await drain()
+                    await drain(left > 0)
                 except Exception:  # the rest must still stop, and the store close
                     log.exception("stopping the local worker failed")
             for task in background:
@@ -462,16 +463,17 @@ class Leader:
         """True once the leader has begun to stop: ``/readyz`` answers not ready, ``/v1`` requests 503."""
         return self.admission.stopping
 
-    async def let_requests_finish(self, grace: float, hurry: asyncio.Event | None, say: Callable[[str], None]) -> None:
+    async def let_requests_finish(self, grace: float, hurry: asyncio.Event | None, say: Callable[[str], None]) -> int:
         """Take no new request (503 with ``Retry-After``, the waiting ones too) and give those in flight up
-        to ``grace`` seconds to finish, or until ``hurry`` is set; says on the console which happened."""
+        to ``grace`` seconds to finish, or until ``hurry`` is set; says on the console which happened.
+        Returns how many are still in flight, to be cut off."""
         in_flight = self.admission.close(STOPPING_RETRY_AFTER)
         if not in_flight:
             say("stopping: no request in flight")
-            return
+            return 0
         if grace <= 0 or (hurry is not None and hurry.is_set()):
             say(f"stopping now: {_requests(in_flight)} in flight are cut off")
-            return
+            return in_flight
         say(
             f"stopping: {_requests(in_flight)} in flight, waiting up to {grace:g} s for them to finish "
             "(Ctrl-C again to stop now)"
@@ -497,6 +499,7 @@ class Leader:
                 f"stopping: {_requests(left)} still in flight after {grace:g} s are cut off "
                 "(OPOD_STOP_GRACE gives them longer)"
             )
+        return left
 
     async def _flush_key_uses(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

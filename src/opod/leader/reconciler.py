@@ -36,7 +36,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
 
-from opod.catalog.definition import fingerprint
+from opod.catalog.definition import fingerprint, scaling_in_force
 from opod.contract import nodeapi
 from opod.fleet.liveness import HEARTBEAT_MAX_AGE
 from opod.fleet.models import ANY_NODE, KnownModel, ModelRegistry
@@ -202,11 +202,15 @@ class Reconciler:
                 parts.append("+".join(replica.nodes) + (f" ({progress})" if progress else ""))
             return "starting on " + ", ".join(parts)
         if model.status.unplaceable:
+            if not self.fleet.placeable():
+                return "waiting for a worker"  # nothing to place on is not a placement failure
             return "cannot be placed now (explain-placement says why)"
         if parking is not None and parking.failures:
             return where + parking.reason
         if model.status.desired == 0:
-            return "on demand: starts when a request asks for it"
+            if model.definition is not None and scaling_in_force(model.definition)[3]:
+                return "on demand: starts when a request asks for it"
+            return "not loaded (opod model load starts it)"
         return "waiting for a worker"
 
     def requested(self, model_id: str) -> Awaitable[None] | None:
@@ -466,6 +470,8 @@ class Reconciler:
                     budget["surge"] -= 0 if moving else 1
                     serving.remove(replica)
                     serving.append(new)
+                elif replica.restart == "queued":
+                    replica.restart_waits = self._no_room_beside(model.id)
         while len(serving) < wanted and not parking.parked and now >= parking.next_try and not self._awaiting:
             new = self._start_one(model, klass, now, stops, starts)
             if new is None:
@@ -541,6 +547,7 @@ class Reconciler:
         )
         if replaces is not None:
             replica.replaces, replaces.replaced_by = replaces.id, replica.id
+            replaces.restart_waits = ""
             if replaces.restart == "queued":
                 replaces.restart = "replacing"
         self.replicas[replica.id] = replica
@@ -548,6 +555,14 @@ class Reconciler:
         self._planner.take(assignment, replica.id, klass)
         starts.append(self._start(model, replica))
         return replica
+
+    def _no_room_beside(self, model_id: str) -> str:
+        """Why a queued restart cannot start a replica's replacement beside it, from the last placement's refusals."""
+        refusals = "; ".join(f"{r.node}: {r.reason}" for r in self.last_rejections.get(model_id, [])[:4])
+        return (
+            f"restart waits: no node can take its replacement beside it ({refusals or 'no node to place on'}); "
+            "free a device of its class, or restart it in place (--in-place --max-unavailable 1)"
+        )[:400]
 
     def _quota_refused(self, model_id: str, rejections: list[Rejection]) -> None:
         reason = next((r.reason for r in rejections if r.reason.startswith("quota:")), "")
@@ -601,8 +616,8 @@ class Reconciler:
         req = unload_request(replica.model, self.models.get(replica.model))
         for node_id in replica.nodes:
             node = self.fleet.get(node_id)
-            if node is None:
-                continue
+            if node is None or node.goodbye:
+                continue  # a worker that said goodbye stops its engines itself, once its requests in flight end
             try:
                 await self.workers.call_json(node, "POST", nodeapi.PATH_MODEL_UNLOAD, req.to_wire(), timeout=60)
             except WorkerUnavailable as err:
@@ -647,7 +662,7 @@ class Reconciler:
             replica = self.replicas.get(replica_id)
             if replica is None or replica.state not in (STARTING, READY) or replica.replaced_by:
                 continue
-            replica.restart, replica.in_place = "queued", in_place
+            replica.restart, replica.in_place, replica.restart_waits = "queued", in_place, ""
             surge, unavailable = (max_surge, max_unavailable) if (max_surge or max_unavailable) else (1, 0)
             if in_place and not unavailable:
                 unavailable = 1

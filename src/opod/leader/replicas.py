@@ -56,6 +56,8 @@ class Replica:
     """``queued`` or ``replacing`` while an operator's restart of it is under way."""
     in_place: bool = False
     """Its queued restart stops it before its replacement starts."""
+    restart_waits: str = ""
+    """Why its queued restart cannot go on now (no node takes its replacement); empty while it can."""
     replaces: str = ""
     """The replica this one takes over from (a restart or a drain), stopped once this one is ready."""
     replaced_by: str = ""

@@ -3,9 +3,10 @@
 The leader's own lifespan (:meth:`opod.leader.leader.Leader.run`) starts and
 stops everything in order. On SIGTERM or Ctrl-C the leader first stops taking
 requests (``/v1`` answers 503 with ``Retry-After``) and lets those in flight
-finish, for up to the stop grace (``OPOD_STOP_GRACE``, 30 s by default); then
-the local worker's engines stop and it sends its final "stopped" heartbeat, and
-only then do the listeners close. A second signal cuts the wait short and kills
+finish, for up to the stop grace (``OPOD_STOP_GRACE``, 30 s by default), and
+those still running when it ends are cut off then; the local worker's engines
+stop and it sends its final "stopped" heartbeat, and only then do the listeners
+close. A second signal cuts the wait short and kills
 the engines at once.
 """
 
@@ -161,10 +162,14 @@ class Up:
             if worker is not None:
                 worker.hurry()
 
-    async def _drain(self) -> None:
+    async def _drain(self, cut: bool) -> None:
+        """Stop the local worker; ``cut``: the grace is spent with requests in flight, so its engines are
+        killed now, not given the seconds of their own stop (llama-server finishes an answer on SIGTERM)."""
         worker = self.started.worker
         if worker is not None:
             self.say("stopping: the engines, then the listeners")
+            if cut:
+                worker.hurry()
             self._worker_stop.set()
             await worker.stop()
 
@@ -179,10 +184,20 @@ class Up:
             self.say(f"the local worker stopped: {err}")
 
     async def _report(self, stop: asyncio.Event) -> None:
-        """Say when a wanted model starts loading, fails, or is served — once per change."""
+        """Say when a wanted model starts loading, fails, or is served — once per change. With a local worker,
+        nothing until a reconciler round has seen it registered: before, every model "cannot be placed"."""
         leader = self.started.leader
+        worker = self.started.worker
         said: dict[str, str] = {}
+        seen_at: int | None = None
+        """The reconciler's round count when the local worker was first heard; ``None`` until then."""
         while not stop.is_set():
+            if worker is not None and (seen_at is None or leader.reconciler.rounds <= seen_at):
+                node = leader.fleet.get(worker.node_id)
+                if seen_at is None and node is not None and node.last_heartbeat > 0:
+                    seen_at = leader.reconciler.rounds
+                await asyncio.sleep(0.1)
+                continue
             for model in leader.models:
                 if model.removed or not model.wants_loaded():
                     continue

@@ -15,6 +15,11 @@ heartbeat, and a restarted worker converges at its first heartbeat.
   per choice: a failure is shown, never retried; a new choice or a worker restart tries again.
   ``<home>/engine-builds.json`` remembers what was installed, so a restart does not install it again.
 
+Without a choice, a llama.cpp route that died with SIGILL (and fell back to the portable build) is
+remembered in ``<home>/llama-sigill.json`` under its fingerprint (this CPU and that binary,
+:func:`opod.engines.llama_binary.fingerprint`): the next starts go to the portable build at once,
+rather than crash again first. Another CPU, or the binary replaced, is tried again.
+
 Engines already running keep the build they started with; the next start uses the new one.
 """
 
@@ -56,6 +61,7 @@ INSTALL_VAR = "OPOD_ENGINE_INSTALL_COMMAND"
 DEFAULT_INSTALL = "{python} -m pip install {package} --extra-index-url {index}"
 TORCH_INDEX = "https://download.pytorch.org/whl/{build}"
 INSTALLED_FILE = "engine-builds.json"
+SIGILL_FILE = "llama-sigill.json"
 
 
 def builds_of(engine: str) -> tuple[str, ...]:
@@ -105,7 +111,11 @@ class EngineBuilds:
         self._route: llama_binary.LlamaRoute | None = None
         """llama.cpp's pinned route; ``None`` = the worker's own order."""
         self._installs: dict[str, asyncio.Task[None]] = {}
-        self._installed = self._read_installed()
+        self._installed = _read(self._file)
+        self._sigill_file = home / SIGILL_FILE
+        self._sigill = _read(self._sigill_file)
+        """Fingerprints of the llama.cpp routes that died with SIGILL here → what died, for the log line."""
+        self._said_remembered = False
 
     def heard(self, orders: nodeapi.HeartbeatResponse) -> None:
         """A heartbeat answer's choices (the agent's ``on_orders`` hook)."""
@@ -146,8 +156,9 @@ class EngineBuilds:
         return self._chosen.get(engine, Chosen())
 
     def llama_route(self) -> llama_binary.LlamaRoute | None:
-        """llama.cpp's pinned route, or ``None`` for the worker's own order."""
-        return self._route
+        """llama.cpp's pinned route, else the portable one where the worker's own choice died with SIGILL here
+        before; ``None`` for the worker's own order."""
+        return self._route or self._remembered()
 
     def launcher(self, engine: str) -> tuple[str, ...]:
         """The command prefix ``engine``'s next start uses (empty: its driver's choice); ``LaunchError`` when chosen ``none``."""
@@ -157,9 +168,43 @@ class EngineBuilds:
                 no_build(engine),
                 f'choose another build with POST /api/v1/nodes/{{id}}/engines {{"engine": "{engine}"}}',
             )
-        if engine == "llamacpp" and self._route is not None:
-            return self._route.argv
+        if engine == "llamacpp":
+            route = self.llama_route()
+            return route.argv if route is not None else ()
         return ()
+
+    def died_of_sigill(self, engine: str, prefix: tuple[str, ...]) -> None:
+        """``engine``, started with ``prefix``, died with SIGILL and starts again on the portable build: remembered
+        for this CPU and that binary, so later starts skip the crash."""
+        route = llama_binary.route_of(prefix)
+        if engine != "llamacpp" or route.kind is llama_binary.Route.PORTABLE:
+            return
+        self._sigill[llama_binary.fingerprint(route)] = " ".join(route.argv)
+        self._said_remembered = True  # the fallback said it already
+        try:
+            _write(self._sigill_file, self._sigill)
+        except OSError as err:
+            log.warning("could not remember that %s died with SIGILL in %s: %s", route.argv[0], self._sigill_file, err)
+
+    def _remembered(self) -> llama_binary.LlamaRoute | None:
+        """The portable route when the route llama.cpp would start on died with SIGILL on this CPU before."""
+        if not self._sigill:
+            return None
+        try:
+            route = llama_binary.resolve(self._environ)
+        except LaunchError:
+            return None  # the launch names what is wrong with OPOD_LLAMA_SERVER
+        if route.kind is llama_binary.Route.PORTABLE or llama_binary.fingerprint(route) not in self._sigill:
+            return None
+        portable = llama_binary.portable_route()
+        why = (
+            f"{portable.why}; {route.argv[0]} died with SIGILL on this CPU before "
+            f"(remembered in {self._sigill_file}; another CPU or binary is tried again)"
+        )
+        if not self._said_remembered:
+            self._said_remembered = True
+            log.info("llama.cpp starts on the portable build: %s", why)
+        return llama_binary.LlamaRoute(portable.kind, portable.argv, why)
 
     # --- llama.cpp ------------------------------------------------------------
 
@@ -198,7 +243,7 @@ class EngineBuilds:
             return
         importlib.invalidate_caches()  # the new package is found by the next survey, without a restart
         self._installed[engine] = build
-        self._write_installed()
+        _write(self._file, self._installed)
         self._finish(engine, Chosen(build))
 
     def _finish(self, engine: str, outcome: Chosen) -> None:
@@ -215,14 +260,17 @@ class EngineBuilds:
         if task is not None:
             task.cancel()
 
-    def _read_installed(self) -> dict[str, str]:
-        try:
-            value = json.loads(self._file.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return {}
-        return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
 
-    def _write_installed(self) -> None:
-        temporary = self._file.with_suffix(".tmp")
-        temporary.write_text(json.dumps(self._installed, sort_keys=True), encoding="utf-8")
-        temporary.replace(self._file)
+def _read(path: Path) -> dict[str, str]:
+    """A JSON object of strings kept in the worker's home; empty when absent or unreadable."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
+
+
+def _write(path: Path, value: dict[str, str]) -> None:
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(value, sort_keys=True), encoding="utf-8")
+    temporary.replace(path)

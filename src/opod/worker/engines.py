@@ -113,10 +113,14 @@ class EngineManager:
         on_change: Callable[[], None] = lambda: None,
         adapters: list[nodeapi.Adapter] | None = None,
         launcher: Callable[[str], tuple[str, ...]] = lambda _engine: (),
+        died_of_sigill: Callable[[str, tuple[str, ...]], None] = lambda _engine, _prefix: None,
     ) -> None:
-        """``launcher``: the command prefix an engine id starts with now (the operator's build choice; empty = the driver's)."""
+        """``launcher``: the command prefix an engine id starts with now (the operator's build choice; empty = the driver's).
+        ``died_of_sigill``: told the engine id and the command prefix of an engine that died with SIGILL and
+        starts again on another build, so the next start can skip the crash."""
         self.driver = get_driver(engine_id)
         self.launcher = launcher
+        self.died_of_sigill = died_of_sigill
         self.home = home
         self.catalog = catalog
         self.supervisor = supervisor
@@ -388,6 +392,9 @@ class EngineManager:
         spec, message = decision
         log.warning("%s", message)
         engine.detail = message
+        prefix = getattr(self.driver, "launch_prefix", None)
+        if prefix is not None:
+            self.died_of_sigill(self.driver.id, tuple(prefix(engine.spec)))
         return spec
 
     # --- taking engines back after the worker re-executed itself -------------------

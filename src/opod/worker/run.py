@@ -16,7 +16,9 @@ Stopping it stops the engines first, then sends the final
 "stopped" heartbeat, so the leader stops routing here at once. With a stop grace
 (``opod join``: ``OPOD_STOP_GRACE``), the goodbye goes first instead, and the
 engines keep serving the requests in flight until they are idle or the grace
-runs out; :meth:`Worker.hurry` (a second Ctrl-C) cuts that short.
+runs out, when those still in flight are cut off by killing the engines (an engine
+such as llama-server finishes its answers on SIGTERM); :meth:`Worker.hurry` (a
+second Ctrl-C) cuts the wait short.
 
 :class:`WorkerSettings` is plain data: the caller completes it (``opod up`` fills
 in its own leader's URL, token and TLS context) before the worker is built.
@@ -349,7 +351,8 @@ class Worker:
         try:
             if self.settings.stop_grace > 0 and not self._hurry.is_set():
                 await self.agent.goodbye()  # the leader routes nothing new here; what it sent finishes
-                await self._let_requests_finish(self.settings.stop_grace)
+                if await self._let_requests_finish(self.settings.stop_grace):
+                    self.supervisor.hurry()  # the grace is spent: the answers still running end now
                 await self.manager.stop_all()
             else:
                 await self.manager.stop_all()
@@ -363,9 +366,10 @@ class Worker:
             else:
                 self.listener.sock.close()
 
-    async def _let_requests_finish(self, grace: float) -> None:
+    async def _let_requests_finish(self, grace: float) -> int:
         """Wait until the engines say they are idle (running and queued requests, from their metrics),
-        twice in a row, so a request the leader sent just before the goodbye is not cut off either."""
+        twice in a row, so a request the leader sent just before the goodbye is not cut off either.
+        Returns how many are still in flight."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
         idle, said, busy = 0, False, 0
@@ -393,6 +397,7 @@ class Worker:
             self.say("stopping: the requests in flight finished")
         elif busy:
             self.say(f"stopping: {busy} requests still in flight are cut off")
+        return busy
 
     async def _check_gpu_use(self, gpus: list[nodeapi.GPU]) -> None:
         """On a machine with GPUs, say when the llama-server this worker starts cannot use them."""
@@ -474,6 +479,7 @@ def open_worker(settings: WorkerSettings) -> Worker:
             on_change=changed,
             adapters=wanted_adapters(),
             launcher=chosen.launcher,
+            died_of_sigill=chosen.died_of_sigill,
         )
         api = WorkerAPI(node_id, settings.token, manager, supervisor, settings.home)
         listener = Listener(api.app(), sock, "worker")

@@ -7,10 +7,11 @@ from collections.abc import Iterable
 from typing import Any
 
 import typer
+from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from opod.cli.common import err, out
+from opod.cli.common import err, out, print_whole
 
 DASH = "-"
 
@@ -26,16 +27,28 @@ _UNITS_NS = {
 _PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 
 
+def printable(value: str, *, lines: bool = False) -> str:
+    """``value`` with every character a terminal would act on (escape sequences, carriage returns, bidirectional
+    overrides) written as its Python escape (``\\x1b``), so text from the leader cannot recolour the terminal,
+    move the cursor or reorder what is shown; ``lines`` keeps line breaks (a cell of several lines)."""
+    if value.isprintable():
+        return value
+    return "".join(
+        c if c.isprintable() or (lines and c == "\n") else c.encode("unicode_escape").decode("ascii") for c in value
+    )
+
+
 class _Cells(Table):
-    """A table whose cells are text as given: a name or message holding ``[...]`` is shown, not read as markup."""
+    """A table whose cells are text as given: a name or message holding ``[...]`` is shown, not read as markup,
+    and a character a terminal would act on is shown escaped (:func:`printable`)."""
 
     def add_row(self, *cells: Any, **kwargs: Any) -> None:
-        super().add_row(*(Text(c) if isinstance(c, str) else c for c in cells), **kwargs)
+        super().add_row(*(Text(printable(c, lines=True)) if isinstance(c, str) else c for c in cells), **kwargs)
 
 
 def line(message: str) -> None:
     """A line of output as given (no markup: names and messages from the leader may hold brackets)."""
-    out.print(message, markup=False)
+    out.print(printable(message, lines=True), markup=False)
 
 
 def table(*columns: str, wrap: Iterable[str] = ()) -> Table:
@@ -74,14 +87,9 @@ def text(value: Any) -> str:
     return str(value)
 
 
-def show(thing: Any) -> None:
-    """Print a table; piped, without the spaces rich pads a row's last cell with, so lines grep and diff cleanly."""
-    if out.is_terminal:
-        out.print(thing)
-        return
-    with out.capture() as captured:
-        out.print(thing)
-    typer.echo("\n".join(line.rstrip() for line in captured.get().splitlines()))
+def show(thing: RenderableType) -> None:
+    """Print a table or a tree with its ids whole at any width (:func:`opod.cli.common.print_whole`)."""
+    print_whole(thing)
 
 
 def note(message: str) -> None:

@@ -6,6 +6,7 @@ import time
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from opod.cli.common import console, fail, out
 from opod.cli.ctl import render
@@ -14,6 +15,9 @@ from opod.contract.admin.fleet import ExplainView, ReplicaView, RestartRequest, 
 
 POLL_S = 1.0
 """How often a restart's progress is read: often enough to see each replica go, light on the leader."""
+STUCK_S = 15.0
+"""How long a queued replica may say why its restart waits before the command stops following it: longer than
+a replacement takes to free the devices of the replica it took over from."""
 
 
 def _replicas(model: str | None) -> list[ReplicaView]:
@@ -116,10 +120,13 @@ def restart(
 def _follow(queued: list[str], limit_s: float, shown: Console) -> None:
     """Poll the replicas until each of ``queued`` is replaced (or restarted in place) and its model's replicas are ready.
 
-    A line per change, so the progress reads the same in a terminal and in a log.
+    A line per change, so the progress reads the same in a terminal and in a log. A queued replica that says
+    why its restart waits (its ``error``: no room for its replacement) for ``STUCK_S`` ends the wait with that
+    reason; the restart itself stays queued on the leader.
     """
     deadline = time.monotonic() + limit_s
     seen: dict[str, str] = {}
+    waiting_since: dict[str, float] = {}
     done: set[str] = set()
     models: set[str] = set()
     settling = False
@@ -134,9 +141,21 @@ def _follow(queued: list[str], limit_s: float, shown: Console) -> None:
                 done.add(rid)
                 how = "replaced" if current is None else "restarted in place"
                 shown.print(f"[{len(done)}/{len(queued)}] {rid} {how}", markup=False)
-            elif seen.get(rid) != current.restart:
-                seen[rid] = current.restart
-                shown.print(f"[{len(done)}/{len(queued)}] {rid} {current.restart}", markup=False)
+                continue
+            waits = current.error if current.restart == "queued" and current.state != "failed" else None
+            said = current.restart + (f": {waits}" if waits else "")
+            if seen.get(rid) != said:
+                seen[rid] = said
+                shown.print(f"[{len(done)}/{len(queued)}] {rid} {said}", markup=False)
+            if not waits:
+                waiting_since.pop(rid, None)
+            elif time.monotonic() - waiting_since.setdefault(rid, time.monotonic()) >= STUCK_S:
+                raise fail(
+                    escape(
+                        f"{rid} is still queued for restart after {STUCK_S:g} s: {waits}; the restart stays queued "
+                        "and goes on by itself once there is room (opod ctl replicas shows it)"
+                    )
+                )
         if len(done) == len(queued):
             mine = [r for r in now.values() if r.model in models]
             failed = [r for r in mine if r.state == "failed"]

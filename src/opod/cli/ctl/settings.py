@@ -2,10 +2,13 @@
 
 A change names the version it was made on (its base); when another change came first the leader
 refuses it with 409, and the command says which version is the newest, keeping the edit in a file.
+``show`` writes the version it shows as the body's first line (a YAML comment), so a file made with
+``show > FILE`` carries its base to ``edit --file FILE``; a file without that line needs ``--base``.
 """
 
 from __future__ import annotations
 
+import re
 import tempfile
 from pathlib import Path
 
@@ -23,6 +26,23 @@ settings = typer.Typer(
     help="The cluster's settings: prices, budgets, retention, webhooks, Prometheus, key rules, sign-in.",
     no_args_is_help=True,
 )
+
+
+BASE_LINE = "# opod settings version {version}: opod ctl settings edit --file takes this version as its base\n"
+_BASE = re.compile(r"# opod settings version (\d+)\b[^\n]*\n?")
+
+
+def _with_base(body: str, version: int) -> str:
+    """The body as ``show`` writes it and the editor opens it: the version it is, in its first line."""
+    return BASE_LINE.format(version=version) + body
+
+
+def _base_of(text: str) -> tuple[int | None, str]:
+    """The version a ``show`` output records in its first line (``None`` when it has none), and the body after it."""
+    found = _BASE.match(text)
+    if found is None:
+        return None, text
+    return int(found.group(1)), text[found.end() :]
 
 
 def _about(view: SettingsView) -> str:
@@ -45,7 +65,8 @@ def show(
     version: int | None = typer.Option(None, "--version", help="An earlier version [default: the newest]."),
     as_json: bool = render.json_option(),
 ) -> None:
-    """The settings in force (or an earlier version) as YAML on standard output; which version on standard error."""
+    """The settings in force (or an earlier version) as YAML on standard output, the version in its first line
+    (edit --file takes it as the base); who wrote it on standard error."""
     body = request("GET", path("settings"), query={"version": version})
     if as_json:
         return emit_json(body)
@@ -53,8 +74,8 @@ def show(
     render.err_note(_about(view))
     if view.local_keys:
         render.err_note(f"this leader's own file overrides: {', '.join(view.local_keys)}")
-    if view.body:
-        typer.echo(view.body, nl=not view.body.endswith("\n"))
+    text = _with_base(view.body or "", view.version or 0)
+    typer.echo(text, nl=not text.endswith("\n"))
 
 
 def _edit(text: str) -> str | None:
@@ -72,22 +93,40 @@ def edit(
     ),
     note: str | None = typer.Option(None, "--note", help="Why, kept with the version."),
     base: int | None = typer.Option(
-        None, "--base", help="The version the new body was made from [default: the newest now]."
+        None,
+        "--base",
+        help="The version the new body was made from [default: the one its first line records, as settings show "
+        "writes it; with $EDITOR, the newest].",
     ),
     as_json: bool = render.json_option(),
 ) -> None:
-    """Change the settings: opens $EDITOR on the newest body (or puts --file); in force on every leader within seconds."""
+    """Change the settings: opens $EDITOR on the newest body (or puts --file); in force on every leader within seconds.
+
+    A change made since the base is never overwritten: the leader refuses it (HTTP 409)."""
     newest = _newest()
     was = newest.version or 0
-    text = file.read_text() if file is not None else _edit(newest.body or "")
-    if text is None or (file is None and text == (newest.body or "")):
-        render.err_note(f"no change; the settings stay at {_about(newest)}")
-        return
-    status, answer = attempt(
-        "PUT", path("settings"), wire(SettingsRequest(base=was if base is None else base, body=text, note=note))
-    )
+    if file is not None:
+        recorded, text = _base_of(file.read_text())
+        if base is None and recorded is None:
+            raise typer.BadParameter(
+                f"{file} does not say which version it was made from, so a change made since could be overwritten: "
+                "give --base VERSION (opod ctl settings history), or start from opod ctl settings show > FILE, "
+                "whose first line records it",
+                param_hint="--base",
+            )
+    else:
+        edited = _edit(_with_base(newest.body or "", was))
+        if edited is None:
+            render.err_note(f"no change; the settings stay at {_about(newest)}")
+            return
+        recorded, text = _base_of(edited)
+        if text == (newest.body or ""):
+            render.err_note(f"no change; the settings stay at {_about(newest)}")
+            return
+    made_on = base if base is not None else recorded if recorded is not None else was
+    status, answer = attempt("PUT", path("settings"), wire(SettingsRequest(base=made_on, body=text, note=note)))
     if status >= 400:
-        kept = "" if file is not None else f"; your edit is kept in {_keep(text, was)}"
+        kept = "" if file is not None else f"; your edit is kept in {_keep(_with_base(text, made_on), made_on)}"
         if status == 409:
             latest = _newest()
             raise fail(
@@ -97,7 +136,7 @@ def edit(
     if as_json:
         return emit_json(answer)
     view = parse(SettingsView, answer, "PUT /api/v1/settings")
-    render.line(f"settings {_about(view)} (was version {was})")
+    render.line(f"settings {_about(view)} (was version {made_on})")
 
 
 def _keep(text: str, version: int) -> str:

@@ -1,14 +1,18 @@
 """``opod ctl usage``, ``opod ctl usage export`` and ``opod ctl audit``: what was spent, by whom, and what was changed.
 
 An export is written as it arrives, a piece at a time, into ``FILE.part`` and renamed to ``FILE``
-at its end, so a year of rows is never held in memory and a broken export never looks whole.
+at its end, so a year of rows is never held in memory and a broken export never looks whole; without
+``--out`` (or with ``--out -``) it goes to standard output as it arrives, and its progress to standard error.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import sys
 from pathlib import Path
+from typing import BinaryIO
 
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn
@@ -118,7 +122,9 @@ class RowCounter:
 
 @usage.command("export")
 def export(
-    out_file: Path = typer.Option(..., "--out", help="The file to write (replaced when the export is whole)."),
+    out_file: str = typer.Option(
+        "-", "--out", help="The file to write (replaced when the export is whole); - is standard output."
+    ),
     since: str | None = typer.Option(
         None, "--from", help="A date (2026-09-01) or an RFC 3339 time [default: the 1st of this month]."
     ),
@@ -129,7 +135,7 @@ def export(
     ),
     form: str = typer.Option("csv", "--format", help="csv or json."),
 ) -> None:
-    """Usage totals by period and dimension, streamed into a file with a progress bar."""
+    """Usage totals by period and dimension, streamed into a file (or to standard output) with a progress bar."""
     if form not in ("csv", "json"):
         raise typer.BadParameter(f"{form!r}: write csv or json", param_hint="--format")
     if by:
@@ -139,7 +145,9 @@ def export(
                 f"{', '.join(unknown)}: the dimensions are {', '.join(DIMENSIONS)}", param_hint="--by"
             )
     query = {"from": since, "to": until, "period": period, "by": by, "format": "json" if form == "json" else None}
-    partial = out_file.with_name(out_file.name + ".part")
+    to_stdout = out_file == "-"
+    target = Path(out_file)
+    partial = target.with_name(target.name + ".part")
     counter = RowCounter(form == "json")
     response = open_stream(path("usage", "export"), query, accept="application/json" if form == "json" else "text/csv")
     total = response.headers.get("Content-Length")
@@ -154,7 +162,8 @@ def export(
         console=err,
     )
     try:
-        with response, progress, partial.open("wb") as sink:
+        with response, progress, contextlib.ExitStack() as held:
+            sink: BinaryIO = sys.stdout.buffer if to_stdout else held.enter_context(partial.open("wb"))
             task = progress.add_task("export", total=int(total) if total else None, rows=0)
             while chunk := response.read(CHUNK):
                 sink.write(chunk)
@@ -162,13 +171,18 @@ def export(
                 written += len(chunk)
                 last = chunk
                 progress.update(task, completed=written, rows=counter.rows)
+            sink.flush()
             counter.finish(last)
             progress.update(task, completed=written, total=written, rows=counter.rows)
-        os.replace(partial, out_file)
+        if not to_stdout:
+            os.replace(partial, target)
     except OSError as error:
+        if to_stdout:
+            raise fail(f"the export broke off after {render.size(written)}: {error}") from None
         partial.unlink(missing_ok=True)
-        raise fail(f"the export broke off after {render.size(written)}: {error}; {out_file} was not written") from None
-    render.err_note(f"wrote {render.count(counter.rows, 'row')} ({render.size(written)}) to {out_file}")
+        raise fail(f"the export broke off after {render.size(written)}: {error}; {target} was not written") from None
+    where = "standard output" if to_stdout else str(target)
+    render.err_note(f"wrote {render.count(counter.rows, 'row')} ({render.size(written)}) to {where}")
 
 
 def audit(
@@ -185,14 +199,20 @@ def audit(
     rows = parse_list(StoreAuditEvent, body, "GET /api/v1/audit")
     shown = render.table("AT", "ACTOR", "SOURCE", "ACTION", "TARGET", "STATUS", "DETAIL", wrap=["DETAIL"])
     for e in rows:
+        # A path, and so an action or target, holds what the caller sent: a line break in it is escaped too.
         shown.add_row(
-            when(e.at),
-            e.actor or render.DASH,
-            e.source or render.DASH,
-            e.action or render.DASH,
-            e.target or render.DASH,
-            render.text(e.status),
-            e.detail or render.DASH,
+            *(
+                render.printable(cell)
+                for cell in (
+                    when(e.at),
+                    e.actor or render.DASH,
+                    e.source or render.DASH,
+                    e.action or render.DASH,
+                    e.target or render.DASH,
+                    render.text(e.status),
+                    e.detail or render.DASH,
+                )
+            )
         )
     render.show(shown)
     if not rows:
