@@ -1,10 +1,12 @@
 """Which database the store opens, and how: URL resolution, SQLite pragmas, transaction starts.
 
 SQLite: WAL (readers never wait for the writer), foreign keys on (SQLite's default is off, and
-placements cascade), a busy timeout (a second writer waits instead of failing at once) and
+placements cascade), a busy timeout (a second writer waits instead of failing at once),
 synchronous=NORMAL (durable across a process crash; WAL makes it safe against corruption on power
-loss, at the cost of the last commits). Write transactions start with ``BEGIN IMMEDIATE`` so two
-writers queue on the busy timeout instead of one failing mid-transaction when it upgrades its lock.
+loss, at the cost of the last commits), and secure_delete (removed content is zeroed). The file is
+made 0600 before SQLite opens it, and SQLite gives its WAL and shared-memory files the same mode.
+Write transactions start with ``BEGIN IMMEDIATE`` so two writers queue on the busy timeout instead of
+one failing mid-transaction when it upgrades its lock.
 
 PostgreSQL: ``postgresql+psycopg://`` (psycopg 3 is the driver opod depends on).
 """
@@ -23,6 +25,7 @@ from sqlalchemy.exc import ArgumentError
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from opod import config
+from opod.security.private import create_private, private_dir
 from opod.store.errors import StoreError
 
 BUSY_TIMEOUT_MS = 10_000
@@ -63,7 +66,7 @@ def resolve_url(url: str | None, home: Path | None) -> URL:
     if text is None:
         base = home if home is not None else config.home()
         try:
-            base.mkdir(mode=0o700, parents=True, exist_ok=True)
+            private_dir(base)
         except OSError as err:
             raise StoreError(
                 f"cannot create opod's data directory {base}: {err.strerror}; set OPOD_HOME to a writable directory"
@@ -99,8 +102,17 @@ def _check_driver(url: URL) -> URL:
     )
 
 
+def sqlite_files(url: URL) -> list[Path]:
+    """The SQLite database's files: the database, its WAL and its shared memory; none for PostgreSQL."""
+    if url.get_backend_name() != "sqlite" or not url.database:
+        return []
+    path = Path(url.database)
+    return [path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")]
+
+
 def make_engine(url: URL) -> Engine:
     if url.get_backend_name() == "sqlite":
+        create_private(sqlite_files(url)[0])
         engine = create_engine(url)
         _sqlite_hooks(engine)
         return engine
@@ -146,6 +158,9 @@ def _sqlite_hooks(engine: Engine) -> None:
             _enable_wal(cursor, url)
             cursor.execute("PRAGMA foreign_keys = ON")
             cursor.execute("PRAGMA synchronous = NORMAL")
+            # What a delete or an update removes (a client's file, a secret's old value) is overwritten with
+            # zeros, not left readable in the file's free pages.
+            cursor.execute("PRAGMA secure_delete = ON")
         finally:
             cursor.close()
 
