@@ -265,7 +265,7 @@ class Leader:
             lambda key_id: key_entry(store, access.keys.snapshot_keys, key_id),
             runner_owner(settings.home),
         )
-        client_files = ClientFiles(store, gateway.authenticate)
+        client_files = ClientFiles(store, gateway.authenticate, lambda: cluster_settings.current.files.project_bytes)
         client_routes = (
             *client_files.routes(),
             *ClientBatches(store, gateway.authenticate, batches.wake, client_files).routes(),

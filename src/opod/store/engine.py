@@ -3,7 +3,8 @@
 SQLite: WAL (readers never wait for the writer), foreign keys on (SQLite's default is off, and
 placements cascade), a busy timeout (a second writer waits instead of failing at once),
 synchronous=NORMAL (durable across a process crash; WAL makes it safe against corruption on power
-loss, at the cost of the last commits), and secure_delete (removed content is zeroed). The file is
+loss, at the cost of the last commits), secure_delete (removed content is zeroed), and incremental
+auto-vacuum (a deleted file's pages leave the database file). The file is
 made 0600 before SQLite opens it, and SQLite gives its WAL and shared-memory files the same mode.
 Write transactions start with ``BEGIN IMMEDIATE`` so two writers queue on the busy timeout instead of
 one failing mid-transaction when it upgrades its lock.
@@ -29,6 +30,7 @@ from opod.security.private import create_private, private_dir
 from opod.store.errors import StoreError
 
 BUSY_TIMEOUT_MS = 10_000
+WAL_KEPT_BYTES = 16 << 20
 CONNECT_TIMEOUT_S = 10
 DB_FILE = "opod.db"
 
@@ -127,6 +129,40 @@ def make_engine(url: URL) -> Engine:
     return create_engine(url, pool_pre_ping=True, connect_args=connect_args)
 
 
+def sqlite_query(engine: Engine, statement: str) -> list[Any]:
+    """The rows of one SQLite statement run outside a transaction (a pragma that reads)."""
+    with engine.connect() as conn:
+        raw = conn.connection.driver_connection
+        assert raw is not None
+        return list(raw.execute(statement).fetchall())
+
+
+def sqlite_run(engine: Engine, script: str) -> None:
+    """Run SQLite statements that must not run inside a transaction (a checkpoint, VACUUM), each to its end.
+
+    Run to its end matters: ``PRAGMA incremental_vacuum`` frees one page a step, and a cursor's
+    ``execute`` takes only the first step.
+    """
+    with engine.connect() as conn:
+        raw = conn.connection.driver_connection
+        assert raw is not None
+        raw.executescript(script)
+
+
+def use_incremental_vacuum(engine: Engine) -> bool:
+    """Make a SQLite database give freed pages back to the file system; True when it was switched now.
+
+    A database made before opod asked for incremental auto-vacuum is rewritten once (VACUUM), which
+    takes as long as copying it; later opens find it switched.
+    """
+    if engine.dialect.name != "sqlite":
+        return False
+    if sqlite_query(engine, "PRAGMA auto_vacuum") != [(0,)]:
+        return False
+    sqlite_run(engine, "PRAGMA auto_vacuum = INCREMENTAL; VACUUM;")
+    return True
+
+
 def _enable_wal(cursor: DBAPICursor, url: URL) -> None:
     # Two connections switching a new file to WAL at once both hold a shared lock and want an
     # exclusive one; SQLite answers one of them "locked" at once, without the busy handler. Retry.
@@ -155,12 +191,17 @@ def _sqlite_hooks(engine: Engine) -> None:
         cursor = dbapi_conn.cursor()
         try:
             cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            # Takes effect on a new database, before its first table; an older one is switched once by
+            # use_incremental_vacuum.
+            cursor.execute("PRAGMA auto_vacuum = INCREMENTAL")
             _enable_wal(cursor, url)
             cursor.execute("PRAGMA foreign_keys = ON")
             cursor.execute("PRAGMA synchronous = NORMAL")
             # What a delete or an update removes (a client's file, a secret's old value) is overwritten with
             # zeros, not left readable in the file's free pages.
             cursor.execute("PRAGMA secure_delete = ON")
+            # A large upload grows the WAL; past a checkpoint it is cut back to this instead of keeping its peak.
+            cursor.execute(f"PRAGMA journal_size_limit = {WAL_KEPT_BYTES}")
         finally:
             cursor.close()
 

@@ -17,6 +17,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from opod.security.sealing import KEY_FILE, KEY_FILE_VAR, SecretsKey
 from opod.store.audit import AuditRow, insert_audit
 from opod.store.base import Repository, text_arg, when
+from opod.store.engine import sqlite_run
 from opod.store.errors import InvalidInput, StoreError
 from opod.store.schema import meta, secrets
 
@@ -70,8 +71,7 @@ class SecretsRepo(Repository):
         if clear and self.engine.dialect.name == "sqlite":
             # SQLite zeroes what an update replaces (secure_delete, opod.store.engine), but the clear
             # pages may still be in the WAL: copy the sealed ones into the file and empty it.
-            with self.engine.connect() as conn:
-                conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+            sqlite_run(self.engine, "PRAGMA wal_checkpoint(TRUNCATE);")
         return len(clear)
 
     def put_secret(

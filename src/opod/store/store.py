@@ -18,9 +18,10 @@ from opod.security.sealing import SecretsKey
 from opod.store.audit import AuditRepo
 from opod.store.capacity import CapacityRepo
 from opod.store.client_jobs import ClientJobsRepo
-from opod.store.engine import make_engine, mask, reason, resolve_url, sqlite_files
+from opod.store.engine import make_engine, mask, reason, resolve_url, sqlite_files, use_incremental_vacuum
 from opod.store.errors import StoreError
 from opod.store.events import EventsRepo
+from opod.store.files import FilesRepo
 from opod.store.keys import KeysRepo
 from opod.store.meta import MetaRepo
 from opod.store.migrate import upgrade
@@ -54,6 +55,7 @@ class Store(
     TenancyRepo,
     PeopleRepo,
     SecretsRepo,
+    FilesRepo,
     ClientJobsRepo,
     QuotasRepo,
     RequestsRepo,
@@ -88,6 +90,8 @@ class Store(
                 upgrade(engine)
             except DBAPIError as err:
                 raise StoreError(f"cannot migrate the store at {mask(resolved)}: {reason(err)}") from err
+            if use_incremental_vacuum(engine):
+                log.info("the store at %s now gives the space of deleted rows back to the file system", mask(resolved))
             store = cls(engine, secrets_key)
             if secrets_key is not None:
                 sealed = store.adopt_secrets_key()
