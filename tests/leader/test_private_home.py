@@ -9,6 +9,7 @@ clear, and the leader still reads it.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import stat
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from opod.security.private import tighten
 from tests.control.scim_support import scim
 from tests.support.inprocess import InProcessLeader
 
@@ -94,3 +96,26 @@ def test_a_home_found_readable_by_others_is_made_private_at_start_with_a_warning
         assert found[name] == "0o600", found
         assert f"{home / name} was readable by other users (mode 0644); made 0600" in caplog.text, caplog.text
     assert f"{home} was open to other users (mode 0755); made 0700" in caplog.text, caplog.text
+
+
+def test_a_file_that_cannot_be_narrowed_is_named_and_the_rest_still_are(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shared, admin = tmp_path / "shared.key", tmp_path / "admin.key"
+    for path in (shared, admin):
+        path.write_text("k")
+        path.chmod(0o644)
+    chmod = os.chmod
+
+    def read_only_mount(path: Path, mode: int) -> None:  # a key mounted read-only, as a shared secret often is
+        if Path(path) == shared:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+        chmod(path, mode)
+
+    monkeypatch.setattr(os, "chmod", read_only_mount)
+    lines = tighten([shared, admin, tmp_path / "gone"])
+    assert lines == [
+        f"{shared} is readable by other users (mode 0644) and cannot be made 0600: Read-only file system",
+        f"{admin} was readable by other users (mode 0644); made 0600",
+    ]
+    assert mode(admin) == 0o600

@@ -42,7 +42,8 @@ def write_private(path: Path, data: bytes) -> None:
 def tighten(paths: Iterable[Path]) -> list[str]:
     """Take every permission of group and others off the ``paths`` that exist (a home 0755 becomes 0700, a file 0644 0600).
 
-    Returns one line for each path changed, naming it and its mode before; a path that is gone is skipped.
+    Returns one line for each path found looser, naming it, its mode before and what was done; a path
+    that is gone is skipped.
     """
     changed = []
     for path in paths:
@@ -56,7 +57,13 @@ def tighten(paths: Iterable[Path]) -> list[str]:
         if not before & 0o077:
             continue
         after = before & 0o700  # the owner keeps what it had
-        os.chmod(path, after)
         what = "open to" if stat.S_ISDIR(found.st_mode) else "readable by"
+        try:
+            os.chmod(path, after)
+        except OSError as err:  # a read-only mount of a shared key, another user's file: say so, start anyway
+            changed.append(
+                f"{path} is {what} other users (mode {before:04o}) and cannot be made {after:04o}: {err.strerror}"
+            )
+            continue
         changed.append(f"{path} was {what} other users (mode {before:04o}); made {after:04o}")
     return changed
