@@ -43,6 +43,11 @@ CONFIG_OVERRIDES: tuple[Override, ...] = (
     ),
     Override("OPOD_ADMIN_KEY", "Admin key for opod commands (default: the contents of ~/.opod/admin.key)."),
     Override(
+        "OPOD_SECRETS_KEY_FILE",
+        "Path of the key that seals the secrets kept in the store, in place of ~/.opod/secrets.key (made on first start). "
+        "Every leader sharing one store needs the same key: copy the first leader's secrets.key to each, or name one shared file here.",
+    ),
+    Override(
         "OPOD_PROBE_LISTEN",
         "host:port of a plain listener that serves only /healthz, /readyz, /loadz and /metrics; unset = none.",
     ),

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from cryptography.fernet import Fernet
 
-from tests.support.opod_process import Leader, http, wait_until
+from tests.support.opod_process import Leader, OpodProcess, clean_env, http, wait_until
+from tests.support.ports import free_port
 
 WITHIN = 2.0
 EXTRA = ["--no-default-models"]
@@ -22,7 +25,12 @@ EXTRA = ["--no-default-models"]
 
 @pytest.fixture(scope="module")
 def store_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    return {"OPOD_DATABASE_URL": f"sqlite:///{tmp_path_factory.mktemp('store') / 'opod.db'}"}
+    """One store, and the one key that seals its secrets, named to both leaders (each made one of its own otherwise)."""
+    shared = tmp_path_factory.mktemp("store")
+    key = shared / "secrets.key"
+    key.write_bytes(Fernet.generate_key())
+    key.chmod(0o600)
+    return {"OPOD_DATABASE_URL": f"sqlite:///{shared / 'opod.db'}", "OPOD_SECRETS_KEY_FILE": str(key)}
 
 
 @pytest.fixture(scope="module")
@@ -154,3 +162,25 @@ def test_each_leader_keeps_its_admin_key_and_every_admin_key_opens_both(
     assert opens_admin_api(b, b.key)
     soon(lambda: opens_admin_api(b, a.key), "A's new admin key accepted on B", started)
     soon(lambda: not opens_admin_api(b, first_a), "A's old admin key refused on B", started)
+
+
+def test_a_secret_set_on_one_leader_is_read_by_the_other_with_the_same_key(leaders: tuple[Leader, Leader]) -> None:
+    a, b = leaders
+    token = "scim-tok-shared-by-both-9d2e"
+    status, body = a.admin("PUT", "/api/v1/auth/secrets/scim-token", {"value": token})
+    assert status == 200, body
+    status, _, body = http("GET", b.url + "/scim/v2/Users", key=token)
+    assert status == 200, body
+
+
+def test_a_leader_with_a_key_of_its_own_is_refused_and_told_what_to_do(
+    leaders: tuple[Leader, Leader], store_env: dict[str, str], tmp_path: Path
+) -> None:
+    home = tmp_path / "home"
+    env = clean_env(home, OPOD_DATABASE_URL=store_env["OPOD_DATABASE_URL"])
+    listen = ["--listen", f"127.0.0.1:{free_port()}", "--admin-listen", f"127.0.0.1:{free_port()}"]
+    third = OpodProcess(["up", "--no-worker", *listen, *EXTRA], home, env=env)
+    assert third.proc.wait(timeout=60) != 0, third.output
+    output = " ".join(third.output.split())
+    assert "the secrets in this store are sealed with another key" in output, output
+    assert f"copy the secrets.key of a leader already using this store over {home / 'secrets.key'}" in output, output

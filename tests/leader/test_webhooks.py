@@ -29,6 +29,7 @@ from opod.fleet.models import ModelRegistry
 from opod.fleet.state import Fleet
 from opod.leader.reconciler import PARK_AFTER, Reconciler
 from opod.leader.webhooks import Backoff, LifecycleWatch, Webhooks
+from opod.security.sealing import load_or_create_key
 from opod.settings.schema import Webhook
 from opod.store import Store
 from tests.leader.test_reconciler import Workers, model, node
@@ -145,7 +146,7 @@ async def test_a_stored_secret_signs_and_a_missing_one_sends_nothing(
     receivers, running, caplog, tmp_path: Path
 ) -> None:
     signed, unset = receivers.make(), receivers.make()
-    store = Store.open(f"sqlite:///{tmp_path / 'opod.db'}")
+    store = Store.open(f"sqlite:///{tmp_path / 'opod.db'}", secrets_key=load_or_create_key(tmp_path))
     store.put_secret("hooks/ops", "from-the-store")
     hooks = running(
         Webhooks(

@@ -13,9 +13,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from cryptography.fernet import Fernet
 from sqlalchemy import create_engine, make_url
 from sqlalchemy.pool import NullPool
 
+from opod.security.sealing import SecretsKey
 from opod.store import Store
 
 POSTGRES_ENV = "OPOD_TEST_POSTGRES_URL"
@@ -78,11 +80,13 @@ def backend(db_url: str) -> str:
 
 @pytest.fixture
 def open_store(db_url: str) -> Iterator[Callable[[], Store]]:
-    """Opens stores on the test's database and closes them all at the end."""
+    """Opens stores on the test's database, all with one secrets key, and closes them all at the end."""
     opened: list[Store] = []
 
+    sealing = SecretsKey(Fernet.generate_key(), Path("secrets.key"))
+
     def _open() -> Store:
-        store = Store.open(db_url)
+        store = Store.open(db_url, secrets_key=sealing)
         opened.append(store)
         return store
 

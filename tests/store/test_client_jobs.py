@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
+from alembic import command
+from sqlalchemy import create_engine, text
 
 from opod.store import InvalidInput, Store
-from opod.store.client_jobs import FILE_MAX_BYTES, JobLine
+from opod.store.client_jobs import JobLine
+from opod.store.files import CHUNK_BYTES, FILE_MAX_BYTES, OverQuota
+from opod.store.migrate import alembic_config
 
 
 def _lines(n: int) -> list[JobLine]:
@@ -51,6 +59,94 @@ def test_a_file_keeps_its_bytes_and_is_seen_only_by_its_key_and_project(store: S
         store.add_file(
             owner_key_id="k_a", project_id="", purpose="batch", filename="big", content=b"x" * (FILE_MAX_BYTES + 1)
         )
+
+
+def test_a_file_read_from_disk_is_kept_in_chunks_and_read_back_a_chunk_at_a_time(store: Store) -> None:
+    content = os.urandom(2 * CHUNK_BYTES + 12345)
+    record = store.add_file(
+        owner_key_id="k_a", project_id="", purpose="batch", filename="big.jsonl", content=io.BytesIO(content)
+    )
+    assert record.bytes == len(content) and store.file_content(record.id) == content
+    chunks = [store.file_chunk(record.id, seq) for seq in range(4)]
+    assert [len(c or b"") for c in chunks] == [CHUNK_BYTES, CHUNK_BYTES, 12345, 0] and chunks[3] is None
+    assert b"".join(c or b"" for c in chunks) == content
+    empty = store.add_file(owner_key_id="k_a", project_id="", purpose="batch", filename="e", content=io.BytesIO())
+    assert store.file_content(empty.id) == b"" and store.file_chunk(empty.id, 0) is None
+
+
+def test_a_projects_files_are_bounded_by_its_quota_and_a_delete_gives_the_room_back(store: Store) -> None:
+    def add(key: str, project: str, size: int):
+        return store.add_file(
+            owner_key_id=key, project_id=project, purpose="batch", filename="f", content=b"x" * size, quota=1000
+        )
+
+    first = add("k_a", "p_1", 600)
+    add("k_b", "p_1", 400)  # two keys of one project share its quota
+    with pytest.raises(OverQuota) as refused:
+        add("k_b", "p_1", 1)
+    assert (refused.value.used, refused.value.size, refused.value.quota) == (1000, 1, 1000)
+    assert "project p_1 keeps 1000 bytes of files; 1 more would pass its quota of 1000 bytes" in str(refused.value)
+    assert len(store.list_files(key_id="k_b", project_id="p_1")) == 2, "the refused file was not kept"
+    add("k_c", "p_2", 1000)  # another project has its own
+    add("k_d", "", 1000)  # a key in no project counts alone
+    with pytest.raises(OverQuota, match="this key"):
+        add("k_d", "", 1)
+    add("k_e", "", 1000)
+    store.delete_file(first.id)
+    add("k_b", "p_1", 600)
+
+
+def test_uploads_racing_for_a_projects_last_room_never_pass_its_quota_together(store: Store) -> None:
+    def add(_: int) -> bool:
+        try:
+            store.add_file(
+                owner_key_id="k_a", project_id="p_1", purpose="batch", filename="f", content=b"x" * 300, quota=1000
+            )
+        except OverQuota:
+            return False
+        return True
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        kept = sum(pool.map(add, range(8)))
+    assert kept == 3 and sum(f.bytes for f in store.list_files(key_id="k_a", project_id="p_1")) == 900
+
+
+def test_a_file_kept_whole_before_chunks_keeps_its_content_after_the_migration(db_url: str) -> None:
+    content = os.urandom(3000)
+    engine = create_engine(db_url)
+    with engine.begin() as conn:
+        command.upgrade(alembic_config(connection=conn), "0015")
+        conn.execute(
+            text(
+                "INSERT INTO files (id, owner_key_id, project_id, purpose, filename, bytes, created_at, content) "
+                "VALUES ('file-old', 'k_a', '', 'batch', 'old.jsonl', :n, :at, :content)"
+            ),
+            {"n": len(content), "at": datetime(2026, 1, 1, tzinfo=UTC), "content": content},
+        )
+    engine.dispose()
+    with Store.open(db_url) as store:
+        assert store.file_content("file-old") == content
+        assert store.get_file("file-old") is not None and store.delete_file("file-old")
+
+
+def test_the_sqlite_file_shrinks_when_files_are_deleted(tmp_path: Path) -> None:
+    path = tmp_path / "opod.db"
+
+    def on_disk() -> int:
+        return sum(p.stat().st_size for p in tmp_path.glob("opod.db*") if not p.name.endswith("-shm"))
+
+    with Store.open(f"sqlite:///{path}") as store:
+        ids = [
+            store.add_file(
+                owner_key_id="k_a", project_id="", purpose="batch", filename="f", content=os.urandom(4 << 20)
+            ).id
+            for _ in range(4)
+        ]
+        full = on_disk()
+        for file_id in ids:
+            assert store.delete_file(file_id)
+        assert on_disk() < full - (15 << 20), f"{on_disk()} bytes on disk of {full}"
+        assert path.stat().st_size < 1 << 20
 
 
 def test_a_line_is_answered_once_and_counted_once(store: Store) -> None:

@@ -63,7 +63,7 @@ class InProcessLeader:
         """``env``: ``OPOD_*`` settings in force while it runs (``OPOD_DATABASE_URL`` names its store);
         ``ports`` = (public, admin) to come back on the same addresses after a restart."""
         self.home = home
-        home.mkdir(parents=True, exist_ok=True)
+        home.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.port, self.admin_port = ports or (free_port(), free_port())
         self._env = dict(env or {})
         self._restore = environment(self._env)

@@ -32,7 +32,7 @@ def hold(home: Path, what: str) -> None:
     home = home.expanduser().resolve()
     if home in _held:
         return
-    home.mkdir(parents=True, exist_ok=True)
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)  # the home holds the keys and the store: its user's alone
     path = home / LOCK_FILE
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:

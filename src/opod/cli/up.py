@@ -141,11 +141,12 @@ async def _run(settings: UpSettings) -> None:
     from opod.http.serving import ListenError
     from opod.http.tls.server import TLSConfigError
     from opod.leader.run import Up
+    from opod.store import StoreError
 
     up = Up(settings, say=lambda line: out.print(line))
     try:
         await up.start()
-    except (ListenError, RuntimeError, ValueError, TLSConfigError) as error:
+    except (ListenError, RuntimeError, ValueError, TLSConfigError, StoreError) as error:
         raise fail(str(error)) from None
     public, admin = up.listeners[0], up.listeners[1]
     host, port = settings.listen

@@ -64,12 +64,14 @@ from opod.http.serving import Listener, serve
 from opod.http.tls.server import LeaderTLS
 from opod.leader.adminv1.context import AdminContext
 from opod.leader.batches import BatchRunner, key_entry, runner_owner
+from opod.leader.home import make_private
 from opod.leader.nodes import NodeRegistry, restored
 from opod.leader.public import probe_app, public_app
 from opod.leader.reconciler import Reconciler
 from opod.leader.webhooks import LifecycleWatch, Webhooks, fan_out
 from opod.ledger import Ledger
 from opod.security.nodetokens import NodeTokenMinter, load_or_create_secret
+from opod.security.sealing import load_or_create_key
 from opod.security.signer import Signer
 from opod.settings.holder import SettingsHolder
 from opod.settings.service import SettingsService
@@ -166,8 +168,9 @@ class Leader:
         """
         if (settings.tls_cert is None) != (settings.tls_key is None):
             raise ValueError("OPOD_TLS_CERT and OPOD_TLS_KEY go together: set both to serve HTTPS, or neither")
-        settings.home.mkdir(parents=True, exist_ok=True)
-        store = Store.open(settings.database_url, home=settings.home)
+        make_private(settings.home)
+        secrets_key = load_or_create_key(settings.home)
+        store = Store.open(settings.database_url, home=settings.home, secrets_key=secrets_key)
         try:
             boot = store.next_boot()
             ledger = Ledger.open(store, settings.home, boot=boot)
@@ -279,7 +282,7 @@ class Leader:
             lambda key_id: key_entry(store, access.keys.snapshot_keys, key_id),
             runner_owner(settings.home),
         )
-        client_files = ClientFiles(store, gateway.authenticate)
+        client_files = ClientFiles(store, gateway.authenticate, lambda: cluster_settings.current.files.project_bytes)
         client_routes = (
             *client_files.routes(),
             *ClientBatches(store, gateway.authenticate, batches.wake, client_files).routes(),

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -83,7 +84,9 @@ def _reject(path: Path, record: dict[str, Any], why: str) -> None:
     log.error("LEDGER: a record was refused (%s); it is kept in %s for a person to look at", why, path)
     line = json.dumps({"refused_at_us": time.time_ns() // 1000, "why": why, "record": record}, default=str) + "\n"
     try:
-        with path.open("a", encoding="utf-8") as handle:
+        # 0600 like the journal beside it: a refused record names a client's key and request.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "a", encoding="utf-8") as handle:
             handle.write(line)
     except OSError as err:
         log.error("LEDGER: cannot write %s (%s); the refused record was: %s", path, err.strerror, line.strip())

@@ -138,6 +138,16 @@ class AuthSettings(Section):
     )
 
 
+class FilesSettings(Section):
+    """Bounds on the files clients keep through OpenAI's Files API (/v1/files)."""
+
+    project_bytes: int = Field(
+        1 << 30,
+        ge=0,
+        description="The most bytes of files one project keeps (its keys' uploads and its batches' output files; a key in no project counts alone); an upload that would pass it is refused with 413.",
+    )
+
+
 class RoutingProfile(Section):
     """How the requests of keys that name this profile are routed: each field given replaces the policy file's value."""
 
@@ -184,6 +194,9 @@ class ClusterSettings(Section):
     prometheus: Prometheus = Field(default_factory=Prometheus, description="The Prometheus server metrics/range asks.")
     keys: KeyRules = Field(default_factory=KeyRules, description="Bounds on API key lifetimes.")
     auth: AuthSettings = Field(default_factory=AuthSettings, description="Authentication of people and providers.")
+    files: FilesSettings = Field(
+        default_factory=FilesSettings, description="Bounds on the files clients upload (/v1/files)."
+    )
     routing_profiles: Annotated[dict[str, RoutingProfile], AfterValidator(_profile_names)] = Field(
         default_factory=dict,
         description="Named routings a key may ask for (its routing_profile); 'default' is the policy file's.",

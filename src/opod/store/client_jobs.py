@@ -1,9 +1,6 @@
-"""Client jobs: OpenAI's Files and Batch API, kept so a restarted leader resumes a batch without sending a line twice.
+"""Client jobs: OpenAI's Batch API, kept so a restarted leader resumes a batch without sending a line twice.
 
-A file's content lives in the database (``files.content``), not under ``OPOD_HOME``: several leaders
-sharing PostgreSQL each answer ``/v1/files/{id}/content`` for any batch, an output file is written
-in the same transaction that ends its job, and a backup of the store is a backup of the files.
-Uploads are capped (:data:`FILE_MAX_BYTES`) so a file fits in memory.
+Its input and output files are the store's files (:mod:`opod.store.files`).
 
 A batch is one ``client_jobs`` row (its OpenAI id ``batch_…``; the management API's ``JobView``
 names the same row ``job_…``) and one ``client_job_lines`` row per input line. A line is answered
@@ -26,13 +23,11 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
-    LargeBinary,
     Row,
     Table,
     Text,
     UniqueConstraint,
     and_,
-    delete,
     func,
     insert,
     or_,
@@ -42,10 +37,8 @@ from sqlalchemy import (
 
 from opod.store.base import Repository, json_arg, text_arg, when
 from opod.store.errors import InvalidInput, NotFound
+from opod.store.files import FileRecord, insert_file, limit_arg, new_file_id, visible
 from opod.store.schema import UTCDateTime, metadata
-
-FILE_MAX_BYTES = 64 << 20
-"""The largest upload kept (64 MiB): a file is read whole, and stored whole in one row."""
 
 JOB_STATES = ("validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling", "cancelled")
 """OpenAI's batch states, in its words."""
@@ -54,20 +47,6 @@ ACTIVE_STATES = ("validating", "in_progress", "finalizing", "cancelling")
 ENDED_STATES = ("failed", "completed", "expired", "cancelled")
 LINE_STATES = ("pending", "answered", "failed", "skipped")
 """``answered``: a 2xx response; ``failed``: a non-2xx response or an error; ``skipped``: never sent (cancelled, expired)."""
-
-files = Table(
-    "files",
-    metadata,
-    Column("id", Text, primary_key=True),
-    Column("owner_key_id", Text, nullable=False),
-    Column("project_id", Text, nullable=False),
-    Column("purpose", Text, nullable=False),
-    Column("filename", Text, nullable=False),
-    Column("bytes", BigInteger, nullable=False),
-    Column("created_at", UTCDateTime, nullable=False),
-    Column("content", LargeBinary, nullable=False),
-    Index("ix_files_owner_key_id", "owner_key_id"),
-)
 
 client_jobs = Table(
     "client_jobs",
@@ -118,23 +97,8 @@ client_job_lines = Table(
 )
 
 
-def new_file_id() -> str:
-    return "file-" + secrets.token_hex(12)
-
-
 def new_job_id() -> str:
     return "batch_" + secrets.token_hex(12)
-
-
-@dataclass(frozen=True, slots=True)
-class FileRecord:
-    id: str
-    owner_key_id: str
-    project_id: str
-    purpose: str
-    filename: str
-    bytes: int
-    created_at: datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,92 +156,11 @@ class JobRecord:
         return self.status in ENDED_STATES
 
 
-_FILE_COLUMNS = [c for c in files.c if c.name != "content"]
-LIST_MAX = 10_000
-
-
-def _file(row: Row[Any]) -> FileRecord:
-    return FileRecord(**{c.name: row._mapping[c.name] for c in _FILE_COLUMNS})
-
-
 def _job(row: Row[Any]) -> JobRecord:
     return JobRecord(**dict(row._mapping))
 
 
-def _visible(table: Table, key_id: str | None, project_id: str) -> Any:
-    """Rows a key sees: its own, and its project's (a key without a project sees only its own); None: all."""
-    if key_id is None:
-        return True
-    own = table.c.owner_key_id == key_id
-    return or_(own, table.c.project_id == project_id) if project_id else own
-
-
 class ClientJobsRepo(Repository):
-    # --- files ------------------------------------------------------------------------------------
-
-    def add_file(
-        self,
-        *,
-        owner_key_id: str,
-        project_id: str,
-        purpose: str,
-        filename: str,
-        content: bytes,
-        created_at: datetime | None = None,
-        id: str | None = None,
-    ) -> FileRecord:
-        if not isinstance(content, bytes):
-            raise InvalidInput(f"file content must be bytes, not {type(content).__name__}")
-        if len(content) > FILE_MAX_BYTES:
-            raise InvalidInput(f"file is {len(content)} bytes; at most {FILE_MAX_BYTES} are kept")
-        record = FileRecord(
-            id=text_arg(id, "file id") if id is not None else new_file_id(),
-            owner_key_id=text_arg(owner_key_id, "owner key", empty=True),
-            project_id=text_arg(project_id, "project", empty=True),
-            purpose=text_arg(purpose, "purpose"),
-            filename=text_arg(filename, "filename", empty=True),
-            bytes=len(content),
-            created_at=when(created_at, "created_at"),
-        )
-        with self._write() as conn:
-            conn.execute(insert(files).values(**_record_values(record), content=content))
-        return record
-
-    def get_file(self, id: str, *, key_id: str | None = None, project_id: str = "") -> FileRecord | None:
-        """The file ``id`` if it exists and the key sees it (``key_id`` None: any caller)."""
-        with self._read() as conn:
-            row = conn.execute(
-                select(*_FILE_COLUMNS).where(files.c.id == id, _visible(files, key_id, project_id))
-            ).first()
-        return None if row is None else _file(row)
-
-    def file_content(self, id: str) -> bytes | None:
-        with self._read() as conn:
-            value = conn.execute(select(files.c.content).where(files.c.id == id)).scalar()
-        return None if value is None else bytes(value)
-
-    def list_files(
-        self,
-        *,
-        key_id: str | None = None,
-        project_id: str = "",
-        purpose: str | None = None,
-        limit: int = 10_000,
-        newest_first: bool = True,
-    ) -> list[FileRecord]:
-        order = (files.c.created_at.desc(), files.c.id.desc()) if newest_first else (files.c.created_at, files.c.id)
-        query = select(*_FILE_COLUMNS).where(_visible(files, key_id, project_id)).order_by(*order).limit(_limit(limit))
-        if purpose:
-            query = query.where(files.c.purpose == purpose)
-        with self._read() as conn:
-            return [_file(row) for row in conn.execute(query)]
-
-    def delete_file(self, id: str) -> bool:
-        with self._write() as conn:
-            return conn.execute(delete(files).where(files.c.id == id)).rowcount > 0
-
-    # --- jobs -------------------------------------------------------------------------------------
-
     def create_client_job(
         self,
         *,
@@ -354,7 +237,7 @@ class ClientJobsRepo(Repository):
     def get_client_job(self, id: str, *, key_id: str | None = None, project_id: str = "") -> JobRecord | None:
         with self._read() as conn:
             row = conn.execute(
-                select(client_jobs).where(client_jobs.c.id == id, _visible(client_jobs, key_id, project_id))
+                select(client_jobs).where(client_jobs.c.id == id, visible(client_jobs, key_id, project_id))
             ).first()
         return None if row is None else _job(row)
 
@@ -368,7 +251,7 @@ class ClientJobsRepo(Repository):
         after: str | None = None,
     ) -> list[JobRecord]:
         """Newest first; ``after`` a job id: only those created before it (OpenAI's cursor)."""
-        query = select(client_jobs).where(_visible(client_jobs, key_id, project_id))
+        query = select(client_jobs).where(visible(client_jobs, key_id, project_id))
         if status:
             query = query.where(client_jobs.c.status == status)
         with self._read() as conn:
@@ -382,7 +265,7 @@ class ClientJobsRepo(Repository):
                         and_(client_jobs.c.created_at == cursor, client_jobs.c.id < after),
                     )
                 )
-            query = query.order_by(client_jobs.c.created_at.desc(), client_jobs.c.id.desc()).limit(_limit(limit))
+            query = query.order_by(client_jobs.c.created_at.desc(), client_jobs.c.id.desc()).limit(limit_arg(limit))
             return [_job(row) for row in conn.execute(query)]
 
     def cancel_client_job(self, id: str, at: datetime | None = None) -> JobRecord:
@@ -428,7 +311,7 @@ class ClientJobsRepo(Repository):
                 client_job_lines.c.line > after,
             )
             .order_by(client_job_lines.c.line)
-            .limit(_limit(limit))
+            .limit(limit_arg(limit))
         )
         with self._read() as conn:
             return [JobLine(row.line, row.custom_id, row.request_json) for row in conn.execute(query)]
@@ -534,19 +417,17 @@ class ClientJobsRepo(Repository):
                 ("error_file_id", errors, "errors"),
             ):
                 if content:
-                    file_ids[column] = new_file_id()
-                    conn.execute(
-                        insert(files).values(
-                            id=file_ids[column],
-                            owner_key_id=job.owner_key_id,
-                            project_id=job.project_id,
-                            purpose="batch_output",
-                            filename=f"{job.id}_{filename}.jsonl",
-                            bytes=len(content),
-                            created_at=stamp,
-                            content=content,
-                        )
+                    file_ids[column] = file_id = new_file_id()
+                    output_file = FileRecord(
+                        id=file_id,
+                        owner_key_id=job.owner_key_id,
+                        project_id=job.project_id,
+                        purpose="batch_output",
+                        filename=f"{job.id}_{filename}.jsonl",
+                        bytes=len(content),
+                        created_at=stamp,
                     )
+                    insert_file(conn, output_file, content)  # counted in its project's files, never refused
             skipped = conn.execute(
                 update(client_job_lines)
                 .where(client_job_lines.c.job_id == job_id, client_job_lines.c.state == "pending")
@@ -568,13 +449,3 @@ class ClientJobsRepo(Repository):
                 .where(client_jobs.c.id == job_id, client_jobs.c.status == "in_progress")
                 .values(status="finalizing", finalizing_at=stamp)
             )
-
-
-def _record_values(record: FileRecord) -> dict[str, Any]:
-    return {name: getattr(record, name) for name in record.__slots__}
-
-
-def _limit(limit: int) -> int:
-    if not isinstance(limit, int) or limit < 1:
-        raise InvalidInput(f"limit must be a positive integer, not {limit!r}")
-    return min(limit, LIST_MAX)

@@ -1,10 +1,13 @@
 """Which database the store opens, and how: URL resolution, SQLite pragmas, transaction starts.
 
 SQLite: WAL (readers never wait for the writer), foreign keys on (SQLite's default is off, and
-placements cascade), a busy timeout (a second writer waits instead of failing at once) and
+placements cascade), a busy timeout (a second writer waits instead of failing at once),
 synchronous=NORMAL (durable across a process crash; WAL makes it safe against corruption on power
-loss, at the cost of the last commits). Write transactions start with ``BEGIN IMMEDIATE`` so two
-writers queue on the busy timeout instead of one failing mid-transaction when it upgrades its lock.
+loss, at the cost of the last commits), secure_delete (removed content is zeroed), and incremental
+auto-vacuum (a deleted file's pages leave the database file). The file is
+made 0600 before SQLite opens it, and SQLite gives its WAL and shared-memory files the same mode.
+Write transactions start with ``BEGIN IMMEDIATE`` so two writers queue on the busy timeout instead of
+one failing mid-transaction when it upgrades its lock.
 
 PostgreSQL: ``postgresql+psycopg://`` (psycopg 3 is the driver opod depends on).
 """
@@ -23,9 +26,11 @@ from sqlalchemy.exc import ArgumentError
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from opod import config
+from opod.security.private import create_private, private_dir
 from opod.store.errors import StoreError
 
 BUSY_TIMEOUT_MS = 10_000
+WAL_KEPT_BYTES = 16 << 20
 CONNECT_TIMEOUT_S = 10
 DB_FILE = "opod.db"
 
@@ -63,7 +68,7 @@ def resolve_url(url: str | None, home: Path | None) -> URL:
     if text is None:
         base = home if home is not None else config.home()
         try:
-            base.mkdir(mode=0o700, parents=True, exist_ok=True)
+            private_dir(base)
         except OSError as err:
             raise StoreError(
                 f"cannot create opod's data directory {base}: {err.strerror}; set OPOD_HOME to a writable directory"
@@ -99,8 +104,17 @@ def _check_driver(url: URL) -> URL:
     )
 
 
+def sqlite_files(url: URL) -> list[Path]:
+    """The SQLite database's files: the database, its WAL and its shared memory; none for PostgreSQL."""
+    if url.get_backend_name() != "sqlite" or not url.database:
+        return []
+    path = Path(url.database)
+    return [path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")]
+
+
 def make_engine(url: URL) -> Engine:
     if url.get_backend_name() == "sqlite":
+        create_private(sqlite_files(url)[0])
         engine = create_engine(url)
         _sqlite_hooks(engine)
         return engine
@@ -113,6 +127,40 @@ def make_engine(url: URL) -> Engine:
         connect_args["client_encoding"] = "utf8"
     # pre_ping: a leader outlives PostgreSQL restarts; drop dead pooled connections before use.
     return create_engine(url, pool_pre_ping=True, connect_args=connect_args)
+
+
+def sqlite_query(engine: Engine, statement: str) -> list[Any]:
+    """The rows of one SQLite statement run outside a transaction (a pragma that reads)."""
+    with engine.connect() as conn:
+        raw = conn.connection.driver_connection
+        assert raw is not None
+        return list(raw.execute(statement).fetchall())
+
+
+def sqlite_run(engine: Engine, script: str) -> None:
+    """Run SQLite statements that must not run inside a transaction (a checkpoint, VACUUM), each to its end.
+
+    Run to its end matters: ``PRAGMA incremental_vacuum`` frees one page a step, and a cursor's
+    ``execute`` takes only the first step.
+    """
+    with engine.connect() as conn:
+        raw = conn.connection.driver_connection
+        assert raw is not None
+        raw.executescript(script)
+
+
+def use_incremental_vacuum(engine: Engine) -> bool:
+    """Make a SQLite database give freed pages back to the file system; True when it was switched now.
+
+    A database made before opod asked for incremental auto-vacuum is rewritten once (VACUUM), which
+    takes as long as copying it; later opens find it switched.
+    """
+    if engine.dialect.name != "sqlite":
+        return False
+    if sqlite_query(engine, "PRAGMA auto_vacuum") != [(0,)]:
+        return False
+    sqlite_run(engine, "PRAGMA auto_vacuum = INCREMENTAL; VACUUM;")
+    return True
 
 
 def _enable_wal(cursor: DBAPICursor, url: URL) -> None:
@@ -143,9 +191,17 @@ def _sqlite_hooks(engine: Engine) -> None:
         cursor = dbapi_conn.cursor()
         try:
             cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            # Takes effect on a new database, before its first table; an older one is switched once by
+            # use_incremental_vacuum.
+            cursor.execute("PRAGMA auto_vacuum = INCREMENTAL")
             _enable_wal(cursor, url)
             cursor.execute("PRAGMA foreign_keys = ON")
             cursor.execute("PRAGMA synchronous = NORMAL")
+            # What a delete or an update removes (a client's file, a secret's old value) is overwritten with
+            # zeros, not left readable in the file's free pages.
+            cursor.execute("PRAGMA secure_delete = ON")
+            # A large upload grows the WAL; past a checkpoint it is cut back to this instead of keeping its peak.
+            cursor.execute(f"PRAGMA journal_size_limit = {WAL_KEPT_BYTES}")
         finally:
             cursor.close()
 

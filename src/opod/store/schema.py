@@ -248,6 +248,9 @@ secrets = Table(
     Column("value", Text, nullable=False),
     Column("updated_at", UTCDateTime, nullable=False),
     Column("updated_by", Text, nullable=False),
+    # 0015: how ``value`` is sealed: "fernet" (opod.security.sealing), or "" for a secret kept in clear before
+    # sealing was, sealed at the next start.
+    Column("sealing", Text, nullable=False, server_default=text("''")),
 )
 
 # 0011: capacity quotas, one row per scope; a NULL amount is not governed (nothing guaranteed, or nothing limited).

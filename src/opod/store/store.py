@@ -6,18 +6,22 @@ method is one transaction and returns frozen records, never live database object
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from types import TracebackType
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
+from opod.security.private import tighten
+from opod.security.sealing import SecretsKey
 from opod.store.audit import AuditRepo
 from opod.store.capacity import CapacityRepo
 from opod.store.client_jobs import ClientJobsRepo
-from opod.store.engine import make_engine, mask, reason, resolve_url
+from opod.store.engine import make_engine, mask, reason, resolve_url, sqlite_files, use_incremental_vacuum
 from opod.store.errors import StoreError
 from opod.store.events import EventsRepo
+from opod.store.files import FilesRepo
 from opod.store.keys import KeysRepo
 from opod.store.meta import MetaRepo
 from opod.store.migrate import upgrade
@@ -32,6 +36,8 @@ from opod.store.secrets import SecretsRepo
 from opod.store.settings import SettingsRepo
 from opod.store.tenancy import TenancyRepo
 from opod.store.usage import UsageRepo
+
+log = logging.getLogger("opod.store")
 
 
 class Store(
@@ -49,23 +55,30 @@ class Store(
     TenancyRepo,
     PeopleRepo,
     SecretsRepo,
+    FilesRepo,
     ClientJobsRepo,
     QuotasRepo,
     RequestsRepo,
 ):
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, secrets_key: SecretsKey | None = None) -> None:
         """Use :meth:`open`; this wraps an engine whose database is already migrated."""
         self._engine = engine
+        self._secrets_key = secrets_key
 
     @classmethod
-    def open(cls, url: str | None = None, *, home: Path | None = None) -> Store:
+    def open(cls, url: str | None = None, *, home: Path | None = None, secrets_key: SecretsKey | None = None) -> Store:
         """Connect and migrate to the newest schema.
 
         ``url`` defaults to ``OPOD_DATABASE_URL``, then to SQLite at ``<home>/opod.db`` (``home``
-        defaults to ``OPOD_HOME`` or ``~/.opod``). Raises StoreError naming the URL (password
-        masked) and the reason when the database cannot be reached or migrated.
+        defaults to ``OPOD_HOME`` or ``~/.opod``). A SQLite file is 0600 from its creation, and one
+        found readable by others is made so, with a warning. ``secrets_key`` seals the secrets
+        (:meth:`adopt_secrets_key`: a store sealed with another key is refused); without it the
+        store keeps and reads none. Raises StoreError naming the URL (password masked) and the
+        reason when the database cannot be reached or migrated.
         """
         resolved = resolve_url(url, home)
+        for line in tighten(sqlite_files(resolved)):
+            log.warning("%s", line)
         engine = make_engine(resolved)
         try:
             try:
@@ -77,10 +90,19 @@ class Store(
                 upgrade(engine)
             except DBAPIError as err:
                 raise StoreError(f"cannot migrate the store at {mask(resolved)}: {reason(err)}") from err
+            if use_incremental_vacuum(engine):
+                log.info("the store at %s now gives the space of deleted rows back to the file system", mask(resolved))
+            store = cls(engine, secrets_key)
+            if secrets_key is not None:
+                sealed = store.adopt_secrets_key()
+                if sealed:
+                    log.warning(
+                        "%d secrets kept in clear in the store are now sealed with %s", sealed, secrets_key.where
+                    )
         except BaseException:
             engine.dispose()
             raise
-        return cls(engine)
+        return store
 
     @property
     def url(self) -> str:
