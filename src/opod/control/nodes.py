@@ -475,8 +475,8 @@ def router(ctx: ControlContext) -> SpecRouter:
         response_model=NodeEngineRequest,
     )
     async def post_nodes_id_engines(id: str, body: NodeEngineRequest) -> NodeEngineRequest:
+        from opod.engines.builds import builds_of
         from opod.engines.registry import UnknownEngine, get_driver
-        from opod.worker.builds import builds_of
 
         node = known(id)
         try:
