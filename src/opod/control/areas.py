@@ -45,7 +45,7 @@ def admin_areas(ctx: ControlContext) -> list[APIRouter]:
         presets.router(ctx),
         replicas.router(ctx),
         capacity.router(ctx),
-        quotas.router(ctx),
+        quotas.router(ctx.quotas),
         client_jobs.router(ctx.store, ctx.batches),
         audit.router(ctx.store),
         settings.router(ctx),

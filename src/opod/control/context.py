@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Protocol
@@ -16,7 +16,7 @@ from opod.fleet.followers import EventSink, Reconciling
 from opod.fleet.models import ModelRegistry
 from opod.fleet.placement import Rejection
 from opod.fleet.prefix_index import PrefixIndex
-from opod.fleet.quotas import Amount, QuotaTable
+from opod.fleet.quotas_service import QuotasService
 from opod.fleet.state import Fleet
 from opod.http.nodeclient import WorkerClient
 from opod.settings.holder import SettingsHolder
@@ -57,8 +57,8 @@ class ControlContext:
     """The cluster's settings in force on this leader (``/settings``, key rules, prices, Prometheus)."""
     notifier: Notifier
     """The webhooks of the cluster's settings (``POST /notify/test``)."""
-    quotas: QuotaTable
-    """The capacity quotas the reconciler places by (``/quotas``); changed here after the store."""
+    quotas: QuotasService
+    """Capacity quotas (``/quotas``): the one writer, and what each scope holds."""
     batches: JobWaker
     """The batch runner, told to look at its jobs now after a cancel."""
     replay: Replayer
@@ -117,10 +117,6 @@ class ReplicaDesk(Reconciling, Protocol):
 
     def status(self, model: str) -> str:
         """The model's state in words (``serving on n1``, ``cannot be placed now: ...``)."""
-        ...
-
-    def quota_holds(self) -> Mapping[str, Amount]:
-        """What each scope's models hold now, as the last round counted it (``QuotaView.holds``)."""
         ...
 
     def replica_list(self) -> Sequence[ReplicaRecord]: ...

@@ -35,11 +35,11 @@ from opod.control.app import create_app as create_control_app
 from opod.control.areas import public_areas
 from opod.control.context import ControlContext
 from opod.control.presets import auto_add as auto_add_presets
-from opod.control.quotas import QuotaFollower, load_quotas
 from opod.fleet.affinity import AffinityTable
 from opod.fleet.local import LocalEngines
 from opod.fleet.models import ANY_NODE, KnownModel, ModelRegistry
 from opod.fleet.prefix_index import PrefixIndex
+from opod.fleet.quotas_service import QuotasService, load_quotas
 from opod.fleet.state import Fleet, NodeState
 from opod.gateway.admission import Admission, fleet_capacity
 from opod.gateway.app import Gateway
@@ -202,10 +202,11 @@ class Leader:
 
         workers = WorkerClient(access.tokens.token_for_node, Signer)
         index, pins, local_engines = PrefixIndex(), AffinityTable(), LocalEngines()
-        quotas = load_quotas(store)
+        scopes, quota_table = TenancyScopes(tenancy), load_quotas(store)
         reconciler = Reconciler(
-            fleet, models, workers, housekeeping=index.sweep, quotas=quotas, scopes=TenancyScopes(tenancy), emit=emit
+            fleet, models, workers, housekeeping=index.sweep, quotas=quota_table, scopes=scopes, emit=emit
         )
+        quotas = QuotasService(store, quota_table, scopes=scopes, reconciler=reconciler)
         lifecycle = LifecycleWatch(fleet, reconciler.parked, emit)
         shards = ShardManager(
             Gangs(
@@ -400,7 +401,7 @@ class Leader:
             self.control.people.run,
             self.access.run,
             self.control.tenancy.run,
-            QuotaFollower(self.store, self.control.quotas, self.reconciler.kick).run,
+            self.control.quotas.run,
         ]
         background = [asyncio.create_task(run(stop)) for run in work]
         serving = asyncio.create_task(serve(list(listeners), listeners_stop), name="listeners")
