@@ -40,7 +40,7 @@ def admin_areas(ctx: ControlContext) -> list[APIRouter]:
     return [
         keys.router(ctx),
         models.router(ctx),
-        nodes.router(ctx),
+        nodes.router(ctx.nodes, ctx.fleet, ctx.reconciler),
         weights.router(ctx),
         presets.router(ctx),
         replicas.router(ctx),

@@ -14,8 +14,8 @@ from opod.catalog import Catalog
 from opod.contract import durations
 from opod.fleet.followers import EventSink, Reconciling
 from opod.fleet.models import ModelRegistry
+from opod.fleet.nodes_service import NodesService
 from opod.fleet.placement import Rejection
-from opod.fleet.prefix_index import PrefixIndex
 from opod.fleet.quotas_service import QuotasService
 from opod.fleet.state import Fleet
 from opod.http.nodeclient import WorkerClient
@@ -47,16 +47,16 @@ class ControlContext:
     """The reconciler: replicas, restarts, model states; woken after a change that moves placement."""
     events: EventSink
     """Lifecycle events: to the ledger's event stream, and the operator ones to the webhooks."""
-    prefix_index: PrefixIndex
-    """The routing's cached prefix blocks, which a forgotten node's must leave."""
     declared_models: frozenset[str]
     """Models the leader's settings declare (the built-in defaults): they cannot be removed, only scaled to 0."""
     workers: WorkerClient
-    """Signed calls to workers (node logs, agent restarts, weights)."""
+    """Signed calls to workers (weights)."""
     settings: SettingsHolder
     """The cluster's settings in force on this leader (``/settings``, key rules, prices, Prometheus)."""
     notifier: Notifier
     """The webhooks of the cluster's settings (``POST /notify/test``)."""
+    nodes: NodesService
+    """The operator's side of nodes (state, labels, engine builds, the wanted release, forgetting): the one writer."""
     quotas: QuotasService
     """Capacity quotas (``/quotas``): the one writer, and what each scope holds."""
     batches: JobWaker

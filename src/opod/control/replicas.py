@@ -3,7 +3,7 @@
 Everything here is read from the leader's memory (the fleet and the
 reconciler's replicas), never the store: a summary of two hundred nodes is an
 aggregate over the same facts the node and replica tables show; ``fabrics`` is
-one ``FabricUse`` per fabric the nodes declare (``control.nodes.fabric_uses``).
+one ``FabricUse`` per fabric the nodes declare (``control.node_views.fabric_uses``).
 Parts opod has no such thing of (store members, control planes, judges) are left
 out rather than invented.
 """
@@ -31,7 +31,7 @@ from opod.contract.admin.fleet import (
 )
 from opod.contract.admin.models import RetryView
 from opod.control.context import ControlContext, ControlError, ReplicaDesk, ReplicaRecord
-from opod.control.nodes import fabric_uses
+from opod.control.node_views import fabric_uses
 from opod.control.spec import SpecRouter
 from opod.fleet.liveness import HEARTBEAT_MAX_AGE
 

@@ -38,6 +38,7 @@ from opod.control.presets import auto_add as auto_add_presets
 from opod.fleet.affinity import AffinityTable
 from opod.fleet.local import LocalEngines
 from opod.fleet.models import ANY_NODE, KnownModel, ModelRegistry
+from opod.fleet.nodes_service import NodesService
 from opod.fleet.prefix_index import PrefixIndex
 from opod.fleet.quotas_service import QuotasService, load_quotas
 from opod.fleet.state import Fleet, NodeState
@@ -207,6 +208,9 @@ class Leader:
             fleet, models, workers, housekeeping=index.sweep, quotas=quota_table, scopes=scopes, emit=emit
         )
         quotas = QuotasService(store, quota_table, scopes=scopes, reconciler=reconciler)
+        nodes = NodesService(
+            store, fleet, workers=workers, bindings=access, prefix_index=index, events=emit, reconciler=reconciler
+        )
         lifecycle = LifecycleWatch(fleet, reconciler.parked, emit)
         shards = ShardManager(
             Gangs(
@@ -278,6 +282,7 @@ class Leader:
             emit=emit,
             ledger=ledger,
             shards=shards,
+            nodes=nodes,
             plan=snapshots.current_plan,
             prefix_index=index.stats,
             tls=tls is not None,
@@ -294,11 +299,11 @@ class Leader:
             catalog=catalog,
             reconciler=reconciler,
             events=emit,
-            prefix_index=index,
             declared_models=frozenset(DEFAULT_MODELS) if settings.default_models else frozenset(),
             workers=workers,
             settings=cluster_settings,
             notifier=webhooks,
+            nodes=nodes,
             quotas=quotas,
             batches=batches,
             replay=Replayer(gateway, access.keys.local_entries),
