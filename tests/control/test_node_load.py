@@ -11,7 +11,7 @@ import json
 import time
 
 from opod.contract import nodeapi
-from opod.control.nodes import NodeList, load_view
+from opod.control.node_views import NodeList, load_view
 from opod.fleet.inventory import apply_report
 from opod.fleet.state import NodeState
 

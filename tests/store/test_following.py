@@ -16,9 +16,9 @@ import pytest
 
 from opod.access.keytable import KeyEntry, KeyTable
 from opod.access.service import AccessService
-from opod.access.tenancy import Tenancy
-from opod.control.quotas import QuotaFollower, load_quotas
-from opod.fleet.quotas import Bounds, Quota
+from opod.access.tenancy import Tenancy, TenancyScopes
+from opod.fleet.quotas import Amount, Bounds, Quota, QuotaTable
+from opod.fleet.quotas_service import QuotasService, load_quotas
 from opod.http.errors import Unauthorized
 from opod.security.keys import hash_key
 from opod.security.nodetokens import NodeTokenMinter
@@ -131,10 +131,24 @@ async def test_a_tree_read_that_overlapped_a_change_here_is_not_applied(stores: 
     assert b.resolve("org:beta")
 
 
+class Kicks(list[int]):
+    """The reconciler as the quotas see it: each round asked for is a 1."""
+
+    def kick(self) -> None:
+        self.append(1)
+
+    def quota_holds(self) -> dict[str, Amount]:
+        return {}
+
+
+def quota_follower(store: Store, table: QuotaTable, kicks: Kicks) -> QuotasService:
+    return QuotasService(store, table, scopes=TenancyScopes(Tenancy.load(store)), reconciler=kicks)
+
+
 async def test_quotas_put_or_removed_on_one_leader_reach_the_others_table(stores: tuple[Store, Store]) -> None:
     table = load_quotas(stores[1])
-    kicks: list[int] = []
-    follower = QuotaFollower(stores[1], table, lambda: kicks.append(1))
+    kicks = Kicks()
+    follower = quota_follower(stores[1], table, kicks)
     stores[0].put_quota("team:t1", "team", QuotaAmounts(), QuotaAmounts(gpus=2), by="alice")
     assert await follower.follow() is True
     assert table.get("team:t1") == Quota("team:t1", Bounds(), Bounds(gpus=2)) and kicks == [1]
@@ -155,7 +169,12 @@ async def test_a_quota_read_that_overlapped_a_change_here_is_not_applied(stores:
             table.put(mine)
             return rows
 
-    follower = QuotaFollower(ChangedDuringTheRead(), table, lambda: None)  # type: ignore[arg-type]
+    follower = QuotasService(
+        ChangedDuringTheRead(),  # type: ignore[arg-type]
+        table,
+        scopes=TenancyScopes(Tenancy.load(stores[1])),
+        reconciler=Kicks(),
+    )
     assert await follower.follow() is False
     assert table.get("team:t2") == mine
 

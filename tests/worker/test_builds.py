@@ -14,9 +14,10 @@ import pytest
 
 from opod.contract import nodeapi
 from opod.engines import llama_binary
+from opod.engines.builds import builds_of
 from opod.engines.errors import LaunchError
 from opod.worker import provision
-from opod.worker.builds import EngineBuilds, builds_of, install_argv
+from opod.worker.builds import EngineBuilds, install_argv
 from tests.support.tiny_wheel import write_wheel
 
 NO_AVX512 = "processor : 0\nflags : fpu sse2 avx avx2 fma\n"

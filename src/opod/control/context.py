@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -17,10 +17,10 @@ from opod.catalog import Catalog
 from opod.fleet.followers import EventSink, Reconciling
 from opod.fleet.models import ModelRegistry
 from opod.fleet.models_service import ModelsService
+from opod.fleet.nodes_service import NodesService
 from opod.fleet.placement import Rejection
-from opod.fleet.prefix_index import PrefixIndex
 from opod.fleet.presets_service import PresetsService
-from opod.fleet.quotas import Amount, QuotaTable
+from opod.fleet.quotas_service import QuotasService
 from opod.fleet.state import Fleet
 from opod.gateway.budgets import Budgets
 from opod.http.nodeclient import WorkerClient
@@ -63,10 +63,8 @@ class ControlContext:
     """The reconciler: replicas, restarts, model states; woken after a change that moves placement."""
     events: EventSink
     """Lifecycle events: to the ledger's event stream, and the operator ones to the webhooks."""
-    prefix_index: PrefixIndex
-    """The routing's cached prefix blocks, which a forgotten node's must leave."""
     workers: WorkerClient
-    """Signed calls to workers (node logs, agent restarts, weights)."""
+    """Signed calls to workers (weights)."""
     settings: SettingsHolder
     """The cluster's settings in force on this leader (key rules, prices, Prometheus)."""
     settings_service: SettingsService
@@ -75,8 +73,10 @@ class ControlContext:
     """The budgets the gateway enforces: which scope sets one (``/usage``)."""
     notifier: Notifier
     """The webhooks of the cluster's settings (``POST /notify/test``)."""
-    quotas: QuotaTable
-    """The capacity quotas the reconciler places by (``/quotas``); changed here after the store."""
+    nodes: NodesService
+    """The operator's side of nodes (state, labels, engine builds, the wanted release, forgetting): the one writer."""
+    quotas: QuotasService
+    """Capacity quotas (``/quotas``): the one writer, and what each scope holds."""
     batches: JobWaker
     """The batch runner, told to look at its jobs now after a cancel."""
     replay: Replayer
@@ -137,10 +137,6 @@ class ReplicaDesk(Reconciling, Protocol):
 
     def status(self, model: str) -> str:
         """The model's state in words (``serving on n1``, ``cannot be placed now: ...``)."""
-        ...
-
-    def quota_holds(self) -> Mapping[str, Amount]:
-        """What each scope's models hold now, as the last round counted it (``QuotaView.holds``)."""
         ...
 
     def replica_list(self) -> Sequence[ReplicaRecord]: ...

@@ -1,38 +1,18 @@
 """``/api/v1/nodes`` and ``/api/v1/agents/restart``: the fleet's nodes, their state, labels, logs, builds and releases.
 
-A node view is what its worker reported (``NodeState.inventory``: devices with MIG
-instances as their own, labels, software) with the operator's side (cordon or drain,
-operator labels, engine builds, the wanted release), all kept in the store. A device
-is free when it is healthy and no replica holds it (the reconciler's replicas, when
-it tracks any). ``state`` is ``unreachable`` or ``lost`` for a node that stopped
-heartbeating, else the operator's state: ``ready``, ``cordoned`` or ``draining``.
-Its ``fabrics`` are the fabrics it declares and ``multi_node`` whether it may take part
-in a replica across nodes (``ready``, or ``down: ADAPTERS``; absent on no fabric); each
-card shows its NVLink peers, and its multi-node NVLink domain (``domain``, ``fabric_state``).
+Thin handlers over :class:`~opod.fleet.nodes_service.NodesService`, the one writer of the operator's
+side of nodes (and the caller of workers for their logs and restarts); the views are
+:mod:`opod.control.node_views`'.
 """
 
 from __future__ import annotations
 
-import logging
-import re
 import time
-from typing import Any
 
-import aiohttp
-from fastapi import Response
-from pydantic import TypeAdapter
+from fastapi import Depends, Response
 
-from opod.contract import nodeapi
 from opod.contract.admin.fleet import (
     AgentRestartView,
-    ClassGPUs,
-    FabricUse,
-    FacilityLocation,
-    GPUView,
-    InventoryEngineInstall,
-    InventoryGPUSensor,
-    InventoryGPUWear,
-    LoadView,
     LogsView,
     NodeEngineRequest,
     NodeLabelsRequest,
@@ -44,428 +24,31 @@ from opod.contract.admin.fleet import (
     UpgradeRequest,
     UpgradeView,
 )
-from opod.control.context import ControlContext, ControlError
+from opod.control.audit import audit_draft
+from opod.control.context import ReplicaDesk
+from opod.control.node_views import NodeList, held_devices, location_view
 from opod.control.spec import EXTENSION_TAG, SpecRouter
-from opod.engines.registry import known_names
-from opod.fleet.inventory import GPUDevice, location
-from opod.fleet.liveness import (
-    LOST,
-    STATE_WORDS,
-    can_place,
-    model_states,
-    node_state,
-    reachability,
-    state_flags,
-    takes_new_work,
-)
-from opod.fleet.state import NodeState
-from opod.http.nodeclient import WorkerUnavailable
-from opod.store.offloop import run_sync
-
-log = logging.getLogger("opod.control")
-
-LOG_LINES, MAX_LOG_LINES = 300, 2000
-_LABEL_KEY = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._/-]{0,251}[A-Za-z0-9])?")
-_BUILD = re.compile(r"[a-z0-9][a-z0-9._+-]{0,31}")
-_VERSION = re.compile(r"v?[0-9][0-9A-Za-z.+-]{0,63}")
-_IDLE_STATES = ("stopped", "failed", "parked")
-"""Replica states that hold no device."""
+from opod.fleet.liveness import model_states
+from opod.fleet.nodes_service import NodesService
+from opod.fleet.state import Fleet
+from opod.store.audit import AuditDraft
 
 
-def go_duration(seconds: float) -> str:
-    """Whole seconds as Go writes a ``time.Duration``: ``45s``, ``3m4s``, ``2h0m5s``."""
-    total = max(0, int(seconds))
-    hours, rest = divmod(total, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h{minutes}m{secs}s"
-    return f"{minutes}m{secs}s" if minutes else f"{secs}s"
-
-
-def _held(ctx: ControlContext) -> dict[str, set[int]]:
-    """node id → device indices some replica holds there (the placement seam: empty until the reconciler tracks replicas)."""
-    out: dict[str, set[int]] = {}
-    for replica in ctx.reconciler.replica_list():
-        if replica.state in _IDLE_STATES:
-            continue
-        for node_id, indices in replica.gpus.items():
-            out.setdefault(node_id, set()).update(indices)
-    return out
-
-
-def _silent_for(node: NodeState, wall: float) -> float:
-    return wall - node.inventory.last_seen if node.inventory.last_seen else float("inf")
-
-
-def state_word(node: NodeState, now: float, wall: float) -> str:
-    return reachability(node, now, _silent_for(node, wall)) or node_state(node)
-
-
-def _replicas(node: NodeState) -> int:
-    return len({*node.loaded_models, *node.model_engines})
-
-
-def _location(labels: dict[str, str]) -> FacilityLocation | None:
-    found = location(labels)
-    return FacilityLocation.model_construct(**found) if found else None  # type: ignore[arg-type]
-
-
-NODE_VIEW = TypeAdapter(NodeView)
-LOAD_VIEW = TypeAdapter(LoadView)
-
-
-def _sensor_view(s: nodeapi.GPUSensor) -> InventoryGPUSensor:
-    said: dict[str, Any] = {
-        k: v
-        for k, v in (
-            ("pcie_replays", s.pcie_replays),
-            ("retired_pages_sbe", s.retired_pages_sbe),
-            ("retired_pages_dbe", s.retired_pages_dbe),
-            ("retire_pending", s.retire_pending),
-            ("remapped_rows_correctable", s.remapped_rows_correctable),
-            ("remapped_rows_uncorrectable", s.remapped_rows_uncorrectable),
-            ("remap_pending", s.remap_pending),
-            ("remap_failure", s.remap_failure),
-        )
-        if v is not None
-    }
-    wear = InventoryGPUWear.model_construct(**said)
-    return InventoryGPUSensor.model_construct(
-        index=s.index,
-        temp_c=s.temp_c,
-        memory_temp_c=s.memory_temp_c,
-        power_w=s.power_w,
-        power_limit_w=s.power_limit_w,
-        util_percent=s.util_percent,
-        mem_util_percent=s.mem_util_percent,
-        memory_used_mb=s.memory_used_mb,
-        memory_total_mb=s.memory_total_mb,
-        sm_clock_mhz=s.sm_clock_mhz,
-        ecc_uncorrected=float(s.ecc_uncorrected) if s.ecc_uncorrected is not None else None,
-        wear=wear if wear.model_fields_set else None,
-    )
-
-
-def load_view(node: NodeState, wall: float | None) -> LoadView:
-    """The host's load as its latest heartbeat reported it (the real machine, declared inventory or not);
-    before any report, the machine's size from its registration. ``wall`` None leaves ``age_seconds`` out."""
-    hw, report = node.hardware, node.host_load
-    if report is None:
-        return LoadView.model_construct(cpus=hw.cpu_cores or None, memory_total_bytes=(hw.ram_gb << 30) or None)
-    total = report.memory_total_bytes or (hw.ram_gb << 30)
-    used = report.memory_used_bytes
-    return LoadView.model_construct(
-        cpu_percent=report.cpu_percent,
-        cpus=report.cpus or hw.cpu_cores or None,
-        load1=report.load1,
-        load5=report.load5,
-        load15=report.load15,
-        memory_used_bytes=used or None,
-        memory_total_bytes=total or None,
-        memory_percent=round(100 * used / total, 1) if used and total else None,
-        age_seconds=max(0, int(wall - node.host_load_at)) if wall is not None else None,
-        cpu_temp_c=report.cpu_temp_c,
-        gpu_sensors=[_sensor_view(s) for s in report.gpus] if report.gpus else None,
-    )
-
-
-def _provision(node: NodeState) -> list[InventoryEngineInstall] | None:
-    return [
-        InventoryEngineInstall.model_construct(
-            engine=p.engine,
-            version=p.version or None,
-            variant=p.variant or None,
-            state=p.state,
-            detail=p.detail or None,
-        )
-        for p in node.inventory.provision
-    ] or None
-
-
-DeviceViews = dict[str, tuple[list[GPUDevice], list[GPUView], list[str]]]
-"""node id → (its device list, their views, compute capabilities): a node's devices change only when a report
-replaces the list, so their views are built once per report, not once per listing."""
-
-
-def _device_views(node: NodeState, cache: DeviceViews) -> tuple[list[GPUView], list[str]]:
-    devices = node.inventory.gpus
-    cached = cache.get(node.id)
-    if cached is not None and cached[0] is devices:
-        return cached[1], cached[2]
-    views = [
-        GPUView.model_construct(
-            index=d.index,
-            name=d.name,
-            label=d.label,
-            class_=d.gpu_class,
-            card=d.card,
-            mig_profile=d.mig_profile or None,
-            memory_total_mb=d.memory_mb,
-            compute_capability=d.compute_capability or None,
-            nvlink_peers=list(d.nvlink_peers) or None,
-            domain=d.nvlink_domain or None,
-            fabric_state=d.fabric_state or None,
-        )
-        for d in devices
-    ]
-    capabilities = sorted({d.compute_capability for d in devices if d.compute_capability})
-    cache[node.id] = (devices, views, capabilities)
-    return views, capabilities
-
-
-def node_view(node: NodeState, held: set[int], now: float, wall: float, cache: DeviceViews | None = None) -> NodeView:
-    inv = node.inventory
-    devices = inv.gpus
-    device_views, capabilities = _device_views(node, {} if cache is None else cache)
-    counts: dict[str, list] = {}
-    """class → [total, free, unhealthy, mig], in plain values: one wire object per class at the end."""
-    free = 0
-    for d in devices:
-        row = counts.get(d.gpu_class)
-        if row is None:
-            row = counts[d.gpu_class] = [0, 0, 0, d.mig]
-        row[0] += 1
-        if not d.healthy:
-            row[2] += 1
-        elif d.index not in held:
-            row[1] += 1
-            free += 1
-    by_class = {
-        c: ClassGPUs.model_construct(class_=c, total=t, free=f, unhealthy=u, mig=m)
-        for c, (t, f, u, m) in counts.items()
-    }
-    warnings = list(inv.warnings)
-    live, why = takes_new_work(node, now)
-    if not live and why not in ("drained", "cordoned") and not why.startswith("no heartbeat"):
-        warnings.append(f"takes no requests: {why}")
-    wanted = inv.operator.wanted_version
-    if wanted and wanted != inv.agent_version and not any(wanted in w for w in inv.warnings):
-        # The worker's own warning ("upgrading to", "upgrade to ... failed") says more once it has one.
-        running = inv.agent_version or "an unknown release"
-        warnings.append(
-            f"release {wanted} is wanted; the agent runs {running} and has not started upgrading yet"
-            if "agent_upgrade" in inv.features
-            else f"release {wanted} is wanted but the agent runs {running} and cannot upgrade itself: "
-            f"install opod {wanted} on the node and restart its worker"
-        )
-    labels = inv.all_labels()
-    hw = node.hardware
-    # Built from values already of the wire types' types: constructed, not validated (a listing of a
-    # thousand nodes would otherwise validate every field of every node on each GET).
-    return NodeView(
-        id=node.id,
-        hostname=node.hostname or hw.hostname or None,
-        mgmt_addr=node.address or None,
-        state=state_word(node, now, wall),
-        labels=labels or None,
-        operator_labels=inv.operator_labels or None,
-        location=_location(labels),
-        gpu_total=len(devices),
-        gpu_free=free,
-        gpus=device_views or None,
-        gpu_classes=list(by_class) or None,
-        gpus_by_class=list(by_class.values()) or None,
-        compute_capabilities=capabilities or None,
-        unhealthy_gpus=[f"{d.label}: {d.why}" if d.why else d.label for d in devices if not d.healthy] or None,
-        memory_gb=hw.ram_gb,
-        cpu_count=hw.cpu_cores,
-        os="/".join(part for part in (hw.os, hw.arch) if part) or None,
-        disk_free_gb=hw.disk_free_gb,
-        disk_total_gb=hw.disk_total_gb,
-        engines=[node.engine_id] if node.engine_id else [],
-        engine_versions=inv.engine_versions or None,
-        engine_builds=inv.operator.engine_builds or None,
-        warnings=warnings or None,
-        models_on_disk=inv.models_on_disk,
-        last_seen_ago=go_duration(_silent_for(node, wall)) if inv.last_seen else None,
-        agent_version=inv.agent_version or None,
-        features=inv.features or None,
-        replicas=_replicas(node),
-        load=load_view(node, wall),
-        provision=_provision(node),
-        fabrics=list(inv.fabrics) or None,
-        multi_node=inv.multi_node() or None,
-        nvlink_domain=inv.nvlink_domain() or None,
-    )
-
-
-def fabric_uses(nodes: list[NodeState], busy: set[str], now: float) -> list[FabricUse]:
-    """Each declared fabric: its nodes, those holding weights and the models between them, and its largest free block.
-
-    The free block counts the nodes on the fabric a replica across nodes could take whole:
-    up on it (``multi_node`` ready), taking new replicas, and holding nothing (``busy``: the
-    ids of nodes where a replica holds devices). Nodes on no fabric are on none of these.
-    """
-    on: dict[str, list[NodeState]] = {}
-    for node in nodes:
-        for fabric in node.inventory.fabrics:
-            on.setdefault(fabric, []).append(node)
-    out = []
-    for fabric in sorted(on):
-        members = on[fabric]
-        weights = [n for n in members if n.inventory.models_on_disk]
-        free = sum(
-            1
-            for n in members
-            if fabric in n.inventory.networks()
-            and can_place(n, now)[0]
-            and n.id not in busy
-            and not n.loaded_models
-            and not n.model_engines
-        )
-        out.append(
-            FabricUse(
-                fabric=fabric,
-                nodes=len(members),
-                nodes_with_weights=len(weights),
-                models_present=len({m for n in weights for m in n.inventory.models_on_disk or ()}),
-                largest_free_block=free,
-            )
-        )
-    return out
-
-
-def _inputs(node: NodeState, held: set[int], now: float, wall: float) -> tuple:
-    """Everything :func:`node_view` reads of a node, but the seconds since it was last heard from (see ``NodeList``)."""
-    inv, op = node.inventory, node.inventory.operator
-    return (
-        node.address,
-        node.hostname,
-        node.hardware,
-        node.engine_id,
-        node.loaded_models,
-        tuple(node.model_engines),
-        inv.gpus,
-        frozenset(held),
-        state_word(node, now, wall),
-        takes_new_work(node, now),
-        tuple(inv.labels.items()),
-        tuple(inv.operator_labels.items()),
-        tuple(inv.engine_versions.items()),
-        tuple(op.engine_builds.items()),
-        op.wanted_version,
-        tuple(inv.warnings),
-        inv.agent_version,
-        tuple(inv.features),
-        None if inv.models_on_disk is None else tuple(inv.models_on_disk),
-        bool(inv.last_seen),
-        tuple(inv.provision),
-        tuple((name, tuple(ports.items())) for name, ports in inv.fabrics.items()),
-    )
-
-
-class NodeList:
-    """``GET /api/v1/nodes`` as JSON: each node's view is written again only when something it shows changed.
-
-    A fleet of a thousand nodes is megabytes of views that mostly stay the same between two listings, so
-    each node's JSON is kept with the inputs it was built from (:func:`_inputs`), and only the seconds
-    since the node was last heard from, which change every listing, are written in afresh. Its ``load``
-    changes with each heartbeat and is kept apart, with its report, its ``age_seconds`` written in afresh too.
-    """
-
-    def __init__(self) -> None:
-        self._devices: DeviceViews = {}
-        self._views: dict[str, tuple[tuple, bytes]] = {}
-        self._loads: dict[str, tuple[object, bytes]] = {}
-
-    def _load_json(self, node: NodeState, wall: float) -> bytes:
-        """``"load":{...}``, with the seconds since its report; the rest kept while the report is the same."""
-        key = (node.host_load, node.hardware.cpu_cores, node.hardware.ram_gb)
-        kept = self._loads.get(node.id)
-        if kept is None or kept[0] != key:
-            kept = (key, LOAD_VIEW.dump_json(load_view(node, None), exclude_none=True, by_alias=True))
-            self._loads[node.id] = kept
-        body = kept[1]
-        if node.host_load is not None:
-            body = _prefixed(body, b'"age_seconds":' + str(max(0, int(wall - node.host_load_at))).encode())
-        return b'"load":' + body
-
-    def json(self, nodes: list[NodeState], held: dict[str, set[int]], now: float, wall: float) -> bytes:
-        parts = []
-        for gone in self._views.keys() - {n.id for n in nodes}:
-            del self._views[gone]
-            self._devices.pop(gone, None)
-            self._loads.pop(gone, None)
-        for node in nodes:
-            mine = held.get(node.id, set())
-            inputs = _inputs(node, mine, now, wall)
-            kept = self._views.get(node.id)
-            if kept is None or kept[0] != inputs:
-                view = node_view(node, mine, now, wall, self._devices)
-                view.last_seen_ago = view.load = None
-                kept = (inputs, NODE_VIEW.dump_json(view, exclude_none=True, by_alias=True))
-                self._views[node.id] = kept
-            body = _prefixed(kept[1], self._load_json(node, wall))
-            if node.inventory.last_seen:
-                body = _prefixed(body, b'"last_seen_ago":"' + go_duration(_silent_for(node, wall)).encode() + b'"')
-            parts.append(body)
-        return b"[" + b",".join(parts) + b"]"
-
-
-def _prefixed(obj: bytes, member: bytes) -> bytes:
-    """A JSON object's text with ``member`` (``"key":value``) put first."""
-    return b"{" + member + (b"}" if obj == b"{}" else b"," + obj[1:])
-
-
-def _label_changes(body: NodeLabelsRequest, current: dict[str, str]) -> dict[str, str]:
-    labels = dict(current)
-    setting = body.set or {}
-    for key in body.remove or []:
-        if key in setting:
-            raise ControlError(400, f"remove: {key!r} is also in set; a label is set or removed, not both")
-        labels.pop(key, None)
-    for key, value in setting.items():
-        if not _LABEL_KEY.fullmatch(key):
-            raise ControlError(
-                400,
-                f"set: label key {key!r} must be letters, digits and ._/- (starting and ending with a letter or digit), "
-                "at most 253 characters, as in llmgw.io/rack",
-            )
-        if len(value) > 256:
-            raise ControlError(400, f"set: the value of {key!r} is {len(value)} characters; at most 256")
-        labels[key] = value
-    return labels
-
-
-def router(ctx: ControlContext) -> SpecRouter:
+def router(nodes: NodesService, fleet: Fleet, reconciler: ReplicaDesk) -> SpecRouter:
+    """``nodes`` changes them and calls their workers; ``fleet`` and the ``reconciler``'s replicas are read for the
+    views."""
     api = SpecRouter()
     listing = NodeList()
 
-    def known(node_id: str) -> NodeState:
-        node = ctx.fleet.get(node_id)
-        if node is None:
-            raise ControlError(404, f"node {node_id!r} is not known; GET /api/v1/nodes lists them")
-        return node
-
     @api.get("/api/v1/nodes", operation_id="getNodes", tags=["nodes"], response_model=list[NodeView])
     async def get_nodes() -> Response:
-        now, wall, held = time.monotonic(), time.time(), _held(ctx)
-        return Response(listing.json(list(ctx.fleet), held, now, wall), media_type="application/json")
+        now, wall, held = time.monotonic(), time.time(), held_devices(reconciler.replica_list())
+        return Response(listing.json(list(fleet), held, now, wall), media_type="application/json")
 
     @api.delete("/api/v1/nodes/{id}", operation_id="deleteNodesId", tags=["nodes"], response_model=NodeRemoved)
-    async def delete_nodes_id(id: str) -> NodeRemoved:
+    async def delete_nodes_id(id: str, draft: AuditDraft = Depends(audit_draft)) -> NodeRemoved:
         """Forget a node: a lost one, or an unreachable one with nothing on it."""
-        node = known(id)
-        reach = reachability(node, time.monotonic(), _silent_for(node, time.time()))
-        if not reach:
-            raise ControlError(
-                409,
-                f"node {id!r} is reachable (it heartbeats); only a lost node, or an unreachable one with nothing "
-                "on it, can be forgotten: stop its worker first",
-            )
-        held = sorted({*node.loaded_models, *node.model_engines})
-        if reach != LOST and held:
-            raise ControlError(
-                409,
-                f"node {id!r} is unreachable but has {', '.join(held)} on it; it is lost after "
-                "5 minutes without a word, and can be forgotten then",
-            )
-        await run_sync(ctx.store.delete_node, id)
-        ctx.fleet.remove(id)
-        ctx.access.forget_node(id)
-        ctx.prefix_index.forget(id)
-        ctx.events("node.removed", id, {"was": reach})
-        ctx.reconciler.kick()
+        await nodes.forget(id, draft)
         return NodeRemoved(id=id, removed="true")
 
     @api.post(
@@ -474,94 +57,41 @@ def router(ctx: ControlContext) -> SpecRouter:
         tags=["nodes"],
         response_model=NodeEngineRequest,
     )
-    async def post_nodes_id_engines(id: str, body: NodeEngineRequest) -> NodeEngineRequest:
-        from opod.engines.registry import UnknownEngine, get_driver
-        from opod.worker.builds import builds_of
-
-        node = known(id)
-        try:
-            engine = get_driver(body.engine or "").id
-        except UnknownEngine:
-            raise ControlError(
-                400, f"engine: {body.engine!r} is not an engine opod runs; choose one of {', '.join(known_names())}"
-            ) from None
-        build = (body.build or "auto").strip().lower()
-        if not _BUILD.fullmatch(build) or build not in builds_of(engine):
-            raise ControlError(
-                400, f"build: {body.build!r} is not a build of {engine}; choose one of {', '.join(builds_of(engine))}"
-            )
-        builds = dict(node.inventory.operator.engine_builds) | {engine: build}
-        await run_sync(ctx.store.set_operator_side, id, engine_builds=builds)
-        node.inventory.operator.engine_builds = builds
-        ctx.events("node.engine_build", id, {"engine": engine, "build": build})
+    async def post_nodes_id_engines(
+        id: str, body: NodeEngineRequest, draft: AuditDraft = Depends(audit_draft)
+    ) -> NodeEngineRequest:
+        engine, build = await nodes.set_engine_build(id, body.engine, body.build, draft)
         return NodeEngineRequest(engine=engine, build=build)
 
     @api.post(
         "/api/v1/nodes/{id}/labels", operation_id="postNodesIdLabels", tags=["nodes"], response_model=NodeLabelsView
     )
-    async def post_nodes_id_labels(id: str, body: NodeLabelsRequest) -> NodeLabelsView:
-        node = known(id)
-        labels = _label_changes(body, node.inventory.operator_labels)
-        await run_sync(ctx.store.set_operator_side, id, labels=labels)
-        node.inventory.operator_labels = labels
-        ctx.events("node.labels", id, {"operator_labels": labels})
-        ctx.reconciler.kick()  # a node selector may match it now, or no longer
+    async def post_nodes_id_labels(
+        id: str, body: NodeLabelsRequest, draft: AuditDraft = Depends(audit_draft)
+    ) -> NodeLabelsView:
+        node = await nodes.set_labels(id, body.set, body.remove, draft)
         merged = node.inventory.all_labels()
-        return NodeLabelsView(id=id, operator_labels=labels, labels=merged, location=_location(merged))
+        return NodeLabelsView(
+            id=id, operator_labels=node.inventory.operator_labels, labels=merged, location=location_view(merged)
+        )
 
     @api.get("/api/v1/nodes/{id}/logs", operation_id="getNodesIdLogs", tags=["nodes"], response_model=LogsView)
     async def get_nodes_id_logs(id: str, lines: int | None = None, source: str | None = None) -> LogsView:
-        node = known(id)
-        count = LOG_LINES if lines is None else lines
-        if not 1 <= count <= MAX_LOG_LINES:
-            raise ControlError(400, f"lines: {lines} is out of range; ask for 1 to {MAX_LOG_LINES} (300 when absent)")
-        wanted = source or "agent"
-        path = nodeapi.PATH_LOGS
-        try:
-            headers = ctx.workers.signed_headers(node, "GET", path)
-            async with ctx.workers.session.get(
-                node.base_url() + path,
-                params={"source": wanted, "lines": str(count)},
-                headers=headers,
-                timeout=aiohttp.ClientTimeout(total=10),
-            ) as resp:
-                status = resp.status
-                answer = (
-                    await resp.json(content_type=None)
-                    if resp.content_type == "application/json"
-                    else {"error": (await resp.text()).strip()}
-                )
-        except (WorkerUnavailable, aiohttp.ClientError, TimeoutError, OSError, ValueError) as err:
-            return LogsView(node=id, source=wanted, error=f"node {id} did not answer: {err or type(err).__name__}")
-        if status == 404 and isinstance(answer, dict) and "sources" in answer:
-            raise ControlError(400, f"source: node {id} has no log {wanted!r}; it has {', '.join(answer['sources'])}")
-        if status != 200 or not isinstance(answer, dict):
-            error = answer.get("error") if isinstance(answer, dict) else str(answer)
-            return LogsView(node=id, source=wanted, error=f"node {id} answered HTTP {status}: {error}")
-        return LogsView(node=id, source=wanted, lines=answer.get("lines") or [], sources=answer.get("sources"))
+        return await nodes.logs(id, lines, source)
 
     @api.post("/api/v1/nodes/{id}/state", operation_id="postNodesIdState", tags=["nodes"], response_model=NodeStateView)
-    async def post_nodes_id_state(id: str, body: NodeStateRequest) -> NodeStateView:
-        known(id)
-        word = (body.state or "").strip().lower()
-        if word not in STATE_WORDS:
-            raise ControlError(
-                400, f"state: {body.state!r} is not a node state; choose ready (or uncordon), cordon or drain"
-            )
-        return NodeStateView(id=id, state=await set_node_state(ctx, id, word))
+    async def post_nodes_id_state(
+        id: str, body: NodeStateRequest, draft: AuditDraft = Depends(audit_draft)
+    ) -> NodeStateView:
+        return NodeStateView(id=id, state=await nodes.set_state(id, body.state, draft))
 
     @api.post(
         "/api/v1/nodes/{id}/upgrade", operation_id="postNodesIdUpgrade", tags=["nodes"], response_model=UpgradeView
     )
-    async def post_nodes_id_upgrade(id: str, body: UpgradeRequest) -> UpgradeView:
-        node = known(id)
-        version = (body.version or "").strip()
-        if not _VERSION.fullmatch(version):
-            raise ControlError(400, f"version: {body.version!r} is not a release; write one such as 0.6.0")
-        await run_sync(ctx.store.set_operator_side, id, wanted_version=version)
-        node.inventory.operator.wanted_version = version
-        ctx.events("node.upgrade_wanted", id, {"version": version, "running": node.inventory.agent_version})
-        return UpgradeView(node=id, version=version)
+    async def post_nodes_id_upgrade(
+        id: str, body: UpgradeRequest, draft: AuditDraft = Depends(audit_draft)
+    ) -> UpgradeView:
+        return UpgradeView(node=id, version=await nodes.want_release(id, body.version, draft))
 
     @api.post(
         "/api/v1/agents/restart", operation_id="postAgentsRestart", tags=["agents"], response_model=AgentRestartView
@@ -570,22 +100,7 @@ def router(ctx: ControlContext) -> SpecRouter:
         """Each reachable worker starts its agent again, its engines kept serving: ``opod join``'s as a new process
         (``worker.adoption``), ``opod up``'s own in place. A worker that cannot now (a model's weights still
         being fetched there) answers 409 and is left out of ``nodes``."""
-        restarted: list[str] = []
-        now = time.monotonic()
-        for node in ctx.fleet:
-            if reachability(node, now, _silent_for(node, time.time())):
-                continue
-            try:
-                status, answer = await ctx.workers.call_json(node, "POST", nodeapi.PATH_AGENT_RESTART, {}, timeout=15)
-            except WorkerUnavailable as err:
-                log.warning("agent restart: %s", err)
-                continue
-            if status == 200:
-                restarted.append(node.id)
-            else:
-                log.warning("agent restart: node %s answered HTTP %s: %s", node.id, status, str(answer).strip()[:300])
-        ctx.events("agents.restarted", "", {"nodes": restarted})
-        return AgentRestartView(nodes=restarted)
+        return AgentRestartView(nodes=await nodes.restart_agents())
 
     @api.get(
         "/api/v1/opod/node-models",
@@ -596,17 +111,6 @@ def router(ctx: ControlContext) -> SpecRouter:
     async def get_node_models() -> dict[str, dict[str, str]]:
         """node id → each model it holds or says anything of: ``serving``, or why not (what ``opod node ls`` shows)."""
         now = time.monotonic()
-        return {node.id: model_states(node, now) for node in ctx.fleet}
+        return {node.id: model_states(node, now) for node in fleet}
 
     return api
-
-
-async def set_node_state(ctx: ControlContext, node_id: str, word: str) -> str:
-    """Set a node's state (a word of ``STATE_WORDS``): the store first, then the fleet; answers the state now."""
-    drained, cordoned = state_flags(word)
-    await run_sync(ctx.store.set_state, node_id, drained=drained, cordoned=cordoned)
-    node = ctx.fleet.set_state(node_id, drained=drained, cordoned=cordoned)
-    state = node_state(node) if node is not None else word
-    ctx.events({"draining": "node.drained", "cordoned": "node.cordoned"}.get(state, "node.ready"), node_id, {})
-    ctx.reconciler.kick()
-    return state

@@ -38,13 +38,14 @@ from opod.contract.catalog import Entry
 from opod.control.app import create_app as create_control_app
 from opod.control.areas import public_areas
 from opod.control.context import ControlContext
-from opod.control.quotas import QuotaFollower, load_quotas
 from opod.fleet.affinity import AffinityTable
 from opod.fleet.local import LocalEngines
 from opod.fleet.models import ANY_NODE, KnownModel, ModelRegistry
 from opod.fleet.models_service import ModelsService
+from opod.fleet.nodes_service import NodesService
 from opod.fleet.prefix_index import PrefixIndex
 from opod.fleet.presets_service import PresetsService
+from opod.fleet.quotas_service import QuotasService, load_quotas
 from opod.fleet.state import Fleet, NodeState
 from opod.gateway.admission import Admission, fleet_capacity
 from opod.gateway.app import Gateway
@@ -211,10 +212,13 @@ class Leader:
 
         workers = WorkerClient(access.tokens.token_for_node, Signer)
         index, pins, local_engines = PrefixIndex(), AffinityTable(), LocalEngines()
-        quotas = load_quotas(store)
-        scopes = TenancyScopes(tenancy)
+        scopes, quota_table = TenancyScopes(tenancy), load_quotas(store)
         reconciler = Reconciler(
-            fleet, models, workers, housekeeping=index.sweep, quotas=quotas, scopes=scopes, emit=emit
+            fleet, models, workers, housekeeping=index.sweep, quotas=quota_table, scopes=scopes, emit=emit
+        )
+        quotas = QuotasService(store, quota_table, scopes=scopes, reconciler=reconciler)
+        nodes = NodesService(
+            store, fleet, workers=workers, bindings=access, prefix_index=index, events=emit, reconciler=reconciler
         )
         models_service = ModelsService(
             store,
@@ -297,6 +301,7 @@ class Leader:
             emit=emit,
             ledger=ledger,
             shards=shards,
+            nodes=nodes,
             plan=snapshots.current_plan,
             prefix_index=index.stats,
             tls=tls is not None,
@@ -318,12 +323,12 @@ class Leader:
             catalog=catalog,
             reconciler=reconciler,
             events=emit,
-            prefix_index=index,
             workers=workers,
             settings=cluster_settings,
             settings_service=SettingsService(store, cluster_settings, check_scope),
             budgets=budgets,
             notifier=webhooks,
+            nodes=nodes,
             quotas=quotas,
             batches=batches,
             replay=Replayer(gateway, access.keys.local_entries),
@@ -427,7 +432,7 @@ class Leader:
             self.control.people.run,
             self.access.run,
             self.control.tenancy.run,
-            QuotaFollower(self.store, self.control.quotas, self.reconciler.kick).run,
+            self.control.quotas.run,
         ]
         background = [asyncio.create_task(run(stop)) for run in work]
         serving = asyncio.create_task(serve(list(listeners), listeners_stop), name="listeners")

@@ -11,6 +11,7 @@ from typing import Any
 
 from sqlalchemy import Row, delete, select, update
 
+from opod.store.audit import AuditRow, insert_audit
 from opod.store.base import Repository, json_arg, text_arg, when
 from opod.store.errors import InvalidInput, NotFound
 from opod.store.schema import nodes
@@ -130,8 +131,11 @@ class NodesRepo(Repository):
             raise _not_found(id)
         return _record(row)
 
-    def set_state(self, id: str, *, drained: bool, cordoned: bool, at: datetime | None = None) -> NodeRecord:
-        """The operator's state at once: draining (``drained``), cordoned, or ready (neither)."""
+    def set_state(
+        self, id: str, *, drained: bool, cordoned: bool, at: datetime | None = None, audit: AuditRow | None = None
+    ) -> NodeRecord:
+        """The operator's state at once: draining (``drained``), cordoned, or ready (neither); its audit row in the
+        same transaction."""
         if drained and cordoned:
             raise InvalidInput("a node is draining or cordoned, not both")
         stamp = when(at, "drained_at")
@@ -142,8 +146,10 @@ class NodesRepo(Repository):
                 conn.execute(update(nodes).where(nodes.c.id == id).values(drained_at=None))
             conn.execute(update(nodes).where(nodes.c.id == id).values(drained=drained, cordoned=cordoned))
             row = conn.execute(select(nodes).where(nodes.c.id == id)).first()
-        if row is None:
-            raise _not_found(id)
+            if row is None:
+                raise _not_found(id)
+            if audit is not None:
+                insert_audit(conn, audit)
         return _record(row)
 
     def set_operator_side(
@@ -153,8 +159,10 @@ class NodesRepo(Repository):
         labels: dict[str, str] | None = None,
         engine_builds: dict[str, str] | None = None,
         wanted_version: str | None = None,
+        audit: AuditRow | None = None,
     ) -> NodeRecord:
-        """Replace what is given of the operator's labels, engine builds and wanted release."""
+        """Replace what is given of the operator's labels, engine builds and wanted release; its audit row in the
+        same transaction."""
         values: dict[str, Any] = {}
         if labels is not None:
             values["operator_labels_json"] = json.dumps(dict(sorted(labels.items())))
@@ -166,8 +174,10 @@ class NodesRepo(Repository):
             if values:
                 conn.execute(update(nodes).where(nodes.c.id == id).values(**values))
             row = conn.execute(select(nodes).where(nodes.c.id == id)).first()
-        if row is None:
-            raise _not_found(id)
+            if row is None:
+                raise _not_found(id)
+            if audit is not None:
+                insert_audit(conn, audit)
         return _record(row)
 
     def touch_nodes(self, ids: list[str], at: datetime | None = None) -> None:
@@ -180,8 +190,11 @@ class NodesRepo(Repository):
                 update(nodes).where(nodes.c.id.in_(ids), nodes.c.last_seen_at < stamp).values(last_seen_at=stamp)
             )
 
-    def delete_node(self, id: str) -> None:
-        """Forget a node. Its placements by id stay: they say what is wanted should it come back."""
+    def delete_node(self, id: str, *, audit: AuditRow | None = None) -> None:
+        """Forget a node, its audit row in the same transaction. Its placements by id stay: they say what is wanted
+        should it come back."""
         with self._write() as conn:
             if conn.execute(delete(nodes).where(nodes.c.id == id)).rowcount == 0:
                 raise _not_found(id)
+            if audit is not None:
+                insert_audit(conn, audit)

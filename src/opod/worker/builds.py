@@ -38,23 +38,14 @@ from pathlib import Path
 
 from opod.contract import nodeapi
 from opod.engines import llama_binary
+from opod.engines.builds import AUTO, BUILDS, NONE
 from opod.engines.errors import LaunchError
 from opod.worker import installs
 
 log = logging.getLogger("opod.worker")
 
-AUTO, NONE = "auto", "none"
 INSTALLING, FAILED = "installing", "failed"
 """The EngineInstall states a build choice can hold by itself; the engine's survey says ready or unsupported."""
-_TORCH_BUILDS = ("cpu", "cu126", "cu128", "cu129", "cu130")
-BUILDS: dict[str, tuple[str, ...]] = {
-    "llamacpp": (AUTO, NONE, *(route.value for route in llama_binary.Route)),
-    "vllm": (AUTO, NONE, *_TORCH_BUILDS),
-    "sglang": (AUTO, NONE, *_TORCH_BUILDS),
-    "ollama": (AUTO, NONE),
-    "sim": (AUTO, NONE),
-}
-"""Engine id → every build a node could install; Ollama is the operator's daemon and the simulator is opod itself."""
 PACKAGES = {"vllm": "vllm", "sglang": "sglang"}
 """Engines installed with pip → their package."""
 INSTALL_VAR = "OPOD_ENGINE_INSTALL_COMMAND"
@@ -62,11 +53,6 @@ DEFAULT_INSTALL = "{python} -m pip install {package} --extra-index-url {index}"
 TORCH_INDEX = "https://download.pytorch.org/whl/{build}"
 INSTALLED_FILE = "engine-builds.json"
 SIGILL_FILE = "llama-sigill.json"
-
-
-def builds_of(engine: str) -> tuple[str, ...]:
-    """The builds ``engine`` has (``()`` for an engine opod does not run)."""
-    return BUILDS.get(engine, ())
 
 
 def no_build(engine: str) -> str:

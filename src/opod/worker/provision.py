@@ -19,9 +19,10 @@ import aiohttp
 from opod import __version__
 from opod.contract import nodeapi
 from opod.engines import llama_binary
+from opod.engines.builds import AUTO, NONE
 from opod.engines.errors import LaunchError
 from opod.engines.ollama import OllamaDriver
-from opod.worker.builds import AUTO, FAILED, INSTALLING, NONE, EngineBuilds, no_build
+from opod.worker.builds import FAILED, INSTALLING, EngineBuilds, no_build
 
 READY, UNSUPPORTED = "ready", "unsupported"
 OLLAMA_URL = f"http://127.0.0.1:{OllamaDriver.default_port}"

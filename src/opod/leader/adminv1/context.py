@@ -10,6 +10,7 @@ from starlette.responses import Response
 
 from opod.contract import adminapi
 from opod.fleet.models import ModelRegistry
+from opod.fleet.nodes_service import NodesService
 from opod.fleet.state import Fleet, NodeState
 from opod.gateway.stats import GatewayStats
 from opod.http.nodeclient import WorkerClient
@@ -50,6 +51,8 @@ class AdminContext:
     emit: Emit
     ledger: Ledger
     shards: ShardManager
+    nodes: NodesService
+    """The operator's side of nodes: drain and undrain change it as ``/api/v1/nodes/{id}/state`` does."""
     plan: Callable[[], adminapi.PlanSnapshot | None]
     prefix_index: Callable[[], adminapi.PrefixIndex | None]
     tls: bool

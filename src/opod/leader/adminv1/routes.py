@@ -8,13 +8,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel
 from starlette.responses import JSONResponse, Response
 
 from opod import __version__
 from opod.contract import adminapi, nodeapi
-from opod.fleet.liveness import model_states, state_flags, takes_new_work
+from opod.control.audit import audit_draft
+from opod.fleet.liveness import model_states, takes_new_work
 from opod.fleet.models import ANY_NODE
 from opod.fleet.state import NodeState
 from opod.http.nodeclient import WorkerUnavailable
@@ -23,6 +24,7 @@ from opod.leader.adminv1.capabilities import capabilities
 from opod.leader.adminv1.context import AdminContext, AdminError
 from opod.leader.adminv1.moves import Mover
 from opod.shards import ShardError
+from opod.store.audit import AuditDraft
 from opod.store.offloop import run_sync
 
 
@@ -112,23 +114,19 @@ def router(ctx: AdminContext) -> APIRouter:
     async def resume(id: str) -> Response:
         return await _sleep_or_resume(id, nodeapi.PATH_MODEL_RESUME)
 
-    async def _drain(node_id: str, drained: bool) -> JSONResponse:
+    async def _drain(node_id: str, drained: bool, draft: AuditDraft) -> JSONResponse:
         # The management API's node state, one rule: drain is ``draining``, undrain is ``ready`` (a cordon ends too).
         ctx.node(node_id)
-        drain, cordon = state_flags("drain" if drained else "ready")
-        await run_sync(ctx.store.set_state, node_id, drained=drain, cordoned=cordon)
-        ctx.fleet.set_state(node_id, drained=drain, cordoned=cordon)
-        ctx.emit("node.drained" if drained else "node.undrained", node_id, {})
-        ctx.kick_reconciler()
+        await ctx.nodes.set_state(node_id, "drain" if drained else "ready", draft)
         return JSONResponse({"id": node_id, "drained": drained})
 
     @api.post("/admin/v1/nodes/{id}/drain")
-    async def drain(id: str) -> JSONResponse:
-        return await _drain(id, True)
+    async def drain(id: str, draft: AuditDraft = Depends(audit_draft)) -> JSONResponse:
+        return await _drain(id, True, draft)
 
     @api.post("/admin/v1/nodes/{id}/undrain")
-    async def undrain(id: str) -> JSONResponse:
-        return await _drain(id, False)
+    async def undrain(id: str, draft: AuditDraft = Depends(audit_draft)) -> JSONResponse:
+        return await _drain(id, False, draft)
 
     @api.get("/admin/v1/models")
     async def models() -> JSONResponse:
