@@ -36,11 +36,11 @@ from bench.procs import OPOD, Proc, free_port, wait_http
 from opod.access.keytable import KeyEntry
 from opod.access.tenancy import ProjectChain
 from opod.gateway.app import request_scopes
-from opod.gateway.budgets import Budgets, reserved_completion, reserved_prompt
+from opod.gateway.budgets import Budgets
 from opod.gateway.exchange import Exchange
 from opod.gateway.outcome import Outcome
+from opod.gateway.promptsize import completion_bound, prompt_size
 from opod.gateway.stats import GatewayStats
-from opod.gateway.usagecount import estimate
 from opod.ledger.records import UsageTicket
 from opod.settings.schema import Budget, ClusterSettings, Price
 
@@ -93,8 +93,8 @@ def _one(key: KeyEntry, chains: _Chains | None, budgets: Budgets | None, stats: 
     payload = dict(BODY)
     exchange.payload = payload
     if budgets is not None and budgets.active:
-        prompt = estimate(payload)
-        micros = budgets.cost(MODEL, reserved_prompt(payload, prompt), reserved_completion(payload, 2048, prompt))
+        prompt = prompt_size(payload)
+        micros = budgets.cost(MODEL, prompt.bound(), completion_bound(payload, 2048, prompt, 4096))
         exchange.reservation = budgets.reserve(request_scopes(exchange), micros)
     exchange.begin(MODEL)
     exchange.sent()

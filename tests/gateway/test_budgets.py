@@ -13,8 +13,6 @@ from opod.gateway.budgets import (
     Budgets,
     BudgetScope,
     period_bounds,
-    reserved_completion,
-    reserved_prompt,
 )
 from opod.settings.schema import Budget, ClusterSettings, Price
 
@@ -163,11 +161,6 @@ def test_the_budgets_follow_the_settings_and_keep_their_spend() -> None:
     assert not b.active and b.reserve([ORG], 10**12).micros == 0
 
 
-def test_what_a_request_is_reserved_for() -> None:
-    assert reserved_completion({"max_tokens": 50}, 2048, 10) == 50
-    assert reserved_completion({"max_completion_tokens": 7, "max_tokens": 50}, 2048, 10) == 7
-    assert reserved_completion({}, 2048, 48) == 2000  # what the context leaves
-    assert reserved_completion({}, None, 48) == 4096
-    assert reserved_prompt({"messages": [{"role": "user", "content": "hi"}]}, 1) == 1 + 16
+def test_what_a_request_is_priced_at() -> None:
     b, _, _ = budgets()
     assert b.cost("any", 1_000_000, 500_000) == 2_000_000  # the "*" price: 1 + 2 × 0.5 per million, in micros

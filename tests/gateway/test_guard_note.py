@@ -170,7 +170,7 @@ def held_exchange() -> tuple[Exchange, Recorder]:
     [
         (lambda e: e.release(), 200, "ok"),
         (lambda e: e.refuse(400), 400, "error"),
-        (lambda e: e.abandon(), 499, "cancelled"),
+        (lambda e: e.abandon(asyncio.CancelledError()), 499, "cancelled"),
     ],
 )
 def test_an_answer_held_for_the_post_guardrails_is_recorded_once_with_what_the_client_got(

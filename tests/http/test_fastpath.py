@@ -36,6 +36,8 @@ class App:
         self.calls: list[str] = []
         self.stream_closed = asyncio.Event()
         self.release = asyncio.Event()
+        self.slow_started = asyncio.Event()
+        self.slow_ended: asyncio.Future[str] | None = None
 
     async def echo(self, request: Request) -> Response:
         body = await request.body()
@@ -75,11 +77,27 @@ class App:
 
         return StreamingResponse(pieces(), media_type="text/event-stream")
 
+    async def slow(self, request: Request) -> Response:
+        """A whole answer that takes long to make (an engine generating): it records how its wait ended."""
+        await request.body()
+        self.calls.append(way(request))
+        self.slow_ended = asyncio.get_running_loop().create_future()
+        self.slow_started.set()
+        try:
+            await self.release.wait()
+        except asyncio.CancelledError:
+            if not self.slow_ended.done():
+                self.slow_ended.set_result("cancelled")
+            raise
+        self.slow_ended.set_result("answered")
+        return JSONResponse({"done": True})
+
     def asgi(self) -> FastPath:
         async def cold(request: Request) -> Response:
             return JSONResponse({"cold": True})
 
         hot = {("POST", "/echo"): self.echo, ("POST", "/stream"): self.stream, ("POST", "/prepared"): self.prepared}
+        hot[("POST", "/slow")] = self.slow
         return FastPath(hot, Starlette(routes=[Route("/cold", cold, methods=["GET"])]))
 
 
@@ -195,6 +213,24 @@ async def test_stream_is_chunked_and_a_leaving_client_closes_it(served):
     await asyncio.wait_for(reader.readuntil(b"data: 1\n\n"), 5)
     writer.close()  # the client leaves while the stream waits for its next piece
     await asyncio.wait_for(app.stream_closed.wait(), 5)
+
+
+@pytest.mark.parametrize("route", ["short", "usual"])
+async def test_a_client_that_leaves_before_a_whole_answer_cancels_its_handler(served, route: str):
+    """Not only streams: a whole answer's handler (a relay waiting on an engine) is cancelled when its client
+    hangs up, so the engine's request is closed too. The usual way is taken by a chunked body."""
+    app, port = served
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    if route == "short":
+        writer.write(post("/slow", b"{}"))
+    else:
+        head = "POST /slow HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+        writer.write(head.encode() + b"2\r\n{}\r\n0\r\n\r\n")
+    await asyncio.wait_for(app.slow_started.wait(), 5)
+    writer.close()  # the client hangs up while the handler waits
+    assert app.slow_ended is not None
+    assert await asyncio.wait_for(app.slow_ended, 5) == "cancelled"
+    assert app.calls == [route]
 
 
 async def test_failing_handler_gets_500_and_a_closed_connection(served):

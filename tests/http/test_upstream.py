@@ -17,6 +17,7 @@ class Server:
         self.connections = 0
         self.requests: list[bytes] = []
         self.writers: list[asyncio.StreamWriter] = []
+        self.readers: list[asyncio.StreamReader] = []
 
     async def __aenter__(self) -> Server:
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -32,6 +33,7 @@ class Server:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
         self.writers.append(writer)
+        self.readers.append(reader)
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -167,6 +169,31 @@ async def test_unfinished_answer_released_closes_its_connection():
         resp = await pool.post(server.origin, "/", b"", {})
         assert await resp.readany() == b"partial"
         resp.release()
+        assert pool.idle(server.origin) == 0
+        await pool.close()
+
+
+async def test_a_whole_answer_whose_reader_is_cancelled_closes_its_connection():
+    """A relay waiting on a whole answer whose client left is cancelled: the upstream sees the connection
+    close (an engine stops generating for a closed connection), and it is not kept for the next request."""
+    closed = asyncio.Event()
+
+    async def never_finishes(request, writer):
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial")
+        await writer.drain()
+        await server.readers[-1].read()  # b"" once the client has closed the connection
+        closed.set()
+        return "close"
+
+    async with Server(never_finishes) as server:
+        pool = Upstreams()
+        resp = await pool.post(server.origin, "/", b"", {})
+        reading = asyncio.create_task(resp.read())
+        await asyncio.sleep(0.05)
+        reading.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await reading
+        await asyncio.wait_for(closed.wait(), 5)
         assert pool.idle(server.origin) == 0
         await pool.close()
 

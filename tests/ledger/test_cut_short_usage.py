@@ -7,12 +7,13 @@ onto a real ledger and store; the worker's tokenizer is a plain function that an
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from opod.gateway.exchange import Exchange
 from opod.gateway.outcome import Outcome
 from opod.gateway.stats import GatewayStats
-from opod.gateway.usagecount import PromptCounter, estimate
+from opod.gateway.usagecount import DecodeRates, PromptCounter, estimate
 from opod.http.nodeclient import WorkerUnavailable
 from opod.ledger import Ledger
 from opod.store import Store
@@ -87,3 +88,57 @@ async def test_an_answer_with_the_engines_usage_is_recorded_at_once_and_never_co
     assert ledger.in_flight == 0  # both rows ended on the spot
     found = await rows(ledger, store, prompts)
     assert [(found[r].prompt_tokens, found[r].completion_tokens) for r in ("whole", "left-late")] == [(9, 4), (9, 4)]
+
+
+async def test_a_whole_answer_its_client_left_is_cancelled_with_the_tokens_its_time_at_the_engine_stands_for(
+    ledger: Ledger, store: Store
+) -> None:
+    async def tokenize(node_id, request):
+        return list(range(17))
+
+    prompts = PromptCounter(tokenize)
+    rates = DecodeRates()
+    rates.learn("m", 40, 2.0)  # an answer seen before: 20 tokens a second
+    exchange = Exchange(GatewayStats(), ledger, "left", "openai.chat.completions", False, False, prompts, None, rates)
+    exchange.model, exchange.payload, exchange.completion_cap = "m", PAYLOAD, 100
+    exchange.begin("m")
+    exchange.decided({"worker": "n1", "reason": "least-loaded"})
+    exchange.sent()
+    exchange.sent_at -= 3.0  # the engine has worked on it for three seconds
+    exchange.abandon(asyncio.CancelledError())
+    row = (await rows(ledger, store, prompts))["left"]
+    assert (row.outcome, row.prompt_tokens, row.node_id) == ("cancelled", 17, "n1")
+    assert 60 <= row.completion_tokens <= 61
+    route = json.loads(row.route_json)
+    assert (route["completion_tokens"], route["prompt_tokens"]) == ("estimated", "counted")
+    assert exchange.stats.in_flight == 0
+
+
+async def test_the_estimate_never_passes_what_the_request_could_make_and_a_prompt_counted_on_the_way_is_kept(
+    ledger: Ledger, store: Store
+) -> None:
+    async def tokenize(node_id, request):
+        raise AssertionError("the prompt was counted already")
+
+    prompts = PromptCounter(tokenize)
+    rates = DecodeRates()
+    rates.learn("m", 100, 1.0)
+    exchange = Exchange(GatewayStats(), ledger, "capped", "openai.chat.completions", False, False, prompts, None, rates)
+    exchange.model, exchange.payload, exchange.completion_cap, exchange.prompt_count = "m", PAYLOAD, 8, 23
+    exchange.begin("m")
+    exchange.sent()
+    exchange.sent_at -= 5.0
+    exchange.abandon(asyncio.CancelledError())
+    row = (await rows(ledger, store, prompts))["capped"]
+    assert (row.outcome, row.prompt_tokens, row.completion_tokens) == ("cancelled", 23, 8)
+
+
+async def test_a_request_left_before_any_engine_had_it_is_cancelled_with_nothing_spent(
+    ledger: Ledger, store: Store
+) -> None:
+    prompts = PromptCounter(lambda node_id, request: None)  # type: ignore[arg-type, return-value]
+    exchange = Exchange(GatewayStats(), ledger, "queued", "openai.chat.completions", False, False, prompts)
+    exchange.model, exchange.payload = "m", PAYLOAD
+    exchange.abandon(asyncio.CancelledError())
+    row = (await rows(ledger, store, prompts))["queued"]
+    assert (row.outcome, row.prompt_tokens, row.completion_tokens) == ("cancelled", 0, 0)

@@ -25,16 +25,17 @@ from opod.fleet.models import ModelRegistry
 from opod.fleet.router import RouteRequest, RoutingPolicy, choose_revision
 from opod.fleet.state import Fleet
 from opod.gateway.admission import Admission, resolve_class
-from opod.gateway.budgets import BudgetExceeded, Budgets, BudgetScope, reserved_completion, reserved_prompt
+from opod.gateway.budgets import BudgetExceeded, Budgets, BudgetScope
 from opod.gateway.exchange import Chains, Exchange, UsageRecorder
 from opod.gateway.guardrails import GuardNote, Guardrails
 from opod.gateway.kept_bodies import BodyKeeping, request_labels
 from opod.gateway.prefix import PrefixHasher
 from opod.gateway.profiles import RoutingProfiles
+from opod.gateway.promptsize import asked_limit, completion_bound, default_limit, prompt_size
 from opod.gateway.relay import Relay, RelayCall
 from opod.gateway.responses import RESPONSES_PATH, responses_endpoint
 from opod.gateway.stats import PROBE_HEADER, GatewayStats
-from opod.gateway.usagecount import PromptCounter, estimate
+from opod.gateway.usagecount import DecodeRates, PromptCounter
 from opod.gateway.validate import (
     Check,
     ModelTraits,
@@ -58,6 +59,7 @@ from opod.http.errors import (
 )
 from opod.http.fastpath import ReadRequest, headers_of, read_whole
 from opod.http.inbound import json_object, read_body, sane_request_id
+from opod.settings.schema import Generation
 from opod.snapshots.policy import PolicyView
 
 MiB = 1 << 20
@@ -135,6 +137,7 @@ class Gateway:
         budgets: Budgets | None = None,
         bodies: BodyKeeping | None = None,
         profiles: RoutingProfiles | None = None,
+        default_max_tokens: Callable[[], int] | None = None,
     ) -> None:
         self.fleet = fleet
         self.demand = demand
@@ -162,6 +165,9 @@ class Gateway:
         """Prices each request and holds its reservation against its scopes' budgets."""
         self.bodies = bodies
         """Keeps requests' bodies and answers where the retention settings say so; ``None``: never kept."""
+        self.default_max_tokens = default_max_tokens or (lambda: Generation().default_max_tokens)
+        """The settings' ``generation.default_max_tokens``: the limit of a request that names none."""
+        self.rates = DecodeRates()
         self.stats = GatewayStats()
         self._routing: tuple[PolicyView | None, RoutingPolicy] = (None, RoutingPolicy())
         self._in_process: dict[tuple[str, str], Handler] | None = None
@@ -197,15 +203,23 @@ class Gateway:
             policy = self.policies.current_policy()
             access_log = policy is not None and policy.access_log is True
             exchange = Exchange(
-                self.stats, self.usage, request_id, protocol, PROBE in headers, access_log, self.prompts, self.budgets
+                self.stats,
+                self.usage,
+                request_id,
+                protocol,
+                PROBE in headers,
+                access_log,
+                self.prompts,
+                self.budgets,
+                self.rates,
             )
             try:
                 return await self.serve(request, headers, spec, exchange, policy)
             except GatewayError as err:
                 exchange.refuse(err.status)
                 return error_response(err, request_id)
-            except BaseException:
-                exchange.abandon()  # cancelled or failed before an answer: its budget hold goes
+            except BaseException as why:
+                exchange.abandon(why)  # its client left, or it failed, before an answer
                 raise
 
         return endpoint
@@ -352,8 +366,23 @@ class Gateway:
         if self.bodies is not None:
             exchange.body_state, keep = self.bodies.plan(exchange.project_id, payload)
         stream = payload.get("stream") is True
-        strip_usage = False
+        strip_usage = assemble = False
+        budgeted = self.budgets is not None and not exchange.probe and self.budgets.governs(request_scopes(exchange))
+        if budgeted and "messages" in payload:
+            # The template's tokens are the engine's to say: a worker holding the model counts the prompt.
+            exchange.prompt_count = await self.count_prompt(model, payload)
+        prompt = prompt_size(payload, exchange.prompt_count)
         if spec.capability == "chat":
+            if asked_limit(payload) is None:
+                limit = default_limit(spec.path, self.default_max_tokens(), traits.context, prompt)
+                if limit is not None:
+                    payload["max_tokens"] = limit
+                    changed = True
+            exchange.completion_cap = completion_bound(payload, traits.context, prompt, self.default_max_tokens())
+            if not stream and prompt.prompts > 1:
+                # A list of prompts: llama-server's whole answer counts the first prompt only, its stream each one.
+                payload["stream"] = assemble = changed = True
+                payload["stream_options"] = {"include_usage": True}
             if stream:
                 options = payload.get("stream_options")
                 if not isinstance(options, dict) or options.get("include_usage") is not True:
@@ -366,10 +395,10 @@ class Gateway:
             changed = json_object_as_schema(payload) or changed
         if changed:
             body = json.dumps(payload).encode()
-        if self.budgets is not None and self.budgets.active and not exchange.probe:
+        if budgeted and self.budgets is not None:
             try:
                 exchange.reservation = self.budgets.reserve(
-                    request_scopes(exchange), self.reservation(spec, model, payload, traits)
+                    request_scopes(exchange), self.budgets.cost(model, prompt.bound(), exchange.completion_cap or 0)
                 )
             except BudgetExceeded as refusal:
                 exchange.route = {"limited": "budget", "scope": refusal.scope, "period": refusal.period}
@@ -396,7 +425,7 @@ class Gateway:
         exchange.begin(model)
         if not stream and policy is not None and policy.guardrails_for("post"):
             exchange.hold = True  # its row waits for the post guardrails' verdict
-        call = RelayCall(spec.path, body, stream, strip_usage, exchange)
+        call = RelayCall(spec.path, body, stream, strip_usage, exchange, assemble)
         try:
             response = await self.relay.forward(call, route, routing)
         except NoCapacity as refusal:
@@ -417,12 +446,14 @@ class Gateway:
             )
         return response
 
-    def reservation(self, spec: RouteSpec, model: str, payload: dict, traits: ModelTraits) -> int:
-        """What a request may cost, in micros: its prompt and the completion it may ask for, at the settings' prices."""
-        assert self.budgets is not None
-        prompt = estimate(payload)
-        completion = reserved_completion(payload, traits.context, prompt) if spec.capability == "chat" else 0
-        return self.budgets.cost(model, reserved_prompt(payload, prompt), completion)
+    async def count_prompt(self, model: str, payload: dict) -> int | None:
+        """The chat's prompt tokens, its template applied, as the least busy worker holding ``model`` counts
+        them; ``None`` when none can say (the reservation then takes the bound without a count)."""
+        workers = self.fleet.workers_for(model)
+        if self.prompts is None or not workers:
+            return None
+        node = min(workers, key=lambda n: n.in_flight)
+        return await self.prompts.count_now(node.id, model, payload)
 
     def routing_policy(self, view: PolicyView | None) -> RoutingPolicy:
         """The router's settings for the mounted policy's view, made once per view."""
@@ -463,7 +494,8 @@ class Gateway:
             body = json.dumps({**payload, "model": alternative}).encode()
             try:
                 response = await self.relay.forward(
-                    RelayCall(call.path, body, call.stream, call.strip_usage, exchange), RouteRequest(model=alternative)
+                    RelayCall(call.path, body, call.stream, call.strip_usage, exchange, call.assemble),
+                    RouteRequest(model=alternative),
                 )
             except NoCapacity:
                 continue

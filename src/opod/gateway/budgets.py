@@ -8,6 +8,9 @@ Because every admitted request's reservation is counted before the next is decid
 requests can pass a budget only by what a request spends beyond its reservation (an estimated
 prompt that was longer), never by a whole burst.
 
+A reservation is an upper bound of the request's cost (:mod:`opod.gateway.promptsize`): its
+prompt's tokens, its chat template's counted by a worker, and each choice's ``max_tokens``.
+
 Spend is kept in memory per scope and period (UTC day, ISO week from Monday, calendar month),
 loaded from the store's usage rows when a budget is configured and kept up to date by every
 settled request of this leader. A budget in the settings names its scope as text; the tenancy
@@ -31,8 +34,6 @@ log = logging.getLogger("opod.gateway")
 
 PERIODS = ("day", "week", "month")
 ADJECTIVE = {"day": "daily", "week": "weekly", "month": "monthly"}
-DEFAULT_COMPLETION_TOKENS = 4096
-"""The completion a request is reserved for when it sets no ``max_tokens`` and its model's context is unknown."""
 RETRY_UNRESOLVED_S = 5.0
 
 
@@ -241,6 +242,13 @@ class Budgets:
 
     # --- the request path -----------------------------------------------------------
 
+    def governs(self, scopes: Sequence[ScopeLike]) -> bool:
+        """A budget is set on one of ``scopes``: their requests are reserved."""
+        if not self.active:
+            return False
+        accounts = self._accounts
+        return any((s.kind, s.id) in accounts for s in scopes if s.id)
+
     def reserve(self, scopes: Sequence[ScopeLike], micros: int) -> Reservation:
         """Hold ``micros`` against every budgeted scope of ``scopes``; BudgetExceeded when one would pass its budget."""
         if not self.active:
@@ -346,25 +354,3 @@ class BudgetScope:
 
     kind: str
     id: str
-
-
-TEMPLATE_TOKENS = 8
-"""Tokens a chat template adds per message (role markers), on top of the prompt estimated from its size."""
-
-
-def reserved_prompt(payload: dict, estimate: int) -> int:
-    """The prompt tokens a request is reserved for: its estimate with the template's tokens on top."""
-    messages = payload.get("messages")
-    return estimate + TEMPLATE_TOKENS * (1 + (len(messages) if isinstance(messages, list) else 0))
-
-
-def reserved_completion(payload: dict, context: int | None, prompt_estimate: int) -> int:
-    """The completion tokens a request is reserved for: its ``max_completion_tokens`` or ``max_tokens``,
-    else what its model's context leaves after the prompt, else :data:`DEFAULT_COMPLETION_TOKENS`."""
-    for name in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
-        value = payload.get(name)
-        if type(value) is int and value >= 0:
-            return value
-    if context:
-        return max(0, context - prompt_estimate)
-    return DEFAULT_COMPLETION_TOKENS

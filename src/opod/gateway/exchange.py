@@ -5,7 +5,10 @@ relaying, cut off, or left by its client. The usage row is written before the
 client has the end of its answer, so an answer that arrived is never missing
 from the stream. A stream cut off or left before the engine's usage chunk
 records the completion tokens actually streamed and its prompt tokens counted
-after the fact (:mod:`opod.gateway.usagecount`), a moment later.
+after the fact (:mod:`opod.gateway.usagecount`), a moment later. A request
+its client left is recorded ``cancelled``: with nothing when no engine had it
+yet, else with its prompt counted and, for a whole answer the engine never
+finished, the completion tokens its time at the engine stands for.
 
 An answer the ``post`` guardrails judge is held: the relay's end of it only frees the
 engine slot, and the row is written once the guardrails have decided (:meth:`Exchange.release`),
@@ -15,6 +18,7 @@ the engine spent.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Mapping
@@ -28,7 +32,7 @@ from opod.gateway.budgets import NO_RESERVATION, Budgets, Reservation
 from opod.gateway.guardrails import GuardNote
 from opod.gateway.outcome import Outcome
 from opod.gateway.stats import GatewayStats
-from opod.gateway.usagecount import PromptCounter, estimate
+from opod.gateway.usagecount import DecodeRates, PromptCounter, estimate
 from opod.ledger.records import UsageTicket
 
 access = logging.getLogger("opod.access")
@@ -123,6 +127,10 @@ class Exchange:
         "guard",
         "hold",
         "held",
+        "rates",
+        "sent_at",
+        "prompt_count",
+        "completion_cap",
     )
 
     def __init__(
@@ -135,6 +143,7 @@ class Exchange:
         access_log: bool,
         prompts: PromptCounter | None = None,
         budgets: Budgets | None = None,
+        rates: DecodeRates | None = None,
     ) -> None:
         self.stats = stats
         self.ledger = ledger
@@ -175,6 +184,14 @@ class Exchange:
         self.hold = False
         """Its answer waits for the ``post`` guardrails: the relay's end is held (:attr:`held`) until :meth:`release`."""
         self.held: Outcome | None = None
+        self.rates = rates
+        """The models' decode rates: taught by each answer, and what a whole answer left by its client is estimated by."""
+        self.sent_at = 0.0
+        """``time.perf_counter()`` when the last attempt was written to its engine; 0 before."""
+        self.prompt_count: int | None = None
+        """The prompt's tokens as a worker counted them on the request's way (its budget reservation), if one did."""
+        self.completion_cap: int | None = None
+        """The most completion tokens the request can make (its reservation's), if known."""
 
     def identify(self, key: KeyEntry | None, tenancy: Chains | None = None) -> None:
         if key is not None:
@@ -208,6 +225,7 @@ class Exchange:
         Journaling here rather than before the write keeps it off the request's way to the engine;
         a crash in between loses only a request whose answer nobody received.
         """
+        self.sent_at = time.perf_counter()
         if self.ticket is None and not self.probe:
             self._journal_start()
 
@@ -277,9 +295,20 @@ class Exchange:
         usage = outcome.usage or {}
         completion = usage.get("completion_tokens")
         prompt = usage.get("prompt_tokens")
-        latency_ms = int((time.perf_counter() - self.started) * 1000)
-        # Without the engine's usage, the completion tokens are those streamed (outcome.tokens_sent).
+        now = time.perf_counter()
+        latency_ms = int((now - self.started) * 1000)
+        # Without the engine's usage, the completion tokens are those streamed (outcome.tokens_sent), or
+        # those the engine's time on a whole answer stands for.
         completion_tokens = int(completion if isinstance(completion, int) else outcome.tokens_sent)
+        route = self.route
+        if isinstance(completion, int):
+            if outcome.outcome == "ok" and self.rates is not None and self.sent_at:
+                self.rates.learn(self.served_model, completion, now - self.sent_at)
+        elif outcome.working_s and not outcome.tokens_sent and self.rates is not None:
+            guess = self.rates.estimate(self.served_model, outcome.working_s, self.completion_cap)
+            if guess is not None:
+                completion_tokens = guess
+                route = {**(route or {}), "completion_tokens": "estimated"}
         details = self.details(outcome)
 
         def record(prompt_tokens: int, route: dict | None) -> None:
@@ -299,10 +328,15 @@ class Exchange:
                 details=details,
             )
 
-        if isinstance(prompt, int) or self.prompts is None or self.payload is None or not _cut_short(outcome):
-            record(int(prompt or 0), self.route)
+        if isinstance(prompt, int) or self.payload is None or not _cut_short(outcome):
+            record(int(prompt or 0), route)
             return
-        route = self.route
+        if self.prompt_count is not None:
+            record(self.prompt_count, {**(route or {}), "prompt_tokens": "counted"})
+            return
+        if self.prompts is None:
+            record(0, route)
+            return
         self.prompts.later(
             outcome.node_id,
             self.model,
@@ -323,15 +357,29 @@ class Exchange:
         if held is not None:
             self.done(held)
 
-    def abandon(self) -> None:
-        """The request stopped without an answer (cancelled, or a failure): a held end is recorded as
-        cancelled; otherwise only its budget hold goes."""
+    def abandon(self, why: BaseException) -> None:
+        """The request stopped without an answer: its client left (cancelled), or it failed.
+
+        An end held for the post guardrails is recorded as cancelled. Otherwise a request no engine had
+        yet ends with nothing spent; one an engine worked on, with what the relay could not report: its
+        prompt, and the completion its time at the engine stands for.
+        """
         self.hold = False
         held, self.held = self.held, None
         if held is not None:
             self.done(replace(held, status=499, outcome="cancelled"))
-        else:
-            self.reservation.settle(0)
+            return
+        if self.ended:
+            return
+        left = isinstance(why, asyncio.CancelledError)
+        status, outcome = (499, "cancelled") if left else (500, "error")
+        if self.ticket is None:
+            self.done(Outcome(status, outcome, usage={"prompt_tokens": 0, "completion_tokens": 0}))
+            return
+        worker = self.route.get("worker") if self.route is not None else None
+        # What the engine made for a client that left is the client's; a failure of opod's own is not.
+        working = time.perf_counter() - self.sent_at if left and self.sent_at else 0.0
+        self.done(Outcome(status, outcome, worker if isinstance(worker, str) else "", working_s=working))
 
     @property
     def served_model(self) -> str:

@@ -17,6 +17,9 @@ class Outcome:
     usage: dict | None = None
     ttft_ms: int = 0
     tokens_sent: int = 0
+    working_s: float = 0.0
+    """Seconds an engine worked on an answer that never came back (a whole answer its client left):
+    its completion tokens are estimated from them."""
 
 
 class RelayObserver(Protocol):

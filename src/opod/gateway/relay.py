@@ -44,7 +44,7 @@ from opod.fleet.router import RouteRequest, RoutingPolicy
 from opod.fleet.state import Fleet, NodeState
 from opod.gateway.engine_refusal import Refusal, refusal_body
 from opod.gateway.outcome import Outcome, RelayObserver
-from opod.gateway.sse import relay_sse
+from opod.gateway.sse import assemble_completion, relay_sse
 from opod.http import fastjson
 from opod.http.errors import NoCapacity
 from opod.http.fastpath import PreparedResponse
@@ -79,6 +79,9 @@ class RelayCall:
     strip_usage: bool
     """The usage-only chunk of a stream is dropped: the client did not ask for it."""
     observer: RelayObserver
+    assemble: bool = False
+    """Asked whole, relayed as a stream (``stream`` is false, the body asks the engine for one), and put
+    together as the whole answer (:func:`opod.gateway.sse.assemble_completion`): a list of prompts."""
 
 
 class Relay:
@@ -206,12 +209,16 @@ class Relay:
                     self.fleet.failed(node, model, problem)
                 return None
             if not call.stream or resp.status != 200:
-                data = resp.read_now()
-                if data is None:
-                    data = await resp.read()
+                if call.assemble and resp.status == 200:
+                    data, usage = await assemble_completion(resp, node.id, observer)
+                else:
+                    data = resp.read_now()
+                    if data is None:
+                        data = await resp.read()
+                    usage = _usage_of(data)
                 answered = time.perf_counter()
                 self.fleet.succeeded(node, model)
-                observer.done(Outcome(resp.status, "ok", node.id, _usage_of(data)))
+                observer.done(Outcome(resp.status, "ok", node.id, usage))
                 return PreparedResponse(
                     data,
                     resp.status,
@@ -220,7 +227,7 @@ class Relay:
                         (_WORKER, node.id.encode("latin-1")),
                         (_ROUTE, route.encode("latin-1")),
                         (_TIMING, server_timing(observer.started, sent, answered).encode("latin-1")),
-                        (b"content-type", (resp.content_type or "application/json").encode("latin-1")),
+                        (b"content-type", b"application/json" if call.assemble else _content_type(resp)),
                     ],
                 )
             try:
@@ -282,14 +289,17 @@ class Relay:
             )
         out_headers = {"X-Request-Id": observer.request_id, ROUTE_HEADER: f"fallback={target.url}"}
         if not call.stream or resp.status != 200:
-            data = await resp.read()
+            if call.assemble and resp.status == 200:
+                data, usage = await assemble_completion(resp, "", observer)
+            else:
+                data = await resp.read()
+                usage = _usage_of(data)
             answered = time.perf_counter()
             resp.release()
-            observer.done(Outcome(resp.status, "ok" if resp.status < 400 else "error", "", _usage_of(data)))
+            observer.done(Outcome(resp.status, "ok" if resp.status < 400 else "error", "", usage))
             out_headers[TIMING_HEADER] = server_timing(observer.started, sent, answered)
-            return Response(
-                data, status_code=resp.status, headers=out_headers, media_type=resp.content_type or "application/json"
-            )
+            media = "application/json" if call.assemble else resp.content_type or "application/json"
+            return Response(data, status_code=resp.status, headers=out_headers, media_type=media)
         first = await resp.readany()
         answered = time.perf_counter()
         ttft_ms = int((answered - observer.started) * 1000)
@@ -322,6 +332,10 @@ def server_timing(started: float, sent: float, answered: float) -> str:
     """The ``Server-Timing`` value for an answer whose last attempt was sent at ``sent`` and answered at ``answered``."""
     upstream = answered - sent
     return f"opod;dur={(time.perf_counter() - started - upstream) * 1000:.3f}, upstream;dur={upstream * 1000:.3f}"
+
+
+def _content_type(resp: UpstreamResponse) -> bytes:
+    return (resp.content_type or "application/json").encode("latin-1")
 
 
 def _usage_of(data: bytes) -> dict | None:

@@ -1,8 +1,14 @@
 """A streamed answer passed on to the client as it comes: the usage chunk read (and dropped when the
-client did not ask for it), the outcome reported once, and an error event when the upstream breaks off."""
+client did not ask for it), the outcome reported once, and an error event when the upstream breaks off.
+
+Also the other way round: a text completion of several prompts asked whole is relayed as a stream
+and put together here (:func:`assemble_completion`), because llama-server's whole answer to a list
+of prompts states the usage of its first prompt only, where its stream states each prompt's.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -10,7 +16,7 @@ from collections.abc import AsyncIterator
 from opod.fleet.state import Lease
 from opod.gateway.outcome import Outcome, RelayObserver
 from opod.http import fastjson
-from opod.http.upstream import UpstreamResponse
+from opod.http.upstream import UpstreamError, UpstreamResponse
 
 PROGRESS_EVERY = 1.0
 """Seconds between two progress reports of a stream (each is one journal line)."""
@@ -50,9 +56,7 @@ async def relay_sse(
         while chunk is not None:
             out = scanner.feed(chunk)
             if out:
-                # One non-empty content delta is one token on llama-server, vLLM, SGLang and the simulator:
-                # what a row records as completion tokens when the stream ends before the usage chunk.
-                sent += out.count(b'"content":"') - out.count(b'"content":""')
+                sent += tokens_in(out)
                 if b"data: [DONE]" in out:
                     report("ok")
                 elif (now := time.monotonic()) - told_at >= PROGRESS_EVERY:
@@ -75,6 +79,20 @@ async def relay_sse(
         resp.release()
 
 
+def tokens_in(events: bytes) -> int:
+    """The tokens a piece of a stream carries: one non-empty content, reasoning or text delta is one token
+    on llama-server, vLLM, SGLang and the simulator, which is what a row records as completion tokens
+    when the stream ends before its usage."""
+    return (
+        events.count(b'"content":"')
+        - events.count(b'"content":""')
+        + events.count(b'"reasoning_content":"')
+        - events.count(b'"reasoning_content":""')
+        + events.count(b'"text":"')
+        - events.count(b'"text":""')
+    )
+
+
 def interrupted_event(node_id: str, err: BaseException) -> bytes:
     error = {
         "message": f"The answer was cut off: the engine on worker {node_id} stopped mid-stream ({type(err).__name__}). Retry the request.",
@@ -84,8 +102,12 @@ def interrupted_event(node_id: str, err: BaseException) -> bytes:
     return b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
 
 
+_NULL = b"data: null"
+
+
 class SSEFilter:
-    """Passes SSE bytes through, dropping the usage-only chunk when the client did not ask for it.
+    """Passes SSE bytes through, dropping the usage-only chunk when the client did not ask for it
+    (and ``data: null``, which is no chunk).
 
     Events are split on blank lines; only events that mention ``"usage"`` are
     parsed, so a long stream costs a byte search per chunk.
@@ -94,10 +116,14 @@ class SSEFilter:
     def __init__(self, strip_usage: bool) -> None:
         self.strip_usage = strip_usage
         self._pending = b""
-        self.usage: dict | None = None
+        self.tally = UsageTally()
+
+    @property
+    def usage(self) -> dict | None:
+        return self.tally.usage
 
     def feed(self, chunk: bytes) -> bytes:
-        if not self.strip_usage and b'"usage"' not in chunk and not self._pending:
+        if not self.strip_usage and b'"usage"' not in chunk and not self._pending and _NULL not in chunk:
             return chunk
         data = self._pending + chunk
         end = data.rfind(b"\n\n")
@@ -112,10 +138,12 @@ class SSEFilter:
         return self._filter(rest) if rest else b""
 
     def _filter(self, block: bytes) -> bytes:
-        if b'"usage"' not in block:
+        if b'"usage"' not in block and _NULL not in block:
             return block
         kept = []
         for event in block.split(b"\n\n"):
+            if event == _NULL:
+                continue  # llama-server's first event of a list of prompts: no client can read it
             if b'"usage"' in event and event.startswith(b"data: {"):
                 try:
                     payload = fastjson.loads(event[6:])
@@ -123,8 +151,141 @@ class SSEFilter:
                     kept.append(event)
                     continue
                 if isinstance(payload, dict) and payload.get("usage"):
-                    self.usage = payload["usage"]
+                    self.tally.add(payload)
                     if self.strip_usage and not payload.get("choices"):
                         continue
             kept.append(event)
         return b"\n\n".join(kept)
+
+
+class UsageTally:
+    """The usage a stream states, whichever way its engine states it.
+
+    vLLM and SGLang send one chunk without choices holding the whole request's usage; llama-server
+    states each prompt's usage in that prompt's last chunk (a list of prompts is answered as one
+    stream), so those add up. Chunks of one choice that each carry usage (vLLM's continuous usage)
+    count the last one.
+    """
+
+    __slots__ = ("total", "by_choice")
+
+    def __init__(self) -> None:
+        self.total: dict | None = None
+        self.by_choice: dict[object, dict] = {}
+
+    def add(self, chunk: dict) -> None:
+        usage = chunk.get("usage")
+        if not isinstance(usage, dict):
+            return
+        choices = chunk.get("choices")
+        if not choices:
+            self.total = usage
+            return
+        first = choices[0] if isinstance(choices, list) else None
+        self.by_choice[first.get("index", 0) if isinstance(first, dict) else 0] = usage
+
+    @property
+    def usage(self) -> dict | None:
+        if self.total is not None or not self.by_choice:
+            return self.total
+        parts = list(self.by_choice.values())
+        if len(parts) == 1:
+            return parts[0]
+        summed: dict = {}
+        for name in ("prompt_tokens", "completion_tokens", "total_tokens"):
+            values = [p.get(name) for p in parts]
+            if all(isinstance(v, int) for v in values):
+                summed[name] = sum(values)
+        return summed
+
+
+async def assemble_completion(
+    resp: UpstreamResponse, node_id: str, observer: RelayObserver
+) -> tuple[bytes, dict | None]:
+    """A text completion's stream put together as OpenAI's whole answer (``text_completion``), with its usage.
+
+    A client that leaves meanwhile is reported ``cancelled`` with the tokens generated so far.
+    """
+    assembler = CompletionAssembler()
+    try:
+        while chunk := await resp.readany():
+            assembler.feed(chunk)
+        assembler.feed(b"\n\n")
+    except asyncio.CancelledError:  # the client left: the tokens generated so far are spent
+        observer.done(Outcome(499, "cancelled", node_id, None, tokens_sent=assembler.tokens))
+        raise
+    finally:
+        resp.release()
+    return assembler.answer(), assembler.tally.usage
+
+
+class CompletionAssembler:
+    """Text completion chunks in, the whole ``text_completion`` answer out: each choice's text joined,
+    its logprobs' lists joined, its last finish reason; the usage added up (:class:`UsageTally`)."""
+
+    def __init__(self) -> None:
+        self._pending = b""
+        self.head: dict = {}
+        self.choices: dict[int, dict] = {}
+        self.tally = UsageTally()
+        self.tokens = 0
+        """The text deltas so far: one token each."""
+
+    def feed(self, data: bytes) -> None:
+        data = self._pending + data
+        end = data.rfind(b"\n\n")
+        if end < 0:
+            self._pending = data
+            return
+        self._pending = data[end + 2 :]
+        block = data[: end + 2]
+        self.tokens += tokens_in(block)
+        for event in block.split(b"\n\n"):
+            if not event.startswith(b"data: {"):
+                continue  # [DONE], llama-server's "data: null", comments
+            try:
+                chunk = fastjson.loads(event[6:])
+            except ValueError:
+                continue
+            if isinstance(chunk, dict):
+                self._take(chunk)
+
+    def _take(self, chunk: dict) -> None:
+        if "error" in chunk:
+            raise UpstreamError(f"the engine broke off its answer: {str(chunk['error'])[:200]}")
+        if not self.head:
+            self.head = {k: chunk[k] for k in ("id", "created", "model", "system_fingerprint") if k in chunk}
+        self.tally.add(chunk)
+        for choice in chunk.get("choices") or ():
+            if not isinstance(choice, dict):
+                continue
+            index = choice.get("index", 0)
+            kept = self.choices.setdefault(index, {"index": index, "text": "", "logprobs": None, "finish_reason": None})
+            text = choice.get("text")
+            if isinstance(text, str):
+                kept["text"] += text
+            if choice.get("finish_reason") is not None:
+                kept["finish_reason"] = choice["finish_reason"]
+            logprobs = choice.get("logprobs")
+            if isinstance(logprobs, dict):
+                if kept["logprobs"] is None:
+                    kept["logprobs"] = {k: list(v) if isinstance(v, list) else v for k, v in logprobs.items()}
+                else:
+                    for name, value in logprobs.items():
+                        if isinstance(value, list) and isinstance(kept["logprobs"].get(name), list):
+                            kept["logprobs"][name].extend(value)
+
+    def answer(self) -> bytes:
+        body = {
+            "id": self.head.get("id", ""),
+            "object": "text_completion",
+            "created": self.head.get("created", int(time.time())),
+            "model": self.head.get("model", ""),
+            "choices": [self.choices[i] for i in sorted(self.choices, key=lambda i: i if isinstance(i, int) else 0)],
+        }
+        if "system_fingerprint" in self.head:
+            body["system_fingerprint"] = self.head["system_fingerprint"]
+        usage = self.tally.usage
+        if usage is not None:
+            body["usage"] = usage
+        return json.dumps(body).encode()

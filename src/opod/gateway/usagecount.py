@@ -1,11 +1,16 @@
-"""A prompt's tokens counted after the fact, for a usage row the engine's own count never reached.
+"""A request's tokens counted after the fact, for a usage row the engine's own count never reached.
 
-An engine states a streamed request's prompt tokens in its last chunk; a stream its client left, or
-that its engine broke off, ends before that chunk. Such a row waits, off the request's path, for a
+An engine states a request's prompt tokens at the end of its answer; a request its client left, or
+that its engine broke off, ends before that. Such a row waits, off the request's path, for a
 count from the worker that served it (its ``/v1/tokenize``, the model's chat template applied, so the
 count is the engine's own); when that worker cannot count (its engine is down, say), the row carries
 an estimate from the prompt's size instead. The row's route says which (``"prompt_tokens":
 "counted"`` or ``"estimated"``). An answer that ended normally never comes here.
+
+The completion tokens of a stream are those it carried. A whole answer left by its client never
+says how far the engine got: its tokens are estimated from how long the engine worked on it, at the
+rate this leader saw the model answer (:class:`DecodeRates`), and the route says ``"completion_tokens":
+"estimated"``.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from opod.contract import nodeapi
+from opod.gateway.promptsize import prompt_size
 from opod.gateway.tokenize import Tokenize
 from opod.http.nodeclient import WorkerUnavailable
 
@@ -25,6 +31,8 @@ log = logging.getLogger("opod.gateway")
 BYTES_PER_TOKEN = 4
 """The estimate's rate: about four bytes of English text per token, for the tokenizers opod serves."""
 COUNT_TIMEOUT = 3.0
+COUNT_NOW_TIMEOUT = 1.0
+"""A count on the request's way (its budget reservation): a worker slower than this leaves it to the bound."""
 AT_ONCE = 32
 """Counts in flight at once; a row beyond them is estimated at once rather than queued."""
 
@@ -66,6 +74,19 @@ class PromptCounter:
         else:
             then(estimate(payload), "estimated")
 
+    async def count_now(self, node_id: str, model: str, payload: dict[str, Any]) -> int | None:
+        """The prompt's tokens as ``node_id``'s engine makes them, the chat template applied; ``None``
+        when the prompt is not all text or the worker cannot say within :data:`COUNT_NOW_TIMEOUT`."""
+        request = tokenize_request(model, payload)
+        if request is None or request.messages is None:
+            return None
+        try:
+            tokens = await asyncio.wait_for(self.tokenize(node_id, request), COUNT_NOW_TIMEOUT)
+        except (WorkerUnavailable, OSError, TimeoutError, ValueError) as err:
+            log.debug("counting a prompt on %s failed (%s); it is reserved by its bound", node_id, err)
+            return None
+        return len(tokens) if tokens else None
+
     async def settle(self) -> None:
         """Wait for the counts in flight, so their rows are written before the ledger closes."""
         while self._counting:
@@ -93,16 +114,37 @@ def tokenize_request(model: str, payload: dict[str, Any]) -> nodeapi.TokenizeReq
 
 
 def estimate(payload: dict[str, Any]) -> int:
-    """The prompt's tokens guessed from the size of its text (at least 1 for a prompt that has any)."""
-    size = 0
-    messages = payload.get("messages")
-    for message in messages if isinstance(messages, list) else ():
-        if isinstance(message, dict):
-            size += len(str(message.get("role") or "")) + len((_text_of(message.get("content")) or "").encode())
-    prompt = payload.get("prompt")
-    if isinstance(prompt, str):
-        size += len(prompt.encode())
-    return math.ceil(size / BYTES_PER_TOKEN)
+    """The prompt's tokens guessed from the size of its text (at least 1 for a prompt that has any): each
+    prompt of a list, each input, each document."""
+    prompt = prompt_size(payload)
+    return math.ceil(sum(prompt.texts) / BYTES_PER_TOKEN) + sum(prompt.tokens)
+
+
+RATE_WEIGHT = 0.2
+"""How much one answer moves a model's decode rate."""
+
+
+class DecodeRates:
+    """How fast each model's answers come, in completion tokens per second of an engine's work, as this
+    leader saw them: what a whole answer left by its client is estimated by."""
+
+    def __init__(self) -> None:
+        self._rates: dict[str, float] = {}
+
+    def learn(self, model: str, tokens: int, seconds: float) -> None:
+        if tokens <= 0 or seconds <= 0:
+            return
+        rate = tokens / seconds
+        known = self._rates.get(model)
+        self._rates[model] = rate if known is None else known + RATE_WEIGHT * (rate - known)
+
+    def estimate(self, model: str, seconds: float, most: int | None) -> int | None:
+        """The tokens ``model`` makes in ``seconds``, at most ``most``; ``None`` when no answer of it was seen."""
+        rate = self._rates.get(model)
+        if rate is None:
+            return None
+        tokens = round(rate * max(0.0, seconds))
+        return tokens if most is None else min(tokens, most)
 
 
 def _text_of(content: object) -> str | None:

@@ -15,8 +15,10 @@ Two layers, one table of (method, path) → handler:
   request takes uvicorn's usual way to the same :class:`FastPath` app, so the
   two ways answer alike.
 
-A streamed answer whose client goes away is cancelled, as Starlette cancels it:
-the stream's own cleanup reports the tokens that were sent.
+A request whose client goes away is cancelled, both ways, whether its answer is
+streamed or whole: its handler's task is cancelled where it waits (a relay waiting
+on an engine), so the engine's request is closed and the engine stops working on
+it. A stream's own cleanup reports the tokens that were sent.
 
 The shortcut stands on uvicorn's internals: :class:`FastHttpProtocol` subclasses
 its private httptools protocol and reads that protocol's per-connection state.
@@ -37,7 +39,7 @@ from typing import cast
 import uvicorn
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http import httptools_impl
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
@@ -105,10 +107,43 @@ class FastPath:
         if scope["type"] == "http":
             handler = self.routes.get((scope["method"], scope["path"]))
             if handler is not None:
-                response = await handler(Request(scope, receive))
-                await response(scope, receive, send)
+                response = await _answer_unless_left(handler, scope, receive)
+                if response is not None:
+                    await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+async def _answer_unless_left(handler: Handler, scope: Scope, receive: Receive) -> Response | None:
+    """The handler's answer, or ``None`` when the client left first: the handler is then cancelled.
+
+    Once the body is read, the next ASGI message uvicorn has for the request is ``http.disconnect``,
+    and only when the client goes away; it is awaited beside the handler.
+    """
+    body_read = asyncio.Event()
+
+    async def receive_body() -> Message:
+        message = await receive()
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            body_read.set()
+        return message
+
+    async def left() -> None:
+        await body_read.wait()
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    answer = asyncio.ensure_future(handler(Request(scope, receive_body)))
+    watch = asyncio.ensure_future(left())
+    try:
+        await asyncio.wait((answer, watch), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not answer.done():
+            answer.cancel()
+    if answer.cancelled():
+        return None
+    return answer.result()
 
 
 _CLOSE = b"connection: close\r\n"
@@ -121,7 +156,7 @@ _INTERNAL_ERROR = (
 class _Exchange:
     """A hot request in progress, standing where uvicorn keeps its request cycle (``self.cycle``)."""
 
-    __slots__ = ("handler", "scope", "body", "keep_alive", "response_complete", "disconnected", "streaming", "task")
+    __slots__ = ("handler", "scope", "body", "keep_alive", "response_complete", "disconnected", "answering", "task")
 
     def __init__(self, handler: Handler, scope: Scope, keep_alive: bool) -> None:
         self.handler = handler
@@ -130,7 +165,8 @@ class _Exchange:
         self.keep_alive = keep_alive
         self.response_complete = False
         self.disconnected = False
-        self.streaming = False
+        self.answering = True
+        """The handler runs or its answer is being written: a client that leaves now cancels it."""
         self.task: asyncio.Task | None = None
 
     @property
@@ -138,7 +174,7 @@ class _Exchange:
         return self  # uvicorn calls ``cycle.message_event.set()`` when the connection is lost
 
     def set(self) -> None:
-        if self.disconnected and self.streaming and self.task is not None:
+        if self.disconnected and self.answering and self.task is not None:
             self.task.cancel()
 
 
@@ -280,6 +316,7 @@ class FastHttpProtocol(HttpToolsProtocol):
                 await self._write_stream(hot, response)
             else:
                 self._write_whole(hot, response)
+            hot.answering = False
             if response.background is not None:
                 await response.background()
         except asyncio.CancelledError:
@@ -318,7 +355,6 @@ class FastHttpProtocol(HttpToolsProtocol):
         if hot.disconnected:
             await _close(iterator)
             return
-        hot.streaming = True
         self.transport.write(b"".join(self._head(hot, response, b"transfer-encoding: chunked\r\n")))
         try:
             async for chunk in iterator:
@@ -333,7 +369,6 @@ class FastHttpProtocol(HttpToolsProtocol):
             if not hot.disconnected:
                 self.transport.write(b"0\r\n\r\n")
         finally:
-            hot.streaming = False
             await _close(iterator)
 
     def _complete(self, hot: _Exchange) -> None:

@@ -218,16 +218,21 @@ class UpstreamResponse:
         return data
 
     async def read(self) -> bytes:
-        """The whole body; the connection goes back to the pool."""
+        """The whole body; the connection goes back to the pool.
+
+        A read cancelled or broken off closes the connection, so the upstream stops working on the answer.
+        """
         data = self.read_now()
         if data is not None:
             return data
         conn = self._conn
         assert conn is not None  # read_now answers b"" once released
         parts = []
-        while chunk := await conn.next_chunk():
-            parts.append(chunk)
-        self.release()
+        try:
+            while chunk := await conn.next_chunk():
+                parts.append(chunk)
+        finally:
+            self.release()
         return b"".join(parts)
 
     async def text(self) -> str:

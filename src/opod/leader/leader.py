@@ -272,6 +272,7 @@ class Leader:
             tenancy=tenancy,
             budgets=budgets,
             profiles=RoutingProfiles(lambda: cluster_settings.current.routing_profiles),
+            default_max_tokens=lambda: cluster_settings.current.generation.default_max_tokens,
             bodies=BodyKeeping(
                 lambda: cluster_settings.current,
                 ledger.bodies,

@@ -170,6 +170,19 @@ class RoutingProfile(Section):
     )
 
 
+class Generation(Section):
+    """Bounds on what one request may make an engine generate."""
+
+    default_max_tokens: int = Field(
+        4096,
+        ge=1,
+        description=(
+            "The most tokens a chat or Responses request that names no limit may generate; "
+            "less when its prompt leaves less of the model's context."
+        ),
+    )
+
+
 _PROFILE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 
 
@@ -196,6 +209,9 @@ class ClusterSettings(Section):
     auth: AuthSettings = Field(default_factory=AuthSettings, description="Authentication of people and providers.")
     files: FilesSettings = Field(
         default_factory=FilesSettings, description="Bounds on the files clients upload (/v1/files)."
+    )
+    generation: Generation = Field(
+        default_factory=Generation, description="Bounds on what one request may make an engine generate."
     )
     routing_profiles: Annotated[dict[str, RoutingProfile], AfterValidator(_profile_names)] = Field(
         default_factory=dict,
