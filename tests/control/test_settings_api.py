@@ -149,7 +149,8 @@ def test_a_change_is_in_force_on_another_leader_of_the_same_store_within_two_sec
         tmp_path_factory.mktemp("second") / "home",
         worker=False,
         extra=["--no-default-models"],
-        env={"OPOD_DATABASE_URL": database},
+        # Leaders of one store share the key its secrets are sealed with.
+        env={"OPOD_DATABASE_URL": database, "OPOD_SECRETS_KEY_FILE": str(leader.home / "secrets.key")},
     )
     try:
 
