@@ -22,7 +22,7 @@ from starlette.routing import Route
 
 from opod.access.keytable import KeyEntry
 from opod.gateway.files import Authenticate, ClientFiles, NotFoundHere, caller_of, limit_arg, page
-from opod.http.errors import BadRequest
+from opod.http.errors import BadRequest, shown
 from opod.http.inbound import json_object
 from opod.store import Store
 from opod.store.client_jobs import JobLine, JobRecord
@@ -41,7 +41,7 @@ def completion_window(text: object) -> timedelta:
     """``24h`` (OpenAI's one window) or a shorter duration such as ``1h`` or ``90s``."""
     match = WINDOW.fullmatch(text) if isinstance(text, str) else None
     if match is None:
-        raise BadRequest(f"completion_window: {text!r} is not a window; send 24h", param="completion_window")
+        raise BadRequest(f"completion_window: {shown(text)} is not a window; send 24h", param="completion_window")
     window = timedelta(seconds=int(match[1]) * {"h": 3600, "m": 60, "s": 1}[match[2]])
     if window > LONGEST_WINDOW:
         raise BadRequest(f"completion_window: {text} is longer than 24h, the longest window", param="completion_window")
@@ -106,16 +106,16 @@ def parse_lines(content: bytes, endpoint: str) -> tuple[list[JobLine], str, list
             fail(
                 number,
                 "duplicate_custom_id",
-                f"Line {number}: custom_id {custom_id!r} is used by an earlier line; each must be unique.",
+                f"Line {number}: custom_id {shown(custom_id)} is used by an earlier line; each must be unique.",
                 "custom_id",
             )
         elif method != "POST":
-            fail(number, "invalid_method", f"Line {number}: method must be POST, not {method!r}.", "method")
+            fail(number, "invalid_method", f"Line {number}: method must be POST, not {shown(method)}.", "method")
         elif url != endpoint:
             fail(
                 number,
                 "mismatched_endpoint",
-                f"Line {number}: url {url!r} is not the batch's endpoint {endpoint}.",
+                f"Line {number}: url {shown(url)} is not the batch's endpoint {endpoint}.",
                 "url",
             )
         elif not isinstance(body, dict):
@@ -197,7 +197,7 @@ class ClientBatches:
         key_id, project_id = caller_of(key)
         job = await run_sync(self.store.get_client_job, batch_id, key_id=key_id, project_id=project_id)
         if job is None:
-            raise NotFoundHere(f"No batch with id {batch_id!r} (GET /v1/batches lists yours).", param="batch_id")
+            raise NotFoundHere(f"No batch with id {shown(batch_id)} (GET /v1/batches lists yours).", param="batch_id")
         return job
 
     async def create(self, request: Request) -> Response:
@@ -206,7 +206,7 @@ class ClientBatches:
             endpoint = body.get("endpoint")
             if endpoint not in ENDPOINTS:
                 raise BadRequest(
-                    f"endpoint: {endpoint!r} is not one a batch runs; send one of {', '.join(ENDPOINTS)}",
+                    f"endpoint: {shown(endpoint)} is not one a batch runs; send one of {', '.join(ENDPOINTS)}",
                     param="endpoint",
                 )
             window_text = body.get("completion_window", "24h")
@@ -220,7 +220,7 @@ class ClientBatches:
             record = await self.files.visible(key, input_file_id)
             if record.purpose != "batch":
                 raise BadRequest(
-                    f"input_file_id: the file {input_file_id!r} was uploaded for {record.purpose!r}, not batch",
+                    f"input_file_id: the file {shown(input_file_id)} was uploaded for {shown(record.purpose)}, not batch",
                     param="input_file_id",
                 )
             content = await run_sync(self.store.file_content, record.id) or b""

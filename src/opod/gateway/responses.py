@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from opod.http import fastjson
-from opod.http.errors import BadRequest, GatewayError, error_response
+from opod.http.errors import BadRequest, GatewayError, error_response, shown
 from opod.http.fastpath import ReadRequest, headers_of, read_whole
 from opod.http.inbound import json_object, read_body, sane_request_id
 
@@ -102,7 +102,8 @@ def chat_request(body: dict[str, Any]) -> dict[str, Any]:
     if limit is not None:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise BadRequest(
-                f"max_output_tokens must be a whole number of at least 1 (got {limit!r}).", param="max_output_tokens"
+                f"max_output_tokens must be a whole number of at least 1 (got {shown(limit)}).",
+                param="max_output_tokens",
             )
         chat["max_tokens"] = limit
     top_logprobs = body.get("top_logprobs")
@@ -119,7 +120,7 @@ def chat_request(body: dict[str, Any]) -> dict[str, Any]:
         chat["tool_choice"] = _tool_choice(choice)
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
-        raise BadRequest(f"stream must be true or false (got {stream!r}).", param="stream")
+        raise BadRequest(f"stream must be true or false (got {shown(stream)}).", param="stream")
     if stream:
         chat["stream"] = True
         chat["stream_options"] = {"include_usage": True}
@@ -145,7 +146,8 @@ def _input_messages(value: Any) -> list[dict[str, Any]]:
             role = item.get("role")
             if role not in _ROLES:
                 raise BadRequest(
-                    f"{where}.role must be one of {', '.join(sorted(_ROLES))} (got {role!r}).", param=f"{where}.role"
+                    f"{where}.role must be one of {', '.join(sorted(_ROLES))} (got {shown(role)}).",
+                    param=f"{where}.role",
                 )
             out.append({"role": role, "content": _content(item.get("content"), f"{where}.content")})
         elif kind == "function_call":
@@ -170,7 +172,7 @@ def _input_messages(value: Any) -> list[dict[str, Any]]:
             continue  # a previous turn's reasoning: chat templates drop it too
         else:
             raise BadRequest(
-                f"{where}.type {kind!r} is not supported here; send message, function_call or "
+                f"{where}.type {shown(kind)} is not supported here; send message, function_call or "
                 "function_call_output items.",
                 param=f"{where}.type",
             )
@@ -212,7 +214,7 @@ def _content(value: Any, where: str) -> str | list[dict[str, Any]]:
             parts.append({"type": "input_audio", "input_audio": part["input_audio"]})
         else:
             raise BadRequest(
-                f"{at} must be an input_text, input_image or input_audio part with its field (got type {kind!r}).",
+                f"{at} must be an input_text, input_image or input_audio part with its field (got type {shown(kind)}).",
                 param=f"{at}.type",
             )
     return parts
@@ -250,7 +252,7 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
             kind = tool.get("type") if isinstance(tool, dict) else None
             raise BadRequest(
                 f'tools[{i}] must be a function tool {{"type": "function", "name": ..., "parameters": {{...}}}}; '
-                f"opod has no built-in tools (got type {kind!r}).",
+                f"opod has no built-in tools (got type {shown(kind)}).",
                 param=f"tools[{i}]",
             )
         fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}

@@ -144,8 +144,7 @@ def public_app(
         try:
             keys.check(request.headers.get("authorization"), kinds=("admin",))
         except Unauthorized as err:
-            message = err.message  # names the admin key's file and the header (opod.access.keytable)
-            return AdminError(401, message, "unauthorized").response()
+            return AdminError(401, err.message, "unauthorized").response()
         if request.method in ("GET", "HEAD"):
             return await call_next(request)
         actor = request.headers.get("x-llmgw-actor", "")
