@@ -1,7 +1,8 @@
 """What a careless or hostile client sends a real leader, on ``/v1``, ``/api/v1`` and ``/admin/v1``.
 
-Nothing is told to a stranger that only the operator should know: no path of the leader's, no line
-of an engine's log, no whole echo of what was sent.
+No input gets a 500: JSON nested past the limit, text that cannot be encoded and lifetimes past any
+date are each a 400 naming what is wrong. And nothing is told to a stranger that only the operator
+should know: no path of the leader's, no line of an engine's log, no whole echo of what was sent.
 
 The leader is built in this process (``tests.support.inprocess``); its worker is a real ``opod join``
 with the simulator engine.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import subprocess
 import time
 from collections.abc import Iterator
 
@@ -19,8 +21,9 @@ import httpx
 import openai
 import pytest
 
+from opod.http.inbound import MAX_NESTING
 from tests.support.inprocess import InProcessLeader
-from tests.support.opod_process import OpodProcess, opod_cli, sim_worker
+from tests.support.opod_process import OPOD, OpodProcess, opod_cli, sim_worker
 
 CHAT, CATALOG_CHAT, CRASHY = "sim-chat", "smollm2-135m-instruct", "sim-crashy"
 PLAIN_EMBED, MATRYOSHKA = "all-minilm-l6-v2", "nomic-embed-text-v1.5-gguf"
@@ -59,6 +62,112 @@ def send(url: str, body: bytes | str, key: str | None, method: str = "POST") -> 
 
 def client(leader: InProcessLeader) -> openai.OpenAI:
     return openai.OpenAI(base_url=leader.url + "/v1", api_key=leader.key, max_retries=0, timeout=30)
+
+
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+# --- no input gets a 500 --------------------------------------------------------------------------
+
+
+def test_json_nested_past_the_limit_is_a_400_naming_the_limit_on_every_api(fleet) -> None:
+    leader, _ = fleet
+    deep = nested(3000)
+    calls = [
+        (leader.url + "/v1/chat/completions", f'{{"model": "{CHAT}", "messages": {deep}}}'),
+        (leader.url + "/v1/responses", f'{{"model": "{CHAT}", "input": {deep}}}'),
+        (leader.url + "/v1/batches", f'{{"endpoint": {deep}}}'),
+        (leader.url + f"/admin/v1/models/{CHAT}/load", f'{{"node": {deep}}}'),
+        (leader.admin_url + "/api/v1/keys", f'{{"name": {deep}}}'),
+    ]
+    for url, body in calls:
+        answer = send(url, body, leader.key)
+        assert answer.status_code == 400, (url, answer.status_code, answer.text[:300])
+        assert f"nested at most {MAX_NESTING} levels" in answer.text, (url, answer.text[:300])
+    scim = send(leader.url + "/scim/v2/Users", f'{{"userName": {deep}}}', "scim-token")
+    assert scim.status_code == 400 and scim.json()["scimType"] == "invalidSyntax", scim.text[:300]
+    # At the limit itself, the body is read as usual: here, a refusal of what it holds.
+    at_limit = send(
+        leader.url + "/v1/chat/completions", f'{{"model": "{CHAT}", "messages": {nested(MAX_NESTING - 1)}}}', leader.key
+    )
+    assert at_limit.status_code == 400 and at_limit.json()["error"]["param"] == "messages[0]", at_limit.text
+
+
+LONE = '"a\\ud800b"'
+"""A lone UTF-16 surrogate, as JSON escapes it: valid JSON, but no text any encoder can write."""
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/chat/completions", f'{{"model": "{CHAT}", "messages": [{{"role": "user", "content": {LONE}}}]}}', None),
+        ("/v1/completions", f'{{"model": "{CHAT}", "prompt": {LONE}}}', "prompt"),
+        ("/v1/responses", f'{{"model": "{CHAT}", "input": {LONE}}}', "input"),
+        ("/v1/embeddings", f'{{"model": "{PLAIN_EMBED}", "input": [{LONE}]}}', "input[0]"),
+        ("/v1/batches", f'{{"input_file_id": {LONE}, "endpoint": "/v1/chat/completions"}}', "input_file_id"),
+    ],
+)
+def test_text_that_cannot_be_encoded_is_a_400_naming_the_field(fleet, path: str, body: str, param: str | None) -> None:
+    leader, _ = fleet
+    answer = send(leader.url + path, body, leader.key)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["param"] == (param or "messages[0].content"), error
+    assert "cannot be encoded" in error["message"], error
+
+
+def test_text_that_cannot_be_encoded_is_a_400_naming_the_field_on_the_management_apis_too(fleet) -> None:
+    leader, _ = fleet
+    for url, body, said in (
+        (leader.admin_url + "/api/v1/keys", f'{{"name": {LONE}}}', lambda answer: answer["error"]),
+        (
+            leader.url + "/admin/v1/adapters",
+            f'{{"base": "{CHAT}", "name": {LONE}, "source": "x"}}',
+            lambda answer: answer["error"]["message"],
+        ),
+    ):
+        answer = send(url, body, leader.key)
+        assert answer.status_code == 400, (url, answer.text)
+        assert said(answer.json()).startswith("name holds text that cannot be encoded"), answer.text
+
+
+def test_a_lone_surrogate_in_a_batch_line_fails_that_line_not_the_leader(fleet) -> None:
+    leader, _ = fleet
+    line = f'{{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {{"model": "{CHAT}", '
+    line += f'"messages": [{{"role": "user", "content": {LONE}}}]}}}}\n'
+    uploaded = client(leader).files.create(file=("in.jsonl", line.encode()), purpose="batch")
+    batch = client(leader).batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    assert batch.status == "failed" and batch.errors is not None and batch.errors.data, batch
+    (error,) = batch.errors.data
+    assert error.line == 1 and error.param == "body.messages[0].content", error
+    assert error.message is not None and "cannot be encoded" in error.message, error
+
+
+def test_a_lifetime_past_a_hundred_years_is_a_400_through_the_api_and_both_commands(fleet) -> None:
+    leader, _ = fleet
+    for path, body in (
+        ("/api/v1/keys", {"name": "forever", "expires_in": "999999999h"}),
+        ("/api/v1/node-tokens", {"name": "forever", "expires_in": "99999999999999999999d"}),
+    ):
+        status, answer = leader.admin("POST", path, body)
+        assert status == 400 and "expires_in" in answer["error"] and "a hundred years" in answer["error"], answer
+    for path in ("/api/v1/usage?since=999999999h", "/api/v1/audit?since=999999999h"):
+        status, answer = leader.admin("GET", path)
+        assert status == 400 and "since" in answer["error"] and "a hundred years" in answer["error"], answer
+    status, made = leader.admin("POST", "/api/v1/keys", {"name": "long", "expires_in": "36500d"})
+    assert status == 201 and made["expires_at"], made
+    for args in (
+        ["token", "create", "--ttl", "999999999h"],
+        ["ctl", "keys", "create", "forever", "--expires-in", "999999999h"],
+    ):
+        result = subprocess.run(
+            [*OPOD, *args], env=leader.cli_env(), capture_output=True, text=True, timeout=60, check=False
+        )
+        assert result.returncode != 0 and "a hundred years" in result.stderr, (args, result.stderr)
+        assert "Traceback" not in result.stderr and "HTTP 500" not in result.stderr, result.stderr
 
 
 # --- what a stranger learns ------------------------------------------------------------------------

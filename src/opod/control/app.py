@@ -45,7 +45,8 @@ from opod.control.audit import open_draft, record_after
 from opod.control.context import ControlContext, ControlError
 from opod.control.spec import SpecRouter, document
 from opod.control.unbuilt import hardware, rollouts, services, signin
-from opod.http.errors import Unauthorized
+from opod.http.errors import BadRequest, Unauthorized
+from opod.http.inbound import json_value
 from opod.store.errors import Conflict, InvalidInput, NotFound, StoreError
 
 log = logging.getLogger("opod.control")
@@ -119,7 +120,13 @@ def create_app(ctx: ControlContext) -> FastAPI:
                 413,
                 f"the body is {int(declared)} bytes; the management API takes at most {MAX_BODY} (split the change)",
             )
-        draft = open_draft(request, actor or "unknown", await request.body())
+        body = await request.body()
+        try:
+            if body.strip():  # a client's JSON rules (nesting, encodable text), before the draft's parse and FastAPI's
+                json_value(body)
+        except BadRequest as err:
+            return refusal(400, err.message)
+        draft = open_draft(request, actor or "unknown", body)
         response = await answer(request, call_next)
         ctx.emit(
             "admin.call",

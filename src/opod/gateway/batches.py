@@ -21,9 +21,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from opod.access.keytable import KeyEntry
+from opod.contract import durations
 from opod.gateway.files import Authenticate, ClientFiles, NotFoundHere, caller_of, limit_arg, page
 from opod.http.errors import BadRequest, shown
-from opod.http.inbound import json_object
+from opod.http.inbound import json_object, json_value
 from opod.store import Store
 from opod.store.client_jobs import JobLine, JobRecord
 from opod.store.offloop import run_sync
@@ -39,12 +40,17 @@ ERRORS_LISTED = 100
 
 def completion_window(text: object) -> timedelta:
     """``24h`` (OpenAI's one window) or a shorter duration such as ``1h`` or ``90s``."""
-    match = WINDOW.fullmatch(text) if isinstance(text, str) else None
-    if match is None:
+    try:
+        seconds = durations.seconds(text) if isinstance(text, str) and WINDOW.fullmatch(text) else None
+    except ValueError:
+        seconds = None
+    if seconds is None:
         raise BadRequest(f"completion_window: {shown(text)} is not a window; send 24h", param="completion_window")
-    window = timedelta(seconds=int(match[1]) * {"h": 3600, "m": 60, "s": 1}[match[2]])
+    window = timedelta(seconds=seconds)
     if window > LONGEST_WINDOW:
-        raise BadRequest(f"completion_window: {text} is longer than 24h, the longest window", param="completion_window")
+        raise BadRequest(
+            f"completion_window: {shown(text)} is longer than 24h, the longest window", param="completion_window"
+        )
     return window
 
 
@@ -87,9 +93,9 @@ def parse_lines(content: bytes, endpoint: str) -> tuple[list[JobLine], str, list
         if not raw.strip():
             continue
         try:
-            item = json.loads(raw)
-        except ValueError:
-            fail(number, "invalid_json_line", f"Line {number} is not JSON; each line is one request object.")
+            item = json_value(raw, f"Line {number}")
+        except BadRequest as refusal:
+            fail(number, "invalid_json_line", f"{refusal.message} Each line is one request object.", refusal.param)
             continue
         if not isinstance(item, dict):
             fail(number, "invalid_json_line", f"Line {number} is not a JSON object.")

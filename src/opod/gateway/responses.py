@@ -144,7 +144,7 @@ def _input_messages(value: Any) -> list[dict[str, Any]]:
         kind = item.get("type", "message")
         if kind == "message":
             role = item.get("role")
-            if role not in _ROLES:
+            if not isinstance(role, str) or role not in _ROLES:
                 raise BadRequest(
                     f"{where}.role must be one of {', '.join(sorted(_ROLES))} (got {shown(role)}).",
                     param=f"{where}.role",

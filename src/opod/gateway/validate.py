@@ -203,7 +203,7 @@ def _check_message(message: Any, i: int, model: ModelTraits) -> int:
     if not isinstance(message, dict):
         raise BadRequest(f"{where} must be an object with a role and content, not {_kind(message)}.", param=where)
     role = message.get("role")
-    if role not in ROLES:
+    if not isinstance(role, str) or role not in ROLES:
         sent = "missing" if role is None else shown(role)
         raise BadRequest(
             f"{where}.role must be one of {', '.join(sorted(ROLES))} ({sent} here).", param=f"{where}.role"
@@ -252,7 +252,7 @@ def _check_parts(parts: list, where: str, role: str, model: ModelTraits) -> int:
     for j, part in enumerate(parts):
         at = f"{where}[{j}]"
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in PART_TYPES:
+        if not isinstance(kind, str) or kind not in PART_TYPES:
             sent = _kind(part) if not isinstance(part, dict) else "no type" if kind is None else shown(kind)
             raise BadRequest(
                 f"{at}.type must be one of {', '.join(sorted(PART_TYPES))} ({sent} here).", param=f"{at}.type"

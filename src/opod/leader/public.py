@@ -27,8 +27,11 @@ from opod.access.keytable import KeyTable
 from opod.contract import nodeapi
 from opod.control.app import ACTOR
 from opod.control.audit import open_draft, record_after
-from opod.http.errors import Unauthorized
+from opod.control.scim import PREFIX as SCIM_PREFIX
+from opod.control.scim import ScimError
+from opod.http.errors import BadRequest, Unauthorized
 from opod.http.fastpath import FastPath, Handler
+from opod.http.inbound import check_nesting, json_value
 from opod.leader.adminv1.context import AdminContext, AdminError
 from opod.leader.adminv1.routes import loadz_response, router
 from opod.leader.webhooks import WebhookCounts
@@ -139,6 +142,11 @@ def public_app(
     @app.middleware("http")
     async def admin_key(request: Request, call_next):
         path = request.url.path
+        if path.startswith(SCIM_PREFIX) and request.method not in ("GET", "HEAD"):
+            try:
+                check_nesting(await request.body())  # before SCIM's parser recurses into it
+            except BadRequest as err:
+                return ScimError(400, err.message, "invalidSyntax").response()
         if not path.startswith("/admin/v1/") or path in SIGNED_PATHS:
             return await call_next(request)
         try:
@@ -147,8 +155,14 @@ def public_app(
             return AdminError(401, err.message, "unauthorized").response()
         if request.method in ("GET", "HEAD"):
             return await call_next(request)
+        body = await request.body()
+        try:
+            if body.strip() and _as_json(request.headers.get("content-type")):
+                json_value(body)  # the rules of every client's JSON, before the draft's parse and FastAPI's
+        except BadRequest as err:
+            return AdminError(400, err.message).response()
         actor = request.headers.get("x-llmgw-actor", "")
-        draft = open_draft(request, actor if ACTOR.fullmatch(actor) else "unknown", await request.body())
+        draft = open_draft(request, actor if ACTOR.fullmatch(actor) else "unknown", body)
         response = await call_next(request)
         ctx.emit("admin.call", path, {"method": request.method, "status": response.status_code})
         await record_after(ctx.store, request, draft, response.status_code)
@@ -183,6 +197,12 @@ def public_app(
         if method != "HEAD"
     }
     return FastPath({**data_path.handlers(), **joins}, app)
+
+
+def _as_json(content_type: str | None) -> bool:
+    """Whether FastAPI reads a body sent with this ``Content-Type`` as JSON (no type at all included)."""
+    media = (content_type or "application/json").split(";", 1)[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")
 
 
 def probe_app(ctx: AdminContext) -> Starlette:
