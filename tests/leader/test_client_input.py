@@ -1,8 +1,10 @@
 """What a careless or hostile client sends a real leader, on ``/v1``, ``/api/v1`` and ``/admin/v1``.
 
 No input gets a 500: JSON nested past the limit, text that cannot be encoded and lifetimes past any
-date are each a 400 naming what is wrong. And nothing is told to a stranger that only the operator
-should know: no path of the leader's, no line of an engine's log, no whole echo of what was sent.
+date are each a 400 naming what is wrong. OpenAI's rules are kept rather than ignored: ``dimensions``
+on embeddings, ``logit_bias``, the Responses API's own field names, a model's aliases. And nothing is
+told to a stranger that only the operator should know: no path of the leader's, no line of an
+engine's log, no whole echo of what was sent.
 
 The leader is built in this process (``tests.support.inprocess``); its worker is a real ``opod join``
 with the simulator engine.
@@ -18,6 +20,7 @@ import time
 from collections.abc import Iterator
 
 import httpx
+import numpy as np
 import openai
 import pytest
 
@@ -168,6 +171,77 @@ def test_a_lifetime_past_a_hundred_years_is_a_400_through_the_api_and_both_comma
         )
         assert result.returncode != 0 and "a hundred years" in result.stderr, (args, result.stderr)
         assert "Traceback" not in result.stderr and "HTTP 500" not in result.stderr, result.stderr
+
+
+# --- OpenAI's rules, not silence -------------------------------------------------------------------
+
+
+def test_dimensions_cut_a_matryoshka_models_vectors_and_are_refused_for_any_other(fleet) -> None:
+    leader, _ = fleet
+    openai_client = client(leader)
+    whole = openai_client.embeddings.create(model=MATRYOSHKA, input=["one text", "another"])
+    cut = openai_client.embeddings.create(model=MATRYOSHKA, input=["one text", "another"], dimensions=8)
+    for full, short in zip(whole.data, cut.data, strict=True):
+        assert len(short.embedding) == 8
+        expected = np.asarray(full.embedding[:8]) / np.linalg.norm(full.embedding[:8])
+        assert np.allclose(short.embedding, expected, atol=1e-6), "the first 8 values, back to unit length"
+    # As floats too (the openai client asks for base64 unless told otherwise).
+    raw = send(
+        leader.url + "/v1/embeddings",
+        json.dumps({"model": MATRYOSHKA, "input": "one text", "dimensions": 8, "encoding_format": "float"}),
+        leader.key,
+    ).json()
+    assert np.allclose(raw["data"][0]["embedding"], cut.data[0].embedding, atol=1e-6)
+    with pytest.raises(openai.BadRequestError) as refused:
+        openai_client.embeddings.create(model=PLAIN_EMBED, input="text", dimensions=8)
+    assert refused.value.body["param"] == "dimensions" and "Matryoshka" in refused.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as refused:
+        openai_client.embeddings.create(model=MATRYOSHKA, input="text", dimensions=769)
+    assert refused.value.body["param"] == "dimensions" and "768" in refused.value.body["message"]
+    same = openai_client.embeddings.create(model=PLAIN_EMBED, input="text", dimensions=384)
+    assert len(same.data[0].embedding) == 384, "its own size is no change: answered"
+
+
+@pytest.mark.parametrize(
+    ("bias", "param"),
+    [
+        ({"abc": 5}, "logit_bias.abc"),
+        ({"15": 500}, "logit_bias.15"),
+        ({"15": -100.5}, "logit_bias.15"),
+        ({"-1": 1}, "logit_bias.-1"),
+    ],
+)
+def test_logit_bias_takes_token_ids_and_biases_from_minus_100_to_100(fleet, bias: dict, param: str) -> None:
+    leader, _ = fleet
+    with pytest.raises(openai.BadRequestError) as refused:
+        client(leader).chat.completions.create(model=CHAT, messages=HELLO, max_tokens=2, logit_bias=bias)
+    assert refused.value.body["param"] == param, refused.value.body
+    answered = client(leader).chat.completions.create(
+        model=CHAT, messages=HELLO, max_tokens=2, logit_bias={"15": -100, "16": 100}
+    )
+    assert answered.choices
+
+
+def test_the_responses_api_names_its_own_fields_in_its_refusals(fleet) -> None:
+    leader, _ = fleet
+    with pytest.raises(openai.BadRequestError) as refused:
+        client(leader).responses.create(model=CATALOG_CHAT, input="Hi", max_output_tokens=100_000)
+    body = refused.value.body
+    assert body["param"] == "max_output_tokens" and "max_output_tokens=100000" in body["message"], body
+    assert "max_tokens" not in body["message"].replace("max_output_tokens", ""), body
+    with pytest.raises(openai.BadRequestError) as refused:
+        client(leader).responses.create(model=CATALOG_CHAT, input="Hi", extra_body={"max_tokens": 5})
+    assert refused.value.body["param"] == "max_tokens" and "max_output_tokens" in refused.value.body["message"]
+
+
+def test_a_models_alias_names_it_on_v1(fleet) -> None:
+    leader, _ = fleet
+    openai_client = client(leader)
+    answer = openai_client.chat.completions.create(model="friendly", messages=HELLO, max_tokens=2)
+    assert answer.choices and answer.model == "sim-defined", answer.model
+    assert openai_client.models.retrieve("friendly").id == "friendly"
+    with pytest.raises(openai.NotFoundError):
+        openai_client.chat.completions.create(model="unfriendly", messages=HELLO, max_tokens=2)
 
 
 # --- what a stranger learns ------------------------------------------------------------------------

@@ -16,6 +16,7 @@ object, a chat stream becomes the Responses event stream (``response.created`` â
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
@@ -24,6 +25,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from opod.gateway.validate import ModelTraits, check_chat
 from opod.http import fastjson
 from opod.http.errors import BadRequest, GatewayError, error_response, shown
 from opod.http.fastpath import ReadRequest, headers_of, read_whole
@@ -82,12 +84,41 @@ def _new_id(prefix: str) -> str:
 
 # --- the request ---------------------------------------------------------------------------------
 
+_SENT_AS = {
+    "max_tokens": "max_output_tokens",
+    "max_completion_tokens": "max_output_tokens",
+    "messages": "input",
+    "response_format": "text.format",
+}
+"""A chat request's field â†’ the Responses field it is translated from. A Responses request naming the chat
+field itself is refused (as OpenAI refuses it), so every chat refusal of such a field is about the Responses one."""
+
+
+def check_translated(payload: dict[str, Any], model: ModelTraits) -> bool:
+    """The chat route's rules on a request translated by :func:`chat_request`, each refusal naming the field
+    the client sent (``max_output_tokens``, not the ``max_tokens`` it became)."""
+    try:
+        return check_chat(payload, model)
+    except BadRequest as refusal:
+        param = refusal.param or ""
+        head = re.match(r"[a-z_]*", param)
+        sent = _SENT_AS.get(head[0]) if head is not None else None
+        if sent is not None:
+            refusal.message = refusal.message.replace(param, sent)
+            refusal.param = sent
+        raise
+
 
 def chat_request(body: dict[str, Any]) -> dict[str, Any]:
     """A Responses request as the chat completions request that answers it; a 400 naming the field otherwise."""
     for key, why in _STATELESS.items():
         if body.get(key) not in (None, False):
             raise BadRequest(f"{key} is not supported: {why}.", param=key)
+    for key, name in _SENT_AS.items():
+        if key in body:
+            raise BadRequest(
+                f"{key} is the Chat Completions API's field; the Responses API takes {name} instead.", param=key
+            )
     # Keys with the same name and meaning in both APIs (model, temperature, top_p, user, parallel_tool_calls...) are copied.
     chat: dict[str, Any] = {k: v for k, v in body.items() if k not in _RESPONSES_ONLY}
     messages: list[dict[str, Any]] = []

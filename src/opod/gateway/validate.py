@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from opod.http.errors import BadRequest, ContextLengthExceeded, shown
+from opod.http.errors import BadRequest, ContextLengthExceeded, cut, shown
 
 CHARS_PER_TOKEN_AT_MOST = 16
 """No tokenizer an engine here uses averages more characters per token over a whole text (the longest
@@ -46,6 +46,10 @@ class ModelTraits:
     """The catalog entry's capabilities; ``None`` when it states none."""
     engines: frozenset[str] = frozenset()
     """The engines serving it now (``llamacpp``, ``vllm``, ...); empty when unknown."""
+    dimensions: int | None = None
+    """An embedding model's vector size, as its catalog entry states it."""
+    matryoshka: bool = False
+    """Its catalog entry says its vectors may be cut (a Matryoshka model): ``dimensions`` is honoured."""
 
     def lacks(self, capability: str) -> bool:
         return self.capabilities is not None and capability not in self.capabilities
@@ -148,7 +152,7 @@ def check_embeddings(payload: dict, model: ModelTraits) -> bool:
         raise BadRequest(
             f"encoding_format must be 'float' or 'base64', not {shown(encoding)}.", param="encoding_format"
         )
-    _positive_int(payload, "dimensions")
+    _check_dimensions(payload, model)
     cut = payload.get("truncate_prompt_tokens")
     if cut is not None:
         if not _is_int(cut) or (cut < 1 and cut != -1):
@@ -342,6 +346,7 @@ def _check_sampling(payload: dict, model: ModelTraits) -> None:
     options = payload.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise BadRequest('stream_options must be an object, e.g. {"include_usage": true}.', param="stream_options")
+    _check_logit_bias(payload)
     top = payload.get("top_logprobs")
     if top is not None and (not _is_int(top) or not 0 <= top <= 20):
         raise BadRequest(f"top_logprobs must be an integer from 0 to 20, not {shown(top)}.", param="top_logprobs")
@@ -353,6 +358,34 @@ def _check_sampling(payload: dict, model: ModelTraits) -> None:
         raise BadRequest(
             "response_format must be an object whose type is text, json_object or json_schema.", param="response_format"
         )
+
+
+MAX_TOKEN_ID = (1 << 31) - 1
+LOGIT_BIAS_RANGE = 100
+
+
+def _check_logit_bias(payload: dict) -> None:
+    """OpenAI's ``logit_bias``: token ids (as text, JSON keys being text) to a bias from -100 to 100."""
+    bias = payload.get("logit_bias")
+    if bias is None:
+        return
+    if not isinstance(bias, dict):
+        raise BadRequest(
+            f'logit_bias must be an object of token ids to biases, e.g. {{"50256": -100}}; not {_kind(bias)}.',
+            param="logit_bias",
+        )
+    for token, value in bias.items():
+        if not (token.isascii() and token.isdigit() and int(token) <= MAX_TOKEN_ID):
+            raise BadRequest(
+                f"logit_bias keys must be token ids (whole numbers, as text); {shown(token)} is not one. "
+                "Find a text's ids with the model's tokenizer.",
+                param=f"logit_bias.{cut(token, 24)}",
+            )
+        if not _is_number(value) or not -LOGIT_BIAS_RANGE <= value <= LOGIT_BIAS_RANGE:
+            raise BadRequest(
+                f"logit_bias[{token}] must be a number from -{LOGIT_BIAS_RANGE} to {LOGIT_BIAS_RANGE}, not {shown(value)}.",
+                param=f"logit_bias.{token}",
+            )
 
 
 def _check_tools(payload: dict, model: ModelTraits) -> None:
@@ -467,6 +500,29 @@ def _positive_int(payload: dict, name: str) -> None:
     value = payload.get(name)
     if value is not None and (not _is_int(value) or value < 1):
         raise BadRequest(f"{name} must be an integer ≥ 1, not {shown(value)}.", param=name)
+
+
+def _check_dimensions(payload: dict, model: ModelTraits) -> None:
+    """``dimensions`` on an embedding: up to the model's own size where it is a Matryoshka model (the gateway cuts
+    its vectors, :mod:`opod.gateway.embeddings`), its own size alone otherwise; refused rather than ignored."""
+    _positive_int(payload, "dimensions")
+    wanted = payload.get("dimensions")
+    if wanted is None or wanted == model.dimensions:
+        return
+    if not model.matryoshka:
+        size = f" (its vectors have {model.dimensions} values)" if model.dimensions else ""
+        raise BadRequest(
+            f"dimensions={wanted} is not supported: the model {shown(model.id)} cannot shorten its embeddings{size}; "
+            "its catalog entry does not say it is a Matryoshka model. Leave out dimensions, or use one that is "
+            "(opod catalog ls).",
+            param="dimensions",
+        )
+    if model.dimensions and wanted > model.dimensions:
+        raise BadRequest(
+            f"dimensions={wanted} is more than the model {shown(model.id)} has: its vectors have {model.dimensions} "
+            "values; ask for that many or fewer.",
+            param="dimensions",
+        )
 
 
 def _kind(value: Any) -> str:
