@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
@@ -29,9 +30,9 @@ from opod.control.app import ACTOR
 from opod.control.audit import open_draft, record_after
 from opod.control.scim import PREFIX as SCIM_PREFIX
 from opod.control.scim import ScimError
-from opod.http.errors import BadRequest, Unauthorized
+from opod.http.errors import BadRequest, Unauthorized, UnknownRoute, cut, error_response
 from opod.http.fastpath import FastPath, Handler
-from opod.http.inbound import check_nesting, json_value
+from opod.http.inbound import check_nesting, json_value, request_id_for
 from opod.leader.adminv1.context import AdminContext, AdminError
 from opod.leader.adminv1.routes import loadz_response, router
 from opod.leader.webhooks import WebhookCounts
@@ -171,6 +172,19 @@ def public_app(
     @app.exception_handler(AdminError)
     async def admin_error(request: Request, err: AdminError) -> Response:
         return err.response()
+
+    @app.exception_handler(HTTPException)
+    async def no_route(request: Request, err: HTTPException) -> Response:
+        """A path no route matches (one with a newline in it, say), in the error shape of the API it is under."""
+        path, method = request.url.path, request.method
+        if path == "/v1" or path.startswith("/v1/"):
+            known = sorted({known for _, known in data_path.handlers()} | {"/v1/models/{id}"})
+            return error_response(UnknownRoute(method, path, known), request_id_for(request))
+        if path == "/admin/v1" or path.startswith("/admin/v1/"):
+            missing = err.status_code == 404
+            what, kind = ("no such path", "not_found") if missing else ("not answered", "method_not_allowed")
+            return AdminError(err.status_code, f"{what}: {method} {cut(path)}", kind).response()
+        return JSONResponse({"detail": err.detail}, status_code=err.status_code, headers=err.headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, err: RequestValidationError) -> Response:
