@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 
@@ -118,7 +117,6 @@ def _refusal(keys: KeyTable, authorization: str | None, kinds: tuple[str, ...]) 
 
 def test_the_admin_apis_refusals_say_where_the_admin_key_is_not_how_to_make_a_client_key() -> None:
     keys = KeyTable()
-    keys.admin_key_file = Path("/srv/opod/admin.key")
     keys.put(local("sk-client", id_="k_client"))
     keys.put(local("sk-admin", id_="k_admin", kind="admin"))
     admin = ("admin",)
@@ -127,16 +125,16 @@ def test_the_admin_apis_refusals_say_where_the_admin_key_is_not_how_to_make_a_cl
         assert "create one with `opod token create`" not in message, message
         assert "API key" not in message, "the admin listeners rewrite 'API key'; an admin refusal never says it"
     assert "send `Authorization: Bearer <admin key>`" in _refusal(keys, None, admin)
-    assert "/srv/opod/admin.key" in _refusal(keys, None, admin)
+    assert "admin.key in the leader's OPOD_HOME" in _refusal(keys, None, admin)
     assert "client key (k_client), not the admin key" in _refusal(keys, bearer("sk-client"), admin)
-    assert "/srv/opod/admin.key" in _refusal(keys, "Bearer sk-unknown", admin)
+    assert "admin.key in the leader's OPOD_HOME" in _refusal(keys, "Bearer sk-unknown", admin)
     keys.revoke("k_admin")
-    assert "Admin key k_admin was revoked; the admin key is in /srv/opod/admin.key" in _refusal(
+    assert "Admin key k_admin was revoked; the admin key is in admin.key in the leader's OPOD_HOME" in _refusal(
         keys, bearer("sk-admin"), admin
     )
 
 
-def test_without_a_known_file_the_admin_refusal_names_the_home_and_clients_still_hear_token_create() -> None:
+def test_the_admin_refusal_names_the_home_and_clients_still_hear_token_create() -> None:
     keys = KeyTable()
     assert "admin.key in the leader's OPOD_HOME (~/.opod/admin.key by default)" in _refusal(keys, None, ("admin",))
     client = _refusal(keys, None, ("api", "admin"))

@@ -72,6 +72,8 @@ def test_released_dates_stay_text_even_unquoted() -> None:
             "sliding_window_layers (8) exceeds layers (4)",
         ),
         ({"tool_call_parser": {"vlm": "hermes"}}, "'vlm' is not an engine"),
+        ({"matryoshka": True}, "embedding_dimensions and matryoshka belong to a model with the embedding capability"),
+        ({"capabilities": ["embedding"], "embedding_dimensions": -1}, "embedding_dimensions cannot be negative"),
     ],
 )
 def test_a_bad_entry_names_the_field_and_the_reason(tmp_path: Path, changes: dict, words: str) -> None:

@@ -56,7 +56,8 @@ def test_three_failures_of_one_model_leave_the_other_model_on_the_same_worker_se
     assert fleet.served_models() == {EMBED}
     availability = fleet.availability(CHAT)
     assert not availability.ok
-    assert availability.why() == "n1: cooling down after 3 failed requests (last: connection refused)"
+    assert availability.why() == "n1: cooling down after 3 failed requests"
+    assert availability.told_operators() == "n1: cooling down after 3 failed requests (last: connection refused)"
     assert 1 <= availability.retry_after() <= COOLDOWN_SECONDS
     assert fleet.availability(EMBED).ok
 
@@ -78,7 +79,8 @@ def test_a_crashed_engine_says_so_and_its_model_takes_work_as_soon_as_it_is_repo
     fail(fleet, "n1", CHAT)  # the requests that met the dead engine before the worker said so
     crashed = nodeapi.EngineState(state="starting", restarts=0, detail="killed by SIGKILL")
     beat(fleet, "n1", [EMBED], {CHAT: crashed, EMBED: nodeapi.EngineState(state="serving")})
-    assert fleet.availability(CHAT).why() == "n1: its engine crashed (killed by SIGKILL) and is restarting"
+    assert fleet.availability(CHAT).why() == "n1: its engine crashed and is restarting"
+    assert fleet.availability(CHAT).told_operators() == "n1: its engine crashed (killed by SIGKILL) and is restarting"
     assert fleet.availability(CHAT).retry_after() <= 5
     assert fleet.serves(EMBED)
     node = fleet.get("n1")
@@ -103,18 +105,26 @@ def test_an_engine_restarted_between_two_heartbeats_takes_work_again_at_once() -
     assert fleet.serves(CHAT)
 
 
-def test_each_reason_a_model_cannot_serve_is_said_with_an_honest_retry_after() -> None:
+def test_each_reason_a_model_cannot_serve_is_said_with_an_honest_retry_after_and_its_detail_to_operators_only() -> None:
     fleet = Fleet()
     join(fleet, "n1", [])
     beat(fleet, "n1", [], load_progress={CHAT: "fetching weights 40%"})
     assert fleet.availability(CHAT).why() == "n1: loading (fetching weights 40%)"
     beat(fleet, "n1", [], load_errors={CHAT: "chat: exit status 1 (unknown model architecture)"})
-    assert fleet.availability(CHAT).why() == "n1: failed to load: chat: exit status 1 (unknown model architecture)"
+    assert fleet.availability(CHAT).why() == "n1: failed to load"
+    assert (
+        fleet.availability(CHAT).told_operators()
+        == "n1: failed to load: chat: exit status 1 (unknown model architecture)"
+    )
     assert fleet.availability(CHAT).retry_after() >= 20
     looping = nodeapi.EngineState(state="crash-looping", restarts=3, detail="exit status 134")
     beat(fleet, "n1", [], {CHAT: looping})
     assert (
         fleet.availability(CHAT).why()
+        == "n1: its engine keeps crashing, restarted 3 times; restarting after a back-off"
+    )
+    assert (
+        fleet.availability(CHAT).told_operators()
         == "n1: its engine keeps crashing (exit status 134), restarted 3 times; restarting after a back-off"
     )
     assert fleet.availability("nobody-has-it").why() == "no worker holds it yet"

@@ -20,7 +20,8 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from opod.gateway.responses import CHAT_PATH, chat_request, response_object, responses_endpoint
+from opod.gateway.responses import CHAT_PATH, chat_request, check_translated, response_object, responses_endpoint
+from opod.gateway.validate import ModelTraits
 from opod.http.errors import BadRequest
 
 EVENT = pydantic.TypeAdapter(ResponseStreamEvent)
@@ -419,3 +420,17 @@ async def test_a_chat_stream_that_breaks_off_ends_with_an_error_and_a_failed_res
     assert [e.type for e in events[-2:]] == ["error", "response.failed"]
     assert events[-2].code == "upstream_interrupted" and events[-1].response.status == "failed"
     assert chat.closed
+
+
+def test_the_chat_rules_on_a_translated_request_name_the_responses_fields() -> None:
+    small = ModelTraits("m", context=100)
+    with pytest.raises(BadRequest) as refused:
+        check_translated(chat_request({"model": "m", "input": "Hi", "max_output_tokens": 500}), small)
+    assert refused.value.param == "max_output_tokens" and refused.value.message.startswith("max_output_tokens=500 ")
+    with pytest.raises(BadRequest) as refused:
+        check_translated(chat_request({"model": "m", "input": "word " * 5000}), small)
+    assert refused.value.param == "input" and "and input comes to" in refused.value.message
+    for chat_name, own in (("max_tokens", "max_output_tokens"), ("messages", "input"), ("response_format", "text")):
+        with pytest.raises(BadRequest) as refused:
+            chat_request({"model": "m", "input": "Hi", chat_name: 5})
+        assert refused.value.param == chat_name and own in refused.value.message

@@ -385,3 +385,36 @@ def test_a_typical_chat_is_checked_in_microseconds() -> None:
         check_chat(payload, CHAT_MODEL)
     per_call = (time.thread_time() - started) / rounds
     assert per_call < 50e-6, f"{per_call * 1e6:.1f} µs per check"
+
+
+@pytest.mark.parametrize(
+    ("bias", "param"),
+    [
+        ([1, 2], "logit_bias"),
+        ({"hello": 1}, "logit_bias.hello"),
+        ({"1.5": 1}, "logit_bias.1.5"),
+        ({"99999999999": 1}, "logit_bias.99999999999"),
+        ({"42": 101}, "logit_bias.42"),
+        ({"42": "-5"}, "logit_bias.42"),
+    ],
+)
+def test_logit_bias_keys_are_token_ids_and_values_from_minus_100_to_100(bias: object, param: str) -> None:
+    assert chat_refusal(logit_bias=bias).param == param
+    assert (
+        check_chat({"model": "m", "messages": HELLO, "logit_bias": {"42": -100, "7": 100, "9": 0.5}}, CHAT_MODEL)
+        is False
+    )
+
+
+MATRYOSHKA = ModelTraits("nomic", context=8192, capabilities=frozenset({"embedding"}), dimensions=768, matryoshka=True)
+
+
+def test_dimensions_are_honoured_up_to_a_matryoshka_models_size_and_refused_for_any_other_model() -> None:
+    sized = ModelTraits("all-minilm-l6-v2", context=512, capabilities=frozenset({"embedding"}), dimensions=384)
+    refused = refusal(check_embeddings, {"model": "e", "input": "x", "dimensions": 8}, sized)
+    assert refused.param == "dimensions" and "Matryoshka" in refused.message and "384 values" in refused.message
+    assert check_embeddings({"model": "e", "input": "x", "dimensions": 384}, sized) is False, "its own size"
+    assert refusal(check_embeddings, {"model": "e", "input": "x", "dimensions": 8}, EMBED_MODEL).param == "dimensions"
+    assert check_embeddings({"model": "e", "input": "x", "dimensions": 8}, MATRYOSHKA) is False
+    over = refusal(check_embeddings, {"model": "e", "input": "x", "dimensions": 769}, MATRYOSHKA)
+    assert over.param == "dimensions" and "768 values" in over.message

@@ -33,6 +33,8 @@ def parse_lifetime(text: str | None, field: str = "expires_in") -> timedelta | N
         return None
     try:
         seconds = durations.seconds(text)
+    except durations.TooLong as err:
+        raise InvalidInput(f"{field}: {err}") from None
     except ValueError:
         raise InvalidInput(f"{field}: {text!r} is not a lifetime; write it like 720h, 30d or 1h30m (or none)") from None
     if seconds <= 0:

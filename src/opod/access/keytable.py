@@ -22,7 +22,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from types import MappingProxyType
 
 from opod.contract.adminapi import SNAPSHOT_KEY_PREFIX, AdmissionClass
@@ -99,8 +98,6 @@ class KeyTable:
         """Ids of local keys that authenticated since the last :meth:`take_used`."""
         self.max_snapshot_age_sec = 0
         """The policy's ``auth.maxSnapshotAgeSec``; 0 = fail-static (serve from any snapshot age)."""
-        self.admin_key_file: Path | None = None
-        """Where the admin key is kept, named when the admin API refuses a key; set by whoever writes it."""
 
     # --- local keys ----------------------------------------------------------
 
@@ -261,13 +258,13 @@ class KeyTable:
             return Unauthorized(f"{noun} {entry.id} expired at {entry.expires_at:%Y-%m-%d %H:%M} UTC; {renew}.")
         return None
 
-    def _admin_key_hint(self) -> str:
-        where = (
-            f"{self.admin_key_file} on the leader"
-            if self.admin_key_file
-            else "admin.key in the leader's OPOD_HOME (~/.opod/admin.key by default)"
+    @staticmethod
+    def _admin_key_hint() -> str:
+        # Told to anyone who calls without the key: where the key lives in words, never the leader's own path.
+        return (
+            "the admin key is in admin.key in the leader's OPOD_HOME (~/.opod/admin.key by default); "
+            "`opod token create` makes client keys, not admin keys"
         )
-        return f"the admin key is in {where}; `opod token create` makes client keys, not admin keys"
 
     def take_used(self) -> set[str]:
         """The local keys that authenticated since the last call (the auth file's keys are not stored here)."""

@@ -99,7 +99,6 @@ class AccessService:
         cluster opens every leader's admin API: the leaders change one store, so a key held to one leader would
         wall off nothing, and ``opod ctl`` works against any leader with any leader's key.
         """
-        self.keys.admin_key_file = path
         held = hash_key(path.read_text().strip()) if path.exists() else None
         active = [r for r in self.store.list_keys("admin") if r.revoked_at is None]
         mine = next((r for r in active if r.hash == held), None)

@@ -10,7 +10,11 @@ these opod additions, all optional so other readers ignore them:
 - ``architecture.kv_lora_rank`` and ``qk_rope_head_dim``: multi-head latent
   attention (one compressed latent per token and layer instead of K and V);
 - ``architecture.sliding_window`` and ``sliding_window_layers``: how many
-  layers attend only to the last ``sliding_window`` tokens.
+  layers attend only to the last ``sliding_window`` tokens;
+- ``embedding_dimensions``: an embedding model's vector size;
+- ``matryoshka``: an embedding model trained so that the first values of a
+  vector are an embedding of their own (Matryoshka representation learning),
+  so a request's ``dimensions`` may cut its vectors.
 
 Zero or missing architecture fields mean "unknown": callers warn, never refuse.
 """
@@ -136,6 +140,11 @@ class Entry(WireModel):
     ``tool_calls`` (vLLM's and SGLang's ``--tool-call-parser``; llama-server reads its template)."""
     fallback_on_context_length: Annotated[list[str] | None, OMITEMPTY] = None
     fallback_on_content_policy: Annotated[list[str] | None, OMITEMPTY] = None
+    embedding_dimensions: Annotated[int, OMITEMPTY] = 0
+    """opod addition: an embedding model's vector size; 0 = unknown."""
+    matryoshka: Annotated[bool, OMITEMPTY] = False
+    """opod addition: the model's vectors may be cut to their first values and renormalised (Matryoshka
+    representation learning), which is how the gateway honours a request's ``dimensions``."""
 
     @field_validator("id")
     @classmethod
@@ -162,6 +171,14 @@ class Entry(WireModel):
                     f"the parser for {engine} is empty: name one (e.g. hermes for vLLM) or leave the engine out"
                 )
         return value
+
+    @model_validator(mode="after")
+    def _embedding_fields(self) -> Entry:
+        if self.embedding_dimensions < 0:
+            raise ValueError("embedding_dimensions cannot be negative (0 means unknown)")
+        if (self.embedding_dimensions or self.matryoshka) and "embedding" not in self.capabilities:
+            raise ValueError("embedding_dimensions and matryoshka belong to a model with the embedding capability")
+        return self
 
     @field_validator("capabilities", "recommended_engines")
     @classmethod

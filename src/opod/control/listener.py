@@ -6,8 +6,8 @@ address or ``localhost`` (a DNS-rebinding page), a request another site's page s
 and any method but GET and HEAD whose ``Content-Type`` is not JSON (``application/json``, any
 case, parameters such as ``charset`` allowed), a missing one included (a cross-site form).
 Every path under ``/api``, ``openapi.json`` included, needs the admin key. A body is read whole
-before any route sees it, and refused past :data:`MAX_BODY` whether or not ``Content-Length``
-said its size. HEAD is answered as GET without the body. ``X-Llmgw-Actor`` names who made a
+before any route sees it, refused past :data:`MAX_BODY` whether or not ``Content-Length`` said its
+size, and held to a client's JSON rules (``opod.http.inbound.json_value``: nesting, encodable text). HEAD is answered as GET without the body. ``X-Llmgw-Actor`` names who made a
 change: letters, digits and ``._-@``, at most 64; ``unknown`` when absent.
 
 A change (any method but GET and HEAD) gets its audit draft before its route runs; once it has
@@ -30,7 +30,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from opod.access.keytable import KeyTable
 from opod.control.audit import open_draft, record_after
 from opod.control.context import EventSink
-from opod.http.errors import Unauthorized
+from opod.http.errors import BadRequest, Unauthorized
+from opod.http.inbound import json_value
 from opod.store import Store
 
 log = logging.getLogger("opod.control")
@@ -108,7 +109,17 @@ class AdminGuard:
             await refusal(413, str(err))(scope, receive, send)
             return
         request = Request(scope)
-        draft = open_draft(request, headers.get("x-llmgw-actor") or "unknown", body)
+        actor = headers.get("x-llmgw-actor") or "unknown"
+        try:
+            if body.strip():  # a client's JSON rules (nesting, encodable text) before anything parses it
+                json_value(body)
+        except BadRequest as err:
+            draft = open_draft(request, actor, b"")
+            draft.body = f"({len(body)} bytes refused: {err.message})"
+            await refusal(400, err.message)(scope, receive, send)
+            await record_after(self.store, request, draft, 400)
+            return
+        draft = open_draft(request, actor, body)
         status = await self._answer(scope, _replay(body, receive), send)
         self.events("admin.call", scope["path"], {"method": method, "status": status, "actor": draft.actor})
         await record_after(self.store, request, draft, status)

@@ -74,25 +74,27 @@ class ModelLiveness(WorkerLiveness, Protocol):
 
 
 def takes_new_work(node: WorkerLiveness, now: float) -> tuple[bool, str]:
-    """``(True, "")`` when the worker may be given new requests, else ``(False, why)``.
+    """``(True, "")`` when the worker may be given new requests, else ``(False, why)``, the engine's own words included.
 
     Everything :func:`can_place` asks, and an engine that serves, awake. A model's own
     cool-down or crash is not the worker's: :func:`model_state` says that.
     """
+    live, why, detail = _worker_state(node, now)
+    return live, why + (f": {detail}" if detail else "")
+
+
+def _worker_state(node: WorkerLiveness, now: float) -> tuple[bool, str, str]:
+    """:func:`takes_new_work` with why in opod's words and the engine's own apart (``detail``, for operators only)."""
     placeable, why = can_place(node, now)
     if not placeable:
-        return False, why
+        return False, why, ""
     word = node.engine_word
-    if word is not None:
-        if word is EngineStateWord.CRASH_LOOPING:
-            detail = node.engine.detail if node.engine is not None else ""
-            return False, "engine crash-looping" + (f": {detail}" if detail else "")
-        if word is EngineStateWord.STOPPED:
-            detail = node.engine.detail if node.engine is not None else ""
-            return False, "engine stopped" + (f": {detail}" if detail else "")
+    if word is EngineStateWord.CRASH_LOOPING or word is EngineStateWord.STOPPED:
+        detail = node.engine.detail if node.engine is not None else ""
+        return False, "engine crash-looping" if word is EngineStateWord.CRASH_LOOPING else "engine stopped", detail
     if node.sleeping:
-        return False, "sleeping"
-    return True, ""
+        return False, "sleeping", ""
+    return True, "", ""
 
 
 def can_place(node: WorkerLiveness, now: float) -> tuple[bool, str]:
@@ -165,11 +167,22 @@ def takes_model(node: ModelLiveness, model: str, now: float) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class ModelState:
-    """``model`` on one worker: ``serving``, ``down`` (with why, and when to ask again) or ``absent``."""
+    """``model`` on one worker: ``serving``, ``down`` (with why, and when to ask again) or ``absent``.
+
+    ``why`` is in opod's words, fit for any client; ``operators`` says the same with what only operators
+    are shown (the engine's last log line, a load error, the last failed request's answer), which may
+    name paths and addresses on the worker.
+    """
 
     word: str
     why: str = ""
     retry_after: float = 0.0
+    operators: str = ""
+
+    @property
+    def told_operators(self) -> str:
+        """What the node listings and the leader's log say: ``why`` with the engine's own words."""
+        return self.operators or self.why
 
 
 SERVING = ModelState("serving")
@@ -182,31 +195,37 @@ def model_state(node: ModelLiveness, model: str, now: float) -> ModelState:
     engine = node.model_engines.get(model)
     if not held and engine is None and model not in node.load_progress and model not in node.load_errors:
         return ABSENT
-    live, why = takes_new_work(node, now)
+    live, why, detail = _worker_state(node, now)
     if not live:
-        return ModelState("down", f"worker {why}", RETRY_NODE)
+        return ModelState("down", f"worker {why}", RETRY_NODE, f"worker {why}: {detail}" if detail else "")
     if held:
         left = cooling(node, model, now)
         if left:
             health = node.health[model]
             # Seconds left are the Retry-After's to say: a listing's phrase stays the same while it runs.
-            last = f" (last: {health.last_problem})" if health.last_problem else ""
-            return ModelState("down", f"cooling down after {health.cooled_after} failed requests{last}", left)
+            why = f"cooling down after {health.cooled_after} failed requests"
+            last = f"{why} (last: {health.last_problem})" if health.last_problem else ""
+            return ModelState("down", why, left, last)
         return SERVING
     if model in node.load_errors:
-        return ModelState("down", f"failed to load: {node.load_errors[model]}", RETRY_FAILED)
+        return ModelState("down", "failed to load", RETRY_FAILED, f"failed to load: {node.load_errors[model]}")
     if engine is not None:
-        word, detail = engine.word, f" ({engine.detail})" if engine.detail else ""
+        word = engine.word
+
+        def down(phrase: str, retry_after: float) -> ModelState:
+            # ``phrase`` has ``{}`` where the engine's own words go for operators.
+            detail = f" ({engine.detail})" if engine.detail else ""
+            return ModelState("down", phrase.format(""), retry_after, phrase.format(detail))
+
         if word is EngineStateWord.CRASH_LOOPING:
-            return ModelState(
-                "down",
-                f"its engine keeps crashing{detail}, restarted {engine.restarts} times; restarting after a back-off",
+            return down(
+                f"its engine keeps crashing{{}}, restarted {engine.restarts} times; restarting after a back-off",
                 RETRY_CRASH_LOOPING,
             )
         if word is EngineStateWord.STOPPED:
-            return ModelState("down", f"its engine stopped{detail} and is not restarted", RETRY_FAILED)
+            return down("its engine stopped{} and is not restarted", RETRY_FAILED)
         if word is EngineStateWord.STARTING and (engine.restarts or engine.detail):
-            return ModelState("down", f"its engine crashed{detail} and is restarting", RETRY_RESTARTING)
+            return down("its engine crashed{} and is restarting", RETRY_RESTARTING)
     progress = node.load_progress.get(model)
     return ModelState("down", f"loading ({progress})" if progress else "loading", RETRY_LOADING)
 
@@ -217,7 +236,7 @@ def model_states(node: ModelLiveness, now: float) -> dict[str, str]:
     out = {}
     for model in models:
         state = model_state(node, model, now)
-        out[model] = state.word if state is SERVING else state.why
+        out[model] = state.word if state is SERVING else state.told_operators
     return out
 
 
@@ -234,10 +253,16 @@ class Availability:
         return bool(self.serving)
 
     def why(self) -> str:
-        """Why no worker serves it, per worker (``n1: its engine crashed (…) and is restarting``)."""
+        """Why no worker serves it, per worker, in words fit for any client (``n1: its engine crashed and is restarting``)."""
         if not self.down:
             return "no worker holds it yet"
         return "; ".join(f"{node_id}: {state.why}" for node_id, state in self.down)
+
+    def told_operators(self) -> str:
+        """:meth:`why` with each worker's detail (``n1: its engine crashed (exit status 1: …) and is restarting``)."""
+        if not self.down:
+            return self.why()
+        return "; ".join(f"{node_id}: {state.told_operators}" for node_id, state in self.down)
 
     def retry_after(self) -> int:
         """The soonest any worker may serve it again, in whole seconds (at least 1)."""

@@ -26,6 +26,7 @@ from opod.fleet.router import RouteRequest, RoutingPolicy, choose_revision
 from opod.fleet.state import Fleet
 from opod.gateway.admission import Admission, resolve_class
 from opod.gateway.budgets import BudgetExceeded, Budgets, BudgetScope
+from opod.gateway.embeddings import cut_embeddings
 from opod.gateway.exchange import Chains, Exchange, UsageRecorder
 from opod.gateway.guardrails import GuardNote, Guardrails
 from opod.gateway.kept_bodies import BodyKeeping, request_labels
@@ -33,7 +34,7 @@ from opod.gateway.prefix import PrefixHasher
 from opod.gateway.profiles import RoutingProfiles
 from opod.gateway.promptsize import asked_limit, completion_bound, default_limit, prompt_size
 from opod.gateway.relay import Relay, RelayCall
-from opod.gateway.responses import RESPONSES_PATH, responses_endpoint
+from opod.gateway.responses import RESPONSES_PATH, check_translated, responses_endpoint
 from opod.gateway.stats import PROBE_HEADER, GatewayStats
 from opod.gateway.usagecount import DecodeRates, PromptCounter
 from opod.gateway.validate import (
@@ -80,6 +81,9 @@ ROUTES = (
     RouteSpec("/v1/embeddings", "embedding", 8 * MiB, check_embeddings),
     RouteSpec("/v1/rerank", "rerank", 8 * MiB, check_rerank),
 )
+
+TRANSLATED_RESPONSES = RouteSpec("/v1/chat/completions", "chat", 32 * MiB, check_translated)
+"""A Responses request, translated onto chat completions: the chat route's rules, in the Responses API's names."""
 
 _UNSUPPORTED = {
     "embedding": (
@@ -190,7 +194,7 @@ class Gateway:
             out[("POST", spec.path)] = self._endpoint(spec)
         # The Responses API, translated onto chat completions; its usage rows name their own protocol.
         out[("POST", RESPONSES_PATH)] = responses_endpoint(
-            self._endpoint(ROUTES[0], "openai.responses"), self.authenticate
+            self._endpoint(TRANSLATED_RESPONSES, "openai.responses"), self.authenticate
         )
         return out
 
@@ -285,24 +289,37 @@ class Gateway:
         return JSONResponse({"object": "list", "data": data}, headers={"X-Request-Id": request_id})
 
     async def retrieve_model(self, request: Request) -> Response:
-        """``GET /v1/models/{id}`` (``client.models.retrieve``): a model served here or known to this leader."""
+        """``GET /v1/models/{id}`` (``client.models.retrieve``): a model served here or known to this leader, by its
+        name or an alias (answered under the name asked for, as OpenAI answers an alias)."""
         headers = headers_of(request)
         request_id = sane_request_id(headers.get(b"x-request-id"))
-        model = request.path_params["model"]
+        name = request.path_params["model"]
         try:
             self.authenticate(headers)
-            if not model:
+            if not name:
                 raise UnknownRoute(request.method, request.url.path, self.known_paths())
-            if self.models.active(model) is None and not self.fleet.serves(model):
-                raise ModelNotFound(model, sorted(self.fleet.served_models() | set(self.models.ids())))
+            model = self.known_name(name)
         except GatewayError as err:
             return error_response(err, request_id)
-        return JSONResponse(self.model_object(model, int(time.time())), headers={"X-Request-Id": request_id})
+        return JSONResponse(self.model_object(name, int(time.time()), model), headers={"X-Request-Id": request_id})
 
-    def model_object(self, model: str, created: int) -> dict:
+    def known_name(self, name: str) -> str:
+        """The model ``name`` stands for (itself, or the model it is an alias of); :class:`ModelNotFound` otherwise.
+
+        The one rule for a model's name on ``/v1``: a model added to this leader, by its id or one of its
+        definition's aliases (``ModelRegistry.named``, as ``/api/v1`` reads names), or one a worker serves.
+        """
+        known = self.models.named(name)
+        if known is not None:
+            return known.id
+        if self.fleet.serves(name):
+            return name
+        raise ModelNotFound(name, sorted(self.fleet.served_models() | set(self.models.ids())))
+
+    def model_object(self, name: str, created: int, model: str = "") -> dict:
         """OpenAI's model object, with ``max_model_len`` (vLLM's name for the context) where it is known."""
-        out: dict = {"id": model, "object": "model", "created": created, "owned_by": "opod"}
-        context = self.traits(model).context
+        out: dict = {"id": name, "object": "model", "created": created, "owned_by": "opod"}
+        context = self.traits(model or name).context
         if context is not None:
             out["max_model_len"] = context
         return out
@@ -336,7 +353,15 @@ class Gateway:
             engines = frozenset((known.engine,))
         stated = known.context_length
         context = min(stated, served) if stated and served else stated or served
-        return ModelTraits(model, context=context, capabilities=known.stated_capabilities, engines=engines)
+        entry = known.entry
+        return ModelTraits(
+            model,
+            context=context,
+            capabilities=known.stated_capabilities,
+            engines=engines,
+            dimensions=entry.embedding_dimensions or None if entry is not None else None,
+            matryoshka=entry is not None and entry.matryoshka,
+        )
 
     async def serve(
         self,
@@ -359,6 +384,8 @@ class Gateway:
         traits = self.traits(model)
         changed = spec.check(payload, traits)
         changed = model != payload.get("model") or changed
+        dimensions = payload.pop("dimensions", None) if spec.capability == "embedding" else None
+        changed = dimensions is not None or changed  # the engine makes whole vectors; the gateway cuts them
         payload["model"] = model
         exchange.payload = payload
         exchange.end_user, exchange.tags = request_labels(payload)
@@ -430,6 +457,8 @@ class Gateway:
             response = await self.relay.forward(call, route, routing)
         except NoCapacity as refusal:
             response = await self.fallback(call, model, payload, exchange, policy, refusal)
+        if dimensions is not None and not stream:
+            response = cut_embeddings(response, dimensions)
         if policy is not None and policy.guardrails:
             response = await self._after(policy, exchange, model, body, response, stream)
         if keep is not None and self.bodies is not None:
@@ -540,10 +569,11 @@ class Gateway:
                     param="model",
                 )
         if plan is not None and plan.model and model != plan.model and not _is_plan_adapter(model, plan):
-            raise ModelNotFound(model, [plan.model])
+            known = self.models.named(model)  # an alias of the plan's model names it too
+            if known is None or known.id != plan.model:
+                raise ModelNotFound(model, [plan.model])
+        model = self.known_name(model)
         known = self.models.active(model)
-        if known is None and not self.fleet.serves(model):
-            raise ModelNotFound(model, sorted(self.fleet.served_models() | set(self.models.ids())))
         if known is not None and spec.capability not in known.capabilities:
             code, what = _UNSUPPORTED[spec.capability]
             raise NotSupported(f"The model {model!r} {what}.", code)

@@ -21,9 +21,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from opod.access.keytable import KeyEntry
+from opod.contract import durations
 from opod.gateway.files import Authenticate, ClientFiles, NotFoundHere, caller_of, limit_arg, page
-from opod.http.errors import BadRequest
-from opod.http.inbound import json_object
+from opod.http.errors import BadRequest, shown
+from opod.http.inbound import json_object, json_value
 from opod.store import Store
 from opod.store.client_jobs import JobLine, JobRecord
 from opod.store.offloop import run_sync
@@ -39,12 +40,17 @@ ERRORS_LISTED = 100
 
 def completion_window(text: object) -> timedelta:
     """``24h`` (OpenAI's one window) or a shorter duration such as ``1h`` or ``90s``."""
-    match = WINDOW.fullmatch(text) if isinstance(text, str) else None
-    if match is None:
-        raise BadRequest(f"completion_window: {text!r} is not a window; send 24h", param="completion_window")
-    window = timedelta(seconds=int(match[1]) * {"h": 3600, "m": 60, "s": 1}[match[2]])
+    try:
+        seconds = durations.seconds(text) if isinstance(text, str) and WINDOW.fullmatch(text) else None
+    except ValueError:
+        seconds = None
+    if seconds is None:
+        raise BadRequest(f"completion_window: {shown(text)} is not a window; send 24h", param="completion_window")
+    window = timedelta(seconds=seconds)
     if window > LONGEST_WINDOW:
-        raise BadRequest(f"completion_window: {text} is longer than 24h, the longest window", param="completion_window")
+        raise BadRequest(
+            f"completion_window: {shown(text)} is longer than 24h, the longest window", param="completion_window"
+        )
     return window
 
 
@@ -87,9 +93,9 @@ def parse_lines(content: bytes, endpoint: str) -> tuple[list[JobLine], str, list
         if not raw.strip():
             continue
         try:
-            item = json.loads(raw)
-        except ValueError:
-            fail(number, "invalid_json_line", f"Line {number} is not JSON; each line is one request object.")
+            item = json_value(raw, f"Line {number}")
+        except BadRequest as refusal:
+            fail(number, "invalid_json_line", f"{refusal.message} Each line is one request object.", refusal.param)
             continue
         if not isinstance(item, dict):
             fail(number, "invalid_json_line", f"Line {number} is not a JSON object.")
@@ -106,16 +112,16 @@ def parse_lines(content: bytes, endpoint: str) -> tuple[list[JobLine], str, list
             fail(
                 number,
                 "duplicate_custom_id",
-                f"Line {number}: custom_id {custom_id!r} is used by an earlier line; each must be unique.",
+                f"Line {number}: custom_id {shown(custom_id)} is used by an earlier line; each must be unique.",
                 "custom_id",
             )
         elif method != "POST":
-            fail(number, "invalid_method", f"Line {number}: method must be POST, not {method!r}.", "method")
+            fail(number, "invalid_method", f"Line {number}: method must be POST, not {shown(method)}.", "method")
         elif url != endpoint:
             fail(
                 number,
                 "mismatched_endpoint",
-                f"Line {number}: url {url!r} is not the batch's endpoint {endpoint}.",
+                f"Line {number}: url {shown(url)} is not the batch's endpoint {endpoint}.",
                 "url",
             )
         elif not isinstance(body, dict):
@@ -197,7 +203,7 @@ class ClientBatches:
         key_id, project_id = caller_of(key)
         job = await run_sync(self.store.get_client_job, batch_id, key_id=key_id, project_id=project_id)
         if job is None:
-            raise NotFoundHere(f"No batch with id {batch_id!r} (GET /v1/batches lists yours).", param="batch_id")
+            raise NotFoundHere(f"No batch with id {shown(batch_id)} (GET /v1/batches lists yours).", param="batch_id")
         return job
 
     async def create(self, request: Request) -> Response:
@@ -206,7 +212,7 @@ class ClientBatches:
             endpoint = body.get("endpoint")
             if endpoint not in ENDPOINTS:
                 raise BadRequest(
-                    f"endpoint: {endpoint!r} is not one a batch runs; send one of {', '.join(ENDPOINTS)}",
+                    f"endpoint: {shown(endpoint)} is not one a batch runs; send one of {', '.join(ENDPOINTS)}",
                     param="endpoint",
                 )
             window_text = body.get("completion_window", "24h")
@@ -220,7 +226,7 @@ class ClientBatches:
             record = await self.files.visible(key, input_file_id)
             if record.purpose != "batch":
                 raise BadRequest(
-                    f"input_file_id: the file {input_file_id!r} was uploaded for {record.purpose!r}, not batch",
+                    f"input_file_id: the file {shown(input_file_id)} was uploaded for {shown(record.purpose)}, not batch",
                     param="input_file_id",
                 )
             content = await run_sync(self.store.file_content, record.id) or b""

@@ -23,13 +23,16 @@ against the worker:
 Once a byte has gone to the client nothing is replayed: a failure mid-stream
 ends the stream with an error event. When no worker can serve, the client gets
 503 with ``Retry-After`` saying why (the model's engine crashed and restarts, it
-is cooling down, loading, failed to load), never a 502.
+is cooling down, loading, failed to load), never a 502. That answer is in opod's
+words only: what the engines and workers said (a log line, an address, a path)
+goes to the leader's log under the request's id.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from dataclasses import dataclass
 
@@ -51,6 +54,8 @@ from opod.http.fastpath import PreparedResponse
 from opod.http.nodeclient import WorkerClient, WorkerUnavailable
 from opod.http.upstream import UpstreamResponse, origin, split_url
 from opod.snapshots.policy import Fallback
+
+log = logging.getLogger("opod.gateway")
 
 MAX_ATTEMPTS = 3
 MODEL_HEADER = "X-Opod-Model"
@@ -99,7 +104,7 @@ class Relay:
         """Relay to the best worker, trying the next one on a failure before the first byte."""
         model = route.model
         tried: list[str] = []
-        problems: list[str] = []
+        problems: list[Problem] = []
         suspect: Refusal | None = None
         """A live engine's 5xx answer: moved on from once, and the client's answer if no one does better."""
         for _ in range(MAX_ATTEMPTS):
@@ -127,16 +132,29 @@ class Relay:
         if suspect is not None:
             return self._refused(suspect, call)
         availability = self.fleet.availability(model)
+        request_id = call.observer.request_id
         if not tried:
             wait = availability.retry_after()
+            log.info("%s: %s cannot serve: %s", request_id, model, availability.told_operators())
             raise NoCapacity(
                 f"The model {model!r} cannot serve right now: {availability.why()}. Retry in {wait}s.", retry_after=wait
             )
+        told = "; ".join(p.told_operators for p in problems)
+        tried_words = "; ".join(p.said for p in problems)
         if availability.ok:  # others still serve it: the next try may well land there
-            raise NoCapacity(f"No worker could serve {model!r}: {'; '.join(problems)}. Retry in 1s.", retry_after=1)
+            log.warning("%s: no worker could serve %s: %s", request_id, model, told)
+            raise NoCapacity(f"No worker could serve {model!r}: {tried_words}. Retry in 1s.", retry_after=1)
         wait = availability.retry_after()
+        log.warning(
+            "%s: no worker could serve %s: %s; it cannot serve now: %s",
+            request_id,
+            model,
+            told,
+            availability.told_operators(),
+        )
         raise NoCapacity(
-            f"No worker could serve {model!r}: {'; '.join(problems)}. It cannot serve now: {availability.why()}. Retry in {wait}s.",
+            f"No worker could serve {model!r}: {tried_words}. It cannot serve now: {availability.why()}. "
+            f"Retry in {wait}s.",
             retry_after=wait,
         )
 
@@ -175,7 +193,7 @@ class Relay:
         return node.base_url(), headers
 
     async def _attempt(
-        self, node: NodeState, call: RelayCall, model: str, route: str, problems: list[str]
+        self, node: NodeState, call: RelayCall, model: str, route: str, problems: list[Problem]
     ) -> Response | Refusal | None:
         """The answer; a :class:`Refusal` when the engine refused the request's content; ``None`` to move on."""
         observer = call.observer
@@ -186,7 +204,7 @@ class Relay:
         try:
             where = self._where(node, model, request_id, call.path)
             if where is None:
-                problems.append(f"{node.id}: model_not_loaded")
+                problems.append(Problem(node.id, "model_not_loaded"))
                 return None
             url, headers = where
             sent = time.perf_counter()
@@ -201,12 +219,13 @@ class Relay:
                     return Refusal.of(
                         node, status, data, final=kind == REFUSED, route=route, sent=sent, answered=time.perf_counter()
                     )
-                reason = resp.headers.get(WORKER_ERROR_HEADER) or f"HTTP {status}"
+                code = resp.headers.get(WORKER_ERROR_HEADER, "")
+                reason = code if code.isidentifier() else f"HTTP {status}"  # the worker's codes: model_not_loaded, ...
                 detail = data[:200].decode(errors="replace").strip()
-                problem = reason + (f" ({detail})" if detail else "")
-                problems.append(f"{node.id}: {problem}")
+                problem = Problem(node.id, reason, detail)
+                problems.append(problem)
                 if kind == FAULT:
-                    self.fleet.failed(node, model, problem)
+                    self.fleet.failed(node, model, problem.detailed)
                 return None
             if not call.stream or resp.status != 200:
                 if call.assemble and resp.status == 200:
@@ -236,7 +255,7 @@ class Relay:
             except TimeoutError:
                 first, why = b"", f"no first byte within {FIRST_BYTE_TIMEOUT:.0f}s"
             if not first:
-                problems.append(f"{node.id}: {why}")
+                problems.append(Problem(node.id, why))
                 self.fleet.failed(node, model, why)
                 return None
             answered = time.perf_counter()
@@ -256,9 +275,10 @@ class Relay:
                 headers=headers,
             )
         except (WorkerUnavailable, TimeoutError, OSError) as err:
-            problem = str(err) or type(err).__name__
-            problems.append(f"{node.id}: {problem}")
-            self.fleet.failed(node, model, problem)
+            said = "timed out" if isinstance(err, TimeoutError) else "connection failed"
+            problem = Problem(node.id, said, str(err) or type(err).__name__)
+            problems.append(problem)
+            self.fleet.failed(node, model, problem.detail)
             return None
         finally:
             if not handed_over:
@@ -278,14 +298,18 @@ class Relay:
             where, target_path = split_url(target.url.rstrip("/") + call.path.removeprefix("/v1"))
             resp = await self.workers.upstream.post(where, target_path, body, headers, observer.sent)
         except OSError as err:
+            log.warning("%s: the fallback at %s did not answer: %s", observer.request_id, target.url, err)
             raise NoCapacity(
-                f"No worker could serve the request and the fallback at {target.url} did not answer ({err}). Retry shortly."
+                "No worker could serve the request and the fallback did not answer. Retry shortly."
             ) from None
         if resp.status >= 500:
             detail = (await resp.text())[:200]
             resp.release()
+            log.warning(
+                "%s: the fallback at %s answered HTTP %s: %s", observer.request_id, target.url, resp.status, detail
+            )
             raise NoCapacity(
-                f"No worker could serve the request and the fallback answered HTTP {resp.status} ({detail}). Retry shortly."
+                f"No worker could serve the request and the fallback answered HTTP {resp.status}. Retry shortly."
             )
         out_headers = {"X-Request-Id": observer.request_id, ROUTE_HEADER: f"fallback={target.url}"}
         if not call.stream or resp.status != 200:
@@ -309,6 +333,28 @@ class Relay:
             media_type="text/event-stream",
             headers={**out_headers, "Cache-Control": "no-cache"},
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """A failed attempt: what the client is told (``said``, opod's words) and what only the log gets (``detail``:
+    an engine's answer, an address)."""
+
+    node_id: str
+    reason: str
+    detail: str = ""
+
+    @property
+    def said(self) -> str:
+        return f"{self.node_id}: {self.reason}"
+
+    @property
+    def detailed(self) -> str:
+        return f"{self.reason} ({self.detail})" if self.detail else self.reason
+
+    @property
+    def told_operators(self) -> str:
+        return f"{self.node_id}: {self.detailed}"
 
 
 FAULT, BUSY, REFUSED, ENGINE_ERROR = "fault", "busy", "refused", "engine_error"

@@ -16,6 +16,7 @@ object, a chat stream becomes the Responses event stream (``response.created`` â
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
@@ -24,8 +25,9 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from opod.gateway.validate import ModelTraits, check_chat
 from opod.http import fastjson
-from opod.http.errors import BadRequest, GatewayError, error_response
+from opod.http.errors import BadRequest, GatewayError, error_response, shown
 from opod.http.fastpath import ReadRequest, headers_of, read_whole
 from opod.http.inbound import json_object, read_body, sane_request_id
 
@@ -82,12 +84,41 @@ def _new_id(prefix: str) -> str:
 
 # --- the request ---------------------------------------------------------------------------------
 
+_SENT_AS = {
+    "max_tokens": "max_output_tokens",
+    "max_completion_tokens": "max_output_tokens",
+    "messages": "input",
+    "response_format": "text.format",
+}
+"""A chat request's field â†’ the Responses field it is translated from. A Responses request naming the chat
+field itself is refused (as OpenAI refuses it), so every chat refusal of such a field is about the Responses one."""
+
+
+def check_translated(payload: dict[str, Any], model: ModelTraits) -> bool:
+    """The chat route's rules on a request translated by :func:`chat_request`, each refusal naming the field
+    the client sent (``max_output_tokens``, not the ``max_tokens`` it became)."""
+    try:
+        return check_chat(payload, model)
+    except BadRequest as refusal:
+        param = refusal.param or ""
+        head = re.match(r"[a-z_]*", param)
+        sent = _SENT_AS.get(head[0]) if head is not None else None
+        if sent is not None:
+            refusal.message = refusal.message.replace(param, sent)
+            refusal.param = sent
+        raise
+
 
 def chat_request(body: dict[str, Any]) -> dict[str, Any]:
     """A Responses request as the chat completions request that answers it; a 400 naming the field otherwise."""
     for key, why in _STATELESS.items():
         if body.get(key) not in (None, False):
             raise BadRequest(f"{key} is not supported: {why}.", param=key)
+    for key, name in _SENT_AS.items():
+        if key in body:
+            raise BadRequest(
+                f"{key} is the Chat Completions API's field; the Responses API takes {name} instead.", param=key
+            )
     # Keys with the same name and meaning in both APIs (model, temperature, top_p, user, parallel_tool_calls...) are copied.
     chat: dict[str, Any] = {k: v for k, v in body.items() if k not in _RESPONSES_ONLY}
     messages: list[dict[str, Any]] = []
@@ -102,7 +133,8 @@ def chat_request(body: dict[str, Any]) -> dict[str, Any]:
     if limit is not None:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise BadRequest(
-                f"max_output_tokens must be a whole number of at least 1 (got {limit!r}).", param="max_output_tokens"
+                f"max_output_tokens must be a whole number of at least 1 (got {shown(limit)}).",
+                param="max_output_tokens",
             )
         chat["max_tokens"] = limit
     top_logprobs = body.get("top_logprobs")
@@ -119,7 +151,7 @@ def chat_request(body: dict[str, Any]) -> dict[str, Any]:
         chat["tool_choice"] = _tool_choice(choice)
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
-        raise BadRequest(f"stream must be true or false (got {stream!r}).", param="stream")
+        raise BadRequest(f"stream must be true or false (got {shown(stream)}).", param="stream")
     if stream:
         chat["stream"] = True
         chat["stream_options"] = {"include_usage": True}
@@ -143,9 +175,10 @@ def _input_messages(value: Any) -> list[dict[str, Any]]:
         kind = item.get("type", "message")
         if kind == "message":
             role = item.get("role")
-            if role not in _ROLES:
+            if not isinstance(role, str) or role not in _ROLES:
                 raise BadRequest(
-                    f"{where}.role must be one of {', '.join(sorted(_ROLES))} (got {role!r}).", param=f"{where}.role"
+                    f"{where}.role must be one of {', '.join(sorted(_ROLES))} (got {shown(role)}).",
+                    param=f"{where}.role",
                 )
             out.append({"role": role, "content": _content(item.get("content"), f"{where}.content")})
         elif kind == "function_call":
@@ -170,7 +203,7 @@ def _input_messages(value: Any) -> list[dict[str, Any]]:
             continue  # a previous turn's reasoning: chat templates drop it too
         else:
             raise BadRequest(
-                f"{where}.type {kind!r} is not supported here; send message, function_call or "
+                f"{where}.type {shown(kind)} is not supported here; send message, function_call or "
                 "function_call_output items.",
                 param=f"{where}.type",
             )
@@ -212,7 +245,7 @@ def _content(value: Any, where: str) -> str | list[dict[str, Any]]:
             parts.append({"type": "input_audio", "input_audio": part["input_audio"]})
         else:
             raise BadRequest(
-                f"{at} must be an input_text, input_image or input_audio part with its field (got type {kind!r}).",
+                f"{at} must be an input_text, input_image or input_audio part with its field (got type {shown(kind)}).",
                 param=f"{at}.type",
             )
     return parts
@@ -250,7 +283,7 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
             kind = tool.get("type") if isinstance(tool, dict) else None
             raise BadRequest(
                 f'tools[{i}] must be a function tool {{"type": "function", "name": ..., "parameters": {{...}}}}; '
-                f"opod has no built-in tools (got type {kind!r}).",
+                f"opod has no built-in tools (got type {shown(kind)}).",
                 param=f"tools[{i}]",
             )
         fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}

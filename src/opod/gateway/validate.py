@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from opod.http.errors import BadRequest, ContextLengthExceeded
+from opod.http.errors import BadRequest, ContextLengthExceeded, cut, shown
 
 CHARS_PER_TOKEN_AT_MOST = 16
 """No tokenizer an engine here uses averages more characters per token over a whole text (the longest
@@ -46,6 +46,10 @@ class ModelTraits:
     """The catalog entry's capabilities; ``None`` when it states none."""
     engines: frozenset[str] = frozenset()
     """The engines serving it now (``llamacpp``, ``vllm``, ...); empty when unknown."""
+    dimensions: int | None = None
+    """An embedding model's vector size, as its catalog entry states it."""
+    matryoshka: bool = False
+    """Its catalog entry says its vectors may be cut (a Matryoshka model): ``dimensions`` is honoured."""
 
     def lacks(self, capability: str) -> bool:
         return self.capabilities is not None and capability not in self.capabilities
@@ -70,9 +74,9 @@ def check_content_type(value: bytes | None) -> None:
     media = value.split(b";", 1)[0].strip().lower()
     if media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json")):
         return
-    shown = value.decode("latin-1")[:80]
+    sent = value.decode("latin-1")
     raise BadRequest(
-        f"The body must be JSON sent with Content-Type: application/json (this request says {shown!r}).",
+        f"The body must be JSON sent with Content-Type: application/json (this request says {shown(sent)}).",
         param="Content-Type",
     )
 
@@ -145,13 +149,15 @@ def check_embeddings(payload: dict, model: ModelTraits) -> bool:
         )
     encoding = payload.get("encoding_format")
     if encoding is not None and encoding not in ("float", "base64"):
-        raise BadRequest(f"encoding_format must be 'float' or 'base64', not {encoding!r}.", param="encoding_format")
-    _positive_int(payload, "dimensions")
+        raise BadRequest(
+            f"encoding_format must be 'float' or 'base64', not {shown(encoding)}.", param="encoding_format"
+        )
+    _check_dimensions(payload, model)
     cut = payload.get("truncate_prompt_tokens")
     if cut is not None:
         if not _is_int(cut) or (cut < 1 and cut != -1):
             raise BadRequest(
-                f"truncate_prompt_tokens must be a token count ≥ 1, or -1 for the model's limit; not {cut!r}.",
+                f"truncate_prompt_tokens must be a token count ≥ 1, or -1 for the model's limit; not {shown(cut)}.",
                 param="truncate_prompt_tokens",
             )
         limit = model.context if cut == -1 else cut if model.context is None else min(cut, model.context)
@@ -188,7 +194,7 @@ def check_rerank(payload: dict, model: ModelTraits) -> bool:
             _check_fits(model, f"documents[{i}]", len(query) + len(text), [query, text])
     top_n = payload.get("top_n")
     if top_n is not None and (not _is_int(top_n) or top_n < 1):
-        raise BadRequest(f"top_n must be an integer ≥ 1, not {top_n!r}.", param="top_n")
+        raise BadRequest(f"top_n must be an integer ≥ 1, not {shown(top_n)}.", param="top_n")
     return False
 
 
@@ -201,10 +207,10 @@ def _check_message(message: Any, i: int, model: ModelTraits) -> int:
     if not isinstance(message, dict):
         raise BadRequest(f"{where} must be an object with a role and content, not {_kind(message)}.", param=where)
     role = message.get("role")
-    if role not in ROLES:
-        shown = "missing" if role is None else repr(role)
+    if not isinstance(role, str) or role not in ROLES:
+        sent = "missing" if role is None else shown(role)
         raise BadRequest(
-            f"{where}.role must be one of {', '.join(sorted(ROLES))} ({shown} here).", param=f"{where}.role"
+            f"{where}.role must be one of {', '.join(sorted(ROLES))} ({sent} here).", param=f"{where}.role"
         )
     content = message.get("content")
     if content is None:
@@ -250,10 +256,10 @@ def _check_parts(parts: list, where: str, role: str, model: ModelTraits) -> int:
     for j, part in enumerate(parts):
         at = f"{where}[{j}]"
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in PART_TYPES:
-            shown = _kind(part) if not isinstance(part, dict) else "no type" if kind is None else repr(kind)
+        if not isinstance(kind, str) or kind not in PART_TYPES:
+            sent = _kind(part) if not isinstance(part, dict) else "no type" if kind is None else shown(kind)
             raise BadRequest(
-                f"{at}.type must be one of {', '.join(sorted(PART_TYPES))} ({shown} here).", param=f"{at}.type"
+                f"{at}.type must be one of {', '.join(sorted(PART_TYPES))} ({sent} here).", param=f"{at}.type"
             )
         if kind == "text" or kind == "refusal":
             text = part.get(kind)
@@ -262,11 +268,13 @@ def _check_parts(parts: list, where: str, role: str, model: ModelTraits) -> int:
             chars += len(text)
             continue
         if role in _TEXT_ONLY_ROLES or role == "assistant":
-            raise BadRequest(f"{at}.type is {kind!r}, but a {role} message takes text parts only.", param=f"{at}.type")
+            raise BadRequest(
+                f"{at}.type is {shown(kind)}, but a {role} message takes text parts only.", param=f"{at}.type"
+            )
         needs = _NEEDS.get(kind)
         if needs is not None and model.lacks(needs):
             raise BadRequest(
-                f"{at}.type is {kind!r}, but the model {model.id!r} does not take {kind} input (it has no {needs} capability); "
+                f"{at}.type is {shown(kind)}, but the model {shown(model.id)} does not take {kind} input (it has no {needs} capability); "
                 f"send text, or use a model with {needs} (opod catalog ls).",
                 param=f"{at}.type",
             )
@@ -301,27 +309,29 @@ def _check_sampling(payload: dict, model: ModelTraits) -> None:
         if value is None:
             continue
         if not _is_int(value) or value < 1:
-            raise BadRequest(f"{name} must be an integer ≥ 1 (the most tokens to generate), not {value!r}.", param=name)
+            raise BadRequest(
+                f"{name} must be an integer ≥ 1 (the most tokens to generate), not {shown(value)}.", param=name
+            )
         if model.context is not None and value > model.context:
             raise BadRequest(
-                f"{name}={value} is more than the model {model.id!r} can hold: its context is {model.context} "
+                f"{name}={shown(value)} is more than the model {shown(model.id)} can hold: its context is {model.context} "
                 f"tokens, prompt included; ask for fewer.",
                 param=name,
             )
     for name, low, high in _RANGES:
         value = payload.get(name)
         if value is not None and (not _is_number(value) or not low <= value <= high):
-            raise BadRequest(f"{name} must be a number from {low:g} to {high:g}, not {value!r}.", param=name)
+            raise BadRequest(f"{name} must be a number from {low:g} to {high:g}, not {shown(value)}.", param=name)
     for name in ("n", "best_of"):
         value = payload.get(name)
         if value is None:
             continue
         if not _is_int(value) or not 1 <= value <= MAX_N:
-            raise BadRequest(f"{name} must be an integer from 1 to {MAX_N}, not {value!r}.", param=name)
+            raise BadRequest(f"{name} must be an integer from 1 to {MAX_N}, not {shown(value)}.", param=name)
         if value > 1 and model.engines and not model.engines <= MULTIPLE_CHOICE_ENGINES:
             engines = ", ".join(sorted(model.engines - MULTIPLE_CHOICE_ENGINES))
             raise BadRequest(
-                f"{name}={value} is not supported: the model {model.id!r} is served by {engines}, which answers "
+                f"{name}={shown(value)} is not supported: the model {shown(model.id)} is served by {engines}, which answers "
                 f"one choice per request; send {name}=1 and repeat the request for more answers.",
                 param=name,
             )
@@ -332,13 +342,14 @@ def _check_sampling(payload: dict, model: ModelTraits) -> None:
     for name in ("stream", "logprobs", "parallel_tool_calls"):
         value = payload.get(name)
         if value is not None and not isinstance(value, bool):
-            raise BadRequest(f"{name} must be true or false, not {value!r}.", param=name)
+            raise BadRequest(f"{name} must be true or false, not {shown(value)}.", param=name)
     options = payload.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise BadRequest('stream_options must be an object, e.g. {"include_usage": true}.', param="stream_options")
+    _check_logit_bias(payload)
     top = payload.get("top_logprobs")
     if top is not None and (not _is_int(top) or not 0 <= top <= 20):
-        raise BadRequest(f"top_logprobs must be an integer from 0 to 20, not {top!r}.", param="top_logprobs")
+        raise BadRequest(f"top_logprobs must be an integer from 0 to 20, not {shown(top)}.", param="top_logprobs")
     response_format = payload.get("response_format")
     if response_format is not None and (
         not isinstance(response_format, dict)
@@ -347,6 +358,34 @@ def _check_sampling(payload: dict, model: ModelTraits) -> None:
         raise BadRequest(
             "response_format must be an object whose type is text, json_object or json_schema.", param="response_format"
         )
+
+
+MAX_TOKEN_ID = (1 << 31) - 1
+LOGIT_BIAS_RANGE = 100
+
+
+def _check_logit_bias(payload: dict) -> None:
+    """OpenAI's ``logit_bias``: token ids (as text, JSON keys being text) to a bias from -100 to 100."""
+    bias = payload.get("logit_bias")
+    if bias is None:
+        return
+    if not isinstance(bias, dict):
+        raise BadRequest(
+            f'logit_bias must be an object of token ids to biases, e.g. {{"50256": -100}}; not {_kind(bias)}.',
+            param="logit_bias",
+        )
+    for token, value in bias.items():
+        if not (token.isascii() and token.isdigit() and int(token) <= MAX_TOKEN_ID):
+            raise BadRequest(
+                f"logit_bias keys must be token ids (whole numbers, as text); {shown(token)} is not one. "
+                "Find a text's ids with the model's tokenizer.",
+                param=f"logit_bias.{cut(token, 24)}",
+            )
+        if not _is_number(value) or not -LOGIT_BIAS_RANGE <= value <= LOGIT_BIAS_RANGE:
+            raise BadRequest(
+                f"logit_bias[{token}] must be a number from -{LOGIT_BIAS_RANGE} to {LOGIT_BIAS_RANGE}, not {shown(value)}.",
+                param=f"logit_bias.{token}",
+            )
 
 
 def _check_tools(payload: dict, model: ModelTraits) -> None:
@@ -382,7 +421,7 @@ def _check_tools(payload: dict, model: ModelTraits) -> None:
     if (tools or functions) and model.lacks("tools"):
         param = "tools" if tools else "functions"
         raise BadRequest(
-            f"The model {model.id!r} cannot call tools (its catalog entry has no tools capability); "
+            f"The model {shown(model.id)} cannot call tools (its catalog entry has no tools capability); "
             f"leave out {param}, or use a model with tools (opod catalog ls).",
             param=param,
         )
@@ -460,7 +499,30 @@ def _is_number(value: Any) -> bool:
 def _positive_int(payload: dict, name: str) -> None:
     value = payload.get(name)
     if value is not None and (not _is_int(value) or value < 1):
-        raise BadRequest(f"{name} must be an integer ≥ 1, not {value!r}.", param=name)
+        raise BadRequest(f"{name} must be an integer ≥ 1, not {shown(value)}.", param=name)
+
+
+def _check_dimensions(payload: dict, model: ModelTraits) -> None:
+    """``dimensions`` on an embedding: up to the model's own size where it is a Matryoshka model (the gateway cuts
+    its vectors, :mod:`opod.gateway.embeddings`), its own size alone otherwise; refused rather than ignored."""
+    _positive_int(payload, "dimensions")
+    wanted = payload.get("dimensions")
+    if wanted is None or wanted == model.dimensions:
+        return
+    if not model.matryoshka:
+        size = f" (its vectors have {model.dimensions} values)" if model.dimensions else ""
+        raise BadRequest(
+            f"dimensions={wanted} is not supported: the model {shown(model.id)} cannot shorten its embeddings{size}; "
+            "its catalog entry does not say it is a Matryoshka model. Leave out dimensions, or use one that is "
+            "(opod catalog ls).",
+            param="dimensions",
+        )
+    if model.dimensions and wanted > model.dimensions:
+        raise BadRequest(
+            f"dimensions={wanted} is more than the model {shown(model.id)} has: its vectors have {model.dimensions} "
+            "values; ask for that many or fewer.",
+            param="dimensions",
+        )
 
 
 def _kind(value: Any) -> str:

@@ -6,6 +6,19 @@ import json
 
 from starlette.responses import Response
 
+SHOWN = 64
+"""The most characters of a client's value a refusal repeats: enough to recognise it, never the whole of it."""
+
+
+def shown(value: object, limit: int = SHOWN) -> str:
+    """``repr(value)`` for a refusal that names what a client sent, cut to ``limit`` characters."""
+    return cut(repr(value), limit)
+
+
+def cut(text: str, limit: int = SHOWN) -> str:
+    """``text`` cut to ``limit`` characters, the cut marked with an ellipsis."""
+    return text if len(text) <= limit else f"{text[: limit - 1]}…"
+
 
 class GatewayError(Exception):
     status = 500
@@ -52,7 +65,7 @@ class ModelNotFound(GatewayError):
             if known
             else " No model is served yet: add one with `opod model add`."
         )
-        super().__init__(f"The model {model!r} does not exist here.{hint}", param="model")
+        super().__init__(f"The model {shown(model)} does not exist here.{hint}", param="model")
 
 
 class BodyTooLarge(GatewayError):
@@ -82,7 +95,7 @@ class UnknownRoute(GatewayError):
     code = "unknown_url"
 
     def __init__(self, method: str, path: str, routes: list[str]) -> None:
-        super().__init__(f"Invalid URL ({method} {path}): no such route. The routes here: {', '.join(routes)}.")
+        super().__init__(f"Invalid URL ({method} {cut(path)}): no such route. The routes here: {', '.join(routes)}.")
 
 
 class MethodNotAllowed(GatewayError):

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
@@ -27,8 +28,11 @@ from opod.access.keytable import KeyTable
 from opod.contract import nodeapi
 from opod.control.audit import open_draft, record_after
 from opod.control.listener import ACTOR
-from opod.http.errors import Unauthorized
+from opod.control.scim_wire import PREFIX as SCIM_PREFIX
+from opod.control.scim_wire import ScimError
+from opod.http.errors import BadRequest, Unauthorized, UnknownRoute, cut, error_response
 from opod.http.fastpath import FastPath, Handler
+from opod.http.inbound import check_nesting, json_value, request_id_for
 from opod.leader.adminv1.context import AdminContext, AdminError
 from opod.leader.adminv1.routes import loadz_response, router
 from opod.leader.webhooks import WebhookCounts
@@ -139,17 +143,27 @@ def public_app(
     @app.middleware("http")
     async def admin_key(request: Request, call_next):
         path = request.url.path
+        if path.startswith(SCIM_PREFIX) and request.method not in ("GET", "HEAD"):
+            try:
+                check_nesting(await request.body())  # before SCIM's parser recurses into it
+            except BadRequest as err:
+                return ScimError(400, err.message, "invalidSyntax").response()
         if not path.startswith("/admin/v1/") or path in SIGNED_PATHS:
             return await call_next(request)
         try:
             keys.check(request.headers.get("authorization"), kinds=("admin",))
         except Unauthorized as err:
-            message = err.message  # names the admin key's file and the header (opod.access.keytable)
-            return AdminError(401, message, "unauthorized").response()
+            return AdminError(401, err.message, "unauthorized").response()
         if request.method in ("GET", "HEAD"):
             return await call_next(request)
+        body = await request.body()
+        try:
+            if body.strip() and _as_json(request.headers.get("content-type")):
+                json_value(body)  # the rules of every client's JSON, before the draft's parse and FastAPI's
+        except BadRequest as err:
+            return AdminError(400, err.message).response()
         actor = request.headers.get("x-llmgw-actor", "")
-        draft = open_draft(request, actor if ACTOR.fullmatch(actor) else "unknown", await request.body())
+        draft = open_draft(request, actor if ACTOR.fullmatch(actor) else "unknown", body)
         response = await call_next(request)
         ctx.emit("admin.call", path, {"method": request.method, "status": response.status_code})
         await record_after(ctx.store, request, draft, response.status_code)
@@ -158,6 +172,19 @@ def public_app(
     @app.exception_handler(AdminError)
     async def admin_error(request: Request, err: AdminError) -> Response:
         return err.response()
+
+    @app.exception_handler(HTTPException)
+    async def no_route(request: Request, err: HTTPException) -> Response:
+        """A path no route matches (one with a newline in it, say), in the error shape of the API it is under."""
+        path, method = request.url.path, request.method
+        if path == "/v1" or path.startswith("/v1/"):
+            known = sorted({known for _, known in data_path.handlers()} | {"/v1/models/{id}"})
+            return error_response(UnknownRoute(method, path, known), request_id_for(request))
+        if path == "/admin/v1" or path.startswith("/admin/v1/"):
+            missing = err.status_code == 404
+            what, kind = ("no such path", "not_found") if missing else ("not answered", "method_not_allowed")
+            return AdminError(err.status_code, f"{what}: {method} {cut(path)}", kind).response()
+        return JSONResponse({"detail": err.detail}, status_code=err.status_code, headers=err.headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, err: RequestValidationError) -> Response:
@@ -184,6 +211,12 @@ def public_app(
         if method != "HEAD"
     }
     return FastPath({**data_path.handlers(), **joins}, app)
+
+
+def _as_json(content_type: str | None) -> bool:
+    """Whether FastAPI reads a body sent with this ``Content-Type`` as JSON (no type at all included)."""
+    media = (content_type or "application/json").split(";", 1)[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")
 
 
 def probe_app(ctx: AdminContext) -> Starlette:

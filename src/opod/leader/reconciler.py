@@ -164,7 +164,7 @@ class Reconciler:
         model = self.models.get(model_id)
         availability = self.fleet.availability(model_id)
         if availability.ok:
-            others = f" ({availability.why()})" if availability.down else ""
+            others = f" ({availability.told_operators()})" if availability.down else ""
             return "serving on " + ", ".join(availability.serving) + others
         if model is not None and model.definition is not None:
             return self._replica_status(model)
@@ -173,7 +173,7 @@ class Reconciler:
         if failed:
             return f"failed on {failed[0].node_id}: {failed[0].error}"
         if any(state.word == "down" and not state.why.startswith("loading") for _, state in availability.down):
-            return f"cannot serve: {availability.why()}"
+            return f"cannot serve: {availability.told_operators()}"
         if pending:
             parts = []
             for attempt in pending:
@@ -182,7 +182,7 @@ class Reconciler:
                 parts.append(attempt.node_id + (f" ({progress})" if progress else ""))
             return "loading on " + ", ".join(parts)
         if availability.down:
-            return f"cannot serve: {availability.why()}"
+            return f"cannot serve: {availability.told_operators()}"
         if model is not None and model.wants_loaded():
             return "waiting for a worker"
         return "not loaded"

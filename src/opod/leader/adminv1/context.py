@@ -13,6 +13,7 @@ from opod.fleet.models import ModelRegistry
 from opod.fleet.nodes_service import NodesService
 from opod.fleet.state import Fleet, NodeState
 from opod.gateway.stats import GatewayStats
+from opod.http.errors import shown
 from opod.http.nodeclient import WorkerClient
 from opod.leader.webhooks import WebhookCounts
 from opod.ledger import Ledger
@@ -66,6 +67,6 @@ class AdminContext:
         node = self.fleet.get(node_id)
         if node is None:
             raise AdminError(
-                404, f"node {node_id!r} is not known to this leader; GET /admin/v1/nodes lists them", "not_found"
+                404, f"node {shown(node_id)} is not known to this leader; GET /admin/v1/nodes lists them", "not_found"
             )
         return node

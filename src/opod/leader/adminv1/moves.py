@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 
+from opod.http.errors import shown
 from opod.leader.adminv1.context import AdminContext, AdminError
 from opod.store.offloop import run_sync
 
@@ -27,21 +28,25 @@ class Mover:
         ctx = self.ctx
         model = ctx.models.active(model_id)
         if model is None:
-            raise AdminError(404, f"model {model_id!r} has not been added to this leader", "not_found")
+            raise AdminError(404, f"model {shown(model_id)} has not been added to this leader", "not_found")
         if not source or not target:
             raise AdminError(400, "move needs both `from` and `to` node ids")
         if source == target:
-            raise AdminError(400, f"`from` and `to` are both {source!r}; name two different nodes")
+            raise AdminError(400, f"`from` and `to` are both {shown(source)}; name two different nodes")
         if model_id not in ctx.node(source).loaded_models:
             raise AdminError(
-                409, f"node {source!r} does not hold {model_id!r}; GET /admin/v1/models shows where it is", "conflict"
+                409,
+                f"node {shown(source)} does not hold {shown(model_id)}; GET /admin/v1/models shows where it is",
+                "conflict",
             )
         ctx.node(target)
         if target not in [n.id for n in ctx.fleet.placeable()]:
-            raise AdminError(409, f"node {target!r} is not taking work now (GET /admin/v1/nodes says why)", "conflict")
+            raise AdminError(
+                409, f"node {shown(target)} is not taking work now (GET /admin/v1/nodes says why)", "conflict"
+            )
         if model_id in self.moving and not self.moving[model_id].done():
             raise AdminError(
-                409, f"{model_id!r} is already moving; wait for model.moved or model.move_failed", "conflict"
+                409, f"{shown(model_id)} is already moving; wait for model.moved or model.move_failed", "conflict"
             )
         await run_sync(ctx.store.set_placement, model_id, target, "loaded")
         model.wanted[target] = "loaded"

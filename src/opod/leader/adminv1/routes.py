@@ -18,6 +18,7 @@ from opod.control.audit import audit_draft
 from opod.fleet.liveness import model_states, takes_new_work
 from opod.fleet.models import ANY_NODE
 from opod.fleet.state import NodeState
+from opod.http.errors import shown
 from opod.http.nodeclient import WorkerUnavailable
 from opod.leader import loadz
 from opod.leader.adminv1.capabilities import capabilities
@@ -151,7 +152,9 @@ def router(ctx: AdminContext) -> APIRouter:
         model = ctx.models.active(model_id)
         if model is None:
             raise AdminError(
-                404, f"model {model_id!r} has not been added to this leader (opod model add {model_id})", "not_found"
+                404,
+                f"model {shown(model_id)} has not been added to this leader (opod model add {model_id})",
+                "not_found",
             )
         node = (body.node if body else "") or ANY_NODE
         if node != ANY_NODE:
@@ -185,7 +188,7 @@ def router(ctx: AdminContext) -> APIRouter:
     async def _adapters(base: str, node_id: str, path: str, req: nodeapi.WireModel) -> JSONResponse:
         holders = [ctx.node(node_id)] if node_id else ctx.fleet.workers_for(base)
         if not holders:
-            raise AdminError(409, f"no live worker holds {base!r}; load it first", "conflict")
+            raise AdminError(409, f"no live worker holds {shown(base)}; load it first", "conflict")
         results: list[dict[str, Any]] = []
         worst = 0
         for node in holders:
