@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from cryptography.fernet import Fernet
 
 from opod.access.keys import KeyOrder, KeyService
 from opod.access.members import Memberships
@@ -22,6 +23,7 @@ from opod.access.service import AccessService
 from opod.access.tenancy import Tenancy
 from opod.http.errors import Unauthorized
 from opod.security.nodetokens import NodeTokenMinter
+from opod.security.sealing import SecretsKey
 from opod.settings.holder import SettingsHolder
 from opod.settings.schema import ClusterSettings
 from opod.store import Conflict, InvalidInput, NotFound, Store
@@ -31,7 +33,8 @@ from opod.store.errors import Forbidden
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[Store]:
-    with Store.open(None, home=tmp_path) as opened:
+    sealing = SecretsKey(Fernet.generate_key(), tmp_path / "secrets.key")
+    with Store.open(None, home=tmp_path, secrets_key=sealing) as opened:
         yield opened
 
 
