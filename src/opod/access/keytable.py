@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import MappingProxyType
+from typing import Any
 
 from opod.contract.adminapi import SNAPSHOT_KEY_PREFIX, AdmissionClass
 from opod.http.errors import GatewayError, Unauthorized
@@ -292,5 +293,5 @@ class KeyTable:
             return None
 
 
-def _fields(entry: KeyEntry) -> dict:
+def _fields(entry: KeyEntry) -> dict[str, Any]:
     return {name: getattr(entry, name) for name in entry.__slots__}

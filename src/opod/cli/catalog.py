@@ -42,7 +42,7 @@ def _report_problems(problems: list[str]) -> None:
         err.print(f"[yellow]warning:[/] {line}")
 
 
-def _kv_json(entry: Entry) -> dict:
+def _kv_json(entry: Entry) -> dict[str, object]:
     cost = kv_cost(entry.architecture)
     return {
         "bytes_per_token": cost.per_token,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import typer
 from rich.table import Table
@@ -16,12 +17,12 @@ app = typer.Typer(
 )
 
 
-def _disk(row: dict) -> str:
+def _disk(row: dict[str, Any]) -> str:
     free, total = row.get("disk_free_gb", 0), row.get("disk_total_gb", 0)
     return f"{free}/{total} GiB" if total else "-"
 
 
-def _gpus(row: dict) -> str:
+def _gpus(row: dict[str, Any]) -> str:
     """A line per class: ``8× H100-80GB (80 GiB, 6 free)``, unhealthy ones counted; ``-`` for none."""
     memory: dict[str, int] = {}
     for gpu in row.get("gpus") or []:
@@ -43,7 +44,7 @@ def _models(states: dict[str, str]) -> str:
     )
 
 
-def _state(row: dict) -> str:
+def _state(row: dict[str, Any]) -> str:
     problems = [w for w in row.get("warnings") or [] if w.startswith("takes no requests")]
     return "\n".join([row.get("state", "?"), *problems])
 

@@ -46,7 +46,7 @@ def _date_text(value: Any) -> Any:
     return value
 
 
-def _words(allowed: tuple[str, ...], what: str):
+def _words(allowed: tuple[str, ...], what: str) -> BeforeValidator:
     def check(value: Any) -> Any:
         if isinstance(value, list):
             unknown = [v for v in value if isinstance(v, str) and v not in allowed]

@@ -33,6 +33,7 @@ from scim2_models import (
     Email,
     EnterpriseUser,
     ETag,
+    Extension,
     Filter,
     Group,
     GroupMember,
@@ -234,7 +235,7 @@ class _Scim:
             fields = user_fields(await read_body(call.request, ScimUser, Context.RESOURCE_REPLACEMENT_REQUEST))
         else:
             patch = await read_body(call.request, PatchOp[ScimUser], Context.RESOURCE_PATCH_REQUEST)
-            before: User = ScimUser.model_validate(
+            before: ScimUser = ScimUser.model_validate(
                 self.user_resource(user, call.base), scim_ctx=Context.RESOURCE_QUERY_RESPONSE
             )
             current = before.model_copy(deep=True)
@@ -253,7 +254,7 @@ class _Scim:
             for m in people.memberships(user.id)
             if self._group_kind(m.target)
         ]
-        resource: User = User(
+        resource: User[Extension] = User(
             id=user.id,
             external_id=user.external_id or None,
             user_name=user.email,

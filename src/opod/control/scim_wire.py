@@ -11,7 +11,7 @@ import re
 from typing import Any
 
 from pydantic import ValidationError
-from scim2_models import Context, ListResponse, User
+from scim2_models import Context, EnterpriseUser, ListResponse, User
 from scim2_models import Error as ScimErrorBody
 from starlette.requests import Request
 from starlette.responses import Response
@@ -133,7 +133,7 @@ async def read_body(request: Request, model: Any, context: Context) -> Any:
         raise ScimError(400, parts, "invalidValue") from None
 
 
-def user_fields(user: User, before: User | None = None) -> dict[str, Any]:
+def user_fields(user: User[EnterpriseUser], before: User[EnterpriseUser] | None = None) -> dict[str, Any]:
     """What opod keeps of a SCIM User: the email is its userName; the name is its displayName, else its name.
 
     After a patch (``before`` given), the name is the part the patch changed, so a new given name is not

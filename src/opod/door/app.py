@@ -28,6 +28,7 @@ from starlette.responses import (
     StreamingResponse,
 )
 from starlette.routing import Route
+from starlette.types import Message, Receive, Scope, Send
 
 from opod.door.routes import DoorRoutesFile, Target
 from opod.http.errors import (
@@ -216,12 +217,12 @@ class RequestIds:
     def __init__(self, app: Starlette) -> None:
         self.app = app
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
 
-        async def send_with_id(message) -> None:
+        async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers", []))
                 if not any(name.lower() == b"x-request-id" for name, _ in headers):

@@ -218,7 +218,9 @@ class VllmDriver(EngineDriver):
     async def detach_adapter(self, session: aiohttp.ClientSession, base_url: str, adapter_id: str) -> None:
         await self._lora_call(session, base_url, "unload_lora_adapter", {"lora_name": adapter_id}, "detach the adapter")
 
-    async def _lora_call(self, session: aiohttp.ClientSession, base_url: str, path: str, body: dict, what: str) -> None:
+    async def _lora_call(
+        self, session: aiohttp.ClientSession, base_url: str, path: str, body: dict[str, str], what: str
+    ) -> None:
         """vLLM answers these in plain text; a 404 that is not about an adapter means the route is not there."""
         try:
             await call_text(

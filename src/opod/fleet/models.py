@@ -7,6 +7,7 @@ with the store.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from opod.contract.admin.catalog import CatalogModel
@@ -111,7 +112,7 @@ class ModelRegistry:
     def ids(self) -> list[str]:
         return sorted(m for m, model in self._models.items() if not model.removed)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[KnownModel]:
         return iter(self._models[i] for i in sorted(self._models))
 
     def default_for(self, capability: str) -> str | None:

@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import time
 from bisect import insort
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from opod.catalog.definition import class_in_force
 from opod.contract.admin.catalog import CatalogModel, CatalogProfile
@@ -199,7 +200,7 @@ class _Fit:
     blocked: str = ""
     """Why it does not fit without preempting (the rejection when the preempting fit is not taken)."""
 
-    def key(self, class_order: int, spread: int) -> tuple:
+    def key(self, class_order: int, spread: int) -> tuple[int, int, int, str]:
         """Fewest preempted, then the least class that meets the need, then the tightest node (a CPU replica: the emptiest)."""
         return (len(self.preempts), class_order, self.left if self.devices else spread, self.node)
 
@@ -248,7 +249,7 @@ class Planner:
         for slot in self._slots.values():
             self._by_load.setdefault(len(slot.models), []).append(slot.node.id)
 
-    def _class_key(self, gpu_class: str) -> tuple:
+    def _class_key(self, gpu_class: str) -> tuple[int, float, str]:
         """Smaller, older cards first: a GPU need takes the least card that meets it."""
         for nid in next(iter(self._buckets[gpu_class].values()), []):
             device = next(d for d in self._slots[nid].devices.values() if d.gpu_class == gpu_class)
@@ -570,9 +571,7 @@ class Planner:
             if total - taken >= need:
                 continue
             more = (
-                self._victims(slot, klass, victims, lambda h, r=reserved: getattr(h, r), need - (total - taken))
-                if preempt
-                else None
+                self._victims(slot, klass, victims, attrgetter(reserved), need - (total - taken)) if preempt else None
             )
             if more is None:
                 by = refusals.held_by(h for h in slot.held.values() if getattr(h, reserved))
@@ -646,7 +645,9 @@ class Planner:
                 best = (gpu_class, slot.pick(usable, ask.per_node), victims, why, len(usable) - ask.per_node)
         return best if best is not None else refusal
 
-    def _victims(self, slot: _Slot, klass: str, already: list[Held], gives, deficit: float) -> list[Held] | None:
+    def _victims(
+        self, slot: _Slot, klass: str, already: list[Held], gives: Callable[[Held], float], deficit: float
+    ) -> list[Held] | None:
         """The fewest replicas of a lower class than ``klass`` on ``slot`` whose stopping frees ``deficit`` (by ``gives``)."""
         rank = class_rank(klass)
         chosen = {h.replica_id for h in already}

@@ -19,6 +19,7 @@ import itertools
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from opod.fleet.affinity import AffinityTable, prefix_key
 from opod.fleet.prefix_index import PrefixIndex
@@ -29,7 +30,11 @@ PIN_CREDIT = 1.0
 SATURATED = 1e9
 """Added to the score of a worker at ``kvSaturationPct``: it goes behind every worker with headroom."""
 
-_turns: dict[str, itertools.count] = {}
+_turns: dict[str, itertools.count[int]] = {}
+
+RouteRecord = dict[str, str | int | float]
+"""How a request was routed (:meth:`Decision.record`, then the gateway's admission class and fallback): the
+``X-Opod-Route`` header and the usage row's ``route``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +56,7 @@ class RouteRequest:
     """The sticky pin's key; when not given, made from ``payload`` by :meth:`pin` the first time it is needed."""
     revision: int | None = None
     """The canary group chosen for this request, once; retries stay in it."""
-    payload: dict | None = None
+    payload: dict[str, Any] | None = None
 
     def pin(self) -> str | None:
         """The sticky pin's key, made once and only when asked: the pin is read and written only for
@@ -72,10 +77,15 @@ class Decision:
     load: float = 0.0
     queue: int = 0
     revision: int | None = None
-    extra: dict = field(default_factory=dict)
+    extra: RouteRecord = field(default_factory=dict)
 
-    def record(self) -> dict:
-        out = {"worker": self.node.id, "reason": self.reason, "load": round(self.load, 2), "queue": self.queue}
+    def record(self) -> RouteRecord:
+        out: RouteRecord = {
+            "worker": self.node.id,
+            "reason": self.reason,
+            "load": round(self.load, 2),
+            "queue": self.queue,
+        }
         if self.of_blocks:
             out["blocks"] = f"{self.blocks}/{self.of_blocks}"
         if self.revision is not None:

@@ -13,7 +13,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -316,9 +316,9 @@ class Gateway:
             return name
         raise ModelNotFound(name, sorted(self.fleet.served_models() | set(self.models.ids())))
 
-    def model_object(self, name: str, created: int, model: str = "") -> dict:
+    def model_object(self, name: str, created: int, model: str = "") -> dict[str, str | int]:
         """OpenAI's model object, with ``max_model_len`` (vLLM's name for the context) where it is known."""
-        out: dict = {"id": name, "object": "model", "created": created, "owned_by": "opod"}
+        out: dict[str, str | int] = {"id": name, "object": "model", "created": created, "owned_by": "opod"}
         context = self.traits(model or name).context
         if context is not None:
             out["max_model_len"] = context
@@ -475,7 +475,7 @@ class Gateway:
             )
         return response
 
-    async def count_prompt(self, model: str, payload: dict) -> int | None:
+    async def count_prompt(self, model: str, payload: dict[str, Any]) -> int | None:
         """The chat's prompt tokens, its template applied, as the least busy worker holding ``model`` counts
         them; ``None`` when none can say (the reservation then takes the bound without a count)."""
         workers = self.fleet.workers_for(model)
@@ -492,7 +492,9 @@ class Gateway:
             self._routing = (view, routing)
         return routing
 
-    def route_request(self, model: str, payload: dict, routing: RoutingPolicy, request_id: str) -> RouteRequest:
+    def route_request(
+        self, model: str, payload: dict[str, Any], routing: RoutingPolicy, request_id: str
+    ) -> RouteRequest:
         """What the router needs to know about this request: its prefix, its pin, its canary group."""
         route = RouteRequest(model=model)
         if routing.prefix_block_weight:
@@ -508,7 +510,7 @@ class Gateway:
         self,
         call: RelayCall,
         model: str,
-        payload: dict,
+        payload: dict[str, Any],
         exchange: Exchange,
         policy: PolicyView | None,
         refusal: NoCapacity,
@@ -556,7 +558,7 @@ class Gateway:
             self.guardrails.log(policy, exchange.request_id, model, body, answer=answer, status=response.status_code)
         return response
 
-    def resolve_model(self, payload: dict, spec: RouteSpec) -> str:
+    def resolve_model(self, payload: dict[str, Any], spec: RouteSpec) -> str:
         """The model a request names; ``"auto"`` is the plan's model, else the first wanted one that does the route's work."""
         model = require_model(payload)
         plan = self.policies.current_plan()
@@ -608,7 +610,7 @@ def request_scopes(exchange: Exchange) -> list[BudgetScope]:
 JSON_OBJECT_SCHEMA = {"type": "object"}
 
 
-def json_object_as_schema(payload: dict) -> bool:
+def json_object_as_schema(payload: dict[str, Any]) -> bool:
     """Give ``response_format: {"type": "json_object"}`` the schema it stands for; True when the payload changed.
 
     OpenAI's ``json_object`` promises an answer that is one JSON object. llama.cpp's server builds

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
@@ -75,7 +75,7 @@ Resolve = Callable[[str], ScopeLike]
 """A budget's scope text → its scope; raises (NotFound, InvalidInput) for one that does not exist."""
 SpentSince = Callable[[str, str, datetime], int]
 """(kind, id, since) → the micros that scope has spent since then (the store's usage rows)."""
-Emit = Callable[[str, str, dict], None]
+Emit = Callable[[str, str, Mapping[str, object]], None]
 
 
 def period_bounds(period: str, now: datetime) -> tuple[datetime, datetime]:

@@ -84,9 +84,9 @@ def engine_error(data: bytes) -> tuple[str, str, str | None]:
     return message, named, param if isinstance(param, str) and param else None
 
 
-def refusal_body(refusal: Refusal) -> dict:
+def refusal_body(refusal: Refusal) -> dict[str, dict[str, str | None]]:
     """The client's 400 body: OpenAI's error shape, the engine's words, and that sending it again will not help."""
-    error: dict = {
+    error: dict[str, str | None] = {
         "message": f"The model's engine refused this request (HTTP {refusal.status}): {refusal.message}",
         "type": "invalid_request_error",
         "code": refusal.code,

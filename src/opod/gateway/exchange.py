@@ -23,10 +23,11 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Protocol
+from typing import Any, Protocol
 
 from opod.access.keytable import KeyEntry
 from opod.contract.adminapi import SNAPSHOT_KEY_PREFIX
+from opod.fleet.router import RouteRecord
 from opod.gateway.admission import Permit
 from opod.gateway.budgets import NO_RESERVATION, Budgets, Reservation
 from opod.gateway.guardrails import GuardNote
@@ -67,7 +68,7 @@ class UsageRecorder(Protocol):
         latency_ms: int,
         ttft_ms: int = 0,
         node_id: str = "",
-        route: dict | None = None,
+        route: Mapping[str, object] | None = None,
         cost_micros: int = 0,
         details: Mapping[str, object] | None = None,
     ) -> None: ...
@@ -157,12 +158,12 @@ class Exchange:
         self.model = ""
         self.ticket: UsageTicket | None = None
         self.permit: Permit | None = None
-        self.route: dict | None = None
+        self.route: RouteRecord | None = None
         self.ended = False
         self._begun = False
         self.prompts = prompts
         """Counts the prompt of a stream that ended before the engine's usage chunk; ``None``: recorded as 0."""
-        self.payload: dict | None = None
+        self.payload: dict[str, Any] | None = None
         """The request as relayed (set once parsed), for that count."""
         self.prompt_estimate: int | None = None
         """The prompt's tokens estimated from its size, made at a stream's first progress report."""
@@ -208,7 +209,7 @@ class Exchange:
                 if chain is not None:
                     self.team_id, self.org_id = chain.team_id, chain.org_id
 
-    def decided(self, record: dict) -> None:
+    def decided(self, record: RouteRecord) -> None:
         """The router chose a worker: its record (``Decision.record``) goes with the usage row, after the admission class."""
         self.route = record if self.route is None else {**self.route, **record}
 
@@ -311,7 +312,7 @@ class Exchange:
                 route = {**(route or {}), "completion_tokens": "estimated"}
         details = self.details(outcome)
 
-        def record(prompt_tokens: int, route: dict | None) -> None:
+        def record(prompt_tokens: int, route: RouteRecord | None) -> None:
             # Priced at the request's end, at the prices in force then.
             cost = self.budgets.cost(self.model, prompt_tokens, completion_tokens) if self.budgets is not None else 0
             self.reservation.settle(cost)
@@ -401,7 +402,7 @@ class Exchange:
         return details
 
 
-def _cache_hit(usage: dict | None, route: dict | None) -> bool:
+def _cache_hit(usage: dict[str, Any] | None, route: RouteRecord | None) -> bool:
     """The engine reused cached prompt tokens (its usage says so), or the router sent the request to
     a worker holding its leading prefix blocks (``blocks`` ``n/m`` with n > 0)."""
     if usage:

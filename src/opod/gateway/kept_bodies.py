@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Protocol
+from typing import Any, Protocol
 
 from starlette.responses import Response, StreamingResponse
 
@@ -30,7 +30,7 @@ MAX_TAG_VALUE = 512
 MAX_END_USER = 256
 
 
-def request_labels(payload: dict) -> tuple[str, dict[str, str] | None]:
+def request_labels(payload: dict[str, Any]) -> tuple[str, dict[str, str] | None]:
     """OpenAI's ``user`` and ``metadata`` (strings only, capped) as a request's end user and tags."""
     user = payload.get("user")
     end_user = user[:MAX_END_USER] if isinstance(user, str) else ""
@@ -73,7 +73,7 @@ class BodyKeeping:
         """A project's scope text → its id (``Tenancy.resolve``); raises when it names none."""
         self._resolved: tuple[ClusterSettings | None, dict[str, str]] = (None, {})
 
-    def plan(self, project_id: str, payload: dict) -> tuple[str, KeepPlan | None]:
+    def plan(self, project_id: str, payload: dict[str, Any]) -> tuple[str, KeepPlan | None]:
         """The request's ``body_state`` and, when its bodies are kept, how."""
         retention = self.settings().retention
         bodies, max_bytes, days = retention.bodies, retention.body_max_bytes, retention.bodies_days

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
+
+from opod.fleet.router import RouteRecord
 
 
 @dataclass(slots=True)
@@ -14,7 +16,7 @@ class Outcome:
     outcome: str
     """``ok``, ``error`` or ``cancelled`` (the client left)."""
     node_id: str = ""
-    usage: dict | None = None
+    usage: dict[str, Any] | None = None
     ttft_ms: int = 0
     tokens_sent: int = 0
     working_s: float = 0.0
@@ -29,7 +31,7 @@ class RelayObserver(Protocol):
     started: float
     """``time.perf_counter()`` at the request's arrival: the ``Server-Timing`` header counts from it."""
 
-    def decided(self, record: dict) -> None:
+    def decided(self, record: RouteRecord) -> None:
         """The router chose a worker for the next attempt; ``record`` is its ``Decision.record()``."""
 
     def sent(self) -> None:

@@ -35,6 +35,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from starlette.responses import Response, StreamingResponse
 
@@ -43,7 +44,7 @@ from opod.fleet import router
 from opod.fleet.affinity import AffinityTable
 from opod.fleet.local import LocalEngines
 from opod.fleet.prefix_index import PrefixIndex
-from opod.fleet.router import RouteRequest, RoutingPolicy
+from opod.fleet.router import RouteRecord, RouteRequest, RoutingPolicy
 from opod.fleet.state import Fleet, NodeState
 from opod.gateway.engine_refusal import Refusal, refusal_body
 from opod.gateway.outcome import Outcome, RelayObserver
@@ -286,7 +287,7 @@ class Relay:
                 if resp is not None:
                     resp.release()
 
-    async def external(self, target: Fallback, call: RelayCall, payload: dict) -> Response:
+    async def external(self, target: Fallback, call: RelayCall, payload: dict[str, Any]) -> Response:
         """Send the request to the policy's fallback (an OpenAI-compatible base URL such as https://host/v1)."""
         observer = call.observer
         body = json.dumps({**payload, "model": target.model or payload.get("model")}).encode()
@@ -369,7 +370,7 @@ def answer_kind(status: int, worker_error: bool) -> str:
     return REFUSED if status < 500 else ENGINE_ERROR
 
 
-def route_header(record: dict) -> str:
+def route_header(record: RouteRecord) -> str:
     """The ``X-Opod-Route`` value: a routing record as ``key=value`` pairs."""
     return "; ".join([f"{k}={v}" for k, v in record.items()])
 
@@ -384,7 +385,7 @@ def _content_type(resp: UpstreamResponse) -> bytes:
     return (resp.content_type or "application/json").encode("latin-1")
 
 
-def _usage_of(data: bytes) -> dict | None:
+def _usage_of(data: bytes) -> dict[str, Any] | None:
     if b'"usage"' not in data:
         return None
     try:

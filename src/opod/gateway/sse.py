@@ -12,6 +12,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 from opod.fleet.state import Lease
 from opod.gateway.outcome import Outcome, RelayObserver
@@ -119,7 +120,7 @@ class SSEFilter:
         self.tally = UsageTally()
 
     @property
-    def usage(self) -> dict | None:
+    def usage(self) -> dict[str, Any] | None:
         return self.tally.usage
 
     def feed(self, chunk: bytes) -> bytes:
@@ -170,10 +171,10 @@ class UsageTally:
     __slots__ = ("total", "by_choice")
 
     def __init__(self) -> None:
-        self.total: dict | None = None
-        self.by_choice: dict[object, dict] = {}
+        self.total: dict[str, Any] | None = None
+        self.by_choice: dict[object, dict[str, Any]] = {}
 
-    def add(self, chunk: dict) -> None:
+    def add(self, chunk: dict[str, Any]) -> None:
         usage = chunk.get("usage")
         if not isinstance(usage, dict):
             return
@@ -185,13 +186,13 @@ class UsageTally:
         self.by_choice[first.get("index", 0) if isinstance(first, dict) else 0] = usage
 
     @property
-    def usage(self) -> dict | None:
+    def usage(self) -> dict[str, Any] | None:
         if self.total is not None or not self.by_choice:
             return self.total
         parts = list(self.by_choice.values())
         if len(parts) == 1:
             return parts[0]
-        summed: dict = {}
+        summed: dict[str, Any] = {}
         for name in ("prompt_tokens", "completion_tokens", "total_tokens"):
             values = [p.get(name) for p in parts]
             if all(isinstance(v, int) for v in values):
@@ -201,7 +202,7 @@ class UsageTally:
 
 async def assemble_completion(
     resp: UpstreamResponse, node_id: str, observer: RelayObserver
-) -> tuple[bytes, dict | None]:
+) -> tuple[bytes, dict[str, Any] | None]:
     """A text completion's stream put together as OpenAI's whole answer (``text_completion``), with its usage.
 
     A client that leaves meanwhile is reported ``cancelled`` with the tokens generated so far.
@@ -225,8 +226,8 @@ class CompletionAssembler:
 
     def __init__(self) -> None:
         self._pending = b""
-        self.head: dict = {}
-        self.choices: dict[int, dict] = {}
+        self.head: dict[str, Any] = {}
+        self.choices: dict[int, dict[str, Any]] = {}
         self.tally = UsageTally()
         self.tokens = 0
         """The text deltas so far: one token each."""
@@ -250,7 +251,7 @@ class CompletionAssembler:
             if isinstance(chunk, dict):
                 self._take(chunk)
 
-    def _take(self, chunk: dict) -> None:
+    def _take(self, chunk: dict[str, Any]) -> None:
         if "error" in chunk:
             raise UpstreamError(f"the engine broke off its answer: {str(chunk['error'])[:200]}")
         if not self.head:

@@ -55,11 +55,11 @@ class ModelTraits:
         return self.capabilities is not None and capability not in self.capabilities
 
 
-Check = Callable[[dict, ModelTraits], bool]
+Check = Callable[[dict[str, Any], ModelTraits], bool]
 """A route's rules: raises for a bad request; True when it changed the payload (which must then be sent re-encoded)."""
 
 
-def no_check(payload: dict, model: ModelTraits) -> bool:
+def no_check(payload: dict[str, Any], model: ModelTraits) -> bool:
     """For a route with no rules of its own."""
     return False
 
@@ -81,7 +81,7 @@ def check_content_type(value: bytes | None) -> None:
     )
 
 
-def require_model(payload: dict) -> str:
+def require_model(payload: dict[str, Any]) -> str:
     """The ``model`` the client named; ``"auto"`` is a name too (the caller decides what it means)."""
     model = payload.get("model")
     if model is None or model == "":
@@ -96,7 +96,7 @@ def require_model(payload: dict) -> str:
 # --- the routes --------------------------------------------------------------------------------
 
 
-def check_chat(payload: dict, model: ModelTraits) -> bool:
+def check_chat(payload: dict[str, Any], model: ModelTraits) -> bool:
     """``/v1/chat/completions``."""
     messages = payload.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -116,7 +116,7 @@ def check_chat(payload: dict, model: ModelTraits) -> bool:
     return False
 
 
-def check_completion(payload: dict, model: ModelTraits) -> bool:
+def check_completion(payload: dict[str, Any], model: ModelTraits) -> bool:
     """``/v1/completions``: a ``prompt`` (text, texts, token ids, lists of token ids) and the samplers."""
     if "prompt" not in payload or payload["prompt"] is None:
         raise BadRequest('prompt is required: the text to continue, e.g. "prompt": "Once upon a time".', param="prompt")
@@ -132,7 +132,7 @@ def check_completion(payload: dict, model: ModelTraits) -> bool:
     return False
 
 
-def check_embeddings(payload: dict, model: ModelTraits) -> bool:
+def check_embeddings(payload: dict[str, Any], model: ModelTraits) -> bool:
     """``/v1/embeddings``: ``input`` (text, texts, token ids), each within the model's context.
 
     ``truncate_prompt_tokens`` (vLLM's name: a token count, or -1 for the model's limit) asks for
@@ -173,7 +173,7 @@ def check_embeddings(payload: dict, model: ModelTraits) -> bool:
     return False
 
 
-def check_rerank(payload: dict, model: ModelTraits) -> bool:
+def check_rerank(payload: dict[str, Any], model: ModelTraits) -> bool:
     """``/v1/rerank``: a ``query`` and a non-empty list of ``documents`` (texts, or objects with a ``text``)."""
     query = payload.get("query")
     if not isinstance(query, str) or not query:
@@ -251,7 +251,7 @@ def _check_message(message: Any, i: int, model: ModelTraits) -> int:
     return chars
 
 
-def _check_parts(parts: list, where: str, role: str, model: ModelTraits) -> int:
+def _check_parts(parts: list[Any], where: str, role: str, model: ModelTraits) -> int:
     chars = 0
     for j, part in enumerate(parts):
         at = f"{where}[{j}]"
@@ -283,7 +283,7 @@ def _check_parts(parts: list, where: str, role: str, model: ModelTraits) -> int:
     return chars
 
 
-def _message_text(message: dict) -> str:
+def _message_text(message: dict[str, Any]) -> str:
     content = message.get("content")
     if isinstance(content, str):
         return content
@@ -303,7 +303,7 @@ _RANGES = (
 )
 
 
-def _check_sampling(payload: dict, model: ModelTraits) -> None:
+def _check_sampling(payload: dict[str, Any], model: ModelTraits) -> None:
     for name in ("max_tokens", "max_completion_tokens"):
         value = payload.get(name)
         if value is None:
@@ -364,7 +364,7 @@ MAX_TOKEN_ID = (1 << 31) - 1
 LOGIT_BIAS_RANGE = 100
 
 
-def _check_logit_bias(payload: dict) -> None:
+def _check_logit_bias(payload: dict[str, Any]) -> None:
     """OpenAI's ``logit_bias``: token ids (as text, JSON keys being text) to a bias from -100 to 100."""
     bias = payload.get("logit_bias")
     if bias is None:
@@ -388,7 +388,7 @@ def _check_logit_bias(payload: dict) -> None:
             )
 
 
-def _check_tools(payload: dict, model: ModelTraits) -> None:
+def _check_tools(payload: dict[str, Any], model: ModelTraits) -> None:
     tools = payload.get("tools")
     functions = payload.get("functions")
     if tools is not None:
@@ -473,7 +473,7 @@ def _too_long(model: ModelTraits, param: str, tokens: int, *, exact: bool, hint:
     )
 
 
-def _cut_token_inputs(payload: dict, limit: int) -> bool:
+def _cut_token_inputs(payload: dict[str, Any], limit: int) -> bool:
     """Cut token-id inputs to ``limit`` ids each; True when one was longer."""
     value = payload["input"]
     if isinstance(value, list) and value and _is_int(value[0]) and len(value) > limit:
@@ -496,13 +496,13 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _positive_int(payload: dict, name: str) -> None:
+def _positive_int(payload: dict[str, Any], name: str) -> None:
     value = payload.get(name)
     if value is not None and (not _is_int(value) or value < 1):
         raise BadRequest(f"{name} must be an integer ≥ 1, not {shown(value)}.", param=name)
 
 
-def _check_dimensions(payload: dict, model: ModelTraits) -> None:
+def _check_dimensions(payload: dict[str, Any], model: ModelTraits) -> None:
     """``dimensions`` on an embedding: up to the model's own size where it is a Matryoshka model (the gateway cuts
     its vectors, :mod:`opod.gateway.embeddings`), its own size alone otherwise; refused rather than ignored."""
     _positive_int(payload, "dimensions")

@@ -31,7 +31,7 @@ class GatewayError(Exception):
         self.param = param
         self.headers = headers or {}
 
-    def body(self) -> dict:
+    def body(self) -> dict[str, dict[str, str | None]]:
         """OpenAI's error object: every key always present, ``param`` null when no one field is at fault."""
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 

@@ -38,7 +38,7 @@ from typing import cast
 
 import uvicorn
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import AsyncContentStream, Response, StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http import httptools_impl
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
@@ -167,7 +167,7 @@ class _Exchange:
         self.disconnected = False
         self.answering = True
         """The handler runs or its answer is being written: a client that leaves now cancels it."""
-        self.task: asyncio.Task | None = None
+        self.task: asyncio.Task[None] | None = None
 
     @property
     def message_event(self) -> _Exchange:
@@ -381,7 +381,7 @@ class FastHttpProtocol(HttpToolsProtocol):
         self.on_response_complete()
 
 
-async def _close(iterator) -> None:
+async def _close(iterator: AsyncContentStream) -> None:
     aclose = getattr(iterator, "aclose", None)
     if aclose is not None:
         await aclose()

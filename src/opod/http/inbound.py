@@ -77,7 +77,7 @@ async def _drain(request: Request, expected: int) -> None:
             return
 
 
-def json_object(body: bytes) -> dict:
+def json_object(body: bytes) -> dict[str, Any]:
     """A request body that must be one JSON object, parsed; a :class:`BadRequest` saying what is wrong otherwise."""
     payload = json_value(body)
     if not isinstance(payload, dict):

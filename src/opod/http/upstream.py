@@ -70,8 +70,8 @@ class _Connection(asyncio.Protocol):
         self.status = 0
         self._chunks: deque[bytes] = deque()
         self._buffered = 0
-        self._waiter: asyncio.Future | None = None
-        self._head: asyncio.Future | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._head: asyncio.Future[None] | None = None
         self.complete = False
         self.keep_alive = False
         self.received = False

@@ -280,7 +280,7 @@ class BatchRunner:
         log.info("batch %s %s: %d answered, %d failed", job.id, status, len(output), len(errors))
 
 
-def _jsonl(items: list[dict]) -> bytes | None:
+def _jsonl(items: list[dict[str, object]]) -> bytes | None:
     return "".join(json.dumps(item) + "\n" for item in items).encode() if items else None
 
 

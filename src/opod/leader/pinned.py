@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 
 from opod.contract import nodeapi
@@ -60,7 +61,7 @@ class PinnedLoads:
     def attempts_of(self, model_id: str) -> list[Attempt]:
         return [a for (m, _), a in self.attempts.items() if m == model_id]
 
-    def loads(self, model: KnownModel, node_key: str, live: list[NodeState], now: float) -> list:
+    def loads(self, model: KnownModel, node_key: str, live: list[NodeState], now: float) -> list[Awaitable[None]]:
         if node_key == ANY_NODE:
             if any(model.id in n.loaded_models for n in live):
                 self._forget(model.id)
@@ -91,7 +92,7 @@ class PinnedLoads:
             return [self._load(model, node)]
         return []
 
-    def unloads(self, model: KnownModel, node_key: str, live: list[NodeState]) -> list:
+    def unloads(self, model: KnownModel, node_key: str, live: list[NodeState]) -> list[Awaitable[None]]:
         return [self._unload(model, n) for n in live if model.id in n.loaded_models and node_key in (ANY_NODE, n.id)]
 
     def _forget(self, model_id: str, node_id: str | None = None) -> None:

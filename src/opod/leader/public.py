@@ -20,6 +20,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware.base import RequestResponseEndpoint
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
@@ -94,7 +95,7 @@ def probe_routes(ctx: AdminContext) -> list[Route]:
         down = {m.id: ctx.fleet.availability(m.id, now) for m in ctx.models if m.wants_loaded() and m.id not in served}
         not_serving = {model: availability.why() for model, availability in down.items()}
         if served:
-            body: dict = {"ready": True, "models": served}
+            body: dict[str, bool | list[str] | dict[str, str]] = {"ready": True, "models": served}
             if not_serving:
                 body["not_serving"] = not_serving
             return JSONResponse(body)
@@ -141,7 +142,7 @@ def public_app(
     app = FastAPI(title="opod", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.middleware("http")
-    async def admin_key(request: Request, call_next):
+    async def admin_key(request: Request, call_next: RequestResponseEndpoint) -> Response:
         path = request.url.path
         if path.startswith(SCIM_PREFIX) and request.method not in ("GET", "HEAD"):
             try:

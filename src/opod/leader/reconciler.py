@@ -85,12 +85,12 @@ class Reconciler:
         fleet: Fleet,
         models: ModelRegistry,
         workers: WorkerClient,
-        housekeeping=None,
+        housekeeping: Callable[[], object] | None = None,
         *,
         clock: Callable[[], datetime] = datetime.now,
         quotas: QuotaTable | None = None,
         scopes: ScopeTree | None = None,
-        emit: Callable[[str, str, dict], None] | None = None,
+        emit: Callable[[str, str, Mapping[str, object]], None] | None = None,
     ) -> None:
         self.fleet = fleet
         self.models = models
@@ -297,9 +297,9 @@ class Reconciler:
 
     # --- replicas of defined models --------------------------------------------------
 
-    def _plan_replicas(self, now: float) -> tuple[list, list]:
-        stops: list = []
-        starts: list = []
+    def _plan_replicas(self, now: float) -> tuple[list[Awaitable[None]], list[Awaitable[None]]]:
+        stops: list[Awaitable[None]] = []
+        starts: list[Awaitable[None]] = []
         for replica in list(self.replicas.values()):
             self._observe(replica, now)
             if replica.state == FAILED:
@@ -414,7 +414,9 @@ class Reconciler:
             parking.parked = True
             log.warning("%s parked after %d failed starts: %s", replica.model, parking.failures, why)
 
-    def _plan_model(self, model: KnownModel, now: float, at: datetime, stops: list, starts: list) -> None:
+    def _plan_model(
+        self, model: KnownModel, now: float, at: datetime, stops: list[Awaitable[None]], starts: list[Awaitable[None]]
+    ) -> None:
         definition = model.definition
         assert definition is not None
         digest = fingerprint(definition)
@@ -499,7 +501,13 @@ class Reconciler:
         return {"surge": max(surge - replacing, 0), "unavailable": max(unavailable - down, 0)}
 
     def _start_one(
-        self, model: KnownModel, klass: str, now: float, stops: list, starts: list, replaces: Replica | None = None
+        self,
+        model: KnownModel,
+        klass: str,
+        now: float,
+        stops: list[Awaitable[None]],
+        starts: list[Awaitable[None]],
+        replaces: Replica | None = None,
     ) -> Replica | None:
         """Place one more replica of ``model`` and schedule its start (and any preemption); ``None`` when it fits nowhere."""
         definition = model.definition

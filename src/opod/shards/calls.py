@@ -11,6 +11,7 @@ import asyncio
 import logging
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from ipaddress import ip_address
 from urllib.parse import urlencode
@@ -248,7 +249,11 @@ async def unload_coordinator(
 
 
 async def load_coordinator(
-    workers: WorkerClient, node_of, node_id: str, req: nodeapi.LoadModelRequest, timing: Timing
+    workers: WorkerClient,
+    node_of: Callable[[str], NodeState | None],
+    node_id: str,
+    req: nodeapi.LoadModelRequest,
+    timing: Timing,
 ) -> None:
     """Load the coordinator and wait until it serves with every part; ShardError otherwise.
 
@@ -258,6 +263,8 @@ async def load_coordinator(
     """
     model, pid = req.id, coordinator_process_id(req.id)
     node = node_of(node_id)
+    if node is None:
+        raise worker_failed(f"worker {node_id} is not in the fleet: the coordinator of {model} cannot load there")
     before = await get_process(workers, node, pid)
     old = (before.pid, before.started_at) if before is not None else None
     status, body = await workers.call_json(node, "POST", nodeapi.PATH_MODEL_LOAD, req.to_wire(), timeout=timing.call)
@@ -271,7 +278,7 @@ async def load_coordinator(
         if node is not None and model in node.load_errors:
             raise worker_failed(f"the coordinator of {model} on {node_id} failed to load: {node.load_errors[model]}")
         info = await get_process(workers, node, pid) if node is not None else None
-        if info is not None and (info.pid, info.started_at) != old:
+        if node is not None and info is not None and (info.pid, info.started_at) != old:
             if info.status == nodeapi.ProcessStatus.RUNNING:
                 break
             if info.status in (

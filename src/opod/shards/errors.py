@@ -18,7 +18,7 @@ class ShardError(Exception):
         self.kind = kind
         self.message = message
 
-    def to_body(self) -> dict:
+    def to_body(self) -> dict[str, dict[str, str]]:
         """The leader's ``/admin/v1`` error shape."""
         return {"error": {"message": self.message, "type": self.kind}}
 

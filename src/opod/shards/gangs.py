@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TypeVar
 
 from opod.contract.catalog import Entry
@@ -28,7 +28,7 @@ from opod.shards.records import Gang, Part, ProcessState
 
 log = logging.getLogger("opod.shards")
 
-Emit = Callable[[str, str, dict], object]
+Emit = Callable[[str, str, Mapping[str, object]], object]
 """``emit(type, subject, data)``; may return an awaitable. The subject is the model id."""
 
 T = TypeVar("T")
@@ -156,7 +156,7 @@ class Gangs:
 
     # --- lifecycle events ----------------------------------------------------------
 
-    async def emit(self, kind: str, model: str, data: dict) -> None:
+    async def emit(self, kind: str, model: str, data: Mapping[str, object]) -> None:
         if self._emit_to is None:
             return
         try:

@@ -177,7 +177,7 @@ class Healer:
         gang.state = GangState.HEALING
         trial = gang.model_copy(deep=True)
         attempted: list[tuple[str, str]] = []
-        moves: list[dict] = []
+        moves: list[dict[str, int | str]] = []
         coordinator_from = gang.coordinator.node
         try:
             plan = gangs.plan(gang)

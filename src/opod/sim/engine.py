@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from opod.contract.tokenizer import Tokenizer
 from opod.sim.config import SimConfig
 from opod.sim.latency import LatencyModel
-from opod.sim.prefix_cache import Allocation, PrefixCache
+from opod.sim.prefix_cache import Allocation, Event, PrefixCache
 from opod.sim.stats import Stats, sglang_buckets, vllm_buckets
 from opod.sim.textgen import Plan
 
@@ -153,7 +153,7 @@ class Engine:
     def __init__(
         self,
         cfg: SimConfig,
-        event_sink: Callable[[list[dict]], None] | None = None,
+        event_sink: Callable[[list[Event]], None] | None = None,
         on_step: Callable[[], None] | None = None,
         adapters: Mapping[str, str] | None = None,
     ) -> None:

@@ -65,7 +65,7 @@ def model_not_found(model: str, served: tuple[str, ...]) -> SimHTTPError:
     )
 
 
-def error_body(flavor: str, err: SimHTTPError) -> dict:
+def error_body(flavor: str, err: SimHTTPError) -> dict[str, object]:
     if flavor == "ollama":
         return {"error": err.message}
     if flavor == "llamacpp":

@@ -99,7 +99,7 @@ class KVEventPublisher:
             raise
 
     @staticmethod
-    def _open(sock: zmq.Socket, endpoint: str, bind: bool) -> str:
+    def _open(sock: zmq.Socket[object], endpoint: str, bind: bool) -> str:
         try:
             if bind:
                 sock.bind(endpoint)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 _WORD = re.compile(r"\w+")
@@ -23,7 +24,7 @@ def score(query: str, document: str) -> float:
     return round(hits * (1.0 - 0.001 * min(len(words), 500)), 6)
 
 
-def rerank(body: dict[str, Any], model: str, count_tokens) -> dict[str, Any]:
+def rerank(body: dict[str, Any], model: str, count_tokens: Callable[[str], int]) -> dict[str, Any]:
     """The answer to a rerank request whose fields were already checked."""
     query, documents = body["query"], body["documents"]
     ranked = sorted(range(len(documents)), key=lambda i: (-score(query, documents[i]), i))

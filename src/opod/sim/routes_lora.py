@@ -9,6 +9,8 @@ accepted. An adapter's cached blocks are its own (see :mod:`opod.sim.prefix_cach
 
 from __future__ import annotations
 
+from typing import Any
+
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
@@ -20,7 +22,7 @@ from opod.sim.state import SimState
 __all__ = ["lora_routes"]
 
 
-def _strings(body: dict, *keys: str) -> dict[str, str]:
+def _strings(body: dict[str, Any], *keys: str) -> dict[str, str]:
     """The named fields, each a non-empty string; a 400 naming the first that is not."""
     out = {}
     for key in keys:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -19,7 +21,7 @@ VERSION = "0.32.0"
 _JSON = "application/json"
 
 
-def tokenize_body(state: SimState, body: dict) -> list[int]:
+def tokenize_body(state: SimState, body: dict[str, Any]) -> list[int]:
     """vLLM's ``/tokenize`` input: ``messages`` (chat template applied) or ``prompt``."""
     tok = state.engine.tokenizer
     if body.get("messages") is not None:

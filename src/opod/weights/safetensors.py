@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +31,7 @@ _DTYPES: dict[str, np.dtype] = {
 _MAX_HEADER = 100 * 1024 * 1024
 
 
-def read_header(path: Path) -> tuple[dict, int]:
+def read_header(path: Path) -> tuple[dict[str, Any], int]:
     """The JSON header and the offset where tensor data starts."""
     with path.open("rb") as f:
         raw = f.read(8)

@@ -58,7 +58,7 @@ def local_rank(source: str) -> int:
     return rank if isinstance(rank, int) and not isinstance(rank, bool) and rank > 0 else 0
 
 
-def lora_flags(driver: EngineDriver, flags: dict, wanted: list[nodeapi.Adapter]) -> dict:
+def lora_flags(driver: EngineDriver, flags: dict[str, object], wanted: list[nodeapi.Adapter]) -> dict[str, object]:
     """``flags`` with the LoRA rank the wanted adapters need, unless the plan already says one.
 
     Raises ``ValueError`` when adapters are wanted from an engine that cannot attach them.

@@ -15,8 +15,9 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 import aiohttp
 from starlette.applications import Starlette
@@ -26,7 +27,7 @@ from starlette.routing import Route
 
 from opod.contract import nodeapi
 from opod.contract.nodeauth import AuthRefused
-from opod.contract.wire import WireError
+from opod.contract.wire import WireError, WireModel
 from opod.http.fastpath import FastPath
 from opod.http.upstream import origin
 from opod.security.signer import Verifier
@@ -36,6 +37,8 @@ from opod.worker.refusals import LoadRefused, Refused
 from opod.worker.supervisor import ProcessConfig, Supervisor
 
 log = logging.getLogger("opod.worker")
+
+Wire = TypeVar("Wire", bound=WireModel)
 
 DATA_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/rerank")
 CONTROL_BODY_CAP = 1 << 20
@@ -64,7 +67,7 @@ class WorkerAPI:
         self.restart_agent: Callable[[], Awaitable[str]] | None = None
         """opod addition: start the agent over (engines keep serving); answers ``""`` or why it could not."""
 
-    def app(self):
+    def app(self) -> FastPath:
         signed = self._signed
         routes = [
             Route("/healthz", self.healthz, methods=["GET"]),
@@ -106,7 +109,7 @@ class WorkerAPI:
 
         return endpoint
 
-    async def _read(self, request: Request, kind: type[nodeapi.WireModel]):
+    async def _read(self, request: Request, kind: type[Wire]) -> Wire:
         body = await request.body()
         if len(body) > CONTROL_BODY_CAP:
             raise WireError(kind.__name__, ["body is larger than 1 MiB"])
@@ -405,7 +408,7 @@ class WorkerAPI:
             data = await upstream.read()
             return Response(data, status_code=upstream.status, media_type=media)
 
-        async def stream():
+        async def stream() -> AsyncIterator[bytes]:
             try:
                 while chunk := await upstream.readany():
                     yield chunk

@@ -40,7 +40,7 @@ from opod.worker.kvevents import KVReport
 from opod.worker.kvlistener import KVEventListener, KVListenError
 from opod.worker.multinode import Ranks, device_env, ranks_of, replica_flags
 from opod.worker.refusals import LoadRefused
-from opod.worker.supervisor import ProcessConfig, ProcessState, Supervisor
+from opod.worker.supervisor import ManagedProcess, ProcessConfig, ProcessState, Supervisor
 
 log = logging.getLogger("opod.worker")
 
@@ -62,7 +62,7 @@ class ModelEngine:
     since: datetime = field(default_factory=lambda: datetime.now(UTC))
     metrics: MetricsState | None = None
     sample: LoadSample | None = None
-    task: asyncio.Task | None = None
+    task: asyncio.Task[None] | None = None
     kv: KVEventListener | None = None
     """The engine's KV-cache event listener, when its driver publishes events."""
     replica: str = ""
@@ -108,7 +108,7 @@ class EngineManager:
         catalog: Catalog,
         supervisor: Supervisor,
         threads: int = 0,
-        flags: dict | None = None,
+        flags: dict[str, object] | None = None,
         sleep_mode: bool = False,
         on_change: Callable[[], None] = lambda: None,
         adapters: list[nodeapi.Adapter] | None = None,
@@ -127,7 +127,7 @@ class EngineManager:
         self.threads = threads
         self.flags = lora_flags(self.driver, flags or {}, adapters or [])
         self.adapters = Adapters(self.driver, lambda: self.session, self._engine_of, adapters)
-        self._reconciling: asyncio.Task | None = None
+        self._reconciling: asyncio.Task[None] | None = None
         self.sleep_mode = sleep_mode
         self.on_change = on_change
         self.engines: dict[str, ModelEngine] = {}
@@ -379,7 +379,7 @@ class EngineManager:
 
         return hasattr(self.driver, "fallback_after_exit") and is_sigill(exit_code)
 
-    def _fallback(self, engine: ModelEngine, process) -> LaunchSpec | None:
+    def _fallback(self, engine: ModelEngine, process: ManagedProcess | None) -> LaunchSpec | None:
         """The portable llama-server when the first one died by SIGILL; ``None`` otherwise."""
         if process is None or engine.spec is None:
             return None
@@ -399,7 +399,7 @@ class EngineManager:
 
     # --- taking engines back after the worker re-executed itself -------------------
 
-    def adopt(self, engine: ModelEngine) -> asyncio.Task | None:
+    def adopt(self, engine: ModelEngine) -> asyncio.Task[None] | None:
         """Take back ``engine``, whose process the supervisor has adopted (:mod:`opod.worker.adoption`): it is
         ``starting`` until its process answers its readiness probe, then serving as before. Returns the task
         that waits for that (None for a follower rank without a process of its own)."""
@@ -600,7 +600,7 @@ class EngineManager:
         started = process.started_at.timestamp() if process is not None and process.started_at is not None else 0.0
         return engine.base_url, started, self.driver.lora_rank(engine.spec)
 
-    def reconcile_adapters(self) -> asyncio.Task | None:
+    def reconcile_adapters(self) -> asyncio.Task[None] | None:
         """Before a heartbeat: attach (again) what a restarted engine lost and the wanted adapters, in the background.
 
         An engine may take minutes over an adapter; the heartbeat does not wait, and a change asks for an

@@ -167,7 +167,7 @@ def nvidia_devices() -> tuple[tuple[nodeapi.InventoryGPU, ...], tuple[str, ...]]
 
 
 def _mig_instances(
-    pynvml, handle, card: int, name: str, capability: str, warnings: list[str]
+    pynvml: Any, handle: Any, card: int, name: str, capability: str, warnings: list[str]
 ) -> list[nodeapi.InventoryGPU]:
     """The MIG instances of a card in MIG mode; none when MIG is off or unsupported."""
     try:

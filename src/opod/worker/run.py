@@ -38,6 +38,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
 from opod import __version__, config
 from opod.catalog import load_catalog
@@ -64,6 +65,14 @@ REEXEC_DELAY_S = 0.2
 """How long a restart as a new process waits after answering, so the answer leaves before the exec."""
 
 
+class LeaderTLSFiles(TypedDict):
+    """``opod join``'s TLS settings as the environment gives them: keyword arguments of :class:`WorkerSettings`."""
+
+    leader_ca: str | None
+    client_cert: str | None
+    client_key: str | None
+
+
 @dataclass
 class WorkerSettings:
     leader_url: str
@@ -73,7 +82,7 @@ class WorkerSettings:
     engine: str = "llamacpp"
     threads: int = 0
     node_id: str | None = None
-    flags: dict = field(default_factory=dict)
+    flags: dict[str, object] = field(default_factory=dict)
     leader_ca: str | None = None
     """``OPOD_LEADER_CA``: the one certificate trusted for an https leader (a path or the PEM)."""
     client_cert: str | None = None
@@ -90,7 +99,7 @@ class WorkerSettings:
     process to itself. False: the agent restarts in place (``opod up``'s worker shares the leader's process)."""
 
     @classmethod
-    def tls_from_env(cls) -> dict:
+    def tls_from_env(cls) -> LeaderTLSFiles:
         """The TLS settings of ``opod join`` from the environment."""
         cert, key = config.read("OPOD_NODE_CERT"), config.read("OPOD_NODE_KEY")
         if bool(cert) != bool(key):
@@ -98,7 +107,7 @@ class WorkerSettings:
         return {"leader_ca": config.read(contract_env.ENV_LEADER_CA), "client_cert": cert, "client_key": key}
 
 
-def engine_flags() -> dict:
+def engine_flags() -> dict[str, object]:
     """``OPOD_ENGINE_FLAGS``: a JSON object of engine flags, or a clear error."""
     text = config.read(contract_env.ENV_ENGINE_FLAGS)
     if not text:

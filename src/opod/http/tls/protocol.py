@@ -13,6 +13,7 @@ import asyncio
 import logging
 from typing import Any
 
+from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from opod.http.tls.peer import SCOPE_KEY, PeerCert, TLSConnection
@@ -47,7 +48,7 @@ class _WithTLS:
         self.app = app
         self.tls = tls
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         extensions = scope.get("extensions")
         if extensions is None:
             scope["extensions"] = {SCOPE_KEY: self.tls}

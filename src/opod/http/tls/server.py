@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import ssl
 import time
 from collections.abc import Callable
@@ -59,13 +60,35 @@ class _SwitchingContext(ssl.SSLContext):
     def __init__(self, owner: LeaderTLS) -> None:
         self._owner = owner
 
-    def wrap_bio(self, incoming, outgoing, server_side=False, server_hostname=None, session=None):
+    def wrap_bio(
+        self,
+        incoming: ssl.MemoryBIO,
+        outgoing: ssl.MemoryBIO,
+        server_side: bool = False,
+        server_hostname: str | bytes | None = None,
+        session: ssl.SSLSession | None = None,
+    ) -> ssl.SSLObject:
         return self._owner.current().wrap_bio(
             incoming, outgoing, server_side=server_side, server_hostname=server_hostname, session=session
         )
 
-    def wrap_socket(self, sock, *args, **kwargs):
-        return self._owner.current().wrap_socket(sock, *args, **kwargs)
+    def wrap_socket(
+        self,
+        sock: socket.socket,
+        server_side: bool = False,
+        do_handshake_on_connect: bool = True,
+        suppress_ragged_eofs: bool = True,
+        server_hostname: str | bytes | None = None,
+        session: ssl.SSLSession | None = None,
+    ) -> ssl.SSLSocket:
+        return self._owner.current().wrap_socket(
+            sock,
+            server_side=server_side,
+            do_handshake_on_connect=do_handshake_on_connect,
+            suppress_ragged_eofs=suppress_ragged_eofs,
+            server_hostname=server_hostname,
+            session=session,
+        )
 
 
 class LeaderTLS:

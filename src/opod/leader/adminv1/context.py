@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from starlette.responses import Response
@@ -20,7 +20,7 @@ from opod.ledger import Ledger
 from opod.shards import ShardManager
 from opod.store import Store
 
-Emit = Callable[[str, str, dict], None]
+Emit = Callable[[str, str, Mapping[str, object]], None]
 
 
 def admin_error_response(status: int, message: str, kind: str = "invalid_request") -> Response:

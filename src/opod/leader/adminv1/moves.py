@@ -24,7 +24,7 @@ class Mover:
         self.ctx = ctx
         self.moving: dict[str, asyncio.Task[None]] = {}
 
-    async def start(self, model_id: str, source: str, target: str) -> dict:
+    async def start(self, model_id: str, source: str, target: str) -> dict[str, str]:
         ctx = self.ctx
         model = ctx.models.active(model_id)
         if model is None:

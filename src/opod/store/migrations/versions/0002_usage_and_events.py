@@ -22,7 +22,7 @@ depends_on: str | Sequence[str] | None = None
 UTC_TIME = sa.DateTime(timezone=True)
 
 
-def _cursor_id() -> sa.Column:
+def _cursor_id() -> sa.Column[int]:
     # BIGSERIAL on PostgreSQL; INTEGER PRIMARY KEY AUTOINCREMENT on SQLite (ids never reused).
     return sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True, nullable=False)
 
