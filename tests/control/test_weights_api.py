@@ -22,7 +22,8 @@ import pytest
 from opod.contract import nodeapi
 from opod.security.signer import Signer
 from opod.weights import write_tiny_llama
-from tests.support.opod_process import Leader, OpodProcess, clean_env, http, wait_until
+from tests.support.inprocess import InProcessLeader as Leader
+from tests.support.opod_process import OpodProcess, clean_env, http, wait_until
 from tests.support.ports import free_port
 
 NODE = "n_weights"
@@ -56,7 +57,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     stand_in = root / "llama-server"
     stand_in.write_text(STAND_IN.format(python=sys.executable))
     stand_in.chmod(stand_in.stat().st_mode | stat.S_IEXEC)
-    leader = Leader(root / "leader", worker=False, extra=["--no-default-models"])
+    leader = Leader(root / "leader")
     token = leader.node_token()
     home = root / "worker"
     cache = home / "models"
@@ -76,7 +77,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         yield Fleet(leader, worker, f"http://127.0.0.1:{port}", token, cache, in_use)
     finally:
         worker.stop()
-        leader.process.stop()
+        leader.stop()
 
 
 def _stray(cache: Path, rel: str, size: int) -> Path:
