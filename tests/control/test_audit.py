@@ -126,3 +126,19 @@ def test_a_change_the_store_refuses_is_recorded_with_its_refusal(leader: Leader)
         ("POST /api/v1/orgs", 201),
     ]
 
+
+def test_a_change_the_listener_refuses_is_recorded_with_its_refusal(leader: Leader) -> None:
+    # Refused before any route runs: not JSON, a body past the cap, no admin key. Each is recorded as its route
+    # would be, with the refusal's status, and without the body it sent.
+    sent = {"X-Llmgw-Actor": "eve"}
+    form = {**sent, "Content-Type": "application/x-www-form-urlencoded"}
+    assert leader.request("POST", "/api/v1/nodes/n_x/state", content=b"state=drain", headers=form).status_code == 415
+    big = b'{"name": "' + b"x" * (9 << 20) + b'"}'
+    assert leader.request("POST", "/api/v1/node-tokens", content=big, headers=sent).status_code == 413
+    assert leader.request("DELETE", "/api/v1/keys/k_x", headers=sent, key="sk-opod-not-a-key").status_code == 401
+    rows = audit(leader, "?actor=eve")
+    assert [(r["action"], r["status"], r.get("target"), r.get("detail")) for r in rows] == [
+        ("DELETE /api/v1/keys/{id}", 401, "k_x", None),
+        ("POST /api/v1/node-tokens", 413, None, None),
+        ("POST /api/v1/nodes/{id}/state", 415, "n_x", None),
+    ]
