@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 import httpx
 import uvloop
 
+from opod import config
 from opod.http.serving import Listener, bind
 from opod.leader.leader import Leader, LeaderSettings
 from opod.store.offloop import run_sync
@@ -79,16 +80,19 @@ class InProcessLeader:
         env: Mapping[str, str] | None = None,
         ports: tuple[int, int] | None = None,
         worker: str | None = None,
+        probe_port: int | None = None,
     ) -> None:
         """``env``: ``OPOD_*`` settings it opens with (``OPOD_DATABASE_URL`` names its store); ``ports`` = (public,
         admin) to come back on the same addresses after a restart; ``worker``: the engine of a local worker in
-        this process, as ``opod up --engine`` runs one (its node id kept in ``home``)."""
+        this process, as ``opod up --engine`` runs one (its node id kept in ``home``); ``probe_port``: a listener of
+        the probes alone there, as ``OPOD_PROBE_LISTEN`` asks of ``opod up``."""
         self.home = home
         home.mkdir(parents=True, exist_ok=True)
         self.port, self.admin_port = ports or (free_port(), free_port())
         self.default_models = default_models
         self.env = dict(env or {})
         self.engine = worker
+        self.probe_port = probe_port
         self.worker: Worker | None = None
         self._installs: contextlib.AbstractContextManager[None] | None = None
         self.loop = uvloop.new_event_loop()  # as opod up runs it (asyncio's own loop would leave Nagle on)
@@ -102,6 +106,7 @@ class InProcessLeader:
                     default_models=default_models,
                     local_node=identity.node_id(home) if worker else None,
                 )
+                self.grace = config.stop_grace()  # what requests in flight get at a stop, as under opod up
                 self.leader: Leader = self.call(run_sync(Leader.open, settings))
                 self.key = (home / "admin.key").read_text().strip()
                 self._stop = self.call(self._start())
@@ -120,18 +125,27 @@ class InProcessLeader:
 
     async def _start(self) -> asyncio.Event:
         leader = self.leader
+        admin = leader.admin_app()  # one app behind the admin listener and the ASGI calls alike
         listeners = [
             Listener(leader.public_app(), bind("127.0.0.1", self.port, "the leader"), "public"),
-            Listener(leader.admin_app(), bind("127.0.0.1", self.admin_port, "the admin listener"), "admin"),
+            Listener(admin, bind("127.0.0.1", self.admin_port, "the admin listener"), "admin"),
         ]
+        if self.probe_port is not None:
+            listeners.append(Listener(leader.probe_app(), bind("127.0.0.1", self.probe_port, "the probes"), "probe"))
         self._admin = httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=leader.admin_app()), base_url=f"http://127.0.0.1:{self.admin_port}"
+            transport=httpx.ASGITransport(app=admin), base_url=f"http://127.0.0.1:{self.admin_port}"
         )
         stop = asyncio.Event()
         if self.engine is not None:
             await self._open_worker()
         self._running = asyncio.create_task(
-            leader.run(listeners, stop, drain=self._drain_worker, beside=[self._run_worker] if self.worker else [])
+            leader.run(
+                listeners,
+                stop,
+                drain=self._drain_worker,
+                beside=[self._run_worker] if self.worker else [],
+                grace=self.grace,
+            )
         )
         for _ in range(200):  # the listeners are bound already; serving starts within a few turns of the loop
             if self._public_up():
@@ -246,6 +260,7 @@ class InProcessLeader:
             env=self.env,
             ports=(self.port, self.admin_port),
             worker=self.engine,
+            probe_port=self.probe_port,
         )
 
     async def _finish(self) -> None:
