@@ -1,8 +1,9 @@
 """``/api/v1/weights``: weights on a node's disk that no model uses are listed, collected and gone; the weights a
 served model needs are never listed and never deleted, and the worker refuses any path outside its cache.
 
-Against a real ``opod up`` and a real ``opod join`` whose llama.cpp engine is the simulator speaking llama-server's
-wire (``OPOD_LLAMA_SERVER`` names a stand-in script), so the worker loads a real file from its own weights cache.
+Against a leader built in the test's process and a real ``opod join`` whose llama.cpp engine is the simulator
+speaking llama-server's wire (``OPOD_LLAMA_SERVER`` names a stand-in script), so the worker loads a real file from
+its own weights cache.
 """
 
 from __future__ import annotations

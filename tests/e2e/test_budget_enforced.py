@@ -14,7 +14,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.support.opod_process import Leader, http, opod_cli, sim_worker, wait_until
+from tests.support.inprocess import InProcessLeader as Leader
+from tests.support.opod_process import http, opod_cli, sim_worker, wait_until
 
 MODEL = "sim-chat"
 BURST = 64
@@ -29,7 +30,7 @@ BUDGET = 5 * RESERVATION
 @pytest.fixture(scope="module")
 def leader(tmp_path_factory: pytest.TempPathFactory):
     root: Path = tmp_path_factory.mktemp("budget")
-    leader = Leader(root / "leader", worker=False, extra=["--no-default-models"])
+    leader = Leader(root / "leader")
     worker = sim_worker(
         leader, root / "worker", "n_budget", OPOD_ENGINE_FLAGS=json.dumps({"time_scale": 1.0, "output_max": MAX_TOKENS})
     )
@@ -53,7 +54,7 @@ def leader(tmp_path_factory: pytest.TempPathFactory):
         yield leader
     finally:
         worker.stop()
-        leader.process.stop()
+        leader.stop()
 
 
 async def burst(url: str, secret: str) -> list[tuple[int, str, str, str]]:
