@@ -33,7 +33,8 @@ from opod.contract.admin.fleet import (
     Summary,
 )
 from opod.contract.admin.models import ModelView, PresetsView, ScaleResponse, TargetView
-from tests.support.opod_process import OPOD, Leader, OpodProcess, clean_env, http, sim_worker, wait_until
+from tests.support.inprocess import InProcessLeader as Leader
+from tests.support.opod_process import OPOD, OpodProcess, clean_env, http, sim_worker, wait_until
 from tests.support.ports import free_port
 
 NODE = "n_ctl"
@@ -42,7 +43,7 @@ NODE = "n_ctl"
 @pytest.fixture(scope="module")
 def leader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Leader]:
     root = tmp_path_factory.mktemp("ctl")
-    up = Leader(root / "home", worker=False, extra=["--no-default-models"])
+    up = Leader(root / "home")
     worker: OpodProcess | None = None
     try:
         worker = sim_worker(up, root / "worker", NODE)
@@ -55,7 +56,7 @@ def leader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Leader]:
     finally:
         if worker is not None:
             worker.stop()
-        up.process.stop()
+        up.stop()
 
 
 def ctl(

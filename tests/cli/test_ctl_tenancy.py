@@ -34,7 +34,8 @@ from opod.contract.admin.records import (
     StoreExportRow,
 )
 from opod.contract.admin.tenancy import KeyCreated, KeyView, OrgView, QuotaSet, QuotaView, TenancyItem, UserView
-from tests.support.opod_process import OPOD, Leader, OpodProcess, http, sim_worker, wait_until
+from tests.support.inprocess import InProcessLeader as Leader
+from tests.support.opod_process import OPOD, OpodProcess, http, sim_worker, wait_until
 
 RUNNER = CliRunner()
 MODEL = "ctl-usage"
@@ -44,7 +45,7 @@ MODEL = "ctl-usage"
 def leader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Leader]:
     """The leader, with a simulator worker joining and a model being placed while the first tests run."""
     root = tmp_path_factory.mktemp("ctl-tenancy")
-    up = Leader(root / "home", worker=False, extra=["--no-default-models"])
+    up = Leader(root / "home")
     widths = out.width, err.width
     out.width = err.width = 200  # a table a test reads is never folded to the runner's 80 columns
     worker: OpodProcess | None = None
@@ -59,7 +60,7 @@ def leader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Leader]:
         out.width, err.width = widths
         if worker is not None:
             worker.stop()
-        up.process.stop()
+        up.stop()
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import json
 import urllib.error
 import urllib.request
 
-from tests.support.opod_process import Leader
+from tests.support.inprocess import InProcessLeader as Leader
 
 USER_SCHEMA = "urn:ietf:params:scim:schemas:core:2.0:User"
 GROUP_SCHEMA = "urn:ietf:params:scim:schemas:core:2.0:Group"
@@ -51,14 +51,7 @@ def admin(
     leader: Leader, method: str, path: str, body: object | None = None, actor: str = "alice"
 ) -> tuple[int, object]:
     """A management API call by ``actor``."""
-    status, _, parsed = call(
-        method,
-        leader.admin_url + path,
-        body,
-        token=leader.key,
-        headers={"X-Llmgw-Actor": actor} if method not in ("GET", "HEAD") else None,
-    )
-    return status, parsed
+    return leader.admin(method, path, body, headers={"X-Llmgw-Actor": actor} if method not in ("GET", "HEAD") else None)
 
 
 def new_user(email: str, name: str = "", external_id: str = "", active: bool = True) -> dict:

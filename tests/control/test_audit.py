@@ -1,49 +1,30 @@
 """The audit log as an operator reads it: every change through the management API and ``/admin/v1``, with its
 actor, action, target and status, refusals included, filtered by ``since``, ``limit``, ``actor`` and ``contains``,
-and never a secret in it — neither in ``GET /api/v1/audit`` nor in the store's table. Against a real ``opod up``."""
+and never a secret in it — neither in ``GET /api/v1/audit`` nor in the store's table. Against a leader built in the
+test's process."""
 
 from __future__ import annotations
 
 import http.client as httpclient
 import json
 import sqlite3
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 
 import pytest
 
-from tests.support.opod_process import Leader, http
+from tests.support.inprocess import InProcessLeader as Leader
+from tests.support.opod_process import http
 
 
 @pytest.fixture(scope="module")
 def leader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Leader]:
-    up = Leader(tmp_path_factory.mktemp("audit") / "home", worker=False, extra=["--no-default-models"])
+    up = Leader(tmp_path_factory.mktemp("audit") / "home")
     yield up
-    up.process.stop()
+    up.stop()
 
 
 def change(leader: Leader, method: str, path: str, body: object, actor: str) -> tuple[int, object]:
-    request_headers = {"X-Llmgw-Actor": actor}
-    status, _, answer = http_with(leader, method, path, body, request_headers)
-    return status, answer
-
-
-def http_with(
-    leader: Leader, method: str, path: str, body: object, headers: dict[str, str]
-) -> tuple[int, dict, object]:
-    request = urllib.request.Request(leader.admin_url + path, data=json.dumps(body).encode(), method=method)
-    request.add_header("Content-Type", "application/json")
-    request.add_header("Authorization", f"Bearer {leader.key}")
-    for name, value in headers.items():
-        request.add_header(name, value)
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            raw = response.read()
-            return response.status, dict(response.headers), json.loads(raw) if raw else None
-    except urllib.error.HTTPError as err:
-        raw = err.read()
-        return err.code, dict(err.headers), json.loads(raw) if raw else None
+    return leader.admin(method, path, body, headers={"X-Llmgw-Actor": actor})
 
 
 def audit(leader: Leader, query: str = "") -> list[dict]:
@@ -143,4 +124,21 @@ def test_a_change_the_store_refuses_is_recorded_with_its_refusal(leader: Leader)
     assert [(r["action"], r["status"]) for r in rows] == [
         ("DELETE /api/v1/quotas/{scope}", 404),
         ("POST /api/v1/orgs", 201),
+    ]
+
+
+def test_a_change_the_listener_refuses_is_recorded_with_its_refusal(leader: Leader) -> None:
+    # Refused before any route runs: not JSON, a body past the cap, no admin key. Each is recorded as its route
+    # would be, with the refusal's status, and without the body it sent.
+    sent = {"X-Llmgw-Actor": "eve"}
+    form = {**sent, "Content-Type": "application/x-www-form-urlencoded"}
+    assert leader.request("POST", "/api/v1/nodes/n_x/state", content=b"state=drain", headers=form).status_code == 415
+    big = b'{"name": "' + b"x" * (9 << 20) + b'"}'
+    assert leader.request("POST", "/api/v1/node-tokens", content=big, headers=sent).status_code == 413
+    assert leader.request("DELETE", "/api/v1/keys/k_x", headers=sent, key="sk-opod-not-a-key").status_code == 401
+    rows = audit(leader, "?actor=eve")
+    assert [(r["action"], r["status"], r.get("target"), r.get("detail")) for r in rows] == [
+        ("DELETE /api/v1/keys/{id}", 401, "k_x", None),
+        ("POST /api/v1/node-tokens", 413, None, None),
+        ("POST /api/v1/nodes/{id}/state", 415, "n_x", None),
     ]

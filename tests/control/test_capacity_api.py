@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.opod_process import Leader, OpodProcess, http, remove_home, sim_worker, wait_until
+from tests.support.inprocess import InProcessLeader as Leader
+from tests.support.opod_process import OpodProcess, http, remove_home, sim_worker, wait_until
 
 H100 = (
     "gpus:\n  - {name: NVIDIA H100 80GB HBM3, class: H100, memory_gb: 80, compute_capability: '9.0', count: 2}\n"
@@ -26,7 +27,7 @@ A10G = "gpus:\n  - {name: NVIDIA A10G, class: A10G, memory_gb: 24, compute_capab
 @pytest.fixture(scope="module")
 def leader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Leader]:
     root = tmp_path_factory.mktemp("capacity")
-    up = Leader(root / "leader", worker=False, extra=["--no-default-models"])
+    up = Leader(root / "leader")
     workers: list[OpodProcess] = []
     try:
         token = up.node_token()
@@ -40,7 +41,7 @@ def leader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Leader]:
     finally:
         for worker in workers:
             worker.stop()
-        up.process.stop()
+        up.stop()
         remove_home(Path(root))
 
 

@@ -1,15 +1,16 @@
-"""The cluster's catalog through ``/api/v1/models`` and ``/api/v1/presets`` on a real leader, as an operator uses it."""
+"""The cluster's catalog through ``/api/v1/models`` and ``/api/v1/presets`` on a leader built in the test's process, as an
+operator uses it (and ``opod model``, a client of it)."""
 
 from __future__ import annotations
 
 import json
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.opod_process import Leader, OpodProcess, http, opod_cli, wait_until
+from tests.support.inprocess import InProcessLeader as Leader
+from tests.support.opod_process import OpodProcess, http, opod_cli, wait_until
 from tests.support.ports import free_port
 
 MINUTE = 60_000_000_000
@@ -93,15 +94,7 @@ def admin(
 ) -> tuple[int, Any]:
     if actor is None:
         return leader.admin(method, path, body)
-    request = urllib.request.Request(leader.admin_url + path, data=json.dumps(body or {}).encode(), method=method)
-    for name, value in (
-        ("Content-Type", "application/json"),
-        ("Authorization", f"Bearer {leader.key}"),
-        ("X-Llmgw-Actor", actor),
-    ):
-        request.add_header(name, value)
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return response.status, json.loads(response.read())
+    return leader.admin(method, path, body or {}, headers={"X-Llmgw-Actor": actor})
 
 
 SCOPES: dict[str, str] = {}
@@ -135,7 +128,7 @@ def listing(leader: Leader) -> dict[str, dict]:
 
 def test_a_whole_definition_is_kept_shown_back_with_defaults_and_survives_a_restart(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    leader = Leader(home, worker=False)
+    leader = Leader(home, default_models=True)
     try:
         tenancy(leader)
         status, body = leader.admin("POST", "/api/v1/models", FULL)
@@ -179,14 +172,13 @@ def test_a_whole_definition_is_kept_shown_back_with_defaults_and_survives_a_rest
         assert leader.admin("POST", "/api/v1/models", outside)[0] == 200
         assert listing(leader)["outside"]["external"] == "api.example.com/gpt-4.1"
 
-        assert leader.process.stop() == 0
-        leader = Leader(home, worker=False, ports=(leader.port, leader.admin_port))
+        leader = leader.restart()  # raises if the leader did not stop cleanly
         status, again = leader.admin("GET", "/api/v1/models/chat-big")
         assert (status, again) == (200, shown), "every field comes back after a restart"
         assert contains(leader.admin("GET", "/api/v1/models/outside")[1], outside)
         assert {"smollm2-135m-instruct", "all-minilm-l6-v2", "chat-big", "outside"} <= set(listing(leader))
     finally:
-        leader.process.stop()
+        leader.stop()
 
 
 BAD: list[tuple[dict[str, Any], int, str]] = [
@@ -235,11 +227,11 @@ BAD: list[tuple[dict[str, Any], int, str]] = [
 
 @pytest.fixture(scope="module")
 def catalog_leader(tmp_path_factory: pytest.TempPathFactory):
-    leader = Leader(tmp_path_factory.mktemp("catalog") / "home", worker=False)
+    leader = Leader(tmp_path_factory.mktemp("catalog") / "home", default_models=True)
     tenancy(leader)
     assert leader.admin("POST", "/api/v1/models", FULL)[0] == 200
     yield leader
-    leader.process.stop()
+    leader.stop()
 
 
 @pytest.mark.parametrize(("body", "status", "message"), BAD, ids=[m.split(":")[0] for _, _, m in BAD])
@@ -345,7 +337,7 @@ memory_gb: 16
 
 
 def test_presets_fit_the_fleet_are_added_by_hand_or_by_themselves_and_a_removal_declines(tmp_path: Path) -> None:
-    leader = Leader(tmp_path / "home", worker=False, extra=["--no-default-models"])
+    leader = Leader(tmp_path / "home")
     worker = None
     try:
         status, view = leader.admin("GET", "/api/v1/presets")
@@ -423,11 +415,11 @@ def test_presets_fit_the_fleet_are_added_by_hand_or_by_themselves_and_a_removal_
     finally:
         if worker is not None:
             worker.stop()
-        leader.process.stop()
+        leader.stop()
 
 
 def test_opod_model_commands_are_clients_of_the_catalog(tmp_path: Path) -> None:
-    leader = Leader(tmp_path / "home", worker=False, extra=["--no-default-models"])
+    leader = Leader(tmp_path / "home")
     try:
         added = opod_cli(leader, "model", "add", "sim-chat", "--engine", "sim", "--alias", "chat", "--no-load")
         assert added.returncode == 0, added.stderr
@@ -443,4 +435,4 @@ def test_opod_model_commands_are_clients_of_the_catalog(tmp_path: Path) -> None:
         assert opod_cli(leader, "model", "rm", "sim-chat").returncode == 0
         assert http("GET", leader.admin_url + "/api/v1/models", key=leader.key)[2] == []
     finally:
-        leader.process.stop()
+        leader.stop()

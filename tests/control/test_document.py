@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.opod_process import Leader, http
+from tests.support.inprocess import InProcessLeader as Leader
+from tests.support.opod_process import http
 
 SPEC_PATH = Path(__file__).resolve().parents[3] / "shared" / "spec" / "llmgw-admin-openapi.json"
 
@@ -28,9 +29,9 @@ def spec() -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def leader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Leader]:
-    up = Leader(tmp_path_factory.mktemp("document") / "home", worker=False, extra=["--no-default-models"])
+    up = Leader(tmp_path_factory.mktemp("document") / "home")
     yield up
-    up.process.stop()
+    up.stop()
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,8 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support.gpu_fleet import add, nodes, replicas
-from tests.support.opod_process import Leader, OpodProcess, opod_cli, sim_worker, wait_until
+from tests.support.inprocess import InProcessLeader as Leader
+from tests.support.opod_process import OpodProcess, opod_cli, sim_worker, wait_until
 
 H100 = "{name: NVIDIA H100 80GB HBM3, class: H100, memory_gb: 80, compute_capability: '9.0'"
 BOXES = {
@@ -35,7 +36,7 @@ TWO_NODES = {"engine": "sim", "gpu_class": "H100", "tp": 2, "gpus_per_node": 1, 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Leader]:
     root = tmp_path_factory.mktemp("fabrics")
-    leader = Leader(root / "leader", worker=False, extra=["--no-default-models"])
+    leader = Leader(root / "leader")
     workers: list[OpodProcess] = []
     for name, text in BOXES.items():
         (root / f"{name}.yaml").write_text(text)
@@ -45,7 +46,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Leader]:
     yield leader
     for worker in workers:
         worker.stop()
-    leader.process.stop()
+    leader.stop()
 
 
 def fabric_use(leader: Leader) -> dict[str, dict]:

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.gpu_fleet import nodes
-from tests.support.opod_process import Leader, OpodProcess, http, opod_cli, sim_worker, wait_until
+from tests.support.inprocess import InProcessLeader as Leader
+from tests.support.opod_process import OpodProcess, http, opod_cli, sim_worker, wait_until
 
 H100_BOX = """
 gpus:
@@ -38,7 +39,7 @@ labels: {llmgw.io/site: par1}
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Leader, dict[str, OpodProcess], Path]]:
     root = tmp_path_factory.mktemp("fleet")
-    leader = Leader(root / "leader", worker=False, extra=["--no-default-models"])
+    leader = Leader(root / "leader")
     workers = {}
     for name, text in (("n_h100", H100_BOX), ("n_mig", MIG_BOX)):
         (root / f"{name}.yaml").write_text(text)
@@ -48,7 +49,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Leader, di
     yield leader, workers, root
     for worker in workers.values():
         worker.stop()
-    leader.process.stop()
+    leader.stop()
 
 
 def test_the_declared_gpus_show_by_class_with_free_unhealthy_and_mig(fleet) -> None:
@@ -199,20 +200,18 @@ def test_load_is_the_real_hosts_as_its_last_heartbeat_said_and_provision_says_wh
 
 
 def test_state_and_operator_labels_are_kept_across_a_leader_restart(tmp_path: Path) -> None:
-    leader = Leader(tmp_path / "leader", worker=False, extra=["--no-default-models"])
+    leader = Leader(tmp_path / "leader")
     (tmp_path / "inv.yaml").write_text(MIG_BOX)
     worker = sim_worker(leader, tmp_path / "w", "n_kept", OPOD_INVENTORY=str(tmp_path / "inv.yaml"))
     try:
         worker.wait_for_line("registered with", timeout=30)
         assert leader.admin("POST", "/api/v1/nodes/n_kept/state", {"state": "cordon"})[0] == 200
         assert leader.admin("POST", "/api/v1/nodes/n_kept/labels", {"set": {"llmgw.io/row": "b"}})[0] == 200
-        ports = (leader.port, leader.admin_port)
-        leader.process.stop()
-        leader = Leader(tmp_path / "leader", worker=False, extra=["--no-default-models"], ports=ports)
+        leader = leader.restart()
         node = nodes(leader)["n_kept"]
         assert node["operator_labels"] == {"llmgw.io/row": "b"} and node["gpu_total"] == 3, node
         wait_until(lambda: nodes(leader)["n_kept"]["state"] == "cordoned", 30, "the worker to heartbeat the new leader")
         assert nodes(leader)["n_kept"]["location"] == {"site": "par1", "row": "b"}
     finally:
         worker.stop()
-        leader.process.stop()
+        leader.stop()

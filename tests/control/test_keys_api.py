@@ -19,7 +19,8 @@ import pytest
 
 from opod.contract import adminapi
 from tests.control.scim_support import new_user, scim
-from tests.support.opod_process import Leader, OpodProcess, opod_cli, sim_worker, wait_until
+from tests.support.inprocess import InProcessLeader as Leader
+from tests.support.opod_process import OpodProcess, opod_cli, sim_worker, wait_until
 
 MODEL = "sim-chat"
 FILE_SECRET = "sk-opod-from-the-auth-file-" + os.urandom(6).hex()
@@ -36,7 +37,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Leader, Op
         admission_class="sheddable",
     )
     auth.write_text(adminapi.AuthSnapshot(revision="1", require_keys=True, keys=[key]).to_json())
-    leader = Leader(root / "leader", worker=False, extra=["--no-default-models"], env={"OPOD_AUTH_FILE": str(auth)})
+    leader = Leader(root / "leader", env={"OPOD_AUTH_FILE": str(auth)})
     worker = sim_worker(leader, root / "worker", "n_keys")
     worker.wait_for_line("registered with", timeout=30)
     assert opod_cli(leader, "model", "add", MODEL, "--engine", "sim").returncode == 0
@@ -51,7 +52,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Leader, Op
     leader.wait_served(MODEL)
     yield leader, worker
     worker.stop()
-    leader.process.stop()
+    leader.stop()
 
 
 def chat(leader: Leader, secret: str) -> str:

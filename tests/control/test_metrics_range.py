@@ -12,7 +12,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from tests.support import prometheus
-from tests.support.opod_process import Leader, remove_home, wait_until
+from tests.support.inprocess import InProcessLeader as Leader
+from tests.support.opod_process import remove_home, wait_until
 from tests.support.ports import free_port
 
 NS = 1_000_000_000
@@ -22,9 +23,9 @@ MINUTE = {"window": 60 * NS, "step": NS}
 @pytest.fixture(scope="module")
 def leader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Leader]:
     home = tmp_path_factory.mktemp("metrics") / "leader"
-    running = Leader(home, worker=False)
+    running = Leader(home, default_models=True)
     yield running
-    running.process.stop()
+    running.stop()
     remove_home(home)
 
 

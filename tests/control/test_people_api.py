@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.control.scim_support import admin, new_user, scim
-from tests.support.opod_process import Leader, http
+from tests.support.inprocess import InProcessLeader as Leader
+from tests.support.opod_process import http
 
 TOKEN = "scim-tok-0b7e44d2c1a96f3e"
 LDAP_PASSWORD = "ldap-pw-7c2e9f1d"
@@ -20,11 +21,11 @@ KEY_SECRETS: list[str] = []
 
 @pytest.fixture(scope="module")
 def leader(tmp_path_factory: pytest.TempPathFactory):
-    running = Leader(tmp_path_factory.mktemp("people") / "leader", worker=False, extra=["--no-default-models"])
+    running = Leader(tmp_path_factory.mktemp("people") / "leader")
     try:
         yield running
     finally:
-        running.process.stop()
+        running.stop()
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.support.opod_process import Leader, OpodProcess, opod_cli, sim_worker, wait_until
+from tests.support.inprocess import InProcessLeader as Leader
+from tests.support.opod_process import OpodProcess, opod_cli, sim_worker, wait_until
 
 MODEL, OTHER = "sim-chat", "sim-other"
 NODE = "n_requests"
@@ -65,7 +66,7 @@ def made(leader: Leader, path: str, body: dict) -> str:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory):
     root: Path = tmp_path_factory.mktemp("requests")
-    leader = Leader(root / "leader", worker=False, extra=["--no-default-models"])
+    leader = Leader(root / "leader")
     worker: OpodProcess | None = None
     try:
         worker = sim_worker(
@@ -93,7 +94,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory):
     finally:
         if worker is not None:
             worker.stop()
-        leader.process.stop()
+        leader.stop()
 
 
 def ask(fleet: Fleet, content: str, secret: str | None = None, **extra: object) -> tuple[str, str]:

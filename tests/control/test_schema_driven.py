@@ -1,12 +1,12 @@
 """The management API against its specification, driven by the spec itself (schemathesis).
 
 For every operation of ``../shared/spec/llmgw-admin-openapi.json``, requests generated from the spec's schemas
-(valid ones, and invalid ones) are sent to a real ``opod up`` whose local worker runs the simulator and serves the
-two default models, so the fleet and catalog routes have data. Every answer must be one the spec allows: no 5xx,
-the declared content type, a body that validates against the operation's schema, and every refusal an
-``ErrorView`` (``{"error": "..."}``, nothing else). The operations of areas not built yet (the table
-``opod.control.unbuilt.UNBUILT``, each answering 501: ``tests/control/test_unbuilt.py``) are left out, so the test
-grows by itself as areas are built. Generated names and ids match nothing, so every other request of a read, and of a write
+(valid ones, and invalid ones) are sent to a leader built in the test's process whose local worker (as ``opod up``
+has) runs the simulator and serves the two default models, so the fleet and catalog routes have data. Every answer
+must be one the spec allows: no 5xx, the declared content type, a body that validates against the operation's
+schema, and every refusal an ``ErrorView`` (``{"error": "..."}``, nothing else). The operations of areas not built
+yet (the table ``opod.control.unbuilt.UNBUILT``, each answering 501: ``tests/control/test_unbuilt.py``) are left out,
+so the test grows by itself as areas are built. Generated names and ids match nothing, so every other request of a read, and of a write
 that only changes what a model or node is described by, names the fixture's real node, model or key instead: those
 operations are driven past their 404s into their answers.
 
@@ -34,7 +34,8 @@ from schemathesis.specs.openapi.checks import (  # noqa: E402
 )
 
 from opod.control.unbuilt import UNBUILT  # noqa: E402
-from tests.support.opod_process import Leader, wait_until  # noqa: E402
+from tests.support.inprocess import InProcessLeader as Leader  # noqa: E402
+from tests.support.opod_process import wait_until  # noqa: E402
 
 SPEC_PATH = Path(__file__).resolve().parents[3] / "shared" / "spec" / "llmgw-admin-openapi.json"
 if not SPEC_PATH.is_file():
@@ -87,12 +88,12 @@ CHECKS = [
 
 @pytest.fixture(scope="module")
 def leader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Leader]:
-    up = Leader(tmp_path_factory.mktemp("schema-driven") / "home", extra=["--engine", "sim"])
+    up = Leader(tmp_path_factory.mktemp("schema-driven") / "home", default_models=True, worker="sim")
     try:
         up.wait_served(*DEFAULT_MODELS)
         yield up
     finally:
-        up.process.stop()
+        up.stop()
 
 
 @pytest.fixture(scope="module")

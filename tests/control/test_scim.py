@@ -21,7 +21,8 @@ from tests.control.scim_support import (
     patch,
     scim,
 )
-from tests.support.opod_process import Leader, http
+from tests.support.inprocess import InProcessLeader as Leader
+from tests.support.opod_process import http
 
 TOKEN = "scim-tok-5d1f0c7e9a2b4c68"
 ENTERPRISE = "urn:ietf:params:scim:schemas:extension:enterprise:2.0:User"
@@ -31,11 +32,11 @@ KEY_SECRETS: list[str] = []
 
 @pytest.fixture(scope="module")
 def leader(tmp_path_factory: pytest.TempPathFactory):
-    running = Leader(tmp_path_factory.mktemp("scim") / "leader", worker=False, extra=["--no-default-models"])
+    running = Leader(tmp_path_factory.mktemp("scim") / "leader")
     try:
         yield running
     finally:
-        running.process.stop()
+        running.stop()
 
 
 @pytest.fixture(scope="module")
@@ -338,8 +339,7 @@ def test_a_deactivated_person_stays_refused_across_a_restart(leader: Leader, tre
         scim(leader, "PATCH", f"/Users/{eve['id']}", patch({"op": "replace", "value": {"active": False}}), TOKEN)[0]
         == 200
     )
-    assert leader.process.stop() == 0
-    again = Leader(leader.home, worker=False, extra=["--no-default-models"], ports=(leader.port, leader.admin_port))
+    again = leader.restart()  # raises if the leader did not stop cleanly
     try:
         assert http("GET", f"{again.url}/v1/models", key=key["secret"])[0] == 401
         status, person = admin(again, "GET", "/api/v1/users/eve@example.com")
@@ -350,4 +350,4 @@ def test_a_deactivated_person_stays_refused_across_a_restart(leader: Leader, tre
         )
         assert http("GET", f"{again.url}/v1/models", key=key["secret"])[0] == 200
     finally:
-        again.process.stop()
+        again.stop()

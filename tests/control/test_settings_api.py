@@ -1,16 +1,17 @@
-"""``/api/v1/settings`` on a real leader: versions on a base, 409 on a stale one, 400 naming the line, history, rollback."""
+"""``/api/v1/settings`` on a leader built in the test's process: versions on a base, 409 on a stale one, 400 naming the
+line, history, rollback; and a change in force within two seconds on another leader of the same store (an ``opod up``)."""
 
 from __future__ import annotations
 
 import json
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 
 import pytest
 
-from tests.support.opod_process import Leader, http, wait_until
+from tests.support.inprocess import InProcessLeader as Leader
+from tests.support.opod_process import Leader as OpodUp
+from tests.support.opod_process import http, wait_until
 
 BODY_1 = "prices:\n  '*': {input_per_million: 1, output_per_million: 2}\n"
 BODY_2 = "prices:\n  '*': {input_per_million: 3}\nwebhooks:\n  - url: https://hooks.example.com/x\n    secret: hunter2-webhook-secret\n"
@@ -26,30 +27,19 @@ def database(tmp_path_factory: pytest.TempPathFactory) -> str:
 def leader(tmp_path_factory: pytest.TempPathFactory, database: str) -> Iterator[Leader]:
     up = Leader(
         tmp_path_factory.mktemp("settings") / "home",
-        worker=False,
-        extra=["--no-default-models"],
         env={"OPOD_PROMETHEUS_URL": "http://127.0.0.1:9999", "OPOD_DATABASE_URL": database},
     )
     yield up
-    up.process.stop()
+    up.stop()
 
 
 def put(leader: Leader, body: dict, actor: str = "alice") -> tuple[int, dict]:
-    status, _, answer = http_actor("PUT", leader, "/api/v1/settings", body, actor)
-    return status, answer
+    return http_actor("PUT", leader, "/api/v1/settings", body, actor)
 
 
-def http_actor(method: str, leader: Leader, path: str, body: dict, actor: str) -> tuple[int, dict, dict]:
+def http_actor(method: str, leader: Leader, path: str, body: dict, actor: str) -> tuple[int, dict]:
     """A change sent as ``actor`` (``X-Llmgw-Actor``), as opod ctl sends it."""
-    request = urllib.request.Request(leader.admin_url + path, data=json.dumps(body).encode(), method=method)
-    request.add_header("Content-Type", "application/json")
-    request.add_header("Authorization", f"Bearer {leader.key}")
-    request.add_header("X-Llmgw-Actor", actor)
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, dict(response.headers), json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, dict(error.headers), json.loads(error.read())
+    return leader.admin(method, path, body, headers={"X-Llmgw-Actor": actor})
 
 
 def test_the_settings_as_an_operator_sees_them_through_a_change(leader: Leader) -> None:
@@ -99,7 +89,7 @@ def test_the_settings_as_an_operator_sees_them_through_a_change(leader: Leader) 
     assert status == 400 and "limit" in bad["error"]
 
     # a rollback writes the old body as a new version; history keeps every version
-    status, rolled = http_actor("POST", leader, "/api/v1/settings/rollback", {"version": 1}, "dave")[::2]
+    status, rolled = http_actor("POST", leader, "/api/v1/settings/rollback", {"version": 1}, "dave")
     assert status == 200, rolled
     assert (rolled["version"], rolled["body"], rolled["by"], rolled["note"]) == (
         3,
@@ -145,7 +135,7 @@ def test_numbers_beyond_a_version_are_refused_by_name(leader: Leader) -> None:
 def test_a_change_is_in_force_on_another_leader_of_the_same_store_within_two_seconds(
     leader: Leader, database: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    second = Leader(
+    second = OpodUp(
         tmp_path_factory.mktemp("second") / "home",
         worker=False,
         extra=["--no-default-models"],
@@ -154,7 +144,7 @@ def test_a_change_is_in_force_on_another_leader_of_the_same_store_within_two_sec
     )
     try:
 
-        def in_force(on: Leader) -> int:
+        def in_force(on: Leader | OpodUp) -> int:
             status, headers, _ = http("GET", on.admin_url + "/api/v1/settings", key=on.key)
             assert status == 200
             return int(headers["x-opod-settings-in-force"])

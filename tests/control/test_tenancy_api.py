@@ -11,14 +11,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.opod_process import Leader
+from tests.support.inprocess import InProcessLeader as Leader
 
 
 @pytest.fixture(scope="module")
 def leader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Leader]:
-    leader = Leader(tmp_path_factory.mktemp("tenancy") / "leader", worker=False, extra=["--no-default-models"])
+    leader = Leader(tmp_path_factory.mktemp("tenancy") / "leader")
     yield leader
-    leader.process.stop()
+    leader.stop()
 
 
 def ok(leader: Leader, method: str, path: str, body: object | None = None, status: int = 200) -> dict:

@@ -17,7 +17,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.support.opod_process import Leader, OpodProcess, http, opod_cli, sim_worker, wait_until
+from tests.support.inprocess import InProcessLeader as Leader
+from tests.support.opod_process import OpodProcess, http, opod_cli, sim_worker, wait_until
 
 MODEL = "sim-chat"
 PROJECT_REQUESTS, ADMIN_REQUESTS = 5, 2
@@ -40,7 +41,7 @@ def made(leader: Leader, path: str, body: dict) -> str:
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory: pytest.TempPathFactory):
     root: Path = tmp_path_factory.mktemp("usage")
-    leader = Leader(root / "leader", worker=False, extra=["--no-default-models"])
+    leader = Leader(root / "leader")
     worker: OpodProcess | None = None
     try:
         worker = sim_worker(
@@ -70,7 +71,7 @@ def tree(tmp_path_factory: pytest.TempPathFactory):
     finally:
         if worker is not None:
             worker.stop()
-        leader.process.stop()
+        leader.stop()
 
 
 def usage(tree: Tree, query: str) -> list[dict]:

@@ -1,8 +1,9 @@
 """``/api/v1/weights``: weights on a node's disk that no model uses are listed, collected and gone; the weights a
 served model needs are never listed and never deleted, and the worker refuses any path outside its cache.
 
-Against a real ``opod up`` and a real ``opod join`` whose llama.cpp engine is the simulator speaking llama-server's
-wire (``OPOD_LLAMA_SERVER`` names a stand-in script), so the worker loads a real file from its own weights cache.
+Against a leader built in the test's process and a real ``opod join`` whose llama.cpp engine is the simulator
+speaking llama-server's wire (``OPOD_LLAMA_SERVER`` names a stand-in script), so the worker loads a real file from
+its own weights cache.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import pytest
 from opod.contract import nodeapi
 from opod.security.signer import Signer
 from opod.weights import write_tiny_llama
-from tests.support.opod_process import Leader, OpodProcess, clean_env, http, wait_until
+from tests.support.inprocess import InProcessLeader as Leader
+from tests.support.opod_process import OpodProcess, clean_env, http, wait_until
 from tests.support.ports import free_port
 
 NODE = "n_weights"
@@ -56,7 +58,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     stand_in = root / "llama-server"
     stand_in.write_text(STAND_IN.format(python=sys.executable))
     stand_in.chmod(stand_in.stat().st_mode | stat.S_IEXEC)
-    leader = Leader(root / "leader", worker=False, extra=["--no-default-models"])
+    leader = Leader(root / "leader")
     token = leader.node_token()
     home = root / "worker"
     cache = home / "models"
@@ -76,7 +78,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         yield Fleet(leader, worker, f"http://127.0.0.1:{port}", token, cache, in_use)
     finally:
         worker.stop()
-        leader.process.stop()
+        leader.stop()
 
 
 def _stray(cache: Path, rel: str, size: int) -> Path:

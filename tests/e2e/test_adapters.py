@@ -11,7 +11,8 @@ import json
 import openai
 import pytest
 
-from tests.support.opod_process import Leader, http, opod_cli, sim_worker, wait_until
+from tests.support.inprocess import InProcessLeader as Leader
+from tests.support.opod_process import http, opod_cli, sim_worker, wait_until
 
 MODEL = "sim-chat"
 WANTED = [{"name": "support", "source": "/data/adapters/support", "rank": 8}]
@@ -20,7 +21,7 @@ WANTED = [{"name": "support", "source": "/data/adapters/support", "rank": 8}]
 @pytest.fixture(scope="module")
 def leader(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("adapters")
-    leader = Leader(root / "leader", worker=False, extra=["--no-default-models"])
+    leader = Leader(root / "leader")
     home = root / "n_lora"
     worker = sim_worker(leader, home, "n_lora", OPOD_ADAPTERS=json.dumps(WANTED))
     worker.wait_for_line("registered with", timeout=30)
@@ -28,7 +29,7 @@ def leader(tmp_path_factory: pytest.TempPathFactory):
     leader.wait_served(MODEL, f"{MODEL}:support")
     yield leader
     worker.stop()
-    leader.process.stop()
+    leader.stop()
 
 
 def admin(leader: Leader, method: str, path: str, body: object | None = None):

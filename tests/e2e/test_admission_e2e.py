@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from opod.contract import adminapi
-from tests.support.opod_process import Leader, http, opod_cli, sim_worker, wait_until
+from tests.support.inprocess import InProcessLeader as Leader
+from tests.support.opod_process import http, opod_cli, sim_worker, wait_until
 
 MODEL = "sim-busy"
 
@@ -85,8 +86,6 @@ def busy(tmp_path_factory: pytest.TempPathFactory):
     )
     leader = Leader(
         root / "leader",
-        worker=False,
-        extra=["--no-default-models"],
         env={"OPOD_AUTH_FILE": str(files / "auth.json"), "OPOD_POLICY_FILE": str(files / "policy.json")},
     )
     home = root / "worker"
@@ -97,7 +96,7 @@ def busy(tmp_path_factory: pytest.TempPathFactory):
     wait_until(lambda: _slots(leader) == 2, 20, "the worker to report its 2 slots")
     yield leader, {name: secret for name, (secret, _) in keys.items()}
     worker.stop()
-    leader.process.stop()
+    leader.stop()
 
 
 def _slots(leader: Leader) -> int:

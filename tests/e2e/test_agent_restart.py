@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.inprocess import InProcessLeader as Leader
 from tests.support.opod_process import (
-    Leader,
     OpodProcess,
     alive,
     descendants,
@@ -79,7 +79,7 @@ class Chats:
 
 
 def test_agents_restart_starts_the_agent_as_a_new_process_and_the_engine_keeps_serving(tmp_path: Path) -> None:
-    leader = Leader(tmp_path / "leader", worker=False, extra=["--no-default-models"])
+    leader = Leader(tmp_path / "leader")
     worker: OpodProcess | None = None
     try:
         worker = sim_worker(leader, tmp_path / "worker", "n_again")
@@ -103,9 +103,7 @@ def test_agents_restart_starts_the_agent_as_a_new_process_and_the_engine_keeps_s
         chats.finish()
 
         assert worker.proc.poll() is None, worker.output
-        assert descendants(worker.proc.pid) == engines and all(alive(pid) for pid in engines), (
-            worker.output + "\nLEADER\n" + leader.process.output
-        )
+        assert descendants(worker.proc.pid) == engines and all(alive(pid) for pid in engines), worker.output
         assert "restarting as a new process" in worker.output
         failed = [c for c in chats.done if c[2]]
         # Only a request that was in flight when the process re-executed itself may have been cut.
@@ -124,5 +122,5 @@ def test_agents_restart_starts_the_agent_as_a_new_process_and_the_engine_keeps_s
     finally:
         if worker is not None:
             worker.stop()
-        leader.process.stop()
+        leader.stop()
         remove_home(tmp_path)

@@ -1,4 +1,5 @@
-"""OpenAI's Files and Batch API on a real leader with a simulator worker, through the ``openai`` package.
+"""OpenAI's Files and Batch API, through the ``openai`` package, on a leader built in the test's process with a
+simulator worker.
 
 A batch's lines are served like live requests (each has its usage row under the batch's key,
 with the ``X-Request-Id`` ``<batch>-<line>``), a leader stopped midway resumes the batch without
@@ -14,7 +15,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.support.opod_process import Leader, OpodProcess, http, opod_cli, sim_worker, usage_rows, wait_until
+from tests.support.inprocess import InProcessLeader as Leader
+from tests.support.opod_process import OpodProcess, http, opod_cli, sim_worker, usage_rows, wait_until
 
 MODEL = "sim-chat"
 LINES = 200
@@ -37,7 +39,7 @@ class Fleet:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("batches")
-    leader = Leader(root / "leader", worker=False, extra=["--no-default-models"])
+    leader = Leader(root / "leader")
     worker = sim_worker(
         leader, root / "worker", "n_batch", OPOD_ENGINE_FLAGS=json.dumps({"time_scale": 1.0, "output_max": 8})
     )
@@ -50,8 +52,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory):
         yield fleet
     finally:
         worker.stop()
-        if fleet.leader.process.proc.poll() is None:  # the resume test starts a second leader on the same home
-            fleet.leader.process.stop()
+        fleet.leader.stop()  # the resume test opens a second leader on the same home
 
 
 def _input(n: int, tag: str) -> bytes:
@@ -220,11 +221,7 @@ def test_a_batch_resumes_after_the_leader_stops_midway_and_no_line_is_answered_t
     client = fleet.client(secret)
     batch = _start(client, LINES, "resume")
     wait_until(lambda: _job(fleet, batch.id)["progress"]["completed"] >= 30, 30, "some lines to be answered")
-    leader = fleet.leader
-    assert leader.process.stop() == 0, leader.process.output
-    fleet.leader = Leader(
-        leader.home, worker=False, extra=["--no-default-models"], ports=(leader.port, leader.admin_port)
-    )
+    fleet.leader = fleet.leader.restart()  # raises if the leader did not stop cleanly
     before = _job(fleet, batch.id)["progress"]["completed"]
     assert 30 <= before < LINES, f"the stop came too late to test a resume ({before} answered)"
     client = fleet.client(secret)

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from opod.engines import llama_binary
-from tests.support.opod_process import Leader, OpodProcess, clean_env, descendants, wait_until
+from tests.support.inprocess import InProcessLeader as Leader
+from tests.support.opod_process import OpodProcess, clean_env, descendants, wait_until
 from tests.support.ports import free_port
 from tests.support.tiny_wheel import write_wheel
 
@@ -26,7 +27,7 @@ CHAT = "smollm2-135m-instruct"
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Leader, OpodProcess, Path]]:
     root = tmp_path_factory.mktemp("builds")
-    leader = Leader(root / "leader", worker=False, extra=["--no-default-models"])
+    leader = Leader(root / "leader")
     broken = root / "broken-llama-server"
     broken.write_text(f"#!/bin/sh\necho started >> {root / 'override-ran'}\nexit 3\n")
     broken.chmod(0o755)
@@ -58,7 +59,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Leader, Opo
     worker.wait_for_line("registered with", timeout=30)
     yield leader, worker, root
     worker.stop()
-    leader.process.stop()
+    leader.stop()
 
 
 def provision(leader: Leader, engine: str) -> dict:

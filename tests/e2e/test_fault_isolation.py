@@ -16,6 +16,7 @@ from pathlib import Path
 import openai
 import pytest
 
+from tests.support.inprocess import InProcessLeader
 from tests.support.opod_process import Leader, OpodProcess, descendants, http, opod_cli, sim_worker, wait_until
 
 CHAT, OTHER = "sim-chat", "sim-other"
@@ -24,7 +25,7 @@ CHAT, OTHER = "sim-chat", "sim-other"
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("isolation")
-    leader = Leader(root / "leader", worker=False, extra=["--no-default-models"])
+    leader = InProcessLeader(root / "leader")
     worker = sim_worker(leader, root / "worker", "n_iso")
     worker.wait_for_line("registered with", timeout=30)
     for model in (CHAT, OTHER):
@@ -32,7 +33,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory):
     leader.wait_served(CHAT, OTHER, timeout=60)
     yield leader, worker
     worker.stop()
-    leader.process.stop()
+    leader.stop()
 
 
 def engine_url(worker: OpodProcess, model: str) -> str:
@@ -62,7 +63,7 @@ def set_faults(url: str, **settings: object) -> None:
     urllib.request.urlopen(request, timeout=5).read()
 
 
-def chat(leader: Leader, model: str, max_tokens: int = 2) -> tuple[int, dict, object]:
+def chat(leader: Leader | InProcessLeader, model: str, max_tokens: int = 2) -> tuple[int, dict, object]:
     return http(
         "POST",
         leader.url + "/v1/chat/completions",
@@ -72,7 +73,7 @@ def chat(leader: Leader, model: str, max_tokens: int = 2) -> tuple[int, dict, ob
     )
 
 
-def client(leader: Leader) -> openai.OpenAI:
+def client(leader: Leader | InProcessLeader) -> openai.OpenAI:
     return openai.OpenAI(base_url=leader.url + "/v1", api_key=leader.key, max_retries=0, timeout=30)
 
 

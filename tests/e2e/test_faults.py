@@ -13,7 +13,9 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.support.opod_process import Leader, OpodProcess, http, opod_cli, sim_worker, wait_until
+from tests.support.inprocess import InProcessLeader as Leader
+from tests.support.opod_process import Leader as OpodUp
+from tests.support.opod_process import OpodProcess, http, opod_cli, sim_worker, wait_until
 
 MODEL = "sim-chat"
 
@@ -21,7 +23,7 @@ MODEL = "sim-chat"
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("faults")
-    leader = Leader(root / "leader", worker=False, extra=["--no-default-models"])
+    leader = Leader(root / "leader")
     home = root / "worker"
     worker = sim_worker(leader, home, "n_faulty")
     worker.wait_for_line("registered with", timeout=30)
@@ -29,7 +31,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory):
     leader.wait_served(MODEL, timeout=60)
     yield leader, worker
     worker.stop()
-    leader.process.stop()
+    leader.stop()
 
 
 def engine_url(worker: OpodProcess) -> str:
@@ -168,7 +170,7 @@ def test_a_forgotten_worker_that_is_still_alive_registers_again(fleet, tmp_path:
 def test_a_model_that_fails_to_start_says_why(tmp_path: Path) -> None:
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"this is not a GGUF file")
-    leader = Leader(tmp_path / "home", extra=["--no-default-models"])
+    leader = OpodUp(tmp_path / "home", extra=["--no-default-models"])
     try:
         assert opod_cli(leader, "model", "add", "--gguf", str(bad), "--name", "broken").returncode == 0
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.support.opod_process import Leader, OpodProcess, alive, clean_env, http, opod_cli, wait_until
+from tests.support.inprocess import InProcessLeader as Leader
+from tests.support.opod_process import OpodProcess, alive, clean_env, http, opod_cli, wait_until
 from tests.support.ports import free_port
 
 MODEL = "sim-chat"
@@ -23,7 +24,7 @@ MODEL = "sim-chat"
 
 @pytest.fixture
 def fleet(tmp_path: Path):
-    leader = Leader(tmp_path / "leader", worker=False, extra=["--no-default-models"])
+    leader = Leader(tmp_path / "leader")
     token = leader.node_token()
     workers = {}
     for name in ("n_sim-a", "n_sim-b"):
@@ -46,7 +47,7 @@ def fleet(tmp_path: Path):
     for worker in workers.values():
         if worker.proc.poll() is None:
             worker.stop()
-    leader.process.stop()
+    leader.stop()
 
 
 def _holders(leader: Leader) -> set[str]:

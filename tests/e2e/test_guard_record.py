@@ -22,7 +22,8 @@ import openai
 import pytest
 from aiohttp import web
 
-from tests.support.opod_process import Leader, OpodProcess, http, opod_cli, sim_worker, wait_until
+from tests.support.inprocess import InProcessLeader as Leader
+from tests.support.opod_process import OpodProcess, http, opod_cli, sim_worker, wait_until
 from tests.support.ports import free_port
 
 MODEL = "sim-chat"
@@ -156,9 +157,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     leader: Leader | None = None
     worker: OpodProcess | None = None
     try:
-        leader = Leader(
-            root / "leader", worker=False, extra=["--no-default-models"], env={"OPOD_POLICY_FILE": str(policy)}
-        )
+        leader = Leader(root / "leader", env={"OPOD_POLICY_FILE": str(policy)})
         worker = sim_worker(
             leader, root / "worker", NODE, OPOD_ENGINE_FLAGS=json.dumps({"time_scale": 0.0, "output_max": 8})
         )
@@ -172,7 +171,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         if worker is not None:
             worker.stop()
         if leader is not None:
-            leader.process.stop()
+            leader.stop()
         webhook.close()
 
 

@@ -10,16 +10,17 @@ import pytest
 
 from opod.weights.tiny import write_tiny_llama
 from tests.support.hubserver import HubServer
+from tests.support.inprocess import InProcessLeader
 from tests.support.opod_process import Leader, http, opod_cli, wait_until
 
 
-def _models(leader: Leader, key: str) -> tuple[int, object]:
+def _models(leader: Leader | InProcessLeader, key: str) -> tuple[int, object]:
     status, _, body = http("GET", leader.url + "/v1/models", key=key)
     return status, body
 
 
 def test_a_keys_last_use_is_recorded_after_a_v1_request(tmp_path: Path) -> None:
-    leader = Leader(tmp_path / "home", worker=False, extra=["--no-default-models"])
+    leader = InProcessLeader(tmp_path / "home")
     try:
         created = json.loads(opod_cli(leader, "token", "create", "--name", "app", "--json").stdout)
         assert "last_used_at" not in created, "a key nobody used has no last use"
@@ -33,7 +34,7 @@ def test_a_keys_last_use_is_recorded_after_a_v1_request(tmp_path: Path) -> None:
         stamp = wait_until(last_used, 20, "the key's last use to show in the listing")
         assert stamp >= created["created_at"]
     finally:
-        leader.process.stop()
+        leader.stop()
 
 
 def test_api_keys_are_created_listed_expired_and_revoked_at_once(tmp_path: Path) -> None:

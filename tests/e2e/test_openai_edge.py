@@ -18,7 +18,8 @@ import pytest
 import yaml
 
 from opod.catalog import bundled_dir
-from tests.support.opod_process import Leader, http, opod_cli, sim_worker, wait_until
+from tests.support.inprocess import InProcessLeader as Leader
+from tests.support.opod_process import http, opod_cli, sim_worker, wait_until
 
 CHAT, EMBED, LONG = "edge-chat", "edge-embed", "edge-long"
 CHAT_CONTEXT, EMBED_CONTEXT = 4096, 512
@@ -48,7 +49,7 @@ def leader(tmp_path_factory: pytest.TempPathFactory):
     _catalog_entry(home, CHAT, ["chat"], CHAT_CONTEXT)
     _catalog_entry(home, EMBED, ["embedding"], EMBED_CONTEXT)
     _catalog_entry(home, LONG, ["chat"], LONG_CATALOG)
-    up = Leader(home, worker=False, extra=["--no-default-models"])
+    up = Leader(home)
     worker = sim_worker(up, root / "worker", "n_edge")
     worker.wait_for_line("registered with", timeout=30)
     for model in (CHAT, EMBED, LONG):
@@ -57,7 +58,7 @@ def leader(tmp_path_factory: pytest.TempPathFactory):
     wait_until(lambda: {CHAT, EMBED, LONG} <= up.served(), 60, "the models served")
     yield up
     worker.stop()
-    up.process.stop()
+    up.stop()
 
 
 class Sent:

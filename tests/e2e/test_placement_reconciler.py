@@ -1,4 +1,4 @@
-"""Placement made true, through real processes: a leader, simulator workers with declared GPUs, the openai client.
+"""Placement made true: a leader, ``opod join`` simulator workers with declared GPUs, the openai client.
 
 Each scenario is what an operator would notice: a request for an on-demand
 model is answered (not refused) while its replica starts, and the replica goes
@@ -14,7 +14,8 @@ import threading
 import pytest
 
 from tests.support.gpu_fleet import add, declared_fleet, replicas
-from tests.support.opod_process import Leader, wait_until
+from tests.support.inprocess import InProcessLeader as Leader
+from tests.support.opod_process import wait_until
 
 openai = pytest.importorskip("openai")
 

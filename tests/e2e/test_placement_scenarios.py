@@ -1,4 +1,4 @@
-"""Placement scenarios through real processes: a leader, ``opod join`` simulator workers with declared GPUs, the openai client.
+"""Placement scenarios: a leader, ``opod join`` simulator workers with declared GPUs, the openai client.
 
 What an operator would notice: a model that needs tensor parallel across two
 nodes gets one replica with a shard on each (rank 0 serves), and a model that
@@ -14,7 +14,8 @@ from datetime import datetime, timedelta
 import pytest
 
 from tests.support.gpu_fleet import add, declared_fleet, replicas
-from tests.support.opod_process import Leader, wait_until
+from tests.support.inprocess import InProcessLeader as Leader
+from tests.support.opod_process import wait_until
 
 openai = pytest.importorskip("openai")
 

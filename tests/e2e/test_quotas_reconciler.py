@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.gpu_fleet import add, replicas
-from tests.support.opod_process import Leader, http, remove_home, sim_worker, wait_until
+from tests.support.inprocess import InProcessLeader as Leader
+from tests.support.opod_process import http, remove_home, sim_worker, wait_until
 
 TWO_A10G = "gpus:\n  - {name: NVIDIA A10G, class: A10G, memory_gb: 24, compute_capability: '8.6', count: 2}\n"
 
@@ -22,7 +23,7 @@ TWO_A10G = "gpus:\n  - {name: NVIDIA A10G, class: A10G, memory_gb: 24, compute_c
 @pytest.fixture(scope="module")
 def leader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Leader]:
     root: Path = tmp_path_factory.mktemp("quotas")
-    up = Leader(root / "leader", worker=False, extra=["--no-default-models"])
+    up = Leader(root / "leader")
     token = up.node_token()
     workers = []
     try:
@@ -45,7 +46,7 @@ def leader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Leader]:
     finally:
         for worker in workers:
             worker.stop()
-        up.process.stop()
+        up.stop()
         remove_home(root)
 
 

@@ -15,7 +15,8 @@ import yaml
 
 from opod.catalog import bundled_dir
 from opod.contract import adminapi
-from tests.support.opod_process import Leader, OpodProcess, clean_env, http, opod_cli, usage_rows, wait_until
+from tests.support.inprocess import InProcessLeader as Leader
+from tests.support.opod_process import OpodProcess, clean_env, http, opod_cli, usage_rows, wait_until
 from tests.support.ports import free_port
 
 MAIN, BACKUP = "sim-main", "sim-backup"
@@ -48,9 +49,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory):
     home = root / "leader"
     _catalog_entry(home, MAIN, fallback=[BACKUP])
     _catalog_entry(home, BACKUP)
-    leader = Leader(
-        home, worker=False, extra=["--no-default-models"], env={"OPOD_POLICY_FILE": str(files / "policy.json")}
-    )
+    leader = Leader(home, env={"OPOD_POLICY_FILE": str(files / "policy.json")})
     leader.files = files
     token = leader.node_token()
     workers = {}
@@ -72,7 +71,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory):
     yield leader, workers
     for worker in workers.values():
         worker.stop()
-    leader.process.stop()
+    leader.stop()
 
 
 def chat(leader: Leader, model: str = MAIN, request_id: str | None = None) -> tuple[int, dict, dict]:

@@ -8,7 +8,8 @@ import pytest
 
 from opod.weights.tiny import write_tiny_llama
 from tests.shards.harness import cannot_run
-from tests.support.opod_process import Leader, OpodProcess, alive, clean_env, http, opod_cli, wait_until
+from tests.support.inprocess import InProcessLeader as Leader
+from tests.support.opod_process import OpodProcess, alive, clean_env, http, opod_cli, wait_until
 from tests.support.ports import free_port
 
 pytestmark = pytest.mark.engine
@@ -18,7 +19,7 @@ def test_a_gang_is_created_serves_and_is_removed_through_admin_v1(tmp_path: Path
     if cannot_run():
         pytest.skip(cannot_run())
     gguf = write_tiny_llama(tmp_path / "tiny-split.gguf", layers=4)
-    leader = Leader(tmp_path / "leader", worker=False, extra=["--no-default-models"])
+    leader = Leader(tmp_path / "leader")
     token = leader.node_token()
     workers = []
     try:
@@ -72,4 +73,4 @@ def test_a_gang_is_created_serves_and_is_removed_through_admin_v1(tmp_path: Path
     finally:
         for worker in workers:
             worker.stop()
-        leader.process.stop()
+        leader.stop()

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.inprocess import InProcessLeader as Leader
 from tests.support.opod_process import (
-    Leader,
     OpodProcess,
     alive,
     descendants,
@@ -83,7 +83,7 @@ def test_a_node_upgrades_to_the_wanted_release_with_its_engine_kept_and_reports_
         f"{{python}} -m pip install --no-deps --no-index --no-compile --disable-pip-version-check --find-links {wheels} "
         f"--target {site} --upgrade opod=={{version}}"
     )
-    leader = Leader(tmp_path / "leader", worker=False, extra=["--no-default-models"])
+    leader = Leader(tmp_path / "leader")
     worker: OpodProcess | None = None
     try:
         worker = sim_worker(leader, tmp_path / "worker", "n_up", PYTHONPATH=str(site), OPOD_UPGRADE_COMMAND=command)
@@ -129,7 +129,7 @@ def test_a_node_upgrades_to_the_wanted_release_with_its_engine_kept_and_reports_
     finally:
         if worker is not None:
             worker.stop()
-        leader.process.stop()
+        leader.stop()
         remove_home(tmp_path)
 
 

@@ -16,17 +16,12 @@ from starlette.applications import Starlette
 from opod.access.keytable import KeyTable
 from opod.contract import nodeapi
 from opod.contract.adminapi import PlanSnapshot, PolicyAdmission
-from opod.fleet.affinity import AffinityTable
 from opod.fleet.local import LocalEngines
 from opod.fleet.models import KnownModel, ModelRegistry
 from opod.fleet.prefix_index import PrefixIndex
 from opod.fleet.state import Fleet
-from opod.gateway.admission import Admission, fleet_capacity
 from opod.gateway.app import Gateway
-from opod.gateway.guardrails import Guardrails
-from opod.gateway.prefix import PrefixHasher
-from opod.gateway.relay import Relay
-from opod.gateway.tokenize import worker_tokenizer
+from opod.gateway.build import build_gateway
 from opod.http.fastpath import FastPath
 from opod.http.nodeclient import WorkerClient
 from opod.http.serving import Listener, bind, serve
@@ -114,18 +109,16 @@ class Setup:
 async def setup() -> AsyncIterator[Setup]:
     fleet, local, usage = Fleet(), LocalEngines(), Usage()
     workers = WorkerClient(lambda _: "node-token", Signer)
-    index = PrefixIndex()
-    relay = Relay(fleet, workers, index=index, pins=AffinityTable(), local=local)
-    gateway = Gateway(
+    gateway = build_gateway(
         fleet=fleet,
         models=ModelRegistry(),
         keys=KeyTable(),
-        relay=relay,
-        admission=Admission(fleet_capacity(fleet), PolicyAdmission(hold_ms=5000)),
+        workers=workers,
+        index=PrefixIndex(),
+        local=local,
         usage=usage,
-        prefix=PrefixHasher(fleet, index, worker_tokenizer(fleet, workers)),
         policies=NoFiles(),
-        guardrails=Guardrails(),
+        admission=PolicyAdmission(hold_ms=5000),
         require_keys=False,
     )
     # Served as the leader's public listener serves /v1: the hot routes' short way in front of Starlette.

@@ -10,16 +10,17 @@ from starlette.routing import Route
 
 from opod.contract import adminapi
 from opod.contract.features import FEATURE_KEYS, frozen_routes
-from opod.leader.leader import Leader as InProcessLeader
+from opod.leader.leader import Leader as OpodLeader
 from opod.leader.leader import LeaderSettings
-from tests.support.opod_process import Leader, OpodProcess, clean_env, http, opod_cli, wait_until
+from tests.support.inprocess import InProcessLeader as Leader
+from tests.support.opod_process import OpodProcess, clean_env, http, opod_cli, wait_until
 from tests.support.ports import free_port
 
 MODEL = "sim-chat"
 
 
 async def test_every_frozen_route_is_served_by_the_real_app(tmp_path: Path) -> None:
-    leader = InProcessLeader.open(LeaderSettings(home=tmp_path, default_models=False))
+    leader = OpodLeader.open(LeaderSettings(home=tmp_path, default_models=False))
     try:
         app = leader.public_app()
         served = set()
@@ -37,13 +38,7 @@ async def test_every_frozen_route_is_served_by_the_real_app(tmp_path: Path) -> N
 def fleet(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("adminv1")
     probe_port = free_port()
-    leader = Leader(
-        root / "leader",
-        worker=False,
-        extra=["--no-default-models"],
-        env={"OPOD_PROBE_LISTEN": f"127.0.0.1:{probe_port}"},
-    )
-    leader.probe_port = probe_port
+    leader = Leader(root / "leader", probe_port=probe_port)
     token = leader.node_token()
     workers = []
     for name in ("n_a", "n_b"):
@@ -64,7 +59,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory):
     yield leader
     for worker in workers:
         worker.stop()
-    leader.process.stop()
+    leader.stop()
 
 
 def admin(leader: Leader, method: str, path: str, body: object | None = None, key: str | None = None):

@@ -15,7 +15,8 @@ import pytest
 
 from opod.contract import nodeapi
 from opod.contract.nodeauth import HEADER, sign
-from tests.support.opod_process import Leader, OpodProcess, clean_env, http, opod_cli, wait_until
+from tests.support.inprocess import InProcessLeader as Leader
+from tests.support.opod_process import OpodProcess, clean_env, http, opod_cli, wait_until
 from tests.support.ports import free_port
 
 NODE = "n_fake-1"
@@ -23,9 +24,9 @@ NODE = "n_fake-1"
 
 @pytest.fixture(scope="module")
 def leader(tmp_path_factory: pytest.TempPathFactory):
-    leader = Leader(tmp_path_factory.mktemp("proto") / "home", worker=False, extra=["--no-default-models"])
+    leader = Leader(tmp_path_factory.mktemp("proto") / "home")
     yield leader
-    leader.process.stop()
+    leader.stop()
 
 
 @pytest.fixture(scope="module")

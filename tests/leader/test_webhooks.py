@@ -33,7 +33,8 @@ from opod.security.sealing import load_or_create_key
 from opod.settings.schema import Webhook
 from opod.store import Store
 from tests.leader.test_reconciler import Workers, model, node
-from tests.support.opod_process import Leader, remove_home, sim_worker, wait_until
+from tests.support.inprocess import InProcessLeader as Leader
+from tests.support.opod_process import remove_home, sim_worker, wait_until
 from tests.support.ports import free_port
 
 FAST = Backoff(attempts=4, first=0.05, most=0.2)
@@ -347,7 +348,7 @@ def test_a_real_leader_signs_notify_test_and_sends_node_lost_when_its_worker_is_
     tmp_path: Path, http_receiver
 ) -> None:
     url, got = http_receiver
-    leader = Leader(tmp_path / "leader", worker=False)
+    leader = Leader(tmp_path / "leader", default_models=True)
     worker = None
     try:
         worker = sim_worker(leader, tmp_path / "worker", "sim-lost")
@@ -381,5 +382,5 @@ def test_a_real_leader_signs_notify_test_and_sends_node_lost_when_its_worker_is_
     finally:
         if worker is not None and worker.proc.poll() is None:
             worker.stop()
-        leader.process.stop()
+        leader.stop()
         remove_home(tmp_path / "leader")

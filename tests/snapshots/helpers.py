@@ -16,17 +16,12 @@ import uvicorn
 from starlette.applications import Starlette
 
 from opod.access.service import AccessService
-from opod.fleet.affinity import AffinityTable
+from opod.contract.adminapi import PolicyAdmission
 from opod.fleet.local import LocalEngines
 from opod.fleet.models import ModelRegistry
 from opod.fleet.prefix_index import PrefixIndex
 from opod.fleet.state import Fleet
-from opod.gateway.admission import Admission, fleet_capacity
-from opod.gateway.app import Gateway
-from opod.gateway.guardrails import Guardrails
-from opod.gateway.prefix import PrefixHasher
-from opod.gateway.relay import Relay
-from opod.gateway.tokenize import worker_tokenizer
+from opod.gateway.build import build_gateway
 from opod.http.nodeclient import WorkerClient
 from opod.http.serving import QuietServer, bind
 from opod.ledger import Ledger
@@ -115,19 +110,17 @@ def gateway_app(
     policies = snapshots if snapshots is not None else Snapshots(access, paths=SnapshotPaths())
     ledger = Ledger.open(access.store, home / "gateway")
     try:
-        fleet, index = Fleet(), PrefixIndex()
-        workers = WorkerClient(lambda _: None, Signer)
-        relay = Relay(fleet, workers, index=index, pins=AffinityTable(), local=LocalEngines())
-        gateway = Gateway(
+        fleet = Fleet()
+        gateway = build_gateway(
             fleet=fleet,
             models=ModelRegistry(),
             keys=access.keys,
-            relay=relay,
-            admission=Admission(fleet_capacity(fleet)),
+            workers=WorkerClient(lambda _: None, Signer),
+            index=PrefixIndex(),
+            local=LocalEngines(),
             usage=ledger,
-            prefix=PrefixHasher(fleet, index, worker_tokenizer(fleet, workers)),
             policies=policies,
-            guardrails=Guardrails(),
+            admission=PolicyAdmission(),
             require_keys=require_keys,
         )
         yield Starlette(routes=gateway.routes())

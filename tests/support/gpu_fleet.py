@@ -6,15 +6,16 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.support.opod_process import Leader, remove_home, sim_worker, wait_until
+from tests.support.inprocess import InProcessLeader as Leader
+from tests.support.opod_process import remove_home, sim_worker, wait_until
 
 ONE_A10G = "gpus:\n  - {name: NVIDIA A10G, class: A10G, memory_gb: 24, compute_capability: '8.6', count: 1}\n"
 
 
 @contextmanager
 def declared_fleet(tmp_path: Path) -> Iterator[tuple[Leader, Callable]]:
-    """A leader without a worker, and ``join(node_id)`` starting a simulator worker with one declared A10G."""
-    leader = Leader(tmp_path / "leader", worker=False, extra=["--no-default-models"])
+    """A leader in the test's process, and ``join(node_id)`` starting a simulator worker with one declared A10G."""
+    leader = Leader(tmp_path / "leader")
     workers = []
     token = leader.node_token()
 
@@ -36,7 +37,7 @@ def declared_fleet(tmp_path: Path) -> Iterator[tuple[Leader, Callable]]:
     finally:
         for worker in workers:
             worker.stop()
-        leader.process.stop()
+        leader.stop()
         remove_home(tmp_path)
 
 

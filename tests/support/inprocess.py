@@ -11,13 +11,19 @@ all run, without a socket or a process to start.
 It offers what ``tests.support.opod_process.Leader`` offers to these tests (``url``, ``admin_url``,
 ``key``, ``home``, :meth:`admin`, :meth:`node_token`, :meth:`served`, :meth:`wait_served`,
 :meth:`cli_env`), so helpers such as ``sim_worker`` and ``opod_cli`` take either.
+
+opod reads its environment when it opens (``opod.config``), so a leader's ``OPOD_*`` settings are in
+``os.environ`` only while it opens, as ``opod up`` would see them (``OPOD_HOME`` its home, the test
+process's own ``OPOD_*`` hidden): several leaders in one test process do not see each other's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import socket
 import threading
 from collections.abc import Coroutine, Iterator, Mapping
 from contextlib import contextmanager
@@ -25,19 +31,31 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+import uvloop
 
+from opod import config
 from opod.http.serving import Listener, bind
 from opod.leader.leader import Leader, LeaderSettings
-from tests.support.opod_process import clean_env, http, wait_until
+from opod.store.offloop import run_sync
+from opod.worker import identity
+from opod.worker.run import Worker, WorkerSettings, open_worker
+from tests.support.opod_process import NO_INSTALL, clean_env, http, wait_until
 from tests.support.ports import free_port
 
 T = TypeVar("T")
 
+INSTALL_COMMANDS = ("OPOD_UPGRADE_COMMAND", "OPOD_ENGINE_INSTALL_COMMAND")
+"""A local worker reads these when asked to install something: while one runs, they install nothing (as
+``clean_env`` has it for processes)."""
+
 
 @contextmanager
-def environment(values: Mapping[str, str]) -> Iterator[None]:
-    """``values`` in ``os.environ`` while the block runs (opod reads its ``OPOD_*`` settings from it)."""
+def environment(values: Mapping[str, str], *, hide: tuple[str, ...] = ()) -> Iterator[None]:
+    """``values`` in ``os.environ`` while the block runs, and the variables starting with one of ``hide`` out of it."""
+    hidden = {name: value for name, value in os.environ.items() if name.startswith(hide)} if hide else {}
     before = {name: os.environ.get(name) for name in values}
+    for name in hidden:
+        del os.environ[name]
     os.environ.update(values)
     try:
         yield
@@ -47,10 +65,12 @@ def environment(values: Mapping[str, str]) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+        os.environ.update(hidden)
 
 
 class InProcessLeader:
-    """``opod up --no-worker`` in this process; :meth:`stop` ends it as Ctrl-C would."""
+    """``opod up`` in this process (``--no-worker`` unless ``worker`` names an engine); :meth:`stop` ends it as
+    Ctrl-C would, and :meth:`restart` opens it again on the same home and addresses."""
 
     def __init__(
         self,
@@ -59,25 +79,40 @@ class InProcessLeader:
         default_models: bool = False,
         env: Mapping[str, str] | None = None,
         ports: tuple[int, int] | None = None,
+        worker: str | None = None,
+        probe_port: int | None = None,
     ) -> None:
-        """``env``: ``OPOD_*`` settings in force while it runs (``OPOD_DATABASE_URL`` names its store);
-        ``ports`` = (public, admin) to come back on the same addresses after a restart."""
+        """``env``: ``OPOD_*`` settings it opens with (``OPOD_DATABASE_URL`` names its store); ``ports`` = (public,
+        admin) to come back on the same addresses after a restart; ``worker``: the engine of a local worker in
+        this process, as ``opod up --engine`` runs one (its node id kept in ``home``); ``probe_port``: a listener of
+        the probes alone there, as ``OPOD_PROBE_LISTEN`` asks of ``opod up``."""
         self.home = home
         home.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.port, self.admin_port = ports or (free_port(), free_port())
-        self._env = dict(env or {})
-        self._restore = environment(self._env)
-        self._restore.__enter__()
-        self.loop = asyncio.new_event_loop()
+        self.default_models = default_models
+        self.env = dict(env or {})
+        self.engine = worker
+        self.probe_port = probe_port
+        self.worker: Worker | None = None
+        self._installs: contextlib.AbstractContextManager[None] | None = None
+        self.loop = uvloop.new_event_loop()  # as opod up runs it (asyncio's own loop would leave Nagle on)
         self._thread = threading.Thread(target=self.loop.run_forever, name=f"leader {home.name}", daemon=True)
         self._thread.start()
         try:
-            settings = LeaderSettings(
-                home=home, database_url=self._env.get("OPOD_DATABASE_URL"), default_models=default_models
-            )
-            self.leader: Leader = self.call(asyncio.to_thread(Leader.open, settings))
-            self.key = (home / "admin.key").read_text().strip()
-            self._stop = self.call(self._start())
+            with environment({"OPOD_HOME": str(home), **self.env}, hide=("OPOD_", "HF_")):
+                settings = LeaderSettings(
+                    home=home,
+                    database_url=self.env.get("OPOD_DATABASE_URL"),
+                    default_models=default_models,
+                    local_node=identity.node_id(home) if worker else None,
+                )
+                self.grace = config.stop_grace()  # what requests in flight get at a stop, as under opod up
+                self.leader: Leader = self.call(run_sync(Leader.open, settings))
+                self.key = (home / "admin.key").read_text().strip()
+                self._stop = self.call(self._start())
+            if worker is not None:
+                self._installs = environment(dict.fromkeys(INSTALL_COMMANDS, NO_INSTALL))
+                self._installs.__enter__()
         except BaseException:
             self._end_loop()
             raise
@@ -90,24 +125,59 @@ class InProcessLeader:
 
     async def _start(self) -> asyncio.Event:
         leader = self.leader
+        admin = leader.admin_app()  # one app behind the admin listener and the ASGI calls alike
         listeners = [
             Listener(leader.public_app(), bind("127.0.0.1", self.port, "the leader"), "public"),
-            Listener(leader.admin_app(), bind("127.0.0.1", self.admin_port, "the admin listener"), "admin"),
+            Listener(admin, bind("127.0.0.1", self.admin_port, "the admin listener"), "admin"),
         ]
+        if self.probe_port is not None:
+            listeners.append(Listener(leader.probe_app(), bind("127.0.0.1", self.probe_port, "the probes"), "probe"))
         self._admin = httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=leader.admin_app()), base_url=f"http://127.0.0.1:{self.admin_port}"
+            transport=httpx.ASGITransport(app=admin), base_url=f"http://127.0.0.1:{self.admin_port}"
         )
         stop = asyncio.Event()
-        self._running = asyncio.create_task(leader.run(listeners, stop))
+        if self.engine is not None:
+            await self._open_worker()
+        self._running = asyncio.create_task(
+            leader.run(
+                listeners,
+                stop,
+                drain=self._drain_worker,
+                beside=[self._run_worker] if self.worker else [],
+                grace=self.grace,
+            )
+        )
         for _ in range(200):  # the listeners are bound already; serving starts within a few turns of the loop
             if self._public_up():
                 break
             await asyncio.sleep(0.01)
         return stop
 
-    def _public_up(self) -> bool:
-        import socket
+    async def _open_worker(self) -> None:
+        """The local worker as ``opod up`` attaches it: its engines called in process, its token the leader's own."""
+        assert self.engine is not None
+        settings = WorkerSettings(
+            leader_url=self.url,
+            token=await run_sync(self.leader.access.local_worker_token),
+            home=self.home,
+            engine=self.engine,
+            listen=("127.0.0.1", free_port()),
+        )
+        self.worker = open_worker(settings)
+        self._worker_stop = asyncio.Event()
+        self.leader.local_engines.attach(self.worker.node_id, self.worker.engine_url)
 
+    async def _run_worker(self, stop: asyncio.Event) -> None:
+        # To its own stop, not the leader's: its engines serve the requests in flight (as under opod up).
+        if self.worker is not None:
+            await self.worker.run(self._worker_stop)
+
+    async def _drain_worker(self) -> None:
+        if self.worker is not None:
+            self._worker_stop.set()
+            await self.worker.stop()
+
+    def _public_up(self) -> bool:
         with socket.socket() as probe:
             probe.settimeout(0.2)
             return probe.connect_ex(("127.0.0.1", self.port)) == 0
@@ -171,7 +241,8 @@ class InProcessLeader:
         return clean_env(self.home, OPOD_ADMIN_URL=self.admin_url)
 
     def stop(self) -> None:
-        """Stop as Ctrl-C does: no new requests, the lifespan's order, the store closed."""
+        """Stop as Ctrl-C does: no new requests, the local worker's engines, the lifespan's order, the store
+        closed; raises what the lifespan raised (where ``opod up`` would exit non-zero)."""
         if self.loop.is_closed():
             return
         try:
@@ -179,6 +250,18 @@ class InProcessLeader:
             self.call(self._finish(), timeout=60)
         finally:
             self._end_loop()
+
+    def restart(self) -> InProcessLeader:
+        """Stop, then open a leader again on the same home, addresses, settings and local worker."""
+        self.stop()
+        return InProcessLeader(
+            self.home,
+            default_models=self.default_models,
+            env=self.env,
+            ports=(self.port, self.admin_port),
+            worker=self.engine,
+            probe_port=self.probe_port,
+        )
 
     async def _finish(self) -> None:
         await self._running
@@ -188,4 +271,6 @@ class InProcessLeader:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=10)
         self.loop.close()
-        self._restore.__exit__(None, None, None)
+        if self._installs is not None:
+            self._installs.__exit__(None, None, None)
+            self._installs = None

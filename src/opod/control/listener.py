@@ -12,7 +12,8 @@ change: letters, digits and ``._-@``, at most 64; ``unknown`` when absent.
 
 A change (any method but GET and HEAD) gets its audit draft before its route runs; once it has
 answered, the listener records the draft unless the change committed it
-(:mod:`opod.control.audit`), and emits ``admin.call``.
+(:mod:`opod.control.audit`), and emits ``admin.call``. A change the listener refuses itself is
+recorded too, with its refusal's status and without its body.
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ from __future__ import annotations
 import ipaddress
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from opod.access.keytable import KeyTable
@@ -99,6 +102,8 @@ class AdminGuard:
         refused = self._refused(method, scope["path"], headers)
         if refused is not None:
             await refused(scope, receive, send)
+            if method not in _READS:
+                await self._record_refused(scope, headers, refused.status_code)
             return
         if method in _READS:
             await self._read(scope, receive, send)
@@ -107,6 +112,7 @@ class AdminGuard:
             body = await _whole_body(headers, receive)
         except BodyTooLarge as err:
             await refusal(413, str(err))(scope, receive, send)
+            await self._record_refused(scope, headers, 413)
             return
         request = Request(scope)
         actor = headers.get("x-llmgw-actor") or "unknown"
@@ -145,6 +151,14 @@ class AdminGuard:
             except Unauthorized as err:
                 return refusal(401, err.message)
         return None
+
+    async def _record_refused(self, scope: Scope, headers: Headers, status: int) -> None:
+        """A change refused here, before its route ran, is in the audit as its route would record it, without its
+        body (never read, or not whole)."""
+        actor = headers.get("x-llmgw-actor") or "unknown"
+        request = Request({**scope, **_routed(scope)})
+        draft = open_draft(request, actor if ACTOR.fullmatch(actor) else "unknown", b"")
+        await record_after(self.store, request, draft, status)
 
     async def _read(self, scope: Scope, receive: Receive, send: Send) -> None:
         """GET as it is; HEAD as GET with the headers alone (``Content-Length`` still the body's)."""
@@ -205,6 +219,26 @@ async def _whole_body(headers: Headers, receive: Receive) -> bytes:
         if not message.get("more_body", False):
             break
     return b"".join(chunks)
+
+
+def _routed(scope: Scope) -> dict[str, Any]:
+    """What routing adds to this request's scope (its ``route`` and ``path_params``), or nothing: then the audit
+    row names the path as sent."""
+    for route in _routes(getattr(scope.get("app"), "routes", ())):
+        match, child = route.matches(scope)
+        if match is Match.FULL:
+            return dict(child)
+    return {}
+
+
+def _routes(routes: Iterable[BaseRoute]) -> Iterator[BaseRoute]:
+    """Every route, those of included routers too (FastAPI may keep an included router whole, as one route)."""
+    for route in routes:
+        included = getattr(route, "original_router", None)
+        if included is not None:
+            yield from _routes(included.routes)
+        else:
+            yield route
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

@@ -134,7 +134,7 @@ class Gateway:
         prefix: PrefixHasher,
         policies: Policies,
         guardrails: Guardrails,
-        prompts: PromptCounter | None = None,
+        prompts: PromptCounter,
         require_keys: bool = True,
         demand: Demand | None = None,
         tenancy: Chains | None = None,

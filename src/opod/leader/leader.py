@@ -38,7 +38,6 @@ from opod.contract.catalog import Entry
 from opod.control.app import create_app as create_control_app
 from opod.control.areas import public_areas
 from opod.control.context import ControlContext
-from opod.fleet.affinity import AffinityTable
 from opod.fleet.local import LocalEngines
 from opod.fleet.models import ANY_NODE, KnownModel, ModelRegistry
 from opod.fleet.models_service import ModelsService
@@ -47,17 +46,13 @@ from opod.fleet.prefix_index import PrefixIndex
 from opod.fleet.presets_service import PresetsService
 from opod.fleet.quotas_service import QuotasService, load_quotas
 from opod.fleet.state import Fleet, NodeState
-from opod.gateway.admission import Admission, fleet_capacity
+from opod.gateway.admission import Admission
 from opod.gateway.app import Gateway
 from opod.gateway.batches import ClientBatches
 from opod.gateway.budgets import Budgets
+from opod.gateway.build import ClusterRules, build_gateway
 from opod.gateway.files import ClientFiles
 from opod.gateway.guardrails import Guardrails
-from opod.gateway.kept_bodies import BodyKeeping
-from opod.gateway.prefix import PrefixHasher
-from opod.gateway.profiles import RoutingProfiles
-from opod.gateway.relay import Relay
-from opod.gateway.tokenize import worker_tokenizer
 from opod.gateway.usagecount import PromptCounter
 from opod.http.fastpath import FastPath
 from opod.http.nodeclient import WorkerClient
@@ -211,7 +206,7 @@ class Leader:
             return known.entry if known is not None and known.entry is not None else catalog.get(model_id)
 
         workers = WorkerClient(access.tokens.token_for_node, Signer)
-        index, pins, local_engines = PrefixIndex(), AffinityTable(), LocalEngines()
+        index, local_engines = PrefixIndex(), LocalEngines()
         scopes, quota_table = TenancyScopes(tenancy), load_quotas(store)
         reconciler = Reconciler(
             fleet, models, workers, housekeeping=index.sweep, quotas=quota_table, scopes=scopes, emit=emit
@@ -246,39 +241,32 @@ class Leader:
         snapshots = Snapshots(access, emit, client_certs_verified=tls_files is not None)
         auth_file = snapshots.auth  # read per call: the auth file can change the policy while serving
         tls = LeaderTLS(*tls_files, lambda: auth_file.node_mtls) if tls_files else None
-        admission = Admission(fleet_capacity(fleet), DEFAULT_ADMISSION)
-        tokenize = worker_tokenizer(fleet, workers)
-        prompts = PromptCounter(tokenize)
-        guardrails = Guardrails()
         # Budgets: the settings' prices and budgets, the spend so far read from the usage rows.
         budgets = Budgets(
             settings=cluster_settings, resolve=tenancy.resolve, spent_since=store.usage_spent_since, emit=emit
         )
         budgets.configure()
         cluster_settings.subscribe(budgets.configure)
-        gateway = Gateway(
+        gateway = build_gateway(
             fleet=fleet,
             models=models,
             keys=access.keys,
-            relay=Relay(fleet, workers, index=index, pins=pins, local=local_engines),
-            admission=admission,
+            workers=workers,
+            index=index,
+            local=local_engines,
             usage=ledger,
-            prefix=PrefixHasher(fleet, index, tokenize),
             policies=snapshots,
-            guardrails=guardrails,
-            prompts=prompts,
+            admission=DEFAULT_ADMISSION,
             require_keys=settings.require_keys,
-            demand=reconciler.requested,
-            tenancy=tenancy,
-            budgets=budgets,
-            profiles=RoutingProfiles(lambda: cluster_settings.current.routing_profiles),
-            default_max_tokens=lambda: cluster_settings.current.generation.default_max_tokens,
-            bodies=BodyKeeping(
-                lambda: cluster_settings.current,
-                ledger.bodies,
-                lambda text: tenancy.resolve(text, kinds=("project",)).id,
+            rules=ClusterRules(
+                settings=cluster_settings,
+                tenancy=tenancy,
+                budgets=budgets,
+                bodies=ledger.bodies,
+                demand=reconciler.requested,
             ),
         )
+        admission, prompts, guardrails = gateway.admission, gateway.prompts, gateway.guardrails
         snapshots.policy.subscribe(lambda view: _apply_admission(admission, view))
         registry = NodeRegistry(fleet, access, store, reconciler.kick, emit, index, lambda: auth_file.node_mtls)
         batches = BatchRunner(

@@ -1,0 +1,101 @@
+"""The gateway built whole: the one place its parts are wired, for the leader and for the gateway's tests.
+
+:func:`build_gateway` takes what differs between a leader and a test (where usage rows go, the mounted
+files, the admission before a policy says otherwise, whether keys are required, the cluster's rules)
+and builds the rest the same way every time: the relay with its affinity pins, the prefix hasher and
+the prompt counter on the workers' tokenizer, admission on the fleet's capacity, the guardrails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from opod.access.keytable import KeyTable
+from opod.access.tenancy import Tenancy
+from opod.contract.adminapi import PolicyAdmission
+from opod.fleet.affinity import AffinityTable
+from opod.fleet.local import LocalEngines
+from opod.fleet.models import ModelRegistry
+from opod.fleet.prefix_index import PrefixIndex
+from opod.fleet.state import Fleet
+from opod.gateway.admission import Admission, fleet_capacity
+from opod.gateway.app import Demand, Gateway, Policies
+from opod.gateway.budgets import Budgets
+from opod.gateway.exchange import UsageRecorder
+from opod.gateway.guardrails import Guardrails
+from opod.gateway.kept_bodies import BodyKeeping, BodySink
+from opod.gateway.prefix import PrefixHasher
+from opod.gateway.profiles import RoutingProfiles
+from opod.gateway.relay import Relay
+from opod.gateway.tokenize import worker_tokenizer
+from opod.gateway.usagecount import PromptCounter
+from opod.http.nodeclient import WorkerClient
+from opod.settings.holder import SettingsHolder
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterRules:
+    """What the cluster adds to each request: its settings' prices, budgets, routing profiles, kept bodies and
+    default ``max_tokens``, its
+    tenancy tree, and the demand that starts an on-demand model. A leader's gateway has them; a test's may go
+    without, and then no budget, profile, kept body or project applies."""
+
+    settings: SettingsHolder
+    tenancy: Tenancy
+    budgets: Budgets
+    """The settings' budgets, with what each scope has spent (the management API shows them too)."""
+    bodies: BodySink
+    """Where kept request bodies are written (``Ledger.bodies``)."""
+    demand: Demand
+    """Told of every request's model (``Reconciler.requested``)."""
+
+
+def build_gateway(
+    *,
+    fleet: Fleet,
+    models: ModelRegistry,
+    keys: KeyTable,
+    workers: WorkerClient,
+    index: PrefixIndex,
+    local: LocalEngines,
+    usage: UsageRecorder,
+    policies: Policies,
+    admission: PolicyAdmission,
+    require_keys: bool = True,
+    rules: ClusterRules | None = None,
+) -> Gateway:
+    """A gateway on ``fleet``: ``index`` is the prefix index the reconciler sweeps too, ``local`` the engines of a
+    worker in this process, ``admission`` the policy in force until a mounted one replaces it."""
+    tokenize = worker_tokenizer(fleet, workers)
+    budgets: Budgets | None = None
+    profiles: RoutingProfiles | None = None
+    bodies: BodyKeeping | None = None
+    default_max_tokens: Callable[[], int] | None = None
+    if rules is not None:
+        settings, tenancy = rules.settings, rules.tenancy
+        budgets = rules.budgets
+        profiles = RoutingProfiles(lambda: settings.current.routing_profiles)
+        bodies = BodyKeeping(
+            lambda: settings.current, rules.bodies, lambda text: tenancy.resolve(text, kinds=("project",)).id
+        )
+        default_max_tokens = lambda: settings.current.generation.default_max_tokens  # noqa: E731
+    return Gateway(
+        fleet=fleet,
+        models=models,
+        keys=keys,
+        relay=Relay(fleet, workers, index=index, pins=AffinityTable(), local=local),
+        admission=Admission(fleet_capacity(fleet), admission),
+        usage=usage,
+        prefix=PrefixHasher(fleet, index, tokenize),
+        policies=policies,
+        guardrails=Guardrails(),
+        prompts=PromptCounter(tokenize),
+        require_keys=require_keys,
+        demand=rules.demand if rules is not None else None,
+        tenancy=rules.tenancy if rules is not None else None,
+        budgets=budgets,
+        profiles=profiles,
+        bodies=bodies,
+        default_max_tokens=default_max_tokens,
+    )
