@@ -263,3 +263,16 @@ async def test_a_live_record_the_store_refuses_is_set_aside_and_its_batch_stored
     [rejected] = [json.loads(line) for line in (ledger.journal.directory / "rejected.jsonl").read_text().splitlines()]
     assert rejected["record"] == record and "needs an entry" in rejected["why"]
     assert ledger.writer.backlog == 0
+
+
+async def test_an_idle_writer_stops_as_soon_as_it_is_told(ledger: Ledger) -> None:
+    stop = asyncio.Event()
+    writer = asyncio.create_task(ledger.run(stop))
+    request(ledger, 1)
+    await _until(lambda: len(ledger.store.usage_after(0, 10)) == 1, 5)
+    await asyncio.sleep(0.1)  # nothing left to write: the writer waits for the next row
+    loop = asyncio.get_running_loop()
+    told = loop.time()
+    stop.set()
+    await writer
+    assert loop.time() - told < 0.5, "a leader's stop waited on its idle ledger writer"

@@ -13,6 +13,7 @@ import logging
 import threading
 from collections import deque
 
+from opod.ledger.waiting import wait_any
 from opod.store import Store
 from opod.store.requests import RequestBody
 
@@ -84,11 +85,7 @@ class BodyKeeper:
                 self._wake.clear()
                 await self.flush()
                 if not self._waiting:
-                    try:
-                        async with asyncio.timeout(IDLE_WAKE_S):
-                            await self._wake.wait()
-                    except TimeoutError:
-                        pass
+                    await wait_any(IDLE_WAKE_S, self._wake, stop)
         finally:
             self._loop = self._wake = None
             await self.flush()

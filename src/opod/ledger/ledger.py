@@ -25,6 +25,7 @@ from opod.ledger.journal import FORMAT, VERSION, Journal, JournalError, encode
 from opod.ledger.records import UsageTicket
 from opod.ledger.retention import Pruned, prune, retention_days
 from opod.ledger.streams import events_batch, parse_after, parse_limit, usage_batch
+from opod.ledger.waiting import wait_any
 from opod.ledger.writer import BATCH_MAX, Writer, commit_records
 from opod.store import Store
 from opod.store.events import INT64_MAX
@@ -331,14 +332,14 @@ class Ledger:
                         err,
                         backoff,
                     )
-                    await self._idle(backoff)
+                    await self._idle(backoff, stop)
                     backoff = min(backoff * 2, BACKOFF_S[1])
                     continue
                 if self.journal.size >= self.rotate_bytes or self.journal.broken:
                     self._rotate()
                     await self._trim_aside()
                 if not self.writer.backlog:
-                    await self._idle(IDLE_WAKE_S)
+                    await self._idle(IDLE_WAKE_S, stop)
                 gather = began + COMMIT_EVERY_S - loop.time()
                 if gather > 0 and not stop.is_set():
                     await _wait(stop, gather)
@@ -365,9 +366,10 @@ class Ledger:
             await self._prune_logged()
             await _wait(stop, PRUNE_EVERY_S)
 
-    async def _idle(self, seconds: float) -> None:
+    async def _idle(self, seconds: float, stop: asyncio.Event) -> None:
+        """Wait ``seconds``, or less when a row comes or the writer is told to stop."""
         assert self._wake is not None
-        await _wait(self._wake, seconds)
+        await wait_any(seconds, self._wake, stop)
 
     async def _prune_logged(self) -> None:
         try:
