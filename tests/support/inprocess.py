@@ -172,8 +172,11 @@ class InProcessLeader:
         if self.worker is not None:
             await self.worker.run(self._worker_stop)
 
-    async def _drain_worker(self) -> None:
+    async def _drain_worker(self, cut: bool) -> None:
+        """As ``opod up`` stops its worker (``Up._drain``): at once when the grace was spent with requests in flight."""
         if self.worker is not None:
+            if cut:
+                self.worker.hurry()
             self._worker_stop.set()
             await self.worker.stop()
 
