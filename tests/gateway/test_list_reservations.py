@@ -12,18 +12,13 @@ import pytest
 
 from opod.access.keytable import KeyEntry, KeyTable
 from opod.contract.adminapi import PolicyAdmission
-from opod.fleet.affinity import AffinityTable
 from opod.fleet.local import LocalEngines
 from opod.fleet.models import ModelRegistry
 from opod.fleet.prefix_index import PrefixIndex
 from opod.fleet.state import Fleet
-from opod.gateway.admission import Admission, fleet_capacity
 from opod.gateway.app import Gateway
 from opod.gateway.budgets import Budgets
-from opod.gateway.guardrails import Guardrails
-from opod.gateway.prefix import PrefixHasher
-from opod.gateway.relay import Relay
-from opod.gateway.tokenize import worker_tokenizer
+from opod.gateway.build import build_gateway
 from opod.http.nodeclient import WorkerClient
 from opod.security.signer import Signer
 from opod.settings.schema import Budget, ClusterSettings, Price
@@ -51,21 +46,20 @@ async def served(sim: str) -> AsyncIterator[Served]:  # noqa: F811
     join(fleet, "here", "127.0.0.1:1")
     local.attach("here", lambda model: sim if model == MODEL else None)
     workers = WorkerClient(lambda _: "node-token", Signer)
-    index = PrefixIndex()
     settings = ClusterSettings(
         prices={"*": Price(input_per_million=1, output_per_million=1000)},
         budgets=[Budget(scope="project:p_probe", micros=0)],  # type: ignore[call-arg]
     )
-    gateway = Gateway(
+    gateway = build_gateway(
         fleet=fleet,
         models=ModelRegistry(),
         keys=KeyTable(),
-        relay=Relay(fleet, workers, index=index, pins=AffinityTable(), local=local),
-        admission=Admission(fleet_capacity(fleet), PolicyAdmission(hold_ms=5000)),
+        workers=workers,
+        index=PrefixIndex(),
+        local=local,
         usage=usage,
-        prefix=PrefixHasher(fleet, index, worker_tokenizer(fleet, workers)),
         policies=NoFiles(),
-        guardrails=Guardrails(),
+        admission=PolicyAdmission(hold_ms=5000),
         budgets=Budgets(settings=Settings(settings)),
     )
     yield Served(gateway, usage)

@@ -36,15 +36,13 @@ from opod.settings.holder import SettingsHolder
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClusterRules:
-    """What the cluster adds to each request: its settings' prices, budgets, routing profiles, kept bodies and
-    default ``max_tokens``, its
+    """What the cluster adds to each request: its settings' routing profiles, kept bodies and default
+    ``max_tokens``, its
     tenancy tree, and the demand that starts an on-demand model. A leader's gateway has them; a test's may go
     without, and then no budget, profile, kept body or project applies."""
 
     settings: SettingsHolder
     tenancy: Tenancy
-    budgets: Budgets
-    """The settings' budgets, with what each scope has spent (the management API shows them too)."""
     bodies: BodySink
     """Where kept request bodies are written (``Ledger.bodies``)."""
     demand: Demand
@@ -63,18 +61,18 @@ def build_gateway(
     policies: Policies,
     admission: PolicyAdmission,
     require_keys: bool = True,
+    budgets: Budgets | None = None,
     rules: ClusterRules | None = None,
 ) -> Gateway:
     """A gateway on ``fleet``: ``index`` is the prefix index the reconciler sweeps too, ``local`` the engines of a
-    worker in this process, ``admission`` the policy in force until a mounted one replaces it."""
+    worker in this process, ``admission`` the policy in force until a mounted one replaces it, ``budgets`` the
+    settings' budgets with what each scope has spent (none: no request is refused for its cost)."""
     tokenize = worker_tokenizer(fleet, workers)
-    budgets: Budgets | None = None
     profiles: RoutingProfiles | None = None
     bodies: BodyKeeping | None = None
     default_max_tokens: Callable[[], int] | None = None
     if rules is not None:
         settings, tenancy = rules.settings, rules.tenancy
-        budgets = rules.budgets
         profiles = RoutingProfiles(lambda: settings.current.routing_profiles)
         bodies = BodyKeeping(
             lambda: settings.current, rules.bodies, lambda text: tenancy.resolve(text, kinds=("project",)).id

@@ -258,10 +258,10 @@ class Leader:
             policies=snapshots,
             admission=DEFAULT_ADMISSION,
             require_keys=settings.require_keys,
+            budgets=budgets,
             rules=ClusterRules(
                 settings=cluster_settings,
                 tenancy=tenancy,
-                budgets=budgets,
                 bodies=ledger.bodies,
                 demand=reconciler.requested,
             ),
