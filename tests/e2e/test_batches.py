@@ -231,8 +231,15 @@ def test_a_batch_resumes_after_the_leader_stops_midway_and_no_line_is_answered_t
     )
     answers = _answers(client, done.output_file_id)
     assert Counter(a["custom_id"] for a in answers) == Counter(f"resume-{i}" for i in range(LINES))
-    ok = _ok_rows(fleet, batch.id)
-    assert set(ok) == {f"{batch.id}-{i + 1}" for i in range(LINES)} and set(ok.values()) == {1}, (
+    # A line's usage row is offered on the stream once the ledger commits it, a moment after its answer is kept.
+    lines = {f"{batch.id}-{i + 1}" for i in range(LINES)}
+
+    def every_row() -> Counter[str] | None:
+        rows = _ok_rows(fleet, batch.id)
+        return rows if set(rows) >= lines else None
+
+    ok = wait_until(every_row, 10, "a usage row for every line")
+    assert set(ok) == lines and set(ok.values()) == {1}, (
         f"lines served twice: {[rid for rid, n in ok.items() if n > 1][:5]}"
     )
     status, _, _ = http("GET", fleet.leader.url + "/v1/models", key=fleet.leader.key)
