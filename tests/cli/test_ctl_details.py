@@ -201,12 +201,12 @@ def test_a_restart_with_no_room_to_surge_says_why_and_the_command_stops_waiting(
     assert status == 200, body
     leader.wait_served(model, timeout=60)
     started = time.monotonic()
-    restart = opod(leader, "ctl", "restart", "--model", model, "--timeout", "5m", timeout=120)
+    restart = opod(leader, "ctl", "restart", "--model", model, "--timeout", "5m", "--stuck-after", "3s", timeout=120)
     took = time.monotonic() - started
     assert restart.returncode == 1, f"stdout:\n{restart.stdout}\nstderr:\n{restart.stderr}"
     assert took < 60, f"the command waited {took:.0f} s on a restart that cannot go on"
     said = " ".join(restart.stderr.split())
-    assert "still queued for restart after 15 s: restart waits: no node can take its replacement beside it" in said
+    assert "still queued for restart after 3 s: restart waits: no node can take its replacement beside it" in said
     assert f"{NODE}: " in said and "--in-place" in said, said
     assert re.search(r"\[0/1\] \S+ queued: restart waits: ", restart.stdout), restart.stdout
     status, rows = leader.admin("GET", f"/api/v1/replicas?model={model}")

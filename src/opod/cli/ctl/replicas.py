@@ -15,7 +15,6 @@ from opod.contract.admin.fleet import ExplainView, ReplicaView, RestartRequest, 
 
 POLL_S = 1.0
 """How often a restart's progress is read: often enough to see each replica go, light on the leader."""
-STUCK_S = 15.0
 """How long a queued replica may say why its restart waits before the command stops following it: longer than
 a replacement takes to free the devices of the replica it took over from."""
 
@@ -89,6 +88,12 @@ def restart(
     timeout: str = typer.Option(
         "30m", "--timeout", metavar="DURATION", help="Stop waiting after this long (the restart goes on)."
     ),
+    stuck_after: str = typer.Option(
+        "15s",
+        "--stuck-after",
+        metavar="DURATION",
+        help="Stop waiting once a queued replica has said this long why it cannot go on (no room to surge).",
+    ),
     as_json: bool = render.json_option(),
 ) -> None:
     """A rolling restart of replicas, of models, or of all; shows each queued replica as it is replaced."""
@@ -96,6 +101,7 @@ def restart(
     if not (replica or model or everything):
         raise typer.BadParameter("say what to restart: REPLICA ids, --model MODEL, or --all", param_hint="REPLICA")
     limit_s = render.parse_duration(timeout, "--timeout") / 1e9
+    stuck_s = render.parse_duration(stuck_after, "--stuck-after") / 1e9
     ask = RestartRequest(
         replicas=replica or None,
         models=model or None,
@@ -114,14 +120,14 @@ def restart(
             f"queued {render.count(len(queued), 'replica')} for restart" + (f": {', '.join(queued)}" if queued else "")
         )
     if wait and queued:
-        _follow(queued, limit_s, console(stderr=True) if as_json else out)
+        _follow(queued, limit_s, stuck_s, console(stderr=True) if as_json else out)
 
 
-def _follow(queued: list[str], limit_s: float, shown: Console) -> None:
+def _follow(queued: list[str], limit_s: float, stuck_s: float, shown: Console) -> None:
     """Poll the replicas until each of ``queued`` is replaced (or restarted in place) and its model's replicas are ready.
 
     A line per change, so the progress reads the same in a terminal and in a log. A queued replica that says
-    why its restart waits (its ``error``: no room for its replacement) for ``STUCK_S`` ends the wait with that
+    why its restart waits (its ``error``: no room for its replacement) for ``stuck_s`` seconds ends the wait with that
     reason; the restart itself stays queued on the leader.
     """
     deadline = time.monotonic() + limit_s
@@ -149,10 +155,10 @@ def _follow(queued: list[str], limit_s: float, shown: Console) -> None:
                 shown.print(f"[{len(done)}/{len(queued)}] {rid} {said}", markup=False)
             if not waits:
                 waiting_since.pop(rid, None)
-            elif time.monotonic() - waiting_since.setdefault(rid, time.monotonic()) >= STUCK_S:
+            elif time.monotonic() - waiting_since.setdefault(rid, time.monotonic()) >= stuck_s:
                 raise fail(
                     escape(
-                        f"{rid} is still queued for restart after {STUCK_S:g} s: {waits}; the restart stays queued "
+                        f"{rid} is still queued for restart after {stuck_s:g} s: {waits}; the restart stays queued "
                         "and goes on by itself once there is room (opod ctl replicas shows it)"
                     )
                 )
