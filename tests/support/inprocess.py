@@ -33,12 +33,9 @@ from typing import Any, TypeVar
 import httpx
 import uvloop
 
-from opod import config
-from opod.http.serving import Listener, bind
 from opod.leader.leader import Leader, LeaderSettings
-from opod.store.offloop import run_sync
-from opod.worker import identity
-from opod.worker.run import Worker, WorkerSettings, open_worker
+from opod.leader.run import Up, UpSettings
+from opod.worker.run import Worker, WorkerSettings
 from tests.support.opod_process import NO_INSTALL, clean_env, http, wait_until
 from tests.support.ports import free_port
 
@@ -93,23 +90,20 @@ class InProcessLeader:
         self.env = dict(env or {})
         self.engine = worker
         self.probe_port = probe_port
-        self.worker: Worker | None = None
         self._installs: contextlib.AbstractContextManager[None] | None = None
+        self.said: list[str] = []
+        """What ``opod up`` would have said on its console."""
         self.loop = uvloop.new_event_loop()  # as opod up runs it (asyncio's own loop would leave Nagle on)
         self._thread = threading.Thread(target=self.loop.run_forever, name=f"leader {home.name}", daemon=True)
         self._thread.start()
         try:
             with environment({"OPOD_HOME": str(home), **self.env}, hide=("OPOD_", "HF_")):
-                settings = LeaderSettings(
-                    home=home,
-                    database_url=self.env.get("OPOD_DATABASE_URL"),
-                    default_models=default_models,
-                    local_node=identity.node_id(home) if worker else None,
-                )
-                self.grace = config.stop_grace()  # what requests in flight get at a stop, as under opod up
-                self.leader: Leader = self.call(run_sync(Leader.open, settings))
-                self.key = (home / "admin.key").read_text().strip()
-                self._stop = self.call(self._start())
+                self.up = Up(self._settings(), say=self.said.append)
+                self.call(self.up.start())  # opens the leader, binds its listeners, opens the local worker
+            self.leader: Leader = self.up.leader
+            self.worker: Worker | None = self.up.worker
+            self.key = (home / "admin.key").read_text().strip()
+            self.call(self._serve())
             if worker is not None:
                 self._installs = environment(dict.fromkeys(INSTALL_COMMANDS, NO_INSTALL))
                 self._installs.__enter__()
@@ -117,68 +111,38 @@ class InProcessLeader:
             self._end_loop()
             raise
 
+    def _settings(self) -> UpSettings:
+        """``opod up``'s settings for this leader: its addresses on loopback, its local worker if any."""
+        return UpSettings(
+            leader=LeaderSettings(
+                home=self.home, database_url=self.env.get("OPOD_DATABASE_URL"), default_models=self.default_models
+            ),
+            listen=("127.0.0.1", self.port),
+            admin_listen=("127.0.0.1", self.admin_port),
+            probe_listen=("127.0.0.1", self.probe_port) if self.probe_port is not None else None,
+            worker=None
+            if self.engine is None
+            else WorkerSettings(
+                leader_url="", token="", home=self.home, engine=self.engine, listen=("127.0.0.1", free_port())
+            ),
+        )
+
     # --- running on the leader's loop -------------------------------------------------------------------
 
     def call(self, coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
         """Run ``coro`` on the leader's loop and return its result."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
-    async def _start(self) -> asyncio.Event:
-        leader = self.leader
-        admin = leader.admin_app()  # one app behind the admin listener and the ASGI calls alike
-        listeners = [
-            Listener(leader.public_app(), bind("127.0.0.1", self.port, "the leader"), "public"),
-            Listener(admin, bind("127.0.0.1", self.admin_port, "the admin listener"), "admin"),
-        ]
-        if self.probe_port is not None:
-            listeners.append(Listener(leader.probe_app(), bind("127.0.0.1", self.probe_port, "the probes"), "probe"))
+    async def _serve(self) -> None:
+        admin = self.up.listeners[1].app  # the app behind the admin listener, called over ASGI as well
         self._admin = httpx.AsyncClient(
             transport=httpx.ASGITransport(app=admin), base_url=f"http://127.0.0.1:{self.admin_port}"
         )
-        stop = asyncio.Event()
-        if self.engine is not None:
-            await self._open_worker()
-        self._running = asyncio.create_task(
-            leader.run(
-                listeners,
-                stop,
-                drain=self._drain_worker,
-                beside=[self._run_worker] if self.worker else [],
-                grace=self.grace,
-            )
-        )
+        self._running = asyncio.create_task(self.up.serve())
         for _ in range(200):  # the listeners are bound already; serving starts within a few turns of the loop
             if self._public_up():
                 break
             await asyncio.sleep(0.01)
-        return stop
-
-    async def _open_worker(self) -> None:
-        """The local worker as ``opod up`` attaches it: its engines called in process, its token the leader's own."""
-        assert self.engine is not None
-        settings = WorkerSettings(
-            leader_url=self.url,
-            token=await run_sync(self.leader.access.local_worker_token),
-            home=self.home,
-            engine=self.engine,
-            listen=("127.0.0.1", free_port()),
-        )
-        self.worker = open_worker(settings)
-        self._worker_stop = asyncio.Event()
-        self.leader.local_engines.attach(self.worker.node_id, self.worker.engine_url)
-
-    async def _run_worker(self, stop: asyncio.Event) -> None:
-        # To its own stop, not the leader's: its engines serve the requests in flight (as under opod up).
-        if self.worker is not None:
-            await self.worker.run(self._worker_stop)
-
-    async def _drain_worker(self, cut: bool) -> None:
-        """As ``opod up`` stops its worker (``Up._drain``): at once when the grace was spent with requests in flight."""
-        if self.worker is not None:
-            if cut:
-                self.worker.hurry()
-            self._worker_stop.set()
-            await self.worker.stop()
 
     def _public_up(self) -> bool:
         with socket.socket() as probe:
@@ -249,7 +213,7 @@ class InProcessLeader:
         if self.loop.is_closed():
             return
         try:
-            self.loop.call_soon_threadsafe(self._stop.set)
+            self.loop.call_soon_threadsafe(self.up.stop.set)
             self.call(self._finish(), timeout=60)
         finally:
             self._end_loop()

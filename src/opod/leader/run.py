@@ -128,27 +128,32 @@ class Up:
         return Started(leader, listeners, worker)
 
     async def run(self) -> None:
-        started = self.started
+        """Serve until the first SIGTERM or Ctrl-C has stopped everything (:meth:`signalled`)."""
         settle_memory()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.signalled)
-        worker = started.worker
-        beside = [self._report] + ([self._run_worker] if worker is not None else [])
         try:
-            await started.leader.run(
-                started.listeners,
-                self.stop,
-                drain=self._drain,
-                beside=beside,
-                grace=self.grace,
-                hurry=self.hurry,
-                say=self.say,
-            )
+            await self.serve()
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
         self.say("stopped")
+
+    async def serve(self) -> None:
+        """The leader's lifespan with the local worker beside it, until :attr:`stop` is set (by a signal under
+        :meth:`run`, or by whoever runs this)."""
+        started = self.started
+        beside = [self._report] + ([self._run_worker] if started.worker is not None else [])
+        await started.leader.run(
+            started.listeners,
+            self.stop,
+            drain=self._drain,
+            beside=beside,
+            grace=self.grace,
+            hurry=self.hurry,
+            say=self.say,
+        )
 
     def signalled(self) -> None:
         """SIGTERM or Ctrl-C: the first stops gracefully, the next stops at once."""
