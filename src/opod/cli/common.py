@@ -73,6 +73,19 @@ def print_whole(thing: RenderableType, shown: Console | None = None) -> None:
     shown.file.flush()
 
 
+def stop_grace_option() -> Any:
+    """``--stop-grace`` of ``opod up`` and ``opod join``: one option, one help text."""
+    return typer.Option(
+        None,
+        "--stop-grace",
+        metavar="SECONDS",
+        min=0,
+        max=3600,
+        show_default=False,
+        help="Seconds requests in flight may take to finish on Ctrl-C or SIGTERM [default: 30, or OPOD_STOP_GRACE].",
+    )
+
+
 def setup_logging(verbose: bool = False) -> None:
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,

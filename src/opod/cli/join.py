@@ -11,7 +11,7 @@ import uvloop
 
 from opod import config
 from opod.cli import homelock
-from opod.cli.common import fail, out, setup_logging
+from opod.cli.common import fail, out, setup_logging, stop_grace_option
 
 if TYPE_CHECKING:
     from opod.worker.run import Worker
@@ -25,15 +25,7 @@ def command(
     ),
     engine: str = typer.Option("llamacpp", help="Engine to run models with: llamacpp, vllm, sglang, ollama or sim."),
     threads: int = typer.Option(0, help="CPU threads per engine (0 = the engine's default)."),
-    stop_grace: float | None = typer.Option(
-        None,
-        "--stop-grace",
-        metavar="SECONDS",
-        min=0,
-        max=3600,
-        show_default=False,
-        help="Seconds requests in flight may take to finish on Ctrl-C or SIGTERM [default: 30, or OPOD_STOP_GRACE].",
-    ),
+    stop_grace: float | None = stop_grace_option(),
     inventory: str = typer.Option(
         "",
         "--inventory",

@@ -10,7 +10,7 @@ import uvloop
 
 from opod import __version__, config
 from opod.cli import homelock
-from opod.cli.common import fail, out, setup_logging
+from opod.cli.common import fail, out, setup_logging, stop_grace_option
 
 if TYPE_CHECKING:
     from opod.leader.run import UpSettings
@@ -35,15 +35,7 @@ def command(
     no_default_models: bool = typer.Option(
         False, "--no-default-models", help="Do not add the CPU default models on first start."
     ),
-    stop_grace: float | None = typer.Option(
-        None,
-        "--stop-grace",
-        metavar="SECONDS",
-        min=0,
-        max=3600,
-        show_default=False,
-        help="Seconds requests in flight may take to finish on Ctrl-C or SIGTERM [default: 30, or OPOD_STOP_GRACE].",
-    ),
+    stop_grace: float | None = stop_grace_option(),
     inventory: str = typer.Option(
         "",
         "--inventory",
