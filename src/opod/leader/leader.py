@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
@@ -22,7 +21,6 @@ from starlette.routing import Route
 
 from opod import config
 from opod.access.keys import KeyService
-from opod.access.keytable import KeyEntry
 from opod.access.members import Memberships
 from opod.access.people import People
 from opod.access.scopes import check_scope
@@ -30,22 +28,20 @@ from opod.access.secrets import AuthSecrets
 from opod.access.service import AccessService
 from opod.access.tenancy import Tenancy, TenancyScopes
 from opod.catalog import Catalog, load_catalog
-from opod.catalog.definition import from_entry
-from opod.contract import adminapi, nodeapi
+from opod.contract import adminapi
 from opod.contract import env as contract_env
-from opod.contract.admin.catalog import CatalogModel, CatalogScaling
 from opod.contract.catalog import Entry
 from opod.control.app import create_app as create_control_app
 from opod.control.areas import public_areas
 from opod.control.context import ControlContext
 from opod.fleet.local import LocalEngines
-from opod.fleet.models import ANY_NODE, KnownModel, ModelRegistry
+from opod.fleet.models import ModelRegistry
 from opod.fleet.models_service import ModelsService
 from opod.fleet.nodes_service import NodesService
 from opod.fleet.prefix_index import PrefixIndex
 from opod.fleet.presets_service import PresetsService
 from opod.fleet.quotas_service import QuotasService, load_quotas
-from opod.fleet.state import Fleet, NodeState
+from opod.fleet.state import Fleet
 from opod.gateway.admission import Admission
 from opod.gateway.app import Gateway
 from opod.gateway.batches import ClientBatches
@@ -61,9 +57,11 @@ from opod.http.tls.server import LeaderTLS
 from opod.leader.adminv1.context import AdminContext
 from opod.leader.batches import BatchRunner, key_entry, runner_owner
 from opod.leader.home import make_private
-from opod.leader.nodes import NodeRegistry, restored
+from opod.leader.nodes import NodeRegistry
 from opod.leader.public import probe_app, public_app
 from opod.leader.reconciler import Reconciler
+from opod.leader.replay import Replayer
+from opod.leader.startup import DEFAULT_MODELS, load_models, load_nodes, restore_gangs
 from opod.leader.webhooks import LifecycleWatch, Webhooks, fan_out
 from opod.ledger import Ledger
 from opod.security.nodetokens import NodeTokenMinter, load_or_create_secret
@@ -71,15 +69,13 @@ from opod.security.sealing import load_or_create_key
 from opod.security.signer import Signer
 from opod.settings.holder import SettingsHolder
 from opod.settings.service import SettingsService
-from opod.shards import Gangs, ShardError, ShardManager
+from opod.shards import Gangs, ShardManager
 from opod.snapshots.policy import PolicyView
 from opod.snapshots.service import Snapshots
 from opod.store import Store
 from opod.store.offloop import run_sync
 
 log = logging.getLogger("opod.leader")
-
-DEFAULT_MODELS = ("smollm2-135m-instruct", "all-minilm-l6-v2")
 
 DEFAULT_ADMISSION = adminapi.PolicyAdmission(hold_ms=30_000, max_held=1024)
 """Without a policy file, a request waits up to 30 s for an engine slot; a mounted policy's admission
@@ -198,8 +194,8 @@ class Leader:
         )  # before the first request: a disabled person's keys are refused from the start
         tenancy = Tenancy.load(store, people)
         fleet, models = Fleet(), ModelRegistry()
-        _load_nodes(store, fleet)
-        _load_models(store, catalog, models, default_models=settings.default_models)
+        load_nodes(store, fleet)
+        load_models(store, catalog, models, default_models=settings.default_models)
 
         def entry_for(model_id: str) -> Entry | None:
             known = models.get(model_id)
@@ -236,7 +232,7 @@ class Leader:
                 coordinator_node=config.read(contract_env.ENV_COORDINATOR_NODE) or None,
             )
         )
-        _restore_gangs(store, shards)
+        restore_gangs(store, shards)
         tls_files = (settings.tls_cert, settings.tls_key) if settings.tls_cert and settings.tls_key else None
         snapshots = Snapshots(access, emit, client_certs_verified=tls_files is not None)
         auth_file = snapshots.auth  # read per call: the auth file can change the policy while serving
@@ -533,107 +529,7 @@ def _requests(n: int) -> str:
     return f"{n} request" if n == 1 else f"{n} requests"
 
 
-# --- start-up reads ---------------------------------------------------------------------------------
-
-
-def _load_nodes(store: Store, fleet: Fleet) -> None:
-    for record in store.list_nodes():
-        try:
-            hardware = nodeapi.decode_hardware(record.hardware_json)
-        except ValueError:
-            hardware = nodeapi.Capabilities()
-        fleet.restore(
-            restored(
-                NodeState(
-                    id=record.id,
-                    address=record.address,
-                    hostname=record.hostname,
-                    boot_id=record.boot_id,
-                    token_id=record.token_id or "",
-                    hardware=hardware,
-                    drained=record.drained,
-                ),
-                record,
-            )
-        )
-
-
-def _load_models(store: Store, catalog: Catalog, models: ModelRegistry, *, default_models: bool) -> None:
-    records = store.list_models()
-    if not records and default_models and store.get_meta("default_models") is None:
-        for model_id in DEFAULT_MODELS:
-            entry = catalog.get(model_id)
-            if entry is not None:
-                store.add_model(
-                    model_id,
-                    source_json=json.dumps(entry.source.to_wire()),
-                    definition_json=from_entry(entry).model_dump_json(exclude_none=True, by_alias=True),
-                    wanted="loaded",
-                )
-        store.set_meta("default_models", "added")
-        records = store.list_models()
-    placements: dict[str, dict[str, str]] = {}
-    for placement in store.list_placements():
-        placements.setdefault(placement.model_id, {})[placement.node_id] = placement.wanted
-    for record in records:
-        entry = Entry.from_wire(record.entry_json) if record.entry_json else catalog.get(record.id)
-        wanted = placements.get(record.id, {})
-        models.put(
-            KnownModel(
-                id=record.id,
-                entry=entry,
-                engine=record.engine,
-                wanted=wanted,
-                definition=_definition(record.id, record.definition_json, entry, record.engine, wanted),
-            )
-        )
-
-
-def _definition(
-    model_id: str, saved: str | None, entry: Entry | None, engine: str, wanted: dict[str, str]
-) -> CatalogModel:
-    """A model's catalog definition: as kept, or, for a model added before definitions were, what its entry and placements say."""
-    if saved:
-        return CatalogModel.model_validate_json(saved)
-    definition = from_entry(entry, engine) if entry is not None else CatalogModel(name=model_id)
-    if wanted.get(ANY_NODE) != "loaded":
-        definition = definition.model_copy(update={"scaling": CatalogScaling(min=0)})
-    return definition
-
-
-def _restore_gangs(store: Store, shards: ShardManager) -> None:
-    saved = store.get_meta("shards")
-    if not saved:
-        return
-    try:
-        shards.from_json(saved)
-    except ShardError as err:
-        log.error("the saved gangs could not be restored (%s); they must be created again", err)
-
-
 def _apply_admission(admission: Admission, view: PolicyView) -> None:
     """A policy's admission block replaces opod's default whole; an empty block means "as before": the default."""
     block = view.snapshot.admission
     admission.configure(block if block.to_wire() else DEFAULT_ADMISSION)
-
-
-class Replayer:
-    """A kept request served again in process, as the admin key (``POST /api/v1/requests/{id}/replay``).
-
-    A replay is the operator's own request: its cost and its usage row are the operator's, never
-    charged to the project whose request it repeats, and a revoked key does not stop it.
-    """
-
-    def __init__(self, gateway: Gateway, local_keys: Callable[[], list[KeyEntry]]) -> None:
-        self.gateway = gateway
-        self.local_keys = local_keys
-
-    async def replay(self, path: str, body: bytes, request_id: str) -> tuple[int, bytes]:
-        entry = next((k for k in self.local_keys() if k.kind == "admin" and not k.revoked), None)
-        response = await self.gateway.serve_as(entry, path, body, request_id)
-        data = getattr(response, "body", None)
-        if not isinstance(data, bytes | memoryview):
-            data = b"".join(
-                [c if isinstance(c, bytes) else str(c).encode() async for c in response.body_iterator]  # type: ignore[attr-defined]
-            )
-        return response.status_code, bytes(data)
