@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from opod.gateway.app import JSON_OBJECT_SCHEMA, json_object_as_schema
+from opod.gateway.routes import JSON_OBJECT_SCHEMA, json_object_as_schema
 
 
 def test_json_object_without_a_schema_is_sent_as_an_object_schema() -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from starlette.requests import Request
@@ -34,18 +33,13 @@ from opod.gateway.prefix import PrefixHasher
 from opod.gateway.profiles import RoutingProfiles
 from opod.gateway.promptsize import asked_limit, completion_bound, default_limit, prompt_size
 from opod.gateway.relay import Relay, RelayCall
-from opod.gateway.responses import RESPONSES_PATH, check_translated, responses_endpoint
+from opod.gateway.responses import RESPONSES_PATH, responses_endpoint
+from opod.gateway.routes import ANY_METHOD, ROUTES, TRANSLATED_RESPONSES, UNSUPPORTED, RouteSpec, json_object_as_schema
 from opod.gateway.stats import PROBE_HEADER, GatewayStats
 from opod.gateway.usagecount import DecodeRates, PromptCounter
 from opod.gateway.validate import (
-    Check,
     ModelTraits,
-    check_chat,
-    check_completion,
     check_content_type,
-    check_embeddings,
-    check_rerank,
-    no_check,
     require_model,
 )
 from opod.http.errors import (
@@ -62,41 +56,6 @@ from opod.http.fastpath import ReadRequest, headers_of, read_whole
 from opod.http.inbound import json_object, read_body, sane_request_id
 from opod.settings.schema import Generation
 from opod.snapshots.policy import PolicyView
-
-MiB = 1 << 20
-
-
-@dataclass(frozen=True, slots=True)
-class RouteSpec:
-    path: str
-    capability: str
-    body_cap: int
-    check: Check = no_check
-    """The route's request rules, run before admission."""
-
-
-ROUTES = (
-    RouteSpec("/v1/chat/completions", "chat", 32 * MiB, check_chat),
-    RouteSpec("/v1/completions", "chat", 32 * MiB, check_completion),
-    RouteSpec("/v1/embeddings", "embedding", 8 * MiB, check_embeddings),
-    RouteSpec("/v1/rerank", "rerank", 8 * MiB, check_rerank),
-)
-
-TRANSLATED_RESPONSES = RouteSpec("/v1/chat/completions", "chat", 32 * MiB, check_translated)
-"""A Responses request, translated onto chat completions: the chat route's rules, in the Responses API's names."""
-
-_UNSUPPORTED = {
-    "embedding": (
-        "embeddings_not_supported",
-        "does not produce embeddings; use an embedding model such as all-minilm-l6-v2",
-    ),
-    "rerank": ("rerank_not_supported", "cannot rerank; use a reranker such as bge-reranker-v2-m3-gguf"),
-    "chat": ("chat_not_supported", "does not generate text; use a chat model"),
-}
-
-
-ANY_METHOD = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
-"""What the ``/v1`` fallback answers (Starlette gives a route without methods GET alone)."""
 
 PROBE = PROBE_HEADER.encode()
 Handler = Callable[[Request], Awaitable[Response]]
@@ -577,7 +536,7 @@ class Gateway:
         model = self.known_name(model)
         known = self.models.active(model)
         if known is not None and spec.capability not in known.capabilities:
-            code, what = _UNSUPPORTED[spec.capability]
+            code, what = UNSUPPORTED[spec.capability]
             raise NotSupported(f"The model {model!r} {what}.", code)
         return model
 
@@ -605,27 +564,6 @@ def request_scopes(exchange: Exchange) -> list[BudgetScope]:
         ("org", exchange.org_id),
     )
     return [BudgetScope(kind, ident) for kind, ident in pairs if ident]
-
-
-JSON_OBJECT_SCHEMA = {"type": "object"}
-
-
-def json_object_as_schema(payload: dict[str, Any]) -> bool:
-    """Give ``response_format: {"type": "json_object"}`` the schema it stands for; True when the payload changed.
-
-    OpenAI's ``json_object`` promises an answer that is one JSON object. llama.cpp's server builds
-    its grammar from a schema and, given none, constrains nothing; ``{"type": "object"}`` is exactly
-    the promise, and engines that build ``json_object``'s grammar themselves ignore the key.
-    """
-    response_format = payload.get("response_format")
-    if (
-        not isinstance(response_format, dict)
-        or response_format.get("type") != "json_object"
-        or response_format.get("schema")
-    ):
-        return False
-    payload["response_format"] = {**response_format, "schema": JSON_OBJECT_SCHEMA}
-    return True
 
 
 def routing_policy(view: PolicyView | None) -> RoutingPolicy:
