@@ -20,7 +20,8 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from opod.gateway.responses import CHAT_PATH, chat_request, check_translated, response_object, responses_endpoint
+from opod.gateway.responses import CHAT_PATH, chat_request, check_translated, responses_endpoint
+from opod.gateway.responses_answer import response_object
 from opod.gateway.validate import ModelTraits
 from opod.http.errors import BadRequest
 
