@@ -3,7 +3,8 @@ and tensor parallel on one node takes cards that are NVLink peers of each other.
 
 from __future__ import annotations
 
-from opod.fleet.placement import Held, Planner, place
+from opod.fleet.placed import Held
+from opod.fleet.placement import Planner, place
 from opod.fleet.state import NodeState
 from tests.fleet.test_placement import NOW, gpu, model, node, reasons
 

@@ -6,15 +6,10 @@ import time
 
 from opod.contract import nodeapi
 from opod.contract.admin.catalog import CatalogGPUNeed, CatalogModel, CatalogProfile, CatalogScaling
+from opod.fleet.asks import version_matches
 from opod.fleet.inventory import GPUDevice, NodeInventory
-from opod.fleet.placement import (
-    EVERY_NODE,
-    Held,
-    Planner,
-    effective_class,
-    place,
-    version_matches,
-)
+from opod.fleet.placed import EVERY_NODE, Held, effective_class
+from opod.fleet.placement import Planner, place
 from opod.fleet.state import NodeState
 
 NOW = 1000.0

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from opod.fleet.placement import EVERY_NODE, Held, Planner
+from opod.fleet.placed import EVERY_NODE, Held
+from opod.fleet.placement import Planner
 from opod.fleet.quotas import Amount, Bounds, Quota, QuotaBook
 from tests.fleet.test_placement import NOW, gpu, model, node
 

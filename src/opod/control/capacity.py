@@ -26,7 +26,8 @@ from opod.control.context import ControlError, ReplicaDesk
 from opod.control.spec import SpecRouter
 from opod.fleet.models import KnownModel, ModelRegistry, definition_of
 from opod.fleet.models_service import ModelsService, profile_names
-from opod.fleet.placement import Held, Planner, Rejection, effective_class, place
+from opod.fleet.placed import Held, Rejection, effective_class
+from opod.fleet.placement import Planner, place
 from opod.fleet.state import Fleet
 from opod.store.audit import AuditDraft
 from opod.store.capacity import CapacityRecord

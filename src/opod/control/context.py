@@ -18,7 +18,7 @@ from opod.fleet.followers import EventSink, Reconciling
 from opod.fleet.models import ModelRegistry
 from opod.fleet.models_service import ModelsService
 from opod.fleet.nodes_service import NodesService
-from opod.fleet.placement import Rejection
+from opod.fleet.placed import Rejection
 from opod.fleet.presets_service import PresetsService
 from opod.fleet.quotas_service import QuotasService
 from opod.fleet.state import Fleet

@@ -36,16 +36,17 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
 
-from opod.catalog.definition import fingerprint, scaling_in_force
+from opod.catalog.definition import fingerprint
 from opod.contract import nodeapi
 from opod.fleet.liveness import HEARTBEAT_MAX_AGE
 from opod.fleet.models import ANY_NODE, KnownModel, ModelRegistry
-from opod.fleet.placement import CLASSES, Held, Planner, Rejection
+from opod.fleet.placed import CLASSES, Held, Rejection
+from opod.fleet.placement import Planner
 from opod.fleet.quotas import Amount, QuotaTable
 from opod.fleet.scopes import ScopeTree
 from opod.fleet.state import Fleet, NodeState
 from opod.http.nodeclient import WorkerClient, WorkerUnavailable
-from opod.leader import adoption
+from opod.leader import adoption, model_status
 from opod.leader.pinned import PENDING_FOR, PinnedLoads, unload_request
 from opod.leader.replicas import (
     ACTIVE,
@@ -154,64 +155,11 @@ class Reconciler:
     # --- what listings and the gateway ask ------------------------------------------
 
     def status(self, model_id: str) -> str:
-        """A short phrase for listings, in the words a client's 503 uses (``Fleet.availability``).
-
-        ``serving on n1`` (and why any other holder cannot, in brackets), ``failed on n1: …``
-        when a load was refused, ``cannot serve: n1: its engine crashed (…) and is restarting``,
-        ``loading on n1 (…)``, ``waiting for a worker`` or ``not loaded``; for a defined model also
-        ``parked after 3 failed starts: …``, ``starting on n1``, ``cannot be placed`` and ``on demand``.
-        """
+        """A short phrase for listings, in the words a client's 503 uses (:func:`opod.leader.model_status.status`)."""
         model = self.models.get(model_id)
-        availability = self.fleet.availability(model_id)
-        if availability.ok:
-            others = f" ({availability.told_operators()})" if availability.down else ""
-            return "serving on " + ", ".join(availability.serving) + others
-        if model is not None and model.definition is not None:
-            return self._replica_status(model)
-        pending = self.pinned.attempts_of(model_id)
-        failed = [a for a in pending if a.error]
-        if failed:
-            return f"failed on {failed[0].node_id}: {failed[0].error}"
-        if any(state.word == "down" and not state.why.startswith("loading") for _, state in availability.down):
-            return f"cannot serve: {availability.told_operators()}"
-        if pending:
-            parts = []
-            for attempt in pending:
-                node = self.fleet.get(attempt.node_id)
-                progress = node.load_progress.get(model_id, "") if node is not None else ""
-                parts.append(attempt.node_id + (f" ({progress})" if progress else ""))
-            return "loading on " + ", ".join(parts)
-        if availability.down:
-            return f"cannot serve: {availability.told_operators()}"
-        if model is not None and model.wants_loaded():
-            return "waiting for a worker"
-        return "not loaded"
-
-    def _replica_status(self, model: KnownModel) -> str:
-        parking = self.parking.get(model.id)
-        failed = sorted((r for r in self._of(model.id) if r.state == FAILED), key=lambda r: r.started)
-        where = f"failed on {'+'.join(failed[-1].nodes)}: " if failed else "failed to start: "
-        if parking is not None and parking.parked:
-            return f"parked after {parking.failures} failed starts ({where}{parking.reason}); `opod ctl models retry {model.id}` tries again"
-        starting = [r for r in self._of(model.id) if r.state == STARTING]
-        if starting:
-            parts = []
-            for replica in starting:
-                node = self.fleet.get(replica.nodes[0])
-                progress = node.load_progress.get(model.id, "") if node is not None else ""
-                parts.append("+".join(replica.nodes) + (f" ({progress})" if progress else ""))
-            return "starting on " + ", ".join(parts)
-        if model.status.unplaceable:
-            if not self.fleet.placeable():
-                return "waiting for a worker"  # nothing to place on is not a placement failure
-            return "cannot be placed now (explain-placement says why)"
-        if parking is not None and parking.failures:
-            return where + parking.reason
-        if model.status.desired == 0:
-            if model.definition is not None and scaling_in_force(model.definition)[3]:
-                return "on demand: starts when a request asks for it"
-            return "not loaded (opod model load starts it)"
-        return "waiting for a worker"
+        return model_status.status(
+            model_id, model, self.fleet, self.pinned, self.parking.get(model_id), self._of(model_id)
+        )
 
     def requested(self, model_id: str) -> Awaitable[None] | None:
         """The gateway's call for each request: counts the model as asked for; when nothing serves a defined
