@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -193,3 +194,26 @@ async def probe_once(cfg: ProcessConfig, session: aiohttp.ClientSession | None) 
             return False, f"the probe raised {exc!r}"
         return result is True or result == Readiness.READY, f"the probe answered {result!r}"
     return True, ""
+
+
+class ProbeNotes(Protocol):
+    """Where a readiness probe leaves what it saw last (``ManagedProcess``)."""
+
+    probe_note: str
+
+
+async def probe_until_ready(cfg: ProcessConfig, seen: ProbeNotes) -> None:
+    """Probe, quickly at first and then every half second, until the check says ready.
+    What each probe saw is kept in ``seen.probe_note`` for the timeout's reason."""
+    delay = 0.05
+    session = aiohttp.ClientSession() if cfg.ready_url else None
+    try:
+        while True:
+            ready, seen.probe_note = await probe_once(cfg, session)
+            if ready:
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+    finally:
+        if session is not None:
+            await session.close()

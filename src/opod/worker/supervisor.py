@@ -28,7 +28,6 @@ import asyncio
 import collections
 import logging
 import os
-import re
 import shlex
 from collections.abc import Callable, Sequence
 from contextlib import suppress
@@ -37,12 +36,11 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 
-import aiohttp
-
 from opod.contract import nodeapi
 from opod.contract.wire import ZERO_TIME, format_time
 from opod.worker import processes
-from opod.worker.processconfig import ProcessConfig, probe_once
+from opod.worker.exit_lines import DETAIL_LINES, telling_line
+from opod.worker.processconfig import ProcessConfig, probe_until_ready
 from opod.worker.processes import NotAdoptable, SpawnError, describe_exit
 
 __all__ = [
@@ -61,13 +59,6 @@ log = logging.getLogger(__name__)
 
 TIMEOUT_GRACE = 5.0
 """Grace given to a process killed for not becoming ready."""
-DETAIL_LINES = 30
-"""How far back the most telling log line is looked for."""
-
-# "error loading model: …", "CUDA error: out of memory", Python's "ValueError: …".
-_ERROR_WITH_MESSAGE = re.compile(r"(?i:\b(?:error|fatal|panic)\b[^:]{0,40}:\s*\S)|\b\w+(?:Error|Exception)\b:")
-_ERROR_WORDS = ("error", "fatal", "panic", "exception", "abort", "out of memory", "segmentation fault")
-_FAILURE_WORDS = ("failed", "cannot", "unable", "not found", "invalid", "denied", "no such")
 
 
 class ProcessState(StrEnum):
@@ -104,28 +95,6 @@ class ProcessExists(ValueError):
 
 def _now() -> datetime:
     return datetime.now(UTC)
-
-
-def _telling_line(lines: Sequence[str]) -> str:
-    """The line that best says why it died: an error with its message, else one that names a failure,
-    else the newest line. Ties go to the newest (Python's traceback ends with the raised error)."""
-    best, best_score = "", -1
-    for line in lines[-DETAIL_LINES:]:
-        text = line.strip()
-        if not text:
-            continue
-        lower = text.lower()
-        if _ERROR_WITH_MESSAGE.search(text):
-            score = 3
-        elif any(word in lower for word in _ERROR_WORDS):
-            score = 2
-        elif any(word in lower for word in _FAILURE_WORDS):
-            score = 1
-        else:
-            score = 0
-        if score >= best_score:
-            best, best_score = text, score
-    return best[:300]
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,7 +166,7 @@ class ManagedProcess:
         word = self._engine_word
         detail = ""
         if word is not nodeapi.EngineStateWord.SERVING and self.exit_reason:
-            telling = _telling_line(self.exit_lines)
+            telling = telling_line(self.exit_lines)
             detail = f"{self.exit_reason}: {telling}" if telling else self.exit_reason
         return nodeapi.EngineState(
             state=word.value, restarts=self.restarts, since=format_time(self._engine_since), detail=detail
@@ -519,7 +488,7 @@ class Supervisor:
         """True once ready or once the process ended (the caller reads which); False on the timeout."""
         cfg = mp.config
         remaining = cfg.ready_timeout - (_now() - mp._waiting_from).total_seconds()
-        probing = asyncio.get_running_loop().create_task(_probe_until_ready(mp))
+        probing = asyncio.get_running_loop().create_task(probe_until_ready(mp.config, mp))
         exited = asyncio.ensure_future(child.wait())
         try:
             done, _ = await asyncio.wait(
@@ -594,21 +563,3 @@ class Supervisor:
                 one_line = text.replace("\n", "\\n")
                 mp._log.write(f"--- opod {format_time(_now())} {one_line}\n".encode())
                 mp._log.flush()
-
-
-async def _probe_until_ready(mp: ManagedProcess) -> None:
-    """Probe, quickly at first and then every half second, until the check says ready.
-    What each probe saw is kept in ``mp.probe_note`` for the timeout's reason."""
-    cfg = mp.config
-    delay = 0.05
-    session = aiohttp.ClientSession() if cfg.ready_url else None
-    try:
-        while True:
-            ready, mp.probe_note = await probe_once(cfg, session)
-            if ready:
-                return
-            await asyncio.sleep(delay)
-            delay = min(delay * 1.5, 0.5)
-    finally:
-        if session is not None:
-            await session.close()
