@@ -11,7 +11,7 @@ import pytest
 from opod.engines.base import LaunchSpec
 from opod.engines.registry import get_driver
 from opod.worker import multinode
-from opod.worker.engines import ModelEngine
+from opod.worker.model_engine import ModelEngine
 
 
 def spec(**flags) -> LaunchSpec:

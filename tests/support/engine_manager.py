@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 
 from opod.contract import nodeapi
-from opod.worker.engines import EngineManager, ModelEngine
+from opod.worker.engines import EngineManager
+from opod.worker.model_engine import ModelEngine
 
 
 async def load_and_serve(manager: EngineManager, model_id: str, timeout: float = 15.0) -> ModelEngine:

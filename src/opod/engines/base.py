@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import ClassVar
@@ -112,6 +112,23 @@ class LoadSample:
             prefix_hit_pct=self.prefix_hit_pct or 0.0,
             sampled_at=int(self.sampled_at),
         )
+
+
+def combined(samples: Sequence[LoadSample], at: float) -> LoadSample:
+    """Several engines' load as one machine's: the fullest KV cache, queues, running requests, rates and slots
+    summed, the mean prefix-cache hit rate."""
+    kv = [s.kv_used_pct for s in samples if s.kv_used_pct is not None]
+    hits = [s.prefix_hit_pct for s in samples if s.prefix_hit_pct is not None]
+    slots = sum(s.slots or 0 for s in samples)
+    return LoadSample(
+        sampled_at=at,
+        kv_used_pct=max(kv) if kv else None,
+        queue_depth=sum(s.queue_depth or 0 for s in samples),
+        running=sum(s.running or 0 for s in samples),
+        tokens_per_s=sum(s.tokens_per_s or 0.0 for s in samples),
+        prefix_hit_pct=sum(hits) / len(hits) if hits else None,
+        slots=slots or None,
+    )
 
 
 @dataclass(frozen=True, slots=True)

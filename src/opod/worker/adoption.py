@@ -39,7 +39,8 @@ from typing import Any
 
 from opod.engines.base import LaunchSpec
 from opod.worker import processes
-from opod.worker.engines import EngineManager, ModelEngine
+from opod.worker.engines import EngineManager
+from opod.worker.model_engine import ModelEngine
 from opod.worker.multinode import Ranks
 from opod.worker.supervisor import Handover, NotAdoptable, ProcessConfig, ProcessExists, Supervisor
 

@@ -17,11 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 
 import aiohttp
@@ -30,7 +27,7 @@ from opod import weights
 from opod.catalog import Catalog
 from opod.contract import nodeapi
 from opod.contract.catalog import Entry, Hardware, Source
-from opod.engines.base import EngineDriver, LaunchSpec, LoadSample, MetricsState
+from opod.engines.base import LaunchSpec, LoadSample, combined
 from opod.engines.registry import get_driver
 from opod.http.upstream import Upstreams
 from opod.weights.progress import FetchMeter
@@ -38,7 +35,8 @@ from opod.worker import multinode
 from opod.worker.adapters import Adapters, lora_flags
 from opod.worker.kvevents import KVReport
 from opod.worker.kvlistener import KVEventListener, KVListenError
-from opod.worker.multinode import Ranks, device_env, ranks_of, replica_flags
+from opod.worker.model_engine import ModelEngine, free_port, one_word
+from opod.worker.multinode import device_env, ranks_of, replica_flags
 from opod.worker.refusals import LoadRefused
 from opod.worker.supervisor import ManagedProcess, ProcessConfig, ProcessState, Supervisor
 
@@ -47,56 +45,6 @@ log = logging.getLogger("opod.worker")
 CPU_CONTEXT_CAP = 8192
 """Default context on a CPU engine: a catalog's 128K window would reserve gigabytes of KV cache."""
 DEFAULT_PARALLEL = 4
-
-
-@dataclass(slots=True)
-class ModelEngine:
-    model_id: str
-    driver: EngineDriver
-    state: str = "fetching"
-    """fetching → starting → serving; failed or stopped when it ends."""
-    detail: str = ""
-    port: int = 0
-    spec: LaunchSpec | None = None
-    process_id: str = ""
-    since: datetime = field(default_factory=lambda: datetime.now(UTC))
-    metrics: MetricsState | None = None
-    sample: LoadSample | None = None
-    task: asyncio.Task[None] | None = None
-    kv: KVEventListener | None = None
-    """The engine's KV-cache event listener, when its driver publishes events."""
-    replica: str = ""
-    profile: int = 0
-    fingerprint: str = ""
-    """The reconciler's replica id, profile index and definition digest for this engine (empty: a pinned load)."""
-    devices: list[int] | None = None
-    """The GPUs the leader gave this replica here (``CUDA_VISIBLE_DEVICES``); ``None`` = none said."""
-    env: dict[str, str] = field(default_factory=dict)
-    """The replica's own environment for the engine (its profile's, and its devices)."""
-    ranks: Ranks | None = None
-    """Its place in a replica across nodes; ``None`` on one node."""
-    extra_argv: list[str] = field(default_factory=list)
-    """Added to the driver's command line: the distributed runtime's flags."""
-
-    @property
-    def follower(self) -> bool:
-        """A rank other than 0 of a replica across nodes: it runs its part and serves nothing."""
-        return self.ranks is not None and self.ranks.rank > 0
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def enter(self, state: str, detail: str = "") -> None:
-        self.state = state
-        self.detail = detail
-        self.since = datetime.now(UTC)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class EngineManager:
@@ -617,34 +565,13 @@ class EngineManager:
             self.on_change()
 
     def engine_state(self) -> nodeapi.EngineState:
-        """One word for the worker's engines.
-
-        ``serving`` while any engine serves, or none is running (an idle worker takes loads);
-        ``crash-looping`` or ``starting`` when that is the best any engine can say. Never
-        ``stopped`` while the worker lives: that word is the worker's goodbye. A model that
-        failed to load is reported in ``load_errors`` and named in the detail.
-        """
-        states = {}
+        """One word for the worker's engines (:func:`opod.worker.model_engine.one_word`)."""
+        states = []
         for engine in self.engines.values():
             process = self.supervisor.get(engine.process_id) if engine.process_id else None
             word = process.engine_state() if process is not None and engine.state != "fetching" else None
-            states[engine.model_id] = (engine, word)
-        problems = [
-            f"{e.detail}"
-            for e, w in states.values()
-            if e.state == "failed" or (w is not None and w.state in ("crash-looping", "stopped"))
-        ]
-        if any(self.serving(m) for m in self.engines) or not self.engines:
-            return nodeapi.EngineState(state="serving", detail="; ".join(problems)[:300])
-        for _engine, word in states.values():
-            if word is not None and word.state == "crash-looping":
-                return word
-        if any(e.state in ("fetching", "starting") for e in self.engines.values()):
-            busy = next(e for e in self.engines.values() if e.state in ("fetching", "starting"))
-            return nodeapi.EngineState(
-                state="starting", since=busy.since.strftime("%Y-%m-%dT%H:%M:%SZ"), detail=busy.detail[:300]
-            )
-        return nodeapi.EngineState(state="serving", detail="; ".join(problems)[:300])
+            states.append((engine, word))
+        return one_word(states, any(self.serving(m) for m in self.engines))
 
     async def sample(self) -> tuple[LoadSample | None, int]:
         """Aggregate load over serving engines (max KV, summed queue and rate) and total slots."""
@@ -662,18 +589,5 @@ class EngineManager:
                 samples.append(result[0])
         if not samples:
             return None, 0
-        kv = [s.kv_used_pct for s in samples if s.kv_used_pct is not None]
-        hits = [s.prefix_hit_pct for s in samples if s.prefix_hit_pct is not None]
-        slots = sum(s.slots or 0 for s in samples)
-        return (
-            LoadSample(
-                sampled_at=time.time(),
-                kv_used_pct=max(kv) if kv else None,
-                queue_depth=sum(s.queue_depth or 0 for s in samples),
-                running=sum(s.running or 0 for s in samples),
-                tokens_per_s=sum(s.tokens_per_s or 0.0 for s in samples),
-                prefix_hit_pct=sum(hits) / len(hits) if hits else None,
-                slots=slots or None,
-            ),
-            slots,
-        )
+        whole = combined(samples, time.time())
+        return whole, whole.slots or 0
