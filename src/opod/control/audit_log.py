@@ -6,8 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 from fastapi import APIRouter
 
+from opod.access.keys import parse_lifetime
 from opod.contract.admin.records import StoreAuditEvent
-from opod.control.context import ControlError, parse_lifetime
+from opod.control.context import ControlError
 from opod.control.spec import SpecRouter
 from opod.store import Store
 from opod.store.audit import AuditRecord

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from opod.access.keys import KeyService
-from opod.access.keys import parse_lifetime as parse_lifetime  # the areas' reader of durations (``?since=24h``)
 from opod.access.members import Memberships
 from opod.access.people import People
 from opod.access.secrets import AuthSecrets

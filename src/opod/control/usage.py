@@ -25,10 +25,11 @@ from datetime import UTC, datetime, timedelta
 from fastapi import APIRouter, Query
 from fastapi.responses import Response, StreamingResponse
 
+from opod.access.keys import parse_lifetime
 from opod.access.scopes import Scope
 from opod.access.tenancy import Tenancy
 from opod.contract.admin.records import ScopeUsageView, StoreExportRow
-from opod.control.context import ControlError, parse_lifetime
+from opod.control.context import ControlError
 from opod.control.spec import SpecRouter
 from opod.gateway.budgets import Budgets, period_bounds
 from opod.store import Store
