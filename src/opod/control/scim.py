@@ -21,7 +21,6 @@ import logging
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -74,7 +73,7 @@ from opod.control.scim_wire import (
     user_fields,
 )
 from opod.store import Store
-from opod.store.audit import SOURCE_API, AuditRow, detail_text
+from opod.store.audit import SOURCE_API, AuditDraft
 from opod.store.errors import Conflict, InvalidInput, NotFound, StoreError
 from opod.store.offloop import run_sync
 from opod.store.people import UserRecord, new_user_id
@@ -91,24 +90,20 @@ _MEMBER_PATH = re.compile(r'^members\[\s*value\s+eq\s+"([^"]+)"\s*\]$', re.IGNOR
 
 @dataclass(frozen=True, slots=True)
 class _Call:
-    """One SCIM call once the token was accepted: where it came from and how it is audited."""
+    """One SCIM call once the token was accepted: where it came from, and its audit draft (actor ``scim``)."""
 
     request: Request
     base: str
+    draft: AuditDraft
 
-    @property
-    def action(self) -> str:
-        return f"{self.request.method} {self.request.url.path}"
-
-    def audit(self, target: str, detail: Any, status: int) -> AuditRow:
-        return AuditRow(
-            actor=ACTOR,
-            source=SOURCE_API,
-            action=self.action,
-            target=target,
-            detail=detail_text(detail),
-            status=status,
-            at=datetime.now(UTC),
+    @classmethod
+    def of(cls, request: Request) -> _Call:
+        action = f"{request.method} {request.url.path}"
+        target = request.path_params.get("id", "")
+        return cls(
+            request,
+            f"{request.url.scheme}://{request.url.netloc}{PREFIX}",
+            AuditDraft(actor=ACTOR, source=SOURCE_API, action=action, target=target),
         )
 
 
@@ -146,7 +141,7 @@ class _Scim:
             call: _Call | None = None
             try:
                 await self._authenticate(request)
-                call = _Call(request, f"{request.url.scheme}://{request.url.netloc}{PREFIX}")
+                call = _Call.of(request)
                 return await handler(call)
             except ScimError as err:
                 refused = err
@@ -166,7 +161,7 @@ class _Scim:
             except Exception:
                 log.exception("%s %s failed", request.method, request.url.path)
                 refused = ScimError(500, f"{request.method} {request.url.path} failed on the leader; its log says why")
-            if call is not None and request.method != "GET":
+            if call is not None and request.method != "GET" and not call.draft.committed:
                 await self._record_refusal(call, refused)
             return refused.response()
 
@@ -187,13 +182,11 @@ class _Scim:
             )
 
     async def _record_refusal(self, call: _Call, err: ScimError) -> None:
+        call.draft.body = {"refused": err.detail}
         try:
-            await run_sync(
-                self.store.record_audit,
-                call.audit(call.request.path_params.get("id", ""), {"refused": err.detail}, err.status),
-            )
+            await run_sync(self.store.record_audit, call.draft.after(err.status))
         except StoreError as failure:
-            log.error("could not record the audit row of %s: %s", call.action, failure)
+            log.error("could not record the audit row of %s: %s", call.draft.action, failure)
 
     def people(self) -> People:
         return self._people
@@ -212,9 +205,8 @@ class _Scim:
                     "uniqueness",
                 )
             user_id = new_user_id()
-            user = await people.create(
-                id=user_id, audit=call.audit(f"user:{user_id}", audit_fields(fields), 201), **fields
-            )
+            with call.draft.commit(target=f"user:{user_id}", detail=audit_fields(fields), status=201) as row:
+                user = await people.create(id=user_id, audit=row, **fields)
             return scim_response(self.user_resource(user, call.base), 201, {"Location": f"{call.base}/Users/{user.id}"})
         wanted = read_filter(call.request, USER_FILTERS)
         found = [u for u in people.users() if matches(wanted, u)]
@@ -229,7 +221,8 @@ class _Scim:
         if method == "GET":
             return scim_response(self.user_resource(user, call.base))
         if method == "DELETE":
-            await people.update(user.id, state="disabled", audit=call.audit(f"user:{user.id}", {"active": False}, 204))
+            with call.draft.commit(target=f"user:{user.id}", detail={"active": False}, status=204) as row:
+                await people.update(user.id, state="disabled", audit=row)
             return Response(status_code=204)
         if method == "PUT":
             fields = user_fields(await read_body(call.request, ScimUser, Context.RESOURCE_REPLACEMENT_REQUEST))
@@ -244,7 +237,8 @@ class _Scim:
             except ValueError as err:
                 raise ScimError(400, f"the patch does not apply: {err}", "invalidValue") from None
             fields = user_fields(current, before)
-        changed = await people.update(user.id, audit=call.audit(f"user:{user.id}", audit_fields(fields), 200), **fields)
+        with call.draft.commit(target=f"user:{user.id}", detail=audit_fields(fields), status=200) as row:
+            changed = await people.update(user.id, audit=row, **fields)
         return scim_response(self.user_resource(changed, call.base))
 
     def user_resource(self, user: UserRecord, base: str) -> dict[str, Any]:
@@ -275,9 +269,8 @@ class _Scim:
             scope = self._group_by_path(given.display_name or "")
             members = self._member_ids([m.value or "" for m in given.members or []])
             detail = {"displayName": given.display_name, "add": members}
-            await self.people().change_members(
-                scope.id, add=members, by=ACTOR, audit=call.audit(scope.text, detail, 201)
-            )
+            with call.draft.commit(target=scope.text, detail=detail, status=201) as row:
+                await self.people().change_members(scope.id, add=members, by=ACTOR, audit=row)
             return scim_response(
                 self.group_resource(scope, call.base), 201, {"Location": f"{call.base}/Groups/{scope.id}"}
             )
@@ -305,9 +298,8 @@ class _Scim:
             return scim_response(self.group_resource(scope, call.base))
         if method == "DELETE":
             # Those who leave lose their keys in projects they no longer reach, in the same transaction.
-            await self.people().change_members(
-                scope.id, replace_all=True, by=ACTOR, audit=call.audit(scope.text, {"members": "all removed"}, 204)
-            )
+            with call.draft.commit(target=scope.text, detail={"members": "all removed"}, status=204) as row:
+                await self.people().change_members(scope.id, replace_all=True, by=ACTOR, audit=row)
             return Response(status_code=204)
         if method == "PUT":
             given = await read_body(call.request, Group, Context.RESOURCE_REPLACEMENT_REQUEST)
@@ -317,14 +309,10 @@ class _Scim:
             patch = await read_body(call.request, PatchOp[Group], Context.RESOURCE_PATCH_REQUEST)
             add, remove, replace_all = self._group_patch(scope, patch)
         detail = {"add": add, "remove": remove, "replace": replace_all}
-        await self.people().change_members(
-            scope.id,
-            add=add,
-            remove=remove,
-            replace_all=replace_all,
-            by=ACTOR,
-            audit=call.audit(scope.text, detail, 200),
-        )
+        with call.draft.commit(target=scope.text, detail=detail, status=200) as row:
+            await self.people().change_members(
+                scope.id, add=add, remove=remove, replace_all=replace_all, by=ACTOR, audit=row
+            )
         return scim_response(self.group_resource(scope, call.base))
 
     def _group_patch(self, scope: Scope, patch: PatchOp[Group]) -> tuple[list[str], list[str], bool]:
