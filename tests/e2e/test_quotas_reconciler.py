@@ -110,10 +110,14 @@ def test_a_team_at_its_gpu_limit_gets_no_more_replicas_until_the_limit_is_raised
         )
         assert len(replicas(leader, "ml-chat")) == 1
         assert quota_view(leader, ml)["holds"] == {"GPUs": 1, "CPUCores": 0, "MemoryGB": 0}
-        status, _, page = http("GET", leader.url + "/admin/v1/events/stream?after=0&limit=1000", key=leader.key)
-        assert status == 200 and isinstance(page, dict)
-        hits = [e for e in page.get("events", []) if e.get("type") == "quota.hit"]
-        assert hits and hits[0].get("subject") == ml and len(hits) == 1  # once, not every round
+
+        def quota_hits() -> list[dict]:
+            status, _, page = http("GET", leader.url + "/admin/v1/events/stream?after=0&limit=1000", key=leader.key)
+            assert status == 200 and isinstance(page, dict)
+            return [e for e in page.get("events", []) if e.get("type") == "quota.hit"]
+
+        hits = wait_until(quota_hits, 15, "the quota.hit event on the stream")  # committed by the ledger's writer
+        assert hits[0].get("subject") == ml and len(hits) == 1  # once, not every round
 
         put_quota(leader, {"scope": ml, "limit": {"gpus": 2}})
         wait_until(lambda: ready(leader, "ml-chat") == 2, 60, "the second replica once the limit is raised")

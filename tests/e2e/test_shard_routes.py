@@ -68,8 +68,14 @@ def test_a_gang_is_created_serves_and_is_removed_through_admin_v1(tmp_path: Path
         assert status == 200 and removed["removed"], removed
         wait_until(lambda: "tiny-split" not in leader.served(), 30, "the sharded model to be gone")
         wait_until(lambda: not [p for p in processes if alive(p)], 30, "every RPC part and the coordinator to stop")
-        status, _, events = http("GET", leader.url + "/admin/v1/events/stream?after=0&limit=1000", key=leader.key)
-        assert {"shard.created", "shard.removed"} <= {e["type"] for e in events["events"]}
+
+        def event_types() -> set[str]:
+            status, _, events = http("GET", leader.url + "/admin/v1/events/stream?after=0&limit=1000", key=leader.key)
+            assert status == 200, events
+            return {e["type"] for e in events["events"]}
+
+        # The stream shows committed rows; the ledger's writer commits them in batches, so a reader polls.
+        wait_until(lambda: {"shard.created", "shard.removed"} <= event_types(), 15, "both gang events on the stream")
     finally:
         for worker in workers:
             worker.stop()
