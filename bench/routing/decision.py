@@ -1,4 +1,4 @@
-"""What one routing decision costs the leader with 100 workers: ``opod.fleet.router.pick``, in process.
+"""What one routing decision costs the leader with 100 workers: ``opod.fleet.router.Router.pick``, in process.
 
 The router decides from memory alone. Here its state is built through the calls the
 leader makes when workers register, heartbeat and report KV-cache blocks, with the
@@ -28,7 +28,7 @@ from opod.contract import nodeapi
 from opod.contract.blockhash import block_hashes
 from opod.fleet.affinity import AffinityTable
 from opod.fleet.prefix_index import PrefixIndex
-from opod.fleet.router import Decision, RouteRequest, RoutingPolicy, pick
+from opod.fleet.router import Decision, Router, RouteRequest, RoutingPolicy
 from opod.fleet.state import Fleet
 from opod.http.serving import YOUNG_COLLECTION_AT
 
@@ -99,18 +99,16 @@ def scenarios(workers: int = WORKERS) -> dict[str, Callable[[], Decision | None]
         "model": MODEL,
         "messages": [{"role": "system", "content": system}, {"role": "user", "content": "a question"}],
     }
+    by_three, by_all, by_staggered = (Router(fleet, index, pins) for index in (held_by_three, shared, staggered))
+    unplaced = Router(fleet, PrefixIndex(), pins)
     return {
-        "load": lambda: pick(fleet, RouteRequest(MODEL), POLICY, held_by_three, pins),
-        f"prefix, 3 holders of {PROMPT_BLOCKS} blocks": lambda: pick(
-            fleet, RouteRequest(MODEL, hashes=hashes), POLICY, held_by_three, pins
+        "load": lambda: by_three.pick(RouteRequest(MODEL), POLICY),
+        f"prefix, 3 holders of {PROMPT_BLOCKS} blocks": lambda: by_three.pick(
+            RouteRequest(MODEL, hashes=hashes), POLICY
         ),
-        "prefix, shared system prompt on every worker": lambda: pick(
-            fleet, RouteRequest(MODEL, hashes=hashes), POLICY, shared, pins
-        ),
-        "pin (no worker reports the prompt)": lambda: pick(
-            fleet, RouteRequest(MODEL, payload=payload), POLICY, PrefixIndex(), pins
-        ),
-        STRESS: lambda: pick(fleet, RouteRequest(MODEL, hashes=hashes), POLICY, staggered, pins),
+        "prefix, shared system prompt on every worker": lambda: by_all.pick(RouteRequest(MODEL, hashes=hashes), POLICY),
+        "pin (no worker reports the prompt)": lambda: unplaced.pick(RouteRequest(MODEL, payload=payload), POLICY),
+        STRESS: lambda: by_staggered.pick(RouteRequest(MODEL, hashes=hashes), POLICY),
     }
 
 

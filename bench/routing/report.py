@@ -265,7 +265,7 @@ def markdown(run: RunResult) -> str:
         "",
         "## How it was measured",
         "",
-        f"- **Routing decision**: `opod.fleet.router.pick` timed one call at a time (`bench/routing/decision.py`), before the "
+        f"- **Routing decision**: `opod.fleet.router.Router.pick` timed one call at a time (`bench/routing/decision.py`), before the "
         f"fleet starts, with {decision.WORKERS} workers registered and heartbeating through the leader's own calls, the bench's "
         f"prefix policy and the leader's collector setting; the prompt is {decision.PROMPT_BLOCKS} blocks of "
         f"{decision.BLOCK_SIZE} tokens. The request's block hashes are made before the decision and are not in it. "

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from opod.contract import nodeapi
-from opod.fleet.router import RouteRequest, pick
+from opod.fleet.router import Router, RouteRequest
 from opod.fleet.state import Fleet
 
 MODEL = "m"
@@ -24,7 +24,7 @@ def test_a_lease_counts_a_request_on_its_worker_until_released_once():
     assert node is not None
     first, second = fleet.lease(node), fleet.lease(node)
     assert node.in_flight == 2
-    decision = pick(fleet, RouteRequest(MODEL))
+    decision = Router(fleet).pick(RouteRequest(MODEL))
     assert decision is not None and decision.node.id == "b"  # the router sees what is leased
     first.release()
     first.release()  # idempotent: a request gives its worker back once

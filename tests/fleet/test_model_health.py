@@ -8,7 +8,7 @@ import time
 
 from opod.contract import nodeapi
 from opod.fleet.liveness import model_states
-from opod.fleet.router import RouteRequest, pick
+from opod.fleet.router import Router, RouteRequest
 from opod.fleet.state import COOLDOWN_AFTER, COOLDOWN_SECONDS, Fleet
 
 CHAT, EMBED = "chat", "embed"
@@ -51,8 +51,8 @@ def test_three_failures_of_one_model_leave_the_other_model_on_the_same_worker_se
     fail(fleet, "n1", CHAT)
     assert [n.id for n in fleet.live()] == ["n1"], "the worker itself still takes work"
     assert fleet.workers_for(EMBED) == [fleet.get("n1")]
-    assert pick(fleet, RouteRequest(EMBED)) is not None
-    assert fleet.workers_for(CHAT) == [] and pick(fleet, RouteRequest(CHAT)) is None
+    assert Router(fleet).pick(RouteRequest(EMBED)) is not None
+    assert fleet.workers_for(CHAT) == [] and Router(fleet).pick(RouteRequest(CHAT)) is None
     assert fleet.served_models() == {EMBED}
     availability = fleet.availability(CHAT)
     assert not availability.ok

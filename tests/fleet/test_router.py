@@ -10,7 +10,7 @@ from opod.contract import nodeapi
 from opod.contract.blockhash import block_hashes
 from opod.fleet.affinity import AffinityTable
 from opod.fleet.prefix_index import PrefixIndex
-from opod.fleet.router import RouteRequest, RoutingPolicy, choose_revision, pick
+from opod.fleet.router import Router, RouteRequest, RoutingPolicy, choose_revision
 from opod.fleet.state import Fleet
 
 MODEL = "m"
@@ -33,19 +33,19 @@ def fleet_of(*specs: tuple[str, dict]) -> Fleet:
 
 def test_least_loaded_wins_and_ties_take_turns() -> None:
     fleet = fleet_of(("a", {"in_flight": 2}), ("b", {"queue": 1}), ("c", {"in_flight": 1}))
-    assert pick(fleet, RouteRequest(MODEL)).node.id in ("b", "c")
-    tied = fleet_of(("a", {}), ("b", {}))
-    assert Counter(pick(tied, RouteRequest(MODEL)).node.id for _ in range(10)) == {"a": 5, "b": 5}
+    assert Router(fleet).pick(RouteRequest(MODEL)).node.id in ("b", "c")
+    tied = Router(fleet_of(("a", {}), ("b", {})))
+    assert Counter(tied.pick(RouteRequest(MODEL)).node.id for _ in range(10)) == {"a": 5, "b": 5}
 
 
 def test_kv_weight_and_saturation() -> None:
     fleet = fleet_of(("a", {"kv": 90.0}), ("b", {"in_flight": 1, "kv": 0.0}))
-    assert pick(fleet, RouteRequest(MODEL)).node.id == "a", "without kvWeight only requests count"
-    assert pick(fleet, RouteRequest(MODEL), RoutingPolicy(kv_weight=2.0)).node.id == "b", (
+    assert Router(fleet).pick(RouteRequest(MODEL)).node.id == "a", "without kvWeight only requests count"
+    assert Router(fleet).pick(RouteRequest(MODEL), RoutingPolicy(kv_weight=2.0)).node.id == "b", (
         "a full cache counts as kvWeight requests"
     )
     busy = fleet_of(("a", {"kv": 95.0}), ("b", {"in_flight": 5, "kv": 10.0}))
-    assert pick(busy, RouteRequest(MODEL), RoutingPolicy(kv_saturation_pct=90)).node.id == "b", (
+    assert Router(busy).pick(RouteRequest(MODEL), RoutingPolicy(kv_saturation_pct=90)).node.id == "b", (
         "saturated workers go last"
     )
 
@@ -56,12 +56,16 @@ def test_held_prefix_blocks_outweigh_a_little_load() -> None:
     index = PrefixIndex()
     index.apply("b", "b", nodeapi.KVBlocks(seq=1, block_size=16, stored=hashes))
     fleet = fleet_of(("a", {}), ("b", {"in_flight": 2}))
-    decision = pick(fleet, RouteRequest(MODEL, hashes=hashes), RoutingPolicy(prefix_block_weight=1.0), index)
+    decision = Router(fleet, index).pick(RouteRequest(MODEL, hashes=hashes), RoutingPolicy(prefix_block_weight=1.0))
     assert decision.node.id == "b" and decision.reason == "prefix" and decision.record()["blocks"] == "4/4"
-    assert pick(fleet, RouteRequest(MODEL, hashes=hashes), RoutingPolicy(), index).node.id == "a", "weight 0 = off"
+    assert Router(fleet, index).pick(RouteRequest(MODEL, hashes=hashes), RoutingPolicy()).node.id == "a", (
+        "weight 0 = off"
+    )
     overloaded = fleet_of(("a", {}), ("b", {"in_flight": 9}))
     assert (
-        pick(overloaded, RouteRequest(MODEL, hashes=hashes), RoutingPolicy(prefix_block_weight=1.0), index).node.id
+        Router(overloaded, index)
+        .pick(RouteRequest(MODEL, hashes=hashes), RoutingPolicy(prefix_block_weight=1.0))
+        .node.id
         == "a"
     )
 
@@ -71,8 +75,8 @@ def test_the_sticky_pin_stands_in_for_engines_without_events() -> None:
     pins = AffinityTable()
     pins.pin("k", "b")
     for _ in range(4):
-        decision = pick(
-            fleet, RouteRequest(MODEL, pin_key="k"), RoutingPolicy(prefix_affinity=True), PrefixIndex(), pins
+        decision = Router(fleet, PrefixIndex(), pins).pick(
+            RouteRequest(MODEL, pin_key="k"), RoutingPolicy(prefix_affinity=True)
         )
         assert decision.node.id == "b" and decision.reason == "pin"
 
@@ -83,19 +87,15 @@ def test_the_pin_key_is_made_from_the_payload_only_when_the_index_does_not_place
     pins = AffinityTable()
     unplaced = RouteRequest(MODEL, payload={"messages": messages})
     pins.pin(unplaced.pin() or "", "b")
-    decision = pick(
-        fleet,
-        RouteRequest(MODEL, payload={"messages": messages}),
-        RoutingPolicy(prefix_affinity=True),
-        PrefixIndex(),
-        pins,
+    decision = Router(fleet, PrefixIndex(), pins).pick(
+        RouteRequest(MODEL, payload={"messages": messages}), RoutingPolicy(prefix_affinity=True)
     )
     assert decision.node.id == "b" and decision.reason == "pin"
     hashes = block_hashes(list(range(32)), 16)
     index = PrefixIndex()
     index.apply("a", "b", nodeapi.KVBlocks(seq=1, block_size=16, stored=hashes))
     placed = RouteRequest(MODEL, hashes=hashes, payload={"messages": messages})
-    decision = pick(fleet, placed, RoutingPolicy(prefix_affinity=True, prefix_block_weight=1.0), index, pins)
+    decision = Router(fleet, index, pins).pick(placed, RoutingPolicy(prefix_affinity=True, prefix_block_weight=1.0))
     assert decision.node.id == "a" and decision.reason == "prefix"
     assert placed.pin_key is None, "held blocks decided: no key was made"
 
@@ -110,8 +110,8 @@ def test_a_canary_of_ten_percent_measures_ten_plus_minus_two_over_5000_requests(
         "a group with no live worker gives its share to the others"
     )
     fleet = fleet_of(("a", {"revision": 7}), ("b", {"revision": 8}))
-    assert pick(fleet, RouteRequest(MODEL, revision=8)).node.id == "b"
-    assert pick(fleet, RouteRequest(MODEL, revision=8), exclude={"b"}).node.id == "a", (
+    assert Router(fleet).pick(RouteRequest(MODEL, revision=8)).node.id == "b"
+    assert Router(fleet).pick(RouteRequest(MODEL, revision=8), exclude={"b"}).node.id == "a", (
         "a retry may leave its group only if it is empty"
     )
 
@@ -126,11 +126,12 @@ def test_a_routing_decision_costs_well_under_100_microseconds_with_100_workers()
     policy = RoutingPolicy(kv_weight=1.0, kv_saturation_pct=95, prefix_block_weight=1.0)
     # CPU time of this thread, in batches of 100 decisions, and their median: the suite runs in several
     # processes on few cores, and waiting for a core is not the decision's cost.
+    router = Router(fleet, index)
     batches = []
     for _ in range(20):
         started = time.thread_time()
         for _ in range(100):
-            pick(fleet, RouteRequest(MODEL, hashes=hashes), policy, index)
+            router.pick(RouteRequest(MODEL, hashes=hashes), policy)
         batches.append((time.thread_time() - started) / 100)
     median = sorted(batches)[len(batches) // 2]
     assert median < 1e-3, (

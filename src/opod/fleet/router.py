@@ -10,6 +10,9 @@ before a new prefix's events reach the leader. Workers that tie take
 turns in a fixed rotation, so equal workers share the load and the choice is
 deterministic for a given sequence of requests. A canary revision, when the
 policy splits traffic, narrows the candidates to that revision's workers.
+
+:class:`Router` holds what the choice remembers between requests (the block index, the pins,
+the rotation); the leader makes one, and the relay calls it per attempt.
 """
 
 from __future__ import annotations
@@ -29,8 +32,6 @@ PIN_CREDIT = 1.0
 """What the sticky pin is worth, in requests of load, on a worker that reports no cache events."""
 SATURATED = 1e9
 """Added to the score of a worker at ``kvSaturationPct``: it goes behind every worker with headroom."""
-
-_turns: dict[str, itertools.count[int]] = {}
 
 RouteRecord = dict[str, str | int | float]
 """How a request was routed (:meth:`Decision.record`, then the gateway's admission class and fallback): the
@@ -114,66 +115,88 @@ def _load(node: NodeState, policy: RoutingPolicy) -> tuple[float, float, int]:
     return node.in_flight + queue + policy.kv_weight * kv / 100.0, kv, queue
 
 
-def pick(
-    fleet: Fleet,
-    request: RouteRequest,
-    policy: RoutingPolicy = RoutingPolicy(),
-    index: PrefixIndex | None = None,
-    pins: AffinityTable | None = None,
-    exclude: Collection[str] = (),
-) -> Decision | None:
-    """The best live worker holding the model, skipping ``exclude``; ``None`` when none can serve."""
-    candidates = fleet.workers_for(request.model, time.monotonic())
-    if exclude:
-        candidates = [n for n in candidates if n.id not in exclude]
-    if request.revision is not None:
-        group = [n for n in candidates if n.hardware.plan_revision == request.revision]
-        candidates = group or candidates
-    if not candidates:
-        return None
-    held = (
-        index.leading_blocks(request.hashes)
-        if index is not None and request.hashes and policy.prefix_block_weight
-        else {}
-    )
-    key = request.pin() if pins is not None and policy.prefix_affinity and not held else None
-    pinned = pins.get(key) if key and pins is not None else None
-    best: list[NodeState] = []
-    best_score = float("inf")
-    least = len(request.hashes)  # becomes the fewest leading blocks any candidate holds
-    kv_weight, saturation, block_weight = policy.kv_weight / 100.0, policy.kv_saturation_pct, policy.prefix_block_weight
-    for node in candidates:  # the hot loop: plain arithmetic and one lookup
-        sample = node.load
-        score: float = node.in_flight
-        if sample is not None:
-            score += sample.queue_depth + kv_weight * sample.kv_used_pct
-            if saturation and sample.kv_used_pct >= saturation:
-                score += SATURATED
-        if held:
-            credit = held.get(node.id, 0)
-            score -= block_weight * credit
-            if credit < least:
-                least = credit
+class Router:
+    """Chooses the worker for each attempt, and learns where a prefix went once it was served."""
+
+    __slots__ = ("_turns", "fleet", "index", "pins")
+
+    def __init__(self, fleet: Fleet, index: PrefixIndex | None = None, pins: AffinityTable | None = None) -> None:
+        self.fleet = fleet
+        self.index = index
+        """Which worker holds which prefix blocks (the engines' cache events)."""
+        self.pins = pins
+        """The sticky pins of prefixes no engine has reported yet."""
+        self._turns: dict[str, itertools.count[int]] = {}
+        """Each model's rotation among workers that tie."""
+
+    def pick(
+        self, request: RouteRequest, policy: RoutingPolicy = RoutingPolicy(), exclude: Collection[str] = ()
+    ) -> Decision | None:
+        """The best live worker holding the model, skipping ``exclude``; ``None`` when none can serve."""
+        candidates = self.fleet.workers_for(request.model, time.monotonic())
+        if exclude:
+            candidates = [n for n in candidates if n.id not in exclude]
+        if request.revision is not None:
+            group = [n for n in candidates if n.hardware.plan_revision == request.revision]
+            candidates = group or candidates
+        if not candidates:
+            return None
+        index, pins = self.index, self.pins
+        held = (
+            index.leading_blocks(request.hashes)
+            if index is not None and request.hashes and policy.prefix_block_weight
+            else {}
+        )
+        key = request.pin() if pins is not None and policy.prefix_affinity and not held else None
+        pinned = pins.get(key) if key and pins is not None else None
+        best: list[NodeState] = []
+        best_score = float("inf")
+        least = len(request.hashes)  # becomes the fewest leading blocks any candidate holds
+        kv_weight, saturation, block_weight = (
+            policy.kv_weight / 100.0,
+            policy.kv_saturation_pct,
+            policy.prefix_block_weight,
+        )
+        for node in candidates:  # the hot loop: plain arithmetic and one lookup
+            sample = node.load
+            score: float = node.in_flight
+            if sample is not None:
+                score += sample.queue_depth + kv_weight * sample.kv_used_pct
+                if saturation and sample.kv_used_pct >= saturation:
+                    score += SATURATED
+            if held:
+                credit = held.get(node.id, 0)
+                score -= block_weight * credit
+                if credit < least:
+                    least = credit
+            elif node.id == pinned:
+                score -= PIN_CREDIT  # no worker reports holding this prefix (no events, or not yet): the pin decides
+            if score < best_score:
+                best, best_score = [node], score
+            elif score == best_score:
+                best.append(node)
+        if len(best) == 1:
+            node = best[0]
+        else:
+            rotation = self._turns.setdefault(request.model, itertools.count())
+            node = best[next(rotation) % len(best)]
+        load, _, queue = _load(node, policy)
+        blocks = held.get(node.id, 0)
+        if len(candidates) == 1:
+            reason = "only"
+        elif blocks > least:
+            reason = "prefix"
         elif node.id == pinned:
-            score -= PIN_CREDIT  # no worker reports holding this prefix (no events, or not yet): the pin decides
-        if score < best_score:
-            best, best_score = [node], score
-        elif score == best_score:
-            best.append(node)
-    if len(best) == 1:
-        node = best[0]
-    else:
-        node = best[next(_turns.setdefault(request.model, itertools.count())) % len(best)]
-    load, _, queue = _load(node, policy)
-    blocks = held.get(node.id, 0)
-    if len(candidates) == 1:
-        reason = "only"
-    elif blocks > least:
-        reason = "prefix"
-    elif node.id == pinned:
-        reason = "pin"
-    else:
-        reason = "load"
-    return Decision(
-        node, reason, blocks, len(request.hashes) if held or request.hashes else 0, load, queue, request.revision
-    )
+            reason = "pin"
+        else:
+            reason = "load"
+        return Decision(
+            node, reason, blocks, len(request.hashes) if held or request.hashes else 0, load, queue, request.revision
+        )
+
+    def served(self, decision: Decision, request: RouteRequest, policy: RoutingPolicy) -> None:
+        """The decided worker answered: its blocks are fresh, and a prefix the index did not place is pinned there."""
+        if decision.blocks and self.index is not None:
+            self.index.touch(decision.node.id, request.hashes[: decision.blocks])
+        elif policy.prefix_affinity and self.pins is not None and (key := request.pin()):
+            self.pins.pin(key, decision.node.id)

@@ -18,6 +18,7 @@ from opod.fleet.affinity import AffinityTable
 from opod.fleet.local import LocalEngines
 from opod.fleet.models import ModelRegistry
 from opod.fleet.prefix_index import PrefixIndex
+from opod.fleet.router import Router
 from opod.fleet.state import Fleet
 from opod.gateway.admission import Admission, fleet_capacity
 from opod.gateway.app import Demand, Gateway, Policies
@@ -82,7 +83,7 @@ def build_gateway(
         fleet=fleet,
         models=models,
         keys=keys,
-        relay=Relay(fleet, workers, index=index, pins=AffinityTable(), local=local),
+        relay=Relay(fleet, workers, router=Router(fleet, index, AffinityTable()), local=local),
         admission=Admission(fleet_capacity(fleet), admission),
         usage=usage,
         prefix=PrefixHasher(fleet, index, tokenize),

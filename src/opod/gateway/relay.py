@@ -40,11 +40,8 @@ from typing import Any
 from starlette.responses import Response, StreamingResponse
 
 from opod.contract.nodeapi import WORKER_ERROR_HEADER
-from opod.fleet import router
-from opod.fleet.affinity import AffinityTable
 from opod.fleet.local import LocalEngines
-from opod.fleet.prefix_index import PrefixIndex
-from opod.fleet.router import RouteRecord, RouteRequest, RoutingPolicy
+from opod.fleet.router import Router, RouteRecord, RouteRequest, RoutingPolicy
 from opod.fleet.state import Fleet, NodeState
 from opod.gateway.engine_refusal import Refusal, refusal_body
 from opod.gateway.outcome import Outcome, RelayObserver
@@ -91,13 +88,10 @@ class RelayCall:
 
 
 class Relay:
-    def __init__(
-        self, fleet: Fleet, workers: WorkerClient, *, index: PrefixIndex, pins: AffinityTable, local: LocalEngines
-    ) -> None:
+    def __init__(self, fleet: Fleet, workers: WorkerClient, *, router: Router, local: LocalEngines) -> None:
         self.fleet = fleet
         self.workers = workers
-        self.index = index
-        self.pins = pins
+        self.router = router
         self.local = local
         """Workers in this process: their engines are called directly, saving a hop."""
 
@@ -109,7 +103,7 @@ class Relay:
         suspect: Refusal | None = None
         """A live engine's 5xx answer: moved on from once, and the client's answer if no one does better."""
         for _ in range(MAX_ATTEMPTS):
-            decision = router.pick(self.fleet, route, policy, self.index, self.pins, exclude=tried)
+            decision = self.router.pick(route, policy, exclude=tried)
             if decision is None:
                 break
             node = decision.node
@@ -125,10 +119,7 @@ class Relay:
             if answer is not None:
                 if suspect is not None:  # the same request was served here: that engine's error was its own
                     self.fleet.failed(suspect.node, model, f"HTTP {suspect.status} ({suspect.message[:120]})")
-                if policy.prefix_affinity and not decision.blocks and (key := route.pin()):
-                    self.pins.pin(key, node.id)  # the index does not place this prefix (yet): the pin does
-                if decision.blocks:
-                    self.index.touch(node.id, route.hashes[: decision.blocks])
+                self.router.served(decision, route, policy)
                 return answer
         if suspect is not None:
             return self._refused(suspect, call)
