@@ -35,9 +35,8 @@ from bench import loadgen
 from bench.procs import OPOD, Proc, free_port, wait_http
 from opod.access.keytable import KeyEntry
 from opod.access.tenancy import ProjectChain
-from opod.gateway.app import request_scopes
 from opod.gateway.budgets import Budgets
-from opod.gateway.exchange import Exchange
+from opod.gateway.exchange import Exchange, Meter
 from opod.gateway.outcome import Outcome
 from opod.gateway.promptsize import completion_bound, prompt_size
 from opod.gateway.stats import GatewayStats
@@ -85,20 +84,19 @@ class _Held:
         self.current = settings
 
 
-def _one(key: KeyEntry, chains: _Chains | None, budgets: Budgets | None, stats: GatewayStats, ledger: _Ledger) -> None:
+def _one(meter: Meter, key: KeyEntry) -> None:
     """What the gateway does for one request's bookkeeping, from the key check to the usage row."""
-    exchange = Exchange(stats, ledger, "r", "openai.chat.completions", False, False, None, budgets)
-    exchange.identify(key, chains)
-    exchange.model = MODEL
+    exchange = Exchange(meter, "r", "openai.chat.completions", False, False)
+    exchange.identified(key)
     payload = dict(BODY)
-    exchange.payload = payload
-    if budgets is not None and budgets.active:
+    exchange.parsed(MODEL, payload)
+    budgets = meter.budgets
+    if budgets is not None and exchange.budgeted:
         prompt = prompt_size(payload)
-        micros = budgets.cost(MODEL, prompt.bound(), completion_bound(payload, 2048, prompt, 4096))
-        exchange.reservation = budgets.reserve(request_scopes(exchange), micros)
-    exchange.begin(MODEL)
+        exchange.reserved(budgets.cost(MODEL, prompt.bound(), completion_bound(payload, 2048, prompt, 4096)))
+    exchange.relaying()
     exchange.sent()
-    exchange.done(Outcome(200, "ok", usage={"prompt_tokens": 12, "completion_tokens": 8}))
+    exchange.ended(Outcome(200, "ok", usage={"prompt_tokens": 12, "completion_tokens": 8}))
 
 
 def in_process(requests: int, rounds: int) -> dict[str, float]:
@@ -115,13 +113,15 @@ def in_process(requests: int, rounds: int) -> dict[str, float]:
     budgets.configure()
     plain = KeyEntry(id="k_admin", kind="admin", name="admin", hash="h")
     project = KeyEntry(id="k_chat", kind="api", name="chat", hash="h2", project_id="prj_chat", user_id="usr_1")
-    stats, ledger, chains = GatewayStats(), _Ledger(), _Chains()
+    stats, ledger = GatewayStats(), _Ledger()
+    off = Meter(ledger, stats)
+    on = Meter(ledger, stats, budgets=budgets, tenancy=_Chains())
     times: dict[str, list[float]] = {"off": [], "on": []}
     for _ in range(rounds):
-        for mode, key, tree, held in (("off", plain, None, None), ("on", project, chains, budgets)):
+        for mode, key, meter in (("off", plain, off), ("on", project, on)):
             start = time.perf_counter()
             for _ in range(requests):
-                _one(key, tree, held, stats, ledger)
+                _one(meter, key)
             times[mode].append((time.perf_counter() - start) / requests * 1e6)
     return {mode: statistics.median(values) for mode, values in times.items()}
 

@@ -16,10 +16,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from opod.contract.adminapi import GuardrailRule
-from opod.gateway.exchange import Exchange
+from opod.gateway.exchange import Exchange, Meter
 from opod.gateway.guardrails import MAX_GUARD_CATEGORY, GuardNote, GuardrailBlocked, Guardrails, GuardrailUnavailable
 from opod.gateway.outcome import Outcome
-from opod.gateway.stats import GatewayStats
 from opod.ledger.records import UsageTicket
 from tests.snapshots.helpers import serving
 
@@ -158,19 +157,20 @@ class Recorder:
 
 def held_exchange() -> tuple[Exchange, Recorder]:
     recorder = Recorder()
-    exchange = Exchange(GatewayStats(), recorder, "r", "openai.chat.completions", probe=False, access_log=False)
-    exchange.begin("m1")
-    exchange.guard, exchange.hold = GuardNote(), True
-    exchange.done(Outcome(200, "ok", "n1", {"prompt_tokens": 5, "completion_tokens": 3}))
+    exchange = Exchange(Meter(recorder), "r", "openai.chat.completions", probe=False, access_log=False)
+    exchange.parsed("m1", {"model": "m1"})
+    exchange.guarded()
+    exchange.relaying(hold=True)
+    exchange.ended(Outcome(200, "ok", "n1", {"prompt_tokens": 5, "completion_tokens": 3}))
     return exchange, recorder
 
 
 @pytest.mark.parametrize(
     "then, status, outcome",
     [
-        (lambda e: e.release(), 200, "ok"),
-        (lambda e: e.refuse(400), 400, "error"),
-        (lambda e: e.abandon(asyncio.CancelledError()), 499, "cancelled"),
+        (lambda e: e.let_through(), 200, "ok"),
+        (lambda e: e.refused(400), 400, "error"),
+        (lambda e: e.abandoned(asyncio.CancelledError()), 499, "cancelled"),
     ],
 )
 def test_an_answer_held_for_the_post_guardrails_is_recorded_once_with_what_the_client_got(
@@ -179,7 +179,7 @@ def test_an_answer_held_for_the_post_guardrails_is_recorded_once_with_what_the_c
     exchange, recorder = held_exchange()
     assert recorder.ends == []  # the engine has answered; the guardrails have not yet
     then(exchange)
-    exchange.refuse(503)  # a later refusal changes nothing
+    exchange.refused(503)  # a later refusal changes nothing
     assert [(e["details"]["status"], e["outcome"], e["completion_tokens"]) for e in recorder.ends] == [
         (status, outcome, 3)
     ]

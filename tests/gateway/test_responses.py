@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from opod.gateway.caller import InProcessCaller
 from opod.gateway.responses import CHAT_PATH, chat_request, check_translated, responses_endpoint
 from opod.gateway.responses_answer import response_object
 from opod.gateway.validate import ModelTraits
@@ -277,7 +278,7 @@ class RecordedChat:
         self.sent: list[tuple[str, dict]] = []
         self.closed = False
 
-    async def __call__(self, request: Request) -> Response:
+    async def __call__(self, request: Request, caller: InProcessCaller | None = None) -> Response:
         self.sent.append((request.url.path, json.loads(await request.body())))
         if isinstance(self.answer, bytes):
             return StreamingResponse(

@@ -10,9 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-from opod.gateway.exchange import Exchange
+from opod.gateway.exchange import Exchange, Meter
 from opod.gateway.outcome import Outcome
-from opod.gateway.stats import GatewayStats
 from opod.gateway.usagecount import DecodeRates, PromptCounter, estimate
 from opod.http.nodeclient import WorkerUnavailable
 from opod.ledger import Ledger
@@ -28,12 +27,11 @@ PAYLOAD = {
 
 
 def stream(ledger: Ledger, prompts: PromptCounter | None, request_id: str, outcome: Outcome) -> Exchange:
-    exchange = Exchange(GatewayStats(), ledger, request_id, "openai.chat.completions", False, False, prompts)
-    exchange.model = "m"
-    exchange.payload = PAYLOAD
-    exchange.begin("m")
+    exchange = Exchange(Meter(ledger, prompts=prompts), request_id, "openai.chat.completions", False, False)
+    exchange.parsed("m", PAYLOAD)
+    exchange.relaying()
     exchange.sent()
-    exchange.done(outcome)
+    exchange.ended(outcome)
     return exchange
 
 
@@ -99,19 +97,20 @@ async def test_a_whole_answer_its_client_left_is_cancelled_with_the_tokens_its_t
     prompts = PromptCounter(tokenize)
     rates = DecodeRates()
     rates.learn("m", 40, 2.0)  # an answer seen before: 20 tokens a second
-    exchange = Exchange(GatewayStats(), ledger, "left", "openai.chat.completions", False, False, prompts, None, rates)
-    exchange.model, exchange.payload, exchange.completion_cap = "m", PAYLOAD, 100
-    exchange.begin("m")
-    exchange.decided({"worker": "n1", "reason": "least-loaded"})
+    exchange = Exchange(Meter(ledger, prompts=prompts, rates=rates), "left", "openai.chat.completions", False, False)
+    exchange.parsed("m", PAYLOAD)
+    exchange.sized(None, 100)
+    exchange.relaying()
+    exchange.routed({"worker": "n1", "reason": "least-loaded"})
     exchange.sent()
     exchange.sent_at -= 3.0  # the engine has worked on it for three seconds
-    exchange.abandon(asyncio.CancelledError())
+    exchange.abandoned(asyncio.CancelledError())
     row = (await rows(ledger, store, prompts))["left"]
     assert (row.outcome, row.prompt_tokens, row.node_id) == ("cancelled", 17, "n1")
     assert 60 <= row.completion_tokens <= 61
     route = json.loads(row.route_json)
     assert (route["completion_tokens"], route["prompt_tokens"]) == ("estimated", "counted")
-    assert exchange.stats.in_flight == 0
+    assert exchange.meter.stats.in_flight == 0
 
 
 async def test_the_estimate_never_passes_what_the_request_could_make_and_a_prompt_counted_on_the_way_is_kept(
@@ -123,12 +122,13 @@ async def test_the_estimate_never_passes_what_the_request_could_make_and_a_promp
     prompts = PromptCounter(tokenize)
     rates = DecodeRates()
     rates.learn("m", 100, 1.0)
-    exchange = Exchange(GatewayStats(), ledger, "capped", "openai.chat.completions", False, False, prompts, None, rates)
-    exchange.model, exchange.payload, exchange.completion_cap, exchange.prompt_count = "m", PAYLOAD, 8, 23
-    exchange.begin("m")
+    exchange = Exchange(Meter(ledger, prompts=prompts, rates=rates), "capped", "openai.chat.completions", False, False)
+    exchange.parsed("m", PAYLOAD)
+    exchange.sized(23, 8)
+    exchange.relaying()
     exchange.sent()
     exchange.sent_at -= 5.0
-    exchange.abandon(asyncio.CancelledError())
+    exchange.abandoned(asyncio.CancelledError())
     row = (await rows(ledger, store, prompts))["capped"]
     assert (row.outcome, row.prompt_tokens, row.completion_tokens) == ("cancelled", 23, 8)
 
@@ -137,8 +137,8 @@ async def test_a_request_left_before_any_engine_had_it_is_cancelled_with_nothing
     ledger: Ledger, store: Store
 ) -> None:
     prompts = PromptCounter(lambda node_id, request: None)  # type: ignore[arg-type, return-value]
-    exchange = Exchange(GatewayStats(), ledger, "queued", "openai.chat.completions", False, False, prompts)
-    exchange.model, exchange.payload = "m", PAYLOAD
-    exchange.abandon(asyncio.CancelledError())
+    exchange = Exchange(Meter(ledger, prompts=prompts), "queued", "openai.chat.completions", False, False)
+    exchange.parsed("m", PAYLOAD)
+    exchange.abandoned(asyncio.CancelledError())
     row = (await rows(ledger, store, prompts))["queued"]
     assert (row.outcome, row.prompt_tokens, row.completion_tokens) == ("cancelled", 0, 0)

@@ -24,11 +24,12 @@ from opod.fleet.models import ModelRegistry
 from opod.fleet.router import RouteRequest, RoutingPolicy, choose_revision
 from opod.fleet.state import Fleet
 from opod.gateway.admission import Admission, resolve_class
-from opod.gateway.budgets import BudgetExceeded, Budgets, BudgetScope
+from opod.gateway.budgets import Budgets
+from opod.gateway.caller import Endpoint, InProcessCaller
 from opod.gateway.embeddings import cut_embeddings
-from opod.gateway.exchange import Chains, Exchange, UsageRecorder
-from opod.gateway.guardrails import GuardNote, Guardrails
-from opod.gateway.kept_bodies import BodyKeeping, request_labels
+from opod.gateway.exchange import Chains, Exchange, Meter, UsageRecorder
+from opod.gateway.guardrails import Guardrails
+from opod.gateway.kept_bodies import BodyKeeping
 from opod.gateway.prefix import PrefixHasher
 from opod.gateway.profiles import RoutingProfiles
 from opod.gateway.promptsize import asked_limit, completion_bound, default_limit, prompt_size
@@ -110,30 +111,27 @@ class Gateway:
         self.relay = relay
         self.admission = admission
         """Engine slots by class and team; the leader swaps its policy with ``admission.configure``."""
-        self.usage = usage
-        """One usage row per request."""
         self.prefix = prefix
         """A request's block hashes for prefix routing."""
         self.policies = policies
         self.guardrails = guardrails
         """The policy's webhooks."""
         self.prompts = prompts
-        """Counts the prompts of streams cut short, for their usage rows."""
+        """Counts the prompts a reservation needs, and those of streams cut short, for their usage rows."""
         self.require_keys = require_keys
-        self.tenancy = tenancy
-        """Each request's project → its team and org, for its usage row and its budgets."""
         self.budgets = budgets
+        """Prices each request and holds its reservation against its scopes' budgets."""
         self.profiles = profiles
         """The routing of each key's routing profile; ``None``: every key is routed by the policy's."""
-        """Prices each request and holds its reservation against its scopes' budgets."""
         self.bodies = bodies
         """Keeps requests' bodies and answers where the retention settings say so; ``None``: never kept."""
         self.default_max_tokens = default_max_tokens or (lambda: Generation().default_max_tokens)
         """The settings' ``generation.default_max_tokens``: the limit of a request that names none."""
-        self.rates = DecodeRates()
-        self.stats = GatewayStats()
+        self.meter = Meter(usage, GatewayStats(), prompts, budgets, DecodeRates(), tenancy)
+        """What every request's record reports to: one usage row per request, the counters, the budgets."""
+        self.stats = self.meter.stats
         self._routing: tuple[PolicyView | None, RoutingPolicy] = (None, RoutingPolicy())
-        self._in_process: dict[tuple[str, str], Handler] | None = None
+        self._in_process: dict[tuple[str, str], Endpoint] | None = None
         """The hot handlers, made once, for :meth:`serve_as`."""
 
     def routes(self) -> list[Route]:
@@ -148,49 +146,41 @@ class Gateway:
 
     def handlers(self) -> dict[tuple[str, str], Handler]:
         """(method, path) → handler, for :class:`opod.http.fastpath.FastPath`."""
-        out: dict[tuple[str, str], Handler] = {("GET", "/v1/models"): self.list_models}
-        for spec in ROUTES:
-            out[("POST", spec.path)] = self._endpoint(spec)
+        return {("GET", "/v1/models"): self.list_models, **self.endpoints()}
+
+    def endpoints(self) -> dict[tuple[str, str], Endpoint]:
+        """The ``POST`` routes, which a request made in process takes too (:meth:`serve_as`)."""
+        out = {("POST", spec.path): self._endpoint(spec) for spec in ROUTES}
         # The Responses API, translated onto chat completions; its usage rows name their own protocol.
         out[("POST", RESPONSES_PATH)] = responses_endpoint(
             self._endpoint(TRANSLATED_RESPONSES, "openai.responses"), self.authenticate
         )
         return out
 
-    def _endpoint(self, spec: RouteSpec, protocol: str = "") -> Handler:
+    def _endpoint(self, spec: RouteSpec, protocol: str = "") -> Endpoint:
         protocol = protocol or "openai" + spec.path.removeprefix("/v1").replace("/", ".")
 
-        async def endpoint(request: Request) -> Response:
+        async def endpoint(request: Request, caller: InProcessCaller | None = None) -> Response:
             headers = headers_of(request)
             request_id = sane_request_id(headers.get(b"x-request-id"))
             policy = self.policies.current_policy()
             access_log = policy is not None and policy.access_log is True
-            exchange = Exchange(
-                self.stats,
-                self.usage,
-                request_id,
-                protocol,
-                PROBE in headers,
-                access_log,
-                self.prompts,
-                self.budgets,
-                self.rates,
-            )
+            exchange = Exchange(self.meter, request_id, protocol, PROBE in headers, access_log)
             try:
-                return await self.serve(request, headers, spec, exchange, policy)
+                return await self.serve(request, headers, spec, exchange, policy, caller)
             except GatewayError as err:
-                exchange.refuse(err.status)
+                exchange.refused(err.status)
                 return error_response(err, request_id)
             except BaseException as why:
-                exchange.abandon(why)  # its client left, or it failed, before an answer
+                exchange.abandoned(why)  # its client left, or it failed, before an answer
                 raise
 
         return endpoint
 
-    def authenticate(self, headers: dict[bytes, bytes]) -> KeyEntry | None:
+    def authenticate(self, headers: dict[bytes, bytes], caller: InProcessCaller | None = None) -> KeyEntry | None:
         """The caller's key entry; ``None`` for an anonymous request that keys are not required for."""
-        if type(headers) is CallerHeaders:
-            return headers.caller  # a request made in process (a batch's line) for a caller checked already
+        if caller is not None:
+            return caller.key  # a request made in process (a batch's line) for a caller checked already
         return self.keys.authenticate(_text(headers.get(b"authorization")), self.require_keys)
 
     async def serve_as(
@@ -208,7 +198,7 @@ class Gateway:
             if refusal is not None:
                 return error_response(refusal, request_id)
         if self._in_process is None:
-            self._in_process = self.handlers()
+            self._in_process = self.endpoints()
         handler = self._in_process.get(("POST", path))
         if handler is None:
             return error_response(UnknownRoute("POST", path, self.known_paths()), request_id)
@@ -232,9 +222,7 @@ class Gateway:
             "server": ("opod", 0),
             "client": ("in-process", 0),
         }
-        request = ReadRequest(scope, body)
-        request.header_map = CallerHeaders(caller, request.header_map)
-        return await handler(request)
+        return await handler(ReadRequest(scope, body), InProcessCaller(caller))
 
     async def list_models(self, request: Request) -> Response:
         headers = headers_of(request)
@@ -329,9 +317,10 @@ class Gateway:
         spec: RouteSpec,
         exchange: Exchange,
         policy: PolicyView | None,
+        caller: InProcessCaller | None,
     ) -> Response:
-        key = self.authenticate(headers)
-        exchange.identify(key, self.tenancy)
+        key = self.authenticate(headers, caller)
+        exchange.identified(key)
         body = read_whole(request)
         if body is None or len(body) > spec.body_cap:
             body = await read_body(request, spec.body_cap)
@@ -339,24 +328,23 @@ class Gateway:
         payload = json_object(body)
         received = body  # as the client sent it: the body kept for inspection and replay
         model = self.resolve_model(payload, spec)
-        exchange.model = model
         traits = self.traits(model)
         changed = spec.check(payload, traits)
         changed = model != payload.get("model") or changed
         dimensions = payload.pop("dimensions", None) if spec.capability == "embedding" else None
         changed = dimensions is not None or changed  # the engine makes whole vectors; the gateway cuts them
         payload["model"] = model
-        exchange.payload = payload
-        exchange.end_user, exchange.tags = request_labels(payload)
+        exchange.parsed(model, payload)
         keep = None
         if self.bodies is not None:
-            exchange.body_state, keep = self.bodies.plan(exchange.project_id, payload)
+            body_state, keep = self.bodies.plan(exchange.project_id, payload)
+            exchange.keeping(body_state)
         stream = payload.get("stream") is True
         strip_usage = assemble = False
-        budgeted = self.budgets is not None and not exchange.probe and self.budgets.governs(request_scopes(exchange))
+        budgeted = exchange.budgeted
         if budgeted and "messages" in payload:
             # The template's tokens are the engine's to say: a worker holding the model counts the prompt.
-            exchange.prompt_count = await self.count_prompt(model, payload)
+            exchange.sized(await self.count_prompt(model, payload), None)
         prompt = prompt_size(payload, exchange.prompt_count)
         if spec.capability == "chat":
             if asked_limit(payload) is None:
@@ -364,7 +352,7 @@ class Gateway:
                 if limit is not None:
                     payload["max_tokens"] = limit
                     changed = True
-            exchange.completion_cap = completion_bound(payload, traits.context, prompt, self.default_max_tokens())
+            exchange.sized(None, completion_bound(payload, traits.context, prompt, self.default_max_tokens()))
             if not stream and prompt.prompts > 1:
                 # A list of prompts: llama-server's whole answer counts the first prompt only, its stream each one.
                 payload["stream"] = assemble = changed = True
@@ -382,16 +370,9 @@ class Gateway:
         if changed:
             body = json.dumps(payload).encode()
         if budgeted and self.budgets is not None:
-            try:
-                exchange.reservation = self.budgets.reserve(
-                    request_scopes(exchange), self.budgets.cost(model, prompt.bound(), exchange.completion_cap or 0)
-                )
-            except BudgetExceeded as refusal:
-                exchange.route = {"limited": "budget", "scope": refusal.scope, "period": refusal.period}
-                raise
+            exchange.reserved(self.budgets.cost(model, prompt.bound(), exchange.completion_cap or 0))
         if policy is not None and policy.guardrails:
-            exchange.guard = GuardNote()
-            body = await self.guardrails.pre(policy, exchange.request_id, model, body, exchange.guard)
+            body = await self.guardrails.pre(policy, exchange.request_id, model, body, exchange.guarded())
         if self.demand is not None and (starting := self.demand(model)) is not None:
             await starting  # nothing serves it yet: the reconciler starts a replica and this request waits for it
         klass = resolve_class(key.admission_class if key is not None else "", _text(headers.get(b"x-opod-class")))
@@ -401,16 +382,15 @@ class Gateway:
             permit = await self.admission.wait(
                 model, klass, team=key.team if key is not None else "", key_id=exchange.key_id
             )
-            exchange.queue_ms = int((time.perf_counter() - waited) * 1000)
-        exchange.permit = permit
-        exchange.route = {"class": str(klass)}
+            exchange.admitted(permit, str(klass), int((time.perf_counter() - waited) * 1000))
+        else:
+            exchange.admitted(permit, str(klass))
         routing = self.routing_policy(policy)
         if self.profiles is not None and key is not None and key.routing_profile:
             routing = self.profiles.routing(routing, key.routing_profile)
         route = self.route_request(model, payload, routing, exchange.request_id)
-        exchange.begin(model)
-        if not stream and policy is not None and policy.guardrails_for("post"):
-            exchange.hold = True  # its row waits for the post guardrails' verdict
+        # A whole answer the post guardrails judge is held: its row waits for their verdict.
+        exchange.relaying(hold=not stream and policy is not None and bool(policy.guardrails_for("post")))
         call = RelayCall(spec.path, body, stream, strip_usage, exchange, assemble)
         try:
             response = await self.relay.forward(call, route, routing)
@@ -480,7 +460,7 @@ class Gateway:
             if alternative == model or not self.fleet.serves(alternative):
                 continue
             # The usage row's route names the fallback; each attempt's routing record joins it.
-            exchange.route = {**(exchange.route or {}), "fallback": alternative}
+            exchange.fell_back(alternative)
             body = json.dumps({**payload, "model": alternative}).encode()
             try:
                 response = await self.relay.forward(
@@ -494,7 +474,7 @@ class Gateway:
         target = policy.routing.fallback if policy is not None else None
         if target is None:
             raise refusal
-        exchange.route = {**(exchange.route or {}), "fallback": target.url}
+        exchange.fell_back(target.url)
         response = await self.relay.external(target, call, payload)
         response.headers[FALLBACK_HEADER] = target.url
         return response
@@ -512,7 +492,7 @@ class Gateway:
                 )
                 response.headers["content-length"] = str(len(checked))
                 answer = checked
-        exchange.release()
+        exchange.let_through()
         if policy.guardrails_for("logging_only"):
             self.guardrails.log(policy, exchange.request_id, model, body, answer=answer, status=response.status_code)
         return response
@@ -542,28 +522,6 @@ class Gateway:
 
 
 FALLBACK_HEADER = "X-Opod-Fallback"
-
-
-class CallerHeaders(dict[bytes, bytes]):
-    """The headers of a request made in process (:meth:`Gateway.serve_as`), carrying its caller: no header can make one."""
-
-    __slots__ = ("caller",)
-
-    def __init__(self, caller: KeyEntry | None, headers: dict[bytes, bytes]) -> None:
-        super().__init__(headers)
-        self.caller = caller
-
-
-def request_scopes(exchange: Exchange) -> list[BudgetScope]:
-    """The scopes a request is spent in, narrowest first: its key, person, project, team and org."""
-    pairs = (
-        ("key", exchange.key_id),
-        ("user", exchange.user_id),
-        ("project", exchange.project_id),
-        ("team", exchange.team_id),
-        ("org", exchange.org_id),
-    )
-    return [BudgetScope(kind, ident) for kind, ident in pairs if ident]
 
 
 def routing_policy(view: PolicyView | None) -> RoutingPolicy:

@@ -14,6 +14,13 @@ An answer the ``post`` guardrails judge is held: the relay's end of it only free
 engine slot, and the row is written once the guardrails have decided (:meth:`Exchange.release`),
 with the status the client gets (a block's 400, an unavailable guardrail's 503) and the tokens
 the engine spent.
+
+The record owns its request's life cycle: the gateway tells it each stage as it passes
+(:meth:`Exchange.identified`, :meth:`~Exchange.parsed`, :meth:`~Exchange.reserved`,
+:meth:`~Exchange.admitted`, :meth:`~Exchange.relaying`), the relay tells it where the request
+went and how it ended (:meth:`~Exchange.routed`, :meth:`~Exchange.leased`, :meth:`~Exchange.sent`,
+:meth:`~Exchange.ended`), and :meth:`Exchange.ended` is the one place that releases what the
+request holds: its admission slot, its worker lease and its budget reservation.
 """
 
 from __future__ import annotations
@@ -22,15 +29,17 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from opod.access.keytable import KeyEntry
 from opod.contract.adminapi import SNAPSHOT_KEY_PREFIX
 from opod.fleet.router import RouteRecord
+from opod.fleet.state import Lease
 from opod.gateway.admission import Permit
-from opod.gateway.budgets import NO_RESERVATION, Budgets, Reservation
+from opod.gateway.budgets import NO_RESERVATION, BudgetExceeded, Budgets, BudgetScope, Reservation
 from opod.gateway.guardrails import GuardNote
+from opod.gateway.kept_bodies import request_labels
 from opod.gateway.outcome import Outcome
 from opod.gateway.stats import GatewayStats
 from opod.gateway.usagecount import DecodeRates, PromptCounter, estimate
@@ -94,12 +103,31 @@ class Chains(Protocol):
     def chain(self, project_id: str) -> ProjectChain | None: ...
 
 
+@dataclass(slots=True)
+class Meter:
+    """What every request's record reports to, made once by the gateway: the counters, the usage rows,
+    the prompt counter and decode rates for rows the engine could not complete, the budgets, the tenancy."""
+
+    ledger: UsageRecorder
+    stats: GatewayStats = field(default_factory=GatewayStats)
+    prompts: PromptCounter | None = None
+    """Counts the prompt of a stream that ended before the engine's usage chunk; ``None``: recorded as 0."""
+    budgets: Budgets | None = None
+    """Prices each request at its end and settles its reservation; ``None``: requests cost nothing."""
+    rates: DecodeRates | None = None
+    """The models' decode rates: taught by each answer, and what a whole answer left by its client is estimated by."""
+    tenancy: Chains | None = None
+    """Each request's project → its team and org."""
+
+
 class Exchange:
-    """Implements ``opod.gateway.relay.RelayObserver``: the relay tells it what happened, it records it."""
+    """One ``/v1`` request's record, from its arrival to its usage row.
+
+    Implements ``opod.gateway.relay.RelayObserver``: the relay tells it what happened, it records it.
+    """
 
     __slots__ = (
-        "stats",
-        "ledger",
+        "meter",
         "request_id",
         "protocol",
         "probe",
@@ -108,18 +136,18 @@ class Exchange:
         "model",
         "ticket",
         "permit",
-        "ended",
+        "lease",
+        "ended_with",
         "route",
         "_begun",
         "access_log",
-        "prompts",
         "payload",
         "prompt_estimate",
         "user_id",
         "project_id",
         "team_id",
         "org_id",
-        "budgets",
+        "scopes",
         "reservation",
         "end_user",
         "tags",
@@ -128,26 +156,13 @@ class Exchange:
         "guard",
         "hold",
         "held",
-        "rates",
         "sent_at",
         "prompt_count",
         "completion_cap",
     )
 
-    def __init__(
-        self,
-        stats: GatewayStats,
-        ledger: UsageRecorder,
-        request_id: str,
-        protocol: str,
-        probe: bool,
-        access_log: bool,
-        prompts: PromptCounter | None = None,
-        budgets: Budgets | None = None,
-        rates: DecodeRates | None = None,
-    ) -> None:
-        self.stats = stats
-        self.ledger = ledger
+    def __init__(self, meter: Meter, request_id: str, protocol: str, probe: bool, access_log: bool) -> None:
+        self.meter = meter
         self.request_id = request_id
         self.protocol = protocol
         self.probe = probe
@@ -158,19 +173,21 @@ class Exchange:
         self.model = ""
         self.ticket: UsageTicket | None = None
         self.permit: Permit | None = None
+        """Its admission slot, from :meth:`admitted` to its end."""
+        self.lease: Lease | None = None
+        """Its hold on the worker of the current attempt (counted in the worker's in-flight), to its end."""
         self.route: RouteRecord | None = None
-        self.ended = False
+        self.ended_with: Outcome | None = None
+        """How it ended, once it has."""
         self._begun = False
-        self.prompts = prompts
-        """Counts the prompt of a stream that ended before the engine's usage chunk; ``None``: recorded as 0."""
         self.payload: dict[str, Any] | None = None
-        """The request as relayed (set once parsed), for that count."""
+        """The request as relayed (set once parsed), for the prompt count of a stream cut short."""
         self.prompt_estimate: int | None = None
         """The prompt's tokens estimated from its size, made at a stream's first progress report."""
         self.user_id = self.project_id = self.team_id = self.org_id = ""
         """Who the request is attributed to: the key's person and project, the project's team and org."""
-        self.budgets = budgets
-        """Prices the request at its end and settles its reservation; ``None``: it costs nothing."""
+        self.scopes: list[BudgetScope] = []
+        """The scopes it is spent in, narrowest first: its key, person, project, team and org."""
         self.reservation: Reservation = NO_RESERVATION
         self.end_user = ""
         """OpenAI's ``user`` field of the request."""
@@ -183,10 +200,8 @@ class Exchange:
         self.guard: GuardNote | None = None
         """What the guardrails did to it; ``None``: the policy has none."""
         self.hold = False
-        """Its answer waits for the ``post`` guardrails: the relay's end is held (:attr:`held`) until :meth:`release`."""
+        """Its answer waits for the ``post`` guardrails: the relay's end is held (:attr:`held`) until :meth:`let_through`."""
         self.held: Outcome | None = None
-        self.rates = rates
-        """The models' decode rates: taught by each answer, and what a whole answer left by its client is estimated by."""
         self.sent_at = 0.0
         """``time.perf_counter()`` when the last attempt was written to its engine; 0 before."""
         self.prompt_count: int | None = None
@@ -194,13 +209,17 @@ class Exchange:
         self.completion_cap: int | None = None
         """The most completion tokens the request can make (its reservation's), if known."""
 
-    def identify(self, key: KeyEntry | None, tenancy: Chains | None = None) -> None:
+    # --- the stages, in the order a request passes them -------------------------------------------
+
+    def identified(self, key: KeyEntry | None) -> None:
+        """The caller is known: the request is attributed to its key, person and project, the project's team and org."""
         if key is not None:
             # Keys from the mounted auth file are recorded as k_cp_<id>, so a manager finds its own ids.
             from_file = key.source == "snapshot"
             self.key_id = SNAPSHOT_KEY_PREFIX + key.id.removeprefix(SNAPSHOT_KEY_PREFIX) if from_file else key.id
             self.user_id = key.user_id
             project = self.project_id = key.project_id
+            tenancy = self.meter.tenancy
             if project and tenancy is not None:
                 try:
                     chain = tenancy.chain(project)
@@ -208,17 +227,81 @@ class Exchange:
                     chain = None
                 if chain is not None:
                     self.team_id, self.org_id = chain.team_id, chain.org_id
+        pairs = (
+            ("key", self.key_id),
+            ("user", self.user_id),
+            ("project", self.project_id),
+            ("team", self.team_id),
+            ("org", self.org_id),
+        )
+        self.scopes = [BudgetScope(kind, ident) for kind, ident in pairs if ident]
 
-    def decided(self, record: RouteRecord) -> None:
+    def parsed(self, model: str, payload: dict[str, Any]) -> None:
+        """Its body is read and checked: the model it goes to, the body as relayed, and its ``user`` and ``metadata``."""
+        self.model = model
+        self.payload = payload
+        self.end_user, self.tags = request_labels(payload)
+
+    def keeping(self, body_state: str) -> None:
+        """Whether its bodies are kept (``opod.gateway.kept_bodies``), for its row."""
+        self.body_state = body_state
+
+    def sized(self, prompt_count: int | None, completion_cap: int | None) -> None:
+        """Its prompt's tokens as a worker counted them (if one did) and the most completion tokens it can make."""
+        if prompt_count is not None:
+            self.prompt_count = prompt_count
+        if completion_cap is not None:
+            self.completion_cap = completion_cap
+
+    @property
+    def budgeted(self) -> bool:
+        """A budget governs one of its scopes: it is reserved before any engine sees it."""
+        budgets = self.meter.budgets
+        return budgets is not None and not self.probe and budgets.governs(self.scopes)
+
+    def reserved(self, micros: int) -> None:
+        """Hold ``micros`` against its scopes' budgets until it ends; :class:`BudgetExceeded`, recorded, when one
+        would pass its budget."""
+        budgets = self.meter.budgets
+        if budgets is None:
+            return
+        try:
+            self.reservation = budgets.reserve(self.scopes, micros)
+        except BudgetExceeded as refusal:
+            self.route = {"limited": "budget", "scope": refusal.scope, "period": refusal.period}
+            raise
+
+    def guarded(self) -> GuardNote:
+        """The policy has guardrails: what they do to the request is noted for its row."""
+        self.guard = GuardNote()
+        return self.guard
+
+    def admitted(self, permit: Permit, admission_class: str, queue_ms: int = 0) -> None:
+        """It holds an engine slot of its class, after waiting ``queue_ms`` for it."""
+        self.permit = permit
+        self.queue_ms = queue_ms
+        self.route = {"class": admission_class}
+
+    def relaying(self, hold: bool = False) -> None:
+        """It is about to be relayed: count it in flight. ``hold``: its row waits for the post guardrails' verdict."""
+        self._begun = True
+        self.hold = hold
+        if not self.probe:
+            self.meter.stats.started()
+
+    def routed(self, record: RouteRecord) -> None:
         """The router chose a worker: its record (``Decision.record``) goes with the usage row, after the admission class."""
         self.route = record if self.route is None else {**self.route, **record}
 
-    def begin(self, model: str) -> None:
-        """The request is about to be relayed: count it in flight."""
-        self.model = model
-        self._begun = True
-        if not self.probe:
-            self.stats.started()
+    def fell_back(self, target: str) -> None:
+        """No worker could serve its model: it goes to ``target`` (a catalog fallback model, or the policy's URL)."""
+        self.route = {**(self.route or {}), "fallback": target}
+
+    def leased(self, lease: Lease) -> None:
+        """An attempt holds a worker: the hold of an attempt before it, which moved on, is let go."""
+        if self.lease is not None:
+            self.lease.release()
+        self.lease = lease
 
     def sent(self) -> None:
         """The request is on its way to an engine: journal its start (once), while the engine works on it.
@@ -233,7 +316,7 @@ class Exchange:
     def _journal_start(self) -> UsageTicket:
         # The pre guardrails' outcome goes with the start, so a row recovered after a crash keeps it.
         guard = self.guard.fields() if self.guard is not None else None
-        ticket = self.ticket = self.ledger.begin(
+        ticket = self.ticket = self.meter.ledger.begin(
             request_id=self.request_id,
             api_key_id=self.key_id,
             user_id=self.user_id,
@@ -250,27 +333,35 @@ class Exchange:
 
     def streaming(self, tokens_sent: int, node_id: str) -> None:
         """A stream has sent ``tokens_sent`` tokens so far: journaled, so a crash of the leader leaves a row that says so."""
-        if self.ticket is None or self.ended:
+        if self.ticket is None or self.ended_with is not None:
             return
         if self.prompt_estimate is None:
             self.prompt_estimate = estimate(self.payload) if self.payload is not None else 0
-        self.ledger.progress(
+        self.meter.ledger.progress(
             self.ticket, prompt_tokens=self.prompt_estimate, completion_tokens=tokens_sent, node_id=node_id
         )
 
-    def done(self, outcome: Outcome) -> None:
-        if self.ended:
+    def _free(self) -> None:
+        """Let go of the engine slot and the worker: the engine's work on it is over."""
+        if self.permit is not None:
+            self.permit.release()
+            self.permit = None
+        if self.lease is not None:
+            self.lease.release()
+            self.lease = None
+
+    def ended(self, outcome: Outcome) -> None:
+        """It ended (once; later calls are ignored): everything it holds is let go, and its row is written."""
+        if self.ended_with is not None:
             return
         if self.hold:
             # The post guardrails have yet to judge the answer: the engine's slot goes now, the row after them.
             self.hold, self.held = False, outcome
-            if self.permit is not None:
-                self.permit.release()
-                self.permit = None
+            self._free()
             return
-        self.ended = True
-        if self.permit is not None:
-            self.permit.release()
+        self.ended_with = outcome
+        self._free()
+        meter = self.meter
         if self.access_log:
             access.info(
                 "%s %s %s %d %s %dms node=%s key=%s",
@@ -286,12 +377,13 @@ class Exchange:
         if self.probe:
             self.reservation.settle(0)
             return
+        stats = meter.stats
         if self._begun:
-            self.stats.finished(outcome.status)
+            stats.finished(outcome.status)
         else:
-            self.stats.refused(outcome.status)
+            stats.refused(outcome.status)
         if outcome.ttft_ms:
-            self.stats.ttft(outcome.ttft_ms)
+            stats.ttft(outcome.ttft_ms)
         ticket = self.ticket if self.ticket is not None else self._journal_start()
         usage = outcome.usage or {}
         completion = usage.get("completion_tokens")
@@ -302,11 +394,12 @@ class Exchange:
         # those the engine's time on a whole answer stands for.
         completion_tokens = int(completion if isinstance(completion, int) else outcome.tokens_sent)
         route = self.route
+        rates, budgets = meter.rates, meter.budgets
         if isinstance(completion, int):
-            if outcome.outcome == "ok" and self.rates is not None and self.sent_at:
-                self.rates.learn(self.served_model, completion, now - self.sent_at)
-        elif outcome.working_s and not outcome.tokens_sent and self.rates is not None:
-            guess = self.rates.estimate(self.served_model, outcome.working_s, self.completion_cap)
+            if outcome.outcome == "ok" and rates is not None and self.sent_at:
+                rates.learn(self.served_model, completion, now - self.sent_at)
+        elif outcome.working_s and not outcome.tokens_sent and rates is not None:
+            guess = rates.estimate(self.served_model, outcome.working_s, self.completion_cap)
             if guess is not None:
                 completion_tokens = guess
                 route = {**(route or {}), "completion_tokens": "estimated"}
@@ -314,9 +407,9 @@ class Exchange:
 
         def record(prompt_tokens: int, route: RouteRecord | None) -> None:
             # Priced at the request's end, at the prices in force then.
-            cost = self.budgets.cost(self.model, prompt_tokens, completion_tokens) if self.budgets is not None else 0
+            cost = budgets.cost(self.model, prompt_tokens, completion_tokens) if budgets is not None else 0
             self.reservation.settle(cost)
-            self.ledger.end(
+            meter.ledger.end(
                 ticket,
                 outcome=outcome.outcome,
                 prompt_tokens=prompt_tokens,
@@ -335,30 +428,30 @@ class Exchange:
         if self.prompt_count is not None:
             record(self.prompt_count, {**(route or {}), "prompt_tokens": "counted"})
             return
-        if self.prompts is None:
+        if meter.prompts is None:
             record(0, route)
             return
-        self.prompts.later(
+        meter.prompts.later(
             outcome.node_id,
             self.model,
             self.payload,
             lambda tokens, how: record(tokens, {**(route or {}), "prompt_tokens": how}),
         )
 
-    def refuse(self, status: int) -> None:
+    def refused(self, status: int) -> None:
         """The client is refused with ``status``; an answer held for the post guardrails is recorded with it."""
         self.hold = False
         held, self.held = self.held, None
-        self.done(Outcome(status, "error") if held is None else replace(held, status=status, outcome="error"))
+        self.ended(Outcome(status, "error") if held is None else replace(held, status=status, outcome="error"))
 
-    def release(self) -> None:
+    def let_through(self) -> None:
         """The post guardrails let the answer through: record the end the relay reported."""
         self.hold = False
         held, self.held = self.held, None
         if held is not None:
-            self.done(held)
+            self.ended(held)
 
-    def abandon(self, why: BaseException) -> None:
+    def abandoned(self, why: BaseException) -> None:
         """The request stopped without an answer: its client left (cancelled), or it failed.
 
         An end held for the post guardrails is recorded as cancelled. Otherwise a request no engine had
@@ -368,19 +461,19 @@ class Exchange:
         self.hold = False
         held, self.held = self.held, None
         if held is not None:
-            self.done(replace(held, status=499, outcome="cancelled"))
+            self.ended(replace(held, status=499, outcome="cancelled"))
             return
-        if self.ended:
+        if self.ended_with is not None:
             return
         left = isinstance(why, asyncio.CancelledError)
         status, outcome = (499, "cancelled") if left else (500, "error")
         if self.ticket is None:
-            self.done(Outcome(status, outcome, usage={"prompt_tokens": 0, "completion_tokens": 0}))
+            self.ended(Outcome(status, outcome, usage={"prompt_tokens": 0, "completion_tokens": 0}))
             return
         worker = self.route.get("worker") if self.route is not None else None
         # What the engine made for a client that left is the client's; a failure of opod's own is not.
         working = time.perf_counter() - self.sent_at if left and self.sent_at else 0.0
-        self.done(Outcome(status, outcome, worker if isinstance(worker, str) else "", working_s=working))
+        self.ended(Outcome(status, outcome, worker if isinstance(worker, str) else "", working_s=working))
 
     @property
     def served_model(self) -> str:

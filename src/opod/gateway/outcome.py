@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from opod.fleet.router import RouteRecord
+from opod.fleet.state import Lease
 
 
 @dataclass(slots=True)
@@ -31,8 +32,11 @@ class RelayObserver(Protocol):
     started: float
     """``time.perf_counter()`` at the request's arrival: the ``Server-Timing`` header counts from it."""
 
-    def decided(self, record: RouteRecord) -> None:
+    def routed(self, record: RouteRecord) -> None:
         """The router chose a worker for the next attempt; ``record`` is its ``Decision.record()``."""
+
+    def leased(self, lease: Lease) -> None:
+        """The attempt holds a worker; the request lets the hold go when it ends or moves on to another."""
 
     def sent(self) -> None:
         """An attempt's request has been written, and its upstream works on it."""
@@ -40,5 +44,5 @@ class RelayObserver(Protocol):
     def streaming(self, tokens_sent: int, node_id: str) -> None:
         """A stream relayed from ``node_id`` has sent ``tokens_sent`` tokens so far (about once a second)."""
 
-    def done(self, outcome: Outcome) -> None:
-        """The request ended (called once, before the client has the end of its answer)."""
+    def ended(self, outcome: Outcome) -> None:
+        """The request ended (called once, before the client has the end of its answer): what it holds is let go."""

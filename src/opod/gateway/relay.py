@@ -109,7 +109,7 @@ class Relay:
             node = decision.node
             tried.append(node.id)
             record = decision.record()
-            call.observer.decided(record)
+            call.observer.routed(record)
             answer = await self._attempt(node, call, model, route_header(record), problems)
             if isinstance(answer, Refusal):
                 if answer.final or suspect is not None:
@@ -154,7 +154,7 @@ class Relay:
         """The engine's refusal of the request's content, as the client's 400 in OpenAI's shape."""
         observer = call.observer
         body = json.dumps(refusal_body(refusal)).encode()
-        observer.done(Outcome(400, "error", refusal.node.id, None))
+        observer.ended(Outcome(400, "error", refusal.node.id, None))
         return PreparedResponse(
             body,
             400,
@@ -190,7 +190,7 @@ class Relay:
         """The answer; a :class:`Refusal` when the engine refused the request's content; ``None`` to move on."""
         observer = call.observer
         request_id = observer.request_id
-        lease = self.fleet.lease(node)
+        observer.leased(self.fleet.lease(node))
         handed_over = False
         resp: UpstreamResponse | None = None
         try:
@@ -229,7 +229,7 @@ class Relay:
                     usage = _usage_of(data)
                 answered = time.perf_counter()
                 self.fleet.succeeded(node, model)
-                observer.done(Outcome(resp.status, "ok", node.id, usage))
+                observer.ended(Outcome(resp.status, "ok", node.id, usage))
                 return PreparedResponse(
                     data,
                     resp.status,
@@ -262,7 +262,7 @@ class Relay:
                 "Cache-Control": "no-cache",
             }
             return StreamingResponse(
-                relay_sse(resp, first, call.strip_usage, observer, ttft_ms, node_id=node.id, lease=lease),
+                relay_sse(resp, first, call.strip_usage, observer, ttft_ms, node_id=node.id),
                 media_type="text/event-stream",
                 headers=headers,
             )
@@ -273,10 +273,8 @@ class Relay:
             self.fleet.failed(node, model, problem.detail)
             return None
         finally:
-            if not handed_over:
-                lease.release()
-                if resp is not None:
-                    resp.release()
+            if not handed_over and resp is not None:
+                resp.release()
 
     async def external(self, target: Fallback, call: RelayCall, payload: dict[str, Any]) -> Response:
         """Send the request to the policy's fallback (an OpenAI-compatible base URL such as https://host/v1)."""
@@ -312,7 +310,7 @@ class Relay:
                 usage = _usage_of(data)
             answered = time.perf_counter()
             resp.release()
-            observer.done(Outcome(resp.status, "ok" if resp.status < 400 else "error", "", usage))
+            observer.ended(Outcome(resp.status, "ok" if resp.status < 400 else "error", "", usage))
             out_headers[TIMING_HEADER] = server_timing(observer.started, sent, answered)
             media = "application/json" if call.assemble else resp.content_type or "application/json"
             return Response(data, status_code=resp.status, headers=out_headers, media_type=media)

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from opod.gateway.caller import Endpoint, InProcessCaller
 from opod.gateway.responses_answer import response_object, translate_stream
 from opod.gateway.validate import ModelTraits, check_chat
 from opod.http import fastjson
@@ -31,8 +32,7 @@ from opod.http.inbound import json_object, read_body, sane_request_id
 
 __all__ = ["CHAT_PATH", "chat_request", "check_translated", "responses_endpoint"]
 
-Handler = Callable[[Request], Awaitable[Response]]
-Authenticate = Callable[[dict[bytes, bytes]], object]
+Authenticate = Callable[[dict[bytes, bytes], InProcessCaller | None], object]
 
 RESPONSES_PATH = "/v1/responses"
 CHAT_PATH = "/v1/chat/completions"
@@ -300,19 +300,19 @@ def _tool_choice(choice: Any) -> Any:
 _DROP = frozenset({"content-length", "content-type"})
 
 
-def responses_endpoint(chat: Handler, authenticate: Authenticate | None = None) -> Handler:
+def responses_endpoint(chat: Endpoint, authenticate: Authenticate | None = None) -> Endpoint:
     """``POST /v1/responses``, answered by ``chat``, the gateway's own ``/v1/chat/completions`` handler.
 
     ``authenticate`` (the gateway's key check, raising on a bad key) runs before the body is
     read, so a caller without a key hears 401 whatever it sent, as on every other route.
     """
 
-    async def endpoint(request: Request) -> Response:
+    async def endpoint(request: Request, caller: InProcessCaller | None = None) -> Response:
         headers = headers_of(request)
         request_id = sane_request_id(headers.get(b"x-request-id"))
         try:
             if authenticate is not None:
-                authenticate(headers)
+                authenticate(headers, caller)
             raw = read_whole(request)
             if raw is None:
                 raw = await read_body(request, BODY_CAP)
@@ -320,7 +320,7 @@ def responses_endpoint(chat: Handler, authenticate: Authenticate | None = None) 
             payload = chat_request(body)
         except GatewayError as err:
             return error_response(err, request_id)
-        answer = await chat(_as_chat(request, json.dumps(payload).encode()))
+        answer = await chat(_as_chat(request, json.dumps(payload).encode()), caller)
         kept = {k: v for k, v in answer.headers.items() if k.lower() not in _DROP}
         if isinstance(answer, StreamingResponse):
             model = str(payload.get("model") or "")

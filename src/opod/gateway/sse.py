@@ -14,7 +14,6 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from opod.fleet.state import Lease
 from opod.gateway.outcome import Outcome, RelayObserver
 from opod.http import fastjson
 from opod.http.upstream import UpstreamError, UpstreamResponse
@@ -32,11 +31,11 @@ async def relay_sse(
     *,
     node_id: str = "",
     source: str = "",
-    lease: Lease | None = None,
 ) -> AsyncIterator[bytes]:
     """An upstream's SSE answer, passed on as it comes; its outcome is told to ``observer`` once.
 
-    The upstream is worker ``node_id`` (held by ``lease`` until the stream ends), or the fallback URL ``source``.
+    The upstream is worker ``node_id`` (held until the stream ends: ``observer.ended`` lets it go), or the fallback
+    URL ``source``.
     ``ok`` at ``[DONE]`` (before the client sees the end of its answer) or at the end of the stream;
     ``error`` when the upstream breaks off (the client gets an error event naming it);
     ``cancelled`` when the client leaves, with the tokens it got. Every ``PROGRESS_EVERY`` seconds
@@ -50,7 +49,7 @@ async def relay_sse(
         nonlocal reported
         if not reported:
             reported = True
-            observer.done(Outcome(status, outcome, node_id, scanner.usage, ttft_ms, sent))
+            observer.ended(Outcome(status, outcome, node_id, scanner.usage, ttft_ms, sent))
 
     try:
         chunk: bytes | None = first
@@ -75,8 +74,6 @@ async def relay_sse(
     finally:
         # A client that left raises GeneratorExit/CancelledError here: the tokens it got are what it used.
         report("cancelled", 499)
-        if lease is not None:
-            lease.release()
         resp.release()
 
 
@@ -213,7 +210,7 @@ async def assemble_completion(
             assembler.feed(chunk)
         assembler.feed(b"\n\n")
     except asyncio.CancelledError:  # the client left: the tokens generated so far are spent
-        observer.done(Outcome(499, "cancelled", node_id, None, tokens_sent=assembler.tokens))
+        observer.ended(Outcome(499, "cancelled", node_id, None, tokens_sent=assembler.tokens))
         raise
     finally:
         resp.release()
