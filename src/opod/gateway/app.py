@@ -32,11 +32,12 @@ from opod.gateway.guardrails import Guardrails
 from opod.gateway.kept_bodies import BodyKeeping
 from opod.gateway.prefix import PrefixHasher
 from opod.gateway.profiles import RoutingProfiles
-from opod.gateway.promptsize import asked_limit, completion_bound, default_limit, prompt_size
+from opod.gateway.promptsize import PromptSize, TemplateCost, asked_limit, completion_bound, default_limit, prompt_size
 from opod.gateway.relay import Relay, RelayCall
 from opod.gateway.responses import RESPONSES_PATH, responses_endpoint
 from opod.gateway.routes import ANY_METHOD, ROUTES, TRANSLATED_RESPONSES, UNSUPPORTED, RouteSpec, json_object_as_schema
 from opod.gateway.stats import PROBE_HEADER, GatewayStats
+from opod.gateway.templatecost import TemplateCosts
 from opod.gateway.usagecount import DecodeRates, PromptCounter
 from opod.gateway.validate import (
     ModelTraits,
@@ -95,6 +96,7 @@ class Gateway:
         policies: Policies,
         guardrails: Guardrails,
         prompts: PromptCounter,
+        templates: TemplateCosts | None = None,
         require_keys: bool = True,
         demand: Demand | None = None,
         tenancy: Chains | None = None,
@@ -118,6 +120,8 @@ class Gateway:
         """The policy's webhooks."""
         self.prompts = prompts
         """Counts the prompts a reservation needs, and those of streams cut short, for their usage rows."""
+        self.templates = templates
+        """Each model's chat template cost, for the budgets' bound of a chat without a count on its way."""
         self.require_keys = require_keys
         self.budgets = budgets
         """Prices each request and holds its reservation against its scopes' budgets."""
@@ -342,10 +346,8 @@ class Gateway:
         stream = payload.get("stream") is True
         strip_usage = assemble = False
         budgeted = exchange.budgeted
-        if budgeted and "messages" in payload:
-            # The template's tokens are the engine's to say: a worker holding the model counts the prompt.
-            exchange.sized(await self.count_prompt(model, payload), None)
-        prompt = prompt_size(payload, exchange.prompt_count)
+        template = self.template_cost(model) if budgeted and "messages" in payload else None
+        prompt = prompt_size(payload, None, template)
         if spec.capability == "chat":
             if asked_limit(payload) is None:
                 limit = default_limit(spec.path, self.default_max_tokens(), traits.context, prompt)
@@ -369,8 +371,8 @@ class Gateway:
             changed = json_object_as_schema(payload) or changed
         if changed:
             body = json.dumps(payload).encode()
-        if budgeted and self.budgets is not None:
-            exchange.reserved(self.budgets.cost(model, prompt.bound(), exchange.completion_cap or 0))
+        if budgeted:
+            await self.reserve(exchange, model, payload, prompt)
         if policy is not None and policy.guardrails:
             body = await self.guardrails.pre(policy, exchange.request_id, model, body, exchange.guarded())
         if self.demand is not None and (starting := self.demand(model)) is not None:
@@ -413,6 +415,34 @@ class Gateway:
                 stream=stream,
             )
         return response
+
+    def template_cost(self, model: str) -> TemplateCost | None:
+        """``model``'s chat template cost when learnt (learning it in the background from a worker holding it)."""
+        workers = self.fleet.workers_for(model)
+        if self.templates is None or not workers:
+            return None
+        return self.templates.known(model, workers[0].id)
+
+    async def reserve(self, exchange: Exchange, model: str, payload: dict[str, Any], prompt: PromptSize) -> None:
+        """Hold the request's most it can cost against its scopes' budgets; :class:`BudgetExceeded` when it would
+        pass one.
+
+        A chat is bounded by its text and its model's template cost. Where that cost is not known yet, or
+        the bound would be refused, a worker holding the model counts the prompt as its engine will, and
+        the count decides, so a request near a budget's end is refused for what it can cost, not for the
+        looseness of a bound.
+        """
+        budgets = self.budgets
+        if budgets is None:
+            return
+        cap = exchange.completion_cap or 0
+        micros = budgets.cost(model, prompt.bound(), cap)
+        if prompt.messages and (prompt.template is None or not budgets.fits(exchange.scopes, micros)):
+            counted = await self.count_prompt(model, payload)
+            if counted is not None:
+                exchange.sized(counted, None)
+                micros = budgets.cost(model, prompt_size(payload, counted).bound(), cap)
+        exchange.reserved(micros)
 
     async def count_prompt(self, model: str, payload: dict[str, Any]) -> int | None:
         """The chat's prompt tokens, its template applied, as the least busy worker holding ``model`` counts

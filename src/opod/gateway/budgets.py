@@ -249,6 +249,17 @@ class Budgets:
         accounts = self._accounts
         return any((s.kind, s.id) in accounts for s in scopes if s.id)
 
+    def fits(self, scopes: Sequence[ScopeLike], micros: int) -> bool:
+        """``micros`` more would pass no budget of ``scopes`` now (a look, holding nothing and telling no one)."""
+        accounts = self._accounts
+        now = self.clock()
+        for scope in scopes:
+            for account in accounts.get((scope.kind, scope.id), ()) if scope.id else ():
+                spent = 0 if now >= account.end else account.spent  # a period that ended starts afresh
+                if spent + account.reserved + max(0, int(micros)) > account.micros:
+                    return False
+        return True
+
     def reserve(self, scopes: Sequence[ScopeLike], micros: int) -> Reservation:
         """Hold ``micros`` against every budgeted scope of ``scopes``; BudgetExceeded when one would pass its budget."""
         if not self.active:

@@ -29,6 +29,7 @@ from opod.gateway.kept_bodies import BodyKeeping, BodySink
 from opod.gateway.prefix import PrefixHasher
 from opod.gateway.profiles import RoutingProfiles
 from opod.gateway.relay import Relay
+from opod.gateway.templatecost import TemplateCosts
 from opod.gateway.tokenize import worker_tokenizer
 from opod.gateway.usagecount import PromptCounter
 from opod.http.nodeclient import WorkerClient
@@ -90,6 +91,7 @@ def build_gateway(
         policies=policies,
         guardrails=Guardrails(),
         prompts=PromptCounter(tokenize),
+        templates=TemplateCosts(tokenize),
         require_keys=require_keys,
         demand=rules.demand if rules is not None else None,
         tenancy=rules.tenancy if rules is not None else None,

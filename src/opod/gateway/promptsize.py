@@ -6,9 +6,10 @@ token of the tokenizers opod serves (byte-level BPE, SentencePiece with byte fal
 covers at least one byte of its text, so a text is at most its UTF-8 bytes in tokens, plus
 :data:`SPECIAL_TOKENS` for the markers an engine adds around it (BOS, EOS, CLS, SEP, a leading
 space). A chat's messages go through the model's chat template, which adds text of its own (role
-markers, and some templates a default system prompt): the gateway has a worker count the rendered
-prompt as the engine will (:attr:`PromptSize.counted`), and bounds it with a generous allowance
-when no worker can say. Each prompt of a list counts, and each choice of each prompt.
+markers, and some templates a default system prompt): that share is the model's template cost,
+counted once per model by a worker (:mod:`opod.gateway.templatecost`), or a worker counts the
+rendered prompt itself (:attr:`PromptSize.counted`); a generous allowance bounds it when no
+worker can say. Each prompt of a list counts, and each choice of each prompt.
 """
 
 from __future__ import annotations
@@ -41,6 +42,17 @@ def _json_size(value: Any) -> int:
 
 
 @dataclass(frozen=True, slots=True)
+class TemplateCost:
+    """A chat template's own tokens."""
+
+    base: int
+    """The tokens of a chat of one one-token user message: the template's generation prompt, any default
+    system prompt, the message's markers, and the message's one token."""
+    per_message: int
+    """The most a further message adds besides its text, whatever its role."""
+
+
+@dataclass(frozen=True, slots=True)
 class PromptSize:
     """A request's prompt: its texts' sizes, and what a chat template adds."""
 
@@ -54,6 +66,8 @@ class PromptSize:
     """Message parts that are not text."""
     counted: int | None = None
     """The messages' tokens with the template applied, as a worker holding the model counted them."""
+    template: TemplateCost | None = None
+    """The model's chat template's own tokens, when known."""
 
     @property
     def prompts(self) -> int:
@@ -65,14 +79,21 @@ class PromptSize:
         if self.messages:
             counted = self.counted
             if counted is None:
-                counted = sum(self.texts) + TEMPLATE_TOKENS + MESSAGE_TOKENS * self.messages
+                template = self.template
+                if template is not None:
+                    counted = sum(self.texts) + template.base + template.per_message * (self.messages - 1)
+                else:
+                    counted = sum(self.texts) + TEMPLATE_TOKENS + MESSAGE_TOKENS * self.messages
             return counted + PART_TOKENS * self.parts
         return sum(self.texts) + sum(self.tokens) + SPECIAL_TOKENS * (len(self.texts) + len(self.tokens))
 
 
-def prompt_size(payload: dict[str, Any], counted: int | None = None) -> PromptSize:
+def prompt_size(
+    payload: dict[str, Any], counted: int | None = None, template: TemplateCost | None = None
+) -> PromptSize:
     """The prompt of a ``/v1`` request, whatever its route: ``messages``, ``prompt``, ``input``, or a rerank's
-    ``query`` and ``documents``. ``counted``: the messages' count a worker made, when one did."""
+    ``query`` and ``documents``. ``counted``: the messages' count a worker made, when one did; ``template``:
+    the model's chat template cost, when known."""
     messages = payload.get("messages")
     if isinstance(messages, list):
         texts: list[int] = []
@@ -98,7 +119,7 @@ def prompt_size(payload: dict[str, Any], counted: int | None = None) -> PromptSi
             counted += tools + sum(_json_size(m.get("tool_calls")) for m in messages if isinstance(m, dict))
         else:
             texts.append(tools)
-        return PromptSize(tuple(texts), messages=max(1, len(messages)), parts=parts, counted=counted)
+        return PromptSize(tuple(texts), messages=max(1, len(messages)), parts=parts, counted=counted, template=template)
     if "query" in payload and isinstance(payload.get("documents"), list):
         query = size(str(payload.get("query") or ""))
         documents = payload["documents"]

@@ -517,6 +517,8 @@ class Leader:
         workers' connections, the last key uses, the ledger, the store."""
         await self.guardrails.close()
         await self.gateway.prefix.close()
+        if self.gateway.templates is not None:
+            await self.gateway.templates.close()
         await self.prompts.settle()
         await self.workers.close()
         await self.access.flush_key_uses()
