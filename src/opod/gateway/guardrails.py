@@ -61,10 +61,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-
 from opod.contract.adminapi import GuardrailRule, PolicySnapshot
 from opod.http.errors import GatewayError
+from opod.http.upstream import UpstreamResponse, Upstreams, split_url
 from opod.snapshots.policy import PolicyView
 
 log = logging.getLogger("opod.guardrails")
@@ -155,6 +154,24 @@ def _rules(policy: Rules, phase: str) -> list[GuardrailRule]:
     return [r for r in rules or () if r.phase == phase]
 
 
+def _envelope(fields: dict[str, Any], **raw: bytes) -> bytes:
+    """A webhook's body: ``fields`` as JSON, and each of ``raw`` spliced in as the JSON text it is already."""
+    head = json.dumps(fields).encode()[:-1]
+    return head + b"".join(b',"%s":%s' % (name.encode(), value) for name, value in raw.items()) + b"}"
+
+
+async def _read_capped(resp: UpstreamResponse) -> bytes:
+    """A webhook's answer, at most :data:`MAX_ANSWER_BYTES` of it."""
+    whole = resp.read_now()
+    if whole is not None:
+        return whole[:MAX_ANSWER_BYTES]
+    parts, size = [], 0
+    while size < MAX_ANSWER_BYTES and (chunk := await resp.readany()):
+        parts.append(chunk)
+        size += len(chunk)
+    return b"".join(parts)[:MAX_ANSWER_BYTES]
+
+
 def _json_or_text(body: bytes | None) -> Any:
     if body is None:
         return None
@@ -165,29 +182,24 @@ def _json_or_text(body: bytes | None) -> Any:
 
 
 class Guardrails:
-    """Calls the policy's guardrail webhooks. One per leader; :meth:`close` at shutdown."""
+    """Calls the policy's guardrail webhooks. One per leader; :meth:`close` at shutdown.
 
-    def __init__(self, session: aiohttp.ClientSession | None = None) -> None:
-        self._session = session
-        self._own_session = session is None
+    The calls go over the same kind of keep-alive pool as the relay's (:mod:`opod.http.upstream`): a
+    ``pre`` webhook is on every request's way, and a general client costs it more CPU than the relay.
+    """
+
+    def __init__(self, upstream: Upstreams | None = None) -> None:
+        self.upstream = upstream or Upstreams()
         self._pending: set[asyncio.Task[None]] = set()
         self.dropped_logs = 0
         """``logging_only`` calls dropped because too many were in flight."""
-
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256))
-            self._own_session = True
-        return self._session
 
     async def close(self) -> None:
         for task in list(self._pending):
             task.cancel()
         if self._pending:
             await asyncio.gather(*self._pending, return_exceptions=True)
-        if self._own_session and self._session is not None:
-            await self._session.close()
+        await self.upstream.close()
 
     # --- the three phases ----------------------------------------------------------------
 
@@ -200,22 +212,15 @@ class Guardrails:
         rules = _rules(policy, "pre")
         if not rules:
             return body
-        request = _json_or_text(body)
-        rewritten = False
         for rule in rules:
-            payload = {
-                "phase": "pre",
-                "guardrail_id": rule.id,
-                "request_id": request_id,
-                "model": model,
-                "request": request,
-                "response": None,
-            }
-            new = await self._judge(rule, payload, request_id, note)
+            # The request is the JSON object the gateway checked: it goes into the call as it is, unparsed.
+            fields = {"phase": "pre", "guardrail_id": rule.id, "request_id": request_id, "model": model}
+            payload = _envelope(fields, request=body, response=b"null")
+            new = await self._judge(rule, payload, model, request_id, note)
             if new is not None:
                 # The model stays the one the gateway resolved (a rewrite may leave it out).
-                request, rewritten = {**new, "model": model}, True
-        return json.dumps(request).encode() if rewritten else body
+                body = json.dumps({**new, "model": model}).encode()
+        return body
 
     async def post(
         self,
@@ -245,7 +250,7 @@ class Guardrails:
                 "request": request,
                 "response": response,
             }
-            new = await self._judge(rule, payload, request_id, note)
+            new = await self._judge(rule, json.dumps(payload).encode(), model, request_id, note)
             if new is not None:
                 response, rewritten = new, True
         return json.dumps(response).encode() if rewritten else answer
@@ -284,14 +289,14 @@ class Guardrails:
 
     async def _log_one(self, rule: GuardrailRule, payload: dict[str, Any], request_id: str) -> None:
         try:
-            await self._call(rule, payload, request_id)
+            await self._call(rule, json.dumps(payload).encode(), request_id)
         except _WebhookFailed as err:
             log.warning("logging guardrail %r: %s", rule.id, err)
 
     # --- one webhook ------------------------------------------------------------------------
 
     async def _judge(
-        self, rule: GuardrailRule, payload: dict[str, Any], request_id: str, note: GuardNote | None
+        self, rule: GuardrailRule, payload: bytes, model: str, request_id: str, note: GuardNote | None
     ) -> Any | None:
         """None to go on unchanged, a new body for a rewrite; raises a refusal for a block or a closed failure."""
         if note is None:
@@ -316,7 +321,7 @@ class Guardrails:
                 body = answer.get("body")
                 if not isinstance(body, dict):
                     raise _WebhookFailed("it answered rewrite without a JSON object in body")
-                if rule.phase == "pre" and body.get("model", payload["model"]) != payload["model"]:
+                if rule.phase == "pre" and body.get("model", model) != model:
                     raise _WebhookFailed(f"its rewrite changed the model to {body.get('model')!r}")
                 note.saw("rewrite", rule, reason)
                 return body
@@ -329,20 +334,24 @@ class Guardrails:
             note.saw("unavailable", rule, str(err))
             raise GuardrailUnavailable(rule.id, str(err)) from None
 
-    async def _call(self, rule: GuardrailRule, payload: dict[str, Any], request_id: str) -> dict[str, Any] | None:
+    async def _call(self, rule: GuardrailRule, payload: bytes, request_id: str) -> dict[str, Any] | None:
         timeout_ms = rule.timeout_ms or DEFAULT_TIMEOUT_MS
         headers = {"Content-Type": "application/json", "X-Request-Id": request_id, "X-Opod-Guardrail": rule.id}
         if rule.auth_key:
             headers["Authorization"] = f"Bearer {rule.auth_key}"
         headers.update(rule.headers or {})
         try:
+            where, target = split_url(rule.url)
             async with asyncio.timeout(timeout_ms / 1000):
-                async with self.session.post(rule.url, data=json.dumps(payload).encode(), headers=headers) as resp:
-                    data = await resp.content.read(MAX_ANSWER_BYTES)
-                    status = resp.status
+                resp = await self.upstream.post(where, target, payload, headers)
+                status = resp.status
+                try:
+                    data = await _read_capped(resp)
+                finally:
+                    resp.release()
         except TimeoutError:
             raise _WebhookFailed(f"no answer within {timeout_ms} ms") from None
-        except (aiohttp.ClientError, OSError) as err:
+        except OSError as err:  # UpstreamError included: it is a ConnectionError
             raise _WebhookFailed(f"cannot reach {rule.url}: {err or type(err).__name__}") from None
         if not 200 <= status < 300:
             raise _WebhookFailed(f"it answered HTTP {status}")
