@@ -20,7 +20,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.procs import Proc, free_port, wait_http
+from bench.procs import Proc, free_port, wait_http, wait_model_ready
 
 MODEL = "sim-chat"
 
@@ -228,16 +228,5 @@ def kv_sources(engines: list[str]) -> dict[str, str]:
 
 
 def _wait_served(fleet: Fleet, workers: int, timeout: float = 90.0) -> None:
-    """Until the leader routes the model to every worker (its node listing shows it on each)."""
-    deadline = time.monotonic() + timeout
-    held = 0
-    while time.monotonic() < deadline:
-        request = urllib.request.Request(fleet.admin_url + "/api/v1/nodes")
-        request.add_header("Authorization", f"Bearer {fleet.key}")
-        with urllib.request.urlopen(request, timeout=10) as response:
-            nodes = json.loads(response.read())
-        held = sum(1 for n in nodes if MODEL in n.get("models", []) and n.get("state") == "ready")
-        if held == workers:
-            return
-        time.sleep(0.3)
-    raise RuntimeError(f"the leader saw {MODEL} ready on {held} of {workers} workers after {timeout}s")
+    """Until the leader routes the model to every worker."""
+    wait_model_ready(fleet.admin_url, fleet.key, MODEL, workers, timeout)
