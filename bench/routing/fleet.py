@@ -43,6 +43,8 @@ class SimProfile:
     """Every natural answer's length, so ``max_tokens`` alone sets it (no ``ignore_eos``, which a proxy may drop)."""
     max_model_len: int = 16384
     seed: int = 0
+    time_scale: float = 1.0
+    """Multiplies the whole latency model; 0: engines that answer at once."""
 
     def engine_flags(self) -> dict:
         # The latency model's knobs have no plan-flag names of their own: they go through ``extra``.
@@ -66,6 +68,7 @@ class SimProfile:
             "max_num_seqs": self.max_num_seqs,
             "max_model_len": self.max_model_len,
             "seed": self.seed,
+            "time_scale": self.time_scale,
             "extra": extra,
         }
 
@@ -90,6 +93,8 @@ class Fleet:
     """The sim engines' base URLs, in worker order."""
     kv_sources: dict[str, str] = field(default_factory=dict)
     """Engine base URL → the ``tcp://127.0.0.1:PORT`` its KV-event PUB socket binds for outside subscribers."""
+    leader_home: Path = field(default_factory=Path)
+    """The leader's ``OPOD_HOME`` (its admin key, its store), where ``opod ctl`` finds what it needs."""
 
     # -- opod's routing policy -----------------------------------------------------------------
 
@@ -181,6 +186,7 @@ def start(home: Path, workers: int, profile: SimProfile, on_step=lambda text: No
         env={"OPOD_POLICY_FILE": str(policy_path)},
     )
     fleet = Fleet(leader, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin_port}", "", policy_path)
+    fleet.leader_home = home / "leader"
     try:
         leader.wait_for("OpenAI API on", 90)
         fleet.key = (home / "leader" / "admin.key").read_text().strip()

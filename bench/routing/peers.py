@@ -120,7 +120,7 @@ class RunningPeer:
                 pass
 
 
-def _spawn(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+def spawn(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     full = {**{k: v for k, v in os.environ.items() if not k.startswith("OPOD_")}, "NO_COLOR": "1", **(env or {})}
     with log.open("w") as out:
         # Its own session, so stopping it takes every child with it.
@@ -178,7 +178,7 @@ def start_litellm(venv: Path, engines: list[str], model: str, scratch: Path) -> 
     path.write_text(json.dumps(config))  # YAML is a superset of JSON, so the proxy reads it as its config
     port = free_port()
     log = scratch / "litellm.log"
-    proc = _spawn(
+    proc = spawn(
         [str(venv / "bin" / "litellm"), "--config", str(path), "--host", "127.0.0.1", "--port", str(port)],
         log,
         env={
@@ -275,7 +275,7 @@ def start_vllm_router(
         label,
         f"http://127.0.0.1:{port}",
         {},
-        _spawn(argv, log),
+        spawn(argv, log),
         log,
         metrics_url=f"http://127.0.0.1:{metrics_port}/metrics",
         policy=argv[argv.index("--policy") + 1],
@@ -365,7 +365,7 @@ def start_sglang_router(venv: Path, engines: list[str], model: str, scratch: Pat
     ]
     log = scratch / "sglang-router.log"
     peer = RunningPeer(
-        "sglang-router", "sglang-router (cache_aware)", f"http://127.0.0.1:{port}", {}, _spawn(argv, log), log
+        "sglang-router", "sglang-router (cache_aware)", f"http://127.0.0.1:{port}", {}, spawn(argv, log), log
     )
     _wait_ready(peer, model, 60)
     return peer
@@ -381,7 +381,7 @@ def start_floor(engines: list[str], model: str, scratch: Path) -> RunningPeer:
         "bare Python relay (uvloop + httptools, round robin; a yardstick)",
         f"http://127.0.0.1:{port}",
         {},
-        _spawn(argv, log),
+        spawn(argv, log),
         log,
     )
     _wait_ready(peer, model, 30)
