@@ -9,6 +9,7 @@ the report shows that reason in its row instead of leaving the row out.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -56,6 +57,17 @@ def ensure_installed(spec: PeerSpec, root: Path, timeout: float = 1800) -> Path:
     if marker.is_file() and marker.read_text().strip() == spec.requirement:
         return venv
     root.mkdir(parents=True, exist_ok=True)
+    # Two runs at once (the test suite's smoke runs, in parallel) install one peer once: the second waits, then reuses it.
+    with (root / f"{spec.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if marker.is_file() and marker.read_text().strip() == spec.requirement:
+            return venv
+        _install(spec, venv, root, timeout)
+    return venv
+
+
+def _install(spec: PeerSpec, venv: Path, root: Path, timeout: float) -> None:
+    marker = venv / MARKER
     log = root / f"{spec.name}.install.log"
     with log.open("w") as out:
         steps = (
@@ -78,7 +90,6 @@ def ensure_installed(spec: PeerSpec, root: Path, timeout: float = 1800) -> Path:
             if code != 0:
                 raise PeerUnavailable(f"`{' '.join(argv[-2:])}` failed with exit {code}: {_tail(log)} (log: {log})")
     marker.write_text(spec.requirement + "\n")
-    return venv
 
 
 def _tail(path: Path, lines: int = 2) -> str:
