@@ -107,6 +107,10 @@ def notes(run: CompareResult) -> list[str]:
         )
     for p in run.paths:
         out += [f"{p.key}: {n}" for n in p.notes]
+        out += [
+            f"{p.key}: {phase}: requests per engine {' / '.join(f'{n:,}' for n in counts)}"
+            for phase, counts in p.spread.items()
+        ]
         failed = [s for phase in [*p.chat, *p.stream, *p.open] for s in phase.samples if not s.ok and s.error]
         if failed:
             out.append(f"{p.key}: {len(failed)} requests failed, the first: {failed[0].error}")

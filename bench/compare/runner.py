@@ -82,6 +82,8 @@ class PathRun:
     """CPU of the router's processes over its open-loop rounds (nan for direct)."""
     side_cpu_seconds: float = 0.0
     """CPU of what the router calls besides the engines over the same rounds (opod: the guardrail webhook)."""
+    spread: dict[str, list[int]] = field(default_factory=dict)
+    """Phase → requests each engine took from this path over its rounds (how the router placed them)."""
 
     def requests(self) -> tuple[int, int]:
         """(answered, failed) over every phase."""
@@ -182,11 +184,13 @@ def run(settings: Settings, step: Step, say: Callable[[str], None]) -> CompareRe
             settings,
             result,
             say,
-            lambda lanes: _latency(lanes, settings, result, step),
+            lambda lanes, fleet: _latency(lanes, fleet, settings, result, step),
         )
         zero = SimProfile(time_scale=0.0, max_num_seqs=1024, seed=settings.seed)
         say("starting the zero-latency fleet (engines that answer at once)")
-        _on_fleet(scratch / "zero", zero, settings, result, say, lambda lanes: _saturation(lanes, settings, step))
+        _on_fleet(
+            scratch / "zero", zero, settings, result, say, lambda lanes, fleet: _saturation(lanes, settings, step)
+        )
     result.seconds = time.monotonic() - began
     return result
 
@@ -197,7 +201,7 @@ def _on_fleet(
     settings: Settings,
     result: CompareResult,
     say: Callable[[str], None],
-    measure: Callable[[list[Lane]], None],
+    measure: Callable[[list[Lane], Fleet], None],
 ) -> None:
     scratch.mkdir(parents=True)
     fleet = fleet_mod.start(scratch / "fleet", settings.workers, profile, on_step=say)
@@ -209,7 +213,7 @@ def _on_fleet(
             lane = _lane(path, fleet, settings, scratch, result, say)
             if lane is not None:
                 lanes.append(lane)
-        measure(lanes)
+        measure(lanes, fleet)
     finally:
         for lane in lanes:
             for stop in lane.stops:
@@ -258,7 +262,12 @@ def _ready(lane: Lane, phase: str) -> bool:
     return False
 
 
-def _latency(lanes: list[Lane], settings: Settings, result: CompareResult, step: Step) -> None:
+def _placed(fleet: Fleet, run: PathRun, phase: str, before: list[int]) -> None:
+    moved = [after - was for after, was in zip(fleet.served(), before)]
+    run.spread[phase] = [a + b for a, b in zip(run.spread.get(phase, [0] * len(moved)), moved)]
+
+
+def _latency(lanes: list[Lane], fleet: Fleet, settings: Settings, result: CompareResult, step: Step) -> None:
     chat = workloads.short_chat_body(max_tokens=settings.chat_tokens)
     streamed = workloads.stream_chat_body(max_tokens=settings.stream_tokens)
     c = settings.concurrency
@@ -270,8 +279,10 @@ def _latency(lanes: list[Lane], settings: Settings, result: CompareResult, step:
         for order in _turns(lanes, settings.rounds):
             for lane in order:
                 if lane.run.ran and _ready(lane, name):
+                    before = fleet.served()
                     phase = asyncio.run(load.closed_loop(lane.target, body, c, settings.seconds, stream=stream))
                     getattr(lane.run, sink).append(phase)
+                    _placed(fleet, lane.run, name, before)
                 advance()
     direct = next((lane for lane in lanes if lane.run.key == "direct"), None)
     if direct is None:
@@ -295,8 +306,10 @@ def _latency(lanes: list[Lane], settings: Settings, result: CompareResult, step:
                 continue
             pid, side = lane.target.pid, lane.side_pid
             before = (load.cpu_seconds(pid) if pid else 0.0, load.cpu_seconds(side) if side else 0.0)
+            served = fleet.served()
             phase = asyncio.run(load.open_loop(lane.target, schedule, stream=False, drain=settings.drain, tick=advance))
             lane.run.open.append(phase)
+            _placed(fleet, lane.run, f"the open loop at {rate:,.0f} req/s", served)
             if pid:
                 lane.run.cpu_seconds += load.cpu_seconds(pid) - before[0]
             if side:

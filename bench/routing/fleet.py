@@ -127,6 +127,14 @@ class Fleet:
                     )
                 time.sleep(0.2)
 
+    def served(self) -> list[int]:
+        """Requests each engine has taken so far (its ``/sim/state``), in engine order."""
+        counts = []
+        for base in self.engines:
+            with urllib.request.urlopen(base + "/sim/state", timeout=10) as response:
+                counts.append(int(json.loads(response.read())["requests"]))
+        return counts
+
     def cache_counters(self) -> tuple[float, float]:
         """(prompt tokens queried, prompt tokens found cached), summed over the engines."""
         queries = hits = 0.0
