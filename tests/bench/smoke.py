@@ -28,6 +28,9 @@ def run_bench(*args: str, timeout: float = 300.0, module: str = "bench") -> str:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        # A session of its own: the run's CPU (and its processes ending) never counts in the test process's group,
+        # which tests/bench/test_routing_runner.py reads as a router's.
+        start_new_session=True,
     )
     try:
         out, _ = proc.communicate(timeout=timeout)

@@ -35,7 +35,8 @@ def test_every_path_answers_every_measurement_and_the_table_is_written(tmp_path:
             if measure.startswith(("chat", "streamed")):
                 number(row[path])  # every latency cell measured (a dash would be a path that answered nothing)
     cpu = next(v for k, v in table.items() if k.startswith("the router's CPU ms per request"))
-    assert number(cpu["opod"]) > 0 and number(cpu["sglang-router"]) > 0
+    # Read from /proc in clock ticks (10 ms): a few requests of a light router may cost none, but it is measured.
+    assert number(cpu["opod"]) >= 0 and number(cpu["sglang-router"]) >= 0 and cpu["direct"] == "—"
     assert text.count("cost ") == 2 and text.count("guardrail screen allow") == 2 and "body kept" in text  # both fleets
     assert sorted(p.name for p in results.glob("smoke-*.png")) == [
         "smoke-added.png",
