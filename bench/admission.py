@@ -13,14 +13,18 @@ No network and no engine: this is the scheduler alone.
 from __future__ import annotations
 
 import asyncio
+import os
+import platform
 import time
 from collections import Counter
+from pathlib import Path
 
 import typer
 import uvloop
 from rich.console import Console
 from rich.table import Table
 
+from bench.tables import md_table
 from opod.contract import nodeapi
 from opod.contract.adminapi import PolicyAdmission
 from opod.fleet.state import Fleet
@@ -84,27 +88,67 @@ async def _sharing(total: int) -> tuple[Counter, dict[str, float]]:
     return admitted, slot_time
 
 
-def command(rounds: int = typer.Option(200_000, help="Uncontended admissions per measurement.")) -> None:
+RESULTS = Path(__file__).parent / "results"
+CONTENDED = ((1, 64), (8, 64), (64, 256))
+"""(teams, clients) of each contended case, 8 slots."""
+HEADERS = ["case", "loop", "µs per request"]
+SHARE_HEADERS = ["team", "clients", "admissions", "share", "slot-time s"]
+
+
+def command(
+    rounds: int = typer.Option(200_000, help="Uncontended admissions per measurement."),
+    contended: int = typer.Option(100_000, help="Admissions per contended case."),
+    shared: int = typer.Option(4000, help="Admissions in the two teams' sharing run."),
+    results: Path = typer.Option(RESULTS, help="Where admission.md goes."),
+) -> None:
     """Admission's cost per request, uncontended and contended, and how two teams share a full pool."""
+    rows: list[list[str]] = []
+    for loop_name, runner in (("asyncio", asyncio.run), ("uvloop", uvloop.run)):
+        for label, ttl in (("uncontended, capacity cached", 1.0), ("uncontended, capacity read each time", 0.0)):
+            rows.append([label, loop_name, f"{runner(_uncontended(ttl, rounds)):.2f}"])
+        for teams, clients in CONTENDED:
+            cost, _ = runner(_contended(8, teams, clients, contended))
+            rows.append([f"contended, {clients} clients in {teams} teams", loop_name, f"{cost:.2f}"])
+    admitted, slot_time = uvloop.run(_sharing(shared))
+    total = sum(admitted.values())
+    shares = [
+        [team, str(clients), str(admitted[team]), f"{admitted[team] / total:.1%}", f"{slot_time[team]:.2f}"]
+        for team, clients in (("a", 12), ("b", 3))
+    ]
     table = Table(
         title="admission: cost per request", caption="contended: 8 slots; a request's wait includes its loop turns"
     )
-    table.add_column("case")
-    table.add_column("loop")
-    table.add_column("µs per request", justify="right")
-    for loop_name, runner in (("asyncio", asyncio.run), ("uvloop", uvloop.run)):
-        for label, ttl in (("uncontended, capacity cached", 1.0), ("uncontended, capacity read each time", 0.0)):
-            table.add_row(label, loop_name, f"{runner(_uncontended(ttl, rounds)):.2f}")
-        for teams, clients in ((1, 64), (8, 64), (64, 256)):
-            cost, _ = runner(_contended(8, teams, clients, 100_000))
-            table.add_row(f"contended, {clients} clients in {teams} teams", loop_name, f"{cost:.2f}")
+    for i, column in enumerate(HEADERS):
+        table.add_column(column, justify="right" if i == 2 else "left")
+    for row in rows:
+        table.add_row(*row)
     console.print(table)
-
-    admitted, slot_time = uvloop.run(_sharing(4000))
     share = Table(title="two teams, 12 and 3 clients, 4 slots, 1 ms holds")
-    for column in ("team", "admissions", "share", "slot-time s"):
+    for column in SHARE_HEADERS:
         share.add_column(column, justify="right")
-    total = sum(admitted.values())
-    for team in ("a", "b"):
-        share.add_row(team, str(admitted[team]), f"{admitted[team] / total:.1%}", f"{slot_time[team]:.2f}")
+    for row in shares:
+        share.add_row(*row)
     console.print(share)
+    path = report(rows, shares, rounds, contended, shared, results)
+    console.print(f"[dim]written: {path}[/]")
+
+
+def report(rows: list[list[str]], shares: list[list[str]], rounds: int, contended: int, shared: int, out: Path) -> Path:
+    lines = [
+        f"# Admission: cost per request and sharing ({time.strftime('%Y-%m-%d %H:%M')}, {platform.machine()}, "
+        f"{os.cpu_count()} CPUs)",
+        "",
+        f"`python -m bench admission --rounds {rounds} --contended {contended} --shared {shared}`. The scheduler alone: "
+        "no network, no engine. Contended: 8 slots; a request's wait includes its loop turns.",
+        "",
+        *md_table(HEADERS, rows),
+        "",
+        "## Two teams, 12 and 3 clients, 4 slots, 1 ms holds",
+        "",
+        *md_table(SHARE_HEADERS, shares),
+        "",
+    ]
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "admission.md"
+    path.write_text("\n".join(lines))
+    return path

@@ -244,7 +244,8 @@ def command(
     runs: int = typer.Option(6, help="Streamed requests per path against llama-server."),
     max_tokens: int = typer.Option(128, help="Tokens per streamed request (ignore_eos)."),
     scenario: list[str] = typer.Option(list(SCENARIOS), help="Simulator scenarios: " + ", ".join(SCENARIOS)),
-    skip_llama: bool = typer.Option(False, "--skip-llama"),
+    skip_llama: bool = typer.Option(False, "--skip-llama", help="Leave out the llama-server paths."),
+    skip_sim: bool = typer.Option(False, "--skip-sim", help="Leave out the simulator's scenarios."),
     results: Path = typer.Option(RESULTS, help="Where the table and plots go."),
 ) -> None:
     """Latency opod adds in front of the simulator, and tokens/s through opod vs direct to llama-server."""
@@ -260,7 +261,7 @@ def command(
         TimeRemainingColumn(),
     )
     with Progress(*columns, console=console) as progress:
-        sims = [run_sim(seconds, concurrency, progress, SCENARIOS[name], name) for name in scenario]
+        sims = [] if skip_sim else [run_sim(seconds, concurrency, progress, SCENARIOS[name], name) for name in scenario]
         llama = None if skip_llama else run_llama(runs, max_tokens, progress)
     report(sims, llama, results)
     console.print(_table(sims, llama))

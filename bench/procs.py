@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -68,3 +69,25 @@ def wait_http(url: str, timeout: float = 60) -> None:
         except OSError:
             time.sleep(0.1)
     raise RuntimeError(f"{url} did not answer within {timeout}s")
+
+
+def ready_replicas(admin_url: str, key: str, model: str) -> int:
+    """``ready_replicas`` of ``model``'s ``ModelView`` in ``GET /api/v1/models`` (the workers the router sends it to);
+    0 while the model is not listed."""
+    request = urllib.request.Request(admin_url + "/api/v1/models")
+    request.add_header("Authorization", f"Bearer {key}")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        views = json.loads(response.read())
+    return next((int(v.get("ready_replicas") or 0) for v in views if v.get("name") == model), 0)
+
+
+def wait_model_ready(admin_url: str, key: str, model: str, replicas: int = 1, timeout: float = 90.0) -> None:
+    """Until the leader's management API says ``model`` has ``replicas`` ready replicas, as ``opod ctl models ls`` shows."""
+    deadline = time.monotonic() + timeout
+    ready = 0
+    while time.monotonic() < deadline:
+        ready = ready_replicas(admin_url, key, model)
+        if ready >= replicas:
+            return
+        time.sleep(0.3)
+    raise RuntimeError(f"the leader saw {model} ready on {ready} of {replicas} workers after {timeout}s")

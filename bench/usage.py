@@ -395,8 +395,17 @@ def _store_ways(store: Store, rejected: Path) -> dict[str, Callable[[list[dict]]
                 conn.execute(APPEND_LOCK, {"id": APPEND_LOCK_ID})
             conn.execute(insert_ignoring_known(conn.dialect, usage), values)
 
+    # The columns an end record of no project or person leaves out, at the values the ledger's rows give them.
+    absent = usage_values(to_row(_end_records("absent", 1)[0]))  # type: ignore[arg-type]
+
     def as_built(batch: list[dict]) -> None:
-        values = [{**{name: record[name] for name in columns}, "ts": at_us(record["ts_us"])} for record in batch]
+        values = [
+            {
+                **{name: record[name] if name in record else absent[name] for name in columns},
+                "ts": at_us(record["ts_us"]),
+            }
+            for record in batch
+        ]
         appender.append(values, [], skip_known=False)
 
     return {

@@ -29,6 +29,9 @@ def command(
     ),
     requests: int = typer.Option(200, min=10, help="GETs of each of /api/v1/summary and /api/v1/nodes."),
     latency_seconds: float = typer.Option(15.0, min=1.0, help="Seconds those GETs are paced over."),
+    after_seconds: float = typer.Option(
+        10.0, min=1.0, help="Seconds the leader's CPU is measured once the replicas are ready."
+    ),
     results: Path = typer.Option(RESULTS, help="Where fleet-scale.md and fleet-scale.png go."),
     keep: bool = typer.Option(False, help="Keep the leaders' homes and the swarm logs (their path is printed)."),
 ) -> None:
@@ -37,7 +40,13 @@ def command(
     For each fleet size a fresh `opod up --no-worker --engine sim` (SQLite, its own home) and one process of simulated nodes speaking the worker protocol (register with a node token, a signed heartbeat every 5 s). Results: bench/results/fleet-scale.md and fleet-scale.png. The whole run takes about 8 minutes (quick: about 2).
     """
     sizes = sorted(set(nodes or ([100] if quick else [100, 300, 1000])))
-    settings = Settings(models=models, cpu_seconds=cpu_seconds, requests=requests, latency_seconds=latency_seconds)
+    settings = Settings(
+        models=models,
+        cpu_seconds=cpu_seconds,
+        requests=requests,
+        latency_seconds=latency_seconds,
+        after_seconds=after_seconds,
+    )
     started, load = time.monotonic(), os.getloadavg()[0]
     scratch = Path(tempfile.mkdtemp(prefix="opod-fleet-scale-"))
 

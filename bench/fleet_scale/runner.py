@@ -261,6 +261,9 @@ def run_size(nodes: int, settings: Settings, home: Path, step: Callable[[str], N
         step(f"{nodes} nodes: summary and nodes latency ({settings.requests} each)")
         views = _interleaved(api, ["/api/v1/summary", "/api/v1/nodes"], settings.requests, settings.latency_seconds)
         result.summary, result.nodes_view = views["/api/v1/summary"], views["/api/v1/nodes"]
+        for path, view in views.items():
+            if view.errors:
+                result.notes.append(f"{view.errors} of {settings.requests} GETs of {path} did not answer 200")
         _, listed, _ = api.call("GET", "/api/v1/nodes")
         result.nodes_bytes = len(json.dumps(listed))
         if isinstance(listed, list) and len(listed) != nodes:

@@ -20,7 +20,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.procs import Proc, free_port, wait_http
+from bench.procs import Proc, free_port, wait_http, wait_model_ready
 
 MODEL = "sim-chat"
 
@@ -43,6 +43,8 @@ class SimProfile:
     """Every natural answer's length, so ``max_tokens`` alone sets it (no ``ignore_eos``, which a proxy may drop)."""
     max_model_len: int = 16384
     seed: int = 0
+    time_scale: float = 1.0
+    """Multiplies the whole latency model; 0: engines that answer at once."""
 
     def engine_flags(self) -> dict:
         # The latency model's knobs have no plan-flag names of their own: they go through ``extra``.
@@ -66,6 +68,7 @@ class SimProfile:
             "max_num_seqs": self.max_num_seqs,
             "max_model_len": self.max_model_len,
             "seed": self.seed,
+            "time_scale": self.time_scale,
             "extra": extra,
         }
 
@@ -90,6 +93,8 @@ class Fleet:
     """The sim engines' base URLs, in worker order."""
     kv_sources: dict[str, str] = field(default_factory=dict)
     """Engine base URL → the ``tcp://127.0.0.1:PORT`` its KV-event PUB socket binds for outside subscribers."""
+    leader_home: Path = field(default_factory=Path)
+    """The leader's ``OPOD_HOME`` (its admin key, its store), where ``opod ctl`` finds what it needs."""
 
     # -- opod's routing policy -----------------------------------------------------------------
 
@@ -121,6 +126,14 @@ class Fleet:
                         f"{base} would not reset its prefix cache within {timeout}s (requests still running)"
                     )
                 time.sleep(0.2)
+
+    def served(self) -> list[int]:
+        """Requests each engine has taken so far (its ``/sim/state``), in engine order."""
+        counts = []
+        for base in self.engines:
+            with urllib.request.urlopen(base + "/sim/state", timeout=10) as response:
+                counts.append(int(json.loads(response.read())["requests"]))
+        return counts
 
     def cache_counters(self) -> tuple[float, float]:
         """(prompt tokens queried, prompt tokens found cached), summed over the engines."""
@@ -181,6 +194,7 @@ def start(home: Path, workers: int, profile: SimProfile, on_step=lambda text: No
         env={"OPOD_POLICY_FILE": str(policy_path)},
     )
     fleet = Fleet(leader, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin_port}", "", policy_path)
+    fleet.leader_home = home / "leader"
     try:
         leader.wait_for("OpenAI API on", 90)
         fleet.key = (home / "leader" / "admin.key").read_text().strip()
@@ -228,16 +242,5 @@ def kv_sources(engines: list[str]) -> dict[str, str]:
 
 
 def _wait_served(fleet: Fleet, workers: int, timeout: float = 90.0) -> None:
-    """Until the leader routes the model to every worker (its node listing shows it on each)."""
-    deadline = time.monotonic() + timeout
-    held = 0
-    while time.monotonic() < deadline:
-        request = urllib.request.Request(fleet.admin_url + "/api/v1/nodes")
-        request.add_header("Authorization", f"Bearer {fleet.key}")
-        with urllib.request.urlopen(request, timeout=10) as response:
-            nodes = json.loads(response.read())
-        held = sum(1 for n in nodes if MODEL in n.get("models", []) and n.get("state") == "ready")
-        if held == workers:
-            return
-        time.sleep(0.3)
-    raise RuntimeError(f"the leader saw {MODEL} ready on {held} of {workers} workers after {timeout}s")
+    """Until the leader routes the model to every worker."""
+    wait_model_ready(fleet.admin_url, fleet.key, MODEL, workers, timeout)

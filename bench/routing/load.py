@@ -161,8 +161,10 @@ async def closed_loop(
     warmup: float = 0.5,
     timeout: float = 30.0,
     grace: float = 5.0,
+    stream: bool = False,
 ) -> Phase:
-    """``concurrency`` clients back to back; counts what completes inside the measured window."""
+    """``concurrency`` clients back to back; counts what completes inside the measured window (``stream``: the body
+    asks a streamed answer, read chunk by chunk for its time to first token)."""
     samples: list[Sample] = []
     counter = iter(range(1 << 62))
     async with _session(concurrency, timeout) as session:
@@ -172,7 +174,7 @@ async def closed_loop(
         async def client() -> None:
             while time.perf_counter() < window[1]:
                 sample = Sample(time.perf_counter())
-                await _send(session, target.url(next(counter)), body, target.headers, False, sample)
+                await _send(session, target.url(next(counter)), body, target.headers, stream, sample)
                 if not sample.ok:
                     sample.done = time.perf_counter()
                 if window[0] <= sample.done <= window[1]:

@@ -9,6 +9,7 @@ the report shows that reason in its row instead of leaving the row out.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -56,6 +57,17 @@ def ensure_installed(spec: PeerSpec, root: Path, timeout: float = 1800) -> Path:
     if marker.is_file() and marker.read_text().strip() == spec.requirement:
         return venv
     root.mkdir(parents=True, exist_ok=True)
+    # Two runs at once (the test suite's smoke runs, in parallel) install one peer once: the second waits, then reuses it.
+    with (root / f"{spec.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if marker.is_file() and marker.read_text().strip() == spec.requirement:
+            return venv
+        _install(spec, venv, root, timeout)
+    return venv
+
+
+def _install(spec: PeerSpec, venv: Path, root: Path, timeout: float) -> None:
+    marker = venv / MARKER
     log = root / f"{spec.name}.install.log"
     with log.open("w") as out:
         steps = (
@@ -78,7 +90,6 @@ def ensure_installed(spec: PeerSpec, root: Path, timeout: float = 1800) -> Path:
             if code != 0:
                 raise PeerUnavailable(f"`{' '.join(argv[-2:])}` failed with exit {code}: {_tail(log)} (log: {log})")
     marker.write_text(spec.requirement + "\n")
-    return venv
 
 
 def _tail(path: Path, lines: int = 2) -> str:
@@ -120,7 +131,7 @@ class RunningPeer:
                 pass
 
 
-def _spawn(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+def spawn(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     full = {**{k: v for k, v in os.environ.items() if not k.startswith("OPOD_")}, "NO_COLOR": "1", **(env or {})}
     with log.open("w") as out:
         # Its own session, so stopping it takes every child with it.
@@ -178,7 +189,7 @@ def start_litellm(venv: Path, engines: list[str], model: str, scratch: Path) -> 
     path.write_text(json.dumps(config))  # YAML is a superset of JSON, so the proxy reads it as its config
     port = free_port()
     log = scratch / "litellm.log"
-    proc = _spawn(
+    proc = spawn(
         [str(venv / "bin" / "litellm"), "--config", str(path), "--host", "127.0.0.1", "--port", str(port)],
         log,
         env={
@@ -275,7 +286,7 @@ def start_vllm_router(
         label,
         f"http://127.0.0.1:{port}",
         {},
-        _spawn(argv, log),
+        spawn(argv, log),
         log,
         metrics_url=f"http://127.0.0.1:{metrics_port}/metrics",
         policy=argv[argv.index("--policy") + 1],
@@ -365,7 +376,7 @@ def start_sglang_router(venv: Path, engines: list[str], model: str, scratch: Pat
     ]
     log = scratch / "sglang-router.log"
     peer = RunningPeer(
-        "sglang-router", "sglang-router (cache_aware)", f"http://127.0.0.1:{port}", {}, _spawn(argv, log), log
+        "sglang-router", "sglang-router (cache_aware)", f"http://127.0.0.1:{port}", {}, spawn(argv, log), log
     )
     _wait_ready(peer, model, 60)
     return peer
@@ -381,7 +392,7 @@ def start_floor(engines: list[str], model: str, scratch: Path) -> RunningPeer:
         "bare Python relay (uvloop + httptools, round robin; a yardstick)",
         f"http://127.0.0.1:{port}",
         {},
-        _spawn(argv, log),
+        spawn(argv, log),
         log,
     )
     _wait_ready(peer, model, 30)

@@ -11,26 +11,11 @@ from rich.table import Table
 from bench.routing import decision, peers, runner
 from bench.routing import goals as goals_mod
 from bench.routing.runner import PathResult, RunResult
-
-DASH = "—"
-
-
-def _ms(seconds: float, signed: bool = False) -> str:
-    if seconds is None or math.isnan(seconds):
-        return DASH
-    return f"{seconds * 1000:+.2f}" if signed else f"{seconds * 1000:.2f}"
+from bench.tables import DASH, md_table, ms, num, percent, save_figure
 
 
 def _s(seconds: float) -> str:
     return DASH if seconds is None or math.isnan(seconds) else f"{seconds:.3f}"
-
-
-def _n(value: float, digits: int = 0) -> str:
-    return DASH if value is None or math.isnan(value) else f"{value:,.{digits}f}"
-
-
-def _pct(value: float) -> str:
-    return DASH if value is None or math.isnan(value) else f"{value:.1%}"
 
 
 Cell = Callable[[PathResult], str]
@@ -42,7 +27,7 @@ def _open_cell(p: PathResult, rate: float) -> str:
     if rate not in p.open:
         return DASH
     s = p.open[rate]
-    return f"{_ms(s.p50)} / {_ms(s.p99)}; {s.errors}"
+    return f"{ms(s.p50)} / {ms(s.p99)}; {s.errors}"
 
 
 def _rows(run: RunResult) -> list[tuple[str, Cell, str]]:
@@ -56,10 +41,10 @@ def _rows(run: RunResult) -> list[tuple[str, Cell, str]]:
     def added_cell(q: int) -> Cell:
         def cell(p: PathResult) -> str:
             if p.key == "direct":
-                return f"{_ms(getattr(p.open[rate], f'p{q}'))} (itself)" if rate in p.open else DASH
+                return f"{ms(getattr(p.open[rate], f'p{q}'))} (itself)" if rate in p.open else DASH
             if rate in p.overloaded:
                 return f"overloaded (capacity {p.overloaded[rate]:,.0f} req/s)"
-            return _ms(goals_mod.added(run, p, rate, q), signed=True)
+            return ms(goals_mod.added(run, p, rate, q), signed=True)
 
         return cell
 
@@ -67,7 +52,7 @@ def _rows(run: RunResult) -> list[tuple[str, Cell, str]]:
         s = p.open.get(rate)
         if s is None or math.isnan(s.own_p50):
             return DASH
-        return f"{_ms(s.own_p50)} / {_ms(s.own_p99)}"
+        return f"{ms(s.own_p50)} / {ms(s.own_p99)}"
 
     def stream_added(attr: str) -> Cell:
         def cell(p: PathResult) -> str:
@@ -75,9 +60,9 @@ def _rows(run: RunResult) -> list[tuple[str, Cell, str]]:
                 return DASH
             value = getattr(p.stream, attr)
             if p.key == "direct":
-                return f"{_ms(value)} (itself)"
+                return f"{ms(value)} (itself)"
             base = getattr(direct.stream, attr) if direct and direct.stream else math.nan
-            return _ms(value - base, signed=True)
+            return ms(value - base, signed=True)
 
         return cell
 
@@ -104,7 +89,7 @@ def _rows(run: RunResult) -> list[tuple[str, Cell, str]]:
         ),
         (
             f"1 short chat: req/s at saturation (best of concurrency {levels[0]}…{levels[-1]})",
-            lambda p: _n(p.saturation),
+            lambda p: num(p.saturation),
             "saturation",
         ),
         (f"1 short chat: added p50 ms at {half}", added_cell(50), "added p50"),
@@ -112,7 +97,7 @@ def _rows(run: RunResult) -> list[tuple[str, Cell, str]]:
         (f"1 short chat: the router's own time p50 / p99 ms at {half} (its Server-Timing)", own_cell, ""),
         (
             f"1 short chat: the router's CPU ms per request at {half} (its processes)",
-            lambda p: _ms(p.cpu_per_request),
+            lambda p: ms(p.cpu_per_request),
             "",
         ),
         ("1 short chat: errors (closed + open loop)", errors_w1, ""),
@@ -122,20 +107,20 @@ def _rows(run: RunResult) -> list[tuple[str, Cell, str]]:
         ("2 streamed: errors", lambda p: DASH if p.stream is None else str(p.stream.errors), ""),
         ("3 shared prefix: TTFT p50 s", prefix(lambda p: _s(p.prefix.ttft_p50)), ""),
         ("3 shared prefix: TTFT p90 s", prefix(lambda p: _s(p.prefix.ttft_p90)), "prefix TTFT p90"),
-        ("3 shared prefix: output tokens/s", prefix(lambda p: _n(p.prefix.output_tps)), "prefix output tok/s"),
+        ("3 shared prefix: output tokens/s", prefix(lambda p: num(p.prefix.output_tps)), "prefix output tok/s"),
         (
             f"3 shared prefix: cache-hit rate (oracle {oracle:.1%})",
             prefix(
                 lambda p: (
-                    f"{_pct(p.prefix_hit_rate)} ({_pct(p.prefix_hit_rate / oracle if oracle else math.nan)} of oracle)"
+                    f"{percent(p.prefix_hit_rate)} ({percent(p.prefix_hit_rate / oracle if oracle else math.nan)} of oracle)"
                 )
             ),
             "prefix cache hits",
         ),
-        (f"3 shared prefix: goodput req/s (TTFT ≤ {slo:g} s)", prefix(lambda p: _n(p.prefix.goodput, 1)), ""),
+        (f"3 shared prefix: goodput req/s (TTFT ≤ {slo:g} s)", prefix(lambda p: num(p.prefix.goodput, 1)), ""),
         (
             "3 shared prefix: error rate",
-            prefix(lambda p: f"{_pct(p.prefix.error_rate)} ({p.prefix.errors}/{p.prefix.sent})"),
+            prefix(lambda p: f"{percent(p.prefix.error_rate)} ({p.prefix.errors}/{p.prefix.sent})"),
             "prefix error rate",
         ),
     ]
@@ -186,12 +171,6 @@ def rich_table(run: RunResult) -> Table:
     return table
 
 
-def _md_table(header: list[str], body: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in body]
-    return lines
-
-
 def markdown(run: RunResult) -> str:
     s = run.settings
     shape, prof = s.prefix, s.profile
@@ -205,7 +184,7 @@ def markdown(run: RunResult) -> str:
         "is meant to set the answer times; the load generator's garbage collector is paused while it measures, and the simulators "
         "freeze their start-up objects, so neither stalls requests in whichever window a collection falls. Columns are the paths; `added` is the path's value minus the direct path's (at the latency goals' load, minus direct measured in turns with the path).",
         "",
-        *_md_table(header, body),
+        *md_table(header, body),
         "",
         "## Paths",
         "",
@@ -224,13 +203,13 @@ def markdown(run: RunResult) -> str:
         "",
         "## 1. Short chat: saturation (closed loop, req/s; p50 ms in brackets)",
         "",
-        *_md_table(
+        *md_table(
             ["concurrency", *[p.key for p in run.paths if p.ran]],
             [
                 [
                     str(c),
                     *[
-                        f"{_n(p.sweep[c].rps)} ({_ms(p.sweep[c].p50)})" if c in p.sweep else DASH
+                        f"{num(p.sweep[c].rps)} ({ms(p.sweep[c].p50)})" if c in p.sweep else DASH
                         for p in run.paths
                         if p.ran
                     ],
@@ -241,14 +220,14 @@ def markdown(run: RunResult) -> str:
         "",
         "## 1. Short chat: open loop, Poisson arrivals (p50 / p99 ms; errors)",
         "",
-        *_md_table(
+        *md_table(
             ["offered req/s", *[p.key for p in run.paths if p.ran]],
             [[f"{rate:,.0f}", *[_open_cell(p, rate) for p in run.paths if p.ran]] for rate in run.offered],
         ),
         "",
         f"## Routing decision (opod's router in process, {decision.WORKERS} workers; µs per decision)",
         "",
-        *_md_table(
+        *md_table(
             ["scenario", "p50 µs", "p99 µs", "decisions", "goal"],
             [
                 [
@@ -336,7 +315,7 @@ def plots(run: RunResult, out: Path) -> list[Path]:
     ax.set_xlabel("concurrent clients")
     ax.set_ylabel("requests/s")
     ax.set_title(f"1 short chat: saturation ({run.cores} cores shared)")
-    written.append(_save(fig, ax, out / "routing-saturation.png", legend_size=7))
+    written.append(save_figure(fig, ax, out / "routing-saturation.png", legend_size=7))
 
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     lowest = 0.0
@@ -359,7 +338,7 @@ def plots(run: RunResult, out: Path) -> list[Path]:
     ax.set_xlabel("offered load (req/s, Poisson)")
     ax.set_ylabel("latency added over direct (ms)")
     ax.set_title("1 short chat: added latency by offered load (goals: p50 ≤ 1 ms, p99 ≤ 5 ms)")
-    written.append(_save(fig, ax, out / "routing-added-latency.png", legend_size=6))
+    written.append(save_figure(fig, ax, out / "routing-added-latency.png", legend_size=6))
 
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     for p in ran:
@@ -370,21 +349,8 @@ def plots(run: RunResult, out: Path) -> list[Path]:
     ax.set_xlabel("time to first token (s)")
     ax.set_ylabel("fraction of answered requests")
     ax.set_title(f"3 shared prefix: TTFT CDF ({run.prefix_requests} requests)")
-    written.append(_save(fig, ax, out / "routing-ttft-cdf.png", legend_size=7))
+    written.append(save_figure(fig, ax, out / "routing-ttft-cdf.png", legend_size=7))
     return written
-
-
-def _save(fig, ax, path: Path, legend_size: int) -> Path:  # type: ignore[no-untyped-def]
-    """Grid, legend (when anything was drawn), then the PNG; the figure is closed."""
-    import matplotlib.pyplot as plt
-
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=legend_size)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
 
 
 def write(run: RunResult, out: Path) -> Path:

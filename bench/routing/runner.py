@@ -224,7 +224,7 @@ def _run_path(
         if result.key not in YARDSTICKS:
             phases.append(("shared prefix", lambda: _prefix(result, target, fleet, settings, trace, step, peer)))
         for name, phase in phases:
-            if not _settle(target, result, name) or not _reset(fleet, result):
+            if not settle(target, result.notes, name) or not _reset(fleet, result):
                 break
             try:
                 phase()
@@ -249,8 +249,9 @@ SETTLE_SECONDS = 180.0
 """How long a path may take to drain what an overload left queued inside it before the next phase."""
 
 
-def _settle(target: load.Target, result: PathResult, phase: str) -> bool:
-    """Wait until the path answers one request promptly, so no phase inherits the last one's backlog.
+def settle(target: load.Target, notes: list[str], phase: str) -> bool:
+    """Wait until the path answers one request promptly, so no phase inherits the last one's backlog; when it does
+    not within ``SETTLE_SECONDS``, say so in ``notes`` and answer False.
 
     An overloaded proxy can keep thousands of abandoned requests queued, and a
     router can hold its circuit breakers open for a while after errors; either
@@ -264,7 +265,7 @@ def _settle(target: load.Target, result: PathResult, phase: str) -> bool:
         if status == 200 and seconds < 2.0:
             return True
         time.sleep(1.0)
-    result.notes.append(
+    notes.append(
         f"stopped before {phase}: the path still answered {status or 'nothing'} ({seconds:.1f} s) "
         f"{SETTLE_SECONDS:.0f} s after the previous phase"
     )

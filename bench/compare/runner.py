@@ -1,0 +1,330 @@
+"""One compare run: the latency fleet, then the zero-latency fleet, each path measured in interleaved rounds.
+
+On the first fleet (the simulator's latency model, as bench/routing runs it) every round sends,
+path after path in an order that turns each round: chats at concurrency 8, then streamed chats at
+concurrency 8, then (once direct's saturation is known) Poisson arrivals at half of it. On the
+second fleet (engines that answer at once) the same rounds find each path's saturation. Rounds are
+interleaved so that a shared machine's drift falls on every path alike; ``added`` compares a path
+with the direct rounds measured beside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.markup import escape
+
+from bench.compare import governance
+from bench.routing import fleet as fleet_mod
+from bench.routing import load, metrics, peers, workloads
+from bench.routing.fleet import Fleet, SimProfile
+from bench.routing.load import Phase, Target
+from bench.routing.runner import Step, settle
+
+PATHS = ("direct", "opod", "sglang-router")
+LABELS = {
+    "direct": "direct (client → engines, round robin, no hop)",
+    "opod": "opod, every governance area on (prefix policy)",
+    "sglang-router": "sglang-router 0.3.2 (cache_aware)",
+}
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Settings:
+    workers: int = 4
+    rounds: int = 3
+    concurrency: int = 8
+    seconds: float = 5.0
+    """Seconds measured per path and round at concurrency 8 (chat, and streamed)."""
+    chat_tokens: int = 8
+    stream_tokens: int = 16
+    capacity_levels: tuple[int, ...] = (128, 256)
+    """Closed-loop concurrencies of direct's saturation on the latency fleet (the open loop's reference)."""
+    capacity_seconds: float = 3.0
+    load_fraction: float = 0.5
+    open_seconds: float = 5.0
+    """Seconds of arrivals per path and round of the open loop."""
+    zero_levels: tuple[int, ...] = (32, 128)
+    """Closed-loop concurrencies of the saturation rounds, on engines that answer at once."""
+    zero_seconds: float = 3.0
+    zero_rounds: int = 2
+    drain: float = 30.0
+    seed: int = 0
+    paths: tuple[str, ...] = PATHS
+    peers_dir: Path = peers.DEFAULT_DIR
+    profile: SimProfile = SimProfile()
+
+
+@dataclass
+class PathRun:
+    key: str
+    label: str
+    ran: bool = True
+    reason: str = ""
+    notes: list[str] = field(default_factory=list)
+    chat: list[Phase] = field(default_factory=list)
+    stream: list[Phase] = field(default_factory=list)
+    open: list[Phase] = field(default_factory=list)
+    saturation: dict[int, list[Phase]] = field(default_factory=dict)
+    cpu_seconds: float = 0.0
+    """CPU of the router's processes over its open-loop rounds (nan for direct)."""
+    side_cpu_seconds: float = 0.0
+    """CPU of what the router calls besides the engines over the same rounds (opod: the guardrail webhook)."""
+    spread: dict[str, list[int]] = field(default_factory=dict)
+    """Phase → requests each engine took from this path over its rounds (how the router placed them)."""
+
+    def requests(self) -> tuple[int, int]:
+        """(answered, failed) over every phase."""
+        phases = [*self.chat, *self.stream, *self.open, *(p for ps in self.saturation.values() for p in ps)]
+        ok = sum(1 for p in phases for s in p.samples if s.ok)
+        return ok, sum(p.sent for p in phases) - ok
+
+    @property
+    def open_sent(self) -> int:
+        return sum(p.sent for p in self.open)
+
+    @property
+    def cpu_per_request(self) -> float:
+        return self.cpu_seconds / self.open_sent if self.open_sent and self.key != "direct" else math.nan
+
+    @property
+    def side_cpu_per_request(self) -> float:
+        return self.side_cpu_seconds / self.open_sent if self.open_sent and self.side_cpu_seconds else math.nan
+
+    def best_saturation(self) -> tuple[float, int]:
+        """(req/s, concurrency) of the best saturation level; (nan, 0) when none answered."""
+        best = (math.nan, 0)
+        for level, phases in self.saturation.items():
+            rps = metrics.latency_summary(load.merge(phases)).rps
+            if rps > 0 and not rps <= best[0]:
+                best = (rps, level)
+        return best
+
+
+@dataclass
+class CompareResult:
+    settings: Settings
+    paths: list[PathRun]
+    command: str
+    commit: str
+    capacity: dict[int, metrics.LatencySummary] = field(default_factory=dict)
+    """Direct's closed loop on the latency fleet, by concurrency."""
+    offered: float = math.nan
+    governance: list[str] = field(default_factory=list)
+    cores: int = field(default_factory=lambda: os.cpu_count() or 0)
+    machine: str = field(
+        default_factory=lambda: f"{platform.machine()}, {platform.python_implementation()} {platform.python_version()}"
+    )
+    started: str = field(default_factory=lambda: time.strftime("%Y-%m-%d %H:%M"))
+    load_before: float = field(default_factory=lambda: os.getloadavg()[0])
+    seconds: float = 0.0
+
+    def path(self, key: str) -> PathRun | None:
+        return next((p for p in self.paths if p.key == key), None)
+
+
+def invocation() -> str:
+    """The command this run was started with, as a user would type it again."""
+    return "python -m bench " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
+def commit() -> str:
+    """The checkout's commit (``+ changes`` when its tracked files differ from it); "unknown" outside git."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    if head.returncode != 0:
+        return "unknown"
+    return head.stdout.strip() + (" + uncommitted changes" if dirty.stdout.strip() else "")
+
+
+@dataclass
+class Lane:
+    """One path on one fleet: where its requests go and what runs for it."""
+
+    run: PathRun
+    target: Target
+    stops: list[Callable[[], None]] = field(default_factory=list)
+    side_pid: int | None = None
+
+
+def run(settings: Settings, step: Step, say: Callable[[str], None]) -> CompareResult:
+    began = time.monotonic()
+    result = CompareResult(
+        settings, [PathRun(k, LABELS[k]) for k in PATHS if k in settings.paths], invocation(), commit()
+    )
+    with tempfile.TemporaryDirectory(prefix="opod-bench-compare-") as scratch_name:
+        scratch = Path(scratch_name)
+        say(f"starting the latency fleet: an opod leader and {settings.workers} workers, one simulator engine each")
+        _on_fleet(
+            scratch / "latency",
+            settings.profile,
+            settings,
+            result,
+            say,
+            lambda lanes, fleet: _latency(lanes, fleet, settings, result, step),
+        )
+        zero = SimProfile(time_scale=0.0, max_num_seqs=1024, seed=settings.seed)
+        say("starting the zero-latency fleet (engines that answer at once)")
+        _on_fleet(
+            scratch / "zero", zero, settings, result, say, lambda lanes, fleet: _saturation(lanes, settings, step)
+        )
+    result.seconds = time.monotonic() - began
+    return result
+
+
+def _on_fleet(
+    scratch: Path,
+    profile: SimProfile,
+    settings: Settings,
+    result: CompareResult,
+    say: Callable[[str], None],
+    measure: Callable[[list[Lane], Fleet], None],
+) -> None:
+    scratch.mkdir(parents=True)
+    fleet = fleet_mod.start(scratch / "fleet", settings.workers, profile, on_step=say)
+    lanes: list[Lane] = []
+    try:
+        for path in result.paths:
+            if not path.ran:
+                continue
+            lane = _lane(path, fleet, settings, scratch, result, say)
+            if lane is not None:
+                lanes.append(lane)
+        measure(lanes, fleet)
+    finally:
+        for lane in lanes:
+            for stop in lane.stops:
+                stop()
+        fleet.stop()
+
+
+def _lane(
+    path: PathRun, fleet: Fleet, settings: Settings, scratch: Path, result: CompareResult, say: Callable[[str], None]
+) -> Lane | None:
+    if path.key == "direct":
+        return Lane(path, Target("direct", tuple(fleet.engines)))
+    if path.key == "opod":
+        say("opod: an org, team and project, its key, a price, a budget, kept bodies and a guardrail (opod ctl)")
+        governed = governance.enable(fleet, scratch)
+        result.governance.append(governed.check)
+        target = Target("opod", (fleet.url,), {"Authorization": f"Bearer {governed.key}"}, fleet.leader.proc.pid)
+        return Lane(path, target, [governed.stop], governed.webhook.proc.pid)
+    spec = peers.SPECS["sglang-router"]
+    try:
+        if not (settings.peers_dir / spec.name / peers.MARKER).is_file():
+            say(
+                escape(
+                    f"installing {spec.requirement} into {settings.peers_dir / spec.name} (first time only: {spec.first_install})"
+                )
+            )
+        venv = peers.ensure_installed(spec, settings.peers_dir)
+        say("starting sglang-router")
+        peer = peers.start_sglang_router(venv, fleet.engines, fleet_mod.MODEL, scratch)
+    except peers.PeerUnavailable as err:
+        path.ran, path.reason = False, str(err)
+        say(f"[yellow]sglang-router not run:[/] {escape(str(err))}")
+        return None
+    return Lane(path, Target("sglang-router", (peer.url,), peer.headers, peer.proc.pid), [peer.stop])
+
+
+def _turns(lanes: list[Lane], rounds: int) -> list[list[Lane]]:
+    """Each round's order: the paths turned by one each round, so none always goes first."""
+    return [lanes[r % len(lanes) :] + lanes[: r % len(lanes)] for r in range(rounds)] if lanes else []
+
+
+def _ready(lane: Lane, phase: str) -> bool:
+    if settle(lane.target, lane.run.notes, phase):
+        return True
+    lane.run.ran, lane.run.reason = False, f"no prompt answer before {phase}"
+    return False
+
+
+def _placed(fleet: Fleet, run: PathRun, phase: str, before: list[int]) -> None:
+    moved = [after - was for after, was in zip(fleet.served(), before)]
+    run.spread[phase] = [a + b for a, b in zip(run.spread.get(phase, [0] * len(moved)), moved)]
+
+
+def _latency(lanes: list[Lane], fleet: Fleet, settings: Settings, result: CompareResult, step: Step) -> None:
+    chat = workloads.short_chat_body(max_tokens=settings.chat_tokens)
+    streamed = workloads.stream_chat_body(max_tokens=settings.stream_tokens)
+    c = settings.concurrency
+    for name, body, stream, sink in (
+        (f"chat at concurrency {c}", chat, False, "chat"),
+        (f"streamed chat at concurrency {c}", streamed, True, "stream"),
+    ):
+        advance = step(name, settings.rounds * len(lanes))
+        for order in _turns(lanes, settings.rounds):
+            for lane in order:
+                if lane.run.ran and _ready(lane, name):
+                    before = fleet.served()
+                    phase = asyncio.run(load.closed_loop(lane.target, body, c, settings.seconds, stream=stream))
+                    getattr(lane.run, sink).append(phase)
+                    _placed(fleet, lane.run, name, before)
+                advance()
+    direct = next((lane for lane in lanes if lane.run.key == "direct"), None)
+    if direct is None:
+        return
+    advance = step("direct's saturation (the open loop's reference)", len(settings.capacity_levels))
+    for level in settings.capacity_levels:
+        phase = asyncio.run(load.closed_loop(direct.target, chat, level, settings.capacity_seconds))
+        result.capacity[level] = metrics.latency_summary(phase)
+        advance()
+    capacity = metrics.saturation(result.capacity)
+    if not capacity > 0:
+        direct.run.notes.append("direct answered nothing at saturation, so the open loop did not run")
+        return
+    result.offered = rate = round(capacity * settings.load_fraction, 1)
+    arrivals = workloads.poisson_arrivals(rate, settings.open_seconds, settings.seed)
+    schedule = [(at, chat) for at in arrivals]
+    advance = step(f"chat, open loop at {rate:,.0f} req/s", settings.rounds * len(lanes) * len(schedule))
+    for order in _turns(lanes, settings.rounds):
+        for lane in order:
+            if not (lane.run.ran and _ready(lane, f"the open loop at {rate:,.0f} req/s")):
+                continue
+            pid, side = lane.target.pid, lane.side_pid
+            before = (load.cpu_seconds(pid) if pid else 0.0, load.cpu_seconds(side) if side else 0.0)
+            served = fleet.served()
+            phase = asyncio.run(load.open_loop(lane.target, schedule, stream=False, drain=settings.drain, tick=advance))
+            lane.run.open.append(phase)
+            _placed(fleet, lane.run, f"the open loop at {rate:,.0f} req/s", served)
+            if pid:
+                lane.run.cpu_seconds += load.cpu_seconds(pid) - before[0]
+            if side:
+                lane.run.side_cpu_seconds += load.cpu_seconds(side) - before[1]
+
+
+def _saturation(lanes: list[Lane], settings: Settings, step: Step) -> None:
+    chat = workloads.short_chat_body(max_tokens=settings.chat_tokens)
+    advance = step(
+        "saturation, engines that answer at once", settings.zero_rounds * len(settings.zero_levels) * len(lanes)
+    )
+    for order in _turns(lanes, settings.zero_rounds):
+        for level in settings.zero_levels:
+            for lane in order:
+                if lane.run.ran and _ready(lane, f"saturation at concurrency {level}"):
+                    phase = asyncio.run(load.closed_loop(lane.target, chat, level, settings.zero_seconds))
+                    lane.run.saturation.setdefault(level, []).append(phase)
+                advance()
