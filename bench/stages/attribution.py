@@ -212,12 +212,12 @@ def attribute(stats: pstats.Stats, named: dict[Func, str], rounds: int = 40) -> 
                 continue
             mix: dict[str, float] = defaultdict(float)
             looped = 0.0
-            for caller, seconds in callers[func].items():
+            for caller, edge in callers[func].items():
                 if _is_loop(caller):
-                    looped += seconds
+                    looped += edge
                     continue
                 for stage, share in weights.get(caller, {SERVER: 1.0}).items():
-                    mix[stage] += seconds * share
+                    mix[stage] += edge * share
             if not callers[func] or looped:
                 rest = looped or 1.0
                 package = _package(func)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import typer
@@ -16,7 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from bench.stages import measure
-from bench.stages.fleet import ALL_OFF, ALL_ON, CONFIGS, Webhook, start_all, stop_all
+from bench.stages.fleet import ALL_OFF, ALL_ON, CONFIGS, Member, Webhook, start_all, stop_all
 from bench.stages.report import Run, tables, write
 
 console = Console(width=None if sys.stdout.isatty() else 150)
@@ -41,6 +42,7 @@ def command(
     timed: int = typer.Option(200, help="Sequential requests whose Server-Timing is read."),
     flames: bool = typer.Option(True, "--flames/--no-flames", help="py-spy flame graphs, when py-spy is installed."),
     flame_seconds: float = typer.Option(8.0, help="Seconds py-spy records each leader."),
+    saturation_seconds: float = typer.Option(3.0, help="Seconds of the closed loop that finds a leader's saturation."),
     results_dir: Path = typer.Option(RESULTS, "--results-dir", help="Where stages.md, stages.json and SVGs go."),
 ) -> None:
     """A /v1 chat request's cost by stage (profiled leader), and each governance area on and off."""
@@ -51,20 +53,20 @@ def command(
     results_dir.mkdir(parents=True, exist_ok=True)
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"))
     hook = Webhook()
-    members: dict = {}
+    members: dict[str, Member] = {}
     try:
         with tempfile.TemporaryDirectory(prefix="bench-stages-") as scratch:
             with console.status(f"starting {len(CONFIGS)} leaders, each with an opod join worker and a simulator"):
                 members = start_all(CONFIGS, Path(scratch), hook.url)
             with Progress(*columns, TimeElapsedColumn(), console=console) as progress:
                 task = progress.add_task("areas on and off: interleaved rounds", total=rounds * len(members))
-                by_config = measure.on_off(members, rate, seconds, rounds, warm, lambda: progress.advance(task))
+                by_config = measure.on_off(members, rate, seconds, rounds, warm, partial(progress.advance, task))
                 passes = []
                 for clock in ("cpu", "wall"):
                     task = progress.add_task(f"profiled pass, {clock} clock: requests", total=requests)
                     passes.append(
                         measure.profiled(
-                            members[ALL_ON], clock, requests, rate, Path(scratch), lambda t=task: progress.advance(t)
+                            members[ALL_ON], clock, requests, rate, Path(scratch), partial(progress.advance, task)
                         )
                     )
                 with console.status("Server-Timing of sequential requests"):
@@ -75,7 +77,12 @@ def command(
                         task = progress.add_task(f"py-spy on '{name}' at half its saturation: requests")
                         drawn.append(
                             measure.flame(
-                                members[name], spy, flame_seconds, results_dir, lambda t=task: progress.advance(t)
+                                members[name],
+                                spy,
+                                flame_seconds,
+                                saturation_seconds,
+                                results_dir,
+                                partial(progress.advance, task),
                             )
                         )
     finally:

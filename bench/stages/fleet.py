@@ -18,6 +18,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bench.procs import Proc, free_port
 from bench.tenancy_overhead import BODY, MODEL, _admin, _headers
@@ -141,7 +142,7 @@ class Member:
         if settings:
             self.admin("PUT", "/api/v1/settings", {"base": 0, "body": settings})
 
-    def admin(self, method: str, path: str, body: dict | None = None) -> dict:
+    def admin(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         return _admin(self.admin_url, self.admin_key, method, path, body)
 
     def answers(self, timeout: float = 120) -> None:
@@ -160,7 +161,8 @@ class Member:
             except OSError as err:
                 said = str(err)
             time.sleep(0.3)
-        raise RuntimeError(f"{self.config.name}: no answer within {timeout:.0f}s: {said}")
+        told = "\n".join(self.leader.lines[-15:] + (self.worker.lines[-15:] if self.worker else []))
+        raise RuntimeError(f"{self.config.name}: no answer within {timeout:.0f}s: {said}\n{told}")
 
     def stop(self) -> None:
         if self.worker is not None:
@@ -187,8 +189,16 @@ def start_all(configs: list[Config], scratch: Path, webhook: str) -> dict[str, M
 
 
 def stop_all(members: dict[str, Member]) -> None:
-    for member in members.values():
-        member.stop()
+    """Every process told to stop at once, so their graceful stops overlap; then each waited for."""
+    procs = [m.leader for m in members.values()] + [m.worker for m in members.values() if m.worker is not None]
+    for proc in procs:
+        if proc.proc.poll() is None:
+            proc.proc.send_signal(signal.SIGINT)
+    for proc in procs:
+        try:
+            proc.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.stop()
 
 
 class Webhook:

@@ -25,6 +25,8 @@ from bench.tenancy_overhead import BODY
 
 PAYLOAD = json.dumps(BODY).encode()
 Tick = Callable[[], None]
+CLIENTS = 32
+"""Clients of the closed loop that finds a leader's saturation."""
 
 
 @dataclass
@@ -198,17 +200,21 @@ class Flame:
     saturation_rps: float
     rate: float
     files: list[str]
+    errors: int
+    """Requests refused or failed, in the closed loop and while recording."""
 
 
-def flame(member: Member, spy: str, seconds: float, out: Path, tick: Tick) -> Flame:
+def flame(member: Member, spy: str, seconds: float, saturation_s: float, out: Path, tick: Tick) -> Flame:
     """py-spy's flame graph (and a speedscope profile) of the leader at half its saturation."""
-    capacity = asyncio.run(loadgen.closed_loop(member.chat_url, PAYLOAD, member.headers(), 32, 3.0, warmup=0.5))
+    capacity = asyncio.run(
+        loadgen.closed_loop(member.chat_url, PAYLOAD, member.headers(), CLIENTS, saturation_s, warmup=0.5)
+    )
     rate = capacity.rps / 2
     name = member.config.name
     files = [f"stages-{name}.svg", f"stages-{name}.speedscope.json"]
     recorders = [
         subprocess.Popen(
-            [spy, "record", "--pid", str(member.pid), "--duration", str(int(seconds)), "--nonblocking"]
+            [spy, "record", "--pid", str(member.pid), "--duration", str(max(1, round(seconds))), "--nonblocking"]
             + ["--format", kind, "--output", str(out / file)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -217,7 +223,7 @@ def flame(member: Member, spy: str, seconds: float, out: Path, tick: Tick) -> Fl
         for kind, file in zip(("flamegraph", "speedscope"), files, strict=True)
     ]
     try:
-        asyncio.run(loadgen.open_loop(member.chat_url, PAYLOAD, member.headers(), rate, seconds + 1.0, tick=tick))
+        got = asyncio.run(loadgen.open_loop(member.chat_url, PAYLOAD, member.headers(), rate, seconds + 1.0, tick=tick))
         for recorder in recorders:
             _, said = recorder.communicate(timeout=60)
             if recorder.returncode != 0:
@@ -227,4 +233,4 @@ def flame(member: Member, spy: str, seconds: float, out: Path, tick: Tick) -> Fl
             if recorder.poll() is None:
                 recorder.kill()
                 recorder.wait()
-    return Flame(name, capacity.rps, rate, files)
+    return Flame(name, capacity.rps, rate, files, capacity.errors + got.errors)

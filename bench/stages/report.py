@@ -10,7 +10,7 @@ from rich.table import Table
 
 from bench.stages.attribution import ORDER
 from bench.stages.fleet import ALL_OFF, ALL_ON, CONFIGS
-from bench.stages.measure import Flame, Profiled, Rounds
+from bench.stages.measure import CLIENTS, Flame, Profiled, Rounds
 
 
 @dataclass
@@ -220,8 +220,8 @@ def markdown(run: Run) -> str:
         for f in run.flames:
             links = ", ".join(f"[{name}]({name})" for name in f.files)
             lines.append(
-                f"- {f.config}: saturation {f.saturation_rps:.0f} req/s (closed loop, 32 clients), "
-                f"recorded at {f.rate:.0f} req/s: {links}"
+                f"- {f.config}: saturation {f.saturation_rps:.0f} req/s (closed loop, {CLIENTS} clients), "
+                f"recorded at {f.rate:.0f} req/s, {f.errors} errors: {links}"
             )
     else:
         lines.append(f"Skipped: {run.flames_skipped}")

@@ -22,8 +22,8 @@ REPO = Path(__file__).resolve().parents[2]
 def test_the_smallest_run_writes_every_stage_and_every_configuration(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPOD_")}
     env["PYTHONPATH"] = str(REPO)
-    args = ["--requests", "30", "--rate", "40", "--seconds", "1", "--rounds", "1", "--warm", "0.5"]
-    args += ["--timed", "10", "--flame-seconds", "2", "--results-dir", str(tmp_path)]
+    args = ["--requests", "24", "--rate", "40", "--seconds", "0.6", "--rounds", "1", "--warm", "0.2"]
+    args += ["--timed", "10", "--flame-seconds", "1", "--saturation-seconds", "1", "--results-dir", str(tmp_path)]
     done = subprocess.run(
         [sys.executable, "-m", "bench", "stages", *args],
         cwd=REPO,
