@@ -24,11 +24,18 @@ def free_port() -> int:
 
 
 class Proc:
-    def __init__(self, args: list[str], home: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, args: list[str], home: Path, env: dict[str, str] | None = None, program: list[str] | None = None
+    ) -> None:
         base = {k: v for k, v in os.environ.items() if not k.startswith("OPOD_")}
         base.update(OPOD_HOME=str(home), PYTHONUNBUFFERED="1", COLUMNS="200", NO_COLOR="1", **(env or {}))
         self.proc = subprocess.Popen(
-            OPOD + args, env=base, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+            (program or OPOD) + args,
+            env=base,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
         )
         self.lines: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()

@@ -1,0 +1,239 @@
+"""The leaders the stages bench measures: one per governance configuration, each with an ``opod join`` worker.
+
+Every leader runs ``opod up --no-worker`` under the profiling launcher (:mod:`bench.stages.launch`), and
+one worker joins it with a zero-latency simulator, so the engine is not the cost. Each configuration
+turns on governance areas the way a user does: the tenancy tree and a project's key through
+``/api/v1``, prices, budgets and kept bodies in the settings, guardrails in a mounted policy file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.procs import Proc, free_port
+from bench.tenancy_overhead import BODY, MODEL, _admin, _headers
+
+LAUNCH = [sys.executable, "-m", "bench.stages.launch"]
+REPO = Path(__file__).resolve().parents[2]
+SIMULATOR = {"time_scale": 0, "max_num_seqs": 1024}
+BIG = 10**15
+"""A budget no run comes near: the reservation and settlement are measured, never a refusal."""
+
+
+@dataclass(frozen=True)
+class Areas:
+    """Which governance areas a configuration turns on."""
+
+    tenancy: bool = False
+    budget: bool = False
+    bodies: bool = False
+    guardrail: bool = False
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    label: str
+    areas: Areas
+    base: str
+    """The configuration it is compared with: the difference is what its area adds."""
+
+
+CONFIGS = [
+    Config("nothing", "nothing (admin key, no tenancy)", Areas(), ""),
+    Config("tenancy", "+ tenancy (a project's key)", Areas(tenancy=True), "nothing"),
+    Config("budget", "+ price & budget", Areas(tenancy=True, budget=True), "tenancy"),
+    Config("bodies", "+ kept bodies (retention on)", Areas(tenancy=True, bodies=True), "tenancy"),
+    Config("guardrail", "+ guardrails (one pre, one post webhook)", Areas(tenancy=True, guardrail=True), "tenancy"),
+    Config("all", "all on", Areas(True, True, True, True), "nothing"),
+]
+ALL_ON, ALL_OFF = "all", "nothing"
+
+
+def settings_body(areas: Areas) -> str:
+    """The cluster settings' YAML for ``areas``: prices and a budget on each level, retention of bodies."""
+    text = ""
+    if areas.budget:
+        text += (
+            "prices:\n  '*': {input_per_million: 0.5, output_per_million: 1.5}\n"
+            f"budgets:\n  - {{scope: org:acme, period: month, micros: {BIG}}}\n"
+            f"  - {{scope: team:acme/ml, period: week, micros: {BIG}}}\n"
+            f"  - {{scope: project:acme/ml/chat, period: day, micros: {BIG}}}\n"
+        )
+    if areas.bodies:
+        text += "retention:\n  bodies: true\n"
+    return text
+
+
+def policy_file(path: Path, webhook: str) -> None:
+    """The policy a manager mounts: one guardrail before the engine and one after it, both on ``webhook``."""
+    rules = [{"id": "screen", "phase": "pre", "url": webhook + "/pre"}]
+    rules.append({"id": "answers", "phase": "post", "url": webhook + "/post"})
+    path.write_text(json.dumps({"revision": "bench-stages", "guardrails": rules}))
+
+
+class Member:
+    """One configuration's leader and its worker."""
+
+    def __init__(self, config: Config, scratch: Path, webhook: str) -> None:
+        self.config = config
+        self.home = scratch / config.name
+        (self.home / "leader").mkdir(parents=True)
+        self.request_file = self.home / "profile-request.json"
+        env = {"STAGES_PROFILE_REQUEST": str(self.request_file), "PYTHONPATH": str(REPO)}
+        if config.areas.guardrail:
+            policy = self.home / "policy.json"
+            policy_file(policy, webhook)
+            env["OPOD_POLICY_FILE"] = str(policy)
+        port, self.admin_port = free_port(), free_port()
+        args = ["up", "--no-worker", "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{self.admin_port}"]
+        self.leader = Proc([*args, "--no-default-models"], self.home / "leader", env=env, program=LAUNCH)
+        self.url = f"http://127.0.0.1:{port}"
+        self.admin_url = f"http://127.0.0.1:{self.admin_port}"
+        self.worker: Proc | None = None
+        self.key = ""
+        self.admin_key = ""
+
+    @property
+    def pid(self) -> int:
+        return self.leader.proc.pid
+
+    @property
+    def chat_url(self) -> str:
+        return self.url + "/v1/chat/completions"
+
+    def headers(self) -> dict[str, str]:
+        return _headers(self.key)
+
+    def join(self) -> None:
+        """Once the leader listens: a node token, and a worker with the simulator joins with it."""
+        self.leader.wait_for("OpenAI API on", 90)
+        self.admin_key = self.key = (self.home / "leader" / "admin.key").read_text().strip()
+        token = self.admin("POST", "/api/v1/node-tokens", {"name": "bench"})["secret"]
+        listen = f"127.0.0.1:{free_port()}"
+        env = {"OPOD_ENGINE_FLAGS": json.dumps(SIMULATOR), "OPOD_NODE_ID": f"n_{self.config.name}"}
+        args = ["join", self.url, "--token", token, "--engine", "sim", "--listen", listen]
+        self.worker = Proc(args, self.home / "worker", env=env)
+
+    def configure(self) -> None:
+        """The model added, and the configuration's areas turned on as a user does."""
+        self.admin("POST", "/api/v1/models", {"name": MODEL, "profiles": [{"engine": "sim"}]})
+        areas = self.config.areas
+        if areas.tenancy:
+            for path, body in (
+                ("/api/v1/orgs", {"name": "acme"}),
+                ("/api/v1/teams", {"name": "ml", "in": "acme"}),
+                ("/api/v1/projects", {"name": "chat", "in": "acme/ml"}),
+            ):
+                self.admin("POST", path, body)
+            made = self.admin("POST", "/api/v1/keys", {"name": "bench", "project": "acme/ml/chat"})
+            self.key = made["secret"]
+        settings = settings_body(areas)
+        if settings:
+            self.admin("PUT", "/api/v1/settings", {"base": 0, "body": settings})
+
+    def admin(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        return _admin(self.admin_url, self.admin_key, method, path, body)
+
+    def answers(self, timeout: float = 120) -> None:
+        """Wait until a chat request with the configuration's key is answered 200."""
+        body = json.dumps(BODY).encode()
+        deadline = time.monotonic() + timeout
+        said = ""
+        while time.monotonic() < deadline:
+            request = urllib.request.Request(self.chat_url, data=body, headers=self.headers(), method="POST")
+            try:
+                with urllib.request.urlopen(request, timeout=10) as answer:
+                    if answer.status == 200:
+                        return
+            except urllib.error.HTTPError as err:
+                said = f"{err.code} {err.read()[:200]!r}"
+            except OSError as err:
+                said = str(err)
+            time.sleep(0.3)
+        told = "\n".join(self.leader.lines[-15:] + (self.worker.lines[-15:] if self.worker else []))
+        raise RuntimeError(f"{self.config.name}: no answer within {timeout:.0f}s: {said}\n{told}")
+
+    def stop(self) -> None:
+        if self.worker is not None:
+            self.worker.stop()
+        self.leader.stop()
+
+
+def start_all(configs: list[Config], scratch: Path, webhook: str) -> dict[str, Member]:
+    """Every configuration's leader started at once, then each worker, each configured, each answering."""
+    members: dict[str, Member] = {}
+    try:
+        for config in configs:
+            members[config.name] = Member(config, scratch, webhook)
+        for member in members.values():
+            member.join()
+        for member in members.values():
+            member.configure()
+        for member in members.values():
+            member.answers()
+    except BaseException:
+        stop_all(members)
+        raise
+    return members
+
+
+def stop_all(members: dict[str, Member]) -> None:
+    """Every process told to stop at once, so their graceful stops overlap; then each waited for."""
+    procs = [m.leader for m in members.values()] + [m.worker for m in members.values() if m.worker is not None]
+    for proc in procs:
+        if proc.proc.poll() is None:
+            proc.proc.send_signal(signal.SIGINT)
+    for proc in procs:
+        try:
+            proc.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.stop()
+
+
+class Webhook:
+    """The guardrail webhook (:mod:`bench.stages.webhook`) in a process of its own."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.stages.webhook", str(self.port)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """The process's CPU seconds (user + system, every thread) and its main thread's (the event loop's)."""
+    return _stat_cpu(Path(f"/proc/{pid}/stat")), _stat_cpu(Path(f"/proc/{pid}/task/{pid}/stat"))
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _stat_cpu(path: Path) -> float:
+    fields = path.read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
