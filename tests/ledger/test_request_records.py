@@ -118,6 +118,12 @@ async def test_bodies_are_written_in_batches_and_a_full_queue_drops_and_counts(s
     assert (store.get_request_body("a").response, keeper.written, keeper.waiting) == ("hi", 2, 0)
     store.keep_request_bodies([body("a", text='{"again": true}')])  # a reused request id: the newest body is kept
     assert store.get_request_body("a").request == '{"again": true}'
+    # Twice in one batch, and beside a new one: one statement for the batch, the last body of an id kept.
+    written = store.keep_request_bodies(
+        [body("a", text='{"third": 1}'), body("b", text='{"b": 1}'), body("a", text='{"fourth": 1}')]
+    )
+    assert written == 2 and store.get_request_body("a").request == '{"fourth": 1}'
+    assert store.get_request_body("b").request == '{"b": 1}'
 
 
 async def test_retention_deletes_expired_bodies_only(ledger: Ledger, store: Store) -> None:

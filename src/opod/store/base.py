@@ -66,6 +66,13 @@ class Repository:
             return postgresql.insert(table).values(values).on_conflict_do_update(index_elements=on, set_=update)
         return sqlite.insert(table).values(values).on_conflict_do_update(index_elements=on, set_=update)
 
+    def _upsert_rows(self, table: Table, *, on: list[str]) -> Insert:
+        """One INSERT for many rows (executed with a list of values), each row replacing every other column of
+        the row it meets on ``on``: a batch is one statement, compiled once, not one per row."""
+        insert = postgresql.insert(table) if self.engine.dialect.name == "postgresql" else sqlite.insert(table)
+        update = {c.name: insert.excluded[c.name] for c in table.columns if c.name not in on}
+        return insert.on_conflict_do_update(index_elements=on, set_=update)
+
 
 def now() -> datetime:
     return datetime.now(UTC)

@@ -75,13 +75,12 @@ class RequestsRepo(Repository):
 
     def keep_request_bodies(self, rows: Sequence[RequestBody]) -> int:
         """Store the bodies in one transaction (a request id kept before is replaced); how many were written."""
-        values = [_body_values(row) for row in rows]
+        # The last body offered for a request id wins; one statement may meet each row once.
+        values = list({value["request_id"]: value for value in map(_body_values, rows)}.values())
         if not values:
             return 0
         with self._write() as conn:
-            for value in values:
-                update = {k: v for k, v in value.items() if k != "request_id"}
-                conn.execute(self._upsert(request_bodies, value, on=["request_id"], update=update))
+            conn.execute(self._upsert_rows(request_bodies, on=["request_id"]), values)
         return len(values)
 
     def get_request_body(self, request_id: str) -> RequestBody:
