@@ -23,6 +23,9 @@ MAX_WAITING = 2_000
 MAX_WAITING_BYTES = 64 << 20
 BATCH = 200
 IDLE_WAKE_S = 1.0
+GATHER_S = 0.1
+"""How long a batch gathers bodies before it is written: one transaction for many, where one per body would cost
+the store a transaction per request."""
 
 
 class BodyKeeper:
@@ -83,6 +86,8 @@ class BodyKeeper:
         try:
             while not stop.is_set():
                 self._wake.clear()
+                if len(self._waiting) < BATCH:
+                    await wait_any(GATHER_S, stop)
                 await self.flush()
                 if not self._waiting:
                     await wait_any(IDLE_WAKE_S, self._wake, stop)
