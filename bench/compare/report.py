@@ -146,6 +146,9 @@ def markdown(run: CompareResult, name: str) -> str:
         f"- **Rounds**: {s.rounds} rounds; in each, every path in turn (the order turns by one path each round), so drift on "
         "a shared machine falls on every path alike; `added` is the path's percentile over its rounds minus direct's over "
         "the rounds beside them. Before each turn the harness waits until the path answers one request within 2 s.",
+        "- **Prompts**: every phase sends short chats in turn, each opening with its own number, so no router can place "
+        "one by a prefix it has seen: the table compares the routers' own overhead and load balance (prefix routing is "
+        "`python -m bench routing`'s shared-prefix phase).",
         f"- **Chat at concurrency {s.concurrency}**: {s.concurrency} clients back to back, {s.seconds:g} s measured per "
         f"path and round after 0.5 s of warm-up; {s.chat_tokens} answer tokens, not streamed; latency to the last byte. "
         f"**Streamed**: the same with {s.stream_tokens} answer tokens streamed; TTFT is the time to the first text chunk.",

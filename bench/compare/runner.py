@@ -33,6 +33,8 @@ from bench.routing.load import Phase, Target
 from bench.routing.runner import Step, settle
 
 PATHS = ("direct", "opod", "sglang-router")
+DISTINCT = 4096
+"""Chats sent in turn, each opening with its own number (``workloads.distinct_chat_bodies``)."""
 LABELS = {
     "direct": "direct (client → engines, round robin, no hop)",
     "opod": "opod, every governance area on (prefix policy)",
@@ -268,8 +270,8 @@ def _placed(fleet: Fleet, run: PathRun, phase: str, before: list[int]) -> None:
 
 
 def _latency(lanes: list[Lane], fleet: Fleet, settings: Settings, result: CompareResult, step: Step) -> None:
-    chat = workloads.short_chat_body(max_tokens=settings.chat_tokens)
-    streamed = workloads.stream_chat_body(max_tokens=settings.stream_tokens)
+    chat = workloads.distinct_chat_bodies(DISTINCT, settings.chat_tokens)
+    streamed = workloads.distinct_chat_bodies(DISTINCT, settings.stream_tokens, stream=True)
     c = settings.concurrency
     for name, body, stream, sink in (
         (f"chat at concurrency {c}", chat, False, "chat"),
@@ -298,7 +300,7 @@ def _latency(lanes: list[Lane], fleet: Fleet, settings: Settings, result: Compar
         return
     result.offered = rate = round(capacity * settings.load_fraction, 1)
     arrivals = workloads.poisson_arrivals(rate, settings.open_seconds, settings.seed)
-    schedule = [(at, chat) for at in arrivals]
+    schedule = [(at, chat[i % len(chat)]) for i, at in enumerate(arrivals)]
     advance = step(f"chat, open loop at {rate:,.0f} req/s", settings.rounds * len(lanes) * len(schedule))
     for order in _turns(lanes, settings.rounds):
         for lane in order:
@@ -317,7 +319,7 @@ def _latency(lanes: list[Lane], fleet: Fleet, settings: Settings, result: Compar
 
 
 def _saturation(lanes: list[Lane], settings: Settings, step: Step) -> None:
-    chat = workloads.short_chat_body(max_tokens=settings.chat_tokens)
+    chat = workloads.distinct_chat_bodies(DISTINCT, settings.chat_tokens)
     advance = step(
         "saturation, engines that answer at once", settings.zero_rounds * len(settings.zero_levels) * len(lanes)
     )

@@ -155,7 +155,7 @@ def _usage(data: bytes) -> int | None:
 
 async def closed_loop(
     target: Target,
-    body: bytes,
+    body: bytes | Sequence[bytes],
     concurrency: int,
     seconds: float,
     warmup: float = 0.5,
@@ -164,7 +164,8 @@ async def closed_loop(
     stream: bool = False,
 ) -> Phase:
     """``concurrency`` clients back to back; counts what completes inside the measured window (``stream``: the body
-    asks a streamed answer, read chunk by chunk for its time to first token)."""
+    asks a streamed answer, read chunk by chunk for its time to first token). A list of bodies is sent in turn."""
+    bodies = [body] if isinstance(body, bytes) else list(body)
     samples: list[Sample] = []
     counter = iter(range(1 << 62))
     async with _session(concurrency, timeout) as session:
@@ -174,7 +175,8 @@ async def closed_loop(
         async def client() -> None:
             while time.perf_counter() < window[1]:
                 sample = Sample(time.perf_counter())
-                await _send(session, target.url(next(counter)), body, target.headers, stream, sample)
+                n = next(counter)
+                await _send(session, target.url(n), bodies[n % len(bodies)], target.headers, stream, sample)
                 if not sample.ok:
                     sample.done = time.perf_counter()
                 if window[0] <= sample.done <= window[1]:

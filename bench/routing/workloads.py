@@ -43,6 +43,22 @@ def stream_chat_body(model: str = MODEL, max_tokens: int = 32) -> bytes:
     ).encode()
 
 
+def distinct_chat_bodies(count: int, max_tokens: int = 8, stream: bool = False) -> list[bytes]:
+    """``count`` chats that each open with their own number: no router can place one by a prefix it saw, so a
+    comparison measures the routers' own cost and their load balance, not their cache affinity."""
+    out = []
+    for i in range(count):
+        body: dict[str, object] = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": f"{i}: hello there, how are you"}],
+            "max_tokens": max_tokens,
+        }
+        if stream:
+            body.update(stream=True, stream_options={"include_usage": True})
+        out.append(json.dumps(body).encode())
+    return out
+
+
 def poisson_arrivals(rate: float, seconds: float, seed: int) -> list[float]:
     """Send times (seconds from the start) of a Poisson process at ``rate`` per second."""
     if rate <= 0 or seconds <= 0:
