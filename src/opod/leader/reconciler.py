@@ -37,7 +37,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
 
 from opod.catalog.definition import fingerprint
-from opod.contract import nodeapi
 from opod.fleet.liveness import HEARTBEAT_MAX_AGE
 from opod.fleet.models import ANY_NODE, KnownModel, ModelRegistry
 from opod.fleet.placed import CLASSES, Held, Rejection
@@ -45,9 +44,11 @@ from opod.fleet.placement import Planner
 from opod.fleet.quotas import Amount, QuotaTable
 from opod.fleet.scopes import ScopeTree
 from opod.fleet.state import Fleet, NodeState
-from opod.http.nodeclient import WorkerClient, WorkerUnavailable
+from opod.http.nodeclient import WorkerClient
 from opod.leader import adoption, model_status
-from opod.leader.pinned import PENDING_FOR, PinnedLoads, unload_request
+from opod.leader.pinned import PENDING_FOR, PinnedLoads
+from opod.leader.quota_hits import QuotaHits
+from opod.leader.replica_calls import load_replica, unload_replica
 from opod.leader.replicas import (
     ACTIVE,
     DRAINING,
@@ -59,7 +60,6 @@ from opod.leader.replicas import (
     capacity_class,
     desired_count,
     idle_timeout,
-    load_requests,
 )
 
 log = logging.getLogger("opod.leader")
@@ -123,9 +123,7 @@ class Reconciler:
         self.quotas = quotas if quotas is not None else QuotaTable()
         self.scopes = scopes
         """Owners' scopes and those above them; without it an owner counts against exactly the scope it names."""
-        self.emit = emit
-        self._quota_hits: dict[str, str] = {}
-        """model → the scope whose quota refused it last, so ``quota.hit`` is emitted once per refusal, not each round."""
+        self.quota_hits = QuotaHits(emit)
 
     def _of(self, model_id: str) -> list[Replica]:
         return list(self._by_model.get(model_id, {}).values())
@@ -472,9 +470,9 @@ class Reconciler:
         )
         self.last_rejections[model.id] = list(rejections)
         if assignment is None:
-            self._quota_refused(model.id, rejections)
+            self.quota_hits.unplaced(model.id, rejections, self._planner.quotas)
             return None
-        self._quota_hits.pop(model.id, None)
+        self.quota_hits.placed(model.id)
         for victim_id in assignment.preempts:
             victim = self.replicas.get(victim_id)
             if victim is None or victim.state not in ACTIVE:
@@ -520,20 +518,6 @@ class Reconciler:
             "free a device of its class, or restart it in place (--in-place --max-unavailable 1)"
         )[:400]
 
-    def _quota_refused(self, model_id: str, rejections: list[Rejection]) -> None:
-        reason = next((r.reason for r in rejections if r.reason.startswith("quota:")), "")
-        book = self._planner.quotas
-        scope = book.refused.get(model_id, "") if book is not None and reason else ""
-        if not reason:
-            self._quota_hits.pop(model_id, None)
-            return
-        if self._quota_hits.get(model_id) == scope:
-            return
-        self._quota_hits[model_id] = scope
-        log.info("%s: no replica placed: %s", model_id, reason)
-        if self.emit is not None:
-            self.emit("quota.hit", scope or model_id, {"scope": scope, "model": model_id, "reason": reason})
-
     def quota_holds(self) -> Mapping[str, Amount]:
         """What each scope's models hold, as the last round counted it (``QuotaView.holds``)."""
         book = self._planner.quotas
@@ -542,25 +526,9 @@ class Reconciler:
     # --- calls to workers ------------------------------------------------------------
 
     async def _start(self, model: KnownModel, replica: Replica) -> None:
-        log.info("starting replica %s of %s on %s", replica.id, model.id, "+".join(replica.nodes))
-        # Followers first: rank 0 is the one that waits for its peers.
-        peers = [node.address if (node := self.fleet.get(n)) is not None else "" for n in replica.nodes]
-        for node_id, req in reversed(load_requests(model, replica, peers)):
-            node = self.fleet.get(node_id)
-            if node is None:
-                self._fail(replica, f"node {node_id} is gone", time.monotonic())
-                return
-            try:
-                status, body = await self.workers.call_json(
-                    node, "POST", nodeapi.PATH_MODEL_LOAD, req.to_wire(), timeout=30
-                )
-            except WorkerUnavailable as err:
-                self._fail(replica, f"{node_id}: {err}", time.monotonic())
-                return
-            if status != 200:
-                error = (body if isinstance(body, str) else str(body)).strip()[:300] or f"HTTP {status}"
-                self._fail(replica, f"{node_id} refused the load: {error}", time.monotonic())
-                return
+        why = await load_replica(self.fleet, self.workers, model, replica)
+        if why:
+            self._fail(replica, why, time.monotonic())
 
     def _stop(self, replica: Replica) -> Awaitable[None]:
         """Mark the replica draining now (this round's decisions see it go) and answer the call that stops it."""
@@ -569,16 +537,7 @@ class Reconciler:
 
     async def _unload_replica(self, replica: Replica, *, forget: bool) -> None:
         self._stopped[replica.id] = time.monotonic()
-        req = unload_request(replica.model, self.models.get(replica.model))
-        for node_id in replica.nodes:
-            node = self.fleet.get(node_id)
-            if node is None or node.goodbye:
-                continue  # a worker that said goodbye stops its engines itself, once its requests in flight end
-            try:
-                await self.workers.call_json(node, "POST", nodeapi.PATH_MODEL_UNLOAD, req.to_wire(), timeout=60)
-            except WorkerUnavailable as err:
-                log.warning("stopping replica %s on %s: %s", replica.id, node_id, err)
-        log.info("replica %s of %s stopped", replica.id, replica.model)
+        await unload_replica(self.fleet, self.workers, self.models, replica)
         if forget:
             self._drop(replica)
 
