@@ -5,11 +5,12 @@ from __future__ import annotations
 from opod.access.keytable import KeyEntry
 from opod.access.tenancy import ProjectChain
 from opod.contract.adminapi import PolicyAdmission
+from opod.fleet.state import Fleet
 from opod.gateway.admission import Admission
 from opod.gateway.budgets import Budget, BudgetScope
 from opod.gateway.exchange import Exchange, Meter
 from opod.gateway.outcome import Outcome
-from tests.fleet.test_leases_and_capacity import MODEL, Fleet, join
+from tests.fleet.test_leases_and_capacity import MODEL, join
 from tests.gateway.test_budgets import ORG, PROJECT, TEAM, budgets
 from tests.gateway.test_relay import Usage
 

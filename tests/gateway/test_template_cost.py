@@ -62,15 +62,15 @@ def chats(seed: int) -> list[list[dict[str, str]]]:
 async def test_a_template_learnt_once_bounds_every_chat_without_a_count_of_its_own(template) -> None:
     worker = Worker(template)
     costs = TemplateCosts(worker)
-    assert costs.known("m", "n1") is None, "not known before a worker counted it"
+    assert costs.known("m", lambda: "n1") is None, "not known before a worker counted it"
     await asyncio.sleep(0.05)
-    cost = costs.known("m", "n1")
+    cost = costs.known("m", lambda: "n1")
     assert cost is not None
     learnt_with = worker.calls
     for messages in chats(7):
         bound = prompt_size({"messages": messages}, template=cost).bound()
         assert bound >= worker.count(messages), messages
-        assert costs.known("m", "n1") == cost
+        assert costs.known("m", lambda: "n1") == cost
     assert worker.calls == learnt_with, "no count on a chat's way once the template is known"
     if template is with_default_system:
         assert cost.base > len(DEFAULT_SYSTEM.split()), "the default system prompt is in the template's cost"
@@ -81,11 +81,11 @@ async def test_a_template_is_counted_again_in_the_background_after_a_while() -> 
     now = [0.0]
     worker = Worker(render_chat)
     costs = TemplateCosts(worker, clock=lambda: now[0])
-    costs.known("m", "n1")
+    costs.known("m", lambda: "n1")
     await asyncio.sleep(0.05)
     first = worker.calls
     now[0] += RELEARN_AFTER + 1
-    assert costs.known("m", "n1") is not None, "the old cost serves while it is counted again"
+    assert costs.known("m", lambda: "n1") is not None, "the old cost serves while it is counted again"
     await asyncio.sleep(0.05)
     assert worker.calls == 2 * first
     await costs.close()
@@ -99,11 +99,11 @@ async def test_a_worker_that_cannot_count_leaves_the_template_unknown_and_is_ask
         raise OSError("connection refused")
 
     costs = TemplateCosts(down, clock=lambda: now[0])
-    assert costs.known("m", "n1") is None
+    assert costs.known("m", lambda: "n1") is None
     await asyncio.sleep(0.01)
-    assert costs.known("m", "n1") is None and len(asked) == 1, "not asked again at once"
+    assert costs.known("m", lambda: "n1") is None and len(asked) == 1, "not asked again at once"
     now[0] += 31
-    costs.known("m", "n2")
+    costs.known("m", lambda: "n2")
     await asyncio.sleep(0.01)
     assert asked == ["n1", "n2"], "asked again after a while"
     await costs.close()

@@ -99,7 +99,7 @@ async def test_a_whole_answer_its_client_left_is_cancelled_with_the_tokens_its_t
     rates.learn("m", 40, 2.0)  # an answer seen before: 20 tokens a second
     exchange = Exchange(Meter(ledger, prompts=prompts, rates=rates), "left", "openai.chat.completions", False, False)
     exchange.parsed("m", PAYLOAD)
-    exchange.sized(None, 100)
+    exchange.capped(100)
     exchange.relaying()
     exchange.routed({"worker": "n1", "reason": "least-loaded"})
     exchange.sent()
@@ -124,7 +124,8 @@ async def test_the_estimate_never_passes_what_the_request_could_make_and_a_promp
     rates.learn("m", 100, 1.0)
     exchange = Exchange(Meter(ledger, prompts=prompts, rates=rates), "capped", "openai.chat.completions", False, False)
     exchange.parsed("m", PAYLOAD)
-    exchange.sized(23, 8)
+    exchange.counted(23)
+    exchange.capped(8)
     exchange.relaying()
     exchange.sent()
     exchange.sent_at -= 5.0

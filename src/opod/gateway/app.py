@@ -133,10 +133,13 @@ class Gateway:
         """The settings' ``generation.default_max_tokens``: the limit of a request that names none."""
         self.meter = Meter(usage, GatewayStats(), prompts, budgets, DecodeRates(), tenancy)
         """What every request's record reports to: one usage row per request, the counters, the budgets."""
-        self.stats = self.meter.stats
         self._routing: tuple[PolicyView | None, RoutingPolicy] = (None, RoutingPolicy())
         self._in_process: dict[tuple[str, str], Endpoint] | None = None
         """The hot handlers, made once, for :meth:`serve_as`."""
+
+    @property
+    def stats(self) -> GatewayStats:
+        return self.meter.stats
 
     def routes(self) -> list[Route]:
         """The hot routes, ``GET /v1/models/{id}``, then every other ``/v1`` path (last: it matches them all)."""
@@ -354,7 +357,7 @@ class Gateway:
                 if limit is not None:
                     payload["max_tokens"] = limit
                     changed = True
-            exchange.sized(None, completion_bound(payload, traits.context, prompt, self.default_max_tokens()))
+            exchange.capped(completion_bound(payload, traits.context, prompt, self.default_max_tokens()))
             if not stream and prompt.prompts > 1:
                 # A list of prompts: llama-server's whole answer counts the first prompt only, its stream each one.
                 payload["stream"] = assemble = changed = True
@@ -418,10 +421,9 @@ class Gateway:
 
     def template_cost(self, model: str) -> TemplateCost | None:
         """``model``'s chat template cost when learnt (learning it in the background from a worker holding it)."""
-        workers = self.fleet.workers_for(model)
-        if self.templates is None or not workers:
+        if self.templates is None:
             return None
-        return self.templates.known(model, workers[0].id)
+        return self.templates.known(model, lambda: next((n.id for n in self.fleet.workers_for(model)), None))
 
     async def reserve(self, exchange: Exchange, model: str, payload: dict[str, Any], prompt: PromptSize) -> None:
         """Hold the request's most it can cost against its scopes' budgets; :class:`BudgetExceeded` when it would
@@ -440,7 +442,7 @@ class Gateway:
         if prompt.messages and (prompt.template is None or not budgets.fits(exchange.scopes, micros)):
             counted = await self.count_prompt(model, payload)
             if counted is not None:
-                exchange.sized(counted, None)
+                exchange.counted(counted)
                 micros = budgets.cost(model, prompt_size(payload, counted).bound(), cap)
         exchange.reserved(micros)
 

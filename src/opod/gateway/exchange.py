@@ -246,12 +246,13 @@ class Exchange:
         """Whether its bodies are kept (``opod.gateway.kept_bodies``), for its row."""
         self.body_state = body_state
 
-    def sized(self, prompt_count: int | None, completion_cap: int | None) -> None:
-        """Its prompt's tokens as a worker counted them (if one did) and the most completion tokens it can make."""
-        if prompt_count is not None:
-            self.prompt_count = prompt_count
-        if completion_cap is not None:
-            self.completion_cap = completion_cap
+    def counted(self, prompt_tokens: int) -> None:
+        """A worker counted its prompt's tokens as its engine will (for its reservation)."""
+        self.prompt_count = prompt_tokens
+
+    def capped(self, completion_tokens: int) -> None:
+        """The most completion tokens it can make."""
+        self.completion_cap = completion_tokens
 
     @property
     def budgeted(self) -> bool:

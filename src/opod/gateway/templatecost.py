@@ -44,12 +44,16 @@ class TemplateCosts:
         self._tried: dict[str, float] = {}
         self._learning: dict[str, asyncio.Task[None]] = {}
 
-    def known(self, model: str, node_id: str) -> TemplateCost | None:
-        """``model``'s template cost when learnt; learning starts (on ``node_id``) when it is not, or is old."""
+    def known(self, model: str, holder: Callable[[], str | None]) -> TemplateCost | None:
+        """``model``'s template cost when learnt; learning starts, on the node ``holder`` names (none: not now),
+        when it is not, or is old. ``holder`` is asked only then: a known cost costs a request one look-up."""
         found = self._known.get(model)
         now = self.clock()
         if found is None or now - found[1] > RELEARN_AFTER:
+            node_id = None
             if model not in self._learning and now - self._tried.get(model, -RETRY_AFTER) >= RETRY_AFTER:
+                node_id = holder()
+            if node_id is not None:
                 self._tried[model] = now
                 task = asyncio.get_running_loop().create_task(self._learn(node_id, model), name="count a template")
                 self._learning[model] = task
