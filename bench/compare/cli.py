@@ -7,10 +7,10 @@ from pathlib import Path
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from bench.compare import report, runner
 from bench.compare.runner import PATHS, Settings
+from bench.progress import steps
 from bench.routing import peers
 
 console = Console(width=200)
@@ -70,15 +70,9 @@ def command(
         paths=tuple(dict.fromkeys(["direct", *paths])),
         peers_dir=peers_dir,
     )
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console) as progress:
-
-        def step(description: str, total: int):
-            task = progress.add_task(description, total=max(total, 1))
-            return lambda: progress.advance(task)
-
+    with steps(console) as (step, say):
         try:
-            result = runner.run(settings, step, lambda text: progress.console.print(text))
+            result = runner.run(settings, step, say)
         except RuntimeError as err:
             console.print(f"[red]the compare run stopped:[/] {escape(str(err))}")
             raise typer.Exit(1) from None

@@ -7,8 +7,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from bench.progress import steps
 from bench.routing import peers, report, runner
 from bench.routing.fleet import SimProfile
 from bench.routing.runner import PATHS, Settings
@@ -152,15 +152,9 @@ def command(
         peers_dir=peers_dir,
         quick=quick,
     )
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console) as progress:
-
-        def step(description: str, total: int):
-            task = progress.add_task(description, total=max(total, 1))
-            return lambda: progress.advance(task)
-
+    with steps(console) as (step, say):
         try:
-            result = runner.run(settings, step, lambda text: progress.console.print(text))
+            result = runner.run(settings, step, say)
         except RuntimeError as err:
             # The fleet itself did not come up: nothing to compare, so say why and stop.
             console.print(f"[red]the simulator fleet did not start:[/] {escape(str(err))}")
