@@ -10,19 +10,15 @@ from dataclasses import dataclass
 
 import pytest
 
-from opod.access.keytable import KeyEntry, KeyTable
-from opod.contract.adminapi import PolicyAdmission
+from opod.access.keytable import KeyEntry
 from opod.fleet.local import LocalEngines
-from opod.fleet.models import ModelRegistry
-from opod.fleet.prefix_index import PrefixIndex
 from opod.fleet.state import Fleet
 from opod.gateway.app import Gateway
 from opod.gateway.budgets import Budgets
-from opod.gateway.build import build_gateway
 from opod.http.nodeclient import WorkerClient
 from opod.security.signer import Signer
 from opod.settings.schema import Budget, ClusterSettings, Price
-from tests.gateway.test_relay import MODEL, NoFiles, Usage, join, sim  # noqa: F401  (the fixture)
+from tests.gateway.test_relay import MODEL, Usage, gateway_on, join, sim  # noqa: F401  (the fixture)
 
 PROBE = KeyEntry("k_probe", "api", "probe", "p" * 64, project_id="p_probe")
 """A key whose project has a budget of 0: every request is refused, saying what it was reserved for."""
@@ -50,18 +46,7 @@ async def served(sim: str) -> AsyncIterator[Served]:  # noqa: F811
         prices={"*": Price(input_per_million=1, output_per_million=1000)},
         budgets=[Budget(scope="project:p_probe", micros=0)],  # type: ignore[call-arg]
     )
-    gateway = build_gateway(
-        fleet=fleet,
-        models=ModelRegistry(),
-        keys=KeyTable(),
-        workers=workers,
-        index=PrefixIndex(),
-        local=local,
-        usage=usage,
-        policies=NoFiles(),
-        admission=PolicyAdmission(hold_ms=5000),
-        budgets=Budgets(settings=Settings(settings)),
-    )
+    gateway = gateway_on(fleet, local, usage, workers, budgets=Budgets(settings=Settings(settings)))
     yield Served(gateway, usage)
     await gateway.guardrails.close()
     await workers.close()

@@ -8,6 +8,7 @@ import json
 import socket
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 import pytest
@@ -105,11 +106,9 @@ class Setup:
     client: httpx.AsyncClient
 
 
-@pytest.fixture
-async def setup() -> AsyncIterator[Setup]:
-    fleet, local, usage = Fleet(), LocalEngines(), Usage()
-    workers = WorkerClient(lambda _: "node-token", Signer)
-    gateway = build_gateway(
+def gateway_on(fleet: Fleet, local: LocalEngines, usage: Usage, workers: WorkerClient, **rules: Any) -> Gateway:
+    """A gateway built as the leader builds it, over ``fleet``'s workers and ``local``'s engines."""
+    return build_gateway(
         fleet=fleet,
         models=ModelRegistry(),
         keys=KeyTable(),
@@ -119,8 +118,15 @@ async def setup() -> AsyncIterator[Setup]:
         usage=usage,
         policies=NoFiles(),
         admission=PolicyAdmission(hold_ms=5000),
-        require_keys=False,
+        **rules,
     )
+
+
+@pytest.fixture
+async def setup() -> AsyncIterator[Setup]:
+    fleet, local, usage = Fleet(), LocalEngines(), Usage()
+    workers = WorkerClient(lambda _: "node-token", Signer)
+    gateway = gateway_on(fleet, local, usage, workers, require_keys=False)
     # Served as the leader's public listener serves /v1: the hot routes' short way in front of Starlette.
     sock = bind("127.0.0.1", 0, "the test's public listener")
     stop = asyncio.Event()
