@@ -63,12 +63,15 @@ async def test_teams_share_slot_time_so_long_requests_do_not_crowd_out_short_one
 
 async def test_keys_without_a_team_are_flows_of_their_own_and_a_team_is_one_flow():
     # Team t sends with eight keys; two lone keys have no team. Three flows, a third each,
-    # where sharing by key would give t eight tenths.
+    # where sharing by key would give t eight tenths. Shares are of slot time, what the queue
+    # evens out: on a loaded machine one 0.5 ms hold can last several, so counts alone drift.
     adm = Admission(lambda m: 2, PolicyAdmission(hold_ms=10_000, max_held=1000))
-    admitted, _ = await run_load(adm, {"t": (8, 0.0005, "t"), "k1": (3, 0.0005, ""), "k2": (3, 0.0005, "")}, total=1500)
-    total = sum(admitted.values())
+    clients = {"t": (8, 0.0005, "t"), "k1": (3, 0.0005, ""), "k2": (3, 0.0005, "")}
+    admitted, slot_time = await run_load(adm, clients, total=1500)
+    held = sum(slot_time.values())
     for name in ("t", "k1", "k2"):
-        assert abs(admitted[name] / total - 1 / 3) < 0.05, admitted
+        assert abs(slot_time[name] / held - 1 / 3) < 0.05, (slot_time, admitted)
+        assert admitted[name] / sum(admitted.values()) < 0.5, admitted  # never t's eight tenths
 
 
 def test_a_flow_that_was_idle_banks_no_credit():
