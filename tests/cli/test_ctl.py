@@ -304,6 +304,12 @@ def test_scale_class_owner_retry_and_resources(leader: Leader) -> None:
     assert "class" in wrong and "(HTTP 400)" in wrong, wrong
     assert ok(ctl(leader, "models", "owner", "ctl-knobs")).strip() == "ctl-knobs: shared"
     assert ok(ctl(leader, "models", "retry", "ctl-knobs")).strip() == "ctl-knobs was not parked; nothing to retry"
+    ok(ctl(leader, "models", "add", "ctl-spare", "--engine", "sim", "--min", "0"))
+    said = ok(ctl(leader, "models", "fallbacks", "ctl-knobs", "ctl-spare"))
+    assert said.strip() == "ctl-knobs: falls back to ctl-spare"
+    cycle = refused(ctl(leader, "models", "fallbacks", "ctl-spare", "ctl-knobs"))
+    assert "cycle" in cycle and "(HTTP 400)" in cycle, cycle
+    assert ok(ctl(leader, "models", "fallbacks", "ctl-knobs")).strip() == "ctl-knobs: no fallbacks"
     assert json_of(ctl(leader, "models", "retry", "ctl-knobs", "--json")) == {"was_parked": False}
     assert "2 GiB host memory, 1 CPU cores" in ok(
         ctl(leader, "models", "resources", "ctl-knobs", "--memory-gb", "2", "--cpu-cores", "1")

@@ -19,6 +19,8 @@ from opod.contract.admin.common import Removed
 from opod.contract.admin.models import (
     ClassRequest,
     ClassView,
+    FallbacksRequest,
+    FallbacksView,
     ModelAdded,
     ModelView,
     OriginView,
@@ -31,6 +33,7 @@ from opod.contract.admin.models import (
 from opod.control.audit import audit_draft
 from opod.control.context import ReplicaDesk
 from opod.control.spec import EXTENSION_TAG, SpecRouter
+from opod.fleet.fallbacks import fallbacks_of
 from opod.fleet.models import ANY_NODE, KnownModel, ModelRegistry, definition_of
 from opod.fleet.models_service import ModelsService
 from opod.fleet.state import Fleet
@@ -181,6 +184,18 @@ def router(service: ModelsService, models: ModelRegistry, fleet: Fleet, desk: Re
         model = await service.scale(name, draft, low=body.min, high=body.max, idle_timeout=body.idle_timeout)
         low, high, idle, on_demand = scaling_in_force(definition_of(model))
         return ScaleResponse(model=model.id, min=low, max=high, idle_timeout=idle, on_demand=on_demand)
+
+    @api.put(
+        "/api/v1/models/{name}/fallbacks",
+        operation_id="putModelsNameFallbacks",
+        tags=["models"],
+        response_model=FallbacksView,
+    )
+    async def put_models_name_fallbacks(
+        name: str, body: FallbacksRequest, draft: AuditDraft = Depends(audit_draft)
+    ) -> FallbacksView:
+        model = await service.set_fallbacks(name, body.fallbacks or [], draft)
+        return FallbacksView(model=model.id, fallbacks=fallbacks_of(model))
 
     # --- opod's own: pin a model to a node, or take it off one ---------------------------------
 

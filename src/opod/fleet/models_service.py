@@ -36,6 +36,7 @@ from opod.contract.admin.catalog import CatalogAdapter, CatalogModel, CatalogPro
 from opod.contract.admin.models import BenchCapacity
 from opod.engines.registry import DRIVERS
 from opod.fleet.asks import profile_label
+from opod.fleet.fallbacks import fallback_problems
 from opod.fleet.followers import Reconciling
 from opod.fleet.models import ANY_NODE, KnownModel, ModelRegistry, definition_of
 from opod.fleet.scopes import ScopeTree
@@ -215,6 +216,7 @@ class ModelsService:
                 "or remove it first, or choose another name"
             )
         self._name_conflicts(definition)
+        _refuse(fallback_problems(name, definition.fallbacks or [], self.models))
         try:
             entry, bundled = entry_for(definition, self.catalog.get(name))
         except DefinitionError as err:
@@ -300,6 +302,21 @@ class ModelsService:
             model.wanted[ANY_NODE] = wanted
         self.reconciler.kick()
         return model
+
+    async def set_fallbacks(self, name: str, fallbacks: list[str], audit: AuditDraft) -> KnownModel:
+        """Replace the models it falls back to; an empty list takes them all away.
+
+        ``Conflict`` for a model the API did not add (its catalog entry's ``fallback`` is its list);
+        ``InvalidInput`` naming each item that is wrong, nothing changed."""
+        model = self.named(name)
+        if model.definition is None:
+            raise Conflict(
+                f"{model.id!r} comes from the catalog file, not the management API, so its fallbacks are its "
+                "catalog entry's 'fallback' list; add a model with POST /api/v1/models to set them here"
+            )
+        _refuse(fallback_problems(model.id, fallbacks, self.models))
+        update = {"fallbacks": list(fallbacks) or None}
+        return await self._redefine(model, definition_of(model).model_copy(update=update), audit)
 
     async def scale(
         self, name: str, audit: AuditDraft, *, low: int | None, high: int | None, idle_timeout: int | None

@@ -19,11 +19,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from opod.access.keytable import KeyEntry, KeyTable
-from opod.contract.adminapi import PlanSnapshot
+from opod.contract.adminapi import AdmissionClass, PlanSnapshot
+from opod.fleet.fallbacks import PEER_MARK, fallbacks_of
 from opod.fleet.models import ModelRegistry
 from opod.fleet.router import RouteRequest, RoutingPolicy, choose_revision
 from opod.fleet.state import Fleet
-from opod.gateway.admission import Admission, resolve_class
+from opod.gateway.admission import Admission, Stopping, resolve_class
 from opod.gateway.budgets import Budgets
 from opod.gateway.caller import Endpoint, InProcessCaller
 from opod.gateway.embeddings import cut_embeddings
@@ -381,25 +382,23 @@ class Gateway:
         if self.demand is not None and (starting := self.demand(model)) is not None:
             await starting  # nothing serves it yet: the reconciler starts a replica and this request waits for it
         klass = resolve_class(key.admission_class if key is not None else "", _text(headers.get(b"x-opod-class")))
-        permit = self.admission.admit_now(model, klass)
-        if permit is None:
-            waited = time.perf_counter()
-            permit = await self.admission.wait(
-                model, klass, team=key.team if key is not None else "", key_id=exchange.key_id
-            )
-            exchange.admitted(permit, str(klass), int((time.perf_counter() - waited) * 1000))
-        else:
-            exchange.admitted(permit, str(klass))
-        routing = self.routing_policy(policy)
-        if self.profiles is not None and key is not None and key.routing_profile:
-            routing = self.profiles.routing(routing, key.routing_profile)
-        route = self.route_request(model, payload, routing, exchange.request_id)
         # A whole answer the post guardrails judge is held: its row waits for their verdict.
-        exchange.relaying(hold=not stream and policy is not None and bool(policy.guardrails_for("post")))
+        hold = not stream and policy is not None and bool(policy.guardrails_for("post"))
         call = RelayCall(spec.path, body, stream, strip_usage, exchange, assemble)
         try:
+            await self._admit(model, klass, key, exchange)
+            routing = self.routing_policy(policy)
+            if self.profiles is not None and key is not None and key.routing_profile:
+                routing = self.profiles.routing(routing, key.routing_profile)
+            route = self.route_request(model, payload, routing, exchange.request_id)
+            exchange.relaying(hold)
             response = await self.relay.forward(call, route, routing)
-        except NoCapacity as refusal:
+        except Stopping:
+            raise
+        except NoCapacity as refusal:  # every slot taken past the hold, or no worker took it before its first byte
+            if not self._falls_back(model, policy):
+                raise
+            exchange.relaying(hold)
             response = await self.fallback(call, model, payload, exchange, policy, refusal)
         if dimensions is not None and not stream:
             response = cut_embeddings(response, dimensions)
@@ -477,6 +476,25 @@ class Gateway:
             route.revision = choose_revision(routing.revisions, request_id, present)
         return route
 
+    async def _admit(self, model: str, klass: AdmissionClass, key: KeyEntry | None, exchange: Exchange) -> None:
+        """An engine slot of ``model``'s pool for the request's class, waiting for one if need be; ``Shed`` if none."""
+        permit = self.admission.admit_now(model, klass)
+        if permit is None:
+            waited = time.perf_counter()
+            permit = await self.admission.wait(
+                model, klass, team=key.team if key is not None else "", key_id=exchange.key_id
+            )
+            exchange.admitted(permit, str(klass), int((time.perf_counter() - waited) * 1000))
+        else:
+            exchange.admitted(permit, str(klass))
+
+    def _falls_back(self, model: str, policy: PolicyView | None) -> bool:
+        """Whether ``model`` has somewhere to go when it cannot serve: a fallback model, or the policy's URL."""
+        known = self.models.active(model)
+        return bool(known is not None and fallbacks_of(known)) or (
+            policy is not None and policy.routing.fallback is not None
+        )
+
     async def fallback(
         self,
         call: RelayCall,
@@ -488,8 +506,8 @@ class Gateway:
     ) -> Response:
         """No worker could take the request before its first byte: the model's catalog fallbacks, then the policy's URL."""
         known = self.models.active(model)
-        for alternative in (known.entry.fallback or []) if known is not None and known.entry is not None else []:
-            if alternative == model or not self.fleet.serves(alternative):
+        for alternative in fallbacks_of(known) if known is not None else []:
+            if alternative == model or PEER_MARK in alternative or not self.fleet.serves(alternative):
                 continue
             # The usage row's route names the fallback; each attempt's routing record joins it.
             exchange.fell_back(alternative)

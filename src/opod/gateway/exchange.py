@@ -284,7 +284,10 @@ class Exchange:
         self.route = {"class": admission_class}
 
     def relaying(self, hold: bool = False) -> None:
-        """It is about to be relayed: count it in flight. ``hold``: its row waits for the post guardrails' verdict."""
+        """It is about to be relayed: count it in flight (once: a fallback after a refusal is the same request).
+        ``hold``: its row waits for the post guardrails' verdict."""
+        if self._begun:
+            return
         self._begun = True
         self.hold = hold
         if not self.probe:

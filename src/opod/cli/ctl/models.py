@@ -20,6 +20,8 @@ from opod.contract.admin.models import (
     BenchCapacity,
     ClassRequest,
     ClassView,
+    FallbacksRequest,
+    FallbacksView,
     HeadroomView,
     ModelAdded,
     ModelView,
@@ -365,6 +367,23 @@ def set_owner(
         return emit_json(body)
     view = parse(OwnerView, body, "POST /api/v1/models/{name}/owner")
     render.line(f"{view.model or name}: owned by {view.owner}" if view.owner else f"{view.model or name}: shared")
+
+
+@models.command("fallbacks")
+def set_fallbacks(
+    name: str = NAME,
+    fallbacks: list[str] = typer.Argument(
+        None, metavar="[MODEL]...", help="Models tried in order when it cannot serve; none takes them all away."
+    ),
+    as_json: bool = render.json_option(),
+) -> None:
+    """Replace the models a model falls back to when every slot is taken or no worker can serve it."""
+    body = request("PUT", path("models", name, "fallbacks"), wire(FallbacksRequest(fallbacks=fallbacks or [])))
+    if as_json:
+        return emit_json(body)
+    view = parse(FallbacksView, body, "PUT /api/v1/models/{name}/fallbacks")
+    chain = ", then ".join(view.fallbacks or [])
+    render.line(f"{view.model or name}: falls back to {chain}" if chain else f"{view.model or name}: no fallbacks")
 
 
 @models.command("retry")
