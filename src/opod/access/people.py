@@ -13,6 +13,7 @@ import asyncio
 import logging
 from collections.abc import Collection
 from dataclasses import dataclass
+from datetime import datetime
 
 from opod.access.service import AccessService
 from opod.store import Store
@@ -139,6 +140,7 @@ class People:
         state: str | None = None,
         role: str | None = None,
         external_id: str | None = None,
+        last_login_at: datetime | None = None,
         audit: AuditRow | None = None,
     ) -> UserRecord:
         """Change the fields given; a person who becomes disabled has their keys refused at once, reinstated when active."""
@@ -150,6 +152,7 @@ class People:
             state=state,
             role=role,
             external_id=external_id,
+            last_login_at=last_login_at,
             audit=audit,
         )
         self._changes += 1

@@ -8,6 +8,7 @@ from typing import Protocol
 
 from opod.access.keys import KeyService
 from opod.access.members import Memberships
+from opod.access.oidc import OidcSignIn
 from opod.access.people import People
 from opod.access.secrets import AuthSecrets
 from opod.access.service import AccessService
@@ -80,6 +81,8 @@ class ControlContext:
     """The batch runner, told to look at its jobs now after a cancel."""
     replay: Replayer
     """A kept request sent again through the gateway as the operator's own request (``POST /requests/{id}/replay``)."""
+    oidc: OidcSignIn
+    """Sign-in through the settings' OpenID provider (``auth.oidc``): the flow the portal's sign-in pages drive."""
 
 
 class JobWaker(Protocol):

@@ -11,6 +11,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 
 from opod.access.members import Memberships
+from opod.access.oidc import oidc_view
 from opod.access.secrets import AuthSecrets, secret_reference
 from opod.contract.admin.tenancy import AuthView, MembershipRequest, MembershipView, SecretRequest, UserView
 from opod.control.audit import AuditDraft, audit_draft
@@ -66,7 +67,8 @@ def router(members: Memberships, secrets: AuthSecrets) -> APIRouter:
 
     @api.get("/api/v1/auth", operation_id="getAuth", tags=["auth"], response_model=AuthView)
     async def get_auth() -> AuthView:
-        return AuthView(signup_open=False, scim=await secrets.scim_on())
+        auth = secrets.settings.current.auth
+        return AuthView(signup_open=False, scim=await secrets.scim_on(), oidc=oidc_view(auth))
 
     @api.put(
         "/api/v1/auth/secrets/{name}", operation_id="putAuthSecretsName", tags=["auth"], response_model=dict[str, str]

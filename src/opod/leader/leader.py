@@ -22,6 +22,7 @@ from starlette.routing import Route
 from opod import config
 from opod.access.keys import KeyService
 from opod.access.members import Memberships
+from opod.access.oidc import SEAL_PURPOSE, OidcSignIn
 from opod.access.people import People
 from opod.access.scopes import check_scope
 from opod.access.secrets import AuthSecrets
@@ -65,7 +66,8 @@ from opod.leader.startup import DEFAULT_MODELS, load_models, load_nodes, restore
 from opod.leader.webhooks import LifecycleWatch, Webhooks, fan_out
 from opod.ledger import Ledger
 from opod.security.nodetokens import NodeTokenMinter, load_or_create_secret
-from opod.security.sealing import load_or_create_key
+from opod.security.sealed_state import StateSeal
+from opod.security.sealing import SecretsKey, load_or_create_key
 from opod.security.signer import Signer
 from opod.settings.holder import SettingsHolder
 from opod.settings.service import SettingsService
@@ -170,14 +172,16 @@ class Leader:
             store.close()
             raise
         try:
-            return cls._assemble(settings, store, boot, ledger)
+            return cls._assemble(settings, store, boot, ledger, secrets_key)
         except BaseException:
             ledger.close()
             store.close()
             raise
 
     @classmethod
-    def _assemble(cls, settings: LeaderSettings, store: Store, boot: int, ledger: Ledger) -> Leader:
+    def _assemble(
+        cls, settings: LeaderSettings, store: Store, boot: int, ledger: Ledger, secrets_key: SecretsKey
+    ) -> Leader:
         catalog = load_catalog()
         for problem in catalog.problems:
             log.warning("catalog: %s", problem)
@@ -293,13 +297,15 @@ class Leader:
             stopping=lambda: admission.stopping,
             webhook_counts=webhooks.counts,
         )
+        members, auth_secrets = Memberships(people, tenancy, access), AuthSecrets(store, cluster_settings)
+        oidc = OidcSignIn(cluster_settings, auth_secrets, people, members, StateSeal(secrets_key.derive(SEAL_PURPOSE)))
         control = ControlContext(
             store=store,
             access=access,
             keys=KeyService(access, tenancy, cluster_settings),
             people=people,
-            members=Memberships(people, tenancy, access),
-            secrets=AuthSecrets(store, cluster_settings),
+            members=members,
+            secrets=auth_secrets,
             tenancy=tenancy,
             fleet=fleet,
             models=models,
@@ -317,6 +323,7 @@ class Leader:
             quotas=quotas,
             batches=batches,
             replay=Replayer(gateway, access.keys.local_entries),
+            oidc=oidc,
         )
         return cls(
             batches=batches,

@@ -10,6 +10,7 @@ store keeps the key's fingerprint and refuses a leader whose key differs
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 from pathlib import Path
@@ -34,6 +35,7 @@ class SecretsKey:
                 f"{where} does not hold a secrets key (44 characters of URL-safe base64); restore it from a backup "
                 "or from a leader that shares this store"
             ) from None
+        self._key = key
         self.where = where
         self.fingerprint = hmac.new(key, b"opod secrets key", hashlib.sha256).hexdigest()[:16]
         """Names the key without giving it away: the store keeps it, and messages show it."""
@@ -47,6 +49,11 @@ class SecretsKey:
             return self._fernet.decrypt(token.encode("ascii")).decode()
         except (InvalidToken, UnicodeError):
             raise ValueError(f"a stored secret was not sealed with the key in {self.where}") from None
+
+    def derive(self, purpose: str) -> bytes:
+        """A Fernet key of its own for ``purpose`` (what one sealed for it opens nothing else), the same on every
+        leader that shares this key."""
+        return base64.urlsafe_b64encode(hmac.new(self._key, f"opod {purpose}".encode(), hashlib.sha256).digest())
 
     def __repr__(self) -> str:
         return f"SecretsKey({self.where}, fingerprint {self.fingerprint})"

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import re
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from opod.contract.durations import seconds as duration_seconds
 
@@ -129,6 +130,97 @@ class KeyRules(Section):
     )
 
 
+def _http_address(value: str) -> str:
+    """An http(s) address with no query or fragment, without its trailing slash; http only on loopback."""
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{value!r} is not an http(s) address; write https://HOST[:PORT][/PATH]")
+    if parts.query or parts.fragment:
+        raise ValueError(f"{value!r} has a query or fragment; give the address alone")
+    if parts.scheme == "http" and parts.hostname not in _LOOPBACK:
+        raise ValueError(f"{value!r} is plain http on another machine; use https (http only on loopback)")
+    return value
+
+
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+class OidcMembership(Section):
+    """A place the members of a provider's group belong, kept in step at each sign-in."""
+
+    target: str = Field(
+        min_length=1,
+        description="Where: org:NAME, team:ORG/TEAM, project:ORG/TEAM/PROJECT, or an ID.",
+    )
+    role: Literal["member", "manager"] = Field("member", description="Their role there: member or manager.")
+
+
+class OidcSettings(Section):
+    """Single sign-on through an OpenID provider (Entra ID, Keycloak, Okta): the authorization code flow with PKCE."""
+
+    issuer: str = Field(
+        "",
+        description="The provider's issuer, exactly as its tokens name it (its discovery document is read from ISSUER/.well-known/openid-configuration); OpenID Connect is off when empty.",
+    )
+    client_id: str = Field("", description="opod's client id at the provider.")
+    client_secret: str = Field(
+        "store:auth/oidc-client-secret",
+        description="Where opod's client secret is: store:NAME (set with PUT /api/v1/auth/secrets/oidc-client-secret); empty for a public client (PKCE alone).",
+    )
+    scopes: list[str] = Field(
+        default_factory=lambda: ["openid", "email", "profile"],
+        description="The scopes asked for; openid is required (add groups where the provider sends groups by a scope).",
+    )
+    label: str = Field("", description="What the sign-in button says (Sign in with LABEL).")
+    create_accounts: bool = Field(
+        False, description="Make an account for a person the provider vouches for whom opod does not know yet."
+    )
+    no_passwords: bool = Field(False, description="Turn local passwords off: people sign in through the provider only.")
+    email_claim: str = Field("email", min_length=1, description="The claim that holds a person's e-mail address.")
+    name_claim: str = Field("name", min_length=1, description="The claim that holds a person's display name.")
+    groups_claim: str = Field("groups", min_length=1, description="The claim that lists a person's groups.")
+    group_roles: dict[str, Literal["viewer", "operator", "billing", "admin"]] = Field(
+        default_factory=dict,
+        description="Provider group → the role its members hold (viewer, operator, billing, admin); when any is set, a person's role follows their groups at each sign-in (the strongest wins, none when no group maps).",
+    )
+    group_memberships: dict[str, list[OidcMembership]] = Field(
+        default_factory=dict,
+        description="Provider group → the places its members belong; at each sign-in a person joins the places of their groups and leaves the places named here that their groups no longer give.",
+    )
+
+    @field_validator("issuer")
+    @classmethod
+    def _issuer(cls, value: str) -> str:
+        return _http_address(value) if value else value
+
+    @field_validator("client_secret")
+    @classmethod
+    def _stored(cls, value: str) -> str:
+        if value and (not value.startswith("store:") or value == "store:"):
+            raise ValueError(
+                "must name a stored secret, store:NAME (PUT /api/v1/auth/secrets/oidc-client-secret keeps it as "
+                "store:auth/oidc-client-secret), or be empty for a public client; the settings never hold a secret"
+            )
+        return value
+
+    @field_validator("scopes")
+    @classmethod
+    def _openid(cls, value: list[str]) -> list[str]:
+        if "openid" not in value:
+            raise ValueError("must include openid: without it the provider sends no ID token")
+        if any(not s or any(c.isspace() for c in s) for s in value):
+            raise ValueError("a scope is one word with no spaces")
+        return value
+
+    @model_validator(mode="after")
+    def _complete(self) -> OidcSettings:
+        if self.issuer and not self.client_id:
+            raise ValueError("client_id: give opod's client id at the provider, or leave issuer empty to turn it off")
+        if self.no_passwords and not self.issuer:
+            raise ValueError("no_passwords: set issuer too, or nobody could sign in")
+        return self
+
+
 class AuthSettings(Section):
     """How people and providers authenticate."""
 
@@ -136,6 +228,27 @@ class AuthSettings(Section):
         "",
         description="Where the SCIM provider's bearer token is: store:NAME, or empty for the stored secret auth/scim-token.",
     )
+    base_url: str = Field(
+        "",
+        description="The portal's address as people's browsers reach it (https://fleet.example.com); the provider's redirect address is BASE_URL/auth/oidc/callback.",
+    )
+    oidc: OidcSettings = Field(
+        default_factory=OidcSettings,
+        description="Single sign-on through an OpenID provider; off while issuer is empty.",
+    )
+
+    @field_validator("base_url")
+    @classmethod
+    def _base_url(cls, value: str) -> str:
+        return _http_address(value).rstrip("/") if value else value
+
+    @model_validator(mode="after")
+    def _oidc_redirect(self) -> AuthSettings:
+        if self.oidc.issuer and not self.base_url:
+            raise ValueError(
+                "base_url: set the portal's address; the provider sends people back to BASE_URL/auth/oidc/callback"
+            )
+        return self
 
 
 class FilesSettings(Section):
