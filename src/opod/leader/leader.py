@@ -20,6 +20,7 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from opod import config
+from opod.access.directory import Directory
 from opod.access.keys import KeyService
 from opod.access.members import Memberships
 from opod.access.people import People
@@ -56,6 +57,7 @@ from opod.http.serving import Listener, serve
 from opod.http.tls.server import LeaderTLS
 from opod.leader.adminv1.context import AdminContext
 from opod.leader.batches import BatchRunner, key_entry, runner_owner
+from opod.leader.directory_sync import DirectorySyncing
 from opod.leader.home import make_private
 from opod.leader.nodes import NodeRegistry
 from opod.leader.public import probe_app, public_app
@@ -293,13 +295,15 @@ class Leader:
             stopping=lambda: admission.stopping,
             webhook_counts=webhooks.counts,
         )
+        secrets = AuthSecrets(store, cluster_settings)
         control = ControlContext(
             store=store,
             access=access,
             keys=KeyService(access, tenancy, cluster_settings),
             people=people,
             members=Memberships(people, tenancy, access),
-            secrets=AuthSecrets(store, cluster_settings),
+            secrets=secrets,
+            directory=Directory(cluster_settings, secrets, people, tenancy),
             tenancy=tenancy,
             fleet=fleet,
             models=models,
@@ -419,6 +423,7 @@ class Leader:
             self.control.tenancy.run,
             self.control.quotas.run,
         ]
+        work.append(DirectorySyncing(self.control.directory, self.cluster_settings).run)  # auth.ldap's directory read
         background = [asyncio.create_task(run(stop)) for run in work]
         serving = asyncio.create_task(serve(list(listeners), listeners_stop), name="listeners")
         try:

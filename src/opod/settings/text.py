@@ -120,7 +120,8 @@ def _duplicates(node: yaml.Node, path: tuple[int | str, ...] = ()) -> list[Probl
 
 
 def _scope_problems(settings: ClusterSettings, root: yaml.Node | None, check: ScopeCheck) -> list[Problem]:
-    """Every scope the body names, read by ``check``: a budget's scope, and the keys of keys.scopes and retention.projects."""
+    """Every scope the body names, read by ``check``: a budget's scope, the keys of keys.scopes and retention.projects,
+    and the targets of auth.ldap.memberships."""
     places: list[tuple[tuple[int | str, ...], str, tuple[str, ...], bool]] = [
         (("budgets", i, "scope"), budget.scope, ANY_SCOPE, False) for i, budget in enumerate(settings.budgets)
     ]
@@ -128,6 +129,10 @@ def _scope_problems(settings: ClusterSettings, root: yaml.Node | None, check: Sc
         (("keys", "scopes", text), text, ("org", "team", "project", "user"), True) for text in settings.keys.scopes
     ]
     places += [(("retention", "projects", text), text, ("project",), True) for text in settings.retention.projects]
+    places += [
+        (("auth", "ldap", "memberships", i, "target"), grant.target, ("org", "team", "project"), False)
+        for i, grant in enumerate(settings.auth.ldap.memberships)
+    ]
     problems = []
     for loc, text, kinds, at_key in places:
         try:
