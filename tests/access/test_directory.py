@@ -205,7 +205,9 @@ def test_a_sync_suspends_who_left_or_was_disabled_and_reinstates_them_when_back(
     assert (done.people, done.suspended, done.reinstated) == (5, 0, 1)
     assert http("GET", f"{leader.url}/v1/models", key=key["secret"])[0] == 200
 
-    server.modify(f"dn: uid=eve,ou=people,{slapd.SUFFIX}\nchangetype: modify\nadd: employeeType\nemployeeType: disabled\n")
+    server.modify(
+        f"dn: uid=eve,ou=people,{slapd.SUFFIX}\nchangetype: modify\nadd: employeeType\nemployeeType: disabled\n"
+    )
     assert sync(leader).suspended == 1
     assert http("GET", f"{leader.url}/v1/models", key=key["secret"])[0] == 401
     assert "has eve's account disabled" in refusal(leader, "eve", PASSWORDS["eve"])

@@ -69,7 +69,10 @@ def base_tree() -> str:
     return "\n".join(
         [
             f"dn: {SUFFIX}\nobjectClass: dcObject\nobjectClass: organization\ndc: example\no: Example\n",
-            *(f"dn: ou={ou},{SUFFIX}\nobjectClass: organizationalUnit\nou: {ou}\n" for ou in ("people", "groups", "services")),
+            *(
+                f"dn: ou={ou},{SUFFIX}\nobjectClass: organizationalUnit\nou: {ou}\n"
+                for ou in ("people", "groups", "services")
+            ),
             f"dn: {SERVICE}\nobjectClass: organizationalRole\nobjectClass: simpleSecurityObject\ncn: opod\n"
             f"userPassword: {SERVICE_PASSWORD}\n",
         ]

@@ -159,7 +159,7 @@ class Directory:
                 f"the directory has no {config.email_attribute} for {login}; opod's accounts need an e-mail address"
             )
         try:
-            kept = await self._keep(found, config, self._grants(config)[0], "LDAP sign-in")
+            kept = await self._keep(found, config, self._grants(config)[0], self._accounts(), "LDAP sign-in")
         except StoreError as err:
             raise DirectoryRefused(f"{login} cannot sign in: {err}") from None
         if found.disabled:
@@ -220,12 +220,14 @@ class Directory:
         self._working(config)
         grants, problems = self._grants(config)
         listed: dict[str, Found] = {}
+        present = {_external(person) for person in found if person.login}
         for person in found:
             if not person.email:
                 problems.append(f"{person.login or person.dn} has no {config.email_attribute}: no account")
             elif person.login:
                 listed[_external(person)] = person
-        ours = [u for u in self._people.users() if u.external_id.startswith(EXTERNAL_PREFIX)]
+        accounts = self._accounts()
+        ours = list(accounts.values())
         if not listed and any(u.state != DISABLED for u in ours):
             return DirectorySync(
                 at=at,
@@ -235,7 +237,7 @@ class Directory:
         tally = {"accounts": 0, "suspended": 0, "reinstated": 0, "roles_changed": 0}
         for person in listed.values():
             try:
-                kept = await self._keep(person, config, grants, "LDAP sync")
+                kept = await self._keep(person, config, grants, accounts, "LDAP sync")
             except StoreError as err:
                 problems.append(f"{person.login}: {err}")
                 continue
@@ -244,7 +246,7 @@ class Directory:
             tally["reinstated"] += kept.reinstated
             tally["roles_changed"] += kept.role_changed
         for user in ours:
-            if user.external_id not in listed and user.state != DISABLED:
+            if user.external_id not in present and user.state != DISABLED:
                 row = _row("LDAP sync", user.id, {"state": DISABLED, "why": "gone from the directory"})
                 try:
                     await self._people.update(user.id, state=DISABLED, audit=row)
@@ -260,10 +262,16 @@ class Directory:
             **tally,
         )
 
-    async def _keep(self, person: Found, config: LDAPSettings, grants: list[_Grant], action: str) -> _Kept:
+    def _accounts(self) -> dict[str, UserRecord]:
+        """The directory's accounts by ``external_id``."""
+        return {u.external_id: u for u in self._people.users() if u.external_id.startswith(EXTERNAL_PREFIX)}
+
+    async def _keep(
+        self, person: Found, config: LDAPSettings, grants: list[_Grant], accounts: dict[str, UserRecord], action: str
+    ) -> _Kept:
         """Make or update the account of ``person`` as the directory has them; StoreError when it cannot be."""
         external = _external(person)
-        user = next((u for u in self._people.users() if u.external_id == external), None)
+        user = accounts.get(external)
         if user is None and (same := self._people.user(person.email)) is not None:
             if same.external_id:
                 raise InvalidInput(
