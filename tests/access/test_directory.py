@@ -216,6 +216,17 @@ def test_a_sync_suspends_who_left_or_was_disabled_and_reinstates_them_when_back(
     assert http("GET", f"{leader.url}/v1/models", key=key["secret"])[0] == 200
 
 
+def test_a_person_whose_email_is_taken_out_keeps_their_account_as_it_was(leader: Leader, server: slapd.Slapd) -> None:
+    dn = f"uid=bob,ou=people,{slapd.SUFFIX}"
+    server.modify(f"dn: {dn}\nchangetype: modify\ndelete: mail\n")
+    try:
+        done = sync(leader)
+        assert done.suspended == 0 and "bob has no mail: no account" in done.error
+        assert person(leader, "bob@example.org")["state"] == "active"
+    finally:
+        server.modify(f"dn: {dn}\nchangetype: modify\nadd: mail\nmail: bob@example.org\n")
+
+
 def test_the_changes_are_audited_as_the_directorys(leader: Leader) -> None:
     status, rows = leader.admin("GET", "/api/v1/audit?limit=10000")
     assert status == 200
