@@ -46,6 +46,10 @@ class AuthSecrets:
         """Whether SCIM's token is stored (read without its value)."""
         return await run_sync(self.store.secret_info, self.scim_secret_name()) is not None
 
+    async def named(self, reference: str) -> str | None:
+        """The value of the stored secret the settings name as ``store:NAME``; None while none is stored."""
+        return await run_sync(self.store.get_secret, reference.removeprefix("store:"))
+
     async def put(self, name: str, value: str | None, *, audit: AuditDraft) -> SecretRecord:
         """Keep ``value`` as ``auth/NAME``, replacing the one before; ``InvalidInput`` for another name or no value."""
         if name not in AUTH_SECRETS:

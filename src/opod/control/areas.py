@@ -51,7 +51,7 @@ def admin_areas(ctx: ControlContext) -> list[APIRouter]:
         settings.router(ctx.settings_service),
         notify.router(ctx.notifier),
         metrics.router(ctx.settings),
-        people.router(ctx.members, ctx.secrets),
+        people.router(ctx.members, ctx.secrets, ctx.directory),
         tenancy.router(ctx.tenancy),
         usage.router(ctx.store, ctx.budgets, ctx.tenancy),
         requests.router(ctx.store, ctx.replay),

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from opod.access.directory import Directory
 from opod.access.keys import KeyService
 from opod.access.members import Memberships
 from opod.access.oidc import OidcSignIn
@@ -49,6 +50,8 @@ class ControlContext:
     """Memberships as ``/users`` changes them: a person put in a place, or taken out with the keys they lose."""
     secrets: AuthSecrets
     """The sign-in secrets (``/auth/secrets``) and SCIM's bearer token."""
+    directory: Directory
+    """Sign-in checked by ``auth.ldap``'s directory, its sync and its view (``/auth``, ``/auth/ldap/test``)."""
     tenancy: Tenancy
     """Organizations, teams and projects in memory (``/orgs``, ``/teams``, ``/projects``, keys' owners): the one writer."""
     fleet: Fleet

@@ -4,22 +4,33 @@ People arrive through SCIM provisioning (:mod:`opod.control.scim`); here an oper
 puts them in organizations, teams and projects (the rules: :class:`opod.access.members.Memberships`).
 ``PUT /auth/secrets/{name}`` keeps a secret the settings name as ``store:auth/NAME``
 (:class:`opod.access.secrets.AuthSecrets`); no answer and no audit row holds its value.
+``POST /auth/ldap/test`` tries an ``auth.ldap`` block against its directory, changing nothing
+(:class:`opod.access.directory.Directory`); the listener audits the call.
 """
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends
 
+from opod.access.directory import Directory
 from opod.access.members import Memberships
 from opod.access.oidc import oidc_view
 from opod.access.secrets import AuthSecrets, secret_reference
-from opod.contract.admin.tenancy import AuthView, MembershipRequest, MembershipView, SecretRequest, UserView
+from opod.contract.admin.tenancy import (
+    AuthView,
+    LDAPTestRequest,
+    LDAPTestView,
+    MembershipRequest,
+    MembershipView,
+    SecretRequest,
+    UserView,
+)
 from opod.control.audit import AuditDraft, audit_draft
 from opod.control.spec import SpecRouter
 from opod.store.people import UserRecord
 
 
-def router(members: Memberships, secrets: AuthSecrets) -> APIRouter:
+def router(members: Memberships, secrets: AuthSecrets, directory: Directory) -> APIRouter:
     api = SpecRouter()
 
     def user_view(user: UserRecord) -> UserView:
@@ -68,7 +79,16 @@ def router(members: Memberships, secrets: AuthSecrets) -> APIRouter:
     @api.get("/api/v1/auth", operation_id="getAuth", tags=["auth"], response_model=AuthView)
     async def get_auth() -> AuthView:
         auth = secrets.settings.current.auth
-        return AuthView(signup_open=False, scim=await secrets.scim_on(), oidc=oidc_view(auth))
+        return AuthView(
+            signup_open=False,
+            scim=await secrets.scim_on(),
+            oidc=oidc_view(auth),
+            ldap=directory.view() if directory.configured() else None,
+        )
+
+    @api.post("/api/v1/auth/ldap/test", operation_id="postAuthLdapTest", tags=["auth"], response_model=LDAPTestView)
+    async def post_auth_ldap_test(body: LDAPTestRequest) -> LDAPTestView:
+        return await directory.test(body.settings or "", body.password)
 
     @api.put(
         "/api/v1/auth/secrets/{name}", operation_id="putAuthSecretsName", tags=["auth"], response_model=dict[str, str]

@@ -74,7 +74,6 @@ from opod.contract.admin.services import (
     TrainPublishView,
     TrainRequest,
 )
-from opod.contract.admin.tenancy import LDAPTestRequest, LDAPTestView
 from opod.control.context import ControlError
 from opod.control.spec import SpecRouter
 
@@ -100,9 +99,6 @@ class Unbuilt:
 
 
 UNBUILT: tuple[Unbuilt, ...] = (
-    Unbuilt(
-        "sign-in", "POST", "/api/v1/auth/ldap/test", "postAuthLdapTest", LDAPTestView, tag="auth", body=LDAPTestRequest
-    ),
     Unbuilt("model rollouts", "GET", "/api/v1/canaries", "getCanaries", list[ModelserveCanaryView], tag="canaries"),
     Unbuilt(
         "evaluations",

@@ -20,6 +20,7 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from opod import config
+from opod.access.directory import Directory
 from opod.access.keys import KeyService
 from opod.access.members import Memberships
 from opod.access.oidc import SEAL_PURPOSE, OidcSignIn
@@ -57,6 +58,7 @@ from opod.http.serving import Listener, serve
 from opod.http.tls.server import LeaderTLS
 from opod.leader.adminv1.context import AdminContext
 from opod.leader.batches import BatchRunner, key_entry, runner_owner
+from opod.leader.directory_sync import DirectorySyncing
 from opod.leader.home import make_private
 from opod.leader.nodes import NodeRegistry
 from opod.leader.public import probe_app, public_app
@@ -306,6 +308,7 @@ class Leader:
             people=people,
             members=members,
             secrets=auth_secrets,
+            directory=Directory(cluster_settings, auth_secrets, people, tenancy),
             tenancy=tenancy,
             fleet=fleet,
             models=models,
@@ -426,6 +429,7 @@ class Leader:
             self.control.tenancy.run,
             self.control.quotas.run,
         ]
+        work.append(DirectorySyncing(self.control.directory, self.cluster_settings).run)  # auth.ldap's directory read
         background = [asyncio.create_task(run(stop)) for run in work]
         serving = asyncio.create_task(serve(list(listeners), listeners_stop), name="listeners")
         try:

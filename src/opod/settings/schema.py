@@ -221,6 +221,166 @@ class OidcSettings(Section):
         return self
 
 
+DirectoryRole = Literal["viewer", "operator", "billing", "admin"]
+_LDAP_ATTRIBUTE = re.compile(r"^(?:[A-Za-z][A-Za-z0-9-]*|\d+(?:\.\d+)+)$")
+
+
+def _ldap_attribute(value: str) -> str:
+    if not _LDAP_ATTRIBUTE.match(value):
+        raise ValueError(f"{value!r} is not an LDAP attribute name: letters, digits and -, like uid or sAMAccountName")
+    return value
+
+
+def _ldap_filter(value: str) -> str:
+    """One LDAP filter as RFC 4515 writes it (in balanced parentheses; a parenthesis in a value is written \\28)."""
+    depth, closed_at = 0, -1
+    for index, char in enumerate(value):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth < 0:
+            break
+        if depth == 0 and char == ")" and closed_at < 0:
+            closed_at = index
+    if not value.startswith("(") or depth != 0:
+        raise ValueError(
+            f"{value!r} is not an LDAP filter; write it in balanced parentheses, like (objectClass=person)"
+        )
+    if closed_at != len(value) - 1:
+        raise ValueError(f"{value!r} is several LDAP filters; join them in one, like (&(objectClass=person)(mail=*))")
+    return value
+
+
+def _at_least_a_second(value: str) -> str:
+    if duration_seconds(value) < 1:
+        raise ValueError(f"{value!r} is too short; at least 1s")
+    return value
+
+
+LDAPFilter = Annotated[str, AfterValidator(_ldap_filter)]
+LDAPAttribute = Annotated[str, AfterValidator(_ldap_attribute)]
+
+
+class LDAPGroups(Section):
+    """Where the directory's groups are, and how a group lists its members."""
+
+    base_dn: str = Field("", description="Where groups are searched; the directory's base_dn when empty.")
+    filter: LDAPFilter = Field(
+        "(|(objectClass=groupOfNames)(objectClass=groupOfUniqueNames)(objectClass=posixGroup)(objectClass=group))",
+        description="Which entries are groups (an LDAP filter).",
+    )
+    member_attribute: LDAPAttribute = Field(
+        "member",
+        description="The attribute listing a group's members: by DN (member, uniqueMember) or by login (memberUid).",
+    )
+    name_attribute: LDAPAttribute = Field(
+        "cn", description="The attribute holding a group's name, as roles and memberships name the group."
+    )
+
+
+class LDAPMembership(Section):
+    """The members of one directory group put in one organization, team or project."""
+
+    group: str = Field(min_length=1, description="The group, by its name (groups.name_attribute) or its DN.")
+    target: str = Field(
+        min_length=1,
+        description="Where its members belong: org:NAME, team:ORG/TEAM, project:ORG/TEAM/PROJECT, or an ID.",
+    )
+    role: Literal["member", "manager"] = Field("member", description="Their role there: member or manager.")
+
+
+class LDAPSettings(Section):
+    """Sign-in checked by a directory (OpenLDAP, Active Directory), its groups as roles and memberships; off while
+    ``urls`` is empty. The service account's password is never in the body: ``bind_password`` names a stored secret."""
+
+    urls: list[str] = Field(
+        default_factory=list,
+        description="The directory's servers, tried in order (ldap://HOST:389 or ldaps://HOST:636); LDAP is off when empty.",
+    )
+    base_dn: str = Field("", description="Where people are searched (dc=example,dc=com); required with urls.")
+    bind_dn: str = Field(
+        "", description="The service account that searches the directory; anonymous searches when empty."
+    )
+    bind_password: str = Field(
+        "store:auth/ldap-bind",
+        description="The service account's password, as store:NAME naming a stored secret (PUT /api/v1/auth/secrets/ldap-bind).",
+    )
+    login_attribute: LDAPAttribute = Field(
+        "uid", description="The attribute people sign in with: uid (OpenLDAP) or sAMAccountName (Active Directory)."
+    )
+    user_filter: LDAPFilter = Field(
+        "(objectClass=person)", description="Which entries are people who may sign in (an LDAP filter)."
+    )
+    disabled_filter: str = Field(
+        "",
+        description="Which of those are disabled there, refused and suspended (an LDAP filter; Active Directory: "
+        "(userAccountControl:1.2.840.113556.1.4.803:=2)); none when empty.",
+    )
+    email_attribute: LDAPAttribute = Field("mail", description="The attribute holding a person's e-mail address.")
+    name_attribute: LDAPAttribute = Field("cn", description="The attribute holding a person's display name.")
+    groups: LDAPGroups = Field(default_factory=LDAPGroups, description="Where groups are and how they list members.")
+    roles: dict[str, DirectoryRole] = Field(
+        default_factory=dict,
+        description="Group (name or DN) → the role its members get: viewer, operator, billing or admin, the highest "
+        "of a person's groups winning (in that order), none when in no such group; roles are left alone when empty.",
+    )
+    memberships: list[LDAPMembership] = Field(
+        default_factory=list, description="Groups whose members belong to an organization, team or project."
+    )
+    sync_interval: Annotated[str, AfterValidator(_at_least_a_second)] = Field(
+        "15m", description="How often the leader reads the whole directory (accounts, suspensions, roles); at least 1s."
+    )
+    start_tls: bool = Field(False, description="Upgrade ldap:// connections to TLS with StartTLS before binding.")
+    tls_verify: bool = Field(True, description="Check the server's TLS certificate (ldaps:// and StartTLS).")
+    ca_file: str = Field(
+        "", description="A PEM file of the CAs the server's certificate is checked against; the system's when empty."
+    )
+    timeout: Annotated[str, AfterValidator(_at_least_a_second)] = Field(
+        "10s", description="How long one connection, bind or search may take; at least 1s."
+    )
+    label: str = Field("", description="What the sign-in page calls this directory (Company directory).")
+
+    @field_validator("urls")
+    @classmethod
+    def _urls(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            scheme, _, rest = url.partition("://")
+            if scheme.lower() not in ("ldap", "ldaps") or not rest.strip("/"):
+                raise ValueError(f"{url!r} is not a directory address; write ldap://HOST:389 or ldaps://HOST:636")
+        return urls
+
+    @field_validator("disabled_filter")
+    @classmethod
+    def _disabled(cls, value: str) -> str:
+        return _ldap_filter(value) if value else value
+
+    @field_validator("bind_password")
+    @classmethod
+    def _stored(cls, value: str) -> str:
+        if not value.startswith("store:") or value == "store:":
+            raise ValueError(
+                "name a stored secret as store:NAME (store:auth/ldap-bind, kept by PUT /api/v1/auth/secrets/ldap-bind); "
+                "the password itself is never written in the settings"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _together(self) -> LDAPSettings:
+        if self.urls and not self.base_dn:
+            raise ValueError("base_dn is required with urls: where people are searched, like dc=example,dc=com")
+        if self.start_tls and any(url.lower().startswith("ldaps://") for url in self.urls):
+            raise ValueError(
+                "start_tls is for ldap:// URLs; an ldaps:// URL is TLS from the start, so leave start_tls off"
+            )
+        return self
+
+    @property
+    def timeout_seconds(self) -> float:
+        return duration_seconds(self.timeout)
+
+    @property
+    def sync_seconds(self) -> float:
+        return duration_seconds(self.sync_interval)
+
+
 class AuthSettings(Section):
     """How people and providers authenticate."""
 
@@ -235,6 +395,10 @@ class AuthSettings(Section):
     oidc: OidcSettings = Field(
         default_factory=OidcSettings,
         description="Single sign-on through an OpenID provider; off while issuer is empty.",
+    )
+    ldap: LDAPSettings = Field(
+        default_factory=LDAPSettings,
+        description="Sign-in checked by a directory, and its groups; off while urls is empty.",
     )
 
     @field_validator("base_url")

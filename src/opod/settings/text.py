@@ -121,7 +121,7 @@ def _duplicates(node: yaml.Node, path: tuple[int | str, ...] = ()) -> list[Probl
 
 def _scope_problems(settings: ClusterSettings, root: yaml.Node | None, check: ScopeCheck) -> list[Problem]:
     """Every scope the body names, read by ``check``: a budget's scope, the keys of keys.scopes and retention.projects,
-    and the places auth.oidc.group_memberships names."""
+    the places auth.oidc.group_memberships names, and the targets of auth.ldap.memberships."""
     places: list[tuple[tuple[int | str, ...], str, tuple[str, ...], bool]] = [
         (("budgets", i, "scope"), budget.scope, ANY_SCOPE, False) for i, budget in enumerate(settings.budgets)
     ]
@@ -133,6 +133,10 @@ def _scope_problems(settings: ClusterSettings, root: yaml.Node | None, check: Sc
         (("auth", "oidc", "group_memberships", group, i, "target"), place.target, ("org", "team", "project"), False)
         for group, held in settings.auth.oidc.group_memberships.items()
         for i, place in enumerate(held)
+    ]
+    places += [
+        (("auth", "ldap", "memberships", i, "target"), grant.target, ("org", "team", "project"), False)
+        for i, grant in enumerate(settings.auth.ldap.memberships)
     ]
     problems = []
     for loc, text, kinds, at_key in places:
