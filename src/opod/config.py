@@ -82,6 +82,8 @@ CONFIG_OVERRIDES: tuple[Override, ...] = (
         "split like a shell line and run without one; {python}, {package}, {build} and {index} are filled in "
         "(default: {python} -m pip install {package} --extra-index-url {index}).",
     ),
+    Override("VAULT_ADDR", "HashiCorp Vault's address, for a federation peer's key named vault:PATH#FIELD."),
+    Override("VAULT_TOKEN", "The token a leader reads Vault with, for a federation peer's key named vault:PATH#FIELD."),
 )
 
 _OVERRIDE_NAMES = frozenset(o.name for o in CONFIG_OVERRIDES)
@@ -100,6 +102,13 @@ def read(name: str, environ: Mapping[str, str] | None = None) -> str | None:
     if value is None or not value.strip():
         return None
     return value.strip()
+
+
+def named_by_operator(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """A variable a setting names by itself (a federation peer's key as ``env:NAME``): read because an operator
+    asked for it by that name, so it is in no table. ``None`` when unset or blank."""
+    value = (os.environ if environ is None else environ).get(name)
+    return value.strip() if value is not None and value.strip() else None
 
 
 def flag(name: str, environ: Mapping[str, str] | None = None) -> bool:

@@ -18,6 +18,7 @@ TABLES = {
     "client_job_lines",
     "client_jobs",
     "events",
+    "federation_peers",
     "file_chunks",
     "files",
     "keys",

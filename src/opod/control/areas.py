@@ -16,6 +16,7 @@ from opod.control import (
     audit_log,
     capacity,
     client_jobs,
+    federation,
     keys,
     metrics,
     models,
@@ -55,6 +56,7 @@ def admin_areas(ctx: ControlContext) -> list[APIRouter]:
         tenancy.router(ctx.tenancy),
         usage.router(ctx.store, ctx.budgets, ctx.tenancy),
         requests.router(ctx.store, ctx.replay),
+        federation.router(ctx.federation),
     ]
 
 

@@ -15,6 +15,7 @@ from opod.access.secrets import AuthSecrets
 from opod.access.service import AccessService
 from opod.access.tenancy import Tenancy
 from opod.catalog import Catalog
+from opod.fleet.federation import Federation
 from opod.fleet.followers import EventSink, Reconciling
 from opod.fleet.models import ModelRegistry
 from opod.fleet.models_service import ModelsService
@@ -52,6 +53,8 @@ class ControlContext:
     """The sign-in secrets (``/auth/secrets``) and SCIM's bearer token."""
     directory: Directory
     """Sign-in checked by ``auth.ldap``'s directory, its sync and its view (``/auth``, ``/auth/ldap/test``)."""
+    federation: Federation
+    """Other opod clusters whose models are offered here as PEER/MODEL (``/federation``)."""
     tenancy: Tenancy
     """Organizations, teams and projects in memory (``/orgs``, ``/teams``, ``/projects``, keys' owners): the one writer."""
     fleet: Fleet

@@ -18,7 +18,7 @@ from typing import Any
 from fastapi import APIRouter, Query
 
 from opod.contract.admin.catalog import CatalogCanary
-from opod.contract.admin.common import JudgeView, Removed
+from opod.contract.admin.common import JudgeView
 from opod.contract.admin.hardware import (
     FabricsReport,
     FabricTestRequest,
@@ -49,9 +49,6 @@ from opod.contract.admin.models import (
     Result,
 )
 from opod.contract.admin.services import (
-    FederationAddRequest,
-    FederationStatus,
-    FederationView,
     GuardAttachment,
     GuardAttachmentRequest,
     GuardEventsView,
@@ -234,26 +231,6 @@ UNBUILT: tuple[Unbuilt, ...] = (
         list[ModelserveUpdateInfo],
         tag="updates",
         body=CheckRequest | None,
-    ),
-    Unbuilt("federation", "GET", "/api/v1/federation", "getFederation", FederationView, tag="federation"),
-    Unbuilt(
-        "federation",
-        "POST",
-        "/api/v1/federation",
-        "postFederation",
-        FederationStatus,
-        tag="federation",
-        body=FederationAddRequest,
-        status=201,
-    ),
-    Unbuilt("federation", "DELETE", "/api/v1/federation/{peer}", "deleteFederationPeer", Removed, tag="federation"),
-    Unbuilt(
-        "federation",
-        "POST",
-        "/api/v1/federation/{peer}/sync",
-        "postFederationPeerSync",
-        FederationStatus,
-        tag="federation",
     ),
     Unbuilt("guardrails", "GET", "/api/v1/guard", "getGuard", GuardView, tag="guard"),
     Unbuilt(

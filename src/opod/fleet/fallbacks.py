@@ -10,12 +10,21 @@ model (``PEER/MODEL``) of a peer not known, or when it closes a cycle through ot
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Iterable
+from typing import Protocol
 
 from opod.fleet.models import KnownModel, ModelRegistry
 
 PEER_MARK = "/"
 """``PEER/MODEL`` names a federation peer's model; a model of this catalog never has a ``/`` in its name."""
+
+
+class PeerModels(Protocol):
+    """The federation's peers and the models they offer, as the rules of a list read them."""
+
+    def names(self) -> list[str]: ...
+
+    def knows(self, model: str) -> bool: ...
 
 
 def fallbacks_of(model: KnownModel) -> list[str]:
@@ -26,7 +35,7 @@ def fallbacks_of(model: KnownModel) -> list[str]:
 
 
 def fallback_problems(
-    name: str, fallbacks: Iterable[str], models: ModelRegistry, peers: Collection[str] = ()
+    name: str, fallbacks: Iterable[str], models: ModelRegistry, peers: PeerModels | None = None
 ) -> list[str]:
     """What is wrong with ``fallbacks`` as the list of the model called ``name``; empty when nothing is."""
     found: list[str] = []
@@ -42,10 +51,15 @@ def fallback_problems(
             found.append(f"{field}: a model cannot fall back to itself")
         elif PEER_MARK in item:
             peer = item.partition(PEER_MARK)[0]
-            if peer not in peers:
+            if peers is None or peer not in peers.names():
                 found.append(
                     f"{field}: {item!r} names the federation peer {peer!r}, which is not known; "
                     "GET /api/v1/federation lists the peers"
+                )
+            elif not peers.knows(item):
+                found.append(
+                    f"{field}: the federation peer {peer!r} does not offer {item!r}; "
+                    "GET /api/v1/federation lists its models"
                 )
         elif models.active(item) is None:
             found.append(f"{field}: model {item!r} is not in the catalog; GET /api/v1/models lists them")

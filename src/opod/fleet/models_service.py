@@ -36,7 +36,7 @@ from opod.contract.admin.catalog import CatalogAdapter, CatalogModel, CatalogPro
 from opod.contract.admin.models import BenchCapacity
 from opod.engines.registry import DRIVERS
 from opod.fleet.asks import profile_label
-from opod.fleet.fallbacks import fallback_problems
+from opod.fleet.fallbacks import PeerModels, fallback_problems
 from opod.fleet.followers import Reconciling
 from opod.fleet.models import ANY_NODE, KnownModel, ModelRegistry, definition_of
 from opod.fleet.scopes import ScopeTree
@@ -108,8 +108,10 @@ class ModelsService:
         scopes: ScopeTree,
         *,
         declared: frozenset[str],
+        peers: PeerModels | None = None,
     ) -> None:
-        """``declared``: the models the leader's settings declare (the built-in defaults), which are never removed."""
+        """``declared``: the models the leader's settings declare (the built-in defaults), which are never removed;
+        ``peers``: the federation's, whose models a fallback may name as PEER/MODEL (none: no fallback may)."""
         self.store = store
         self.models = models
         self.catalog = catalog
@@ -117,6 +119,7 @@ class ModelsService:
         self.reconciler = reconciler
         self.scopes = scopes
         self.declared = declared
+        self.peers = peers
 
     # --- reading ---------------------------------------------------------------------------------------
 
@@ -216,7 +219,7 @@ class ModelsService:
                 "or remove it first, or choose another name"
             )
         self._name_conflicts(definition)
-        _refuse(fallback_problems(name, definition.fallbacks or [], self.models))
+        _refuse(fallback_problems(name, definition.fallbacks or [], self.models, self.peers))
         try:
             entry, bundled = entry_for(definition, self.catalog.get(name))
         except DefinitionError as err:
@@ -314,7 +317,7 @@ class ModelsService:
                 f"{model.id!r} comes from the catalog file, not the management API, so its fallbacks are its "
                 "catalog entry's 'fallback' list; add a model with POST /api/v1/models to set them here"
             )
-        _refuse(fallback_problems(model.id, fallbacks, self.models))
+        _refuse(fallback_problems(model.id, fallbacks, self.models, self.peers))
         update = {"fallbacks": list(fallbacks) or None}
         return await self._redefine(model, definition_of(model).model_copy(update=update), audit)
 

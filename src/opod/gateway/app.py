@@ -20,7 +20,7 @@ from starlette.routing import Route
 
 from opod.access.keytable import KeyEntry, KeyTable
 from opod.contract.adminapi import AdmissionClass, PlanSnapshot
-from opod.fleet.fallbacks import PEER_MARK, fallbacks_of
+from opod.fleet.federation import Federation
 from opod.fleet.models import ModelRegistry
 from opod.fleet.router import RouteRequest, RoutingPolicy, choose_revision
 from opod.fleet.state import Fleet
@@ -31,6 +31,7 @@ from opod.gateway.embeddings import cut_embeddings
 from opod.gateway.exchange import Chains, Exchange, Meter, UsageRecorder
 from opod.gateway.guardrails import Guardrails
 from opod.gateway.kept_bodies import BodyKeeping
+from opod.gateway.overflow import Overflow
 from opod.gateway.prefix import PrefixHasher
 from opod.gateway.profiles import RoutingProfiles
 from opod.gateway.promptsize import PromptSize, TemplateCost, asked_limit, completion_bound, default_limit, prompt_size
@@ -105,6 +106,7 @@ class Gateway:
         bodies: BodyKeeping | None = None,
         profiles: RoutingProfiles | None = None,
         default_max_tokens: Callable[[], int] | None = None,
+        federation: Federation | None = None,
     ) -> None:
         self.fleet = fleet
         self.demand = demand
@@ -112,6 +114,8 @@ class Gateway:
         self.models = models
         self.keys = keys
         self.relay = relay
+        self.overflow = Overflow(models, fleet, relay, federation)
+        """A model's fallbacks and the federation's peers."""
         self.admission = admission
         """Engine slots by class and team; the leader swaps its policy with ``admission.configure``."""
         self.prefix = prefix
@@ -241,6 +245,7 @@ class Gateway:
             return error_response(err, request_id)
         now = int(time.time())
         data = [self.model_object(m, now) for m in sorted(self.fleet.served_models())]
+        data += [{"id": m, "object": "model", "created": now, "owned_by": "peer"} for m in self.overflow.peer_models()]
         return JSONResponse({"object": "list", "data": data}, headers={"X-Request-Id": request_id})
 
     async def retrieve_model(self, request: Request) -> Response:
@@ -262,12 +267,13 @@ class Gateway:
         """The model ``name`` stands for (itself, or the model it is an alias of); :class:`ModelNotFound` otherwise.
 
         The one rule for a model's name on ``/v1``: a model added to this leader, by its id or one of its
-        definition's aliases (``ModelRegistry.named``, as ``/api/v1`` reads names), or one a worker serves.
+        definition's aliases (``ModelRegistry.named``, as ``/api/v1`` reads names), one a worker serves, or a
+        federation peer's (``PEER/MODEL``).
         """
         known = self.models.named(name)
         if known is not None:
             return known.id
-        if self.fleet.serves(name):
+        if self.fleet.serves(name) or self.overflow.is_peer_model(name):
             return name
         raise ModelNotFound(name, sorted(self.fleet.served_models() | set(self.models.ids())))
 
@@ -329,6 +335,7 @@ class Gateway:
     ) -> Response:
         key = self.authenticate(headers, caller)
         exchange.identified(key)
+        hops = self.overflow.check_hops(headers)
         body = read_whole(request)
         if body is None or len(body) > spec.body_cap:
             body = await read_body(request, spec.body_cap)
@@ -336,6 +343,11 @@ class Gateway:
         payload = json_object(body)
         received = body  # as the client sent it: the body kept for inspection and replay
         model = self.resolve_model(payload, spec)
+        peer = self.overflow.peer_target(model)
+        if peer is None and self.overflow.is_peer_model(model):
+            raise NoCapacity(
+                f"The federation peer that serves {model!r} is down or no longer offers it. Retry shortly."
+            )
         traits = self.traits(model)
         changed = spec.check(payload, traits)
         changed = model != payload.get("model") or changed
@@ -379,27 +391,32 @@ class Gateway:
             await self.reserve(exchange, model, payload, prompt)
         if policy is not None and policy.guardrails:
             body = await self.guardrails.pre(policy, exchange.request_id, model, body, exchange.guarded())
-        if self.demand is not None and (starting := self.demand(model)) is not None:
-            await starting  # nothing serves it yet: the reconciler starts a replica and this request waits for it
-        klass = resolve_class(key.admission_class if key is not None else "", _text(headers.get(b"x-opod-class")))
         # A whole answer the post guardrails judge is held: its row waits for their verdict.
         hold = not stream and policy is not None and bool(policy.guardrails_for("post"))
         call = RelayCall(spec.path, body, stream, strip_usage, exchange, assemble)
-        try:
-            await self._admit(model, klass, key, exchange)
-            routing = self.routing_policy(policy)
-            if self.profiles is not None and key is not None and key.routing_profile:
-                routing = self.profiles.routing(routing, key.routing_profile)
-            route = self.route_request(model, payload, routing, exchange.request_id)
+        if peer is not None:
             exchange.relaying(hold)
-            response = await self.relay.forward(call, route, routing)
-        except Stopping:
-            raise
-        except NoCapacity as refusal:  # every slot taken past the hold, or no worker took it before its first byte
-            if not self._falls_back(model, policy):
+            exchange.routed({"peer": peer.peer})
+            response = await self.overflow.to_peer(peer, call, payload, exchange, hops)
+        else:
+            if self.demand is not None and (starting := self.demand(model)) is not None:
+                await starting  # nothing serves it yet: the reconciler starts a replica and this request waits for it
+            klass = resolve_class(key.admission_class if key is not None else "", _text(headers.get(b"x-opod-class")))
+            try:
+                await self._admit(model, klass, key, exchange)
+                routing = self.routing_policy(policy)
+                if self.profiles is not None and key is not None and key.routing_profile:
+                    routing = self.profiles.routing(routing, key.routing_profile)
+                route = self.route_request(model, payload, routing, exchange.request_id)
+                exchange.relaying(hold)
+                response = await self.relay.forward(call, route, routing)
+            except Stopping:
                 raise
-            exchange.relaying(hold)
-            response = await self.fallback(call, model, payload, exchange, policy, refusal)
+            except NoCapacity as refusal:  # every slot taken past the hold, or no worker took it before its first byte
+                if not self.overflow.available(model, policy):
+                    raise
+                exchange.relaying(hold)
+                response = await self.overflow.fall_back(call, model, payload, exchange, policy, refusal, hops)
         if dimensions is not None and not stream:
             response = cut_embeddings(response, dimensions)
         if policy is not None and policy.guardrails:
@@ -488,47 +505,6 @@ class Gateway:
         else:
             exchange.admitted(permit, str(klass))
 
-    def _falls_back(self, model: str, policy: PolicyView | None) -> bool:
-        """Whether ``model`` has somewhere to go when it cannot serve: a fallback model, or the policy's URL."""
-        known = self.models.active(model)
-        return bool(known is not None and fallbacks_of(known)) or (
-            policy is not None and policy.routing.fallback is not None
-        )
-
-    async def fallback(
-        self,
-        call: RelayCall,
-        model: str,
-        payload: dict[str, Any],
-        exchange: Exchange,
-        policy: PolicyView | None,
-        refusal: NoCapacity,
-    ) -> Response:
-        """No worker could take the request before its first byte: the model's catalog fallbacks, then the policy's URL."""
-        known = self.models.active(model)
-        for alternative in fallbacks_of(known) if known is not None else []:
-            if alternative == model or PEER_MARK in alternative or not self.fleet.serves(alternative):
-                continue
-            # The usage row's route names the fallback; each attempt's routing record joins it.
-            exchange.fell_back(alternative)
-            body = json.dumps({**payload, "model": alternative}).encode()
-            try:
-                response = await self.relay.forward(
-                    RelayCall(call.path, body, call.stream, call.strip_usage, exchange, call.assemble),
-                    RouteRequest(model=alternative),
-                )
-            except NoCapacity:
-                continue
-            response.headers[FALLBACK_HEADER] = alternative
-            return response
-        target = policy.routing.fallback if policy is not None else None
-        if target is None:
-            raise refusal
-        exchange.fell_back(target.url)
-        response = await self.relay.external(target, call, payload)
-        response.headers[FALLBACK_HEADER] = target.url
-        return response
-
     async def _after(
         self, policy: PolicyView, exchange: Exchange, model: str, body: bytes, response: Response, stream: bool
     ) -> Response:
@@ -569,9 +545,6 @@ class Gateway:
             code, what = UNSUPPORTED[spec.capability]
             raise NotSupported(f"The model {model!r} {what}.", code)
         return model
-
-
-FALLBACK_HEADER = "X-Opod-Fallback"
 
 
 def routing_policy(view: PolicyView | None) -> RoutingPolicy:

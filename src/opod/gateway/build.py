@@ -15,6 +15,7 @@ from opod.access.keytable import KeyTable
 from opod.access.tenancy import Tenancy
 from opod.contract.adminapi import PolicyAdmission
 from opod.fleet.affinity import AffinityTable
+from opod.fleet.federation import Federation
 from opod.fleet.local import LocalEngines
 from opod.fleet.models import ModelRegistry
 from opod.fleet.prefix_index import PrefixIndex
@@ -49,6 +50,8 @@ class ClusterRules:
     """Where kept request bodies are written (``Ledger.bodies``)."""
     demand: Demand
     """Told of every request's model (``Reconciler.requested``)."""
+    federation: Federation
+    """Other clusters whose models are named ``PEER/MODEL``, and this cluster's id for the hop header."""
 
 
 def build_gateway(
@@ -99,4 +102,5 @@ def build_gateway(
         profiles=profiles,
         bodies=bodies,
         default_max_tokens=default_max_tokens,
+        federation=rules.federation if rules is not None else None,
     )

@@ -34,6 +34,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +48,7 @@ from opod.gateway.engine_refusal import Refusal, refusal_body
 from opod.gateway.outcome import Outcome, RelayObserver
 from opod.gateway.sse import assemble_completion, relay_sse
 from opod.http import fastjson
-from opod.http.errors import NoCapacity
+from opod.http.errors import LoopDetected, NoCapacity
 from opod.http.fastpath import PreparedResponse
 from opod.http.nodeclient import WorkerClient, WorkerUnavailable
 from opod.http.upstream import UpstreamResponse, origin, split_url
@@ -276,11 +277,17 @@ class Relay:
             if not handed_over and resp is not None:
                 resp.release()
 
-    async def external(self, target: Fallback, call: RelayCall, payload: dict[str, Any]) -> Response:
-        """Send the request to the policy's fallback (an OpenAI-compatible base URL such as https://host/v1)."""
+    async def external(
+        self, target: Fallback, call: RelayCall, payload: dict[str, Any], extra: Mapping[str, str] | None = None
+    ) -> Response:
+        """Send the request to an OpenAI-compatible base URL such as https://host/v1 (the policy's fallback, a
+        federation peer), with ``extra`` headers. A 508 (the request came round a loop of clusters) is answered as
+        it is; another 5xx, or no answer, is :class:`NoCapacity`."""
         observer = call.observer
-        body = json.dumps({**payload, "model": target.model or payload.get("model")}).encode()
-        headers = {"Content-Type": "application/json", "X-Request-Id": observer.request_id}
+        # The body as the guardrails left it, the model named as the target names it.
+        sent_body = json.loads(call.body) if target.model else payload
+        body = json.dumps({**sent_body, "model": target.model or payload.get("model")}).encode()
+        headers = {"Content-Type": "application/json", "X-Request-Id": observer.request_id, **(extra or {})}
         if target.key:
             headers["Authorization"] = f"Bearer {target.key}"
         sent = time.perf_counter()
@@ -292,7 +299,7 @@ class Relay:
             raise NoCapacity(
                 "No worker could serve the request and the fallback did not answer. Retry shortly."
             ) from None
-        if resp.status >= 500:
+        if resp.status >= 500 and resp.status != LoopDetected.status:
             detail = (await resp.text())[:200]
             resp.release()
             log.warning(

@@ -120,6 +120,21 @@ class NoCapacity(GatewayError):
         super().__init__(message, headers={"Retry-After": str(retry_after)})
 
 
+class LoopDetected(GatewayError):
+    """A request came back to a cluster it already passed through (federation peers that fall back to each other):
+    508, so it is not sent round again."""
+
+    status = 508
+    type = "invalid_request_error"
+    code = "loop_detected"
+
+    def __init__(self, cluster: str, hops: str) -> None:
+        super().__init__(
+            f"This request already passed through this cluster ({cluster}; its hops: {cut(hops, 200)}): federation "
+            "peers send it to each other. Change the models' fallbacks so they do not lead back here."
+        )
+
+
 def error_response(error: GatewayError, request_id: str) -> Response:
     headers = {"X-Request-Id": request_id, **error.headers}
     return Response(json.dumps(error.body()), status_code=error.status, media_type="application/json", headers=headers)

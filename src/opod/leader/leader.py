@@ -36,6 +36,7 @@ from opod.contract.catalog import Entry
 from opod.control.app import create_app as create_control_app
 from opod.control.areas import public_areas
 from opod.control.context import ControlContext
+from opod.fleet.federation import Federation, cluster_id
 from opod.fleet.local import LocalEngines
 from opod.fleet.models import ModelRegistry
 from opod.fleet.models_service import ModelsService
@@ -217,6 +218,7 @@ class Leader:
         nodes = NodesService(
             store, fleet, workers=workers, bindings=access, prefix_index=index, events=emit, reconciler=reconciler
         )
+        federation = Federation.load(store, models, cluster_id(store))
         models_service = ModelsService(
             store,
             models,
@@ -225,6 +227,7 @@ class Leader:
             reconciler,
             scopes,
             declared=frozenset(DEFAULT_MODELS) if settings.default_models else frozenset(),
+            peers=federation,
         )
         models_service.resolve_stored_owners()
         lifecycle = LifecycleWatch(fleet, reconciler.parked, emit)
@@ -266,6 +269,7 @@ class Leader:
                 tenancy=tenancy,
                 bodies=ledger.bodies,
                 demand=reconciler.requested,
+                federation=federation,
             ),
         )
         admission, prompts, guardrails = gateway.admission, gateway.prompts, gateway.guardrails
@@ -298,6 +302,7 @@ class Leader:
             tls=tls is not None,
             stopping=lambda: admission.stopping,
             webhook_counts=webhooks.counts,
+            cluster=federation.cluster,
         )
         members, auth_secrets = Memberships(people, tenancy, access), AuthSecrets(store, cluster_settings)
         oidc = OidcSignIn(cluster_settings, auth_secrets, people, members, StateSeal(secrets_key.derive(SEAL_PURPOSE)))
@@ -309,6 +314,7 @@ class Leader:
             members=members,
             secrets=auth_secrets,
             directory=Directory(cluster_settings, auth_secrets, people, tenancy),
+            federation=federation,
             tenancy=tenancy,
             fleet=fleet,
             models=models,
@@ -430,6 +436,7 @@ class Leader:
             self.control.quotas.run,
         ]
         work.append(DirectorySyncing(self.control.directory, self.cluster_settings).run)  # auth.ldap's directory read
+        work.append(self.control.federation.run)  # the federation's peers checked
         background = [asyncio.create_task(run(stop)) for run in work]
         serving = asyncio.create_task(serve(list(listeners), listeners_stop), name="listeners")
         try:

@@ -31,6 +31,7 @@ from opod.control.audit import open_draft, record_after
 from opod.control.listener import ACTOR
 from opod.control.scim_wire import PREFIX as SCIM_PREFIX
 from opod.control.scim_wire import ScimError
+from opod.fleet.federation import CLUSTER_HEADER
 from opod.http.errors import BadRequest, Unauthorized, UnknownRoute, cut, error_response
 from opod.http.fastpath import FastPath, Handler
 from opod.http.inbound import check_nesting, json_value, request_id_for
@@ -80,7 +81,14 @@ def probe_routes(ctx: AdminContext) -> list[Route]:
         return PlainTextResponse("ok\n")
 
     async def readyz(request: Request) -> Response:
-        """Ready while some model serves; each wanted model that cannot is named with why (the 503's words)."""
+        """Ready while some model serves; each wanted model that cannot is named with why (the 503's words).
+        Every answer names this cluster, as a federation peer that checks it shows it."""
+        response = _readiness(request)
+        if ctx.cluster:
+            response.headers[CLUSTER_HEADER] = ctx.cluster
+        return response
+
+    def _readiness(request: Request) -> Response:
         if ctx.stopping():
             return JSONResponse(
                 {

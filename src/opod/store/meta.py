@@ -25,6 +25,14 @@ class MetaRepo(Repository):
         with self._write() as conn:
             conn.execute(statement)
 
+    def meta_once(self, key: str, value: str) -> str:
+        """The value under ``key``, set to ``value`` first when it has none: the first writer wins, on every leader."""
+        text_arg(key, "meta key")
+        statement = self._upsert(meta, {"key": key, "value": value}, on=["key"], update={"key": meta.c.key})
+        with self._write() as conn:
+            conn.execute(statement)
+            return str(conn.execute(select(meta.c.value).where(meta.c.key == key)).scalar_one())
+
     def next_boot(self) -> int:
         """Count one more leader start and return its number (1, 2, …); atomic across processes."""
         increment = {"value": cast(cast(meta.c.value, BigInteger) + 1, Text)}

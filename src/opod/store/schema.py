@@ -288,3 +288,15 @@ request_bodies = Table(
     Column("response", Text, nullable=False),
     Column("truncated", Boolean, nullable=False),
 )
+
+# 0021: other opod clusters whose models this one offers as PEER/MODEL (federation); the key is named, never kept.
+federation_peers = Table(
+    "federation_peers",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("url", Text, nullable=False),
+    Column("key_file", Text, nullable=False),
+    Column("send_tags", Boolean, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("created_by", Text, nullable=False),
+)

@@ -21,6 +21,7 @@ from opod.store.client_jobs import ClientJobsRepo
 from opod.store.engine import make_engine, mask, reason, resolve_url, sqlite_files, use_incremental_vacuum
 from opod.store.errors import StoreError
 from opod.store.events import EventsRepo
+from opod.store.federation import FederationRepo
 from opod.store.files import FilesRepo
 from opod.store.keys import KeysRepo
 from opod.store.meta import MetaRepo
@@ -59,6 +60,7 @@ class Store(
     ClientJobsRepo,
     QuotasRepo,
     RequestsRepo,
+    FederationRepo,
 ):
     def __init__(self, engine: Engine, secrets_key: SecretsKey | None = None) -> None:
         """Use :meth:`open`; this wraps an engine whose database is already migrated."""

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import typer
 
-from opod.cli.ctl import fleet, models, operations, people, presets, replicas, settings, tenancy, usage
+from opod.cli.ctl import federation, fleet, models, operations, people, presets, replicas, settings, tenancy, usage
 
 app = typer.Typer(
     help="Operate the fleet through the management API: summary, nodes, models, replicas, restarts, placement, presets, weights, "
-    "tenancy, people, keys, quotas, usage, audit, settings, client jobs, webhooks, secrets.",
+    "tenancy, people, keys, quotas, usage, audit, settings, client jobs, webhooks, secrets, federation.",
     no_args_is_help=True,
 )
 app.command("summary")(fleet.summary)
@@ -37,3 +37,4 @@ app.command("audit")(usage.audit)
 app.add_typer(settings.settings, name="settings")
 app.add_typer(operations.jobs, name="jobs")
 app.add_typer(operations.notify, name="notify")
+app.add_typer(federation.federation, name="federation")

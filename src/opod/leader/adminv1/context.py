@@ -62,6 +62,8 @@ class AdminContext:
     """True once the leader stops taking new requests: ``/readyz`` says not ready."""
     webhook_counts: WebhookCounts | None = None
     """What became of the events offered to the settings' webhooks, for ``/metrics``."""
+    cluster: str = ""
+    """This cluster's id, on ``/readyz`` answers for federation peers (``X-Llmgw-Cluster``)."""
 
     def node(self, node_id: str) -> NodeState:
         node = self.fleet.get(node_id)
