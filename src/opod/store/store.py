@@ -32,6 +32,7 @@ from opod.store.placements import PlacementsRepo
 from opod.store.presets import PresetsRepo
 from opod.store.quotas import QuotasRepo
 from opod.store.requests import RequestsRepo
+from opod.store.scim import ScimRepo
 from opod.store.secrets import SecretsRepo
 from opod.store.settings import SettingsRepo
 from opod.store.tenancy import TenancyRepo
@@ -59,6 +60,7 @@ class Store(
     ClientJobsRepo,
     QuotasRepo,
     RequestsRepo,
+    ScimRepo,
 ):
     def __init__(self, engine: Engine, secrets_key: SecretsKey | None = None) -> None:
         """Use :meth:`open`; this wraps an engine whose database is already migrated."""
