@@ -71,3 +71,15 @@ def new_user(email: str, name: str = "", external_id: str = "", active: bool = T
 
 def patch(*operations: dict) -> dict:
     return {"schemas": [PATCH_SCHEMA], "Operations": list(operations)}
+
+
+def map_groups(leader: Leader, mapping: dict) -> None:
+    """Put ``auth.scim_groups`` in the cluster settings (the rest of them kept)."""
+    status, current = admin(leader, "GET", "/api/v1/settings")
+    assert status == 200, current
+    lines = ["auth:", "  scim_groups:"] + [
+        f"    {json.dumps(name)}: {json.dumps(grant)}" for name, grant in mapping.items()
+    ]
+    body = "\n".join(lines) + "\n"
+    status, answer = admin(leader, "PUT", "/api/v1/settings", {"base": current.get("version", 0), "body": body})
+    assert status == 200, answer

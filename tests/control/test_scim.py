@@ -17,12 +17,13 @@ from tests.control.scim_support import (
     LIST_SCHEMA,
     USER_SCHEMA,
     admin,
+    map_groups,
     new_user,
     patch,
     scim,
 )
 from tests.support.inprocess import InProcessLeader as Leader
-from tests.support.opod_process import http
+from tests.support.opod_process import http, wait_until
 
 TOKEN = "scim-tok-5d1f0c7e9a2b4c68"
 ENTERPRISE = "urn:ietf:params:scim:schemas:extension:enterprise:2.0:User"
@@ -88,8 +89,8 @@ def test_a_provider_creates_a_person_and_finds_them_by_user_name(leader: Leader)
     assert found["Resources"][0]["id"] == ada["id"]
     status, _, none = scim(leader, "GET", "/Users?filter=userName%20eq%20%22nobody@example.com%22", token=TOKEN)
     assert (status, none["totalResults"], none.get("Resources", [])) == (200, 0, [])
-    status, _, bad = scim(leader, "GET", "/Users?filter=name%20co%20%22x%22", token=TOKEN)
-    assert status == 400 and bad["scimType"] == "invalidFilter" and 'userName eq "VALUE"' in bad["detail"]
+    status, _, bad = scim(leader, "GET", "/Users?filter=userName%20is%20%22x%22", token=TOKEN)
+    assert status == 400 and bad["scimType"] == "invalidFilter" and bad["schemas"] == [ERROR_SCHEMA]
     status, person = admin(leader, "GET", "/api/v1/users/ada@example.com")
     assert status == 200 and (person["id"], person["name"], person["state"]) == (ada["id"], "Ada Lovelace", "active")
 
@@ -120,7 +121,8 @@ def test_a_provider_updates_a_person_with_patch_and_put(leader: Leader) -> None:
         patch({"op": "replace", "path": "name.givenName", "value": "Augusta"}),
         TOKEN,
     )
-    assert status == 200 and changed["displayName"] == "Augusta", changed
+    assert status == 200 and changed["name"]["givenName"] == "Augusta", changed
+    assert changed["displayName"] == "Countess Ada"  # what the provider wrote reads back as it wrote it
     body = new_user("ada.lovelace@example.com", "Ada King", "ext-ada")
     body["id"] = ada["id"]
     status, _, replaced = scim(leader, "PUT", f"/Users/{ada['id']}", body, TOKEN)
@@ -166,21 +168,24 @@ def test_a_deactivated_persons_key_stops_on_v1_at_once_and_comes_back(leader: Le
     assert http("GET", f"{leader.url}/v1/models", key=key["secret"])[0] == 200
 
 
-def test_a_group_push_makes_memberships_and_taking_someone_out_revokes_their_keys(
+def test_a_mapped_group_push_makes_memberships_and_taking_someone_out_revokes_their_keys(
     leader: Leader, tree: dict[str, str]
 ) -> None:
+    map_groups(leader, {"ML Engineers": "acme/ml"})
     bob = scim(leader, "POST", "/Users", new_user("bob@example.com", "Bob Babbage"), TOKEN)[2]
     cyd = scim(leader, "POST", "/Users", new_user("cyd@example.com"), TOKEN)[2]
     status, headers, group = scim(
         leader,
         "POST",
         "/Groups",
-        {"schemas": [GROUP_SCHEMA], "displayName": "acme/ml", "members": [{"value": bob["id"]}]},
+        {"schemas": [GROUP_SCHEMA], "displayName": "ML Engineers", "members": [{"value": bob["id"]}]},
         TOKEN,
     )
     assert status == 201, group
-    assert group["id"] == tree["acme/ml"] and group["displayName"] == "acme/ml"
+    assert group["id"].startswith("grp_") and group["displayName"] == "ML Engineers"
+    assert headers["location"].endswith(f"/scim/v2/Groups/{group['id']}")
     assert [m["value"] for m in group["members"]] == [bob["id"]]
+    group_id = group["id"]
     (membership,) = admin(leader, "GET", f"/api/v1/users/{bob['id']}")[1]["memberships"]
     assert (membership["target"], membership["path"], membership["role"], membership["by"]) == (
         tree["acme/ml"],
@@ -193,24 +198,24 @@ def test_a_group_push_makes_memberships_and_taking_someone_out_revokes_their_key
     KEY_SECRETS.append(key["secret"])
     assert http("GET", f"{leader.url}/v1/models", key=key["secret"])[0] == 200
 
-    status, _, found = scim(leader, "GET", "/Groups?filter=displayName%20eq%20%22acme%2Fml%22", token=TOKEN)
-    assert status == 200 and [g["id"] for g in found["Resources"]] == [tree["acme/ml"]]
+    status, _, found = scim(leader, "GET", "/Groups?filter=displayName%20eq%20%22ml%20engineers%22", token=TOKEN)
+    assert status == 200 and [g["id"] for g in found["Resources"]] == [group_id]
     status, _, group = scim(
         leader,
         "PATCH",
-        f"/Groups/{tree['acme/ml']}",
-        patch({"op": "add", "path": "members", "value": [{"value": cyd["id"]}]}),
+        f"/Groups/{group_id}",
+        patch({"op": "Add", "path": "members", "value": [{"value": cyd["id"]}]}),
         TOKEN,
     )
     assert status == 200 and {m["value"] for m in group["members"]} == {bob["id"], cyd["id"]}
     status, _, user = scim(leader, "GET", f"/Users/{cyd['id']}", token=TOKEN)
-    assert [g["display"] for g in user["groups"]] == ["acme/ml"]
+    assert [g["display"] for g in user["groups"]] == ["ML Engineers"]
 
     status, _, group = scim(
         leader,
         "PATCH",
-        f"/Groups/{tree['acme/ml']}",
-        patch({"op": "remove", "path": f'members[value eq "{bob["id"]}"]'}),
+        f"/Groups/{group_id}",
+        patch({"op": "Remove", "path": f'members[value eq "{bob["id"]}"]'}),
         TOKEN,
     )
     assert status == 200 and [m["value"] for m in group["members"]] == [cyd["id"]]
@@ -218,33 +223,76 @@ def test_a_group_push_makes_memberships_and_taking_someone_out_revokes_their_key
     assert http("GET", f"{leader.url}/v1/models", key=key["secret"])[0] == 401
     assert admin(leader, "GET", f"/api/v1/keys/{key['id']}")[1]["state"] == "revoked"
 
-    status, _, refused = scim(leader, "POST", "/Groups", {"schemas": [GROUP_SCHEMA], "displayName": "acme/nope"}, TOKEN)
-    assert status == 400 and "POST /api/v1/teams" in refused["detail"]
     status, _, refused = scim(
         leader,
         "PATCH",
-        f"/Groups/{tree['acme/ml']}",
+        f"/Groups/{group_id}",
         patch({"op": "add", "path": "members", "value": [{"value": "usr_nobody"}]}),
         TOKEN,
     )
-    assert status == 400 and "usr_nobody" in refused["detail"]
+    assert status == 400 and "usr_nobody" in refused["detail"] and refused["schemas"] == [ERROR_SCHEMA]
     status, _, group = scim(
         leader,
         "PUT",
-        f"/Groups/{tree['acme/ml']}",
-        {"schemas": [GROUP_SCHEMA], "displayName": "acme/ml", "members": [{"value": bob["id"]}]},
+        f"/Groups/{group_id}",
+        {"schemas": [GROUP_SCHEMA], "displayName": "ML Engineers", "members": [{"value": bob["id"]}]},
         TOKEN,
     )
     assert status == 200 and [m["value"] for m in group["members"]] == [bob["id"]]  # a PUT replaces the members whole
-    status, _, refused = scim(
-        leader, "PUT", f"/Groups/{tree['acme/ml']}", {"schemas": [GROUP_SCHEMA], "displayName": "acme/renamed"}, TOKEN
-    )
-    assert status == 400 and refused["scimType"] == "mutability"
+    assert _paths(leader, cyd["id"]) == [] and _paths(leader, bob["id"]) == ["acme/ml"]
+    # Renamed out of the mapping, the group grants nothing; renamed back, it grants again.
+    rename = patch({"op": "Replace", "value": {"displayName": "ML Alumni"}})
+    assert scim(leader, "PATCH", f"/Groups/{group_id}", rename, TOKEN)[2]["displayName"] == "ML Alumni"
+    assert _paths(leader, bob["id"]) == []
+    rename = patch({"op": "replace", "path": "displayName", "value": "ML Engineers"})
+    assert scim(leader, "PATCH", f"/Groups/{group_id}", rename, TOKEN)[0] == 200
+    assert _paths(leader, bob["id"]) == ["acme/ml"]
     status, _, listed = scim(leader, "GET", "/Groups?excludedAttributes=members", token=TOKEN)
-    assert {g["displayName"] for g in listed["Resources"]} >= {"acme/ml", "acme/ml/chat"}
+    assert [g["displayName"] for g in listed["Resources"]] == ["ML Engineers"]
     assert all("members" not in g for g in listed["Resources"])
-    assert scim(leader, "DELETE", f"/Groups/{tree['acme/ml']}", token=TOKEN)[0] == 204
-    assert scim(leader, "GET", f"/Groups/{tree['acme/ml']}", token=TOKEN)[2].get("members") is None
+    assert scim(leader, "DELETE", f"/Groups/{group_id}", token=TOKEN)[0] == 204
+    status, _, gone = scim(leader, "GET", f"/Groups/{group_id}", token=TOKEN)
+    assert status == 404 and gone["schemas"] == [ERROR_SCHEMA]
+    assert _paths(leader, bob["id"]) == []
+
+
+def test_an_unmapped_group_is_kept_and_shown_and_grants_nothing_until_the_mapping_names_it(
+    leader: Leader, tree: dict[str, str]
+) -> None:
+    dan = scim(leader, "POST", "/Users", new_user("dan@example.com"), TOKEN)[2]
+    body = {"schemas": [GROUP_SCHEMA], "displayName": "Engineering", "members": [{"value": dan["id"]}]}
+    status, _, group = scim(leader, "POST", "/Groups", body, TOKEN)
+    assert status == 201 and group["displayName"] == "Engineering", group
+    assert _paths(leader, dan["id"]) == []
+    status, _, found = scim(leader, "GET", "/Groups?filter=displayName%20eq%20%22Engineering%22", token=TOKEN)
+    assert [g["id"] for g in found["Resources"]] == [group["id"]]
+    rows = admin(leader, "GET", "/api/v1/audit?actor=scim&limit=1000")[1]
+    (created,) = [r for r in rows if r["action"] == "POST /scim/v2/Groups" and r["target"] == f"group:{group['id']}"]
+    assert "grants" in created["detail"] and "nothing" in created["detail"]
+    # The operator maps it, as a manager of a project: it applies at once, and a key in the project works.
+    map_groups(leader, {"ML Engineers": "acme/ml", "engineering": {"target": "acme/ops/batch", "role": "manager"}})
+    wait_until(lambda: _paths(leader, dan["id"]) == ["acme/ops/batch"], 10, "the mapping applied")
+    (membership,) = admin(leader, "GET", f"/api/v1/users/{dan['id']}")[1]["memberships"]
+    assert (membership["role"], membership["by"]) == ("manager", "scim")
+    status, key = admin(
+        leader, "POST", "/api/v1/keys", {"name": "dan's", "project": "acme/ops/batch", "user": dan["id"]}
+    )
+    assert status == 201, key
+    KEY_SECRETS.append(key["secret"])
+    assert http("GET", f"{leader.url}/v1/models", key=key["secret"])[0] == 200
+    # Unmapped again: the membership SCIM made is taken back, with the key.
+    map_groups(leader, {"ML Engineers": "acme/ml"})
+    wait_until(lambda: _paths(leader, dan["id"]) == [], 10, "the mapping's entry taken back")
+    assert http("GET", f"{leader.url}/v1/models", key=key["secret"])[0] == 401
+    status, _, kept = scim(leader, "GET", f"/Groups/{group['id']}", token=TOKEN)
+    assert status == 200 and [m["value"] for m in kept["members"]] == [dan["id"]]  # the group itself is kept
+
+
+def test_a_mapping_that_is_not_a_path_is_refused_with_its_field(leader: Leader) -> None:
+    status, current = admin(leader, "GET", "/api/v1/settings")
+    body = "auth:\n  scim_groups:\n    Engineering: acme//eng\n"
+    status, refused = admin(leader, "PUT", "/api/v1/settings", {"base": current.get("version", 0), "body": body})
+    assert status == 400 and "scim_groups" in json.dumps(refused) and "ORG/TEAM" in json.dumps(refused), refused
 
 
 def test_delete_disables_the_person_and_keeps_the_record(leader: Leader) -> None:
@@ -252,6 +300,11 @@ def test_delete_disables_the_person_and_keeps_the_record(leader: Leader) -> None
     assert scim(leader, "DELETE", f"/Users/{cyd['id']}", token=TOKEN)[0] == 204
     status, person = admin(leader, "GET", "/api/v1/users/cyd@example.com")
     assert status == 200 and person["state"] == "disabled"
+    status, _, gone = scim(leader, "GET", f"/Users/{cyd['id']}", token=TOKEN)
+    assert status == 404 and gone["schemas"] == [ERROR_SCHEMA]
+    # Provisioned again, the same person comes back (their id and record kept), active.
+    status, _, again = scim(leader, "POST", "/Users", new_user("cyd@example.com"), TOKEN)
+    assert status == 201 and again["id"] == cyd["id"] and again["active"] is True
 
 
 def test_discovery_says_what_opod_supports(leader: Leader) -> None:
@@ -266,7 +319,7 @@ def test_discovery_says_what_opod_supports(leader: Leader) -> None:
     status, _, types = scim(leader, "GET", "/ResourceTypes", token=TOKEN)
     assert status == 200 and {t["endpoint"] for t in types["Resources"]} == {"/Users", "/Groups"}
     status, _, schemas = scim(leader, "GET", "/Schemas", token=TOKEN)
-    assert status == 200 and {s["id"] for s in schemas["Resources"]} == {USER_SCHEMA, GROUP_SCHEMA}
+    assert status == 200 and {s["id"] for s in schemas["Resources"]} == {USER_SCHEMA, GROUP_SCHEMA, ENTERPRISE}
     assert scim(leader, "GET", f"/Schemas/{USER_SCHEMA}", token=TOKEN)[2]["name"] == "User"
 
 
@@ -287,6 +340,10 @@ def test_every_scim_change_is_audited_and_no_secret_is_anywhere(leader: Leader) 
         assert "POST /scim/v2/Users" in stored and KEY_SECRETS
         for secret in (TOKEN, *KEY_SECRETS):
             assert secret not in stored and secret not in everything
+
+
+def _paths(leader: Leader, user_id: str) -> list[str]:
+    return sorted(m["path"] for m in admin(leader, "GET", f"/api/v1/users/{user_id}")[1].get("memberships", []))
 
 
 def _find(leader: Leader, email: str) -> dict:

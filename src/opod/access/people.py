@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from opod.access.service import AccessService
 from opod.store import Store
@@ -21,6 +22,7 @@ from opod.store.audit import AuditRow
 from opod.store.following import FOLLOW_EVERY, follow_store
 from opod.store.offloop import run_sync
 from opod.store.people import MembershipRecord, UserRecord
+from opod.store.scim import Grant, GrantsChanged, ScimGroupRecord, ScimUserRecord
 
 log = logging.getLogger("opod.access")
 
@@ -207,6 +209,101 @@ class People:
         for user_id in change.removed:
             self._memberships.get(user_id, {}).pop(target, None)
         return MemberChange(change.added, change.removed, tuple(k.id for k in change.revoked))
+
+    # --- SCIM provisioning: people with their resource, groups and the memberships they grant ----
+
+    async def provision(
+        self,
+        *,
+        user_id: str,
+        user_name: str,
+        email: str,
+        name: str,
+        state: str,
+        external_id: str,
+        document: Mapping[str, Any],
+        create: bool,
+        audit: AuditRow | None = None,
+    ) -> tuple[UserRecord, ScimUserRecord]:
+        """Write a person SCIM provisions and their resource (``create``: a new one, or the unprovisioned person who
+        holds ``email`` taken over); a person who becomes disabled has their keys refused at once."""
+        person, kept = await run_sync(
+            self._store.provision_user,
+            user_id=user_id,
+            user_name=user_name,
+            email=email,
+            name=name,
+            state=state,
+            external_id=external_id,
+            document=document,
+            create=create,
+            audit=audit,
+        )
+        self._changes += 1
+        self._put(person)
+        self._follow_state(person)
+        return person, kept
+
+    async def unprovision(
+        self, user_id: str, *, grants: Mapping[str, Grant], audit: AuditRow | None = None
+    ) -> GrantsChanged:
+        """SCIM's DELETE: the person disabled and out of every group, with what the groups granted them taken back."""
+        person, change = await run_sync(self._store.unprovision_user, user_id, grants=grants, audit=audit)
+        self._put(person)
+        self._follow_state(person)
+        await self._granted(change)
+        return change
+
+    async def put_group(
+        self,
+        group_id: str,
+        *,
+        display_name: str,
+        external_id: str,
+        document: Mapping[str, Any],
+        members: Mapping[str, str],
+        create: bool,
+        grants: Mapping[str, Grant],
+        audit: AuditRow | None = None,
+    ) -> tuple[ScimGroupRecord, GrantsChanged]:
+        """Create or replace a SCIM group whole; the memberships it grants follow in the same transaction."""
+        group, change = await run_sync(
+            self._store.put_scim_group,
+            group_id,
+            display_name=display_name,
+            external_id=external_id,
+            document=document,
+            members=members,
+            create=create,
+            grants=grants,
+            audit=audit,
+        )
+        await self._granted(change)
+        return group, change
+
+    async def delete_group(
+        self, group_id: str, *, grants: Mapping[str, Grant], audit: AuditRow | None = None
+    ) -> GrantsChanged:
+        change = await run_sync(self._store.delete_scim_group, group_id, grants=grants, audit=audit)
+        await self._granted(change)
+        return change
+
+    async def sync_grants(self, grants: Mapping[str, Grant], *, audit: AuditRow | None = None) -> GrantsChanged:
+        """Every membership SCIM groups grant brought in line with ``grants`` (after the settings' mapping changed)."""
+        change = await run_sync(self._store.sync_scim_grants, grants, audit=audit)
+        await self._granted(change)
+        return change
+
+    async def _granted(self, change: GrantsChanged) -> None:
+        """Memory after a change of what groups grant: the targets' memberships read again, the lost keys refused."""
+        self._changes += 1
+        self._access.revoked_in_store(change.revoked)
+        for target in change.targets:
+            fresh = await run_sync(self._store.list_memberships, None, target)
+            for held in self._memberships.values():
+                held.pop(target, None)
+            for membership in fresh:
+                self._memberships.setdefault(membership.user_id, {})[target] = membership
 
     # --- following other leaders ---------------------------------------------------------------
 

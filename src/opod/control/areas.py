@@ -63,4 +63,4 @@ def admin_areas(ctx: ControlContext) -> list[APIRouter]:
 def public_areas(ctx: ControlContext) -> list[Route]:
     """What the management layer serves on the public listener: SCIM 2.0 (``/scim/v2``), which identity providers
     call from outside with their own bearer token."""
-    return scim.routes(ctx.people, ctx.tenancy, ctx.secrets, ctx.store)
+    return scim.routes(ctx.people, ctx.tenancy, ctx.secrets, ctx.store, ctx.settings)

@@ -1,4 +1,4 @@
-"""SCIM 2.0 on the wire (RFC 7644): refusals as SCIM ``Error``, list pages, the one filter, bodies, a User's fields.
+"""SCIM 2.0 on the wire (RFC 7644): refusals as SCIM ``Error``, searches and list pages, bodies, a User's fields.
 
 The resources and their routes are :mod:`opod.control.scim`'s; this module holds what any of them
 reads or answers with, and nothing of opod's state.
@@ -11,12 +11,10 @@ import re
 from typing import Any
 
 from pydantic import ValidationError
-from scim2_models import Context, EnterpriseUser, ListResponse, User
+from scim2_models import Context, EnterpriseUser, ListResponse, SearchRequest, User
 from scim2_models import Error as ScimErrorBody
 from starlette.requests import Request
 from starlette.responses import Response
-
-from opod.store.people import UserRecord
 
 PREFIX = "/scim/v2"
 MEDIA_TYPE = "application/scim+json"
@@ -24,8 +22,6 @@ BODY_MAX = 1024 * 1024
 """The largest body a provider may send: a group push of thousands of members fits."""
 PAGE_MAX = 200
 """At most this many resources an answer; a provider pages with ``startIndex`` and ``count``."""
-
-_FILTER = re.compile(r'^\s*(\w+)\s+eq\s+"((?:[^"\\]|\\.)*)"\s*$', re.IGNORECASE)
 
 
 class ScimError(Exception):
@@ -47,53 +43,47 @@ def scim_response(body: Any, status: int = 200, headers: dict[str, str] | None =
     return Response(json.dumps(body, default=str), status_code=status, media_type=MEDIA_TYPE, headers=headers)
 
 
-USER_FILTERS = {"username": "userName", "externalid": "externalId", "id": "id"}
-GROUP_FILTERS = {"displayname": "displayName", "id": "id"}
+def search_request(request: Request, model: Any, body: dict[str, Any] | None = None) -> Any:
+    """What a listing asks for (``filter``, ``startIndex``, ``count``, ``attributes``, ``excludedAttributes``), from
+    the query string or a ``/.search`` body, as a ``SearchRequest`` over ``model``."""
+    if body is None:
+        query = request.query_params
+        body = {name: query[name] for name in _SEARCH_PARAMS if query.get(name)}
+        for name in ("startIndex", "count"):
+            if name in body:
+                body[name] = _whole(name, body[name])
+    try:
+        return SearchRequest[model].model_validate(body, scim_ctx=Context.SEARCH_REQUEST)
+    except ValidationError as err:
+        where = {str(e["loc"][0]) if e["loc"] else "" for e in err.errors()}
+        kind = "invalidFilter" if "filter" in where else "invalidValue"
+        raise ScimError(400, _reasons(err), kind) from None
 
 
-def read_filter(request: Request, allowed: dict[str, str]) -> tuple[str, str] | None:
-    """The one filter opod answers: ``ATTRIBUTE eq "VALUE"``; None without a filter."""
-    text = request.query_params.get("filter")
-    if not text:
-        return None
-    match = _FILTER.match(text)
-    if match is None or match.group(1).lower() not in allowed:
-        forms = " or ".join(f'{a} eq "VALUE"' for a in allowed.values())
-        raise ScimError(400, f"filter {text!r}: opod answers {forms}", "invalidFilter")
-    return allowed[match.group(1).lower()], match.group(2).replace('\\"', '"')
+_SEARCH_PARAMS = ("filter", "startIndex", "count", "attributes", "excludedAttributes", "sortBy", "sortOrder")
 
 
-def matches(wanted: tuple[str, str] | None, user: UserRecord) -> bool:
-    if wanted is None:
-        return True
-    attribute, value = wanted
-    if attribute == "userName":
-        return user.email.lower() == value.lower()  # userName is case-insensitive (RFC 7643 4.1.1)
-    if attribute == "externalId":
-        return bool(user.external_id) and user.external_id == value
-    return user.id == value
-
-
-def page(request: Request, resources: list[dict[str, Any]], kind: Any) -> dict[str, Any]:
-    """The page ``startIndex`` and ``count`` ask for, as a ``ListResponse``."""
-    start = max(1, _int(request, "startIndex", 1))
-    count = min(PAGE_MAX, max(0, _int(request, "count", PAGE_MAX)))
+def page(search: Any, resources: list[Any], kind: Any, context: Context = Context.SEARCH_RESPONSE) -> dict[str, Any]:
+    """The page ``search`` asks for (``startIndex`` from 1, at most :data:`PAGE_MAX`), as a ``ListResponse``, each
+    resource showing the attributes asked for."""
+    start = max(1, search.start_index or 1)
+    count = min(PAGE_MAX, max(0, PAGE_MAX if search.count is None else search.count))
     shown = resources[start - 1 : start - 1 + count]
-    body = ListResponse[kind](total_results=len(resources), start_index=start, items_per_page=len(shown)).model_dump(
-        scim_ctx=Context.SEARCH_RESPONSE
-    )
-    body["Resources"] = shown
+    listing = ListResponse[kind](total_results=len(resources), start_index=start, items_per_page=len(shown))
+    body = listing.model_dump(scim_ctx=context)
+    body["Resources"] = [r.model_dump(scim_ctx=context, response_parameters=search) for r in shown]
     return body
 
 
-def _int(request: Request, name: str, default: int) -> int:
-    text = request.query_params.get(name)
-    if text is None or text == "":
-        return default
+def _whole(name: str, text: str) -> int:
     try:
         return int(text)
     except ValueError:
         raise ScimError(400, f"{name} {text!r} is not a whole number", "invalidValue") from None
+
+
+def _reasons(err: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in err.errors())
 
 
 def one_or_list(request: Request, found: dict[str, dict[str, Any]], what: str, kind: Any) -> Response:
@@ -110,8 +100,8 @@ def one_or_list(request: Request, found: dict[str, dict[str, Any]], what: str, k
     return scim_response(found[wanted])
 
 
-async def read_body(request: Request, model: Any, context: Context) -> Any:
-    """The body as ``model`` in ``context``: at most :data:`BODY_MAX` bytes of JSON, an object, valid."""
+async def read_json(request: Request) -> dict[str, Any]:
+    """The body: at most :data:`BODY_MAX` bytes of JSON, an object."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > BODY_MAX:
         raise ScimError(413, f"the body is {declared} bytes; SCIM takes at most {BODY_MAX}")
@@ -126,43 +116,53 @@ async def read_body(request: Request, model: Any, context: Context) -> Any:
         ) from None
     if not isinstance(data, dict):
         raise ScimError(400, "send a SCIM resource: a JSON object with its schemas", "invalidSyntax")
+    return data
+
+
+async def read_body(request: Request, model: Any, context: Context) -> Any:
+    """The body as ``model`` in ``context``: :func:`read_json`, and valid."""
+    data = await read_json(request)
     try:
         return model.model_validate(data, scim_ctx=context)
     except ValidationError as err:
-        parts = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in err.errors())
-        raise ScimError(400, parts, "invalidValue") from None
+        raise ScimError(400, _reasons(err), "invalidValue") from None
 
 
-def user_fields(user: User[EnterpriseUser], before: User[EnterpriseUser] | None = None) -> dict[str, Any]:
-    """What opod keeps of a SCIM User: the email is its userName; the name is its displayName, else its name.
-
-    After a patch (``before`` given), the name is the part the patch changed, so a new given name is not
-    hidden behind the formatted name the resource showed before."""
+def user_fields(user: User[EnterpriseUser]) -> dict[str, Any]:
+    """What opod keeps of a SCIM User beside its resource: the userName as given (any text), the email from
+    ``emails`` (the primary one first, else the first; the userName when it is an address and none is sent), the name
+    (its displayName, else its formatted name, else given and family names), the state and the externalId."""
     if not user.user_name or not user.user_name.strip():
-        raise ScimError(400, "userName: a User needs one (opod keeps it as the person's email)", "invalidValue")
+        raise ScimError(400, "userName: a User needs one (any text the provider names them by)", "invalidValue")
+    sent = sorted((e for e in user.emails or [] if e.value), key=lambda e: not e.primary)
+    email = str(sent[0].value).strip() if sent else user.user_name.strip()
+    if not _EMAIL.fullmatch(email):
+        where = f"emails: {email!r} is not an email address" if sent else "emails: none sent"
+        raise ScimError(
+            400,
+            f"{where}, and userName {user.user_name!r} is not one either; send the person's address in emails "
+            '(emails: [{"value": "ADDRESS", "primary": true}])',
+            "invalidValue",
+        )
     parts = " ".join(p for p in (user.name.given_name, user.name.family_name) if p) if user.name is not None else ""
     formatted = user.name.formatted if user.name is not None else None
-    if before is None:
-        name = user.display_name or formatted or parts
-    elif user.display_name != before.display_name:
-        name = user.display_name or ""
-    elif user.name != before.name:
-        was = before.name.formatted if before.name is not None else None
-        name = formatted if formatted and formatted != was else parts or formatted or ""
-    else:
-        name = user.display_name or ""
     return {
-        "email": user.user_name.strip(),
-        "name": name,
+        "user_name": user.user_name.strip(),
+        "email": email,
+        "name": user.display_name or formatted or parts or "",
         "state": "disabled" if user.active is False else "active",
         "external_id": user.external_id or "",
     }
 
 
+_EMAIL = re.compile(r"[^@\s]+@[^@\s]+")
+
+
 def audit_fields(fields: dict[str, Any]) -> dict[str, Any]:
     """A User's fields as the audit names them (SCIM's names)."""
     return {
-        "userName": fields["email"],
+        "userName": fields["user_name"],
+        "email": fields["email"],
         "name": fields["name"],
         "active": fields["state"] != "disabled",
         "externalId": fields["external_id"],
@@ -171,18 +171,16 @@ def audit_fields(fields: dict[str, Any]) -> dict[str, Any]:
 
 __all__ = [
     "BODY_MAX",
-    "GROUP_FILTERS",
     "MEDIA_TYPE",
     "PAGE_MAX",
     "PREFIX",
-    "USER_FILTERS",
     "ScimError",
     "audit_fields",
-    "matches",
     "one_or_list",
     "page",
     "read_body",
-    "read_filter",
+    "read_json",
     "scim_response",
+    "search_request",
     "user_fields",
 ]

@@ -10,7 +10,7 @@ import re
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from opod.contract.durations import seconds as duration_seconds
 
@@ -381,6 +381,27 @@ class LDAPSettings(Section):
         return duration_seconds(self.sync_interval)
 
 
+def _grant_text(value: object) -> object:
+    return {"target": value} if isinstance(value, str) else value
+
+
+class ScimGroupGrant(Section):
+    """What the members of one identity provider's group get: a membership in an organization, team or project."""
+
+    target: str = Field(
+        description="Where the group's members become members, by its path: ORG, ORG/TEAM or ORG/TEAM/PROJECT.",
+    )
+    role: Literal["member", "manager"] = Field("member", description="The role the group's members hold there.")
+
+    @field_validator("target")
+    @classmethod
+    def _a_path(cls, value: str) -> str:
+        parts = value.split("/")
+        if not 1 <= len(parts) <= 3 or any(not p or p != p.strip() for p in parts):
+            raise ValueError(f"{value!r} is not a path: write ORG, ORG/TEAM or ORG/TEAM/PROJECT (acme/eng)")
+        return value
+
+
 class AuthSettings(Section):
     """How people and providers authenticate."""
 
@@ -413,6 +434,24 @@ class AuthSettings(Section):
                 "base_url: set the portal's address; the provider sends people back to BASE_URL/auth/oidc/callback"
             )
         return self
+
+    scim_groups: dict[str, Annotated[ScimGroupGrant, BeforeValidator(_grant_text)]] = Field(
+        {},
+        description="What the members of each SCIM group (by its displayName, in any case) join: a path, or "
+        "{target: PATH, role: member|manager}; a group not named here is kept and grants nothing.",
+    )
+
+    @field_validator("scim_groups")
+    @classmethod
+    def _names_distinct(cls, value: dict[str, ScimGroupGrant]) -> dict[str, ScimGroupGrant]:
+        seen: dict[str, str] = {}
+        for name in value:
+            if not name.strip():
+                raise ValueError("a group name is empty; write the displayName the identity provider sends")
+            if (folded := name.strip().lower()) in seen:
+                raise ValueError(f"{seen[folded]!r} and {name!r} name one group (names match in any case); keep one")
+            seen[folded] = name
+        return value
 
 
 class FilesSettings(Section):

@@ -33,6 +33,7 @@ from opod.store.placements import PlacementsRepo
 from opod.store.presets import PresetsRepo
 from opod.store.quotas import QuotasRepo
 from opod.store.requests import RequestsRepo
+from opod.store.scim import ScimRepo
 from opod.store.secrets import SecretsRepo
 from opod.store.settings import SettingsRepo
 from opod.store.tenancy import TenancyRepo
@@ -61,6 +62,7 @@ class Store(
     QuotasRepo,
     RequestsRepo,
     FederationRepo,
+    ScimRepo,
 ):
     def __init__(self, engine: Engine, secrets_key: SecretsKey | None = None) -> None:
         """Use :meth:`open`; this wraps an engine whose database is already migrated."""
