@@ -22,6 +22,7 @@ from opod.fleet.presets_service import PresetsService
 from opod.fleet.quotas_service import QuotasService
 from opod.fleet.state import Fleet
 from opod.gateway.budgets import Budgets
+from opod.gateway.stats import GatewayStats
 from opod.http.nodeclient import WorkerClient
 from opod.settings.holder import SettingsHolder
 from opod.settings.service import SettingsService
@@ -80,6 +81,8 @@ class ControlContext:
     """The batch runner, told to look at its jobs now after a cancel."""
     replay: Replayer
     """A kept request sent again through the gateway as the operator's own request (``POST /requests/{id}/replay``)."""
+    stats: GatewayStats
+    """The gateway's own counters (requests and errors in the last minute): the console's summary."""
 
 
 class JobWaker(Protocol):

@@ -33,6 +33,7 @@ from opod.contract import env as contract_env
 from opod.contract.catalog import Entry
 from opod.control.app import create_app as create_control_app
 from opod.control.areas import public_areas
+from opod.control.console.auth import SignedOut
 from opod.control.context import ControlContext
 from opod.fleet.local import LocalEngines
 from opod.fleet.models import ModelRegistry
@@ -317,6 +318,7 @@ class Leader:
             quotas=quotas,
             batches=batches,
             replay=Replayer(gateway, access.keys.local_entries),
+            stats=gateway.stats,
         )
         return cls(
             batches=batches,
@@ -362,7 +364,7 @@ class Leader:
         )
 
     def admin_app(self) -> FastAPI:
-        return create_control_app(self.control)
+        return create_control_app(self.control, SignedOut())
 
     def probe_app(self) -> Starlette:
         return probe_app(self.admin)
