@@ -56,6 +56,8 @@ class KeyRecord:
 KEY_STATES = ("active", "revoked", "expired")
 """What a key listing filters by: usable, revoked, or past its expiry without being revoked."""
 PAGE_MAX = 500
+COUNT_MAX = 10_000
+"""Keys a listing counts before it says only that there are more."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,10 +239,11 @@ class KeysRepo(Repository):
             return KeyPage(list(reversed(found)), earlier=more, later=True)
         return KeyPage(found, earlier=bool(after), later=more)
 
-    def count_keys(self, which: KeyFilter) -> int:
-        """How many keys ``which`` lists."""
+    def count_keys(self, which: KeyFilter, *, at_most: int = COUNT_MAX) -> int:
+        """How many keys ``which`` lists, counted up to ``at_most`` (a count past it is said as "more than")."""
+        capped = select(keys.c.id).where(*_conditions(which)).limit(at_most + 1).subquery()
         with self._read() as conn:
-            return int(conn.execute(select(func.count()).select_from(keys).where(*_conditions(which))).scalar() or 0)
+            return int(conn.execute(select(func.count()).select_from(capped)).scalar() or 0)
 
     def keys_changed_since(self, since: datetime | None, kinds: Collection[str] = KEY_KINDS) -> list[KeyRecord]:
         """The keys of ``kinds`` created or revoked at ``since`` or later (every one when None), oldest first: what a

@@ -18,7 +18,7 @@ from opod.access.tenancy import Tenancy
 from opod.control.console.auth import KEYS, Viewer
 from opod.control.console.kit import PREFIX, Console, Done, Refused, link, page_size
 from opod.store.audit import AuditDraft
-from opod.store.keys import KEY_STATES, KeyRecord
+from opod.store.keys import COUNT_MAX, KEY_STATES, KeyRecord
 
 _ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_")
 
@@ -84,6 +84,7 @@ class KeyPages:
             "title": "Keys",
             "rows": rows,
             "total": total,
+            "count_max": COUNT_MAX,
             "states": KEY_STATES,
             "earlier": link(request, before=found.keys[0].id, after=None) if found.earlier and rows else "",
             "later": link(request, after=found.keys[-1].id, before=None) if found.later and rows else "",

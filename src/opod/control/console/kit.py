@@ -122,10 +122,14 @@ class Console:
             try:
                 return await handler(request, viewer)
             except Refused as err:
-                return self.render(request, viewer, "error.html", {"message": err.message}, status=err.status)
+                return self.render(
+                    request, viewer, "error.html", {"title": "Not possible", "message": err.message}, status=err.status
+                )
             except (StoreError, ControlError) as err:
                 status, message = _status(err)
-                return self.render(request, viewer, "error.html", {"message": message}, status=status)
+                return self.render(
+                    request, viewer, "error.html", {"title": "Not possible", "message": message}, status=status
+                )
 
         return endpoint
 

@@ -152,7 +152,10 @@
   document.querySelectorAll("[data-stream]").forEach(function (el) {
     if (!window.EventSource) return;
     var source = new EventSource(el.getAttribute("data-stream"));
-    source.addEventListener("replicas", function (e) { el.innerHTML = e.data; });
+    source.addEventListener("replicas", function (e) {
+      el.innerHTML = e.data;
+      el.setAttribute("data-updated", new Date().toISOString());
+    });
     window.addEventListener("pagehide", function () { source.close(); });
   });
 })();
