@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from bench import admission, compare, dataplane, fleet_scale, routing, stages, tenancy_overhead, usage
+from bench import admission, compare, console, dataplane, fleet_scale, routing, stages, tenancy_overhead, usage
 
 app = typer.Typer(
     help="opod's benchmarks. Results go to bench/results/ as a markdown table and PNG plots.", no_args_is_help=True
@@ -17,6 +17,7 @@ app.command("fleet-scale")(fleet_scale.command)
 app.command("tenancy-overhead")(tenancy_overhead.command)
 app.command("compare")(compare.command)
 app.command("stages")(stages.command)
+app.command("console")(console.command)
 
 
 @app.callback()

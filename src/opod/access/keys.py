@@ -24,6 +24,7 @@ from opod.settings.holder import SettingsHolder
 from opod.store import KeyRecord
 from opod.store.audit import AuditDraft
 from opod.store.errors import Conflict, Forbidden, InvalidInput, NotFound, StoreError
+from opod.store.keys import KeyFilter, KeyPage
 
 
 def parse_lifetime(text: str | None, field: str = "expires_in") -> timedelta | None:
@@ -92,6 +93,23 @@ class KeyService:
             return list(await self.access.list_keys(kind, project_id=project_id))
         stored: list[KeyRecord | FileKey] = list(await self.access.list_keys(kind))
         return stored + list(self.file_keys()) if kind == "api" else stored
+
+    async def page(
+        self,
+        kind: MintedKind,
+        *,
+        project: str = "",
+        contains: str = "",
+        state: str = "",
+        after: str = "",
+        before: str = "",
+        limit: int = 50,
+    ) -> tuple[KeyPage, int]:
+        """One page of the stored keys of ``kind`` (one project's, by ID or path, when ``project`` is given) and how
+        many the same filter lists: what a console shows of a hundred thousand keys without reading them all."""
+        project_id = self.tenancy.resolve(project, kinds=("project",), field="project").id if project else None
+        which = KeyFilter(kind=kind, project_id=project_id, contains=contains.strip(), state=state.strip().lower())
+        return await self.access.page_keys(which, after=after, before=before, limit=limit)
 
     async def find(self, kind: MintedKind, key_id: str) -> KeyRecord | FileKey:
         """The key ``key_id`` of ``kind``; ``NotFound`` saying where they are listed."""

@@ -27,6 +27,7 @@ from opod.security.nodetokens import NodeTokenMinter
 from opod.store import KeyRecord, Store
 from opod.store.audit import AuditRow
 from opod.store.following import follow_store
+from opod.store.keys import KeyFilter, KeyPage
 from opod.store.offloop import run_sync
 
 log = logging.getLogger("opod.access")
@@ -191,6 +192,11 @@ class AccessService:
 
     async def list_keys(self, kind: MintedKind, *, project_id: str | None = None) -> list[KeyRecord]:
         return await run_sync(self.store.list_keys, kind, project_id=project_id)
+
+    async def page_keys(self, which: KeyFilter, *, after: str, before: str, limit: int) -> tuple[KeyPage, int]:
+        """One page of the stored keys ``which`` lists (keyset paging on their ids), and how many it lists in all."""
+        found = await run_sync(lambda: self.store.page_keys(which, after=after, before=before, limit=limit))
+        return found, await run_sync(self.store.count_keys, which)
 
     # --- people (the people area calls these) ----------------------------------------------
 

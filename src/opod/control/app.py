@@ -18,6 +18,8 @@ from starlette.exceptions import HTTPException
 from opod import __version__
 from opod.control import unbuilt
 from opod.control.areas import admin_areas
+from opod.control.console.auth import PageAuth
+from opod.control.console.site import console_routes
 from opod.control.context import ControlContext, ControlError
 from opod.control.listener import AdminGuard, refusal
 from opod.control.spec import SpecRouter, document
@@ -29,7 +31,8 @@ _REFUSALS: dict[type[StoreError], int] = {InvalidInput: 400, Forbidden: 403, Not
 """The services' typed refusals and the status each answers; any other store error is the store failing (503)."""
 
 
-def create_app(ctx: ControlContext) -> FastAPI:
+def create_app(ctx: ControlContext, pages: PageAuth) -> FastAPI:
+    """``pages``: who is signed in to the console (under ``/console``), what they may do, their CSRF token."""
     app = FastAPI(title="opod management API", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(AdminGuard, keys=ctx.access.keys, store=ctx.store, events=ctx.events)
 
@@ -76,6 +79,7 @@ def create_app(ctx: ControlContext) -> FastAPI:
     for area in admin_areas(ctx):
         app.include_router(area)
     app.include_router(unbuilt.router())
+    app.router.routes.extend(console_routes(ctx, pages))
 
     own = SpecRouter()
     cached: dict[str, Any] = {}

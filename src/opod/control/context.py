@@ -25,6 +25,7 @@ from opod.fleet.presets_service import PresetsService
 from opod.fleet.quotas_service import QuotasService
 from opod.fleet.state import Fleet
 from opod.gateway.budgets import Budgets
+from opod.gateway.stats import GatewayStats
 from opod.http.nodeclient import WorkerClient
 from opod.settings.holder import SettingsHolder
 from opod.settings.service import SettingsService
@@ -89,6 +90,8 @@ class ControlContext:
     """A kept request sent again through the gateway as the operator's own request (``POST /requests/{id}/replay``)."""
     oidc: OidcSignIn
     """Sign-in through the settings' OpenID provider (``auth.oidc``): the flow the portal's sign-in pages drive."""
+    stats: GatewayStats
+    """The gateway's own counters (requests and errors in the last minute): the console's summary."""
 
 
 class JobWaker(Protocol):

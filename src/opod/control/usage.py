@@ -16,11 +16,9 @@ the dimensions not asked for empty. Org, team and project are their IDs, user an
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from fastapi import APIRouter, Query
 from fastapi.responses import Response, StreamingResponse
@@ -31,36 +29,13 @@ from opod.access.tenancy import Tenancy
 from opod.contract.admin.records import ScopeUsageView, StoreExportRow
 from opod.control.context import ControlError
 from opod.control.spec import SpecRouter
+from opod.control.usage_export import FIELD, csv_lines, parse_time, stamp, totals
 from opod.gateway.budgets import Budgets, period_bounds
 from opod.store import Store
 from opod.store.offloop import run_sync
-from opod.store.usage_report import DIMENSIONS, PERIODS, ExportTotals, chunks, dimensions
+from opod.store.usage_report import DIMENSIONS, PERIODS, ExportTotals, dimensions
 
 LEVELS = ("org", "team", "project")
-COUNTS = ("Requests", "Errors", "Limited", "Prompt", "Completion", "CostMicros")
-FIELD = {name: name.capitalize() for name in DIMENSIONS}
-"""An export dimension → its ``store.ExportRow`` field."""
-
-
-def parse_time(text: str, field: str, *, end: bool = False) -> datetime:
-    """A date (``2026-09-01``) or an RFC 3339 time; a date as the end of a range includes that whole day."""
-    value = text.strip()
-    try:
-        if len(value) == 10:
-            day = datetime.strptime(value, "%Y-%m-%d").replace(tzinfo=UTC)
-            return day + timedelta(days=1) if end else day
-        at = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
-    except ValueError:
-        raise ControlError(
-            400, f"{field}: {text!r} is neither a date (2026-09-01) nor an RFC 3339 time (2026-09-01T12:00:00Z)"
-        ) from None
-    if at.tzinfo is None:
-        raise ControlError(400, f"{field}: {text!r} has no time zone; end it with Z or an offset like +02:00")
-    return at.astimezone(UTC)
-
-
-def _stamp(at: datetime) -> str:
-    return at.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 def export_row(row: ExportTotals) -> StoreExportRow:
@@ -138,7 +113,7 @@ def router(store: Store, budgets: Budgets, tenancy: Tenancy) -> APIRouter:
         end = parse_time(to, "to", end=True) if to else now
         if end <= start:
             raise ControlError(
-                400, f"to: {_stamp(end)} is not after from ({_stamp(start)}); give a range that moves forward"
+                400, f"to: {stamp(end)} is not after from ({stamp(start)}); give a range that moves forward"
             )
         step = (period or "day").strip().lower()
         if step not in PERIODS:
@@ -146,40 +121,10 @@ def router(store: Store, budgets: Budgets, tenancy: Tenancy) -> APIRouter:
         dims = dimensions(by)  # InvalidInput (400) naming a wrong one
         as_json = (format or "").strip().lower() == "json"
 
-        async def pieces() -> AsyncIterator[list[ExportTotals]]:
-            # One chunk of time at a time, read off the loop; an empty chunk writes nothing.
-            for a, b in chunks(step, start, end):
-                found = await run_sync(store.usage_export_chunk, step, dims, a, b)
-                if found:
-                    yield found
-
-        async def as_csv() -> AsyncIterator[str]:
-            out = io.StringIO()
-            writer = csv.writer(out, lineterminator="\n")
-            writer.writerow(["Period", *(FIELD[d] for d in dims), *COUNTS])
-            yield out.getvalue()
-            async for found in pieces():
-                out.seek(0)
-                out.truncate()
-                writer.writerows(
-                    [
-                        _stamp(r.period),
-                        *(r.dims[d] for d in dims),
-                        r.requests,
-                        r.errors,
-                        r.limited,
-                        r.prompt,
-                        r.completion,
-                        r.cost_micros,
-                    ]
-                    for r in found
-                )
-                yield out.getvalue()
-
         async def as_json_list() -> AsyncIterator[str]:
             yield "["
             first = True
-            async for found in pieces():
+            async for found in totals(store, step, dims, start, end):
                 text = ",".join(json.dumps(export_row(r).model_dump(mode="json"), separators=(",", ":")) for r in found)
                 yield text if first else "," + text
                 first = False
@@ -189,7 +134,7 @@ def router(store: Store, budgets: Budgets, tenancy: Tenancy) -> APIRouter:
             return StreamingResponse(as_json_list(), media_type="application/json")
         name = f"usage-{start:%Y%m%d}-{end:%Y%m%d}-{step}.csv"
         return StreamingResponse(
-            as_csv(),
+            csv_lines(store, step, dims, start, end),
             media_type="text/csv; charset=utf-8",
             headers={"Content-Disposition": f'attachment; filename="{name}"'},
         )

@@ -35,6 +35,7 @@ from opod.contract import env as contract_env
 from opod.contract.catalog import Entry
 from opod.control.app import create_app as create_control_app
 from opod.control.areas import public_areas
+from opod.control.console.auth import SignedOut
 from opod.control.context import ControlContext
 from opod.fleet.federation import Federation, cluster_id
 from opod.fleet.local import LocalEngines
@@ -333,6 +334,7 @@ class Leader:
             batches=batches,
             replay=Replayer(gateway, access.keys.local_entries),
             oidc=oidc,
+            stats=gateway.stats,
         )
         return cls(
             batches=batches,
@@ -378,7 +380,7 @@ class Leader:
         )
 
     def admin_app(self) -> FastAPI:
-        return create_control_app(self.control)
+        return create_control_app(self.control, SignedOut())
 
     def probe_app(self) -> Starlette:
         return probe_app(self.admin)

@@ -65,6 +65,11 @@ class SettingsService:
         """At most ``limit`` versions (1 to ``HISTORY_MAX``), newest first."""
         return await run_sync(self.store.settings_history, limit)
 
+    def check(self, body: str) -> ClusterSettings:
+        """``body`` read as a whole settings version would be, nothing written: ``InvalidInput`` naming the line
+        and field of the first problem (what an editor shows before its save)."""
+        return self._parse(body, "body")
+
     # --- changes -----------------------------------------------------------------------------------
 
     async def put(self, base: int | None, body: str | None, *, note: str | None, audit: AuditDraft) -> SettingsRecord:

@@ -200,9 +200,17 @@ class AuditRepo(Repository):
             insert_audit(conn, row)
 
     def list_audit(
-        self, *, since: datetime | None = None, limit: int = 1000, actor: str | None = None, contains: str | None = None
+        self,
+        *,
+        since: datetime | None = None,
+        limit: int = 1000,
+        actor: str | None = None,
+        contains: str | None = None,
+        before: int | None = None,
+        source: str | None = None,
     ) -> list[AuditRecord]:
-        """Newest first: at most ``limit`` rows from ``since`` on, by ``actor``, whose action or target holds ``contains``."""
+        """Newest first: at most ``limit`` rows from ``since`` on, by ``actor``, whose action or target holds ``contains``;
+        only rows older than the row ``before`` (an id: the next page), and only from ``source`` when given."""
         if limit < 1 or limit > LIST_MAX:
             raise InvalidInput(f"limit {limit} is outside 1..{LIST_MAX}")
         query = select(audit).order_by(audit.c.id.desc()).limit(limit)
@@ -210,6 +218,10 @@ class AuditRepo(Repository):
             query = query.where(audit.c.at >= when(since, "since"))
         if actor:
             query = query.where(audit.c.actor == actor)
+        if before is not None:
+            query = query.where(audit.c.id < before)
+        if source:
+            query = query.where(audit.c.source == source)
         if contains:
             pattern = "%" + contains.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
             query = query.where(

@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 from collections.abc import Collection
 from dataclasses import asdict, dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Literal, cast
 
-from sqlalchemy import Connection, Row, or_, select, update
+from sqlalchemy import Connection, Row, and_, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from opod.security.keys import hash_key as hash_secret
@@ -53,7 +53,33 @@ class KeyRecord:
         return self.revoked_at is None and (self.expires_at is None or at < self.expires_at)
 
 
-__all__ = ["KeyKind", "KeyRecord", "KeysRepo", "hash_secret", "new_key_id"]
+KEY_STATES = ("active", "revoked", "expired")
+"""What a key listing filters by: usable, revoked, or past its expiry without being revoked."""
+PAGE_MAX = 500
+COUNT_MAX = 10_000
+"""Keys a listing counts before it says only that there are more."""
+
+
+@dataclass(frozen=True, slots=True)
+class KeyPage:
+    """One page of keys in id order, and whether there are keys on either side of it (the same filter)."""
+
+    keys: list[KeyRecord]
+    earlier: bool
+    later: bool
+
+
+@dataclass(frozen=True, slots=True)
+class KeyFilter:
+    """Which keys a page lists: of one kind, one project's, whose id, name or prefix holds ``contains``, in a state."""
+
+    kind: KeyKind
+    project_id: str | None = None
+    contains: str = ""
+    state: str = ""
+
+
+__all__ = ["KEY_STATES", "KeyFilter", "KeyKind", "KeyPage", "KeyRecord", "KeysRepo", "hash_secret", "new_key_id"]
 """``hash_secret`` and ``new_key_id`` are :mod:`opod.security.keys`' own, named here for the store's callers."""
 
 
@@ -79,6 +105,25 @@ def _refuse_duplicate(conn: Connection, record: KeyRecord) -> None:
     other = conn.execute(select(keys.c.id).where(keys.c.hash == record.hash)).scalar()
     if other is not None:
         raise Conflict(f"key {other!r} already has this hash, so the secret is not new; generate a new key")
+
+
+def _conditions(which: KeyFilter) -> list[Any]:
+    now = datetime.now(UTC)
+    out: list[Any] = [keys.c.kind == _kind(which.kind)]
+    if which.project_id is not None:
+        out.append(keys.c.project_id == which.project_id)
+    if which.contains:
+        pattern = "%" + which.contains.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        out.append(or_(*(c.like(pattern, escape="\\") for c in (keys.c.id, keys.c.name, keys.c.prefix))))
+    if which.state == "revoked":
+        out.append(keys.c.revoked_at.is_not(None))
+    elif which.state == "expired":
+        out.append(and_(keys.c.revoked_at.is_(None), keys.c.expires_at.is_not(None), keys.c.expires_at <= now))
+    elif which.state == "active":
+        out.append(and_(keys.c.revoked_at.is_(None), or_(keys.c.expires_at.is_(None), keys.c.expires_at > now)))
+    elif which.state:
+        raise InvalidInput(f"state: {which.state!r} is not one of {', '.join(KEY_STATES)}")
+    return out
 
 
 class KeysRepo(Repository):
@@ -175,6 +220,30 @@ class KeysRepo(Repository):
             query = query.where(keys.c.project_id == project_id)
         with self._read() as conn:
             return [_record(row) for row in conn.execute(query)]
+
+    def page_keys(self, which: KeyFilter, *, after: str = "", before: str = "", limit: int = 50) -> KeyPage:
+        """At most ``limit`` keys in id order, after the id ``after`` or before the id ``before`` (keyset paging on the
+        primary key's index: a page costs the same at any depth, however many keys there are)."""
+        if not 1 <= limit <= PAGE_MAX:
+            raise InvalidInput(f"limit: {limit} is outside 1..{PAGE_MAX}")
+        query = select(keys).where(*_conditions(which)).limit(limit + 1)
+        if before:
+            query = query.where(keys.c.id < before).order_by(keys.c.id.desc())
+        else:
+            query = query.where(keys.c.id > after).order_by(keys.c.id) if after else query.order_by(keys.c.id)
+        with self._read() as conn:
+            found = [_record(row) for row in conn.execute(query)]
+        more = len(found) > limit
+        found = found[:limit]
+        if before:
+            return KeyPage(list(reversed(found)), earlier=more, later=True)
+        return KeyPage(found, earlier=bool(after), later=more)
+
+    def count_keys(self, which: KeyFilter, *, at_most: int = COUNT_MAX) -> int:
+        """How many keys ``which`` lists, counted up to ``at_most`` (a count past it is said as "more than")."""
+        capped = select(keys.c.id).where(*_conditions(which)).limit(at_most + 1).subquery()
+        with self._read() as conn:
+            return int(conn.execute(select(func.count()).select_from(capped)).scalar() or 0)
 
     def keys_changed_since(self, since: datetime | None, kinds: Collection[str] = KEY_KINDS) -> list[KeyRecord]:
         """The keys of ``kinds`` created or revoked at ``since`` or later (every one when None), oldest first: what a
