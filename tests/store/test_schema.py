@@ -32,6 +32,7 @@ TABLES = {
     "quotas",
     "request_bodies",
     "secrets",
+    "serve_jobs",
     "settings_versions",
     "teams",
     "usage",

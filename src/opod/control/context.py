@@ -13,6 +13,7 @@ from opod.access.secrets import AuthSecrets
 from opod.access.service import AccessService
 from opod.access.tenancy import Tenancy
 from opod.catalog import Catalog
+from opod.contract.admin.models import ModelserveJob, ModelservePlan, ModelserveRequest
 from opod.fleet.followers import EventSink, Reconciling
 from opod.fleet.models import ModelRegistry
 from opod.fleet.models_service import ModelsService
@@ -26,6 +27,7 @@ from opod.http.nodeclient import WorkerClient
 from opod.settings.holder import SettingsHolder
 from opod.settings.service import SettingsService
 from opod.store import Store
+from opod.store.audit import AuditDraft
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -80,6 +82,8 @@ class ControlContext:
     """The batch runner, told to look at its jobs now after a cancel."""
     replay: Replayer
     """A kept request sent again through the gateway as the operator's own request (``POST /requests/{id}/replay``)."""
+    serve_jobs: Serving
+    """Registry plans and serve jobs (``/plan``, ``/models/serve``, ``/jobs``)."""
 
 
 class JobWaker(Protocol):
@@ -96,6 +100,18 @@ class Replayer(Protocol):
     async def replay(self, path: str, body: bytes, request_id: str) -> tuple[int, bytes]:
         """(path, body, request id) → (status, body), served as the admin key's own request."""
         ...
+
+
+class Serving(Protocol):
+    """Registry plans and serve jobs (``opod.control.serving.ServeJobs``) as the routes see them."""
+
+    async def plan(self, repo: str | None, format: str | None, context: int | None) -> ModelservePlan: ...
+
+    async def start(self, request: ModelserveRequest, audit: AuditDraft) -> ModelserveJob: ...
+
+    async def jobs(self) -> list[ModelserveJob]: ...
+
+    async def job(self, job_id: str) -> ModelserveJob: ...
 
 
 class Notifier(Protocol):

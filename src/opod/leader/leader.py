@@ -34,6 +34,7 @@ from opod.contract.catalog import Entry
 from opod.control.app import create_app as create_control_app
 from opod.control.areas import public_areas
 from opod.control.context import ControlContext
+from opod.control.serving import ServeJobs
 from opod.fleet.local import LocalEngines
 from opod.fleet.models import ModelRegistry
 from opod.fleet.models_service import ModelsService
@@ -74,6 +75,9 @@ from opod.snapshots.policy import PolicyView
 from opod.snapshots.service import Snapshots
 from opod.store import Store
 from opod.store.offloop import run_sync
+from opod.weights.errors import WeightsError
+from opod.weights.hub import HubSettings
+from opod.weights.resolver import models_dir
 
 log = logging.getLogger("opod.leader")
 
@@ -147,6 +151,8 @@ class Leader:
 
     batches: BatchRunner
     """Runs the clients' batches (``/v1/batches``) through the gateway; started by :meth:`run`."""
+    serve_jobs: ServeJobs
+    """Registry plans and serve jobs; :meth:`run` ends the jobs a stop interrupts."""
     client_routes: tuple[Route, ...] = ()
     """``/v1/files`` and ``/v1/batches``, on the public listener."""
 
@@ -276,6 +282,22 @@ class Leader:
             *client_files.routes(),
             *ClientBatches(store, gateway.authenticate, batches.wake, client_files).routes(),
         )
+        replayer = Replayer(gateway, access.keys.local_entries)
+        try:
+            hub = HubSettings.from_config()
+        except WeightsError as err:
+            raise ValueError(str(err)) from None
+        serve_jobs = ServeJobs(
+            store,
+            models,
+            models_service,
+            fleet,
+            reconciler,
+            replayer,
+            hub=hub,
+            weights_dir=models_dir(settings.home) / "hf",
+            runner=runner_owner(settings.home),
+        )
         admin = AdminContext(
             store=store,
             fleet=fleet,
@@ -316,10 +338,12 @@ class Leader:
             nodes=nodes,
             quotas=quotas,
             batches=batches,
-            replay=Replayer(gateway, access.keys.local_entries),
+            replay=replayer,
+            serve_jobs=serve_jobs,
         )
         return cls(
             batches=batches,
+            serve_jobs=serve_jobs,
             client_routes=client_routes,
             settings=settings,
             store=store,
@@ -402,6 +426,7 @@ class Leader:
         writer = asyncio.create_task(self.ledger.run(ledger_stop), name="ledger writer")
         work: list[Background] = [
             self.batches.run,
+            self.serve_jobs.run,
             self.reconciler.run,
             self.shards.run_healer,
             self._flush_key_uses,
