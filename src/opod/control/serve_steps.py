@@ -65,7 +65,8 @@ class LiveJob:
         steps = self.view.steps or []
         running = next((s for s in steps if s.state == "running"), None)
         waiting = next((s for s in steps if s.state == "waiting"), None)
-        return (running or waiting or steps[-1]).name or ""
+        found = running or waiting or (steps[-1] if steps else None)
+        return (found.name or "") if found is not None else ""
 
     def mark(self, name: str, state: str, detail: str | None = None) -> None:
         step = self._step(name)
@@ -87,12 +88,13 @@ class LiveJob:
 
     def fail(self, reason: str) -> None:
         name = self.current()
-        self.mark(name, "failed", reason)
+        if name:
+            self.mark(name, "failed", reason)
         for step in self.view.steps or []:
             if step.state == "waiting":
                 step.state = "skipped"
         self.view.state = "failed"
-        self.view.error = f"{name}: {reason}"
+        self.view.error = f"{name}: {reason}" if name else reason
 
 
 def new_steps(resolved: str) -> list[ModelserveStep]:

@@ -358,13 +358,20 @@ class ServeJobs:
 
     # --- the lifespan ---------------------------------------------------------------------------------------
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Mark the jobs this leader left running failed; at stop, end the running ones, failed with the reason."""
-        for record in await run_sync(self.store.unfinished_serve_jobs, self.runner):
-            job = LiveJob(self._view(record.id, record.job_json), self.store)
-            job.fail(RESTARTED)
-            await job.save()
+    def fail_interrupted(self) -> list[str]:
+        """Mark failed, with the reason, the jobs this leader left running when it last stopped (at start, off the
+        loop, before any call is answered); their ids."""
+        failed = []
+        for record in self.store.unfinished_serve_jobs(self.runner):
+            job = self._view(record.id, record.job_json)
+            LiveJob(job, self.store).fail(RESTARTED)
+            self.store.put_serve_job(record.id, "failed", job.model_dump_json(exclude_none=True, by_alias=True))
             log.warning("serve job %s was running when the leader stopped; it is marked failed", record.id)
+            failed.append(record.id)
+        return failed
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Until the leader stops; then the jobs still running end, failed with the reason."""
         try:
             await stop.wait()
         finally:

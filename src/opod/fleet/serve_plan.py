@@ -59,7 +59,7 @@ def need_bytes(artifact: Artifact, repo: Repository, context: int) -> tuple[int,
 
 
 def _gb(n: float) -> float:
-    return round(n / GIB, 2)
+    return round(n / GIB, 4)
 
 
 def _card_classes(nodes: list[NodeState]) -> dict[str, tuple[float, int]]:

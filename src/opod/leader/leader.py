@@ -298,6 +298,7 @@ class Leader:
             weights_dir=models_dir(settings.home) / "hf",
             runner=runner_owner(settings.home),
         )
+        serve_jobs.fail_interrupted()
         admin = AdminContext(
             store=store,
             fleet=fleet,
