@@ -21,7 +21,7 @@ from opod.store import Store
 from opod.store.serve_jobs import new_serve_job_id
 from tests.support.hubserver import HubServer
 from tests.support.inprocess import InProcessLeader as Leader
-from tests.support.opod_process import OpodProcess, clean_env, wait_until
+from tests.support.opod_process import OpodProcess, clean_env, opod_cli, wait_until
 from tests.support.ports import free_port
 
 TINY = "acme/tiny-GGUF"
@@ -205,6 +205,29 @@ def test_serving_fetches_places_starts_and_tries_the_model(fleet: Leader, hub: H
         f"job:{job['id']}",
     ]
     assert "name: 'tiny' is already a name of model 'tiny'" in refused(fleet, {"repo": TINY, "name": "tiny"}, 409)
+
+
+@pytest.mark.engine
+def test_the_opod_command_plans_serves_with_progress_and_lists_jobs(fleet: Leader) -> None:
+    from tests.support.llama_server import command
+
+    command()
+    planned = opod_cli(fleet, "ctl", "plan", TINY)
+    assert planned.returncode == 0, planned.stderr
+    lines = planned.stdout.splitlines()
+    assert "llama" in lines[0] and "licence apache-2.0" in lines[0] and "at 4096 tokens" in lines[0]
+    assert lines[2].split()[:4] == ["tiny-Q4_K_M.gguf", "Q4_K_M", "752.5", "KiB"], planned.stdout
+    served = opod_cli(fleet, "ctl", "serve", TINY, "--quant", "Q8_0", "--name", "tiny-q8", "--replicas", "0")
+    assert served.returncode == 0, served.stdout + served.stderr
+    assert "tiny-q8 serves; its smoke test answered at" in served.stdout, served.stdout
+    assert "on demand: the smoke test's request places and starts it" in served.stdout
+    listed = opod_cli(fleet, "ctl", "serve-jobs", "ls")
+    assert listed.returncode == 0 and "tiny-q8" in listed.stdout and "succeeded" in listed.stdout, listed.stdout
+    job_id = next(line.split()[0] for line in listed.stdout.splitlines() if "tiny-q8" in line)
+    shown = opod_cli(fleet, "ctl", "serve-jobs", "show", job_id)
+    assert shown.returncode == 0 and "smoke test" in shown.stdout and "skipped: evaluations not built" in shown.stdout
+    refused_cli = opod_cli(fleet, "ctl", "serve", "acme/nothing-here")
+    assert refused_cli.returncode != 0 and "acme/nothing-here" in refused_cli.stderr, refused_cli.stderr
 
 
 def test_no_job_is_left_running_after_the_leader_stops_under_it(hub: HubServer, tmp_path: Path) -> None:

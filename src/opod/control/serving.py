@@ -306,11 +306,12 @@ class ServeJobs:
             except (InvalidInput, Conflict, NotFound) as err:
                 raise StepFailed(str(err)) from None
             if not (definition.scaling and definition.scaling.min):
-                job.mark("place", "skipped", "on demand: placed when a request first asks for it")
+                job.mark("place", "skipped", "on demand: the smoke test's request places and starts it")
+                job.mark("start", "skipped", "on demand: the smoke test's request places and starts it")
             else:
                 await wait_placed(job, name, self.models, self.desk)
-            job.mark("start", "running")
-            await wait_started(job, name, self.fleet, self.desk)
+                job.mark("start", "running")
+                await wait_started(job, name, self.fleet, self.desk)
             job.mark("smoke test", "running")
             await smoke_test(job, name, self.asker, embeddings=embeddings)
             job.mark("eval", "skipped", EVAL_SKIPPED)
