@@ -34,6 +34,7 @@ from schemathesis.specs.openapi.checks import (  # noqa: E402
 )
 
 from opod.control.unbuilt import UNBUILT  # noqa: E402
+from tests.support.hubserver import HubServer  # noqa: E402
 from tests.support.inprocess import InProcessLeader as Leader  # noqa: E402
 from tests.support.opod_process import wait_until  # noqa: E402
 
@@ -46,6 +47,8 @@ DISRUPTIVE = ("postAgentsRestart", "postRestart")
 EXAMPLES = 12
 """Generated requests per operation and mode: enough to reach the refusals, and the run stays within minutes."""
 DEFAULT_MODELS = ("smollm2-135m-instruct", "all-minilm-l6-v2")
+REPO = "acme/tiny-GGUF"
+"""The loopback Hub's repository, named by every other request of ``plan``."""
 REAL_WRITES = (
     "postNodesIdLabels",
     "postModelsNameOwner",
@@ -87,8 +90,17 @@ CHECKS = [
 
 
 @pytest.fixture(scope="module")
-def leader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Leader]:
-    up = Leader(tmp_path_factory.mktemp("schema-driven") / "home", default_models=True, worker="sim")
+def hub() -> Iterator[HubServer]:
+    """The registry ``plan`` and ``models/serve`` read: a loopback Hub with one small GGUF repository."""
+    with HubServer().running_in_thread() as server:
+        server.add_tiny_gguf(REPO)
+        yield server
+
+
+@pytest.fixture(scope="module")
+def leader(tmp_path_factory: pytest.TempPathFactory, hub: HubServer) -> Iterator[Leader]:
+    home = tmp_path_factory.mktemp("schema-driven") / "home"
+    up = Leader(home, default_models=True, worker="sim", env={"HF_ENDPOINT": hub.url})
     try:
         up.wait_served(*DEFAULT_MODELS)
         yield up
@@ -143,6 +155,8 @@ def test_every_answer_is_one_the_spec_allows(
     sent[operation] = sent.get(operation, 0) + 1
     if sent[operation] % 2 == 0:
         _name_real_things(case, operation, real)
+        if operation == "getPlan" and case.query:
+            case.query["repo"] = REPO
     headers = {
         "Authorization": f"Bearer {leader.key}",
         "Content-Type": "application/json",

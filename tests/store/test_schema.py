@@ -36,6 +36,7 @@ TABLES = {
     "scim_groups",
     "scim_users",
     "secrets",
+    "serve_jobs",
     "settings_versions",
     "teams",
     "usage",

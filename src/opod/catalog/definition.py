@@ -382,9 +382,11 @@ def entry_for(model: CatalogModel, bundled: Entry | None) -> tuple[Entry | None,
         raise DefinitionError(
             [f"source: {source!r} is neither a file path nor a Hugging Face repo (owner/name, or owner/name/FILE.gguf)"]
         )
-    return _written_entry(
-        model, Source(type="huggingface", repo="/".join(parts[:2]), file="/".join(parts[2:])), 1
-    ), False
+    repo, file = "/".join(parts[:2]), "/".join(parts[2:])
+    # Weights served from the registry are pinned to the digest their origin lists: a worker fetches those bytes.
+    origin = model.origin if model.origin is not None and model.origin.repo == repo else None
+    pinned = next((f.sha256 for f in (origin.files or []) if f.path == file and f.sha256), "") if origin else ""
+    return _written_entry(model, Source(type="huggingface", repo=repo, file=file, sha256=pinned), 1), False
 
 
 def from_entry(entry: Entry, engine: str = "") -> CatalogModel:

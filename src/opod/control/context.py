@@ -15,6 +15,7 @@ from opod.access.secrets import AuthSecrets
 from opod.access.service import AccessService
 from opod.access.tenancy import Tenancy
 from opod.catalog import Catalog
+from opod.contract.admin.models import ModelserveJob, ModelservePlan, ModelserveRequest
 from opod.fleet.federation import Federation
 from opod.fleet.followers import EventSink, Reconciling
 from opod.fleet.models import ModelRegistry
@@ -30,6 +31,7 @@ from opod.http.nodeclient import WorkerClient
 from opod.settings.holder import SettingsHolder
 from opod.settings.service import SettingsService
 from opod.store import Store
+from opod.store.audit import AuditDraft
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -92,6 +94,8 @@ class ControlContext:
     """Sign-in through the settings' OpenID provider (``auth.oidc``): the flow the portal's sign-in pages drive."""
     stats: GatewayStats
     """The gateway's own counters (requests and errors in the last minute): the console's summary."""
+    serve_jobs: Serving
+    """Registry plans and serve jobs (``/plan``, ``/models/serve``, ``/jobs``)."""
 
 
 class JobWaker(Protocol):
@@ -108,6 +112,18 @@ class Replayer(Protocol):
     async def replay(self, path: str, body: bytes, request_id: str) -> tuple[int, bytes]:
         """(path, body, request id) → (status, body), served as the admin key's own request."""
         ...
+
+
+class Serving(Protocol):
+    """Registry plans and serve jobs (``opod.control.serving.ServeJobs``) as the routes see them."""
+
+    async def plan(self, repo: str | None, format: str | None, context: int | None) -> ModelservePlan: ...
+
+    async def start(self, request: ModelserveRequest, audit: AuditDraft) -> ModelserveJob: ...
+
+    async def jobs(self) -> list[ModelserveJob]: ...
+
+    async def job(self, job_id: str) -> ModelserveJob: ...
 
 
 class Notifier(Protocol):

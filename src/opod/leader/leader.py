@@ -37,6 +37,7 @@ from opod.control.app import create_app as create_control_app
 from opod.control.areas import public_areas
 from opod.control.console.auth import SignedOut
 from opod.control.context import ControlContext
+from opod.control.serving import ServeJobs
 from opod.fleet.federation import Federation, cluster_id
 from opod.fleet.local import LocalEngines
 from opod.fleet.models import ModelRegistry
@@ -80,6 +81,9 @@ from opod.snapshots.policy import PolicyView
 from opod.snapshots.service import Snapshots
 from opod.store import Store
 from opod.store.offloop import run_sync
+from opod.weights.errors import WeightsError
+from opod.weights.hub import HubSettings
+from opod.weights.resolver import models_dir
 
 log = logging.getLogger("opod.leader")
 
@@ -153,6 +157,8 @@ class Leader:
 
     batches: BatchRunner
     """Runs the clients' batches (``/v1/batches``) through the gateway; started by :meth:`run`."""
+    serve_jobs: ServeJobs
+    """Registry plans and serve jobs; :meth:`run` ends the jobs a stop interrupts."""
     client_routes: tuple[Route, ...] = ()
     """``/v1/files`` and ``/v1/batches``, on the public listener."""
 
@@ -287,6 +293,23 @@ class Leader:
             *client_files.routes(),
             *ClientBatches(store, gateway.authenticate, batches.wake, client_files).routes(),
         )
+        replayer = Replayer(gateway, access.keys.local_entries)
+        try:
+            hub = HubSettings.from_config()
+        except WeightsError as err:
+            raise ValueError(str(err)) from None
+        serve_jobs = ServeJobs(
+            store,
+            models,
+            models_service,
+            fleet,
+            reconciler,
+            replayer,
+            hub=hub,
+            weights_dir=models_dir(settings.home) / "hf",
+            runner=runner_owner(settings.home),
+        )
+        serve_jobs.fail_interrupted()
         admin = AdminContext(
             store=store,
             fleet=fleet,
@@ -332,12 +355,14 @@ class Leader:
             nodes=nodes,
             quotas=quotas,
             batches=batches,
-            replay=Replayer(gateway, access.keys.local_entries),
+            replay=replayer,
             oidc=oidc,
             stats=gateway.stats,
+            serve_jobs=serve_jobs,
         )
         return cls(
             batches=batches,
+            serve_jobs=serve_jobs,
             client_routes=client_routes,
             settings=settings,
             store=store,
@@ -420,6 +445,7 @@ class Leader:
         writer = asyncio.create_task(self.ledger.run(ledger_stop), name="ledger writer")
         work: list[Background] = [
             self.batches.run,
+            self.serve_jobs.run,
             self.reconciler.run,
             self.shards.run_healer,
             self._flush_key_uses,

@@ -35,6 +35,7 @@ from opod.store.quotas import QuotasRepo
 from opod.store.requests import RequestsRepo
 from opod.store.scim import ScimRepo
 from opod.store.secrets import SecretsRepo
+from opod.store.serve_jobs import ServeJobsRepo
 from opod.store.settings import SettingsRepo
 from opod.store.tenancy import TenancyRepo
 from opod.store.usage import UsageRepo
@@ -63,6 +64,7 @@ class Store(
     RequestsRepo,
     FederationRepo,
     ScimRepo,
+    ServeJobsRepo,
 ):
     def __init__(self, engine: Engine, secrets_key: SecretsKey | None = None) -> None:
         """Use :meth:`open`; this wraps an engine whose database is already migrated."""

@@ -65,6 +65,11 @@ def _candidates(files: list[HubFile]) -> list[GGUFChoice]:
     return singles
 
 
+def gguf_candidates(files: list[HubFile]) -> list[GGUFChoice]:
+    """Every GGUF model of a repository's files (each quantisation; a split model as one), projectors left out."""
+    return _candidates(files)
+
+
 def choose_gguf(files: list[HubFile], where: str = "the repository") -> GGUFChoice:
     """The GGUF to serve from a repository's files; a repository without one is a clear error."""
     candidates = _candidates(files)

@@ -313,6 +313,27 @@ class HubClient:
             url = str(next_link["url"]) if next_link else None
         return files
 
+    async def read_start(self, repo: str, filename: str, revision: str | None, nbytes: int) -> bytes:
+        """The first ``nbytes`` of a file (a ranged GET, nothing kept): a GGUF's header, a README, a config.json."""
+        revision = revision or self.settings.revision
+        url = f"{self.settings.endpoint}/{check_repo(repo)}/resolve/{quote(revision, safe='')}/{quote(_check_filename(filename))}"
+        try:
+            response, _ = await open_following(self.session, url, {**self._headers(), "Range": f"bytes=0-{nbytes - 1}"})
+        except (TimeoutError, aiohttp.ClientConnectionError) as err:
+            raise self._unreachable(err) from None
+        try:
+            if response.status >= 400:
+                text = (await response.content.read(4096)).decode(errors="replace")
+                raise self._error(HTTPRefusal(response.status, response.headers, text, url), repo, revision, filename)
+            data = bytearray()
+            while len(data) < nbytes and (chunk := await response.content.read(nbytes - len(data))):
+                data += chunk  # a server that ignores the range sends the whole file: only the start is read
+            return bytes(data)
+        except (TimeoutError, aiohttp.ClientConnectionError) as err:
+            raise self._unreachable(err) from None
+        finally:
+            response.release()
+
     async def choose(self, repo: str, revision: str | None = None) -> GGUFChoice:
         revision = revision or self.settings.revision
         return choose_gguf(await self.list_files(repo, revision), f"{repo}@{revision}")

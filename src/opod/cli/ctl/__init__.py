@@ -9,10 +9,22 @@ from __future__ import annotations
 
 import typer
 
-from opod.cli.ctl import federation, fleet, models, operations, people, presets, replicas, settings, tenancy, usage
+from opod.cli.ctl import (
+    federation,
+    fleet,
+    models,
+    operations,
+    people,
+    presets,
+    replicas,
+    serving,
+    settings,
+    tenancy,
+    usage,
+)
 
 app = typer.Typer(
-    help="Operate the fleet through the management API: summary, nodes, models, replicas, restarts, placement, presets, weights, "
+    help="Operate the fleet through the management API: summary, nodes, models, replicas, restarts, placement, presets, registry plans and serve jobs, weights, "
     "tenancy, people, keys, quotas, usage, audit, settings, client jobs, webhooks, secrets, federation.",
     no_args_is_help=True,
 )
@@ -24,6 +36,9 @@ app.command("replicas")(replicas.replicas)
 app.command("restart")(replicas.restart)
 app.command("explain")(replicas.explain)
 app.add_typer(presets.presets, name="presets")
+app.command("plan")(serving.plan)
+app.command("serve")(serving.serve)
+app.add_typer(serving.serve_jobs, name="serve-jobs")
 app.add_typer(presets.weights, name="weights")
 app.add_typer(tenancy.orgs, name="orgs")
 app.add_typer(tenancy.teams, name="teams")

@@ -1,7 +1,7 @@
 """Federation peers: other opod clusters whose models are offered here as PEER/MODEL.
 
 Revision ID: 0021
-Revises: 0017
+Revises: 0020
 Create Date: 2026-12-04
 """
 
@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0021"
-down_revision: str | None = "0017"
+down_revision: str | None = "0020"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
