@@ -34,6 +34,7 @@ from opod.store.quotas import QuotasRepo
 from opod.store.requests import RequestsRepo
 from opod.store.secrets import SecretsRepo
 from opod.store.settings import SettingsRepo
+from opod.store.signin import SignInRepo
 from opod.store.tenancy import TenancyRepo
 from opod.store.usage import UsageRepo
 
@@ -59,6 +60,7 @@ class Store(
     ClientJobsRepo,
     QuotasRepo,
     RequestsRepo,
+    SignInRepo,
 ):
     def __init__(self, engine: Engine, secrets_key: SecretsKey | None = None) -> None:
         """Use :meth:`open`; this wraps an engine whose database is already migrated."""
