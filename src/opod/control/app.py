@@ -17,9 +17,10 @@ from starlette.exceptions import HTTPException
 
 from opod import __version__
 from opod.control import unbuilt
-from opod.control.areas import admin_areas
+from opod.control.areas import admin_areas, admin_pages
 from opod.control.context import ControlContext, ControlError
 from opod.control.listener import AdminGuard, refusal
+from opod.control.permits import SessionGate
 from opod.control.spec import SpecRouter, document
 from opod.store.errors import Conflict, Forbidden, InvalidInput, NotFound, StoreError
 
@@ -31,7 +32,8 @@ _REFUSALS: dict[type[StoreError], int] = {InvalidInput: 400, Forbidden: 403, Not
 
 def create_app(ctx: ControlContext) -> FastAPI:
     app = FastAPI(title="opod management API", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_middleware(AdminGuard, keys=ctx.access.keys, store=ctx.store, events=ctx.events)
+    gate = SessionGate(ctx.signin.sessions, ctx.permissions, ctx.tenancy, ctx.access, ctx.settings_service)
+    app.add_middleware(AdminGuard, keys=ctx.access.keys, store=ctx.store, events=ctx.events, sessions=gate)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, err: HTTPException) -> JSONResponse:
@@ -76,6 +78,7 @@ def create_app(ctx: ControlContext) -> FastAPI:
     for area in admin_areas(ctx):
         app.include_router(area)
     app.include_router(unbuilt.router())
+    app.router.routes.extend(admin_pages(ctx))
 
     own = SpecRouter()
     cached: dict[str, Any] = {}

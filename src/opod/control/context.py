@@ -9,8 +9,10 @@ from typing import Protocol
 from opod.access.keys import KeyService
 from opod.access.members import Memberships
 from opod.access.people import People
+from opod.access.permissions import Permissions
 from opod.access.secrets import AuthSecrets
 from opod.access.service import AccessService
+from opod.access.signin import SignIn
 from opod.access.tenancy import Tenancy
 from opod.catalog import Catalog
 from opod.fleet.followers import EventSink, Reconciling
@@ -48,6 +50,10 @@ class ControlContext:
     """Memberships as ``/users`` changes them: a person put in a place, or taken out with the keys they lose."""
     secrets: AuthSecrets
     """The sign-in secrets (``/auth/secrets``) and SCIM's bearer token."""
+    signin: SignIn
+    """Sign-in, sign-up, sessions and local accounts (the web's pages, ``/accounts``, sessions on ``/api/v1``)."""
+    permissions: Permissions
+    """What a signed-in person may do, by role and membership."""
     tenancy: Tenancy
     """Organizations, teams and projects in memory (``/orgs``, ``/teams``, ``/projects``, keys' owners): the one writer."""
     fleet: Fleet

@@ -12,30 +12,19 @@ from fastapi import APIRouter, Depends
 
 from opod.access.members import Memberships
 from opod.access.secrets import AuthSecrets, secret_reference
-from opod.contract.admin.tenancy import AuthView, MembershipRequest, MembershipView, SecretRequest, UserView
+from opod.access.signin import SignIn
+from opod.contract.admin.tenancy import AuthView, MembershipRequest, SecretRequest, UserView
 from opod.control.audit import AuditDraft, audit_draft
 from opod.control.spec import SpecRouter
+from opod.control.user_views import user_view as shown
 from opod.store.people import UserRecord
 
 
-def router(members: Memberships, secrets: AuthSecrets) -> APIRouter:
+def router(members: Memberships, secrets: AuthSecrets, signin: SignIn) -> APIRouter:
     api = SpecRouter()
 
     def user_view(user: UserRecord) -> UserView:
-        memberships = [
-            MembershipView(target=m.target, path=members.path(m.target), role=m.role, at=m.at, by=m.by or None)
-            for m in members.memberships(user.id)
-        ]
-        return UserView(
-            id=user.id,
-            email=user.email,
-            name=user.name or None,
-            state=user.state,
-            role=user.role or None,
-            memberships=memberships,
-            created_at=user.created_at,
-            last_login_at=user.last_login_at,
-        )
+        return shown(members, user)
 
     @api.get("/api/v1/users", operation_id="getUsers", tags=["users"], response_model=list[UserView])
     async def get_users(state: str | None = None) -> list[UserView]:
@@ -66,7 +55,7 @@ def router(members: Memberships, secrets: AuthSecrets) -> APIRouter:
 
     @api.get("/api/v1/auth", operation_id="getAuth", tags=["auth"], response_model=AuthView)
     async def get_auth() -> AuthView:
-        return AuthView(signup_open=False, scim=await secrets.scim_on())
+        return AuthView(signup_open=signin.signup_open, scim=await secrets.scim_on(), base_url=signin.base_url or None)
 
     @api.put(
         "/api/v1/auth/secrets/{name}", operation_id="putAuthSecretsName", tags=["auth"], response_model=dict[str, str]

@@ -23,9 +23,12 @@ from opod import config
 from opod.access.keys import KeyService
 from opod.access.members import Memberships
 from opod.access.people import People
+from opod.access.permissions import Permissions
 from opod.access.scopes import check_scope
 from opod.access.secrets import AuthSecrets
 from opod.access.service import AccessService
+from opod.access.sessions import Sessions
+from opod.access.signin import SignIn
 from opod.access.tenancy import Tenancy, TenancyScopes
 from opod.catalog import Catalog, load_catalog
 from opod.contract import adminapi
@@ -300,6 +303,8 @@ class Leader:
             people=people,
             members=Memberships(people, tenancy, access),
             secrets=AuthSecrets(store, cluster_settings),
+            signin=SignIn(store, people, cluster_settings, Sessions(store, cluster_settings)),
+            permissions=Permissions(people, tenancy),
             tenancy=tenancy,
             fleet=fleet,
             models=models,
@@ -415,6 +420,7 @@ class Leader:
         # within 2 s.
         work += [
             self.control.people.run,
+            self.control.signin.sessions.run,
             self.access.run,
             self.control.tenancy.run,
             self.control.quotas.run,

@@ -129,6 +129,18 @@ class KeyRules(Section):
     )
 
 
+class OidcSettings(Section):
+    """Sign-in through an OpenID Connect provider."""
+
+    no_passwords: bool = Field(False, description="Turn local passwords off: people sign in through the provider.")
+
+
+def _positive_duration(text: str) -> str:
+    if duration_seconds(text) <= 0:
+        raise ValueError("a duration longer than zero, such as 30m or 12h")
+    return text
+
+
 class AuthSettings(Section):
     """How people and providers authenticate."""
 
@@ -136,6 +148,15 @@ class AuthSettings(Section):
         "",
         description="Where the SCIM provider's bearer token is: store:NAME, or empty for the stored secret auth/scim-token.",
     )
+    signup_open: bool = Field(False, description="Whether anyone may make a local account at /signup.")
+    base_url: str = Field("", description="The members' portal's address as people reach it (https://llm.example.com).")
+    session_lifetime: Annotated[str, AfterValidator(_positive_duration)] = Field(
+        "12h", description="How long a session lasts after sign-in, however it is used."
+    )
+    session_idle: Annotated[str, AfterValidator(_positive_duration)] = Field(
+        "1h", description="How long a session lasts unused."
+    )
+    oidc: OidcSettings = Field(default_factory=OidcSettings, description="Sign-in through an OpenID Connect provider.")
 
 
 class FilesSettings(Section):
