@@ -77,6 +77,8 @@ OPERATIONS: dict[str, Action] = {
     "postKbSearch": OPERATE,  # reads documents' text
     # opod's own operations (tag opod)
     "getNodeTokens": READ,
+    "getModelStates": READ,
+    "getOpodNodeModels": READ,
     "postNodeTokens": ADMINISTER,
     "deleteNodeTokensId": ADMINISTER,
     "postModelsNameLoad": OPERATE,

@@ -49,6 +49,7 @@ class WebSessions:
         person = await self.person(request)
         if person is None:
             raise PageRefused(401, "you are not signed in (or your session ended); sign in at /signin")
+        web_draft(request).actor = person.actor
         given = request.headers.get(CSRF_HEADER) or str((form or {}).get(CSRF_FIELD, ""))
         if not person.csrf_ok(given):
             raise PageRefused(403, f"{CSRF_HEADER}: missing or not this session's; reload the page and try again")

@@ -138,6 +138,7 @@ def routes(signin: SignIn, people: People, store: Store) -> list[Route]:
 
         async def work() -> Response:
             got.update(await fields(request))
+            web_draft(request).status = 201  # what a made account answers, in the audit row written with it
             new = await signin.sign_up(
                 got.get("email", ""),
                 got.get("name", ""),
