@@ -114,9 +114,11 @@ class People:
         role: str = "",
         external_id: str = "",
         id: str | None = None,
+        password_hash: str = "",
         audit: AuditRow | None = None,
     ) -> UserRecord:
-        """A new person (``id`` fresh unless given, so an audit row can name it before it exists)."""
+        """A new person (``id`` fresh unless given, so an audit row can name it before it exists); with a local
+        password when ``password_hash`` is given, in the same transaction."""
         record = await run_sync(
             self._store.create_user,
             email=email,
@@ -125,6 +127,7 @@ class People:
             role=role,
             external_id=external_id,
             id=id,
+            password_hash=password_hash,
             audit=audit,
         )
         self._changes += 1

@@ -17,11 +17,12 @@ from starlette.exceptions import HTTPException
 
 from opod import __version__
 from opod.control import unbuilt
-from opod.control.areas import admin_areas
+from opod.control.areas import admin_areas, admin_pages
 from opod.control.console.auth import PageAuth
 from opod.control.console.site import console_routes
 from opod.control.context import ControlContext, ControlError
 from opod.control.listener import AdminGuard, refusal
+from opod.control.permits import SessionGate
 from opod.control.spec import SpecRouter, document
 from opod.store.errors import Conflict, Forbidden, InvalidInput, NotFound, StoreError
 
@@ -34,7 +35,8 @@ _REFUSALS: dict[type[StoreError], int] = {InvalidInput: 400, Forbidden: 403, Not
 def create_app(ctx: ControlContext, pages: PageAuth) -> FastAPI:
     """``pages``: who is signed in to the console (under ``/console``), what they may do, their CSRF token."""
     app = FastAPI(title="opod management API", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_middleware(AdminGuard, keys=ctx.access.keys, store=ctx.store, events=ctx.events)
+    gate = SessionGate(ctx.signin.sessions, ctx.permissions, ctx.tenancy, ctx.access, ctx.settings_service)
+    app.add_middleware(AdminGuard, keys=ctx.access.keys, store=ctx.store, events=ctx.events, sessions=gate)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, err: HTTPException) -> JSONResponse:
@@ -80,6 +82,7 @@ def create_app(ctx: ControlContext, pages: PageAuth) -> FastAPI:
         app.include_router(area)
     app.include_router(unbuilt.router())
     app.router.routes.extend(console_routes(ctx, pages))
+    app.router.routes.extend(admin_pages(ctx))
 
     own = SpecRouter()
     cached: dict[str, Any] = {}

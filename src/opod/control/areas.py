@@ -13,6 +13,7 @@ from fastapi import APIRouter
 from starlette.routing import Route
 
 from opod.control import (
+    accounts,
     audit_log,
     capacity,
     client_jobs,
@@ -35,6 +36,7 @@ from opod.control import (
     weights,
 )
 from opod.control.context import ControlContext
+from opod.control.web import signin
 
 
 def admin_areas(ctx: ControlContext) -> list[APIRouter]:
@@ -54,7 +56,8 @@ def admin_areas(ctx: ControlContext) -> list[APIRouter]:
         settings.router(ctx.settings_service),
         notify.router(ctx.notifier),
         metrics.router(ctx.settings),
-        people.router(ctx.members, ctx.secrets, ctx.directory),
+        people.router(ctx.members, ctx.secrets, ctx.directory, ctx.signin),
+        accounts.router(ctx.signin, ctx.members),
         tenancy.router(ctx.tenancy),
         usage.router(ctx.store, ctx.budgets, ctx.tenancy),
         requests.router(ctx.store, ctx.replay),
@@ -62,7 +65,15 @@ def admin_areas(ctx: ControlContext) -> list[APIRouter]:
     ]
 
 
+def admin_pages(ctx: ControlContext) -> list[Route]:
+    """The web's pages on the admin listener, beside ``/api``: sign-in (operators)."""
+    return signin.routes(ctx.signin, ctx.people, ctx.store)
+
+
 def public_areas(ctx: ControlContext) -> list[Route]:
     """What the management layer serves on the public listener: SCIM 2.0 (``/scim/v2``), which identity providers
-    call from outside with their own bearer token."""
-    return scim.routes(ctx.people, ctx.tenancy, ctx.secrets, ctx.store, ctx.settings)
+    call from outside with their own bearer token, and the web's sign-in pages (members)."""
+    return [
+        *scim.routes(ctx.people, ctx.tenancy, ctx.secrets, ctx.store, ctx.settings),
+        *signin.routes(ctx.signin, ctx.people, ctx.store),
+    ]

@@ -19,7 +19,7 @@ from typing import Any
 from fastapi import Request
 
 from opod.store import Store
-from opod.store.audit import SOURCE_API, AuditDraft
+from opod.store.audit import SOURCE_API, SOURCE_WEB, AuditDraft
 from opod.store.errors import StoreError
 from opod.store.offloop import run_sync
 
@@ -28,15 +28,17 @@ log = logging.getLogger("opod.control")
 _CONVERTER = re.compile(r"\{(\w+):\w+\}")
 
 
-def open_draft(request: Request, actor: str, body: bytes) -> AuditDraft:
-    """The draft of a non-GET call, before its route runs (the listener's middleware)."""
+def open_draft(request: Request, actor: str, body: bytes, *, web: bool = False) -> AuditDraft:
+    """The draft of a non-GET call, before its route runs (the listener's middleware); ``web`` for a person's call
+    made with a session."""
     parsed: Any = None
     if body:
         try:
             parsed = json.loads(body)
         except ValueError:
             parsed = f"({len(body)} bytes that are not JSON)"
-    draft = AuditDraft(actor=actor, source=SOURCE_API, action=f"{request.method} {request.url.path}", body=parsed)
+    source = SOURCE_WEB if web else SOURCE_API
+    draft = AuditDraft(actor=actor, source=source, action=f"{request.method} {request.url.path}", body=parsed)
     request.state.audit = draft
     return draft
 
@@ -53,6 +55,15 @@ def settle_route(request: Request, draft: AuditDraft) -> None:
     status = getattr(route, "status_code", None)
     if isinstance(status, int):
         draft.status = status
+
+
+async def record_now(store: Store, draft: AuditDraft, status: int) -> None:
+    """A page's call recorded by the page itself, with the status it answers; the listener records it no more."""
+    try:
+        with draft.commit(status=status) as row:
+            await run_sync(store.record_audit, row)
+    except StoreError as err:
+        log.error("could not record the audit row of %s: %s", draft.action, err)
 
 
 async def record_after(store: Store, request: Request, draft: AuditDraft, status: int) -> None:

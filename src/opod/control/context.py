@@ -11,8 +11,10 @@ from opod.access.keys import KeyService
 from opod.access.members import Memberships
 from opod.access.oidc import OidcSignIn
 from opod.access.people import People
+from opod.access.permissions import Permissions
 from opod.access.secrets import AuthSecrets
 from opod.access.service import AccessService
+from opod.access.signin import SignIn
 from opod.access.tenancy import Tenancy
 from opod.catalog import Catalog
 from opod.contract.admin.models import ModelserveJob, ModelservePlan, ModelserveRequest
@@ -58,6 +60,10 @@ class ControlContext:
     """Sign-in checked by ``auth.ldap``'s directory, its sync and its view (``/auth``, ``/auth/ldap/test``)."""
     federation: Federation
     """Other opod clusters whose models are offered here as PEER/MODEL (``/federation``)."""
+    signin: SignIn
+    """Sign-in, sign-up, sessions and local accounts (the web's pages, ``/accounts``, sessions on ``/api/v1``)."""
+    permissions: Permissions
+    """What a signed-in person may do, by role and membership."""
     tenancy: Tenancy
     """Organizations, teams and projects in memory (``/orgs``, ``/teams``, ``/projects``, keys' owners): the one writer."""
     fleet: Fleet

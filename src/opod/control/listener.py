@@ -14,6 +14,12 @@ A change (any method but GET and HEAD) gets its audit draft before its route run
 answered, the listener records the draft unless the change committed it
 (:mod:`opod.control.audit`), and emits ``admin.call``. A change the listener refuses itself is
 recorded too, with its refusal's status and without its body.
+
+A call of ``/api`` without an ``Authorization`` header but with a session cookie is a person's
+from the web (:mod:`opod.control.permits`): an ended session is refused 401, a change without its
+session's CSRF token (``X-CSRF-Token``) 403, and a call the person's role and memberships do not
+allow 403; it is audited with ``source: web`` and the person as the actor. The pages beside
+``/api`` (sign-in, the console) take a form as well as JSON, and check their sessions themselves.
 """
 
 from __future__ import annotations
@@ -31,8 +37,10 @@ from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from opod.access.keytable import KeyTable
+from opod.access.sessions import CSRF_HEADER, SESSION_COOKIE, SignedIn
 from opod.control.audit import open_draft, record_after
 from opod.control.context import EventSink
+from opod.control.permits import Operation, SessionGate
 from opod.http.errors import BadRequest, Unauthorized
 from opod.http.inbound import json_value
 from opod.store import Store
@@ -54,6 +62,11 @@ def refusal(status: int, message: str, headers: Mapping[str, str] | None = None)
 def json_content_type(value: str) -> bool:
     """True for ``application/json`` as a media type, in any case, with or without parameters."""
     return value.split(";", 1)[0].strip().lower() == "application/json"
+
+
+def form_content_type(value: str) -> bool:
+    """True for a form a page posts (``application/x-www-form-urlencoded``)."""
+    return value.split(";", 1)[0].strip().lower() == "application/x-www-form-urlencoded"
 
 
 def cross_site(headers: Headers) -> str:
@@ -87,11 +100,14 @@ class BodyTooLarge(Exception):
 class AdminGuard:
     """The listener's checks around the admin app (see the module's docstring)."""
 
-    def __init__(self, app: ASGIApp, *, keys: KeyTable, store: Store, events: EventSink) -> None:
+    def __init__(
+        self, app: ASGIApp, *, keys: KeyTable, store: Store, events: EventSink, sessions: SessionGate | None = None
+    ) -> None:
         self.app = app
         self.keys = keys
         self.store = store
         self.events = events
+        self.sessions = sessions
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -100,33 +116,45 @@ class AdminGuard:
         headers = Headers(scope=scope)
         method: str = scope["method"]
         refused = self._refused(method, scope["path"], headers)
+        person: SignedIn | None = None
+        if refused is None and scope["path"].startswith("/api/"):
+            refused, person = await self._caller(method, scope, headers)
         if refused is not None:
             await refused(scope, receive, send)
             if method not in _READS:
-                await self._record_refused(scope, headers, refused.status_code)
+                await self._record_refused(scope, headers, refused.status_code, person)
             return
         if method in _READS:
+            if person is not None and (denied := await self._denied(scope, person, b"")) is not None:
+                await denied(scope, receive, send)
+                return
             await self._read(scope, receive, send)
             return
         try:
             body = await _whole_body(headers, receive)
         except BodyTooLarge as err:
             await refusal(413, str(err))(scope, receive, send)
-            await self._record_refused(scope, headers, 413)
+            await self._record_refused(scope, headers, 413, person)
             return
         request = Request(scope)
-        actor = headers.get("x-llmgw-actor") or "unknown"
+        actor = person.actor if person is not None else headers.get("x-llmgw-actor") or "unknown"
         try:
-            if body.strip():  # a client's JSON rules (nesting, encodable text) before anything parses it
-                json_value(body)
+            if body.strip() and not form_content_type(headers.get("content-type", "")):
+                json_value(body)  # a client's JSON rules (nesting, encodable text) before anything parses it
         except BadRequest as err:
-            draft = open_draft(request, actor, b"")
+            draft = open_draft(request, actor, b"", web=person is not None)
             draft.body = f"({len(body)} bytes refused: {err.message})"
             await refusal(400, err.message)(scope, receive, send)
             await record_after(self.store, request, draft, 400)
             return
-        draft = open_draft(request, actor, body)
-        status = await self._answer(scope, _replay(body, receive), send)
+        draft = open_draft(request, actor, body, web=person is not None)
+        denied = await self._denied(scope, person, body) if person is not None else None
+        if denied is not None:
+            await denied(scope, receive, send)
+            status = denied.status_code
+            request = Request({**scope, **_routed(scope)})
+        else:
+            status = await self._answer(scope, _replay(body, receive), send)
         self.events("admin.call", scope["path"], {"method": method, "status": status, "actor": draft.actor})
         await record_after(self.store, request, draft, status)
 
@@ -138,26 +166,56 @@ class AdminGuard:
                 403,
                 f"the admin listener refuses requests another site's page sent ({why}); call it from a script or opod ctl",
             )
-        if method not in _READS and not json_content_type(headers.get("content-type", "")):
-            return refusal(415, f"{method} needs Content-Type: application/json (even without a body)")
+        content_type = headers.get("content-type", "")
+        page = not path.startswith("/api/")
+        if method not in _READS and not (json_content_type(content_type) or (page and form_content_type(content_type))):
+            form = " or application/x-www-form-urlencoded" if page else ""
+            return refusal(415, f"{method} needs Content-Type: application/json{form} (even without a body)")
         actor = headers.get("x-llmgw-actor")
         if actor is not None and not ACTOR.fullmatch(actor):
             return refusal(
                 400, "X-Llmgw-Actor: letters, digits and ._-@ only, at most 64 (who the change is recorded as made by)"
             )
-        if path.startswith("/api/"):
-            try:
-                self.keys.check(headers.get("authorization"), kinds=("admin",))
-            except Unauthorized as err:
-                return refusal(401, err.message)
         return None
 
-    async def _record_refused(self, scope: Scope, headers: Headers, status: int) -> None:
+    async def _caller(self, method: str, scope: Scope, headers: Headers) -> tuple[Response | None, SignedIn | None]:
+        """Who calls ``/api``: the admin key (None), or a person's session; or why the call is refused."""
+        cookie = Request(scope).cookies.get(SESSION_COOKIE)
+        if headers.get("authorization") is None and cookie and self.sessions is not None:
+            person = await self.sessions.sessions.find(cookie)
+            if person is None:
+                return refusal(401, "your session has ended (signed out or expired); sign in again at /signin"), None
+            if method not in _READS and not person.csrf_ok(headers.get(CSRF_HEADER)):
+                return refusal(
+                    403, f"{CSRF_HEADER}: missing or not this session's; send the token the page (or /whoami) gave"
+                ), person
+            return None, person
+        try:
+            self.keys.check(headers.get("authorization"), kinds=("admin",))
+        except Unauthorized as err:
+            return refusal(401, err.message), None
+        return None, None
+
+    async def _denied(self, scope: Scope, person: SignedIn, body: bytes) -> Response | None:
+        """A 403 ``ErrorView`` when the person may not make this call; None when they may (or no route matches)."""
+        assert self.sessions is not None
+        routed = _routed(scope)
+        route = routed.get("route")
+        operation_id = getattr(route, "operation_id", None)
+        if route is None or not operation_id:
+            return None  # answered 404 or 405 by the app
+        tags = getattr(route, "tags", None) or [""]
+        query = {k: v for k, v in Request(scope).query_params.items()}
+        call = Operation(operation_id, str(tags[0]), scope["method"], routed.get("path_params", {}), query, body)
+        refused = await self.sessions.check(person, call)
+        return None if refused is None else refusal(refused.status, refused.message)
+
+    async def _record_refused(self, scope: Scope, headers: Headers, status: int, person: SignedIn | None) -> None:
         """A change refused here, before its route ran, is in the audit as its route would record it, without its
         body (never read, or not whole)."""
-        actor = headers.get("x-llmgw-actor") or "unknown"
+        actor = person.actor if person is not None else headers.get("x-llmgw-actor") or "unknown"
         request = Request({**scope, **_routed(scope)})
-        draft = open_draft(request, actor if ACTOR.fullmatch(actor) else "unknown", b"")
+        draft = open_draft(request, actor if ACTOR.fullmatch(actor) else "unknown", b"", web=person is not None)
         await record_after(self.store, request, draft, status)
 
     async def _read(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -16,38 +16,26 @@ from opod.access.directory import Directory
 from opod.access.members import Memberships
 from opod.access.oidc import oidc_view
 from opod.access.secrets import AuthSecrets, secret_reference
+from opod.access.signin import SignIn
 from opod.contract.admin.tenancy import (
     AuthView,
     LDAPTestRequest,
     LDAPTestView,
     MembershipRequest,
-    MembershipView,
     SecretRequest,
     UserView,
 )
 from opod.control.audit import AuditDraft, audit_draft
 from opod.control.spec import SpecRouter
+from opod.control.user_views import user_view as shown
 from opod.store.people import UserRecord
 
 
-def router(members: Memberships, secrets: AuthSecrets, directory: Directory) -> APIRouter:
+def router(members: Memberships, secrets: AuthSecrets, directory: Directory, signin: SignIn) -> APIRouter:
     api = SpecRouter()
 
     def user_view(user: UserRecord) -> UserView:
-        memberships = [
-            MembershipView(target=m.target, path=members.path(m.target), role=m.role, at=m.at, by=m.by or None)
-            for m in members.memberships(user.id)
-        ]
-        return UserView(
-            id=user.id,
-            email=user.email,
-            name=user.name or None,
-            state=user.state,
-            role=user.role or None,
-            memberships=memberships,
-            created_at=user.created_at,
-            last_login_at=user.last_login_at,
-        )
+        return shown(members, user)
 
     @api.get("/api/v1/users", operation_id="getUsers", tags=["users"], response_model=list[UserView])
     async def get_users(state: str | None = None) -> list[UserView]:
@@ -80,8 +68,9 @@ def router(members: Memberships, secrets: AuthSecrets, directory: Directory) -> 
     async def get_auth() -> AuthView:
         auth = secrets.settings.current.auth
         return AuthView(
-            signup_open=False,
+            signup_open=signin.signup_open,
             scim=await secrets.scim_on(),
+            base_url=signin.base_url or None,
             oidc=oidc_view(auth),
             ldap=directory.view() if directory.configured() else None,
         )

@@ -20,14 +20,17 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from opod import config
-from opod.access.directory import Directory
+from opod.access.directory import Directory, DirectoryDown, DirectoryRefused
 from opod.access.keys import KeyService
 from opod.access.members import Memberships
-from opod.access.oidc import SEAL_PURPOSE, OidcSignIn
+from opod.access.oidc import SEAL_PURPOSE, OidcRefused, OidcSignIn
 from opod.access.people import People
+from opod.access.permissions import Permissions
 from opod.access.scopes import check_scope
 from opod.access.secrets import AuthSecrets
 from opod.access.service import AccessService
+from opod.access.sessions import Sessions
+from opod.access.signin import DirectoryPlug, OidcPlug, SignIn
 from opod.access.tenancy import Tenancy, TenancyScopes
 from opod.catalog import Catalog, load_catalog
 from opod.contract import adminapi
@@ -330,6 +333,7 @@ class Leader:
         )
         members, auth_secrets = Memberships(people, tenancy, access), AuthSecrets(store, cluster_settings)
         oidc = OidcSignIn(cluster_settings, auth_secrets, people, members, StateSeal(secrets_key.derive(SEAL_PURPOSE)))
+        directory = Directory(cluster_settings, auth_secrets, people, tenancy)
         control = ControlContext(
             store=store,
             access=access,
@@ -337,8 +341,17 @@ class Leader:
             people=people,
             members=members,
             secrets=auth_secrets,
-            directory=Directory(cluster_settings, auth_secrets, people, tenancy),
+            directory=directory,
             federation=federation,
+            signin=SignIn(
+                store,
+                people,
+                cluster_settings,
+                Sessions(store, cluster_settings),
+                directory=DirectoryPlug(directory, DirectoryRefused, DirectoryDown),
+                oidc=OidcPlug(oidc, OidcRefused),
+            ),
+            permissions=Permissions(people, tenancy),
             tenancy=tenancy,
             fleet=fleet,
             models=models,
@@ -459,6 +472,7 @@ class Leader:
         # within 2 s.
         work += [
             self.control.people.run,
+            self.control.signin.sessions.run,
             self.access.run,
             self.control.tenancy.run,
             self.control.quotas.run,

@@ -402,12 +402,25 @@ class ScimGroupGrant(Section):
         return value
 
 
+def _positive_duration(text: str) -> str:
+    if duration_seconds(text) <= 0:
+        raise ValueError("a duration longer than zero, such as 30m or 12h")
+    return text
+
+
 class AuthSettings(Section):
     """How people and providers authenticate."""
 
     scim_token: str = Field(
         "",
         description="Where the SCIM provider's bearer token is: store:NAME, or empty for the stored secret auth/scim-token.",
+    )
+    signup_open: bool = Field(False, description="Whether anyone may make a local account at /signup.")
+    session_lifetime: Annotated[str, AfterValidator(_positive_duration)] = Field(
+        "12h", description="How long a session lasts after sign-in, however it is used."
+    )
+    session_idle: Annotated[str, AfterValidator(_positive_duration)] = Field(
+        "1h", description="How long a session lasts unused."
     )
     base_url: str = Field(
         "",

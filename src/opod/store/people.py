@@ -21,7 +21,17 @@ from opod.store.audit import AuditRow, insert_audit
 from opod.store.base import Repository, text_arg, when
 from opod.store.errors import Conflict, InvalidInput, NotFound
 from opod.store.keys import KeyRecord
-from opod.store.schema import MEMBER_ROLES, USER_ROLES, USER_STATES, keys, memberships, projects, teams, users
+from opod.store.schema import (
+    MEMBER_ROLES,
+    USER_ROLES,
+    USER_STATES,
+    credentials,
+    keys,
+    memberships,
+    projects,
+    teams,
+    users,
+)
 
 USER_PREFIX = "usr_"
 
@@ -113,9 +123,11 @@ class PeopleRepo(Repository):
         external_id: str = "",
         id: str | None = None,
         created_at: datetime | None = None,
+        password_hash: str = "",
         audit: AuditRow | None = None,
     ) -> UserRecord:
-        """A new person; Conflict when the email (in any case) is someone's already."""
+        """A new person (with a local password when ``password_hash`` is given); Conflict when the email (in any
+        case) is someone's already."""
         record = UserRecord(
             id=text_arg(id, "user id") if id is not None else new_user_id(),
             email=_email(email),
@@ -132,6 +144,10 @@ class PeopleRepo(Repository):
                 if conn.execute(select(users.c.id).where(users.c.id == record.id)).first() is not None:
                     raise Conflict(f"a person with id {record.id!r} already exists")
                 conn.execute(users.insert().values(**asdict(record), email_folded=record.email.lower()))
+                if password_hash:
+                    conn.execute(
+                        credentials.insert().values(user_id=record.id, hash=password_hash, updated_at=record.created_at)
+                    )
                 if audit is not None:
                     insert_audit(conn, audit)
         except IntegrityError as err:  # another writer took the email between the check and the insert

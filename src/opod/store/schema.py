@@ -241,6 +241,15 @@ memberships = Table(
     CheckConstraint(_one_of("role", MEMBER_ROLES), name="role"),
 )
 
+# 0018: a person's local password, as its argon2id hash (opod.security.passwords); sessions: opod.store.signin.
+credentials = Table(
+    "credentials",
+    metadata,
+    Column("user_id", Text, ForeignKey("users.id", ondelete="CASCADE"), primary_key=True),
+    Column("hash", Text, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+)
+
 secrets = Table(
     "secrets",
     metadata,

@@ -37,6 +37,7 @@ from opod.store.scim import ScimRepo
 from opod.store.secrets import SecretsRepo
 from opod.store.serve_jobs import ServeJobsRepo
 from opod.store.settings import SettingsRepo
+from opod.store.signin import SignInRepo
 from opod.store.tenancy import TenancyRepo
 from opod.store.usage import UsageRepo
 
@@ -65,6 +66,7 @@ class Store(
     FederationRepo,
     ScimRepo,
     ServeJobsRepo,
+    SignInRepo,
 ):
     def __init__(self, engine: Engine, secrets_key: SecretsKey | None = None) -> None:
         """Use :meth:`open`; this wraps an engine whose database is already migrated."""

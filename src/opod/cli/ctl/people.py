@@ -10,6 +10,7 @@ import typer
 from opod.cli.common import err
 from opod.cli.ctl import render
 from opod.cli.ctl.api import emit_json, parse, parse_list, path, request, wire
+from opod.contract.admin.accounts import AccountChange, AccountRequest, PasswordRequest, PasswordSet
 from opod.contract.admin.tenancy import (
     KeyCreated,
     KeyCreateRequest,
@@ -119,6 +120,53 @@ def revoke_membership(user: str = USER, target: str = TARGET, as_json: bool = re
     if as_json:
         return emit_json(body)
     _show_user(parse(UserView, body, "DELETE /api/v1/users/{id}/memberships"))
+
+
+def _password(from_stdin: bool) -> str:
+    """A new password: the first line of stdin, or asked twice without echo."""
+    if from_stdin:
+        return sys.stdin.readline().rstrip("\n")
+    return str(typer.prompt("Password", hide_input=True, confirmation_prompt=True))
+
+
+PASSWORD_STDIN = typer.Option(False, "--password-stdin", help="Read the password from the first line of stdin.")
+
+
+@users.command("add")
+def add_user(
+    email: str = typer.Argument(..., metavar="EMAIL", help="The address the person signs in with."),
+    name: str = typer.Option("", "--name", help="Their name, as pages show it."),
+    role: str = typer.Option("", "--role", help="viewer, operator, billing or admin; none uses the fleet only."),
+    password_stdin: bool = PASSWORD_STDIN,
+    as_json: bool = render.json_option(),
+) -> None:
+    """Make a local account with a password (the first admin: --role admin); they sign in at /signin."""
+    order = AccountRequest(email=email, name=name, role=role, password=_password(password_stdin))
+    body = request("POST", path("accounts"), wire(order))
+    if as_json:
+        return emit_json(body)
+    _show_user(parse(UserView, body, "POST /api/v1/accounts"))
+
+
+@users.command("password")
+def set_password(user: str = USER, password_stdin: bool = PASSWORD_STDIN) -> None:
+    """Set or reset a person's local password; their sessions end."""
+    body = request("PUT", path("accounts", user, "password"), wire(PasswordRequest(password=_password(password_stdin))))
+    render.note(f"password set for {parse(PasswordSet, body, 'PUT /api/v1/accounts/{id}/password').id}")
+
+
+@users.command("set")
+def change_user(
+    user: str = USER,
+    role: str | None = typer.Option(None, "--role", help="viewer, operator, billing, admin, or '' for none."),
+    state: str | None = typer.Option(None, "--state", help="active, or disabled (their sessions end at once)."),
+    as_json: bool = render.json_option(),
+) -> None:
+    """Change a person's role or state."""
+    body = request("PUT", path("accounts", user), wire(AccountChange(role=role, state=state)))
+    if as_json:
+        return emit_json(body)
+    _show_user(parse(UserView, body, "PUT /api/v1/accounts/{id}"))
 
 
 def _key_rows(rows: list[KeyView]) -> None:

@@ -1,0 +1,187 @@
+"""Sign-in, sign-out, sign-up and whoami, on both listeners: a form (the pages) or JSON (scripts, a page's script).
+
+``POST /signin`` ``{username, password}`` starts a session (its cookie, and the CSRF token in a JSON
+answer); ``POST /signout`` ends it (with its CSRF token); ``POST /signup`` makes a local account
+while ``auth.signup_open``; ``GET /whoami`` says who the session is. Each post is audited with
+``source: web``. The rules are :class:`opod.access.signin.SignIn`'s; here requests are read and
+answers shaped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from opod.access.people import People
+from opod.access.sessions import NewSession, SignedIn
+from opod.access.signin import SignIn, SignInUnavailable, TooManyFailures, WrongCredentials
+from opod.control.audit import record_now
+from opod.control.listener import cross_site
+from opod.control.web.pages import (
+    PageRefused,
+    WebSessions,
+    clear_session,
+    client_address,
+    fields,
+    is_form,
+    local_path,
+    page,
+    redirect,
+    refused_json,
+    set_session,
+    web_draft,
+)
+from opod.security.passwords import PASSWORD_MIN
+from opod.store import Store
+from opod.store.errors import Conflict, Forbidden, InvalidInput, NotFound, StoreError
+
+_STATUS: dict[type[Exception], int] = {
+    InvalidInput: 400,
+    WrongCredentials: 401,
+    Forbidden: 403,
+    NotFound: 404,
+    Conflict: 409,
+    TooManyFailures: 429,
+    SignInUnavailable: 503,
+}
+
+
+def _refusal(err: Exception) -> PageRefused:
+    status = next((s for kind, s in _STATUS.items() if isinstance(err, kind)), 503)
+    headers = {"Retry-After": str(err.retry_after)} if isinstance(err, TooManyFailures) else None
+    message = str(err) if status != 503 or isinstance(err, SignInUnavailable) else f"the store failed: {err}"
+    return PageRefused(status, message, headers)
+
+
+def _person_json(signed_in: SignedIn, people: People) -> dict[str, object]:
+    person = signed_in.person
+    return {
+        "id": person.id,
+        "email": person.email,
+        "name": person.name,
+        "role": person.role,
+        "memberships": [{"target": m.target, "role": m.role} for m in people.memberships(person.id)],
+        "csrf_token": signed_in.csrf,
+        "expires_at": signed_in.expires_at.isoformat(),
+    }
+
+
+def routes(signin: SignIn, people: People, store: Store) -> list[Route]:
+    web = WebSessions(signin.sessions)
+
+    async def audited(
+        request: Request, work: Callable[[], Awaitable[Response]], on_error: Callable[[PageRefused], Response]
+    ) -> Response:
+        """Run a post, answer its refusal, and record its audit row unless the change wrote it."""
+        draft = web_draft(request)
+        try:
+            if is_form(request) and (why := cross_site(request.headers)):
+                raise PageRefused(403, f"refused a form another site's page sent ({why})")
+            response = await work()
+        except PageRefused as err:
+            response = on_error(err)
+        except (StoreError, WrongCredentials, TooManyFailures, SignInUnavailable) as err:
+            response = on_error(_refusal(err))
+        if not draft.committed:
+            await record_now(store, draft, response.status_code)
+        return response
+
+    def signin_page(request: Request, status: int = 200, error: str = "", username: str = "") -> Response:
+        nxt = local_path(request.query_params.get("next", ""), "/signin")
+        return page("signin.html", status, error=error, username=username, next=nxt, signup_open=signin.signup_open)
+
+    async def get_signin(request: Request) -> Response:
+        person = await web.person(request)
+        if person is not None:
+            return page("signed_in.html", person=person.person, csrf_token=person.csrf)
+        return signin_page(request)
+
+    async def post_signin(request: Request) -> Response:
+        form = is_form(request)
+        got: dict[str, str] = {}
+
+        async def work() -> Response:
+            got.update(await fields(request))
+            username = got.get("username") or got.get("email") or ""
+            new = await signin.sign_in(
+                username, got.get("password", ""), address=client_address(request), audit=web_draft(request)
+            )
+            return _started(request, new, local_path(got.get("next", ""), "/signin") if form else "")
+
+        def on_error(err: PageRefused) -> Response:
+            if not form:
+                return refused_json(err)
+            shown = signin_page(request, err.status, err.message, got.get("username", ""))
+            shown.headers.update(err.headers)
+            return shown
+
+        return await audited(request, work, on_error)
+
+    async def post_signout(request: Request) -> Response:
+        async def work() -> Response:
+            person = await web.change(request, await fields(request))
+            await signin.sessions.end(person, audit=web_draft(request))
+            done = redirect("/signin") if is_form(request) else JSONResponse({"signed_out": True})
+            return clear_session(done, request)
+
+        return await audited(request, work, refused_json)
+
+    async def get_signup(request: Request) -> Response:
+        return page("signup.html", signup_open=signin.signup_open, email="", name="", password_min=PASSWORD_MIN)
+
+    async def post_signup(request: Request) -> Response:
+        form = is_form(request)
+        got: dict[str, str] = {}
+
+        async def work() -> Response:
+            got.update(await fields(request))
+            web_draft(request).status = 201  # what a made account answers, in the audit row written with it
+            new = await signin.sign_up(
+                got.get("email", ""),
+                got.get("name", ""),
+                got.get("password", ""),
+                address=client_address(request),
+                audit=web_draft(request),
+            )
+            return _started(request, new, "/signin" if form else "", status=201)
+
+        def on_error(err: PageRefused) -> Response:
+            if not form:
+                return refused_json(err)
+            return page(
+                "signup.html",
+                err.status,
+                error=err.message,
+                signup_open=signin.signup_open,
+                email=got.get("email", ""),
+                name=got.get("name", ""),
+                password_min=PASSWORD_MIN,
+            )
+
+        return await audited(request, work, on_error)
+
+    async def get_whoami(request: Request) -> Response:
+        person = await web.person(request)
+        if person is None:
+            return JSONResponse({"error": "you are not signed in (or your session ended); sign in at /signin"}, 401)
+        return JSONResponse(_person_json(person, people))
+
+    def _started(request: Request, new: NewSession, to: str, status: int = 200) -> Response:
+        answer = redirect(to) if to else JSONResponse(_person_json(new.signed_in, people), status_code=status)
+        answer.headers["Cache-Control"] = "no-store"
+        return set_session(answer, request, new)
+
+    return [
+        Route("/signin", get_signin, methods=["GET"]),
+        Route("/signin", post_signin, methods=["POST"]),
+        Route("/signout", post_signout, methods=["POST"]),
+        Route("/signup", get_signup, methods=["GET"]),
+        Route("/signup", post_signup, methods=["POST"]),
+        Route("/whoami", get_whoami, methods=["GET"]),
+    ]
+
+
+__all__ = ["routes"]
