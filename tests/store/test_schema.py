@@ -17,6 +17,8 @@ TABLES = {
     "capacity",
     "client_job_lines",
     "client_jobs",
+    "eval_cases",
+    "eval_runs",
     "events",
     "federation_peers",
     "file_chunks",

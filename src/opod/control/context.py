@@ -15,6 +15,7 @@ from opod.access.secrets import AuthSecrets
 from opod.access.service import AccessService
 from opod.access.tenancy import Tenancy
 from opod.catalog import Catalog
+from opod.control.evals.service import EvalsService
 from opod.fleet.federation import Federation
 from opod.fleet.followers import EventSink, Reconciling
 from opod.fleet.models import ModelRegistry
@@ -89,6 +90,8 @@ class ControlContext:
     """A kept request sent again through the gateway as the operator's own request (``POST /requests/{id}/replay``)."""
     oidc: OidcSignIn
     """Sign-in through the settings' OpenID provider (``auth.oidc``): the flow the portal's sign-in pages drive."""
+    evals: EvalsService
+    """Quality suites and runs (``/eval``, ``/models/{name}/eval``) and each model's eval gate: the one writer of runs."""
 
 
 class JobWaker(Protocol):

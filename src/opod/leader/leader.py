@@ -36,6 +36,7 @@ from opod.contract.catalog import Entry
 from opod.control.app import create_app as create_control_app
 from opod.control.areas import public_areas
 from opod.control.context import ControlContext
+from opod.control.evals.service import EvalsService
 from opod.fleet.federation import Federation, cluster_id
 from opod.fleet.local import LocalEngines
 from opod.fleet.models import ModelRegistry
@@ -306,6 +307,16 @@ class Leader:
         )
         members, auth_secrets = Memberships(people, tenancy, access), AuthSecrets(store, cluster_settings)
         oidc = OidcSignIn(cluster_settings, auth_secrets, people, members, StateSeal(secrets_key.derive(SEAL_PURPOSE)))
+        replay = Replayer(gateway, access.keys.local_entries)
+        # Quality runs ask /v1 as the operator's own requests do: through the gateway, as the admin key.
+        evals = EvalsService(
+            store,
+            models,
+            models_service,
+            replay.replay,
+            eval_dir=config.eval_dir(settings.home),
+            owner=runner_owner(settings.home),
+        )
         control = ControlContext(
             store=store,
             access=access,
@@ -331,8 +342,9 @@ class Leader:
             nodes=nodes,
             quotas=quotas,
             batches=batches,
-            replay=Replayer(gateway, access.keys.local_entries),
             oidc=oidc,
+            replay=replay,
+            evals=evals,
         )
         return cls(
             batches=batches,
@@ -425,6 +437,7 @@ class Leader:
             self.cluster_settings.run,
             self.webhooks.run,
             self.lifecycle.run,
+            self.control.evals.run,
             *beside,
         ]
         # What other leaders of the same store change (people, keys, the tenancy tree, quotas) is in force here
