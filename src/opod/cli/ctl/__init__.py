@@ -9,11 +9,23 @@ from __future__ import annotations
 
 import typer
 
-from opod.cli.ctl import federation, fleet, models, operations, people, presets, replicas, settings, tenancy, usage
+from opod.cli.ctl import (
+    evals,
+    federation,
+    fleet,
+    models,
+    operations,
+    people,
+    presets,
+    replicas,
+    settings,
+    tenancy,
+    usage,
+)
 
 app = typer.Typer(
     help="Operate the fleet through the management API: summary, nodes, models, replicas, restarts, placement, presets, weights, "
-    "tenancy, people, keys, quotas, usage, audit, settings, client jobs, webhooks, secrets, federation.",
+    "tenancy, people, keys, quotas, usage, audit, settings, client jobs, webhooks, secrets, federation, quality suites and gates.",
     no_args_is_help=True,
 )
 app.command("summary")(fleet.summary)
@@ -24,6 +36,7 @@ app.command("replicas")(replicas.replicas)
 app.command("restart")(replicas.restart)
 app.command("explain")(replicas.explain)
 app.add_typer(presets.presets, name="presets")
+app.add_typer(evals.evals, name="eval")
 app.add_typer(presets.weights, name="weights")
 app.add_typer(tenancy.orgs, name="orgs")
 app.add_typer(tenancy.teams, name="teams")

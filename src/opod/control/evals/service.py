@@ -220,6 +220,8 @@ class EvalsService:
         """Runs, newest first (those running here as they stand), without their cases."""
         if limit is not None and limit < 1:
             raise InvalidInput(f"limit: {limit} is not a positive number of runs")
+        if model and "\x00" in model:
+            raise InvalidInput("model: contains a NUL character; name a model of the catalog")
         kept = await run_sync(self.store.list_eval_runs, model=model or "", limit=limit or DEFAULT_LIMIT)
         out = []
         for record in kept:
