@@ -62,7 +62,8 @@ def leader(tmp_path_factory: pytest.TempPathFactory):
     up = Leader(root / "leader", env={"OPOD_EVAL_DIR": str(evals)})
     worker: OpodProcess | None = None
     try:
-        flags = {"time_scale": 0.0, "mode": "echo", "output_min": 64, "output_max": 64}
+        # A few milliseconds a token, so a run at one case at a time is seen midway.
+        flags = {"mode": "echo", "output_min": 40, "output_max": 40, "ttft_ms": 5.0, "itl_ms": 4.0}
         worker = sim_worker(up, root / "worker", NODE, OPOD_ENGINE_FLAGS=json.dumps(flags))
         worker.wait_for_line("registered with", timeout=30)
         for model in (MODEL, JUDGE):
@@ -161,6 +162,22 @@ def test_the_run_s_requests_are_attributed_to_the_system_and_the_run(leader: Lea
     assert record["end_user"] == "opod-eval"
     assert record["tags"]["eval_run"] == run["id"] and record["tags"]["eval_suite"] == "echoes"
     assert record["key_id"]  # the admin key: the system's own
+
+
+def test_a_run_s_progress_is_live_while_it_runs(leader: Leader) -> None:
+    run = start(leader, {"suite": "arithmetic", "concurrency": 1})
+
+    def midway() -> dict | None:
+        status, body = leader.admin("GET", f"/api/v1/eval/runs/{run['id']}")
+        assert status == 200 and body["state"] == "running", body
+        return body if 0 < body["done"] < body["cases"] else None
+
+    seen = wait_until(midway, 30, "the run midway", interval=0.02)
+    assert len(seen["results"]) == seen["done"] and seen["cases"] == 6 and "passed" not in seen
+    assert seen["score"] == sum(r["score"] for r in seen["results"]) / seen["done"]
+    status, listed = leader.admin("GET", f"/api/v1/eval/runs?model={MODEL}&limit=1")
+    assert status == 200 and listed[0]["id"] == run["id"] and listed[0]["state"] == "running"
+    assert finished(leader, run["id"])["done"] == 6
 
 
 def test_a_suite_file_with_a_regex_case_and_a_json_schema_case(leader: Leader) -> None:
