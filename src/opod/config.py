@@ -86,6 +86,13 @@ CONFIG_OVERRIDES: tuple[Override, ...] = (
     Override("VAULT_TOKEN", "The token a leader reads Vault with, for a federation peer's key named vault:PATH#FIELD."),
 )
 
+EVAL_DIR = Override(
+    "OPOD_EVAL_DIR",
+    "Directory of the leader's quality suites (*.yaml, *.yml, *.json), run by name (GET /api/v1/eval/suites); "
+    "default <OPOD_HOME>/evals.",
+)
+CONFIG_OVERRIDES += (EVAL_DIR,)
+
 _OVERRIDE_NAMES = frozenset(o.name for o in CONFIG_OVERRIDES)
 
 
@@ -121,6 +128,12 @@ def home(environ: Mapping[str, str] | None = None) -> Path:
     """opod's data directory."""
     value = read("OPOD_HOME", environ)
     return Path(value).expanduser() if value else Path.home() / ".opod"
+
+
+def eval_dir(home: Path, environ: Mapping[str, str] | None = None) -> Path:
+    """``OPOD_EVAL_DIR``: where the leader whose data directory is ``home`` reads its quality suites."""
+    value = read(EVAL_DIR.name, environ)
+    return Path(value).expanduser() if value else home / "evals"
 
 
 LOCAL_SETTINGS: dict[str, str] = {"OPOD_PROMETHEUS_URL": "prometheus.url"}

@@ -55,6 +55,7 @@ REAL_WRITES = (
     "postModelsNameClass",
     "putModelsNameCapacity",
     "postModelsNameRetry",
+    "putModelsNameEvalGate",
 )
 """Writes sent with a real node or model as well: they change descriptions, never whether the fixture serves."""
 

@@ -18,6 +18,8 @@ TABLES = {
     "client_job_lines",
     "client_jobs",
     "credentials",
+    "eval_cases",
+    "eval_runs",
     "events",
     "federation_peers",
     "file_chunks",

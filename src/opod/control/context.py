@@ -18,6 +18,7 @@ from opod.access.signin import SignIn
 from opod.access.tenancy import Tenancy
 from opod.catalog import Catalog
 from opod.contract.admin.models import ModelserveJob, ModelservePlan, ModelserveRequest
+from opod.control.evals.service import EvalsService
 from opod.fleet.federation import Federation
 from opod.fleet.followers import EventSink, Reconciling
 from opod.fleet.models import ModelRegistry
@@ -102,6 +103,8 @@ class ControlContext:
     """The gateway's own counters (requests and errors in the last minute): the console's summary."""
     serve_jobs: Serving
     """Registry plans and serve jobs (``/plan``, ``/models/serve``, ``/jobs``)."""
+    evals: EvalsService
+    """Quality suites and runs (``/eval``, ``/models/{name}/eval``) and each model's eval gate: the one writer of runs."""
 
 
 class JobWaker(Protocol):

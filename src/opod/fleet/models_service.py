@@ -32,7 +32,7 @@ from opod.catalog.definition import (
     scaling_in_force,
     with_defaults,
 )
-from opod.contract.admin.catalog import CatalogAdapter, CatalogModel, CatalogProfile, CatalogScaling
+from opod.contract.admin.catalog import CatalogAdapter, CatalogEvalGate, CatalogModel, CatalogProfile, CatalogScaling
 from opod.contract.admin.models import BenchCapacity
 from opod.engines.registry import DRIVERS
 from opod.fleet.asks import profile_label
@@ -350,6 +350,12 @@ class ModelsService:
         model = self.named(name)
         _refuse([p for p in [owner_problem(owner)] if p])
         return await self._redefine(model, definition_of(model).model_copy(update={"owner": owner or None}), audit)
+
+    async def set_eval_gate(self, name: str, gate: CatalogEvalGate | None, audit: AuditDraft) -> KnownModel:
+        """Set the quality suite its updates and promotions must pass (checked by ``opod.control.evals``); ``None``
+        takes it away."""
+        model = self.named(name)
+        return await self._redefine(model, definition_of(model).model_copy(update={"eval": gate}), audit)
 
     async def set_resources(
         self, name: str, audit: AuditDraft, *, profile: str, memory_gb: int | None, cpu_cores: int | None

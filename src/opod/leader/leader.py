@@ -40,6 +40,7 @@ from opod.control.app import create_app as create_control_app
 from opod.control.areas import public_areas
 from opod.control.console.auth import SignedOut
 from opod.control.context import ControlContext
+from opod.control.evals.service import EvalsService
 from opod.control.serving import ServeJobs
 from opod.fleet.federation import Federation, cluster_id
 from opod.fleet.local import LocalEngines
@@ -334,6 +335,15 @@ class Leader:
         members, auth_secrets = Memberships(people, tenancy, access), AuthSecrets(store, cluster_settings)
         oidc = OidcSignIn(cluster_settings, auth_secrets, people, members, StateSeal(secrets_key.derive(SEAL_PURPOSE)))
         directory = Directory(cluster_settings, auth_secrets, people, tenancy)
+        # Quality runs ask /v1 as the operator's own requests do: through the gateway, as the admin key.
+        evals = EvalsService(
+            store,
+            models,
+            models_service,
+            replayer.replay,
+            eval_dir=config.eval_dir(settings.home),
+            owner=runner_owner(settings.home),
+        )
         control = ControlContext(
             store=store,
             access=access,
@@ -372,6 +382,7 @@ class Leader:
             oidc=oidc,
             stats=gateway.stats,
             serve_jobs=serve_jobs,
+            evals=evals,
         )
         return cls(
             batches=batches,
@@ -466,6 +477,7 @@ class Leader:
             self.cluster_settings.run,
             self.webhooks.run,
             self.lifecycle.run,
+            self.control.evals.run,
             *beside,
         ]
         # What other leaders of the same store change (people, keys, the tenancy tree, quotas) is in force here

@@ -20,6 +20,7 @@ from opod.store.capacity import CapacityRepo
 from opod.store.client_jobs import ClientJobsRepo
 from opod.store.engine import make_engine, mask, reason, resolve_url, sqlite_files, use_incremental_vacuum
 from opod.store.errors import StoreError
+from opod.store.evals import EvalsRepo
 from opod.store.events import EventsRepo
 from opod.store.federation import FederationRepo
 from opod.store.files import FilesRepo
@@ -67,6 +68,7 @@ class Store(
     ScimRepo,
     ServeJobsRepo,
     SignInRepo,
+    EvalsRepo,
 ):
     def __init__(self, engine: Engine, secrets_key: SecretsKey | None = None) -> None:
         """Use :meth:`open`; this wraps an engine whose database is already migrated."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import typer
 
 from opod.cli.ctl import (
+    evals,
     federation,
     fleet,
     models,
@@ -25,7 +26,7 @@ from opod.cli.ctl import (
 
 app = typer.Typer(
     help="Operate the fleet through the management API: summary, nodes, models, replicas, restarts, placement, presets, registry plans and serve jobs, weights, "
-    "tenancy, people, keys, quotas, usage, audit, settings, client jobs, webhooks, secrets, federation.",
+    "tenancy, people, keys, quotas, usage, audit, settings, client jobs, webhooks, secrets, federation, quality suites and gates.",
     no_args_is_help=True,
 )
 app.command("summary")(fleet.summary)
@@ -39,6 +40,7 @@ app.add_typer(presets.presets, name="presets")
 app.command("plan")(serving.plan)
 app.command("serve")(serving.serve)
 app.add_typer(serving.serve_jobs, name="serve-jobs")
+app.add_typer(evals.evals, name="eval")
 app.add_typer(presets.weights, name="weights")
 app.add_typer(tenancy.orgs, name="orgs")
 app.add_typer(tenancy.teams, name="teams")
