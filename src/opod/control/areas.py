@@ -14,6 +14,7 @@ from starlette.routing import Route
 
 from opod.control import (
     audit_log,
+    canaries,
     capacity,
     client_jobs,
     federation,
@@ -57,6 +58,7 @@ def admin_areas(ctx: ControlContext) -> list[APIRouter]:
         usage.router(ctx.store, ctx.budgets, ctx.tenancy),
         requests.router(ctx.store, ctx.replay),
         federation.router(ctx.federation),
+        canaries.router(ctx.canaries),
     ]
 
 

@@ -15,6 +15,7 @@ from opod.access.secrets import AuthSecrets
 from opod.access.service import AccessService
 from opod.access.tenancy import Tenancy
 from opod.catalog import Catalog
+from opod.fleet.canaries_service import CanariesService
 from opod.fleet.federation import Federation
 from opod.fleet.followers import EventSink, Reconciling
 from opod.fleet.models import ModelRegistry
@@ -92,6 +93,8 @@ class ControlContext:
     """Sign-in through the settings' OpenID provider (``auth.oidc``): the flow the portal's sign-in pages drive."""
     stats: GatewayStats
     """The gateway's own counters (requests and errors in the last minute): the console's summary."""
+    canaries: CanariesService
+    """Models' canaries (``/models/{name}/canary``, ``/canaries``, ``promote``): the one writer."""
 
 
 class JobWaker(Protocol):

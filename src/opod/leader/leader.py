@@ -37,6 +37,8 @@ from opod.control.app import create_app as create_control_app
 from opod.control.areas import public_areas
 from opod.control.console.auth import SignedOut
 from opod.control.context import ControlContext
+from opod.fleet.canaries import CanaryBook
+from opod.fleet.canaries_service import CanariesService
 from opod.fleet.federation import Federation, cluster_id
 from opod.fleet.local import LocalEngines
 from opod.fleet.models import ModelRegistry
@@ -60,6 +62,7 @@ from opod.http.serving import Listener, serve
 from opod.http.tls.server import LeaderTLS
 from opod.leader.adminv1.context import AdminContext
 from opod.leader.batches import BatchRunner, key_entry, runner_owner
+from opod.leader.canary_watch import CanaryWatch
 from opod.leader.directory_sync import DirectorySyncing
 from opod.leader.home import make_private
 from opod.leader.nodes import NodeRegistry
@@ -253,6 +256,8 @@ class Leader:
         )
         budgets.configure()
         cluster_settings.subscribe(budgets.configure)
+        canary_book = CanaryBook()
+        canaries = CanariesService(models_service, models, fleet, canary_book, emit)
         gateway = build_gateway(
             fleet=fleet,
             models=models,
@@ -272,6 +277,7 @@ class Leader:
                 demand=reconciler.requested,
                 federation=federation,
             ),
+            canaries=canary_book,
         )
         admission, prompts, guardrails = gateway.admission, gateway.prompts, gateway.guardrails
         snapshots.policy.subscribe(lambda view: _apply_admission(admission, view))
@@ -335,6 +341,7 @@ class Leader:
             replay=Replayer(gateway, access.keys.local_entries),
             oidc=oidc,
             stats=gateway.stats,
+            canaries=canaries,
         )
         return cls(
             batches=batches,
@@ -439,6 +446,7 @@ class Leader:
         ]
         work.append(DirectorySyncing(self.control.directory, self.cluster_settings).run)  # auth.ldap's directory read
         work.append(self.control.federation.run)  # the federation's peers checked
+        work.append(CanaryWatch(self.control.canaries, self.control.canaries.book, self.models).run)
         background = [asyncio.create_task(run(stop)) for run in work]
         serving = asyncio.create_task(serve(list(listeners), listeners_stop), name="listeners")
         try:

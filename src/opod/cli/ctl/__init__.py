@@ -9,7 +9,19 @@ from __future__ import annotations
 
 import typer
 
-from opod.cli.ctl import federation, fleet, models, operations, people, presets, replicas, settings, tenancy, usage
+from opod.cli.ctl import (
+    canary,
+    federation,
+    fleet,
+    models,
+    operations,
+    people,
+    presets,
+    replicas,
+    settings,
+    tenancy,
+    usage,
+)
 
 app = typer.Typer(
     help="Operate the fleet through the management API: summary, nodes, models, replicas, restarts, placement, presets, weights, "
@@ -20,6 +32,7 @@ app.command("summary")(fleet.summary)
 app.add_typer(fleet.nodes, name="nodes")
 app.add_typer(fleet.agents, name="agents")
 app.add_typer(models.models, name="models")
+models.models.add_typer(canary.canary, name="canary")
 app.command("replicas")(replicas.replicas)
 app.command("restart")(replicas.restart)
 app.command("explain")(replicas.explain)
