@@ -185,12 +185,12 @@ def test_fewer_than_min_requests_never_act(fleet, candidate) -> None:
 
 def test_a_slow_candidate_is_rolled_back_on_its_time_to_first_token(fleet, candidate) -> None:
     leader, _ = fleet
-    set_faults(candidate, stall_rate=1.0, stall_ms=150, stall_at="first")
+    set_faults(candidate, stall_rate=1.0, stall_ms=400, stall_at="first")
     start(leader, percent=50, min_requests=20)
     until_rolled_back(leader, 400, stream=True)
     detail = rollback_row(leader)
     assert detail["rule"] == "ttft", detail
-    assert detail["ttft_ratio"] > 1.5 and detail["candidate_ttft_ms"] >= 100
+    assert detail["ttft_ratio"] >= 1.5 and detail["candidate_ttft_ms"] >= 300
 
 
 def test_a_healthy_candidate_is_kept_then_promoted(fleet, candidate) -> None:
