@@ -15,6 +15,7 @@ from starlette.routing import Route
 from opod.control import (
     accounts,
     audit_log,
+    canaries,
     capacity,
     client_jobs,
     evaluations,
@@ -64,6 +65,7 @@ def admin_areas(ctx: ControlContext) -> list[APIRouter]:
         usage.router(ctx.store, ctx.budgets, ctx.tenancy),
         requests.router(ctx.store, ctx.replay),
         federation.router(ctx.federation),
+        canaries.router(ctx.canaries),
     ]
 
 

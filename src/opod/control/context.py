@@ -19,6 +19,7 @@ from opod.access.tenancy import Tenancy
 from opod.catalog import Catalog
 from opod.contract.admin.models import ModelserveJob, ModelservePlan, ModelserveRequest
 from opod.control.evals.service import EvalsService
+from opod.fleet.canaries_service import CanariesService
 from opod.fleet.federation import Federation
 from opod.fleet.followers import EventSink, Reconciling
 from opod.fleet.models import ModelRegistry
@@ -105,6 +106,8 @@ class ControlContext:
     """Registry plans and serve jobs (``/plan``, ``/models/serve``, ``/jobs``)."""
     evals: EvalsService
     """Quality suites and runs (``/eval``, ``/models/{name}/eval``) and each model's eval gate: the one writer of runs."""
+    canaries: CanariesService
+    """Models' canaries (``/models/{name}/canary``, ``/canaries``, ``promote``): the one writer."""
 
 
 class JobWaker(Protocol):

@@ -17,7 +17,6 @@ from typing import Any
 
 from fastapi import APIRouter, Query
 
-from opod.contract.admin.catalog import CatalogCanary
 from opod.contract.admin.common import JudgeView
 from opod.contract.admin.hardware import (
     FabricsReport,
@@ -31,9 +30,7 @@ from opod.contract.admin.hardware import (
 )
 from opod.contract.admin.models import (
     AdaptersRequest,
-    CanaryPercentRequest,
     CheckRequest,
-    ModelserveCanaryView,
     ModelserveChange,
     ModelserveJob,
     ModelserveUpdateInfo,
@@ -89,7 +86,6 @@ class Unbuilt:
 
 
 UNBUILT: tuple[Unbuilt, ...] = (
-    Unbuilt("model rollouts", "GET", "/api/v1/canaries", "getCanaries", list[ModelserveCanaryView], tag="canaries"),
     Unbuilt(
         "model rollouts",
         "POST",
@@ -102,41 +98,11 @@ UNBUILT: tuple[Unbuilt, ...] = (
     Unbuilt(
         "model rollouts",
         "POST",
-        "/api/v1/models/{name}/canary",
-        "postModelsNameCanary",
-        ModelserveJob,
-        tag="models",
-        body=CatalogCanary,
-        status=202,
-    ),
-    Unbuilt(
-        "model rollouts",
-        "PUT",
-        "/api/v1/models/{name}/canary",
-        "putModelsNameCanary",
-        Result,
-        tag="models",
-        body=CanaryPercentRequest,
-    ),
-    Unbuilt("model rollouts", "DELETE", "/api/v1/models/{name}/canary", "deleteModelsNameCanary", Result, tag="models"),
-    Unbuilt(
-        "model rollouts",
-        "POST",
         "/api/v1/models/{name}/origin",
         "postModelsNameOrigin",
         OriginView,
         tag="models",
         body=OriginRequest,
-    ),
-    Unbuilt(
-        "model rollouts",
-        "POST",
-        "/api/v1/models/{name}/promote",
-        "postModelsNamePromote",
-        ModelserveJob,
-        tag="models",
-        body=ModelserveChange | None,
-        status=202,
     ),
     Unbuilt("model rollouts", "POST", "/api/v1/models/{name}/rollback", "postModelsNameRollback", Result, tag="models"),
     Unbuilt(

@@ -32,7 +32,14 @@ from opod.catalog.definition import (
     scaling_in_force,
     with_defaults,
 )
-from opod.contract.admin.catalog import CatalogAdapter, CatalogEvalGate, CatalogModel, CatalogProfile, CatalogScaling
+from opod.contract.admin.catalog import (
+    CatalogAdapter,
+    CatalogCanary,
+    CatalogEvalGate,
+    CatalogModel,
+    CatalogProfile,
+    CatalogScaling,
+)
 from opod.contract.admin.models import BenchCapacity
 from opod.engines.registry import DRIVERS
 from opod.fleet.asks import profile_label
@@ -319,6 +326,19 @@ class ModelsService:
             )
         _refuse(fallback_problems(model.id, fallbacks, self.models, self.peers))
         update = {"fallbacks": list(fallbacks) or None}
+        return await self._redefine(model, definition_of(model).model_copy(update=update), audit)
+
+    async def set_canary(self, name: str, canary: CatalogCanary | None, audit: AuditDraft) -> KnownModel:
+        """Replace its canary (``None`` takes it away); the canaries' service checks it first
+        (:class:`opod.fleet.canaries_service.CanariesService`)."""
+        model = self.named(name)
+        return await self._redefine(model, definition_of(model).model_copy(update={"canary": canary}), audit)
+
+    async def take_weights(self, name: str, donor: CatalogModel, audit: AuditDraft) -> KnownModel:
+        """Give the model ``donor``'s weights (its source, profiles and origin) and take its canary away: a promoted
+        candidate's weights become the model's, and its replicas are replaced (the reconciler rolls them)."""
+        model = self.named(name)
+        update = {"source": donor.source, "profiles": donor.profiles, "origin": donor.origin, "canary": None}
         return await self._redefine(model, definition_of(model).model_copy(update=update), audit)
 
     async def scale(

@@ -22,11 +22,13 @@ import itertools
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from opod.fleet.affinity import AffinityTable, prefix_key
 from opod.fleet.prefix_index import PrefixIndex
 from opod.fleet.state import Fleet, NodeState
+
+G = TypeVar("G")
 
 PIN_CREDIT = 1.0
 """What the sticky pin is worth, in requests of load, on a worker that reports no cache events."""
@@ -56,7 +58,9 @@ class RouteRequest:
     pin_key: str | None = None
     """The sticky pin's key; when not given, made from ``payload`` by :meth:`pin` the first time it is needed."""
     revision: int | None = None
-    """The canary group chosen for this request, once; retries stay in it."""
+    """The plan revision chosen for this request, once; retries stay in it."""
+    canary: str | None = None
+    """The model's canary group chosen for this request (``model`` is then that group's model), recorded as ``canary``."""
     payload: dict[str, Any] | None = None
 
     def pin(self) -> str | None:
@@ -78,6 +82,8 @@ class Decision:
     load: float = 0.0
     queue: int = 0
     revision: int | None = None
+    canary: str | None = None
+    """The model's canary group this request was drawn into (the stable model's name or the candidate's)."""
     extra: RouteRecord = field(default_factory=dict)
 
     def record(self) -> RouteRecord:
@@ -91,22 +97,33 @@ class Decision:
             out["blocks"] = f"{self.blocks}/{self.of_blocks}"
         if self.revision is not None:
             out["canary"] = self.revision
+        elif self.canary is not None:
+            out["canary"] = self.canary
         out.update(self.extra)
         return out
 
 
-def choose_revision(revisions: Sequence[tuple[int, float]], request_id: str, present: Collection[int]) -> int | None:
-    """The canary group for a request: a share-weighted draw fixed by its id; groups with no live worker are skipped."""
-    groups = [(rev, share) for rev, share in revisions if rev in present and share > 0]
-    if not groups:
+def choose_group(groups: Sequence[tuple[G, float]], request_id: str) -> G | None:
+    """The canary group of a request: a share-weighted draw fixed by its id, so a retry stays in its group.
+
+    The one rule for every split of a model's traffic: the mounted policy's plan revisions and a model's
+    canary (:mod:`opod.fleet.canaries`) both draw here. Groups with no share are never drawn; ``None`` when
+    none has one."""
+    kept = [(group, share) for group, share in groups if share > 0]
+    if not kept:
         return None
-    total = sum(share for _, share in groups)
+    total = sum(share for _, share in kept)
     point = int.from_bytes(hashlib.blake2b(request_id.encode(), digest_size=8).digest(), "big") / 2**64 * total
-    for rev, share in groups:
+    for group, share in kept:
         point -= share
         if point < 0:
-            return rev
-    return groups[-1][0]
+            return group
+    return kept[-1][0]
+
+
+def choose_revision(revisions: Sequence[tuple[int, float]], request_id: str, present: Collection[int]) -> int | None:
+    """The plan revision of a request (:func:`choose_group`); revisions with no live worker are skipped."""
+    return choose_group([(rev, share) for rev, share in revisions if rev in present], request_id)
 
 
 def _load(node: NodeState, policy: RoutingPolicy) -> tuple[float, float, int]:
@@ -191,7 +208,14 @@ class Router:
         else:
             reason = "load"
         return Decision(
-            node, reason, blocks, len(request.hashes) if held or request.hashes else 0, load, queue, request.revision
+            node,
+            reason,
+            blocks,
+            len(request.hashes) if held or request.hashes else 0,
+            load,
+            queue,
+            request.revision,
+            request.canary,
         )
 
     def served(self, decision: Decision, request: RouteRequest, policy: RoutingPolicy) -> None:

@@ -20,13 +20,15 @@ from starlette.routing import Route
 
 from opod.access.keytable import KeyEntry, KeyTable
 from opod.contract.adminapi import AdmissionClass, PlanSnapshot
+from opod.fleet.canaries import CanaryBook
 from opod.fleet.federation import Federation
 from opod.fleet.models import ModelRegistry
-from opod.fleet.router import RouteRequest, RoutingPolicy, choose_revision
+from opod.fleet.router import RouteRequest, RoutingPolicy
 from opod.fleet.state import Fleet
 from opod.gateway.admission import Admission, Stopping, resolve_class
 from opod.gateway.budgets import Budgets
 from opod.gateway.caller import Endpoint, InProcessCaller
+from opod.gateway.canary import CanarySplit
 from opod.gateway.embeddings import cut_embeddings
 from opod.gateway.exchange import Chains, Exchange, Meter, UsageRecorder
 from opod.gateway.guardrails import Guardrails
@@ -107,6 +109,7 @@ class Gateway:
         profiles: RoutingProfiles | None = None,
         default_max_tokens: Callable[[], int] | None = None,
         federation: Federation | None = None,
+        canaries: CanaryBook | None = None,
     ) -> None:
         self.fleet = fleet
         self.demand = demand
@@ -116,6 +119,8 @@ class Gateway:
         self.relay = relay
         self.overflow = Overflow(models, fleet, relay, federation)
         """A model's fallbacks and the federation's peers."""
+        self.canary = CanarySplit(canaries, fleet, relay)
+        """Each request's group of its model's canary or the policy's plan revisions; candidates hidden."""
         self.admission = admission
         """Engine slots by class and team; the leader swaps its policy with ``admission.configure``."""
         self.prefix = prefix
@@ -244,7 +249,7 @@ class Gateway:
         except GatewayError as err:
             return error_response(err, request_id)
         now = int(time.time())
-        data = [self.model_object(m, now) for m in sorted(self.fleet.served_models())]
+        data = [self.model_object(m, now) for m in sorted(self.fleet.served_models()) if not self.canary.hidden(m)]
         data += [{"id": m, "object": "model", "created": now, "owned_by": "peer"} for m in self.overflow.peer_models()]
         return JSONResponse({"object": "list", "data": data}, headers={"X-Request-Id": request_id})
 
@@ -343,6 +348,7 @@ class Gateway:
         payload = json_object(body)
         received = body  # as the client sent it: the body kept for inspection and replay
         model = self.resolve_model(payload, spec)
+        self.canary.check_named(model, key)
         peer = self.overflow.peer_target(model)
         if peer is None and self.overflow.is_peer_model(model):
             raise NoCapacity(
@@ -407,7 +413,7 @@ class Gateway:
                 routing = self.routing_policy(policy)
                 if self.profiles is not None and key is not None and key.routing_profile:
                     routing = self.profiles.routing(routing, key.routing_profile)
-                route = self.route_request(model, payload, routing, exchange.request_id)
+                route, call = self.route_request(model, payload, routing, exchange, call)
                 exchange.relaying(hold)
                 response = await self.relay.forward(call, route, routing)
             except Stopping:
@@ -480,18 +486,16 @@ class Gateway:
         return routing
 
     def route_request(
-        self, model: str, payload: dict[str, Any], routing: RoutingPolicy, request_id: str
-    ) -> RouteRequest:
-        """What the router needs to know about this request: its prefix, its pin, its canary group."""
-        route = RouteRequest(model=model)
+        self, model: str, payload: dict[str, Any], routing: RoutingPolicy, exchange: Exchange, call: RelayCall
+    ) -> tuple[RouteRequest, RelayCall]:
+        """What the router needs to know about this request: its canary group, its prefix, its pin; and the call,
+        naming the candidate when the request was drawn to it."""
+        route, call = self.canary.route(model, routing, exchange, call, payload)
         if routing.prefix_block_weight:
-            route.hashes = self.prefix.hashes(model, payload)
+            route.hashes = self.prefix.hashes(route.model, payload)
         if routing.prefix_affinity:
             route.payload = payload
-        if routing.revisions:
-            present = {n.hardware.plan_revision for n in self.fleet.workers_for(model)}
-            route.revision = choose_revision(routing.revisions, request_id, present)
-        return route
+        return route, call
 
     async def _admit(self, model: str, klass: AdmissionClass, key: KeyEntry | None, exchange: Exchange) -> None:
         """An engine slot of ``model``'s pool for the request's class, waiting for one if need be; ``Shed`` if none."""

@@ -15,6 +15,7 @@ from opod.access.keytable import KeyTable
 from opod.access.tenancy import Tenancy
 from opod.contract.adminapi import PolicyAdmission
 from opod.fleet.affinity import AffinityTable
+from opod.fleet.canaries import CanaryBook
 from opod.fleet.federation import Federation
 from opod.fleet.local import LocalEngines
 from opod.fleet.models import ModelRegistry
@@ -68,6 +69,7 @@ def build_gateway(
     require_keys: bool = True,
     budgets: Budgets | None = None,
     rules: ClusterRules | None = None,
+    canaries: CanaryBook | None = None,
 ) -> Gateway:
     """A gateway on ``fleet``: ``index`` is the prefix index the reconciler sweeps too, ``local`` the engines of a
     worker in this process, ``admission`` the policy in force until a mounted one replaces it, ``budgets`` the
@@ -103,4 +105,5 @@ def build_gateway(
         bodies=bodies,
         default_max_tokens=default_max_tokens,
         federation=rules.federation if rules is not None else None,
+        canaries=canaries,
     )

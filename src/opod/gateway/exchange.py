@@ -34,6 +34,7 @@ from typing import Any, Protocol
 
 from opod.access.keytable import KeyEntry
 from opod.contract.adminapi import SNAPSHOT_KEY_PREFIX
+from opod.fleet.canaries import CanaryRun, is_fault
 from opod.fleet.router import RouteRecord
 from opod.fleet.state import Lease
 from opod.gateway.admission import Permit
@@ -159,6 +160,7 @@ class Exchange:
         "sent_at",
         "prompt_count",
         "completion_cap",
+        "canary",
     )
 
     def __init__(self, meter: Meter, request_id: str, protocol: str, probe: bool, access_log: bool) -> None:
@@ -208,6 +210,8 @@ class Exchange:
         """The prompt's tokens as a worker counted them on the request's way (its budget reservation), if one did."""
         self.completion_cap: int | None = None
         """The most completion tokens the request can make (its reservation's), if known."""
+        self.canary: tuple[CanaryRun, bool] | None = None
+        """Its model's canary run, and whether it was drawn to the candidate: its end is counted on that side."""
 
     # --- the stages, in the order a request passes them -------------------------------------------
 
@@ -296,6 +300,10 @@ class Exchange:
     def routed(self, record: RouteRecord) -> None:
         """The router chose a worker: its record (``Decision.record``) goes with the usage row, after the admission class."""
         self.route = record if self.route is None else {**self.route, **record}
+
+    def canaried(self, run: CanaryRun, candidate: bool) -> None:
+        """Its model has a canary: it was drawn to the candidate (``candidate``) or stays with the model."""
+        self.canary = (run, candidate)
 
     def fell_back(self, target: str) -> None:
         """No worker could serve its model: it goes to ``target`` (a catalog fallback model, or the policy's URL)."""
@@ -389,11 +397,19 @@ class Exchange:
         if outcome.ttft_ms:
             stats.ttft(outcome.ttft_ms)
         ticket = self.ticket if self.ticket is not None else self._journal_start()
+        now = time.perf_counter()
+        latency_ms = int((now - self.started) * 1000)
+        if self.canary is not None and not self.canary[0].withdrawn:
+            run, candidate = self.canary
+            run.side(candidate).add(
+                error=is_fault(outcome.status, outcome.engine_failed),
+                ttft_ms=outcome.ttft_ms,
+                latency_ms=latency_ms,
+                streamed=self.payload is not None and self.payload.get("stream") is True,
+            )
         usage = outcome.usage or {}
         completion = usage.get("completion_tokens")
         prompt = usage.get("prompt_tokens")
-        now = time.perf_counter()
-        latency_ms = int((now - self.started) * 1000)
         # Without the engine's usage, the completion tokens are those streamed (outcome.tokens_sent), or
         # those the engine's time on a whole answer stands for.
         completion_tokens = int(completion if isinstance(completion, int) else outcome.tokens_sent)
@@ -483,7 +499,11 @@ class Exchange:
     def served_model(self) -> str:
         """The model that answered: the catalog fallback the request went to, else the one asked."""
         fallback = self.route.get("fallback") if self.route is not None else None
-        return fallback if isinstance(fallback, str) and fallback and "://" not in fallback else self.model
+        if isinstance(fallback, str) and fallback and "://" not in fallback:
+            return fallback
+        if self.canary is not None and self.canary[1]:
+            return self.canary[0].candidate_model
+        return self.model
 
     def details(self, outcome: Outcome) -> dict[str, object]:
         """The usage row's request record fields (``Ledger.end``'s ``details``)."""

@@ -23,6 +23,8 @@ class Outcome:
     working_s: float = 0.0
     """Seconds an engine worked on an answer that never came back (a whole answer its client left):
     its completion tokens are estimated from them."""
+    engine_failed: bool = False
+    """A live engine answered an error of its own (a 5xx), told the client as a 400: a fault of what served it."""
 
 
 class RelayObserver(Protocol):

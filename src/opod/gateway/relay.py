@@ -155,7 +155,7 @@ class Relay:
         """The engine's refusal of the request's content, as the client's 400 in OpenAI's shape."""
         observer = call.observer
         body = json.dumps(refusal_body(refusal)).encode()
-        observer.ended(Outcome(400, "error", refusal.node.id, None))
+        observer.ended(Outcome(400, "error", refusal.node.id, None, engine_failed=not refusal.final))
         return PreparedResponse(
             body,
             400,

@@ -42,6 +42,8 @@ from opod.control.console.auth import SignedOut
 from opod.control.context import ControlContext
 from opod.control.evals.service import EvalsService
 from opod.control.serving import ServeJobs
+from opod.fleet.canaries import CanaryBook
+from opod.fleet.canaries_service import CanariesService
 from opod.fleet.federation import Federation, cluster_id
 from opod.fleet.local import LocalEngines
 from opod.fleet.models import ModelRegistry
@@ -65,6 +67,7 @@ from opod.http.serving import Listener, serve
 from opod.http.tls.server import LeaderTLS
 from opod.leader.adminv1.context import AdminContext
 from opod.leader.batches import BatchRunner, key_entry, runner_owner
+from opod.leader.canary_watch import CanaryWatch
 from opod.leader.directory_sync import DirectorySyncing
 from opod.leader.home import make_private
 from opod.leader.nodes import NodeRegistry
@@ -263,6 +266,7 @@ class Leader:
         )
         budgets.configure()
         cluster_settings.subscribe(budgets.configure)
+        canary_book = CanaryBook()
         gateway = build_gateway(
             fleet=fleet,
             models=models,
@@ -282,6 +286,7 @@ class Leader:
                 demand=reconciler.requested,
                 federation=federation,
             ),
+            canaries=canary_book,
         )
         admission, prompts, guardrails = gateway.admission, gateway.prompts, gateway.guardrails
         snapshots.policy.subscribe(lambda view: _apply_admission(admission, view))
@@ -344,6 +349,7 @@ class Leader:
             eval_dir=config.eval_dir(settings.home),
             owner=runner_owner(settings.home),
         )
+        canaries = CanariesService(models_service, models, fleet, canary_book, emit, gate=evals)
         control = ControlContext(
             store=store,
             access=access,
@@ -383,6 +389,7 @@ class Leader:
             stats=gateway.stats,
             serve_jobs=serve_jobs,
             evals=evals,
+            canaries=canaries,
         )
         return cls(
             batches=batches,
@@ -491,6 +498,7 @@ class Leader:
         ]
         work.append(DirectorySyncing(self.control.directory, self.cluster_settings).run)  # auth.ldap's directory read
         work.append(self.control.federation.run)  # the federation's peers checked
+        work.append(CanaryWatch(self.control.canaries, self.control.canaries.book, self.models).run)
         background = [asyncio.create_task(run(stop)) for run in work]
         serving = asyncio.create_task(serve(list(listeners), listeners_stop), name="listeners")
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import typer
 
 from opod.cli.ctl import (
+    canary,
     evals,
     federation,
     fleet,
@@ -33,6 +34,7 @@ app.command("summary")(fleet.summary)
 app.add_typer(fleet.nodes, name="nodes")
 app.add_typer(fleet.agents, name="agents")
 app.add_typer(models.models, name="models")
+models.models.add_typer(canary.canary, name="canary")
 app.command("replicas")(replicas.replicas)
 app.command("restart")(replicas.restart)
 app.command("explain")(replicas.explain)
