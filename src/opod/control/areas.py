@@ -10,7 +10,7 @@ every operation of the spec is in exactly one of the two.
 from __future__ import annotations
 
 from fastapi import APIRouter
-from starlette.routing import Route
+from starlette.routing import BaseRoute
 
 from opod.control import (
     audit_log,
@@ -33,7 +33,9 @@ from opod.control import (
     usage,
     weights,
 )
+from opod.control.console.auth import PageAuth
 from opod.control.context import ControlContext
+from opod.control.portal.site import portal_routes
 
 
 def admin_areas(ctx: ControlContext) -> list[APIRouter]:
@@ -60,7 +62,8 @@ def admin_areas(ctx: ControlContext) -> list[APIRouter]:
     ]
 
 
-def public_areas(ctx: ControlContext) -> list[Route]:
+def public_areas(ctx: ControlContext, pages: PageAuth) -> list[BaseRoute]:
     """What the management layer serves on the public listener: SCIM 2.0 (``/scim/v2``), which identity providers
-    call from outside with their own bearer token."""
-    return scim.routes(ctx.people, ctx.tenancy, ctx.secrets, ctx.store, ctx.settings)
+    call from outside with their own bearer token, and the members' portal (``/portal``), whose visitors ``pages``
+    says."""
+    return [*scim.routes(ctx.people, ctx.tenancy, ctx.secrets, ctx.store, ctx.settings), *portal_routes(ctx, pages)]
