@@ -99,6 +99,7 @@ class KeyService:
         kind: MintedKind,
         *,
         project: str = "",
+        user: str = "",
         contains: str = "",
         state: str = "",
         after: str = "",
@@ -106,9 +107,16 @@ class KeyService:
         limit: int = 50,
     ) -> tuple[KeyPage, int]:
         """One page of the stored keys of ``kind`` (one project's, by ID or path, when ``project`` is given) and how
-        many the same filter lists: what a console shows of a hundred thousand keys without reading them all."""
+        many the same filter lists: what a console shows of a hundred thousand keys without reading them all.
+        ``user`` (a person's ID) keeps that person's keys alone."""
         project_id = self.tenancy.resolve(project, kinds=("project",), field="project").id if project else None
-        which = KeyFilter(kind=kind, project_id=project_id, contains=contains.strip(), state=state.strip().lower())
+        which = KeyFilter(
+            kind=kind,
+            project_id=project_id,
+            contains=contains.strip(),
+            state=state.strip().lower(),
+            user_id=user or None,
+        )
         return await self.access.page_keys(which, after=after, before=before, limit=limit)
 
     async def find(self, kind: MintedKind, key_id: str) -> KeyRecord | FileKey:

@@ -10,7 +10,7 @@ every operation of the spec is in exactly one of the two.
 from __future__ import annotations
 
 from fastapi import APIRouter
-from starlette.routing import Route
+from starlette.routing import BaseRoute
 
 from opod.control import (
     accounts,
@@ -37,7 +37,9 @@ from opod.control import (
     usage,
     weights,
 )
+from opod.control.console.auth import PageAuth
 from opod.control.context import ControlContext
+from opod.control.portal.site import portal_routes
 from opod.control.web import signin
 
 
@@ -74,10 +76,12 @@ def admin_pages(ctx: ControlContext) -> list[Route]:
     return signin.routes(ctx.signin, ctx.people, ctx.store)
 
 
-def public_areas(ctx: ControlContext) -> list[Route]:
+def public_areas(ctx: ControlContext, pages: PageAuth) -> list[BaseRoute]:
     """What the management layer serves on the public listener: SCIM 2.0 (``/scim/v2``), which identity providers
-    call from outside with their own bearer token, and the web's sign-in pages (members)."""
+    call from outside with their own bearer token, the web's sign-in pages (members), and the members' portal
+    (``/portal``), whose visitors ``pages`` says."""
     return [
         *scim.routes(ctx.people, ctx.tenancy, ctx.secrets, ctx.store, ctx.settings),
         *signin.routes(ctx.signin, ctx.people, ctx.store),
+        *portal_routes(ctx, pages),
     ]

@@ -38,7 +38,7 @@ from opod.contract import env as contract_env
 from opod.contract.catalog import Entry
 from opod.control.app import create_app as create_control_app
 from opod.control.areas import public_areas
-from opod.control.console.auth import SignedOut
+from opod.control.console.auth import PageAuth, SignedOut
 from opod.control.context import ControlContext
 from opod.control.evals.service import EvalsService
 from opod.control.serving import ServeJobs
@@ -425,13 +425,14 @@ class Leader:
 
     # --- the listeners' apps -------------------------------------------------------------
 
-    def public_app(self) -> FastPath:
+    def public_app(self, pages: PageAuth | None = None) -> FastPath:
+        """``pages``: who is signed in to the members' portal (nobody, sent to sign in, when not given)."""
         return public_app(
             self.admin,
             self.access.keys,
             self.registry.routes(),
             self.gateway,
-            public_areas(self.control),
+            public_areas(self.control, pages or SignedOut()),
             client_routes=self.client_routes,
         )
 

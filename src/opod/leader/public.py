@@ -22,7 +22,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware.base import RequestResponseEndpoint
 from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from opod import __version__
 from opod.access.keytable import KeyTable
@@ -140,7 +140,7 @@ def public_app(
     keys: KeyTable,
     join_routes: list[Route],
     data_path: DataPath,
-    scim_routes: list[Route] | None = None,
+    area_routes: Sequence[BaseRoute] = (),
     client_routes: Sequence[Route] = (),
 ) -> FastPath:
     """``/v1`` from ``data_path``, the join paths, the probes and ``/admin/v1`` behind the admin key in ``keys``.
@@ -202,14 +202,15 @@ def public_app(
 
     # Routes are added one by one (not include_router) so the app's route table lists every
     # /admin/v1 path itself: the frozen-route test walks it.
-    # SCIM (``/scim/v2``, opod.control.scim) checks its own bearer token: an identity provider calls it from outside.
+    # ``area_routes`` (opod.control.areas.public_areas): SCIM (``/scim/v2``) checks its own bearer token, as an identity
+    # provider calls it from outside; the members' portal (``/portal``) its visitors' sessions and CSRF tokens.
     for route in [
         *probe_routes(ctx),
         *join_routes,
         *client_routes,
         *data_path.routes(),
         *router(ctx).routes,
-        *(scim_routes or []),
+        *area_routes,
     ]:
         app.router.routes.append(route)
     # The join paths are hot too: a fleet of a thousand workers heartbeats two hundred times a second.

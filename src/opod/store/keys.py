@@ -77,6 +77,8 @@ class KeyFilter:
     project_id: str | None = None
     contains: str = ""
     state: str = ""
+    user_id: str | None = None
+    """One person's keys only (the members' portal lists a person's own)."""
 
 
 __all__ = ["KEY_STATES", "KeyFilter", "KeyKind", "KeyPage", "KeyRecord", "KeysRepo", "hash_secret", "new_key_id"]
@@ -112,6 +114,8 @@ def _conditions(which: KeyFilter) -> list[Any]:
     out: list[Any] = [keys.c.kind == _kind(which.kind)]
     if which.project_id is not None:
         out.append(keys.c.project_id == which.project_id)
+    if which.user_id is not None:
+        out.append(keys.c.user_id == which.user_id)
     if which.contains:
         pattern = "%" + which.contains.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
         out.append(or_(*(c.like(pattern, escape="\\") for c in (keys.c.id, keys.c.name, keys.c.prefix))))

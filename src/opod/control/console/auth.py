@@ -38,7 +38,10 @@ class Viewer:
     name: str
     """How the page greets them."""
     role: str
-    """viewer, operator, billing or admin (shown beside their name)."""
+    """viewer, operator, billing or admin (shown beside their name); ``""`` for a person who only uses the fleet."""
+    user_id: str = ""
+    """Their id in the people area (``usr_...``), whose memberships say which projects are theirs in the portal;
+    ``""`` for a person it does not hold."""
 
 
 class PageAuth(Protocol):

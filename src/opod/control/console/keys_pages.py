@@ -23,13 +23,13 @@ from opod.store.keys import COUNT_MAX, KEY_STATES, KeyRecord
 _ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_")
 
 
-def _state(record: KeyRecord, now: datetime) -> str:
+def key_state(record: KeyRecord, now: datetime) -> str:
     if record.revoked_at is not None:
         return "revoked"
     return "expired" if record.expires_at is not None and record.expires_at <= now else "active"
 
 
-def _cursor(text: str, field: str) -> str:
+def cursor(text: str, field: str) -> str:
     """A page's bound, a key id (``k_`` and hex)."""
     value = text.strip()
     if value and (len(value) > 64 or not set(value.lower()) <= _ID_CHARS):
@@ -63,8 +63,8 @@ class KeyPages:
             project=q.get("project", "").strip(),
             contains=q.get("q", ""),
             state=state,
-            after=_cursor(q.get("after", ""), "after"),
-            before=_cursor(q.get("before", ""), "before"),
+            after=cursor(q.get("after", ""), "after"),
+            before=cursor(q.get("before", ""), "before"),
             limit=page_size(request),
         )
         now = datetime.now(UTC)
@@ -73,7 +73,7 @@ class KeyPages:
                 "id": r.id,
                 "name": r.name,
                 "prefix": r.prefix,
-                "state": _state(r, now),
+                "state": key_state(r, now),
                 "project": (self.tenancy.path(r.project_id) or r.project_id) if r.project_id else "",
                 "created": r.created_at,
                 "last_used": r.last_used_at,

@@ -18,9 +18,9 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import parse_qsl, quote, urlencode
 
-from jinja2 import Environment, PackageLoader, select_autoescape
+from jinja2 import ChoiceLoader, Environment, PackageLoader, select_autoescape
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
@@ -37,6 +37,8 @@ log = logging.getLogger("opod.control")
 PREFIX = "/console"
 FRAGMENT_HEADER = "X-Console-Fragment"
 """A GET with this header answers only the named block of its page's template (``rows``)."""
+MAX_FIELDS_BODY = 64 * 1024
+"""The largest body a page's change may post."""
 PAGE_SIZES = (25, 50, 100, 200)
 DEFAULT_PAGE_SIZE = 50
 
@@ -61,22 +63,31 @@ def _micros(value: int) -> str:
     return f"${value / 1_000_000:,.2f}"
 
 
-TEMPLATES = Environment(
-    loader=PackageLoader("opod.control.console", "templates"),
-    autoescape=select_autoescape(default=True, default_for_string=True),
-    auto_reload=False,
-    trim_blocks=True,
-    lstrip_blocks=True,
-)
-TEMPLATES.filters["percent"] = _percent
-TEMPLATES.filters["micros"] = _micros
-TEMPLATES.filters["q"] = lambda value: quote(str(value), safe="")
-TEMPLATES.globals["prefix"] = PREFIX
-TEMPLATES.globals["nav"] = NAV
-TEMPLATES.globals["page_sizes"] = PAGE_SIZES
-_MACROS = TEMPLATES.get_template("macros.html").module
-TEMPLATES.globals.update(pager=_MACROS.pager, bar=_MACROS.bar, size_select=_MACROS.size_select)  # type: ignore[attr-defined]
-"""The macros every page uses, as globals: a block rendered alone (a fragment) sees them too."""
+def site_templates(
+    *, site: str, prefix: str, nav: tuple[tuple[str, str, str], ...], package: str = "opod.control.console"
+) -> Environment:
+    """The templates of a site of pages (the console, the members' portal): ``package``'s own first, then the
+    console's layout, macros and error page, which every site shares (one copy); ``site`` names it in titles."""
+    own = PackageLoader(package, "templates")
+    shared = PackageLoader("opod.control.console", "templates")
+    templates = Environment(
+        loader=own if package == "opod.control.console" else ChoiceLoader([own, shared]),
+        autoescape=select_autoescape(default=True, default_for_string=True),
+        auto_reload=False,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    templates.filters["percent"] = _percent
+    templates.filters["micros"] = _micros
+    templates.filters["q"] = lambda value: quote(str(value), safe="")
+    templates.globals.update(site=site, prefix=prefix, nav=nav, page_sizes=PAGE_SIZES)
+    macros = templates.get_template("macros.html").module
+    # The macros every page uses, as globals: a block rendered alone (a fragment) sees them too.
+    templates.globals.update(pager=macros.pager, bar=macros.bar, size_select=macros.size_select)  # type: ignore[attr-defined]
+    return templates
+
+
+TEMPLATES = site_templates(site="console", prefix=PREFIX, nav=NAV)
 
 
 class Refused(Exception):
@@ -105,9 +116,10 @@ Action = Callable[[Request, Viewer, dict[str, str], AuditDraft], Awaitable[Done]
 class Console:
     """The pages' shared collaborator: sign-in, CSRF and roles through ``auth``; refusals' audit rows in ``store``."""
 
-    def __init__(self, auth: PageAuth, store: Store) -> None:
+    def __init__(self, auth: PageAuth, store: Store, templates: Environment = TEMPLATES) -> None:
         self.auth = auth
         self.store = store
+        self.templates = templates
 
     # --- pages -------------------------------------------------------------------------------
 
@@ -137,7 +149,7 @@ class Console:
         self, request: Request, viewer: Viewer, template: str, values: Mapping[str, Any], *, status: int = 200
     ) -> HTMLResponse:
         """The page for ``viewer``, or only the block :data:`FRAGMENT_HEADER` names."""
-        page = TEMPLATES.get_template(template)
+        page = self.templates.get_template(template)
         context = {
             **values,
             "viewer": viewer,
@@ -159,8 +171,9 @@ class Console:
     def action(
         self, needs: str, api: str, handler: Action, *, target: str = ""
     ) -> Callable[[Request], Awaitable[Response]]:
-        """A POST that needs the right ``needs``, recorded as the management API's ``api`` (``POST /api/v1/...``) on
-        ``target`` (``node:{id}``, filled from the path) as the service names it."""
+        """A POST that needs the right ``needs`` (``""``: any signed-in person, the handler checking what they hold),
+        recorded as the management API's ``api`` (``POST /api/v1/...``) on ``target`` (``node:{id}``, filled from the
+        path) as the service names it."""
 
         async def endpoint(request: Request) -> Response:
             viewer = await self.auth.viewer(request)
@@ -174,7 +187,7 @@ class Console:
                 given = given or fields.pop("csrf", "")
                 if not token or not hmac.compare_digest(given.encode(), token.encode()):
                     raise Refused(403, f"{CSRF_HEADER}: missing or not this session's; reload the page and try again")
-                if not self.auth.may(viewer, needs):
+                if needs and not self.auth.may(viewer, needs):
                     raise Refused(403, f"{viewer.name} ({viewer.role}) may not do this: it needs the {needs} right")
                 done = await handler(request, viewer, fields, draft)
             except (Refused, StoreError, ControlError) as err:
@@ -183,7 +196,8 @@ class Console:
                 return JSONResponse({"error": message}, status_code=status)
             if not draft.committed:  # a change kept in memory only: its row is written here
                 await self._record(draft, 200)
-            return JSONResponse({"message": done.message, "refresh": done.refresh, **(done.data or {})})
+            answer = {"message": done.message, "refresh": done.refresh, **(done.data or {})}
+            return JSONResponse(answer, headers={"Cache-Control": "no-store"})  # it may hold a secret shown once
 
         return endpoint
 
@@ -212,10 +226,15 @@ def _draft(request: Request, viewer: Viewer | None, api: str, target: str) -> Au
 
 
 async def _fields(request: Request) -> dict[str, str]:
-    """A posted JSON object's or form's text fields; 400 for a body that is neither."""
+    """A posted JSON object's or form's text fields; 400 for a body that is neither, 413 past :data:`MAX_FIELDS_BODY`
+    (the admin listener caps bodies before this; the public one, serving the portal, does not)."""
+    raw = b""
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > MAX_FIELDS_BODY:
+            raise Refused(413, f"the body is over {MAX_FIELDS_BODY // 1024} KiB; a page's change is a few fields")
     if request.headers.get("content-type", "").split(";")[0].strip().lower() == "application/x-www-form-urlencoded":
-        return {k: v for k, v in (await request.form()).items() if isinstance(v, str)}
-    raw = await request.body()
+        return {k: v for k, v in parse_qsl(raw.decode("utf-8", "replace"), keep_blank_values=True)}
     if not raw.strip():
         return {}
     try:

@@ -1,4 +1,4 @@
-// opod console: form posts with the session's CSRF token, fetch-and-swap of a page's rows, live updates over
+// opod console and members' portal: form posts with the session's CSRF token, fetch-and-swap of a page's rows, live updates over
 // server-sent events, and the dark/light toggle. No library; every page works as plain HTML links and forms
 // for reading, and this script adds the changes and the in-place updates.
 (function () {
@@ -84,6 +84,15 @@
     });
   }
 
+  // A new key's secret, shown once in the page's #secret box (never kept by the page past its reload).
+  function reveal(secret) {
+    var box = document.getElementById("secret");
+    if (!box) return;
+    box.querySelector("code").textContent = secret;
+    box.hidden = false;
+    box.focus();
+  }
+
   function post(form, submitter) {
     var url = (submitter && submitter.getAttribute("formaction")) || form.getAttribute("action");
     var confirmText = form.getAttribute("data-confirm");
@@ -102,6 +111,7 @@
         if (!got.ok) { say(got.body.error || "Refused.", true); return; }
         say(got.body.message || "Done.");
         if (got.body.diff) showDiff(got.body.diff);
+        if (got.body.secret) reveal(got.body.secret);
         if (form.hasAttribute("data-settings") && got.body.version) {
           window.location.href = window.location.pathname;
           return;
