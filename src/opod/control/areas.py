@@ -10,7 +10,7 @@ every operation of the spec is in exactly one of the two.
 from __future__ import annotations
 
 from fastapi import APIRouter
-from starlette.routing import BaseRoute
+from starlette.routing import BaseRoute, Route
 
 from opod.control import (
     accounts,
