@@ -38,10 +38,12 @@ from opod.contract import env as contract_env
 from opod.contract.catalog import Entry
 from opod.control.app import create_app as create_control_app
 from opod.control.areas import public_areas
-from opod.control.console.auth import PageAuth, SignedOut
+from opod.control.console.auth import PageAuth
 from opod.control.context import ControlContext
 from opod.control.evals.service import EvalsService
 from opod.control.serving import ServeJobs
+from opod.control.web.page_auth import SessionPages
+from opod.control.web.pages import WebSessions
 from opod.fleet.canaries import CanaryBook
 from opod.fleet.canaries_service import CanariesService
 from opod.fleet.federation import Federation, cluster_id
@@ -426,18 +428,22 @@ class Leader:
     # --- the listeners' apps -------------------------------------------------------------
 
     def public_app(self, pages: PageAuth | None = None) -> FastPath:
-        """``pages``: who is signed in to the members' portal (nobody, sent to sign in, when not given)."""
+        """``pages``: who is signed in to the members' portal (the sessions' person when not given)."""
         return public_app(
             self.admin,
             self.access.keys,
             self.registry.routes(),
             self.gateway,
-            public_areas(self.control, pages or SignedOut()),
+            public_areas(self.control, pages or self.pages()),
             client_routes=self.client_routes,
         )
 
     def admin_app(self) -> FastAPI:
-        return create_control_app(self.control, SignedOut())
+        return create_control_app(self.control, self.pages())
+
+    def pages(self) -> PageAuth:
+        """Who is signed in to the console and the portal: the person of a request's session."""
+        return SessionPages(WebSessions(self.control.signin.sessions))
 
     def probe_app(self) -> Starlette:
         return probe_app(self.admin)
