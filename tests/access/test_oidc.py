@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import httpx
 import pytest
 
 from opod.access.oidc import OidcRefused, OidcSignIn
@@ -303,3 +304,18 @@ def test_get_auth_shows_oidc_from_the_settings_and_bad_settings_are_refused(
     assert "oidc" not in auth and not oidc(leader).configured()
     with pytest.raises(OidcRefused, match="auth.oidc.issuer is not set"):
         leader.call(oidc(leader).begin("/"))
+
+
+def test_a_browser_signs_in_through_the_provider_and_gets_a_session(leader: Leader, provider: OpenIdProvider) -> None:
+    settings(leader, provider.issuer, **MAPPINGS)
+    with httpx.Client(base_url=leader.url, follow_redirects=False, timeout=10) as browser:
+        start = browser.get("/auth/oidc/start", params={"next": "/whoami"})
+        assert start.status_code == 302 and start.headers["location"].startswith(f"{provider.issuer}/auth?")
+        assert "opod_oidc" in browser.cookies
+        params = sign_in_at_provider(start.headers["location"], "ada", callback(leader))
+        back = browser.get("/auth/oidc/callback", params=params)
+        assert back.status_code == 303 and back.headers["location"] == "/whoami", back.text[:300]
+        who = browser.get("/whoami")
+        assert who.status_code == 200 and who.json()["email"] == "ada@example.com", who.text
+        again = browser.get("/auth/oidc/callback", params=params)  # a replayed answer: its state cookie is gone
+        assert again.status_code == 401

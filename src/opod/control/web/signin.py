@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from opod.access.people import People
@@ -67,6 +67,11 @@ def _person_json(signed_in: SignedIn, people: People) -> dict[str, object]:
         "csrf_token": signed_in.csrf,
         "expires_at": signed_in.expires_at.isoformat(),
     }
+
+
+OIDC_COOKIE = "opod_oidc"
+"""The OpenID flow's sealed state (state, nonce, PKCE verifier, where to go after), between start and callback."""
+OIDC_PATH = "/auth/oidc"
 
 
 def routes(signin: SignIn, people: People, store: Store) -> list[Route]:
@@ -169,6 +174,49 @@ def routes(signin: SignIn, people: People, store: Store) -> list[Route]:
             return JSONResponse({"error": "you are not signed in (or your session ended); sign in at /signin"}, 401)
         return JSONResponse(_person_json(person, people))
 
+    async def get_oidc_start(request: Request) -> Response:
+        """Off to the OpenID provider, with the flow's state sealed in a cookie only the callback reads."""
+        if signin.oidc is None or not signin.oidc.flow.configured():
+            return page(
+                "signin.html",
+                404,
+                error="single sign-on is not configured here",
+                username="",
+                next="/",
+                signup_open=signin.signup_open,
+            )
+        start = await signin.oidc.flow.begin(local_path(request.query_params.get("next", ""), "/signin"))
+        answer = RedirectResponse(start.redirect_url, status_code=302)
+        answer.set_cookie(
+            OIDC_COOKIE,
+            start.cookie_value,
+            max_age=start.max_age,
+            path=OIDC_PATH,
+            httponly=True,
+            secure=request.url.scheme == "https",
+            samesite="lax",  # the provider sends the browser back with a top-level GET, which Lax lets through
+        )
+        return answer
+
+    async def get_oidc_callback(request: Request) -> Response:
+        cookie = request.cookies.get(OIDC_COOKIE, "")
+
+        async def work() -> Response:
+            new = await signin.complete_oidc(
+                dict(request.query_params), cookie, address=client_address(request), audit=web_draft(request)
+            )
+            assert signin.oidc is not None  # complete_oidc refuses without it
+            answer = _started(request, new, signin.oidc.flow.return_to(cookie))
+            answer.delete_cookie(OIDC_COOKIE, path=OIDC_PATH)
+            return answer
+
+        def on_error(err: PageRefused) -> Response:
+            shown = signin_page(request, err.status, err.message)
+            shown.delete_cookie(OIDC_COOKIE, path=OIDC_PATH)
+            return shown
+
+        return await audited(request, work, on_error)
+
     def _started(request: Request, new: NewSession, to: str, status: int = 200) -> Response:
         answer = redirect(to) if to else JSONResponse(_person_json(new.signed_in, people), status_code=status)
         answer.headers["Cache-Control"] = "no-store"
@@ -181,6 +229,8 @@ def routes(signin: SignIn, people: People, store: Store) -> list[Route]:
         Route("/signup", get_signup, methods=["GET"]),
         Route("/signup", post_signup, methods=["POST"]),
         Route("/whoami", get_whoami, methods=["GET"]),
+        Route("/auth/oidc/start", get_oidc_start, methods=["GET"]),
+        Route(OIDC_PATH + "/callback", get_oidc_callback, methods=["GET"]),
     ]
 
 
