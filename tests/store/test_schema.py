@@ -22,6 +22,7 @@ TABLES = {
     "federation_peers",
     "file_chunks",
     "files",
+    "key_terms",
     "keys",
     "memberships",
     "meta",

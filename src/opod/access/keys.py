@@ -99,7 +99,7 @@ class KeyService:
         kind: MintedKind,
         *,
         project: str = "",
-        contains: str = "",
+        search: str = "",
         state: str = "",
         after: str = "",
         before: str = "",
@@ -108,7 +108,7 @@ class KeyService:
         """One page of the stored keys of ``kind`` (one project's, by ID or path, when ``project`` is given) and how
         many the same filter lists: what a console shows of a hundred thousand keys without reading them all."""
         project_id = self.tenancy.resolve(project, kinds=("project",), field="project").id if project else None
-        which = KeyFilter(kind=kind, project_id=project_id, contains=contains.strip(), state=state.strip().lower())
+        which = KeyFilter(kind=kind, project_id=project_id, search=search.strip(), state=state.strip().lower())
         return await self.access.page_keys(which, after=after, before=before, limit=limit)
 
     async def find(self, kind: MintedKind, key_id: str) -> KeyRecord | FileKey:

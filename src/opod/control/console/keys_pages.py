@@ -61,7 +61,7 @@ class KeyPages:
         found, total = await self.keys.page(
             "api",
             project=q.get("project", "").strip(),
-            contains=q.get("q", ""),
+            search=q.get("q", ""),
             state=state,
             after=_cursor(q.get("after", ""), "after"),
             before=_cursor(q.get("before", ""), "before"),
