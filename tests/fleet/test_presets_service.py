@@ -13,6 +13,7 @@ import pytest
 from opod.access.tenancy import Tenancy, TenancyScopes
 from opod.catalog import load_catalog
 from opod.contract import nodeapi
+from opod.fleet.inventory import apply_report
 from opod.fleet.models import ModelRegistry
 from opod.fleet.models_service import ModelsService
 from opod.fleet.presets_service import AUTO, PresetsService
@@ -90,3 +91,29 @@ def test_a_preset_added_by_hand_then_removed_is_declined_and_not_added_by_itself
     shown = {p.name: p for p in asyncio.run(presets.service.view()).presets or []}
     assert shown[name].declined and "declined" in (shown[name].blocked or "") and not shown[name].in_catalog
     assert name not in presets.models.ids()
+
+
+def test_what_fits_follows_each_report_of_a_nodes_cards(presets: Presets) -> None:
+    presets.join_cpu_node(ram_gb=4)
+    node = presets.fleet.get("n1")
+    assert node is not None
+
+    def cards(*cards: tuple[int, bool]) -> None:
+        gpus = [
+            nodeapi.InventoryGPU(index=i, name="GPU", **{"class": "X1"}, memory_mb=mb, healthy=healthy)
+            for i, (mb, healthy) in enumerate(cards)
+        ]
+        assert node is not None
+        apply_report(node.inventory, nodeapi.InventoryReport(gpus=gpus), None)
+
+    def fitting() -> dict[str, list[str]]:
+        return {p.name: p.fits_classes for p in asyncio.run(presets.service.view()).presets or [] if p.fits}
+
+    cards((24_000, True))
+    assert fitting()["llama-3.1-8b"] == ["X1"] and "llama-4-scout" not in fitting()
+    cards((24_000, True), (81_500, True))
+    assert fitting()["llama-4-scout"] == ["X1"], "a card reported since is counted on the next view"
+    cards((24_000, True), (81_500, False))
+    assert "llama-4-scout" not in fitting(), "an unhealthy card fits nothing"
+    node.last_heartbeat = 0.0
+    assert fitting() == {}, "a node that is not live offers nothing"

@@ -24,6 +24,7 @@ TABLES = {
     "federation_peers",
     "file_chunks",
     "files",
+    "key_terms",
     "keys",
     "memberships",
     "meta",

@@ -100,7 +100,7 @@ class KeyService:
         *,
         project: str = "",
         user: str = "",
-        contains: str = "",
+        search: str = "",
         state: str = "",
         after: str = "",
         before: str = "",
@@ -113,7 +113,7 @@ class KeyService:
         which = KeyFilter(
             kind=kind,
             project_id=project_id,
-            contains=contains.strip(),
+            search=search.strip(),
             state=state.strip().lower(),
             user_id=user or None,
         )

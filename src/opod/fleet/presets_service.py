@@ -18,15 +18,17 @@ never added by themselves. Each is recorded in the audit as the leader's own cha
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from opod.catalog import Catalog
 from opod.catalog.definition import from_entry
 from opod.contract.admin.catalog import CatalogLicense
 from opod.contract.admin.models import PresetsView, PresetView
 from opod.contract.catalog import Entry
+from opod.fleet.inventory import GPUDevice
 from opod.fleet.models import ModelRegistry
 from opod.fleet.models_service import ModelsService
-from opod.fleet.state import Fleet, NodeState
+from opod.fleet.state import Fleet
 from opod.store import PresetRecord, Store
 from opod.store.audit import SOURCE_LEADER, AuditDraft
 from opod.store.errors import NotFound, StoreError
@@ -47,7 +49,25 @@ def makes(capabilities: list[str]) -> str:
     return "text"
 
 
-def fit(entry: Entry, nodes: list[NodeState]) -> list[str]:
+@dataclass(frozen=True, slots=True)
+class Offered:
+    """What the live nodes offer a preset: the largest healthy card of each GPU class, and the most RAM of a node."""
+
+    card_mb: dict[str, int]
+    ram_gb: int | None
+    """``None`` when no node is live."""
+
+
+def largest_cards(gpus: list[GPUDevice]) -> dict[str, int]:
+    """GPU class → the memory of the largest healthy card of it among ``gpus``."""
+    largest: dict[str, int] = {}
+    for gpu in gpus:
+        if gpu.healthy and gpu.memory_mb > largest.get(gpu.gpu_class, -1):
+            largest[gpu.gpu_class] = gpu.memory_mb
+    return largest
+
+
+def fit(entry: Entry, offered: Offered) -> list[str]:
     """The GPU classes of live cards that meet the preset's memory need, and ``cpu`` when a node has the RAM for a CPU model.
 
     A preset that states a card's memory (``min_vram_gb``) needs a card; one that states only
@@ -55,10 +75,8 @@ def fit(entry: Entry, nodes: list[NodeState]) -> list[str]:
     """
     need = entry.hardware.min_vram_gb or entry.hardware.min_ram_gb
     # A card sold as 80 GB reports about 81,500 MiB: compared in thousands, so it meets an 80 GB need.
-    classes = {
-        gpu.gpu_class for node in nodes for gpu in node.inventory.gpus if gpu.healthy and gpu.memory_mb >= need * 1000
-    }
-    if not entry.hardware.min_vram_gb and any(node.hardware.ram_gb >= entry.hardware.min_ram_gb for node in nodes):
+    classes = {gpu_class for gpu_class, mb in offered.card_mb.items() if mb >= need * 1000}
+    if not entry.hardware.min_vram_gb and offered.ram_gb is not None and offered.ram_gb >= entry.hardware.min_ram_gb:
         classes.add("cpu")
     return sorted(classes)
 
@@ -86,6 +104,9 @@ class PresetsService:
         self.catalog = catalog
         self.fleet = fleet
         self.adding = adding
+        self._cards: dict[str, tuple[list[GPUDevice], dict[str, int]]] = {}
+        """node id → (its devices as last seen, their largest cards): worked out again only when a report replaces
+        the devices, not on each view of the presets."""
 
     async def view(self) -> PresetsView:
         """Every preset as it stands in this cluster, and whether the leader adds them by itself."""
@@ -147,14 +168,29 @@ class PresetsService:
                     made.setdefault(kind, model.id)
         return made
 
+    def _offered(self) -> Offered:
+        cards: dict[str, tuple[list[GPUDevice], dict[str, int]]] = {}
+        card_mb: dict[str, int] = {}
+        ram_gb: int | None = None
+        for node in self.fleet.live():
+            gpus = node.inventory.gpus
+            known = self._cards.get(node.id)
+            cards[node.id] = known if known is not None and known[0] is gpus else (gpus, largest_cards(gpus))
+            for gpu_class, mb in cards[node.id][1].items():
+                if mb > card_mb.get(gpu_class, -1):
+                    card_mb[gpu_class] = mb
+            ram_gb = max(ram_gb or 0, node.hardware.ram_gb)
+        self._cards = cards
+        return Offered(card_mb, ram_gb)
+
     def _choices(self, records: dict[str, PresetRecord], auto: bool) -> tuple[list[PresetView], list[Entry]]:
         """Every preset as it stands, and those :meth:`auto_add` would add now."""
-        nodes = self.fleet.live()
+        offered = self._offered()
         made = self._made()
         fitting: dict[str, list[Entry]] = {}
         classes: dict[str, list[str]] = {}
         for entry in self.catalog:
-            classes[entry.id] = fit(entry, nodes)
+            classes[entry.id] = fit(entry, offered)
             record = records.get(entry.id)
             eligible = (
                 not (record is not None and record.declined)

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, cast
 
-from sqlalchemy import Connection, Row, and_, func, or_, select, update
+from sqlalchemy import Connection, Row, and_, exists, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from opod.security.keys import hash_key as hash_secret
@@ -16,7 +16,7 @@ from opod.security.keys import new_key_id
 from opod.store.audit import AuditRow, insert_audit
 from opod.store.base import Repository, aware, text_arg, when
 from opod.store.errors import Conflict, InvalidInput, NotFound
-from opod.store.schema import KEY_KINDS, keys, projects
+from opod.store.schema import KEY_KINDS, key_terms, keys, projects
 
 KeyKind = Literal["admin", "api", "node"]
 
@@ -71,18 +71,49 @@ class KeyPage:
 
 @dataclass(frozen=True, slots=True)
 class KeyFilter:
-    """Which keys a page lists: of one kind, one project's, whose id, name or prefix holds ``contains``, in a state."""
+    """Which keys a page lists: of one kind, one project's, with a word that starts with ``search``, in a state.
+
+    A key's words are its id, its prefix, its name and each word of its name (:func:`search_terms`), matched
+    without regard to case: the start of a word is one range of an index, however many keys there are.
+    """
 
     kind: KeyKind
     project_id: str | None = None
-    contains: str = ""
+    search: str = ""
     state: str = ""
     user_id: str | None = None
     """One person's keys only (the members' portal lists a person's own)."""
 
 
-__all__ = ["KEY_STATES", "KeyFilter", "KeyKind", "KeyPage", "KeyRecord", "KeysRepo", "hash_secret", "new_key_id"]
+__all__ = [
+    "KEY_STATES",
+    "KeyFilter",
+    "KeyKind",
+    "KeyPage",
+    "KeyRecord",
+    "KeysRepo",
+    "hash_secret",
+    "new_key_id",
+    "search_terms",
+]
 """``hash_secret`` and ``new_key_id`` are :mod:`opod.security.keys`' own, named here for the store's callers."""
+
+
+_LAST_CHARACTER = "\U0010ffff"
+_FEW_TERMS = 2000
+
+
+def search_terms(key_id: str, name: str, prefix: str) -> set[str]:
+    """What a key listing's search matches the start of: the id, the prefix, the name and each word of it, in
+    lower case."""
+    words = {key_id.lower(), prefix.lower(), name.lower(), *name.lower().split()}
+    return {w for w in words if w}
+
+
+def _insert(conn: Connection, record: KeyRecord) -> None:
+    conn.execute(keys.insert().values(**asdict(record)))
+    terms = search_terms(record.id, record.name, record.prefix)
+    conn.execute(key_terms.insert(), [{"term": t, "key_id": record.id} for t in sorted(terms)])
 
 
 def _record(row: Row[Any]) -> KeyRecord:
@@ -109,16 +140,31 @@ def _refuse_duplicate(conn: Connection, record: KeyRecord) -> None:
         raise Conflict(f"key {other!r} already has this hash, so the secret is not new; generate a new key")
 
 
+def _starting(search: str) -> Any:
+    """The terms that start with ``search``: one range of their index, since terms sort by code point on both
+    databases."""
+    start = search.strip().lower()
+    return and_(key_terms.c.term >= start, key_terms.c.term < start + _LAST_CHARACTER)
+
+
+def _searched(conn: Connection, search: str) -> Any:
+    """A page's keys with a term that starts with ``search``: taken from the terms when few match, else checked key
+    by key as the keys are read in id order (the page stops after its rows)."""
+    few = select(key_terms.c.key_id).where(_starting(search)).limit(_FEW_TERMS + 1).subquery()
+    if int(conn.execute(select(func.count()).select_from(few)).scalar() or 0) <= _FEW_TERMS:
+        return keys.c.id.in_(select(key_terms.c.key_id).where(_starting(search)))
+    return exists().where(key_terms.c.key_id == keys.c.id, _starting(search))
+
+
 def _conditions(which: KeyFilter) -> list[Any]:
+    """The filter's conditions on the keys, but for its search (which :meth:`KeysRepo.page_keys` and
+    :meth:`KeysRepo.count_keys` each apply their own way)."""
     now = datetime.now(UTC)
     out: list[Any] = [keys.c.kind == _kind(which.kind)]
     if which.project_id is not None:
         out.append(keys.c.project_id == which.project_id)
     if which.user_id is not None:
         out.append(keys.c.user_id == which.user_id)
-    if which.contains:
-        pattern = "%" + which.contains.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-        out.append(or_(*(c.like(pattern, escape="\\") for c in (keys.c.id, keys.c.name, keys.c.prefix))))
     if which.state == "revoked":
         out.append(keys.c.revoked_at.is_not(None))
     elif which.state == "expired":
@@ -193,7 +239,7 @@ class KeysRepo(Repository):
                         raise NotFound(
                             f"project: no project with ID {record.project_id!r}; GET /api/v1/orgs lists them"
                         )
-                conn.execute(keys.insert().values(**asdict(record)))
+                _insert(conn, record)
                 if audit is not None:
                     insert_audit(conn, audit)
         except IntegrityError as err:
@@ -230,12 +276,14 @@ class KeysRepo(Repository):
         primary key's index: a page costs the same at any depth, however many keys there are)."""
         if not 1 <= limit <= PAGE_MAX:
             raise InvalidInput(f"limit: {limit} is outside 1..{PAGE_MAX}")
-        query = select(keys).where(*_conditions(which)).limit(limit + 1)
-        if before:
-            query = query.where(keys.c.id < before).order_by(keys.c.id.desc())
-        else:
-            query = query.where(keys.c.id > after).order_by(keys.c.id) if after else query.order_by(keys.c.id)
         with self._read() as conn:
+            query = select(keys).where(*_conditions(which)).limit(limit + 1)
+            if which.search.strip():
+                query = query.where(_searched(conn, which.search))
+            if before:
+                query = query.where(keys.c.id < before).order_by(keys.c.id.desc())
+            else:
+                query = query.where(keys.c.id > after).order_by(keys.c.id) if after else query.order_by(keys.c.id)
             found = [_record(row) for row in conn.execute(query)]
         more = len(found) > limit
         found = found[:limit]
@@ -245,7 +293,12 @@ class KeysRepo(Repository):
 
     def count_keys(self, which: KeyFilter, *, at_most: int = COUNT_MAX) -> int:
         """How many keys ``which`` lists, counted up to ``at_most`` (a count past it is said as "more than")."""
-        capped = select(keys.c.id).where(*_conditions(which)).limit(at_most + 1).subquery()
+        matching = select(keys.c.id).where(*_conditions(which))
+        if which.search.strip():
+            # From the terms that match, each key once: as cheap for a word that starts a tenth of the keys as for one.
+            found = key_terms.join(keys, keys.c.id == key_terms.c.key_id)
+            matching = matching.select_from(found).where(_starting(which.search)).distinct()
+        capped = matching.limit(at_most + 1).subquery()
         with self._read() as conn:
             return int(conn.execute(select(func.count()).select_from(capped)).scalar() or 0)
 
@@ -303,7 +356,7 @@ class KeysRepo(Repository):
                         .where(keys.c.id.in_([k.id for k in found]), keys.c.revoked_at.is_(None))
                         .values(revoked_at=stamp)
                     )
-                conn.execute(keys.insert().values(**asdict(record)))
+                _insert(conn, record)
         except IntegrityError as err:
             raise Conflict(f"key {record.id!r} or its hash already exists; generate a new key") from err
         return record, [KeyRecord(**{**asdict(k), "revoked_at": stamp}) for k in found]

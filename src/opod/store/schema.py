@@ -17,6 +17,7 @@ from sqlalchemy import (
     Dialect,
     Double,
     ForeignKey,
+    Index,
     MetaData,
     Table,
     Text,
@@ -93,6 +94,17 @@ keys = Table(
     Column("leader_id", Text, nullable=False, server_default=text("''")),
     UniqueConstraint("hash"),
     CheckConstraint(_one_of("kind", KEY_KINDS), name="kind"),
+)
+
+# 0022: what a key listing's search matches the start of, one row per word (see store.keys.search_terms). Byte
+# order on PostgreSQL too, whatever the database's locale, so a prefix is one range of the primary key's index.
+SEARCH_TEXT = Text().with_variant(Text(collation="C"), "postgresql")
+key_terms = Table(
+    "key_terms",
+    metadata,
+    Column("term", SEARCH_TEXT, primary_key=True),
+    Column("key_id", Text, ForeignKey("keys.id"), primary_key=True),
+    Index("ix_key_terms_key_id", "key_id", "term"),
 )
 
 nodes = Table(

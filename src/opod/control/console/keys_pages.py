@@ -61,7 +61,7 @@ class KeyPages:
         found, total = await self.keys.page(
             "api",
             project=q.get("project", "").strip(),
-            contains=q.get("q", ""),
+            search=q.get("q", ""),
             state=state,
             after=cursor(q.get("after", ""), "after"),
             before=cursor(q.get("before", ""), "before"),
