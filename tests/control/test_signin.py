@@ -177,7 +177,11 @@ def test_a_disabled_person_and_a_reset_password_end_the_sessions_at_once(leader:
 
 def test_no_passwords_turns_local_sign_in_off(leader: Leader) -> None:
     account(leader, "ned@example.com")
-    put_settings(leader, "auth:\n  signup_open: true\n  oidc:\n    no_passwords: true\n")
+    provider = "    issuer: https://sso.example.com\n    client_id: opod\n"  # passwords off needs a provider to sign in
+    put_settings(
+        leader,
+        "auth:\n  signup_open: true\n  base_url: http://127.0.0.1\n  oidc:\n" + provider + "    no_passwords: true\n",
+    )
     try:
         with browser(leader) as web:
             refused = web.post("/signin", json={"username": "ned@example.com", "password": PASSWORD})
