@@ -50,6 +50,17 @@ def cpu_seconds(pgid: int) -> float:
     return sum(processes.cpu_seconds(pid) for pid in processes.group_members(pgid))
 
 
+def cpu_by_process(pgid: int) -> dict[int, float]:
+    """CPU seconds spent so far by each live process of a router's group."""
+    return {pid: processes.cpu_seconds(pid) for pid in processes.group_members(pgid)}
+
+
+def cpu_spent(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds the group spent between two readings: each process's own difference, so one that exited in
+    between takes its time with it rather than making the difference negative."""
+    return sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items())
+
+
 @dataclass
 class Sample:
     due: float

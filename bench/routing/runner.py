@@ -331,9 +331,9 @@ def _open(
             directs, turns, spent = [], [], 0.0
             for _ in range(PAIRED_ROUNDS):
                 directs.append(asyncio.run(load.open_loop(direct, schedule, stream=False, drain=drain, tick=advance)))
-                before = load.cpu_seconds(target.pid) if target.pid else math.nan
+                before = load.cpu_by_process(target.pid) if target.pid else {}
                 turns.append(asyncio.run(load.open_loop(target, schedule, stream=False, drain=drain, tick=advance)))
-                spent += load.cpu_seconds(target.pid) - before if target.pid else math.nan
+                spent += load.cpu_spent(before, load.cpu_by_process(target.pid)) if target.pid else math.nan
             result.paired[rate] = metrics.latency_summary(load.merge(directs))
             phase = load.merge(turns)
             result.cpu_per_request = spent / phase.sent if phase.sent else math.nan
