@@ -183,8 +183,8 @@ async def test_a_running_writer_deletes_committed_segments_off_the_event_loop(
     delete = ledger_module._delete
 
     def traced(segments: list[Path]) -> None:
-        deleted_in.append(threading.get_ident())
         delete(segments)
+        deleted_in.append(threading.get_ident())  # after: the test reads the directory once this is seen
 
     monkeypatch.setattr(ledger_module, "_delete", traced)
     ledger = Ledger.open(store, tmp_path, keep=timedelta(days=1), rotate_bytes=4096)
