@@ -14,19 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.chromium import ARGS, CHROMIUM
 from tests.support.console import ConsoleSite, FixedViewer, person, stored_nodes
 from tests.support.inprocess import InProcessLeader
 
-CHROMIUM = Path("/usr/bin/chromium")
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 PAGES = ("", "/nodes", "/models", "/keys", "/usage", "/audit", "/settings")
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright's Python package is not installed")

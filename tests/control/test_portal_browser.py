@@ -15,19 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.chromium import ARGS, CHROMIUM
 from tests.support.console import FixedViewer
 from tests.support.portal import CHAT, PortalSite, World, build_world
 
-CHROMIUM = Path("/usr/bin/chromium")
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 PAGES = ("", "/keys", "/usage")
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright's Python package is not installed")
