@@ -20,17 +20,10 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from opod import config
-from opod.access.directory import Directory, DirectoryDown, DirectoryRefused
 from opod.access.keys import KeyService
-from opod.access.members import Memberships
-from opod.access.oidc import SEAL_PURPOSE, OidcRefused, OidcSignIn
 from opod.access.people import People
-from opod.access.permissions import Permissions
 from opod.access.scopes import check_scope
-from opod.access.secrets import AuthSecrets
 from opod.access.service import AccessService
-from opod.access.sessions import Sessions
-from opod.access.signin import DirectoryPlug, OidcPlug, SignIn
 from opod.access.tenancy import Tenancy, TenancyScopes
 from opod.catalog import Catalog, load_catalog
 from opod.contract import adminapi
@@ -40,12 +33,10 @@ from opod.control.app import create_app as create_control_app
 from opod.control.areas import public_areas
 from opod.control.console.auth import PageAuth
 from opod.control.context import ControlContext
-from opod.control.evals.service import EvalsService
 from opod.control.serving import ServeJobs
 from opod.control.web.page_auth import SessionPages
 from opod.control.web.pages import WebSessions
 from opod.fleet.canaries import CanaryBook
-from opod.fleet.canaries_service import CanariesService
 from opod.fleet.federation import Federation, cluster_id
 from opod.fleet.local import LocalEngines
 from opod.fleet.models import ModelRegistry
@@ -72,7 +63,9 @@ from opod.leader.batches import BatchRunner, key_entry, runner_owner
 from opod.leader.canary_watch import CanaryWatch
 from opod.leader.directory_sync import DirectorySyncing
 from opod.leader.home import make_private
+from opod.leader.lifecycle_wiring import build_lifecycle
 from opod.leader.nodes import NodeRegistry
+from opod.leader.people_wiring import build_people
 from opod.leader.public import probe_app, public_app
 from opod.leader.reconciler import Reconciler
 from opod.leader.replay import Replayer
@@ -80,7 +73,6 @@ from opod.leader.startup import DEFAULT_MODELS, load_models, load_nodes, restore
 from opod.leader.webhooks import LifecycleWatch, Webhooks, fan_out
 from opod.ledger import Ledger
 from opod.security.nodetokens import NodeTokenMinter, load_or_create_secret
-from opod.security.sealed_state import StateSeal
 from opod.security.sealing import SecretsKey, load_or_create_key
 from opod.security.signer import Signer
 from opod.settings.holder import SettingsHolder
@@ -90,9 +82,6 @@ from opod.snapshots.policy import PolicyView
 from opod.snapshots.service import Snapshots
 from opod.store import Store
 from opod.store.offloop import run_sync
-from opod.weights.errors import WeightsError
-from opod.weights.hub import HubSettings
-from opod.weights.resolver import models_dir
 
 log = logging.getLogger("opod.leader")
 
@@ -305,22 +294,9 @@ class Leader:
             *ClientBatches(store, gateway.authenticate, batches.wake, client_files).routes(),
         )
         replayer = Replayer(gateway, access.keys.local_entries)
-        try:
-            hub = HubSettings.from_config()
-        except WeightsError as err:
-            raise ValueError(str(err)) from None
-        serve_jobs = ServeJobs(
-            store,
-            models,
-            models_service,
-            fleet,
-            reconciler,
-            replayer,
-            hub=hub,
-            weights_dir=models_dir(settings.home) / "hf",
-            runner=runner_owner(settings.home),
+        lifecycle_parts = build_lifecycle(
+            settings.home, store, models, models_service, fleet, reconciler, replayer, canary_book, emit
         )
-        serve_jobs.fail_interrupted()
         admin = AdminContext(
             store=store,
             fleet=fleet,
@@ -339,37 +315,18 @@ class Leader:
             webhook_counts=webhooks.counts,
             cluster=federation.cluster,
         )
-        members, auth_secrets = Memberships(people, tenancy, access), AuthSecrets(store, cluster_settings)
-        oidc = OidcSignIn(cluster_settings, auth_secrets, people, members, StateSeal(secrets_key.derive(SEAL_PURPOSE)))
-        directory = Directory(cluster_settings, auth_secrets, people, tenancy)
-        # Quality runs ask /v1 as the operator's own requests do: through the gateway, as the admin key.
-        evals = EvalsService(
-            store,
-            models,
-            models_service,
-            replayer.replay,
-            eval_dir=config.eval_dir(settings.home),
-            owner=runner_owner(settings.home),
-        )
-        canaries = CanariesService(models_service, models, fleet, canary_book, emit, gate=evals)
+        signing_in = build_people(store, cluster_settings, people, tenancy, access, secrets_key)
         control = ControlContext(
             store=store,
             access=access,
             keys=KeyService(access, tenancy, cluster_settings),
             people=people,
-            members=members,
-            secrets=auth_secrets,
-            directory=directory,
+            members=signing_in.members,
+            secrets=signing_in.secrets,
+            directory=signing_in.directory,
             federation=federation,
-            signin=SignIn(
-                store,
-                people,
-                cluster_settings,
-                Sessions(store, cluster_settings),
-                directory=DirectoryPlug(directory, DirectoryRefused, DirectoryDown),
-                oidc=OidcPlug(oidc, OidcRefused),
-            ),
-            permissions=Permissions(people, tenancy),
+            signin=signing_in.signin,
+            permissions=signing_in.permissions,
             tenancy=tenancy,
             fleet=fleet,
             models=models,
@@ -387,15 +344,15 @@ class Leader:
             quotas=quotas,
             batches=batches,
             replay=replayer,
-            oidc=oidc,
+            oidc=signing_in.oidc,
             stats=gateway.stats,
-            serve_jobs=serve_jobs,
-            evals=evals,
-            canaries=canaries,
+            serve_jobs=lifecycle_parts.serve_jobs,
+            evals=lifecycle_parts.evals,
+            canaries=lifecycle_parts.canaries,
         )
         return cls(
             batches=batches,
-            serve_jobs=serve_jobs,
+            serve_jobs=lifecycle_parts.serve_jobs,
             client_routes=client_routes,
             settings=settings,
             store=store,
