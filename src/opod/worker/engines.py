@@ -16,6 +16,7 @@ heartbeat drains (:meth:`EngineManager.kv_blocks`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -35,7 +36,7 @@ from opod.worker import multinode
 from opod.worker.adapters import Adapters, lora_flags
 from opod.worker.kvevents import KVReport
 from opod.worker.kvlistener import KVEventListener, KVListenError
-from opod.worker.model_engine import ModelEngine, free_port, one_word
+from opod.worker.model_engine import ModelEngine, free_port, one_word, port_taken
 from opod.worker.multinode import device_env, ranks_of, replica_flags
 from opod.worker.refusals import LoadRefused
 from opod.worker.supervisor import ManagedProcess, ProcessConfig, ProcessState, Supervisor
@@ -45,6 +46,15 @@ log = logging.getLogger("opod.worker")
 CPU_CONTEXT_CAP = 8192
 """Default context on a CPU engine: a catalog's 128K window would reserve gigabytes of KV cache."""
 DEFAULT_PARALLEL = 4
+
+
+PORT_MOVES = 3
+"""How many times one start moves its engine to a new port when the chosen one was taken before the engine bound it."""
+
+
+def _lost_its_port(engine: ModelEngine) -> bool:
+    """The engine's process ended and its HTTP port is held by another program (a follower rank has no port)."""
+    return not engine.follower and engine.port > 0 and port_taken(engine.port)
 
 
 class EngineManager:
@@ -260,7 +270,8 @@ class EngineManager:
             self.supervisor.forget(config.id)
         await self.supervisor.start(config)
 
-    async def _start(self, engine: ModelEngine) -> None:
+    async def _start(self, engine: ModelEngine, port_moves: int = 0) -> None:
+        """``port_moves``: how many times this start already moved to a new port because its own was taken."""
         assert engine.spec is not None
         argv = self._argv(engine)
         engine.process_id = f"engine-{engine.model_id}"
@@ -285,7 +296,7 @@ class EngineManager:
                 await self.supervisor.stop(engine.process_id)
             self.supervisor.forget(engine.process_id)
         await self.supervisor.start(config)
-        ready = await self._await_ready(engine.process_id, config.ready_timeout)
+        ready = await self._await_ready(engine.process_id, config.ready_timeout, engine)
         if ready and engine.follower:
             engine.enter(
                 "following",
@@ -296,6 +307,20 @@ class EngineManager:
             log.info("%s serving on %s", engine.model_id, engine.base_url)
         else:
             process = self.supervisor.get(engine.process_id)
+            if process is not None and port_moves < PORT_MOVES and _lost_its_port(engine):
+                # Between our choice and the engine's bind, another program took the port (a loopback client draws
+                # its source port from the same range): restarting on it would only crash-loop.
+                await self.supervisor.stop(engine.process_id)
+                taken, engine.port = engine.port, free_port()
+                engine.spec = dataclasses.replace(engine.spec, port=engine.port)
+                log.warning(
+                    "%s: port %d was taken before the engine bound it; starting on %d",
+                    engine.model_id,
+                    taken,
+                    engine.port,
+                )
+                await self._start(engine, port_moves + 1)
+                return
             fallback = self._fallback(engine, process)
             if fallback is not None:
                 await self.supervisor.stop(engine.process_id)
@@ -308,8 +333,9 @@ class EngineManager:
             await self._stop_kv(engine)
         self.on_change()
 
-    async def _await_ready(self, process_id: str, timeout: float) -> bool:
-        """Ready, or not: stops waiting at the first exit that a fallback can answer (SIGILL)."""
+    async def _await_ready(self, process_id: str, timeout: float, engine: ModelEngine | None = None) -> bool:
+        """Ready, or not: stops waiting at the first exit that a fallback can answer (SIGILL), or, for ``engine``,
+        at the first exit with its port taken by another program."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             process = self.supervisor.get(process_id)
@@ -318,6 +344,8 @@ class EngineManager:
             if process.ready:
                 return True
             if not process.live or (process.exit_code is not None and self.driver_wants_fallback(process.exit_code)):
+                return False
+            if engine is not None and process.state is ProcessState.BACKOFF and _lost_its_port(engine):
                 return False
             await asyncio.sleep(0.1)
         return False

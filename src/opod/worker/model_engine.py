@@ -65,6 +65,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def port_taken(port: int) -> bool:
+    """True when something on this machine holds ``port`` on loopback (a listener, or a client's source port)."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+        return False
+
+
 def one_word(states: Sequence[tuple[ModelEngine, nodeapi.EngineState | None]], serving: bool) -> nodeapi.EngineState:
     """One word for a worker's engines, from each engine and its process's word (``None`` while fetching).
 
