@@ -155,6 +155,28 @@ def test_a_second_sign_in_follows_the_groups_and_the_account_is_found_again(
     assert shown["last_login_at"] > first
 
 
+def test_groups_match_in_any_case_and_one_the_mapping_does_not_name_is_shown_granting_nothing(
+    leader: Leader, provider: OpenIdProvider
+) -> None:
+    # The provider sends fleet-admins and engineering; the mapping names the first in other cases, the second not.
+    settings(
+        leader,
+        provider.issuer,
+        create_accounts="true",
+        group_roles="{Fleet-Admins: operator}",
+        group_memberships="{FLEET-ADMINS: [{target: 'project:acme/ml/chat', role: manager}]}",
+    )
+    ada = complete(leader, *sign_in(leader, "ada")[:2])
+    assert ada.role == "operator"
+    # chat follows the groups; acme/ml, which the mapping no longer names, is left as it was.
+    shown = by_email(leader, "ada@example.com")
+    assert {m["path"]: m["role"] for m in shown["memberships"]} == {"acme/ml": "manager", "acme/ml/chat": "manager"}
+    status, rows = leader.admin("GET", "/api/v1/audit?actor=ada@example.com&limit=1000")
+    assert status == 200
+    placed = [str(r.get("detail", "")) for r in rows if "memberships" in str(r.get("detail", ""))]
+    assert placed and "engineering" in placed[0] and "nothing: auth.oidc does not name it" in placed[0]
+
+
 def test_an_unknown_person_is_refused_while_create_accounts_is_off(leader: Leader, provider: OpenIdProvider) -> None:
     settings(leader, provider.issuer, create_accounts="false")
     before = people(leader)

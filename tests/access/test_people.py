@@ -70,12 +70,19 @@ async def test_another_leader_follows_and_a_restart_remembers(leaders, tmp_path:
     assert other_access.keys.check(f"Bearer {secret}").user_id == ada.id
 
 
-async def test_a_group_push_changes_memory_with_the_store(leaders) -> None:
+async def test_matching_a_persons_memberships_changes_memory_with_the_store(leaders) -> None:
     (_, people), _ = leaders
-    ada, bob = await people.create(email="a@x"), await people.create(email="b@x")
+    ada = await people.create(email="a@x")
     await people.join(ada.id, "prj_1", role="manager", by="alice")
-    change = await people.change_members("prj_1", add=[ada.id, bob.id], by="scim")
-    assert (change.added, change.removed) == ([bob.id], [])
-    assert {m.user_id: m.role for m in people.members("prj_1")} == {ada.id: "manager", bob.id: "member"}
-    change = await people.change_members("prj_1", replace_all=True)
-    assert sorted(change.removed) == sorted([ada.id, bob.id]) and people.members("prj_1") == []
+    await people.join(ada.id, "prj_9", role="member", by="alice")  # not a place the groups decide
+    change = await people.match_memberships(
+        ada.id, {"prj_1": "member", "prj_2": "manager"}, targets={"prj_1", "prj_2"}, by="ldap"
+    )
+    assert change.added == [(ada.id, "prj_1"), (ada.id, "prj_2")] and change.removed == []
+    assert {m.target: (m.role, m.by) for m in people.memberships(ada.id)} == {
+        "prj_1": ("member", "ldap"),
+        "prj_2": ("manager", "ldap"),
+        "prj_9": ("member", "alice"),
+    }
+    again = await people.match_memberships(ada.id, {"prj_1": "member"}, targets={"prj_1", "prj_2"}, by="ldap")
+    assert again.removed == [(ada.id, "prj_2")] and people.targets(ada.id) == ["prj_1", "prj_9"]

@@ -99,24 +99,22 @@ def test_a_failure_in_the_transaction_leaves_the_membership_and_the_keys_as_they
     assert {m.target for m in store.list_memberships(world.ada)} == {world.ml, world.batch}
     assert active_projects(store, world.ada) == {world.chat, world.eval, world.batch}
     with pytest.raises(InvalidInput, match="audit status"):
-        store.push_members(world.batch, replace_all=True, audit=row("PUT /scim/v2/Groups", status=999))
+        store.match_memberships({}, targets=[world.batch], audit=row("PUT /scim/v2/Groups", status=999))
     assert {m.user_id for m in store.list_memberships(target=world.batch)} == {world.ada, world.bob}
     assert active_projects(store, world.bob) == {world.chat, world.eval, world.batch}
     assert store.list_audit() == []
 
 
-def test_a_group_push_revokes_the_keys_of_those_who_leave_in_the_same_transaction(store: Store, world: World) -> None:
-    change = store.push_members(
-        world.batch, add=[world.ada], replace_all=True, by="scim", at=at(20), audit=row("PUT /scim/v2/Groups")
+def test_matching_revokes_the_keys_of_those_who_leave_in_the_same_transaction(store: Store, world: World) -> None:
+    role = {m.user_id: m.role for m in store.list_memberships(target=world.batch)}[world.ada]
+    change = store.match_memberships(
+        {(world.ada, world.batch): role}, targets=[world.batch], by="scim", at=at(20), audit=row("PUT /scim/v2/Groups")
     )
-    assert (change.added, change.removed) == ([], [world.bob])
+    assert (change.added, change.removed) == ([], [(world.bob, world.batch)])
     assert [(k.user_id, k.project_id) for k in change.revoked] == [(world.bob, world.batch)]
     assert active_projects(store, world.bob) == {world.chat, world.eval}  # still reached through team ml
     assert active_projects(store, world.ada) == {world.chat, world.eval, world.batch}
     assert len(store.list_audit()) == 1
-    # change_members keeps its own meaning: memberships only, no keys revoked.
-    assert store.change_members(world.batch, remove=[world.ada]) == ([], [world.ada])
-    assert world.batch in active_projects(store, world.ada)
 
 
 def test_keys_changed_since_names_what_was_created_or_revoked_from_then_on(store: Store, world: World) -> None:

@@ -69,17 +69,37 @@ def test_memberships_change_role_in_place_and_leave(store: Store) -> None:
     assert [r.action for r in store.list_audit()] == ["DELETE m", "POST m"]
 
 
-def test_a_group_push_adds_and_removes_members_in_one_go(store: Store) -> None:
+def test_matching_makes_changes_and_takes_out_memberships_within_the_slice_alone(store: Store) -> None:
     ada, bob, cyd = (store.create_user(email=f"{n}@x") for n in "abc")
-    store.set_membership(ada.id, "prj_1", role="manager")
-    added, removed = store.change_members("prj_1", add=[ada.id, bob.id], by="scim")
-    assert (added, removed) == ([bob.id], [])
-    assert {m.user_id: m.role for m in store.list_memberships(target="prj_1")} == {ada.id: "manager", bob.id: "member"}
-    added, removed = store.change_members("prj_1", add=[cyd.id], replace_all=True)
-    assert (added, removed) == ([cyd.id], sorted([ada.id, bob.id]))
-    with pytest.raises(NotFound):
-        store.change_members("prj_1", add=["usr_nobody"], remove=[cyd.id])
-    assert [m.user_id for m in store.list_memberships(target="prj_1")] == [cyd.id]  # the failed push changed nothing
+    store.set_membership(ada.id, "prj_1", role="manager", by="alice")
+    store.set_membership(cyd.id, "prj_2", role="member", by="alice")  # outside the slice: never touched
+    change = store.match_memberships(
+        {(ada.id, "prj_1"): "member", (bob.id, "prj_1"): "member"}, targets=["prj_1"], by="ldap", audit=row("sync")
+    )
+    assert (change.added, change.removed) == (sorted([(ada.id, "prj_1"), (bob.id, "prj_1")]), [])
+    held = {(m.user_id, m.role, m.by) for m in store.list_memberships(target="prj_1")}
+    assert held == {(ada.id, "member", "ldap"), (bob.id, "member", "ldap")}
+    assert store.match_memberships({(bob.id, "prj_1"): "member"}, targets=["prj_1"], audit=row("again")).removed == [
+        (ada.id, "prj_1")
+    ]
+    unchanged = store.match_memberships({(bob.id, "prj_1"): "member"}, targets=["prj_1"], audit=row("nothing"))
+    assert not unchanged.changed
+    assert [r.action for r in store.list_audit()] == ["again", "sync"]  # a match that changed nothing wrote no row
+    with pytest.raises(InvalidInput, match="member, manager"):
+        store.match_memberships({(bob.id, "prj_1"): "owner"}, targets=["prj_1"])
+    assert [m.target for m in store.list_memberships(cyd.id)] == ["prj_2"]
+
+
+def test_matching_for_an_owner_leaves_what_others_made(store: Store) -> None:
+    ada, bob = (store.create_user(email=f"{n}@x") for n in "ab")
+    store.set_membership(ada.id, "prj_1", role="member", by="alice")
+    change = store.match_memberships({(ada.id, "prj_1"): "manager"}, targets=["prj_1"], owner="scim", by="scim")
+    assert not change.changed and store.list_memberships(ada.id)[0].role == "member"  # alice's, so left as it is
+    store.match_memberships({(bob.id, "prj_1"): "manager"}, targets=["prj_1"], owner="scim", by="scim")
+    change = store.match_memberships({}, targets=["prj_1"], owner="scim", by="scim")
+    assert change.removed == [(bob.id, "prj_1")] and [m.user_id for m in store.list_memberships(target="prj_1")] == [
+        ada.id
+    ]
 
 
 def test_secrets_are_kept_by_name_and_their_records_never_hold_the_value(store: Store) -> None:

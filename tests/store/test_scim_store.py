@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from opod.access.group_rules import GroupRules, Place
 from opod.store import Conflict, NotFound, Store, hash_secret
 from opod.store.audit import AuditRow
-from opod.store.scim import SCIM_BY, Grant
+from opod.store.scim import SCIM_BY
 
 
 def _provision(store: Store, user_id: str, user_name: str, email: str, *, create: bool = True, state: str = "active"):
@@ -55,7 +56,7 @@ def test_groups_grant_memberships_and_take_back_only_those_they_made(store: Stor
     for n in ("a", "b"):
         _provision(store, f"usr_{n}", n, f"{n}@example.com")
     store.set_membership("usr_b", team.id, role="member", by="alice")  # an operator's: never touched
-    grants = {"engineering": Grant(team.id, "manager")}
+    grants = GroupRules("auth.scim_groups", grants={"engineering": (Place(team.id, "acme/eng", "manager"),)})
     key = store.create_key(
         kind="api", name="a's", hash=hash_secret("sk-a"), prefix="sk-a", project_id=project.id, user_id="usr_a"
     )
@@ -88,7 +89,10 @@ def test_groups_grant_memberships_and_take_back_only_those_they_made(store: Stor
             grants=grants,
         )
     # The mapping loses the group: what it made is taken back, with the key that reached nowhere else.
-    change = store.sync_scim_grants({})
+    change = store.sync_scim_grants(GroupRules("auth.scim_groups"))
     assert change.removed == [("usr_a", team.id)] and [k.id for k in change.revoked] == [key.id]
     assert {m.user_id for m in store.list_memberships(target=team.id)} == {"usr_b"}
-    assert store.delete_scim_group("grp_1", grants={}).removed == [] and store.scim_group("grp_1") is None
+    assert (
+        store.delete_scim_group("grp_1", grants=GroupRules("auth.scim_groups")).removed == []
+        and store.scim_group("grp_1") is None
+    )

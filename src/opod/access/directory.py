@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, ParamSpec, TypeVar
 
-from opod.access.directory_ldap import DirectoryError, Found, NotThisPerson, authenticate, fold, read_all, try_directory
+from opod.access.directory_ldap import DirectoryError, Found, NotThisPerson, authenticate, read_all, try_directory
+from opod.access.group_rules import GroupRules
 from opod.access.people import DISABLED, People
 from opod.access.scopes import check_scope
 from opod.access.secrets import AuthSecrets
@@ -33,7 +34,7 @@ from opod.settings.holder import SettingsHolder
 from opod.settings.schema import LDAPSettings
 from opod.settings.text import Problem, SettingsInvalid, parse_settings
 from opod.store.audit import SOURCE_LEADER, AuditRow, detail_text
-from opod.store.errors import InvalidInput, NotFound, StoreError
+from opod.store.errors import InvalidInput, StoreError
 from opod.store.offloop import run_sync
 from opod.store.people import UserRecord, new_user_id
 
@@ -49,9 +50,6 @@ EXTERNAL_PREFIX = "ldap:"
 WRONG = "wrong username or password"
 """The one refusal for an unknown person and a wrong password, so neither tells which it was."""
 EMPTY = "send a password: an empty one is never tried against the directory"
-ROLE_ORDER = ("viewer", "billing", "operator", "admin")
-"""A person in several mapped groups gets the last of their roles in this order."""
-MEMBERSHIP_KINDS = ("org", "team", "project")
 ERROR_MAX = 2000
 """Characters of a sync's problems kept in its ``error``."""
 
@@ -97,14 +95,6 @@ class DirectorySync:
             roles_changed=self.roles_changed,
             error=self.error or None,
         )
-
-
-@dataclass(frozen=True, slots=True)
-class _Grant:
-    group: str
-    """The group, folded (:func:`fold`)."""
-    target: str
-    role: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +149,7 @@ class Directory:
                 f"the directory has no {config.email_attribute} for {login}; opod's accounts need an e-mail address"
             )
         try:
-            kept = await self._keep(found, config, self._grants(config)[0], self._accounts(), "LDAP sign-in")
+            kept = await self._keep(found, self._rules(config), self._accounts(), "LDAP sign-in")
         except StoreError as err:
             raise DirectoryRefused(f"{login} cannot sign in: {err}") from None
         if found.disabled:
@@ -193,9 +183,11 @@ class Directory:
         if config is None:
             return LDAPTestView(ok=False, checks=checks)
         if config.memberships:
-            grants, problems = self._grants(config)
-            found = f"{len(grants)} of the places auth.ldap.memberships names are here"
-            checks.append(CheckView(step="mappings", ok=not problems, detail="; ".join(problems) or found))
+            rules = self._rules(config)
+            found = (
+                f"{len(config.memberships) - len(rules.problems)} of the places auth.ldap.memberships names are here"
+            )
+            checks.append(CheckView(step="mappings", ok=not rules.problems, detail="; ".join(rules.problems) or found))
         if not password and config.bind_dn:
             password = await self._secrets.named(config.bind_password)
         try:
@@ -218,7 +210,8 @@ class Directory:
         except DirectoryDown as err:
             return DirectorySync(at=at, error=err.reason)
         self._working(config)
-        grants, problems = self._grants(config)
+        rules = self._rules(config)
+        problems = list(rules.problems)
         listed: dict[str, Found] = {}
         present = {_external(person) for person in found if person.login}
         for person in found:
@@ -237,7 +230,7 @@ class Directory:
         tally = {"accounts": 0, "suspended": 0, "reinstated": 0, "roles_changed": 0}
         for person in listed.values():
             try:
-                kept = await self._keep(person, config, grants, accounts, "LDAP sync")
+                kept = await self._keep(person, rules, accounts, "LDAP sync")
             except StoreError as err:
                 problems.append(f"{person.login}: {err}")
                 continue
@@ -266,9 +259,7 @@ class Directory:
         """The directory's accounts by ``external_id``."""
         return {u.external_id: u for u in self._people.users() if u.external_id.startswith(EXTERNAL_PREFIX)}
 
-    async def _keep(
-        self, person: Found, config: LDAPSettings, grants: list[_Grant], accounts: dict[str, UserRecord], action: str
-    ) -> _Kept:
+    async def _keep(self, person: Found, rules: GroupRules, accounts: dict[str, UserRecord], action: str) -> _Kept:
         """Make or update the account of ``person`` as the directory has them; StoreError when it cannot be."""
         external = _external(person)
         user = accounts.get(external)
@@ -279,7 +270,7 @@ class Directory:
                 )
             user = same  # an account made before the directory was set up: the directory keeps it from now
         state = DISABLED if person.disabled else "active"
-        role = self._role(person, config)
+        role = rules.role(person.groups)
         if user is None:
             new_id = new_user_id()
             detail = {"email": person.email, "login": person.login, "state": state, "role": role or ""}
@@ -310,23 +301,19 @@ class Directory:
                 reinstated="state" in changes and state != DISABLED,
                 role_changed="role" in changes,
             )
-        await self._place(user, person, grants, action)
+        await self._place(user, person, rules, action)
         return kept
 
-    async def _place(self, user: UserRecord, person: Found, grants: list[_Grant], action: str) -> None:
+    async def _place(self, user: UserRecord, person: Found, rules: GroupRules, action: str) -> None:
         """The person's memberships in the mapped places as their groups say; others are left alone."""
-        wanted: dict[str, str] = {}
-        for grant in grants:
-            if grant.group in person.groups and wanted.get(grant.target) != "manager":
-                wanted[grant.target] = grant.role
-        mapped = {g.target for g in grants}
-        held = {m.target: m.role for m in self._people.memberships(user.id) if m.target in mapped}
-        for target, role in wanted.items():
-            if held.get(target) != role:
-                row = _row(action, user.id, {"target": target, "role": role})
-                await self._people.join(user.id, target, role=role, by=ACTOR, audit=row)
-        for target in held.keys() - wanted.keys():
-            await self._people.leave(user.id, target, audit=_row(action, user.id, {"left": target}))
+        if not rules.targets:
+            return
+        wanted = rules.places(person.groups)
+        # A group is in ``groups`` by its DN and by its name: the names are shown, whatever they grant.
+        detail = {"memberships": wanted, "groups": sorted(g for g in person.groups if "=" not in g)}
+        await self._people.match_memberships(
+            user.id, wanted, targets=rules.targets, by=ACTOR, audit=_row(action, user.id, detail)
+        )
 
     # --- the settings and their state ------------------------------------------------------------
 
@@ -370,26 +357,9 @@ class Directory:
             return self._trouble[1]
         return ""
 
-    def _grants(self, config: LDAPSettings) -> tuple[list[_Grant], list[str]]:
-        """The mapped places that exist, and a problem for each that does not."""
-        grants, problems = [], []
-        for index, mapped in enumerate(config.memberships):
-            field = f"auth.ldap.memberships[{index}].target"
-            try:
-                scope = self._tenancy.resolve(mapped.target, kinds=MEMBERSHIP_KINDS, field=field)
-            except (InvalidInput, NotFound) as err:
-                problems.append(f"{err}; group {mapped.group} grants nothing until it does")
-                continue
-            grants.append(_Grant(fold(mapped.group), scope.id, mapped.role))
-        return grants, problems
-
-    @staticmethod
-    def _role(person: Found, config: LDAPSettings) -> str | None:
-        """The role the person's groups give: the highest, ``""`` for none; None when roles are not mapped."""
-        if not config.roles:
-            return None
-        ranks = [ROLE_ORDER.index(role) for group, role in config.roles.items() if fold(group) in person.groups]
-        return ROLE_ORDER[max(ranks)] if ranks else ""
+    def _rules(self, config: LDAPSettings) -> GroupRules:
+        """``auth.ldap``'s roles and memberships, read against the tenancy tree as it is now."""
+        return GroupRules.for_ldap(config, self._tenancy)
 
     def _parse(self, settings_yaml: str) -> tuple[LDAPSettings | None, str]:
         if not settings_yaml.strip():

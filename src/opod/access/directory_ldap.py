@@ -19,6 +19,7 @@ import ldap3
 from ldap3.core.exceptions import LDAPException
 from ldap3.utils.conv import escape_filter_chars
 
+from opod.access.group_rules import fold
 from opod.settings.schema import LDAPSettings
 
 PAGE = 500
@@ -49,11 +50,6 @@ class Found:
     disabled: bool
     groups: frozenset[str]
     """The person's groups, each by its name and by its DN, folded to lower case (as :func:`fold` writes them)."""
-
-
-def fold(name: str) -> str:
-    """A group's name or a DN as mappings are matched: lower case, no blanks around the RDNs."""
-    return ",".join(part.strip() for part in name.lower().split(","))
 
 
 def _values(entry: dict[str, Any], attribute: str) -> list[str]:

@@ -30,6 +30,7 @@ from joserfc import jwt
 from joserfc.errors import BadSignatureError, ClaimError, ExpiredTokenError, JoseError
 from joserfc.jws import extract_compact
 
+from opod.access.group_rules import GroupRules
 from opod.access.members import Memberships
 from opod.access.oidc_provider import ProviderDirectory, ProviderMetadata, ProviderUnusable
 from opod.access.people import DISABLED, People
@@ -51,8 +52,6 @@ COOKIE_MAX_AGE = 600
 SEAL_PURPOSE = "oidc sign-in"
 ACTION = f"GET {CALLBACK_PATH}"
 """How the audit names a change a sign-in made."""
-ROLE_STRENGTH = ("viewer", "billing", "operator", "admin")
-"""The roles groups may give, weakest first: a person in several mapped groups holds the strongest."""
 CLOCK_LEEWAY = 60
 
 
@@ -375,7 +374,8 @@ class OidcSignIn:
         name = claims.get(oidc.name_claim)
         name = name.strip() if isinstance(name, str) else ""
         groups = _groups(claims.get(oidc.groups_claim))
-        role = _role(oidc, groups)
+        rules = GroupRules.for_oidc(oidc, self._members.tenancy)
+        role = rules.role(groups)
         user = self._find(subject, email)
         if user is not None and user.state == DISABLED:
             raise OidcRefused(f"{email}'s account is disabled; ask an operator")
@@ -388,7 +388,7 @@ class OidcSignIn:
                     )
                 user = await self._create(email, name, role or "", subject)
             user = await self._follow(user, email, name, role, subject)
-            await self._place(user, oidc, groups)
+            await self._place(user, rules, groups)
         except StoreError as err:
             raise OidcRefused(f"{email} cannot be signed in: {err}") from None
         return user
@@ -422,29 +422,17 @@ class OidcSignIn:
         with self._draft(email).commit(target=f"user:{user.id}", detail={**changes, "by": "oidc"}) as row:
             return await self._people.update(user.id, last_login_at=now, audit=row, **changes)
 
-    async def _place(self, user: UserRecord, oidc: OidcSettings, groups: list[str]) -> None:
-        """Join the places the person's groups give; leave those the mapping names that their groups no longer give."""
-        if not oidc.group_memberships:
+    async def _place(self, user: UserRecord, rules: GroupRules, groups: list[str]) -> None:
+        """The person's memberships in the places the mapping names, as their groups give them (every group they hold
+        shown in the audit, those the mapping does not name as granting nothing)."""
+        for problem in rules.problems:
+            log.warning("%s; skipped", problem)
+        if not rules.targets:
             return
-        wanted: dict[str, tuple[str, str]] = {}
-        named: dict[str, str] = {}
-        for group, places in oidc.group_memberships.items():
-            for place in places:
-                try:
-                    scope = self._members.tenancy.resolve(place.target, kinds=("org", "team", "project"))
-                except StoreError as err:
-                    log.warning("auth.oidc.group_memberships[%r]: %s; skipped", group, err)
-                    continue
-                named[scope.id] = place.target
-                if group in groups and (scope.id not in wanted or place.role == "manager"):
-                    wanted[scope.id] = (place.target, place.role)
-        held = {m.target: m.role for m in self._people.memberships(user.id)}
-        for target_id, (text, role) in wanted.items():
-            if held.get(target_id) != role:
-                await self._members.join(user.id, text, role, audit=self._draft(user.email))
-        for target_id, text in named.items():
-            if target_id in held and target_id not in wanted:
-                await self._members.leave(user.id, text, audit=self._draft(user.email))
+        wanted = rules.places(groups)
+        detail = {"memberships": {self._members.path(t): r for t, r in wanted.items()}, "groups": rules.shown(groups)}
+        with self._draft(user.email).commit(target=f"user:{user.id}", detail={**detail, "by": "oidc"}) as row:
+            await self._people.match_memberships(user.id, wanted, targets=rules.targets, by=user.email, audit=row)
 
 
 def _groups(value: object) -> list[str]:
@@ -453,14 +441,6 @@ def _groups(value: object) -> list[str]:
     if isinstance(value, list):
         return [g for g in value if isinstance(g, str)]
     return []
-
-
-def _role(oidc: OidcSettings, groups: list[str]) -> str | None:
-    """The role the groups give (the strongest), "" when no group maps to one; None when roles are not mapped."""
-    if not oidc.group_roles:
-        return None
-    given = [oidc.group_roles[g] for g in groups if g in oidc.group_roles]
-    return max(given, key=ROLE_STRENGTH.index) if given else ""
 
 
 __all__ = [

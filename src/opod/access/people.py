@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -21,22 +20,12 @@ from opod.store import Store
 from opod.store.audit import AuditRow
 from opod.store.following import FOLLOW_EVERY, follow_store
 from opod.store.offloop import run_sync
-from opod.store.people import MembershipRecord, UserRecord
-from opod.store.scim import Grant, GrantsChanged, ScimGroupRecord, ScimUserRecord
+from opod.store.people import MembershipRecord, MembershipsMatched, Pair, UserRecord, membership_plan
+from opod.store.scim import GroupGrants, ScimGroupRecord, ScimUserRecord
 
 log = logging.getLogger("opod.access")
 
 DISABLED = "disabled"
-
-
-@dataclass(frozen=True, slots=True)
-class MemberChange:
-    """What a group push did: who arrived in the target and who left it."""
-
-    added: list[str]
-    removed: list[str]
-    revoked: tuple[str, ...] = ()
-    """Ids of the keys revoked because those who left no longer reach their projects."""
 
 
 class People:
@@ -183,35 +172,28 @@ class People:
         self._access.revoked_in_store(change.revoked)
         return bool(change.removed)
 
-    async def change_members(
+    async def match_memberships(
         self,
-        target: str,
+        user_id: str,
+        wanted: Mapping[str, str],
         *,
-        add: Collection[str] = (),
-        remove: Collection[str] = (),
-        replace_all: bool = False,
-        by: str = "",
+        targets: Collection[str],
+        by: str,
         audit: AuditRow | None = None,
-    ) -> MemberChange:
-        """A group push, in one transaction: ``add`` become members (a manager stays one), ``remove`` leave;
-        with ``replace_all`` everyone not in ``add`` leaves. The keys of those who leave are revoked, in the same
-        transaction, in the projects they no longer reach."""
+    ) -> MembershipsMatched:
+        """The person's memberships in ``targets`` (the places a provider's groups decide) made ``wanted``
+        (target → role), those not wanted taken out with the keys that reach nowhere else, in one transaction with
+        ``audit``; nothing is written (no row either) when they are so already."""
+        pairs: dict[Pair, str] = {(user_id, target): role for target, role in wanted.items()}
+        held = [m for m in self.memberships(user_id) if m.target in targets or m.target in wanted]
+        setting, removing = membership_plan(held, pairs, owner=None)
+        if not setting and not removing:
+            return MembershipsMatched()
         change = await run_sync(
-            self._store.push_members,
-            target,
-            add=list(add),
-            remove=list(remove),
-            replace_all=replace_all,
-            by=by,
-            audit=audit,
+            self._store.match_memberships, pairs, targets=targets, users=[user_id], by=by, audit=audit
         )
-        self._changes += 1
-        self._access.revoked_in_store(change.revoked)
-        for membership in await run_sync(self._store.list_memberships, None, target):
-            self._memberships.setdefault(membership.user_id, {})[target] = membership
-        for user_id in change.removed:
-            self._memberships.get(user_id, {}).pop(target, None)
-        return MemberChange(change.added, change.removed, tuple(k.id for k in change.revoked))
+        await self._granted(change)
+        return change
 
     # --- SCIM provisioning: people with their resource, groups and the memberships they grant ----
 
@@ -248,8 +230,8 @@ class People:
         return person, kept
 
     async def unprovision(
-        self, user_id: str, *, grants: Mapping[str, Grant], audit: AuditRow | None = None
-    ) -> GrantsChanged:
+        self, user_id: str, *, grants: GroupGrants, audit: AuditRow | None = None
+    ) -> MembershipsMatched:
         """SCIM's DELETE: the person disabled and out of every group, with what the groups granted them taken back."""
         person, change = await run_sync(self._store.unprovision_user, user_id, grants=grants, audit=audit)
         self._put(person)
@@ -266,9 +248,9 @@ class People:
         document: Mapping[str, Any],
         members: Mapping[str, str],
         create: bool,
-        grants: Mapping[str, Grant],
+        grants: GroupGrants,
         audit: AuditRow | None = None,
-    ) -> tuple[ScimGroupRecord, GrantsChanged]:
+    ) -> tuple[ScimGroupRecord, MembershipsMatched]:
         """Create or replace a SCIM group whole; the memberships it grants follow in the same transaction."""
         group, change = await run_sync(
             self._store.put_scim_group,
@@ -285,20 +267,20 @@ class People:
         return group, change
 
     async def delete_group(
-        self, group_id: str, *, grants: Mapping[str, Grant], audit: AuditRow | None = None
-    ) -> GrantsChanged:
+        self, group_id: str, *, grants: GroupGrants, audit: AuditRow | None = None
+    ) -> MembershipsMatched:
         change = await run_sync(self._store.delete_scim_group, group_id, grants=grants, audit=audit)
         await self._granted(change)
         return change
 
-    async def sync_grants(self, grants: Mapping[str, Grant], *, audit: AuditRow | None = None) -> GrantsChanged:
+    async def sync_grants(self, grants: GroupGrants, *, audit: AuditRow | None = None) -> MembershipsMatched:
         """Every membership SCIM groups grant brought in line with ``grants`` (after the settings' mapping changed)."""
         change = await run_sync(self._store.sync_scim_grants, grants, audit=audit)
         await self._granted(change)
         return change
 
-    async def _granted(self, change: GrantsChanged) -> None:
-        """Memory after a change of what groups grant: the targets' memberships read again, the lost keys refused."""
+    async def _granted(self, change: MembershipsMatched) -> None:
+        """Memory after memberships were matched: the targets' memberships read again, the lost keys refused."""
         self._changes += 1
         self._access.revoked_in_store(change.revoked)
         for target in change.targets:
@@ -350,4 +332,4 @@ class People:
             self._access.reinstate_user(user.id)
 
 
-__all__ = ["FOLLOW_EVERY", "MemberChange", "People"]
+__all__ = ["FOLLOW_EVERY", "People"]

@@ -4,8 +4,9 @@ A User's ``userName`` is any text; the person's email comes from ``emails`` (the
 What the provider sent is kept whole and read back as sent, with opod's own ``id``, ``active``,
 ``groups`` and ``meta`` over it. A Group is the provider's own, by any name; the mapping
 ``auth.scim_groups`` of the cluster settings decides which organization, team or project its
-members join (:func:`grants`), and a group it does not name is kept and grants nothing: its audit
-rows say so, and a warning names it in the leader's log. A membership a group granted is taken
+members join (read by :meth:`opod.access.group_rules.GroupRules.for_scim`, the rule OIDC and LDAP
+follow too), and a group it does not name is kept and grants nothing: its audit rows say so, and a
+warning names it in the leader's log. A membership a group granted is taken
 back when the person leaves the group, the group is deleted, renamed out of the mapping, or the
 mapping changes; one an operator made is never touched.
 """
@@ -19,6 +20,7 @@ from scim2_models import Context, EnterpriseUser, Group, PatchOp, User
 from starlette.requests import Request
 from starlette.responses import Response
 
+from opod.access.group_rules import GroupRules
 from opod.access.people import People
 from opod.access.tenancy import Tenancy
 from opod.control.scim_wire import (
@@ -33,42 +35,20 @@ from opod.control.scim_wire import (
 from opod.settings.holder import SettingsHolder
 from opod.store import Store
 from opod.store.audit import AuditDraft
-from opod.store.errors import InvalidInput, NotFound
+from opod.store.errors import NotFound
 from opod.store.offloop import run_sync
-from opod.store.people import UserRecord, new_user_id
-from opod.store.scim import Grant, GrantsChanged, ScimGroupRecord, ScimUserRecord, new_group_id
+from opod.store.people import MembershipsMatched, UserRecord, new_user_id
+from opod.store.scim import ScimGroupRecord, ScimUserRecord, new_group_id
 
 log = logging.getLogger("opod.scim")
 
 ScimUser = User[EnterpriseUser]
 """A User as providers send it, the enterprise extension (department, manager, ...) included."""
 
-_KINDS = {1: "org", 2: "team", 3: "project"}
 
-
-def grants(settings: SettingsHolder, tenancy: Tenancy) -> dict[str, Grant]:
-    """``auth.scim_groups`` resolved: each group name (folded) whose path names an org, team or project, to its grant."""
-    found: dict[str, Grant] = {}
-    for name, grant in settings.current.auth.scim_groups.items():
-        kind = _KINDS[len(grant.target.split("/"))]
-        try:
-            target = tenancy.resolve(f"{kind}:{grant.target}", kinds=(kind,)).id
-        except (NotFound, InvalidInput):
-            continue
-        found[name.strip().lower()] = Grant(target, grant.role)
-    return found
-
-
-def granted(settings: SettingsHolder, tenancy: Tenancy, name: str) -> str:
-    """What a group of this name grants, in words, for its audit rows and the log."""
-    mapping = {n.strip().lower(): g for n, g in settings.current.auth.scim_groups.items()}
-    grant = mapping.get(name.strip().lower())
-    if grant is None:
-        return "nothing: auth.scim_groups does not name it"
-    if name.strip().lower() not in grants(settings, tenancy):
-        kind = _KINDS[len(grant.target.split("/"))]
-        return f"nothing yet: auth.scim_groups maps it to {grant.target}, which names no {kind}"
-    return f"{grant.role} of {grant.target}"
+def grants(settings: SettingsHolder, tenancy: Tenancy) -> GroupRules:
+    """``auth.scim_groups`` as it is in force, read into the one rule of what groups grant."""
+    return GroupRules.for_scim(settings.current.auth.scim_groups, tenancy)
 
 
 class Directory:
@@ -199,7 +179,7 @@ class Directory:
 
     async def _write(
         self, draft: AuditDraft, group_id: str, given: Group, *, create: bool
-    ) -> tuple[ScimGroupRecord, GrantsChanged]:
+    ) -> tuple[ScimGroupRecord, MembershipsMatched]:
         name = (given.display_name or "").strip()
         if not name:
             raise ScimError(400, "displayName: a Group needs one (the name the provider knows it by)", "invalidValue")
@@ -212,7 +192,8 @@ class Directory:
                     "invalidValue",
                 )
             members[member.value] = member.display or ""
-        grant = granted(self.settings, self.tenancy, name)
+        rules = grants(self.settings, self.tenancy)
+        grant = rules.granted(name)
         if grant.startswith("nothing"):
             log.warning("SCIM group %r (%s) grants %s", name, group_id, grant)
         detail = {"displayName": name, "members": len(members), "grants": grant}
@@ -225,7 +206,7 @@ class Directory:
                     document=_document(given),
                     members=members,
                     create=create,
-                    grants=grants(self.settings, self.tenancy),
+                    grants=rules,
                     audit=row,
                 )
             except NotFound as err:  # a member SCIM did not provision: the provider's mistake, not a missing group

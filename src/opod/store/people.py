@@ -2,14 +2,16 @@
 
 People arrive through SCIM provisioning (and, later, sign-in); the management API changes their
 memberships. Every change takes ``audit``, written in the same transaction as the change; taking
-people out of a place (:meth:`PeopleRepo.leave`, :meth:`PeopleRepo.push_members`) revokes their keys
-in the projects they no longer reach in that transaction too.
+people out of a place (:meth:`PeopleRepo.leave`, :func:`match_in`) revokes their keys in the projects
+they no longer reach in that transaction too. :func:`match_in` is the one step that brings a slice of
+the memberships in line with what is wanted there: a provider's groups at sign-in (OIDC, LDAP) and
+SCIM's groups alike.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -71,6 +73,29 @@ class MembersChanged:
     """The people who left."""
     revoked: list[KeyRecord]
     """The keys of those who left, in projects no membership of theirs reaches any more: revoked with the change."""
+
+
+@dataclass(frozen=True, slots=True)
+class MembershipsMatched:
+    """What one :func:`match_in` changed: memberships made or given another role, those taken out, and the keys
+    revoked with them."""
+
+    added: list[tuple[str, str]] = field(default_factory=list)
+    """(user id, target id) pairs made, or whose role changed."""
+    removed: list[tuple[str, str]] = field(default_factory=list)
+    revoked: list[KeyRecord] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.added or self.removed)
+
+    @property
+    def targets(self) -> list[str]:
+        return sorted({t for _, t in self.added + self.removed})
+
+
+Pair = tuple[str, str]
+"""(user id, target id): one membership."""
 
 
 def new_user_id() -> str:
@@ -243,7 +268,7 @@ class PeopleRepo(Repository):
             by=text_arg(by, "by", empty=True),
         )
         with self._write() as conn:
-            self._put_membership(conn, record, keep_role=False)
+            self._put_membership(conn, record)
             if audit is not None:
                 insert_audit(conn, audit)
         return record
@@ -275,56 +300,26 @@ class PeopleRepo(Repository):
                 insert_audit(conn, audit)
         return MembersChanged([], [user_id], revoked)
 
-    def change_members(
+    def match_memberships(
         self,
-        target: str,
+        wanted: Mapping[Pair, str],
         *,
-        add: Collection[str] = (),
-        remove: Collection[str] = (),
-        replace_all: bool = False,
+        targets: Collection[str],
+        users: Collection[str] | None = None,
+        owner: str | None = None,
         by: str = "",
         at: datetime | None = None,
         audit: AuditRow | None = None,
-    ) -> tuple[list[str], list[str]]:
-        """A group push: ``add`` people to ``target`` as members (a manager stays one), take ``remove`` out;
-        with ``replace_all`` everyone not in ``add`` leaves. One transaction; returns (added, removed) user ids."""
-        change = self.push_members(
-            target, add=add, remove=remove, replace_all=replace_all, by=by, at=at, audit=audit, revoke_unreachable=False
-        )
-        return change.added, change.removed
-
-    def push_members(
-        self,
-        target: str,
-        *,
-        add: Collection[str] = (),
-        remove: Collection[str] = (),
-        replace_all: bool = False,
-        by: str = "",
-        at: datetime | None = None,
-        audit: AuditRow | None = None,
-        revoke_unreachable: bool = True,
-    ) -> MembersChanged:
-        """:meth:`change_members`, and (``revoke_unreachable``) the keys of those who leave revoked in the projects they
-        no longer reach: the memberships, the keys and ``audit`` in one transaction."""
-        stamp, who = when(at, "at"), text_arg(by, "by", empty=True)
-        target = text_arg(target, "target")
+    ) -> MembershipsMatched:
+        """:func:`match_in` in a transaction of its own, ``audit`` written with it when it changed something."""
+        stamp = when(at, "at")
         with self._write() as conn:
-            present = set(conn.execute(select(memberships.c.user_id).where(memberships.c.target == target)).scalars())
-            leaving = (present - set(add)) if replace_all else (present & set(remove)) - set(add)
-            arriving = [u for u in dict.fromkeys(add) if u not in present]
-            for user_id in arriving:
-                self._put_membership(conn, MembershipRecord(user_id, target, "member", stamp, who), keep_role=True)
-            if leaving:
-                conn.execute(
-                    delete(memberships).where(
-                        memberships.c.target == target, memberships.c.user_id.in_(sorted(leaving))
-                    )
-                )
-            revoked = _revoke_unreachable(conn, sorted(leaving), stamp) if revoke_unreachable and leaving else []
-            if audit is not None:
+            change = match_in(
+                conn, wanted, targets=targets, users=users, owner=owner, by=text_arg(by, "by", empty=True), stamp=stamp
+            )
+            if audit is not None and change.changed:
                 insert_audit(conn, audit)
-        return MembersChanged(arriving, sorted(leaving), revoked)
+        return change
 
     def list_memberships(self, user_id: str | None = None, target: str | None = None) -> list[MembershipRecord]:
         query = select(memberships).order_by(memberships.c.at, memberships.c.user_id, memberships.c.target)
@@ -335,14 +330,66 @@ class PeopleRepo(Repository):
         with self._read() as conn:
             return [_membership(r) for r in conn.execute(query)]
 
-    def _put_membership(self, conn: Connection, record: MembershipRecord, *, keep_role: bool) -> None:
+    def _put_membership(self, conn: Connection, record: MembershipRecord) -> None:
         if conn.execute(select(users.c.id).where(users.c.id == record.user_id)).first() is None:
             raise NotFound(f"no person {record.user_id!r}; GET /api/v1/users lists them")
         values = asdict(record)
-        update_set = (
-            {"at": record.at, "by": record.by} if keep_role else {"role": record.role, "at": record.at, "by": record.by}
-        )
+        update_set = {"role": record.role, "at": record.at, "by": record.by}
         conn.execute(self._upsert(memberships, values, on=["user_id", "target"], update=update_set))
+
+
+def membership_plan(
+    held: Iterable[MembershipRecord], wanted: Mapping[Pair, str], *, owner: str | None
+) -> tuple[dict[Pair, str], list[Pair]]:
+    """What matching ``wanted`` (pair → role) changes among ``held``, the memberships of the slice it decides:
+    (the pairs to make or give another role, the pairs to take out). With ``owner``, a membership someone else made
+    (its ``by``) is neither changed nor taken out."""
+    present = {(m.user_id, m.target): m for m in held}
+    ours = {pair for pair, m in present.items() if owner is None or m.by == owner}
+    setting = {
+        pair: role
+        for pair, role in wanted.items()
+        if pair not in present or (pair in ours and present[pair].role != role)
+    }
+    return setting, sorted(ours - wanted.keys())
+
+
+def match_in(
+    conn: Connection,
+    wanted: Mapping[Pair, str],
+    *,
+    targets: Collection[str],
+    users: Collection[str] | None,
+    owner: str | None,
+    by: str,
+    stamp: datetime,
+) -> MembershipsMatched:
+    """On ``conn``: the memberships in ``targets`` (of ``users`` when given) brought in line with ``wanted``
+    (pair → member or manager): missing ones made ``by``, roles changed, the others taken out, and the keys of those
+    who left revoked in the projects they no longer reach (:func:`membership_plan` says which; with ``owner`` only
+    the memberships ``owner`` made are changed or taken out). ``wanted``'s own pairs are always in the slice."""
+    for role in set(wanted.values()):
+        _one_of(role, MEMBER_ROLES, "role")
+    places = set(targets) | {t for _, t in wanted}
+    query = select(memberships).where(memberships.c.target.in_(sorted(places)))
+    if users is not None:
+        query = query.where(memberships.c.user_id.in_(sorted(set(users) | {u for u, _ in wanted})))
+    held = [_membership(r) for r in conn.execute(query)]
+    setting, removing = membership_plan(held, wanted, owner=owner)
+    present = {(m.user_id, m.target) for m in held}
+    for (user_id, target), role in sorted(setting.items()):
+        if (user_id, target) in present:
+            conn.execute(
+                update(memberships)
+                .where(memberships.c.user_id == user_id, memberships.c.target == target)
+                .values(role=role, at=stamp, by=by)
+            )
+        else:
+            conn.execute(memberships.insert().values(user_id=user_id, target=target, role=role, at=stamp, by=by))
+    for user_id, target in removing:
+        conn.execute(delete(memberships).where(memberships.c.user_id == user_id, memberships.c.target == target))
+    revoked = _revoke_unreachable(conn, sorted({u for u, _ in removing}), stamp) if removing else []
+    return MembershipsMatched(sorted(setting), removing, revoked)
 
 
 def _revoke_unreachable(conn: Connection, user_ids: Sequence[str], stamp: datetime) -> list[KeyRecord]:
@@ -382,4 +429,14 @@ def _revoke_unreachable(conn: Connection, user_ids: Sequence[str], stamp: dateti
     return revoked
 
 
-__all__ = ["MembersChanged", "MembershipRecord", "PeopleRepo", "UserRecord", "new_user_id"]
+__all__ = [
+    "MembersChanged",
+    "MembershipRecord",
+    "MembershipsMatched",
+    "Pair",
+    "PeopleRepo",
+    "UserRecord",
+    "match_in",
+    "membership_plan",
+    "new_user_id",
+]

@@ -3,19 +3,20 @@
 A provisioned person is a row of ``users`` (their email, name, state) and one of ``scim_users``: the
 ``userName`` the provider gave (any text, unique in any case) and the resource as it was last written,
 so what the provider reads back is what it wrote. A group is the provider's own (any name, unique in
-any case), with its members. The memberships a group grants (a mapping the cluster settings hold,
-resolved by the caller into :class:`Grant`) are made and taken back here, in the transaction that
-changes the group: a membership SCIM made is ``by`` :data:`SCIM_BY`; one an operator made is never
-touched. Every change takes ``audit``, written in the same transaction.
+any case), with its members. The memberships a group grants (the rule of
+:class:`opod.access.group_rules.GroupRules`, handed down as :class:`GroupGrants`) are made and taken
+back here, in the transaction that changes the group, by the one step :func:`opod.store.people.match_in`:
+a membership SCIM made is ``by`` :data:`SCIM_BY`; one an operator made is never touched. Every change
+takes ``audit``, written in the same transaction.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import BigInteger, Column, Connection, ForeignKey, Row, Table, Text, UniqueConstraint, delete, select
 from sqlalchemy import update as sql_update
@@ -25,9 +26,8 @@ from opod.security.keys import new_secret
 from opod.store.audit import AuditRow, insert_audit
 from opod.store.base import Repository, text_arg, when
 from opod.store.errors import Conflict, InvalidInput, NotFound
-from opod.store.keys import KeyRecord
-from opod.store.people import UserRecord, _revoke_unreachable
-from opod.store.schema import MEMBER_ROLES, USER_STATES, UTCDateTime, memberships, metadata, users
+from opod.store.people import MembershipsMatched, UserRecord, match_in
+from opod.store.schema import USER_STATES, UTCDateTime, memberships, metadata, users
 
 SCIM_BY = "scim"
 """The ``by`` of a membership a SCIM group granted: the only ones a group change takes back."""
@@ -91,26 +91,18 @@ class ScimGroupRecord:
     updated_at: datetime
 
 
-@dataclass(frozen=True, slots=True)
-class Grant:
-    """What a group's members get: a membership of ``role`` in ``target`` (an org, team or project id)."""
-
-    target: str
-    role: str = "member"
-
-
-@dataclass(frozen=True, slots=True)
-class GrantsChanged:
-    """The memberships one change made and took back, and the keys revoked with those taken back."""
-
-    added: list[tuple[str, str]] = field(default_factory=list)
-    """(user id, target id) pairs."""
-    removed: list[tuple[str, str]] = field(default_factory=list)
-    revoked: list[KeyRecord] = field(default_factory=list)
+class GroupGrants(Protocol):
+    """What groups grant, by their names: the rule the caller holds (``auth.scim_groups`` read), applied here in the
+    transaction that changes the groups."""
 
     @property
-    def targets(self) -> list[str]:
-        return sorted({t for _, t in self.added + self.removed})
+    def targets(self) -> frozenset[str]:
+        """Every org, team or project id the groups grant."""
+        ...
+
+    def places(self, groups: Iterable[str]) -> dict[str, str]:
+        """Target id → role that membership of ``groups`` (by display name) grants."""
+        ...
 
 
 def new_group_id() -> str:
@@ -243,10 +235,10 @@ class ScimRepo(Repository):
         self,
         user_id: str,
         *,
-        grants: Mapping[str, Grant],
+        grants: GroupGrants,
         at: datetime | None = None,
         audit: AuditRow | None = None,
-    ) -> tuple[UserRecord, GrantsChanged]:
+    ) -> tuple[UserRecord, MembershipsMatched]:
         """SCIM's DELETE: the person is disabled (their record kept for the audit), leaves SCIM's view and every group,
         and loses what those groups granted, with the keys that reached nowhere else."""
         stamp = when(at, "updated_at")
@@ -257,7 +249,7 @@ class ScimRepo(Repository):
             conn.execute(sql_update(users).where(users.c.id == user_id).values(state="disabled"))
             names = _group_names(conn, user_id)
             conn.execute(delete(scim_group_members).where(scim_group_members.c.user_id == user_id))
-            change = _sync(conn, grants, {grants[n].target for n in names if n in grants}, stamp)
+            change = _sync(conn, grants, grants.places(names).keys(), stamp)
             if audit is not None:
                 insert_audit(conn, audit)
             return _person(conn, user_id), change
@@ -296,10 +288,10 @@ class ScimRepo(Repository):
         document: Mapping[str, Any],
         members: Mapping[str, str],
         create: bool,
-        grants: Mapping[str, Grant],
+        grants: GroupGrants,
         at: datetime | None = None,
         audit: AuditRow | None = None,
-    ) -> tuple[ScimGroupRecord, GrantsChanged]:
+    ) -> tuple[ScimGroupRecord, MembershipsMatched]:
         """Create or replace a group whole (its name, ``members`` as user id → display, its resource), and in the same transaction make and take
         back what it grants under its old and its new name. Conflict for a name another group has; NotFound for a
         member SCIM did not provision."""
@@ -359,8 +351,8 @@ class ScimRepo(Repository):
                             .where(scim_group_members.c.group_id == group_id, scim_group_members.c.user_id == user_id)
                             .values(display=members[user_id])
                         )
-                names = {_folded(display_name)} | ({row.display_name_folded} if row is not None else set())
-                change = _sync(conn, grants, {grants[n].target for n in names if n in grants}, stamp)
+                names = [display_name] + ([row.display_name] if row is not None else [])
+                change = _sync(conn, grants, {t for n in names for t in grants.places([n])}, stamp)
                 if audit is not None:
                     insert_audit(conn, audit)
                 saved = conn.execute(select(scim_groups).where(scim_groups.c.id == group_id)).one()
@@ -372,10 +364,10 @@ class ScimRepo(Repository):
         self,
         group_id: str,
         *,
-        grants: Mapping[str, Grant],
+        grants: GroupGrants,
         at: datetime | None = None,
         audit: AuditRow | None = None,
-    ) -> GrantsChanged:
+    ) -> MembershipsMatched:
         """Delete a group, and take back what it granted, with the keys that reached nowhere else."""
         stamp = when(at, "updated_at")
         with self._write() as conn:
@@ -384,21 +376,20 @@ class ScimRepo(Repository):
                 raise NotFound(f"no Group {group_id!r}; GET /scim/v2/Groups lists them")
             conn.execute(delete(scim_group_members).where(scim_group_members.c.group_id == group_id))
             conn.execute(delete(scim_groups).where(scim_groups.c.id == group_id))
-            granted = grants.get(row.display_name_folded)
-            change = _sync(conn, grants, {granted.target} if granted else set(), stamp)
+            change = _sync(conn, grants, grants.places([row.display_name]).keys(), stamp)
             if audit is not None:
                 insert_audit(conn, audit)
         return change
 
     def sync_scim_grants(
-        self, grants: Mapping[str, Grant], *, at: datetime | None = None, audit: AuditRow | None = None
-    ) -> GrantsChanged:
+        self, grants: GroupGrants, *, at: datetime | None = None, audit: AuditRow | None = None
+    ) -> MembershipsMatched:
         """Bring every membership SCIM grants in line with ``grants`` (after the mapping changed): the targets it names
         and those holding a membership SCIM made. ``audit`` is written only when something changed."""
         stamp = when(at, "at")
         with self._write() as conn:
             made = set(conn.execute(select(memberships.c.target).where(memberships.c.by == SCIM_BY)).scalars())
-            change = _sync(conn, grants, made | {g.target for g in grants.values()}, stamp)
+            change = _sync(conn, grants, made | grants.targets, stamp)
             if audit is not None and (change.added or change.removed):
                 insert_audit(conn, audit)
         return change
@@ -416,68 +407,41 @@ def _members(conn: Connection, group_id: str | None) -> dict[str, list[tuple[str
     return held
 
 
-def _group_names(conn: Connection, user_id: str) -> set[str]:
+def _group_names(conn: Connection, user_id: str) -> list[str]:
     query = (
-        select(scim_groups.c.display_name_folded)
+        select(scim_groups.c.display_name)
         .join(scim_group_members, scim_group_members.c.group_id == scim_groups.c.id)
         .where(scim_group_members.c.user_id == user_id)
     )
-    return set(conn.execute(query).scalars())
+    return list(conn.execute(query).scalars())
 
 
-def _sync(conn: Connection, grants: Mapping[str, Grant], targets: Collection[str], stamp: datetime) -> GrantsChanged:
-    """On ``conn``: in each of ``targets``, the members of the groups granting it get their membership (a manager
-    where any of those groups grants one); a membership SCIM made that no group grants any more is taken back, and
-    the keys of those who left are revoked in the projects they no longer reach."""
-    change = GrantsChanged()
-    for target in sorted(targets):
-        names = [name for name, grant in grants.items() if grant.target == target]
-        wanted: dict[str, str] = {}
-        if names:
-            rows = conn.execute(
-                select(scim_group_members.c.user_id, scim_groups.c.display_name_folded)
-                .join(scim_groups, scim_groups.c.id == scim_group_members.c.group_id)
-                .where(scim_groups.c.display_name_folded.in_(names))
-            )
-            for user_id, name in rows:
-                role = grants[name].role if grants[name].role in MEMBER_ROLES else "member"
-                wanted[user_id] = "manager" if "manager" in (role, wanted.get(user_id)) else "member"
-        held = {
-            row.user_id: row
-            for row in conn.execute(
-                select(memberships.c.user_id, memberships.c.role, memberships.c.by).where(
-                    memberships.c.target == target
-                )
-            )
-        }
-        for user_id, role in wanted.items():
-            if user_id not in held:
-                conn.execute(
-                    memberships.insert().values(user_id=user_id, target=target, role=role, at=stamp, by=SCIM_BY)
-                )
-                change.added.append((user_id, target))
-            elif held[user_id].by == SCIM_BY and held[user_id].role != role:
-                conn.execute(
-                    sql_update(memberships)
-                    .where(memberships.c.user_id == user_id, memberships.c.target == target)
-                    .values(role=role, at=stamp)
-                )
-                change.added.append((user_id, target))
-        leaving = sorted(u for u, row in held.items() if row.by == SCIM_BY and u not in wanted)
-        if leaving:
-            conn.execute(delete(memberships).where(memberships.c.target == target, memberships.c.user_id.in_(leaving)))
-            change.removed.extend((u, target) for u in leaving)
-    gone = sorted({u for u, _ in change.removed})
-    if gone:
-        change.revoked.extend(_revoke_unreachable(conn, gone, stamp))
-    return change
+def _sync(conn: Connection, grants: GroupGrants, targets: Collection[str], stamp: datetime) -> MembershipsMatched:
+    """On ``conn``: in each of ``targets``, the memberships SCIM made brought in line with what each member's groups
+    grant there (:func:`match_in`, owner :data:`SCIM_BY`)."""
+    if not targets:
+        return MembershipsMatched()
+    groups_of: dict[str, list[str]] = {}
+    rows = conn.execute(
+        select(scim_group_members.c.user_id, scim_groups.c.display_name).join(
+            scim_groups, scim_groups.c.id == scim_group_members.c.group_id
+        )
+    )
+    for user_id, name in rows:
+        groups_of.setdefault(user_id, []).append(name)
+    wanted = {
+        (user_id, target): role
+        for user_id, names in groups_of.items()
+        for target, role in grants.places(names).items()
+        if target in targets
+    }
+    return match_in(conn, wanted, targets=targets, users=None, owner=SCIM_BY, by=SCIM_BY, stamp=stamp)
 
 
 __all__ = [
     "GROUP_PREFIX",
     "SCIM_BY",
-    "Grant",
-    "GrantsChanged",
+    "GroupGrants",
     "ScimGroupRecord",
     "ScimRepo",
     "ScimUserRecord",
