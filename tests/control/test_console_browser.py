@@ -8,21 +8,18 @@ installs both.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.chromium import ARGS, CHROMIUM
-from tests.support.console import ConsoleSite, FixedViewer, person, stored_nodes
+from tests.support.console import ConsoleSite, stored_nodes
 from tests.support.inprocess import InProcessLeader
+from tests.support.site import FixedViewer, browser_fixture, needs_chromium, person, shots
 
 PAGES = ("", "/nodes", "/models", "/keys", "/usage", "/audit", "/settings")
 
-sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright's Python package is not installed")
-if not CHROMIUM.is_file():
-    pytest.skip(f"Chromium is not installed at {CHROMIUM} (apt-get install chromium)", allow_module_level=True)
+needs_chromium()
 
 
 @pytest.fixture(scope="module")
@@ -43,18 +40,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ConsoleSite
     leader.stop()
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    with sync_api.sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-        yield launched
-        launched.close()
-
-
-def shots(tmp_path: Path) -> Path:
-    folder = Path(os.environ.get("OPOD_CONSOLE_SCREENSHOTS") or tmp_path / "screenshots")
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
+browser = browser_fixture()
 
 
 def test_pages_load_page_and_drain_in_chromium(site: tuple[ConsoleSite, str], browser, tmp_path: Path) -> None:

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from opod.control.console.kit import FRAGMENT_HEADER
-from tests.support.console import ConsoleSite, FixedViewer, person, stored_nodes
+from tests.support.console import ConsoleSite, stored_nodes
 from tests.support.inprocess import InProcessLeader
+from tests.support.site import FixedViewer, person
 
 EVIL = "<script>alert(1)</script>"
 

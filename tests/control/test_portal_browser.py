@@ -9,21 +9,17 @@ installs both.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.chromium import ARGS, CHROMIUM
-from tests.support.console import FixedViewer
 from tests.support.portal import CHAT, PortalSite, World, build_world
+from tests.support.site import FixedViewer, browser_fixture, needs_chromium, shots
 
 PAGES = ("", "/keys", "/usage")
 
-sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright's Python package is not installed")
-if not CHROMIUM.is_file():
-    pytest.skip(f"Chromium is not installed at {CHROMIUM} (apt-get install chromium)", allow_module_level=True)
+needs_chromium()
 
 
 @pytest.fixture(scope="module")
@@ -37,18 +33,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[World, Port
         world.stop()
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    with sync_api.sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-        yield launched
-        launched.close()
-
-
-def shots(tmp_path: Path) -> Path:
-    folder = Path(os.environ.get("OPOD_CONSOLE_SCREENSHOTS") or tmp_path / "screenshots")
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
+browser = browser_fixture()
 
 
 def test_a_member_makes_a_key_and_gets_a_streamed_answer_in_the_playground(

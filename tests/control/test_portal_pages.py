@@ -19,8 +19,8 @@ import httpx
 import pytest
 
 from opod.control.console.kit import FRAGMENT_HEADER
-from tests.support.console import FixedViewer
 from tests.support.portal import CHAT, EMBED, KEPT, PortalSite, World, build_world
+from tests.support.site import FixedViewer
 
 
 @pytest.fixture(scope="module")

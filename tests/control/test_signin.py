@@ -138,7 +138,8 @@ def test_the_sign_in_page_signs_in_with_a_form_and_signs_out_with_its_csrf_token
         bad = web.post("/signin", data={"username": "dan@example.com", "password": "wrong password"})
         assert bad.status_code == 401 and WRONG["error"] in bad.text and 'value="dan@example.com"' in bad.text
         done = web.post("/signin", data={"username": "dan@example.com", "password": PASSWORD, "next": "/signin"})
-        assert done.status_code == 303 and done.headers["location"] == "/signin"
+        # The sign-in page itself is no page to land on: the public listener's home, the portal, is.
+        assert done.status_code == 303 and done.headers["location"] == "/portal"
         page = web.get("/signin").text
         assert "signed in as dan@example.com" in page
         token = page.split('name="csrf_token" value="')[1].split('"')[0]

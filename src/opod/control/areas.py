@@ -73,7 +73,7 @@ def admin_areas(ctx: ControlContext) -> list[APIRouter]:
 
 def admin_pages(ctx: ControlContext) -> list[Route]:
     """The web's pages on the admin listener, beside ``/api``: sign-in (operators)."""
-    return signin.routes(ctx.signin, ctx.people, ctx.store)
+    return signin.routes(ctx.signin, ctx.people, ctx.store, home=signin.console_home)
 
 
 def public_areas(ctx: ControlContext, pages: PageAuth) -> list[BaseRoute]:
@@ -82,6 +82,6 @@ def public_areas(ctx: ControlContext, pages: PageAuth) -> list[BaseRoute]:
     (``/portal``), whose visitors ``pages`` says."""
     return [
         *scim.routes(ctx.people, ctx.tenancy, ctx.secrets, ctx.store, ctx.settings),
-        *signin.routes(ctx.signin, ctx.people, ctx.store),
+        *signin.routes(ctx.signin, ctx.people, ctx.store, home=signin.portal_home),
         *portal_routes(ctx, pages),
     ]

@@ -300,7 +300,8 @@ class FleetPages:
         draft.body = {"min": low, "max": high}
         await self.models_service.scale(name, draft, low=low, high=high, idle_timeout=None)
         return Done(
-            f"{name} scales from {low if low is not None else 'its minimum'} to {high if high is not None else 'its minimum'}"
+            f"{name} scales from {low if low is not None else 'its minimum'} to {high if high is not None else 'its minimum'}",
+            refresh="facts",
         )
 
     async def set_class(self, request: Request, viewer: Viewer, fields: dict[str, str], draft: AuditDraft) -> Done:
@@ -308,7 +309,7 @@ class FleetPages:
         klass = fields.get("class", "").strip()
         draft.body = {"class": klass}
         await self.models_service.set_class(name, klass, draft)
-        return Done(f"{name}'s class is {klass or 'what its scaling implies'}")
+        return Done(f"{name}'s class is {klass or 'what its scaling implies'}", refresh="facts")
 
     async def add_preset(self, request: Request, viewer: Viewer, fields: dict[str, str], draft: AuditDraft) -> Done:
         name = request.path_params["name"]

@@ -24,7 +24,7 @@ from jinja2 import ChoiceLoader, Environment, PackageLoader, select_autoescape
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
-from opod.control.console.auth import CSRF_HEADER, OPERATE, SIGN_IN, Viewer
+from opod.control.console.auth import CSRF_HEADER, OPERATE, READ, SIGN_IN, Viewer
 from opod.control.console.auth import PageAuth as PageAuth
 from opod.control.context import ControlError
 from opod.store import Store
@@ -114,12 +114,14 @@ Action = Callable[[Request, Viewer, dict[str, str], AuditDraft], Awaitable[Done]
 
 
 class Console:
-    """The pages' shared collaborator: sign-in, CSRF and roles through ``auth``; refusals' audit rows in ``store``."""
+    """The pages' shared collaborator: sign-in, CSRF and roles through ``auth``; refusals' audit rows in ``store``.
+    ``reads`` is the right every page needs (``""``: any signed-in person, as the members' portal has it)."""
 
-    def __init__(self, auth: PageAuth, store: Store, templates: Environment = TEMPLATES) -> None:
+    def __init__(self, auth: PageAuth, store: Store, templates: Environment = TEMPLATES, *, reads: str = READ) -> None:
         self.auth = auth
         self.store = store
         self.templates = templates
+        self.reads = reads
 
     # --- pages -------------------------------------------------------------------------------
 
@@ -131,6 +133,11 @@ class Console:
             if viewer is None:
                 target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
                 return RedirectResponse(f"{SIGN_IN}?{urlencode({'next': target})}", status_code=303)
+            if self.reads and not self.auth.may(viewer, self.reads):
+                message = f"{viewer.name} holds no role here: these pages are for a viewer, operator, billing or admin"
+                return self.render(
+                    request, viewer, "error.html", {"title": "Not yours", "message": message}, status=403
+                )
             try:
                 return await handler(request, viewer)
             except Refused as err:

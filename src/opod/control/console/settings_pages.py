@@ -20,6 +20,7 @@ from opod.control.console.auth import SETTINGS, Viewer
 from opod.control.console.kit import PREFIX, Console, Done, Refused, whole
 from opod.settings.service import SettingsService
 from opod.store.audit import AuditDraft
+from opod.store.errors import Conflict
 from opod.store.settings import VERSION_MAX
 
 HISTORY_SHOWN = 20
@@ -95,7 +96,18 @@ class SettingsPages:
         base = whole(fields.get("base"), "base", low=0, high=VERSION_MAX, default=None)
         if base is None:
             raise Refused(400, "base: missing; send the version the edit was made on (reload the page)")
-        record = await self.settings.put(base, fields.get("body", ""), note=fields.get("note") or None, audit=draft)
+        try:
+            record = await self.settings.put(base, fields.get("body", ""), note=fields.get("note") or None, audit=draft)
+        except Conflict:
+            newest = await self.settings.version(None)
+            since = (
+                f"version {newest.version} was saved by {newest.by}" if newest is not None else "a version was saved"
+            )
+            raise Refused(
+                409,
+                f"not saved: {since} after this page read version {base}, and saving would undo it. "
+                "Nothing was changed; copy your edit, reload the page, and make it again on the newest version",
+            ) from None
         return Done(
             f"saved as version {record.version}; in force on this leader now",
             refresh="",

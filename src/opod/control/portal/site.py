@@ -29,7 +29,7 @@ TEMPLATES = site_templates(site="portal", prefix=PREFIX, nav=NAV, package="opod.
 
 def portal_routes(ctx: ControlContext, auth: PageAuth) -> list[BaseRoute]:
     """Every route of the portal, under ``/portal``; its assets under ``/portal/static`` (the console's and its own)."""
-    portal = Console(auth, ctx.store, TEMPLATES)
+    portal = Console(auth, ctx.store, TEMPLATES, reads="")  # a member's pages: every signed-in person has some
     pages = PortalPages(
         portal,
         people=ctx.people,

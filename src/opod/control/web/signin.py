@@ -4,7 +4,8 @@
 answer); ``POST /signout`` ends it (with its CSRF token); ``POST /signup`` makes a local account
 while ``auth.signup_open``; ``GET /whoami`` says who the session is. Each post is audited with
 ``source: web``. The rules are :class:`opod.access.signin.SignIn`'s; here requests are read and
-answers shaped.
+answers shaped. A form's sign-in, sign-up or single sign-on that names no page to go to lands on the
+listener's home for the person (:func:`console_home`, :func:`portal_home`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from opod.access.people import People
+from opod.access.permissions import ROLES
 from opod.access.sessions import NewSession, SignedIn
 from opod.access.signin import SignIn, SignInUnavailable, TooManyFailures, WrongCredentials
 from opod.control.audit import record_now
@@ -37,6 +39,7 @@ from opod.control.web.pages import (
 from opod.security.passwords import PASSWORD_MIN
 from opod.store import Store
 from opod.store.errors import Conflict, Forbidden, InvalidInput, NotFound, StoreError
+from opod.store.people import UserRecord
 
 _STATUS: dict[type[Exception], int] = {
     InvalidInput: 400,
@@ -69,13 +72,36 @@ def _person_json(signed_in: SignedIn, people: People) -> dict[str, object]:
     }
 
 
+SIGNED_IN_PAGE = "/signin"
+"""Says who is signed in, with a sign-out button: where a person lands who has no other page on the listener."""
+
+Home = Callable[[UserRecord], str]
+"""Where a person lands on a listener after signing in, when the sign-in named no page."""
+
+
+def console_home(person: UserRecord) -> str:
+    """The admin listener's: the console for a person with a role, else the page saying who is signed in."""
+    return "/console" if person.role in ROLES else SIGNED_IN_PAGE
+
+
+def portal_home(person: UserRecord) -> str:
+    """The public listener's: the members' portal, whoever they are."""
+    return "/portal"
+
+
 OIDC_COOKIE = "opod_oidc"
 """The OpenID flow's sealed state (state, nonce, PKCE verifier, where to go after), between start and callback."""
 OIDC_PATH = "/auth/oidc"
 
 
-def routes(signin: SignIn, people: People, store: Store) -> list[Route]:
+def routes(signin: SignIn, people: People, store: Store, *, home: Home) -> list[Route]:
+    """The routes above on one listener, whose ``home`` says where a person lands."""
     web = WebSessions(signin.sessions)
+
+    def landing(asked: str, new: NewSession) -> str:
+        """``asked`` when it is a page of this site worth going to, else the person's home."""
+        to = local_path(asked, "")
+        return to if to not in ("", "/", SIGNED_IN_PAGE) else home(new.signed_in.person)
 
     async def audited(
         request: Request, work: Callable[[], Awaitable[Response]], on_error: Callable[[PageRefused], Response]
@@ -95,13 +121,19 @@ def routes(signin: SignIn, people: People, store: Store) -> list[Route]:
         return response
 
     def signin_page(request: Request, status: int = 200, error: str = "", username: str = "") -> Response:
-        nxt = local_path(request.query_params.get("next", ""), "/signin")
+        nxt = local_path(request.query_params.get("next", ""), "")
         return page("signin.html", status, error=error, username=username, next=nxt, signup_open=signin.signup_open)
 
     async def get_signin(request: Request) -> Response:
         person = await web.person(request)
         if person is not None:
-            return page("signed_in.html", person=person.person, csrf_token=person.csrf)
+            there = home(person.person)
+            return page(
+                "signed_in.html",
+                person=person.person,
+                csrf_token=person.csrf,
+                home="" if there == SIGNED_IN_PAGE else there,
+            )
         return signin_page(request)
 
     async def post_signin(request: Request) -> Response:
@@ -114,7 +146,7 @@ def routes(signin: SignIn, people: People, store: Store) -> list[Route]:
             new = await signin.sign_in(
                 username, got.get("password", ""), address=client_address(request), audit=web_draft(request)
             )
-            return _started(request, new, local_path(got.get("next", ""), "/signin") if form else "")
+            return _started(request, new, landing(got.get("next", ""), new) if form else "")
 
         def on_error(err: PageRefused) -> Response:
             if not form:
@@ -151,7 +183,7 @@ def routes(signin: SignIn, people: People, store: Store) -> list[Route]:
                 address=client_address(request),
                 audit=web_draft(request),
             )
-            return _started(request, new, "/signin" if form else "", status=201)
+            return _started(request, new, landing("", new) if form else "", status=201)
 
         def on_error(err: PageRefused) -> Response:
             if not form:
@@ -185,7 +217,7 @@ def routes(signin: SignIn, people: People, store: Store) -> list[Route]:
                 next="/",
                 signup_open=signin.signup_open,
             )
-        start = await signin.oidc.flow.begin(local_path(request.query_params.get("next", ""), "/signin"))
+        start = await signin.oidc.flow.begin(local_path(request.query_params.get("next", ""), "/"))
         answer = RedirectResponse(start.redirect_url, status_code=302)
         answer.set_cookie(
             OIDC_COOKIE,
@@ -206,7 +238,7 @@ def routes(signin: SignIn, people: People, store: Store) -> list[Route]:
                 dict(request.query_params), cookie, address=client_address(request), audit=web_draft(request)
             )
             assert signin.oidc is not None  # complete_oidc refuses without it
-            answer = _started(request, new, signin.oidc.flow.return_to(cookie))
+            answer = _started(request, new, landing(signin.oidc.flow.return_to(cookie), new))
             answer.delete_cookie(OIDC_COOKIE, path=OIDC_PATH)
             return answer
 
@@ -234,4 +266,4 @@ def routes(signin: SignIn, people: People, store: Store) -> list[Route]:
     ]
 
 
-__all__ = ["routes"]
+__all__ = ["Home", "console_home", "portal_home", "routes"]
