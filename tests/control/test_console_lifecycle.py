@@ -196,6 +196,7 @@ def test_a_running_job_streams_its_fetch_progress_until_it_ends(operator: Consol
     events = leader.call(follow())
     assert events.count("event: job") >= 3 and events.rstrip().endswith("event: end\ndata:")
     assert "300 kB of 600 kB (50%)" in events and "Hi from the smoke test" in events
+    assert 'role="progressbar" aria-label="Fetched" aria-valuemin="0" aria-valuemax="100" aria-valuenow="50"' in events
     assert events.index("300 kB of 600 kB") < events.index("Hi from the smoke test")
 
 

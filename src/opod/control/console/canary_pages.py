@@ -172,7 +172,7 @@ class CanaryPages:
         name = request.path_params["name"]
         percent = whole(fields.get("percent"), "percent", low=0, high=100)
         draft.body = {"percent": percent}
-        return Done(await self.canaries.set_percent(name, percent, draft))
+        return Done(await self.canaries.set_percent(name, percent, draft), refresh="figures")
 
     async def stop(self, request: Request, viewer: Viewer, fields: dict[str, str], draft: AuditDraft) -> Done:
         return Done(await self.canaries.remove(request.path_params["name"], draft))

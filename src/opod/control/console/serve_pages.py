@@ -9,6 +9,7 @@ error of a failed one. The list is filtered and cut to one page here.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,6 +32,7 @@ MOST_CONTEXT = 10_000_000
 TEXT_FIELDS = ("repo", "quant", "file", "name", "gpu_class", "description", "class")
 WHOLE_FIELDS = {"replicas": (0, 10_000), "context_length": (1, MOST_CONTEXT), "gpus_per_node": (1, 64)}
 TICKED = ("cpu", "tools", "embeddings")
+_PERCENT = re.compile(r"\((\d{1,3})%\)")
 
 
 def _ticked(value: str | None) -> bool | None:
@@ -73,6 +75,17 @@ def fetch_detail(job: ModelserveJob) -> str:
     """The fetch step's detail (its bytes done, of the total, and the rate) while it runs."""
     step = next((s for s in job.steps or [] if s.name == "fetch"), None)
     return (step.detail or "") if step is not None and step.state == "running" else ""
+
+
+def fetched_percent(detail: str) -> int | None:
+    """The share of the bytes fetched that a running fetch's detail says (``… (42%) …``), for its bar."""
+    found = _PERCENT.search(detail)
+    return min(100, int(found.group(1))) if found else None
+
+
+def _live(job: ModelserveJob) -> dict[str, Any]:
+    detail = fetch_detail(job)
+    return {"job": job, "fetching": detail, "fetched": fetched_percent(detail)}
 
 
 class ServePages:
@@ -127,7 +140,7 @@ class ServePages:
 
     async def job_page(self, request: Request, viewer: Viewer) -> Response:
         job = await self.serving.job(request.path_params["id"])
-        values = {"title": f"Job {job.id}", "job": job, "fetching": fetch_detail(job)}
+        values = {"title": f"Job {job.id}", **_live(job)}
         return self.console.render(request, viewer, "job.html", values)
 
     async def job_stream(self, request: Request, viewer: Viewer) -> Response:
@@ -137,7 +150,7 @@ class ServePages:
 
         async def look() -> tuple[Mapping[str, Any], bool]:
             job = await self.serving.job(job_id)
-            return {"job": job, "fetching": fetch_detail(job)}, job.state != RUNNING
+            return _live(job), job.state != RUNNING
 
         return stream_block(request, self.console.templates, "job.html", "live", look, name="job")
 
