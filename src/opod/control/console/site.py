@@ -11,10 +11,13 @@ from starlette.routing import BaseRoute, Mount
 from starlette.staticfiles import StaticFiles
 
 from opod.control.console.auth import PageAuth
+from opod.control.console.canary_pages import CanaryPages
+from opod.control.console.eval_pages import EvalPages
 from opod.control.console.fleet_pages import FleetPages
 from opod.control.console.keys_pages import KeyPages
 from opod.control.console.kit import PREFIX, Console
 from opod.control.console.records_pages import RecordPages
+from opod.control.console.serve_pages import ServePages
 from opod.control.console.settings_pages import SettingsPages
 from opod.control.context import ControlContext
 
@@ -38,5 +41,8 @@ def console_routes(ctx: ControlContext, auth: PageAuth) -> list[BaseRoute]:
         *KeyPages(console, keys=ctx.keys, tenancy=ctx.tenancy).routes(),
         *RecordPages(console, store=ctx.store, tenancy=ctx.tenancy).routes(),
         *SettingsPages(console, settings=ctx.settings_service).routes(),
+        *ServePages(console, serving=ctx.serve_jobs).routes(),
+        *CanaryPages(console, canaries=ctx.canaries, models=ctx.models).routes(),
+        *EvalPages(console, evals=ctx.evals, models=ctx.models).routes(),
         Mount(f"{PREFIX}/static", StaticFiles(packages=[("opod.control.console", "static")]), name="console-static"),
     ]

@@ -110,6 +110,7 @@
       .then(function (got) {
         if (!got.ok) { say(got.body.error || "Refused.", true); return; }
         say(got.body.message || "Done.");
+        if (got.body.location) { window.location.href = got.body.location; return; }
         if (got.body.diff) showDiff(got.body.diff);
         if (got.body.secret) reveal(got.body.secret);
         if (form.hasAttribute("data-settings") && got.body.version) {
@@ -162,10 +163,12 @@
   document.querySelectorAll("[data-stream]").forEach(function (el) {
     if (!window.EventSource) return;
     var source = new EventSource(el.getAttribute("data-stream"));
-    source.addEventListener("replicas", function (e) {
+    source.addEventListener(el.getAttribute("data-stream-event") || "replicas", function (e) {
       el.innerHTML = e.data;
       el.setAttribute("data-updated", new Date().toISOString());
     });
+    // The work ended: nothing more will change, so the browser is not to open the stream again.
+    source.addEventListener("end", function () { source.close(); el.setAttribute("data-ended", "true"); });
     window.addEventListener("pagehide", function () { source.close(); });
   });
 })();
