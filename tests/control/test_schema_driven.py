@@ -56,6 +56,7 @@ REAL_WRITES = (
     "putModelsNameCapacity",
     "postModelsNameRetry",
     "putModelsNameEvalGate",
+    "postModelsNameAdapters",
 )
 """Writes sent with a real node or model as well: they change descriptions, never whether the fixture serves."""
 

@@ -247,3 +247,33 @@ async def test_an_adapter_on_a_base_whose_name_holds_a_colon_unloads_by_its_mode
         assert (answer.status, answer.model) == ("unloaded", "llama3:8b:support") and manager.adapters.held() == []
     finally:
         await manager.stop_all()
+
+
+async def test_a_models_own_adapters_are_read_first_go_with_it_and_come_back_with_it(tmp_path: Path) -> None:
+    adapter = tmp_path / "sql"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text('{"r": 8, "base_model_name_or_path": "acme/base"}')
+    manager = EngineManager(
+        engine_id="sim", home=tmp_path, catalog=load_catalog(), supervisor=Supervisor(), flags={"max_lora_rank": 16}
+    )
+    try:
+        await load_and_serve(manager, "sim-model")
+        asked = nodeapi.LoadAdapterRequest(base="sim-model", name="sql", source=str(adapter))
+        read = manager.adapters.check(asked)
+        assert (read.rank, read.base_model, read.max_rank) == (8, "acme/base", 16)
+        assert manager.loaded_models() == ["sim-model"], "reading attaches nothing"
+
+        await manager.adapters.attach(asked.model_copy(update={"definition": True}))
+        assert manager.loaded_models() == ["sim-model", "sim-model:sql"]
+        # The model's own adapter does not hold its base: it goes with it.
+        assert (await manager.unload(nodeapi.UnloadModelRequest(id="sim-model"))).status == "unloaded"
+
+        # A load names the model's list as it is now: what it lists comes up with the base, and only that.
+        await load_and_serve(manager, "sim-model", adapters=[nodeapi.Adapter(name="sql", source=str(adapter))])
+        await manager.reconcile_adapters()
+        assert manager.loaded_models() == ["sim-model", "sim-model:sql"]
+        await manager.adapters.detach(nodeapi.UnloadAdapterRequest(base="sim-model", name="sql"))
+        assert manager.adapters.defined == {"sim-model": {}}, "taken off the list, it is not attached again"
+        assert manager.reconcile_adapters() is None and manager.loaded_models() == ["sim-model"]
+    finally:
+        await manager.stop_all()

@@ -30,6 +30,8 @@ SCOPE_KINDS = ("org", "team", "project")
 
 ALIAS = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
 """A name clients may send instead of the model's own: more lenient than a model name (``gpt-4o``, ``org/Model``)."""
+ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+"""What an adapter may be called: clients send it after its base, as ``<base>:<name>``."""
 _CLOCK = re.compile(r"^([01]\d|2[0-3]):[0-5]\d$")
 _SCOPE_PART = re.compile(r"^[^\s/:]+$")
 _NAME_CLEAN = re.compile(r"[^a-z0-9.-]+")
@@ -178,18 +180,7 @@ def problems(model: CatalogModel, engines: Collection[str]) -> list[str]:
             found.append(problem)
     if model.role and model.role not in ROLES:
         found.append(f"role: {model.role!r} is not a role; use guard for a guardrails judge, or leave it empty")
-    adapter_names = [a.name for a in model.adapters or []]
-    for i, adapter in enumerate(model.adapters or []):
-        if not adapter.name:
-            found.append(f"adapters[{i}].name: required; clients ask for it as {name}:NAME")
-        if not adapter.source:
-            found.append(f"adapters[{i}].source: required; the adapter's weights (a path or a Hugging Face repo)")
-        problem = owner_problem(adapter.owner, f"adapters[{i}].owner")
-        if problem:
-            found.append(problem)
-    if len(set(adapter_names)) != len(adapter_names):
-        found.append("adapters: two adapters share a name")
-    _count(model.max_loaded_adapters, "max_loaded_adapters", 0, found)
+    _adapter_problems(model, found)
     _count(model.context_length, "context_length", 0, found)
     _count(model.max_output, "max_output", 0, found)
     if name and name in (model.fallbacks or []):
@@ -197,6 +188,39 @@ def problems(model: CatalogModel, engines: Collection[str]) -> list[str]:
     if model.canary is not None and model.canary.percent is not None and not 0 <= model.canary.percent <= 100:
         found.append(f"canary.percent: {model.canary.percent} is not between 0 and 100")
     return found
+
+
+def _adapter_problems(model: CatalogModel, found: list[str]) -> None:
+    name = model.name or "MODEL"
+    seen: dict[str, int] = {}
+    adapters = model.adapters or []
+    for i, adapter in enumerate(adapters):
+        at = f"adapters[{i}]"
+        if not adapter.name:
+            found.append(f"{at}.name: required; clients ask for it as {name}:NAME")
+        elif not ADAPTER_NAME.match(adapter.name):
+            found.append(
+                f"{at}.name: {adapter.name!r} is not a name clients can send after {name}: "
+                "(letters, digits, '.', '_' and '-', at most 64)"
+            )
+        elif adapter.name in seen:
+            found.append(f"{at}.name: {adapter.name!r} is adapters[{seen[adapter.name]}]'s name too; name each once")
+        else:
+            seen[adapter.name] = i
+        if not adapter.source:
+            found.append(f"{at}.source: required; the adapter's weights (a path or a Hugging Face repo)")
+        if adapter.scale is not None and adapter.scale < 0:
+            found.append(f"{at}.scale: {adapter.scale} is below 0 (0 takes 1)")
+        problem = owner_problem(adapter.owner, f"{at}.owner")
+        if problem:
+            found.append(problem)
+    _count(model.max_loaded_adapters, "max_loaded_adapters", 0, found)
+    limit = model.max_loaded_adapters or 0
+    if limit and len(adapters) > limit:
+        found.append(
+            f"adapters: {len(adapters)} adapters, but max_loaded_adapters is {limit}; "
+            "list fewer, or raise max_loaded_adapters"
+        )
 
 
 # --- what it means --------------------------------------------------------------------------------
@@ -213,9 +237,10 @@ def scaling_in_force(model: CatalogModel) -> tuple[int, int, int, bool]:
 def fingerprint(model: CatalogModel) -> str:
     """A short digest of a definition: a replica placed from another one is stale (``ReplicaView.stale``).
 
-    Workers echo it back for each replica they run, so a restarted leader can tell too.
+    Workers echo it back for each replica they run, so a restarted leader can tell too. Adapters are left out:
+    they attach to a running replica, which stays what it was placed from.
     """
-    return hashlib.sha256(model.model_dump_json(exclude_none=True).encode()).hexdigest()[:16]
+    return hashlib.sha256(model.model_dump_json(exclude_none=True, exclude={"adapters"}).encode()).hexdigest()[:16]
 
 
 def class_in_force(model: CatalogModel) -> str:

@@ -31,6 +31,7 @@ PATH_TOKENIZE = "/v1/tokenize"
 PATH_ADAPTERS = "/v1/adapters"
 PATH_ADAPTERS_LOAD = "/v1/adapters/load"
 PATH_ADAPTERS_UNLOAD = "/v1/adapters/unload"
+PATH_ADAPTERS_CHECK = "/v1/adapters/check"
 PATH_PROCESS_START = "/v1/process/start"
 PATH_PROCESS_STOP = "/v1/process/stop"
 PATH_PROCESS_LIST = "/v1/process/list"
@@ -368,6 +369,14 @@ class TokenizeResponse(WireModel):
     tokens: list[int] | None = None
 
 
+class Adapter(WireModel):
+    """One element of the ``OPOD_ADAPTERS`` list; served as ``<model>:<name>``."""
+
+    name: str = ""
+    source: str = ""
+    rank: Annotated[int, OMITEMPTY] = 0
+
+
 class LoadModelRequest(WireModel):
     """The catalog source of a model; the worker resolves the engine-native name."""
 
@@ -398,6 +407,8 @@ class LoadModelRequest(WireModel):
     """The index of the definition's profile the replica was placed by."""
     fingerprint: Annotated[str, OMITEMPTY] = ""
     """A digest of the definition the replica was placed from (a later definition makes it stale)."""
+    adapters: Annotated[list[Adapter] | None, OMITEMPTY] = None
+    """opod addition: the LoRA adapters of the model's definition, attached once it serves; absent = none."""
 
 
 class LoadModelResponse(WireModel):
@@ -425,19 +436,31 @@ class SleepResponse(WireModel):
     reason: Annotated[str, OMITEMPTY] = ""
 
 
-class Adapter(WireModel):
-    """One element of the ``OPOD_ADAPTERS`` list; served as ``<model>:<name>``."""
-
-    name: str = ""
-    source: str = ""
-    rank: Annotated[int, OMITEMPTY] = 0
-
-
 class LoadAdapterRequest(WireModel):
     base: str = ""
     name: str = ""
     source: str = ""
     rank: Annotated[int, OMITEMPTY] = 0
+    definition: Annotated[bool, OMITEMPTY] = False
+    """opod addition: the adapter is in its base model's definition, so it goes with its base and comes back with it
+    (a manager's own adapters must be unloaded before their base)."""
+
+
+class AdapterFacts(WireModel):
+    """opod addition: what a worker read of an adapter before anything attaches it (``POST /v1/adapters/check``)."""
+
+    name: str = ""
+    source: str = ""
+    rank: Annotated[int, OMITEMPTY] = 0
+    """The adapter's rank (``r`` of its ``adapter_config.json``)."""
+    base_model: Annotated[str, OMITEMPTY] = ""
+    """The model it was trained on, as its config names it (``base_model_name_or_path``)."""
+    architecture: Annotated[str, OMITEMPTY] = ""
+    """The architecture it was trained for, when its config says (PEFT's ``auto_mapping.base_model_class``)."""
+    max_rank: Annotated[int, OMITEMPTY] = 0
+    """The largest rank the engine serving the base was started for."""
+    base_architecture: Annotated[str, OMITEMPTY] = ""
+    """The architecture of the weights the base is served from, when the worker can read it; absent = unknown."""
 
 
 class UnloadAdapterRequest(WireModel):

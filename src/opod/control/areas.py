@@ -14,6 +14,7 @@ from starlette.routing import BaseRoute, Route
 
 from opod.control import (
     accounts,
+    adapters,
     audit_log,
     canaries,
     capacity,
@@ -68,6 +69,7 @@ def admin_areas(ctx: ControlContext) -> list[APIRouter]:
         requests.router(ctx.store, ctx.replay),
         federation.router(ctx.federation),
         canaries.router(ctx.canaries),
+        adapters.router(ctx.adapters),
     ]
 
 

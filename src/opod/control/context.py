@@ -19,6 +19,7 @@ from opod.access.tenancy import Tenancy
 from opod.catalog import Catalog
 from opod.contract.admin.models import ModelserveJob, ModelservePlan, ModelserveRequest
 from opod.control.evals.service import EvalsService
+from opod.fleet.adapters_service import AdaptersService
 from opod.fleet.canaries_service import CanariesService
 from opod.fleet.federation import Federation
 from opod.fleet.followers import EventSink, Reconciling
@@ -108,6 +109,8 @@ class ControlContext:
     """Quality suites and runs (``/eval``, ``/models/{name}/eval``) and each model's eval gate: the one writer of runs."""
     canaries: CanariesService
     """Models' canaries (``/models/{name}/canary``, ``/canaries``, ``promote``): the one writer."""
+    adapters: AdaptersService
+    """Models' LoRA adapters (``/models/{name}/adapters``): read on the workers, judged, kept, attached."""
 
 
 class JobWaker(Protocol):

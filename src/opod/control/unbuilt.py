@@ -29,7 +29,6 @@ from opod.contract.admin.hardware import (
     TopologyView,
 )
 from opod.contract.admin.models import (
-    AdaptersRequest,
     CheckRequest,
     ModelserveChange,
     ModelserveJob,
@@ -86,15 +85,6 @@ class Unbuilt:
 
 
 UNBUILT: tuple[Unbuilt, ...] = (
-    Unbuilt(
-        "model rollouts",
-        "POST",
-        "/api/v1/models/{name}/adapters",
-        "postModelsNameAdapters",
-        AdaptersRequest,
-        tag="models",
-        body=AdaptersRequest,
-    ),
     Unbuilt(
         "model rollouts",
         "POST",

@@ -328,6 +328,13 @@ class ModelsService:
         update = {"fallbacks": list(fallbacks) or None}
         return await self._redefine(model, definition_of(model).model_copy(update=update), audit)
 
+    async def set_adapters(self, name: str, adapters: list[CatalogAdapter], audit: AuditDraft) -> KnownModel:
+        """Replace its LoRA adapters whole (an empty list takes them all away); the adapters' service reads their
+        files on the workers first (:class:`opod.fleet.adapters_service.AdaptersService`)."""
+        model = self.named(name)
+        update = {"adapters": list(adapters) or None}
+        return await self._redefine(model, definition_of(model).model_copy(update=update), audit)
+
     async def set_canary(self, name: str, canary: CatalogCanary | None, audit: AuditDraft) -> KnownModel:
         """Replace its canary (``None`` takes it away); the canaries' service checks it first
         (:class:`opod.fleet.canaries_service.CanariesService`)."""

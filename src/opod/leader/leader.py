@@ -36,6 +36,7 @@ from opod.control.context import ControlContext
 from opod.control.serving import ServeJobs
 from opod.control.web.page_auth import SessionPages
 from opod.control.web.pages import WebSessions
+from opod.fleet.adapters_service import AdaptersService
 from opod.fleet.canaries import CanaryBook
 from opod.fleet.federation import Federation, cluster_id
 from opod.fleet.local import LocalEngines
@@ -349,6 +350,7 @@ class Leader:
             serve_jobs=lifecycle_parts.serve_jobs,
             evals=lifecycle_parts.evals,
             canaries=lifecycle_parts.canaries,
+            adapters=AdaptersService(models_service, fleet, workers),
         )
         return cls(
             batches=batches,

@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 
+from opod.catalog.adapters import load_adapters
 from opod.contract import nodeapi
 from opod.fleet.models import ANY_NODE, KnownModel
 from opod.fleet.state import Fleet, NodeState
@@ -110,6 +111,7 @@ class PinnedLoads:
             repo=source.repo if source else "",
             file=source.file if source else "",
             path=source.path if source else "",
+            adapters=load_adapters(model.definition),
         )
         try:
             status, body = await self.workers.call_json(

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from opod.catalog.adapters import load_adapters
 from opod.catalog.definition import class_in_force, scaling_in_force
 from opod.contract import nodeapi
 from opod.contract.admin.catalog import CatalogModel, CatalogScaleWindow, CatalogScaling
@@ -180,6 +181,7 @@ def load_requests(model: KnownModel, replica: Replica, peers: list[str]) -> list
                     peers=peers if len(replica.nodes) > 1 else None,
                     profile=replica.profile,
                     fingerprint=replica.fingerprint,
+                    adapters=load_adapters(definition),
                 ),
             )
         )

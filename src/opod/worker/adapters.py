@@ -6,7 +6,8 @@ id, so requests reach the engine with their body unchanged. The heartbeat names
 it in ``loaded_models`` while its base serves. An engine the supervisor
 restarted has lost its adapters: :meth:`Adapters.reconcile`, run before each
 heartbeat, attaches them again, and attaches the ``OPOD_ADAPTERS`` list to every
-model this worker brings up.
+model this worker brings up, and a model's own adapters (its definition's, sent with
+its load and with each change) to it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import aiohttp
 from opod.contract import nodeapi
 from opod.engines.base import EngineDriver
 from opod.engines.errors import EngineCallError
+from opod.worker.adapter_files import read_adapter, weights_architecture
 from opod.worker.refusals import AdapterRefused
 
 log = logging.getLogger("opod.worker")
@@ -42,6 +44,8 @@ class Attached:
     source: str
     engine_start: float
     """When the engine process it lives in started: a later start means it is gone from the engine."""
+    definition: bool = False
+    """One of its base model's own adapters: it goes with its base rather than holding it."""
 
     @property
     def id(self) -> str:
@@ -91,11 +95,16 @@ class Adapters:
         session: Callable[[], aiohttp.ClientSession],
         engine_of: Callable[[str], tuple[str, float, int] | None],
         wanted: list[nodeapi.Adapter] | None = None,
+        weights_of: Callable[[str], str] = lambda _base: "",
     ) -> None:
+        """``weights_of(base)``: what the engine serving ``base`` loaded (a path, or a name it resolves itself)."""
         self.driver = driver
         self._session = session
         self._engine_of = engine_of
+        self._weights_of = weights_of
         self.wanted = list(wanted or [])
+        self.defined: dict[str, dict[str, nodeapi.Adapter]] = {}
+        """base → its definition's adapters by name, attached whenever it serves."""
         self.attached: dict[str, Attached] = {}
         self._refused: dict[str, float] = {}
         """Wanted adapters the engine refused, by id → that engine's start: not tried again until it restarts."""
@@ -115,9 +124,16 @@ class Adapters:
         return sorted(a.id for a in self.attached.values() if a.base == base)
 
     def attached_by_a_manager(self, base: str) -> list[str]:
-        """The adapters on ``base`` that were attached at run time, not from OPOD_ADAPTERS (those come back with the base)."""
+        """The adapters on ``base`` that were attached at run time, not from OPOD_ADAPTERS nor its definition (those
+        come back with the base)."""
         wanted = {w.name for w in self.wanted}
-        return sorted(a.id for a in self.attached.values() if a.base == base and a.name not in wanted)
+        return sorted(
+            a.id for a in self.attached.values() if a.base == base and a.name not in wanted and not a.definition
+        )
+
+    def define(self, base: str, adapters: list[nodeapi.Adapter]) -> None:
+        """``base``'s own adapters, as its load names them: attached once it serves (:meth:`reconcile`)."""
+        self.defined[base] = {a.name: a for a in adapters if a.name and a.source and ":" not in a.name}
 
     def held(self) -> list[nodeapi.HeldAdapter]:
         return [
@@ -125,7 +141,8 @@ class Adapters:
             for a in sorted(self.attached.values(), key=lambda a: a.id)
         ]
 
-    async def attach(self, req: nodeapi.LoadAdapterRequest) -> nodeapi.AdapterResponse:
+    def _engine(self, req: nodeapi.LoadAdapterRequest) -> tuple[str, float, int]:
+        """The engine serving ``req.base`` that can take adapters: (url, start, its largest rank); else refused."""
         missing = [key for key in ("base", "name", "source") if not getattr(req, key)]
         if missing:
             raise AdapterRefused(400, f"LoadAdapterRequest: {', '.join(missing)}: required")
@@ -147,6 +164,21 @@ class Adapters:
                 if self.driver.lora_ranks
                 else f"the {self.driver.id} engine cannot attach LoRA adapters at run time",
             )
+        return url, started, rank
+
+    def check(self, req: nodeapi.LoadAdapterRequest) -> nodeapi.AdapterFacts:
+        """What the adapter's files say, with the rank the base's engine takes and the base's architecture, attaching
+        nothing; ``AdapterRefused`` when the engine cannot take adapters or the files cannot be read."""
+        _, _, rank = self._engine(req)
+        facts = read_adapter(req.name, req.source)
+        return facts.model_copy(
+            update={"max_rank": rank, "base_architecture": weights_architecture(self._weights_of(req.base))}
+        )
+
+    async def attach(self, req: nodeapi.LoadAdapterRequest) -> nodeapi.AdapterResponse:
+        url, started, rank = self._engine(req)
+        if req.definition:  # wanted from now on, whenever its base serves here
+            self.defined.setdefault(req.base, {})[req.name] = nodeapi.Adapter(name=req.name, source=req.source)
         adapter_rank = req.rank or local_rank(req.source)
         if adapter_rank > rank:
             raise AdapterRefused(
@@ -157,6 +189,7 @@ class Adapters:
         served_as = adapter_id(req.base, req.name)
         current = self.attached.get(served_as)
         if current is not None and current.engine_start == started and current.source == req.source:
+            current.definition = current.definition or req.definition
             return nodeapi.AdapterResponse(status=nodeapi.Status.READY, model=served_as)
         try:
             if current is not None and current.engine_start == started:
@@ -164,13 +197,16 @@ class Adapters:
             await self.driver.attach_adapter(self._session(), url, served_as, req.source)
         except EngineCallError as err:
             raise AdapterRefused(409 if err.status == 400 else 502, str(err)) from None
-        self.attached[served_as] = Attached(req.base, req.name, req.source, started)
+        self.attached[served_as] = Attached(req.base, req.name, req.source, started, req.definition)
         log.info("adapter %s attached (%s)", served_as, req.source)
         return nodeapi.AdapterResponse(status=nodeapi.Status.READY, model=served_as)
 
     async def detach(self, req: nodeapi.UnloadAdapterRequest) -> nodeapi.AdapterResponse:
         served_as = adapter_id(req.base, req.name)
+        dropped = self.defined.get(req.base, {}).pop(req.name, None)
         held = self.attached.get(served_as)
+        if held is None and dropped is not None:  # its base is not serving now: it is no longer wanted when it does
+            return nodeapi.AdapterResponse(status=nodeapi.Status.UNLOADED, model=served_as)
         if held is None:
             raise AdapterRefused(
                 404, f"adapter {served_as!r} is not attached on this worker (GET /v1/adapters lists them)"
@@ -193,9 +229,15 @@ class Adapters:
     async def reconcile(self, bases: list[str]) -> bool:
         """Attach again what a restarted engine lost, and the wanted adapters to each serving base; True when anything changed."""
         todo = [
-            nodeapi.LoadAdapterRequest(base=a.base, name=a.name, source=a.source)
+            nodeapi.LoadAdapterRequest(base=a.base, name=a.name, source=a.source, definition=a.definition)
             for a in self.attached.values()
             if a.base in bases and self.base_of(a.id) is None
+        ]
+        todo += [
+            nodeapi.LoadAdapterRequest(base=base, name=d.name, source=d.source, definition=True)
+            for base in bases
+            for d in self.defined.get(base, {}).values()
+            if adapter_id(base, d.name) not in self.attached
         ]
         todo += [
             nodeapi.LoadAdapterRequest(base=base, name=w.name, source=w.source, rank=w.rank)

@@ -79,6 +79,7 @@ class WorkerAPI:
             Route(nodeapi.PATH_ADAPTERS, signed(self.adapters), methods=["GET"]),
             Route(nodeapi.PATH_ADAPTERS_LOAD, signed(self.adapters_change), methods=["POST"]),
             Route(nodeapi.PATH_ADAPTERS_UNLOAD, signed(self.adapters_change), methods=["POST"]),
+            Route(nodeapi.PATH_ADAPTERS_CHECK, signed(self.adapters_check), methods=["POST"]),
             Route(nodeapi.PATH_PROCESS_START, signed(self.process_start), methods=["POST"]),
             Route(nodeapi.PATH_PROCESS_STOP, signed(self.process_stop), methods=["POST"]),
             Route(nodeapi.PATH_PROCESS_LIST, signed(self.process_list), methods=["GET"]),
@@ -185,6 +186,14 @@ class WorkerAPI:
             return _text(err.status, str(err))
         self.manager.on_change()
         return _json(answer)
+
+    async def adapters_check(self, request: Request) -> Response:
+        """What an adapter's files say, read before any leader attaches it; nothing is attached."""
+        try:
+            facts = self.manager.adapters.check(await self._read(request, nodeapi.LoadAdapterRequest))
+        except Refused as err:
+            return _text(err.status, str(err))
+        return _json(facts)
 
     # --- helper processes -------------------------------------------------------
 

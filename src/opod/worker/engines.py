@@ -84,7 +84,7 @@ class EngineManager:
         self.supervisor = supervisor
         self.threads = threads
         self.flags = lora_flags(self.driver, flags or {}, adapters or [])
-        self.adapters = Adapters(self.driver, lambda: self.session, self._engine_of, adapters)
+        self.adapters = Adapters(self.driver, lambda: self.session, self._engine_of, adapters, self._weights_of)
         self._reconciling: asyncio.Task[None] | None = None
         self.sleep_mode = sleep_mode
         self.on_change = on_change
@@ -123,6 +123,7 @@ class EngineManager:
         except ValueError as err:
             raise LoadRefused(400, f"LoadModelRequest: {err}") from err
         source = self._source(req)
+        self.adapters.define(req.id, req.adapters or [])
         if current is not None:
             await self._stop_kv(current)  # a failed or stopped engine's listener; the new one gets its own
         engine = ModelEngine(
@@ -576,13 +577,18 @@ class EngineManager:
         started = process.started_at.timestamp() if process is not None and process.started_at is not None else 0.0
         return engine.base_url, started, self.driver.lora_rank(engine.spec)
 
+    def _weights_of(self, model_id: str) -> str:
+        """What the engine serving ``model_id`` loaded: a path, or a name the engine resolves itself."""
+        engine = self.engines.get(model_id)
+        return engine.spec.model if engine is not None and engine.spec is not None else ""
+
     def reconcile_adapters(self) -> asyncio.Task[None] | None:
         """Before a heartbeat: attach (again) what a restarted engine lost and the wanted adapters, in the background.
 
         An engine may take minutes over an adapter; the heartbeat does not wait, and a change asks for an
         early one. Returns the task doing it (one at a time), or None when there is nothing to do.
         """
-        if not (self.adapters.attached or self.adapters.wanted):
+        if not (self.adapters.attached or self.adapters.wanted or any(self.adapters.defined.values())):
             return None
         if self._reconciling is None or self._reconciling.done():
             self._reconciling = asyncio.get_running_loop().create_task(self._reconcile(), name="adapters")

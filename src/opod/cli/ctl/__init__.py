@@ -10,6 +10,7 @@ from __future__ import annotations
 import typer
 
 from opod.cli.ctl import (
+    adapters,
     canary,
     evals,
     federation,
@@ -35,6 +36,7 @@ app.add_typer(fleet.nodes, name="nodes")
 app.add_typer(fleet.agents, name="agents")
 app.add_typer(models.models, name="models")
 models.models.add_typer(canary.canary, name="canary")
+models.models.command("adapters")(adapters.set_adapters)
 app.command("replicas")(replicas.replicas)
 app.command("restart")(replicas.restart)
 app.command("explain")(replicas.explain)
