@@ -398,6 +398,8 @@ class LoadModelRequest(WireModel):
     """The index of the definition's profile the replica was placed by."""
     fingerprint: Annotated[str, OMITEMPTY] = ""
     """A digest of the definition the replica was placed from (a later definition makes it stale)."""
+    revision: Annotated[str, OMITEMPTY] = ""
+    """The Hub commit ``repo``'s file is fetched at, so two commits' weights coexist (an update beside the old)."""
 
 
 class LoadModelResponse(WireModel):

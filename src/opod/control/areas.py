@@ -34,6 +34,7 @@ from opod.control import (
     serve,
     settings,
     tenancy,
+    updates,
     usage,
     weights,
 )
@@ -68,6 +69,7 @@ def admin_areas(ctx: ControlContext) -> list[APIRouter]:
         requests.router(ctx.store, ctx.replay),
         federation.router(ctx.federation),
         canaries.router(ctx.canaries),
+        updates.router(ctx.updates),
     ]
 
 

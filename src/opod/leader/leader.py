@@ -349,6 +349,7 @@ class Leader:
             serve_jobs=lifecycle_parts.serve_jobs,
             evals=lifecycle_parts.evals,
             canaries=lifecycle_parts.canaries,
+            updates=lifecycle_parts.updates,
         )
         return cls(
             batches=batches,

@@ -180,6 +180,7 @@ def load_requests(model: KnownModel, replica: Replica, peers: list[str]) -> list
                     peers=peers if len(replica.nodes) > 1 else None,
                     profile=replica.profile,
                     fingerprint=replica.fingerprint,
+                    revision=source.revision if source is not None else "",
                 ),
             )
         )
