@@ -21,7 +21,7 @@ from typing import Any
 from opod.catalog.definition import fingerprint
 from opod.contract.admin.catalog import CatalogCanary, CatalogModel, CatalogOrigin, CatalogScaling
 from opod.contract.admin.models import StoreEvalRun
-from opod.control.context import ReplicaDesk
+from opod.control.context import ReplicaDesk, ReplicaRecord
 from opod.control.evals.service import EvalsService, GateVerdict
 from opod.control.serve_steps import LiveJob, StepFailed, wait_placed, wait_started
 from opod.fleet.canaries_service import CanariesService
@@ -251,7 +251,7 @@ class Takeover:
         while True:
             mine = [r for r in self.desk.replica_list() if r.model == model and r.state in ("starting", "ready")]
             new = [r for r in mine if r.fingerprint == digest]
-            if new and len(new) == len(mine) and all(r.state == "ready" for r in new) and self.fleet.serves(model):
+            if new and len(new) == len(mine) and all(self._serving(r, model) for r in new):
                 return
             status = self.desk.status(model)
             if status.startswith(("parked", "failed")):
@@ -261,6 +261,19 @@ class Takeover:
             job.say("take over", f"replacing {model}'s replicas: {len(new)} of {len(mine)} on the new weights")
             await job.save(throttle=True)
             await asyncio.sleep(POLL)
+
+    def _serving(self, replica: ReplicaRecord, model: str) -> bool:
+        """Whether the replica's own engine serves: its node's heartbeat names this replica and the model loaded (the
+        reconciler may call an in-place replacement ready on the heartbeat of the engine it replaces)."""
+        head = self.fleet.get(replica.nodes[0]) if replica.nodes else None
+        held = head.replicas.get(model) if head is not None else None
+        return (
+            replica.state == "ready"
+            and head is not None
+            and held is not None
+            and held.replica == replica.id
+            and model in head.loaded_models
+        )
 
     async def _withdraw(self, model: str, candidate: str, audit: AuditDraft) -> None:
         """The canary, then the candidate, taken away; what is already gone is left alone."""
