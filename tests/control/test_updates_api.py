@@ -185,16 +185,23 @@ def test_updates_gated_refused_then_taken_over_without_a_failed_request_then_rol
     assert replicas and all("stale" not in r for r in replicas), replicas
 
     # Back to the first commit, without a gate: a person's decision.
-    status, said = fleet.admin("POST", f"/api/v1/models/{MODEL}/rollback", headers={"X-Llmgw-Actor": "ops"})
-    assert status == 200 and said["result"].startswith(f"rolling {MODEL} back to {first[:12]}"), said
-    job_id = said["result"].split("job ")[1].split()[0]
+    said = opod_cli(fleet, "ctl", "models", "rollback", MODEL)
+    assert said.returncode == 0 and said.stdout.startswith(f"rolling {MODEL} back to {first[:12]}"), said
+    job_id = said.stdout.split("job ")[1].split()[0]
     back = ended(fleet, job_id)
     assert back["state"] == "succeeded", back
     assert {s["name"]: s for s in back["steps"]}["eval"]["state"] == "skipped"
     assert origin(fleet)["revision"] == first and origin(fleet)["previous"]["revision"] == second
     assert chat(fleet) == 200
-    actions = {a["action"] for a in get(fleet, "/api/v1/audit?actor=ops")}
-    assert f"POST /api/v1/models/{MODEL}/rollback" in actions
+    rows = get(fleet, "/api/v1/audit?contains=/rollback")
+    assert {a["target"] for a in rows if a["action"] == f"POST /api/v1/models/{MODEL}/rollback"} >= {f"model:{MODEL}"}
+
+    # And forward again from the command line, its progress followed to the end, without the gate as asked.
+    moving = opod_cli(fleet, "ctl", "models", "update", MODEL, "--skip-eval", timeout=180)
+    assert moving.returncode == 0 and f"{MODEL} moved: {MODEL} serves {REPO}@{second[:12]}" in moving.stdout, moving
+    assert "skip_eval" in moving.stdout and origin(fleet)["revision"] == second
+    shown = opod_cli(fleet, "ctl", "updates")
+    assert shown.returncode == 0 and MODEL in shown.stdout and second[:12] in shown.stdout, shown.stdout
 
 
 def test_an_origin_is_recorded_for_weights_added_by_hand(fleet: Leader, hub: HubServer, tmp_path: Any) -> None:
