@@ -143,7 +143,7 @@ class Takeover:
     def _name(self, move: Move) -> str:
         base = f"{move.model}-{move.kind}-{(move.origin.revision or 'new')[:8]}"
         name, n = base, 1
-        while self.models.named(name) is not None and not self.models.named(name).removed:  # type: ignore[union-attr]
+        while (taken := self.models.named(name)) is not None and not taken.removed:
             n += 1
             name = f"{base}-{n}"
         return name
