@@ -131,6 +131,16 @@ def test_updates_gated_refused_then_taken_over_without_a_failed_request_then_rol
     assert status == 404, body
     assert len(get(fleet, "/api/v1/jobs")) == jobs_before
 
+    # The model's standing gate holds an update that sends no suite: the tiny model cannot do arithmetic.
+    status, gate = fleet.admin("PUT", f"/api/v1/models/{MODEL}/eval-gate", {"suite": "arithmetic"})
+    assert status == 200, gate
+    status, job = fleet.admin("POST", f"/api/v1/models/{MODEL}/update")
+    assert status == 202, job
+    gated = ended(fleet, job["id"])
+    assert gated["state"] == "failed" and "on suite arithmetic" in gated["error"], gated
+    assert gated["eval"]["suite"] == "arithmetic" and gated["eval"]["target"].startswith(f"{MODEL}-update-"), gated
+    assert fleet.admin("DELETE", f"/api/v1/models/{MODEL}/eval-gate")[0] == 200
+
     # New weights that fail the suite sent are taken away; the model serves its old weights all along.
     failing = {"eval": {"content": FAILING, "file": "never.yaml"}}
     status, job = fleet.admin("POST", f"/api/v1/models/{MODEL}/update", failing, {"X-Llmgw-Actor": "ops"})

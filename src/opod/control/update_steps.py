@@ -4,7 +4,7 @@ request; or taken away, leaving the model as it was.
 The new weights run as a model of their own, the candidate, hidden behind a canary of the model
 in shadow (:class:`~opod.fleet.canaries_service.CanariesService`: clients cannot name it, copies of
 live requests warm it and are counted). Taking over moves the canary's share to all of the model's
-requests, gives the model the new weights (:meth:`~opod.fleet.models_service.ModelsService.move_weights`),
+requests, lets what was already sent to the model's replicas finish (:data:`DRAIN`), gives the model the new weights (:meth:`~opod.fleet.models_service.ModelsService.move_weights`),
 replaces its replicas in place through the reconciler's rolling restart, and only when they serve
 the new weights takes the canary and the candidate away. Every change is the job's actor's, audited
 as the call that started it.
@@ -35,6 +35,9 @@ from opod.store.evals import EvalRunRecord
 log = logging.getLogger("opod.updates")
 
 MOVE_WAIT = 600.0
+DRAIN = 3.0
+"""Seconds the model's replicas finish what was sent to them before the share moved, before they are replaced
+(their engines stop without waiting: a longer request than this is cut)."""
 POLL = 0.2
 CASES_SAID = 12
 """Cases a step's detail names one by one; the audit row keeps every one."""
@@ -128,6 +131,8 @@ class Takeover:
         evals: EvalsService,
         fleet: Fleet,
         desk: ReplicaDesk,
+        *,
+        drain: float = DRAIN,
     ) -> None:
         self.models = models
         self.models_service = models_service
@@ -135,13 +140,15 @@ class Takeover:
         self.evals = evals
         self.fleet = fleet
         self.desk = desk
+        self.drain = drain
         self._candidates: dict[str, str] = {}
 
     def is_candidate(self, name: str) -> bool:
         return name in self._candidates
 
-    def _name(self, move: Move) -> str:
-        base = f"{move.model}-{move.kind}-{(move.origin.revision or 'new')[:8]}"
+    def _name(self, move: Move, job_id: str) -> str:
+        # The job's own: a name an earlier job's candidate had could still be in a heartbeat that left before it went.
+        base = f"{move.model}-{move.kind}-{(move.origin.revision or 'new')[:8]}-{job_id.removeprefix('sj_')[:6]}"
         name, n = base, 1
         while (taken := self.models.named(name)) is not None and not taken.removed:
             n += 1
@@ -174,7 +181,7 @@ class Takeover:
             action = f"POST /api/v1/models/{move.model}/{move.kind}"
             return AuditDraft(actor=actor, source=SOURCE_API, action=action, status=202, body=body)
 
-        name = self._name(move)
+        name = self._name(move, job.id)
         self._candidates[name] = move.model
         job.mark("place", "running", f"{name}: the new weights, hidden from clients behind a canary in shadow")
         await job.save()
@@ -223,6 +230,7 @@ class Takeover:
         await job.save()
         before = definition_of(self.models_service.named(move.model))
         await self.canaries.set_percent(move.model, 100, draft())
+        await asyncio.sleep(self.drain)
         changed = await self.models_service.move_weights(move.model, move.source, move.origin, draft())
         try:
             await self._replaced(job, move.model, fingerprint(definition_of(changed)))
