@@ -27,7 +27,7 @@ def router(updates: Updating) -> APIRouter:
 
     @api.get("/api/v1/updates", operation_id="getUpdates", tags=["updates"], response_model=list[ModelserveUpdateInfo])
     async def get_updates() -> list[ModelserveUpdateInfo]:
-        return updates.infos()
+        return await updates.infos()
 
     @api.post(
         "/api/v1/updates/check",

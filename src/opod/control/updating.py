@@ -13,7 +13,8 @@ goes. A rollback is the same move back to the commit the last update replaced, w
 origin keeps, without a gate: a person's decision.
 
 The job is a serve job (``kind: update``), kept by :class:`~opod.control.serving.ServeJobs`.
-What the registry was last found to have is kept in memory here, per leader, until checked again.
+What the registry was last found to have is kept in the store (``store.update_checks``), so every
+leader lists the same until the next check.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime
 from typing import Any
+
+from pydantic import ValidationError
 
 from opod.contract.admin.catalog import CatalogOrigin
 from opod.contract.admin.models import (
@@ -37,8 +40,10 @@ from opod.control.update_checks import Latest, back, compare, found_origin, move
 from opod.control.update_steps import Move, Takeover
 from opod.fleet.models import KnownModel, ModelRegistry
 from opod.fleet.models_service import ModelsService
+from opod.store import Store
 from opod.store.audit import AuditDraft
 from opod.store.errors import Conflict, InvalidInput, NotFound
+from opod.store.offloop import run_sync
 from opod.weights.errors import WeightsError
 from opod.weights.hub import HubSettings, check_repo
 
@@ -50,6 +55,15 @@ STEPS = ("check", "fetch", "place", "start", "eval", "take over")
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+def _read(text: str | None) -> ModelserveUpdateInfo | None:
+    if text is None:
+        return None
+    try:
+        return ModelserveUpdateInfo.model_validate_json(text)
+    except ValidationError:
+        return None  # kept by another version of opod: shown as not checked until the next check
 
 
 def _why(err: WeightsError) -> str:
@@ -66,16 +80,17 @@ class Updates:
         jobs: ServeJobs,
         evals: EvalsService,
         takeover: Takeover,
+        store: Store,
         *,
         hub: HubSettings,
     ) -> None:
         self.models = models
+        self.store = store
         self.models_service = models_service
         self.jobs = jobs
         self.evals = evals
         self.takeover = takeover
         self.hub = hub
-        self._checked: dict[str, ModelserveUpdateInfo] = {}
 
     # --- what the registry has ----------------------------------------------------------------------------
 
@@ -90,11 +105,13 @@ class Updates:
             out.append((model, definition.origin))
         return out
 
-    def infos(self) -> list[ModelserveUpdateInfo]:
-        """Every model with an origin, as last checked (one never checked says only what it runs)."""
+    async def infos(self) -> list[ModelserveUpdateInfo]:
+        """Every model with an origin, as last checked (one never checked, or checked at other weights, says only what
+        it runs)."""
+        kept = await run_sync(self.store.update_checks)
         out = []
         for model, origin in self._with_origin():
-            seen = self._checked.get(model.id)
+            seen = _read(kept.get(model.id))
             if seen is not None and seen.current == (origin.revision or None) and seen.repo == origin.repo:
                 out.append(seen)
                 continue
@@ -131,9 +148,13 @@ class Updates:
             found = latest[repo]
             info = compare(model.id, origin, found, _now()) if isinstance(found, Latest) else None
             info = info or unchecked(model.id, origin, _now(), str(found))
-            self._checked[model.id] = info
+            await self._keep(info)
             out.append(info)
         return out
+
+    async def _keep(self, info: ModelserveUpdateInfo) -> None:
+        body = info.model_dump_json(exclude_none=True, by_alias=True)
+        await run_sync(self.store.put_update_check, info.model or "", body, at=info.checked_at)
 
     # --- moving a model -----------------------------------------------------------------------------------
 
@@ -187,7 +208,7 @@ class Updates:
         except WeightsError as err:
             raise Conflict(f"repo: {_why(err)}") from None
         info = compare(model.id, origin, latest, _now())
-        self._checked[model.id] = info
+        await self._keep(info)
         if not info.available:
             why = info.error or f"{model.id} already runs the files of {latest.revision[:12]}, the latest commit"
             raise Conflict(f"model {model.id!r} has no update: {why}")
@@ -264,8 +285,7 @@ class Updates:
         before = model.definition.origin
         if before is not None and before.repo == repo and before.previous is not None:
             origin = origin.model_copy(update={"previous": before.previous})
-        changed = await self.models_service.set_origin(model.id, origin, audit)
-        self._checked.pop(changed.id, None)
+        await self.models_service.set_origin(model.id, origin, audit)
         return OriginView(
             repo=origin.repo,
             revision=origin.revision or None,

@@ -72,5 +72,5 @@ def build_lifecycle(
     canaries = CanariesService(models_service, models, fleet, canary_book, emit, gate=evals)
     # An update's new weights run as a hidden candidate behind the canaries' mechanism, held to the evals' gate.
     takeover = Takeover(models, models_service, canaries, evals, fleet, reconciler)
-    updates = Updates(models, models_service, serve_jobs, evals, takeover, hub=hub)
+    updates = Updates(models, models_service, serve_jobs, evals, takeover, store, hub=hub)
     return LifecycleParts(serve_jobs=serve_jobs, evals=evals, canaries=canaries, updates=updates)
