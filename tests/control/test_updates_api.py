@@ -177,6 +177,8 @@ def test_updates_gated_refused_then_taken_over_without_a_failed_request_then_rol
         passing = {"eval": {"content": PASSING, "file": "any.yaml"}}
         status, job = fleet.admin("POST", f"/api/v1/models/{MODEL}/update", passing)
         assert status == 202, job
+        status, body = fleet.admin("POST", f"/api/v1/models/{MODEL}/rollback")
+        assert status == 409 and "being moved by a job already" in body["error"], body
         done = ended(fleet, job["id"])
     finally:
         stop.set()

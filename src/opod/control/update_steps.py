@@ -179,7 +179,8 @@ class Takeover:
         def draft(detail: dict[str, Any] | None = None) -> AuditDraft:
             body = {"job": job.id, "kind": move.kind, **(detail or {})}
             action = f"POST /api/v1/models/{move.model}/{move.kind}"
-            return AuditDraft(actor=actor, source=SOURCE_API, action=action, status=202, body=body)
+            status = 202 if move.kind == "update" else 200  # as the call that started it answered
+            return AuditDraft(actor=actor, source=SOURCE_API, action=action, status=status, body=body)
 
         name = self._name(move, job.id)
         self._candidates[name] = move.model

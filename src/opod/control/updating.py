@@ -91,6 +91,8 @@ class Updates:
         self.evals = evals
         self.takeover = takeover
         self.hub = hub
+        self._moving: set[str] = set()
+        """Models an update or rollback of this leader is moving now."""
 
     # --- what the registry has ----------------------------------------------------------------------------
 
@@ -173,6 +175,8 @@ class Updates:
             )
         if self.takeover.is_candidate(model.id):
             raise Conflict(f"{model.id!r} is the new weights of another model's update; update that model instead")
+        if model.id in self._moving:
+            raise Conflict(f"model {model.id!r} is being moved by a job already; GET /api/v1/jobs says where it stands")
         if definition.canary is not None:
             raise Conflict(
                 f"model {model.id!r} has a canary ({definition.canary.model}) running; promote it or take it out "
@@ -252,11 +256,19 @@ class Updates:
         what = Fetch(move.origin.repo or "", move.origin.revision or "", artifact, self.jobs.weights_dir)
 
         async def work(job: LiveJob) -> None:
-            await fetch(job, what, self.hub)
-            await self.takeover.carry(job, move, gate, audit.actor)
+            try:
+                await fetch(job, what, self.hub)
+                await self.takeover.carry(job, move, gate, audit.actor)
+            finally:
+                self._moving.discard(move.model)
 
         detail = {"model": move.model, "repo": move.origin.repo, "kind": move.kind, **detail}
-        return await self.jobs.begin(view, audit, f"model:{move.model}", detail, work)
+        self._moving.add(move.model)
+        try:
+            return await self.jobs.begin(view, audit, f"model:{move.model}", detail, work)
+        except BaseException:
+            self._moving.discard(move.model)
+            raise
 
     # --- origins ------------------------------------------------------------------------------------------
 
