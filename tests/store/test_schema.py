@@ -45,6 +45,7 @@ TABLES = {
     "settings_versions",
     "signin_failures",
     "teams",
+    "update_checks",
     "usage",
     "users",
 }

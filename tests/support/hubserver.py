@@ -158,6 +158,14 @@ class HubServer:
     def commit(self, repo: str, revision: str = "main") -> str:
         return self._repos[repo].commit(revision)
 
+    def keep_commit(self, repo: str, revision: str = "main") -> str:
+        """Keep what ``revision`` holds now under its commit id, so that commit still resolves after the branch moves
+        on (as the Hub keeps every commit); returns the id."""
+        record = self._repos[repo]
+        commit = record.commit(revision)
+        record.revisions[commit] = dict(record.revisions[revision])
+        return commit
+
     # ---- faults
 
     def cut_after(self, path: str, nbytes: int, *, times: int | None = 1) -> None:

@@ -237,10 +237,11 @@ def scaling_in_force(model: CatalogModel) -> tuple[int, int, int, bool]:
 def fingerprint(model: CatalogModel) -> str:
     """A short digest of a definition: a replica placed from another one is stale (``ReplicaView.stale``).
 
-    Workers echo it back for each replica they run, so a restarted leader can tell too. Adapters are left out:
-    they attach to a running replica, which stays what it was placed from.
+    Workers echo it back for each replica they run, so a restarted leader can tell too. Adapters attach to a running
+    replica, which stays what it was placed from; a canary or an eval gate changes no replica: none of them counts.
     """
-    return hashlib.sha256(model.model_dump_json(exclude_none=True, exclude={"adapters"}).encode()).hexdigest()[:16]
+    placed = model.model_dump_json(exclude_none=True, exclude={"adapters", "canary", "eval"})
+    return hashlib.sha256(placed.encode()).hexdigest()[:16]
 
 
 def class_in_force(model: CatalogModel) -> str:
@@ -408,10 +409,13 @@ def entry_for(model: CatalogModel, bundled: Entry | None) -> tuple[Entry | None,
             [f"source: {source!r} is neither a file path nor a Hugging Face repo (owner/name, or owner/name/FILE.gguf)"]
         )
     repo, file = "/".join(parts[:2]), "/".join(parts[2:])
-    # Weights served from the registry are pinned to the digest their origin lists: a worker fetches those bytes.
+    # Weights served from the registry are pinned to the commit and digest their origin lists: a worker fetches those
+    # bytes, and an update's new commit sits beside the old one.
     origin = model.origin if model.origin is not None and model.origin.repo == repo else None
     pinned = next((f.sha256 for f in (origin.files or []) if f.path == file and f.sha256), "") if origin else ""
-    return _written_entry(model, Source(type="huggingface", repo=repo, file=file, sha256=pinned), 1), False
+    revision = (origin.revision or "") if origin else ""
+    fetched = Source(type="huggingface", repo=repo, file=file, sha256=pinned, revision=revision)
+    return _written_entry(model, fetched, 1), False
 
 
 def from_entry(entry: Entry, engine: str = "") -> CatalogModel:

@@ -67,6 +67,8 @@ class Source(WireModel):
     version: Annotated[str, OMITEMPTY] = ""
     sha256: Annotated[str, OMITEMPTY] = ""
     """Expected SHA-256 of the weights file (lowercase hex); empty = not pinned."""
+    # opod addition: the Hub commit the file is fetched at (cached under <repo>@<revision>); empty = the default.
+    revision: Annotated[str, OMITEMPTY] = ""
 
     @model_validator(mode="after")
     def _has_locator(self) -> Source:

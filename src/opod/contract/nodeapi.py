@@ -409,6 +409,8 @@ class LoadModelRequest(WireModel):
     """A digest of the definition the replica was placed from (a later definition makes it stale)."""
     adapters: Annotated[list[Adapter] | None, OMITEMPTY] = None
     """opod addition: the LoRA adapters of the model's definition, attached once it serves; absent = none."""
+    revision: Annotated[str, OMITEMPTY] = ""
+    """The Hub commit ``repo``'s file is fetched at, so two commits' weights coexist (an update beside the old)."""
 
 
 class LoadModelResponse(WireModel):

@@ -35,6 +35,7 @@ from opod.control import (
     serve,
     settings,
     tenancy,
+    updates,
     usage,
     weights,
 )
@@ -70,6 +71,7 @@ def admin_areas(ctx: ControlContext) -> list[APIRouter]:
         federation.router(ctx.federation),
         canaries.router(ctx.canaries),
         adapters.router(ctx.adapters),
+        updates.router(ctx.updates),
     ]
 
 

@@ -17,7 +17,14 @@ from opod.access.service import AccessService
 from opod.access.signin import SignIn
 from opod.access.tenancy import Tenancy
 from opod.catalog import Catalog
-from opod.contract.admin.models import ModelserveJob, ModelservePlan, ModelserveRequest
+from opod.contract.admin.models import (
+    ModelserveChange,
+    ModelserveJob,
+    ModelservePlan,
+    ModelserveRequest,
+    ModelserveUpdateInfo,
+    OriginView,
+)
 from opod.control.evals.service import EvalsService
 from opod.fleet.adapters_service import AdaptersService
 from opod.fleet.canaries_service import CanariesService
@@ -111,6 +118,8 @@ class ControlContext:
     """Models' canaries (``/models/{name}/canary``, ``/canaries``, ``promote``): the one writer."""
     adapters: AdaptersService
     """Models' LoRA adapters (``/models/{name}/adapters``): read on the workers, judged, kept, attached."""
+    updates: Updating
+    """Newer weights for served models, updates held to quality, rollbacks, origins (``/updates``, ``update``...)."""
 
 
 class JobWaker(Protocol):
@@ -139,6 +148,20 @@ class Serving(Protocol):
     async def jobs(self) -> list[ModelserveJob]: ...
 
     async def job(self, job_id: str) -> ModelserveJob: ...
+
+
+class Updating(Protocol):
+    """Updates and rollbacks (``opod.control.updating.Updates``) as the routes see them."""
+
+    async def infos(self) -> list[ModelserveUpdateInfo]: ...
+
+    async def check(self, name: str | None) -> list[ModelserveUpdateInfo]: ...
+
+    async def update(self, name: str, change: ModelserveChange | None, audit: AuditDraft) -> ModelserveJob: ...
+
+    async def rollback(self, name: str, audit: AuditDraft) -> str: ...
+
+    async def set_origin(self, name: str, repo: str | None, audit: AuditDraft) -> OriginView: ...
 
 
 class Notifier(Protocol):

@@ -128,9 +128,9 @@ async def fetch(job: LiveJob, what: Fetch, hub: HubSettings) -> None:
                 meter(_before + done, total)
                 job.say("fetch", meter.describe())
 
-            # The head's name, pinned to the listed digest: the folder a worker on this machine looks in,
-            # and exactly the commit's bytes.
-            await client.download(what.repo, part.path, None, what.dest, listed=part, progress=progress)
+            # The commit's folder, pinned to the listed digest: where a worker on this machine looks for that commit,
+            # beside any other commit's files (an update's, a rollback's).
+            await client.download(what.repo, part.path, what.revision, what.dest, listed=part, progress=progress)
             await job.save(throttle=True)
             before += part.size
     meter(total, total)

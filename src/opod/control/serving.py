@@ -17,7 +17,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -50,7 +53,7 @@ from opod.fleet.serve_plan import DEFAULT_CONTEXT, ENGINE_WORDS, Way, plan, why_
 from opod.fleet.state import Fleet
 from opod.store import Store
 from opod.store.audit import SOURCE_API, AuditDraft
-from opod.store.errors import Conflict, Forbidden, InvalidInput, NotFound
+from opod.store.errors import Conflict, Forbidden, InvalidInput, NotFound, StoreError
 from opod.store.offloop import run_sync
 from opod.store.serve_jobs import RUNNING, new_serve_job_id
 from opod.weights.errors import WeightsError
@@ -293,6 +296,47 @@ class ServeJobs:
             self._run(live, what, definition, audit.actor, embeddings=bool(request.embeddings)), name=f"serve {job_id}"
         )
         return view.model_copy(deep=True)
+
+    async def begin(
+        self,
+        view: ModelserveJob,
+        audit: AuditDraft,
+        target: str,
+        detail: dict[str, Any],
+        work: Callable[[LiveJob], Awaitable[None]],
+    ) -> ModelserveJob:
+        """Keep a job another area carries out (an update, a rollback) with the call's audit row, and run ``work`` on
+        it as this service runs its own: its end kept, a leader stopping under it marks it failed."""
+        job_id = new_serve_job_id()
+        view = view.model_copy(update={"id": job_id, "started": view.started or datetime.now(UTC)})
+        with audit.commit(target=target, detail={"job": job_id, **detail}) as row:
+            await run_sync(
+                self.store.add_serve_job,
+                job_id,
+                view.model_dump_json(exclude_none=True, by_alias=True),
+                runner=self.runner,
+                at=view.started,
+                audit=row,
+            )
+        live = LiveJob(view, self.store)
+        self._live[job_id] = live
+        self._tasks[job_id] = asyncio.create_task(self._carry(live, work), name=f"{view.kind} {job_id}")
+        return view.model_copy(deep=True)
+
+    async def _carry(self, job: LiveJob, work: Callable[[LiveJob], Awaitable[None]]) -> None:
+        try:
+            await work(job)
+            job.view.state = "succeeded"
+        except asyncio.CancelledError:
+            job.fail(RESTARTED)
+            await self._save_last(job)
+            raise
+        except (StepFailed, WeightsError, StoreError) as err:
+            job.fail(str(err))
+        except Exception as err:  # a job's failure is said in the job, never lost
+            log.exception("%s job %s failed", job.view.kind, job.id)
+            job.fail(f"{type(err).__name__}: {err}")
+        await self._save_last(job)
 
     async def _run(self, job: LiveJob, what: Fetch, definition: CatalogModel, actor: str, *, embeddings: bool) -> None:
         name = definition.name or ""

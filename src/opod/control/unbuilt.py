@@ -28,15 +28,6 @@ from opod.contract.admin.hardware import (
     NvlinkReport,
     TopologyView,
 )
-from opod.contract.admin.models import (
-    CheckRequest,
-    ModelserveChange,
-    ModelserveJob,
-    ModelserveUpdateInfo,
-    OriginRequest,
-    OriginView,
-    Result,
-)
 from opod.contract.admin.services import (
     GuardAttachment,
     GuardAttachmentRequest,
@@ -85,36 +76,6 @@ class Unbuilt:
 
 
 UNBUILT: tuple[Unbuilt, ...] = (
-    Unbuilt(
-        "model rollouts",
-        "POST",
-        "/api/v1/models/{name}/origin",
-        "postModelsNameOrigin",
-        OriginView,
-        tag="models",
-        body=OriginRequest,
-    ),
-    Unbuilt("model rollouts", "POST", "/api/v1/models/{name}/rollback", "postModelsNameRollback", Result, tag="models"),
-    Unbuilt(
-        "model rollouts",
-        "POST",
-        "/api/v1/models/{name}/update",
-        "postModelsNameUpdate",
-        ModelserveJob,
-        tag="models",
-        body=ModelserveChange | None,
-        status=202,
-    ),
-    Unbuilt("model rollouts", "GET", "/api/v1/updates", "getUpdates", list[ModelserveUpdateInfo], tag="updates"),
-    Unbuilt(
-        "model rollouts",
-        "POST",
-        "/api/v1/updates/check",
-        "postUpdatesCheck",
-        list[ModelserveUpdateInfo],
-        tag="updates",
-        body=CheckRequest | None,
-    ),
     Unbuilt("guardrails", "GET", "/api/v1/guard", "getGuard", GuardView, tag="guard"),
     Unbuilt(
         "guardrails",

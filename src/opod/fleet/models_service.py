@@ -37,6 +37,7 @@ from opod.contract.admin.catalog import (
     CatalogCanary,
     CatalogEvalGate,
     CatalogModel,
+    CatalogOrigin,
     CatalogProfile,
     CatalogScaling,
 )
@@ -292,19 +293,39 @@ class ModelsService:
     # --- changing a definition -------------------------------------------------------------------------
 
     async def _redefine(
-        self, model: KnownModel, definition: CatalogModel, audit: AuditDraft, *, rescale: bool = False
+        self,
+        model: KnownModel,
+        definition: CatalogModel,
+        audit: AuditDraft,
+        *,
+        rescale: bool = False,
+        weights: bool = False,
     ) -> KnownModel:
         """Replace a model's definition after checking it whole; with ``rescale``, what is wanted on any worker
-        follows its scaling."""
+        follows its scaling; with ``weights``, the entry workers fetch by follows its source and origin."""
         _refuse(problems(definition, ENGINES))
         definition = self._owned(definition, definition_of(model))
         wanted = wanted_for(definition) if rescale else None
         engine = single_engine(definition)
+        entry, bundled = model.entry, False
+        if weights:
+            try:
+                entry, bundled = entry_for(definition, self.catalog.get(model.id))
+            except DefinitionError as err:
+                raise InvalidInput(str(err)) from None
+        entry_json = entry.to_json() if weights and entry is not None and not bundled else None
         with audit.commit(target=f"model:{model.id}") as row:
             await run_sync(
-                self.store.set_definition, model.id, dump(definition), engine=engine, wanted=wanted, audit=row
+                self.store.set_definition,
+                model.id,
+                dump(definition),
+                entry_json=entry_json,
+                engine=engine,
+                wanted=wanted,
+                audit=row,
             )
         model.definition = definition
+        model.entry = entry
         model.engine = engine
         if wanted == "unloaded":
             model.wanted = dict.fromkeys({ANY_NODE, *model.wanted}, "unloaded")
@@ -346,7 +367,19 @@ class ModelsService:
         candidate's weights become the model's, and its replicas are replaced (the reconciler rolls them)."""
         model = self.named(name)
         update = {"source": donor.source, "profiles": donor.profiles, "origin": donor.origin, "canary": None}
-        return await self._redefine(model, definition_of(model).model_copy(update=update), audit)
+        return await self._redefine(model, definition_of(model).model_copy(update=update), audit, weights=True)
+
+    async def move_weights(self, name: str, source: str, origin: CatalogOrigin, audit: AuditDraft) -> KnownModel:
+        """Give the model other weights of its repository (an update's, a rollback's), everything else kept, its canary
+        too: the caller replaces its replicas while the canary carries its requests."""
+        model = self.named(name)
+        update = {"source": source, "origin": origin}
+        return await self._redefine(model, definition_of(model).model_copy(update=update), audit, weights=True)
+
+    async def set_origin(self, name: str, origin: CatalogOrigin, audit: AuditDraft) -> KnownModel:
+        """Record where the model's weights were published (weights added by hand), so updates can be looked for."""
+        model = self.named(name)
+        return await self._redefine(model, definition_of(model).model_copy(update={"origin": origin}), audit)
 
     async def scale(
         self, name: str, audit: AuditDraft, *, low: int | None, high: int | None, idle_timeout: int | None

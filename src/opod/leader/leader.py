@@ -351,6 +351,7 @@ class Leader:
             evals=lifecycle_parts.evals,
             canaries=lifecycle_parts.canaries,
             adapters=AdaptersService(models_service, fleet, workers),
+            updates=lifecycle_parts.updates,
         )
         return cls(
             batches=batches,

@@ -1,4 +1,4 @@
-"""The model lifecycle's services, built once for the composition root: serve jobs, evaluations, canaries.
+"""The model lifecycle's services, built once for the composition root: serve jobs, evaluations, canaries, updates.
 
 They sit on the fleet's services (models, placement) and ask ``/v1`` as a client would, through
 the leader's own gateway (the replayer), so their requests are routed, metered and audited like
@@ -13,6 +13,8 @@ from pathlib import Path
 from opod import config
 from opod.control.evals.service import EvalsService
 from opod.control.serving import ServeJobs
+from opod.control.update_steps import Takeover
+from opod.control.updating import Updates
 from opod.fleet.canaries import CanaryBook
 from opod.fleet.canaries_service import CanariesService
 from opod.fleet.models import ModelRegistry
@@ -33,6 +35,7 @@ class LifecycleParts:
     serve_jobs: ServeJobs
     evals: EvalsService
     canaries: CanariesService
+    updates: Updates
 
 
 def build_lifecycle(
@@ -67,4 +70,7 @@ def build_lifecycle(
     # Quality runs ask /v1 as the operator's own requests do: through the gateway, as the admin key.
     evals = EvalsService(store, models, models_service, replayer.replay, eval_dir=config.eval_dir(home), owner=runner)
     canaries = CanariesService(models_service, models, fleet, canary_book, emit, gate=evals)
-    return LifecycleParts(serve_jobs=serve_jobs, evals=evals, canaries=canaries)
+    # An update's new weights run as a hidden candidate behind the canaries' mechanism, held to the evals' gate.
+    takeover = Takeover(models, models_service, canaries, evals, fleet, reconciler)
+    updates = Updates(models, models_service, serve_jobs, evals, takeover, store, hub=hub)
+    return LifecycleParts(serve_jobs=serve_jobs, evals=evals, canaries=canaries, updates=updates)

@@ -182,6 +182,7 @@ def load_requests(model: KnownModel, replica: Replica, peers: list[str]) -> list
                     profile=replica.profile,
                     fingerprint=replica.fingerprint,
                     adapters=load_adapters(definition),
+                    revision=source.revision if source is not None else "",
                 ),
             )
         )

@@ -40,6 +40,7 @@ from opod.store.serve_jobs import ServeJobsRepo
 from opod.store.settings import SettingsRepo
 from opod.store.signin import SignInRepo
 from opod.store.tenancy import TenancyRepo
+from opod.store.update_checks import UpdateChecksRepo
 from opod.store.usage import UsageRepo
 
 log = logging.getLogger("opod.store")
@@ -67,6 +68,7 @@ class Store(
     FederationRepo,
     ScimRepo,
     ServeJobsRepo,
+    UpdateChecksRepo,
     SignInRepo,
     EvalsRepo,
 ):

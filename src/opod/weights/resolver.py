@@ -138,7 +138,12 @@ async def aresolve(entry: Entry, home: Path | str, *, progress: Progress | None 
     if source.type == "huggingface":
         async with HubClient() as hub:
             return await hub.fetch_model(
-                source.repo, source.file or None, dest_dir=models_dir(home) / "hf", sha256=pinned, progress=progress
+                source.repo,
+                source.file or None,
+                dest_dir=models_dir(home) / "hf",
+                revision=source.revision or None,
+                sha256=pinned,
+                progress=progress,
             )
     if source.type == "file":
         return await asyncio.to_thread(_from_file, entry, home, pinned)

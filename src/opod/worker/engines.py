@@ -163,7 +163,7 @@ class EngineManager:
         if req.path:
             return Source(type="file", path=req.path)
         if req.repo:
-            return Source(type="huggingface", repo=req.repo, file=req.file)
+            return Source(type="huggingface", repo=req.repo, file=req.file, revision=req.revision)
         raise LoadRefused(
             400,
             f"model {req.id!r} is not in this worker's catalog and the request names no path or repo to load it from",

@@ -23,6 +23,7 @@ from opod.cli.ctl import (
     serving,
     settings,
     tenancy,
+    updates,
     usage,
 )
 
@@ -44,6 +45,10 @@ app.add_typer(presets.presets, name="presets")
 app.command("plan")(serving.plan)
 app.command("serve")(serving.serve)
 app.add_typer(serving.serve_jobs, name="serve-jobs")
+app.command("updates")(updates.updates)
+models.models.command("update")(updates.update)
+models.models.command("rollback")(updates.rollback)
+models.models.command("origin")(updates.origin)
 app.add_typer(evals.evals, name="eval")
 app.add_typer(presets.weights, name="weights")
 app.add_typer(tenancy.orgs, name="orgs")

@@ -72,7 +72,9 @@ def _steps(job: ModelserveJob) -> None:
 
 
 def _ending(job: ModelserveJob) -> None:
-    if job.state == "succeeded":
+    if job.state == "succeeded" and job.kind == "update":
+        render.line(f"{job.model} moved: {next((s.detail for s in job.steps or [] if s.name == 'take over'), '')}")
+    elif job.state == "succeeded":
         speed = f" at {job.tokens_per_second:g} tokens/s" if job.tokens_per_second else ""
         render.line(f"{job.model} serves; its smoke test answered{speed}: {job.reply or ''}")
     elif job.error:
@@ -111,9 +113,16 @@ def serve(
         fallbacks=fallbacks or None,
     )
     body = request("POST", path("models", "serve"), wire(asked))
-    job = parse(ModelserveJob, body, "POST /api/v1/models/serve")
+    follow_job(body, "POST /api/v1/models/serve", follow=follow, as_json=as_json)
+
+
+def follow_job(body: object, call: str, *, follow: bool, as_json: bool) -> ModelserveJob:
+    """A job just started (``body``, the answer to ``call``): its progress shown until it ends, then its steps and
+    how it ended; exits 1 when it did not succeed."""
+    job = parse(ModelserveJob, body, call)
     if not follow:
-        return emit_json(body) if as_json else _steps(job)
+        emit_json(body) if as_json else _steps(job)
+        return job
     with Status(f"job {job.id}: starting", console=err) as status:
         while job.state == "running":
             time.sleep(FOLLOW_EVERY)
@@ -123,11 +132,13 @@ def serve(
             if step is not None:
                 status.update(f"job {job.id}: {step.name}: {render.printable(step.detail or '')}")
     if as_json:
-        return emit_json(body)
-    _steps(job)
-    _ending(job)
+        emit_json(body)
+    else:
+        _steps(job)
+        _ending(job)
     if job.state != "succeeded":
         raise typer.Exit(1)
+    return job
 
 
 @serve_jobs.command("ls")

@@ -257,8 +257,20 @@ class EvalsService:
     ) -> tuple[Comparison, EvalRunRecord, EvalRunRecord]:
         """Ask ``model`` and ``candidate`` the same suite at once and compare them case by case:
         (comparison, the model's run, the candidate's run)."""
+        return await self._paired(model, candidate, self.suite(suite), judge, min_pairs, margin, by, job)
+
+    async def _paired(
+        self,
+        model: str,
+        candidate: str,
+        chosen: Suite,
+        judge: str,
+        min_pairs: int | None,
+        margin: float,
+        by: str,
+        job: str,
+    ) -> tuple[Comparison, EvalRunRecord, EvalRunRecord]:
         known, other = self._model(model), self._model(candidate, "candidate")
-        chosen = self.suite(suite)
         base = Plan(
             chosen, known.id, known.id, chosen.threshold, self._judge(chosen, judge), DEFAULT_CONCURRENCY, by, job
         )
@@ -305,8 +317,28 @@ class EvalsService:
             chosen = self.suite(gate.suite)
         except InvalidInput as err:
             return GateVerdict(False, False, f"the gate's suite cannot be run: {err}", gate)
-        comparison, baseline, run = await self.paired(
-            model_id, candidate, chosen.name, judge=gate.judge or "", by=by, job=job
+        return await self._held_to(model_id, candidate, chosen, gate, job=job, by=by)
+
+    def sent_gate(self, ask: RunAsk) -> tuple[Suite, CatalogEvalGate]:
+        """The suite a request sends to hold new weights to (an update's ``eval``), checked whole before anything
+        starts, as a gate; ``InvalidInput`` naming the field otherwise."""
+        chosen = self._sent(ask)
+        gate = CatalogEvalGate(suite=chosen.name, min_score=_score(ask.min_score, "eval.min_score") or None)
+        if ask.judge or chosen.judged:
+            gate = gate.model_copy(update={"judge": self._judge(chosen, ask.judge) or None})
+        return chosen, gate
+
+    async def suite_passes(
+        self, model: str, candidate: str, chosen: Suite, gate: CatalogEvalGate, *, job: str = "", by: str = "opod"
+    ) -> GateVerdict:
+        """Whether ``candidate`` passes ``chosen`` (a suite sent with the change) as :meth:`gate_passes` holds it."""
+        return await self._held_to(self._model(model).id, candidate, chosen, gate, job=job, by=by)
+
+    async def _held_to(
+        self, model_id: str, candidate: str, chosen: Suite, gate: CatalogEvalGate, *, job: str, by: str
+    ) -> GateVerdict:
+        comparison, baseline, run = await self._paired(
+            model_id, candidate, chosen, gate.judge or "", None, DEFAULT_MARGIN, by, job
         )
         threshold = gate.min_score or chosen.threshold
         need = min(self.min_cases, len(chosen.cases))
@@ -324,7 +356,7 @@ class EvalsService:
             )
         score = f"score {run.score:.3f} against {threshold:.3f} on suite {chosen.name} (run {run.id})"
         if run.score < threshold:
-            return verdict(False, True, f"below the gate: {score}")
+            return verdict(False, True, f"below the gate by {threshold - run.score:.3f}: {score}")
         if comparison.decision == "worse":
             return verdict(False, True, f"worse than {model_id} on the same cases: {comparison.reason}")
         return verdict(True, True, f"passed: {score}; against {model_id}: {comparison.decision} ({comparison.reason})")
