@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from opod.control.serve_steps import EVAL_SKIPPED
 from opod.leader.batches import runner_owner
 from opod.store import Store
 from opod.store.serve_jobs import new_serve_job_id
@@ -188,7 +189,7 @@ def test_serving_fetches_places_starts_and_tries_the_model(fleet: Leader, hub: H
     assert steps["fetch"]["state"] == "done" and "100% of 771 kB" in steps["fetch"]["detail"]
     assert steps["place"]["state"] == "done" and "cpu-1" in steps["place"]["detail"]
     assert steps["start"]["state"] == "done" and steps["start"]["detail"].startswith("serving on cpu-1")
-    assert steps["eval"] == {**steps["eval"], "state": "skipped", "detail": "skipped: evaluations not built"}
+    assert steps["eval"] == {**steps["eval"], "state": "skipped", "detail": EVAL_SKIPPED}
     assert done["reply"].strip() and done["tokens_per_second"] > 0
     assert any(s["state"] == "running" for j in seen for s in j["steps"] if s["name"] in ("start", "place"))
     # The plan read the header alone; the leader's fetch resumed after the cut; then the worker fetched its own copy
@@ -225,7 +226,7 @@ def test_the_opod_command_plans_serves_with_progress_and_lists_jobs(fleet: Leade
     assert listed.returncode == 0 and "tiny-q8" in listed.stdout and "succeeded" in listed.stdout, listed.stdout
     job_id = next(line.split()[0] for line in listed.stdout.splitlines() if "tiny-q8" in line)
     shown = opod_cli(fleet, "ctl", "serve-jobs", "show", job_id)
-    assert shown.returncode == 0 and "smoke test" in shown.stdout and "skipped: evaluations not built" in shown.stdout
+    assert shown.returncode == 0 and "smoke test" in shown.stdout and "no suite asked" in shown.stdout
 
 
 def test_no_job_is_left_running_after_the_leader_stops_under_it(hub: HubServer, tmp_path: Path) -> None:

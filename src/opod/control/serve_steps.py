@@ -38,7 +38,7 @@ START_WAIT = 600.0
 POLL = 0.2
 SMOKE_PROMPT = "Say hello in five words."
 SMOKE_TOKENS = 24
-EVAL_SKIPPED = "skipped: evaluations not built"
+EVAL_SKIPPED = "skipped: no suite asked; POST /models/{name}/eval runs one"
 
 
 class StepFailed(Exception):
