@@ -41,8 +41,8 @@ COMMIT_EVERY_S = 0.2
 transaction: a commit per request would cost the event loop more than the request itself (thread
 hand-offs, SQLite's locks and page I/O, and the writer's thread holding the GIL the loop waits for).
 The journal already keeps each row safe from a crash; this only delays when a row is offered on the
-streams. Measured side by side (``bench/results/hotpath-ab.md``): a commit every 0.05 s, with the
-bodies' writer in its own thread hops beside it, cost the all-on leader about a tenth more CPU per request."""
+streams. Measured side by side (``python -m bench stages-ab``): a commit every 0.05 s, with the bodies'
+writer in its own thread hops beside it, cost the all-on leader about a tenth more CPU per request."""
 BACKOFF_S = (0.1, 5.0)  # first and longest wait after a failed commit
 
 
