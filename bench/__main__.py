@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from bench import admission, compare, console, dataplane, fleet_scale, routing, stages, tenancy_overhead, usage
+from bench.stages import ab as stages_ab
 
 app = typer.Typer(
     help="opod's benchmarks. Results go to bench/results/ as a markdown table and PNG plots.", no_args_is_help=True
@@ -17,6 +18,7 @@ app.command("fleet-scale")(fleet_scale.command)
 app.command("tenancy-overhead")(tenancy_overhead.command)
 app.command("compare")(compare.command)
 app.command("stages")(stages.command)
+app.command("stages-ab")(stages_ab.command)
 app.command("console")(console.command)
 
 

@@ -85,12 +85,15 @@ def policy_file(path: Path, webhook: str) -> None:
 class Member:
     """One configuration's leader and its worker."""
 
-    def __init__(self, config: Config, scratch: Path, webhook: str) -> None:
+    def __init__(self, config: Config, scratch: Path, webhook: str, tree: Path | None = None) -> None:
+        """``tree``: another checkout whose ``src/`` the leader runs (``python -m bench stages-ab``); this one's
+        by default."""
         self.config = config
         self.home = scratch / config.name
         (self.home / "leader").mkdir(parents=True)
         self.request_file = self.home / "profile-request.json"
-        env = {"STAGES_PROFILE_REQUEST": str(self.request_file), "PYTHONPATH": str(REPO)}
+        path = str(REPO) if tree is None else os.pathsep.join((str(tree / "src"), str(tree)))
+        env = {"STAGES_PROFILE_REQUEST": str(self.request_file), "PYTHONPATH": path}
         if config.areas.guardrail:
             policy = self.home / "policy.json"
             policy_file(policy, webhook)

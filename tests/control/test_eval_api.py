@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -141,11 +142,12 @@ def test_arithmetic_runs_to_the_end_through_v1_with_a_usage_row_per_case(leader:
     assert done["passed"] is (done["score"] >= 0.8)
     assert done["below"] == sum(not r["passed"] for r in results.values()) and done["errors"] == 0
 
-    rows = wait_until(
-        lambda: [e.data for e in usage_rows(leader) if e.data.request_id.startswith(run["id"] + "-")] or None,
-        15,
-        "the run's usage rows",
-    )
+    def every_row() -> list[Any] | None:
+        # Each row is offered once the ledger commits it, a moment after its answer.
+        found = [e.data for e in usage_rows(leader) if e.data.request_id.startswith(run["id"] + "-")]
+        return found if len(found) >= 6 else None
+
+    rows = wait_until(every_row, 15, "the run's usage rows")
     assert len(rows) == 6
     for row in rows:
         assert row.model == MODEL and row.outcome == "ok" and row.api_key_id

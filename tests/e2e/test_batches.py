@@ -9,12 +9,14 @@ sending an answered line again, a cancel stops it, and ``/api/v1/client-jobs`` s
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from pathlib import Path
 
 import openai
 import pytest
 
+from opod.ledger.ledger import COMMIT_EVERY_S
 from tests.support.inprocess import InProcessLeader as Leader
 from tests.support.opod_process import OpodProcess, http, opod_cli, sim_worker, usage_rows, wait_until
 
@@ -139,10 +141,10 @@ def test_a_batch_of_200_lines_completes_and_each_line_is_served_once_under_its_k
     output = client.files.retrieve(done.output_file_id)
     assert output.purpose == "batch_output" and output.bytes == len(client.files.content(done.output_file_id).content)
 
+    # A line's usage row is offered once the ledger commits it, a moment after its answer is kept.
+    lines = Counter(f"{batch.id}-{i + 1}" for i in range(LINES))
+    wait_until(lambda: _ok_rows(fleet, batch.id) == lines, 10, "a usage row for every line, once")
     rows = [r for r in usage_rows(fleet.leader) if r.data.request_id.startswith(batch.id + "-")]
-    assert Counter(r.data.request_id for r in rows if r.data.outcome == "ok") == Counter(
-        f"{batch.id}-{i + 1}" for i in range(LINES)
-    )
     assert {r.data.api_key_id for r in rows} == {key_id}, "the batch's requests are its key's"
     status, export = fleet.leader.admin("GET", "/api/v1/usage/export?by=key&format=json&period=month")
     assert status == 200, export
@@ -210,7 +212,10 @@ def test_cancel_stops_sending_and_the_lines_never_sent_are_in_the_error_file(fle
     skipped = _answers(client, done.error_file_id)
     assert len(answered) == counts.completed and len(answered) + len(skipped) == LINES
     assert all(s["error"]["code"] == "batch_cancelled" and s["response"] is None for s in skipped)
-    assert sum(_ok_rows(fleet, batch.id).values()) == counts.completed, "no line was sent after the cancel ended"
+    completed = counts.completed
+    wait_until(lambda: sum(_ok_rows(fleet, batch.id).values()) >= completed, 10, "a usage row for every line answered")
+    time.sleep(3 * COMMIT_EVERY_S)  # a line sent after the cancel ended would have its row by now
+    assert sum(_ok_rows(fleet, batch.id).values()) == completed, "no line was sent after the cancel ended"
     assert client.batches.cancel(batch.id).status == "cancelled", "cancelling an ended batch changes nothing"
 
 

@@ -191,6 +191,25 @@ async def test_post_sees_the_answer_and_may_block_or_rewrite_it(hook, guardrails
     assert await guardrails.post(policy, "req_15", "m1", BODY, ANSWER) != ANSWER
 
 
+async def test_post_rewrites_chain_and_an_answer_that_is_not_json_goes_as_text(hook, guardrails) -> None:
+    webhook, url = hook
+    rules = [rule(f"{url}/redact", phase="post", id_="first"), rule(f"{url}/allow", phase="post", id_="second")]
+    out = await guardrails.post(rules, "req_16", "m1", BODY, ANSWER)
+    assert json.loads(out)["choices"][0]["message"]["content"] == "ok [card]"
+    # The second rule judges the answer as the first rewrote it.
+    assert webhook.calls[-1][2]["response"]["choices"][0]["message"]["content"] == "ok [card]"
+    await guardrails.post([rule(f"{url}/allow", phase="post")], "req_17", "m1", BODY, b"upstream said: \xff no")
+    assert webhook.calls[-1][2]["response"] == "upstream said: \ufffd no"
+
+
+async def test_a_rules_own_request_id_header_is_sent_instead_of_the_requests(hook, guardrails) -> None:
+    webhook, url = hook
+    await guardrails.pre([rule(f"{url}/allow", headers={"x-request-id": "fixed"})], "req_18", "m1", BODY)
+    assert webhook.calls[-1][1]["x-request-id"] == "fixed"
+    await guardrails.pre([rule(f"{url}/allow", id_="plain")], "req_19", "m1", BODY)
+    assert webhook.calls[-1][1]["x-request-id"] == "req_19"
+
+
 async def test_logging_only_never_delays_the_answer_and_never_refuses(hook, guardrails) -> None:
     webhook, url = hook
     rules = [

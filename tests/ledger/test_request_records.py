@@ -3,6 +3,7 @@ journal and survives a crash; its kept body is written off the request path and 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -124,6 +125,33 @@ async def test_bodies_are_written_in_batches_and_a_full_queue_drops_and_counts(s
     )
     assert written == 2 and store.get_request_body("a").request == '{"fourth": 1}'
     assert store.get_request_body("b").request == '{"b": 1}'
+
+
+async def test_the_running_writer_keeps_bodies_with_its_rows_and_alone(ledger: Ledger, store: Store) -> None:
+    stop = asyncio.Event()
+    writer = asyncio.create_task(ledger.run(stop))
+    try:
+        ticket = ledger.begin(request_id="with-row", api_key_id="", user_id="", model="m", protocol="openai")
+        ledger.end(ticket, outcome="ok", prompt_tokens=1, completion_tokens=1, latency_ms=1)
+        assert ledger.bodies.offer(body("with-row"))
+        await _until(lambda: ledger.bodies.written == 1)
+        assert store.find_request("with-row").outcome == "ok"
+        assert store.get_request_body("with-row").response == "hi"
+        assert ledger.bodies.offer(body("alone"))  # no usage row to commit beside it: written all the same
+        await _until(lambda: ledger.bodies.written == 2)
+        assert ledger.bodies.offer(body("at-stop"))
+    finally:
+        stop.set()
+        await writer
+    assert store.get_request_body("at-stop").request_id == "at-stop"
+
+
+async def _until(condition: Callable[[], bool], seconds: float = 10.0) -> None:
+    for _ in range(int(seconds / 0.01)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("timed out")
 
 
 async def test_retention_deletes_expired_bodies_only(ledger: Ledger, store: Store) -> None:

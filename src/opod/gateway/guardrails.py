@@ -62,8 +62,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from opod.contract.adminapi import GuardrailRule, PolicySnapshot
+from opod.http import fastjson
 from opod.http.errors import GatewayError
-from opod.http.upstream import UpstreamResponse, Upstreams, split_url
+from opod.http.upstream import Origin, UpstreamResponse, Upstreams, header_lines, split_url
 from opod.snapshots.policy import PolicyView
 
 log = logging.getLogger("opod.guardrails")
@@ -72,6 +73,8 @@ DEFAULT_TIMEOUT_MS = 2000
 MAX_PENDING_LOGS = 1000
 """``logging_only`` calls in flight at most; beyond it new ones are dropped (and counted), never queued."""
 MAX_ANSWER_BYTES = 32 << 20
+MAX_WEBHOOKS = 256
+"""Rules whose webhook's address and headers are kept made; past it the table starts afresh."""
 
 
 GUARD_ACTIONS = ("allow", "failed_open", "rewrite", "unavailable", "block")
@@ -156,8 +159,46 @@ def _rules(policy: Rules, phase: str) -> list[GuardrailRule]:
 
 def _envelope(fields: dict[str, Any], **raw: bytes) -> bytes:
     """A webhook's body: ``fields`` as JSON, and each of ``raw`` spliced in as the JSON text it is already."""
-    head = json.dumps(fields).encode()[:-1]
+    head = fastjson.dumps(fields)[:-1]
     return head + b"".join(b',"%s":%s' % (name.encode(), value) for name, value in raw.items()) + b"}"
+
+
+def _as_json(body: bytes) -> bytes:
+    """``body`` as JSON text for an envelope: itself when it is JSON already (an engine's answer), else as a string."""
+    try:
+        fastjson.loads(body)
+    except ValueError:
+        return fastjson.dumps(body.decode("utf-8", "replace"))
+    return body
+
+
+@dataclass(frozen=True, slots=True)
+class _Webhook:
+    """What every call to one rule's webhook sends alike, made once per rule: where, and the fixed headers."""
+
+    rule: GuardrailRule
+    origin: Origin
+    target: str
+    headers: bytes
+    """The header lines, encoded: the rule's own, and ``X-Request-Id`` where the rule does not set it."""
+    own_request_id: bool
+    """The rule's headers set ``X-Request-Id``: the request's is not added."""
+
+    def header_lines(self, request_id: str) -> bytes:
+        if self.own_request_id:
+            return self.headers
+        return self.headers + b"X-Request-Id: %s\r\n" % request_id.encode("latin-1")
+
+
+def _webhook(rule: GuardrailRule) -> _Webhook:
+    """``rule``'s webhook; ``UpstreamError`` (an OSError) when its URL is not http(s)."""
+    headers = {"Content-Type": "application/json", "X-Opod-Guardrail": rule.id}
+    if rule.auth_key:
+        headers["Authorization"] = f"Bearer {rule.auth_key}"
+    headers.update(rule.headers or {})
+    where, target = split_url(rule.url)
+    own_request_id = any(name.lower() == "x-request-id" for name in headers)
+    return _Webhook(rule, where, target, header_lines(headers), own_request_id)
 
 
 async def _read_capped(resp: UpstreamResponse) -> bytes:
@@ -190,6 +231,8 @@ class Guardrails:
 
     def __init__(self, upstream: Upstreams | None = None) -> None:
         self.upstream = upstream or Upstreams()
+        self._webhooks: dict[int, _Webhook] = {}
+        """``id(rule)`` → its webhook; the entry holds the rule, so the id is not another's while it is kept."""
         self._pending: set[asyncio.Task[None]] = set()
         self.dropped_logs = 0
         """``logging_only`` calls dropped because too many were in flight."""
@@ -238,22 +281,17 @@ class Guardrails:
         rules = _rules(policy, "post")
         if not rules:
             return answer
-        request = _json_or_text(request_body)
-        response = _json_or_text(answer)
-        rewritten = False
+        # The request is the JSON the gateway relayed and the answer the engine's: spliced in unparsed.
+        request, response = _as_json(request_body), _as_json(answer)
+        rewritten: Any = None
         for rule in rules:
-            payload = {
-                "phase": "post",
-                "guardrail_id": rule.id,
-                "request_id": request_id,
-                "model": model,
-                "request": request,
-                "response": response,
-            }
-            new = await self._judge(rule, json.dumps(payload).encode(), model, request_id, note)
+            fields = {"phase": "post", "guardrail_id": rule.id, "request_id": request_id, "model": model}
+            payload = _envelope(fields, request=request, response=response)
+            new = await self._judge(rule, payload, model, request_id, note)
             if new is not None:
-                response, rewritten = new, True
-        return json.dumps(response).encode() if rewritten else answer
+                rewritten = new
+                response = fastjson.dumps(new)
+        return json.dumps(rewritten).encode() if rewritten is not None else answer
 
     def log(
         self,
@@ -334,16 +372,20 @@ class Guardrails:
             note.saw("unavailable", rule, str(err))
             raise GuardrailUnavailable(rule.id, str(err)) from None
 
+    def _webhook(self, rule: GuardrailRule) -> _Webhook:
+        found = self._webhooks.get(id(rule))
+        if found is None:
+            if len(self._webhooks) >= MAX_WEBHOOKS:
+                self._webhooks.clear()  # rules of policies replaced since
+            found = self._webhooks[id(rule)] = _webhook(rule)
+        return found
+
     async def _call(self, rule: GuardrailRule, payload: bytes, request_id: str) -> dict[str, Any] | None:
         timeout_ms = rule.timeout_ms or DEFAULT_TIMEOUT_MS
-        headers = {"Content-Type": "application/json", "X-Request-Id": request_id, "X-Opod-Guardrail": rule.id}
-        if rule.auth_key:
-            headers["Authorization"] = f"Bearer {rule.auth_key}"
-        headers.update(rule.headers or {})
         try:
-            where, target = split_url(rule.url)
+            hook = self._webhook(rule)
             async with asyncio.timeout(timeout_ms / 1000):
-                resp = await self.upstream.post(where, target, payload, headers)
+                resp = await self.upstream.post(hook.origin, hook.target, payload, hook.header_lines(request_id))
                 status = resp.status
                 try:
                     data = await _read_capped(resp)
@@ -358,8 +400,8 @@ class Guardrails:
         if not data.strip():
             return None
         try:
-            answer = json.loads(data)
-        except (ValueError, UnicodeDecodeError):
+            answer = fastjson.loads(data)
+        except ValueError:
             raise _WebhookFailed("its answer is not JSON") from None
         if not isinstance(answer, dict):
             raise _WebhookFailed("its answer is not a JSON object")

@@ -168,7 +168,9 @@ class Relay:
             ],
         )
 
-    def _where(self, node: NodeState, model: str, request_id: str, path: str) -> tuple[str, dict[str, str]] | None:
+    def _where(
+        self, node: NodeState, model: str, request_id: str, path: str
+    ) -> tuple[str, Mapping[str, str] | bytes] | None:
         """The URL to send to and its headers: the engine itself when it is on this machine, else its worker.
 
         ``None`` when the worker is in this process and serves no engine for ``model``.
@@ -180,7 +182,7 @@ class Relay:
             engine = node.engine_urls.get(model) if node.same_host else None
         if engine is not None:
             # The engine is on this machine: call it on loopback, one hop less than through its worker.
-            return engine, {"X-Request-Id": request_id, "Content-Type": "application/json"}
+            return engine, b"X-Request-Id: %s\r\nContent-Type: application/json\r\n" % request_id.encode("latin-1")
         headers = self.workers.signed_headers(node, "POST", path)
         headers.update({MODEL_HEADER: model, "X-Request-Id": request_id, "Content-Type": "application/json"})
         return node.base_url(), headers

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import NamedTuple, cast
 from urllib.parse import urlsplit
@@ -267,6 +267,11 @@ def split_url(url: str) -> tuple[Origin, str]:
     return origin(url), (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
 
 
+def header_lines(headers: Mapping[str, str]) -> bytes:
+    """``headers`` as the request's header lines (``Name: value\\r\\n`` each), for :meth:`Upstreams.post`."""
+    return "".join([f"{name}: {value}\r\n" for name, value in headers.items()]).encode("latin-1")
+
+
 class Upstreams:
     """Keep-alive connections to many upstreams, by origin."""
 
@@ -280,9 +285,17 @@ class Upstreams:
         """Connections opened so far (a figure for tests and benchmarks)."""
 
     async def post(
-        self, key: Origin, path: str, body: bytes, headers: dict[str, str], on_sent: Callable[[], None] | None = None
+        self,
+        key: Origin,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str] | bytes,
+        on_sent: Callable[[], None] | None = None,
     ) -> UpstreamResponse:
         """Send one POST to ``path`` at ``key`` and return once the answer's headers are in.
+
+        ``headers`` as a mapping, or as header lines encoded already (:func:`header_lines`): a caller
+        that sends the same ones again and again makes them once.
 
         ``on_sent`` is called each time the request has been written, while the upstream works on it:
         work that need not delay the request goes there.
@@ -293,12 +306,15 @@ class Upstreams:
         if head is None:
             default = key.port == (443 if key.tls else 80)
             head = self._heads[key] = f"Host: {key.host if default else f'{key.host}:{key.port}'}\r\n".encode("idna")
-        lines = [f"POST {path} HTTP/1.1\r\n".encode("latin-1"), head]
-        for name, value in headers.items():
-            lines.append(f"{name}: {value}\r\n".encode("latin-1"))
-        lines.append(b"Content-Length: %d\r\n\r\n" % len(body))
-        lines.append(body)
-        request = b"".join(lines)
+        request = b"".join(
+            (
+                f"POST {path} HTTP/1.1\r\n".encode("latin-1"),
+                head,
+                headers if isinstance(headers, bytes) else header_lines(headers),
+                b"Content-Length: %d\r\n\r\n" % len(body),
+                body,
+            )
+        )
         idle = self._idle.get(key)
         while idle:
             conn = idle.pop()

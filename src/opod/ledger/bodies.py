@@ -4,6 +4,10 @@ The gateway offers a body once its answer is complete; :meth:`BodyKeeper.offer` 
 never raises: past its bound (bodies or bytes waiting) a body is dropped and counted, since a
 slow store must not slow ``/v1``. Bodies are a convenience for inspection and replay, not a
 record that must survive a crash (the usage row is that), so they are not journaled.
+
+The ledger's writer writes them in its own rounds (``Ledger.flush``), in the thread of its usage
+commit: a thread hand-off of their own, several times a second, cost the event loop more than
+writing them.
 """
 
 from __future__ import annotations
@@ -12,8 +16,8 @@ import asyncio
 import logging
 import threading
 from collections import deque
+from collections.abc import Callable
 
-from opod.ledger.waiting import wait_any
 from opod.store import Store
 from opod.store.requests import RequestBody
 
@@ -22,75 +26,79 @@ log = logging.getLogger("opod.ledger")
 MAX_WAITING = 2_000
 MAX_WAITING_BYTES = 64 << 20
 BATCH = 200
-IDLE_WAKE_S = 1.0
-GATHER_S = 0.1
-"""How long a batch gathers bodies before it is written: one transaction for many, where one per body would cost
-the store a transaction per request."""
+"""Bodies in one statement."""
 
 
 class BodyKeeper:
-    def __init__(self, store: Store, *, max_waiting: int = MAX_WAITING, max_bytes: int = MAX_WAITING_BYTES) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        max_waiting: int = MAX_WAITING,
+        max_bytes: int = MAX_WAITING_BYTES,
+        offered: Callable[[], None] | None = None,
+    ) -> None:
         self.store = store
         self.max_waiting = max_waiting
         self.max_bytes = max_bytes
+        self.offered = offered
+        """Told of each body queued (the ledger's writer wakes for it)."""
         self.dropped = 0
-        """Bodies not kept because the writer was behind."""
+        """Bodies not kept because the writer was behind, or the store refused them."""
         self.written = 0
+        self._counts = threading.Lock()  # the counters: written in the writer's thread, dropped on the loop too
         self._waiting: deque[RequestBody] = deque()
         self._bytes = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread = 0
-        self._wake: asyncio.Event | None = None
 
     def offer(self, body: RequestBody) -> bool:
         """Queue ``body`` for the next batch; False (and counted) when the queue is full."""
         size = len(body.request) + len(body.response)
         if len(self._waiting) >= self.max_waiting or self._bytes + size > self.max_bytes:
-            self.dropped += 1
-            if self.dropped == 1 or self.dropped % 1000 == 0:
+            with self._counts:
+                self.dropped += 1
+                dropped = self.dropped
+            if dropped == 1 or dropped % 1000 == 0:
                 log.warning(
                     "ledger: %d request bodies dropped so far: the store is behind (%d waiting)",
-                    self.dropped,
+                    dropped,
                     len(self._waiting),
                 )
             return False
         self._waiting.append(body)
         self._bytes += size
-        loop, wake = self._loop, self._wake
-        if loop is not None and wake is not None:
-            if threading.get_ident() == self._loop_thread:
-                wake.set()
-            else:
-                loop.call_soon_threadsafe(wake.set)
+        if self.offered is not None:
+            self.offered()
         return True
 
     @property
     def waiting(self) -> int:
         return len(self._waiting)
 
-    async def flush(self) -> None:
-        """Write every body offered so far; StoreError when the store refuses."""
-        while self._waiting:
-            batch = [self._waiting.popleft() for _ in range(min(BATCH, len(self._waiting)))]
-            self._bytes -= sum(len(b.request) + len(b.response) for b in batch)
-            try:
-                self.written += await asyncio.to_thread(self.store.keep_request_bodies, batch)
-            except Exception as err:
-                # Not journaled, so not retried forever: a batch the store refuses is dropped, and said.
-                self.dropped += len(batch)
-                log.error("ledger: %d request bodies could not be kept (%s); dropped", len(batch), err)
+    def take(self) -> list[RequestBody]:
+        """Every body waiting, off the queue, for :meth:`write`; called where :meth:`offer` is (the event loop)."""
+        batch = list(self._waiting)
+        self._waiting.clear()
+        self._bytes = 0
+        return batch
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Write batches as bodies come, until ``stop``; what is waiting then is written before it returns."""
-        self._loop, self._loop_thread, self._wake = asyncio.get_running_loop(), threading.get_ident(), asyncio.Event()
-        try:
-            while not stop.is_set():
-                self._wake.clear()
-                if len(self._waiting) < BATCH:
-                    await wait_any(GATHER_S, stop)
-                await self.flush()
-                if not self._waiting:
-                    await wait_any(IDLE_WAKE_S, self._wake, stop)
-        finally:
-            self._loop = self._wake = None
-            await self.flush()
+    def write(self, batch: list[RequestBody]) -> None:
+        """Store ``batch`` (blocking: in a thread); a part the store refuses is dropped, counted and said, never raised.
+
+        Not journaled, so not retried forever."""
+        for start in range(0, len(batch), BATCH):
+            part = batch[start : start + BATCH]
+            try:
+                written = self.store.keep_request_bodies(part)
+            except Exception as err:
+                with self._counts:
+                    self.dropped += len(part)
+                log.error("ledger: %d request bodies could not be kept (%s); dropped", len(part), err)
+                continue
+            with self._counts:
+                self.written += written
+
+    async def flush(self) -> None:
+        """Write every body offered so far, in a thread."""
+        batch = self.take()
+        if batch:
+            await asyncio.to_thread(self.write, batch)

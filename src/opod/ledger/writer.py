@@ -23,7 +23,7 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -112,22 +112,34 @@ class Writer:
         self.recorded += 1
         self._pending.append((self.recorded, record))
 
-    async def drain(self, upto: int | None = None) -> None:
+    async def drain(self, upto: int | None = None, along: Callable[[], None] | None = None) -> bool:
         """Commit until every record up to ``upto`` (default: all added so far) is in the store.
+
+        ``along`` is more blocking work for the store, run in the thread of the first commit once it
+        has committed, to spare it a thread hand-off of its own; returns whether it ran (not when
+        there was nothing to commit, or the commit failed).
 
         Raises StoreError when a commit fails; what is not committed stays queued.
         """
         target = self.recorded if upto is None else upto
         if self._lock is None:
             self._lock = asyncio.Lock()
+        ran = False
         async with self._lock:
             while self.committed < target and self._pending:
                 batch = list(islice(self._pending, self.batch_max))
-                await asyncio.to_thread(
-                    commit_records, self.store, [record for _, record in batch], self.rejected, check_known=False
-                )
+                then = None if ran else along
+                await asyncio.to_thread(_commit, self.store, [record for _, record in batch], self.rejected, then)
+                ran = ran or then is not None
                 # Only this coroutine (under the lock) removes from the left; add() appends on the right.
                 for _ in batch:
                     self._pending.popleft()
                 self.committed = batch[-1][0]
                 self.commits += 1
+        return ran
+
+
+def _commit(store: Store, records: list[dict[str, Any]], rejected: Path, then: Callable[[], None] | None) -> None:
+    commit_records(store, records, rejected, check_known=False)
+    if then is not None:
+        then()

@@ -1,0 +1,159 @@
+"""``python -m bench stages-ab --base DIR``: this checkout's leader against another's, every governance area on.
+
+The stages bench's on/off rounds compare configurations of one build; a change to the hot path is judged
+against the build before it, on a machine whose load drifts. So both leaders (each with its own worker and
+zero-latency simulator, one guardrail webhook shared) run side by side, and each round measures the two
+back to back, their order turned every round: the ratio of a pair is what the change did, whatever the
+machine was doing then. CPU is every thread's, from ``/proc/PID/task/*/schedstat`` (nanoseconds; /proc's
+``stat`` counts in 10 ms ticks, too coarse for a two-second round).
+
+``DIR`` holds the other build's tree, e.g. ``git worktree add --detach /tmp/base main``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from bench import loadgen
+from bench.stages.fleet import ALL_ON, CONFIGS, REPO, Config, Member, Webhook, stop_all
+from bench.stages.measure import PAYLOAD
+
+console = Console(width=None if sys.stdout.isatty() else 150)
+RESULTS = REPO / "bench" / "results"
+SIDES = ("base", "this")
+
+
+def cpu_ns(pid: int) -> tuple[int, int]:
+    """The process's CPU time in nanoseconds, every thread and the main thread (the event loop's)."""
+    total = main = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                spent = int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended meanwhile
+        total += spent
+        if tid == str(pid):
+            main = spent
+    return total, main
+
+
+@dataclass
+class Side:
+    cpu_us: list[float] = field(default_factory=list)
+    main_us: list[float] = field(default_factory=list)
+    p50_ms: list[float] = field(default_factory=list)
+    p99_ms: list[float] = field(default_factory=list)
+    answered: int = 0
+    errors: int = 0
+
+
+def _round(member: Member, rate: float, seconds: float, seed: int, side: Side) -> None:
+    before = cpu_ns(member.pid)
+    got = asyncio.run(loadgen.open_loop(member.chat_url, PAYLOAD, member.headers(), rate, seconds, seed))
+    after = cpu_ns(member.pid)
+    answered = max(len(got.latencies), 1)
+    side.cpu_us.append((after[0] - before[0]) / answered / 1000)
+    side.main_us.append((after[1] - before[1]) / answered / 1000)
+    side.p50_ms.append(got.pct(50) * 1000)
+    side.p99_ms.append(got.pct(99) * 1000)
+    side.answered += len(got.latencies)
+    side.errors += got.errors
+
+
+def _commit(tree: Path) -> str:
+    done = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=tree, capture_output=True, text=True)
+    return done.stdout.strip() or "not a git checkout"
+
+
+def report(sides: dict[str, Side], trees: dict[str, Path], rate: float, seconds: float) -> str:
+    ratios = sorted(t / b for t, b in zip(sides["this"].cpu_us, sides["base"].cpu_us, strict=True))
+    quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+    lines = [
+        f"# This checkout's leader against another's, every governance area on ({time.strftime('%Y-%m-%d %H:%M')})",
+        "",
+        f"Command: `python -m bench {shlex.join(sys.argv[1:])}`",
+        "",
+        f"Machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the end, shared with other work. "
+        f"Open loop at {rate:g} req/s, {len(ratios)} rounds of {seconds:g} s per leader, the two measured back to "
+        "back in each round (their order turned every round). CPU: the leader's every thread, per request "
+        "answered (schedstat); its idle CPU is not taken out, alike on both sides.",
+        "",
+        "| leader | tree | commit | requests | errors | CPU µs/req (median) | event loop µs/req | p50 ms | p99 ms |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name in SIDES:
+        side = sides[name]
+        med = statistics.median
+        lines.append(
+            f"| {name} | `{trees[name]}` | `{_commit(trees[name])}` | {side.answered} | {side.errors} | "
+            f"{med(side.cpu_us):.0f} | {med(side.main_us):.0f} | {med(side.p50_ms):.2f} | {med(side.p99_ms):.2f} |"
+        )
+    lines += [
+        "",
+        f"This leader's CPU per request over the base's, pair by pair: median **{statistics.median(ratios):.3f}** "
+        f"(quartiles {quartiles[0]:.3f}–{quartiles[2]:.3f}; every pair: {', '.join(f'{r:.3f}' for r in ratios)}).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def command(
+    base: Path = typer.Option(..., help="Another checkout's tree (git worktree add --detach DIR REF): the base."),
+    rate: float = typer.Option(300.0, help="Requests per second, open loop, in each round."),
+    seconds: float = typer.Option(2.0, help="Seconds per leader and round."),
+    rounds: int = typer.Option(12, min=1, help="Rounds; each measures both leaders back to back."),
+    warm: float = typer.Option(1.0, help="Seconds of requests warming each leader first."),
+    results_dir: Path = typer.Option(RESULTS, "--results-dir", help="Where the table goes."),
+    name: str = typer.Option("stages-ab", help="The table's file name, <name>.md."),
+) -> None:
+    """This checkout's all-on leader against another checkout's: CPU per request, pair by pair."""
+    base = base.resolve()
+    if not (base / "src" / "opod").is_dir():
+        raise typer.BadParameter(
+            f"{base} holds no src/opod: give the tree of another opod checkout", param_hint="--base"
+        )
+    trees = {"base": base, "this": REPO}
+    all_on = next(c for c in CONFIGS if c.name == ALL_ON)
+    hook = Webhook()
+    members: dict[str, Member] = {}
+    sides = {name: Side() for name in SIDES}
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-stages-ab-") as scratch:
+            with console.status("starting both leaders, each with an opod join worker and a simulator"):
+                for side in SIDES:
+                    config = Config(side, side, all_on.areas, "")
+                    members[side] = Member(config, Path(scratch), hook.url, tree=trees[side])
+                for member in members.values():
+                    member.join()
+                for member in members.values():
+                    member.configure()
+                for member in members.values():
+                    member.answers()
+            for member in members.values():
+                asyncio.run(loadgen.open_loop(member.chat_url, PAYLOAD, member.headers(), rate, warm, 99))
+            for n in range(rounds):
+                for side in SIDES if n % 2 == 0 else reversed(SIDES):
+                    _round(members[side], rate, seconds, n, sides[side])
+                console.print(f"round {n + 1}/{rounds}")
+    finally:
+        stop_all(members)
+        hook.stop()
+    text = report(sides, trees, rate, seconds)
+    results_dir.mkdir(parents=True, exist_ok=True)
+    out = results_dir / f"{name}.md"
+    out.write_text(text)
+    console.print(text)
+    console.print(f"[dim]written: {out}[/]")

@@ -1,0 +1,43 @@
+"""``python -m bench stages-ab`` at its smallest, this checkout against itself: both leaders answer, the table is written."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_smallest_run_measures_both_leaders_and_writes_the_table(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPOD_")}
+    env["PYTHONPATH"] = str(REPO)
+    args = ["--base", str(REPO), "--rate", "40", "--seconds", "0.5", "--rounds", "2", "--warm", "0.2"]
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "stages-ab", *args, "--results-dir", str(tmp_path), "--name", "ab"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    table = (tmp_path / "ab.md").read_text()
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in table.splitlines() if line.startswith("| ")}
+    for side in ("base", "this"):
+        answered, errors = int(rows[side][3]), int(rows[side][4])
+        assert answered > 0 and errors == 0, table
+    assert "pair by pair: median **" in table
+
+
+def test_a_base_that_is_no_checkout_is_refused_naming_the_option(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "stages-ab", "--base", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0 and "--base" in done.stdout + done.stderr
+    assert "holds no src/opod" in done.stdout + done.stderr
