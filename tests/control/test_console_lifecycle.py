@@ -24,11 +24,12 @@ import pytest
 from opod.contract.admin.models import ModelserveJob, ModelserveRequest, ModelserveStep
 from opod.control.console.kit import FRAGMENT_HEADER
 from opod.store.serve_jobs import new_serve_job_id
-from tests.support.console import CSRF, ConsoleSite, FixedViewer, person
+from tests.support.console import ConsoleSite
 from tests.support.hubserver import HubServer
 from tests.support.inprocess import InProcessLeader
 from tests.support.opod_process import OpodProcess, clean_env, sim_worker, wait_until
 from tests.support.ports import free_port
+from tests.support.site import CSRF, FixedViewer, person
 
 TINY = "acme/tiny-GGUF"
 STABLE, CANDIDATE = "chat", "chat-next"

@@ -8,7 +8,6 @@ Screenshots go to the test's output folder, or ``OPOD_CONSOLE_SCREENSHOTS`` (the
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -17,10 +16,10 @@ import pytest
 
 from opod.contract.admin.models import ModelserveJob, ModelserveRequest, ModelserveStep
 from opod.store.serve_jobs import new_serve_job_id
-from tests.support.chromium import ARGS, CHROMIUM
-from tests.support.console import ConsoleSite, FixedViewer, person
+from tests.support.console import ConsoleSite
 from tests.support.inprocess import InProcessLeader
 from tests.support.opod_process import OpodProcess, sim_worker
+from tests.support.site import FixedViewer, browser_fixture, needs_chromium, person, shots
 
 STABLE, CANDIDATE, NODE = "chat", "chat-next", "n_browser"
 SUITE = """\
@@ -38,9 +37,8 @@ cases:
     exact: '4'
 """
 
-sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright's Python package is not installed")
-if not CHROMIUM.is_file():
-    pytest.skip(f"Chromium is not installed at {CHROMIUM} (apt-get install chromium)", allow_module_level=True)
+needs_chromium()
+browser = browser_fixture()
 
 
 @pytest.fixture(scope="module")
@@ -71,20 +69,6 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ConsoleSite
         if worker is not None:
             worker.stop()
         leader.stop()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    with sync_api.sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-        yield launched
-        launched.close()
-
-
-def shots(tmp_path: Path) -> Path:
-    folder = Path(os.environ.get("OPOD_CONSOLE_SCREENSHOTS") or tmp_path / "screenshots")
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
 
 
 def kept_job(console: ConsoleSite, state: str, model: str, **extra: object) -> ModelserveJob:

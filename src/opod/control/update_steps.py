@@ -22,7 +22,7 @@ from opod.catalog.definition import fingerprint
 from opod.contract.admin.catalog import CatalogCanary, CatalogModel, CatalogOrigin, CatalogScaling
 from opod.contract.admin.models import StoreEvalRun
 from opod.control.context import ReplicaDesk, ReplicaRecord
-from opod.control.evals.service import EvalsService, GateVerdict
+from opod.control.evals.service import EvalsService, Hold
 from opod.control.serve_steps import LiveJob, StepFailed, wait_placed, wait_started
 from opod.fleet.canaries_service import CanariesService
 from opod.fleet.models import ModelRegistry, definition_of
@@ -39,8 +39,6 @@ DRAIN = 3.0
 """Seconds the model's replicas finish what was sent to them before the share moved, before they are replaced
 (their engines stop without waiting: a longer request than this is cut)."""
 POLL = 0.2
-CASES_SAID = 12
-"""Cases a step's detail names one by one; the audit row keeps every one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,42 +80,6 @@ def run_view(run: EvalRunRecord) -> StoreEvalRun:
         job=run.job or None,
         error=run.error or None,
     )
-
-
-def evidence(verdict: GateVerdict) -> dict[str, Any]:
-    """The verdict with its numbers and every case: the candidate's score beside the model's on the same case."""
-    run, baseline = verdict.run, verdict.baseline
-    theirs = {c.case_id: c for c in baseline.results} if baseline is not None else {}
-    threshold = (verdict.gate.min_score if verdict.gate is not None else None) or (run.threshold if run else 0.0)
-    cases = []
-    for case in run.results if run is not None else ():
-        before = theirs.get(case.case_id)
-        cases.append(
-            {
-                "case": case.case_id,
-                "candidate": round(case.score, 3),
-                **({"model": round(before.score, 3)} if before is not None and not before.error else {}),
-                **({"answer": case.answer[:120]} if case.answer else {}),
-                **({"error": case.error} if case.error else {}),
-            }
-        )
-    found: dict[str, Any] = {"passed": verdict.passed, "decided": verdict.decided, "reason": verdict.reason}
-    if run is not None:
-        found |= {"suite": run.suite, "run": run.id, "score": round(run.score, 3), "threshold": round(threshold, 3)}
-        found["shortfall"] = round(max(threshold - run.score, 0.0), 3)
-    if baseline is not None:
-        found["model_run"], found["model_score"] = baseline.id, round(baseline.score, 3)
-    if verdict.comparison is not None:
-        found["paired"] = verdict.comparison.decision
-        found["paired_delta"] = round(verdict.comparison.delta, 3)
-    return found | {"cases": cases}
-
-
-def cases_said(found: dict[str, Any]) -> str:
-    cases = found.get("cases") or []
-    said = [f"{c['case']} {c['candidate']:.2f}" + (f" (model {c['model']:.2f})" if "model" in c else "") for c in cases]
-    more = f", and {len(said) - CASES_SAID} more" if len(said) > CASES_SAID else ""
-    return "cases: " + ", ".join(said[:CASES_SAID]) + more if said else ""
 
 
 class Takeover:
@@ -172,7 +134,7 @@ class Takeover:
             }
         )
 
-    async def carry(self, job: LiveJob, move: Move, gate: tuple[str, Any], actor: str) -> None:
+    async def carry(self, job: LiveJob, move: Move, gate: Hold, actor: str) -> None:
         """Start the candidate, hold it to the gate, take over; on any failure the candidate goes and the model is
         as it was (the failure raised for the job to say)."""
 
@@ -204,23 +166,18 @@ class Takeover:
             finally:
                 self._candidates.pop(name, None)
 
-    async def _held(self, job: LiveJob, move: Move, candidate: str, gate: tuple[str, Any], actor: str) -> None:
-        how, what = gate
-        if how in ("skip", "none"):
-            job.mark("eval", "skipped", str(what))
+    async def _held(self, job: LiveJob, move: Move, candidate: str, gate: Hold, actor: str) -> None:
+        if not gate.asks:
+            job.mark("eval", "skipped", gate.why)
             await job.save()
             return
         job.mark("eval", "running", f"{candidate} and {move.model} asked the same suite, case by case")
         await job.save()
-        if how == "gate":
-            verdict = await self.evals.gate_passes(move.model, candidate, job=job.id, by=actor)
-        else:
-            suite, sent = what
-            verdict = await self.evals.suite_passes(move.model, candidate, suite, sent, job=job.id, by=actor)
+        verdict = await self.evals.held(move.model, candidate, gate, job=job.id, by=actor)
         if verdict.run is not None:
             job.view.eval = run_view(verdict.run)
-        found = evidence(verdict)
-        said = "; ".join(p for p in (verdict.reason, cases_said(found)) if p)
+        found = verdict.evidence()
+        said = verdict.said()
         if not verdict.passed:
             raise GateFailed(f"held back by the eval gate, {move.model} left as it was: {said}", found)
         job.mark("eval", "done", said)

@@ -33,7 +33,7 @@ from opod.contract.admin.models import (
     ModelserveUpdateInfo,
     OriginView,
 )
-from opod.control.evals.service import EvalsService, RunAsk
+from opod.control.evals.service import EvalsService, Hold
 from opod.control.serve_steps import Fetch, LiveJob, fetch
 from opod.control.serving import ServeJobs
 from opod.control.update_checks import Latest, back, compare, found_origin, moved, read_latest, unchecked
@@ -184,29 +184,11 @@ class Updates:
             )
         return model, definition.origin
 
-    def _gate(self, model: KnownModel, change: ModelserveChange) -> tuple[str, Any]:
-        """How the new weights are held to quality: ("skip", why), ("sent", (suite, gate)), ("gate", None) or
-        ("none", why); a sent suite is checked whole here, before any job."""
-        if change.skip_eval and change.eval is not None:
-            raise InvalidInput("eval, skip_eval: send a suite to hold the new weights to, or skip_eval, not both")
-        if change.skip_eval:
-            return "skip", "skipped, as asked (skip_eval): moved without the model's eval gate"
-        if change.eval is not None:
-            sent = change.eval
-            ask = RunAsk(sent.suite, sent.content, sent.file, sent.concurrency, sent.judge, sent.min_score)
-            try:
-                return "sent", self.evals.sent_gate(ask)
-            except InvalidInput as err:
-                raise InvalidInput(f"eval.{err}") from None
-        if model.definition is not None and model.definition.eval is not None and model.definition.eval.suite:
-            return "gate", None
-        return "none", f"skipped: {model.id} has no eval gate and the change sent no suite"
-
     async def update(self, name: str, change: ModelserveChange | None, audit: AuditDraft) -> ModelserveJob:
         """Start moving the model to its repository's latest commit (202); refused, with no job, when there is none."""
         change = change or ModelserveChange()
         model, origin = self._movable(name)
-        gate = self._gate(model, change)
+        gate = self.evals.hold_for(model.id, change)
         try:
             latest = await read_latest(self.hub, origin.repo or "")
         except WeightsError as err:
@@ -232,7 +214,7 @@ class Updates:
             raise Conflict(f"model {model.id!r} has no previous weights to go back to: it was never updated")
         source, new_origin, artifact = back(origin, model.definition.source or "" if model.definition else "")
         checked = f"{origin.repo}: back from {(origin.revision or '')[:12]} to {previous.revision[:12]}"
-        gate = ("skip", "skipped: a rollback returns to weights that served before, as a person decided")
+        gate = Hold("skip", "skipped: a rollback returns to weights that served before, as a person decided")
         move = Move(model.id, source, new_origin, kind="rollback")
         job = await self._start(move, artifact, checked, gate, audit, {"to": previous.revision})
         return (
@@ -245,7 +227,7 @@ class Updates:
         move: Move,
         artifact: Any,
         checked: str,
-        gate: tuple[str, Any],
+        gate: Hold,
         audit: AuditDraft,
         detail: dict[str, Any],
     ) -> ModelserveJob:

@@ -17,6 +17,7 @@ import asyncio
 import logging
 import secrets
 from collections import OrderedDict
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -27,8 +28,9 @@ from opod.fleet.followers import EventSink
 from opod.fleet.models import KnownModel, ModelRegistry, definition_of
 from opod.fleet.models_service import ModelsService
 from opod.fleet.state import Fleet
-from opod.store.audit import SOURCE_LEADER, AuditDraft
+from opod.store.audit import SOURCE_LEADER, AuditDraft, AuditRow
 from opod.store.errors import Conflict, InvalidInput, NotFound, StoreError
+from opod.store.offloop import run_sync
 
 log = logging.getLogger("opod.fleet")
 
@@ -46,11 +48,27 @@ class GateAnswer(Protocol):
     @property
     def reason(self) -> str: ...
 
+    def evidence(self) -> dict[str, Any]: ...
+
+    def said(self) -> str: ...
+
+
+class HoldPlan(Protocol):
+    """How a promotion is held to quality, decided before its job starts (the evaluations' ``Hold``)."""
+
+    @property
+    def asks(self) -> bool: ...
+
+    @property
+    def why(self) -> str: ...
+
 
 class QualityGate(Protocol):
     """The models' eval gates (the evaluations' service): whether a candidate may take a model's place."""
 
-    async def gate_passes(self, model: str, candidate: str, *, job: str = "", by: str = "opod") -> GateAnswer: ...
+    def hold_for(self, name: str, change: ModelserveChange | None, *, moved: str = "moved") -> HoldPlan: ...
+
+    async def held(self, model: str, candidate: str, hold: Any, *, job: str = "", by: str = "opod") -> GateAnswer: ...
 
 
 def _now() -> datetime:
@@ -65,16 +83,18 @@ class CanariesService:
         fleet: Fleet,
         book: CanaryBook,
         events: EventSink,
-        gate: QualityGate | None = None,
+        gate: QualityGate,
+        record: Callable[[AuditRow], None],
     ) -> None:
-        """``gate``: the models' eval gates; ``None`` where this opod runs no evals (a promotion then moves as with
-        ``skip_eval``, and its job says so)."""
+        """``gate``: the models' eval gates, which a promotion is held to; ``record``: the store's audit, for the
+        decisions the service takes by itself (a promotion the gate held back)."""
         self.models_service = models_service
         self.models = models
         self.fleet = fleet
         self.book = book
         self.events = events
         self.gate = gate
+        self.record = record
         self._lock = asyncio.Lock()
         self.jobs: OrderedDict[str, ModelserveJob] = OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -202,7 +222,6 @@ class CanariesService:
 
     async def promote(self, name: str, change: ModelserveChange | None, audit: AuditDraft) -> ModelserveJob:
         """Make the candidate's weights the model's, after its eval gate (or without, with ``skip_eval``)."""
-        change = change or ModelserveChange()
         model, canary = self._with_canary(name)
         candidate = self.models.active(canary.model or "")
         if candidate is None or candidate.definition is None:
@@ -210,42 +229,50 @@ class CanariesService:
                 f"the candidate {canary.model!r} is not a model added through the management API, so it has no "
                 "definition whose weights could be taken; take the canary out instead"
             )
-        if change.eval is not None and self.gate is None:
-            raise InvalidInput("eval: this opod runs no eval suites yet; send skip_eval to promote without one")
+        hold = self.gate.hold_for(model.id, change, moved="promoted")  # a sent suite refused here, before any job
         job = self._new_job("promote", model.id, "running", [])
-        if change.skip_eval or self.gate is None:
-            why = (
-                "skipped, as asked (skip_eval): promoted without the model's eval gate"
-                if change.skip_eval
-                else "skipped: this opod runs no eval gates yet, so the candidate moves as with skip_eval"
-            )
-            self._step(job, "eval", "skipped", why)
+        if not hold.asks:
+            self._step(job, "eval", "skipped", hold.why)
             await self._take_over(job, model.id, candidate.id, canary, audit)
             return job
-        task = asyncio.create_task(self._gated(job, model.id, candidate.id, canary, audit))
+        task = asyncio.create_task(self._gated(job, model.id, candidate.id, canary, hold, audit))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return job.model_copy(deep=True)
 
     async def _gated(
-        self, job: ModelserveJob, model: str, candidate: str, canary: CatalogCanary, audit: AuditDraft
+        self, job: ModelserveJob, model: str, candidate: str, canary: CatalogCanary, hold: HoldPlan, audit: AuditDraft
     ) -> None:
-        assert self.gate is not None
-        self._step(job, "eval", "running", f"{candidate} asked {model}'s eval gate")
+        self._step(job, "eval", "running", f"{candidate} and {model} asked the same suite, case by case")
         try:
-            verdict = await self.gate.gate_passes(model, candidate, job=job.id or "", by=audit.actor)
+            verdict = await self.gate.held(model, candidate, hold, job=job.id or "", by=audit.actor)
         except Exception as err:  # the gate could not run: the model is left as it was
             log.exception("the eval gate of %s could not run", model)
             self._finish(job, "failed", f"the eval gate could not run: {err}", "eval")
             return
         if not verdict.passed:
-            self._finish(job, "failed", f"held back by the eval gate: {verdict.reason}", "eval")
+            await self._held_back(job, model, candidate, verdict)
             return
-        self._step(job, "eval", "done", verdict.reason)
+        self._step(job, "eval", "done", verdict.said())
         try:
             await self._take_over(job, model, candidate, canary, audit)
         except (StoreError, InvalidInput) as err:
             self._finish(job, "failed", str(err), "take over")
+
+    async def _held_back(self, job: ModelserveJob, model: str, candidate: str, verdict: GateAnswer) -> None:
+        """The gate said no: the model and its canary stay as they were, and the audit keeps why, case by case."""
+        self._finish(job, "failed", f"held back by the eval gate, {model} left as it was: {verdict.said()}", "eval")
+        held = AuditDraft(
+            actor=SYSTEM,
+            source=SOURCE_LEADER,
+            action=f"POST /api/v1/models/{model}/promote",
+            target=f"model:{model}",
+            body={"candidate": candidate, "job": job.id or "", **verdict.evidence()},
+        )
+        try:
+            await run_sync(self.record, held.after(409))
+        except StoreError:
+            log.exception("the eval gate's refusal to promote %s could not be audited", candidate)
 
     async def _take_over(
         self, job: ModelserveJob, model: str, candidate: str, canary: CatalogCanary, audit: AuditDraft

@@ -17,8 +17,10 @@ import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from opod.contract.admin.catalog import CatalogEvalGate
+from opod.contract.admin.models import ModelserveChange
 from opod.control.evals.builtin import BUILT_IN_SUITES
 from opod.control.evals.compare import DEFAULT_MARGIN, Comparison, compare_runs
 from opod.control.evals.runner import Ask, LiveRun, Plan, Runner
@@ -54,6 +56,10 @@ class RunAsk:
     min_score: float | None = None
 
 
+CASES_SAID = 12
+"""Cases a job's step names one by one; the audit row keeps every one."""
+
+
 @dataclass(frozen=True, slots=True)
 class GateVerdict:
     """Whether a candidate may take a model's place, and the evidence."""
@@ -68,6 +74,62 @@ class GateVerdict:
     baseline: EvalRunRecord | None = None
     """The model's own run of the same suite, when it could answer."""
     comparison: Comparison | None = None
+
+    def evidence(self) -> dict[str, Any]:
+        """The verdict with its numbers and every case: the candidate's score beside the model's on the same case,
+        as the audit keeps it."""
+        run, baseline = self.run, self.baseline
+        theirs = {c.case_id: c for c in baseline.results} if baseline is not None else {}
+        threshold = (self.gate.min_score if self.gate is not None else None) or (run.threshold if run else 0.0)
+        cases = []
+        for case in run.results if run is not None else ():
+            before = theirs.get(case.case_id)
+            cases.append(
+                {
+                    "case": case.case_id,
+                    "candidate": round(case.score, 3),
+                    **({"model": round(before.score, 3)} if before is not None and not before.error else {}),
+                    **({"answer": case.answer[:120]} if case.answer else {}),
+                    **({"error": case.error} if case.error else {}),
+                }
+            )
+        found: dict[str, Any] = {"passed": self.passed, "decided": self.decided, "reason": self.reason}
+        if run is not None:
+            found |= {"suite": run.suite, "run": run.id, "score": round(run.score, 3), "threshold": round(threshold, 3)}
+            found["shortfall"] = round(max(threshold - run.score, 0.0), 3)
+        if baseline is not None:
+            found["model_run"], found["model_score"] = baseline.id, round(baseline.score, 3)
+        if self.comparison is not None:
+            found["paired"] = self.comparison.decision
+            found["paired_delta"] = round(self.comparison.delta, 3)
+        return found | {"cases": cases}
+
+    def said(self) -> str:
+        """The reason and the first cases, in the words of a job's step."""
+        cases = self.evidence()["cases"]
+        listed = [
+            f"{c['case']} {c['candidate']:.2f}" + (f" (model {c['model']:.2f})" if "model" in c else "") for c in cases
+        ]
+        more = f", and {len(listed) - CASES_SAID} more" if len(listed) > CASES_SAID else ""
+        shown = "cases: " + ", ".join(listed[:CASES_SAID]) + more if listed else ""
+        return "; ".join(p for p in (self.reason, shown) if p)
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """How a change of a model's weights (an update, a promotion) is held to quality, decided before its job starts."""
+
+    kind: str
+    """``gate`` (the model's standing gate), ``sent`` (a suite sent with the change), ``skip`` (``skip_eval``, or a
+    rollback) or ``none`` (no gate and no suite)."""
+    why: str = ""
+    """The eval step's words when nothing is asked (``skip``, ``none``)."""
+    suite: Suite | None = None
+    gate: CatalogEvalGate | None = None
+
+    @property
+    def asks(self) -> bool:
+        return self.kind in ("gate", "sent")
 
 
 def _score(value: float | None, field: str) -> float:
@@ -333,6 +395,36 @@ class EvalsService:
     ) -> GateVerdict:
         """Whether ``candidate`` passes ``chosen`` (a suite sent with the change) as :meth:`gate_passes` holds it."""
         return await self._held_to(self._model(model).id, candidate, chosen, gate, job=job, by=by)
+
+    def hold_for(self, name: str, change: ModelserveChange | None, *, moved: str = "moved") -> Hold:
+        """How ``change`` holds new weights for ``name`` to quality; a sent suite is checked whole here, before any
+        job, and refused with ``InvalidInput`` naming its field. ``moved``: the change's word in the step's reason."""
+        change = change or ModelserveChange()
+        model = self._model(name)
+        if change.skip_eval and change.eval is not None:
+            raise InvalidInput("eval, skip_eval: send a suite to hold the new weights to, or skip_eval, not both")
+        if change.skip_eval:
+            return Hold("skip", f"skipped, as asked (skip_eval): {moved} without the model's eval gate")
+        if change.eval is not None:
+            sent = change.eval
+            ask = RunAsk(sent.suite, sent.content, sent.file, sent.concurrency, sent.judge, sent.min_score)
+            try:
+                chosen, gate = self.sent_gate(ask)
+            except InvalidInput as err:
+                raise InvalidInput(f"eval.{err}") from None
+            return Hold("sent", suite=chosen, gate=gate)
+        standing = definition_of(model).eval
+        if standing is not None and standing.suite:
+            return Hold("gate", gate=standing)
+        return Hold("none", f"skipped: {model.id} has no eval gate and the change sent no suite")
+
+    async def held(self, model: str, candidate: str, hold: Hold, *, job: str = "", by: str = "opod") -> GateVerdict:
+        """Whether ``candidate`` passes what ``hold`` asks (one that asks nothing passes, saying why)."""
+        if hold.kind == "sent" and hold.suite is not None and hold.gate is not None:
+            return await self.suite_passes(model, candidate, hold.suite, hold.gate, job=job, by=by)
+        if hold.kind == "gate":
+            return await self.gate_passes(model, candidate, job=job, by=by)
+        return GateVerdict(True, True, hold.why)
 
     async def _held_to(
         self, model_id: str, candidate: str, chosen: Suite, gate: CatalogEvalGate, *, job: str, by: str
