@@ -12,7 +12,7 @@ background and its answer discarded, so the candidate is measured before it take
 :func:`judge` is the one rule that rolls a candidate back: over at least ``min_requests`` of the
 candidate's own requests (and as many of the stable model's), its error rate more than
 ``max_error_increase`` above the stable model's, or its mean time to the first token more than
-``max_ttft_ratio`` times the stable model's. Too few requests, or no time measured on a side, is no
+``max_ttft_ratio`` times the stable model's and :data:`TTFT_SLACK_MS` longer. Too few requests, or no time measured on a side, is no
 verdict. Errors are the candidate's own faults (:func:`is_fault`), never a client's mistake.
 """
 
@@ -65,6 +65,11 @@ def is_fault(status: int, engine_failed: bool) -> bool:
     serve it, it broke off, opod failed), or the engine's own 5xx that the client was told as a 400. A client's
     4xx and a client that left (499) are not."""
     return status >= 500 or engine_failed
+
+
+TTFT_SLACK_MS = 20.0
+"""How much longer the candidate's mean time to the first token must also be before its ratio counts: times are
+whole milliseconds, so on an engine that answers in a few, one millisecond more is already a ratio of 1.5."""
 
 
 @dataclass(slots=True)
@@ -193,7 +198,7 @@ def judge(run: CanaryRun) -> Verdict | None:
     if cand.ttft_count < need or stable.ttft_count < need or not cand_ttft or not stable_ttft:
         return None  # too few streamed answers to compare the first token's time
     ratio = cand_ttft / stable_ttft
-    if ratio > ratio_allowed:
+    if ratio > ratio_allowed and cand_ttft - stable_ttft > TTFT_SLACK_MS:
         numbers = {
             **counts,
             "candidate_ttft_ms": round(cand_ttft, 1),
