@@ -209,3 +209,28 @@ def test_a_running_batch_shows_its_counts_and_streams_them_until_it_ends(
     assert '<dd id="batch-completed">3</dd>' in events and "state-completed" in events
     ended = viewer.get(f"/console/batches/{batch}").text
     assert "data-stream=" not in ended and 'aria-valuenow="4"' in ended
+
+
+def test_a_batch_cancelled_from_its_page_is_the_api_call_audited_and_an_ended_one_is_refused(
+    operator: ConsoleSite, viewer: ConsoleSite, leader: InProcessLeader
+) -> None:
+    batch = keep_batch(leader, "proj-c", 2)
+    assert f'action="/console/batches/{batch}/cancel"' in operator.get(f"/console/batches/{batch}").text
+    assert "/cancel" not in viewer.get(f"/console/batches/{batch}").text
+    refused = viewer.post(f"/console/batches/{batch}/cancel", {})
+    assert refused.status_code == 403
+    job = leader.leader.store.get_client_job(batch)
+    assert job is not None and job.status == "in_progress"
+    answer = operator.post(f"/console/batches/{batch}/cancel", {})
+    assert answer.status_code == 200, answer.text
+    job = leader.leader.store.get_client_job(batch)
+    assert job is not None and job.status == "cancelling"
+    assert "state-cancelling" in operator.get(f"/console/batches/{batch}").text
+    rows = [r for r in operator.audit(batch) if r["action"] == "POST /api/v1/client-jobs/{id}/cancel"]
+    assert [(r["actor"], r["source"], r["status"]) for r in rows[:2]] == [
+        ("operator@example.com", "web", 200),
+        ("viewer@example.com", "web", 403),
+    ]
+    leader.leader.store.finish_client_job(batch, "cancelled", output=None, errors=None)
+    ended = operator.post(f"/console/batches/{batch}/cancel", {})
+    assert ended.status_code == 409 and "has ended (cancelled)" in ended.json()["error"]

@@ -1,8 +1,10 @@
-"""The console's batch jobs: every client's ``/v1/batches``, listed and filtered, and a batch's page streamed while it runs.
+"""The console's batch jobs: every client's ``/v1/batches``, listed and filtered, a batch's page streamed while it
+runs, and cancelling one.
 
 A batch is read from the store as ``/api/v1/client-jobs`` reads it (the runner keeps its counts
 there as each line is answered), so a page shows the same batch on any leader. The list is filtered
-(state, project, text) and cut to one page here; a batch's counts stream to its page until it ends.
+(state, project, text) and cut to one page here; a batch's counts stream to its page until it ends. A cancel is
+the management API's (:func:`opod.control.client_job_rules.cancel`).
 """
 
 from __future__ import annotations
@@ -15,10 +17,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from opod.control.console.auth import Viewer
-from opod.control.console.kit import PREFIX, Console, Refused, link, page_size, whole
+from opod.control.client_job_rules import cancel
+from opod.control.console.auth import OPERATE, Viewer
+from opod.control.console.kit import PREFIX, Console, Done, Refused, link, page_size, whole
 from opod.control.console.live import stream_block
+from opod.control.context import JobWaker
 from opod.store import Store
+from opod.store.audit import AuditDraft
 from opod.store.client_jobs import JOB_STATES, JobRecord
 from opod.store.files import LIST_MAX
 from opod.store.offloop import run_sync
@@ -53,9 +58,10 @@ def _live(job: JobRecord) -> dict[str, Any]:
 class BatchPages:
     """Every client's batches, read from the store."""
 
-    def __init__(self, console: Console, *, store: Store) -> None:
+    def __init__(self, console: Console, *, store: Store, batches: JobWaker) -> None:
         self.console = console
         self.store = store
+        self.batches = batches
 
     def routes(self) -> list[BaseRoute]:
         c = self.console
@@ -63,6 +69,11 @@ class BatchPages:
             Route(f"{PREFIX}/batches", c.page(self.batches_page), methods=["GET"]),
             Route(f"{PREFIX}/batches/{{id}}", c.page(self.batch_page), methods=["GET"]),
             Route(f"{PREFIX}/batches/{{id}}/live", c.page(self.batch_stream), methods=["GET"]),
+            Route(
+                f"{PREFIX}/batches/{{id}}/cancel",
+                c.action(OPERATE, "POST /api/v1/client-jobs/{id}/cancel", self.cancel),
+                methods=["POST"],
+            ),
         ]
 
     async def batches_page(self, request: Request, viewer: Viewer) -> Response:
@@ -109,3 +120,9 @@ class BatchPages:
             return _live(job), job.ended
 
         return stream_block(request, self.console.templates, "batch.html", "live", look, name="batch")
+
+    async def cancel(self, request: Request, viewer: Viewer, fields: dict[str, str], draft: AuditDraft) -> Done:
+        """Cancel the batch as ``POST /api/v1/client-jobs/{id}/cancel`` does: its lines in flight finish."""
+        batch_id = request.path_params["id"]
+        job = await cancel(self.store, self.batches, await self._one(batch_id), batch_id)
+        return Done(f"{job.id} is {job.status}; the lines in flight finish, no other is sent", refresh="")

@@ -43,7 +43,7 @@ def console_routes(ctx: ControlContext, auth: PageAuth) -> list[BaseRoute]:
         *RecordPages(console, store=ctx.store, tenancy=ctx.tenancy).routes(),
         *SettingsPages(console, settings=ctx.settings_service).routes(),
         *ServePages(console, serving=ctx.serve_jobs).routes(),
-        *BatchPages(console, store=ctx.store).routes(),
+        *BatchPages(console, store=ctx.store, batches=ctx.batches).routes(),
         *CanaryPages(console, canaries=ctx.canaries, models=ctx.models).routes(),
         *EvalPages(console, evals=ctx.evals, models=ctx.models).routes(),
         Mount(f"{PREFIX}/static", StaticFiles(packages=[("opod.control.console", "static")]), name="console-static"),
