@@ -11,23 +11,13 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from opod.contract.admin.records import JobView
+from opod.control.client_job_rules import SPEC_STATES, cancel
 from opod.control.context import ControlError, JobWaker
 from opod.control.spec import SpecRouter
 from opod.store import Store
 from opod.store.client_jobs import JobRecord
 from opod.store.offloop import run_sync
 
-SPEC_STATES = {
-    "validating": "queued",
-    "in_progress": "running",
-    "finalizing": "running",
-    "cancelling": "cancelling",
-    "completed": "completed",
-    "failed": "failed",
-    "cancelled": "cancelled",
-    "expired": "expired",
-}
-"""OpenAI's batch state → the spec's job state."""
 FILTERS = ("queued", "running", "cancelling", "completed", "failed", "cancelled", "expired")
 LIMIT_MOST = 1000
 
@@ -107,14 +97,6 @@ def router(store: Store, batches: JobWaker) -> APIRouter:
         response_model=JobView,
     )
     async def post_client_jobs_id_cancel(id: str) -> JobView:
-        job = await one(id)
-        if job.ended:
-            raise ControlError(
-                409,
-                f"id: the client job {id!r} has ended ({SPEC_STATES[job.status]}); only a queued or running one is cancelled",
-            )
-        job = await run_sync(store.cancel_client_job, job.id)
-        batches.wake()
-        return view(job)
+        return view(await cancel(store, batches, await one(id), id))
 
     return api

@@ -191,6 +191,8 @@ class ReplicaRecord(Protocol):
     restart: str
     restart_waits: str
     """Why its queued restart cannot go on now; empty while it can."""
+    replaces: str
+    """The replica it takes over from (a restart or a drain); empty for none."""
     fingerprint: str
 
 

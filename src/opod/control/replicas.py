@@ -13,6 +13,7 @@ from opod.contract.admin.fleet import ReplicaView, RestartRequest, RestartResult
 from opod.contract.admin.models import RetryView
 from opod.control.context import ControlError, ReplicaDesk
 from opod.control.replica_views import replica_view, summary
+from opod.control.restarts import restart
 from opod.control.spec import SpecRouter
 from opod.fleet.models import ModelRegistry
 from opod.fleet.state import Fleet
@@ -32,38 +33,7 @@ def router(models: ModelRegistry, fleet: Fleet, desk: ReplicaDesk) -> APIRouter:
         "/api/v1/restart", operation_id="postRestart", tags=["restart"], response_model=RestartResult, status_code=202
     )
     async def post_restart(body: RestartRequest) -> RestartResult:
-        for field, value in (("max_surge", body.max_surge), ("max_unavailable", body.max_unavailable)):
-            if value is not None and value < 0:
-                raise ControlError(
-                    400, f"{field}: {value} is negative; give 0 or more (both 0: one at a time, replaced beside itself)"
-                )
-        if not (body.replicas or body.models or body.all):
-            raise ControlError(
-                400, "replicas, models or all: name what to restart (replica ids, model names, or all: true)"
-            )
-        current = {r.id: r for r in desk.replica_list()}
-        for replica_id in body.replicas or []:
-            if replica_id not in current:
-                raise ControlError(404, f"replicas: {replica_id!r} is not a replica; GET /api/v1/replicas lists them")
-        for name in body.models or []:
-            if models.active(name) is None:
-                raise ControlError(404, f"models: {name!r} is not in the catalog; GET /api/v1/models lists the models")
-        chosen = [
-            r.id
-            for r in current.values()
-            if body.all
-            and r.state == "ready"
-            or r.id in (body.replicas or [])
-            or r.model in (body.models or [])
-            and r.state in ("starting", "ready")
-        ]
-        queued = desk.queue_restart(
-            chosen,
-            in_place=bool(body.in_place),
-            max_surge=body.max_surge or 0,
-            max_unavailable=body.max_unavailable or 0,
-        )
-        return RestartResult(queued=queued)
+        return restart(models, desk, body)
 
     @api.post(
         "/api/v1/models/{name}/retry", operation_id="postModelsNameRetry", tags=["models"], response_model=RetryView

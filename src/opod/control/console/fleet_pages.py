@@ -12,20 +12,23 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
 from opod.catalog.definition import class_in_force, scaling_in_force, with_defaults
+from opod.contract.admin.fleet import RestartRequest
 from opod.control.console.auth import OPERATE, Viewer
 from opod.control.console.kit import PREFIX, TEMPLATES, Console, Done, Refused, link, page_size, whole
 from opod.control.context import ReplicaDesk
 from opod.control.node_views import held_devices, state_word
 from opod.control.replica_views import replica_view, summary
+from opod.control.restarts import restart
 from opod.control.usage_export import totals
 from opod.fleet.models import ModelRegistry, definition_of
 from opod.fleet.models_service import ModelsService
@@ -35,6 +38,7 @@ from opod.fleet.state import Fleet, NodeState
 from opod.gateway.stats import WINDOW, GatewayStats
 from opod.store import Store
 from opod.store.audit import AuditDraft
+from opod.store.offloop import run_sync
 
 NODE_STATES = ("ready", "cordoned", "draining", "unreachable", "lost")
 STATE_ACTIONS = {"drain": "drain", "cordon": "cordon", "ready": "ready"}
@@ -124,6 +128,11 @@ class FleetPages:
             Route(
                 f"{PREFIX}/models/{{name}}/scale",
                 c.action(OPERATE, "POST /api/v1/models/{name}/scale", self.scale, target="model:{name}"),
+                methods=["POST"],
+            ),
+            Route(
+                f"{PREFIX}/models/{{name}}/restart",
+                c.action(OPERATE, "POST /api/v1/restart", self.restart, target="model:{name}"),
                 methods=["POST"],
             ),
             Route(
@@ -242,13 +251,14 @@ class FleetPages:
         values = {"title": "Models", "rows": rows, "presets": [p for p in presets if not p.in_catalog]}
         return self.console.render(request, viewer, "models.html", values)
 
-    def _replicas(self, name: str) -> list[object]:
+    def _replicas(self, name: str) -> Mapping[str, Any]:
+        """The model's replicas, and which each took over from (a restart's done ones are those that did)."""
         now = time.monotonic()
-        return [
-            replica_view(self.models, self.fleet, self.desk, r, now)
-            for r in self.desk.replica_list()
-            if r.model == name
-        ]
+        mine = [r for r in self.desk.replica_list() if r.model == name]
+        return {
+            "replicas": [replica_view(self.models, self.fleet, self.desk, r, now) for r in mine],
+            "took_over": {r.id: r.replaces for r in mine if r.replaces},
+        }
 
     async def model_page(self, request: Request, viewer: Viewer) -> Response:
         name = request.path_params["name"]
@@ -265,7 +275,7 @@ class FleetPages:
             "max": high,
             "klass": class_in_force(filled),
             "profiles": [p.name or p.engine or str(i) for i, p in enumerate(filled.profiles or [])],
-            "replicas": self._replicas(name),
+            **self._replicas(name),
             "placement": [f"{r.node}{f' ({r.profile})' if several else ''}: {r.reason}" for r in rejections],
         }
         return self.console.render(request, viewer, "model.html", values)
@@ -281,9 +291,7 @@ class FleetPages:
             ends = time.monotonic() + STREAM_FOR
             yield "retry: 2000\n\n"
             while time.monotonic() < ends and not await request.is_disconnected():
-                html = "".join(
-                    rows(TEMPLATES.get_template("model.html").new_context({"replicas": self._replicas(name)}))
-                )
+                html = "".join(rows(TEMPLATES.get_template("model.html").new_context(dict(self._replicas(name)))))
                 if html != last:
                     last = html
                     yield "event: replicas\n" + "".join(f"data: {line}\n" for line in html.splitlines() or [""]) + "\n"
@@ -303,6 +311,19 @@ class FleetPages:
             f"{name} scales from {low if low is not None else 'its minimum'} to {high if high is not None else 'its minimum'}",
             refresh="facts",
         )
+
+    async def restart(self, request: Request, viewer: Viewer, fields: dict[str, str], draft: AuditDraft) -> Done:
+        """A rolling restart of the model's replicas, as ``POST /api/v1/restart`` with ``models: [name]`` makes it."""
+        name = request.path_params["name"]
+        self.models_service.named(name)
+        asked = RestartRequest(models=[name])
+        draft.body = asked.model_dump(mode="json", exclude_none=True)
+        queued = restart(self.models, self.desk, asked).queued or []
+        with draft.commit(status=202) as row:  # as the API answers it: queued, followed on the page
+            await run_sync(self.store.record_audit, row)
+        if not queued:
+            return Done(f"{name} has no starting or ready replica to restart", refresh="")
+        return Done(f"{name}: restarting {', '.join(queued)}, one by one; the replicas below show how far", refresh="")
 
     async def set_class(self, request: Request, viewer: Viewer, fields: dict[str, str], draft: AuditDraft) -> Done:
         name = request.path_params["name"]

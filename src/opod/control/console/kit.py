@@ -47,6 +47,7 @@ NAV = (
     ("nodes", "Nodes", "/nodes"),
     ("models", "Models", "/models"),
     ("jobs", "Jobs", "/jobs"),
+    ("batches", "Batches", "/batches"),
     ("canaries", "Canaries", "/canaries"),
     ("evals", "Evals", "/evals"),
     ("keys", "Keys", "/keys"),

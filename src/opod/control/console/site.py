@@ -11,6 +11,7 @@ from starlette.routing import BaseRoute, Mount
 from starlette.staticfiles import StaticFiles
 
 from opod.control.console.auth import PageAuth
+from opod.control.console.batch_pages import BatchPages
 from opod.control.console.canary_pages import CanaryPages
 from opod.control.console.eval_pages import EvalPages
 from opod.control.console.fleet_pages import FleetPages
@@ -42,6 +43,7 @@ def console_routes(ctx: ControlContext, auth: PageAuth) -> list[BaseRoute]:
         *RecordPages(console, store=ctx.store, tenancy=ctx.tenancy).routes(),
         *SettingsPages(console, settings=ctx.settings_service).routes(),
         *ServePages(console, serving=ctx.serve_jobs).routes(),
+        *BatchPages(console, store=ctx.store, batches=ctx.batches).routes(),
         *CanaryPages(console, canaries=ctx.canaries, models=ctx.models).routes(),
         *EvalPages(console, evals=ctx.evals, models=ctx.models).routes(),
         Mount(f"{PREFIX}/static", StaticFiles(packages=[("opod.control.console", "static")]), name="console-static"),
