@@ -248,6 +248,8 @@ class Takeover:
         try:
             if canary is not None and canary.model == candidate:
                 await self.canaries.remove(model, audit)
+                if canary.percent:  # requests already drawn to the candidate (some still queued) finish there first
+                    await asyncio.sleep(self.drain)
             if self.models.active(candidate) is not None:
                 second = AuditDraft(audit.actor, audit.source, audit.action, status=audit.status, body=audit.body)
                 await self.models_service.remove(candidate, second)
