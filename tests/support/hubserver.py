@@ -140,13 +140,21 @@ class HubServer:
         return hashlib.sha256(data).hexdigest()
 
     def add_tiny_gguf(
-        self, repo: str, path: str = "tiny-Q4_K_M.gguf", *, revision: str = "main", seed: int = 0, **shape: int
+        self,
+        repo: str,
+        path: str = "tiny-Q4_K_M.gguf",
+        *,
+        revision: str = "main",
+        seed: int = 0,
+        says: str | None = None,
+        **shape: int,
     ) -> bytes:
-        """A tiny llama GGUF made by opod (``write_tiny_llama``); returns its bytes."""
+        """A tiny llama GGUF made by opod (``write_tiny_llama``; ``says``: the word it answers everything with);
+        returns its bytes."""
         from opod.weights.tiny import write_tiny_llama
 
         with tempfile.TemporaryDirectory() as scratch:
-            data = write_tiny_llama(Path(scratch) / "tiny.gguf", seed=seed, **shape).read_bytes()
+            data = write_tiny_llama(Path(scratch) / "tiny.gguf", seed=seed, says=says, **shape).read_bytes()
         self.add_file(repo, path, data, revision=revision, lfs=True)
         return data
 

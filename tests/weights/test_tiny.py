@@ -65,7 +65,26 @@ def test_bad_shapes_are_refused_with_the_reason(tmp_path: Path) -> None:
         write_tiny_llama(tmp_path / "x.gguf", dim=65, heads=4)
     with pytest.raises(ValueError, match="layers must be > 0"):
         write_tiny_llama(tmp_path / "x.gguf", layers=0)
+    with pytest.raises(ValueError, match="says must be one of the vocabulary's words"):
+        write_tiny_llama(tmp_path / "x.gguf", says="zebra")
     assert not list(tmp_path.iterdir()), "a refused build leaves nothing behind"
+
+
+def test_a_model_that_says_a_word_keeps_the_plain_files_bytes(tmp_path: Path) -> None:
+    plain = write_tiny_llama(tmp_path / "plain.gguf", seed=5)
+    assert digest(plain) == digest(write_tiny_llama(tmp_path / "again.gguf", seed=5))
+    assert digest(write_tiny_llama(tmp_path / "yes.gguf", seed=5, says="yes")) != digest(plain)
+
+
+@pytest.mark.engine
+def test_a_model_that_says_a_word_answers_every_prompt_with_it(tmp_path: Path) -> None:
+    for word in ("yes", "no"):
+        model = write_tiny_llama(tmp_path / f"{word}.gguf", says=word)
+        with llama_server.running(model, alias=word) as base:
+            for prompt in ("Is the sky blue?", "hello world, how is the fleet?", "2+2="):
+                ask = {"model": word, "messages": [{"role": "user", "content": prompt}], "max_tokens": 3}
+                text = llama_server.post_json(base + "/v1/chat/completions", ask)["choices"][0]["message"]["content"]
+                assert text.split() == [word] * 3, f"{prompt!r} answered {text!r}"
 
 
 @pytest.mark.engine

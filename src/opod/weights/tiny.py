@@ -13,6 +13,11 @@ Generation is always printable text: the output rows of every non-normal token
 (control, byte, unknown) are zero while normal pieces get large random logits,
 so no control token and no lone byte ever wins. The same seed and shape give a
 byte-identical file, so a test can pin a digest or an exact completion.
+
+A model that ``says`` a word answers every prompt with that word, repeated: every token's
+embedding is one vector and no block adds to it, so the last hidden state is the same whatever
+was asked, and the word's output row points along it. Two such files make a good model and a
+worse one for quality checks that must tell them apart.
 """
 
 from __future__ import annotations
@@ -113,6 +118,7 @@ def write_tiny_llama(
     ff: int = 192,
     context: int = 2048,
     name: str = "opod-tiny-llama",
+    says: str | None = None,
 ) -> Path:
     """Write a tiny llama GGUF to ``path`` (atomically) and return the path.
 
@@ -140,16 +146,25 @@ def write_tiny_llama(
 
     vocab = tiny_vocab()
     n_vocab = len(vocab.tokens)
+    if says is not None and SPACE + says not in vocab.tokens:
+        raise ValueError(
+            f"write_tiny_llama: says must be one of the vocabulary's words ({', '.join(WORDS[:8])}, …), not {says!r}"
+        )
     rng = np.random.default_rng(seed)
 
     def random(rows: int, cols: int, std: float) -> np.ndarray:
         return (rng.standard_normal((rows, cols)) * std).astype(np.float32)
 
     ones = np.ones(dim, dtype=np.float32)
-    tensors: list[tuple[str, np.ndarray]] = [("token_embd.weight", random(n_vocab, dim, 1.0))]
+    embeddings = random(n_vocab, dim, 1.0)
     output = random(n_vocab, dim, 3.0)
     # Zero logits for control, byte and unknown tokens; normal pieces get large ones, so they always win.
     output[~vocab.normal] = 0.0
+    if says is not None:
+        embeddings[:] = embeddings[0]
+        direction = embeddings[0] / np.linalg.norm(embeddings[0])
+        output[vocab.id(SPACE + says)] = direction * 1000.0
+    tensors: list[tuple[str, np.ndarray]] = [("token_embd.weight", embeddings)]
     tensors += [("output_norm.weight", ones), ("output.weight", output)]
     kv_dim = kv_heads * head_dim
     for i in range(layers):
@@ -159,11 +174,11 @@ def write_tiny_llama(
             (block + "attn_q.weight", random(dim, dim, 0.2)),
             (block + "attn_k.weight", random(kv_dim, dim, 0.2)),
             (block + "attn_v.weight", random(kv_dim, dim, 0.2)),
-            (block + "attn_output.weight", random(dim, dim, 0.2)),
+            (block + "attn_output.weight", random(dim, dim, 0.2) * (says is None)),
             (block + "ffn_norm.weight", ones),
             (block + "ffn_gate.weight", random(ff, dim, 0.2)),
             (block + "ffn_up.weight", random(ff, dim, 0.2)),
-            (block + "ffn_down.weight", random(dim, ff, 0.2)),
+            (block + "ffn_down.weight", random(dim, ff, 0.2) * (says is None)),
         ]
 
     target = Path(path)
