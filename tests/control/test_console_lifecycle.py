@@ -290,7 +290,7 @@ def test_a_canary_promoted_from_the_web_is_the_api_call_and_its_job_is_listed(
     assert "In shadow" in operator.get("/console/canaries").text
     promoted = operator.post(f"/console/canaries/{STABLE}/promote", {"skip_eval": "on"})
     assert promoted.status_code == 200, promoted.text
-    assert "done" in promoted.json()["message"]
+    assert "succeeded" in promoted.json()["message"]
     row = by_web(operator, STABLE, "POST /api/v1/models/{name}/promote")
     assert row["status"] == 202
     page = operator.get("/console/canaries").text

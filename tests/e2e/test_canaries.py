@@ -119,7 +119,8 @@ def until_rolled_back(leader: InProcessLeader, most: int, **kwargs: Any) -> int:
 def test_a_twenty_percent_canary_gets_about_a_fifth_and_clients_cannot_name_the_candidate(fleet, candidate) -> None:
     leader, _ = fleet
     job = start(leader, percent=20, min_requests=100_000)
-    assert job["kind"] == "canary" and job["state"] == "running" and job["model"] == STABLE
+    assert job["kind"] == "canary" and job["state"] == "succeeded" and job["model"] == STABLE
+    assert leader.admin("GET", f"/api/v1/jobs/{job['id']}")[1] == job, "kept with every job"
 
     answers = many(leader, 500)
     assert {status for status, _ in answers} == {200}
@@ -205,10 +206,11 @@ def test_a_healthy_candidate_is_kept_then_promoted(fleet, candidate) -> None:
 
     status, job = leader.admin("POST", f"/api/v1/models/{STABLE}/promote", {"skip_eval": True})
     assert status == 202, job
-    assert job["kind"] == "promote" and job["state"] == "done", job
+    assert job["kind"] == "promote" and job["state"] == "succeeded", job
     steps = {s["name"]: s for s in job["steps"]}
     assert steps["eval"]["state"] == "skipped" and "skip_eval" in steps["eval"]["detail"]
     assert steps["take over"]["state"] == "done"
+    assert job["id"] in {j["id"] for j in leader.admin("GET", "/api/v1/jobs")[1]}
     assert canary_of(leader) is None
 
 
@@ -245,7 +247,7 @@ def test_opod_ctl_sets_shares_lists_and_removes_a_canary(fleet, candidate) -> No
         assert done.returncode == 0, done.stderr
         return done.stdout
 
-    assert "canary of chat: running" in ctl("set", STABLE, CANDIDATE, "--percent", "10", "--min-requests", "500")
+    assert "canary of chat: succeeded" in ctl("set", STABLE, CANDIDATE, "--percent", "10", "--min-requests", "500")
     assert "takes 30%" in ctl("share", STABLE, "30")
     many(leader, 20)
     listed = ctl("ls")

@@ -74,9 +74,9 @@ def test_a_candidate_worse_case_by_case_is_held_back_with_the_evidence(leader: I
     assert status == 202 and job["state"] == "running", job
 
     def ended() -> dict[str, Any] | None:
-        live = leader.leader.control.canaries.job(job["id"])
-        assert live is not None
-        return live.model_dump() if live.state != "running" else None
+        status, kept = leader.admin("GET", f"/api/v1/jobs/{job['id']}")
+        assert status == 200, kept
+        return dict(kept) if kept["state"] != "running" else None
 
     done = wait_until(ended, 60, "the promotion's eval step to end")
     assert done["state"] == "failed", done

@@ -7,8 +7,10 @@ Every change takes one lock, so the watcher's rollback and a person's change nev
 rollback applies only to the very run it judged, and a canary a person changed since is judged afresh.
 
 ``promote`` makes the candidate's weights the model's, held to the model's eval gate when a
-:class:`QualityGate` is given (``skip_eval`` moves without it, and the job says so). Jobs are kept in
-memory, the latest :data:`JOBS_KEPT`, as :class:`~opod.contract.admin.models.ModelserveJob`.
+:class:`QualityGate` is given (``skip_eval`` moves without it, and the job says so). Its job, and the
+job that started a canary, are kept with the serve jobs in the store (``GET /api/v1/jobs`` lists
+them all), written at each step; a leader that stops mid-promotion finds it and marks it failed, as
+it does every serve job.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections import OrderedDict
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -31,12 +32,13 @@ from opod.fleet.state import Fleet
 from opod.store.audit import SOURCE_LEADER, AuditDraft, AuditRow
 from opod.store.errors import Conflict, InvalidInput, NotFound, StoreError
 from opod.store.offloop import run_sync
+from opod.store.serve_jobs import ServeJobsRepo
 
 log = logging.getLogger("opod.fleet")
 
 SYSTEM = "system"
 """The actor of the changes the leader makes by itself (a rollback)."""
-JOBS_KEPT = 200
+JOB_KINDS = ("canary", "promote")
 
 
 class GateAnswer(Protocol):
@@ -85,9 +87,12 @@ class CanariesService:
         events: EventSink,
         gate: QualityGate,
         record: Callable[[AuditRow], None],
+        jobs: ServeJobsRepo,
+        runner: str,
     ) -> None:
         """``gate``: the models' eval gates, which a promotion is held to; ``record``: the store's audit, for the
-        decisions the service takes by itself (a promotion the gate held back)."""
+        decisions the service takes by itself (a promotion the gate held back); ``jobs``: where jobs are kept,
+        as this leader (``runner``) runs them."""
         self.models_service = models_service
         self.models = models
         self.fleet = fleet
@@ -95,8 +100,9 @@ class CanariesService:
         self.events = events
         self.gate = gate
         self.record = record
+        self.kept = jobs
+        self.runner = runner
         self._lock = asyncio.Lock()
-        self.jobs: OrderedDict[str, ModelserveJob] = OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
         book.sync(models)
 
@@ -107,8 +113,17 @@ class CanariesService:
         self.book.sync(self.models)
         return [ModelserveCanaryView(model=run.model, canary=run.canary, serving=run.stat()) for run in self.book]
 
-    def job(self, job_id: str) -> ModelserveJob | None:
-        return self.jobs.get(job_id)
+    async def recent_jobs(self, limit: int) -> list[ModelserveJob]:
+        """The latest canary and promotion jobs, the newest first."""
+        records = await run_sync(self.kept.list_serve_jobs)
+        found = []
+        for record in records:
+            job = ModelserveJob.model_validate_json(record.job_json)
+            if job.kind in JOB_KINDS:
+                found.append(job)
+                if len(found) == limit:
+                    break
+        return found
 
     # --- a person's changes --------------------------------------------------------------------------
 
@@ -131,19 +146,20 @@ class CanariesService:
             run = self.book.run_for(model.id)
         share = f"{canary.percent}% of its requests" if canary.percent else "a copy of each request, in shadow"
         limits = in_force(canary)
-        return self._new_job(
+        return await self._new_job(
             "canary",
             model.id,
-            "running",
+            "succeeded",
             [
                 ModelserveStep(name="check", state="done", detail=f"{candidate.id} is served", at=_now()),
                 ModelserveStep(
                     name="canary",
-                    state="running",
+                    state="done",
                     detail=(
                         f"{candidate.id} takes {share}; rolled back by itself when, over at least "
                         f"{limits.min_requests} of its own, its error rate is {limits.max_error_increase} above "
-                        f"{model.id}'s or its mean time to the first token {limits.max_ttft_ratio} times it"
+                        f"{model.id}'s or its mean time to the first token {limits.max_ttft_ratio} times it; "
+                        "GET /api/v1/canaries follows both sides"
                     ),
                     at=run.since if run is not None else _now(),
                 ),
@@ -230,10 +246,14 @@ class CanariesService:
                 "definition whose weights could be taken; take the canary out instead"
             )
         hold = self.gate.hold_for(model.id, change, moved="promoted")  # a sent suite refused here, before any job
-        job = self._new_job("promote", model.id, "running", [])
+        job = await self._new_job("promote", model.id, "running", [])
         if not hold.asks:
             self._step(job, "eval", "skipped", hold.why)
-            await self._take_over(job, model.id, candidate.id, canary, audit)
+            try:
+                await self._take_over(job, model.id, candidate.id, canary, audit)
+            except Exception as err:
+                await self._finish(job, "failed", f"the weights could not be taken: {err}", "take over")
+                raise
             return job
         task = asyncio.create_task(self._gated(job, model.id, candidate.id, canary, hold, audit))
         self._tasks.add(task)
@@ -244,11 +264,12 @@ class CanariesService:
         self, job: ModelserveJob, model: str, candidate: str, canary: CatalogCanary, hold: HoldPlan, audit: AuditDraft
     ) -> None:
         self._step(job, "eval", "running", f"{candidate} and {model} asked the same suite, case by case")
+        await self._save(job)
         try:
             verdict = await self.gate.held(model, candidate, hold, job=job.id or "", by=audit.actor)
         except Exception as err:  # the gate could not run: the model is left as it was
             log.exception("the eval gate of %s could not run", model)
-            self._finish(job, "failed", f"the eval gate could not run: {err}", "eval")
+            await self._finish(job, "failed", f"the eval gate could not run: {err}", "eval")
             return
         if not verdict.passed:
             await self._held_back(job, model, candidate, verdict)
@@ -257,11 +278,13 @@ class CanariesService:
         try:
             await self._take_over(job, model, candidate, canary, audit)
         except (StoreError, InvalidInput) as err:
-            self._finish(job, "failed", str(err), "take over")
+            await self._finish(job, "failed", str(err), "take over")
 
     async def _held_back(self, job: ModelserveJob, model: str, candidate: str, verdict: GateAnswer) -> None:
         """The gate said no: the model and its canary stay as they were, and the audit keeps why, case by case."""
-        self._finish(job, "failed", f"held back by the eval gate, {model} left as it was: {verdict.said()}", "eval")
+        await self._finish(
+            job, "failed", f"held back by the eval gate, {model} left as it was: {verdict.said()}", "eval"
+        )
         held = AuditDraft(
             actor=SYSTEM,
             source=SOURCE_LEADER,
@@ -282,7 +305,9 @@ class CanariesService:
             donor = self.models.active(candidate)
             current = known.definition.canary if known is not None and known.definition is not None else None
             if known is None or donor is None or donor.definition is None or current != canary:
-                self._finish(job, "failed", f"the canary of {model} changed while it was being promoted", "take over")
+                await self._finish(
+                    job, "failed", f"the canary of {model} changed while it was being promoted", "take over"
+                )
                 return
             run = self.book.run_for(model)
             if run is not None:
@@ -302,7 +327,8 @@ class CanariesService:
             f"{model} has {candidate}'s weights (its replicas are replaced beside the old ones); {candidate} "
             "stays in the catalog, clients may name it again, and it can be removed",
         )
-        job.state = "done"
+        job.state = "succeeded"
+        await self._save(job)
         self.events("canary.promoted", model, {"candidate": candidate, "job": job.id or ""})
 
     # --- helpers -------------------------------------------------------------------------------------
@@ -343,21 +369,32 @@ class CanariesService:
             raise NotFound(f"model {model.id!r} has no canary; POST /api/v1/models/{model.id}/canary starts one")
         return model, canary
 
-    def _new_job(self, kind: str, model: str, state: str, steps: list[ModelserveStep]) -> ModelserveJob:
+    async def _new_job(self, kind: str, model: str, state: str, steps: list[ModelserveStep]) -> ModelserveJob:
         job = ModelserveJob(
             id="job_" + secrets.token_hex(8), kind=kind, model=model, state=state, steps=steps, started=_now()
         )
-        self.jobs[job.id or ""] = job
-        while len(self.jobs) > JOBS_KEPT:
-            self.jobs.popitem(last=False)
+        await run_sync(self.kept.add_serve_job, job.id or "", _json(job), runner=self.runner, at=job.started)
+        if state != "running":
+            await self._save(job)
         return job
+
+    async def _save(self, job: ModelserveJob) -> None:
+        try:
+            await run_sync(self.kept.put_serve_job, job.id or "", job.state or "running", _json(job))
+        except StoreError:
+            log.exception("job %s (%s of %s) could not be kept as it moved on", job.id, job.kind, job.model)
 
     @staticmethod
     def _step(job: ModelserveJob, name: str, state: str, detail: str) -> None:
         steps = [s for s in job.steps or [] if s.name != name]
         job.steps = [*steps, ModelserveStep(name=name, state=state, detail=detail, at=_now())]
 
-    def _finish(self, job: ModelserveJob, state: str, error: str, step: str) -> None:
+    async def _finish(self, job: ModelserveJob, state: str, error: str, step: str) -> None:
         self._step(job, step, state, error)
         job.state, job.error = state, error
+        await self._save(job)
         log.warning("job %s (%s of %s): %s", job.id, job.kind, job.model, error)
+
+
+def _json(job: ModelserveJob) -> str:
+    return job.model_dump_json(exclude_none=True, by_alias=True)

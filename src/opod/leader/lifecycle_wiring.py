@@ -69,7 +69,17 @@ def build_lifecycle(
     serve_jobs.fail_interrupted()
     # Quality runs ask /v1 as the operator's own requests do: through the gateway, as the admin key.
     evals = EvalsService(store, models, models_service, replayer.replay, eval_dir=config.eval_dir(home), owner=runner)
-    canaries = CanariesService(models_service, models, fleet, canary_book, emit, gate=evals, record=store.record_audit)
+    canaries = CanariesService(
+        models_service,
+        models,
+        fleet,
+        canary_book,
+        emit,
+        gate=evals,
+        record=store.record_audit,
+        jobs=store,
+        runner=runner,
+    )
     # An update's new weights run as a hidden candidate behind the canaries' mechanism, held to the evals' gate.
     takeover = Takeover(models, models_service, canaries, evals, fleet, reconciler)
     updates = Updates(models, models_service, serve_jobs, evals, takeover, store, hub=hub)

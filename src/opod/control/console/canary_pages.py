@@ -15,7 +15,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from opod.contract.admin.catalog import CatalogCanary
-from opod.contract.admin.models import CanarySide, ModelserveCanaryView, ModelserveChange, ModelserveJob
+from opod.contract.admin.models import CanarySide, ModelserveCanaryView, ModelserveChange
 from opod.control.console.auth import OPERATE, Viewer
 from opod.control.console.kit import PREFIX, Console, Done, Refused, whole
 from opod.fleet.canaries import in_force
@@ -142,13 +142,15 @@ class CanaryPages:
             ),
         ]
 
-    def _jobs(self) -> list[ModelserveJob]:
-        return list(reversed(self.canaries.jobs.values()))[:JOBS_SHOWN]
-
     async def canaries_page(self, request: Request, viewer: Viewer) -> Response:
         rows = [canary_row(v) for v in self.canaries.views()]
         names = sorted(m.id for m in self.models if not m.removed)
-        values = {"title": "Canaries", "rows": rows, "jobs": self._jobs(), "models": names}
+        values = {
+            "title": "Canaries",
+            "rows": rows,
+            "jobs": await self.canaries.recent_jobs(JOBS_SHOWN),
+            "models": names,
+        }
         return self.console.render(request, viewer, "canaries.html", values)
 
     async def start(self, request: Request, viewer: Viewer, fields: dict[str, str], draft: AuditDraft) -> Done:
