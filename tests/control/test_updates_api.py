@@ -1,11 +1,12 @@
 """Updates and rollbacks end to end: ``/updates``, ``/updates/check``, ``/models/{name}/update|rollback|origin``.
 
 A leader in the test's process with one ``opod join`` worker running llama.cpp on this CPU, and a
-loopback Hub whose repository moves from one commit to a second (a tiny GGUF opod makes, made
-again with other weights). A model served from the first commit is checked against the second,
-updated with a gate its new weights fail (they are taken away, the model keeps serving the old
-ones, the job and the audit say by how much, case by case), updated with a gate they pass while a
-client keeps asking it (no request fails), then rolled back to the first commit.
+loopback Hub whose repository moves from one commit to a second (tiny GGUFs opod makes: the first
+answers everything "yes", the second "no"). A model served from the first commit is checked
+against the second, updated with gates its new weights fail (they are taken away, the model keeps
+serving the old ones, the job and the audit say by how much, case by case): below a suite's
+threshold, and above it but worse than the model on the same cases. Then updated with a gate they
+pass while a client keeps asking it (no request fails), then rolled back to the first commit.
 """
 
 from __future__ import annotations
@@ -32,6 +33,12 @@ MODEL = "mover"
 PASSING = "threshold: 0.5\ncases:\n" + "".join(
     f"  - id: say-{i}\n    prompt: Say {i}.\n    regex: '.*'\n" for i in range(3)
 )
+# "no" clears this suite's threshold (3 of 5) where "yes" scores 5 of 5: worse, case by case.
+YES_OR_NO = (
+    "threshold: 0.5\ncases:\n"
+    + "".join(f"  - id: yes-{i}\n    prompt: Is the fleet ready {i}?\n    contains: 'yes'\n" for i in range(2))
+    + "".join(f"  - id: any-{i}\n    prompt: Say {i}.\n    regex: '.*'\n" for i in range(3))
+)
 FAILING = "threshold: 0.8\ncases:\n" + "".join(
     f"  - id: zebra-{i}\n    prompt: Name a zebra {i}.\n    contains: quartz-zebra-never\n" for i in range(3)
 )
@@ -40,7 +47,7 @@ FAILING = "threshold: 0.8\ncases:\n" + "".join(
 @pytest.fixture(scope="module")
 def hub() -> Iterator[HubServer]:
     with HubServer().running_in_thread() as server:
-        server.add_tiny_gguf(REPO, FILE, seed=3)
+        server.add_tiny_gguf(REPO, FILE, seed=3, says="yes")
         server.add_file(REPO, "README.md", b"# first\n")
         yield server
 
@@ -112,7 +119,7 @@ def test_updates_gated_refused_then_taken_over_without_a_failed_request_then_rol
 
     # The repository moves on: new weights under the same name, and a README edited.
     hub.keep_commit(REPO)
-    hub.add_tiny_gguf(REPO, FILE, seed=4)
+    hub.add_tiny_gguf(REPO, FILE, seed=4, says="no")
     hub.add_file(REPO, "README.md", b"# second\n")
     second = hub.commit(REPO)
     status, checked = fleet.admin("POST", "/api/v1/updates/check")
@@ -162,6 +169,27 @@ def test_updates_gated_refused_then_taken_over_without_a_failed_request_then_rol
     withdrawn = [json.loads(a["detail"]) for a in rows if "shortfall" in a["detail"]]
     assert withdrawn and withdrawn[0]["shortfall"] == 0.8 and len(withdrawn[0]["cases"]) == 3, rows
     assert withdrawn[0]["cases"][0] == {"case": "zebra-0", "candidate": 0.0, "model": 0.0, **withdrawn[0]["cases"][0]}
+
+    # The model's standing gate, a suite from the eval directory the new weights clear on score but lose case by
+    # case against the model: held back as worse, the evidence in the job and the audit, the old weights serving.
+    (fleet.home / "evals").mkdir(exist_ok=True)
+    (fleet.home / "evals" / "yes-or-no.yaml").write_text(YES_OR_NO)
+    assert fleet.admin("PUT", f"/api/v1/models/{MODEL}/eval-gate", {"suite": "yes-or-no"})[0] == 200
+    status, job = fleet.admin("POST", f"/api/v1/models/{MODEL}/update", None, {"X-Llmgw-Actor": "ops"})
+    assert status == 202, job
+    worse = ended(fleet, job["id"])
+    assert worse["state"] == "failed" and f"worse than {MODEL} on the same cases" in worse["error"], worse
+    assert "candidate 0.600 against 1.000 (-0.400" in worse["error"] and "0 wins, 2 losses, 3 ties" in worse["error"]
+    assert worse["eval"]["score"] == 0.6 and worse["eval"]["passed"] is True, "the run clears its threshold"
+    said = {s["name"]: s for s in worse["steps"]}["eval"]["detail"]
+    assert "yes-0 0.00 (model 1.00)" in said and "any-0 1.00 (model 1.00)" in said, said
+    assert origin(fleet)["revision"] == first and chat(fleet) == 200
+    rows = [a for a in get(fleet, "/api/v1/audit?actor=ops") if a["action"] == f"POST /api/v1/models/{MODEL}/update"]
+    evidence = [d for d in (json.loads(a["detail"] or "{}") for a in rows) if d.get("paired") == "worse"]
+    assert evidence and evidence[0]["paired_delta"] == -0.4 and evidence[0]["shortfall"] == 0, rows
+    by_case = {c["case"]: c for c in evidence[0]["cases"]}
+    assert by_case["yes-1"]["candidate"] == 0 and by_case["yes-1"]["model"] == 1 and "no" in by_case["yes-1"]["answer"]
+    assert fleet.admin("DELETE", f"/api/v1/models/{MODEL}/eval-gate")[0] == 200
 
     # New weights that pass take over while a client keeps asking: no request fails.
     answers: list[int] = []
@@ -234,3 +262,37 @@ def test_an_origin_is_recorded_for_weights_added_by_hand(fleet: Leader, hub: Hub
     assert status == 400 and body["error"].startswith("repo: required"), body
     listed = opod_cli(fleet, "ctl", "updates")
     assert listed.returncode == 0 and "by-hand" in listed.stdout and "acme/hand-GGUF" in listed.stdout, listed.stdout
+
+
+def test_a_candidate_an_ended_update_left_in_the_catalog_is_taken_away_when_the_leader_starts(fleet: Leader) -> None:
+    """What a leader killed mid-update leaves: its candidate in the catalog behind a canary in shadow, and the job
+    ended (marked failed when the leader starts again). This module's last test: the leader is restarted."""
+    from opod.contract.admin.models import ModelserveJob, ModelserveStep
+    from opod.control.update_steps import PLACED
+
+    candidate = f"{MODEL}-update-0badc0de-abc123"
+    source = get(fleet, f"/api/v1/models/{MODEL}")["source"]
+    made = {"name": candidate, "source": source, "profiles": [{"engine": "sim"}], "scaling": {"min": 1, "max": 1}}
+    assert fleet.admin("POST", "/api/v1/models", made)[0] == 200
+    assert fleet.admin("POST", f"/api/v1/models/{MODEL}/canary", {"model": candidate, "percent": 0})[0] == 202
+    steps = [ModelserveStep(name="place", state="running", detail=candidate + PLACED)]
+    job = ModelserveJob(id="sj_left0behind0001", kind="update", model=MODEL, state="failed", steps=steps)
+    store = fleet.leader.store
+    store.add_serve_job(job.id or "", job.model_dump_json(exclude_none=True), runner="a killed leader")
+    store.put_serve_job(job.id or "", "failed", job.model_dump_json(exclude_none=True))
+
+    again = fleet.restart()
+    try:
+
+        def cleared() -> bool:
+            status, model = again.admin("GET", f"/api/v1/models/{MODEL}")
+            names = {m["name"] for m in again.admin("GET", "/api/v1/models")[1]}
+            return status == 200 and "canary" not in model and candidate not in names
+
+        wait_until(cleared, 30, "the left candidate to be taken away")
+        rows = again.admin("GET", f"/api/v1/audit?actor=system&contains={candidate}")[1]
+        reasons = [json.loads(a["detail"]).get("reason", "") for a in rows]
+        assert any("the leader running it stopped" in r for r in reasons), rows
+        assert again.admin("GET", "/api/v1/jobs/sj_left0behind0001")[1]["state"] == "failed"
+    finally:
+        again.stop()

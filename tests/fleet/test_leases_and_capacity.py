@@ -22,7 +22,7 @@ def test_a_lease_counts_a_request_on_its_worker_until_released_once():
     join(fleet, "b")
     node = fleet.get("a")
     assert node is not None
-    first, second = fleet.lease(node), fleet.lease(node)
+    first, second = fleet.lease(node, MODEL), fleet.lease(node, MODEL)
     assert node.in_flight == 2
     decision = Router(fleet).pick(RouteRequest(MODEL))
     assert decision is not None and decision.node.id == "b"  # the router sees what is leased
@@ -31,6 +31,21 @@ def test_a_lease_counts_a_request_on_its_worker_until_released_once():
     assert node.in_flight == 1
     second.release()
     assert node.in_flight == 0
+
+
+def test_the_fleet_counts_each_models_requests_in_flight_over_its_workers():
+    fleet = Fleet()
+    join(fleet, "a")
+    join(fleet, "b")
+    a, b = fleet.get("a"), fleet.get("b")
+    assert a is not None and b is not None
+    held = [fleet.lease(a, MODEL), fleet.lease(b, MODEL), fleet.lease(b, "other")]
+    assert (fleet.in_flight(MODEL), fleet.in_flight("other"), fleet.in_flight("none")) == (2, 1, 0)
+    held[1].release()
+    held[1].release()
+    assert fleet.in_flight(MODEL) == 1 and b.in_flight == 1
+    held[0].release()
+    assert fleet.in_flight(MODEL) == 0 and fleet.in_flight("other") == 1
 
 
 def test_listeners_hear_of_joins_drains_slots_and_leaving_but_not_of_a_heartbeat_that_changes_nothing():

@@ -45,8 +45,8 @@ def test_the_end_lets_go_of_the_slot_the_worker_and_the_reservation_once() -> No
     assert permit is not None
     record.admitted(permit, "standard")
     record.relaying()
-    record.leased(fleet.lease(node))
-    record.leased(fleet.lease(node))  # a second attempt: the first one's hold goes
+    record.leased(fleet.lease(node, "m"))
+    record.leased(fleet.lease(node, "m"))  # a second attempt: the first one's hold goes
     assert node.in_flight == 1 and admission.stats()[MODEL].in_use == 1
     record.sent()
     record.ended(Outcome(200, "ok", "a", {"prompt_tokens": 10, "completion_tokens": 5}))
@@ -71,7 +71,7 @@ def test_an_answer_held_for_the_guardrails_frees_the_engine_at_once_and_writes_i
     record.identified(None)
     record.parsed(MODEL, {"model": MODEL})
     record.relaying(hold=True)
-    record.leased(fleet.lease(node))
+    record.leased(fleet.lease(node, "m"))
     record.sent()
     record.ended(Outcome(200, "ok", "a", {"prompt_tokens": 1, "completion_tokens": 1}))
     assert node.in_flight == 0 and usage.rows[0].ended == {}, "the engine is free; the row waits for the verdict"

@@ -4,7 +4,8 @@ request; or taken away, leaving the model as it was.
 The new weights run as a model of their own, the candidate, hidden behind a canary of the model
 in shadow (:class:`~opod.fleet.canaries_service.CanariesService`: clients cannot name it, copies of
 live requests warm it and are counted). Taking over moves the canary's share to all of the model's
-requests, lets what was already sent to the model's replicas finish (:data:`DRAIN`), gives the model the new weights (:meth:`~opod.fleet.models_service.ModelsService.move_weights`),
+requests, lets what was already sent to the model's replicas finish (:func:`drained`), gives the model the new
+weights (:meth:`~opod.fleet.models_service.ModelsService.move_weights`),
 replaces its replicas in place through the reconciler's rolling restart, and only when they serve
 the new weights takes the canary and the candidate away. Every change is the job's actor's, audited
 as the call that started it.
@@ -15,20 +16,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from opod.catalog.definition import fingerprint
 from opod.contract.admin.catalog import CatalogCanary, CatalogModel, CatalogOrigin, CatalogScaling
-from opod.contract.admin.models import StoreEvalRun
+from opod.contract.admin.models import ModelserveJob, StoreEvalRun
 from opod.control.context import ReplicaDesk, ReplicaRecord
 from opod.control.evals.service import EvalsService, Hold
 from opod.control.serve_steps import LiveJob, StepFailed, wait_placed, wait_started
-from opod.fleet.canaries_service import CanariesService
+from opod.fleet.canaries_service import SYSTEM, CanariesService
 from opod.fleet.models import ModelRegistry, definition_of
 from opod.fleet.models_service import ModelsService
 from opod.fleet.state import Fleet
-from opod.store.audit import SOURCE_API, AuditDraft
+from opod.store.audit import SOURCE_API, SOURCE_LEADER, AuditDraft
 from opod.store.errors import StoreError
 from opod.store.evals import EvalRunRecord
 
@@ -36,9 +38,36 @@ log = logging.getLogger("opod.updates")
 
 MOVE_WAIT = 600.0
 DRAIN = 3.0
-"""Seconds the model's replicas finish what was sent to them before the share moved, before they are replaced
-(their engines stop without waiting: a longer request than this is cut)."""
+"""Seconds a side that lost its share is left at least before its engines stop: other leaders of the store follow
+the share within it, and what they sent there finishes."""
+DRAIN_MAX = 600.0
+"""Seconds at most a side waits for the requests this leader sent it to finish; a longer one is cut."""
 POLL = 0.2
+PLACED = ": the new weights, hidden from clients behind a canary in shadow"
+"""The ``place`` step's words after the candidate's name: how a leader that starts again finds the candidate."""
+LEFT = "its job ended with the candidate still there: the leader running it stopped"
+
+
+def placed_candidate(job: ModelserveJob) -> str | None:
+    """The candidate an update or rollback job placed, as its ``place`` step names it; ``None`` before that step."""
+    for step in job.steps or ():
+        if step.name == "place" and step.detail and step.detail.endswith(PLACED):
+            return step.detail.removesuffix(PLACED)
+    return None
+
+
+async def drained(fleet: Fleet, model: str, least: float, say: Callable[[str], None], most: float = DRAIN_MAX) -> int:
+    """Wait ``least`` seconds, then until the requests this leader sent for ``model`` finish, ``most`` seconds in all;
+    how many were left unfinished. ``say`` hears how many are still running, each time that changes."""
+    start = time.monotonic()
+    await asyncio.sleep(least)
+    said = -1
+    while (left := fleet.in_flight(model)) and time.monotonic() - start < most:
+        if left != said:
+            say(f"{left} requests sent to {model} before the share moved are finishing")
+            said = left
+        await asyncio.sleep(POLL)
+    return left
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +175,7 @@ class Takeover:
 
         name = self._name(move, job.id)
         self._candidates[name] = move.model
-        job.mark("place", "running", f"{name}: the new weights, hidden from clients behind a canary in shadow")
+        job.mark("place", "running", name + PLACED)
         await job.save()
         withdrawn: dict[str, Any] = {}
         try:
@@ -188,7 +217,7 @@ class Takeover:
         await job.save()
         before = definition_of(self.models_service.named(move.model))
         await self.canaries.set_percent(move.model, 100, draft())
-        await asyncio.sleep(self.drain)
+        await drained(self.fleet, move.model, self.drain, lambda left: job.say("take over", left))
         changed = await self.models_service.move_weights(move.model, move.source, move.origin, draft())
         try:
             await self._replaced(job, move.model, fingerprint(definition_of(changed)))
@@ -241,6 +270,27 @@ class Takeover:
             and model in head.loaded_models
         )
 
+    async def withdraw_left(self, jobs: list[ModelserveJob]) -> list[str]:
+        """The candidates that ended update and rollback jobs among ``jobs`` left in the catalog (their leader was
+        killed while they ran) taken away, as the system, saying why; the names taken."""
+        taken = []
+        for job in jobs:
+            name = placed_candidate(job)
+            ended = job.kind == "update" and job.state != "running" and job.model
+            if not ended or name is None or name in self._candidates or self.models.active(name) is None:
+                continue
+            audit = AuditDraft(
+                actor=SYSTEM,
+                source=SOURCE_LEADER,
+                action=f"POST /api/v1/models/{job.model}/update",
+                target=f"model:{job.model}",
+                body={"job": job.id, "withdrawn": name, "reason": LEFT},
+            )
+            await self._withdraw(job.model or "", name, audit)
+            log.warning("update job %s was left unfinished: its candidate %s is taken away", job.id, name)
+            taken.append(name)
+        return taken
+
     async def _withdraw(self, model: str, candidate: str, audit: AuditDraft) -> None:
         """The canary, then the candidate, taken away; what is already gone is left alone."""
         known = self.models.active(model)
@@ -249,7 +299,7 @@ class Takeover:
             if canary is not None and canary.model == candidate:
                 await self.canaries.remove(model, audit)
                 if canary.percent:  # requests already drawn to the candidate (some still queued) finish there first
-                    await asyncio.sleep(self.drain)
+                    await drained(self.fleet, candidate, self.drain, lambda left: None)
             if self.models.active(candidate) is not None:
                 second = AuditDraft(audit.actor, audit.source, audit.action, status=audit.status, body=audit.body)
                 await self.models_service.remove(candidate, second)

@@ -19,6 +19,7 @@ leader lists the same until the next check.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from datetime import UTC, datetime
 from typing import Any
@@ -93,6 +94,12 @@ class Updates:
         self.hub = hub
         self._moving: set[str] = set()
         """Models an update or rollback of this leader is moving now."""
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Take away the candidates that ended updates left in the catalog (a leader killed while one ran), then
+        wait for ``stop``."""
+        await self.takeover.withdraw_left(await self.jobs.jobs())
+        await stop.wait()
 
     # --- what the registry has ----------------------------------------------------------------------------
 

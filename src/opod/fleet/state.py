@@ -52,6 +52,8 @@ class NodeState:
     goodbye: bool = False
     in_flight: int = 0
     """Requests this leader has relayed there and not yet finished: changed by :class:`Lease` only."""
+    model_in_flight: dict[str, int] = field(default_factory=dict)
+    """The same, by the model name each was sent for (an update waits for its model's to finish)."""
     model_engines: dict[str, nodeapi.EngineState] = field(default_factory=dict)
     """model → the state of the engine process serving it, as the worker last said (empty = not said)."""
     model_context: dict[str, int] = field(default_factory=dict)
@@ -83,19 +85,24 @@ COOLDOWN_SECONDS = 10.0
 
 
 class Lease:
-    """One relayed request's hold on a worker: counted in its ``in_flight`` until :meth:`release` (idempotent)."""
+    """One relayed request's hold on a worker: counted in its ``in_flight`` and its model's until :meth:`release`
+    (idempotent)."""
 
-    __slots__ = ("node", "_held")
+    __slots__ = ("node", "model", "_held")
 
-    def __init__(self, node: NodeState) -> None:
+    def __init__(self, node: NodeState, model: str) -> None:
         node.in_flight += 1
+        counts = node.model_in_flight
+        counts[model] = counts.get(model, 0) + 1
         self.node = node
+        self.model = model
         self._held = True
 
     def release(self) -> None:
         if self._held:
             self._held = False
             self.node.in_flight -= 1
+            self.node.model_in_flight[self.model] -= 1
 
 
 CapacityListener = Callable[[], None]
@@ -125,9 +132,13 @@ class Fleet:
         for listener in self._capacity_listeners:
             listener()
 
-    def lease(self, node: NodeState) -> Lease:
-        """Count a request in flight on ``node`` until the returned lease is released."""
-        return Lease(node)
+    def lease(self, node: NodeState, model: str) -> Lease:
+        """Count a request for ``model`` in flight on ``node`` until the returned lease is released."""
+        return Lease(node, model)
+
+    def in_flight(self, model: str) -> int:
+        """Requests for ``model`` this leader has relayed and not yet seen finish, on every worker."""
+        return sum(node.model_in_flight.get(model, 0) for node in self._nodes.values())
 
     def touched(self) -> None:
         """Something that decides liveness changed: cached answers are stale."""

@@ -193,7 +193,7 @@ class Relay:
         """The answer; a :class:`Refusal` when the engine refused the request's content; ``None`` to move on."""
         observer = call.observer
         request_id = observer.request_id
-        observer.leased(self.fleet.lease(node))
+        observer.leased(self.fleet.lease(node, model))
         handed_over = False
         resp: UpstreamResponse | None = None
         try:

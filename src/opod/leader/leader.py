@@ -34,6 +34,7 @@ from opod.control.areas import public_areas
 from opod.control.console.auth import PageAuth
 from opod.control.context import ControlContext
 from opod.control.serving import ServeJobs
+from opod.control.updating import Updates
 from opod.control.web.page_auth import SessionPages
 from opod.control.web.pages import WebSessions
 from opod.fleet.adapters_service import AdaptersService
@@ -158,6 +159,8 @@ class Leader:
     """Runs the clients' batches (``/v1/batches``) through the gateway; started by :meth:`run`."""
     serve_jobs: ServeJobs
     """Registry plans and serve jobs; :meth:`run` ends the jobs a stop interrupts."""
+    updates: Updates
+    """Updates and rollbacks; :meth:`run` takes away the candidates of those a stop left unfinished."""
     client_routes: tuple[Route, ...] = ()
     """``/v1/files`` and ``/v1/batches``, on the public listener."""
 
@@ -356,6 +359,7 @@ class Leader:
         return cls(
             batches=batches,
             serve_jobs=lifecycle_parts.serve_jobs,
+            updates=lifecycle_parts.updates,
             client_routes=client_routes,
             settings=settings,
             store=store,
@@ -452,6 +456,7 @@ class Leader:
             self.webhooks.run,
             self.lifecycle.run,
             self.control.evals.run,
+            self.updates.run,
             *beside,
         ]
         # What other leaders of the same store change (people, keys, the tenancy tree, quotas) is in force here
