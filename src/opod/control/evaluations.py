@@ -15,53 +15,12 @@ from opod.contract.admin.models import (
     EvalLive,
     EvalRequest,
     EvalSuiteInfo,
-    StoreEvalCase,
 )
 from opod.control.audit import audit_draft
 from opod.control.evals.service import EvalsService, RunAsk
+from opod.control.evals.views import live_view
 from opod.control.spec import SpecRouter
 from opod.store.audit import AuditDraft
-from opod.store.evals import EvalCaseRecord, EvalRunRecord
-
-
-def _case(case: EvalCaseRecord) -> StoreEvalCase:
-    return StoreEvalCase(
-        id=case.case_id,
-        kind=case.kind,
-        weight=case.weight,
-        score=case.score,
-        passed=case.passed,
-        answer=case.answer or None,
-        detail=case.detail or None,
-        error=case.error or None,
-        took_ms=case.took_ms,
-    )
-
-
-def live_view(run: EvalRunRecord, *, with_cases: bool) -> EvalLive:
-    running = run.state == "running"
-    return EvalLive(
-        id=run.id,
-        model=run.model,
-        target=run.target or None,
-        suite=run.suite,
-        suite_hash=run.suite_hash or None,
-        at=run.at,
-        took_ms=run.took_ms,
-        score=run.score,
-        threshold=run.threshold,
-        passed=None if running else run.passed,
-        cases=run.cases,
-        below=run.below,
-        errors=run.errors,
-        judge=run.judge or None,
-        by=run.by or None,
-        job=run.job or None,
-        error=run.error or None,
-        results=[_case(c) for c in run.results] if with_cases else None,
-        state=run.state,
-        done=run.done,
-    )
 
 
 def router(evals: EvalsService) -> APIRouter:

@@ -22,9 +22,10 @@ from typing import Any
 
 from opod.catalog.definition import fingerprint
 from opod.contract.admin.catalog import CatalogCanary, CatalogModel, CatalogOrigin, CatalogScaling
-from opod.contract.admin.models import ModelserveJob, StoreEvalRun
+from opod.contract.admin.models import ModelserveJob
 from opod.control.context import ReplicaDesk, ReplicaRecord
 from opod.control.evals.service import EvalsService, Hold
+from opod.control.evals.views import run_view
 from opod.control.serve_steps import LiveJob, StepFailed, wait_placed, wait_started
 from opod.fleet.canaries_service import SYSTEM, CanariesService
 from opod.fleet.models import ModelRegistry, definition_of
@@ -32,7 +33,6 @@ from opod.fleet.models_service import ModelsService
 from opod.fleet.state import Fleet
 from opod.store.audit import SOURCE_API, SOURCE_LEADER, AuditDraft
 from opod.store.errors import StoreError
-from opod.store.evals import EvalRunRecord
 
 log = logging.getLogger("opod.updates")
 
@@ -86,29 +86,6 @@ class GateFailed(StepFailed):
     def __init__(self, reason: str, evidence: dict[str, Any]) -> None:
         super().__init__(reason)
         self.evidence = evidence
-
-
-def run_view(run: EvalRunRecord) -> StoreEvalRun:
-    """A quality run as a job shows it: how it scored, without each case."""
-    return StoreEvalRun(
-        id=run.id,
-        model=run.model,
-        target=run.target or None,
-        suite=run.suite,
-        suite_hash=run.suite_hash or None,
-        at=run.at,
-        took_ms=run.took_ms,
-        score=run.score,
-        threshold=run.threshold,
-        passed=run.passed,
-        cases=run.cases,
-        below=run.below,
-        errors=run.errors,
-        judge=run.judge or None,
-        by=run.by or None,
-        job=run.job or None,
-        error=run.error or None,
-    )
 
 
 class Takeover:
