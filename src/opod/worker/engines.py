@@ -5,7 +5,9 @@ take minutes to arrive): resolve the catalog source to a local file, start the
 engine with its driver's argv under the supervisor, and report it in
 ``loaded_models`` once it answers its readiness probe. An engine that dies with
 SIGILL (a prebuilt llama-server on a CPU without AVX-512) is started again on
-the portable build, and the reason is said in the engine state.
+the portable build (:mod:`opod.worker.engine_fallback`), and the reason is said in the engine state. An
+engine whose port another program took before the engine bound it starts again on a new port
+(:mod:`opod.worker.engine_ports`).
 
 An engine whose driver publishes KV-cache events gets a listener of its own
 (:mod:`opod.worker.kvlistener`), started before the engine and closed after it;
@@ -16,7 +18,6 @@ heartbeat drains (:meth:`EngineManager.kv_blocks`).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -34,27 +35,20 @@ from opod.http.upstream import Upstreams
 from opod.weights.progress import FetchMeter
 from opod.worker import multinode
 from opod.worker.adapters import Adapters, lora_flags
+from opod.worker.engine_fallback import DiedOfSigill, fallback_spec, wants_fallback
+from opod.worker.engine_ports import PORT_MOVES, lost_its_port, move_to_a_new_port
 from opod.worker.kvevents import KVReport
 from opod.worker.kvlistener import KVEventListener, KVListenError
-from opod.worker.model_engine import ModelEngine, free_port, one_word, port_taken
+from opod.worker.model_engine import ModelEngine, free_port, one_word
 from opod.worker.multinode import device_env, ranks_of, replica_flags
 from opod.worker.refusals import LoadRefused
-from opod.worker.supervisor import ManagedProcess, ProcessConfig, ProcessState, Supervisor
+from opod.worker.supervisor import ProcessConfig, ProcessState, Supervisor
 
 log = logging.getLogger("opod.worker")
 
 CPU_CONTEXT_CAP = 8192
 """Default context on a CPU engine: a catalog's 128K window would reserve gigabytes of KV cache."""
 DEFAULT_PARALLEL = 4
-
-
-PORT_MOVES = 3
-"""How many times one start moves its engine to a new port when the chosen one was taken before the engine bound it."""
-
-
-def _lost_its_port(engine: ModelEngine) -> bool:
-    """The engine's process ended and its HTTP port is held by another program (a follower rank has no port)."""
-    return not engine.follower and engine.port > 0 and port_taken(engine.port)
 
 
 class EngineManager:
@@ -71,7 +65,7 @@ class EngineManager:
         on_change: Callable[[], None] = lambda: None,
         adapters: list[nodeapi.Adapter] | None = None,
         launcher: Callable[[str], tuple[str, ...]] = lambda _engine: (),
-        died_of_sigill: Callable[[str, tuple[str, ...]], None] = lambda _engine, _prefix: None,
+        died_of_sigill: DiedOfSigill = lambda _engine, _prefix: None,
     ) -> None:
         """``launcher``: the command prefix an engine id starts with now (the operator's build choice; empty = the driver's).
         ``died_of_sigill``: told the engine id and the command prefix of an engine that died with SIGILL and
@@ -308,21 +302,13 @@ class EngineManager:
             log.info("%s serving on %s", engine.model_id, engine.base_url)
         else:
             process = self.supervisor.get(engine.process_id)
-            if process is not None and port_moves < PORT_MOVES and _lost_its_port(engine):
-                # Between our choice and the engine's bind, another program took the port (a loopback client draws
-                # its source port from the same range): restarting on it would only crash-loop.
+            # Another program took the port before the engine bound it: restarting there would only crash-loop.
+            if process is not None and port_moves < PORT_MOVES and lost_its_port(engine):
                 await self.supervisor.stop(engine.process_id)
-                taken, engine.port = engine.port, free_port()
-                engine.spec = dataclasses.replace(engine.spec, port=engine.port)
-                log.warning(
-                    "%s: port %d was taken before the engine bound it; starting on %d",
-                    engine.model_id,
-                    taken,
-                    engine.port,
-                )
+                move_to_a_new_port(engine)
                 await self._start(engine, port_moves + 1)
                 return
-            fallback = self._fallback(engine, process)
+            fallback = fallback_spec(self.driver, engine, process, self.died_of_sigill)
             if fallback is not None:
                 await self.supervisor.stop(engine.process_id)
                 engine.spec = fallback
@@ -344,35 +330,12 @@ class EngineManager:
                 return False
             if process.ready:
                 return True
-            if not process.live or (process.exit_code is not None and self.driver_wants_fallback(process.exit_code)):
+            if not process.live or (process.exit_code is not None and wants_fallback(self.driver, process.exit_code)):
                 return False
-            if engine is not None and process.state is ProcessState.BACKOFF and _lost_its_port(engine):
+            if engine is not None and process.state is ProcessState.BACKOFF and lost_its_port(engine):
                 return False
             await asyncio.sleep(0.1)
         return False
-
-    def driver_wants_fallback(self, exit_code: int) -> bool:
-        from opod.engines.llama_binary import is_sigill
-
-        return hasattr(self.driver, "fallback_after_exit") and is_sigill(exit_code)
-
-    def _fallback(self, engine: ModelEngine, process: ManagedProcess | None) -> LaunchSpec | None:
-        """The portable llama-server when the first one died by SIGILL; ``None`` otherwise."""
-        if process is None or engine.spec is None:
-            return None
-        choose = getattr(self.driver, "fallback_after_exit", None)
-        if choose is None:
-            return None
-        decision = choose(engine.spec, process.exit_code)
-        if decision is None:
-            return None
-        spec, message = decision
-        log.warning("%s", message)
-        engine.detail = message
-        prefix = getattr(self.driver, "launch_prefix", None)
-        if prefix is not None:
-            self.died_of_sigill(self.driver.id, tuple(prefix(engine.spec)))
-        return spec
 
     # --- taking engines back after the worker re-executed itself -------------------
 
