@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +38,9 @@ def run(routes_path: str | Path | None, listen: str = "") -> None:
         raise fail(str(error)) from None
 
 
-def _say(type_: str, subject: str, data: dict[str, Any]) -> None:
+def _say(type_: str, subject: str, data: Mapping[str, Any] | None = None) -> None:
     # A door has no event stream: its routes events are lines on the console.
+    data = data or {}
     if type_.endswith(".updated"):
         aliases = ", ".join(data.get("aliases", [])) or "none"
         out.print(f"routes revision {data.get('revision')!r} applied from {subject}: {aliases}")

@@ -39,8 +39,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from opod.access.keytable import KeyTable
 from opod.access.sessions import CSRF_HEADER, SESSION_COOKIE, SignedIn
 from opod.control.audit import open_draft, record_after
-from opod.control.context import EventSink
 from opod.control.permits import Operation, SessionGate
+from opod.fleet.followers import EventSink
 from opod.http.errors import BadRequest, Unauthorized
 from opod.http.inbound import json_value
 from opod.store import Store

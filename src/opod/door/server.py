@@ -11,8 +11,9 @@ from pathlib import Path
 
 from opod.door.app import Door
 from opod.door.routes import DoorRoutesFile
+from opod.fleet.followers import EventSink
 from opod.http.serving import Listener, bind, serve
-from opod.snapshots.watch import POLL_INTERVAL, Emit, FileWatcher, no_events
+from opod.snapshots.watch import POLL_INTERVAL, FileWatcher, no_events
 
 
 class DoorError(RuntimeError):
@@ -21,7 +22,12 @@ class DoorError(RuntimeError):
 
 class DoorServer:
     def __init__(
-        self, routes_path: Path, listen: tuple[str, int], emit: Emit = no_events, *, interval: float = POLL_INTERVAL
+        self,
+        routes_path: Path,
+        listen: tuple[str, int],
+        emit: EventSink = no_events,
+        *,
+        interval: float = POLL_INTERVAL,
     ) -> None:
         self.routes_path = Path(routes_path)
         self.listen = listen

@@ -6,7 +6,8 @@ A service writes the store first, then memory, then tells these; they are built 
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Mapping
+from typing import Protocol
 
 
 class Reconciling(Protocol):
@@ -18,7 +19,10 @@ class Reconciling(Protocol):
 
 
 class EventSink(Protocol):
-    """Where lifecycle events go (``opod.leader.webhooks.fan_out``: the ledger's event stream, and the operator's
-    events to the webhooks)."""
+    """Where lifecycle events go: ``events(type, subject, data)``, as ``/admin/v1/events/stream`` shows them.
 
-    def __call__(self, kind: str, subject: str, detail: dict[str, Any], /) -> None: ...
+    The leader builds the one sink (``opod.leader.webhooks.fan_out``: the ledger's event stream, and the operator's
+    events to the webhooks) and hands it to everyone who emits. A sink may return an awaitable; a caller that can
+    wait for it does (``opod.shards.gangs``), the others drop what it returns."""
+
+    def __call__(self, type: str, subject: str, data: Mapping[str, object] | None = None, /) -> object: ...

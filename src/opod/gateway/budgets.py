@@ -22,11 +22,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
+from opod.fleet.followers import EventSink
 from opod.http.errors import GatewayError
 from opod.settings.schema import Budget, ClusterSettings
 
@@ -75,7 +76,6 @@ Resolve = Callable[[str], ScopeLike]
 """A budget's scope text → its scope; raises (NotFound, InvalidInput) for one that does not exist."""
 SpentSince = Callable[[str, str, datetime], int]
 """(kind, id, since) → the micros that scope has spent since then (the store's usage rows)."""
-Emit = Callable[[str, str, Mapping[str, object]], None]
 
 
 def period_bounds(period: str, now: datetime) -> tuple[datetime, datetime]:
@@ -141,7 +141,7 @@ class Budgets:
         settings: SettingsSource,
         resolve: Resolve | None = None,
         spent_since: SpentSince | None = None,
-        emit: Emit | None = None,
+        emit: EventSink | None = None,
         clock: Callable[[], datetime] | None = None,
     ) -> None:
         self.settings = settings

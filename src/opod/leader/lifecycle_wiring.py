@@ -17,13 +17,13 @@ from opod.control.update_steps import Takeover
 from opod.control.updating import Updates
 from opod.fleet.canaries import CanaryBook
 from opod.fleet.canaries_service import CanariesService
+from opod.fleet.followers import EventSink
 from opod.fleet.models import ModelRegistry
 from opod.fleet.models_service import ModelsService
 from opod.fleet.state import Fleet
 from opod.leader.batches import runner_owner
 from opod.leader.reconciler import Reconciler
 from opod.leader.replay import Replayer
-from opod.leader.webhooks import Emit
 from opod.store import Store
 from opod.weights.errors import WeightsError
 from opod.weights.hub import HubSettings
@@ -47,7 +47,7 @@ def build_lifecycle(
     reconciler: Reconciler,
     replayer: Replayer,
     canary_book: CanaryBook,
-    emit: Emit,
+    emit: EventSink,
 ) -> LifecycleParts:
     """Raises ``ValueError`` when the Hub's settings (``HF_ENDPOINT``, ``HF_TOKEN``...) are unusable."""
     try:

@@ -41,13 +41,14 @@ from opod.access.service import AccessService
 from opod.contract import nodeapi
 from opod.contract.nodeauth import HEADER, AuthRefused, Refusal, SignedHeader
 from opod.contract.wire import WireError
+from opod.fleet.followers import EventSink
 from opod.fleet.inventory import OperatorSide, apply_report
 from opod.fleet.prefix_index import PrefixIndex
 from opod.fleet.state import Fleet, NodeState
 from opod.http.tls.identity import CertRefused, certificate_identity, certificates_checked, required_refusal
 from opod.http.tls.peer import connection_of
 from opod.http.tls.policy import NodeMtls
-from opod.leader.adminv1.context import Emit, admin_error_response
+from opod.leader.adminv1.context import admin_error_response
 from opod.store import NodeRecord, Store
 from opod.store.offloop import run_sync
 
@@ -123,7 +124,7 @@ class NodeRegistry:
         access: AccessService,
         store: Store,
         on_change: Callable[[], None],
-        emit: Emit,
+        emit: EventSink,
         index: PrefixIndex,
         node_mtls: Callable[[], NodeMtls],
     ) -> None:

@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
 
+from opod.fleet.followers import EventSink
 from opod.fleet.placed import Rejection
 from opod.fleet.quotas import QuotaBook
 
 log = logging.getLogger("opod.leader")
 
-Emit = Callable[[str, str, Mapping[str, object]], None]
-
 
 class QuotaHits:
-    def __init__(self, emit: Emit | None) -> None:
+    def __init__(self, emit: EventSink | None) -> None:
         self.emit = emit
         self._last: dict[str, str] = {}
         """model → the scope whose quota refused it last, so ``quota.hit`` is emitted once per refusal, not each round."""

@@ -37,6 +37,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
 
 from opod.catalog.definition import fingerprint
+from opod.fleet.followers import EventSink
 from opod.fleet.liveness import HEARTBEAT_MAX_AGE
 from opod.fleet.models import ANY_NODE, KnownModel, ModelRegistry
 from opod.fleet.placed import CLASSES, Held, Rejection
@@ -91,7 +92,7 @@ class Reconciler:
         clock: Callable[[], datetime] = datetime.now,
         quotas: QuotaTable | None = None,
         scopes: ScopeTree | None = None,
-        emit: Callable[[str, str, Mapping[str, object]], None] | None = None,
+        emit: EventSink | None = None,
     ) -> None:
         self.fleet = fleet
         self.models = models

@@ -28,10 +28,10 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Protocol
 
 import aiohttp
 
+from opod.fleet.followers import EventSink
 from opod.fleet.liveness import HEARTBEAT_MAX_AGE, reachability
 from opod.fleet.state import Fleet
 from opod.settings.schema import Webhook
@@ -313,13 +313,7 @@ class Webhooks:
             self._session = None
 
 
-class Emit(Protocol):
-    """The leader's ``emit(type, subject, data)``."""
-
-    def __call__(self, type: str, subject: str, data: Mapping[str, object] | None = None, /) -> None: ...
-
-
-def fan_out(*receivers: Emit) -> Emit:
+def fan_out(*receivers: EventSink) -> EventSink:
     """One ``emit`` that hands each event to every receiver in turn (the ledger, then the webhooks)."""
 
     def emit(type: str, subject: str, data: Mapping[str, object] | None = None) -> None:
@@ -338,7 +332,7 @@ class LifecycleWatch:
     """
 
     def __init__(
-        self, fleet: Fleet, parked: Callable[[], Sequence[tuple[str, int, str]]], emit: Emit, *, every: float = 1.0
+        self, fleet: Fleet, parked: Callable[[], Sequence[tuple[str, int, str]]], emit: EventSink, *, every: float = 1.0
     ) -> None:
         self._fleet = fleet
         self._parked = parked

@@ -17,6 +17,7 @@ from typing import TypeVar
 from opod.contract.catalog import Entry
 from opod.engines import rpc_binary
 from opod.engines.errors import LaunchError
+from opod.fleet.followers import EventSink
 from opod.fleet.state import Fleet, NodeState
 from opod.http.nodeclient import WorkerClient, WorkerUnavailable
 from opod.shards import calls
@@ -27,9 +28,6 @@ from opod.shards.planning import ShardPlan
 from opod.shards.records import Gang, Part, ProcessState
 
 log = logging.getLogger("opod.shards")
-
-Emit = Callable[[str, str, Mapping[str, object]], object]
-"""``emit(type, subject, data)``; may return an awaitable. The subject is the model id."""
 
 T = TypeVar("T")
 
@@ -49,7 +47,7 @@ class Gangs:
         workers: WorkerClient,
         entries: Callable[[str], Entry | None],
         *,
-        emit: Emit | None = None,
+        emit: EventSink | None = None,
         coordinator_node: str | None = None,
         local_node: str | None = None,
         rpc_route: rpc_binary.RpcRoute | None = None,

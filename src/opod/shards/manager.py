@@ -23,7 +23,7 @@ from opod.http.nodeclient import WorkerUnavailable
 from opod.shards import calls
 from opod.shards.distribute import checked_digest, leader_file, place_file
 from opod.shards.errors import ShardError, not_found
-from opod.shards.gangs import Emit, Gangs
+from opod.shards.gangs import Gangs
 from opod.shards.healing import Healer
 from opod.shards.planning import ShardPlan, gone_reason, place, plan_for
 from opod.shards.records import (
@@ -44,7 +44,7 @@ log = logging.getLogger("opod.shards")
 SHARD_CREATED = "shard.created"
 SHARD_REMOVED = "shard.removed"
 
-__all__ = ["SHARD_CREATED", "SHARD_REMOVED", "Emit", "ShardManager"]
+__all__ = ["SHARD_CREATED", "SHARD_REMOVED", "ShardManager"]
 
 
 class ShardManager:

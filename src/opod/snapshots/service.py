@@ -16,6 +16,7 @@ from typing import Any
 from opod.access.service import AccessService
 from opod.contract import env as contract_env
 from opod.contract.adminapi import PlanSnapshot
+from opod.fleet.followers import EventSink
 from opod.snapshots.auth import AuthFile
 from opod.snapshots.plan import PlanFile
 from opod.snapshots.policy import PolicyFile, PolicyView
@@ -24,7 +25,6 @@ from opod.snapshots.watch import (
     DEFAULT_PLAN_FILE,
     DEFAULT_POLICY_FILE,
     POLL_INTERVAL,
-    Emit,
     FileWatcher,
     no_events,
     resolve,
@@ -66,7 +66,7 @@ class Snapshots:
     def __init__(
         self,
         access: AccessService,
-        emit: Emit = no_events,
+        emit: EventSink = no_events,
         *,
         paths: SnapshotPaths | None = None,
         client_certs_verified: bool = False,

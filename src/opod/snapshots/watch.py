@@ -21,12 +21,13 @@ import contextlib
 import hashlib
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
 from opod import config
+from opod.fleet.followers import EventSink
 
 log = logging.getLogger("opod.snapshots")
 
@@ -35,9 +36,6 @@ POLL_INTERVAL = 0.5
 
 MAX_FILE_BYTES = 16 << 20
 """A snapshot file larger than this is refused rather than read into memory."""
-
-Emit = Callable[[str, str, dict[str, Any]], None]
-"""``emit(type, subject, data)``: the lead connects it to the lifecycle event stream."""
 
 T = TypeVar("T")
 
@@ -66,7 +64,7 @@ class Applier(Protocol[T]):
         ...
 
 
-def no_events(type_: str, subject: str, data: dict[str, Any]) -> None:
+def no_events(type_: str, subject: str, data: Mapping[str, object] | None = None, /) -> None:
     """An ``emit`` that only logs, for callers with no event stream."""
     log.info("%s %s %s", type_, subject, data)
 
@@ -86,7 +84,7 @@ class FileWatcher(Generic[T]):
     """Polls ``path`` and hands each new version to ``applier``; outcomes go to ``emit``."""
 
     def __init__(
-        self, path: Path, applier: Applier[T], emit: Emit = no_events, *, interval: float = POLL_INTERVAL
+        self, path: Path, applier: Applier[T], emit: EventSink = no_events, *, interval: float = POLL_INTERVAL
     ) -> None:
         self.path = Path(path)
         self.applier = applier

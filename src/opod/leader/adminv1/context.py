@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from starlette.responses import Response
 
 from opod.contract import adminapi
+from opod.fleet.followers import EventSink
 from opod.fleet.models import ModelRegistry
 from opod.fleet.nodes_service import NodesService
 from opod.fleet.state import Fleet, NodeState
@@ -19,8 +20,6 @@ from opod.leader.webhooks import WebhookCounts
 from opod.ledger import Ledger
 from opod.shards import ShardManager
 from opod.store import Store
-
-Emit = Callable[[str, str, Mapping[str, object]], None]
 
 
 def admin_error_response(status: int, message: str, kind: str = "invalid_request") -> Response:
@@ -49,7 +48,7 @@ class AdminContext:
     workers: WorkerClient
     stats: GatewayStats
     kick_reconciler: Callable[[], None]
-    emit: Emit
+    emit: EventSink
     ledger: Ledger
     shards: ShardManager
     nodes: NodesService
