@@ -247,7 +247,7 @@ def test_opod_ctl_sets_shares_lists_and_removes_a_canary(fleet, candidate) -> No
         assert done.returncode == 0, done.stderr
         return done.stdout
 
-    assert "canary of chat: succeeded" in ctl("set", STABLE, CANDIDATE, "--percent", "10", "--min-requests", "500")
+    assert "canary of chat set (job job_" in ctl("set", STABLE, CANDIDATE, "--percent", "10", "--min-requests", "500")
     assert "takes 30%" in ctl("share", STABLE, "30")
     many(leader, 20)
     listed = ctl("ls")

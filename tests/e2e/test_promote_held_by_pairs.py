@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.support.inprocess import InProcessLeader
-from tests.support.opod_process import OpodProcess, sim_worker, wait_until
+from tests.support.opod_process import OpodProcess, opod_cli, sim_worker, wait_until
 
 STEADY, DRIFTED = "steady", "drifted"
 WORDS = ("apple", "river", "copper", "violet", "harbor", "lantern", "meadow", "pepper")
@@ -102,4 +102,10 @@ def test_a_candidate_worse_case_by_case_is_held_back_with_the_evidence(leader: I
     cases = {case["case"]: case for case in evidence["cases"]}
     assert set(cases) == {*WORDS, "anything-1", "anything-2"}
     assert all(cases[word]["model"] == 1.0 and cases[word]["candidate"] == 0.0 for word in WORDS)
+
+    # From the command line, the promotion's progress is followed to the same end, and the exit status says so.
+    said = opod_cli(leader, "ctl", "models", "canary", "promote", STEADY, timeout=90)
+    assert said.returncode == 1, said
+    assert "held back by the eval gate" in said.stdout and f"worse than {STEADY} on the same cases" in said.stdout
+    assert "apple 0.00 (model 1.00)" in said.stdout, said.stdout
     leader.admin("DELETE", f"/api/v1/models/{STEADY}/canary")

@@ -6,6 +6,7 @@ import typer
 
 from opod.cli.ctl import render
 from opod.cli.ctl.api import emit_json, parse, parse_list, path, request, wire
+from opod.cli.ctl.serving import follow_job
 from opod.contract.admin.catalog import CatalogCanary
 from opod.contract.admin.models import (
     CanaryPercentRequest,
@@ -25,7 +26,10 @@ MODEL = typer.Argument(..., metavar="MODEL", help="The model clients name (opod 
 
 
 def _job(job: ModelserveJob) -> None:
-    render.line(f"{job.kind} of {job.model}: {job.state}" + (f" ({job.error})" if job.error else ""))
+    if job.kind == "canary" and job.state == "succeeded":  # the job set the canary; `ls` follows how it serves
+        render.line(f"canary of {job.model} set (job {job.id}); opod ctl models canary ls follows both sides")
+    else:
+        render.line(f"{job.kind} of {job.model}: {job.state}" + (f" ({job.error})" if job.error else ""))
     for step in job.steps or []:
         render.line(f"  {step.name}: {step.state}" + (f" — {step.detail}" if step.detail else ""))
 
@@ -113,10 +117,9 @@ def list_canaries(as_json: bool = render.json_option()) -> None:
 def promote(
     name: str = MODEL,
     skip_eval: bool = typer.Option(False, "--skip-eval", help="Move without the model's eval gate; the job says so."),
+    follow: bool = typer.Option(True, "--follow/--no-follow", help="Show the job's progress until it ends."),
     as_json: bool = render.json_option(),
 ) -> None:
     """Make MODEL's candidate weights the model's, held to its eval gate unless --skip-eval."""
     answer = request("POST", path("models", name, "promote"), wire(ModelserveChange(skip_eval=skip_eval or None)))
-    if as_json:
-        return emit_json(answer)
-    _job(parse(ModelserveJob, answer, "POST /api/v1/models/{name}/promote"))
+    follow_job(answer, "POST /api/v1/models/{name}/promote", follow=follow, as_json=as_json)

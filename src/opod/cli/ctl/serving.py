@@ -72,7 +72,7 @@ def _steps(job: ModelserveJob) -> None:
 
 
 def _ending(job: ModelserveJob) -> None:
-    if job.state == "succeeded" and job.kind == "update":
+    if job.state == "succeeded" and job.kind in ("update", "promote"):
         render.line(f"{job.model} moved: {next((s.detail for s in job.steps or [] if s.name == 'take over'), '')}")
     elif job.state == "succeeded":
         speed = f" at {job.tokens_per_second:g} tokens/s" if job.tokens_per_second else ""
