@@ -281,11 +281,12 @@ def test_a_stream_on_llama_server_in_flight_at_sigterm_completes(tmp_path: Path)
     leader = Leader(tmp_path / "home", env={"OPOD_STOP_GRACE": "120"})
     leader.wait_served(chat, timeout=150)
     proc = leader.process.proc
-    stream = Stream(leader, model=chat, max_tokens=400, ignore_eos=True)
+    stream = Stream(leader, model=chat, max_tokens=200, ignore_eos=True)
     try:
         wait_until(lambda: stream.tokens >= 3, 60, "the stream's first tokens")
         proc.send_signal(signal.SIGTERM)
-        assert stream.ended.wait(60), f"the stream did not end; output:\n{leader.process.output}"
+        # Within the grace: three test processes share two cores in CI, and the model may answer slowly then.
+        assert stream.ended.wait(110), f"the stream did not end; output:\n{leader.process.output}"
         assert (
             stream.finish_reasons() == ["length"] and b"data: [DONE]" in stream.seen and b'"error"' not in stream.seen
         )
