@@ -281,3 +281,21 @@ def test_listing_is_newest_first_by_key_status_and_cursor(store: Store) -> None:
     assert [j.id for j in store.list_client_jobs(key_id="k", after=ids[2], limit=1)] == [ids[1]]
     assert [j.id for j in store.list_client_jobs(status="in_progress")] == ids[::-1]
     assert store.list_client_jobs(status="completed") == []
+
+
+def test_the_consoles_page_of_batches_is_filtered_and_cut_by_the_store(store: Store) -> None:
+    made = [_job(store, 1, project="p_a"), _job(store, 1, project="p_a"), _job(store, 1, project="p_b")]
+    newest_first = [j.id for j in reversed(made)]
+    rows, total = store.page_client_jobs(limit=2)
+    assert total == 3 and [j.id for j in rows] == newest_first[:2]
+    rows, total = store.page_client_jobs(offset=2, limit=2)
+    assert total == 3 and [j.id for j in rows] == newest_first[2:]
+    rows, total = store.page_client_jobs(project_id="p_a")
+    assert total == 2 and {j.id for j in rows} == {made[0].id, made[1].id}
+    rows, total = store.page_client_jobs(contains=made[2].id[-8:].upper())
+    assert total == 1 and rows[0].id == made[2].id, "any case"
+    assert store.page_client_jobs(contains="%")[1] == 0, "the pattern's own characters are matched as written"
+    assert store.page_client_jobs(contains="CHAT/COMPLETIONS")[1] == 3
+    assert store.page_client_jobs(status="completed")[1] == 0
+    with pytest.raises(InvalidInput, match="offset"):
+        store.page_client_jobs(offset=-1)

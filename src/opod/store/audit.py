@@ -27,7 +27,7 @@ from typing import Any
 
 from sqlalchemy import Column, Connection, Index, Integer, Row, Table, Text, insert, or_, select
 
-from opod.store.base import Repository, text_arg, when
+from opod.store.base import Repository, contains_pattern, text_arg, when
 from opod.store.errors import InvalidInput
 from opod.store.events import CURSOR_ID
 from opod.store.schema import UTCDateTime, metadata
@@ -223,7 +223,7 @@ class AuditRepo(Repository):
         if source:
             query = query.where(audit.c.source == source)
         if contains:
-            pattern = "%" + contains.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+            pattern = contains_pattern(contains)
             query = query.where(
                 or_(audit.c.action.like(pattern, escape="\\"), audit.c.target.like(pattern, escape="\\"))
             )

@@ -127,3 +127,8 @@ def json_arg(value: str, field: str) -> str:
     if "\x00" in value:
         raise InvalidInput(f"{field} contains a NUL character, which PostgreSQL text cannot hold")
     return value
+
+
+def contains_pattern(text: str) -> str:
+    """A ``LIKE`` pattern (escape character ``\\``) matching values that contain ``text`` as it is written."""
+    return "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"

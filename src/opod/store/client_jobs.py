@@ -32,10 +32,11 @@ from sqlalchemy import (
     insert,
     or_,
     select,
+    true,
     update,
 )
 
-from opod.store.base import Repository, json_arg, text_arg, when
+from opod.store.base import Repository, contains_pattern, json_arg, text_arg, when
 from opod.store.errors import InvalidInput, NotFound
 from opod.store.files import FileRecord, insert_file, limit_arg, new_file_id, visible
 from opod.store.schema import UTCDateTime, metadata
@@ -267,6 +268,34 @@ class ClientJobsRepo(Repository):
                 )
             query = query.order_by(client_jobs.c.created_at.desc(), client_jobs.c.id.desc()).limit(limit_arg(limit))
             return [_job(row) for row in conn.execute(query)]
+
+    def page_client_jobs(
+        self, *, status: str | None = None, project_id: str = "", contains: str = "", offset: int = 0, limit: int = 50
+    ) -> tuple[list[JobRecord], int]:
+        """One page of every client's jobs, newest first, and how many match in all: of ``project_id`` when given,
+        in ``status`` when given, whose id, model or endpoint contains ``contains`` (any case) when given."""
+        if offset < 0:
+            raise InvalidInput(f"offset {offset} is below 0")
+        wanted: list[Any] = []
+        if project_id:
+            wanted.append(client_jobs.c.project_id == project_id)
+        if status:
+            wanted.append(client_jobs.c.status == status)
+        if contains:
+            pattern = contains_pattern(contains.lower())
+            texts = (client_jobs.c.id, client_jobs.c.model, client_jobs.c.endpoint)
+            wanted.append(or_(*(func.lower(c).like(pattern, escape="\\") for c in texts)))
+        matching = and_(true(), *wanted)
+        page = (
+            select(client_jobs)
+            .where(matching)
+            .order_by(client_jobs.c.created_at.desc(), client_jobs.c.id.desc())
+            .offset(offset)
+            .limit(limit_arg(limit))
+        )
+        with self._read() as conn:
+            total = conn.execute(select(func.count()).select_from(client_jobs).where(matching)).scalar_one()
+            return [_job(row) for row in conn.execute(page)], int(total)
 
     def cancel_client_job(self, id: str, at: datetime | None = None) -> JobRecord:
         """Ask a job to stop: ``cancelling`` until its runner has let the lines in flight finish. An ended job is left as it is."""

@@ -3,7 +3,7 @@ runs, and cancelling one.
 
 A batch is read from the store as ``/api/v1/client-jobs`` reads it (the runner keeps its counts
 there as each line is answered), so a page shows the same batch on any leader. The list is filtered
-(state, project, text) and cut to one page here; a batch's counts stream to its page until it ends. A cancel is
+(state, project, text) and cut to one page by the store; a batch's counts stream to its page until it ends. A cancel is
 the management API's (:func:`opod.control.client_job_rules.cancel`).
 """
 
@@ -27,12 +27,6 @@ from opod.store.audit import AuditDraft
 from opod.store.client_jobs import JOB_STATES, JobRecord
 from opod.store.files import LIST_MAX
 from opod.store.offloop import run_sync
-
-
-def _matches(job: JobRecord, needle: str, project: str) -> bool:
-    if project and job.project_id != project:
-        return False
-    return not needle or any(needle in text.lower() for text in (job.id, job.model, job.endpoint))
 
 
 def _errors(job: JobRecord) -> list[str]:
@@ -83,15 +77,23 @@ class BatchPages:
         state = q.get("state", "").strip().lower()
         if state and state not in JOB_STATES:
             raise Refused(400, f"state: {state!r} is not one of {', '.join(JOB_STATES)}")
-        every = await run_sync(self.store.list_client_jobs, status=state or None, limit=LIST_MAX)
-        chosen = [j for j in every if _matches(j, needle, project)]
         size = page_size(request)
-        pages = max(1, -(-len(chosen) // size))
-        number = whole(q.get("page"), "page", low=1, high=pages, default=1) or 1
+        number = whole(q.get("page"), "page", low=1, high=LIST_MAX, default=1) or 1
+
+        def page(number: int) -> tuple[list[JobRecord], int]:
+            offset = (number - 1) * size
+            return self.store.page_client_jobs(
+                status=state or None, project_id=project, contains=needle, offset=offset, limit=size
+            )
+
+        rows, total = await run_sync(page, number)
+        pages = max(1, -(-total // size))
+        if number > pages:
+            raise Refused(400, f"page: {number} is outside 1..{pages}")
         values = {
             "title": "Batches",
-            "rows": chosen[(number - 1) * size : number * size],
-            "total": len(chosen),
+            "rows": rows,
+            "total": total,
             "page": number,
             "pages": pages,
             "states": JOB_STATES,
