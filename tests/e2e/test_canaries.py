@@ -247,7 +247,12 @@ def test_opod_ctl_sets_shares_lists_and_removes_a_canary(fleet, candidate) -> No
         assert done.returncode == 0, done.stderr
         return done.stdout
 
-    assert "canary of chat set (job job_" in ctl("set", STABLE, CANDIDATE, "--percent", "10", "--min-requests", "500")
+    said = ctl("set", STABLE, CANDIDATE, "--percent", "10", "--min-requests", "500")
+    assert "canary of chat set (job job_" in said
+    job_id = said.split("(job ")[1].split(")")[0]
+    jobs = opod_cli(leader, "ctl", "serve-jobs", "ls")
+    row = next(line for line in jobs.stdout.splitlines() if line.startswith(job_id))
+    assert row.split()[1:3] == ["canary", STABLE] and "succeeded" in row, jobs.stdout
     assert "takes 30%" in ctl("share", STABLE, "30")
     many(leader, 20)
     listed = ctl("ls")

@@ -143,16 +143,17 @@ def follow_job(body: object, call: str, *, follow: bool, as_json: bool) -> Model
 
 @serve_jobs.command("ls")
 def list_jobs(as_json: bool = render.json_option()) -> None:
-    """Every serve job, the newest first."""
+    """Every job (serve, update, canary, promote), the newest first."""
     body = request("GET", path("jobs"))
     if as_json:
         return emit_json(body)
-    shown = render.table("ID", "MODEL", "REPO", "STATE", "STEP", "STARTED", "ERROR", wrap=["ERROR"])
+    shown = render.table("ID", "KIND", "MODEL", "REPO", "STATE", "STEP", "STARTED", "ERROR", wrap=["ERROR"])
     jobs = parse_list(ModelserveJob, body, "GET /api/v1/jobs")
     for job in jobs:
         step = next((s for s in job.steps or [] if s.state in ("running", "failed")), None)
         shown.add_row(
             job.id or render.DASH,
+            job.kind or "serve",
             job.model or render.DASH,
             (job.request.repo if job.request else None) or render.DASH,
             job.state or render.DASH,
@@ -163,7 +164,7 @@ def list_jobs(as_json: bool = render.json_option()) -> None:
     if jobs:
         render.show(shown)
     else:
-        render.note("no serve jobs: opod ctl serve OWNER/NAME starts one")
+        render.note("no jobs: opod ctl serve OWNER/NAME starts one")
 
 
 @serve_jobs.command("show")
