@@ -252,12 +252,14 @@ class FleetPages:
         return self.console.render(request, viewer, "models.html", values)
 
     def _replicas(self, name: str) -> Mapping[str, Any]:
-        """The model's replicas, and which each took over from (a restart's done ones are those that did)."""
+        """The model's replicas, and which each took over from: a restart is done for one once it is ready and the
+        replica it replaces is no longer listed (stopped)."""
         now = time.monotonic()
         mine = [r for r in self.desk.replica_list() if r.model == name]
         return {
             "replicas": [replica_view(self.models, self.fleet, self.desk, r, now) for r in mine],
             "took_over": {r.id: r.replaces for r in mine if r.replaces},
+            "listed": {r.id for r in mine},
         }
 
     async def model_page(self, request: Request, viewer: Viewer) -> Response:
