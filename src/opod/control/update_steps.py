@@ -194,7 +194,9 @@ class Takeover:
         await job.save()
         before = definition_of(self.models_service.named(move.model))
         await self.canaries.set_percent(move.model, 100, draft())
-        await drained(self.fleet, move.model, self.drain, lambda left: job.say("take over", left))
+        left = await drained(self.fleet, move.model, self.drain, lambda said: job.say("take over", said))
+        if left:
+            log.warning("%d requests on %s's old weights ran past %.0f s and are cut", left, move.model, DRAIN_MAX)
         changed = await self.models_service.move_weights(move.model, move.source, move.origin, draft())
         try:
             await self._replaced(job, move.model, fingerprint(definition_of(changed)))
