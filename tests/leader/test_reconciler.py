@@ -146,6 +146,29 @@ def test_a_draining_node_s_replica_is_replaced_elsewhere_before_it_stops(world):
     assert replica.nodes == ["n2"]
 
 
+def test_a_request_that_comes_as_a_node_drains_waits_for_the_replacement_instead_of_a_503(world):
+    fleet, registry, workers, rec = world
+    node(fleet, "n1", gpus=1)
+    node(fleet, "n2", gpus=1)
+    model(registry, "chat", profiles=gpu_profile(), scaling=CatalogScaling(min=1, max=1))
+    run(rec)
+    heartbeat(fleet, rec)
+    run(rec)
+    (held,) = {r.nodes[0] for r in rec.replicas.values()}
+    fleet.set_drained(held, True)  # no round has run since: no replacement is starting yet
+
+    async def request_then_round():
+        waiting = rec.requested("chat")
+        assert waiting is not None, "the model's one replica is being moved: the request waits for its replacement"
+        task = asyncio.ensure_future(waiting)
+        await rec.reconcile()
+        heartbeat(fleet, rec)
+        await asyncio.wait_for(task, 5)
+
+    asyncio.run(request_then_round())
+    assert fleet.serves("chat")
+
+
 def test_a_cordoned_node_gets_no_new_replica_and_keeps_its_own(world):
     fleet, registry, workers, rec = world
     n1 = node(fleet, "n1", gpus=2)

@@ -174,10 +174,14 @@ class Reconciler:
         if parking is not None and parking.parked:
             return None
         active = [r for r in self._of(model_id) if r.state in ACTIVE]
-        if active and not any(r.state == STARTING for r in active):
+        if active and not any(r.state == STARTING or self._moved_off(r) for r in active):
             return None  # placed, and down for another reason (its engine restarting): the 503 says why at once
         self.kick()
         return self._wait_served(model_id, now)
+
+    def _moved_off(self, replica: Replica) -> bool:
+        """The replica sits on a draining node: the next round starts its replacement elsewhere."""
+        return any((n := self.fleet.get(node_id)) is not None and draining(n) for node_id in replica.nodes)
 
     async def _wait_served(self, model_id: str, since: float) -> None:
         rounds = self.rounds
