@@ -8,7 +8,9 @@ lower-class replicas stops them first. Failed starts back off (1 s, doubling) an
 after ``PARK_AFTER`` in a row the model is parked until its definition changes
 or it is retried. A replica on a draining node, or one an operator restarts, is
 replaced: the new one starts elsewhere first and the old one stops once the new
-one is ready, so no request finds nothing serving.
+one is ready. A draining node takes no new request at once, so a request that
+finds a model's only replicas there waits for the replacement (:meth:`Reconciler.requested`),
+as one waits for a replica starting.
 
 What is pinned to a node (``KnownModel.wanted``, the ``load``/``unload`` pins), and
 every model without a definition, is loaded and unloaded by :mod:`opod.leader.pinned`,
