@@ -87,7 +87,13 @@ def site_templates(
     templates.globals.update(site=site, prefix=prefix, nav=nav, page_sizes=PAGE_SIZES)
     macros = templates.get_template("macros.html").module
     # The macros every page uses, as globals: a block rendered alone (a fragment) sees them too.
-    templates.globals.update(pager=macros.pager, bar=macros.bar, size_select=macros.size_select)  # type: ignore[attr-defined]
+    templates.globals.update(
+        pager=macros.pager,  # type: ignore[attr-defined]
+        bar=macros.bar,  # type: ignore[attr-defined]
+        size_select=macros.size_select,  # type: ignore[attr-defined]
+        search_box=macros.search_box,  # type: ignore[attr-defined]
+        state_select=macros.state_select,  # type: ignore[attr-defined]
+    )
     return templates
 
 
