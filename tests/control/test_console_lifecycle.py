@@ -24,12 +24,12 @@ import pytest
 from opod.contract.admin.models import ModelserveJob, ModelserveRequest, ModelserveStep
 from opod.control.console.kit import FRAGMENT_HEADER
 from opod.store.serve_jobs import new_serve_job_id
-from tests.support.console import ConsoleSite
+from tests.support.console import ConsoleSite, console_as
 from tests.support.hubserver import HubServer
 from tests.support.inprocess import InProcessLeader
 from tests.support.opod_process import OpodProcess, clean_env, sim_worker, wait_until
 from tests.support.ports import free_port
-from tests.support.site import CSRF, FixedViewer, person
+from tests.support.site import CSRF
 
 TINY = "acme/tiny-GGUF"
 STABLE, CANDIDATE = "chat", "chat-next"
@@ -86,18 +86,10 @@ def leader(hub: HubServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         up.stop()
 
 
-@pytest.fixture
-def operator(leader: InProcessLeader) -> Iterator[ConsoleSite]:
-    site = ConsoleSite(leader, FixedViewer(person("operator")))
-    yield site
-    site.close()
+operator = console_as("operator")
 
 
-@pytest.fixture
-def viewer(leader: InProcessLeader) -> Iterator[ConsoleSite]:
-    site = ConsoleSite(leader, FixedViewer(person("viewer")))
-    yield site
-    site.close()
+viewer = console_as("viewer")
 
 
 def by_web(site: ConsoleSite, contains: str, action: str) -> dict[str, Any]:

@@ -21,10 +21,9 @@ import pytest
 
 from opod.control.console.kit import FRAGMENT_HEADER
 from opod.store.client_jobs import JobLine
-from tests.support.console import ConsoleSite
+from tests.support.console import ConsoleSite, console_as
 from tests.support.inprocess import InProcessLeader
 from tests.support.opod_process import OpodProcess, sim_worker, wait_until
-from tests.support.site import FixedViewer, person
 
 MODEL = "pair"
 A10G = "gpus:\n  - {name: NVIDIA A10G, class: A10G, memory_gb: 24, compute_capability: '8.6', count: 1}\n"
@@ -51,18 +50,10 @@ def leader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessLeader
         up.stop()
 
 
-@pytest.fixture
-def operator(leader: InProcessLeader) -> Iterator[ConsoleSite]:
-    site = ConsoleSite(leader, FixedViewer(person("operator")))
-    yield site
-    site.close()
+operator = console_as("operator")
 
 
-@pytest.fixture
-def viewer(leader: InProcessLeader) -> Iterator[ConsoleSite]:
-    site = ConsoleSite(leader, FixedViewer(person("viewer")))
-    yield site
-    site.close()
+viewer = console_as("viewer")
 
 
 def replicas(leader: InProcessLeader) -> list[dict[str, object]]:

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from opod.control.console.kit import FRAGMENT_HEADER
-from tests.support.console import ConsoleSite, stored_nodes
+from tests.support.console import ConsoleSite, console_as, stored_nodes
 from tests.support.inprocess import InProcessLeader
-from tests.support.site import FixedViewer, person
+from tests.support.site import FixedViewer
 
 EVIL = "<script>alert(1)</script>"
 
@@ -30,18 +30,10 @@ def leader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessLeader
     up.stop()
 
 
-@pytest.fixture
-def admin(leader: InProcessLeader) -> Iterator[ConsoleSite]:
-    site = ConsoleSite(leader, FixedViewer(person("admin")))
-    yield site
-    site.close()
+admin = console_as("admin")
 
 
-@pytest.fixture
-def viewer(leader: InProcessLeader) -> Iterator[ConsoleSite]:
-    site = ConsoleSite(leader, FixedViewer(person("viewer")))
-    yield site
-    site.close()
+viewer = console_as("viewer")
 
 
 def node_state(leader: InProcessLeader, node_id: str) -> tuple[bool, bool]:

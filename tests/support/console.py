@@ -2,21 +2,24 @@
 
 :class:`ConsoleSite` is the admin app (:func:`opod.control.app.create_app`, the listener's checks included) of a
 real leader with a :class:`~tests.support.site.FixedViewer` in front of its console, a
-:class:`~tests.support.site.Site`. :func:`stored_nodes` fills a leader's home with the fleet-scale benchmark's nodes.
+:class:`~tests.support.site.Site`; :func:`console_as` is a module's fixture of it for one role, over the module's
+``leader`` fixture. :func:`stored_nodes` fills a leader's home with the fleet-scale benchmark's nodes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from bench.fleet_scale.shape import capabilities, node_id
 from opod.control.app import create_app
 from opod.store import Store
 from tests.support.inprocess import InProcessLeader
-from tests.support.site import FixedViewer, Site
+from tests.support.site import FixedViewer, Site, person
 
 
 def stored_nodes(home: Path, count: int, *, labels: Mapping[str, str] | None = None) -> list[str]:
@@ -53,3 +56,16 @@ class ConsoleSite(Site):
         status, rows = self.leader.admin("GET", f"/api/v1/audit?contains={contains}")
         assert status == 200, rows
         return list(rows)
+
+
+def console_as(role: str) -> Callable[..., Iterator[ConsoleSite]]:
+    """A test module's fixture (``operator = console_as("operator")``): the console of the module's ``leader`` with a
+    person of ``role`` signed in, closed after each test."""
+
+    @pytest.fixture
+    def site(leader: InProcessLeader) -> Iterator[ConsoleSite]:
+        made = ConsoleSite(leader, FixedViewer(person(role)))
+        yield made
+        made.close()
+
+    return site
