@@ -122,10 +122,10 @@ def markdown(run: CompareResult, name: str) -> str:
     header, body = cells(run)
     capacity = ", ".join(f"{num(v.rps)} req/s at concurrency {c}" for c, v in run.capacity.items()) or DASH
     lines = [
-        f"# opod compared with direct and sglang-router ({run.started}; {run.cores} CPU cores, {run.machine})",
+        f"# opod compared with direct, a bare Python relay and sglang-router ({run.started}; {run.cores} CPU cores, {run.machine})",
         "",
         f"`{run.command}` on commit `{run.commit}`; {run.seconds / 60:.1f} min; load average {run.load_before:.2f} "
-        "as it began. Everything (the load generator, opod, sglang-router, the guardrail webhook and the "
+        "as it began. Everything (the load generator, opod, the bare relay, sglang-router, the guardrail webhook and the "
         f"{s.workers} engines) shares the machine's {run.cores} cores.",
         "",
         *md_table(header, body),
@@ -141,6 +141,9 @@ def markdown(run: CompareResult, name: str) -> str:
         "mounted policy the prefix routing policy and one `pre` guardrail whose webhook (`bench/compare/guard.py`, its own "
         "process) allows every request. One request is checked before measuring: its record shows its cost, the guardrail's "
         "verdict and a kept body.",
+        "- **bare Python relay** (`bench/routing/floor.py`): uvloop and httptools, round robin over the same engines, "
+        "bytes passed as they come, nothing else (no key, no routing state, no record). A yardstick: the least any "
+        "Python hop costs on this machine at that moment, so opod's figures minus its figures are what opod itself does.",
         f"- **sglang-router**: `{peers.SPECS['sglang-router'].requirement}` from its own virtual environment, `--policy "
         "cache_aware`, with the same engines as workers.",
         f"- **Rounds**: {s.rounds} rounds; in each, every path in turn (the order turns by one path each round), so drift on "
@@ -155,7 +158,7 @@ def markdown(run: CompareResult, name: str) -> str:
         f"- **Open loop**: direct's saturation on the same engines ({capacity}) halved: {num(run.offered)} req/s, Poisson "
         f"arrivals for {s.open_seconds:g} s per path and round, each request timed from when it was due.",
         "- **CPU per request**: user and system CPU of the router's own process group (opod: the leader's process; "
-        "sglang-router: its process) over its open-loop rounds, divided by the requests sent; the engines, the load "
+        "the bare relay and sglang-router: theirs) over its open-loop rounds, divided by the requests sent; the engines, the load "
         "generator and opod's guardrail webhook are not in it (the webhook's share is in the notes).",
         f"- **Saturation**: a second fleet, the same but with engines that answer at once (`time_scale` 0, "
         f"1,024 sequences at once), the governance set up again; closed loops at concurrency {', '.join(map(str, s.zero_levels))}, "

@@ -32,12 +32,13 @@ from bench.routing.fleet import Fleet, SimProfile
 from bench.routing.load import Phase, Target
 from bench.routing.runner import Step, settle
 
-PATHS = ("direct", "opod", "sglang-router")
+PATHS = ("direct", "opod", "relay-floor", "sglang-router")
 DISTINCT = 4096
 """Chats sent in turn, each opening with its own number (``workloads.distinct_chat_bodies``)."""
 LABELS = {
     "direct": "direct (client → engines, round robin, no hop)",
     "opod": "opod, every governance area on (prefix policy)",
+    "relay-floor": "bare Python relay (uvloop + httptools; a yardstick)",
     "sglang-router": "sglang-router 0.3.2 (cache_aware)",
 }
 ROOT = Path(__file__).resolve().parents[2]
@@ -234,6 +235,10 @@ def _lane(
         result.governance.append(governed.check)
         target = Target("opod", (fleet.url,), {"Authorization": f"Bearer {governed.key}"}, fleet.leader.proc.pid)
         return Lane(path, target, [governed.stop], governed.webhook.proc.pid)
+    if path.key == "relay-floor":
+        say("starting the bare Python relay (the least one Python hop costs here)")
+        floor = peers.start_floor(fleet.engines, fleet_mod.MODEL, scratch)
+        return Lane(path, Target("relay-floor", (floor.url,), floor.headers, floor.proc.pid), [floor.stop])
     spec = peers.SPECS["sglang-router"]
     try:
         if not (settings.peers_dir / spec.name / peers.MARKER).is_file():

@@ -1,7 +1,7 @@
 """``python -m bench compare`` at its smallest: two simulator workers, one short round of every measurement.
 
 Every path it compares runs: direct, opod with every governance area on (set up through ``opod ctl``, checked on one
-request's record) and sglang-router, installed into its own virtual environment on first use (about 15 s).
+request's record), the bare Python relay (a yardstick) and sglang-router, installed into its own virtual environment on first use (about 15 s).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tests.bench.smoke import by_measure, md_table, number, run_bench
 
-PATHS = ("direct", "opod", "sglang-router")
+PATHS = ("direct", "opod", "relay-floor", "sglang-router")
 
 
 def test_every_path_answers_every_measurement_and_the_table_is_written(tmp_path: Path) -> None:
@@ -36,7 +36,7 @@ def test_every_path_answers_every_measurement_and_the_table_is_written(tmp_path:
                 number(row[path])  # every latency cell measured (a dash would be a path that answered nothing)
     cpu = next(v for k, v in table.items() if k.startswith("the router's CPU ms per request"))
     # Read from /proc in clock ticks (10 ms): a few requests of a light router may cost none, but it is measured.
-    assert number(cpu["opod"]) >= 0 and number(cpu["sglang-router"]) >= 0 and cpu["direct"] == "—"
+    assert all(number(cpu[path]) >= 0 for path in PATHS[1:]) and cpu["direct"] == "—"
     assert text.count("cost ") == 2 and text.count("guardrail screen allow") == 2 and "body kept" in text  # both fleets
     assert sorted(p.name for p in results.glob("smoke-*.png")) == [
         "smoke-added.png",
