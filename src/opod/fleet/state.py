@@ -299,9 +299,8 @@ class Fleet:
         return live
 
     def serves(self, model: str, now: float | None = None) -> bool:
-        """Whether some live worker serves ``model`` now."""
-        now = time.monotonic() if now is None else now
-        return any(takes_model(n, model, now) for n in self._holders.get(model, ()))
+        """Whether some live worker serves ``model`` now (the gateway asks for every request: the cached answer)."""
+        return bool(self.workers_for(model, now))
 
     def served_models(self, now: float | None = None) -> set[str]:
         """Models some live worker serves now (a model cooling down everywhere is not among them)."""
