@@ -3,7 +3,7 @@
 An organization, team and project with a key of that project (the key the benchmark sends with), a
 price for the model, a budget on the project large enough never to refuse, retention of request and
 answer bodies, and one ``pre`` guardrail in the mounted policy (beside the cache-aware routing
-policy), whose webhook (``bench/compare/guard.py``) allows everything. One request is then sent with
+policy), whose webhook (``bench/webhook.py``) allows everything. One request is then sent with
 the key and its record read back, so a run whose governance did not take says so before measuring.
 """
 
@@ -69,7 +69,7 @@ def ctl(fleet: Fleet, *args: str) -> str:
 def start_webhook(scratch: Path) -> peers.RunningPeer:
     port = free_port()
     log = scratch / "guardrail-webhook.log"
-    proc = peers.spawn([sys.executable, str(Path(__file__).with_name("guard.py")), str(port)], log)
+    proc = peers.spawn([sys.executable, str(Path(__file__).parents[1] / "webhook.py"), str(port)], log)
     hook = peers.RunningPeer("guardrail", "guardrail webhook (allows all)", f"http://127.0.0.1:{port}", {}, proc, log)
     try:
         wait_http(hook.url + "/health", 30)

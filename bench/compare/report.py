@@ -138,7 +138,7 @@ def markdown(run: CompareResult, name: str) -> str:
         "- **opod, every governance area on**, set up as an operator would with `opod ctl`: an organization, team and "
         "project and a key of that project (every opod request carries it), a price for the model, a monthly budget on the "
         f"project of {BUDGET_MICROS:,} micros (never reached), retention of request and answer bodies, and in the "
-        "mounted policy the prefix routing policy and one `pre` guardrail whose webhook (`bench/compare/guard.py`, its own "
+        "mounted policy the prefix routing policy and one `pre` guardrail whose webhook (`bench/webhook.py`, its own "
         "process) allows every request. One request is checked before measuring: its record shows its cost, the guardrail's "
         "verdict and a kept body.",
         "- **bare Python relay** (`bench/routing/floor.py`): uvloop and httptools, round robin over the same engines, "

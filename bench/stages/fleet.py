@@ -205,14 +205,14 @@ def stop_all(members: dict[str, Member]) -> None:
 
 
 class Webhook:
-    """The guardrail webhook (:mod:`bench.stages.webhook`) in a process of its own."""
+    """The guardrail webhook (:mod:`bench.webhook`) in a process of its own."""
 
     def __init__(self) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.stages.webhook", str(self.port)],
+            [sys.executable, "-m", "bench.webhook", str(self.port)],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
