@@ -9,7 +9,6 @@ OpenAI's error shape too: 405 with ``Allow`` for a known path, 404 otherwise.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -48,6 +47,7 @@ from opod.gateway.validate import (
     check_content_type,
     require_model,
 )
+from opod.http import fastjson
 from opod.http.errors import (
     BadRequest,
     GatewayError,
@@ -392,7 +392,7 @@ class Gateway:
                     strip_usage = changed = True
             changed = json_object_as_schema(payload) or changed
         if changed:
-            body = json.dumps(payload).encode()
+            body = fastjson.dumps(payload)  # often: a stream asks for usage, a limit is filled in
         if budgeted:
             await self.reserve(exchange, model, payload, prompt)
         if policy is not None and policy.guardrails:

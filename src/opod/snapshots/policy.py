@@ -98,9 +98,11 @@ class PolicyView:
     """Each rule's ``timeout_ms`` is filled in (default 2000)."""
     max_snapshot_age_sec: int
     admission: AdmissionView
+    phases: Mapping[str, tuple[GuardrailRule, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    """The guardrails by phase, in the file's order: sorted once here, asked for by every request."""
 
     def guardrails_for(self, phase: str) -> tuple[GuardrailRule, ...]:
-        return tuple(g for g in self.guardrails if g.phase == phase)
+        return self.phases.get(phase, ())
 
 
 def build_view(snap: PolicySnapshot) -> PolicyView:
@@ -110,7 +112,19 @@ def build_view(snap: PolicySnapshot) -> PolicyView:
     age = snap.auth.max_snapshot_age_sec
     if age < 0:
         raise SnapshotError(f"auth.maxSnapshotAgeSec: {age} must be ≥ 0 (0 = keep serving from any snapshot age)")
-    return PolicyView(snap, snap.revision, routing, snap.logging.access_log, guardrails, age, _admission(snap))
+    phases: dict[str, tuple[GuardrailRule, ...]] = {}
+    for rule in guardrails:
+        phases[rule.phase] = (*phases.get(rule.phase, ()), rule)
+    return PolicyView(
+        snap,
+        snap.revision,
+        routing,
+        snap.logging.access_log,
+        guardrails,
+        age,
+        _admission(snap),
+        MappingProxyType(phases),
+    )
 
 
 def _routing(snap: PolicySnapshot) -> RoutingView:
