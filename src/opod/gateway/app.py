@@ -371,12 +371,13 @@ class Gateway:
         template = self.template_cost(model) if budgeted and "messages" in payload else None
         prompt = prompt_size(payload, None, template)
         if spec.capability == "chat":
+            default_max_tokens = self.default_max_tokens()
             if asked_limit(payload) is None:
-                limit = default_limit(spec.path, self.default_max_tokens(), traits.context, prompt)
+                limit = default_limit(spec.path, default_max_tokens, traits.context, prompt)
                 if limit is not None:
                     payload["max_tokens"] = limit
                     changed = True
-            exchange.capped(completion_bound(payload, traits.context, prompt, self.default_max_tokens()))
+            exchange.capped(completion_bound(payload, traits.context, prompt, default_max_tokens))
             if not stream and prompt.prompts > 1:
                 # A list of prompts: llama-server's whole answer counts the first prompt only, its stream each one.
                 payload["stream"] = assemble = changed = True
