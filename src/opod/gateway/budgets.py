@@ -342,7 +342,8 @@ class Budgets:
                 if account.spent >= account.micros and not account.crossed:
                     account.crossed = True
                     crossed.append(account)
-        self._emit_crossed(crossed)
+        if crossed:
+            self._emit_crossed(crossed)
 
     def _emit_crossed(self, crossed: list[Account]) -> None:
         if self.emit is None:
