@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from opod.gateway.promptsize import (
     MESSAGE_TOKENS,
     SPECIAL_TOKENS,
@@ -41,6 +43,19 @@ def test_a_chat_is_its_workers_count_with_tools_on_top_or_a_bound_with_the_templ
     assert counted.bound() == 31 + tools_bytes and counted.prompts == 1
     uncounted = prompt_size({"messages": messages})
     assert uncounted.bound() == (4 + 2) + (9 + 2) + TEMPLATE_TOKENS + 2 * MESSAGE_TOKENS
+
+
+def test_a_chats_names_calls_and_text_beyond_ascii_count_as_their_bytes() -> None:
+    calls = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    messages = [
+        {"role": "user", "name": "zoë", "content": "héllo"},
+        {"role": "assistant", "content": None, "tool_calls": calls},
+        "not a message",
+    ]
+    calls_bytes = len(json.dumps(calls))
+    chat = prompt_size({"messages": messages})
+    assert chat.bound() == (4 + 4 + 6) + (9 + calls_bytes) + TEMPLATE_TOKENS + 3 * MESSAGE_TOKENS
+    assert prompt_size({"messages": messages}, counted=20).bound() == 20 + calls_bytes
 
 
 def test_the_completion_is_each_choice_of_each_prompt() -> None:

@@ -193,6 +193,14 @@ def test_sampler_values_out_of_range_are_refused_naming_the_field(field: str, va
     assert error.param == field and field in error.message
 
 
+def test_a_request_with_several_faults_is_refused_for_the_same_one_whatever_order_it_names_them() -> None:
+    faults = {"response_format": "json", "stop": 5, "temperature": 9, "max_tokens": 0}
+    assert chat_refusal(**faults).param == "max_tokens"
+    assert chat_refusal(**dict(reversed(faults.items()))).param == "max_tokens"
+    bad_message = [{"role": "user", "content": "x"}, {"role": "user", "content": 5}]
+    assert refusal(check_chat, {"max_tokens": 0, "messages": bad_message}).param == "messages[1].content"
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [

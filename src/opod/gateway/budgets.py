@@ -25,17 +25,20 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Protocol
 
 from opod.fleet.followers import EventSink
 from opod.http.errors import GatewayError
-from opod.settings.schema import Budget, ClusterSettings
+from opod.settings.schema import Budget, ClusterSettings, Price
 
 log = logging.getLogger("opod.gateway")
 
 PERIODS = ("day", "week", "month")
 ADJECTIVE = {"day": "daily", "week": "weekly", "month": "monthly"}
 RETRY_UNRESOLVED_S = 5.0
+PRICES_KEPT = 1024
+"""Models whose price is kept looked up, at most."""
 
 
 class BudgetExceeded(GatewayError):
@@ -148,22 +151,34 @@ class Budgets:
         self.resolve = resolve
         self.spent_since = spent_since
         self.emit = emit
-        self.clock = clock or (lambda: datetime.now(UTC))
+        # A partial of the C method, not a lambda: the clock is read on every budgeted request.
+        self.clock: Callable[[], datetime] = clock or partial(datetime.now, UTC)
         self._lock = threading.Lock()  # settle may run from a thread (a prompt counted later)
         self._configured_for: ClusterSettings | None = None
         self._accounts: dict[tuple[str, str], list[Account]] = {}
         """(kind, id) → its budgets (one per period)."""
         self._retry_at: float | None = None
         """When a budget naming a scope that did not exist is looked up again (a team created since)."""
+        self._priced_for: ClusterSettings | None = None
+        self._prices: dict[str, Price] = {}
+        """model → its price under ``_priced_for`` (settings are replaced, never changed, so their identity keys it)."""
 
     # --- prices -------------------------------------------------------------------
 
     def cost(self, model: str, prompt_tokens: int, completion_tokens: int) -> int:
         """A request's cost in micros at the settings' prices (0 where no price is set)."""
-        prices = self.settings.current.prices
-        if not prices:
-            return 0
-        return self.settings.current.price(model).cost_micros(prompt_tokens, completion_tokens)
+        # Every request is priced twice (its reservation, its end): each model's price is looked up once per settings.
+        current = self.settings.current
+        if current is not self._priced_for:
+            self._priced_for, self._prices = current, {}
+        price = self._prices.get(model)
+        if price is None:
+            if not current.prices:
+                return 0
+            if len(self._prices) >= PRICES_KEPT:  # a bound, whatever names come; a catalog's models fit in it
+                self._prices = {}
+            price = self._prices[model] = current.price(model)
+        return price.cost_micros(prompt_tokens, completion_tokens)
 
     # --- configuration --------------------------------------------------------------
 
@@ -244,28 +259,35 @@ class Budgets:
 
     def governs(self, scopes: Sequence[ScopeLike]) -> bool:
         """A budget is set on one of ``scopes``: their requests are reserved."""
-        if not self.active:
-            return False
+        self._refresh()
         accounts = self._accounts
-        return any((s.kind, s.id) in accounts for s in scopes if s.id)
+        if accounts:
+            for scope in scopes:
+                if scope.id and (scope.kind, scope.id) in accounts:
+                    return True
+        return False
 
     def fits(self, scopes: Sequence[ScopeLike], micros: int) -> bool:
         """``micros`` more would pass no budget of ``scopes`` now (a look, holding nothing and telling no one)."""
         accounts = self._accounts
+        micros = max(0, int(micros))
         now = self.clock()
         for scope in scopes:
-            for account in accounts.get((scope.kind, scope.id), ()) if scope.id else ():
-                spent = 0 if now >= account.end else account.spent  # a period that ended starts afresh
-                if spent + account.reserved + max(0, int(micros)) > account.micros:
-                    return False
+            if scope.id and (key := (scope.kind, scope.id)) in accounts:
+                for account in accounts[key]:
+                    spent = 0 if now >= account.end else account.spent  # a period that ended starts afresh
+                    if spent + account.reserved + micros > account.micros:
+                        return False
         return True
 
     def reserve(self, scopes: Sequence[ScopeLike], micros: int) -> Reservation:
         """Hold ``micros`` against every budgeted scope of ``scopes``; BudgetExceeded when one would pass its budget."""
-        if not self.active:
-            return NO_RESERVATION
+        self._refresh()
         accounts = self._accounts
-        found = [a for s in scopes if s.id for a in accounts.get((s.kind, s.id), ())]
+        found: list[Account] = []
+        for scope in scopes:
+            if scope.id and (key := (scope.kind, scope.id)) in accounts:
+                found += accounts[key]
         if not found:
             return NO_RESERVATION
         micros = max(0, int(micros))
@@ -320,7 +342,8 @@ class Budgets:
                 if account.spent >= account.micros and not account.crossed:
                     account.crossed = True
                     crossed.append(account)
-        self._emit_crossed(crossed)
+        if crossed:
+            self._emit_crossed(crossed)
 
     def _emit_crossed(self, crossed: list[Account]) -> None:
         if self.emit is None:

@@ -107,11 +107,13 @@ class PrefixHasher:
         prompt = _prompt(model, plan.block_size, payload)
         if prompt is None:
             return []
-        found = self._lookup(prompt.keys)
-        whole = self._known.get(prompt.keys[-1])
-        if whole is None or whole.own is None:
-            self._learn_later(prompt, plan)
-        return list(found)
+        last = prompt.keys[-1]
+        whole = self._known.get(last)
+        if whole is not None and whole.own is not None:  # a request seen before: the common case, one look-up
+            self._known.move_to_end(last)
+            return list(whole.own)
+        self._learn_later(prompt, plan)
+        return list(self._lookup(prompt.keys))
 
     async def settle(self) -> None:
         """Wait for the tokenize calls in flight; what they learn applies from the next request."""

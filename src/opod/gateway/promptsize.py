@@ -34,7 +34,8 @@ LIMITS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
 
 def size(text: str) -> int:
     """A text's UTF-8 bytes (a lone surrogate counted as its three bytes rather than refused)."""
-    return len(text.encode("utf-8", "surrogatepass"))
+    # An ASCII text (most prompts) is as many bytes as characters, which Python knows without a copy of the text.
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
 def _json_size(value: Any) -> int:
@@ -57,7 +58,8 @@ class PromptSize:
     """A request's prompt: its texts' sizes, and what a chat template adds."""
 
     texts: tuple[int, ...]
-    """The UTF-8 bytes of each text the engine tokenizes (a prompt, an input, a query with one document)."""
+    """The UTF-8 bytes of each text the engine tokenizes (a prompt, an input, a query with one document); a chat's
+    texts (roles, names, contents, tool calls, and the tools unless counted) as one sum."""
     tokens: tuple[int, ...] = ()
     """The length of each prompt given as token ids."""
     messages: int = 0
@@ -96,30 +98,36 @@ def prompt_size(
     the model's chat template cost, when known."""
     messages = payload.get("messages")
     if isinstance(messages, list):
-        texts: list[int] = []
-        parts = 0
+        # One pass: a chat's bound needs only the sum of its texts' bytes, and the calls' bytes on their own.
+        text = calls = parts = 0
         for message in messages:
             if not isinstance(message, dict):
                 continue
-            texts.append(size(str(message.get("role") or "")) + size(str(message.get("name") or "")))
+            role = message.get("role")
+            if role:
+                text += size(str(role))
+            if "name" in message and (name := message["name"]):  # a rare key: tested for, not looked up
+                text += size(str(name))
             content = message.get("content")
             if isinstance(content, str):
-                texts.append(size(content))
+                text += size(content)
             elif isinstance(content, list):
                 for part in content:
-                    text = part.get("text") if isinstance(part, dict) else None
-                    if isinstance(text, str):
-                        texts.append(size(text))
+                    part_text = part.get("text") if isinstance(part, dict) else None
+                    if isinstance(part_text, str):
+                        text += size(part_text)
                     else:
                         parts += 1
-            texts.append(_json_size(message.get("tool_calls")))
-        tools = _json_size(payload.get("tools"))
+            if "tool_calls" in message:
+                calls += _json_size(message["tool_calls"])
+        text += calls
+        tools = _json_size(payload["tools"]) if "tools" in payload else 0
         if counted is not None:
             # The worker renders the messages' text; the tools and the calls are on top, each byte at most a token.
-            counted += tools + sum(_json_size(m.get("tool_calls")) for m in messages if isinstance(m, dict))
+            counted += tools + calls
         else:
-            texts.append(tools)
-        return PromptSize(tuple(texts), messages=max(1, len(messages)), parts=parts, counted=counted, template=template)
+            text += tools
+        return PromptSize((text,), messages=max(1, len(messages)), parts=parts, counted=counted, template=template)
     if "query" in payload and isinstance(payload.get("documents"), list):
         query = size(str(payload.get("query") or ""))
         documents = payload["documents"]
@@ -154,18 +162,20 @@ def choices(payload: dict[str, Any]) -> int:
     """Answers the engine generates for each prompt: ``n``, or ``best_of`` when it asks for more."""
     most = 1
     for name in ("n", "best_of"):
-        value = payload.get(name)
-        if type(value) is int and value > most:
-            most = value
+        if name in payload:  # seldom named: tested for, not looked up
+            value = payload[name]
+            if type(value) is int and value > most:
+                most = value
     return most
 
 
 def asked_limit(payload: dict[str, Any]) -> int | None:
     """The completion tokens each choice may take, as the request asks; ``None`` when it names no limit."""
     for name in LIMITS:
-        value = payload.get(name)
-        if type(value) is int and value >= 0:
-            return value
+        if name in payload:
+            value = payload[name]
+            if type(value) is int and value >= 0:
+                return value
     return None
 
 

@@ -56,7 +56,9 @@ def json_object_as_schema(payload: dict[str, Any]) -> bool:
     its grammar from a schema and, given none, constrains nothing; ``{"type": "object"}`` is exactly
     the promise, and engines that build ``json_object``'s grammar themselves ignore the key.
     """
-    response_format = payload.get("response_format")
+    if "response_format" not in payload:  # most requests name none
+        return False
+    response_format = payload["response_format"]
     if (
         not isinstance(response_format, dict)
         or response_format.get("type") != "json_object"

@@ -28,6 +28,8 @@ PART_TYPES = frozenset({"text", "image_url", "input_audio", "audio_url", "video_
 """OpenAI's content parts, and vLLM's ``audio_url``/``video_url``."""
 _NEEDS = {"image_url": "vision", "video_url": "vision", "input_audio": "audio", "audio_url": "audio"}
 _TEXT_ONLY_ROLES = frozenset({"system", "developer", "tool"})
+_PLAIN_ROLES = frozenset({"system", "developer", "user", "assistant"})
+"""Roles whose text message needs no field besides its content."""
 MULTIPLE_CHOICE_ENGINES = frozenset({"vllm", "sglang", "sim"})
 """Engines that answer ``n > 1`` in one request; llama-server and Ollama answer one choice."""
 MAX_STOP = 4
@@ -69,7 +71,7 @@ def no_check(payload: dict[str, Any], model: ModelTraits) -> bool:
 
 def check_content_type(value: bytes | None) -> None:
     """A body must be sent as JSON; no ``Content-Type`` at all is taken as JSON, as most servers do."""
-    if value is None:
+    if value is None or value == b"application/json":  # what nearly every client sends: nothing to take apart
         return
     media = value.split(b";", 1)[0].strip().lower()
     if media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json")):
@@ -108,9 +110,18 @@ def check_chat(payload: dict[str, Any], model: ModelTraits) -> bool:
         )
     chars = 0
     for i, message in enumerate(messages):
+        if type(message) is dict:
+            # The common message (text from a role that takes plain text, no tool calls) has nothing else to check;
+            # any other goes through every rule of _check_message.
+            content = message.get("content")
+            role = message.get("role")
+            if type(content) is str and type(role) is str and role in _PLAIN_ROLES and "tool_calls" not in message:
+                chars += len(content)
+                continue
         chars += _check_message(message, i, model)
     _check_sampling(payload, model)
-    _check_tools(payload, model)
+    if "tools" in payload or "functions" in payload or "tool_choice" in payload:
+        _check_tools(payload, model)
     if model.context is not None and chars > model.context:
         _check_fits(model, "messages", chars, lambda: [_message_text(m) for m in messages])
     return False
@@ -295,80 +306,71 @@ def _message_text(message: dict[str, Any]) -> str:
 # --- samplers and tools -----------------------------------------------------------------------
 
 
-_RANGES = (
-    ("temperature", 0.0, 2.0),
-    ("top_p", 0.0, 1.0),
-    ("presence_penalty", -2.0, 2.0),
-    ("frequency_penalty", -2.0, 2.0),
-)
-
-
 def _check_sampling(payload: dict[str, Any], model: ModelTraits) -> None:
-    for name in ("max_tokens", "max_completion_tokens"):
-        value = payload.get(name)
-        if value is None:
-            continue
-        if not _is_int(value) or value < 1:
-            raise BadRequest(
-                f"{name} must be an integer ≥ 1 (the most tokens to generate), not {shown(value)}.", param=name
-            )
-        if model.context is not None and value > model.context:
-            raise BadRequest(
-                f"{name}={shown(value)} is more than the model {shown(model.id)} can hold: its context is {model.context} "
-                f"tokens, prompt included; ask for fewer.",
-                param=name,
-            )
-    for name, low, high in _RANGES:
-        value = payload.get(name)
-        if value is not None and (not _is_number(value) or not low <= value <= high):
-            raise BadRequest(f"{name} must be a number from {low:g} to {high:g}, not {shown(value)}.", param=name)
-    for name in ("n", "best_of"):
-        value = payload.get(name)
-        if value is None:
-            continue
-        if not _is_int(value) or not 1 <= value <= MAX_N:
-            raise BadRequest(f"{name} must be an integer from 1 to {MAX_N}, not {shown(value)}.", param=name)
-        if value > 1 and model.engines and not model.engines <= MULTIPLE_CHOICE_ENGINES:
-            engines = ", ".join(sorted(model.engines - MULTIPLE_CHOICE_ENGINES))
-            raise BadRequest(
-                f"{name}={shown(value)} is not supported: the model {shown(model.id)} is served by {engines}, which answers "
-                f"one choice per request; send {name}=1 and repeat the request for more answers.",
-                param=name,
-            )
-    stop = payload.get("stop")
-    if stop is not None and not isinstance(stop, str):
-        if not isinstance(stop, list) or len(stop) > MAX_STOP or not all(isinstance(s, str) for s in stop):
-            raise BadRequest(f"stop must be a string or a list of at most {MAX_STOP} strings.", param="stop")
-    for name in ("stream", "logprobs", "parallel_tool_calls"):
-        value = payload.get(name)
-        if value is not None and not isinstance(value, bool):
-            raise BadRequest(f"{name} must be true or false, not {shown(value)}.", param=name)
-    options = payload.get("stream_options")
-    if options is not None and not isinstance(options, dict):
-        raise BadRequest('stream_options must be an object, e.g. {"include_usage": true}.', param="stream_options")
-    _check_logit_bias(payload)
-    top = payload.get("top_logprobs")
-    if top is not None and (not _is_int(top) or not 0 <= top <= 20):
-        raise BadRequest(f"top_logprobs must be an integer from 0 to 20, not {shown(top)}.", param="top_logprobs")
-    response_format = payload.get("response_format")
-    if response_format is not None and (
-        not isinstance(response_format, dict)
-        or response_format.get("type") not in ("text", "json_object", "json_schema")
-    ):
+    # A request names few of these fields: only those it names are checked, in this order (which refusal a request
+    # with several faults gets), by membership tests rather than a look-up of every field.
+    for name, rule in _SAMPLING_RULES:
+        if name in payload:
+            value = payload[name]
+            if value is not None:
+                rule(name, value, model)
+
+
+def _token_limit(name: str, value: Any, model: ModelTraits) -> None:
+    if not _is_int(value) or value < 1:
         raise BadRequest(
-            "response_format must be an object whose type is text, json_object or json_schema.", param="response_format"
+            f"{name} must be an integer ≥ 1 (the most tokens to generate), not {shown(value)}.", param=name
         )
+    if model.context is not None and value > model.context:
+        raise BadRequest(
+            f"{name}={shown(value)} is more than the model {shown(model.id)} can hold: its context is {model.context} "
+            f"tokens, prompt included; ask for fewer.",
+            param=name,
+        )
+
+
+def _in_range(low: float, high: float) -> Callable[[str, Any, ModelTraits], None]:
+    def rule(name: str, value: Any, model: ModelTraits) -> None:
+        if not _is_number(value) or not low <= value <= high:
+            raise BadRequest(f"{name} must be a number from {low:g} to {high:g}, not {shown(value)}.", param=name)
+
+    return rule
+
+
+def _choices(name: str, value: Any, model: ModelTraits) -> None:
+    if not _is_int(value) or not 1 <= value <= MAX_N:
+        raise BadRequest(f"{name} must be an integer from 1 to {MAX_N}, not {shown(value)}.", param=name)
+    if value > 1 and model.engines and not model.engines <= MULTIPLE_CHOICE_ENGINES:
+        engines = ", ".join(sorted(model.engines - MULTIPLE_CHOICE_ENGINES))
+        raise BadRequest(
+            f"{name}={shown(value)} is not supported: the model {shown(model.id)} is served by {engines}, which answers "
+            f"one choice per request; send {name}=1 and repeat the request for more answers.",
+            param=name,
+        )
+
+
+def _stop(name: str, value: Any, model: ModelTraits) -> None:
+    if not isinstance(value, str):
+        if not isinstance(value, list) or len(value) > MAX_STOP or not all(isinstance(s, str) for s in value):
+            raise BadRequest(f"stop must be a string or a list of at most {MAX_STOP} strings.", param="stop")
+
+
+def _flag(name: str, value: Any, model: ModelTraits) -> None:
+    if not isinstance(value, bool):
+        raise BadRequest(f"{name} must be true or false, not {shown(value)}.", param=name)
+
+
+def _stream_options(name: str, value: Any, model: ModelTraits) -> None:
+    if not isinstance(value, dict):
+        raise BadRequest('stream_options must be an object, e.g. {"include_usage": true}.', param="stream_options")
 
 
 MAX_TOKEN_ID = (1 << 31) - 1
 LOGIT_BIAS_RANGE = 100
 
 
-def _check_logit_bias(payload: dict[str, Any]) -> None:
+def _logit_bias(name: str, bias: Any, model: ModelTraits) -> None:
     """OpenAI's ``logit_bias``: token ids (as text, JSON keys being text) to a bias from -100 to 100."""
-    bias = payload.get("logit_bias")
-    if bias is None:
-        return
     if not isinstance(bias, dict):
         raise BadRequest(
             f'logit_bias must be an object of token ids to biases, e.g. {{"50256": -100}}; not {_kind(bias)}.',
@@ -386,6 +388,39 @@ def _check_logit_bias(payload: dict[str, Any]) -> None:
                 f"logit_bias[{token}] must be a number from -{LOGIT_BIAS_RANGE} to {LOGIT_BIAS_RANGE}, not {shown(value)}.",
                 param=f"logit_bias.{token}",
             )
+
+
+def _top_logprobs(name: str, value: Any, model: ModelTraits) -> None:
+    if not _is_int(value) or not 0 <= value <= 20:
+        raise BadRequest(f"top_logprobs must be an integer from 0 to 20, not {shown(value)}.", param="top_logprobs")
+
+
+def _response_format(name: str, value: Any, model: ModelTraits) -> None:
+    if not isinstance(value, dict) or value.get("type") not in ("text", "json_object", "json_schema"):
+        raise BadRequest(
+            "response_format must be an object whose type is text, json_object or json_schema.", param="response_format"
+        )
+
+
+_SAMPLING_RULES: tuple[tuple[str, Callable[[str, Any, ModelTraits], None]], ...] = (
+    ("max_tokens", _token_limit),
+    ("max_completion_tokens", _token_limit),
+    ("temperature", _in_range(0.0, 2.0)),
+    ("top_p", _in_range(0.0, 1.0)),
+    ("presence_penalty", _in_range(-2.0, 2.0)),
+    ("frequency_penalty", _in_range(-2.0, 2.0)),
+    ("n", _choices),
+    ("best_of", _choices),
+    ("stop", _stop),
+    ("stream", _flag),
+    ("logprobs", _flag),
+    ("parallel_tool_calls", _flag),
+    ("stream_options", _stream_options),
+    ("logit_bias", _logit_bias),
+    ("top_logprobs", _top_logprobs),
+    ("response_format", _response_format),
+)
+"""Each sampling field's rule (called with the field's name, its value when not null, and the model)."""
 
 
 def _check_tools(payload: dict[str, Any], model: ModelTraits) -> None:
