@@ -74,6 +74,8 @@ class Ledger:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
         self._wake: asyncio.Event | None = None
+        self._woken = False
+        """The writer was woken since it last cleared ``_wake``: waking it again (each end of a busy round) would change nothing."""
         self._closed = False
 
     # --- start-up ---------------------------------------------------------------
@@ -254,7 +256,8 @@ class Ledger:
                 if self._progress:  # only streams report progress
                     self._progress.pop(entry, None)
                 self.writer.add(record)
-            self._wake_writer()
+            if not self._woken:  # woken already in a busy round: not even the call
+                self._wake_writer()
         except Exception:
             log.exception("ledger: cannot record the end of request %r", getattr(ticket, "request_id", "?"))
 
@@ -294,8 +297,9 @@ class Ledger:
 
     def _wake_writer(self) -> None:
         loop, wake = self._loop, self._wake
-        if loop is None or wake is None:
+        if loop is None or wake is None or self._woken:
             return
+        self._woken = True
         if threading.get_ident() == self._loop_thread:
             wake.set()
         else:
@@ -350,11 +354,13 @@ class Ledger:
         """
         loop = asyncio.get_running_loop()
         self._loop, self._loop_thread, self._wake = loop, threading.get_ident(), asyncio.Event()
+        self._woken = False
         helpers = [asyncio.create_task(self._relay(stop)), asyncio.create_task(self._retention(stop))]
         backoff = BACKOFF_S[0]
         try:
             while not stop.is_set():
                 self._wake.clear()  # before draining: an end() meanwhile sets it again
+                self._woken = False  # after clearing: an end() that saw it still set was added before the drain
                 began = loop.time()
                 try:
                     await self.flush()
