@@ -55,6 +55,18 @@ def test_bodies_are_kept_only_where_the_settings_say_and_never_for_store_false()
     assert only_one.plan("p_chat", {})[0] == KEPT and only_one.plan("p_other", {})[0] == OFF
 
 
+def test_new_settings_decide_the_next_request() -> None:
+    current = [ClusterSettings.model_validate({"retention": {"bodies": True, "body_max_bytes": 100}})]
+    bodies = BodyKeeping(lambda: current[0], Sink(), lambda text: text)
+    state, plan = bodies.plan("p_chat", {})
+    assert state == KEPT and plan is not None and plan.max_bytes == 100
+    current[0] = ClusterSettings.model_validate({"retention": {"bodies": True, "body_max_bytes": 7, "bodies_days": 3}})
+    state, plan = bodies.plan("p_chat", {})
+    assert state == KEPT and plan is not None and (plan.max_bytes, plan.days) == (7, 3)
+    current[0] = ClusterSettings.model_validate({"retention": {}})
+    assert bodies.plan("p_chat", {}) == (OFF, None)
+
+
 def test_a_stream_is_kept_as_the_text_of_its_deltas_cut_at_the_cap() -> None:
     sse = (
         b'data: {"choices":[{"delta":{"role":"assistant"}}]}\n\n'
@@ -77,6 +89,7 @@ def test_a_stream_is_kept_as_the_text_of_its_deltas_cut_at_the_cap() -> None:
 def test_capped_cuts_on_a_character() -> None:
     assert capped("aö".encode(), 2) == ("a", True)
     assert capped(b"abc", 3) == ("abc", False)
+    assert capped(b"a\x00b", 9) == ("ab", False)
 
 
 def test_user_and_metadata_become_the_end_user_and_capped_tags() -> None:

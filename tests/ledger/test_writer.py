@@ -276,3 +276,60 @@ async def test_an_idle_writer_stops_as_soon_as_it_is_told(ledger: Ledger) -> Non
     stop.set()
     await writer
     assert loop.time() - told < 0.5, "a leader's stop waited on its idle ledger writer"
+
+
+class _Odd:
+    """A value JSON cannot hold (a caller's bug the type checker missed)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text
+
+
+async def test_a_value_json_cannot_hold_is_stored_as_its_text_not_lost(
+    ledger: Ledger, caplog: pytest.LogCaptureFixture
+) -> None:
+    ticket = ledger.begin(request_id="odd", api_key_id=_Odd("k-odd"), user_id="u", model="m", protocol="openai")  # type: ignore[arg-type]
+    ledger.end(
+        ticket,
+        outcome="ok",
+        prompt_tokens=1,
+        completion_tokens=2,
+        latency_ms=3,
+        details={"status": 200, "served_model": _Odd("m-odd")},
+    )
+    await ledger.flush()
+    row = ledger.store.find_request("odd")
+    assert (row.api_key_id, row.served_model, row.prompt_tokens, row.completion_tokens) == ("k-odd", "m-odd", 1, 2)
+    assert "api_key_id" in caplog.text and "served_model" in caplog.text
+
+
+async def test_what_a_client_or_webhook_gave_is_cleaned_before_it_is_journaled(
+    ledger: Ledger, caplog: pytest.LogCaptureFixture
+) -> None:
+    guard = {"guard_action": "flag", "guard_policy": "p", "guard_rule": "pre", "guard_category": "why\x00not"}
+    ticket = ledger.begin(
+        request_id="given",
+        api_key_id="k",
+        user_id="u",
+        model="m",
+        protocol="openai",
+        end_user="al\x00ice",
+        details=guard,
+    )
+    ledger.end(
+        ticket, outcome="ok", prompt_tokens=1, completion_tokens=1, latency_ms=1, details={**guard, "status": 200}
+    )
+    [segment] = ledger.journal.segments()
+    lines = [json.loads(line) for line in segment.read_bytes().splitlines()[1:]]
+    assert [(r["rec"], r["end_user"], r["guard_category"]) for r in lines] == [
+        ("start", "alice", "whynot"),
+        ("end", "alice", "whynot"),
+    ]
+    assert "end_user 'al\\x00ice' was stored as 'alice'" in caplog.text
+    assert "guard_category 'why\\x00not' was stored as 'whynot'" in caplog.text
+    await ledger.flush()
+    row = ledger.store.find_request("given")
+    assert (row.end_user, row.guard_category, row.status) == ("alice", "whynot", 200)

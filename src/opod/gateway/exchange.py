@@ -353,26 +353,22 @@ class Exchange:
             self.ticket, prompt_tokens=self.prompt_estimate, completion_tokens=tokens_sent, node_id=node_id
         )
 
-    def _free(self) -> None:
-        """Let go of the engine slot and the worker: the engine's work on it is over."""
+    def ended(self, outcome: Outcome) -> None:
+        """It ended (once; later calls are ignored): everything it holds is let go, and its row is written."""
+        if self.ended_with is not None:
+            return
+        # The engine's work on it is over: its slot and its worker are let go.
         if self.permit is not None:
             self.permit.release()
             self.permit = None
         if self.lease is not None:
             self.lease.release()
             self.lease = None
-
-    def ended(self, outcome: Outcome) -> None:
-        """It ended (once; later calls are ignored): everything it holds is let go, and its row is written."""
-        if self.ended_with is not None:
-            return
         if self.hold:
-            # The post guardrails have yet to judge the answer: the engine's slot goes now, the row after them.
+            # The post guardrails have yet to judge the answer: the engine's slot went now, the row after them.
             self.hold, self.held = False, outcome
-            self._free()
             return
         self.ended_with = outcome
-        self._free()
         meter = self.meter
         if self.access_log:
             access.info(
@@ -412,18 +408,22 @@ class Exchange:
         prompt = usage.get("prompt_tokens")
         # Without the engine's usage, the completion tokens are those streamed (outcome.tokens_sent), or
         # those the engine's time on a whole answer stands for.
-        completion_tokens = int(completion if isinstance(completion, int) else outcome.tokens_sent)
+        if isinstance(completion, int):
+            completion_tokens, engine_counted = int(completion), True
+        else:
+            completion_tokens, engine_counted = outcome.tokens_sent, False
         route = self.route
         rates, budgets = meter.rates, meter.budgets
-        if isinstance(completion, int):
+        served_model = self.served_model
+        if engine_counted:
             if outcome.outcome == "ok" and rates is not None and self.sent_at:
-                rates.learn(self.served_model, completion, now - self.sent_at)
+                rates.learn(served_model, completion_tokens, now - self.sent_at)
         elif outcome.working_s and not outcome.tokens_sent and rates is not None:
-            guess = rates.estimate(self.served_model, outcome.working_s, self.completion_cap)
+            guess = rates.estimate(served_model, outcome.working_s, self.completion_cap)
             if guess is not None:
                 completion_tokens = guess
                 route = {**(route or {}), "completion_tokens": "estimated"}
-        details = self.details(outcome)
+        details = self.details(outcome, served_model)
 
         def record(prompt_tokens: int, route: RouteRecord | None) -> None:
             # Priced at the request's end, at the prices in force then.
@@ -498,37 +498,39 @@ class Exchange:
     @property
     def served_model(self) -> str:
         """The model that answered: the catalog fallback the request went to, else the one asked."""
-        fallback = self.route.get("fallback") if self.route is not None else None
-        if isinstance(fallback, str) and fallback and "://" not in fallback:
-            return fallback
+        route = self.route
+        if route is not None and "fallback" in route:  # tested first: most requests have no fallback
+            fallback = route["fallback"]
+            if isinstance(fallback, str) and fallback and "://" not in fallback:
+                return fallback
         if self.canary is not None and self.canary[1]:
             return self.canary[0].candidate_model
         return self.model
 
-    def details(self, outcome: Outcome) -> dict[str, object]:
-        """The usage row's request record fields (``Ledger.end``'s ``details``)."""
-        details: dict[str, object] = {"status": outcome.status, "served_model": self.served_model}
+    def details(self, outcome: Outcome, served_model: str | None = None) -> dict[str, object]:
+        """The usage row's request record fields (``Ledger.end``'s ``details``); ``served_model`` when known already."""
+        guard = self.guard
+        details: dict[str, object] = {
+            **(guard.fields() if guard is not None and guard.action else {}),
+            "status": outcome.status,
+            "served_model": self.served_model if served_model is None else served_model,
+        }
         if self.queue_ms:
             details["queue_ms"] = self.queue_ms
         if self.body_state:
             details["body_state"] = self.body_state
-        if _cache_hit(outcome.usage, self.route):
-            details["cache_hit"] = True
-        if self.guard is not None and self.guard.action:
-            details.update(self.guard.fields())
-        return details
-
-
-def _cache_hit(usage: dict[str, Any] | None, route: RouteRecord | None) -> bool:
-    """The engine reused cached prompt tokens (its usage says so), or the router sent the request to
-    a worker holding its leading prefix blocks (``blocks`` ``n/m`` with n > 0)."""
-    if usage:
-        details = usage.get("prompt_tokens_details")
-        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        # A cache hit: the engine reused cached prompt tokens (its usage says so), or the router sent the request
+        # to a worker holding its leading prefix blocks (``blocks`` ``n/m`` with n > 0).
+        usage, route = outcome.usage, self.route
+        prompt_details = usage.get("prompt_tokens_details") if usage else None
+        cached = prompt_details.get("cached_tokens") if isinstance(prompt_details, dict) else None
         if isinstance(cached, int) and cached > 0:
-            return True
-    blocks = route.get("blocks") if route is not None else None
-    return isinstance(blocks, str) and not blocks.startswith("0/")
+            details["cache_hit"] = True
+        elif route is not None and "blocks" in route:
+            blocks = route["blocks"]
+            if isinstance(blocks, str) and not blocks.startswith("0/"):
+                details["cache_hit"] = True
+        return details
 
 
 def _cut_short(outcome: Outcome) -> bool:

@@ -32,9 +32,12 @@ MAX_END_USER = 256
 
 def request_labels(payload: dict[str, Any]) -> tuple[str, dict[str, str] | None]:
     """OpenAI's ``user`` and ``metadata`` (strings only, capped) as a request's end user and tags."""
-    user = payload.get("user")
+    # Asked whether they are there first: most requests carry neither.
+    user = payload["user"] if "user" in payload else None
     end_user = user[:MAX_END_USER] if isinstance(user, str) else ""
-    metadata = payload.get("metadata")
+    if "metadata" not in payload:
+        return end_user, None
+    metadata = payload["metadata"]
     if not isinstance(metadata, dict) or not metadata:
         return end_user, None
     tags: dict[str, str] = {}
@@ -72,24 +75,36 @@ class BodyKeeping:
         self.resolve_project = resolve_project
         """A project's scope text → its id (``Tenancy.resolve``); raises when it names none."""
         self._resolved: tuple[ClusterSettings | None, dict[str, str]] = (None, {})
+        self._cluster_plan: tuple[ClusterSettings | None, KeepPlan | None] = (None, None)
+        """The plan of a request without a retention entry of its project's, made once per settings object
+        (replaced, not changed, when the settings change): it is asked for every request."""
 
     def plan(self, project_id: str, payload: dict[str, Any]) -> tuple[str, KeepPlan | None]:
         """The request's ``body_state`` and, when its bodies are kept, how."""
-        retention = self.settings().retention
-        bodies, max_bytes, days = retention.bodies, retention.body_max_bytes, retention.bodies_days
-        own = self._project_entry(project_id) if project_id and retention.projects else None
+        current = self.settings()
+        retention = current.retention
+        own = self._project_entry(current, project_id) if project_id and retention.projects else None
+        plan: KeepPlan | None
         if own is not None:
-            bodies = bodies if own.bodies is None else own.bodies
-            max_bytes = max_bytes if own.body_max_bytes is None else own.body_max_bytes
-            days = days if own.bodies_days is None else own.bodies_days
-        if not bodies:
-            return (PROJECT_OFF if own is not None and own.bodies is False else OFF), None
+            bodies = retention.bodies if own.bodies is None else own.bodies
+            if not bodies:
+                return (PROJECT_OFF if own.bodies is False else OFF), None
+            plan = KeepPlan(
+                retention.body_max_bytes if own.body_max_bytes is None else own.body_max_bytes,
+                retention.bodies_days if own.bodies_days is None else own.bodies_days,
+            )
+        else:
+            made_for, plan = self._cluster_plan
+            if made_for is not current:
+                plan = KeepPlan(retention.body_max_bytes, retention.bodies_days) if retention.bodies else None
+                self._cluster_plan = (current, plan)
+            if plan is None:
+                return OFF, None
         if payload.get("store") is False:
             return NO_STORE, None
-        return KEPT, KeepPlan(max_bytes, days)
+        return KEPT, plan
 
-    def _project_entry(self, project_id: str) -> ProjectRetention | None:
-        current = self.settings()
+    def _project_entry(self, current: ClusterSettings, project_id: str) -> ProjectRetention | None:
         made_for, ids = self._resolved
         if made_for is not current:
             ids = {}
@@ -156,7 +171,7 @@ def capped(data: bytes, max_bytes: int) -> tuple[str, bool]:
     """``data`` as text of at most ``max_bytes`` bytes (cut on a character), and whether it was cut."""
     over = len(data) > max_bytes
     text = (data[:max_bytes] if over else data).decode("utf-8", "ignore" if over else "replace")
-    return text.replace("\x00", ""), over
+    return (text.replace("\x00", "") if "\x00" in text else text), over
 
 
 async def _gathering(

@@ -13,6 +13,7 @@ import itertools
 import logging
 import secrets
 import threading
+import time
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from functools import partial
@@ -73,6 +74,8 @@ class Ledger:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
         self._wake: asyncio.Event | None = None
+        self._woken = False
+        """The writer was woken since it last cleared ``_wake``: waking it again (each end of a busy round) would change nothing."""
         self._closed = False
 
     # --- start-up ---------------------------------------------------------------
@@ -154,14 +157,25 @@ class Ledger:
     ) -> UsageTicket:
         """A request starts: journal it, so a crash before its end leaves an ``interrupted`` row
         (attributed to the same project, team and org, with its end user, tags and ``details``: request
-        record fields known already, as :meth:`end` takes them)."""
-        entry = self._prefix + format(next(self._ids), "x")
+        record fields known already, as :meth:`end` takes them).
+
+        ``end_user``, ``tags`` and a guardrail's reason in ``details`` are the client's and a webhook's,
+        cleaned here; the other values are the gateway's own (a request id sanitized at the edge, ids from
+        the key table, a model resolved against the registry) and are journaled as given: ``records.to_row``
+        cleans every field before the store."""
+        entry = f"{self._prefix}{next(self._ids):x}"
         try:
             ticket = UsageTicket(
                 entry,
-                *rec.start_texts(request_id, api_key_id, user_id, model, protocol),
-                rec.now_us(),
-                *rec.scope_texts(project_id, team_id, org_id),
+                request_id,
+                api_key_id,
+                user_id,
+                model,
+                protocol,
+                time.time_ns() // 1000,
+                project_id,
+                team_id,
+                org_id,
             )
             if end_user:
                 ticket.end_user = rec.text(end_user, "end_user")
@@ -169,7 +183,12 @@ class Ledger:
                 ticket.tags_json = rec.json_text(tags, "tags")
             if details:
                 ticket.details = rec.request_details(details)
-            line = encode(rec.start_record(ticket))
+            start = ticket.start = rec.start_record(ticket)
+            try:
+                line = encode(start)
+            except (TypeError, ValueError):  # a value JSON cannot hold: a caller's bug, converted and logged, not lost
+                start = ticket.start = rec.journalable(start)
+                line = encode(start)
             with self._lock:
                 if self._closed:
                     log.error("ledger: begin after close; request %r is not recorded", request_id)
@@ -200,14 +219,14 @@ class Ledger:
         ``details``: the request record's ``status``, ``served_model``, ``queue_ms``, ``cache_hit``, ``body_state``
         and guard fields (``opod.ledger.records.request_details``)."""
         try:
-            if not isinstance(ticket, UsageTicket):
+            if type(ticket) is not UsageTicket and not isinstance(ticket, UsageTicket):
                 log.error(
                     "ledger: end() needs the ticket begin() returned, not %s; no row recorded", type(ticket).__name__
                 )
                 return
             record = rec.finished_record(
                 ticket,
-                rec.now_us(),
+                time.time_ns() // 1000,
                 outcome,
                 prompt_tokens,
                 completion_tokens,
@@ -218,7 +237,12 @@ class Ledger:
                 cost_micros,
                 details,
             )
-            line = encode(record)
+            try:
+                line = encode(record)
+            except (TypeError, ValueError):  # a value JSON cannot hold: a caller's bug, converted and logged, not lost
+                record = rec.journalable(record)
+                line = encode(record)
+            entry = ticket.entry
             with self._lock:
                 if ticket.ended:
                     log.warning("ledger: request %r ended twice; the second end is ignored", ticket.request_id)
@@ -228,10 +252,12 @@ class Ledger:
                     return
                 ticket.ended = True
                 self.journal.append(line)
-                self._open.pop(ticket.entry, None)
-                self._progress.pop(ticket.entry, None)
+                self._open.pop(entry, None)
+                if self._progress:  # only streams report progress
+                    self._progress.pop(entry, None)
                 self.writer.add(record)
-            self._wake_writer()
+            if not self._woken:  # woken already in a busy round: not even the call
+                self._wake_writer()
         except Exception:
             log.exception("ledger: cannot record the end of request %r", getattr(ticket, "request_id", "?"))
 
@@ -271,8 +297,9 @@ class Ledger:
 
     def _wake_writer(self) -> None:
         loop, wake = self._loop, self._wake
-        if loop is None or wake is None:
+        if loop is None or wake is None or self._woken:
             return
+        self._woken = True
         if threading.get_ident() == self._loop_thread:
             wake.set()
         else:
@@ -327,11 +354,13 @@ class Ledger:
         """
         loop = asyncio.get_running_loop()
         self._loop, self._loop_thread, self._wake = loop, threading.get_ident(), asyncio.Event()
+        self._woken = False
         helpers = [asyncio.create_task(self._relay(stop)), asyncio.create_task(self._retention(stop))]
         backoff = BACKOFF_S[0]
         try:
             while not stop.is_set():
                 self._wake.clear()  # before draining: an end() meanwhile sets it again
+                self._woken = False  # after clearing: an end() that saw it still set was added before the drain
                 began = loop.time()
                 try:
                     await self.flush()

@@ -22,14 +22,17 @@ twice) and ``ts_us`` is unix microseconds.
 Recovery: an end becomes its row; a start without an end becomes an ``interrupted`` row (at the
 start's time) carrying its last progress (counts 0 without one); an event becomes its event.
 
-Values are cleaned on the way in (text cut to the store's limit, NUL and lone surrogates replaced,
-counts made whole numbers ≥ 0, names never blank, JSON always an object), because ``end`` runs on
-the request path and must never raise, and a value the store would refuse must not block a whole
-batch later. Each cleaning is logged, naming the field. The parameters say what the gateway
-passes; a value of another type (a caller's bug the type checker missed) is converted too, and
-logged, rather than losing the row. Every end and event record, built a moment ago or read back
-from the journal (which may hold anything), becomes its store row through :func:`to_row`, and
-the store checks the row once more.
+Values are cleaned (text cut to the store's limit, NUL and lone surrogates replaced, counts made
+whole numbers ≥ 0, names never blank, JSON always an object), because ``end`` runs on the request
+path and must never raise, and a value the store would refuse must not block a whole batch later.
+Each cleaning is logged, naming the field. Every end and event record, built a moment ago or read
+back from the journal (which may hold anything), becomes its store row through :func:`to_row`,
+which cleans every field, and the store checks the row once more. What a client or a webhook gave
+(the end user, the tags, a guardrail's reason) is cleaned on the way in as well, before it is
+journaled; the rest is the gateway's own (a request id sanitized at the edge, ids from the key
+table, a model resolved against the registry) and is journaled as given. The parameters say what
+the gateway passes; a value of another type (a caller's bug the type checker missed) is converted
+too, and logged, rather than losing the row.
 """
 
 from __future__ import annotations
@@ -159,8 +162,10 @@ class UsageTicket:
     end_user: str = ""
     tags_json: str | None = None
     ended: bool = field(default=False)
-    details: dict[str, Any] | None = None
+    details: Mapping[str, object] | None = None
     """Request record fields known at the start (:func:`request_details`), carried by its end and by an interrupted row."""
+    start: dict[str, Any] | None = None
+    """Its start record as journaled (:func:`start_record`), made once: its end record is built on it."""
 
 
 def start_record(ticket: UsageTicket) -> dict[str, Any]:
@@ -173,47 +178,23 @@ def start_record(ticket: UsageTicket) -> dict[str, Any]:
         "user_id": ticket.user_id,
         "model": ticket.model,
         "protocol": ticket.protocol,
+        **(ticket.details or {}),
     }
     if ticket.project_id or ticket.team_id or ticket.org_id:
-        record.update(project_id=ticket.project_id, team_id=ticket.team_id, org_id=ticket.org_id)
+        record["project_id"], record["team_id"], record["org_id"] = ticket.project_id, ticket.team_id, ticket.org_id
     if ticket.end_user:
         record["end_user"] = ticket.end_user
     if ticket.tags_json is not None:
         record["tags_json"] = ticket.tags_json
-    if ticket.details:
-        record.update(ticket.details)
     return record
 
 
-def scope_texts(project_id: str, team_id: str, org_id: str) -> tuple[str, str, str]:
-    """A start's attribution as :func:`text` cleans it; nothing to do for a request without a project."""
-    if project_id == "" and team_id == "" and org_id == "":
-        return "", "", ""
-    return text(project_id, "project_id"), text(team_id, "team_id"), text(org_id, "org_id")
-
-
-def start_texts(
-    request_id: str, api_key_id: str, user_id: str, model: str, protocol: str
-) -> tuple[str, str, str, str, str]:
-    """A start's text fields as :func:`text` cleans them, with one check for the usual case (short
-    ASCII text without NUL) instead of one call per field: this runs for every request."""
-    if (
-        type(request_id) is str
-        and type(api_key_id) is str
-        and type(user_id) is str
-        and type(model) is str
-        and type(protocol) is str
-    ):
-        joined = request_id + api_key_id + user_id + model + protocol
-        if len(joined) <= MAX_TEXT and joined.isascii() and "\x00" not in joined:
-            return request_id, api_key_id, user_id, model, protocol
-    return (
-        text(request_id, "request_id"),
-        text(api_key_id, "api_key_id"),
-        text(user_id, "user_id"),
-        text(model, "model"),
-        text(protocol, "protocol"),
-    )
+def journalable(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` with each value JSON cannot hold (a caller's bug the type checker missed) as :func:`text` makes it."""
+    return {
+        name: value if value is None or isinstance(value, str | int | float) else text(value, name)
+        for name, value in record.items()
+    }
 
 
 def finished_record(
@@ -229,10 +210,11 @@ def finished_record(
     cost_micros: int = 0,
     details: Mapping[str, object] | None = None,
 ) -> dict[str, Any]:
-    """The end record for ``ticket``, its values cleaned as :func:`outcome`, :func:`count`, :func:`text`
-    and :func:`json_text` clean them; the usual case (a known outcome, counts that are whole numbers
-    in range, short ASCII node id) is checked inline, since this runs for every request."""
-    usual = (
+    """The end record for ``ticket``: its start record with the end's fields. An outcome that is not one
+    of :data:`OUTCOMES` and counts that are not whole numbers in range are logged and cleaned here (the
+    usual case checked inline, since this runs for every request); text is the gateway's own
+    (``node_id``: a worker's id from the fleet) and :func:`to_row` cleans it with the rest."""
+    if not (
         outcome_ in OUTCOMES
         and type(prompt_tokens) is int
         and 0 <= prompt_tokens <= INT64_MAX
@@ -242,32 +224,26 @@ def finished_record(
         and 0 <= latency_ms <= INT64_MAX
         and type(ttft_ms) is int
         and 0 <= ttft_ms <= INT64_MAX
-        and type(node_id) is str
-        and len(node_id) <= MAX_TEXT
-        and node_id.isascii()
-        and "\x00" not in node_id
-    )
-    if not usual:
+    ):
         outcome_ = outcome(outcome_)
         prompt_tokens = count(prompt_tokens, "prompt_tokens")
         completion_tokens = count(completion_tokens, "completion_tokens")
         latency_ms = count(latency_ms, "latency_ms")
         ttft_ms = count(ttft_ms, "ttft_ms")
-        node_id = text(node_id, "node_id")
-    record = start_record(ticket)
-    record.update(
-        rec="end",
-        ts_us=ts_us,
-        outcome=outcome_,
-        prompt_tokens=prompt_tokens,
-        completion_tokens=completion_tokens,
-        latency_ms=latency_ms,
-        ttft_ms=ttft_ms,
-        node_id=node_id,
-        route_json=None if route is None else json_text(route, "route"),
-    )
+    record = {
+        **(ticket.start if ticket.start is not None else start_record(ticket)),
+        "rec": "end",
+        "ts_us": ts_us,
+        "outcome": outcome_,
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "latency_ms": latency_ms,
+        "ttft_ms": ttft_ms,
+        "node_id": node_id,
+        "route_json": None if route is None else json_text(route, "route"),
+    }
     if cost_micros:
-        record["cost_micros"] = count(cost_micros, "cost_micros")
+        record["cost_micros"] = cost_micros
     if details:
         record.update(request_details(details))
     return record
@@ -275,19 +251,25 @@ def finished_record(
 
 DETAIL_COUNTS = ("status", "queue_ms", "guard_ms")
 DETAIL_TEXTS = ("served_model", "body_state", "guard_action", "guard_policy", "guard_rule", "guard_category")
+DETAIL_NAMES = frozenset((*DETAIL_COUNTS, *DETAIL_TEXTS, "cache_hit"))
+GIVEN_DETAILS = frozenset(("guard_category",))
+"""The details a webhook gave (a guardrail's reason): cleaned on the way in; the gateway's own are cleaned by :func:`to_row`."""
 
 
-def request_details(details: Mapping[str, object]) -> dict[str, Any]:
+def request_details(details: Mapping[str, object]) -> Mapping[str, object]:
     """The request record fields (``status``, ``served_model``, ``queue_ms``, ``cache_hit``,
-    ``body_state``, the guard fields) as the store keeps them; unknown names are dropped and logged."""
+    ``body_state``, the guard fields); unknown names are dropped and logged, and what a webhook gave is cleaned.
+    ``details`` itself in the usual case (the gateway's own dict, of known names, its guardrail's reason clean)."""
+    if type(details) is dict and DETAIL_NAMES.issuperset(details):
+        category = details["guard_category"] if "guard_category" in details else None
+        if category is None or (
+            type(category) is str and len(category) <= MAX_TEXT and category.isascii() and "\x00" not in category
+        ):
+            return details
     out: dict[str, Any] = {}
     for name, value in details.items():
-        if name in DETAIL_COUNTS:
-            out[name] = count(value, name)  # type: ignore[arg-type]
-        elif name in DETAIL_TEXTS:
-            out[name] = text(value, name)  # type: ignore[arg-type]
-        elif name == "cache_hit":
-            out[name] = value is True
+        if name in DETAIL_NAMES:
+            out[name] = text(value, name) if name in GIVEN_DETAILS else value  # type: ignore[arg-type]
         else:
             log.warning(
                 "ledger: request detail %r is not one of %s; dropped",
