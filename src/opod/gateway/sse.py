@@ -81,16 +81,19 @@ def tokens_in(events: bytes) -> int:
     """The tokens a piece of a stream carries: one non-empty content, reasoning or text delta is one token
     on llama-server, vLLM, SGLang and the simulator, which is what a row records as completion tokens
     when the stream ends before its usage."""
-    # Called for every piece of every stream, which as a rule carries one kind of delta: a kind that is
-    # not there is not counted.
+    # Called for every piece of every stream, which as a rule carries one kind of delta and few empty ones:
+    # what is not there is not counted.
     tokens = 0
-    if b'"content":"' in events:
-        tokens += events.count(b'"content":"') - events.count(b'"content":""')
-    if b'"reasoning_content":"' in events:
-        tokens += events.count(b'"reasoning_content":"') - events.count(b'"reasoning_content":""')
-    if b'"text":"' in events:
-        tokens += events.count(b'"text":"') - events.count(b'"text":""')
+    for delta, empty in _DELTAS:
+        if delta in events:
+            tokens += events.count(delta)
+            if empty in events:
+                tokens -= events.count(empty)
     return tokens
+
+
+_DELTAS = tuple((b'"%s":"' % kind, b'"%s":""' % kind) for kind in (b"content", b"reasoning_content", b"text"))
+"""Each kind of delta that is a token, and the same kind empty."""
 
 
 def interrupted_event(node_id: str, err: BaseException) -> bytes:
