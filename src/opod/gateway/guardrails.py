@@ -285,7 +285,8 @@ class Guardrails:
         self.upstream = upstream or Upstreams()
         self._made: dict[str, tuple[object, tuple[_Webhook, ...]]] = {phase: (None, ()) for phase in PHASES}
         """Each phase's webhooks and the policy view they were made for. A new policy is a new view (a view is
-        never changed), so they are made again when the view is another."""
+        never changed), so they are made again when the view is another (also for the requests that finish under
+        the old view while the new one is in)."""
         self._pending: set[asyncio.Task[None]] = set()
         self.dropped_logs = 0
         """``logging_only`` calls dropped because too many were in flight."""
