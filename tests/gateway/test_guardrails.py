@@ -18,6 +18,7 @@ from opod.contract.adminapi import GuardrailRule, PolicySnapshot
 from opod.gateway.guardrails import GuardrailBlocked, Guardrails, GuardrailUnavailable
 from opod.http.errors import error_response
 from opod.http.serving import bind
+from opod.snapshots.policy import PolicyView, build_view
 from tests.snapshots.helpers import eventually, serving
 
 BODY = b'{"model": "m1", "messages": [{"role": "user", "content": "my card is 4111"}]}'
@@ -58,6 +59,10 @@ class Webhook:
                 return PlainTextResponse("fine, I guess")
             if name == "unknown":
                 return JSONResponse({"action": "maybe"})
+            if name == "allow-500":
+                return Response(b'{"action":"allow"}', status_code=500, media_type="application/json")
+            if name == "allow-spaced":
+                return Response(b'{ "action" : "allow", "why": "fine" }', media_type="application/json")
             return JSONResponse({"action": "allow"})
 
         return Starlette(routes=[Route("/{name}", handle, methods=["POST"])])
@@ -136,6 +141,7 @@ async def test_rewrites_chain_in_order_and_keep_the_model(hook, guardrails) -> N
         ("error", "HTTP 500"),
         ("notjson", "not JSON"),
         ("unknown", "unknown action 'maybe'"),
+        ("allow-500", "HTTP 500"),
     ],
 )
 async def test_a_broken_webhook_fails_closed_or_open(hook, guardrails, name: str, problem: str) -> None:
@@ -165,6 +171,27 @@ async def test_a_slow_webhook_times_out_at_timeout_ms(hook, guardrails) -> None:
     start = time.monotonic()
     assert await guardrails.pre([rule(f"{url}/slow", timeoutMs=200, failOpen=True)], "req_11", "m1", BODY) is BODY
     assert time.monotonic() - start < 0.8
+
+
+async def test_an_allow_written_any_way_allows(hook, guardrails) -> None:
+    _, url = hook
+    assert await guardrails.pre([rule(f"{url}/allow-spaced")], "req_20", "m1", BODY) is BODY
+
+
+async def test_a_new_policy_view_calls_its_own_webhooks(hook, guardrails) -> None:
+    webhook, url = hook
+
+    def view(name: str) -> PolicyView:
+        return build_view(
+            PolicySnapshot.from_wire({"guardrails": [{"id": name, "phase": "pre", "url": f"{url}/{name}"}]})
+        )
+
+    allowing, blocking = view("allow"), view("block")
+    assert await guardrails.pre(allowing, "req_21", "m1", BODY) is BODY
+    with pytest.raises(GuardrailBlocked, match="Guardrail 'block' blocked the request"):
+        await guardrails.pre(blocking, "req_22", "m1", BODY)
+    assert await guardrails.pre(allowing, "req_23", "m1", BODY) is BODY
+    assert [c[0] for c in webhook.calls] == ["allow", "block", "allow"]
 
 
 async def test_post_sees_the_answer_and_may_block_or_rewrite_it(hook, guardrails) -> None:

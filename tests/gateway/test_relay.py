@@ -153,6 +153,8 @@ async def test_an_answer_is_relayed_recorded_once_and_the_worker_given_back(setu
     assert response.status_code == 200, response.text
     assert response.headers["x-opod-worker"] == "here" and response.headers["x-request-id"] == "r1"
     assert int(response.headers["content-length"]) == len(response.content)
+    assert response.headers["content-type"] == "application/json"
+    assert "worker=here" in response.headers["x-opod-route"] and "upstream;dur=" in response.headers["server-timing"]
     assert response.json()["choices"][0]["message"]["content"]
     [row] = setup.usage.rows
     assert row.request_id == "r1" and row.ended["outcome"] == "ok" and row.ended["node_id"] == "here"
@@ -164,8 +166,15 @@ async def test_an_answer_is_relayed_recorded_once_and_the_worker_given_back(setu
 async def test_a_stream_holds_its_worker_until_it_ends(setup: Setup, sim: str) -> None:
     join(setup.fleet, "here", "127.0.0.1:1")
     setup.local.attach("here", lambda model: sim)
-    async with setup.client.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as response:
+    stream = {**CHAT, "stream": True}
+    async with setup.client.stream(
+        "POST", "/v1/chat/completions", json=stream, headers={"X-Request-Id": "s1"}
+    ) as response:
         assert response.status_code == 200
+        headers = response.headers
+        assert headers["content-type"] == "text/event-stream; charset=utf-8" and headers["cache-control"] == "no-cache"
+        assert headers["x-request-id"] == "s1" and headers["x-opod-worker"] == "here"
+        assert "worker=here" in headers["x-opod-route"] and headers["server-timing"].startswith("opod;dur=")
         assert in_flight(setup) == {"here": 1}
         events = [line async for line in response.aiter_lines() if line.startswith("data: ")]
     assert events[-1] == "data: [DONE]"

@@ -85,3 +85,17 @@ def test_logprobs_are_joined_and_an_error_event_breaks_the_answer_off() -> None:
     assert choice["logprobs"]["token_logprobs"] == [-0.5, -1.0]
     with pytest.raises(UpstreamError):
         assembler.feed(event(error={"message": "out of memory"}))
+
+
+def test_whole_events_pass_as_they_are_and_a_usage_chunk_cut_in_two_is_still_dropped() -> None:
+    sse = SSEFilter(strip_usage=True)
+    deltas = [event(choices=[{"index": 0, "delta": {"content": word}}]) for word in ("a", "b")]
+    assert [sse.feed(piece) for piece in deltas] == deltas
+    usage_chunk = event(choices=[], usage=usage(4, 2))
+    out = sse.feed(usage_chunk[:20]) + sse.feed(usage_chunk[20:] + b"data: [DONE]\n\n") + sse.flush()
+    assert out == b"data: [DONE]\n\n" and sse.usage == usage(4, 2)
+
+
+def test_a_piece_with_several_kinds_of_delta_counts_each() -> None:
+    piece = event(choices=[{"delta": {"reasoning_content": "so"}}]) + event(choices=[{"delta": {"content": "Hi"}}])
+    assert tokens_in(piece + event(choices=[{"text": "x"}]) + event(choices=[{"text": ""}])) == 3

@@ -73,13 +73,19 @@ DEFAULT_TIMEOUT_MS = 2000
 MAX_PENDING_LOGS = 1000
 """``logging_only`` calls in flight at most; beyond it new ones are dropped (and counted), never queued."""
 MAX_ANSWER_BYTES = 32 << 20
-MAX_WEBHOOKS = 256
-"""Rules whose webhook's address and headers are kept made; past it the table starts afresh."""
+PHASES = ("pre", "post", "logging_only")
+
+_ALLOW_ANSWERS = frozenset(
+    (b'{"action":"allow"}', b'{"action": "allow"}', b'{"action":"allow"}\n', b'{"action": "allow"}\n')
+)
+"""The usual "allow" answers byte for byte: a webhook is called for every request and most of its answers are
+one of these, so they are recognised without a parse. Any other answer is parsed."""
 
 
 GUARD_ACTIONS = ("allow", "failed_open", "rewrite", "unavailable", "block")
 """The actions a :class:`GuardNote` may say, weakest first."""
-_RANK = {action: rank for rank, action in enumerate(GUARD_ACTIONS)}
+_RANK = {"": -1} | {action: rank for rank, action in enumerate(GUARD_ACTIONS)}
+"""Each action's strength; '' (no rule consulted yet) is weaker than any."""
 MAX_GUARD_CATEGORY = 200
 """The reason a rule gave, as the request's record keeps it, in characters."""
 
@@ -98,7 +104,7 @@ class GuardNote:
 
     def saw(self, action: str, rule: GuardrailRule, why: str = "") -> None:
         """``rule`` took ``action``; it decides when it is stronger than what decided so far."""
-        if _RANK[action] > _RANK.get(self.action, -1):
+        if _RANK[action] > _RANK[self.action]:
             self.action, self.policy, self.rule, self.category = action, rule.id, rule.phase, why[:MAX_GUARD_CATEGORY]
 
     def fields(self) -> dict[str, object]:
@@ -150,19 +156,6 @@ Rules = PolicySnapshot | PolicyView | Sequence[GuardrailRule] | None
 """What the phases accept: the policy as held, its view, or the rules themselves."""
 
 
-def _rules(policy: Rules, phase: str) -> list[GuardrailRule]:
-    if policy is None:
-        return []
-    rules = policy.guardrails if isinstance(policy, PolicySnapshot | PolicyView) else policy
-    return [r for r in rules or () if r.phase == phase]
-
-
-def _envelope(fields: dict[str, Any], **raw: bytes) -> bytes:
-    """A webhook's body: ``fields`` as JSON, and each of ``raw`` spliced in as the JSON text it is already."""
-    head = fastjson.dumps(fields)[:-1]
-    return head + b"".join(b',"%s":%s' % (name.encode(), value) for name, value in raw.items()) + b"}"
-
-
 def _as_json(body: bytes) -> bytes:
     """``body`` as JSON text for an envelope: itself when it is JSON already (an engine's answer), else as a string."""
     try:
@@ -174,43 +167,95 @@ def _as_json(body: bytes) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class _Webhook:
-    """What every call to one rule's webhook sends alike, made once per rule: where, and the fixed headers."""
+    """What every call to one rule's webhook sends alike, made once per rule: the rule's webhook is called for
+    every request."""
 
     rule: GuardrailRule
-    origin: Origin
+    origin: Origin | None
+    """None when the rule's URL is not http(s) (``unusable`` says so): every call fails."""
     target: str
+    unusable: str
     headers: bytes
-    """The header lines, encoded: the rule's own, and ``X-Request-Id`` where the rule does not set it."""
+    """The header lines, encoded: the rule's own; ``X-Request-Id`` is added where the rule does not set it."""
     own_request_id: bool
     """The rule's headers set ``X-Request-Id``: the request's is not added."""
+    head: bytes
+    """The call's body up to the request's own fields: ``{"phase":…,"guardrail_id":…,``."""
+    timeout_ms: int
 
-    def header_lines(self, request_id: str) -> bytes:
-        if self.own_request_id:
-            return self.headers
-        return self.headers + b"X-Request-Id: %s\r\n" % request_id.encode("latin-1")
+    def failure(self, err: Exception) -> _WebhookFailed:
+        """What a call that raised ``err`` (a timeout, or an ``OSError`` of the connection) tells."""
+        if isinstance(err, TimeoutError):
+            return _WebhookFailed(f"no answer within {self.timeout_ms} ms")
+        return _WebhookFailed(f"cannot reach {self.rule.url}: {err or type(err).__name__}")
 
 
 def _webhook(rule: GuardrailRule) -> _Webhook:
-    """``rule``'s webhook; ``UpstreamError`` (an OSError) when its URL is not http(s)."""
     headers = {"Content-Type": "application/json", "X-Opod-Guardrail": rule.id}
     if rule.auth_key:
         headers["Authorization"] = f"Bearer {rule.auth_key}"
     headers.update(rule.headers or {})
-    where, target = split_url(rule.url)
     own_request_id = any(name.lower() == "x-request-id" for name in headers)
-    return _Webhook(rule, where, target, header_lines(headers), own_request_id)
+    head = fastjson.dumps({"phase": rule.phase, "guardrail_id": rule.id})[:-1] + b","
+    timeout_ms = rule.timeout_ms or DEFAULT_TIMEOUT_MS
+    try:
+        where: Origin | None
+        where, target = split_url(rule.url)
+        unusable = ""
+    except OSError as err:  # UpstreamError: not an http(s) URL
+        where, target = None, ""
+        unusable = f"cannot reach {rule.url}: {err or type(err).__name__}"
+    return _Webhook(rule, where, target, unusable, header_lines(headers), own_request_id, head, timeout_ms)
 
 
-async def _read_capped(resp: UpstreamResponse) -> bytes:
-    """A webhook's answer, at most :data:`MAX_ANSWER_BYTES` of it."""
-    whole = resp.read_now()
-    if whole is not None:
-        return whole[:MAX_ANSWER_BYTES]
+def _made_webhooks(policy: Rules, phase: str) -> tuple[_Webhook, ...]:
+    """The webhooks of ``phase``'s rules, in the file's order."""
+    if policy is None:
+        return ()
+    rules = policy.guardrails if isinstance(policy, PolicySnapshot | PolicyView) else policy
+    return tuple([_webhook(r) for r in rules or () if r.phase == phase])
+
+
+async def _read_rest(resp: UpstreamResponse) -> bytes:
+    """A webhook's answer that had not all arrived with its headers, at most :data:`MAX_ANSWER_BYTES` of it."""
     parts, size = [], 0
-    while size < MAX_ANSWER_BYTES and (chunk := await resp.readany()):
-        parts.append(chunk)
-        size += len(chunk)
+    try:
+        while size < MAX_ANSWER_BYTES and (chunk := await resp.readany()):
+            parts.append(chunk)
+            size += len(chunk)
+    finally:
+        resp.release()
     return b"".join(parts)[:MAX_ANSWER_BYTES]
+
+
+async def _send(hook: _Webhook, upstream: Upstreams, payload: bytes, headers: bytes) -> tuple[int, bytes]:
+    """One call to ``hook``: the answer's status and body; :class:`_WebhookFailed` when there is none."""
+    if hook.origin is None:
+        raise _WebhookFailed(hook.unusable)
+    try:
+        async with asyncio.timeout(hook.timeout_ms / 1000):
+            resp = await upstream.post(hook.origin, hook.target, payload, headers)
+            data = resp.read_now()
+            if data is None:
+                data = await _read_rest(resp)
+    except (TimeoutError, OSError) as err:  # UpstreamError included: it is a ConnectionError
+        raise hook.failure(err) from None
+    return resp.status, data[:MAX_ANSWER_BYTES]
+
+
+def _answer(status: int, data: bytes) -> dict[str, Any] | None:
+    """A webhook's answer as the JSON object it is, None for an empty one; :class:`_WebhookFailed` when unusable."""
+    if not 200 <= status < 300:
+        raise _WebhookFailed(f"it answered HTTP {status}")
+    if not data.strip():
+        return None
+    try:
+        answer = fastjson.loads(data)
+    except ValueError:
+        raise _WebhookFailed("its answer is not JSON") from None
+    if not isinstance(answer, dict):
+        raise _WebhookFailed("its answer is not a JSON object")
+    return answer
 
 
 def _json_or_text(body: bytes | None) -> Any:
@@ -222,6 +267,13 @@ def _json_or_text(body: bytes | None) -> Any:
         return body.decode("utf-8", "replace")
 
 
+def _request_fields(request_id: str, model: str) -> tuple[bytes, bytes]:
+    """The request's own fields of a call's body (``"request_id":…,"model":…``) and its ``X-Request-Id`` line,
+    made once for all the rules of a phase."""
+    fields = fastjson.dumps({"request_id": request_id, "model": model})[1:-1]
+    return fields, b"X-Request-Id: %s\r\n" % request_id.encode("latin-1")
+
+
 class Guardrails:
     """Calls the policy's guardrail webhooks. One per leader; :meth:`close` at shutdown.
 
@@ -231,8 +283,10 @@ class Guardrails:
 
     def __init__(self, upstream: Upstreams | None = None) -> None:
         self.upstream = upstream or Upstreams()
-        self._webhooks: dict[int, _Webhook] = {}
-        """``id(rule)`` → its webhook; the entry holds the rule, so the id is not another's while it is kept."""
+        self._made: dict[str, tuple[object, tuple[_Webhook, ...]]] = {phase: (None, ()) for phase in PHASES}
+        """Each phase's webhooks and the policy view they were made for. A new policy is a new view (a view is
+        never changed), so they are made again when the view is another (also for the requests that finish under
+        the old view while the new one is in)."""
         self._pending: set[asyncio.Task[None]] = set()
         self.dropped_logs = 0
         """``logging_only`` calls dropped because too many were in flight."""
@@ -244,6 +298,13 @@ class Guardrails:
             await asyncio.gather(*self._pending, return_exceptions=True)
         await self.upstream.close()
 
+    def _webhooks(self, policy: Rules, phase: str) -> tuple[_Webhook, ...]:
+        """``phase``'s webhooks for ``policy``, kept when it is a view; rules given otherwise are made afresh."""
+        hooks = _made_webhooks(policy, phase)
+        if isinstance(policy, PolicyView):
+            self._made[phase] = (policy, hooks)
+        return hooks
+
     # --- the three phases ----------------------------------------------------------------
 
     async def pre(
@@ -252,14 +313,18 @@ class Guardrails:
         """The request body to send on (``body`` itself when nothing rewrote it); raises a refusal otherwise.
 
         ``note`` is told what each rule did, a refusal included."""
-        rules = _rules(policy, "pre")
-        if not rules:
+        made_for, hooks = self._made["pre"]
+        if made_for is not policy:
+            hooks = self._webhooks(policy, "pre")
+        if not hooks:
             return body
-        for rule in rules:
+        if note is None:
+            note = GuardNote()  # a caller that does not ask: the same decisions, told to no one
+        fields, id_line = _request_fields(request_id, model)
+        for hook in hooks:
             # The request is the JSON object the gateway checked: it goes into the call as it is, unparsed.
-            fields = {"phase": "pre", "guardrail_id": rule.id, "request_id": request_id, "model": model}
-            payload = _envelope(fields, request=body, response=b"null")
-            new = await self._judge(rule, payload, model, request_id, note)
+            payload = b'%s%s,"request":%s,"response":null}' % (hook.head, fields, body)
+            new = await self._judge(hook, payload, id_line, request_id, model, note)
             if new is not None:
                 # The model stays the one the gateway resolved (a rewrite may leave it out).
                 body = json.dumps({**new, "model": model}).encode()
@@ -278,16 +343,20 @@ class Guardrails:
 
         Only for answers that were not streamed: a stream has gone to the client before it could be judged.
         """
-        rules = _rules(policy, "post")
-        if not rules:
+        made_for, hooks = self._made["post"]
+        if made_for is not policy:
+            hooks = self._webhooks(policy, "post")
+        if not hooks:
             return answer
+        if note is None:
+            note = GuardNote()
         # The request is the JSON the gateway relayed and the answer the engine's: spliced in unparsed.
         request, response = _as_json(request_body), _as_json(answer)
+        fields, id_line = _request_fields(request_id, model)
         rewritten: Any = None
-        for rule in rules:
-            fields = {"phase": "post", "guardrail_id": rule.id, "request_id": request_id, "model": model}
-            payload = _envelope(fields, request=request, response=response)
-            new = await self._judge(rule, payload, model, request_id, note)
+        for hook in hooks:
+            payload = b'%s%s,"request":%s,"response":%s}' % (hook.head, fields, request, response)
+            new = await self._judge(hook, payload, id_line, request_id, model, note)
             if new is not None:
                 rewritten = new
                 response = fastjson.dumps(new)
@@ -303,8 +372,10 @@ class Guardrails:
         status: int | None = None,
     ) -> None:
         """Send the exchange to every ``logging_only`` webhook in the background; returns at once."""
-        rules = _rules(policy, "logging_only")
-        if not rules:
+        made_for, hooks = self._made["logging_only"]
+        if made_for is not policy:
+            hooks = self._webhooks(policy, "logging_only")
+        if not hooks:
             return
         payload = {
             "phase": "logging_only",
@@ -315,36 +386,60 @@ class Guardrails:
             "response": _json_or_text(answer),
             "status": status,
         }
-        for rule in rules:
+        for hook in hooks:
             if len(self._pending) >= MAX_PENDING_LOGS:
                 self.dropped_logs += 1
                 continue
             task = asyncio.get_running_loop().create_task(
-                self._log_one(rule, {**payload, "guardrail_id": rule.id}, request_id)
+                self._log_one(hook, {**payload, "guardrail_id": hook.rule.id}, request_id)
             )
             self._pending.add(task)
             task.add_done_callback(self._pending.discard)
 
-    async def _log_one(self, rule: GuardrailRule, payload: dict[str, Any], request_id: str) -> None:
+    async def _log_one(self, hook: _Webhook, payload: dict[str, Any], request_id: str) -> None:
+        headers = hook.headers
+        if not hook.own_request_id:
+            headers += b"X-Request-Id: %s\r\n" % request_id.encode("latin-1")
         try:
-            await self._call(rule, json.dumps(payload).encode(), request_id)
+            _answer(*await _send(hook, self.upstream, json.dumps(payload).encode(), headers))
         except _WebhookFailed as err:
-            log.warning("logging guardrail %r: %s", rule.id, err)
+            log.warning("logging guardrail %r: %s", hook.rule.id, err)
 
     # --- one webhook ------------------------------------------------------------------------
 
     async def _judge(
-        self, rule: GuardrailRule, payload: bytes, model: str, request_id: str, note: GuardNote | None
+        self, hook: _Webhook, payload: bytes, id_line: bytes, request_id: str, model: str, note: GuardNote
     ) -> Any | None:
-        """None to go on unchanged, a new body for a rewrite; raises a refusal for a block or a closed failure."""
-        if note is None:
-            note = GuardNote()  # a caller that does not ask: the same decisions, told to no one
+        """None to go on unchanged, a new body for a rewrite; raises a refusal for a block or a closed failure.
+
+        ``id_line`` is the request's ``X-Request-Id`` header line, sent where the rule does not set its own."""
+        rule = hook.rule
         started = time.perf_counter()
         try:
+            # The call is made here rather than through _send: this is every request's way, and each
+            # coroutine between the phase and the connection is resumed again at every wait.
+            if hook.origin is None:
+                raise _WebhookFailed(hook.unusable)
             try:
-                answer = await self._call(rule, payload, request_id)
+                async with asyncio.timeout(hook.timeout_ms / 1000):
+                    resp = await self.upstream.post(
+                        hook.origin,
+                        hook.target,
+                        payload,
+                        hook.headers if hook.own_request_id else hook.headers + id_line,
+                    )
+                    data = resp.read_now()
+                    if data is None:
+                        data = await _read_rest(resp)
+            except (TimeoutError, OSError) as err:  # UpstreamError included: it is a ConnectionError
+                raise hook.failure(err) from None
             finally:
                 note.seconds += time.perf_counter() - started
+            status = resp.status
+            if 200 <= status < 300 and data in _ALLOW_ANSWERS:
+                note.saw("allow", rule)
+                return None
+            answer = _answer(status, data[:MAX_ANSWER_BYTES])
             action = answer.get("action", "allow") if answer else "allow"
             if action == "allow":
                 note.saw("allow", rule)
@@ -371,38 +466,3 @@ class Guardrails:
                 return None
             note.saw("unavailable", rule, str(err))
             raise GuardrailUnavailable(rule.id, str(err)) from None
-
-    def _webhook(self, rule: GuardrailRule) -> _Webhook:
-        found = self._webhooks.get(id(rule))
-        if found is None:
-            if len(self._webhooks) >= MAX_WEBHOOKS:
-                self._webhooks.clear()  # rules of policies replaced since
-            found = self._webhooks[id(rule)] = _webhook(rule)
-        return found
-
-    async def _call(self, rule: GuardrailRule, payload: bytes, request_id: str) -> dict[str, Any] | None:
-        timeout_ms = rule.timeout_ms or DEFAULT_TIMEOUT_MS
-        try:
-            hook = self._webhook(rule)
-            async with asyncio.timeout(timeout_ms / 1000):
-                resp = await self.upstream.post(hook.origin, hook.target, payload, hook.header_lines(request_id))
-                status = resp.status
-                try:
-                    data = await _read_capped(resp)
-                finally:
-                    resp.release()
-        except TimeoutError:
-            raise _WebhookFailed(f"no answer within {timeout_ms} ms") from None
-        except OSError as err:  # UpstreamError included: it is a ConnectionError
-            raise _WebhookFailed(f"cannot reach {rule.url}: {err or type(err).__name__}") from None
-        if not 200 <= status < 300:
-            raise _WebhookFailed(f"it answered HTTP {status}")
-        if not data.strip():
-            return None
-        try:
-            answer = fastjson.loads(data)
-        except ValueError:
-            raise _WebhookFailed("its answer is not JSON") from None
-        if not isinstance(answer, dict):
-            raise _WebhookFailed("its answer is not a JSON object")
-        return answer

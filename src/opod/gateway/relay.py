@@ -36,6 +36,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from starlette.responses import Response, StreamingResponse
@@ -69,6 +70,8 @@ checking, queueing for a slot, routing, failed attempts, and recording the answe
 _REQUEST_ID, _WORKER, _ROUTE, _TIMING = (
     name.lower().encode() for name in ("X-Request-Id", WORKER_HEADER, ROUTE_HEADER, TIMING_HEADER)
 )
+_EVENT_STREAM = [(b"cache-control", b"no-cache"), (b"content-type", b"text/event-stream; charset=utf-8")]
+"""A relayed stream's last header lines, as Starlette would write them for ``media_type="text/event-stream"``."""
 FIRST_BYTE_TIMEOUT = 120.0
 """A stream whose first byte takes longer than this is treated as a failed attempt (a stalled engine)."""
 
@@ -169,7 +172,7 @@ class Relay:
         )
 
     def _where(
-        self, node: NodeState, model: str, request_id: str, path: str
+        self, node: NodeState, model: str, request_id: str, request_id_bytes: bytes, path: str
     ) -> tuple[str, Mapping[str, str] | bytes] | None:
         """The URL to send to and its headers: the engine itself when it is on this machine, else its worker.
 
@@ -182,7 +185,7 @@ class Relay:
             engine = node.engine_urls.get(model) if node.same_host else None
         if engine is not None:
             # The engine is on this machine: call it on loopback, one hop less than through its worker.
-            return engine, b"X-Request-Id: %s\r\nContent-Type: application/json\r\n" % request_id.encode("latin-1")
+            return engine, b"X-Request-Id: %s\r\nContent-Type: application/json\r\n" % request_id_bytes
         headers = self.workers.signed_headers(node, "POST", path)
         headers.update({MODEL_HEADER: model, "X-Request-Id": request_id, "Content-Type": "application/json"})
         return node.base_url(), headers
@@ -193,11 +196,13 @@ class Relay:
         """The answer; a :class:`Refusal` when the engine refused the request's content; ``None`` to move on."""
         observer = call.observer
         request_id = observer.request_id
+        # Encoded once: it goes into the call's headers and the answer's.
+        request_id_bytes = request_id.encode("latin-1")
         observer.leased(self.fleet.lease(node, model))
         handed_over = False
         resp: UpstreamResponse | None = None
         try:
-            where = self._where(node, model, request_id, call.path)
+            where = self._where(node, model, request_id, request_id_bytes, call.path)
             if where is None:
                 problems.append(Problem(node.id, "model_not_loaded"))
                 return None
@@ -237,11 +242,14 @@ class Relay:
                     data,
                     resp.status,
                     [
-                        (_REQUEST_ID, request_id.encode("latin-1")),
+                        (_REQUEST_ID, request_id_bytes),
                         (_WORKER, node.id.encode("latin-1")),
                         (_ROUTE, route.encode("latin-1")),
-                        (_TIMING, server_timing(observer.started, sent, answered).encode("latin-1")),
-                        (b"content-type", b"application/json" if call.assemble else _content_type(resp)),
+                        (_TIMING, _server_timing_bytes(observer.started, sent, answered)),
+                        (
+                            b"content-type",
+                            b"application/json" if call.assemble else _media_type(resp.headers.get("content-type", "")),
+                        ),
                     ],
                 )
             try:
@@ -257,18 +265,16 @@ class Relay:
             self.fleet.succeeded(node, model)
             handed_over = True
             ttft_ms = int((answered - observer.started) * 1000)
-            headers = {
-                "X-Request-Id": request_id,
-                WORKER_HEADER: node.id,
-                ROUTE_HEADER: route,
-                TIMING_HEADER: server_timing(observer.started, sent, answered),
-                "Cache-Control": "no-cache",
-            }
-            return StreamingResponse(
-                relay_sse(resp, first, call.strip_usage, observer, ttft_ms, node_id=node.id),
-                media_type="text/event-stream",
-                headers=headers,
-            )
+            stream = StreamingResponse(relay_sse(resp, first, call.strip_usage, observer, ttft_ms, node_id=node.id))
+            # The header lines made here as bytes: Starlette would encode each name and value again.
+            stream.raw_headers = [
+                (_REQUEST_ID, request_id_bytes),
+                (_WORKER, node.id.encode("latin-1")),
+                (_ROUTE, route.encode("latin-1")),
+                (_TIMING, _server_timing_bytes(observer.started, sent, answered)),
+                *_EVENT_STREAM,
+            ]
+            return stream
         except (WorkerUnavailable, TimeoutError, OSError) as err:
             said = "timed out" if isinstance(err, TimeoutError) else "connection failed"
             problem = Problem(node.id, said, str(err) or type(err).__name__)
@@ -375,12 +381,21 @@ def route_header(record: RouteRecord) -> str:
 
 def server_timing(started: float, sent: float, answered: float) -> str:
     """The ``Server-Timing`` value for an answer whose last attempt was sent at ``sent`` and answered at ``answered``."""
+    return _server_timing_bytes(started, sent, answered).decode()
+
+
+def _server_timing_bytes(started: float, sent: float, answered: float) -> bytes:
+    """:func:`server_timing` as the header line's bytes."""
     upstream = answered - sent
-    return f"opod;dur={(time.perf_counter() - started - upstream) * 1000:.3f}, upstream;dur={upstream * 1000:.3f}"
+    return b"opod;dur=%.3f, upstream;dur=%.3f" % ((time.perf_counter() - started - upstream) * 1000, upstream * 1000)
 
 
-def _content_type(resp: UpstreamResponse) -> bytes:
-    return (resp.content_type or "application/json").encode("latin-1")
+@lru_cache(maxsize=64)
+def _media_type(content_type: str) -> bytes:
+    """An engine's ``Content-Type`` as the answer's: its media type, ``application/json`` when it names none.
+
+    Kept per value: engines send one or two values, on every answer."""
+    return (content_type.partition(";")[0].strip().lower() or "application/json").encode("latin-1")
 
 
 def _usage_of(data: bytes) -> dict[str, Any] | None:

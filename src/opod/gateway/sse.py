@@ -81,14 +81,19 @@ def tokens_in(events: bytes) -> int:
     """The tokens a piece of a stream carries: one non-empty content, reasoning or text delta is one token
     on llama-server, vLLM, SGLang and the simulator, which is what a row records as completion tokens
     when the stream ends before its usage."""
-    return (
-        events.count(b'"content":"')
-        - events.count(b'"content":""')
-        + events.count(b'"reasoning_content":"')
-        - events.count(b'"reasoning_content":""')
-        + events.count(b'"text":"')
-        - events.count(b'"text":""')
-    )
+    # Called for every piece of every stream, which as a rule carries one kind of delta and few empty ones:
+    # what is not there is not counted.
+    tokens = 0
+    for delta, empty in _DELTAS:
+        if delta in events:
+            tokens += events.count(delta)
+            if empty in events:
+                tokens -= events.count(empty)
+    return tokens
+
+
+_DELTAS = tuple((b'"%s":"' % kind, b'"%s":""' % kind) for kind in (b"content", b"reasoning_content", b"text"))
+"""Each kind of delta that is a token, and the same kind empty."""
 
 
 def interrupted_event(node_id: str, err: BaseException) -> bytes:
@@ -121,7 +126,13 @@ class SSEFilter:
         return self.tally.usage
 
     def feed(self, chunk: bytes) -> bytes:
-        if not self.strip_usage and b'"usage"' not in chunk and not self._pending and _NULL not in chunk:
+        if (
+            not self._pending
+            and b'"usage"' not in chunk
+            and _NULL not in chunk
+            and (not self.strip_usage or chunk.endswith(b"\n\n"))
+        ):
+            # Nothing to drop or count, and no event cut in two left to hold back for when a usage chunk is dropped.
             return chunk
         data = self._pending + chunk
         end = data.rfind(b"\n\n")
