@@ -67,6 +67,23 @@ async def test_the_end_carries_the_guard_outcome_and_overrides_the_starts(ledger
     }
 
 
+async def test_an_end_without_a_reason_does_not_keep_the_starts_reason(ledger: Ledger, store: Store) -> None:
+    ticket = ledger.begin(
+        request_id="blocked", api_key_id="k", user_id="", model="m", protocol="openai", details=PRE_REWRITE
+    )
+    unexplained = {k: v for k, v in POST_BLOCK.items() if k != "guard_category"}  # the webhook gave no reason
+    ledger.end(
+        ticket,
+        outcome="error",
+        prompt_tokens=3,
+        completion_tokens=4,
+        latency_ms=20,
+        details={"status": 400, **unexplained},
+    )
+    await ledger.flush()
+    assert guard_of(store, "blocked") == {**unexplained, "guard_category": ""}
+
+
 def test_a_crash_keeps_the_guard_outcome_of_ended_and_interrupted_requests(
     store: Store, home: Path, open_ledger: Callable[..., Ledger]
 ) -> None:

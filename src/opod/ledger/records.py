@@ -245,10 +245,16 @@ def finished_record(
     if cost_micros:
         record["cost_micros"] = cost_micros
     if details:
-        record.update(request_details(details))
+        details = request_details(details)
+        if "guard_action" in details and ticket.details:
+            # The end's guard outcome is whole: a field it leaves out (no reason given) is not the start's.
+            for name in GUARD_FIELDS:
+                record.pop(name, None)
+        record.update(details)
     return record
 
 
+GUARD_FIELDS = ("guard_action", "guard_policy", "guard_rule", "guard_category", "guard_ms")
 DETAIL_COUNTS = ("status", "queue_ms", "guard_ms")
 DETAIL_TEXTS = ("served_model", "body_state", "guard_action", "guard_policy", "guard_rule", "guard_category")
 DETAIL_NAMES = frozenset((*DETAIL_COUNTS, *DETAIL_TEXTS, "cache_hit"))
