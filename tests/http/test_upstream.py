@@ -276,3 +276,22 @@ def test_origins_and_targets():
     )
     with pytest.raises(UpstreamError, match="not an http:// or https://"):
         origin("ftp://host/")
+
+
+async def test_an_idle_connection_the_upstream_spoke_on_unasked_is_not_reused():
+    # An answer, then later an unasked one (as a server's idle timeout may send a 408) on the open connection.
+    async def answer(request, writer):
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        await asyncio.sleep(0.02)
+        writer.write(b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 7\r\n\r\ntimeout")
+        await writer.drain()
+
+    async with Server(answer) as server:
+        pool = Upstreams()
+        for _ in range(2):
+            resp = await pool.post(server.origin, "/", b"", {})
+            assert (resp.status, await resp.read()) == (200, b"ok")
+            await asyncio.sleep(0.1)
+        assert server.connections == 2
+        await pool.close()
