@@ -46,6 +46,7 @@ class _Connection(asyncio.Protocol):
         "on_header",
         "raw_headers",
         "home",
+        "timer",
         "closed",
         "error",
         "status",
@@ -66,6 +67,8 @@ class _Connection(asyncio.Protocol):
         self.home: deque[_Connection] | None = None
         """The pool's idle connections of this one's origin, which it goes back to when released; ``None`` once
         the pool has let it go."""
+        self.timer: asyncio.TimerHandle | None = None
+        """Ends the request in progress at its deadline, when it has one."""
         self._chunks: deque[bytes] = deque()
         self._buffered = 0
         self._waiter: asyncio.Future[None] | None = None
@@ -78,8 +81,11 @@ class _Connection(asyncio.Protocol):
         self.status = 0
         self.complete = self.keep_alive = self.received = False
 
-    def start(self, request: bytes) -> asyncio.Future[None]:
+    def start(self, request: bytes, deadline: float | None) -> asyncio.Future[None]:
         """Write ``request``; the future is done once the answer's status line and headers are in.
+
+        At ``deadline`` (the loop's clock), if the answer is not released by then, waiting for its head or
+        body raises ``TimeoutError`` and the connection is closed.
 
         Only a connection whose last answer was read to its end, and that has received nothing since, is
         started again, so its body's state (pieces held, reading paused) is clean already.
@@ -92,8 +98,15 @@ class _Connection(asyncio.Protocol):
         self.status = 0
         self.complete = self.keep_alive = self.received = False
         head = self._head = self._loop.create_future()
+        if deadline is not None:
+            self.timer = self._loop.call_at(deadline, self._time_out)
         self.transport.write(request)
         return head
+
+    def _time_out(self) -> None:
+        self.timer = None
+        self._fail(TimeoutError("the upstream did not answer in time"))
+        self.transport.close()
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
 
@@ -196,7 +209,8 @@ class UpstreamResponse:
 
     @property
     def headers(self) -> dict[str, str]:
-        """Header names in lower case; a repeated header keeps its last value.
+        """Header names in lower case; a repeated header keeps its last value (one repeated in different
+        spellings of its name, one of them).
 
         Decoded when first read: a relayed answer's headers are mostly never read.
         """
@@ -210,7 +224,10 @@ class UpstreamResponse:
     @property
     def content_type(self) -> str:
         """The media type without parameters, or ``""`` when the upstream named none."""
-        return self.headers.get("content-type", "").partition(";")[0].strip().lower()
+        # Most upstreams spell the name in lower case: then it is read without decoding every header.
+        raw = self._raw_headers.get(b"content-type")
+        value = raw.decode("latin-1") if raw is not None else self.headers.get("content-type", "")
+        return value.partition(";")[0].strip().lower()
 
     def readany(self) -> Coroutine[None, None, bytes]:
         """The next piece of the body as it arrived; ``b""`` at its end.
@@ -295,9 +312,9 @@ def header_lines(headers: Mapping[str, str]) -> bytes:
     return "".join([f"{name}: {value}\r\n" for name, value in headers.items()]).encode("latin-1")
 
 
-MAX_REQUEST_LINES = 4096
-"""Request lines (with their Host header) kept made; past it they are made afresh. Far above the origins
-and paths a leader calls."""
+MAX_TARGETS = 4096
+"""Targets (origin and path) whose request line is kept made; past it they are made afresh. Far above the
+origins and paths a leader calls."""
 
 
 class Upstreams:
@@ -307,7 +324,8 @@ class Upstreams:
         self.connect_timeout = connect_timeout
         self._idle: dict[Origin, deque[_Connection]] = {}
         self._open_now: set[_Connection] = set()
-        self._lines: dict[tuple[Origin, str], bytes] = {}
+        self._targets: dict[tuple[Origin, str], tuple[bytes, deque[_Connection]]] = {}
+        """(origin, path) → the request's first lines and the origin's idle connections: one lookup per request."""
         self._tls: ssl.SSLContext | None = None
         self.opened = 0
         """Connections opened so far (a figure for tests and benchmarks)."""
@@ -319,6 +337,7 @@ class Upstreams:
         body: bytes,
         headers: Mapping[str, str] | bytes,
         on_sent: Callable[[], None] | None = None,
+        timeout: float | None = None,
     ) -> UpstreamResponse:
         """Send one POST to ``path`` at ``key`` and return once the answer's headers are in.
 
@@ -328,11 +347,18 @@ class Upstreams:
         ``on_sent`` is called each time the request has been written, while the upstream works on it:
         work that need not delay the request goes there.
 
+        ``timeout``: seconds the whole exchange may take, from now until the answer is released (connecting
+        included). Past it, the wait for the answer's head or for a piece of its body raises ``TimeoutError``
+        and the connection is closed. It costs one timer, where ``asyncio.timeout`` around the exchange costs
+        a context and a task's cancellation.
+
         Raises ``UpstreamError`` (a ``ConnectionError``) when the upstream cannot be reached or breaks off.
         """
-        line = self._lines.get((key, path))
-        if line is None:
-            line = self._request_line(key, path)
+        target = self._targets.get((key, path))
+        if target is None:
+            target = self._target(key, path)
+        line, idle = target
+        deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
         request = b"".join(
             (
                 line,
@@ -341,7 +367,6 @@ class Upstreams:
                 body,
             )
         )
-        idle = self._idle.get(key)
         while True:
             if idle:
                 conn = idle.pop()
@@ -350,10 +375,10 @@ class Upstreams:
                     continue
                 reused = True
             else:
-                conn = await self._open(key)
+                conn = await self._open(key, idle, deadline)
                 reused = False
             try:
-                head = conn.start(request)
+                head = conn.start(request, deadline)
                 if on_sent is not None:
                     on_sent()
                 await head
@@ -367,35 +392,43 @@ class Upstreams:
                 raise
             return UpstreamResponse(conn, self)
 
-    def _request_line(self, key: Origin, path: str) -> bytes:
-        """The request line and Host header for ``path`` at ``key``, made once: every request starts with them."""
-        if len(self._lines) >= MAX_REQUEST_LINES:
-            self._lines.clear()
+    def _target(self, key: Origin, path: str) -> tuple[bytes, deque[_Connection]]:
+        """The request line and Host header for ``path`` at ``key``, made once as every request starts with them,
+        and the origin's idle connections."""
+        if len(self._targets) >= MAX_TARGETS:
+            self._targets.clear()
         default = key.port == (443 if key.tls else 80)
         host = f"Host: {key.host if default else f'{key.host}:{key.port}'}\r\n".encode("idna")
-        line = self._lines[key, path] = f"POST {path} HTTP/1.1\r\n".encode("latin-1") + host
-        return line
+        line = f"POST {path} HTTP/1.1\r\n".encode("latin-1") + host
+        target = self._targets[key, path] = (line, self._idle.setdefault(key, deque()))
+        return target
 
-    async def _open(self, key: Origin) -> _Connection:
+    async def _open(self, key: Origin, idle: deque[_Connection], deadline: float | None) -> _Connection:
         loop = asyncio.get_running_loop()
         tls = None
         if key.tls:
             if self._tls is None:
                 self._tls = ssl.create_default_context()
             tls = self._tls
+        connect_by = loop.time() + self.connect_timeout
         try:
-            async with asyncio.timeout(self.connect_timeout):
+            async with asyncio.timeout_at(connect_by if deadline is None else min(connect_by, deadline)):
                 _, conn = await loop.create_connection(_Connection, key.host, key.port, ssl=tls)
         except TimeoutError:
+            if deadline is not None and deadline <= connect_by:
+                raise  # the exchange's own deadline
             raise UpstreamError(f"no connection to {key.host}:{key.port} within {self.connect_timeout:g}s") from None
         except OSError as err:
             raise UpstreamError(f"cannot connect to {key.host}:{key.port} ({err.strerror or err})") from None
         self.opened += 1
         self._open_now.add(conn)
-        conn.home = self._idle.setdefault(key, deque())
+        conn.home = idle
         return conn
 
     def _release(self, conn: _Connection) -> None:
+        if conn.timer is not None:
+            conn.timer.cancel()
+            conn.timer = None
         home = conn.home
         if home is None:
             return  # let go already
@@ -416,6 +449,9 @@ class Upstreams:
     def _discard(self, conn: _Connection) -> None:
         self._open_now.discard(conn)
         conn.home = None
+        if conn.timer is not None:
+            conn.timer.cancel()
+            conn.timer = None
         conn.transport.close()
 
     def idle(self, key: Origin) -> int:
@@ -426,3 +462,4 @@ class Upstreams:
         for conn in list(self._open_now):
             self._discard(conn)
         self._idle.clear()
+        self._targets.clear()
