@@ -334,3 +334,16 @@ async def test_an_exchange_done_in_time_keeps_its_connection_past_its_timeout():
             assert pool.idle(server.origin) == 1
         assert server.connections == 1
         await pool.close()
+
+
+async def test_headers_read_alike_whatever_the_case_of_their_names():
+    answer = raw(
+        b"HTTP/1.1 200 OK\r\ncontent-type: Text/Plain; charset=utf-8\r\nX-Upper: A\r\nContent-Length: 2\r\n\r\nok"
+    )
+    async with Server(answer) as server:
+        pool = Upstreams()
+        resp = await pool.post(server.origin, "/", b"", {})
+        assert resp.content_type == "text/plain"
+        assert resp.headers == {"content-type": "Text/Plain; charset=utf-8", "x-upper": "A", "content-length": "2"}
+        assert await resp.read() == b"ok"
+        await pool.close()

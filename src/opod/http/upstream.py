@@ -9,7 +9,8 @@ Connections are kept alive per origin (host, port, TLS or not) and reused last-i
 reused connection that the other side had already closed (an idle timeout) is
 found before anything is read from it, and the request is sent again on a new
 one: nothing of it can have been processed. Every failure is a
-``ConnectionError``, so callers treat it like any other network error.
+``ConnectionError``, so callers treat it like any other network error; a request
+given a ``timeout`` that runs past it raises ``TimeoutError``.
 """
 
 from __future__ import annotations
