@@ -269,3 +269,19 @@ def test_a_missing_uvicorn_internal_is_named_with_uvicorn_s_version(monkeypatch)
     assert uvicorn_seam_problems() == [
         f"uvicorn {uvicorn.__version__}: HttpToolsProtocol no longer sets self.renamed_state"
     ]
+
+
+def test_a_prepared_answer_is_framed_as_starlette_frames_one():
+    # No content-length where HTTP has no body (1xx, 204, 304), as Starlette's own Response has it.
+    for status, body in ((200, b'{"a":1}'), (201, b""), (404, b"no"), (204, b""), (304, b""), (101, b"")):
+        extra = [(b"x-a", b"1"), (b"content-type", b"application/json")]
+        prepared = PreparedResponse(body, status, extra)
+        expected = Response(body, status)
+        expected.raw_headers += extra
+        assert (prepared.status_code, prepared.body, prepared.raw_headers, prepared.background) == (
+            expected.status_code,
+            expected.body,
+            expected.raw_headers,
+            expected.background,
+        ), status
+        assert prepared.headers["x-a"] == "1"

@@ -276,3 +276,74 @@ def test_origins_and_targets():
     )
     with pytest.raises(UpstreamError, match="not an http:// or https://"):
         origin("ftp://host/")
+
+
+async def test_an_idle_connection_the_upstream_spoke_on_unasked_is_not_reused():
+    # An answer, then later an unasked one (as a server's idle timeout may send a 408) on the open connection.
+    async def answer(request, writer):
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        await asyncio.sleep(0.02)
+        writer.write(b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 7\r\n\r\ntimeout")
+        await writer.drain()
+
+    async with Server(answer) as server:
+        pool = Upstreams()
+        for _ in range(2):
+            resp = await pool.post(server.origin, "/", b"", {})
+            assert (resp.status, await resp.read()) == (200, b"ok")
+            await asyncio.sleep(0.1)
+        assert server.connections == 2
+        await pool.close()
+
+
+async def test_a_timeout_ends_an_exchange_waiting_for_its_head_or_its_body():
+    async def silent(request, writer):
+        await asyncio.sleep(10)
+
+    async with Server(silent) as server:
+        pool = Upstreams()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(TimeoutError):
+            await pool.post(server.origin, "/", b"", {}, timeout=0.2)
+        assert 0.15 < loop.time() - started < 2 and pool.idle(server.origin) == 0
+        await pool.close()
+
+    async with Server(raw(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial")) as server:
+        pool = Upstreams()
+        resp = await pool.post(server.origin, "/", b"", {}, timeout=0.2)
+        with pytest.raises(TimeoutError):
+            await resp.read()
+        assert pool.idle(server.origin) == 0
+        for _ in range(100):  # the server sees the connection closed
+            if server.writers[-1].is_closing():
+                break
+            await asyncio.sleep(0.01)
+        assert server.writers[-1].is_closing()
+        await pool.close()
+
+
+async def test_an_exchange_done_in_time_keeps_its_connection_past_its_timeout():
+    async with Server(plain(b"ok")) as server:
+        pool = Upstreams()
+        for _ in range(2):
+            resp = await pool.post(server.origin, "/", b"", {}, timeout=0.1)
+            assert await resp.read() == b"ok"
+            await asyncio.sleep(0.2)
+            assert pool.idle(server.origin) == 1
+        assert server.connections == 1
+        await pool.close()
+
+
+async def test_headers_read_alike_whatever_the_case_of_their_names():
+    answer = raw(
+        b"HTTP/1.1 200 OK\r\ncontent-type: Text/Plain; charset=utf-8\r\nX-Upper: A\r\nContent-Length: 2\r\n\r\nok"
+    )
+    async with Server(answer) as server:
+        pool = Upstreams()
+        resp = await pool.post(server.origin, "/", b"", {})
+        assert resp.content_type == "text/plain"
+        assert resp.headers == {"content-type": "Text/Plain; charset=utf-8", "x-upper": "A", "content-length": "2"}
+        assert await resp.read() == b"ok"
+        await pool.close()

@@ -62,7 +62,7 @@ class ReadRequest(Request):
     def __init__(self, scope: Scope, body: bytes) -> None:
         super().__init__(scope)
         self._body = body
-        self.header_map = header_map(scope["headers"])
+        self.header_map = dict(reversed(scope["headers"]))  # as header_map() builds it
 
 
 def header_map(raw: list[tuple[bytes, bytes]]) -> dict[bytes, bytes]:
@@ -84,15 +84,21 @@ def read_whole(request: Request) -> bytes | None:
 
 
 class PreparedResponse(Response):
-    """A whole answer given its header lines as bytes (lower-case names), which Starlette adds unchanged.
+    """A whole answer given its body as bytes and its header lines as bytes (lower-case names), sent unchanged.
 
-    Starlette's own ``init_headers`` sets the framing (``content-length``); a relayed
-    answer's other headers are known as bytes already, so they are not encoded again.
+    A relayed answer's headers are known as bytes already, so they are not encoded again, and its
+    body needs no rendering: Starlette's ``__init__`` is not run, and only the framing it would add
+    (``content-length``, by its rule) is added here.
     """
 
     def __init__(self, body: bytes, status_code: int, raw_headers: list[tuple[bytes, bytes]]) -> None:
-        super().__init__(body, status_code)
-        self.raw_headers += raw_headers
+        self.status_code = status_code
+        self.background = None
+        self.body = body
+        if status_code < 200 or status_code in (204, 304):
+            self.raw_headers = raw_headers.copy()
+        else:
+            self.raw_headers = [(b"content-length", b"%d" % len(body)), *raw_headers]
 
 
 class FastPath:
@@ -146,7 +152,7 @@ async def _answer_unless_left(handler: Handler, scope: Scope, receive: Receive) 
     return answer.result()
 
 
-_CLOSE = b"connection: close\r\n"
+_CLOSE_END = b"connection: close\r\n\r\n"
 _INTERNAL_ERROR = (
     b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain; charset=utf-8\r\n"
     b"content-length: 21\r\nconnection: close\r\n\r\nInternal Server Error"
@@ -269,14 +275,15 @@ class FastHttpProtocol(HttpToolsProtocol):
         if self.parser.should_upgrade() or (self.cycle is not None and not self.cycle.response_complete):
             return None
         length = self.body_length
-        if self.body_chunked or (length is not None and (not length.isdigit() or int(length) > BODY_LIMIT)):
+        # llhttp has refused a Content-Length that is not all digits, and one sent with a chunked body.
+        if self.body_chunked or (length is not None and int(length) > BODY_LIMIT):
             return None
         url, raw_method = self.url, self.parser.get_method()
         scope = cast(Scope, self.scope)
         known = self.hot_targets.get((raw_method, url))
         if known is not None:
             handler, method, path = known
-            scope.update(method=method, path=path, raw_path=url, query_string=b"")
+            scope["method"], scope["path"], scope["raw_path"], scope["query_string"] = method, path, url, b""
             return _Exchange(handler, scope, self.parser.should_keep_alive())
         raw_path, _, query = url.partition(b"?")
         if b"%" in raw_path or b"#" in url:
@@ -288,7 +295,7 @@ class FastHttpProtocol(HttpToolsProtocol):
         path = raw_path.decode("ascii")
         if not query and b"?" not in url:
             self.hot_targets[raw_method, url] = (found, method, path)
-        scope.update(method=method, path=path, raw_path=raw_path, query_string=query)
+        scope["method"], scope["path"], scope["raw_path"], scope["query_string"] = method, path, raw_path, query
         return _Exchange(found, scope, self.parser.should_keep_alive())
 
     def on_body(self, body: bytes) -> None:
@@ -314,8 +321,8 @@ class FastHttpProtocol(HttpToolsProtocol):
             started = True
             if isinstance(response, StreamingResponse):
                 await self._write_stream(hot, response)
-            else:
-                self._write_whole(hot, response)
+            elif not hot.disconnected:
+                self.transport.write(b"".join(self._head(hot, response, b"", response.body)))
             hot.answering = False
             if response.background is not None:
                 await response.background()
@@ -329,26 +336,23 @@ class FastHttpProtocol(HttpToolsProtocol):
                 self.transport.write(_INTERNAL_ERROR)
             self.transport.close()
             return
-        self._complete(hot)
-
-    def _head(self, hot: _Exchange, response: Response, extra: bytes = b"") -> list[bytes | memoryview]:
-        status = response.status_code
-        out: list[bytes | memoryview] = [STATUS_LINE[status]]
-        for name, value in response.raw_headers:
-            out += (name, b": ", value, b"\r\n")
-        if extra:
-            out.append(extra)
-        if not hot.keep_alive:
-            out.append(_CLOSE)
-        out.append(b"\r\n")
-        return out
-
-    def _write_whole(self, hot: _Exchange, response: Response) -> None:
+        hot.response_complete = True
         if hot.disconnected:
             return
-        out = self._head(hot, response)
-        out.append(response.body)
-        self.transport.write(b"".join(out))
+        if not hot.keep_alive:
+            self.transport.close()
+            return
+        self.on_response_complete()
+
+    def _head(
+        self, hot: _Exchange, response: Response, framing: bytes, body: bytes | memoryview = b""
+    ) -> list[bytes | memoryview]:
+        """The answer's status line and header lines, ``framing`` among them, and ``body``: to be joined and written."""
+        out: list[bytes | memoryview] = [STATUS_LINE[response.status_code]]
+        for name, value in response.raw_headers:
+            out += (name, b": ", value, b"\r\n")
+        out += (framing, b"\r\n" if hot.keep_alive else _CLOSE_END, body)
+        return out
 
     async def _write_stream(self, hot: _Exchange, response: StreamingResponse) -> None:
         iterator = response.body_iterator
@@ -370,15 +374,6 @@ class FastHttpProtocol(HttpToolsProtocol):
                 self.transport.write(b"0\r\n\r\n")
         finally:
             await _close(iterator)
-
-    def _complete(self, hot: _Exchange) -> None:
-        hot.response_complete = True
-        if hot.disconnected:
-            return
-        if not hot.keep_alive:
-            self.transport.close()
-            return
-        self.on_response_complete()
 
 
 async def _close(iterator: AsyncContentStream) -> None:

@@ -9,7 +9,8 @@ Connections are kept alive per origin (host, port, TLS or not) and reused last-i
 reused connection that the other side had already closed (an idle timeout) is
 found before anything is read from it, and the request is sent again on a new
 one: nothing of it can have been processed. Every failure is a
-``ConnectionError``, so callers treat it like any other network error.
+``ConnectionError``, so callers treat it like any other network error; a request
+given a ``timeout`` that runs past it raises ``TimeoutError``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from functools import lru_cache
 from typing import NamedTuple, cast
 from urllib.parse import urlsplit
@@ -43,9 +44,12 @@ class _Connection(asyncio.Protocol):
         "transport",
         "_loop",
         "parser",
+        "on_header",
+        "raw_headers",
+        "home",
+        "timer",
         "closed",
         "error",
-        "headers",
         "status",
         "_chunks",
         "_buffered",
@@ -61,21 +65,49 @@ class _Connection(asyncio.Protocol):
         # ``transport`` is set by ``connection_made``, before the pool ever hands the connection out.
         self.closed = False
         self.error: Exception | None = None
-        # One parser for the connection's life: after a whole answer it waits for the next one.
-        self.parser = httptools.HttpResponseParser(self)
-        self._reset()
-
-    def _reset(self) -> None:
-        self.headers: dict[str, str] = {}
-        self.status = 0
+        self.home: deque[_Connection] | None = None
+        """The pool's idle connections of this one's origin, which it goes back to when released; ``None`` once
+        the pool has let it go."""
+        self.timer: asyncio.TimerHandle | None = None
+        """Ends the request in progress at its deadline, when it has one."""
         self._chunks: deque[bytes] = deque()
         self._buffered = 0
         self._waiter: asyncio.Future[None] | None = None
         self._head: asyncio.Future[None] | None = None
-        self.complete = False
-        self.keep_alive = False
-        self.received = False
         self._paused = False
+        # A parser already, as ``start`` makes one: an upstream may speak before it is asked.
+        self.raw_headers: dict[bytes, bytes] = {}
+        self.on_header = self.raw_headers.__setitem__
+        self.parser = httptools.HttpResponseParser(self)
+        self.status = 0
+        self.complete = self.keep_alive = self.received = False
+
+    def start(self, request: bytes, deadline: float | None) -> asyncio.Future[None]:
+        """Write ``request``; the future is done once the answer's status line and headers are in.
+
+        At ``deadline`` (the loop's clock), if the answer is not released by then, waiting for its head or
+        body raises ``TimeoutError`` and the connection is closed.
+
+        Only a connection whose last answer was read to its end, and that has received nothing since, is
+        started again, so its body's state (pieces held, reading paused) is clean already.
+        """
+        # A parser per answer, whose on_header is the answer's own dictionary's __setitem__: httptools hands
+        # it each header without a Python call, and only the headers someone reads are decoded.
+        self.raw_headers = raw = dict[bytes, bytes]()
+        self.on_header = raw.__setitem__
+        self.parser = httptools.HttpResponseParser(self)
+        self.status = 0
+        self.complete = self.keep_alive = self.received = False
+        head = self._head = self._loop.create_future()
+        if deadline is not None:
+            self.timer = self._loop.call_at(deadline, self._time_out)
+        self.transport.write(request)
+        return head
+
+    def _time_out(self) -> None:
+        self.timer = None
+        self._fail(TimeoutError("the upstream did not answer in time"))
+        self.transport.close()
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
 
@@ -103,16 +135,15 @@ class _Connection(asyncio.Protocol):
                 )
             )
 
-    # -- httptools callbacks --------------------------------------------------------------------
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+    # -- httptools callbacks (on_header is the answer's dictionary, set by ``start``) ------------
 
     def on_headers_complete(self) -> None:
-        self.status = self.parser.get_status_code()
-        self.keep_alive = self.parser.should_keep_alive()
-        if self._head is not None and not self._head.done():
-            self._head.set_result(None)
+        parser = self.parser
+        self.status = parser.get_status_code()
+        self.keep_alive = parser.should_keep_alive()
+        head = self._head
+        if head is not None and not head.done():
+            head.set_result(None)
 
     def on_body(self, body: bytes) -> None:
         self._chunks.append(body)
@@ -120,18 +151,19 @@ class _Connection(asyncio.Protocol):
         if self._buffered > PAUSE_AT and not self._paused:
             self._paused = True
             self.transport.pause_reading()
-        self._wake()
-
-    def on_message_complete(self) -> None:
-        self.complete = True
-        self._wake()
-
-    # -- the caller's side ----------------------------------------------------------------------
-
-    def _wake(self) -> None:
+        # A reader waiting for the next piece is woken here and in on_message_complete, written out in
+        # each: they run for every answer.
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # -- the caller's side ----------------------------------------------------------------------
 
     def _fail(self, err: Exception) -> None:
         if self.error is None:
@@ -139,14 +171,6 @@ class _Connection(asyncio.Protocol):
         for future in (self._head, self._waiter):
             if future is not None and not future.done():
                 future.set_exception(err)
-
-    async def send(self, request: bytes, on_sent: Callable[[], None] | None) -> None:
-        """Write ``request``, call ``on_sent``, and wait for the answer's status line and headers."""
-        self._head = self._loop.create_future()
-        self.transport.write(request)
-        if on_sent is not None:
-            on_sent()
-        await self._head
 
     async def next_chunk(self) -> bytes:
         """The next piece of the body; ``b""`` once the answer is complete."""
@@ -167,41 +191,53 @@ class _Connection(asyncio.Protocol):
             self.transport.resume_reading()
         return chunk
 
-    def take_whole(self) -> bytes | None:
-        """The whole body when all of it has arrived and nothing of it was taken yet, else ``None``."""
-        if not self.complete or self.error is not None or self._paused:
-            return None
-        data = b"".join(self._chunks)
-        self._chunks.clear()
-        self._buffered = 0
-        return data
 
-    def reusable(self) -> bool:
-        return self.complete and self.keep_alive and not self.closed and not self._chunks and self.error is None
+async def _nothing() -> bytes:
+    return b""
 
 
 class UpstreamResponse:
     """An answer being received: status and headers now, the body by ``read`` or ``readany``."""
 
-    __slots__ = ("status", "headers", "_conn", "_pool")
+    __slots__ = ("status", "_raw_headers", "_headers", "_conn", "_pool")
 
     def __init__(self, conn: _Connection, pool: Upstreams) -> None:
         self.status = conn.status
-        self.headers = conn.headers
-        """Header names in lower case; a repeated header keeps its last value."""
+        self._raw_headers = conn.raw_headers
+        self._headers: dict[str, str] | None = None
         self._conn: _Connection | None = conn
         self._pool = pool
 
     @property
+    def headers(self) -> dict[str, str]:
+        """Header names in lower case; a repeated header keeps its last value (one repeated in different
+        spellings of its name, one of them).
+
+        Decoded when first read: a relayed answer's headers are mostly never read.
+        """
+        headers = self._headers
+        if headers is None:
+            headers = self._headers = {}
+            for name, value in self._raw_headers.items():
+                headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+        return headers
+
+    @property
     def content_type(self) -> str:
         """The media type without parameters, or ``""`` when the upstream named none."""
-        return self.headers.get("content-type", "").partition(";")[0].strip().lower()
+        # Most upstreams spell the name in lower case: then it is read without decoding every header.
+        raw = self._raw_headers.get(b"content-type")
+        value = raw.decode("latin-1") if raw is not None else self.headers.get("content-type", "")
+        return value.partition(";")[0].strip().lower()
 
-    async def readany(self) -> bytes:
-        """The next piece of the body as it arrived; ``b""`` at its end."""
-        if self._conn is None:
-            return b""
-        return await self._conn.next_chunk()
+    def readany(self) -> Coroutine[None, None, bytes]:
+        """The next piece of the body as it arrived; ``b""`` at its end.
+
+        The connection's own coroutine, handed over: a coroutine of this one's around it would be one more
+        frame to resume for every piece of a stream.
+        """
+        conn = self._conn
+        return _nothing() if conn is None else conn.next_chunk()
 
     def read_now(self) -> bytes | None:
         """The whole body when all of it has arrived already (the connection goes back to the pool), else ``None``.
@@ -212,9 +248,14 @@ class UpstreamResponse:
         conn = self._conn
         if conn is None:
             return b""
-        data = conn.take_whole()
-        if data is not None:
-            self.release()
+        if not conn.complete or conn.error is not None or conn._paused:
+            return None
+        chunks = conn._chunks
+        data = b"".join(chunks)
+        chunks.clear()
+        conn._buffered = 0
+        self._conn = None
+        self._pool._release(conn)
         return data
 
     async def read(self) -> bytes:
@@ -272,14 +313,20 @@ def header_lines(headers: Mapping[str, str]) -> bytes:
     return "".join([f"{name}: {value}\r\n" for name, value in headers.items()]).encode("latin-1")
 
 
+MAX_TARGETS = 4096
+"""Targets (origin and path) whose request line is kept made; past it they are made afresh. Far above the
+origins and paths a leader calls."""
+
+
 class Upstreams:
     """Keep-alive connections to many upstreams, by origin."""
 
     def __init__(self, connect_timeout: float = CONNECT_TIMEOUT) -> None:
         self.connect_timeout = connect_timeout
         self._idle: dict[Origin, deque[_Connection]] = {}
-        self._keys: dict[_Connection, Origin] = {}
-        self._heads: dict[Origin, bytes] = {}
+        self._open_now: set[_Connection] = set()
+        self._targets: dict[tuple[Origin, str], tuple[bytes, deque[_Connection]]] = {}
+        """(origin, path) → the request's first lines and the origin's idle connections: one lookup per request."""
         self._tls: ssl.SSLContext | None = None
         self.opened = 0
         """Connections opened so far (a figure for tests and benchmarks)."""
@@ -291,6 +338,7 @@ class Upstreams:
         body: bytes,
         headers: Mapping[str, str] | bytes,
         on_sent: Callable[[], None] | None = None,
+        timeout: float | None = None,
     ) -> UpstreamResponse:
         """Send one POST to ``path`` at ``key`` and return once the answer's headers are in.
 
@@ -300,90 +348,119 @@ class Upstreams:
         ``on_sent`` is called each time the request has been written, while the upstream works on it:
         work that need not delay the request goes there.
 
+        ``timeout``: seconds the whole exchange may take, from now until the answer is released (connecting
+        included). Past it, the wait for the answer's head or for a piece of its body raises ``TimeoutError``
+        and the connection is closed. It costs one timer, where ``asyncio.timeout`` around the exchange costs
+        a context and a task's cancellation.
+
         Raises ``UpstreamError`` (a ``ConnectionError``) when the upstream cannot be reached or breaks off.
         """
-        head = self._heads.get(key)
-        if head is None:
-            default = key.port == (443 if key.tls else 80)
-            head = self._heads[key] = f"Host: {key.host if default else f'{key.host}:{key.port}'}\r\n".encode("idna")
+        target = self._targets.get((key, path))
+        if target is None:
+            target = self._target(key, path)
+        line, idle = target
+        deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
         request = b"".join(
             (
-                f"POST {path} HTTP/1.1\r\n".encode("latin-1"),
-                head,
+                line,
                 headers if isinstance(headers, bytes) else header_lines(headers),
                 b"Content-Length: %d\r\n\r\n" % len(body),
                 body,
             )
         )
-        idle = self._idle.get(key)
-        while idle:
-            conn = idle.pop()
-            if conn.closed:
-                self._forget(conn)
-                continue
-            conn._reset()
+        while True:
+            if idle:
+                conn = idle.pop()
+                if conn.closed or conn.received:
+                    self._discard(conn)  # closed by the upstream, or it spoke unasked while idle
+                    continue
+                reused = True
+            else:
+                conn = await self._open(key, idle, deadline)
+                reused = False
             try:
-                await conn.send(request, on_sent)
+                head = conn.start(request, deadline)
+                if on_sent is not None:
+                    on_sent()
+                await head
             except UpstreamError:
                 self._discard(conn)
-                if conn.received:
-                    raise
-                continue  # closed while idle: the request was never read
+                if reused and not conn.received:
+                    continue  # closed while idle: the request was never read
+                raise
             except BaseException:
                 self._discard(conn)
                 raise
             return UpstreamResponse(conn, self)
-        conn = await self._open(key)
-        try:
-            await conn.send(request, on_sent)
-        except BaseException:
-            self._discard(conn)
-            raise
-        return UpstreamResponse(conn, self)
 
-    async def _open(self, key: Origin) -> _Connection:
+    def _target(self, key: Origin, path: str) -> tuple[bytes, deque[_Connection]]:
+        """The request line and Host header for ``path`` at ``key``, made once as every request starts with them,
+        and the origin's idle connections."""
+        if len(self._targets) >= MAX_TARGETS:
+            self._targets.clear()
+        default = key.port == (443 if key.tls else 80)
+        host = f"Host: {key.host if default else f'{key.host}:{key.port}'}\r\n".encode("idna")
+        line = f"POST {path} HTTP/1.1\r\n".encode("latin-1") + host
+        target = self._targets[key, path] = (line, self._idle.setdefault(key, deque()))
+        return target
+
+    async def _open(self, key: Origin, idle: deque[_Connection], deadline: float | None) -> _Connection:
         loop = asyncio.get_running_loop()
         tls = None
         if key.tls:
             if self._tls is None:
                 self._tls = ssl.create_default_context()
             tls = self._tls
+        connect_by = loop.time() + self.connect_timeout
         try:
-            async with asyncio.timeout(self.connect_timeout):
+            async with asyncio.timeout_at(connect_by if deadline is None else min(connect_by, deadline)):
                 _, conn = await loop.create_connection(_Connection, key.host, key.port, ssl=tls)
         except TimeoutError:
+            if deadline is not None and deadline <= connect_by:
+                raise  # the exchange's own deadline
             raise UpstreamError(f"no connection to {key.host}:{key.port} within {self.connect_timeout:g}s") from None
         except OSError as err:
             raise UpstreamError(f"cannot connect to {key.host}:{key.port} ({err.strerror or err})") from None
         self.opened += 1
-        self._keys[conn] = key
+        self._open_now.add(conn)
+        conn.home = idle
         return conn
 
     def _release(self, conn: _Connection) -> None:
-        key = self._keys.get(conn)
-        if key is None:
-            return
-        if not conn.reusable():
+        if conn.timer is not None:
+            conn.timer.cancel()
+            conn.timer = None
+        home = conn.home
+        if home is None:
+            return  # let go already
+        # Kept when its answer is whole and read to its end, and the upstream keeps the connection open.
+        if (
+            conn.complete
+            and conn.keep_alive
+            and not conn.closed
+            and not conn._buffered
+            and conn.error is None
+            and len(home) < IDLE_PER_HOST
+        ):
+            conn.received = False  # anything received from now on was not asked for
+            home.append(conn)
+        else:
             self._discard(conn)
-            return
-        idle = self._idle.setdefault(key, deque())
-        if len(idle) >= IDLE_PER_HOST:
-            self._discard(conn)
-            return
-        idle.append(conn)
 
     def _discard(self, conn: _Connection) -> None:
-        self._forget(conn)
+        self._open_now.discard(conn)
+        conn.home = None
+        if conn.timer is not None:
+            conn.timer.cancel()
+            conn.timer = None
         conn.transport.close()
-
-    def _forget(self, conn: _Connection) -> None:
-        self._keys.pop(conn, None)
 
     def idle(self, key: Origin) -> int:
         """Idle connections kept for one upstream."""
         return sum(1 for c in self._idle.get(key, ()) if not c.closed)
 
     async def close(self) -> None:
-        for conn in list(self._keys):
+        for conn in list(self._open_now):
             self._discard(conn)
         self._idle.clear()
+        self._targets.clear()
