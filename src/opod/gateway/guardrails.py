@@ -233,11 +233,10 @@ async def _send(hook: _Webhook, upstream: Upstreams, payload: bytes, headers: by
     if hook.origin is None:
         raise _WebhookFailed(hook.unusable)
     try:
-        async with asyncio.timeout(hook.timeout_ms / 1000):
-            resp = await upstream.post(hook.origin, hook.target, payload, headers)
-            data = resp.read_now()
-            if data is None:
-                data = await _read_rest(resp)
+        resp = await upstream.post(hook.origin, hook.target, payload, headers, timeout=hook.timeout_ms / 1000)
+        data = resp.read_now()
+        if data is None:
+            data = await _read_rest(resp)
     except (TimeoutError, OSError) as err:  # UpstreamError included: it is a ConnectionError
         raise hook.failure(err) from None
     return resp.status, data[:MAX_ANSWER_BYTES]
@@ -421,16 +420,16 @@ class Guardrails:
             if hook.origin is None:
                 raise _WebhookFailed(hook.unusable)
             try:
-                async with asyncio.timeout(hook.timeout_ms / 1000):
-                    resp = await self.upstream.post(
-                        hook.origin,
-                        hook.target,
-                        payload,
-                        hook.headers if hook.own_request_id else hook.headers + id_line,
-                    )
-                    data = resp.read_now()
-                    if data is None:
-                        data = await _read_rest(resp)
+                resp = await self.upstream.post(
+                    hook.origin,
+                    hook.target,
+                    payload,
+                    hook.headers if hook.own_request_id else hook.headers + id_line,
+                    timeout=hook.timeout_ms / 1000,  # one timer for connecting, the head and the body
+                )
+                data = resp.read_now()
+                if data is None:
+                    data = await _read_rest(resp)
             except (TimeoutError, OSError) as err:  # UpstreamError included: it is a ConnectionError
                 raise hook.failure(err) from None
             finally:
