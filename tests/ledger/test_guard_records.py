@@ -41,9 +41,10 @@ def guard_of(store: Store, request_id: str) -> dict[str, object]:
     }
 
 
-async def test_the_end_carries_the_guard_outcome_and_overrides_the_starts(ledger: Ledger, store: Store) -> None:
+def rewritten_then_blocked(ledger: Ledger, request_id: str, post: dict[str, object]) -> None:
+    """A request a pre rule rewrote and a post rule then blocked (``post``: its guard fields), ended with the 400."""
     ticket = ledger.begin(
-        request_id="judged", api_key_id="k", user_id="", model="m", protocol="openai", details=PRE_REWRITE
+        request_id=request_id, api_key_id="k", user_id="", model="m", protocol="openai", details=PRE_REWRITE
     )
     ledger.end(
         ticket,
@@ -51,8 +52,12 @@ async def test_the_end_carries_the_guard_outcome_and_overrides_the_starts(ledger
         prompt_tokens=3,
         completion_tokens=4,
         latency_ms=20,
-        details={"status": 400, **POST_BLOCK},
+        details={"status": 400, **post},
     )
+
+
+async def test_the_end_carries_the_guard_outcome_and_overrides_the_starts(ledger: Ledger, store: Store) -> None:
+    rewritten_then_blocked(ledger, "judged", POST_BLOCK)
     plain = ledger.begin(request_id="plain", api_key_id="k", user_id="", model="m", protocol="openai")
     ledger.end(plain, outcome="ok", prompt_tokens=1, completion_tokens=1, latency_ms=2, details={"status": 200})
     await ledger.flush()
@@ -68,18 +73,8 @@ async def test_the_end_carries_the_guard_outcome_and_overrides_the_starts(ledger
 
 
 async def test_an_end_without_a_reason_does_not_keep_the_starts_reason(ledger: Ledger, store: Store) -> None:
-    ticket = ledger.begin(
-        request_id="blocked", api_key_id="k", user_id="", model="m", protocol="openai", details=PRE_REWRITE
-    )
     unexplained = {k: v for k, v in POST_BLOCK.items() if k != "guard_category"}  # the webhook gave no reason
-    ledger.end(
-        ticket,
-        outcome="error",
-        prompt_tokens=3,
-        completion_tokens=4,
-        latency_ms=20,
-        details={"status": 400, **unexplained},
-    )
+    rewritten_then_blocked(ledger, "blocked", unexplained)
     await ledger.flush()
     assert guard_of(store, "blocked") == {**unexplained, "guard_category": ""}
 

@@ -212,8 +212,10 @@ def _made_webhooks(policy: Rules, phase: str) -> tuple[_Webhook, ...]:
     """The webhooks of ``phase``'s rules, in the file's order."""
     if policy is None:
         return ()
-    rules = policy.guardrails if isinstance(policy, PolicySnapshot | PolicyView) else policy
-    return tuple([_webhook(r) for r in rules or () if r.phase == phase])
+    if isinstance(policy, PolicyView):
+        return tuple(_webhook(r) for r in policy.guardrails_for(phase))
+    rules = policy.guardrails if isinstance(policy, PolicySnapshot) else policy
+    return tuple(_webhook(r) for r in rules or () if r.phase == phase)
 
 
 async def _read_rest(resp: UpstreamResponse) -> bytes:

@@ -171,7 +171,7 @@ def capped(data: bytes, max_bytes: int) -> tuple[str, bool]:
     """``data`` as text of at most ``max_bytes`` bytes (cut on a character), and whether it was cut."""
     over = len(data) > max_bytes
     text = (data[:max_bytes] if over else data).decode("utf-8", "ignore" if over else "replace")
-    return (text.replace("\x00", "") if "\x00" in text else text), over
+    return text.replace("\x00", ""), over
 
 
 async def _gathering(

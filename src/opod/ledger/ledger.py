@@ -13,7 +13,6 @@ import itertools
 import logging
 import secrets
 import threading
-import time
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from functools import partial
@@ -172,7 +171,7 @@ class Ledger:
                 user_id,
                 model,
                 protocol,
-                time.time_ns() // 1000,
+                rec.now_us(),
                 project_id,
                 team_id,
                 org_id,
@@ -183,12 +182,7 @@ class Ledger:
                 ticket.tags_json = rec.json_text(tags, "tags")
             if details:
                 ticket.details = rec.request_details(details)
-            start = ticket.start = rec.start_record(ticket)
-            try:
-                line = encode(start)
-            except (TypeError, ValueError):  # a value JSON cannot hold: a caller's bug, converted and logged, not lost
-                start = ticket.start = rec.journalable(start)
-                line = encode(start)
+            ticket.start, line = _journal_line(rec.start_record(ticket))
             with self._lock:
                 if self._closed:
                     log.error("ledger: begin after close; request %r is not recorded", request_id)
@@ -219,14 +213,14 @@ class Ledger:
         ``details``: the request record's ``status``, ``served_model``, ``queue_ms``, ``cache_hit``, ``body_state``
         and guard fields (``opod.ledger.records.request_details``)."""
         try:
-            if type(ticket) is not UsageTicket and not isinstance(ticket, UsageTicket):
+            if not isinstance(ticket, UsageTicket):
                 log.error(
                     "ledger: end() needs the ticket begin() returned, not %s; no row recorded", type(ticket).__name__
                 )
                 return
             record = rec.finished_record(
                 ticket,
-                time.time_ns() // 1000,
+                rec.now_us(),
                 outcome,
                 prompt_tokens,
                 completion_tokens,
@@ -237,11 +231,7 @@ class Ledger:
                 cost_micros,
                 details,
             )
-            try:
-                line = encode(record)
-            except (TypeError, ValueError):  # a value JSON cannot hold: a caller's bug, converted and logged, not lost
-                record = rec.journalable(record)
-                line = encode(record)
+            record, line = _journal_line(record)
             entry = ticket.entry
             with self._lock:
                 if ticket.ended:
@@ -256,8 +246,7 @@ class Ledger:
                 if self._progress:  # only streams report progress
                     self._progress.pop(entry, None)
                 self.writer.add(record)
-            if not self._woken:  # woken already in a busy round: not even the call
-                self._wake_writer()
+            self._wake_writer()
         except Exception:
             log.exception("ledger: cannot record the end of request %r", getattr(ticket, "request_id", "?"))
 
@@ -499,3 +488,12 @@ async def _wait(event: asyncio.Event, seconds: float) -> None:
             await event.wait()
     except TimeoutError:
         pass
+
+
+def _journal_line(record: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+    """``record`` and its journal line; a value JSON cannot hold (a caller's bug) is converted and logged, not lost."""
+    try:
+        return record, encode(record)
+    except (TypeError, ValueError):
+        record = rec.journalable(record)
+        return record, encode(record)
