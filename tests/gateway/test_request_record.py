@@ -31,13 +31,13 @@ def test_the_end_lets_go_of_the_slot_the_worker_and_the_reservation_once() -> No
     admission = Admission(lambda model: 2, PolicyAdmission())
     record = Exchange(Meter(usage, budgets=held, tenancy=Chains()), "r1", "openai.chat.completions", False, False)
     record.identified(KEY)
-    assert record.scopes == [
+    assert record.scopes == (
         BudgetScope("key", "k_chat"),
         BudgetScope("user", "usr_1"),
         PROJECT,
         TEAM,
         ORG,
-    ], "attributed to the key's person and project, and the project's team and org"
+    ), "attributed to the key's person and project, and the project's team and org"
     record.parsed(MODEL, {"model": MODEL, "messages": []})
     assert record.budgeted
     record.reserved(600_000)
@@ -88,3 +88,32 @@ def test_a_request_refused_before_any_engine_is_counted_refused_and_holds_nothin
     assert meter.stats.in_flight == 0
     [row] = usage.rows
     assert row.ended["outcome"] == "error" and row.ended["details"]["status"] == 400
+
+
+def test_a_key_s_attribution_is_made_once_and_again_when_its_entry_or_its_project_s_place_changes() -> None:
+    class Tree:
+        def __init__(self) -> None:
+            self.chains = {PROJECT.id: ProjectChain(PROJECT.id, TEAM.id, ORG.id)}
+
+        def chain(self, project_id: str) -> ProjectChain | None:
+            return self.chains.get(project_id)
+
+    tree = Tree()
+    meter = Meter(Usage(), tenancy=tree)
+
+    def scopes(key: KeyEntry) -> tuple[BudgetScope, ...]:
+        record = Exchange(meter, "r", "openai.chat.completions", False, False)
+        record.identified(key)
+        return record.scopes
+
+    first = scopes(KEY)
+    assert scopes(KEY) is first, "the same key and tree: the attribution made at the key's first request"
+
+    tree.chains = {PROJECT.id: ProjectChain(PROJECT.id, "t_other", ORG.id)}  # the project moved to another team
+    assert BudgetScope("team", "t_other") in scopes(KEY) and TEAM not in scopes(KEY)
+
+    moved = KeyEntry(KEY.id, "api", "chat", "h" * 64, project_id="p_gone", user_id="usr_1")  # the key re-read
+    assert scopes(moved) == (BudgetScope("key", KEY.id), BudgetScope("user", "usr_1"), BudgetScope("project", "p_gone"))
+
+    from_file = KeyEntry("ci", "api", "ci", "f" * 64, source="snapshot")
+    assert scopes(from_file) == (BudgetScope("key", "k_cp_ci"),), "a mounted key is spent under its k_cp_ id"

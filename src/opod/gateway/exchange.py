@@ -119,6 +119,43 @@ class Meter:
     """The models' decode rates: taught by each answer, and what a whole answer left by its client is estimated by."""
     tenancy: Chains | None = None
     """Each request's project → its team and org."""
+    attributions: dict[str, Attribution] = field(default_factory=dict)
+    """key id → what its requests are attributed to, made at its first request (:meth:`Exchange.identified`)."""
+
+
+ATTRIBUTIONS_KEPT = 100_000
+"""Keys whose attribution is kept at once; past it, the table starts again."""
+
+
+@dataclass(frozen=True, slots=True)
+class Attribution:
+    """What a key's requests are attributed to: made once per key entry and project chain, read by each request."""
+
+    key: KeyEntry
+    chain: ProjectChain | None
+    key_id: str
+    team_id: str
+    org_id: str
+    scopes: tuple[BudgetScope, ...]
+    """The scopes its requests are spent in, narrowest first: its key, person, project, team and org."""
+
+    @classmethod
+    def of(cls, key: KeyEntry, chain: ProjectChain | None) -> Attribution:
+        # Keys from the mounted auth file are recorded as k_cp_<id>, so a manager finds its own ids.
+        from_file = key.source == "snapshot"
+        key_id = SNAPSHOT_KEY_PREFIX + key.id.removeprefix(SNAPSHOT_KEY_PREFIX) if from_file else key.id
+        # A project deleted since the key was read (no chain): attributed to the project alone.
+        team_id, org_id = (chain.team_id, chain.org_id) if chain is not None else ("", "")
+        pairs = (
+            ("key", key_id),
+            ("user", key.user_id),
+            ("project", key.project_id),
+            ("team", team_id),
+            ("org", org_id),
+        )
+        return cls(
+            key, chain, key_id, team_id, org_id, tuple(BudgetScope(kind, ident) for kind, ident in pairs if ident)
+        )
 
 
 class Exchange:
@@ -188,7 +225,7 @@ class Exchange:
         """The prompt's tokens estimated from its size, made at a stream's first progress report."""
         self.user_id = self.project_id = self.team_id = self.org_id = ""
         """Who the request is attributed to: the key's person and project, the project's team and org."""
-        self.scopes: list[BudgetScope] = []
+        self.scopes: tuple[BudgetScope, ...] = ()
         """The scopes it is spent in, narrowest first: its key, person, project, team and org."""
         self.reservation: Reservation = NO_RESERVATION
         self.end_user = ""
@@ -217,28 +254,23 @@ class Exchange:
 
     def identified(self, key: KeyEntry | None) -> None:
         """The caller is known: the request is attributed to its key, person and project, the project's team and org."""
-        if key is not None:
-            # Keys from the mounted auth file are recorded as k_cp_<id>, so a manager finds its own ids.
-            from_file = key.source == "snapshot"
-            self.key_id = SNAPSHOT_KEY_PREFIX + key.id.removeprefix(SNAPSHOT_KEY_PREFIX) if from_file else key.id
-            self.user_id = key.user_id
-            project = self.project_id = key.project_id
-            tenancy = self.meter.tenancy
-            if project and tenancy is not None:
-                try:
-                    chain = tenancy.chain(project)
-                except LookupError:  # a project deleted since the key was read: attributed to the project alone
-                    chain = None
-                if chain is not None:
-                    self.team_id, self.org_id = chain.team_id, chain.org_id
-        pairs = (
-            ("key", self.key_id),
-            ("user", self.user_id),
-            ("project", self.project_id),
-            ("team", self.team_id),
-            ("org", self.org_id),
-        )
-        self.scopes = [BudgetScope(kind, ident) for kind, ident in pairs if ident]
+        if key is None:
+            return
+        meter = self.meter
+        tenancy = meter.tenancy
+        project = key.project_id
+        try:
+            chain = tenancy.chain(project) if project and tenancy is not None else None
+        except LookupError:
+            chain = None
+        kept = meter.attributions.get(key.id)
+        if kept is None or kept.key is not key or kept.chain is not chain:
+            kept = meter.attributions[key.id] = Attribution.of(key, chain)
+            if len(meter.attributions) > ATTRIBUTIONS_KEPT:
+                meter.attributions.clear()  # keys made and dropped by the thousand: start again
+        self.key_id, self.user_id, self.project_id = kept.key_id, key.user_id, project
+        self.team_id, self.org_id = kept.team_id, kept.org_id
+        self.scopes = kept.scopes
 
     def parsed(self, model: str, payload: dict[str, Any]) -> None:
         """Its body is read and checked: the model it goes to, the body as relayed, and its ``user`` and ``metadata``."""
