@@ -496,7 +496,7 @@ class Leader:
                 raise failure
 
     def following(self) -> Following:
-        """What other leaders of the same store change (settings, people, keys, the tenancy tree, quotas)
+        """What other leaders of the same store change (settings, people, keys, the tenancy tree, quotas, new batches)
         in force here within 2 s; read only when the store has changed since."""
         following = Following(self.store)
         following.add("the settings", self.cluster_settings.follow)
@@ -504,6 +504,7 @@ class Leader:
         following.add("keys", self.access.follow)
         following.add("the tenancy tree", self.control.tenancy.follow)
         following.add("quotas", self.control.quotas.follow)
+        following.add("the batches left", self.batches.follow)
         return following
 
     @property
