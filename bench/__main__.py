@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import typer
 
-from bench import admission, compare, console, dataplane, fleet_scale, routing, stages, tenancy_overhead, usage
+from bench import (
+    admission,
+    compare,
+    console,
+    dataplane,
+    fleet_scale,
+    idle_ab,
+    routing,
+    stages,
+    tenancy_overhead,
+    usage,
+)
 from bench.stages import ab as stages_ab
 
 app = typer.Typer(
@@ -20,6 +31,7 @@ app.command("compare")(compare.command)
 app.command("stages")(stages.command)
 app.command("stages-ab")(stages_ab.command)
 app.command("console")(console.command)
+app.command("idle-ab")(idle_ab.command)
 
 
 @app.callback()

@@ -73,9 +73,20 @@ def _round(member: Member, rate: float, seconds: float, seed: int, side: Side) -
     side.errors += got.errors
 
 
-def _commit(tree: Path) -> str:
+def tree_commit(tree: Path) -> str:
+    """The short commit a checkout's tree is at, or says it is none."""
     done = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=tree, capture_output=True, text=True)
     return done.stdout.strip() or "not a git checkout"
+
+
+def side_trees(base: Path) -> dict[str, Path]:
+    """Each side's tree: ``base`` (checked to be an opod checkout, else refused naming ``--base``) and this one."""
+    base = base.resolve()
+    if not (base / "src" / "opod").is_dir():
+        raise typer.BadParameter(
+            f"{base} holds no src/opod: give the tree of another opod checkout", param_hint="--base"
+        )
+    return {"base": base, "this": REPO}
 
 
 def report(sides: dict[str, Side], trees: dict[str, Path], rate: float, seconds: float) -> str:
@@ -98,7 +109,7 @@ def report(sides: dict[str, Side], trees: dict[str, Path], rate: float, seconds:
         side = sides[name]
         med = statistics.median
         lines.append(
-            f"| {name} | `{trees[name]}` | `{_commit(trees[name])}` | {side.answered} | {side.errors} | "
+            f"| {name} | `{trees[name]}` | `{tree_commit(trees[name])}` | {side.answered} | {side.errors} | "
             f"{med(side.cpu_us):.0f} | {med(side.main_us):.0f} | {med(side.p50_ms):.2f} | {med(side.p99_ms):.2f} |"
         )
     lines += [
@@ -120,12 +131,7 @@ def command(
     name: str = typer.Option("stages-ab", help="The table's file name, <name>.md."),
 ) -> None:
     """This checkout's all-on leader against another checkout's: CPU per request, pair by pair."""
-    base = base.resolve()
-    if not (base / "src" / "opod").is_dir():
-        raise typer.BadParameter(
-            f"{base} holds no src/opod: give the tree of another opod checkout", param_hint="--base"
-        )
-    trees = {"base": base, "this": REPO}
+    trees = side_trees(base)
     all_on = next(c for c in CONFIGS if c.name == ALL_ON)
     hook = Webhook()
     members: dict[str, Member] = {}

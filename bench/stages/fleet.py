@@ -118,10 +118,14 @@ class Member:
     def headers(self) -> dict[str, str]:
         return _headers(self.key)
 
+    def listening(self, timeout: float = 90) -> None:
+        """Wait until the leader listens, then read its admin key."""
+        self.leader.wait_for("OpenAI API on", timeout)
+        self.admin_key = self.key = (self.home / "leader" / "admin.key").read_text().strip()
+
     def join(self) -> None:
         """Once the leader listens: a node token, and a worker with the simulator joins with it."""
-        self.leader.wait_for("OpenAI API on", 90)
-        self.admin_key = self.key = (self.home / "leader" / "admin.key").read_text().strip()
+        self.listening()
         token = self.admin("POST", "/api/v1/node-tokens", {"name": "bench"})["secret"]
         listen = f"127.0.0.1:{free_port()}"
         env = {"OPOD_ENGINE_FLAGS": json.dumps(SIMULATOR), "OPOD_NODE_ID": f"n_{self.config.name}"}

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from opod.store import Store
 from tests.support.inprocess import InProcessLeader as Leader
 from tests.support.opod_process import Leader as OpodUp
 from tests.support.opod_process import http, wait_until
@@ -162,3 +163,13 @@ def test_a_change_is_in_force_on_another_leader_of_the_same_store_within_two_sec
         assert second.admin("GET", "/api/v1/settings")[1]["local_keys"] == []  # the first leader's override is its own
     finally:
         second.process.stop()
+
+
+def test_a_version_written_through_another_handle_on_the_store_takes_effect_here(leader: Leader, database: str) -> None:
+    newest = leader.admin("GET", "/api/v1/settings")[1]["version"]
+    assert leader.admin("GET", "/api/v1/auth")[1]["signup_open"] is False
+    with Store.open(database) as other:  # as another leader, or a restore script, writes it
+        other.put_settings(newest, "auth:\n  signup_open: true\n  base_url: https://llm.example.com\n", by="elsewhere")
+    wait_until(lambda: leader.admin("GET", "/api/v1/auth")[1]["signup_open"] is True, 3.0, "sign-up open on the leader")
+    response = leader.request("GET", "/api/v1/settings")
+    assert int(response.headers["x-opod-settings-in-force"]) == newest + 1

@@ -2,7 +2,8 @@
 
 What a user of ``/v1/batches`` would notice: a runner killed mid-batch and a new one on the same
 store finish it with no answered line sent again; refusals that say "later" are retried, others are
-final and land in the error file; a batch whose window ends is expired with the unsent lines named.
+final and land in the error file; a batch whose window ends is expired with the unsent lines named; an idle
+runner reads nothing until another leader creates a batch, which it then runs.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from pathlib import Path
 from starlette.responses import Response
 
 from opod.access.keytable import KeyEntry
-from opod.leader.batches import BatchRunner
+from opod.leader.batches import LOOK_EVERY, BatchRunner
 from opod.store import Store
 from opod.store.client_jobs import JobLine
+from opod.store.following import Following
+from tests.store.conftest import Statements
 
 
 class Engine:
@@ -162,3 +165,32 @@ async def test_a_batch_whose_window_ends_is_expired_with_its_unsent_lines_named(
         "c3": "batch_expired",
     }
     store.close()
+
+
+async def test_an_idle_runner_reads_nothing_until_another_leader_creates_a_batch(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'db'}"
+    with Store.open(url) as ours, Store.open(url) as theirs:
+        engine = Engine()
+        runner = _runner(ours, engine)
+        following = Following(ours)
+        following.add("the batches left", runner.follow)
+        statements = Statements(ours)
+        stop = asyncio.Event()
+        task = asyncio.create_task(runner.run(stop))
+        # The first look (a restart takes its jobs back): a claim, and whether any job is left elsewhere.
+        await _until(lambda: sum("client_jobs" in s for s in statements) >= 3, "the runner's first look")
+        assert await following.look() == ["the batches left"]
+        statements.clear()
+        await asyncio.sleep(LOOK_EVERY * 1.5)
+        assert await following.look() == []
+        assert statements == [], "no claim and no read while no batch has work left"
+        statements.stop()
+
+        job_id = await asyncio.to_thread(_batch, theirs, 3)
+        assert await following.look() == ["the batches left"]
+        await _until_ended(ours, job_id)
+        stop.set()
+        await task
+        job = ours.get_client_job(job_id)
+        assert job is not None and (job.status, job.completed) == ("completed", 3)
+        assert engine.calls == {1: 1, 2: 1, 3: 1}

@@ -13,6 +13,7 @@ import pytest
 from opod.settings.holder import SettingsHolder
 from opod.settings.schema import ClusterSettings
 from opod.store import Store
+from opod.store.following import Following
 
 
 @pytest.fixture
@@ -101,23 +102,27 @@ def test_a_stored_body_this_release_cannot_read_is_skipped_not_applied(
     assert caplog.text.count("not in force") == 1  # said once, not every poll
 
 
-def test_the_poll_follows_a_write_from_another_store_within_two_seconds(tmp_path: Path) -> None:
+def test_following_the_store_brings_a_write_from_another_store_within_two_seconds(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'shared.db'}"
 
     async def scenario() -> float:
         with Store.open(url) as ours, Store.open(url) as theirs:
-            holder = SettingsHolder(ours, poll_seconds=0.2)
+            holder = SettingsHolder(ours)
             holder.load()
             changed = asyncio.Event()
             holder.subscribe(lambda _: changed.set())
-            holder.start()
+            following = Following(ours, every=0.2)
+            following.add("the settings", holder.follow)
+            stop = asyncio.Event()
+            running = asyncio.create_task(following.run(stop))
             try:
                 written = time.monotonic()
                 await asyncio.to_thread(theirs.put_settings, 0, "retention: {bodies_days: 2}\n", by="other-leader")
                 await asyncio.wait_for(changed.wait(), 2.0)
                 took = time.monotonic() - written
             finally:
-                await holder.stop()
+                stop.set()
+                await running
             assert holder.current.retention.bodies_days == 2
             return took
 

@@ -6,19 +6,23 @@ each test gets its own schema, dropped afterwards.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from cryptography.fernet import Fernet
-from sqlalchemy import create_engine, make_url
+from sqlalchemy import create_engine, event, make_url
 from sqlalchemy.pool import NullPool
 
 from opod.security.sealing import SecretsKey
 from opod.store import Store
+
+T = TypeVar("T")
 
 POSTGRES_ENV = "OPOD_TEST_POSTGRES_URL"
 HOW_TO_RUN_POSTGRES = (
@@ -98,3 +102,37 @@ def open_store(db_url: str) -> Iterator[Callable[[], Store]]:
 @pytest.fixture
 def store(open_store: Callable[[], Store]) -> Store:
     return open_store()
+
+
+class Statements(list[str]):
+    """The statements a store sends through SQLAlchemy while counting, as a user of ``echo`` would see them."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__()
+        self._engine = store.engine
+        event.listen(self._engine, "before_cursor_execute", self._seen)
+
+    def _seen(self, conn: object, cursor: object, statement: str, *args: object) -> None:
+        self.append(statement)
+
+    def stop(self) -> None:
+        event.remove(self._engine, "before_cursor_execute", self._seen)
+
+
+QUIET_TRIES = 50
+
+
+async def quietly(store: Store, step: Callable[[], Awaitable[T]]) -> T:
+    """``step``'s result, from a run during which nothing was committed to the store's server.
+
+    PostgreSQL's commit mark counts the whole server's transactions, other tests' too: ``step`` is run again
+    (up to :data:`QUIET_TRIES` times) until the mark is the same after it as before. What ``step`` itself
+    commits moves the mark every time, and the test fails.
+    """
+    for _ in range(QUIET_TRIES):
+        before = store.commit_mark()
+        result = await step()
+        if store.commit_mark() == before:
+            return result
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"the store's commit mark moved across each of {QUIET_TRIES} runs")

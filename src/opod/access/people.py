@@ -9,7 +9,6 @@ start-up the disabled people's keys are refused before the first request.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Collection, Mapping
 from datetime import datetime
@@ -18,7 +17,7 @@ from typing import Any
 from opod.access.service import AccessService
 from opod.store import Store
 from opod.store.audit import AuditRow
-from opod.store.following import FOLLOW_EVERY, follow_store
+from opod.store.following import StaleRead
 from opod.store.offloop import run_sync
 from opod.store.people import MembershipRecord, MembershipsMatched, Pair, UserRecord, membership_plan
 from opod.store.scim import GroupGrants, ScimGroupRecord, ScimUserRecord
@@ -292,17 +291,18 @@ class People:
 
     # --- following other leaders ---------------------------------------------------------------
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Follow the store until ``stop``: what another leader changed is in force here within 2 s (:data:`FOLLOW_EVERY`)."""
-        await follow_store(stop, self.follow, "people")
-
     async def follow(self) -> None:
-        """Read everyone again and apply what changed (a disabled person's keys refused, a reinstated one's back)."""
+        """Read everyone again and apply what changed (a disabled person's keys refused, a reinstated one's back).
+        The leader's :class:`~opod.store.following.Following` calls it when the store changed: what another
+        leader changed is in force here within 2 s.
+
+        Raises :class:`~opod.store.following.StaleRead` when a change made here overlapped the read, which may
+        be older than it: the read is dropped and made again at the next look."""
         before = self._changes
         users = await run_sync(self._store.list_users)
         memberships = await run_sync(self._store.list_memberships)
         if self._changes != before:
-            return  # a change made here meanwhile may be newer than this read: the next round reads it
+            raise StaleRead("people changed here during the read")
         was = {u.id: u.state for u in self._users.values()}
         self._users, self._by_email, self._memberships = {}, {}, {}
         self._fill(users, memberships)
@@ -332,4 +332,4 @@ class People:
             self._access.reinstate_user(user.id)
 
 
-__all__ = ["FOLLOW_EVERY", "People"]
+__all__ = ["People"]

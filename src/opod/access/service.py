@@ -10,7 +10,6 @@ the token book it holds are read by the gateway and the join paths.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
@@ -26,7 +25,6 @@ from opod.security.keys import ADMIN_PREFIX, API_PREFIX, display_prefix, hash_ke
 from opod.security.nodetokens import NodeTokenMinter
 from opod.store import KeyRecord, Store
 from opod.store.audit import AuditRow
-from opod.store.following import follow_store
 from opod.store.keys import KeyFilter, KeyPage
 from opod.store.offloop import run_sync
 
@@ -229,14 +227,11 @@ class AccessService:
 
     # --- following other leaders of the same store -------------------------------------------
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Until ``stop``: keys (admin keys too) and node tokens minted or revoked by another leader are in force here
-        within 2 s."""
-        await follow_store(stop, self.follow, "keys")
-
     async def follow(self) -> int:
         """Read the keys created or revoked since shortly before the newest change seen, and apply them; returns how
-        many changed here. A cheap query on the keys' times, never the whole table (it grows with every key)."""
+        many changed here. A cheap query on the keys' times, never the whole table (it grows with every key).
+        The leader's :class:`~opod.store.following.Following` calls it when the store changed: keys (admin keys
+        too) and node tokens minted or revoked by another leader are in force here within 2 s."""
         since = self._seen - FOLLOW_OVERLAP if self._seen is not None else None
         records = await run_sync(self.store.keys_changed_since, since, FOLLOWED_KINDS)
         changed = self.keys.follow(_entry(r) for r in records if r.kind != "node")

@@ -10,7 +10,6 @@ read whole: cheaper to reason about than a change log) and swaps it in when it d
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -21,7 +20,7 @@ from opod.access.scopes import KINDS, TENANCY_KINDS, Scope, ScopeRef, parse_scop
 from opod.store import NotFound, OrgRecord, ProjectRecord, Store, TeamRecord, TenancyTree
 from opod.store.audit import AuditDraft, AuditRow
 from opod.store.errors import InvalidInput, StoreError
-from opod.store.following import follow_store
+from opod.store.following import StaleRead
 from opod.store.offloop import run_sync
 from opod.store.tenancy import Level
 
@@ -219,16 +218,17 @@ class Tenancy:
 
     # --- following other leaders ---------------------------------------------------------------
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Until ``stop``: organizations, teams and projects another leader changed are in force here within 2 s."""
-        await follow_store(stop, self.follow, "the tenancy tree")
-
     async def follow(self) -> bool:
-        """Read the tree again and swap it in when it differs; True when it did."""
+        """Read the tree again and swap it in when it differs; True when it did. The leader's
+        :class:`~opod.store.following.Following` calls it when the store changed: organizations, teams and
+        projects another leader changed are in force here within 2 s.
+
+        Raises :class:`~opod.store.following.StaleRead` when a change made here overlapped the read, which may
+        be older than it: the read is dropped and made again at the next look."""
         before = self._changes
         tree = await run_sync(self.store.tenancy_tree)
         if self._changes != before:
-            return False  # a change made here meanwhile may be newer than this read: the next round reads it
+            raise StaleRead("the tenancy tree changed here during the read")
         ix = self._ix
         fresh = _index(tree.orgs, tree.teams, tree.projects)
         if (dict(fresh.orgs), dict(fresh.teams), dict(fresh.projects)) == (

@@ -12,7 +12,6 @@ table through :meth:`QuotasService.follow`, which reads the (small) table whole 
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
@@ -23,7 +22,7 @@ from opod.fleet.scopes import ScopeTree
 from opod.store import QuotaAmounts, QuotaRecord, Store
 from opod.store.audit import AuditDraft
 from opod.store.errors import NotFound
-from opod.store.following import follow_store
+from opod.store.following import StaleRead
 from opod.store.offloop import run_sync
 from opod.store.schema import QUOTA_KINDS
 
@@ -115,17 +114,19 @@ class QuotasService:
 
     # --- other leaders' changes --------------------------------------------------------------
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Follow other leaders' quota changes until ``stop`` is set."""
-        await follow_store(stop, self.follow, "quotas")
-
     async def follow(self) -> bool:
-        """Read every quota and apply what differs; True when the table changed (the reconciler is woken)."""
+        """Read every quota and apply what differs; True when the table changed (the reconciler is woken). The
+        leader's :class:`~opod.store.following.Following` calls it when the store changed.
+
+        Raises :class:`~opod.store.following.StaleRead` when a change made here overlapped the read, which may
+        be older than it: the read is dropped and made again at the next look."""
         before = _by_scope(self.table)
         wanted = {q.scope: q for q in map(quota_of, await run_sync(self.store.list_quotas))}
         now = _by_scope(self.table)
-        if now != before or now == wanted:
-            return False  # a change made here meanwhile may be newer than this read: the next round reads it
+        if now != before:
+            raise StaleRead("a quota changed here during the read")
+        if now == wanted:
+            return False
         for scope in now.keys() - wanted.keys():
             self.table.remove(scope)
         for scope, quota in wanted.items():

@@ -11,6 +11,8 @@ batch's error file, as OpenAI's does).
 
 One leader runs a job at a time: the holder of its lease, renewed at every look. The lease's
 owner is this machine and home, so a leader restarted on the same home takes its jobs back at once.
+While no job has work left the runner does not look: a batch created here wakes it, and one created
+on another leader reaches it through :meth:`BatchRunner.follow`, asked only when the store changed.
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ BATCH_CLASS = "sheddable"
 
 LEASE = timedelta(seconds=30)
 LOOK_EVERY = 1.0
-"""Seconds between looks for new work (a new batch or a cancel also wakes the runner at once)."""
+"""Seconds between looks for work while some job has work left, whoever holds it (a lease may lapse); a new
+batch or a cancel also wakes the runner at once."""
 CALLER_FRESH = 5.0
 """Seconds a batch's key is trusted as read; then read again, so a revoked key stops its batch."""
 RETRY_FIRST, RETRY_MOST = 0.5, 4.0
@@ -113,31 +116,48 @@ class BatchRunner:
         self.concurrency = concurrency
         self._wake = asyncio.Event()
         self._jobs: dict[str, asyncio.Task[None]] = {}
+        self._left = True
+        """Whether some job had work left at the last look; true at first, so a restart takes its jobs back."""
 
     def wake(self) -> None:
         """Look for work now: a batch was created or asked to cancel."""
         self._wake.set()
 
+    async def follow(self) -> bool:
+        """Whether some job has work left (the leader's :class:`~opod.store.following.Following` asks when the
+        store changed); the runner is woken when it was not looking, e.g. for a batch created on another leader."""
+        left = await run_sync(self.store.client_jobs_left)
+        if left and not self._left:
+            self.wake()
+        return left
+
     async def run(self, stop: asyncio.Event) -> None:
         """Claim the jobs with work left and run each until it ends or ``stop`` is set; lines in flight then finish."""
         try:
             while not stop.is_set():
-                try:
-                    jobs = await run_sync(self.store.claim_client_jobs, self.owner, lease=LEASE)
-                except Exception:  # the store may be back at the next look
-                    log.exception("looking for batches to run failed")
-                    jobs = []
-                for job in jobs:
-                    if job.id not in self._jobs or self._jobs[job.id].done():
-                        self._jobs[job.id] = asyncio.create_task(self._run_job(job, stop), name=f"batch {job.id}")
-                self._wake.clear()
+                if self._left or self._wake.is_set():
+                    self._wake.clear()  # before the look: a wake during it makes another
+                    await self._claim(stop)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(_first(self._wake.wait(), stop.wait()), LOOK_EVERY)
+                    await asyncio.wait_for(_first(self._wake.wait(), stop.wait()), LOOK_EVERY if self._left else None)
             await asyncio.gather(*self._jobs.values(), return_exceptions=True)
         finally:
             for task in self._jobs.values():
                 task.cancel()
             await asyncio.gather(*self._jobs.values(), return_exceptions=True)
+
+    async def _claim(self, stop: asyncio.Event) -> None:
+        """Take the jobs whose lease is free or ours and start those not running here; note whether any is left."""
+        try:
+            jobs = await run_sync(self.store.claim_client_jobs, self.owner, lease=LEASE)
+            self._left = bool(jobs) or await run_sync(self.store.client_jobs_left)
+        except Exception:  # the store may be back at the next look
+            log.exception("looking for batches to run failed")
+            self._left = True
+            return
+        for job in jobs:
+            if job.id not in self._jobs or self._jobs[job.id].done():
+                self._jobs[job.id] = asyncio.create_task(self._run_job(job, stop), name=f"batch {job.id}")
 
     async def _run_job(self, job: JobRecord, stop: asyncio.Event) -> None:
         try:

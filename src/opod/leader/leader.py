@@ -83,6 +83,7 @@ from opod.shards import Gangs, ShardManager
 from opod.snapshots.policy import PolicyView
 from opod.snapshots.service import Snapshots
 from opod.store import Store
+from opod.store.following import Following
 from opod.store.offloop import run_sync
 
 log = logging.getLogger("opod.leader")
@@ -452,22 +453,13 @@ class Leader:
             self.shards.run_healer,
             self._flush_key_uses,
             self._auto_presets,
-            self.cluster_settings.run,
             self.webhooks.run,
             self.lifecycle.run,
             self.control.evals.run,
             self.updates.run,
             *beside,
         ]
-        # What other leaders of the same store change (people, keys, the tenancy tree, quotas) is in force here
-        # within 2 s.
-        work += [
-            self.control.people.run,
-            self.control.signin.sessions.run,
-            self.access.run,
-            self.control.tenancy.run,
-            self.control.quotas.run,
-        ]
+        work += [self.following().run, self.control.signin.sessions.run]
         work.append(DirectorySyncing(self.control.directory, self.cluster_settings).run)  # auth.ldap's directory read
         work.append(self.control.federation.run)  # the federation's peers checked
         work.append(CanaryWatch(self.control.canaries, self.control.canaries.book, self.models).run)
@@ -502,6 +494,18 @@ class Leader:
             await self.close()
             if failure is not None:
                 raise failure
+
+    def following(self) -> Following:
+        """What other leaders of the same store change (settings, people, keys, the tenancy tree, quotas, new batches)
+        in force here within 2 s; read only when the store has changed since."""
+        following = Following(self.store)
+        following.add("the settings", self.cluster_settings.follow)
+        following.add("people", self.control.people.follow)
+        following.add("keys", self.access.follow)
+        following.add("the tenancy tree", self.control.tenancy.follow)
+        following.add("quotas", self.control.quotas.follow)
+        following.add("the batches left", self.batches.follow)
+        return following
 
     @property
     def stopping(self) -> bool:

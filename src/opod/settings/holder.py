@@ -1,26 +1,24 @@
-"""The settings in force on one leader: read from the store at start, then the newest version polled about every second.
+"""The settings in force on one leader: read from the store at start, then the newest version whenever the store changed.
 
 The current ``ClusterSettings`` is swapped whole, never changed in place, so a reader holding
 ``holder.current`` sees one version from start to end. A leader's own environment may override a
-few keys (``local``); those win over the stored body and are named in ``local_keys``.
+few keys (``local``); those win over the stored body and are named in ``local_keys``. The leader's
+:class:`~opod.store.following.Following` calls :meth:`SettingsHolder.follow` when the store has changed, so a
+version another leader wrote is in force here within 2 s.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from opod.settings.schema import ClusterSettings
 from opod.settings.text import SettingsInvalid, parse_settings
+from opod.store.offloop import run_sync
 from opod.store.settings import SettingsRecord
 
 log = logging.getLogger("opod.settings")
-
-POLL_SECONDS = 1.0
-"""How often a leader asks the store for a newer version: a change is in force everywhere within 2 s."""
 
 
 class SettingsSource(Protocol):
@@ -51,19 +49,15 @@ class SettingsHolder:
         source: SettingsSource | None = None,
         *,
         local: Mapping[str, Any] | None = None,
-        poll_seconds: float = POLL_SECONDS,
     ) -> None:
         """Every default and version 0 until :meth:`load`; with no ``source`` it only holds what it is given."""
         self._source = source
         self._local = dict(local or {})
         with_local(ClusterSettings(), self._local)  # a bad local override fails here, at start, not at the first change
-        self._poll_seconds = poll_seconds
         self._current = with_local(ClusterSettings(), self._local)
         self._version = 0
         self._skipped = 0  # a newer version that does not validate here: logged once, not every poll
         self._subscribers: list[Callable[[ClusterSettings], None]] = []
-        self._task: asyncio.Task[None] | None = None
-        self._stop = asyncio.Event()
 
     @property
     def current(self) -> ClusterSettings:
@@ -126,29 +120,8 @@ class SettingsHolder:
     load = refresh
     """At start: the newest stored version, or every default when none exists."""
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Follow the store until ``stop`` is set: the leader's lifespan runs this beside its other work."""
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self._poll_seconds)
-            if stop.is_set():
-                return
-            try:
-                found = await asyncio.to_thread(self.fetch)
-            except Exception as err:  # the store away for a moment: keep the settings in force, try again
-                log.warning("cannot read the newest settings version: %s", err)
-                continue
-            if found is not None:  # applied on the loop, so subscribers run where the leader's other work does
-                self.apply(*found)
-
-    def start(self) -> None:
-        """Follow the store on the running loop until :meth:`stop`; calling it again does nothing."""
-        if self._task is None or self._task.done():
-            self._stop = asyncio.Event()
-            self._task = asyncio.get_running_loop().create_task(self.run(self._stop), name="settings-poll")
-
-    async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            self._stop.set()
-            await task
+    async def follow(self) -> bool:
+        """The newest stored version read off the loop and put in force on it, where subscribers run with the
+        leader's other work, when it is newer; True when it changed."""
+        found = await run_sync(self.fetch)
+        return found is not None and self.apply(*found)

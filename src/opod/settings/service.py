@@ -4,7 +4,7 @@ A body is read whole before it is kept (:func:`opod.settings.text.parse_settings
 with its line and field), written as version ``base + 1`` only while ``base`` is still the newest
 (a stale base is a :class:`~opod.store.errors.Conflict` naming the newest), in one transaction
 with its audit row, then put in force in the :class:`~opod.settings.holder.SettingsHolder`, whose
-subscribers follow. Other leaders take the version from the store within 2 s (their holders poll).
+subscribers follow. Other leaders take the version from the store within 2 s (their holders follow it).
 
 An empty body (no text, or only blanks) puts every key back to its default. Since that undoes
 every setting at once, a put takes it only when ``base`` is given too: a body left out, or an

@@ -311,6 +311,14 @@ class ClientJobsRepo(Repository):
             raise NotFound(f"no batch {id!r}")
         return _job(row)
 
+    def client_jobs_left(self) -> bool:
+        """Whether any job has work left, whoever holds its lease: one look at the status index, nothing written."""
+        with self._read() as conn:
+            found = conn.execute(
+                select(client_jobs.c.id).where(client_jobs.c.status.in_(ACTIVE_STATES)).limit(1)
+            ).first()
+        return found is not None
+
     def claim_client_jobs(self, owner: str, *, lease: timedelta, at: datetime | None = None) -> list[JobRecord]:
         """Take (or keep) the lease of every job with work left whose lease is free, lapsed or ``owner``'s own."""
         stamp = when(at, "at")

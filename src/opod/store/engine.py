@@ -33,6 +33,8 @@ BUSY_TIMEOUT_MS = 10_000
 WAL_KEPT_BYTES = 16 << 20
 CONNECT_TIMEOUT_S = 10
 DB_FILE = "opod.db"
+AUTO_VACUUM_INCREMENTAL = 2
+"""``PRAGMA auto_vacuum``'s answer for INCREMENTAL."""
 
 # Execution option read by the SQLite "begin" hook: the transaction will write.
 WRITE_OPTION = "opod_write"
@@ -192,8 +194,10 @@ def _sqlite_hooks(engine: Engine) -> None:
         try:
             cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             # Takes effect on a new database, before its first table; an older one is switched once by
-            # use_incremental_vacuum.
-            cursor.execute("PRAGMA auto_vacuum = INCREMENTAL")
+            # use_incremental_vacuum. Set only where it is not yet: setting it writes the header, which other
+            # connections would count as a change (PRAGMA data_version, opod.store.commits).
+            if cursor.execute("PRAGMA auto_vacuum").fetchone() != (AUTO_VACUUM_INCREMENTAL,):
+                cursor.execute("PRAGMA auto_vacuum = INCREMENTAL")
             _enable_wal(cursor, url)
             cursor.execute("PRAGMA foreign_keys = ON")
             cursor.execute("PRAGMA synchronous = NORMAL")

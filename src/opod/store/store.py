@@ -7,6 +7,7 @@ method is one transaction and returns frozen records, never live database object
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 from types import TracebackType
 
@@ -18,6 +19,7 @@ from opod.security.sealing import SecretsKey
 from opod.store.audit import AuditRepo
 from opod.store.capacity import CapacityRepo
 from opod.store.client_jobs import ClientJobsRepo
+from opod.store.commits import CommitsRepo
 from opod.store.engine import make_engine, mask, reason, resolve_url, sqlite_files, use_incremental_vacuum
 from opod.store.errors import StoreError
 from opod.store.evals import EvalsRepo
@@ -71,11 +73,13 @@ class Store(
     UpdateChecksRepo,
     SignInRepo,
     EvalsRepo,
+    CommitsRepo,
 ):
     def __init__(self, engine: Engine, secrets_key: SecretsKey | None = None) -> None:
         """Use :meth:`open`; this wraps an engine whose database is already migrated."""
         self._engine = engine
         self._secrets_key = secrets_key
+        self._marks_lock = threading.Lock()
 
     @classmethod
     def open(cls, url: str | None = None, *, home: Path | None = None, secrets_key: SecretsKey | None = None) -> Store:
@@ -128,6 +132,7 @@ class Store(
     def close(self) -> None:
         """Release every connection; calling it again does nothing."""
         if self._engine is not None:
+            self._close_commit_marks()  # a connection held out of the pool, which dispose leaves open
             self._engine.dispose()
             self._engine = None
 
