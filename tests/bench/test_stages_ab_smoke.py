@@ -35,6 +35,8 @@ def test_a_base_that_is_no_checkout_is_refused_naming_the_option(tmp_path: Path)
     done = subprocess.run(
         [sys.executable, "-m", "bench", "stages-ab", "--base", str(tmp_path)],
         cwd=REPO,
+        # Wide enough that rich's error box does not wrap the message, whatever the temporary path's length.
+        env={**os.environ, "COLUMNS": "1000"},
         capture_output=True,
         text=True,
         timeout=60,
