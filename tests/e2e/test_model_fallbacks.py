@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import http.client
 import json
-import threading
 import urllib.error
 import urllib.request
+from urllib.parse import urlsplit
 
 import pytest
 
 from opod.contract import adminapi
 from tests.support.inprocess import InProcessLeader as Leader
-from tests.support.opod_process import http, sim_worker, wait_until
+from tests.support.opod_process import sim_worker, wait_until
 
 BUSY, SPARE, THIRD = "sim-busy", "sim-spare", "sim-third"
 
@@ -100,37 +101,56 @@ def test_a_cycle_through_other_models_is_refused(fleet: Leader) -> None:
 def test_a_model_whose_every_slot_is_taken_overflows_to_its_fallback(fleet: Leader) -> None:
     wait_until(lambda: chat(fleet, BUSY)[0] == 200, 20, "the busy model to answer")
     assert put(fleet, BUSY, [])[0] == 200
-    status, slow_done = _with_every_slot_taken(fleet, lambda: chat(fleet, BUSY))
-    assert status[0] == 503, "with no fallback, a request finding no slot is shed"
-    assert set(slow_done) == {200}
+    status, _ = _with_every_slot_taken(fleet, lambda: chat(fleet, BUSY))
+    assert status == 503, "with no fallback, a request finding no slot is shed"
 
     assert put(fleet, BUSY, [SPARE])[0] == 200
-    (status, headers), slow_done = _with_every_slot_taken(fleet, lambda: chat(fleet, BUSY))
+    status, headers = _with_every_slot_taken(fleet, lambda: chat(fleet, BUSY))
     assert status == 200 and headers.get("x-opod-fallback") == SPARE, headers
-    assert set(slow_done) == {200}
     status, headers = chat(fleet, BUSY)
     assert status == 200 and "x-opod-fallback" not in headers, "with its slot free, the model answers itself"
 
 
+class _Holder:
+    """A long streamed chat of the busy model, sent and left unread: it holds its admission slot until closed."""
+
+    def __init__(self, leader: Leader) -> None:
+        where = urlsplit(leader.url)
+        self.connection = http.client.HTTPConnection(where.hostname or "127.0.0.1", where.port, timeout=60)
+        body = {"model": BUSY, "messages": [{"role": "user", "content": "hold"}], "max_tokens": 4000, "stream": True}
+        headers = {"Authorization": f"Bearer {leader.key}", "Content-Type": "application/json"}
+        self.connection.request("POST", "/v1/chat/completions", json.dumps(body), headers)
+
+    def close(self) -> None:
+        self.connection.close()  # the client goes away: the leader cancels it and lets its slot go
+
+
 def _with_every_slot_taken(fleet: Leader, call):
-    """``call`` made while long answers of the busy model hold every slot its worker reports; both results."""
-    slots = wait_until(lambda: _slots(fleet), 20, "the worker to report its slots")
-    slow: list = []
-    threads = [threading.Thread(target=lambda: slow.append(chat(fleet, BUSY, max_tokens=120)[0])) for _ in range(slots)]
-    for thread in threads:
-        thread.start()
-    wait_until(lambda: _in_flight(fleet) >= slots, 10, "the long requests to hold every slot")
-    got = call()
-    for thread in threads:
-        thread.join(timeout=60)
-    return got, slow
+    """``call``'s result, made while long requests of the busy model hold every slot the leader counts for it.
+
+    The slots are the leader's own (its admission pool for the model, sized from what the worker reports), read
+    again until they stop changing, so a request arriving meanwhile can neither find one free nor one added."""
+    holders: list[_Holder] = []
+
+    def every_slot_held() -> bool:
+        size, in_use = _pool(fleet)
+        holders.extend(_Holder(fleet) for _ in range(size - len(holders)))
+        return 0 < size == len(holders) <= in_use and _pool(fleet)[0] == size
+
+    try:
+        wait_until(every_slot_held, 30, "long requests of the busy model to hold every slot of its pool")
+        return call()
+    finally:
+        for holder in holders:
+            holder.close()
+        wait_until(lambda: _pool(fleet)[1] == 0, 30, "the long requests' slots to be let go")
 
 
-def _slots(fleet: Leader) -> int:
-    status, _, body = http("GET", fleet.url + "/admin/v1/nodes", key=fleet.key)
-    return next((n["slots"] for n in body if n["id"] == "n_one"), 0) if status == 200 else 0
+def _pool(fleet: Leader) -> tuple[int, int]:
+    """The busy model's admission pool as the leader holds it: its slots and how many are in use."""
 
+    async def read() -> tuple[int, int]:
+        pool = fleet.leader.admission.stats().get(BUSY)
+        return (pool.size, pool.in_use) if pool is not None else (0, 0)
 
-def _in_flight(fleet: Leader) -> int:
-    status, _, body = http("GET", fleet.url + "/loadz", key=fleet.key)
-    return int(body.get("inFlight", body.get("in_flight", 0))) if status == 200 and isinstance(body, dict) else 0
+    return fleet.call(read())
