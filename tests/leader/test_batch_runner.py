@@ -194,3 +194,12 @@ async def test_an_idle_runner_reads_nothing_until_another_leader_creates_a_batch
         job = ours.get_client_job(job_id)
         assert job is not None and (job.status, job.completed) == ("completed", 3)
         assert engine.calls == {1: 1, 2: 1, 3: 1}
+
+
+async def test_a_runner_that_looks_by_itself_is_not_asked_again_by_the_following(tmp_path: Path) -> None:
+    with Store.open(f"sqlite:///{tmp_path / 'db'}") as store:
+        runner = _runner(store, Engine())  # before its first look it counts work as left, so it looks each second
+        statements = Statements(store)
+        assert await runner.follow() is True
+        assert statements == [], "the runner's own looks already see a batch; the following adds no read"
+        statements.stop()

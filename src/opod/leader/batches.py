@@ -125,9 +125,12 @@ class BatchRunner:
 
     async def follow(self) -> bool:
         """Whether some job has work left (the leader's :class:`~opod.store.following.Following` asks when the
-        store changed); the runner is woken when it was not looking, e.g. for a batch created on another leader."""
+        store changed); the runner is woken when it was not looking, e.g. for a batch created on another leader.
+        While it looks by itself (work was left at its last look) the store is not asked again here."""
+        if self._left:
+            return True
         left = await run_sync(self.store.client_jobs_left)
-        if left and not self._left:
+        if left:
             self.wake()
         return left
 
