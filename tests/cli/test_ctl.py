@@ -476,11 +476,22 @@ def test_the_leader_is_found_from_its_admin_listen_setting(leader: Leader) -> No
     assert re.search(r"^nodes 1: ", ok(result), re.M)
 
 
+def boot_id(leader: Leader) -> str:
+    """The boot id the leader holds for the worker; a new process brings a new one."""
+    status, _, body = http("GET", f"{leader.url}/admin/v1/nodes", key=leader.key)
+    assert status == 200, body
+    return next(n["boot_id"] for n in body if n["id"] == NODE)  # type: ignore[union-attr]
+
+
 def test_upgrade_and_agent_restart_last(leader: Leader) -> None:
     """Last in the module: the agent starts over, so the node re-registers."""
     assert ok(ctl(leader, "nodes", "upgrade", NODE, "0.2.0")).strip() == f"{NODE}: upgrading to 0.2.0"
     assert "version" in refused(ctl(leader, "nodes", "upgrade", NODE, "latest!"))
+    first_boot = boot_id(leader)
     assert ok(ctl(leader, "agents", "restart")).strip() == f"restarting the agents of 1 node: {NODE}"
+    # The node stays ready while the new process starts: wait for the new process itself, so the module's
+    # teardown does not interrupt it half-way through its imports (where Python drops a Ctrl-C).
+    wait_until(lambda: boot_id(leader) != first_boot, 60, "the worker's new boot id")
     wait_until(
         lambda: re.search(r"^nodes 1: 1 ready", ok(ctl(leader, "summary")), re.M), 60, "the node to be ready again"
     )
