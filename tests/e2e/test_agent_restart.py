@@ -7,6 +7,8 @@ moment of the exec may be cut, none after it.
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -118,6 +120,45 @@ def test_agents_restart_starts_the_agent_as_a_new_process_and_the_engine_keeps_s
         assert worker.stop() == 0, worker.output
         assert not any(alive(pid) for pid in engines)
         assert not (tmp_path / "worker" / "engines.json").exists()
+        worker = None
+    finally:
+        if worker is not None:
+            worker.stop()
+        leader.stop()
+        remove_home(tmp_path)
+
+
+def test_a_ctrl_c_while_the_worker_restarts_stops_it_and_its_engine(tmp_path: Path) -> None:
+    """Ctrl-C the moment the worker says it restarts: it lands while the new process starts (its imports, before
+    it listens for signals), and still stops the worker the usual way, its engine with it."""
+    leader = Leader(tmp_path / "leader")
+    worker: OpodProcess | None = None
+    try:
+        worker = sim_worker(leader, tmp_path / "worker", "n_hurried")
+        assert opod_cli(leader, "model", "add", MODEL, "--engine", "sim").returncode == 0
+        leader.wait_served(MODEL, timeout=60)
+        engines = descendants(worker.proc.pid)
+        assert engines, "the worker runs its engine as a child process"
+
+        status, body = leader.admin("POST", "/api/v1/agents/restart")
+        assert status == 200 and body == {"nodes": ["n_hurried"]}, body
+        deadline = time.monotonic() + 30
+        while not any("restarting as a new process" in line for line in list(worker.lines)):
+            assert time.monotonic() < deadline, worker.output
+            time.sleep(0.001)
+        worker.proc.send_signal(signal.SIGINT)
+
+        try:
+            code = worker.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"the worker did not stop after a Ctrl-C during its restart:\n{worker.output}"
+            ) from None
+        worker._reader.join(timeout=5)
+        assert code == 0, worker.output
+        assert "Traceback" not in worker.output and "KeyboardInterrupt" not in worker.output, worker.output
+        assert worker.output.rstrip().endswith("stopped"), worker.output
+        wait_until(lambda: not any(alive(pid) for pid in engines), 10, "the engine to stop with its worker")
         worker = None
     finally:
         if worker is not None:

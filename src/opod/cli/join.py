@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 from typing import TYPE_CHECKING
 
@@ -71,6 +72,7 @@ def command(
 async def _run(worker: Worker) -> None:
     from opod.http.serving import settle_memory
     from opod.worker.agent import TokenRefused
+    from opod.worker.run import STOP_SIGNALS
 
     out.print(
         f"worker {worker.node_id} on {worker.listener.address}, joining {worker.settings.leader_url} with engine {worker.settings.engine}"
@@ -93,8 +95,12 @@ async def _run(worker: Worker) -> None:
             worker.hurry()
 
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    await _stop_signals_to_this_thread(loop)
+    for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, on_signal)
+    # A process that restarted itself begins with them blocked (``Worker.restart_process``): one that came
+    # while it started is handled now.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     settle_memory()
     try:
         await worker.run(stop)
@@ -103,3 +109,23 @@ async def _run(worker: Worker) -> None:
             f"{error}. Create a node token on the leader with `opod token create --node` and join again."
         ) from None
     out.print("stopped")
+
+
+async def _stop_signals_to_this_thread(loop: asyncio.AbstractEventLoop) -> None:
+    """Let only the loop's thread take Ctrl-C and SIGTERM: every other thread blocks them from its start.
+
+    When the worker restarts as a new process it blocks them on the loop's thread too, so one that comes then
+    stays pending across the exec for the new process to handle; a thread that took it would lose it. The
+    threads are made here with the signals blocked, as a thread starts with its maker's mask: the default
+    executor's (which blocks them in each of its threads), and libuv's pool, started by a first name look-up.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from opod.worker.run import STOP_SIGNALS
+
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    loop.set_default_executor(
+        ThreadPoolExecutor(initializer=signal.pthread_sigmask, initargs=(signal.SIG_BLOCK, STOP_SIGNALS))
+    )
+    with contextlib.suppress(OSError):
+        await loop.getaddrinfo("localhost", None)

@@ -109,6 +109,9 @@ def adopt_orphans() -> bool:
 
 def _child_setup(parent_pid: int, death_signal: int) -> None:
     """Runs in the child between fork and exec."""
+    # An engine takes SIGTERM and Ctrl-C whatever its parent thread blocked (``opod join`` blocks them on
+    # every thread but the loop's, and on that one too across a restart).
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
     if _prctl is None:
         return
     _prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(death_signal), 0, 0, 0)

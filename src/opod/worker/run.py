@@ -33,6 +33,7 @@ import json
 import logging
 import os
 import shlex
+import signal
 import ssl
 import sys
 from collections.abc import Callable
@@ -62,6 +63,8 @@ log = logging.getLogger("opod.worker")
 IDLE_POLL_S = 0.25
 """How often a stopping worker asks its engines whether requests are still running."""
 REEXEC_DELAY_S = 0.2
+STOP_SIGNALS = frozenset((signal.SIGINT, signal.SIGTERM))
+"""What stops ``opod join``; blocked over a restart as a new process until the new one handles them."""
 """How long a restart as a new process waits after answering, so the answer leaves before the exec."""
 
 
@@ -294,6 +297,9 @@ class Worker:
                 process_id
             )  # one the new process could not take back must not outlive the exec unwatched
         handed = self.supervisor.handover()
+        # Held across the exec (the mask is inherited), until the new process listens for them: a Ctrl-C that
+        # came while it starts, before Python or the loop could take it, would kill it with its engines orphaned.
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         self.say(f"restarting as a new process; {len(handed)} engine processes keep running")
         self.supervisor.keep_across_exec(handed)
         self.listener.sock.set_inheritable(True)
@@ -305,6 +311,7 @@ class Worker:
         try:
             os.execv(sys.executable, argv)
         except OSError as err:  # the process goes on as it was: nothing was stopped for the restart
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
             log.error("could not restart as a new process (%s): %s", shlex.join(argv), err)
             self.listener.sock.set_inheritable(False)
             self.book.write()
