@@ -11,10 +11,8 @@ import pytest
 from sqlalchemy import text
 
 from opod.store import InvalidInput, Store, StoreError
-from opod.store.bulk import LedgerAppender
 from opod.store.engine import reason
-from opod.store.events import events
-from opod.store.usage import usage, usage_values
+from opod.store.usage import usage_values
 from tests.store.test_usage_events import event
 from tests.store.test_usage_events import usage as usage_row
 
@@ -44,7 +42,7 @@ def test_a_row_reads_back_exactly_as_it_was_given(store: Store, route: str | Non
 
 
 def test_a_batch_the_database_refuses_stores_nothing_and_leaves_the_connection_usable(store: Store) -> None:
-    appender = LedgerAppender(store.engine, usage, events)
+    appender = store._ledger_appender()
     for _ in range(3):  # more refusals than the pool has idle connections
         with pytest.raises(InvalidInput, match="the database refused a ledger batch"):
             appender.append(

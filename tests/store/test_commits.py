@@ -1,5 +1,5 @@
 """The store's commit mark, on SQLite and PostgreSQL: it moves when another connection or process commits a change,
-and stays put for reads and for writes that change nothing."""
+and stays put for reads, for writes that change nothing, and on SQLite for the ledger's own writes."""
 
 from __future__ import annotations
 
@@ -7,13 +7,16 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from opod.store import Store, StoreError
+from opod.store import InvalidInput, NotFound, Store, StoreError
 from opod.store.offloop import run_sync
+from opod.store.requests import RequestBody
 from tests.store.conftest import quietly
+from tests.store.test_usage_events import event
+from tests.store.test_usage_events import usage as usage_row
 
 OWNER = "host:/home"
 
@@ -55,3 +58,52 @@ def test_a_closed_store_gives_no_mark(open_store: Callable[[], Store]) -> None:
     store.close()
     with pytest.raises(StoreError, match="closed"):
         store.commit_mark()
+
+
+def kept_body(request_id: str, answer: str) -> RequestBody:
+    at = datetime(2026, 3, 1, tzinfo=UTC)
+    return RequestBody(
+        request_id=request_id,
+        project_id="prj_1",
+        at=at,
+        expires_at=at + timedelta(days=7),
+        path="/v1/chat/completions",
+        model="m",
+        served_model="m",
+        status=200,
+        request='{"model": "m"}',
+        response=answer,
+        truncated=False,
+    )
+
+
+def test_the_ledgers_writes_leave_the_sqlite_mark_and_other_writes_still_move_it(
+    open_store: Callable[[], Store],
+) -> None:
+    """A leader busy serving writes only its ledger: on SQLite that is no change for its followers to read."""
+    store = open_store()
+    if store.engine.dialect.name != "sqlite":
+        pytest.skip("PostgreSQL's mark counts every transaction of the server, the ledger's too")
+    before = store.commit_mark()
+    for n in range(3):
+        assert store.append_ledger([usage_row(f"u{n}")], [event(f"e{n}")], check_known=n == 0) == (1, 1)
+        assert store.keep_request_bodies([kept_body(f"req-u{n}", f'{{"n": {n}}}')]) == 1
+    assert store.commit_mark() == before
+    assert [r.entry for r in store.usage_after(0, 10)] == ["u0", "u1", "u2"]
+    assert store.get_request_body("req-u2").response == '{"n": 2}'
+    store.set_meta("note", "an operator's change")
+    assert store.commit_mark() != before
+    elsewhere = open_store()
+    moved = store.commit_mark()
+    elsewhere.append_ledger([usage_row("from-another-leader")])  # another handle's ledger is a change here
+    assert store.commit_mark() != moved
+
+
+def test_bodies_kept_again_replace_the_earlier_ones_in_one_batch(store: Store) -> None:
+    assert store.keep_request_bodies([kept_body("r1", '{"a": 1}'), kept_body("r2", '{"b": 1}')]) == 2
+    assert store.keep_request_bodies([kept_body("r1", '{"a": 2}'), kept_body("r1", '{"a": 3}')]) == 1
+    assert (store.get_request_body("r1").response, store.get_request_body("r2").response) == ('{"a": 3}', '{"b": 1}')
+    with pytest.raises(InvalidInput, match="NUL"):
+        store.keep_request_bodies([kept_body("r3", '{"c": 1}'), kept_body("r4", "\x00")])
+    with pytest.raises(NotFound):
+        store.get_request_body("r3")  # nothing of a refused batch is kept

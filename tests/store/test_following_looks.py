@@ -122,7 +122,6 @@ class MarkAwayOnce:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.asked = 0
-        self.commit_mark_cheap = store.commit_mark_cheap
 
     def commit_mark(self) -> Hashable:
         self.asked += 1

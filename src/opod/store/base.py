@@ -70,11 +70,12 @@ class Repository:
     def _upsert_rows(self, table: Table, *, on: list[str]) -> Insert:
         """One INSERT for many rows (executed with a list of values), each row replacing every other column of
         the row it meets on ``on``: a batch is one statement, compiled once, not one per row."""
-        return _upsert_rows(self.engine.dialect.name, table, tuple(on))
+        return upsert_rows(self.engine.dialect.name, table, tuple(on))
 
 
 @functools.cache
-def _upsert_rows(dialect: str, table: Table, on: tuple[str, ...]) -> Insert:
+def upsert_rows(dialect: str, table: Table, on: tuple[str, ...]) -> Insert:
+    """:meth:`Repository._upsert_rows` for ``dialect``, made once."""
     insert = postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table)
     update = {c.name: insert.excluded[c.name] for c in table.columns if c.name not in on}
     return insert.on_conflict_do_update(index_elements=list(on), set_=update)

@@ -14,15 +14,15 @@ write transactions do (``BEGIN_WRITE`` on SQLite, the append lock on PostgreSQL)
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from sqlalchemy import ClauseElement, Engine, Table
 from sqlalchemy.engine.interfaces import DBAPICursor, DBAPIModule
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import PoolProxiedConnection
 from sqlalchemy.sql.compiler import SQLCompiler
 
+from opod.store.base import upsert_rows
 from opod.store.engine import BEGIN_WRITE, mask, reason
 from opod.store.errors import InvalidInput, StoreError
 from opod.store.events import APPEND_LOCK, APPEND_LOCK_ID, insert_ignoring_known
@@ -102,13 +102,24 @@ class _Table:
         return max(cursor.rowcount, 0)
 
 
-class LedgerAppender:
-    """Appends usage rows and events, as checked column values, in one transaction."""
+Connect = Callable[[], AbstractContextManager[PoolProxiedConnection]]
+"""Lends the connection a ledger transaction runs on, and takes it back; StoreError when none can be had."""
 
-    def __init__(self, engine: Engine, usage: Table, events: Table) -> None:
+
+class LedgerAppender:
+    """Appends usage rows and events, as checked column values, in one transaction; keeps request bodies in another.
+
+    ``connect`` lends the connection (the store's: on SQLite the one its commit marks are read on, so the
+    ledger's own commits do not count as changes to follow)."""
+
+    def __init__(self, engine: Engine, usage: Table, events: Table, bodies: Table, connect: Connect) -> None:
         self.engine = engine
+        self._connect = connect
         self.usage = _Table(engine, usage)
         self.events = _Table(engine, events)
+        dialect = engine.dialect
+        convert = {c.name: c.type.dialect_impl(dialect).bind_processor(dialect) for c in bodies.columns}
+        self.bodies = _Statement(engine, upsert_rows(dialect.name, bodies, ("request_id",)), list(convert), convert)
         self._dbapi: DBAPIModule = engine.dialect.loaded_dbapi
         self._begin_parameters: Parameters
         if engine.dialect.name == "sqlite":
@@ -133,13 +144,15 @@ class LedgerAppender:
                 events = self.events.unknown(cursor, events) if events else events
             return self.usage.append(cursor, usage), self.events.append(cursor, events)
 
+    def keep_bodies(self, bodies: list[dict[str, Any]]) -> None:
+        """Insert or replace request bodies (checked column values, one per request id), all or none."""
+        if bodies:
+            with self._transaction() as cursor:
+                cursor.executemany(self.bodies.sql, self.bodies.many(bodies))
+
     @contextmanager
     def _transaction(self) -> Iterator[DBAPICursor]:
-        try:
-            connection = self.engine.raw_connection()
-        except DBAPIError as err:
-            raise StoreError(f"store at {mask(self.engine.url)}: {reason(err)}") from err
-        try:
+        with self._connect() as connection:
             cursor = connection.cursor()
             try:
                 # sqlite3 and psycopg both commit and roll back what is open, whatever their autocommit setting.
@@ -156,8 +169,6 @@ class LedgerAppender:
                 raise
             finally:
                 cursor.close()
-        finally:
-            connection.close()
 
     def _roll_back(self, connection: PoolProxiedConnection, cursor: DBAPICursor, err: DBAPIModule.Error | None) -> None:
         """Undo the batch; a connection the database dropped, or that cannot roll back, leaves the pool."""

@@ -5,7 +5,9 @@ people, quotas and the settings in memory so a request never waits on the store.
 follower, a read of what changed; one loop, :class:`Following`, runs them off the request path. It asks the
 store every :data:`FOLLOW_EVERY` seconds whether anything was committed since (:meth:`Store.commit_mark`,
 a pragma or one small query) and runs only the followers that have not read since then: a store nobody
-writes to is not read at all. A leader's own writes count as changes too, so a busy leader still reads.
+writes to is not read at all. A leader's own writes count as changes too, except its ledger's on SQLite (usage
+rows, events and request bodies, written on the connection the mark is read on), so there a leader busy
+serving and nothing else reads nothing; on PostgreSQL every transaction counts, so a busy one still reads.
 """
 
 from __future__ import annotations
@@ -39,9 +41,6 @@ class StaleRead(Exception):
 class CommitMarks(Protocol):
     """The store's side :class:`Following` asks (``opod.store.Store`` is one)."""
 
-    @property
-    def commit_mark_cheap(self) -> bool: ...
-
     def commit_mark(self) -> Hashable: ...
 
 
@@ -74,7 +73,7 @@ class Following:
         follower that failed or dropped a stale read keeps its old mark and is run again at the next look.
         """
         store = self._store
-        mark = store.commit_mark() if store.commit_mark_cheap else await run_sync(store.commit_mark)
+        mark = await run_sync(store.commit_mark)  # it may wait for the ledger's transaction, or make a round trip
         due = [f for f in self._followers if f.mark != mark]
         if not due:
             return []

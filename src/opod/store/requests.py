@@ -14,11 +14,11 @@ from typing import Any
 
 from sqlalchemy import Row, delete, select
 
-from opod.store.base import Repository, aware, text_arg
+from opod.store.base import aware, text_arg
 from opod.store.errors import InvalidInput, NotFound
 from opod.store.events import DELETE_BATCH, count_arg
 from opod.store.schema import request_bodies
-from opod.store.usage import UsageRecord, usage
+from opod.store.usage import UsageRecord, UsageRepo, usage
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +59,7 @@ def _body_values(row: RequestBody) -> dict[str, Any]:
     }
 
 
-class RequestsRepo(Repository):
+class RequestsRepo(UsageRepo):
     def find_request(self, request_id: str) -> UsageRecord:
         """The newest usage row answered with ``request_id``; NotFound naming it."""
         request_id = text_arg(request_id, "request id")
@@ -77,10 +77,7 @@ class RequestsRepo(Repository):
         """Store the bodies in one transaction (a request id kept before is replaced); how many were written."""
         # The last body offered for a request id wins; one statement may meet each row once.
         values = list({value["request_id"]: value for value in map(_body_values, rows)}.values())
-        if not values:
-            return 0
-        with self._write() as conn:
-            conn.execute(self._upsert_rows(request_bodies, on=["request_id"]), values)
+        self._ledger_appender().keep_bodies(values)
         return len(values)
 
     def get_request_body(self, request_id: str) -> RequestBody:

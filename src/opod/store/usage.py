@@ -27,8 +27,9 @@ from sqlalchemy import (
     text,
 )
 
-from opod.store.base import Repository, aware, json_arg, text_arg
+from opod.store.base import aware, json_arg, text_arg
 from opod.store.bulk import LedgerAppender
+from opod.store.commits import CommitsRepo
 from opod.store.errors import InvalidInput
 from opod.store.events import (
     CURSOR_ID,
@@ -40,7 +41,7 @@ from opod.store.events import (
     page_args,
 )
 from opod.store.events import events as events_table
-from opod.store.schema import UTCDateTime, metadata
+from opod.store.schema import UTCDateTime, metadata, request_bodies
 from opod.store.usage_report import ExportTotals, ScopeTotals, export_chunk, scope_totals, spent_since
 
 usage = Table(
@@ -182,7 +183,7 @@ def _record(row: Row[Any]) -> UsageRecord:
     return UsageRecord(**row._mapping)
 
 
-class UsageRepo(Repository):
+class UsageRepo(CommitsRepo):
     _appender: LedgerAppender | None = None
 
     def append_ledger(
@@ -200,10 +201,15 @@ class UsageRepo(Repository):
         """
         usage_rows = [usage_values(row) for row in rows]
         event_rows = [event_values(row) for row in events]
+        return self._ledger_appender().append(usage_rows, event_rows, skip_known=check_known)
+
+    def _ledger_appender(self) -> LedgerAppender:
+        """What writes the ledger's usage rows, events and request bodies, on the connections :meth:`_ledger_lender`
+        lends; made once per engine."""
         engine = self.engine  # StoreError once the store is closed
         if self._appender is None or self._appender.engine is not engine:
-            self._appender = LedgerAppender(engine, usage, events_table)
-        return self._appender.append(usage_rows, event_rows, skip_known=check_known)
+            self._appender = LedgerAppender(engine, usage, events_table, request_bodies, self._ledger_lender())
+        return self._appender
 
     def usage_after(self, after: int, limit: int) -> list[UsageRecord]:
         """Up to ``limit`` usage rows with an id above ``after``, by id."""
