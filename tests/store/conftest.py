@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Hashable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TypeVar
@@ -21,6 +21,8 @@ from sqlalchemy.pool import NullPool
 
 from opod.security.sealing import SecretsKey
 from opod.store import Store
+from opod.store.following import Following
+from opod.store.offloop import run_sync
 
 T = TypeVar("T")
 
@@ -122,17 +124,40 @@ class Statements(list[str]):
 QUIET_TRIES = 50
 
 
-async def quietly(store: Store, step: Callable[[], Awaitable[T]]) -> T:
-    """``step``'s result, from a run during which nothing was committed to the store's server.
+NOTICED_S = 0.2
+"""Long enough for a change's notice to be counted (PostgreSQL: a moment after its commit, in another thread)."""
 
-    PostgreSQL's commit mark counts the whole server's transactions, other tests' too: ``step`` is run again
-    (up to :data:`QUIET_TRIES` times) until the mark is the same after it as before. What ``step`` itself
-    commits moves the mark every time, and the test fails.
+
+async def quietly(store: Store, step: Callable[[], Awaitable[T]]) -> T:
+    """``step``'s result, from a run during which nothing was committed that moves the store's commit mark.
+
+    The mark after ``step`` is taken once a notice it caused would be counted. ``step`` is run again (up to
+    :data:`QUIET_TRIES` times) until the mark is the same after it as before, as something else may write
+    meanwhile; what ``step`` itself commits moves the mark every time, and the test fails.
     """
     for _ in range(QUIET_TRIES):
         before = store.commit_mark()
         result = await step()
+        await asyncio.sleep(NOTICED_S)
         if store.commit_mark() == before:
             return result
-        await asyncio.sleep(0.02)
     raise AssertionError(f"the store's commit mark moved across each of {QUIET_TRIES} runs")
+
+
+async def moved(store: Store, before: Hashable, within: float = 5.0) -> Hashable:
+    """The store's commit mark once it differs from ``before`` (PostgreSQL counts a change a moment after its
+    commit); fails when it has not within ``within`` seconds."""
+    deadline = asyncio.get_running_loop().time() + within
+    while (mark := await run_sync(store.commit_mark)) == before:
+        assert asyncio.get_running_loop().time() < deadline, f"the store's commit mark stayed {before!r}"
+        await asyncio.sleep(0.02)
+    return mark
+
+
+async def first_read(following: Following, within: float = 5.0) -> list[str]:
+    """What the first look that runs any follower runs (a change is counted a moment after its commit)."""
+    deadline = asyncio.get_running_loop().time() + within
+    while not (ran := await following.look()):
+        assert asyncio.get_running_loop().time() < deadline, "no look ran a follower"
+        await asyncio.sleep(0.02)
+    return ran

@@ -1,4 +1,4 @@
-"""Has anything been committed to the store since? A mark that is cheap to take, for the followers to compare.
+"""Has anything the followers read changed since? A mark that is cheap to take, for them to compare.
 
 SQLite: ``PRAGMA data_version`` on one connection the store holds for it, which the ledger's transactions (usage
 rows, events, request bodies) also run on, one use at a time. The value changes when any other connection commits
@@ -7,21 +7,21 @@ for the pragma itself, and for the connection's own commits: a leader busy servi
 ledger's, leaves it as it was, and the followers read nothing. Asked off the loop, as it may wait for a ledger
 transaction to end.
 
-PostgreSQL: ``pg_current_snapshot()`` without its xmin, i.e. the first transaction id not yet completed and
-the ones still running below it. Every transaction that took an id and ended (committed or rolled back) moves
-one or the other; a read takes none. It counts the whole server's transactions, other databases' too: a
-change elsewhere only costs the followers a read. It is a round trip, so it is asked off the loop.
+PostgreSQL: a statement that changes a followed table (the keys, people, the tenancy tree, quotas, the settings,
+the batches) notifies at its commit (migration 0024), and :class:`ChangeListener` counts the notices of this
+store's schema: the ledger's writes, this leader's or another's, are no change, nor is anything of another
+schema or database.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import sqlite3
 import threading
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 
-from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import PoolProxiedConnection
 
@@ -29,7 +29,7 @@ from opod.store.base import Repository
 from opod.store.engine import mask, reason
 from opod.store.errors import StoreError
 
-_SNAPSHOT = text("SELECT CAST(pg_current_snapshot() AS text)")
+log = logging.getLogger("opod.store")
 
 
 class CommitsRepo(Repository):
@@ -40,15 +40,17 @@ class CommitsRepo(Repository):
     """SQLite: held while that connection is in use, by a mark or a ledger transaction."""
     _marks_opened = 0
     """SQLite: how many such connections were opened; part of the mark, as each counts its own data_version."""
+    _listener: ChangeListener | None = None
+    """PostgreSQL: what counts the followed tables' changes; started at the first mark."""
 
     def commit_mark(self) -> Hashable:
         """A value that differs from an earlier one when anything was committed to the store in between, apart from
         the ledger's own usage rows, events and request bodies on SQLite; equal values mean nothing was. Take it
         before reading what it guards, so a change that lands during the read makes the next mark differ."""
         if self.engine.dialect.name != "sqlite":
-            with self._read() as conn:
-                snapshot = str(conn.execute(_SNAPSHOT).scalar_one())
-            return snapshot.partition(":")[2]  # xmin moves only when a listed transaction ends, which the list shows
+            if self._listener is None:
+                self._listener = ChangeListener(self._connect_raw)
+            return self._listener.mark()
         with self._ledger_connection() as connection:
             cursor = connection.cursor()
             try:
@@ -107,7 +109,87 @@ class CommitsRepo(Repository):
             if self._marks is not None:
                 self._marks.close()
                 self._marks = None
+            if self._listener is not None:
+                self._listener.stop()
+                self._listener = None
 
 
 def _is_open(connection: PoolProxiedConnection) -> bool:
     return connection.dbapi_connection is not None
+
+
+class ChangeListener:
+    """PostgreSQL: counts the notifications of changes to the followed tables of this store's schema (migration
+    0024), on a connection of its own, in a thread of its own.
+
+    The mark is (how many times it has started listening, how many changes it has counted since). A change is
+    notified at its commit and counted a moment later, so a mark taken before a read never misses a change the
+    read did not see: either the read saw it, or the count moves after the mark. While it does not listen
+    (starting, or reconnecting after the connection broke) every mark is new, so the followers read each time.
+    """
+
+    def __init__(self, connect: Callable[[], PoolProxiedConnection]) -> None:
+        self._connect = connect
+        self._lock = threading.Lock()
+        self._listening = threading.Event()
+        self._stopped = threading.Event()
+        self._starts = 0
+        self._changes = 0
+        self._connection: PoolProxiedConnection | None = None
+        self._thread = threading.Thread(target=self._run, name="opod store changes", daemon=True)
+        self._thread.start()
+
+    def mark(self) -> Hashable:
+        self._listening.wait(LISTEN_WAIT_S)
+        with self._lock:
+            if not self._listening.is_set():
+                return object()  # not listening: nothing can be said, so it is a change
+            return self._starts, self._changes
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(timeout=NOTIFY_POLL_S * 4)
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                self._listen()
+            except Exception as err:  # the server went away: listen again, and count that as a change
+                if not self._stopped.is_set():
+                    log.warning("store: not told of other leaders' changes for now (%s); listening again", err)
+            finally:
+                self._listening.clear()
+                self._let_go()
+            self._stopped.wait(RELISTEN_AFTER_S)
+
+    def _listen(self) -> None:
+        self._connection = self._connect()
+        dbapi = self._connection.dbapi_connection
+        assert dbapi is not None
+        dbapi.autocommit = True  # psycopg's: notifications come between transactions
+        schema = str(dbapi.execute("SELECT current_schema()").fetchone()[0])
+        ours = f"{schema}."
+        dbapi.execute(f"LISTEN {CHANNEL}")
+        with self._lock:
+            self._starts += 1
+            self._listening.set()
+        while not self._stopped.is_set():
+            for notice in dbapi.notifies(timeout=NOTIFY_POLL_S):
+                if notice.payload.startswith(ours):
+                    with self._lock:
+                        self._changes += 1
+
+    def _let_go(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            with contextlib.suppress(Exception):
+                connection.invalidate()  # listening: not for the pool to lend again
+
+
+CHANNEL = "opod_followed"
+"""Where the followed tables' triggers notify (migration 0024)."""
+LISTEN_WAIT_S = 5.0
+"""How long a mark waits for the listener to start listening; past it the mark says "changed"."""
+NOTIFY_POLL_S = 0.5
+"""How often the listener looks up from its wait to see whether it is told to stop."""
+RELISTEN_AFTER_S = 1.0

@@ -4,10 +4,9 @@ Several leaders share one PostgreSQL store and every one serves ``/v1``; each ke
 people, quotas and the settings in memory so a request never waits on the store. Each of those has a
 follower, a read of what changed; one loop, :class:`Following`, runs them off the request path. It asks the
 store every :data:`FOLLOW_EVERY` seconds whether anything was committed since (:meth:`Store.commit_mark`,
-a pragma or one small query) and runs only the followers that have not read since then: a store nobody
-writes to is not read at all. A leader's own writes count as changes too, except its ledger's on SQLite (usage
-rows, events and request bodies, written on the connection the mark is read on), so there a leader busy
-serving and nothing else reads nothing; on PostgreSQL every transaction counts, so a busy one still reads.
+a pragma, or a count of notices) and runs only the followers that have not read since then: a store nobody
+writes to is not read at all. A leader's own writes count as changes too, except the ledger's usage rows, events
+and request bodies, so a leader busy serving and nothing else reads nothing (:mod:`opod.store.commits`).
 """
 
 from __future__ import annotations
