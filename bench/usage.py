@@ -381,11 +381,10 @@ def _store_ways(store: Store, rejected: Path) -> dict[str, Callable[[list[dict]]
     through SQLAlchemy Core, and the records' values taken as built, unchecked, through the cursor."""
     from opod.ledger.records import at_us, to_row
     from opod.ledger.writer import commit_records
-    from opod.store.bulk import LedgerAppender
-    from opod.store.events import APPEND_LOCK, APPEND_LOCK_ID, events, insert_ignoring_known
+    from opod.store.events import APPEND_LOCK, APPEND_LOCK_ID, insert_ignoring_known
     from opod.store.usage import usage, usage_values
 
-    appender = LedgerAppender(store.engine, usage, events)
+    appender = store._ledger_appender()
     columns = [c.name for c in usage.columns if not c.primary_key and c.name != "ts"]
 
     def through_core(batch: list[dict]) -> None:
