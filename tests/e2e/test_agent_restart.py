@@ -11,6 +11,8 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -80,88 +82,91 @@ class Chats:
         self.thread.join(timeout=40)
 
 
-def test_agents_restart_starts_the_agent_as_a_new_process_and_the_engine_keeps_serving(tmp_path: Path) -> None:
+NODE = "n_again"
+
+
+@dataclass
+class Serving:
+    leader: Leader
+    worker: OpodProcess
+    engines: list[int]
+    """The worker's engine processes."""
+
+
+@pytest.fixture
+def serving(tmp_path: Path) -> Iterator[Serving]:
+    """A leader, and an ``opod join`` worker serving the model from a simulator engine of its own."""
     leader = Leader(tmp_path / "leader")
     worker: OpodProcess | None = None
     try:
-        worker = sim_worker(leader, tmp_path / "worker", "n_again")
+        worker = sim_worker(leader, tmp_path / "worker", NODE)
         assert opod_cli(leader, "model", "add", MODEL, "--engine", "sim").returncode == 0
         leader.wait_served(MODEL, timeout=60)
         engines = descendants(worker.proc.pid)
         assert engines, "the worker runs its engine as a child process"
-        first_boot = boot_id(leader, "n_again")
-        replicas = replica_ids(leader)
-        chats = Chats(leader)
-        wait_until(lambda: len(chats.done) >= 5, 30, "chats before the restart")
-
-        restarted_at = time.monotonic()
-        status, body = leader.admin("POST", "/api/v1/agents/restart")
-        assert status == 200 and body == {"nodes": ["n_again"]}, body
-
-        wait_until(lambda: boot_id(leader, "n_again") != first_boot, 30, "the worker's new boot id")
-        wait_until(lambda: MODEL in leader.served(), 30, "the model to be served again")
-        back_at = time.monotonic()
-        wait_until(lambda: len([c for c in chats.done if c[0] > back_at]) >= 10, 30, "chats after the restart")
-        chats.finish()
-
-        assert worker.proc.poll() is None, worker.output
-        assert descendants(worker.proc.pid) == engines and all(alive(pid) for pid in engines), worker.output
-        assert "restarting as a new process" in worker.output
-        failed = [c for c in chats.done if c[2]]
-        # Only a request that was in flight when the process re-executed itself may have been cut.
-        assert len(failed) <= 1, failed
-        assert all(start < back_at for start, _, _ in failed), failed
-        assert [c for c in chats.done if c[0] > restarted_at], "chats went on through the restart"
-        assert replica_ids(leader) == replicas, "nothing was placed again"
-        view = node_view(leader, "n_again")
-        assert "agent_upgrade" in view.get("features", []), view
-
-        # A normal stop still stops the engine, and leaves nothing to hand over.
-        assert worker.stop() == 0, worker.output
-        assert not any(alive(pid) for pid in engines)
-        assert not (tmp_path / "worker" / "engines.json").exists()
-        worker = None
+        yield Serving(leader, worker, engines)
     finally:
-        if worker is not None:
+        if worker is not None and worker.proc.poll() is None:
             worker.stop()
         leader.stop()
         remove_home(tmp_path)
 
 
-def test_a_ctrl_c_while_the_worker_restarts_stops_it_and_its_engine(tmp_path: Path) -> None:
+def test_agents_restart_starts_the_agent_as_a_new_process_and_the_engine_keeps_serving(
+    serving: Serving, tmp_path: Path
+) -> None:
+    leader, worker, engines = serving.leader, serving.worker, serving.engines
+    first_boot = boot_id(leader, NODE)
+    replicas = replica_ids(leader)
+    chats = Chats(leader)
+    wait_until(lambda: len(chats.done) >= 5, 30, "chats before the restart")
+
+    restarted_at = time.monotonic()
+    status, body = leader.admin("POST", "/api/v1/agents/restart")
+    assert status == 200 and body == {"nodes": [NODE]}, body
+
+    wait_until(lambda: boot_id(leader, NODE) != first_boot, 30, "the worker's new boot id")
+    wait_until(lambda: MODEL in leader.served(), 30, "the model to be served again")
+    back_at = time.monotonic()
+    wait_until(lambda: len([c for c in chats.done if c[0] > back_at]) >= 10, 30, "chats after the restart")
+    chats.finish()
+
+    assert worker.proc.poll() is None, worker.output
+    assert descendants(worker.proc.pid) == engines and all(alive(pid) for pid in engines), worker.output
+    assert "restarting as a new process" in worker.output
+    failed = [c for c in chats.done if c[2]]
+    # Only a request that was in flight when the process re-executed itself may have been cut.
+    assert len(failed) <= 1, failed
+    assert all(start < back_at for start, _, _ in failed), failed
+    assert [c for c in chats.done if c[0] > restarted_at], "chats went on through the restart"
+    assert replica_ids(leader) == replicas, "nothing was placed again"
+    view = node_view(leader, NODE)
+    assert "agent_upgrade" in view.get("features", []), view
+
+    # A normal stop still stops the engine, and leaves nothing to hand over.
+    assert worker.stop() == 0, worker.output
+    assert not any(alive(pid) for pid in engines)
+    assert not (tmp_path / "worker" / "engines.json").exists()
+
+
+def test_a_ctrl_c_while_the_worker_restarts_stops_it_and_its_engine(serving: Serving) -> None:
     """Ctrl-C the moment the worker says it restarts: it lands while the new process starts (its imports, before
     it listens for signals), and still stops the worker the usual way, its engine with it."""
-    leader = Leader(tmp_path / "leader")
-    worker: OpodProcess | None = None
+    leader, worker, engines = serving.leader, serving.worker, serving.engines
+    status, body = leader.admin("POST", "/api/v1/agents/restart")
+    assert status == 200 and body == {"nodes": [NODE]}, body
+    deadline = time.monotonic() + 30
+    while not any("restarting as a new process" in line for line in list(worker.lines)):
+        assert time.monotonic() < deadline, worker.output
+        time.sleep(0.001)
+    worker.proc.send_signal(signal.SIGINT)
+
     try:
-        worker = sim_worker(leader, tmp_path / "worker", "n_hurried")
-        assert opod_cli(leader, "model", "add", MODEL, "--engine", "sim").returncode == 0
-        leader.wait_served(MODEL, timeout=60)
-        engines = descendants(worker.proc.pid)
-        assert engines, "the worker runs its engine as a child process"
-
-        status, body = leader.admin("POST", "/api/v1/agents/restart")
-        assert status == 200 and body == {"nodes": ["n_hurried"]}, body
-        deadline = time.monotonic() + 30
-        while not any("restarting as a new process" in line for line in list(worker.lines)):
-            assert time.monotonic() < deadline, worker.output
-            time.sleep(0.001)
-        worker.proc.send_signal(signal.SIGINT)
-
-        try:
-            code = worker.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(
-                f"the worker did not stop after a Ctrl-C during its restart:\n{worker.output}"
-            ) from None
-        worker._reader.join(timeout=5)
-        assert code == 0, worker.output
-        assert "Traceback" not in worker.output and "KeyboardInterrupt" not in worker.output, worker.output
-        assert worker.output.rstrip().endswith("stopped"), worker.output
-        wait_until(lambda: not any(alive(pid) for pid in engines), 10, "the engine to stop with its worker")
-        worker = None
-    finally:
-        if worker is not None:
-            worker.stop()
-        leader.stop()
-        remove_home(tmp_path)
+        code = worker.proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the worker did not stop after a Ctrl-C during its restart:\n{worker.output}") from None
+    worker._reader.join(timeout=5)
+    assert code == 0, worker.output
+    assert "Traceback" not in worker.output and "KeyboardInterrupt" not in worker.output, worker.output
+    assert worker.output.rstrip().endswith("stopped"), worker.output
+    wait_until(lambda: not any(alive(pid) for pid in engines), 10, "the engine to stop with its worker")

@@ -17,7 +17,7 @@ from opod.settings.holder import SettingsHolder
 from opod.store import Store, StoreError
 from opod.store.following import Following, StaleRead
 from opod.store.offloop import run_sync
-from tests.store.conftest import NOTICED_S, Statements, first_read, quietly
+from tests.store.conftest import Statements, first_read, quietly
 
 BODY = "retention: {bodies_days: 2}\n"
 
@@ -73,7 +73,6 @@ async def test_a_change_made_on_another_handle_is_read_at_the_next_look(open_sto
     await following.look()
     await run_sync(theirs.put_settings, 0, BODY, by="another leader")
     await run_sync(theirs.create_org, "acme")
-    await asyncio.sleep(NOTICED_S)
     assert await first_read(following) == ["the settings", "the tenancy tree"]
     assert (holder.version, holder.current.retention.bodies_days) == (1, 2)
     assert tenancy.resolve("org:acme")

@@ -95,7 +95,7 @@ async def _run(worker: Worker) -> None:
             worker.hurry()
 
     loop = asyncio.get_running_loop()
-    await _stop_signals_to_this_thread(loop)
+    await _stop_signals_to_this_thread(loop, STOP_SIGNALS)
     for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, on_signal)
     # A process that restarted itself begins with them blocked (``Worker.restart_process``): one that came
@@ -111,7 +111,7 @@ async def _run(worker: Worker) -> None:
     out.print("stopped")
 
 
-async def _stop_signals_to_this_thread(loop: asyncio.AbstractEventLoop) -> None:
+async def _stop_signals_to_this_thread(loop: asyncio.AbstractEventLoop, signals: frozenset[signal.Signals]) -> None:
     """Let only the loop's thread take Ctrl-C and SIGTERM: every other thread blocks them from its start.
 
     When the worker restarts as a new process it blocks them on the loop's thread too, so one that comes then
@@ -121,11 +121,9 @@ async def _stop_signals_to_this_thread(loop: asyncio.AbstractEventLoop) -> None:
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    from opod.worker.run import STOP_SIGNALS
-
-    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    signal.pthread_sigmask(signal.SIG_BLOCK, signals)
     loop.set_default_executor(
-        ThreadPoolExecutor(initializer=signal.pthread_sigmask, initargs=(signal.SIG_BLOCK, STOP_SIGNALS))
+        ThreadPoolExecutor(initializer=signal.pthread_sigmask, initargs=(signal.SIG_BLOCK, signals))
     )
     with contextlib.suppress(OSError):
         await loop.getaddrinfo("localhost", None)

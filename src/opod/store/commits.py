@@ -7,7 +7,7 @@ for the pragma itself, and for the connection's own commits: a leader busy servi
 ledger's, leaves it as it was, and the followers read nothing. Asked off the loop, as it may wait for a ledger
 transaction to end.
 
-PostgreSQL: a statement that changes a followed table (the keys, people, the tenancy tree, quotas, the settings,
+PostgreSQL: a row changed in a followed table (the keys, people, the tenancy tree, quotas, the settings,
 the batches) notifies at its commit (migration 0024), and :class:`ChangeListener` counts the notices of this
 store's schema: the ledger's writes, this leader's or another's, are no change, nor is anything of another
 schema or database.
@@ -44,9 +44,10 @@ class CommitsRepo(Repository):
     """PostgreSQL: what counts the followed tables' changes; started at the first mark."""
 
     def commit_mark(self) -> Hashable:
-        """A value that differs from an earlier one when anything was committed to the store in between, apart from
-        the ledger's own usage rows, events and request bodies on SQLite; equal values mean nothing was. Take it
-        before reading what it guards, so a change that lands during the read makes the next mark differ."""
+        """A value that differs from an earlier one when something the followers read may have changed in between
+        (SQLite: any commit but the held connection's, i.e. the ledger's; PostgreSQL: a change to a followed table,
+        counted a moment after its commit); equal values mean nothing did. Take it before reading what it guards,
+        so a change that lands during the read makes a later mark differ."""
         if self.engine.dialect.name != "sqlite":
             if self._listener is None:
                 self._listener = ChangeListener(self._connect_raw)
