@@ -14,6 +14,9 @@ import socket
 
 LOW, HIGH = 10000, 32000
 _pick = random.Random()
+_handed: set[int] = set()
+"""Ports :func:`free_port` gave this process: one helper that asks for three ports before it starts
+anything (a leader's public, admin and worker listeners) must get three different ones."""
 
 
 def port_range() -> tuple[int, int]:
@@ -33,14 +36,20 @@ def run_range() -> tuple[int, int]:
 
 
 def free_port() -> int:
-    """A port of this process's slice (outside its runs' quarter) that nothing listens on now."""
+    """A port of this process's slice (outside its runs' quarter) that nothing listens on now and that
+    this process was not given lately: a port drawn but not yet bound is not drawn again."""
     low, high = port_range()[0], run_range()[0]
+    if len(_handed) > (high - low) // 2:
+        _handed.clear()
     for _ in range(500):
         port = _pick.randrange(low, high)
+        if port in _handed:
+            continue
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return port
+        _handed.add(port)
+        return port
     raise RuntimeError(f"no free loopback port in {low}-{high} after 500 tries")
