@@ -18,7 +18,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from bench.procs import Proc, free_port
 from bench.tenancy_overhead import BODY, MODEL, _admin, _headers
@@ -233,14 +233,39 @@ class Webhook:
                 self.proc.wait()
 
 
-def cpu_seconds(pid: int) -> tuple[float, float]:
-    """The process's CPU seconds (user + system, every thread) and its main thread's (the event loop's)."""
-    return _stat_cpu(Path(f"/proc/{pid}/stat")), _stat_cpu(Path(f"/proc/{pid}/task/{pid}/stat"))
+class CpuSample(NamedTuple):
+    """A leader's counters from /proc at one moment, or what they moved by between two."""
+
+    cpu: float
+    """CPU seconds, user and kernel, every thread."""
+    main: float
+    """CPU seconds of the main thread (the event loop's)."""
+    kernel: float
+    """Kernel CPU seconds, every thread: system calls (a loopback write carries the receiver's side of TCP),
+    wake-ups, page faults."""
+    main_runs: int
+    """Times the event loop's thread was put on a CPU (``schedstat``): about one per wake-up from its wait."""
+
+    def since(self, before: CpuSample) -> CpuSample:
+        return CpuSample(
+            self.cpu - before.cpu,
+            self.main - before.main,
+            self.kernel - before.kernel,
+            self.main_runs - before.main_runs,
+        )
+
+
+def cpu_sample(pid: int) -> CpuSample:
+    """The leader's counters now."""
+    process, main = _stat(Path(f"/proc/{pid}/stat")), _stat(Path(f"/proc/{pid}/task/{pid}/stat"))
+    runs = int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[2])
+    return CpuSample((process[0] + process[1]) / _TICK, (main[0] + main[1]) / _TICK, process[1] / _TICK, runs)
 
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
-def _stat_cpu(path: Path) -> float:
+def _stat(path: Path) -> tuple[int, int]:
+    """User and kernel CPU ticks from a ``stat`` file."""
     fields = path.read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / _TICK
+    return int(fields[11]), int(fields[12])

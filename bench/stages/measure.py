@@ -20,7 +20,7 @@ import aiohttp
 
 from bench import loadgen
 from bench.stages.attribution import Attributed, attribute, resolve
-from bench.stages.fleet import Member, cpu_seconds
+from bench.stages.fleet import CpuSample, Member, cpu_sample
 from bench.tenancy_overhead import BODY
 
 PAYLOAD = json.dumps(BODY).encode()
@@ -40,6 +40,8 @@ class Rounds:
     answered_by_round: list[int] = field(default_factory=list)
     cpu_s: list[float] = field(default_factory=list)
     main_s: list[float] = field(default_factory=list)
+    kernel_s: list[float] = field(default_factory=list)
+    main_runs: list[float] = field(default_factory=list)
     elapsed_s: list[float] = field(default_factory=list)
     p50_ms: list[float] = field(default_factory=list)
     p99_ms: list[float] = field(default_factory=list)
@@ -47,12 +49,16 @@ class Rounds:
     statuses: dict[int, int] = field(default_factory=dict)
     idle_cpu_s: float = 0.0
     idle_main_s: float = 0.0
+    idle_kernel_s: float = 0.0
+    idle_main_runs: float = 0.0
     idle_s: float = 0.0
 
-    def add(self, got: loadgen.Result, cpu: float, main: float, elapsed: float) -> None:
+    def add(self, got: loadgen.Result, spent: CpuSample, elapsed: float) -> None:
         self.answered_by_round.append(len(got.latencies))
-        self.cpu_s.append(cpu)
-        self.main_s.append(main)
+        self.cpu_s.append(spent.cpu)
+        self.main_s.append(spent.main)
+        self.kernel_s.append(spent.kernel)
+        self.main_runs.append(spent.main_runs)
         self.elapsed_s.append(elapsed)
         self.p50_ms.append(got.pct(50) * 1000)
         self.p99_ms.append(got.pct(99) * 1000)
@@ -60,9 +66,11 @@ class Rounds:
         for status, count in got.statuses.items():
             self.statuses[status] = self.statuses.get(status, 0) + count
 
-    def idle(self, cpu: float, main: float, elapsed: float) -> None:
-        self.idle_cpu_s += cpu
-        self.idle_main_s += main
+    def idle(self, spent: CpuSample, elapsed: float) -> None:
+        self.idle_cpu_s += spent.cpu
+        self.idle_main_s += spent.main
+        self.idle_kernel_s += spent.kernel
+        self.idle_main_runs += spent.main_runs
         self.idle_s += elapsed
 
     @property
@@ -74,10 +82,10 @@ class Rounds:
         """The leader's CPU with no requests, ms per second (every thread)."""
         return self.idle_cpu_s / self.idle_s * 1000 if self.idle_s else 0.0
 
-    def _net(self, spent: list[float], idle_total: float) -> list[float]:
+    def _net(self, spent: list[float], idle_total: float, unit: float = 1e6) -> list[float]:
         rate = idle_total / self.idle_s if self.idle_s else 0.0
         return [
-            (cpu - rate * elapsed) / max(n, 1) * 1e6
+            (cpu - rate * elapsed) / max(n, 1) * unit
             for cpu, elapsed, n in zip(spent, self.elapsed_s, self.answered_by_round, strict=True)
         ]
 
@@ -90,6 +98,16 @@ class Rounds:
     def main_us(self) -> list[float]:
         """The same, the event loop's thread only."""
         return self._net(self.main_s, self.idle_main_s)
+
+    @property
+    def kernel_us(self) -> list[float]:
+        """The same, the kernel's part (every thread)."""
+        return self._net(self.kernel_s, self.idle_kernel_s)
+
+    @property
+    def wakes(self) -> list[float]:
+        """Each round's wake-ups of the event loop's thread per request, its idle ones taken out."""
+        return self._net(self.main_runs, self.idle_main_runs, unit=1.0)
 
     @property
     def raw_cpu_us(self) -> list[float]:
@@ -107,12 +125,11 @@ class Rounds:
 
 def measured(
     member: Member, rate: float, seconds: float, seed: int, tick: Tick | None = None
-) -> tuple[loadgen.Result, float, float]:
-    """An open loop at ``rate`` on ``member``, with the leader's CPU seconds (process, main thread) it took."""
-    before = cpu_seconds(member.pid)
+) -> tuple[loadgen.Result, CpuSample]:
+    """An open loop at ``rate`` on ``member``, with what the leader's counters moved by meanwhile."""
+    before = cpu_sample(member.pid)
     got = asyncio.run(loadgen.open_loop(member.chat_url, PAYLOAD, member.headers(), rate, seconds, seed, tick))
-    after = cpu_seconds(member.pid)
-    return got, after[0] - before[0], after[1] - before[1]
+    return got, cpu_sample(member.pid).since(before)
 
 
 def on_off(
@@ -126,18 +143,18 @@ def on_off(
     for n in range(rounds):
         turn = n % len(names)
         for name in names[turn:] + names[:turn]:
-            before = {other: cpu_seconds(m.pid) for other, m in members.items()}
+            before = {other: cpu_sample(m.pid) for other, m in members.items()}
             started = time.perf_counter()
             got = asyncio.run(
                 loadgen.open_loop(members[name].chat_url, PAYLOAD, members[name].headers(), rate, seconds, seed=n)
             )
             elapsed = time.perf_counter() - started
             for other, member in members.items():
-                cpu, main = (a - b for a, b in zip(cpu_seconds(member.pid), before[other], strict=True))
+                spent = cpu_sample(member.pid).since(before[other])
                 if other == name:
-                    out[name].add(got, cpu, main, elapsed)
+                    out[name].add(got, spent, elapsed)
                 else:
-                    out[other].idle(cpu, main, elapsed)
+                    out[other].idle(spent, elapsed)
             tick()
     return out
 
@@ -159,7 +176,7 @@ def profiled(member: Member, clock: str, requests: int, rate: float, scratch: Pa
     member.request_file.write_text(json.dumps({"out": str(out), "clock": clock}))
     os.kill(member.pid, signal.SIGUSR1)
     time.sleep(0.5)  # the handler runs at the loop's next Python step; heartbeats make one within this
-    got, cpu, main = measured(member, rate, requests / rate, seed=7, tick=tick)
+    got, spent = measured(member, rate, requests / rate, seed=7, tick=tick)
     os.kill(member.pid, signal.SIGUSR1)
     deadline = time.monotonic() + 60
     while not out.exists():
@@ -167,7 +184,7 @@ def profiled(member: Member, clock: str, requests: int, rate: float, scratch: Pa
             raise RuntimeError(f"the leader wrote no profile to {out}")
         time.sleep(0.1)
     stats = pstats.Stats(str(out))
-    return Profiled(attribute(stats, resolve()), len(got.latencies), got.errors, cpu, main)
+    return Profiled(attribute(stats, resolve()), len(got.latencies), got.errors, spent.cpu, spent.main)
 
 
 async def _timings(url: str, headers: dict[str, str], requests: int) -> tuple[list[float], list[float]]:

@@ -65,6 +65,8 @@ class ConfigRow:
     errors: int
     cpu_us: float
     main_us: float
+    kernel_us: float
+    wakes: float
     idle_ms_per_s: float
     cpu_spread: tuple[float, float]
     p50_ms: float
@@ -91,6 +93,8 @@ def config_rows(run: Run) -> list[ConfigRow]:
                 got.errors,
                 med(got.cpu_us),
                 med(got.main_us),
+                med(got.kernel_us),
+                med(got.wakes),
                 got.idle_ms_per_s,
                 (min(got.cpu_us, default=0.0), max(got.cpu_us, default=0.0)),
                 med(got.p50_ms),
@@ -128,6 +132,11 @@ def dominates(run: Run, stages: list[StageRow], configs: list[ConfigRow]) -> lis
         lines.append(
             f"- With every area on, {threads:.0f} µs of the {on.cpu_us:.0f} µs per request are on threads other "
             f"than the event loop's (the store's commits, run off the loop), which the profile does not see."
+        )
+        lines.append(
+            f"- The kernel's part: {on.kernel_us:.0f} µs per request every area on ({on.wakes:.1f} wake-ups of the "
+            f"event loop), {off.kernel_us:.0f} µs with none ({off.wakes:.1f}); no change to opod's Python reaches it, "
+            "only fewer exchanges per request do (each guardrail webhook is one more)."
         )
     areas = [r for r in configs if r.base == "tenancy" and r.added_cpu_us is not None]
     if areas:
@@ -201,17 +210,21 @@ def markdown(run: Run) -> str:
         "",
         "One leader per configuration, all started side by side, each with its own worker and simulator. CPU "
         "is the leader process's (every thread) from /proc, per request answered, median of rounds, with the "
-        "leader's idle CPU (heartbeats, its loops; measured while the others had their turn) taken out; p50 "
+        "leader's idle CPU (heartbeats, its loops; measured while the others had their turn) taken out; the "
+        "kernel's part is its system time (socket reads and writes, wake-ups), and wake-ups are the times the "
+        "event loop's thread was put back on a CPU per request (schedstat), idle ones taken out likewise. p50 "
         "and p99 are medians of the rounds' own. An area's difference is against the configuration it is "
         "added to.",
         "",
-        "| configuration | requests | errors | leader CPU µs/req | of which event loop | CPU spread over rounds "
+        "| configuration | requests | errors | leader CPU µs/req | of which event loop | of which kernel "
+        "| event loop wake-ups/req | CPU spread over rounds "
         "| idle CPU ms/s | p50 ms | p99 ms | compared with | CPU µs added | p50 ms added | p99 ms added |",
-        "|---|---:|---:|---:|---:|---|---:|---:|---:|---|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---:|---:|---:|",
     ]
     for c in configs:
         lines.append(
-            f"| {c.label} | {c.answered} | {c.errors} | {c.cpu_us:.0f} | {c.main_us:.0f} | "
+            f"| {c.label} | {c.answered} | {c.errors} | {c.cpu_us:.0f} | {c.main_us:.0f} | {c.kernel_us:.0f} | "
+            f"{c.wakes:.1f} | "
             f"{c.cpu_spread[0]:.0f}–{c.cpu_spread[1]:.0f} | {c.idle_ms_per_s:.1f} | {c.p50_ms:.2f} | {c.p99_ms:.2f} | {c.base or '—'} | "
             f"{_signed(c.added_cpu_us, 0)} | {_signed(c.added_p50_ms, 2)} | {_signed(c.added_p99_ms, 2)} |"
         )
@@ -250,7 +263,8 @@ def tables(run: Run) -> list[Table]:
     for r in stage_rows(run):
         stages.add_row(r.stage, f"{r.cpu_us:.1f}", f"{r.wall_us:.1f}", f"{r.share:.1%}", f"{r.unprofiled_us:.1f}")
     areas = Table(title="governance areas on and off (leader CPU µs per request, latency ms)", header_style="bold")
-    for column in ("configuration", "errors", "CPU", "event loop", "p50", "p99", "vs", "+CPU", "+p50", "+p99"):
+    columns = ("configuration", "errors", "CPU", "event loop", "kernel", "wake-ups", "p50", "p99", "vs", "+CPU")
+    for column in (*columns, "+p50", "+p99"):
         areas.add_column(column, justify="left" if column in ("configuration", "vs") else "right")
     for c in config_rows(run):
         areas.add_row(
@@ -258,6 +272,8 @@ def tables(run: Run) -> list[Table]:
             str(c.errors),
             f"{c.cpu_us:.0f}",
             f"{c.main_us:.0f}",
+            f"{c.kernel_us:.0f}",
+            f"{c.wakes:.1f}",
             f"{c.p50_ms:.2f}",
             f"{c.p99_ms:.2f}",
             c.base or "—",
