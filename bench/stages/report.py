@@ -136,7 +136,7 @@ def dominates(run: Run, stages: list[StageRow], configs: list[ConfigRow]) -> lis
         lines.append(
             f"- The kernel's part: {on.kernel_us:.0f} µs per request every area on ({on.wakes:.1f} wake-ups of the "
             f"event loop), {off.kernel_us:.0f} µs with none ({off.wakes:.1f}); no change to opod's Python reaches it, "
-            "only fewer exchanges per request do (each guardrail webhook is one more)."
+            "only fewer system calls and wake-ups per request do (each guardrail webhook is one more exchange)."
         )
     areas = [r for r in configs if r.base == "tenancy" and r.added_cpu_us is not None]
     if areas:
