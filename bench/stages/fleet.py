@@ -243,16 +243,14 @@ class CpuSample(NamedTuple):
     kernel: float
     """Kernel CPU seconds, every thread: system calls (a loopback write carries the receiver's side of TCP),
     wake-ups, page faults."""
-    main_runs: int
+    main_runs: float
     """Times the event loop's thread was put on a CPU (``schedstat``): about one per wake-up from its wait."""
 
     def since(self, before: CpuSample) -> CpuSample:
-        return CpuSample(
-            self.cpu - before.cpu,
-            self.main - before.main,
-            self.kernel - before.kernel,
-            self.main_runs - before.main_runs,
-        )
+        return CpuSample(*(now - then for now, then in zip(self, before, strict=True)))
+
+    def plus(self, more: CpuSample) -> CpuSample:
+        return CpuSample(*(one + other for one, other in zip(self, more, strict=True)))
 
 
 def cpu_sample(pid: int) -> CpuSample:

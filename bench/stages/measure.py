@@ -38,27 +38,20 @@ class Rounds:
     """
 
     answered_by_round: list[int] = field(default_factory=list)
-    cpu_s: list[float] = field(default_factory=list)
-    main_s: list[float] = field(default_factory=list)
-    kernel_s: list[float] = field(default_factory=list)
-    main_runs: list[float] = field(default_factory=list)
+    spent: list[CpuSample] = field(default_factory=list)
+    """What the leader's counters moved by in each round."""
     elapsed_s: list[float] = field(default_factory=list)
     p50_ms: list[float] = field(default_factory=list)
     p99_ms: list[float] = field(default_factory=list)
     errors: int = 0
     statuses: dict[int, int] = field(default_factory=dict)
-    idle_cpu_s: float = 0.0
-    idle_main_s: float = 0.0
-    idle_kernel_s: float = 0.0
-    idle_main_runs: float = 0.0
+    idle_spent: CpuSample = CpuSample(0.0, 0.0, 0.0, 0.0)
+    """What they moved by, all told, while the other configurations had their turns."""
     idle_s: float = 0.0
 
     def add(self, got: loadgen.Result, spent: CpuSample, elapsed: float) -> None:
         self.answered_by_round.append(len(got.latencies))
-        self.cpu_s.append(spent.cpu)
-        self.main_s.append(spent.main)
-        self.kernel_s.append(spent.kernel)
-        self.main_runs.append(spent.main_runs)
+        self.spent.append(spent)
         self.elapsed_s.append(elapsed)
         self.p50_ms.append(got.pct(50) * 1000)
         self.p99_ms.append(got.pct(99) * 1000)
@@ -67,10 +60,7 @@ class Rounds:
             self.statuses[status] = self.statuses.get(status, 0) + count
 
     def idle(self, spent: CpuSample, elapsed: float) -> None:
-        self.idle_cpu_s += spent.cpu
-        self.idle_main_s += spent.main
-        self.idle_kernel_s += spent.kernel
-        self.idle_main_runs += spent.main_runs
+        self.idle_spent = self.idle_spent.plus(spent)
         self.idle_s += elapsed
 
     @property
@@ -80,43 +70,48 @@ class Rounds:
     @property
     def idle_ms_per_s(self) -> float:
         """The leader's CPU with no requests, ms per second (every thread)."""
-        return self.idle_cpu_s / self.idle_s * 1000 if self.idle_s else 0.0
+        return self.idle_spent.cpu / self.idle_s * 1000 if self.idle_s else 0.0
 
-    def _net(self, spent: list[float], idle_total: float, unit: float = 1e6) -> list[float]:
-        rate = idle_total / self.idle_s if self.idle_s else 0.0
+    def _net(self, counter: str, unit: float = 1e6) -> list[float]:
+        """Each round's ``counter`` per request, the idle rate over the round's time taken out, in ``unit``."""
+        idle = getattr(self.idle_spent, counter)
+        rate = idle / self.idle_s if self.idle_s else 0.0
         return [
-            (cpu - rate * elapsed) / max(n, 1) * unit
-            for cpu, elapsed, n in zip(spent, self.elapsed_s, self.answered_by_round, strict=True)
+            (getattr(spent, counter) - rate * elapsed) / max(n, 1) * unit
+            for spent, elapsed, n in zip(self.spent, self.elapsed_s, self.answered_by_round, strict=True)
         ]
+
+    def _raw(self, counter: str) -> list[float]:
+        return [getattr(s, counter) / max(n, 1) * 1e6 for s, n in zip(self.spent, self.answered_by_round, strict=True)]
 
     @property
     def cpu_us(self) -> list[float]:
         """Each round's leader CPU per request, every thread, its idle CPU taken out (µs)."""
-        return self._net(self.cpu_s, self.idle_cpu_s)
+        return self._net("cpu")
 
     @property
     def main_us(self) -> list[float]:
         """The same, the event loop's thread only."""
-        return self._net(self.main_s, self.idle_main_s)
+        return self._net("main")
 
     @property
     def kernel_us(self) -> list[float]:
         """The same, the kernel's part (every thread)."""
-        return self._net(self.kernel_s, self.idle_kernel_s)
+        return self._net("kernel")
 
     @property
     def wakes(self) -> list[float]:
         """Each round's wake-ups of the event loop's thread per request, its idle ones taken out."""
-        return self._net(self.main_runs, self.idle_main_runs, unit=1.0)
+        return self._net("main_runs", unit=1.0)
 
     @property
     def raw_cpu_us(self) -> list[float]:
         """Each round's leader CPU per request, every thread, idle CPU included (the profile's own basis)."""
-        return [cpu / max(n, 1) * 1e6 for cpu, n in zip(self.cpu_s, self.answered_by_round, strict=True)]
+        return self._raw("cpu")
 
     @property
     def raw_main_us(self) -> list[float]:
-        return [cpu / max(n, 1) * 1e6 for cpu, n in zip(self.main_s, self.answered_by_round, strict=True)]
+        return self._raw("main")
 
     @staticmethod
     def median(values: list[float]) -> float:

@@ -11,11 +11,13 @@ from __future__ import annotations
 import os
 import random
 import socket
+from collections import deque
 
 LOW, HIGH = 10000, 32000
 _pick = random.Random()
-_handed: set[int] = set()
-"""Ports :func:`free_port` gave this process: one helper that asks for three ports before it starts
+REMEMBERED = 1000
+_handed: deque[int] = deque(maxlen=REMEMBERED)
+"""The last ports :func:`free_port` gave this process: a helper that asks for three ports before it starts
 anything (a leader's public, admin and worker listeners) must get three different ones."""
 
 
@@ -39,8 +41,6 @@ def free_port() -> int:
     """A port of this process's slice (outside its runs' quarter) that nothing listens on now and that
     this process was not given lately: a port drawn but not yet bound is not drawn again."""
     low, high = port_range()[0], run_range()[0]
-    if len(_handed) > (high - low) // 2:
-        _handed.clear()
     for _ in range(500):
         port = _pick.randrange(low, high)
         if port in _handed:
@@ -50,6 +50,6 @@ def free_port() -> int:
                 sock.bind(("127.0.0.1", port))
             except OSError:
                 continue
-        _handed.add(port)
+        _handed.append(port)
         return port
     raise RuntimeError(f"no free loopback port in {low}-{high} after 500 tries")
