@@ -35,7 +35,7 @@ from rich.table import Table
 from sqlalchemy import insert
 
 from bench.fleet_scale.shape import capabilities, node_id
-from bench.procs import free_port
+from bench.ports import free_port
 from opod.control.app import create_app
 from opod.control.console.auth import Viewer
 from opod.http.serving import settle_memory

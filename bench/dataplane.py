@@ -27,7 +27,8 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemaining
 from rich.table import Table
 
 from bench import loadgen
-from bench.procs import Proc, free_port, wait_http
+from bench.ports import free_port
+from bench.procs import Proc, wait_http
 
 console = Console()
 RESULTS = Path(__file__).parent / "results"

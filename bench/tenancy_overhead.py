@@ -32,7 +32,8 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import loadgen
-from bench.procs import OPOD, Proc, free_port, wait_http
+from bench.ports import free_port
+from bench.procs import OPOD, Proc, wait_http
 from opod.access.keytable import KeyEntry
 from opod.access.tenancy import ProjectChain
 from opod.gateway.budgets import Budgets

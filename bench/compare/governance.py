@@ -20,7 +20,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.procs import OPOD, free_port, wait_http
+from bench.ports import free_port
+from bench.procs import OPOD, wait_http
 from bench.routing import fleet as fleet_mod
 from bench.routing import peers
 from bench.routing.fleet import Fleet

@@ -30,7 +30,8 @@ from pathlib import Path
 
 from bench.fleet_scale import measure, shape
 from bench.fleet_scale.measure import Api, Latency
-from bench.procs import Proc, free_port, wait_http
+from bench.ports import free_port
+from bench.procs import Proc, wait_http
 
 ROOT = Path(__file__).resolve().parents[2]
 

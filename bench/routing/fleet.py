@@ -20,7 +20,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.procs import Proc, free_port, wait_http, wait_model_ready
+from bench.ports import free_port
+from bench.procs import Proc, wait_http, wait_model_ready
 
 MODEL = "sim-chat"
 

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.procs import free_port
+from bench.ports import free_port
 
 MARKER = ".opod-bench-requirement"
 DEFAULT_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "opod-bench" / "peers"

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from bench.procs import Proc, free_port
+from bench.ports import free_port
+from bench.procs import Proc
 from bench.tenancy_overhead import BODY, MODEL, _admin, _headers
 
 LAUNCH = [sys.executable, "-m", "bench.stages.launch"]

@@ -14,11 +14,11 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 import pytest
 
+from bench.ports import free_port
 from opod.access.oidc import OidcRefused, OidcSignIn
 from opod.store.people import UserRecord
 from tests.support.inprocess import InProcessLeader as Leader
 from tests.support.openid import CLIENT_ID, CLIENT_SECRET, OpenIdProvider, require_node, sign_in_at_provider
-from tests.support.ports import free_port
 
 
 @pytest.fixture(scope="module")

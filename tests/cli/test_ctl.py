@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.ports import free_port
 from opod.cli.ctl.api import refusal
 from opod.cli.ctl.render import duration, parse_duration
 from opod.contract.admin.catalog import CatalogModel
@@ -35,7 +36,6 @@ from opod.contract.admin.fleet import (
 from opod.contract.admin.models import ModelView, PresetsView, ScaleResponse, TargetView
 from tests.support.inprocess import InProcessLeader as Leader
 from tests.support.opod_process import OPOD, OpodProcess, clean_env, http, sim_worker, wait_until
-from tests.support.ports import free_port
 
 NODE = "n_ctl"
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.ports import free_port
 from tests.support.opod_process import OPOD, Leader, clean_env, http
-from tests.support.ports import free_port
 
 
 @pytest.fixture(scope="module")

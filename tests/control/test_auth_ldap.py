@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
+from bench.ports import free_port
 from tests.control.scim_support import admin
 from tests.support import slapd
 from tests.support.inprocess import InProcessLeader as Leader
 from tests.support.opod_process import wait_until
-from tests.support.ports import free_port
 
 if slapd.binary() is None:
     pytest.skip(f"no slapd here: {slapd.INSTALL}", allow_module_level=True)

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from bench.ports import free_port
 from tests.support.inprocess import InProcessLeader as Leader
 from tests.support.opod_process import OpodProcess, http, opod_cli, wait_until
-from tests.support.ports import free_port
 
 MINUTE = 60_000_000_000
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from bench.ports import free_port
 from opod.contract.admin.models import ModelserveJob, ModelserveRequest, ModelserveStep
 from opod.control.console.kit import FRAGMENT_HEADER
 from opod.store.serve_jobs import new_serve_job_id
@@ -28,7 +29,6 @@ from tests.support.console import ConsoleSite, console_as
 from tests.support.hubserver import HubServer
 from tests.support.inprocess import InProcessLeader
 from tests.support.opod_process import OpodProcess, clean_env, sim_worker, wait_until
-from tests.support.ports import free_port
 from tests.support.site import CSRF
 
 TINY = "acme/tiny-GGUF"

@@ -11,10 +11,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from bench.ports import free_port
 from tests.support import prometheus
 from tests.support.inprocess import InProcessLeader as Leader
 from tests.support.opod_process import remove_home, wait_until
-from tests.support.ports import free_port
 
 NS = 1_000_000_000
 MINUTE = {"window": 60 * NS, "step": NS}

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from bench.ports import free_port
 from opod.control.serve_steps import EVAL_SKIPPED
 from opod.leader.batches import runner_owner
 from opod.store import Store
@@ -23,7 +24,6 @@ from opod.store.serve_jobs import new_serve_job_id
 from tests.support.hubserver import HubServer
 from tests.support.inprocess import InProcessLeader as Leader
 from tests.support.opod_process import OpodProcess, clean_env, opod_cli, wait_until
-from tests.support.ports import free_port
 
 TINY = "acme/tiny-GGUF"
 QUANTS = ("Q4_K_M", "Q8_0", "Q2_K")

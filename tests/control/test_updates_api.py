@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
+from bench.ports import free_port
 from tests.support.hubserver import HubServer
 from tests.support.inprocess import InProcessLeader as Leader
 from tests.support.opod_process import OpodProcess, clean_env, opod_cli, wait_until
-from tests.support.ports import free_port
 
 pytestmark = pytest.mark.engine
 

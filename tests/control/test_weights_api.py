@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
+from bench.ports import free_port
 from opod.contract import nodeapi
 from opod.security.signer import Signer
 from opod.weights import write_tiny_llama
 from tests.support.inprocess import InProcessLeader as Leader
 from tests.support.opod_process import OpodProcess, clean_env, http, wait_until
-from tests.support.ports import free_port
 
 NODE = "n_weights"
 MODEL = "local-tiny"

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from bench.ports import free_port
 from opod.engines import llama_binary
 from tests.support.inprocess import InProcessLeader as Leader
 from tests.support.opod_process import OpodProcess, clean_env, descendants, wait_until
-from tests.support.ports import free_port
 from tests.support.tiny_wheel import write_wheel
 
 pytestmark = pytest.mark.engine

@@ -15,9 +15,9 @@ from pathlib import Path
 import openai
 import pytest
 
+from bench.ports import free_port
 from tests.support.inprocess import InProcessLeader as Leader
 from tests.support.opod_process import OpodProcess, alive, clean_env, http, opod_cli, wait_until
-from tests.support.ports import free_port
 
 MODEL = "sim-chat"
 

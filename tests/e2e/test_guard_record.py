@@ -22,9 +22,9 @@ import openai
 import pytest
 from aiohttp import web
 
+from bench.ports import free_port
 from tests.support.inprocess import InProcessLeader as Leader
 from tests.support.opod_process import OpodProcess, http, opod_cli, sim_worker, wait_until
-from tests.support.ports import free_port
 
 MODEL = "sim-chat"
 NODE = "n_guard"

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bench.ports import free_port
 from opod.catalog import bundled_dir
 from opod.contract import adminapi, nodeapi
 from opod.contract import env as contract_env
@@ -23,7 +24,6 @@ from opod.contract.blockhash import block_hashes
 from opod.contract.catalog import Entry
 from opod.contract.nodeauth import HEADER, sign
 from tests.support.opod_process import Leader, OpodProcess, clean_env, http, opod_cli, usage_rows, wait_until
-from tests.support.ports import free_port
 
 MODEL = "sim-chat"
 

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bench.ports import free_port
 from opod.catalog import bundled_dir
 from opod.contract import adminapi
 from tests.support.inprocess import InProcessLeader as Leader
 from tests.support.opod_process import OpodProcess, clean_env, http, opod_cli, usage_rows, wait_until
-from tests.support.ports import free_port
 
 MAIN, BACKUP = "sim-main", "sim-backup"
 

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from bench.ports import free_port
 from opod.weights.tiny import write_tiny_llama
 from tests.shards.harness import cannot_run
 from tests.support.inprocess import InProcessLeader as Leader
 from tests.support.opod_process import OpodProcess, alive, clean_env, http, opod_cli, wait_until
-from tests.support.ports import free_port
 
 pytestmark = pytest.mark.engine
 

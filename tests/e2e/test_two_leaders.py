@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from cryptography.fernet import Fernet
 
+from bench.ports import free_port
 from tests.support.opod_process import Leader, OpodProcess, clean_env, http, wait_until
-from tests.support.ports import free_port
 
 WITHIN = 2.0
 EXTRA = ["--no-default-models"]

@@ -22,13 +22,13 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from bench.ports import free_port
 from opod.contract import nodeapi
 from opod.contract.adminapi import EngineInfo
 from opod.engines import registry
 from opod.engines.base import EngineDriver, LaunchSpec, LoadSample, MetricsState, Readiness
 from opod.engines.errors import LaunchError, NotLaunchable
 from tests.engines.conftest import DATA, engine_process, fake_engine, sim_problem, status
-from tests.support.ports import free_port
 
 DRIVERS = registry.all_drivers()
 ids = [d.id for d in DRIVERS]

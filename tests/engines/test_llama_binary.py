@@ -9,13 +9,13 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from bench.ports import free_port
 from opod.engines import llama_binary
 from opod.engines.base import LaunchSpec, Readiness
 from opod.engines.errors import LaunchError
 from opod.engines.llama_binary import Route
 from opod.engines.registry import get_driver
 from tests.engines.conftest import engine_process
-from tests.support.ports import free_port
 
 ALL_FLAGS = (
     "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma f16c bmi2 " + " ".join(sorted(llama_binary.PREBUILT_NEEDS)) + "\n"

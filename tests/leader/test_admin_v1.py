@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 from starlette.routing import Route
 
+from bench.ports import free_port
 from opod.contract import adminapi
 from opod.contract.features import FEATURE_KEYS, frozen_routes
 from opod.leader.leader import Leader as OpodLeader
 from opod.leader.leader import LeaderSettings
 from tests.support.inprocess import InProcessLeader as Leader
 from tests.support.opod_process import OpodProcess, clean_env, http, opod_cli, wait_until
-from tests.support.ports import free_port
 
 MODEL = "sim-chat"
 

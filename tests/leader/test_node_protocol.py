@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from bench.ports import free_port
 from opod.contract import nodeapi
 from opod.contract.nodeauth import HEADER, sign
 from tests.support.inprocess import InProcessLeader as Leader
 from tests.support.opod_process import OpodProcess, clean_env, http, opod_cli, wait_until
-from tests.support.ports import free_port
 
 NODE = "n_fake-1"
 

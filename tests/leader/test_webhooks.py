@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
+from bench.ports import free_port
 from opod.contract import nodeapi
 from opod.fleet.models import ModelRegistry
 from opod.fleet.state import Fleet
@@ -35,7 +36,6 @@ from opod.store import Store
 from tests.leader.test_reconciler import Workers, model, node
 from tests.support.inprocess import InProcessLeader as Leader
 from tests.support.opod_process import remove_home, sim_worker, wait_until
-from tests.support.ports import free_port
 
 FAST = Backoff(attempts=4, first=0.05, most=0.2)
 

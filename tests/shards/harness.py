@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.ports import free_port, run_range
 from opod.catalog.loader import load_entry
 from opod.contract.catalog import Entry
 from opod.engines import llama_binary, rpc_binary
@@ -36,7 +37,6 @@ from tests.support.opod_process import (
     http,
     wait_until,
 )
-from tests.support.ports import free_port, run_range
 
 MODEL = "tiny-sharded"
 
@@ -62,7 +62,7 @@ FAST = Timing(part_ready=10.0, settle=0.4, coordinator_ready=60.0, heartbeat=15.
 
 def free_port_run(count: int) -> int:
     """The first port of ``count`` consecutive ports that are free now on loopback and every interface, in this
-    process's slice of ports kept for runs (``tests.support.ports.run_range``)."""
+    process's slice of ports kept for runs (``bench.ports.run_range``)."""
     start, stop = run_range()
     base = start + (int(time.time() * 1000) % 29) * 37
     while base + count < stop:

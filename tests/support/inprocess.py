@@ -33,11 +33,11 @@ from typing import Any, TypeVar
 import httpx
 import uvloop
 
+from bench.ports import free_port
 from opod.leader.leader import Leader, LeaderSettings
 from opod.leader.run import Up, UpSettings
 from opod.worker.run import Worker, WorkerSettings
 from tests.support.opod_process import NO_INSTALL, clean_env, http, wait_until
-from tests.support.ports import free_port
 
 T = TypeVar("T")
 

@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
+from bench.ports import free_port
 from opod.engines import llama_binary
 from opod.engines.errors import LaunchError
 from opod.engines.llama_binary import Route
-from tests.support.ports import free_port
 
 
 def command() -> list[str]:

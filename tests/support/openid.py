@@ -19,8 +19,8 @@ from urllib.parse import parse_qsl, urljoin, urlsplit
 import httpx
 import pytest
 
+from bench.ports import free_port
 from tests.support.opod_process import wait_until
-from tests.support.ports import free_port
 
 HERE = Path(__file__).resolve().parent / "oidc_provider"
 CLIENT_ID = "opod"

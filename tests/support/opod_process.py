@@ -19,7 +19,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from tests.support.ports import free_port
+from bench.ports import free_port
 
 OPOD = [sys.executable, "-m", "opod"]
 

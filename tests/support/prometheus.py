@@ -13,8 +13,8 @@ import subprocess
 import urllib.parse
 from pathlib import Path
 
+from bench.ports import free_port
 from tests.support.opod_process import http, wait_until
-from tests.support.ports import free_port
 
 INSTALL = "apt-get install -y prometheus (Debian's package; .ci/run installs it)"
 

@@ -25,10 +25,10 @@ import uvicorn
 from starlette.requests import Request
 from starlette.types import ASGIApp
 
+from bench.ports import free_port
 from opod.control.console.auth import CSRF_HEADER, Viewer
 from tests.support.chromium import ARGS, CHROMIUM
 from tests.support.inprocess import InProcessLeader
-from tests.support.ports import free_port
 
 CSRF = "csrf-of-this-session"
 RIGHTS = {

@@ -15,8 +15,8 @@ import socket
 import subprocess
 from pathlib import Path
 
+from bench.ports import free_port
 from tests.support.opod_process import wait_until
-from tests.support.ports import free_port
 
 INSTALL = "apt-get install -y slapd ldap-utils (Debian's packages; .ci/run installs them)"
 SUFFIX = "dc=example,dc=org"

@@ -283,7 +283,7 @@ async def test_listing_follows_pages_and_reports_lfs_digests(tmp_path: Path) -> 
 
 
 async def test_an_unreachable_hub_names_the_endpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.support.ports import free_port
+    from bench.ports import free_port
 
     endpoint = f"http://127.0.0.1:{free_port()}"
     monkeypatch.setenv("HF_ENDPOINT", endpoint)

@@ -10,10 +10,10 @@ import json
 import struct
 import time
 
+from bench.ports import free_port
 from opod.contract.blockhash import block_hashes
 from opod.worker.kvevents import BlockRemoved, BlockStored, EngineBlocks, KVReport
 from opod.worker.kvlistener import engine_binds
-from tests.support.ports import free_port
 from tests.worker.kv_support import (
     BS,
     FILLER,

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.ports import free_port
 from opod.contract import nodeapi
 from opod.engines import llama_binary
 from opod.worker.supervisor import (
@@ -26,7 +27,6 @@ from opod.worker.supervisor import (
     UnknownProcess,
 )
 from tests.support.llama_server import command as llama_command
-from tests.support.ports import free_port
 
 
 def py(code: str, *args: str) -> list[str]:

@@ -1,9 +1,14 @@
-"""Free loopback ports for the tests' servers.
+"""Free loopback ports for the servers the benchmarks and the tests start.
 
-Each pytest-xdist worker draws from its own slice of 10000-32000, below the ephemeral ports Linux
-hands to ``bind(0)`` and to outgoing connections (32768 and up): a port one test frees while its
-leader restarts cannot be handed to another worker's test, and no engine's own ``bind(0)`` or a
-client's source port lands on it.
+Ports come from 10000-32000, below the ephemeral ports Linux hands to ``bind(0)`` and to outgoing
+connections (32768 and up), so a load generator's thousands of client connections never take a port
+a server was about to bind, and no engine's own ``bind(0)`` lands on one. Under pytest-xdist each
+worker draws from its own slice (``gw0``, ``gw1``, ...): a port one test frees while its leader
+restarts cannot be handed to another worker's test.
+
+A port is never handed to the same process twice among its last :data:`REMEMBERED`: a harness that
+asks for three ports before it starts anything (a leader's public, admin and worker listeners) gets
+three different ones.
 """
 
 from __future__ import annotations
@@ -17,12 +22,11 @@ LOW, HIGH = 10000, 32000
 _pick = random.Random()
 REMEMBERED = 1000
 _handed: deque[int] = deque(maxlen=REMEMBERED)
-"""The last ports :func:`free_port` gave this process: a helper that asks for three ports before it starts
-anything (a leader's public, admin and worker listeners) must get three different ones."""
+"""The last ports :func:`free_port` gave this process."""
 
 
 def port_range() -> tuple[int, int]:
-    """This process's slice: all of it run serially, one part per xdist worker (``gw0``, ``gw1``, ...)."""
+    """This process's slice: all of it outside pytest-xdist, one part per xdist worker."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or "1")
     index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
