@@ -7,7 +7,9 @@ back to back, their order turned every round: the ratio of a pair is what the ch
 machine was doing then. CPU is every thread's, from ``/proc/PID/task/*/schedstat`` (nanoseconds; /proc's
 ``stat`` counts in 10 ms ticks, too coarse for a two-second round).
 
-``DIR`` holds the other build's tree, e.g. ``git worktree add --detach /tmp/base main``.
+``DIR`` holds the other build's tree, e.g. ``git worktree add --detach /tmp/base main``; ``--base-python``
+runs the base's leader under another interpreter (another virtual environment's ``bin/python``), so the same
+tree can be set against itself on two Python versions.
 """
 
 from __future__ import annotations
@@ -89,7 +91,20 @@ def side_trees(base: Path) -> dict[str, Path]:
     return {"base": base, "this": REPO}
 
 
-def report(sides: dict[str, Side], trees: dict[str, Path], rate: float, seconds: float) -> str:
+def python_version(python: str) -> str:
+    """The version of the interpreter at ``python``; refused naming ``--base-python`` when it does not run."""
+    try:
+        done = subprocess.run(
+            [python, "-c", "import platform; print(platform.python_version())"], capture_output=True, text=True
+        )
+    except OSError as err:
+        raise typer.BadParameter(f"{python} does not run: {err.strerror}", param_hint="--base-python") from None
+    if done.returncode != 0:
+        raise typer.BadParameter(f"{python} does not run: {done.stderr.strip()[-200:]}", param_hint="--base-python")
+    return done.stdout.strip()
+
+
+def report(sides: dict[str, Side], trees: dict[str, Path], pythons: dict[str, str], rate: float, seconds: float) -> str:
     ratios = sorted(t / b for t, b in zip(sides["this"].cpu_us, sides["base"].cpu_us, strict=True))
     quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
     lines = [
@@ -102,14 +117,16 @@ def report(sides: dict[str, Side], trees: dict[str, Path], rate: float, seconds:
         "back in each round (their order turned every round). CPU: the leader's every thread, per request "
         "answered (schedstat); its idle CPU is not taken out, alike on both sides.",
         "",
-        "| leader | tree | commit | requests | errors | CPU µs/req (median) | event loop µs/req | p50 ms | p99 ms |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+        "| leader | tree | commit | Python | requests | errors | CPU µs/req (median) | event loop µs/req | p50 ms "
+        "| p99 ms |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name in SIDES:
         side = sides[name]
         med = statistics.median
         lines.append(
-            f"| {name} | `{trees[name]}` | `{tree_commit(trees[name])}` | {side.answered} | {side.errors} | "
+            f"| {name} | `{trees[name]}` | `{tree_commit(trees[name])}` | {python_version(pythons[name])} | "
+            f"{side.answered} | {side.errors} | "
             f"{med(side.cpu_us):.0f} | {med(side.main_us):.0f} | {med(side.p50_ms):.2f} | {med(side.p99_ms):.2f} |"
         )
     lines += [
@@ -129,9 +146,14 @@ def command(
     warm: float = typer.Option(1.0, help="Seconds of requests warming each leader first."),
     results_dir: Path = typer.Option(RESULTS, "--results-dir", help="Where the table goes."),
     name: str = typer.Option("stages-ab", help="The table's file name, <name>.md."),
+    base_python: str = typer.Option(
+        sys.executable, help="The interpreter that runs the base's leader (another virtual environment's bin/python)."
+    ),
 ) -> None:
     """This checkout's all-on leader against another checkout's: CPU per request, pair by pair."""
     trees = side_trees(base)
+    pythons = {"base": base_python, "this": sys.executable}
+    python_version(base_python)
     all_on = next(c for c in CONFIGS if c.name == ALL_ON)
     hook = Webhook()
     members: dict[str, Member] = {}
@@ -141,7 +163,7 @@ def command(
             with console.status("starting both leaders, each with an opod join worker and a simulator"):
                 for side in SIDES:
                     config = Config(side, side, all_on.areas, "")
-                    members[side] = Member(config, Path(scratch), hook.url, tree=trees[side])
+                    members[side] = Member(config, Path(scratch), hook.url, tree=trees[side], python=pythons[side])
                 for member in members.values():
                     member.join()
                 for member in members.values():
@@ -157,7 +179,7 @@ def command(
     finally:
         stop_all(members)
         hook.stop()
-    text = report(sides, trees, rate, seconds)
+    text = report(sides, trees, pythons, rate, seconds)
     results_dir.mkdir(parents=True, exist_ok=True)
     out = results_dir / f"{name}.md"
     out.write_text(text)

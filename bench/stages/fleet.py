@@ -24,7 +24,8 @@ from bench.ports import free_port
 from bench.procs import Proc
 from bench.tenancy_overhead import BODY, MODEL, _admin, _headers
 
-LAUNCH = [sys.executable, "-m", "bench.stages.launch"]
+LAUNCH = ["-m", "bench.stages.launch"]
+"""The leader's program after its Python: ``opod`` in a process whose profiling window a signal opens."""
 REPO = Path(__file__).resolve().parents[2]
 SIMULATOR = {"time_scale": 0, "max_num_seqs": 1024}
 BIG = 10**15
@@ -86,8 +87,11 @@ def policy_file(path: Path, webhook: str) -> None:
 class Member:
     """One configuration's leader and its worker."""
 
-    def __init__(self, config: Config, scratch: Path, webhook: str, tree: Path | None = None) -> None:
+    def __init__(
+        self, config: Config, scratch: Path, webhook: str, tree: Path | None = None, python: str = sys.executable
+    ) -> None:
         """``tree``: another checkout whose ``src/`` the leader runs (``python -m bench stages-ab``); this one's
+        by default. ``python``: the interpreter that runs the leader (another virtual environment's); this one
         by default."""
         self.config = config
         self.home = scratch / config.name
@@ -101,7 +105,7 @@ class Member:
             env["OPOD_POLICY_FILE"] = str(policy)
         port, self.admin_port = free_port(), free_port()
         args = ["up", "--no-worker", "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{self.admin_port}"]
-        self.leader = Proc([*args, "--no-default-models"], self.home / "leader", env=env, program=LAUNCH)
+        self.leader = Proc([*args, "--no-default-models"], self.home / "leader", env=env, program=[python, *LAUNCH])
         self.url = f"http://127.0.0.1:{port}"
         self.admin_url = f"http://127.0.0.1:{self.admin_port}"
         self.worker: Proc | None = None

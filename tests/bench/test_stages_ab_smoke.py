@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -26,8 +27,9 @@ def test_the_smallest_run_measures_both_leaders_and_writes_the_table(tmp_path: P
     table = (tmp_path / "ab.md").read_text()
     rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in table.splitlines() if line.startswith("| ")}
     for side in ("base", "this"):
-        answered, errors = int(rows[side][3]), int(rows[side][4])
+        python, answered, errors = rows[side][3], int(rows[side][4]), int(rows[side][5])
         assert answered > 0 and errors == 0, table
+        assert python == platform.python_version(), table
     assert "pair by pair: median **" in table
 
 
@@ -43,3 +45,17 @@ def test_a_base_that_is_no_checkout_is_refused_naming_the_option(tmp_path: Path)
     )
     assert done.returncode != 0 and "--base" in done.stdout + done.stderr
     assert "holds no src/opod" in done.stdout + done.stderr
+
+
+def test_a_base_python_that_does_not_run_is_refused_naming_the_option(tmp_path: Path) -> None:
+    missing = tmp_path / "bin" / "python"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "stages-ab", "--base", str(REPO), "--base-python", str(missing)],
+        cwd=REPO,
+        env={**os.environ, "COLUMNS": "1000"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0 and "--base-python" in done.stdout + done.stderr
+    assert f"{missing} does not run" in done.stdout + done.stderr
