@@ -104,9 +104,21 @@ def python_version(python: str) -> str:
     return done.stdout.strip()
 
 
+def _ratios(sides: dict[str, Side], measure: str) -> list[float]:
+    """This side's ``measure`` over the base's, round by round, sorted."""
+    this, base = getattr(sides["this"], measure), getattr(sides["base"], measure)
+    return sorted(t / b for t, b in zip(this, base, strict=True))
+
+
+def _quartiles(values: list[float]) -> list[float]:
+    return statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+
+
 def report(sides: dict[str, Side], trees: dict[str, Path], pythons: dict[str, str], rate: float, seconds: float) -> str:
-    ratios = sorted(t / b for t, b in zip(sides["this"].cpu_us, sides["base"].cpu_us, strict=True))
-    quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+    ratios = _ratios(sides, "cpu_us")
+    quartiles = _quartiles(ratios)
+    tails = _ratios(sides, "p99_ms")
+    tail_quartiles = _quartiles(tails)
     lines = [
         f"# This checkout's leader against another's, every governance area on ({time.strftime('%Y-%m-%d %H:%M')})",
         "",
@@ -133,6 +145,10 @@ def report(sides: dict[str, Side], trees: dict[str, Path], pythons: dict[str, st
         "",
         f"This leader's CPU per request over the base's, pair by pair: median **{statistics.median(ratios):.3f}** "
         f"(quartiles {quartiles[0]:.3f}–{quartiles[2]:.3f}; every pair: {', '.join(f'{r:.3f}' for r in ratios)}).",
+        "",
+        f"Its p99 latency over the base's, pair by pair: median {statistics.median(tails):.3f} "
+        f"(quartiles {tail_quartiles[0]:.3f}–{tail_quartiles[2]:.3f}); a round's p99 rests on its slowest few "
+        "requests, so set this against the same command run with this checkout as its own base.",
         "",
     ]
     return "\n".join(lines)

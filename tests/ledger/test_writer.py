@@ -8,6 +8,7 @@ import errno
 import json
 import logging
 import os
+import sys
 import threading
 from collections.abc import Iterator, Mapping
 from datetime import timedelta
@@ -17,6 +18,7 @@ import pytest
 
 from opod.ledger import Ledger, journal
 from opod.ledger.ledger import COMMIT_EVERY_S
+from opod.ledger.writer import WRITER_NICE
 from opod.store import Store
 from tests.ledger.conftest import request
 
@@ -333,3 +335,31 @@ async def test_what_a_client_or_webhook_gave_is_cleaned_before_it_is_journaled(
     await ledger.flush()
     row = ledger.store.find_request("given")
     assert (row.end_user, row.guard_category, row.status) == ("alice", "whynot", 200)
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="one thread's own priority is Linux's (nice per thread)"
+)
+async def test_commits_run_in_one_thread_of_their_own_below_the_event_loops_priority(ledger: Ledger) -> None:
+    """What `top -H` shows an operator: the rows are committed by the ledger's writer thread, niced below the
+    thread that serves requests, so a commit's burst of CPU waits for the event loop instead of holding it up."""
+    before = set(threading.enumerate())
+    for _ in range(3):
+        request(ledger, 2)
+        await ledger.flush()
+    assert len(ledger.store.usage_after(0, 10)) == 6
+    writers = [t for t in set(threading.enumerate()) - before if t.name.startswith("opod ledger writer")]
+    assert [t.name for t in writers] == ["opod ledger writer_0"]  # made for the first commit, one for all
+    assert writers[0].native_id is not None
+    loop_nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert os.getpriority(os.PRIO_PROCESS, writers[0].native_id) == min(loop_nice + WRITER_NICE, 19)
+
+
+async def test_a_closed_ledger_lets_its_writer_thread_go(ledger: Ledger) -> None:
+    before = set(threading.enumerate())
+    request(ledger, 1)
+    await ledger.flush()
+    (writer,) = [t for t in set(threading.enumerate()) - before if t.name.startswith("opod ledger writer")]
+    ledger.close()
+    ledger.close()  # idempotent
+    await _until(lambda: not writer.is_alive(), 5)

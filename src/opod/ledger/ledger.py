@@ -327,7 +327,7 @@ class Ledger:
             ran = await self.writer.drain(along=write)
         finally:
             if write is not None and not ran:
-                await asyncio.to_thread(write)
+                await self.writer.in_thread(write)
         await self._trim_aside()
 
     async def prune(self, now: datetime | None = None) -> Pruned:
@@ -471,6 +471,7 @@ class Ledger:
                     len(self._open),
                 )
             self.journal.close()
+        self.writer.close()
 
 
 def _delete(segments: list[Path]) -> None:
