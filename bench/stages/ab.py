@@ -78,7 +78,13 @@ def _round(member: Member, rate: float, seconds: float, seed: int, side: Side) -
 def tree_commit(tree: Path) -> str:
     """The short commit a checkout's tree is at, or says it is none."""
     done = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=tree, capture_output=True, text=True)
-    return done.stdout.strip() or "not a git checkout"
+    commit = done.stdout.strip()
+    if not commit:
+        return "not a git checkout"
+    changed = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=tree, capture_output=True, text=True
+    )
+    return commit + (" + uncommitted changes" if changed.stdout.strip() else "")
 
 
 def side_trees(base: Path) -> dict[str, Path]:
