@@ -9,7 +9,8 @@ Commits run in the writer's own thread, scheduled below the event loop (:data:`W
 a burst of CPU (each row checked and turned into parameters, SQLite's pages written) that, on a machine
 whose cores the engines and clients share, held up the requests in flight when it ran at the loop's
 priority. Below it, the kernel runs the loop first when both are ready, and the commit takes the time the
-loop leaves, which is ample: commits still keep up at saturation (``python -m bench stages-ab``).
+loop leaves; a commit that waits finds a larger batch (up to ``BATCH_MAX``) the next time, so the writer
+keeps up with the load (measured pair by pair: ``python -m bench stages-ab``, ``docs/dataplane.md``).
 
 Every record reaches the store the same way, whether ``Ledger`` built it a moment ago or it was
 replayed from the journal (which may hold anything): :func:`commit_records` turns it into a row
