@@ -25,7 +25,8 @@ from pathlib import Path
 
 import typer
 
-from bench.stages.ab import RESULTS, SIDES, console, cpu_ns, side_trees, tree_commit
+from bench.procs import checkout_commit
+from bench.stages.ab import RESULTS, SIDES, console, cpu_ns, side_trees
 from bench.stages.fleet import Areas, Config, Member, stop_all
 
 
@@ -92,7 +93,7 @@ def report(sides: dict[str, Idle], trees: dict[str, Path], seconds: float, settl
         side = sides[name]
         rounds = ", ".join(f"{x:.2f}" for x in side.cpu_ms_s)
         lines.append(
-            f"| {name} | `{trees[name]}` | `{tree_commit(trees[name])}` | {side.answered} | "
+            f"| {name} | `{trees[name]}` | `{checkout_commit(trees[name])}` | {side.answered} | "
             f"{med(side.cpu_ms_s):.2f} | {med(side.main_ms_s):.2f} | {rounds} |"
         )
     if ratios:

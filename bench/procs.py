@@ -16,6 +16,27 @@ from pathlib import Path
 OPOD = [sys.executable, "-m", "opod"]
 
 
+def checkout_commit(tree: Path) -> str:
+    """The commit a checkout's tree is at (``+ uncommitted changes`` when its tracked files differ from it), as a
+    results table names it; "unknown" outside git."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], cwd=tree, capture_output=True, text=True, timeout=10
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=tree,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    if head.returncode != 0:
+        return "unknown"
+    return head.stdout.strip() + (" + uncommitted changes" if dirty.stdout.strip() else "")
+
+
 class Proc:
     def __init__(
         self, args: list[str], home: Path, env: dict[str, str] | None = None, program: list[str] | None = None

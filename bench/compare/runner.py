@@ -15,7 +15,6 @@ import math
 import os
 import platform
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 from rich.markup import escape
 
 from bench.compare import governance
+from bench.procs import checkout_commit
 from bench.routing import fleet as fleet_mod
 from bench.routing import load, metrics, peers, workloads
 from bench.routing.fleet import Fleet, SimProfile
@@ -143,26 +143,6 @@ def invocation() -> str:
     return "python -m bench " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 
 
-def commit() -> str:
-    """The checkout's commit (``+ changes`` when its tracked files differ from it); "unknown" outside git."""
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10
-        )
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    if head.returncode != 0:
-        return "unknown"
-    return head.stdout.strip() + (" + uncommitted changes" if dirty.stdout.strip() else "")
-
-
 @dataclass
 class Lane:
     """One path on one fleet: where its requests go and what runs for it."""
@@ -176,7 +156,7 @@ class Lane:
 def run(settings: Settings, step: Step, say: Callable[[str], None]) -> CompareResult:
     began = time.monotonic()
     result = CompareResult(
-        settings, [PathRun(k, LABELS[k]) for k in PATHS if k in settings.paths], invocation(), commit()
+        settings, [PathRun(k, LABELS[k]) for k in PATHS if k in settings.paths], invocation(), checkout_commit(ROOT)
     )
     with tempfile.TemporaryDirectory(prefix="opod-bench-compare-") as scratch_name:
         scratch = Path(scratch_name)

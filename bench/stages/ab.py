@@ -29,6 +29,7 @@ import typer
 from rich.console import Console
 
 from bench import loadgen
+from bench.procs import checkout_commit
 from bench.stages.fleet import ALL_ON, CONFIGS, REPO, Config, Member, Webhook, stop_all
 from bench.stages.measure import PAYLOAD
 
@@ -75,18 +76,6 @@ def _round(member: Member, rate: float, seconds: float, seed: int, side: Side) -
     side.errors += got.errors
 
 
-def tree_commit(tree: Path) -> str:
-    """The short commit a checkout's tree is at, or says it is none."""
-    done = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=tree, capture_output=True, text=True)
-    commit = done.stdout.strip()
-    if not commit:
-        return "not a git checkout"
-    changed = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=tree, capture_output=True, text=True
-    )
-    return commit + (" + uncommitted changes" if changed.stdout.strip() else "")
-
-
 def side_trees(base: Path) -> dict[str, Path]:
     """Each side's tree: ``base`` (checked to be an opod checkout, else refused naming ``--base``) and this one."""
     base = base.resolve()
@@ -120,7 +109,9 @@ def _quartiles(values: list[float]) -> list[float]:
     return statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
 
 
-def report(sides: dict[str, Side], trees: dict[str, Path], pythons: dict[str, str], rate: float, seconds: float) -> str:
+def report(
+    sides: dict[str, Side], trees: dict[str, Path], versions: dict[str, str], rate: float, seconds: float
+) -> str:
     ratios = _ratios(sides, "cpu_us")
     quartiles = _quartiles(ratios)
     tails = _ratios(sides, "p99_ms")
@@ -143,7 +134,7 @@ def report(sides: dict[str, Side], trees: dict[str, Path], pythons: dict[str, st
         side = sides[name]
         med = statistics.median
         lines.append(
-            f"| {name} | `{trees[name]}` | `{tree_commit(trees[name])}` | {python_version(pythons[name])} | "
+            f"| {name} | `{trees[name]}` | `{checkout_commit(trees[name])}` | {versions[name]} | "
             f"{side.answered} | {side.errors} | "
             f"{med(side.cpu_us):.0f} | {med(side.main_us):.0f} | {med(side.p50_ms):.2f} | {med(side.p99_ms):.2f} |"
         )
@@ -175,7 +166,7 @@ def command(
     """This checkout's all-on leader against another checkout's: CPU per request, pair by pair."""
     trees = side_trees(base)
     pythons = {"base": base_python, "this": sys.executable}
-    python_version(base_python)
+    versions = {side: python_version(python) for side, python in pythons.items()}
     all_on = next(c for c in CONFIGS if c.name == ALL_ON)
     hook = Webhook()
     members: dict[str, Member] = {}
@@ -201,7 +192,7 @@ def command(
     finally:
         stop_all(members)
         hook.stop()
-    text = report(sides, trees, pythons, rate, seconds)
+    text = report(sides, trees, versions, rate, seconds)
     results_dir.mkdir(parents=True, exist_ok=True)
     out = results_dir / f"{name}.md"
     out.write_text(text)
