@@ -3,9 +3,10 @@
 The record is the request's usage row (the newest, where a client reused an ``X-Request-Id``):
 who made it, the model asked and the one that answered, the replica, status, latencies, queue
 time, tokens, cost, cache hit, end user and tags, and what the guardrails did: ``guard_action``
-(``block``, ``unavailable`` (a guardrail failed closed), ``rewrite``, ``failed_open`` or ``allow``:
-the strongest action a ``pre`` or ``post`` guardrail took), ``guard_policy`` (that guardrail's id
-in the policy file), ``guard_rule`` (the phase it acted in, ``pre`` or ``post``),
+(``block``, ``unavailable`` (a guardrail failed closed), ``rewrite``, ``failed_open``, ``flag`` or
+``allow``: the strongest action a ``pre`` or ``post`` guardrail or a guard policy took), ``guard_policy``
+(that guardrail's id in the policy file, or the guard policy's name), ``guard_rule`` (the phase a
+guardrail acted in, ``pre`` or ``post``; the check that decided for a guard policy),
 ``guard_category`` (the reason it gave, or what went wrong with it) and ``guard_ms`` (the time
 spent in guardrail webhooks); all absent when no guardrail was consulted. Its body is there only where the retention
 settings kept it; a 404 says why not (bodies off, the project's own setting, ``store: false``,

@@ -30,8 +30,9 @@ from opod.gateway.caller import Endpoint, InProcessCaller
 from opod.gateway.canary import CanarySplit
 from opod.gateway.embeddings import cut_embeddings
 from opod.gateway.exchange import Chains, Exchange, Meter, UsageRecorder
+from opod.gateway.guard import GuardPlan, GuardPolicies
 from opod.gateway.guardrails import Guardrails
-from opod.gateway.kept_bodies import BodyKeeping
+from opod.gateway.kept_bodies import NO_STORE, BodyKeeping
 from opod.gateway.overflow import Overflow
 from opod.gateway.prefix import PrefixHasher
 from opod.gateway.profiles import RoutingProfiles
@@ -131,6 +132,7 @@ class Gateway:
         default_max_tokens: Callable[[], int] | None = None,
         federation: Federation | None = None,
         canaries: CanaryBook | None = None,
+        guard: GuardPolicies | None = None,
     ) -> None:
         self.fleet = fleet
         self.demand = demand
@@ -149,6 +151,8 @@ class Gateway:
         self.policies = policies
         self.guardrails = guardrails
         """The policy's webhooks."""
+        self.guard = guard
+        """The settings' guard policies, run here; ``None``: none apply (a gateway without the cluster's rules)."""
         self.prompts = prompts
         """Counts the prompts a reservation needs, and those of streams cut short, for their usage rows."""
         self.templates = templates
@@ -386,9 +390,14 @@ class Gateway:
         changed = dimensions is not None or changed  # the engine makes whole vectors; the gateway cuts them
         payload["model"] = model
         exchange.parsed(model, payload)
+        guard = self.guard_plan(exchange)
+        redacted = guard is not None and GuardPolicies.check_request(guard, payload, exchange.guarded())
+        changed = redacted or changed
         keep = None
         if self.bodies is not None:
             body_state, keep = self.bodies.plan(exchange.project_id, payload)
+            if guard is not None and guard.no_store and keep is not None:
+                body_state, keep = NO_STORE, None
             exchange.keeping(body_state)
         stream = payload.get("stream") is True
         strip_usage = assemble = False
@@ -419,12 +428,17 @@ class Gateway:
             changed = json_object_as_schema(payload) or changed
         if changed:
             body = fastjson.dumps(payload)  # often: a stream asks for usage, a limit is filled in
+            if redacted:
+                received = body  # what a guard policy took out is not kept either
         if budgeted:
             await self.reserve(exchange, model, payload, prompt)
         if policy is not None and policy.guardrails:
             body = await self.guardrails.pre(policy, exchange.request_id, model, body, exchange.guarded())
-        # A whole answer the post guardrails judge is held: its row waits for their verdict.
-        hold = not stream and policy is not None and bool(policy.guardrails_for("post"))
+        # A whole answer the post guardrails or a guard policy judge is held: its row waits for their verdict.
+        judged = (policy is not None and bool(policy.guardrails_for("post"))) or (
+            guard is not None and bool(guard.outputs)
+        )
+        hold = not stream and judged
         call = RelayCall(spec.path, body, stream, strip_usage, exchange, assemble)
         if peer is not None:
             exchange.relaying(hold)
@@ -451,8 +465,8 @@ class Gateway:
                 response = await self.overflow.fall_back(call, model, payload, exchange, policy, refusal, hops)
         if dimensions is not None and not stream:
             response = cut_embeddings(response, dimensions)
-        if policy is not None and policy.guardrails:
-            response = await self._after(policy, exchange, model, body, response, stream)
+        if judged or (policy is not None and policy.guardrails):
+            response = await self._after(policy, guard, exchange, model, body, response, stream)
         if keep is not None and self.bodies is not None:
             response = self.bodies.keep(
                 keep,
@@ -535,13 +549,37 @@ class Gateway:
         else:
             exchange.admitted(permit, str(klass))
 
+    def guard_plan(self, exchange: Exchange) -> GuardPlan | None:
+        """The guard policies' checks that apply to the request's caller, ``None`` when none do."""
+        if self.guard is None:
+            return None
+        return self.guard.plan(
+            org=exchange.org_id,
+            team=exchange.team_id,
+            project=exchange.project_id,
+            user=exchange.user_id,
+            key=exchange.key_id,
+        )
+
     async def _after(
-        self, policy: PolicyView, exchange: Exchange, model: str, body: bytes, response: Response, stream: bool
+        self,
+        policy: PolicyView | None,
+        guard: GuardPlan | None,
+        exchange: Exchange,
+        model: str,
+        body: bytes,
+        response: Response,
+        stream: bool,
     ) -> Response:
-        """The policy's post and logging-only webhooks; a streamed answer is only logged (it is already on its way)."""
+        """The guard policies' output checks, then the policy file's post and logging-only webhooks; a streamed
+        answer is only logged (it is already on its way)."""
         answer = None if stream else bytes(response.body)
-        if answer is not None and response.status_code == 200 and policy.guardrails_for("post"):
-            checked = await self.guardrails.post(policy, exchange.request_id, model, body, answer, exchange.guard)
+        if answer is not None and response.status_code == 200:
+            checked = answer
+            if guard is not None and guard.outputs:
+                checked = GuardPolicies.check_answer(guard, checked, exchange.guarded())
+            if policy is not None and policy.guardrails_for("post"):
+                checked = await self.guardrails.post(policy, exchange.request_id, model, body, checked, exchange.guard)
             if checked is not answer:
                 response = Response(
                     checked, status_code=200, media_type="application/json", headers=dict(response.headers)
@@ -549,7 +587,7 @@ class Gateway:
                 response.headers["content-length"] = str(len(checked))
                 answer = checked
         exchange.let_through()
-        if policy.guardrails_for("logging_only"):
+        if policy is not None and policy.guardrails_for("logging_only"):
             self.guardrails.log(policy, exchange.request_id, model, body, answer=answer, status=response.status_code)
         return response
 

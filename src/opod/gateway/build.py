@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from opod.access.guard_attachments import AttachmentTable
 from opod.access.keytable import KeyTable
 from opod.access.tenancy import Tenancy
 from opod.contract.adminapi import PolicyAdmission
@@ -26,6 +27,7 @@ from opod.gateway.admission import Admission, fleet_capacity
 from opod.gateway.app import Demand, Gateway, Policies
 from opod.gateway.budgets import Budgets
 from opod.gateway.exchange import UsageRecorder
+from opod.gateway.guard import GuardPolicies
 from opod.gateway.guardrails import Guardrails
 from opod.gateway.kept_bodies import BodyKeeping, BodySink
 from opod.gateway.prefix import PrefixHasher
@@ -53,6 +55,8 @@ class ClusterRules:
     """Told of every request's model (``Reconciler.requested``)."""
     federation: Federation
     """Other clusters whose models are named ``PEER/MODEL``, and this cluster's id for the hop header."""
+    guard_attachments: AttachmentTable
+    """Where the settings' guard policies are attached, beside the ones every request gets."""
 
 
 def build_gateway(
@@ -78,6 +82,7 @@ def build_gateway(
     profiles: RoutingProfiles | None = None
     bodies: BodyKeeping | None = None
     default_max_tokens: Callable[[], int] | None = None
+    guard: GuardPolicies | None = None
     if rules is not None:
         settings, tenancy = rules.settings, rules.tenancy
         profiles = RoutingProfiles(lambda: settings.current.routing_profiles)
@@ -85,6 +90,7 @@ def build_gateway(
             lambda: settings.current, rules.bodies, lambda text: tenancy.resolve(text, kinds=("project",)).id
         )
         default_max_tokens = lambda: settings.current.generation.default_max_tokens  # noqa: E731
+        guard = GuardPolicies(lambda: settings.current, rules.guard_attachments)
     return Gateway(
         fleet=fleet,
         models=models,
@@ -106,4 +112,5 @@ def build_gateway(
         default_max_tokens=default_max_tokens,
         federation=rules.federation if rules is not None else None,
         canaries=canaries,
+        guard=guard,
     )

@@ -309,8 +309,10 @@ class Exchange:
             raise
 
     def guarded(self) -> GuardNote:
-        """The policy has guardrails: what they do to the request is noted for its row."""
-        self.guard = GuardNote()
+        """Guardrails or guard policies check it: what they do to the request is noted for its row (one note for
+        both)."""
+        if self.guard is None:
+            self.guard = GuardNote()
         return self.guard
 
     def admitted(self, permit: Permit, admission_class: str, queue_ms: int = 0) -> None:

@@ -40,6 +40,7 @@ rule took, the first rule to take it winning a tie:
 - ``unavailable``: a rule failed and fails closed (the client got 503);
 - ``rewrite``: a rule rewrote the request or the answer;
 - ``failed_open``: a rule failed and fails open, so the request went on unchecked by it;
+- ``flag``: a guard policy's check found something and only recorded it (``opod.gateway.guard``);
 - ``allow``: every rule consulted allowed it.
 
 With it: the deciding rule's id (``guard_policy``), its phase, ``pre`` or ``post``
@@ -82,7 +83,7 @@ _ALLOW_ANSWERS = frozenset(
 one of these, so they are recognised without a parse. Any other answer is parsed."""
 
 
-GUARD_ACTIONS = ("allow", "failed_open", "rewrite", "unavailable", "block")
+GUARD_ACTIONS = ("allow", "flag", "failed_open", "rewrite", "unavailable", "block")
 """The actions a :class:`GuardNote` may say, weakest first."""
 _RANK = {"": -1} | {action: rank for rank, action in enumerate(GUARD_ACTIONS)}
 """Each action's strength; '' (no rule consulted yet) is weaker than any."""
@@ -106,6 +107,11 @@ class GuardNote:
         """``rule`` took ``action``; it decides when it is stronger than what decided so far."""
         if _RANK[action] > _RANK[self.action]:
             self.action, self.policy, self.rule, self.category = action, rule.id, rule.phase, why[:MAX_GUARD_CATEGORY]
+
+    def found(self, action: str, policy: str, rule: str = "", category: str = "") -> None:
+        """A guard policy's check (``opod.gateway.guard``) took ``action``; it decides when it is stronger."""
+        if _RANK[action] > _RANK[self.action]:
+            self.action, self.policy, self.rule, self.category = action, policy, rule, category[:MAX_GUARD_CATEGORY]
 
     def fields(self) -> dict[str, object]:
         """The request record's guard fields (``guard_action``, ...); none when no rule was consulted."""

@@ -20,6 +20,7 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from opod import config
+from opod.access.guard_attachments import AttachmentTable
 from opod.access.keys import KeyService
 from opod.access.people import People
 from opod.access.scopes import check_scope
@@ -221,6 +222,7 @@ class Leader:
         workers = WorkerClient(access.tokens.token_for_node, Signer)
         index, local_engines = PrefixIndex(), LocalEngines()
         scopes, quota_table = TenancyScopes(tenancy), load_quotas(store)
+        guard_attachments = AttachmentTable()
         reconciler = Reconciler(
             fleet, models, workers, housekeeping=index.sweep, quotas=quota_table, scopes=scopes, emit=emit
         )
@@ -281,6 +283,7 @@ class Leader:
                 bodies=ledger.bodies,
                 demand=reconciler.requested,
                 federation=federation,
+                guard_attachments=guard_attachments,
             ),
             canaries=canary_book,
         )

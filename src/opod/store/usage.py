@@ -83,9 +83,9 @@ usage = Table(
     # What the guardrails did (0013, ``opod.gateway.guardrails``); '' and 0 = no guardrail was consulted.
     Column(
         "guard_action", Text, nullable=False, server_default=text("''")
-    ),  # block, unavailable, rewrite, failed_open, allow
+    ),  # block, unavailable, rewrite, failed_open, flag, allow
     Column("guard_policy", Text, nullable=False, server_default=text("''")),  # the deciding guardrail's id
-    Column("guard_rule", Text, nullable=False, server_default=text("''")),  # its phase: pre or post
+    Column("guard_rule", Text, nullable=False, server_default=text("''")),  # a webhook's phase, a policy's check
     Column("guard_category", Text, nullable=False, server_default=text("''")),  # the reason it gave, capped
     Column("guard_ms", BigInteger, nullable=False, server_default=text("0")),  # time spent in guardrail webhooks
     UniqueConstraint("entry"),
