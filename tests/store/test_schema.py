@@ -24,6 +24,7 @@ TABLES = {
     "federation_peers",
     "file_chunks",
     "files",
+    "guard_attachments",
     "key_terms",
     "keys",
     "memberships",

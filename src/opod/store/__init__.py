@@ -7,6 +7,7 @@ sharing one store), with Alembic migrations run at open.
 from opod.store.audit import AuditRecord, AuditRow
 from opod.store.capacity import CapacityRecord
 from opod.store.errors import Conflict, InvalidInput, NotFound, StoreError
+from opod.store.guard_attachments import GuardAttachmentRecord
 from opod.store.keys import KeyKind, KeyRecord, hash_secret, new_key_id
 from opod.store.models import ModelRecord
 from opod.store.nodes import NodeRecord
@@ -31,6 +32,7 @@ __all__ = [
     "ANY_NODE",
     "CapacityRecord",
     "PresetRecord",
+    "GuardAttachmentRecord",
     "QuotaAmounts",
     "QuotaRecord",
     "RequestBody",

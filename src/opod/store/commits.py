@@ -8,7 +8,7 @@ ledger's, leaves it as it was, and the followers read nothing. Asked off the loo
 transaction to end.
 
 PostgreSQL: a row changed in a followed table (the keys, people, the tenancy tree, quotas, the settings,
-the batches) notifies at its commit (migration 0024), and :class:`ChangeListener` counts the notices of this
+the batches, guard attachments) notifies at its commit (migrations 0024 and 0025), and :class:`ChangeListener` counts the notices of this
 store's schema: the ledger's writes, this leader's or another's, are no change, nor is anything of another
 schema or database.
 """
@@ -121,7 +121,7 @@ def _is_open(connection: PoolProxiedConnection) -> bool:
 
 class ChangeListener:
     """PostgreSQL: counts the notifications of changes to the followed tables of this store's schema (migration
-    0024), on a connection of its own, in a thread of its own.
+    0024, and 0025 for guard attachments), on a connection of its own, in a thread of its own.
 
     The mark is (how many times it has started listening, how many changes it has counted since). A change is
     notified at its commit and counted a moment later, so a mark taken before a read never misses a change the

@@ -293,6 +293,21 @@ quotas = Table(
     CheckConstraint(_one_of("kind", QUOTA_KINDS), name="kind"),
 )
 
+# 0025: guard policies attached to an organization, team, project, person or key (``opod.access.guard_service``),
+# each by the name the settings' guard.policies give it; an attachment outlives its policy's removal from the settings.
+GUARD_SCOPES = ("org", "team", "project", "user", "key")
+
+guard_attachments = Table(
+    "guard_attachments",
+    metadata,
+    Column("scope", Text, primary_key=True),  # one of GUARD_SCOPES
+    Column("scope_id", Text, primary_key=True),  # the org's, team's, project's, person's or key's ID
+    Column("policy", Text, primary_key=True),
+    Column("created_by", Text, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    CheckConstraint(_one_of("scope", GUARD_SCOPES), name="scope"),
+)
+
 # 0012: the bodies of requests kept for `GET /requests/{id}/body` and replay, each side capped; deleted when expired.
 request_bodies = Table(
     "request_bodies",

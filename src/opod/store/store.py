@@ -26,6 +26,7 @@ from opod.store.evals import EvalsRepo
 from opod.store.events import EventsRepo
 from opod.store.federation import FederationRepo
 from opod.store.files import FilesRepo
+from opod.store.guard_attachments import GuardAttachmentsRepo
 from opod.store.keys import KeysRepo
 from opod.store.meta import MetaRepo
 from opod.store.migrate import upgrade
@@ -67,6 +68,7 @@ class Store(
     FilesRepo,
     ClientJobsRepo,
     QuotasRepo,
+    GuardAttachmentsRepo,
     FederationRepo,
     ScimRepo,
     ServeJobsRepo,

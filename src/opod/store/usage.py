@@ -23,6 +23,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     false,
+    func,
     select,
     text,
 )
@@ -138,6 +139,17 @@ class UsageRecord(NewUsage):
     id: int
 
 
+@dataclass(frozen=True, slots=True)
+class GuardCount:
+    """How many requests since a time one guard policy did one thing to, in one project (``GET /api/v1/guard/events``)."""
+
+    project_id: str
+    action: str
+    policy: str
+    category: str
+    count: int
+
+
 def usage_values(row: NewUsage) -> dict[str, Any]:
     """The row's column values, each checked; InvalidInput naming the first bad field."""
     if not isinstance(row, NewUsage):
@@ -224,6 +236,36 @@ class UsageRepo(CommitsRepo):
         limit = count_arg(limit, "limit")
         with self._write() as conn:
             return delete_before(conn, usage, cutoff, limit)
+
+    # --- what the guards did: the rows whose guard_action is set ---------------------
+
+    def guard_counts(self, since: datetime) -> list[GuardCount]:
+        """Per project, action, policy and category, how many requests since ``since`` a guard acted on; the most
+        counted first."""
+        since = aware(since, "since")
+        c = usage.c
+        count = func.count().label("count")
+        keys = (c.project_id, c.guard_action, c.guard_policy, c.guard_category)
+        query = (
+            select(*keys, count)
+            .where(c.ts >= since, c.guard_action != "")
+            .group_by(*keys)
+            .order_by(count.desc(), *keys)
+        )
+        with self._read() as conn:
+            return [GuardCount(*row) for row in conn.execute(query)]
+
+    def guard_events(self, since: datetime, limit: int) -> list[UsageRecord]:
+        """The newest ``limit`` requests since ``since`` a guard acted on, newest first."""
+        since, limit = aware(since, "since"), count_arg(limit, "limit")
+        query = (
+            select(usage)
+            .where(usage.c.ts >= since, usage.c.guard_action != "")
+            .order_by(usage.c.ts.desc(), usage.c.id.desc())
+            .limit(limit)
+        )
+        with self._read() as conn:
+            return [_record(row) for row in conn.execute(query)]
 
     # --- reports (opod.store.usage_report) ------------------------------------------
 
