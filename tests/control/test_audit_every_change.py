@@ -112,15 +112,16 @@ WALK: dict[str, Refusal] = {
     "postRequestsIdReplay": Refusal("/api/v1/requests/r_nope/replay", {}),
     "postMetricsRange": Refusal("/api/v1/metrics/range", {"window": 60_000_000_000, "step": 0, "queries": []}, (400,)),
     "postClientJobsIdCancel": Refusal("/api/v1/client-jobs/batch_nope/cancel"),
-    # Areas not built yet: fabrics, facility, federation, guardrails, knowledge bases, training.
+    # Guard attachments: a policy the settings do not have; a target that names nothing.
+    "postGuardAttachments": Refusal("/api/v1/guard/attachments", {"target": "org:nope", "policy": "nope"}, (400,)),
+    "deleteGuardAttachments": Refusal("/api/v1/guard/attachments", {"target": "org:nope", "policy": "pii"}),
+    # Areas not built yet: fabrics, facility, federation, guard judges, knowledge bases, training.
     "postFabricTest": Refusal("/api/v1/fabric-test", UNKNOWN, (400,)),
     "postFacilityHolds": Refusal("/api/v1/facility/holds", UNKNOWN, (400,)),
     "deleteFacilityHoldsDomain": Refusal("/api/v1/facility/holds/nope-domain", status=SOON),
     "postFederation": Refusal("/api/v1/federation", UNKNOWN, (400,)),
     "deleteFederationPeer": Refusal("/api/v1/federation/nope-peer", status=SOON),
     "postFederationPeerSync": Refusal("/api/v1/federation/nope-peer/sync", status=SOON),
-    "postGuardAttachments": Refusal("/api/v1/guard/attachments", UNKNOWN, (400,)),
-    "deleteGuardAttachments": Refusal("/api/v1/guard/attachments", UNKNOWN, (400,)),
     "postGuardJudgesAsk": Refusal("/api/v1/guard/judges/ask", UNKNOWN, (400,)),
     "postKbCollections": Refusal("/api/v1/kb/collections", UNKNOWN, (400,)),
     "deleteKbCollectionsId": Refusal("/api/v1/kb/collections/kb_nope", status=SOON),

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from opod.access.directory import Directory
+from opod.access.guard_service import GuardService
 from opod.access.keys import KeyService
 from opod.access.members import Memberships
 from opod.access.oidc import OidcSignIn
@@ -102,6 +103,8 @@ class ControlContext:
     """The operator's side of nodes (state, labels, engine builds, the wanted release, forgetting): the one writer."""
     quotas: QuotasService
     """Capacity quotas (``/quotas``): the one writer, and what each scope holds."""
+    guard: GuardService
+    """Where the settings' guard policies are attached (``/guard``): the one writer, and what the guards did."""
     batches: JobWaker
     """The batch runner, told to look at its jobs now after a cancel."""
     replay: Replayer

@@ -29,10 +29,6 @@ from opod.contract.admin.hardware import (
     TopologyView,
 )
 from opod.contract.admin.services import (
-    GuardAttachment,
-    GuardAttachmentRequest,
-    GuardEventsView,
-    GuardView,
     JudgeAskRequest,
     JudgeAskView,
     KBCollectionView,
@@ -60,7 +56,7 @@ class Unbuilt:
     """One operation of the spec that answers 501 until its area is built."""
 
     area: str
-    """The area's name in the 501's words (``the management API's guardrails``)."""
+    """The area's name in the 501's words (``the management API's guard judges``)."""
     method: str
     path: str
     operation_id: str
@@ -76,37 +72,9 @@ class Unbuilt:
 
 
 UNBUILT: tuple[Unbuilt, ...] = (
-    Unbuilt("guardrails", "GET", "/api/v1/guard", "getGuard", GuardView, tag="guard"),
+    Unbuilt("guard judges", "GET", "/api/v1/guard/judges", "getGuardJudges", list[JudgeView], tag="guard"),
     Unbuilt(
-        "guardrails",
-        "POST",
-        "/api/v1/guard/attachments",
-        "postGuardAttachments",
-        GuardAttachment,
-        tag="guard",
-        body=GuardAttachmentRequest,
-    ),
-    Unbuilt(
-        "guardrails",
-        "DELETE",
-        "/api/v1/guard/attachments",
-        "deleteGuardAttachments",
-        GuardAttachment,
-        tag="guard",
-        body=GuardAttachmentRequest,
-    ),
-    Unbuilt(
-        "guardrails",
-        "GET",
-        "/api/v1/guard/events",
-        "getGuardEvents",
-        GuardEventsView,
-        tag="guard",
-        query=(("since", str | None),),
-    ),
-    Unbuilt("guardrails", "GET", "/api/v1/guard/judges", "getGuardJudges", list[JudgeView], tag="guard"),
-    Unbuilt(
-        "guardrails",
+        "guard judges",
         "POST",
         "/api/v1/guard/judges/ask",
         "postGuardJudgesAsk",

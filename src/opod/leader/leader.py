@@ -21,6 +21,7 @@ from starlette.routing import Route
 
 from opod import config
 from opod.access.guard_attachments import AttachmentTable
+from opod.access.guard_service import GuardService, load_guard_attachments
 from opod.access.keys import KeyService
 from opod.access.people import People
 from opod.access.scopes import check_scope
@@ -144,6 +145,9 @@ class Leader:
     prompts: PromptCounter
     """Counts the prompts of streams cut off before the engine's usage, for their usage rows."""
     guardrails: Guardrails
+    guard_attachments: AttachmentTable
+    """Where the settings' guard policies are attached: read by the gateway per request, written only by the guard
+    service (``control.guard``), followed from the store by :meth:`run`."""
     gateway: Gateway
     registry: NodeRegistry
     admin: AdminContext
@@ -222,7 +226,9 @@ class Leader:
         workers = WorkerClient(access.tokens.token_for_node, Signer)
         index, local_engines = PrefixIndex(), LocalEngines()
         scopes, quota_table = TenancyScopes(tenancy), load_quotas(store)
-        guard_attachments = AttachmentTable()
+        # The guard policies' attachments, read whole at start; changed only through `guard` (below, and the
+        # followers), read by the gateway.
+        guard_attachments = load_guard_attachments(store)
         reconciler = Reconciler(
             fleet, models, workers, housekeeping=index.sweep, quotas=quota_table, scopes=scopes, emit=emit
         )
@@ -324,10 +330,12 @@ class Leader:
             cluster=federation.cluster,
         )
         signing_in = build_people(store, cluster_settings, people, tenancy, access, secrets_key)
+        keys = KeyService(access, tenancy, cluster_settings)
+        guard = GuardService(store, guard_attachments, tenancy=tenancy, keys=keys, settings=cluster_settings)
         control = ControlContext(
             store=store,
             access=access,
-            keys=KeyService(access, tenancy, cluster_settings),
+            keys=keys,
             people=people,
             members=signing_in.members,
             secrets=signing_in.secrets,
@@ -350,6 +358,7 @@ class Leader:
             notifier=webhooks,
             nodes=nodes,
             quotas=quotas,
+            guard=guard,
             batches=batches,
             replay=replayer,
             oidc=signing_in.oidc,
@@ -383,6 +392,7 @@ class Leader:
             admission=admission,
             prompts=prompts,
             guardrails=guardrails,
+            guard_attachments=guard_attachments,
             gateway=gateway,
             registry=registry,
             admin=admin,
@@ -499,14 +509,15 @@ class Leader:
                 raise failure
 
     def following(self) -> Following:
-        """What other leaders of the same store change (settings, people, keys, the tenancy tree, quotas, new batches)
-        in force here within 2 s; read only when the store has changed since."""
+        """What other leaders of the same store change (settings, people, keys, the tenancy tree, quotas, guard
+        attachments, new batches) in force here within 2 s; read only when the store has changed since."""
         following = Following(self.store)
         following.add("the settings", self.cluster_settings.follow)
         following.add("people", self.control.people.follow)
         following.add("keys", self.access.follow)
         following.add("the tenancy tree", self.control.tenancy.follow)
         following.add("quotas", self.control.quotas.follow)
+        following.add("guard attachments", self.control.guard.follow)
         following.add("the batches left", self.batches.follow)
         return following
 
