@@ -224,13 +224,15 @@ def usage(entry: str, at: datetime, project: str, **guard: object) -> NewUsage:
     )
 
 
-def test_events_count_and_list_the_requests_the_guards_acted_on(leader: Leader, database: str) -> None:
+def test_events_count_what_the_guards_did_and_list_the_requests_they_acted_on(leader: Leader, database: str) -> None:
     chat = project_id(leader, "acme/ml/chat")
     now = datetime.now(UTC)
     with Store.open(database) as other:  # the request records, as the ledger commits them
         other.append_ledger(
             [
                 usage("g-plain", now - timedelta(minutes=5), chat),
+                # A guardrail webhook that let a request through: counted, never listed among what the guards did.
+                usage("g-allow", now - timedelta(seconds=30), chat, guard_action="allow", guard_policy="hook"),
                 usage("g-old", now - timedelta(hours=30), chat, guard_action="block", guard_policy="secrets"),
                 usage(
                     "g-block",
@@ -247,7 +249,7 @@ def test_events_count_and_list_the_requests_the_guards_acted_on(leader: Leader, 
                     "g-redact",
                     now - timedelta(minutes=2),
                     chat,
-                    guard_action="redact",
+                    guard_action="rewrite",
                     guard_policy="pii",
                     guard_category="pii",
                     guard_rule="email",
@@ -256,7 +258,7 @@ def test_events_count_and_list_the_requests_the_guards_acted_on(leader: Leader, 
                     "g-redact2",
                     now - timedelta(minutes=1),
                     chat,
-                    guard_action="redact",
+                    guard_action="rewrite",
                     guard_policy="pii",
                     guard_category="pii",
                     guard_rule="email",
@@ -267,7 +269,8 @@ def test_events_count_and_list_the_requests_the_guards_acted_on(leader: Leader, 
     since = datetime.fromisoformat(found["since"])
     assert timedelta(hours=23, minutes=59) < now - since < timedelta(hours=24, minutes=1)
     assert found["counts"] == [
-        {"project": "acme/ml/chat", "action": "redact", "policy": "pii", "category": "pii", "count": 2},
+        {"project": "acme/ml/chat", "action": "rewrite", "policy": "pii", "category": "pii", "count": 2},
+        {"project": "acme/ml/chat", "action": "allow", "policy": "hook", "count": 1},
         {"project": "acme/ml/chat", "action": "block", "policy": "secrets", "category": "leaked_secret", "count": 1},
     ]
     assert [e["request_id"] for e in found["events"]] == ["req-g-redact2", "req-g-redact", "req-g-block"]
@@ -288,7 +291,7 @@ def test_events_count_and_list_the_requests_the_guards_acted_on(leader: Leader, 
     at = (now - timedelta(minutes=2, seconds=30)).strftime("%Y-%m-%dT%H:%M:%SZ")
     recent = ok(leader, "GET", f"/api/v1/guard/events?since={at}")
     assert [e["request_id"] for e in recent["events"]] == ["req-g-redact2", "req-g-redact"]
-    assert [c["count"] for c in recent["counts"]] == [2]
+    assert [(c["action"], c["count"]) for c in recent["counts"]] == [("rewrite", 2), ("allow", 1)]
 
 
 @pytest.mark.parametrize("since", ["yesterday", "2026-03-04T05:06:07", "0s"])

@@ -1,6 +1,6 @@
 """Guard attachments in the store, and the requests the guards acted on, on SQLite and PostgreSQL: an attachment
 is kept once with who made it and when, its audit row commits with it, removing what is not attached is refused,
-and the guard reads of the usage rows count and list only the requests a guard acted on."""
+and the guard reads of the usage rows count the requests a guard was consulted on and list those it acted on."""
 
 from __future__ import annotations
 
@@ -75,10 +75,11 @@ def test_attachments_are_kept_across_a_reopen(open_store) -> None:
     assert open_store().list_guard_attachments() == [GuardAttachmentRecord("team", "team_1", "pii", "ops", at(1))]
 
 
-def test_the_guard_reads_count_and_list_only_the_requests_a_guard_acted_on(store: Store) -> None:
+def test_the_guard_reads_count_what_the_guards_did_and_list_what_they_acted_on(store: Store) -> None:
     store.append_ledger(
         [
             usage("plain", at(10), project_id="prj_1"),  # no guard: neither counted nor listed
+            usage("let", at(10), project_id="prj_2", guard_action="allow", guard_policy="hook"),  # counted only
             usage("old", at(1), project_id="prj_1", guard_action="block", guard_policy="pii", guard_category="pii"),
             usage("b1", at(11), project_id="prj_1", guard_action="block", guard_policy="pii", guard_category="pii"),
             usage("b2", at(12), project_id="prj_1", guard_action="block", guard_policy="pii", guard_category="pii"),
@@ -86,7 +87,7 @@ def test_the_guard_reads_count_and_list_only_the_requests_a_guard_acted_on(store
                 "r1",
                 at(13),
                 project_id="prj_2",
-                guard_action="redact",
+                guard_action="rewrite",
                 guard_policy="pii",
                 guard_category="pii",
                 guard_rule="email",
@@ -96,11 +97,12 @@ def test_the_guard_reads_count_and_list_only_the_requests_a_guard_acted_on(store
     )
     assert store.guard_counts(at(5)) == [
         GuardCount("prj_1", "block", "pii", "pii", 2),
-        GuardCount("prj_2", "redact", "pii", "pii", 1),
+        GuardCount("prj_2", "allow", "hook", "", 1),
+        GuardCount("prj_2", "rewrite", "pii", "pii", 1),
     ]
     events = store.guard_events(at(5), 2)
     assert [(e.entry, e.guard_action, e.guard_rule, e.guard_ms) for e in events] == [
-        ("r1", "redact", "email", 3),
+        ("r1", "rewrite", "email", 3),
         ("b2", "block", "", 0),
     ]
     assert [e.entry for e in store.guard_events(at(0), 10)] == ["r1", "b2", "b1", "old"]

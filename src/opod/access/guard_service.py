@@ -93,8 +93,8 @@ class GuardService:
         return self.tenancy.path(project_id) or project_id
 
     async def events(self, since: datetime, limit: int = EVENTS_SHOWN) -> GuardEvents:
-        """What the guards did since ``since``: counts per project, action, policy and category, and the newest
-        ``limit`` requests, read from the requests' records."""
+        """What the guards did since ``since``, read from the requests' records: counts per project, action, policy
+        and category (``allow`` too), and the newest ``limit`` requests they blocked, rewrote or flagged."""
         counts = await run_sync(self.store.guard_counts, since)
         events = await run_sync(self.store.guard_events, since, limit)
         return GuardEvents(since, counts, events)

@@ -240,8 +240,8 @@ class UsageRepo(CommitsRepo):
     # --- what the guards did: the rows whose guard_action is set ---------------------
 
     def guard_counts(self, since: datetime) -> list[GuardCount]:
-        """Per project, action, policy and category, how many requests since ``since`` a guard acted on; the most
-        counted first."""
+        """Per project, action, policy and category, how many requests since ``since`` a guard was consulted on (those
+        it allowed included); the most counted first."""
         since = aware(since, "since")
         c = usage.c
         count = func.count().label("count")
@@ -256,11 +256,12 @@ class UsageRepo(CommitsRepo):
             return [GuardCount(*row) for row in conn.execute(query)]
 
     def guard_events(self, since: datetime, limit: int) -> list[UsageRecord]:
-        """The newest ``limit`` requests since ``since`` a guard acted on, newest first."""
+        """The newest ``limit`` requests since ``since`` a guard acted on, newest first: those it only allowed (a
+        guardrail webhook's every answer) left out, so they do not hide the ones it blocked, rewrote or flagged."""
         since, limit = aware(since, "since"), count_arg(limit, "limit")
         query = (
             select(usage)
-            .where(usage.c.ts >= since, usage.c.guard_action != "")
+            .where(usage.c.ts >= since, usage.c.guard_action.not_in(("", "allow")))
             .order_by(usage.c.ts.desc(), usage.c.id.desc())
             .limit(limit)
         )
