@@ -1,4 +1,5 @@
-"""``opod ctl``: a command for every operation of the management API's fleet, catalog, placement, tenancy and records.
+"""``opod ctl``: a command for every operation of the management API's fleet, catalog, placement, tenancy, guard and
+records.
 
 It talks to the leader's admin listener (``OPOD_ADMIN_URL``, else this machine's
 127.0.0.1:9090) with the admin key (``OPOD_ADMIN_KEY``, else ``admin.key`` in the
@@ -15,6 +16,7 @@ from opod.cli.ctl import (
     evals,
     federation,
     fleet,
+    guard,
     models,
     operations,
     people,
@@ -29,7 +31,7 @@ from opod.cli.ctl import (
 
 app = typer.Typer(
     help="Operate the fleet through the management API: summary, nodes, models, replicas, restarts, placement, presets, registry plans and serve jobs, weights, "
-    "tenancy, people, keys, quotas, usage, audit, settings, client jobs, webhooks, secrets, federation, quality suites and gates.",
+    "tenancy, people, keys, quotas, guard policies, usage, audit, settings, client jobs, webhooks, secrets, federation, quality suites and gates.",
     no_args_is_help=True,
 )
 app.command("summary")(fleet.summary)
@@ -58,6 +60,7 @@ app.add_typer(people.users, name="users")
 app.add_typer(people.keys, name="keys")
 app.add_typer(people.secrets, name="secrets")
 app.add_typer(operations.quotas, name="quotas")
+app.add_typer(guard.guard, name="guard")
 app.add_typer(usage.usage, name="usage")
 app.command("audit")(usage.audit)
 app.add_typer(settings.settings, name="settings")

@@ -23,7 +23,7 @@ from opod.cli.ctl.people import when
 from opod.contract.admin.records import SettingsRequest, SettingsRollbackRequest, SettingsView
 
 settings = typer.Typer(
-    help="The cluster's settings: prices, budgets, retention, webhooks, Prometheus, key rules, sign-in.",
+    help="The cluster's settings: prices, budgets, retention, webhooks, Prometheus, key rules, sign-in, guard policies.",
     no_args_is_help=True,
 )
 
