@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.guard import GUARD, GUARD_POLICY
 from bench.ports import free_port
 from bench.procs import OPOD, wait_http
 from bench.routing import fleet as fleet_mod
@@ -39,27 +40,12 @@ ORG, TEAM, PROJECT = "acme", "ml", "chat"
 SCOPE = f"project:{ORG}/{TEAM}/{PROJECT}"
 BUDGET_MICROS = 10**12
 """A million currency units a month: far above what any run spends."""
-GUARD_POLICY = "screen"
-"""The settings' guard policy of the ``opod`` path, as the request's record names it (``guard_policy``)."""
 WEBHOOK_RULE = "screen-webhook"
 """The policy file's ``pre`` guardrail of the ``opod-webhook`` path, as the request's record names it."""
 GUARDRAILS = {"opod": "policy", "opod-webhook": "webhook"}
 """Each governed path → its guardrail."""
 RECORDED = {"policy": GUARD_POLICY, "webhook": WEBHOOK_RULE}
 """Each guardrail → the ``guard_policy`` a request it allowed is recorded with."""
-GUARD = (
-    "guard:\n"
-    f"  default: [{GUARD_POLICY}]\n"
-    "  policies:\n"
-    f"    - name: {GUARD_POLICY}\n"
-    "      checks:\n"
-    "        - {reads: both, pii: email, action: redact}\n"
-    "        - {reads: input, pii: card, action: block}\n"
-    "        - {reads: input, pattern: '(?i)ignore (all )?previous instructions', name: injection, "
-    "category: prompt_injection, action: block}\n"
-)
-"""The guard policy (``docs/settings.md``, "Guard"): emails redacted in the request and in a whole answer, card
-numbers and one prompt-injection pattern blocked in the request."""
 
 
 def settings_body(model: str, guardrail: str = "policy") -> str:

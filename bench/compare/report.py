@@ -8,8 +8,9 @@ from pathlib import Path
 
 from rich.table import Table
 
-from bench.compare.governance import BUDGET_MICROS, GUARD_POLICY, WEBHOOK_RULE
+from bench.compare.governance import BUDGET_MICROS, WEBHOOK_RULE
 from bench.compare.runner import CompareResult, PathRun
+from bench.guard import GUARD_POLICY
 from bench.routing import load, metrics, peers
 from bench.routing.metrics import LatencySummary, StreamSummary
 from bench.tables import DASH, md_table, ms, num, save_figure

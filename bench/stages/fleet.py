@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from bench.guard import GUARD, GUARD_POLICY
 from bench.ports import free_port
 from bench.procs import Proc
 from bench.tenancy_overhead import BODY, MODEL, _admin, _headers
@@ -43,7 +44,7 @@ class Areas:
     guardrail: bool = False
     """Guardrail webhooks in the policy file: one pre, one post (:mod:`bench.webhook`, a process of its own)."""
     guard_policy: bool = False
-    """The settings' guard policy (:data:`GUARD`), run in the gateway itself: no exchange per request."""
+    """The settings' guard policy (:mod:`bench.guard`), run in the gateway itself: no exchange per request."""
 
     def within(self, other: Areas) -> bool:
         """Whether every area turned on here is on in ``other`` too."""
@@ -86,20 +87,6 @@ CONFIGS = [
 ALL_ON, ALL_OFF = "all", "nothing"
 ALL_ON_AREAS = "tenancy, price & budget, kept bodies and the guard policy (in process; no guardrail webhook)"
 """What the ``all`` configuration turns on, as the reports say it."""
-GUARD_POLICY = "screen"
-GUARD = (
-    "guard:\n"
-    f"  default: [{GUARD_POLICY}]\n"
-    "  policies:\n"
-    f"    - name: {GUARD_POLICY}\n"
-    "      checks:\n"
-    "        - {reads: both, pii: email, action: redact}\n"
-    "        - {reads: input, pii: card, action: block}\n"
-    "        - {reads: input, pattern: '(?i)ignore (all )?previous instructions', name: injection, "
-    "category: prompt_injection, action: block}\n"
-)
-"""The settings' guard policy every request gets (``default``): emails redacted in the request and a whole answer,
-card numbers and one prompt-injection pattern blocked in the request (``docs/settings.md``, "Guard")."""
 
 
 def settings_body(areas: Areas) -> str:

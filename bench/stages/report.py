@@ -8,8 +8,9 @@ from pathlib import Path
 
 from rich.table import Table
 
+from bench.guard import GUARD_POLICY
 from bench.stages.attribution import ORDER
-from bench.stages.fleet import ALL_OFF, ALL_ON, ALL_ON_AREAS, CONFIGS, GUARD_POLICY
+from bench.stages.fleet import ALL_OFF, ALL_ON, ALL_ON_AREAS, CONFIGS
 from bench.stages.measure import CLIENTS, Flame, Profiled, Rounds
 
 
