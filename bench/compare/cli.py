@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from bench.compare import report, runner
-from bench.compare.runner import PATHS, Settings
+from bench.compare.runner import CHOICES, PATHS, Settings
 from bench.progress import steps
 from bench.routing import peers
 
@@ -19,7 +19,12 @@ RESULTS = Path(__file__).resolve().parent.parent / "results"
 
 def command(
     paths: list[str] = typer.Option(
-        list(PATHS), "--path", help="Paths to run (repeat the option); direct always runs: " + ", ".join(PATHS) + "."
+        list(PATHS),
+        "--path",
+        help="Paths to run (repeat the option); direct always runs: "
+        + ", ".join(CHOICES)
+        + ". By default all but opod-webhook: opod with the same governance but its guardrail the policy file's "
+        "webhook (its own process) in place of the guard policy opod runs in process.",
     ),
     workers: int = typer.Option(4, min=1, max=16, help="Simulator engines, each started by an `opod join` worker."),
     rounds: int = typer.Option(3, min=1, help="Interleaved rounds of each latency measurement."),
@@ -44,14 +49,16 @@ def command(
 ) -> None:
     """opod with every governance area on, side by side with direct and sglang-router, on the same simulator engines.
 
-    Added latency (p50, p99) at concurrency 8, chat and streamed, and at half of direct's saturation (open loop), each
-    path measured in rounds interleaved with direct; the router's CPU per request; and saturation with engines that
-    answer at once. About 5 minutes on two cores. Results: bench/results/compare.md and compare-*.png.
+    opod's guardrail is the settings' guard policy, run in the leader; --path opod-webhook adds opod with the policy
+    file's guardrail webhook in its place. Added latency (p50, p99) at concurrency 8, chat and streamed, and at half of
+    direct's saturation (open loop), each path measured in rounds interleaved with direct; the router's CPU per
+    request; and saturation with engines that answer at once. About 5 minutes on two cores. Results:
+    bench/results/compare.md and compare-*.png.
     """
-    unknown = [p for p in paths if p not in PATHS]
+    unknown = [p for p in paths if p not in CHOICES]
     if unknown:
         raise typer.BadParameter(
-            f"unknown path {', '.join(unknown)}; choose from {', '.join(PATHS)}", param_hint="--path"
+            f"unknown path {', '.join(unknown)}; choose from {', '.join(CHOICES)}", param_hint="--path"
         )
     settings = Settings(
         workers=workers,

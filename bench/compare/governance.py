@@ -1,10 +1,18 @@
 """Every governance area of opod turned on, as an operator turns them on: ``opod ctl`` against the fleet's leader.
 
-An organization, team and project with a key of that project (the key the benchmark sends with), a
-price for the model, a budget on the project large enough never to refuse, retention of request and
-answer bodies, and one ``pre`` guardrail in the mounted policy (beside the cache-aware routing
-policy), whose webhook (``bench/webhook.py``) allows everything. One request is then sent with
-the key and its record read back, so a run whose governance did not take says so before measuring.
+An organization, team and project with a key of that project (the key the benchmark sends with), and
+in the cluster settings a price for the model, a budget on the project large enough never to refuse,
+retention of request and answer bodies, and a guardrail, which is one of two:
+
+- ``policy`` (the ``opod`` path): the settings' guard policy ``screen``, which every request gets by
+  ``default`` and the gateway runs itself (personal data and a pattern; no call leaves the leader);
+- ``webhook`` (the ``opod-webhook`` path): no guard policy, but one ``pre`` guardrail in the mounted
+  policy file, whose webhook (``bench/webhook.py``, a process of its own) allows everything.
+
+The mounted policy file holds the cache-aware routing policy either way. One request is sent with the
+key and its record read back for each guardrail in use, so a run whose governance did not take says
+so before measuring. Both guardrails apply to every request of the leader they are on, so where both
+paths run on one fleet, :meth:`Governed.use` puts the path's own in force before each of its turns.
 """
 
 from __future__ import annotations
@@ -17,9 +25,11 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from bench.guard import GUARD, GUARD_POLICY
 from bench.ports import free_port
 from bench.procs import OPOD, wait_http
 from bench.routing import fleet as fleet_mod
@@ -30,12 +40,18 @@ ORG, TEAM, PROJECT = "acme", "ml", "chat"
 SCOPE = f"project:{ORG}/{TEAM}/{PROJECT}"
 BUDGET_MICROS = 10**12
 """A million currency units a month: far above what any run spends."""
-GUARDRAIL = "screen"
+WEBHOOK_RULE = "screen-webhook"
+"""The policy file's ``pre`` guardrail of the ``opod-webhook`` path, as the request's record names it."""
+GUARDRAILS = {"opod": "policy", "opod-webhook": "webhook"}
+"""Each governed path → its guardrail."""
+RECORDED = {"policy": GUARD_POLICY, "webhook": WEBHOOK_RULE}
+"""Each guardrail → the ``guard_policy`` a request it allowed is recorded with."""
 
 
-def settings_body(model: str) -> str:
-    """The cluster settings (``docs/settings.md``): the model's price, the project's budget, bodies kept."""
-    return (
+def settings_body(model: str, guardrail: str = "policy") -> str:
+    """The cluster settings (``docs/settings.md``): the model's price, the project's budget, bodies kept, and the
+    guard policy where ``guardrail`` is ``policy``."""
+    body = (
         "prices:\n"
         f"  {model}: {{input_per_million: 0.5, output_per_million: 1.5}}\n"
         "budgets:\n"
@@ -43,18 +59,50 @@ def settings_body(model: str) -> str:
         "retention:\n"
         "  bodies: true\n"
     )
+    return body + GUARD if guardrail == "policy" else body
+
+
+def policy_file(guardrail: str, webhook: peers.RunningPeer | None) -> dict[str, Any]:
+    """The mounted policy: the prefix routing policy, and for ``webhook`` the one ``pre`` guardrail on it."""
+    if guardrail != "webhook":
+        return dict(fleet_mod.PREFIX_POLICY)
+    assert webhook is not None
+    return {
+        **fleet_mod.PREFIX_POLICY,
+        "guardrails": [{"id": WEBHOOK_RULE, "phase": "pre", "url": webhook.url + "/pre"}],
+    }
 
 
 @dataclass
 class Governed:
+    fleet: Fleet
     key: str
-    """The project's API key: what the opod path sends with."""
-    webhook: peers.RunningPeer
-    check: str
-    """What the leader recorded for the checking request (cost, guardrail, kept body)."""
+    """The project's API key: what the governed paths send with."""
+    webhook: peers.RunningPeer | None
+    """The guardrail webhook, where the ``opod-webhook`` path runs."""
+    version: int = 0
+    """The settings version in force (the base of the next change)."""
+    guardrail: str = ""
+    """The guardrail in force: ``policy`` or ``webhook``."""
+    switches: int = 0
+    """Times :meth:`use` changed the guardrail after the checks."""
+    checks: dict[str, str] = field(default_factory=dict)
+    """Each guardrail → what the leader recorded for its checking request (cost, guardrail, kept body)."""
+
+    def use(self, guardrail: str) -> None:
+        """Put ``guardrail`` in force and the other out: the settings (a new version, in force on the leader at once)
+        and the mounted policy (waited for until the leader applied it)."""
+        if guardrail == self.guardrail:
+            return
+        self.version = put_settings(self.fleet, settings_body(fleet_mod.MODEL, guardrail), self.version)
+        self.fleet.set_policy(policy_file(guardrail, self.webhook), f"governed-{guardrail}-{secrets.token_hex(3)}")
+        if self.guardrail:
+            self.switches += 1
+        self.guardrail = guardrail
 
     def stop(self) -> None:
-        self.webhook.stop()
+        if self.webhook is not None:
+            self.webhook.stop()
 
 
 def ctl(fleet: Fleet, *args: str) -> str:
@@ -80,8 +128,10 @@ def start_webhook(scratch: Path) -> peers.RunningPeer:
     return hook
 
 
-def enable(fleet: Fleet, scratch: Path) -> Governed:
-    """Turn every area on for ``fleet`` and check one request through it; the webhook runs until ``stop``."""
+def enable(fleet: Fleet, scratch: Path, paths: list[str]) -> Governed:
+    """Turn every area on for ``fleet`` with each of ``paths``' guardrails in turn, checking one request through
+    each; the last one stays in force. The webhook, where one path needs it, runs until ``stop``."""
+    guardrails = list(dict.fromkeys(GUARDRAILS[p] for p in paths))
     ctl(fleet, "orgs", "add", ORG)
     ctl(fleet, "teams", "add", TEAM, "--in", ORG)
     ctl(fleet, "projects", "add", PROJECT, "--in", f"{ORG}/{TEAM}")
@@ -89,33 +139,58 @@ def enable(fleet: Fleet, scratch: Path) -> Governed:
         "secret"
     ]
     body = scratch / "settings.yaml"
-    body.write_text(settings_body(fleet_mod.MODEL))
+    body.write_text(settings_body(fleet_mod.MODEL, guardrails[0]))
     ctl(fleet, "settings", "edit", "--file", str(body), "--base", "0", "--note", "compare benchmark: governance on")
-    webhook = start_webhook(scratch)
+    governed = Governed(fleet, key, start_webhook(scratch) if "webhook" in guardrails else None)
     try:
-        policy = {
-            **fleet_mod.PREFIX_POLICY,
-            "guardrails": [{"id": GUARDRAIL, "phase": "pre", "url": webhook.url + "/screen"}],
-        }
-        fleet.set_policy(policy, f"governed-{secrets.token_hex(3)}")
-        check = _check(fleet, key)
+        governed.version = settings_version(fleet)
+        governed.guardrail = guardrails[0]
+        fleet.set_policy(policy_file(guardrails[0], governed.webhook), f"governed-{secrets.token_hex(3)}")
+        for guardrail in guardrails:
+            governed.use(guardrail)
+            governed.checks[guardrail] = _check(fleet, key, RECORDED[guardrail])
+        governed.switches = 0
     except BaseException:
-        webhook.stop()
+        governed.stop()
         raise
-    return Governed(key, webhook, check)
+    return governed
 
 
-def _admin_get(fleet: Fleet, path: str) -> tuple[int, dict]:
-    request = urllib.request.Request(fleet.admin_url + path, headers={"Authorization": f"Bearer {fleet.key}"})
+def _admin(
+    fleet: Fleet, path: str, method: str = "GET", body: dict[str, Any] | None = None
+) -> tuple[int, dict[str, Any]]:
+    request = urllib.request.Request(
+        fleet.admin_url + path,
+        data=json.dumps(body).encode() if body is not None else None,
+        method=method,
+        headers={"Authorization": f"Bearer {fleet.key}", "Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as err:
-        return err.code, {}
+        said = err.read()[:500]
+        return err.code, {"error": said.decode(errors="replace")}
 
 
-def _check(fleet: Fleet, key: str, timeout: float = 30.0) -> str:
-    """One chat with the project's key; its record must show a cost, the guardrail's allow and a kept body."""
+def settings_version(fleet: Fleet) -> int:
+    status, view = _admin(fleet, "/api/v1/settings")
+    if status != 200:
+        raise RuntimeError(f"GET /api/v1/settings answered {status}: {view}")
+    return int(view["version"])
+
+
+def put_settings(fleet: Fleet, body: str, base: int) -> int:
+    """A new settings version on ``base`` (``/api/v1/settings``, as ``opod ctl settings edit`` sends it); its number."""
+    note = "compare benchmark: the path's guardrail"
+    status, view = _admin(fleet, "/api/v1/settings", "PUT", {"base": base, "body": body, "note": note})
+    if status != 200:
+        raise RuntimeError(f"the leader refused the settings change: {status} {view}")
+    return int(view["version"])
+
+
+def _check(fleet: Fleet, key: str, guard_policy: str, timeout: float = 30.0) -> str:
+    """One chat with the project's key; its record must show a cost, ``guard_policy``'s allow and a kept body."""
     request_id = "compare-check-" + secrets.token_hex(4)
     body = json.dumps(
         {"model": fleet_mod.MODEL, "messages": [{"role": "user", "content": "governance check"}], "max_tokens": 4}
@@ -138,11 +213,11 @@ def _check(fleet: Fleet, key: str, timeout: float = 30.0) -> str:
                     f"the governed opod refused the check request: {err.code} {err.read()[:300]!r}"
                 ) from None
             time.sleep(0.5)
-    record: dict = {}
+    record: dict[str, Any] = {}
     kept = 0
     while time.monotonic() < deadline:
-        status, record = _admin_get(fleet, f"/api/v1/requests/{request_id}")
-        kept, _ = _admin_get(fleet, f"/api/v1/requests/{request_id}/body")
+        status, record = _admin(fleet, f"/api/v1/requests/{request_id}")
+        kept, _ = _admin(fleet, f"/api/v1/requests/{request_id}/body")
         if status == 200 and record.get("cost_micros") and record.get("guard_action") and kept == 200:
             break
         time.sleep(0.3)
@@ -150,7 +225,13 @@ def _check(fleet: Fleet, key: str, timeout: float = 30.0) -> str:
         raise RuntimeError(
             f"governance did not take on the check request {request_id}: record {record or 'absent'}, body answered {kept}"
         )
+    if (record["guard_action"], record.get("guard_policy")) != ("allow", guard_policy):
+        raise RuntimeError(
+            f"the check request {request_id} was not allowed by {guard_policy!r}: its record shows guard_action "
+            f"{record['guard_action']!r}, guard_policy {record.get('guard_policy')!r}"
+        )
+    kind = "guard policy" if guard_policy == GUARD_POLICY else "guardrail webhook"
     return (
         f"check request {request_id}: project {record.get('project_id')}, cost {record['cost_micros']} micros, "
-        f"guardrail {record.get('guard_policy')} {record['guard_action']} in {record.get('guard_ms', 0)} ms, body kept"
+        f"{kind} {record['guard_policy']} {record['guard_action']} in {record.get('guard_ms', 0)} ms, body kept"
     )

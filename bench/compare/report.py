@@ -8,8 +8,9 @@ from pathlib import Path
 
 from rich.table import Table
 
-from bench.compare.governance import BUDGET_MICROS
+from bench.compare.governance import BUDGET_MICROS, WEBHOOK_RULE
 from bench.compare.runner import CompareResult, PathRun
+from bench.guard import GUARD_POLICY
 from bench.routing import load, metrics, peers
 from bench.routing.metrics import LatencySummary, StreamSummary
 from bench.tables import DASH, md_table, ms, num, save_figure
@@ -98,12 +99,12 @@ def rich_table(run: CompareResult) -> Table:
 
 
 def notes(run: CompareResult) -> list[str]:
-    out = [f"governance: {line}" for line in run.governance]
-    opod = run.path("opod")
-    if opod is not None and not math.isnan(opod.side_cpu_per_request):
+    out = list(run.governance)
+    hooked = run.path("opod-webhook")
+    if hooked is not None and not math.isnan(hooked.side_cpu_per_request):
         out.append(
-            f"opod: its guardrail webhook's own process spent {ms(opod.side_cpu_per_request)} ms of CPU per request "
-            "over the same rounds (not in opod's figure)"
+            f"opod-webhook: its guardrail webhook's own process spent {ms(hooked.side_cpu_per_request)} ms of CPU per "
+            "request over the same rounds (not in opod-webhook's figure)"
         )
     for p in run.paths:
         out += [f"{p.key}: {n}" for n in p.notes]
@@ -117,16 +118,98 @@ def notes(run: CompareResult) -> list[str]:
     return out
 
 
+def _said(parts: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else "".join(parts)
+
+
+def _title(run: CompareResult) -> str:
+    keys = {p.key for p in run.paths}
+    others = ["direct"]
+    others += ["opod with a policy-file guardrail webhook"] if {"opod", "opod-webhook"} <= keys else []
+    others += ["a bare Python relay"] if "relay-floor" in keys else []
+    others += ["sglang-router"] if "sglang-router" in keys else []
+    who = "opod" if "opod" in keys else "opod with a policy-file guardrail webhook"
+    return f"{who} compared with {_said(others)}"
+
+
+def _everything(run: CompareResult) -> str:
+    """What shares the machine, as the report's opening says it."""
+    keys = {p.key for p in run.paths}
+    parts = ["the load generator"]
+    parts += ["opod"] if keys & {"opod", "opod-webhook"} else []
+    parts += ["the bare relay"] if "relay-floor" in keys else []
+    parts += ["sglang-router"] if "sglang-router" in keys else []
+    parts += ["opod-webhook's guardrail webhook"] if "opod-webhook" in keys else []
+    return _said([*parts, f"the {run.settings.workers} engines"])
+
+
+def _peers(run: CompareResult) -> list[str]:
+    """The bullets of How it was measured for the other routers that were asked for."""
+    keys = {p.key for p in run.paths}
+    lines = []
+    if "relay-floor" in keys:
+        lines.append(
+            "- **bare Python relay** (`bench/routing/floor.py`): uvloop and httptools, round robin over the same "
+            "engines, bytes passed as they come, nothing else (no key, no routing state, no record). A yardstick: the "
+            "least any Python hop costs on this machine at that moment, so opod's figures minus its figures are what "
+            "opod itself does."
+        )
+    if "sglang-router" in keys:
+        lines.append(
+            f"- **sglang-router**: `{peers.SPECS['sglang-router'].requirement}` from its own virtual environment, "
+            "`--policy cache_aware`, with the same engines as workers."
+        )
+    return lines
+
+
+def _governed(run: CompareResult) -> list[str]:
+    """The governed paths' bullets of How it was measured: what each turned on, and how its guardrail ran."""
+    keys = {p.key for p in run.paths}
+    areas = (
+        "set up as an operator would with `opod ctl`: an organization, team and project and a key of that project "
+        "(every request of the path carries it), and in the cluster settings a price for the model, a monthly budget "
+        f"on the project of {BUDGET_MICROS:,} micros (never reached) and retention of request and answer bodies"
+    )
+    lines = []
+    if "opod" in keys:
+        lines.append(
+            f"- **opod, every governance area on**, {areas}; its guardrail is the settings' guard policy "
+            f"`{GUARD_POLICY}`, which every request gets by `default` and the leader runs itself, no call leaving it: "
+            "emails redacted in the request and in a whole answer, card numbers and a prompt-injection pattern blocked "
+            "in the request (`bench/compare/governance.py`; `docs/settings.md`, Guard). The mounted policy holds the "
+            "prefix routing policy and no guardrail webhook. One request is checked before measuring: its record shows "
+            f"its cost, `guard_action` allow by `guard_policy` `{GUARD_POLICY}`, and a kept body."
+        )
+    if "opod-webhook" in keys:
+        same = "the same governance as opod" if "opod" in keys else f"every governance area on, {areas}"
+        lines.append(
+            f"- **opod-webhook** (`--path opod-webhook`; not run by default), {same}, but no guard "
+            f"policy: its guardrail is one `pre` guardrail `{WEBHOOK_RULE}` in the mounted policy (beside the prefix "
+            "routing policy) whose webhook (`bench/webhook.py`, a process of its own) allows every request: one more "
+            "HTTP exchange per request. One request is checked before measuring: its record shows its cost, "
+            f"`guard_action` allow by `{WEBHOOK_RULE}` (so no guard policy ran), and a kept body."
+        )
+    if {"opod", "opod-webhook"} <= keys:
+        lines.append(
+            "- **opod and opod-webhook share the fleet's leader**, and each guardrail applies to every request of it, "
+            "so each of their turns begins by putting the path's own guardrail in force and the other's out (a new "
+            "settings version, in force on the leader at once, and a new policy file, waited for until the leader "
+            "applied it), before the turn's readiness check and outside the measured time."
+        )
+    return lines
+
+
 def markdown(run: CompareResult, name: str) -> str:
     s, prof = run.settings, run.settings.profile
     header, body = cells(run)
     capacity = ", ".join(f"{num(v.rps)} req/s at concurrency {c}" for c, v in run.capacity.items()) or DASH
+    side = ["opod-webhook's guardrail webhook"] if run.path("opod-webhook") is not None else []
     lines = [
-        f"# opod compared with direct, a bare Python relay and sglang-router ({run.started}; {run.cores} CPU cores, {run.machine})",
+        f"# {_title(run)} ({run.started}; {run.cores} CPU cores, {run.machine})",
         "",
         f"`{run.command}` on commit `{run.commit}`; {run.seconds / 60:.1f} min; load average {run.load_before:.2f} "
-        "as it began. Everything (the load generator, opod, the bare relay, sglang-router, the guardrail webhook and the "
-        f"{s.workers} engines) shares the machine's {run.cores} cores.",
+        f"as it began. Everything ({_everything(run)}) shares the machine's {run.cores} cores.",
         "",
         *md_table(header, body),
         "",
@@ -135,17 +218,8 @@ def markdown(run: CompareResult, name: str) -> str:
         f"- **The fleet**: one `opod up --no-worker` leader and {s.workers} `opod join` workers, each starting one simulator "
         "engine (`bench/routing/fleet.py`); every path reaches those same engines. **direct** sends each request straight "
         "to the next engine in turn (client-side round robin, no hop), so `added` is the router's own cost.",
-        "- **opod, every governance area on**, set up as an operator would with `opod ctl`: an organization, team and "
-        "project and a key of that project (every opod request carries it), a price for the model, a monthly budget on the "
-        f"project of {BUDGET_MICROS:,} micros (never reached), retention of request and answer bodies, and in the "
-        "mounted policy the prefix routing policy and one `pre` guardrail whose webhook (`bench/webhook.py`, its own "
-        "process) allows every request. One request is checked before measuring: its record shows its cost, the guardrail's "
-        "verdict and a kept body.",
-        "- **bare Python relay** (`bench/routing/floor.py`): uvloop and httptools, round robin over the same engines, "
-        "bytes passed as they come, nothing else (no key, no routing state, no record). A yardstick: the least any "
-        "Python hop costs on this machine at that moment, so opod's figures minus its figures are what opod itself does.",
-        f"- **sglang-router**: `{peers.SPECS['sglang-router'].requirement}` from its own virtual environment, `--policy "
-        "cache_aware`, with the same engines as workers.",
+        *_governed(run),
+        *_peers(run),
         f"- **Rounds**: {s.rounds} rounds; in each, every path in turn (the order turns by one path each round), so drift on "
         "a shared machine falls on every path alike; `added` is the path's percentile over its rounds minus direct's over "
         "the rounds beside them. Before each turn the harness waits until the path answers one request within 2 s.",
@@ -157,9 +231,10 @@ def markdown(run: CompareResult, name: str) -> str:
         f"**Streamed**: the same with {s.stream_tokens} answer tokens streamed; TTFT is the time to the first text chunk.",
         f"- **Open loop**: direct's saturation on the same engines ({capacity}) halved: {num(run.offered)} req/s, Poisson "
         f"arrivals for {s.open_seconds:g} s per path and round, each request timed from when it was due.",
-        "- **CPU per request**: user and system CPU of the router's own process group (opod: the leader's process; "
-        "the bare relay and sglang-router: theirs) over its open-loop rounds, divided by the requests sent; the engines, the load "
-        "generator and opod's guardrail webhook are not in it (the webhook's share is in the notes).",
+        "- **CPU per request**: user and system CPU of the router's own process group (opod's paths: the leader's "
+        "process; any other router: its own) over its open-loop rounds, divided by the requests sent; "
+        f"{_said(['the engines', 'the load generator', *side])} are not in it"
+        + (" (the webhook's share is in the notes)." if side else "."),
         f"- **Saturation**: a second fleet, the same but with engines that answer at once (`time_scale` 0, "
         f"1,024 sequences at once), the governance set up again; closed loops at concurrency {', '.join(map(str, s.zero_levels))}, "
         f"{s.zero_seconds:g} s each, {s.zero_rounds} interleaved rounds; the best level's completions per second.",
@@ -217,7 +292,8 @@ def plots(run: CompareResult, out: Path, name: str) -> list[Path]:
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
     ran = [p for p in run.paths if p.saturation]
-    ax.bar([p.key for p in ran], [p.best_saturation()[0] for p in ran], color=["#888", "#3a7", "#37a"][: len(ran)])
+    colors = {"direct": "#888", "opod": "#3a7", "opod-webhook": "#7c5", "relay-floor": "#a73", "sglang-router": "#37a"}
+    ax.bar([p.key for p in ran], [p.best_saturation()[0] for p in ran], color=[colors[p.key] for p in ran])
     ax.set_ylabel("requests/s")
     ax.set_title("saturation, engines that answer at once")
     written.append(save_figure(fig, ax, out / f"{name}-saturation.png", legend_size=8))

@@ -32,12 +32,16 @@ from bench.routing.fleet import Fleet, SimProfile
 from bench.routing.load import Phase, Target
 from bench.routing.runner import Step, settle
 
+CHOICES = ("direct", "opod", "opod-webhook", "relay-floor", "sglang-router")
+"""Every path a run may measure, in the table's order."""
 PATHS = ("direct", "opod", "relay-floor", "sglang-router")
+"""The paths a run measures unless told otherwise; ``opod-webhook`` is asked for (``--path opod-webhook``)."""
 DISTINCT = 4096
 """Chats sent in turn, each opening with its own number (``workloads.distinct_chat_bodies``)."""
 LABELS = {
     "direct": "direct (client → engines, round robin, no hop)",
-    "opod": "opod, every governance area on (prefix policy)",
+    "opod": "opod, every governance area on, guardrail: guard policy in process (prefix policy)",
+    "opod-webhook": "opod, every governance area on, guardrail: policy-file webhook (prefix policy)",
     "relay-floor": "bare Python relay (uvloop + httptools; a yardstick)",
     "sglang-router": "sglang-router 0.3.2 (cache_aware)",
 }
@@ -84,7 +88,7 @@ class PathRun:
     cpu_seconds: float = 0.0
     """CPU of the router's processes over its open-loop rounds (nan for direct)."""
     side_cpu_seconds: float = 0.0
-    """CPU of what the router calls besides the engines over the same rounds (opod: the guardrail webhook)."""
+    """CPU of what the router calls besides the engines over the same rounds (opod-webhook: the guardrail webhook)."""
     spread: dict[str, list[int]] = field(default_factory=dict)
     """Phase → requests each engine took from this path over its rounds (how the router placed them)."""
 
@@ -126,6 +130,7 @@ class CompareResult:
     """Direct's closed loop on the latency fleet, by concurrency."""
     offered: float = math.nan
     governance: list[str] = field(default_factory=list)
+    """What each governed path's check request showed on each fleet, and how often their guardrails were swapped."""
     cores: int = field(default_factory=lambda: os.cpu_count() or 0)
     machine: str = field(
         default_factory=lambda: f"{platform.machine()}, {platform.python_implementation()} {platform.python_version()}"
@@ -151,12 +156,14 @@ class Lane:
     target: Target
     stops: list[Callable[[], None]] = field(default_factory=list)
     side_pid: int | None = None
+    before: Callable[[], None] | None = None
+    """Run before each of the path's turns (opod and opod-webhook: their own guardrail put in force)."""
 
 
 def run(settings: Settings, step: Step, say: Callable[[str], None]) -> CompareResult:
     began = time.monotonic()
     result = CompareResult(
-        settings, [PathRun(k, LABELS[k]) for k in PATHS if k in settings.paths], invocation(), checkout_commit(ROOT)
+        settings, [PathRun(k, LABELS[k]) for k in CHOICES if k in settings.paths], invocation(), checkout_commit(ROOT)
     )
     with tempfile.TemporaryDirectory(prefix="opod-bench-compare-") as scratch_name:
         scratch = Path(scratch_name)
@@ -189,11 +196,23 @@ def _on_fleet(
     scratch.mkdir(parents=True)
     fleet = fleet_mod.start(scratch / "fleet", settings.workers, profile, on_step=say)
     lanes: list[Lane] = []
+    governed: governance.Governed | None = None
     try:
+        keys = [p.key for p in result.paths if p.ran and p.key in governance.GUARDRAILS]
+        if keys:
+            guardrails = " and ".join(_GUARDRAIL_SAID[governance.GUARDRAILS[k]] for k in keys)
+            say(
+                f"{' and '.join(keys)}: an org, team and project, its key, a price, a budget, kept bodies, {guardrails}"
+            )
+            governed = governance.enable(fleet, scratch, keys)
+            result.governance += [
+                f"{k}: governance checked on the {_FLEETS[scratch.name]}: {governed.checks[governance.GUARDRAILS[k]]}"
+                for k in keys
+            ]
         for path in result.paths:
             if not path.ran:
                 continue
-            lane = _lane(path, fleet, settings, scratch, result, say)
+            lane = _lane(path, fleet, settings, scratch, governed, say)
             if lane is not None:
                 lanes.append(lane)
         measure(lanes, fleet)
@@ -201,20 +220,38 @@ def _on_fleet(
         for lane in lanes:
             for stop in lane.stops:
                 stop()
+        if governed is not None:
+            governed.stop()
+            if governed.switches:
+                result.governance.append(
+                    f"opod and opod-webhook share the {_FLEETS[scratch.name]}'s leader, so each of their turns began by "
+                    f"putting its own guardrail in force: {governed.switches} swaps, each a settings version and a "
+                    "policy file, outside the measured time"
+                )
         fleet.stop()
 
 
+_FLEETS = {"latency": "latency fleet", "zero": "zero-latency fleet"}
+_GUARDRAIL_SAID = {"policy": "the guard policy (settings)", "webhook": "a guardrail webhook (policy file)"}
+
+
 def _lane(
-    path: PathRun, fleet: Fleet, settings: Settings, scratch: Path, result: CompareResult, say: Callable[[str], None]
+    path: PathRun,
+    fleet: Fleet,
+    settings: Settings,
+    scratch: Path,
+    governed: governance.Governed | None,
+    say: Callable[[str], None],
 ) -> Lane | None:
     if path.key == "direct":
         return Lane(path, Target("direct", tuple(fleet.engines)))
-    if path.key == "opod":
-        say("opod: an org, team and project, its key, a price, a budget, kept bodies and a guardrail (opod ctl)")
-        governed = governance.enable(fleet, scratch)
-        result.governance.append(governed.check)
-        target = Target("opod", (fleet.url,), {"Authorization": f"Bearer {governed.key}"}, fleet.leader.proc.pid)
-        return Lane(path, target, [governed.stop], governed.webhook.proc.pid)
+    if path.key in governance.GUARDRAILS:
+        assert governed is not None
+        guardrail = governance.GUARDRAILS[path.key]
+        target = Target(path.key, (fleet.url,), {"Authorization": f"Bearer {governed.key}"}, fleet.leader.proc.pid)
+        side = governed.webhook.proc.pid if guardrail == "webhook" and governed.webhook is not None else None
+        shared = governed
+        return Lane(path, target, side_pid=side, before=lambda: shared.use(guardrail))
     if path.key == "relay-floor":
         say("starting the bare Python relay (the least one Python hop costs here)")
         floor = peers.start_floor(fleet.engines, fleet_mod.MODEL, scratch)
@@ -243,6 +280,8 @@ def _turns(lanes: list[Lane], rounds: int) -> list[list[Lane]]:
 
 
 def _ready(lane: Lane, phase: str) -> bool:
+    if lane.before is not None:
+        lane.before()
     if settle(lane.target, lane.run.notes, phase):
         return True
     lane.run.ran, lane.run.reason = False, f"no prompt answer before {phase}"
@@ -292,15 +331,15 @@ def _latency(lanes: list[Lane], fleet: Fleet, settings: Settings, result: Compar
             if not (lane.run.ran and _ready(lane, f"the open loop at {rate:,.0f} req/s")):
                 continue
             pid, side = lane.target.pid, lane.side_pid
-            before = (load.cpu_seconds(pid) if pid else 0.0, load.cpu_seconds(side) if side else 0.0)
+            cpu_before = (load.cpu_seconds(pid) if pid else 0.0, load.cpu_seconds(side) if side else 0.0)
             served = fleet.served()
             phase = asyncio.run(load.open_loop(lane.target, schedule, stream=False, drain=settings.drain, tick=advance))
             lane.run.open.append(phase)
             _placed(fleet, lane.run, f"the open loop at {rate:,.0f} req/s", served)
             if pid:
-                lane.run.cpu_seconds += load.cpu_seconds(pid) - before[0]
+                lane.run.cpu_seconds += load.cpu_seconds(pid) - cpu_before[0]
             if side:
-                lane.run.side_cpu_seconds += load.cpu_seconds(side) - before[1]
+                lane.run.side_cpu_seconds += load.cpu_seconds(side) - cpu_before[1]
 
 
 def _saturation(lanes: list[Lane], settings: Settings, step: Step) -> None:

@@ -1,8 +1,12 @@
-"""``python -m bench stages-ab --base DIR``: this checkout's leader against another's, every governance area on.
+"""``python -m bench stages-ab --base DIR``: this checkout's leader against another's, the stages bench's all on.
+
+All on is :data:`bench.stages.fleet.ALL_ON_AREAS`: tenancy, price & budget, kept bodies and the settings' guard
+policy, run in the gateway (no guardrail webhook, so no process beside the leaders). The base's leader reads the
+same settings: a base older than the guard policies refuses them, and the run stops naming it.
 
 The stages bench's on/off rounds compare configurations of one build; a change to the hot path is judged
 against the build before it, on a machine whose load drifts. So both leaders (each with its own worker and
-zero-latency simulator, one guardrail webhook shared) run side by side, and each round measures the two
+zero-latency simulator) run side by side, and each round measures the two
 back to back, their order turned every round: the ratio of a pair is what the change did, whatever the
 machine was doing then. CPU is every thread's, from ``/proc/PID/task/*/schedstat`` (nanoseconds; /proc's
 ``stat`` counts in 10 ms ticks, too coarse for a two-second round).
@@ -27,10 +31,11 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from bench import loadgen
 from bench.procs import checkout_commit
-from bench.stages.fleet import ALL_ON, CONFIGS, REPO, Config, Member, Webhook, stop_all
+from bench.stages.fleet import ALL_ON, ALL_ON_AREAS, CONFIGS, REPO, Config, Member, Webhook, stop_all
 from bench.stages.measure import PAYLOAD
 
 console = Console(width=None if sys.stdout.isatty() else 150)
@@ -117,14 +122,15 @@ def report(
     tails = _ratios(sides, "p99_ms")
     tail_quartiles = _quartiles(tails)
     lines = [
-        f"# This checkout's leader against another's, every governance area on ({time.strftime('%Y-%m-%d %H:%M')})",
+        f"# This checkout's leader against another's, all on ({time.strftime('%Y-%m-%d %H:%M')})",
         "",
         f"Command: `python -m bench {shlex.join(sys.argv[1:])}`",
         "",
         f"Machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the end, shared with other work. "
         f"Open loop at {rate:g} req/s, {len(ratios)} rounds of {seconds:g} s per leader, the two measured back to "
         "back in each round (their order turned every round). CPU: the leader's every thread, per request "
-        "answered (schedstat); its idle CPU is not taken out, alike on both sides.",
+        "answered (schedstat); its idle CPU is not taken out, alike on both sides. All on: "
+        f"{ALL_ON_AREAS}; each leader's guard policy was checked on one request's record before measuring.",
         "",
         "| leader | tree | commit | Python | requests | errors | CPU µs/req (median) | event loop µs/req | p50 ms "
         "| p99 ms |",
@@ -163,12 +169,13 @@ def command(
         sys.executable, help="The interpreter that runs the base's leader (another virtual environment's bin/python)."
     ),
 ) -> None:
-    """This checkout's all-on leader against another checkout's: CPU per request, pair by pair."""
+    """This checkout's all-on leader (tenancy, price & budget, kept bodies, the guard policy in process) against
+    another checkout's: CPU per request, pair by pair."""
     trees = side_trees(base)
     pythons = {"base": base_python, "this": sys.executable}
     versions = {side: python_version(python) for side, python in pythons.items()}
     all_on = next(c for c in CONFIGS if c.name == ALL_ON)
-    hook = Webhook()
+    hook = Webhook() if all_on.areas.guardrail else None
     members: dict[str, Member] = {}
     sides = {name: Side() for name in SIDES}
     try:
@@ -176,22 +183,29 @@ def command(
             with console.status("starting both leaders, each with an opod join worker and a simulator"):
                 for side in SIDES:
                     config = Config(side, side, all_on.areas, "")
-                    members[side] = Member(config, Path(scratch), hook.url, tree=trees[side], python=pythons[side])
+                    url = hook.url if hook is not None else ""
+                    members[side] = Member(config, Path(scratch), url, tree=trees[side], python=pythons[side])
                 for member in members.values():
                     member.join()
                 for member in members.values():
                     member.configure()
                 for member in members.values():
                     member.answers()
+                for member in members.values():
+                    member.check_guard()
             for member in members.values():
                 asyncio.run(loadgen.open_loop(member.chat_url, PAYLOAD, member.headers(), rate, warm, 99))
             for n in range(rounds):
                 for side in SIDES if n % 2 == 0 else reversed(SIDES):
                     _round(members[side], rate, seconds, n, sides[side])
                 console.print(f"round {n + 1}/{rounds}")
+    except RuntimeError as err:  # a leader that did not start, answer or take the settings: said, not a traceback
+        console.print(f"[red]stages-ab stopped:[/] {escape(str(err))}")
+        raise typer.Exit(1) from None
     finally:
         stop_all(members)
-        hook.stop()
+        if hook is not None:
+            hook.stop()
     text = report(sides, trees, versions, rate, seconds)
     results_dir.mkdir(parents=True, exist_ok=True)
     out = results_dir / f"{name}.md"

@@ -62,7 +62,9 @@ STAGES: dict[str, tuple[str, ...]] = {
         "opod.gateway.usagecount:PromptCounter.count_now",
         "opod.gateway.tokenize:*",
     ),
-    "guardrails (pre, post)": (
+    "guardrails (guard policies in process; pre, post webhooks)": (
+        "opod.gateway.guard:*",
+        "opod.gateway.app:Gateway.guard_plan",
         "opod.gateway.guardrails:*",
         "opod.gateway.exchange:Exchange.guarded",
         "opod.gateway.app:Gateway._after",

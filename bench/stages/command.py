@@ -101,6 +101,7 @@ def command(
         timing=timing,
         flames=drawn,
         flames_skipped=skipped,
+        guard_checks={name: member.guard for name, member in members.items() if member.guard},
     )
     written = write(run, results_dir)
     for table in tables(run):

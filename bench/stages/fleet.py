@@ -3,7 +3,8 @@
 Every leader runs ``opod up --no-worker`` under the profiling launcher (:mod:`bench.stages.launch`), and
 one worker joins it with a zero-latency simulator, so the engine is not the cost. Each configuration
 turns on governance areas the way a user does: the tenancy tree and a project's key through
-``/api/v1``, prices, budgets and kept bodies in the settings, guardrails in a mounted policy file.
+``/api/v1``; prices, budgets, kept bodies and the guard policy (checks the gateway runs in process) in the
+settings; guardrail webhooks in a mounted policy file.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from bench.guard import GUARD, GUARD_POLICY
 from bench.ports import free_port
 from bench.procs import Proc
 from bench.tenancy_overhead import BODY, MODEL, _admin, _headers
@@ -40,6 +42,13 @@ class Areas:
     budget: bool = False
     bodies: bool = False
     guardrail: bool = False
+    """Guardrail webhooks in the policy file: one pre, one post (:mod:`bench.webhook`, a process of its own)."""
+    guard_policy: bool = False
+    """The settings' guard policy (:mod:`bench.guard`), run in the gateway itself: no exchange per request."""
+
+    def within(self, other: Areas) -> bool:
+        """Whether every area turned on here is on in ``other`` too."""
+        return all(getattr(other, name) or not on for name, on in vars(self).items())
 
 
 @dataclass(frozen=True)
@@ -56,14 +65,33 @@ CONFIGS = [
     Config("tenancy", "+ tenancy (a project's key)", Areas(tenancy=True), "nothing"),
     Config("budget", "+ price & budget", Areas(tenancy=True, budget=True), "tenancy"),
     Config("bodies", "+ kept bodies (retention on)", Areas(tenancy=True, bodies=True), "tenancy"),
-    Config("guardrail", "+ guardrails (one pre, one post webhook)", Areas(tenancy=True, guardrail=True), "tenancy"),
-    Config("all", "all on", Areas(True, True, True, True), "nothing"),
+    Config(
+        "guardrail",
+        "+ guardrail webhooks (one pre, one post; a process of their own)",
+        Areas(tenancy=True, guardrail=True),
+        "tenancy",
+    ),
+    Config(
+        "guard-policy",
+        "+ guard policy (in process: pii and pattern checks)",
+        Areas(tenancy=True, guard_policy=True),
+        "tenancy",
+    ),
+    Config(
+        "all",
+        "all on: tenancy, price & budget, kept bodies, guard policy (in process; no webhook)",
+        Areas(tenancy=True, budget=True, bodies=True, guard_policy=True),
+        "nothing",
+    ),
 ]
 ALL_ON, ALL_OFF = "all", "nothing"
+ALL_ON_AREAS = "tenancy, price & budget, kept bodies and the guard policy (in process; no guardrail webhook)"
+"""What the ``all`` configuration turns on, as the reports say it."""
 
 
 def settings_body(areas: Areas) -> str:
-    """The cluster settings' YAML for ``areas``: prices and a budget on each level, retention of bodies."""
+    """The cluster settings' YAML for ``areas``: prices and a budget on each level, retention of bodies, the guard
+    policy."""
     text = ""
     if areas.budget:
         text += (
@@ -74,6 +102,8 @@ def settings_body(areas: Areas) -> str:
         )
     if areas.bodies:
         text += "retention:\n  bodies: true\n"
+    if areas.guard_policy:
+        text += GUARD
     return text
 
 
@@ -88,11 +118,13 @@ class Member:
     """One configuration's leader and its worker."""
 
     def __init__(
-        self, config: Config, scratch: Path, webhook: str, tree: Path | None = None, python: str = sys.executable
+        self, config: Config, scratch: Path, webhook: str = "", tree: Path | None = None, python: str = sys.executable
     ) -> None:
-        """``tree``: another checkout whose ``src/`` the leader runs (``python -m bench stages-ab``); this one's
-        by default. ``python``: the interpreter that runs the leader (another virtual environment's); this one
-        by default."""
+        """``webhook``: the guardrail webhook's URL, which a configuration with guardrail webhooks needs. ``tree``:
+        another checkout whose ``src/`` the leader runs (``python -m bench stages-ab``); this one's by default.
+        ``python``: the interpreter that runs the leader (another virtual environment's); this one by default."""
+        if config.areas.guardrail and not webhook:
+            raise ValueError(f"{config.name}: a configuration with guardrail webhooks needs the webhook's URL")
         self.config = config
         self.home = scratch / config.name
         (self.home / "leader").mkdir(parents=True)
@@ -111,6 +143,8 @@ class Member:
         self.worker: Proc | None = None
         self.key = ""
         self.admin_key = ""
+        self.guard = ""
+        """What the leader recorded for a checked request (guard policy configurations): its guard fields."""
 
     @property
     def pid(self) -> int:
@@ -152,7 +186,12 @@ class Member:
             self.key = made["secret"]
         settings = settings_body(areas)
         if settings:
-            self.admin("PUT", "/api/v1/settings", {"base": 0, "body": settings})
+            try:
+                self.admin("PUT", "/api/v1/settings", {"base": 0, "body": settings})
+            except RuntimeError as err:  # e.g. an older opod (stages-ab's base) that has no guard section
+                raise RuntimeError(
+                    f"{self.config.name}: the leader refused the configuration's settings: {err}"
+                ) from None
 
     def admin(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         return _admin(self.admin_url, self.admin_key, method, path, body)
@@ -176,6 +215,34 @@ class Member:
         told = "\n".join(self.leader.lines[-15:] + (self.worker.lines[-15:] if self.worker else []))
         raise RuntimeError(f"{self.config.name}: no answer within {timeout:.0f}s: {said}\n{told}")
 
+    def check_guard(self, timeout: float = 30) -> None:
+        """A configuration with the guard policy: one request's record must show the policy's allow, so a run whose
+        policy did not take says so before measuring. Sets :attr:`guard`."""
+        if not self.config.areas.guard_policy:
+            return
+        request_id = f"stages-guard-{self.config.name}-{os.getpid()}"
+        headers = {**self.headers(), "X-Request-Id": request_id}
+        call = urllib.request.Request(self.chat_url, data=json.dumps(BODY).encode(), headers=headers, method="POST")
+        with urllib.request.urlopen(call, timeout=10) as answer:
+            answer.read()
+        deadline = time.monotonic() + timeout
+        record: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            try:
+                record = self.admin("GET", f"/api/v1/requests/{request_id}")
+            except RuntimeError:  # not written yet
+                record = {}
+            if record.get("guard_action"):
+                break
+            time.sleep(0.3)
+        action, policy = record.get("guard_action"), record.get("guard_policy")
+        if (action, policy) != ("allow", GUARD_POLICY):
+            raise RuntimeError(
+                f"{self.config.name}: the guard policy did not take: request {request_id}'s record shows guard_action "
+                f"{action!r}, guard_policy {policy!r} (wanted 'allow', {GUARD_POLICY!r}): {record or 'no record'}"
+            )
+        self.guard = f"guard_action {action}, guard_policy {policy}, guard_ms {record.get('guard_ms', 0)}"
+
     def stop(self) -> None:
         if self.worker is not None:
             self.worker.stop()
@@ -183,7 +250,8 @@ class Member:
 
 
 def start_all(configs: list[Config], scratch: Path, webhook: str) -> dict[str, Member]:
-    """Every configuration's leader started at once, then each worker, each configured, each answering."""
+    """Every configuration's leader started at once, then each worker, each configured, each answering (and the
+    guard policy's configurations checked)."""
     members: dict[str, Member] = {}
     try:
         for config in configs:
@@ -194,6 +262,8 @@ def start_all(configs: list[Config], scratch: Path, webhook: str) -> dict[str, M
             member.configure()
         for member in members.values():
             member.answers()
+        for member in members.values():
+            member.check_guard()
     except BaseException:
         stop_all(members)
         raise

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.table import Table
 
+from bench.guard import GUARD_POLICY
 from bench.stages.attribution import ORDER
-from bench.stages.fleet import ALL_OFF, ALL_ON, CONFIGS
+from bench.stages.fleet import ALL_OFF, ALL_ON, ALL_ON_AREAS, CONFIGS
 from bench.stages.measure import CLIENTS, Flame, Profiled, Rounds
 
 
@@ -27,6 +28,8 @@ class Run:
     timing: tuple[float, float]
     flames: list[Flame]
     flames_skipped: str
+    guard_checks: dict[str, str] = field(default_factory=dict)
+    """Configuration → what the leader recorded for its checked request, where the guard policy is on."""
 
 
 @dataclass
@@ -116,7 +119,7 @@ def dominates(run: Run, stages: list[StageRow], configs: list[ConfigRow]) -> lis
     """What the tables say dominates, in a few sentences made of their own numbers."""
     top = sorted(stages, key=lambda r: r.cpu_us, reverse=True)[:3]
     lines = [
-        "- The three largest stages of the event loop's CPU, every area on: "
+        f"- The three largest stages of the event loop's CPU, all on ({ALL_ON_AREAS}): "
         + "; ".join(f"{r.stage} {r.share:.0%}" for r in top)
         + "."
     ]
@@ -124,33 +127,59 @@ def dominates(run: Run, stages: list[StageRow], configs: list[ConfigRow]) -> lis
     if ALL_ON in by_name and ALL_OFF in by_name:
         on, off = by_name[ALL_ON], by_name[ALL_OFF]
         lines.append(
-            f"- Every area on costs the leader {on.cpu_us:.0f} µs of CPU per request against {off.cpu_us:.0f} µs "
-            f"with none ({on.cpu_us / max(off.cpu_us, 1e-9):.1f}×), and adds {_signed(on.added_p50_ms, 2)} ms "
+            f"- All on costs the leader {on.cpu_us:.0f} µs of CPU per request against {off.cpu_us:.0f} µs "
+            f"with nothing ({on.cpu_us / max(off.cpu_us, 1e-9):.1f}×), and adds {_signed(on.added_p50_ms, 2)} ms "
             f"at p50, {_signed(on.added_p99_ms, 2)} ms at p99."
         )
         threads = on.cpu_us - on.main_us
         lines.append(
-            f"- With every area on, {threads:.0f} µs of the {on.cpu_us:.0f} µs per request are on threads other "
+            f"- All on, {threads:.0f} µs of the {on.cpu_us:.0f} µs per request are on threads other "
             f"than the event loop's (the store's commits, run off the loop), which the profile does not see."
         )
         lines.append(
-            f"- The kernel's part: {on.kernel_us:.0f} µs per request every area on ({on.wakes:.1f} wake-ups of the "
-            f"event loop), {off.kernel_us:.0f} µs with none ({off.wakes:.1f}); no change to opod's Python reaches it, "
-            "only fewer system calls and wake-ups per request do (each guardrail webhook is one more exchange)."
+            f"- The kernel's part: {on.kernel_us:.0f} µs per request all on ({on.wakes:.1f} wake-ups of the "
+            f"event loop), {off.kernel_us:.0f} µs with nothing ({off.wakes:.1f}); no change to opod's Python reaches "
+            "it, only fewer system calls and wake-ups per request do."
+        )
+    tenancy, hooks, policy = by_name.get("tenancy"), by_name.get("guardrail"), by_name.get("guard-policy")
+    if tenancy and hooks and policy and hooks.added_cpu_us is not None and policy.added_cpu_us is not None:
+        lines.append(
+            f"- The guardrail, added to tenancy: as webhooks (one pre, one post, each one more exchange per request "
+            f"with a process of its own, whose CPU is not the leader's) {hooks.added_cpu_us:+.0f} µs of the leader's "
+            f"CPU, {hooks.wakes - tenancy.wakes:+.1f} wake-ups and {_signed(hooks.added_p50_ms, 2)} ms at p50 per "
+            f"request; as the guard policy in process {policy.added_cpu_us:+.0f} µs, "
+            f"{policy.wakes - tenancy.wakes:+.1f} wake-ups and {_signed(policy.added_p50_ms, 2)} ms at p50."
         )
     areas = [r for r in configs if r.base == "tenancy" and r.added_cpu_us is not None]
     if areas:
         big = max(areas, key=lambda r: r.added_cpu_us or 0.0)
         lines.append(
-            f"- Of the areas added to tenancy, {big.label.removeprefix('+ ')} adds the most CPU: "
+            f"- Of the areas added to tenancy, {_area(big)} adds the most CPU: "
             f"{big.added_cpu_us:+.0f} µs per request, {_signed(big.added_p50_ms, 2)} ms at p50."
         )
+        inside = [r for r in areas if _in_all_on(r.name)]
+        if inside and big not in inside:
+            most = max(inside, key=lambda r: r.added_cpu_us or 0.0)
+            lines.append(
+                f"- {_area(big).capitalize()} is not in all on; of the areas that are, {_area(most)} adds the most: "
+                f"{most.added_cpu_us:+.0f} µs per request, {_signed(most.added_p50_ms, 2)} ms at p50."
+            )
     opod, upstream = run.timing
     lines.append(
-        f"- Server-Timing, sequential requests, every area on: opod's own part {opod:.2f} ms, "
+        f"- Server-Timing, sequential requests, all on: opod's own part {opod:.2f} ms, "
         f"the wait on the engine {upstream:.2f} ms (medians)."
     )
     return lines
+
+
+def _area(row: ConfigRow) -> str:
+    return row.label.removeprefix("+ ")
+
+
+def _in_all_on(name: str) -> bool:
+    """Whether configuration ``name``'s areas are all on in the all-on configuration."""
+    configs = {c.name: c for c in CONFIGS}
+    return name in configs and ALL_ON in configs and configs[name].areas.within(configs[ALL_ON].areas)
 
 
 def markdown(run: Run) -> str:
@@ -166,14 +195,14 @@ def markdown(run: Run) -> str:
         "workers and simulators share the same CPUs, and the machine is shared with other work: the figures "
         "are medians of rounds, and the spread below says how noisy they were.",
         "",
-        f"## The stages of a chat completion, every governance area on ({cpu.answered} requests profiled)",
+        f"## The stages of a chat completion, all on: {ALL_ON_AREAS} ({cpu.answered} requests profiled)",
         "",
         "A real `opod up --no-worker` leader with an `opod join` worker and a zero-latency simulator, on "
         f"loopback, open loop at {run.rate:.0f} req/s. The leader runs under `cProfile`, its window open only "
         "while these requests run; each function's own time goes to the stage `bench/stages/attribution.py` "
         "names it under, or to its callers' stages. CPU is the event loop's thread CPU time "
         "(`time.thread_time`); wall is time on the stack (`time.perf_counter`), a second pass: an `await`'s "
-        "wait (the engine's answer, a webhook's) is in neither, and shows in the on/off table's latency and "
+        "wait (the engine's answer; all on calls no webhook) is in neither, and shows in the on/off table's latency and "
         "in Server-Timing below. The profiler slows the calls it sees; the last column shares out the leader's "
         "unprofiled CPU per request (main thread, /proc) by each stage's share.",
         "",
@@ -203,7 +232,7 @@ def markdown(run: Run) -> str:
     opod, upstream = run.timing
     lines += [
         "",
-        f"Server-Timing of sequential requests, every area on (medians): opod {opod:.3f} ms, "
+        f"Server-Timing of sequential requests, all on (medians): opod {opod:.3f} ms, "
         f"upstream (the relay's wait on the engine) {upstream:.3f} ms.",
         "",
         f"## Each governance area on and off ({run.round_seconds:.0f} s rounds at {run.rate:.0f} req/s, interleaved)",
@@ -214,8 +243,12 @@ def markdown(run: Run) -> str:
         "kernel's part is its system time (socket reads and writes, wake-ups), and wake-ups are the times the "
         "event loop's thread was put back on a CPU per request (schedstat), idle ones taken out likewise. p50 "
         "and p99 are medians of the rounds' own. An area's difference is against the configuration it is "
-        "added to.",
+        "added to. The guardrail is measured two ways, each added to tenancy: as the policy file's webhooks (one "
+        "`pre`, one `post`, on `bench/webhook.py` in a process of its own, which allows everything) and as the "
+        f"settings' guard policy `{GUARD_POLICY}` run in the gateway (every request by `default`: emails redacted "
+        "in the request and a whole answer, card numbers and a prompt-injection pattern blocked in the request).",
         "",
+        *_guard_checks(run),
         "| configuration | requests | errors | leader CPU µs/req | of which event loop | of which kernel "
         "| event loop wake-ups/req | CPU spread over rounds "
         "| idle CPU ms/s | p50 ms | p99 ms | compared with | CPU µs added | p50 ms added | p99 ms added |",
@@ -228,7 +261,7 @@ def markdown(run: Run) -> str:
             f"{c.cpu_spread[0]:.0f}–{c.cpu_spread[1]:.0f} | {c.idle_ms_per_s:.1f} | {c.p50_ms:.2f} | {c.p99_ms:.2f} | {c.base or '—'} | "
             f"{_signed(c.added_cpu_us, 0)} | {_signed(c.added_p50_ms, 2)} | {_signed(c.added_p99_ms, 2)} |"
         )
-    lines += ["", "## Flame graphs (py-spy, every area on and all off, at half the leader's saturation)", ""]
+    lines += ["", "## Flame graphs (py-spy, all on and nothing, at half the leader's saturation)", ""]
     if run.flames:
         for f in run.flames:
             links = ", ".join(f"[{name}]({name})" for name in f.files)
@@ -242,13 +275,23 @@ def markdown(run: Run) -> str:
     return "\n".join(lines)
 
 
+def _guard_checks(run: Run) -> list[str]:
+    if not run.guard_checks:
+        return []
+    said = "; ".join(f"{name}: {check}" for name, check in run.guard_checks.items())
+    return [f"Checked before measuring, one request's record where the guard policy is on: {said}.", ""]
+
+
 def write(run: Run, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     (out / "stages.md").write_text(markdown(run))
     data = {
         "commit": run.commit,
         "stages": [vars(r) for r in stage_rows(run)],
-        "configs": [vars(r) | {"statuses": run.rounds[r.name].statuses} for r in config_rows(run)],
+        "configs": [
+            vars(r) | {"statuses": run.rounds[r.name].statuses, "guard_check": run.guard_checks.get(r.name, "")}
+            for r in config_rows(run)
+        ],
         "flames": [vars(f) for f in run.flames],
         "flames_skipped": run.flames_skipped,
     }
@@ -257,7 +300,7 @@ def write(run: Run, out: Path) -> Path:
 
 
 def tables(run: Run) -> list[Table]:
-    stages = Table(title="a /v1 chat request's stages, every area on (µs per request)", header_style="bold")
+    stages = Table(title=f"a /v1 chat request's stages, all on: {ALL_ON_AREAS} (µs per request)", header_style="bold")
     for column in ("stage", "CPU (profiled)", "wall on stack (profiled)", "share", "≈ CPU unprofiled"):
         stages.add_column(column, justify="left" if column == "stage" else "right")
     for r in stage_rows(run):

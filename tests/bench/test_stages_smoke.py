@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from bench.stages.attribution import ORDER
-from bench.stages.fleet import CONFIGS
+from bench.stages.fleet import ALL_ON, CONFIGS
 from bench.stages.measure import py_spy
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,6 +43,13 @@ def test_the_smallest_run_writes_every_stage_and_every_configuration(tmp_path: P
 
     configs = {row["name"]: row for row in data["configs"]}
     assert list(configs) == [c.name for c in CONFIGS]
+    # The guardrail both ways, each added to tenancy; all on has the guard policy, run in process, and no webhook.
+    assert {"guardrail", "guard-policy"} <= set(configs) and configs["guard-policy"]["base"] == "tenancy"
+    on = next(c for c in CONFIGS if c.name == ALL_ON).areas
+    assert on.guard_policy and not on.guardrail
+    for name in ("guard-policy", ALL_ON):
+        assert "guard_action allow, guard_policy screen" in configs[name]["guard_check"], configs[name]
+    assert not configs["guardrail"]["guard_check"]
     for name, row in configs.items():
         assert row["errors"] == 0 and set(row["statuses"]) == {"200"}, (name, row)
         assert row["answered"] > 0, name
@@ -52,6 +59,9 @@ def test_the_smallest_run_writes_every_stage_and_every_configuration(tmp_path: P
     table = (tmp_path / "stages.md").read_text()
     assert all(f"| {stage} |" in table for stage in ORDER)
     assert "| of which kernel | event loop wake-ups/req |" in table and "The kernel's part:" in table
+    assert "| + guard policy (in process: pii and pattern checks) |" in table
+    assert "| all on: tenancy, price & budget, kept bodies, guard policy (in process; no webhook) |" in table
+    assert "- The guardrail, added to tenancy: as webhooks" in table
     if py_spy() is None:
         assert "flame graphs skipped: py-spy is not installed" in done.stdout
         assert "Skipped: py-spy is not installed" in table
