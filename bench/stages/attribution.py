@@ -49,6 +49,7 @@ STAGES: dict[str, tuple[str, ...]] = {
         "opod.gateway.app:Gateway.resolve_model",
         "opod.gateway.app:Gateway.known_name",
         "opod.gateway.app:Gateway.traits",
+        "opod.gateway.traits:*",
     ),
     "budget reserve and settle (pricing, prompt count)": (
         "opod.gateway.budgets:*",

@@ -57,4 +57,4 @@ async def test_names_outside_the_catalog_are_not_kept(setup: Setup) -> None:  # 
     for n in range(100):
         traits = setup.gateway.traits(f"no-such-model-{n}")
         assert traits.context is None and traits.capabilities is None
-    assert json.dumps(sorted(setup.gateway._traits)) == "[]", "a client's made-up names cost no memory"
+    assert json.dumps(sorted(setup.gateway.model_traits.kept)) == "[]", "a client's made-up names cost no memory"

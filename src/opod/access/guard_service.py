@@ -22,8 +22,8 @@ from opod.access.guard_attachments import Attachment, AttachmentTable
 from opod.access.keys import KeyService
 from opod.access.scopes import KINDS, Scope, parse_scope
 from opod.access.tenancy import Tenancy
+from opod.settings.guard import GuardSettings
 from opod.settings.holder import SettingsHolder
-from opod.settings.schema import GuardSettings
 from opod.store import GuardAttachmentRecord, Store
 from opod.store.audit import AuditDraft
 from opod.store.errors import InvalidInput, NotFound

@@ -30,7 +30,7 @@ from opod.contract.admin.services import (
 from opod.control.audit import audit_draft
 from opod.control.context import ControlError
 from opod.control.spec import SpecRouter
-from opod.settings.schema import GuardPolicy
+from opod.settings.guard import GuardPolicy
 from opod.store.audit import AuditDraft
 from opod.store.usage import UsageRecord
 

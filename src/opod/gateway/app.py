@@ -21,9 +21,9 @@ from opod.access.keytable import KeyEntry, KeyTable
 from opod.contract.adminapi import AdmissionClass, PlanSnapshot
 from opod.fleet.canaries import CanaryBook
 from opod.fleet.federation import Federation
-from opod.fleet.models import KnownModel, ModelRegistry
+from opod.fleet.models import ModelRegistry
 from opod.fleet.router import RouteRequest, RoutingPolicy
-from opod.fleet.state import Fleet, NodeState
+from opod.fleet.state import Fleet
 from opod.gateway.admission import Admission, Stopping, resolve_class
 from opod.gateway.budgets import Budgets
 from opod.gateway.caller import Endpoint, InProcessCaller
@@ -42,6 +42,7 @@ from opod.gateway.responses import RESPONSES_PATH, responses_endpoint
 from opod.gateway.routes import ANY_METHOD, ROUTES, TRANSLATED_RESPONSES, UNSUPPORTED, RouteSpec, json_object_as_schema
 from opod.gateway.stats import PROBE_HEADER, GatewayStats
 from opod.gateway.templatecost import TemplateCosts
+from opod.gateway.traits import TraitsBook
 from opod.gateway.usagecount import DecodeRates, PromptCounter
 from opod.gateway.validate import (
     ModelTraits,
@@ -66,27 +67,6 @@ from opod.snapshots.policy import PolicyView
 
 PROBE = PROBE_HEADER.encode()
 Handler = Callable[[Request], Awaitable[Response]]
-
-
-def _traits(model: str, known: KnownModel | None, live: list[NodeState], served: int | None) -> ModelTraits:
-    """:meth:`Gateway.traits` made from the catalog's model (``None``: not in it), its live workers and their context."""
-    engines = frozenset(n.engine_id for n in live if n.engine_id)
-    # The engines may have been started with less than the catalog's window: the smaller is the limit.
-    if known is None:
-        return ModelTraits(model, context=served, engines=engines)
-    if not engines and known.engine:
-        engines = frozenset((known.engine,))
-    stated = known.context_length
-    context = min(stated, served) if stated and served else stated or served
-    entry = known.entry
-    return ModelTraits(
-        model,
-        context=context,
-        capabilities=known.stated_capabilities,
-        engines=engines,
-        dimensions=entry.embedding_dimensions or None if entry is not None else None,
-        matryoshka=entry is not None and entry.matryoshka,
-    )
 
 
 def _text(value: bytes | None) -> str | None:
@@ -169,7 +149,7 @@ class Gateway:
         self.meter = Meter(usage, GatewayStats(), prompts, budgets, DecodeRates(), tenancy)
         """What every request's record reports to: one usage row per request, the counters, the budgets."""
         self._routing: tuple[PolicyView | None, RoutingPolicy] = (None, RoutingPolicy())
-        self._traits: dict[str, tuple[KnownModel, object, str, list[NodeState], ModelTraits]] = {}
+        self.model_traits = TraitsBook(models, fleet)
         """model → what :meth:`traits` made, with the objects it was made from."""
         self._in_process: dict[tuple[str, str], Endpoint] | None = None
         """The hot handlers, made once, for :meth:`serve_as`."""
@@ -333,30 +313,8 @@ class Gateway:
         return error_response(error, request_id)
 
     def traits(self, model: str) -> ModelTraits:
-        """What the request rules need of ``model``: its context and capabilities (the catalog), the engines serving it.
-
-        Made again only when the catalog's model, its entry or engine, or the fleet's list of live workers for it is
-        another object: the fleet makes that list anew at least every ``LIVE_CACHE`` seconds, so a context a worker
-        reports anew is in force within that. Kept only for models in the catalog, so a client's names cannot grow it.
-        """
-        known = self.models.active(model)
-        if known is None and ":" in model:
-            known = self.models.active(model.partition(":")[0])  # an adapter: its base model's traits
-        live = self.fleet.workers_for(model)
-        if known is None:
-            return _traits(model, None, live, self.fleet.served_context(model))
-        kept = self._traits.get(model)
-        if (
-            kept is not None
-            and kept[0] is known
-            and kept[1] is known.entry
-            and kept[2] == known.engine
-            and kept[3] is live
-        ):
-            return kept[4]
-        traits = _traits(model, known, live, self.fleet.served_context(model))
-        self._traits[model] = (known, known.entry, known.engine, live, traits)
-        return traits
+        """What the request rules need of ``model`` (:class:`opod.gateway.traits.TraitsBook`)."""
+        return self.model_traits.of(model)
 
     async def serve(
         self,

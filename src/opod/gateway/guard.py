@@ -36,7 +36,8 @@ from typing import Any
 from opod.access.guard_attachments import AttachmentTable
 from opod.gateway.guardrails import GuardNote, GuardrailBlocked
 from opod.http import fastjson
-from opod.settings.schema import ClusterSettings, GuardCheck, GuardPolicy
+from opod.settings.guard import GuardCheck, GuardPolicy
+from opod.settings.schema import ClusterSettings
 
 KEPT_RESOLUTIONS = 10_000
 """Keys whose applying policies are kept at most; past it the cache starts again (keys made by the thousand)."""
