@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 import httpx
 
 from tests.support.inprocess import InProcessLeader as Leader
@@ -39,8 +42,16 @@ def put_settings(leader: Leader, text: str) -> None:
     assert status == 200, body
 
 
-def audit_rows(leader: Leader, actor: str) -> list[dict]:
-    """The audit's rows by ``actor``, oldest first."""
-    status, rows = leader.admin("GET", f"/api/v1/audit?actor={actor}&limit=1000")
-    assert status == 200, rows
-    return list(reversed(rows))
+def audit_rows(leader: Leader, actor: str, *, until: Callable[[list[dict]], bool] | None = None) -> list[dict]:
+    """The audit's rows by ``actor``, oldest first.
+
+    A call's row is recorded once its answer has gone out, so a test reading right after a call passes ``until``:
+    the rows are read again (for up to 10 s) until it holds of them, and returned as last read either way."""
+    deadline = time.monotonic() + 10
+    while True:
+        status, rows = leader.admin("GET", f"/api/v1/audit?actor={actor}&limit=1000")
+        assert status == 200, rows
+        oldest_first = list(reversed(rows))
+        if until is None or until(oldest_first) or time.monotonic() > deadline:
+            return oldest_first
+        time.sleep(0.05)
