@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from tests.support.inprocess import InProcessLeader as Leader
-from tests.support.opod_process import OpodProcess, opod_cli, sim_worker, wait_until
+from tests.support.opod_process import OpodProcess, opod_cli, sim_worker
 
 MODEL, OTHER = "sim-chat", "sim-other"
 NODE = "n_requests"
@@ -32,22 +32,10 @@ class Fleet:
         )
 
     def record(self, request_id: str) -> dict:
-        """The request's record, once the ledger has committed it."""
-
-        def found() -> dict | None:
-            status, body = self.leader.admin("GET", f"/api/v1/requests/{request_id}")
-            return body if status == 200 and isinstance(body, dict) else None
-
-        return wait_until(found, 15, f"request {request_id} to be recorded")
+        return self.leader.request_record(request_id)
 
     def body(self, request_id: str) -> dict:
-        self.record(request_id)  # the body is written just after the record: wait for both
-
-        def found() -> dict | None:
-            status, body = self.leader.admin("GET", f"/api/v1/requests/{request_id}/body")
-            return body if status == 200 and isinstance(body, dict) else None
-
-        return wait_until(found, 15, f"the body of request {request_id}")
+        return self.leader.request_body(request_id)
 
     def no_body(self, request_id: str) -> str:
         """Why the request's body is not kept (its 404's message)."""

@@ -23,6 +23,7 @@ import pytest
 from aiohttp import web
 
 from bench.ports import free_port
+from tests.support.chats import ask
 from tests.support.inprocess import InProcessLeader as Leader
 from tests.support.opod_process import OpodProcess, http, opod_cli, sim_worker, wait_until
 
@@ -120,27 +121,10 @@ class Fleet:
 
     def ask(self, content: str, **extra: Any) -> tuple[str, Any]:
         """A chat request: its request id, and its answer's text or the error it raised."""
-        request_id = "guard-" + secrets.token_hex(6)
-        try:
-            answer = self.client.chat.completions.create(
-                model=MODEL,
-                messages=[{"role": "user", "content": content}],
-                max_tokens=8,
-                extra_headers={"X-Request-Id": request_id},
-                **extra,
-            )
-        except openai.APIStatusError as err:
-            return request_id, err
-        if extra.get("stream"):
-            return request_id, "".join(c.choices[0].delta.content or "" for c in answer if c.choices)  # type: ignore[union-attr]
-        return request_id, answer.choices[0].message.content  # type: ignore[union-attr]
+        return ask(self.client, MODEL, content, **extra)
 
     def record(self, request_id: str) -> dict:
-        def found() -> dict | None:
-            status, body = self.leader.admin("GET", f"/api/v1/requests/{request_id}")
-            return body if status == 200 and isinstance(body, dict) else None
-
-        return wait_until(found, 15, f"request {request_id} to be recorded")
+        return self.leader.request_record(request_id)
 
 
 def guard(record: dict) -> dict:

@@ -191,6 +191,22 @@ class InProcessLeader:
             parsed = response.text
         return response.status_code, parsed
 
+    def request_record(self, request_id: str) -> dict:
+        """A ``/v1`` request's record (``GET /api/v1/requests/{id}``), once the ledger has committed it."""
+        return self._found(f"/api/v1/requests/{request_id}", f"request {request_id} to be recorded")
+
+    def request_body(self, request_id: str) -> dict:
+        """A ``/v1`` request's kept body (``GET /api/v1/requests/{id}/body``), written just after its record."""
+        self.request_record(request_id)
+        return self._found(f"/api/v1/requests/{request_id}/body", f"the body of request {request_id}")
+
+    def _found(self, path: str, what: str) -> dict:
+        def found() -> dict | None:
+            status, body = self.admin("GET", path)
+            return body if status == 200 and isinstance(body, dict) else None
+
+        return wait_until(found, 15, what)
+
     def node_token(self) -> str:
         status, body = self.admin("POST", "/api/v1/node-tokens", {"name": "test"})
         assert status == 201, body

@@ -10,14 +10,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-SCOPES = ("org", "team", "project", "user", "key")
-"""What a policy may be attached to, widest first."""
-
 
 @dataclass(frozen=True, slots=True)
 class Attachment:
     scope: str
-    """One of :data:`SCOPES`."""
+    """What it is attached to: one of :data:`opod.store.schema.GUARD_SCOPES` (org, team, project, user, key)."""
     scope_id: str
     """The ID of the organization, team, project, person or key (``org_…``, ``prj_…``, a key's id)."""
     policy: str

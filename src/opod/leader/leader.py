@@ -66,6 +66,7 @@ from opod.leader.adminv1.context import AdminContext
 from opod.leader.batches import BatchRunner, key_entry, runner_owner
 from opod.leader.canary_watch import CanaryWatch
 from opod.leader.directory_sync import DirectorySyncing
+from opod.leader.draining import drain
 from opod.leader.home import make_private
 from opod.leader.lifecycle_wiring import build_lifecycle
 from opod.leader.nodes import NodeRegistry
@@ -94,9 +95,6 @@ DEFAULT_ADMISSION = adminapi.PolicyAdmission(hold_ms=30_000, max_held=1024)
 """Without a policy file, a request waits up to 30 s for an engine slot; a mounted policy's admission
 block replaces this whole (and there, as the contract says, zero means shed at once)."""
 
-STOPPING_RETRY_AFTER = 5
-"""``Retry-After`` of a request refused while the leader stops: long enough not to hammer it, short
-enough for a client behind a balancer to find another leader, or this one started again."""
 
 AUTO_PRESETS_EVERY = 10.0
 """Seconds between looks for a preset a node fits, while ``presets.auto`` is on."""
@@ -527,42 +525,9 @@ class Leader:
         return self.admission.stopping
 
     async def let_requests_finish(self, grace: float, hurry: asyncio.Event | None, say: Callable[[str], None]) -> int:
-        """Take no new request (503 with ``Retry-After``, the waiting ones too) and give those in flight up
-        to ``grace`` seconds to finish, or until ``hurry`` is set; says on the console which happened.
-        Returns how many are still in flight, to be cut off."""
-        in_flight = self.admission.close(STOPPING_RETRY_AFTER)
-        if not in_flight:
-            say("stopping: no request in flight")
-            return 0
-        if grace <= 0 or (hurry is not None and hurry.is_set()):
-            say(f"stopping now: {_requests(in_flight)} in flight are cut off")
-            return in_flight
-        say(
-            f"stopping: {_requests(in_flight)} in flight, waiting up to {grace:g} s for them to finish "
-            "(Ctrl-C again to stop now)"
-        )
-        started = asyncio.get_running_loop().time()
-        settled = asyncio.create_task(self.admission.settled(grace))
-        waits: set[asyncio.Future[Any]] = {settled}
-        if hurry is not None:
-            waits.add(asyncio.ensure_future(hurry.wait()))
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiting in waits:
-                waiting.cancel()
-        left = self.admission.in_flight
-        took = asyncio.get_running_loop().time() - started
-        if not left:
-            say(f"stopping: the requests in flight finished in {took:.1f} s")
-        elif hurry is not None and hurry.is_set():
-            say(f"stopping now, as asked: {_requests(left)} in flight are cut off")
-        else:
-            say(
-                f"stopping: {_requests(left)} still in flight after {grace:g} s are cut off "
-                "(OPOD_STOP_GRACE gives them longer)"
-            )
-        return left
+        """Take no new request and give those in flight up to ``grace`` seconds (:func:`opod.leader.draining.drain`);
+        how many are still in flight, to be cut off."""
+        return await drain(self.admission, grace, hurry, say)
 
     async def _flush_key_uses(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -595,10 +560,6 @@ class Leader:
         await self.ledger.flush()
         self.ledger.close()
         await run_sync(self.store.close)
-
-
-def _requests(n: int) -> str:
-    return f"{n} request" if n == 1 else f"{n} requests"
 
 
 def _apply_admission(admission: Admission, view: PolicyView) -> None:

@@ -67,6 +67,13 @@ class Repository:
             return postgresql.insert(table).values(values).on_conflict_do_update(index_elements=on, set_=update)
         return sqlite.insert(table).values(values).on_conflict_do_update(index_elements=on, set_=update)
 
+    def _insert_new(self, table: Table, values: dict[str, Any]) -> Insert:
+        """INSERT unless a row with the same key is there already (ON CONFLICT DO NOTHING, in either dialect); it
+        returns the key's first column for a row it inserted, nothing otherwise."""
+        insert = postgresql.insert if self.engine.dialect.name == "postgresql" else sqlite.insert
+        first = next(iter(table.primary_key.columns))
+        return insert(table).values(values).on_conflict_do_nothing().returning(first)
+
     def _upsert_rows(self, table: Table, *, on: list[str]) -> Insert:
         """One INSERT for many rows (executed with a list of values), each row replacing every other column of
         the row it meets on ``on``: a batch is one statement, compiled once, not one per row."""

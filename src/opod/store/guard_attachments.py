@@ -13,7 +13,6 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Row, and_, delete, select
-from sqlalchemy.dialects import postgresql, sqlite
 
 from opod.store.audit import AuditRow, insert_audit
 from opod.store.base import Repository, text_arg, when
@@ -70,12 +69,8 @@ class GuardAttachmentsRepo(Repository):
             "created_by": text_arg(by, "guard attachment created_by", empty=True),
             "created_at": when(at, "guard attachment created_at"),
         }
-        insert = postgresql.insert if self.engine.dialect.name == "postgresql" else sqlite.insert
-        statement = (
-            insert(guard_attachments).values(values).on_conflict_do_nothing().returning(guard_attachments.c.scope)
-        )
         with self._write() as conn:
-            added = conn.execute(statement).first() is not None
+            added = conn.execute(self._insert_new(guard_attachments, values)).first() is not None
             if audit is not None:
                 insert_audit(conn, audit)
             row = conn.execute(select(guard_attachments).where(_where(scope, scope_id, policy))).one()
