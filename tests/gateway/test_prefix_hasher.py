@@ -202,3 +202,19 @@ async def test_the_least_recently_used_prefixes_are_forgotten_first(worker, work
         prefix.hashes(MODEL, {"model": MODEL, "prompt": f"other prompt {i} " * 40})
         await prefix.settle()
     assert prefix.hashes(MODEL, first) == [], "its two prefixes made room for three others"
+
+
+async def test_a_short_prompt_is_never_learnt_and_a_conversation_once_it_is_long(worker, workers) -> None:
+    address, fake = worker
+    prefix = hasher(workers, address, "a", "b")
+    hello = {"role": "user", "content": "17: hello there, how are you"}
+    for _ in range(3):
+        assert prefix.hashes(MODEL, chat(hello)) == []
+        await prefix.settle()
+    assert fake.asked == 0, "a prompt of a few tokens: a cache hit on it is worth less than the tokenize call"
+    answer = {"role": "assistant", "content": " ".join(f"point {i}." for i in range(40))}
+    longer = chat(hello, answer, {"role": "user", "content": "and then?"})
+    prefix.hashes(MODEL, longer)
+    await prefix.settle()
+    assert fake.asked == 1
+    assert prefix.hashes(MODEL, longer) == block_hashes(Tokenizer().encode(render_chat(longer["messages"])), 16)

@@ -15,6 +15,11 @@ A message list the leader learnt also teaches its shorter prefixes: each keeps
 the hashes every continuation seen so far has in common (the one continuation
 seen, until a second one differs). A prefix never seen is not hashed: the
 request is routed by load and the sticky pin, never held up.
+
+A short prompt is not learnt at all (``LEARNED_FROM_TOKENS``, estimated from its text): a cache hit
+on it would save less prefill than learning it costs (a tokenize call, the leader's and a worker's
+CPU), and short one-off prompts are most of some workloads. A conversation is learnt once its turns
+add up to a prompt that long.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from opod.contract.blockhash import block_hashes
 from opod.fleet.prefix_index import PrefixIndex
 from opod.fleet.state import Fleet, NodeState
 from opod.gateway.tokenize import Tokenize
+from opod.gateway.usagecount import BYTES_PER_TOKEN
 from opod.http.nodeclient import WorkerUnavailable
 
 log = logging.getLogger("opod.gateway")
@@ -40,6 +46,9 @@ PREFIXES_KEPT = 50_000
 """Message prefixes remembered, least recently used forgotten first."""
 LEARNING_AT_ONCE = 8
 """Tokenize calls in flight; a request seen while all are busy is learnt the next time it comes."""
+LEARNED_FROM_TOKENS = 64
+"""The shortest prompt learnt, in tokens estimated from its text (``usagecount.BYTES_PER_TOKEN``): four blocks
+of the engines' usual sixteen tokens."""
 
 Hashes = tuple[str, ...]
 
@@ -71,6 +80,8 @@ class _Prompt:
     messages: list[tuple[str, str]]
     """The leading text messages, role and content; empty for a text prompt."""
     text: str = ""
+    chars: int = 0
+    """The characters of the text hashed: what its tokens are estimated by."""
 
     def request(self) -> nodeapi.TokenizeRequest:
         if not self.messages:
@@ -89,12 +100,14 @@ class PrefixHasher:
         *,
         kept: int = PREFIXES_KEPT,
         at_once: int = LEARNING_AT_ONCE,
+        learned_from: int = LEARNED_FROM_TOKENS,
     ) -> None:
         self.fleet = fleet
         self.index = index
         self.tokenize = tokenize
         self.kept = kept
         self.at_once = at_once
+        self.learned_from_chars = learned_from * BYTES_PER_TOKEN
         self._plans: dict[str, _Plan] = {}
         self._known: OrderedDict[int, _Known] = OrderedDict()
         self._learning: dict[int, asyncio.Task[None]] = {}
@@ -112,7 +125,8 @@ class PrefixHasher:
         if whole is not None and whole.own is not None:  # a request seen before: the common case, one look-up
             self._known.move_to_end(last)
             return list(whole.own)
-        self._learn_later(prompt, plan)
+        if prompt.chars >= self.learned_from_chars:
+            self._learn_later(prompt, plan)
         return list(self._lookup(prompt.keys))
 
     async def settle(self) -> None:
@@ -197,6 +211,7 @@ def _prompt(model: str, block_size: int, payload: dict[str, Any]) -> _Prompt | N
     if isinstance(messages, list):
         keys: list[int] = []
         kept: list[tuple[str, str]] = []
+        chars = 0
         for message in messages:
             content = message.get("content") if isinstance(message, dict) else None
             if not isinstance(content, str):
@@ -205,10 +220,11 @@ def _prompt(model: str, block_size: int, payload: dict[str, Any]) -> _Prompt | N
             key = hash((key, role, content))
             keys.append(key)
             kept.append((role, content))
-        return _Prompt(model, keys, kept) if keys else None
+            chars += len(content)
+        return _Prompt(model, keys, kept, chars=chars) if keys else None
     prompt = payload.get("prompt")
     if isinstance(prompt, str) and prompt:
-        return _Prompt(model, [hash((key, prompt))], [], prompt)
+        return _Prompt(model, [hash((key, prompt))], [], prompt, len(prompt))
     return None
 
 
