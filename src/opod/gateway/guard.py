@@ -66,19 +66,30 @@ def _iban(found: str) -> bool:
 
 
 _OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
-DETECTORS: dict[str, tuple[re.Pattern[str], Callable[[str], bool] | None]] = {
-    "email": (re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"), None),
-    "phone": (
-        re.compile(r"(?<![\w+])(?:\+\d{1,3}[ .-]?)?(?:\(\d{2,4}\)|\d{2,4})[ .-]?\d{3,4}[ .-]?\d{3,4}(?!\w)"),
-        None,
+
+
+@dataclass(frozen=True, slots=True)
+class Detector:
+    """A built-in detector: its pattern; a test of what it found, where a pattern alone finds too much (card numbers
+    and IBANs carry check digits); and a character every finding holds, so a text without it is passed over
+    without running the pattern (most texts hold no ``@``)."""
+
+    pattern: re.Pattern[str]
+    valid: Callable[[str], bool] | None = None
+    needs: str = ""
+
+
+DETECTORS: dict[str, Detector] = {
+    "email": Detector(re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"), needs="@"),
+    "phone": Detector(
+        re.compile(r"(?<![\w+])(?:\+\d{1,3}[ .-]?)?(?:\(\d{2,4}\)|\d{2,4})[ .-]?\d{3,4}[ .-]?\d{3,4}(?!\w)")
     ),
-    "card": (re.compile(r"(?<![\d-])\d(?:[ -]?\d){12,18}(?![\d-])"), _card),
-    "ssn": (re.compile(r"(?<![\d-])\d{3}-\d{2}-\d{4}(?![\d-])"), None),
-    "ipv4": (re.compile(rf"(?<![\d.]){_OCTET}(?:\.{_OCTET}){{3}}(?![\d.])"), None),
-    "iban": (re.compile(r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?\b"), _iban),
+    "card": Detector(re.compile(r"(?<![\d-])\d(?:[ -]?\d){12,18}(?![\d-])"), _card),
+    "ssn": Detector(re.compile(r"(?<![\d-])\d{3}-\d{2}-\d{4}(?![\d-])"), needs="-"),
+    "ipv4": Detector(re.compile(rf"(?<![\d.]){_OCTET}(?:\.{_OCTET}){{3}}(?![\d.])"), needs="."),
+    "iban": Detector(re.compile(r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?\b"), _iban),
 }
-"""The built-in detectors a check's ``pii`` names (``opod.settings.schema.PII_KINDS``): a pattern, and a test of
-what it found where a pattern alone finds too much (card numbers and IBANs carry check digits)."""
+"""The built-in detectors a check's ``pii`` names (``opod.settings.schema.PII_KINDS``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,8 +102,11 @@ class _Check:
     rule: str
     category: str
     replacement: str
+    needs: str = ""
 
     def findings(self, text: str) -> list[re.Match[str]]:
+        if self.needs and self.needs not in text:
+            return []
         found = self.pattern.finditer(text)
         if self.valid is None:
             return list(found)
@@ -101,20 +115,18 @@ class _Check:
 
 
 def _compiled(policy: GuardPolicy, check: GuardCheck) -> _Check:
-    if check.pii:
-        pattern, valid = DETECTORS[check.pii]
-    else:
-        pattern, valid = re.compile(check.pattern), None
+    detector = DETECTORS[check.pii] if check.pii else Detector(re.compile(check.pattern))
     rule = check.rule
     return _Check(
         policy.name,
         policy.mode == "shadow",
-        pattern,
-        valid,
+        detector.pattern,
+        detector.valid,
         check.action,
         rule,
         check.category or ("pii" if check.pii else rule),
         f"[redacted:{rule}]",
+        detector.needs,
     )
 
 
