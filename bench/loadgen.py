@@ -2,7 +2,8 @@
 
 Latency is measured per request from the moment it is due (open loop) or sent
 (closed loop) to the last byte, with one pooled aiohttp session, so two targets
-measured the same way compare fairly.
+measured the same way compare fairly. The body is one for every request, or a list the requests take in
+turn (chats that each open with their own number, which no router can place by a prefix seen before).
 """
 
 from __future__ import annotations
@@ -10,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import itertools
 import json
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -89,10 +91,19 @@ async def _one(
     result.latencies.append(time.perf_counter() - started)
 
 
+Body = bytes | Sequence[bytes]
+"""One body for every request, or bodies the requests take in turn."""
+
+
+def _turns(body: Body) -> Iterator[bytes]:
+    return itertools.repeat(body) if isinstance(body, bytes) else itertools.cycle(body)
+
+
 async def closed_loop(
-    url: str, body: bytes, headers: dict, concurrency: int, seconds: float, warmup: float = 1.0
+    url: str, body: Body, headers: dict, concurrency: int, seconds: float, warmup: float = 1.0
 ) -> Result:
     result = Result()
+    bodies = _turns(body)
     async with _session(concurrency) as session:
         stop_at = time.perf_counter() + warmup + seconds
         measure_from = time.perf_counter() + warmup
@@ -101,7 +112,7 @@ async def closed_loop(
             while time.perf_counter() < stop_at:
                 started = time.perf_counter()
                 sink = result if started >= measure_from else Result()
-                await _one(session, url, body, headers, sink, started)
+                await _one(session, url, next(bodies), headers, sink, started)
 
         await asyncio.gather(*(client() for _ in range(concurrency)))
         result.elapsed = seconds
@@ -110,7 +121,7 @@ async def closed_loop(
 
 async def open_loop(
     url: str,
-    body: bytes,
+    body: Body,
     headers: dict,
     rate: float,
     seconds: float,
@@ -119,6 +130,7 @@ async def open_loop(
 ) -> Result:
     result = Result()
     rng = random.Random(seed)
+    bodies = _turns(body)
     async with _session(0) as session:
         tasks = []
         start = time.perf_counter()
@@ -128,7 +140,7 @@ async def open_loop(
             delay = due - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(_one(session, url, body, headers, result, due)))
+            tasks.append(asyncio.create_task(_one(session, url, next(bodies), headers, result, due)))
             if tick is not None:
                 tick()
         await asyncio.gather(*tasks)

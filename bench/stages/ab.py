@@ -1,12 +1,13 @@
 """``python -m bench stages-ab --base DIR``: this checkout's leader against another's, the stages bench's all on.
 
-All on is :data:`bench.stages.fleet.ALL_ON_AREAS`: tenancy, price & budget, kept bodies and the settings' guard
-policy, run in the gateway (no guardrail webhook, so no process beside the leaders). The base's leader reads the
-same settings: a base older than the guard policies refuses them, and the run stops naming it.
+All on is :data:`bench.stages.fleet.ALL_ON_AREAS`: tenancy, price & budget, kept bodies, the settings' guard
+policy, run in the gateway (no guardrail webhook, so no process beside the leaders), and prefix routing over two
+workers. The base's leader reads the same settings: a base older than the guard policies refuses them, and the run
+stops naming it.
 
 The stages bench's on/off rounds compare configurations of one build; a change to the hot path is judged
-against the build before it, on a machine whose load drifts. So both leaders (each with its own worker and
-zero-latency simulator) run side by side, and each round measures the two
+against the build before it, on a machine whose load drifts. So both leaders (each with its own workers and
+zero-latency simulators) run side by side, and each round measures the two
 back to back, their order turned every round: the ratio of a pair is what the change did, whatever the
 machine was doing then. CPU is every thread's, from ``/proc/PID/task/*/schedstat`` (nanoseconds; /proc's
 ``stat`` counts in 10 ms ticks, too coarse for a two-second round).
@@ -36,7 +37,7 @@ from rich.markup import escape
 from bench import loadgen
 from bench.procs import checkout_commit
 from bench.stages.fleet import ALL_ON, ALL_ON_AREAS, CONFIGS, REPO, Config, Member, Webhook, stop_all
-from bench.stages.measure import PAYLOAD
+from bench.stages.measure import PAYLOADS
 
 console = Console(width=None if sys.stdout.isatty() else 150)
 RESULTS = REPO / "bench" / "results"
@@ -70,7 +71,7 @@ class Side:
 
 def _round(member: Member, rate: float, seconds: float, seed: int, side: Side) -> None:
     before = cpu_ns(member.pid)
-    got = asyncio.run(loadgen.open_loop(member.chat_url, PAYLOAD, member.headers(), rate, seconds, seed))
+    got = asyncio.run(loadgen.open_loop(member.chat_url, PAYLOADS, member.headers(), rate, seconds, seed))
     after = cpu_ns(member.pid)
     answered = max(len(got.latencies), 1)
     side.cpu_us.append((after[0] - before[0]) / answered / 1000)
@@ -193,8 +194,9 @@ def command(
                     member.answers()
                 for member in members.values():
                     member.check_guard()
+                    member.check_routing()
             for member in members.values():
-                asyncio.run(loadgen.open_loop(member.chat_url, PAYLOAD, member.headers(), rate, warm, 99))
+                asyncio.run(loadgen.open_loop(member.chat_url, PAYLOADS, member.headers(), rate, warm, 99))
             for n in range(rounds):
                 for side in SIDES if n % 2 == 0 else reversed(SIDES):
                     _round(members[side], rate, seconds, n, sides[side])

@@ -1,10 +1,11 @@
-"""The leaders the stages bench measures: one per governance configuration, each with an ``opod join`` worker.
+"""The leaders the stages bench measures: one per governance configuration, each with ``opod join`` workers.
 
 Every leader runs ``opod up --no-worker`` under the profiling launcher (:mod:`bench.stages.launch`), and
-one worker joins it with a zero-latency simulator, so the engine is not the cost. Each configuration
+one worker joins it with a zero-latency simulator (two for prefix routing, which hashes a request only
+where there is a choice to make), so the engine is not the cost. Each configuration
 turns on governance areas the way a user does: the tenancy tree and a project's key through
 ``/api/v1``; prices, budgets, kept bodies and the guard policy (checks the gateway runs in process) in the
-settings; guardrail webhooks in a mounted policy file.
+settings; guardrail webhooks and the prefix routing policy in a mounted policy file.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from typing import Any, NamedTuple
 
 from bench.guard import GUARD, GUARD_POLICY
 from bench.ports import free_port
-from bench.procs import Proc
+from bench.procs import Proc, wait_model_ready
+from bench.routing.fleet import PREFIX_POLICY
+from bench.routing.workloads import distinct_chat_bodies
 from bench.tenancy_overhead import BODY, MODEL, _admin, _headers
 
 LAUNCH = ["-m", "bench.stages.launch"]
@@ -45,6 +48,9 @@ class Areas:
     """Guardrail webhooks in the policy file: one pre, one post (:mod:`bench.webhook`, a process of its own)."""
     guard_policy: bool = False
     """The settings' guard policy (:mod:`bench.guard`), run in the gateway itself: no exchange per request."""
+    routing: bool = False
+    """The prefix routing policy ``python -m bench compare`` mounts (``bench.routing.fleet.PREFIX_POLICY``), over two
+    workers: each request's prefix looked up, the sticky pin, the engines' cache events."""
 
     def within(self, other: Areas) -> bool:
         """Whether every area turned on here is on in ``other`` too."""
@@ -78,14 +84,22 @@ CONFIGS = [
         "tenancy",
     ),
     Config(
+        "routing",
+        "+ prefix routing (the prefix policy, two workers)",
+        Areas(tenancy=True, routing=True),
+        "tenancy",
+    ),
+    Config(
         "all",
-        "all on: tenancy, price & budget, kept bodies, guard policy (in process; no webhook)",
-        Areas(tenancy=True, budget=True, bodies=True, guard_policy=True),
+        "all on: tenancy, price & budget, kept bodies, guard policy (in process; no webhook), prefix routing",
+        Areas(tenancy=True, budget=True, bodies=True, guard_policy=True, routing=True),
         "nothing",
     ),
 ]
 ALL_ON, ALL_OFF = "all", "nothing"
-ALL_ON_AREAS = "tenancy, price & budget, kept bodies and the guard policy (in process; no guardrail webhook)"
+ALL_ON_AREAS = (
+    "tenancy, price & budget, kept bodies, the guard policy (in process; no guardrail webhook) and prefix routing"
+)
 """What the ``all`` configuration turns on, as the reports say it."""
 
 
@@ -107,15 +121,22 @@ def settings_body(areas: Areas) -> str:
     return text
 
 
-def policy_file(path: Path, webhook: str) -> None:
-    """The policy a manager mounts: one guardrail before the engine and one after it, both on ``webhook``."""
-    rules = [{"id": "screen", "phase": "pre", "url": webhook + "/pre"}]
-    rules.append({"id": "answers", "phase": "post", "url": webhook + "/post"})
-    path.write_text(json.dumps({"revision": "bench-stages", "guardrails": rules}))
+def policy_file(path: Path, areas: Areas, webhook: str) -> None:
+    """The policy a manager mounts: for guardrail webhooks one before the engine and one after it, both on
+    ``webhook``; for prefix routing the prefix policy."""
+    policy: dict[str, Any] = {"revision": "bench-stages"}
+    if areas.guardrail:
+        policy["guardrails"] = [
+            {"id": "screen", "phase": "pre", "url": webhook + "/pre"},
+            {"id": "answers", "phase": "post", "url": webhook + "/post"},
+        ]
+    if areas.routing:
+        policy.update(PREFIX_POLICY)
+    path.write_text(json.dumps(policy))
 
 
 class Member:
-    """One configuration's leader and its worker."""
+    """One configuration's leader and its workers."""
 
     def __init__(
         self, config: Config, scratch: Path, webhook: str = "", tree: Path | None = None, python: str = sys.executable
@@ -131,16 +152,16 @@ class Member:
         self.request_file = self.home / "profile-request.json"
         path = str(REPO) if tree is None else os.pathsep.join((str(tree / "src"), str(tree)))
         env = {"STAGES_PROFILE_REQUEST": str(self.request_file), "PYTHONPATH": path}
-        if config.areas.guardrail:
+        if config.areas.guardrail or config.areas.routing:
             policy = self.home / "policy.json"
-            policy_file(policy, webhook)
+            policy_file(policy, config.areas, webhook)
             env["OPOD_POLICY_FILE"] = str(policy)
         port, self.admin_port = free_port(), free_port()
         args = ["up", "--no-worker", "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{self.admin_port}"]
         self.leader = Proc([*args, "--no-default-models"], self.home / "leader", env=env, program=[python, *LAUNCH])
         self.url = f"http://127.0.0.1:{port}"
         self.admin_url = f"http://127.0.0.1:{self.admin_port}"
-        self.worker: Proc | None = None
+        self.workers: list[Proc] = []
         self.key = ""
         self.admin_key = ""
         self.guard = ""
@@ -162,18 +183,37 @@ class Member:
         self.leader.wait_for("OpenAI API on", timeout)
         self.admin_key = self.key = (self.home / "leader" / "admin.key").read_text().strip()
 
+    @property
+    def node_ids(self) -> list[str]:
+        """Its workers' node ids: two for prefix routing, else one."""
+        name = self.config.name
+        return [f"n_{name}", f"n_{name}-2"] if self.config.areas.routing else [f"n_{name}"]
+
     def join(self) -> None:
-        """Once the leader listens: a node token, and a worker with the simulator joins with it."""
+        """Once the leader listens: a node token, and its workers, each with a simulator, join with it."""
         self.listening()
         token = self.admin("POST", "/api/v1/node-tokens", {"name": "bench"})["secret"]
-        listen = f"127.0.0.1:{free_port()}"
-        env = {"OPOD_ENGINE_FLAGS": json.dumps(SIMULATOR), "OPOD_NODE_ID": f"n_{self.config.name}"}
-        args = ["join", self.url, "--token", token, "--engine", "sim", "--listen", listen]
-        self.worker = Proc(args, self.home / "worker", env=env)
+        for node in self.node_ids:
+            env = {"OPOD_ENGINE_FLAGS": json.dumps(SIMULATOR), "OPOD_NODE_ID": node}
+            args = ["join", self.url, "--token", token, "--engine", "sim", "--listen", f"127.0.0.1:{free_port()}"]
+            self.workers.append(Proc(args, self.home / node.removeprefix("n_"), env=env))
 
     def configure(self) -> None:
-        """The model added, and the configuration's areas turned on as a user does."""
-        self.admin("POST", "/api/v1/models", {"name": MODEL, "profiles": [{"engine": "sim"}]})
+        """The model added (on each worker, for prefix routing), and the configuration's areas turned on as a user
+        does."""
+        if self.config.areas.routing:
+            self.admin(
+                "POST",
+                "/api/v1/models",
+                {"name": MODEL, "profiles": [{"engine": "sim"}], "scaling": {"min": 0, "max": 0}},
+            )
+            for worker in self.workers:
+                worker.wait_for("registered with", 120)
+            for node in self.node_ids:
+                self.admin("POST", f"/api/v1/models/{MODEL}/load", {"node": node})
+            wait_model_ready(self.admin_url, self.admin_key, MODEL, len(self.node_ids), 180)
+        else:
+            self.admin("POST", "/api/v1/models", {"name": MODEL, "profiles": [{"engine": "sim"}]})
         areas = self.config.areas
         if areas.tenancy:
             for path, body in (
@@ -212,7 +252,7 @@ class Member:
             except OSError as err:
                 said = str(err)
             time.sleep(0.3)
-        told = "\n".join(self.leader.lines[-15:] + (self.worker.lines[-15:] if self.worker else []))
+        told = "\n".join(self.leader.lines[-15:] + [line for worker in self.workers for line in worker.lines[-15:]])
         raise RuntimeError(f"{self.config.name}: no answer within {timeout:.0f}s: {said}\n{told}")
 
     def check_guard(self, timeout: float = 30) -> None:
@@ -243,15 +283,29 @@ class Member:
             )
         self.guard = f"guard_action {action}, guard_policy {policy}, guard_ms {record.get('guard_ms', 0)}"
 
+    def check_routing(self, requests: int = 8) -> None:
+        """A configuration with prefix routing: sequential chats, each new (the same one would stay on its pinned
+        worker), must reach both workers, so a run whose second worker never served says so before measuring."""
+        if not self.config.areas.routing:
+            return
+        seen: set[str] = set()
+        for body in distinct_chat_bodies(requests):
+            call = urllib.request.Request(self.chat_url, data=body, headers=self.headers(), method="POST")
+            with urllib.request.urlopen(call, timeout=10) as answer:
+                answer.read()
+                seen.add(answer.headers.get("X-Opod-Worker", ""))
+        if seen != set(self.node_ids):
+            raise RuntimeError(f"{self.config.name}: {requests} chats reached {sorted(seen)}, not {self.node_ids}")
+
     def stop(self) -> None:
-        if self.worker is not None:
-            self.worker.stop()
+        for worker in self.workers:
+            worker.stop()
         self.leader.stop()
 
 
 def start_all(configs: list[Config], scratch: Path, webhook: str) -> dict[str, Member]:
-    """Every configuration's leader started at once, then each worker, each configured, each answering (and the
-    guard policy's configurations checked)."""
+    """Every configuration's leader started at once, then its workers, each configured, each answering (and the
+    guard policy's and prefix routing's configurations checked)."""
     members: dict[str, Member] = {}
     try:
         for config in configs:
@@ -264,6 +318,7 @@ def start_all(configs: list[Config], scratch: Path, webhook: str) -> dict[str, M
             member.answers()
         for member in members.values():
             member.check_guard()
+            member.check_routing()
     except BaseException:
         stop_all(members)
         raise
@@ -272,7 +327,7 @@ def start_all(configs: list[Config], scratch: Path, webhook: str) -> dict[str, M
 
 def stop_all(members: dict[str, Member]) -> None:
     """Every process told to stop at once, so their graceful stops overlap; then each waited for."""
-    procs = [m.leader for m in members.values()] + [m.worker for m in members.values() if m.worker is not None]
+    procs = [m.leader for m in members.values()] + [w for m in members.values() for w in m.workers]
     for proc in procs:
         if proc.proc.poll() is None:
             proc.proc.send_signal(signal.SIGINT)

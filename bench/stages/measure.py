@@ -19,11 +19,16 @@ from pathlib import Path
 import aiohttp
 
 from bench import loadgen
+from bench.routing.workloads import distinct_chat_bodies
 from bench.stages.attribution import Attributed, attribute, resolve
 from bench.stages.fleet import CpuSample, Member, cpu_sample
 from bench.tenancy_overhead import BODY
 
 PAYLOAD = json.dumps(BODY).encode()
+"""The chat of the sequential Server-Timing requests."""
+PAYLOADS = distinct_chat_bodies(4096, BODY["max_tokens"])
+"""The measured chats, sent in turn: each opens with its own number, so prefix routing meets new prompts as
+``python -m bench compare`` sends them."""
 Tick = Callable[[], None]
 CLIENTS = 32
 """Clients of the closed loop that finds a leader's saturation."""
@@ -123,7 +128,7 @@ def measured(
 ) -> tuple[loadgen.Result, CpuSample]:
     """An open loop at ``rate`` on ``member``, with what the leader's counters moved by meanwhile."""
     before = cpu_sample(member.pid)
-    got = asyncio.run(loadgen.open_loop(member.chat_url, PAYLOAD, member.headers(), rate, seconds, seed, tick))
+    got = asyncio.run(loadgen.open_loop(member.chat_url, PAYLOADS, member.headers(), rate, seconds, seed, tick))
     return got, cpu_sample(member.pid).since(before)
 
 
@@ -141,7 +146,7 @@ def on_off(
             before = {other: cpu_sample(m.pid) for other, m in members.items()}
             started = time.perf_counter()
             got = asyncio.run(
-                loadgen.open_loop(members[name].chat_url, PAYLOAD, members[name].headers(), rate, seconds, seed=n)
+                loadgen.open_loop(members[name].chat_url, PAYLOADS, members[name].headers(), rate, seconds, seed=n)
             )
             elapsed = time.perf_counter() - started
             for other, member in members.items():
@@ -219,7 +224,7 @@ class Flame:
 def flame(member: Member, spy: str, seconds: float, saturation_s: float, out: Path, tick: Tick) -> Flame:
     """py-spy's flame graph (and a speedscope profile) of the leader at half its saturation."""
     capacity = asyncio.run(
-        loadgen.closed_loop(member.chat_url, PAYLOAD, member.headers(), CLIENTS, saturation_s, warmup=0.5)
+        loadgen.closed_loop(member.chat_url, PAYLOADS, member.headers(), CLIENTS, saturation_s, warmup=0.5)
     )
     rate = capacity.rps / 2
     name = member.config.name
@@ -235,7 +240,9 @@ def flame(member: Member, spy: str, seconds: float, saturation_s: float, out: Pa
         for kind, file in zip(("flamegraph", "speedscope"), files, strict=True)
     ]
     try:
-        got = asyncio.run(loadgen.open_loop(member.chat_url, PAYLOAD, member.headers(), rate, seconds + 1.0, tick=tick))
+        got = asyncio.run(
+            loadgen.open_loop(member.chat_url, PAYLOADS, member.headers(), rate, seconds + 1.0, tick=tick)
+        )
         for recorder in recorders:
             _, said = recorder.communicate(timeout=60)
             if recorder.returncode != 0:

@@ -197,8 +197,10 @@ def markdown(run: Run) -> str:
         "",
         f"## The stages of a chat completion, all on: {ALL_ON_AREAS} ({cpu.answered} requests profiled)",
         "",
-        "A real `opod up --no-worker` leader with an `opod join` worker and a zero-latency simulator, on "
-        f"loopback, open loop at {run.rate:.0f} req/s. The leader runs under `cProfile`, its window open only "
+        "A real `opod up --no-worker` leader with two `opod join` workers (prefix routing hashes a request only "
+        "where there is a choice), each with a zero-latency simulator, on loopback, open loop at "
+        f"{run.rate:.0f} req/s of chats that each open with their own number, as `python -m bench compare` sends "
+        "them. The leader runs under `cProfile`, its window open only "
         "while these requests run; each function's own time goes to the stage `bench/stages/attribution.py` "
         "names it under, or to its callers' stages. CPU is the event loop's thread CPU time "
         "(`time.thread_time`); wall is time on the stack (`time.perf_counter`), a second pass: an `await`'s "
@@ -237,7 +239,9 @@ def markdown(run: Run) -> str:
         "",
         f"## Each governance area on and off ({run.round_seconds:.0f} s rounds at {run.rate:.0f} req/s, interleaved)",
         "",
-        "One leader per configuration, all started side by side, each with its own worker and simulator. CPU "
+        "One leader per configuration, all started side by side, each with its own worker and simulator (two "
+        "for prefix routing, the policy `python -m bench compare` mounts: `prefixBlockWeight`, `kvWeight`, "
+        "`prefixAffinity`). CPU "
         "is the leader process's (every thread) from /proc, per request answered, median of rounds, with the "
         "leader's idle CPU (heartbeats, its loops; measured while the others had their turn) taken out; the "
         "kernel's part is its system time (socket reads and writes, wake-ups), and wake-ups are the times the "

@@ -32,7 +32,7 @@ def test_the_smallest_run_measures_both_leaders_and_writes_the_table(tmp_path: P
         assert python == platform.python_version(), table
     assert "pair by pair: median **" in table
     # All on is the stages bench's: its guardrail the settings' guard policy, run in the leader, checked on a record.
-    assert "kept bodies and the guard policy (in process; no guardrail webhook)" in table
+    assert "kept bodies, the guard policy (in process; no guardrail webhook) and prefix routing" in table
     assert "each leader's guard policy was checked" in table
 
 

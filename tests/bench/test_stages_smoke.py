@@ -47,6 +47,8 @@ def test_the_smallest_run_writes_every_stage_and_every_configuration(tmp_path: P
     assert {"guardrail", "guard-policy"} <= set(configs) and configs["guard-policy"]["base"] == "tenancy"
     on = next(c for c in CONFIGS if c.name == ALL_ON).areas
     assert on.guard_policy and not on.guardrail
+    # Prefix routing as compare mounts it, on two workers (checked to reach both before measuring), added to tenancy.
+    assert on.routing and configs["routing"]["base"] == "tenancy"
     for name in ("guard-policy", ALL_ON):
         assert "guard_action allow, guard_policy screen" in configs[name]["guard_check"], configs[name]
     assert not configs["guardrail"]["guard_check"]
@@ -60,7 +62,11 @@ def test_the_smallest_run_writes_every_stage_and_every_configuration(tmp_path: P
     assert all(f"| {stage} |" in table for stage in ORDER)
     assert "| of which kernel | event loop wake-ups/req |" in table and "The kernel's part:" in table
     assert "| + guard policy (in process: pii and pattern checks) |" in table
-    assert "| all on: tenancy, price & budget, kept bodies, guard policy (in process; no webhook) |" in table
+    assert (
+        "| all on: tenancy, price & budget, kept bodies, guard policy (in process; no webhook), prefix routing |"
+        in table
+    )
+    assert "| + prefix routing (the prefix policy, two workers) |" in table
     assert "- The guardrail, added to tenancy: as webhooks" in table
     if py_spy() is None:
         assert "flame graphs skipped: py-spy is not installed" in done.stdout
