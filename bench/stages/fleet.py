@@ -28,6 +28,7 @@ from bench.procs import Proc, wait_model_ready
 from bench.routing.fleet import PREFIX_POLICY
 from bench.routing.workloads import distinct_chat_bodies
 from bench.tenancy_overhead import BODY, MODEL, _admin, _headers
+from opod.gateway.relay import WORKER_HEADER
 
 LAUNCH = ["-m", "bench.stages.launch"]
 """The leader's program after its Python: ``opod`` in a process whose profiling window a signal opens."""
@@ -293,7 +294,7 @@ class Member:
             call = urllib.request.Request(self.chat_url, data=body, headers=self.headers(), method="POST")
             with urllib.request.urlopen(call, timeout=10) as answer:
                 answer.read()
-                seen.add(answer.headers.get("X-Opod-Worker", ""))
+                seen.add(answer.headers.get(WORKER_HEADER, ""))
         if seen != set(self.node_ids):
             raise RuntimeError(f"{self.config.name}: {requests} chats reached {sorted(seen)}, not {self.node_ids}")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import pstats
@@ -24,8 +25,6 @@ from bench.stages.attribution import Attributed, attribute, resolve
 from bench.stages.fleet import CpuSample, Member, cpu_sample
 from bench.tenancy_overhead import BODY
 
-PAYLOAD = json.dumps(BODY).encode()
-"""The chat of the sequential Server-Timing requests."""
 PAYLOADS = distinct_chat_bodies(4096, BODY["max_tokens"])
 """The measured chats, sent in turn: each opens with its own number, so prefix routing meets new prompts as
 ``python -m bench compare`` sends them."""
@@ -190,8 +189,8 @@ def profiled(member: Member, clock: str, requests: int, rate: float, scratch: Pa
 async def _timings(url: str, headers: dict[str, str], requests: int) -> tuple[list[float], list[float]]:
     opod, upstream = [], []
     async with aiohttp.ClientSession() as session:
-        for _ in range(requests):
-            async with session.post(url, data=PAYLOAD, headers=headers) as answer:
+        for body in itertools.islice(itertools.cycle(PAYLOADS), requests):
+            async with session.post(url, data=body, headers=headers) as answer:
                 await answer.read()
                 parts = dict(p.strip().split(";dur=") for p in answer.headers.get("Server-Timing", "").split(","))
                 opod.append(float(parts["opod"]))

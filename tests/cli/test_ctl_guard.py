@@ -18,11 +18,11 @@ import openai
 import pytest
 from typer.testing import CliRunner, Result
 
-from opod.cli.common import err, out
 from opod.cli.ctl import app
 from opod.contract.admin.services import GuardAttachment, GuardEventsView, GuardView
+from tests.support.ctl import serving_leader
 from tests.support.inprocess import InProcessLeader as Leader
-from tests.support.opod_process import OpodProcess, sim_worker, wait_until
+from tests.support.opod_process import wait_until
 
 RUNNER = CliRunner()
 MODEL = "ctl-guard"
@@ -47,19 +47,8 @@ guard:
 def leader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Leader]:
     """The leader, with an echoing simulator worker joining and its model being placed while the first tests run,
     and the project acme/ml/chat."""
-    root = tmp_path_factory.mktemp("ctl-guard")
-    up = Leader(root / "home")
-    widths = out.width, err.width
-    out.width = err.width = 200  # a table a test reads is never folded to the runner's 80 columns
-    worker: OpodProcess | None = None
-    try:
-        worker = sim_worker(
-            up, root / "worker", "n_ctl_guard", OPOD_ENGINE_FLAGS=json.dumps({"time_scale": 0.0, "mode": "echo"})
-        )
-        status, body = up.admin(
-            "POST", "/api/v1/models", {"name": MODEL, "profiles": [{"engine": "sim"}], "scaling": {"min": 1, "max": 1}}
-        )
-        assert status == 200, body
+    echo = json.dumps({"time_scale": 0.0, "mode": "echo"})
+    with serving_leader(tmp_path_factory.mktemp("ctl-guard"), MODEL, "n_ctl_guard", OPOD_ENGINE_FLAGS=echo) as up:
         for where, made in (
             ("/api/v1/orgs", {"name": "acme"}),
             ("/api/v1/teams", {"name": "ml", "in": "acme"}),
@@ -68,11 +57,6 @@ def leader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Leader]:
             status, body = up.admin("POST", where, made)
             assert status == 201, body
         yield up
-    finally:
-        out.width, err.width = widths
-        if worker is not None:
-            worker.stop()
-        up.stop()
 
 
 @pytest.fixture(scope="module")

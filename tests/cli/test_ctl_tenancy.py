@@ -20,7 +20,6 @@ import openai
 import pytest
 from typer.testing import CliRunner, Result
 
-from opod.cli.common import err, out
 from opod.cli.ctl import app, render
 from opod.cli.ctl.api import actor
 from opod.cli.ctl.usage import RowCounter, money
@@ -34,8 +33,9 @@ from opod.contract.admin.records import (
     StoreExportRow,
 )
 from opod.contract.admin.tenancy import KeyCreated, KeyView, OrgView, QuotaSet, QuotaView, TenancyItem, UserView
+from tests.support.ctl import serving_leader
 from tests.support.inprocess import InProcessLeader as Leader
-from tests.support.opod_process import OPOD, OpodProcess, http, sim_worker, wait_until
+from tests.support.opod_process import OPOD, http, wait_until
 
 RUNNER = CliRunner()
 MODEL = "ctl-usage"
@@ -44,23 +44,8 @@ MODEL = "ctl-usage"
 @pytest.fixture(scope="module")
 def leader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Leader]:
     """The leader, with a simulator worker joining and a model being placed while the first tests run."""
-    root = tmp_path_factory.mktemp("ctl-tenancy")
-    up = Leader(root / "home")
-    widths = out.width, err.width
-    out.width = err.width = 200  # a table a test reads is never folded to the runner's 80 columns
-    worker: OpodProcess | None = None
-    try:
-        worker = sim_worker(up, root / "worker", "n_ctl_usage")
-        status, body = up.admin(
-            "POST", "/api/v1/models", {"name": MODEL, "profiles": [{"engine": "sim"}], "scaling": {"min": 1, "max": 1}}
-        )
-        assert status == 200, body
+    with serving_leader(tmp_path_factory.mktemp("ctl-tenancy"), MODEL, "n_ctl_usage") as up:
         yield up
-    finally:
-        out.width, err.width = widths
-        if worker is not None:
-            worker.stop()
-        up.stop()
 
 
 @pytest.fixture(scope="module")

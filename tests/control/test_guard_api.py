@@ -14,6 +14,7 @@ from opod.store import Store
 from opod.store.usage import NewUsage
 from tests.support.inprocess import InProcessLeader as Leader
 from tests.support.opod_process import wait_until
+from tests.support.rows import usage_row
 
 SETTINGS = (
     "guard:\n"
@@ -204,24 +205,8 @@ def test_a_refusal_is_an_error_view_naming_the_field_and_what_to_do(
 
 
 def usage(entry: str, at: datetime, project: str, **guard: object) -> NewUsage:
-    return NewUsage(
-        entry=entry,
-        request_id=f"req-{entry}",
-        ts=at,
-        api_key_id="k_1",
-        user_id="",
-        model="sim-chat",
-        protocol="openai",
-        prompt_tokens=10,
-        completion_tokens=5,
-        latency_ms=20,
-        ttft_ms=5,
-        outcome="ok",
-        node_id="n1",
-        project_id=project,
-        status=guard.pop("status", 200),  # type: ignore[arg-type]
-        **guard,  # type: ignore[arg-type]
-    )
+    fields = {"request_id": f"req-{entry}", "ts": at, "model": "sim-chat", "project_id": project, "status": 200}
+    return usage_row(entry, **(fields | guard))
 
 
 def test_events_count_what_the_guards_did_and_list_the_requests_they_acted_on(leader: Leader, database: str) -> None:

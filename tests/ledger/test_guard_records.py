@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
 from opod.ledger import Ledger
 from opod.store import InvalidInput, Store
-from opod.store.usage import NewUsage
+from tests.support.rows import usage_row
 
 PRE_REWRITE = {
     "guard_action": "rewrite",
@@ -120,29 +120,10 @@ async def test_odd_guard_values_are_cleaned_not_lost(ledger: Ledger, store: Stor
     }
 
 
-def row(entry: str, **guard: object) -> NewUsage:
-    return NewUsage(
-        entry=entry,
-        request_id=entry,
-        ts=datetime.now(UTC),
-        api_key_id="k",
-        user_id="",
-        model="m",
-        protocol="openai",
-        prompt_tokens=1,
-        completion_tokens=1,
-        latency_ms=1,
-        ttft_ms=0,
-        outcome="ok",
-        node_id="",
-        **guard,
-    )  # type: ignore[arg-type]
-
-
 def test_the_store_keeps_the_guard_columns_and_refuses_bad_ones(store: Store) -> None:
-    store.append_ledger([row("g1", **PRE_REWRITE)])
+    store.append_ledger([usage_row("g1", **PRE_REWRITE)])
     assert guard_of(store, "g1") == PRE_REWRITE
     with pytest.raises(InvalidInput, match="guard_ms"):
-        store.append_ledger([replace(row("g2"), guard_ms=-1)])
+        store.append_ledger([replace(usage_row("g2"), guard_ms=-1)])
     with pytest.raises(InvalidInput, match="guard_action"):
-        store.append_ledger([replace(row("g3"), guard_action=3)])  # type: ignore[arg-type]
+        store.append_ledger([replace(usage_row("g3"), guard_action=3)])  # type: ignore[arg-type]

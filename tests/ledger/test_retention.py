@@ -11,26 +11,13 @@ from opod.ledger import Ledger, retention_days
 from opod.store import Store
 from opod.store.events import NewEvent
 from opod.store.usage import NewUsage
+from tests.support.rows import usage_row
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 
 
 def usage_at(entry: str, ts: datetime) -> NewUsage:
-    return NewUsage(
-        entry=entry,
-        request_id=entry,
-        ts=ts,
-        api_key_id="k",
-        user_id="u",
-        model="m",
-        protocol="openai",
-        prompt_tokens=1,
-        completion_tokens=1,
-        latency_ms=1,
-        ttft_ms=0,
-        outcome="ok",
-        node_id="",
-    )
+    return usage_row(entry, ts=ts, user_id="u")
 
 
 def event_at(entry: str, ts: datetime) -> NewEvent:

@@ -78,6 +78,15 @@ class Detector:
     valid: Callable[[str], bool] | None = None
     needs: str = ""
 
+    def findings(self, text: str) -> list[re.Match[str]]:
+        if self.needs and self.needs not in text:
+            return []
+        found = self.pattern.finditer(text)
+        if self.valid is None:
+            return list(found)
+        valid = self.valid
+        return [m for m in found if valid(m.group())]
+
 
 DETECTORS: dict[str, Detector] = {
     "email": Detector(re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"), needs="@"),
@@ -96,22 +105,11 @@ DETECTORS: dict[str, Detector] = {
 class _Check:
     policy: str
     shadow: bool
-    pattern: re.Pattern[str]
-    valid: Callable[[str], bool] | None
+    detector: Detector
     action: str
     rule: str
     category: str
     replacement: str
-    needs: str = ""
-
-    def findings(self, text: str) -> list[re.Match[str]]:
-        if self.needs and self.needs not in text:
-            return []
-        found = self.pattern.finditer(text)
-        if self.valid is None:
-            return list(found)
-        valid = self.valid
-        return [m for m in found if valid(m.group())]
 
 
 def _compiled(policy: GuardPolicy, check: GuardCheck) -> _Check:
@@ -120,13 +118,11 @@ def _compiled(policy: GuardPolicy, check: GuardCheck) -> _Check:
     return _Check(
         policy.name,
         policy.mode == "shadow",
-        detector.pattern,
-        detector.valid,
+        detector,
         check.action,
         rule,
         check.category or ("pii" if check.pii else rule),
         f"[redacted:{rule}]",
-        detector.needs,
     )
 
 
@@ -236,7 +232,7 @@ def _run(checks: tuple[_Check, ...], slots: list[Slot], note: GuardNote, phase: 
     for check in checks:
         for container, where in slots:
             text = container[where]
-            found = check.findings(text)
+            found = check.detector.findings(text)
             if not found:
                 continue
             if check.shadow:
