@@ -70,9 +70,9 @@ _OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
 
 @dataclass(frozen=True, slots=True)
 class Detector:
-    """A built-in detector: its pattern; a test of what it found, where a pattern alone finds too much (card numbers
-    and IBANs carry check digits); and a character every finding holds, so a text without it is passed over
-    without running the pattern (most texts hold no ``@``)."""
+    """What a check looks for: its pattern (a built-in detector's, or the check's own); a test of what it found, where
+    a pattern alone finds too much (card numbers and IBANs carry check digits); and a character every finding holds,
+    so a text without it is passed over without running the pattern (most texts hold no ``@``)."""
 
     pattern: re.Pattern[str]
     valid: Callable[[str], bool] | None = None

@@ -100,14 +100,12 @@ class PrefixHasher:
         *,
         kept: int = PREFIXES_KEPT,
         at_once: int = LEARNING_AT_ONCE,
-        learned_from: int = LEARNED_FROM_TOKENS,
     ) -> None:
         self.fleet = fleet
         self.index = index
         self.tokenize = tokenize
         self.kept = kept
         self.at_once = at_once
-        self.learned_from_chars = learned_from * BYTES_PER_TOKEN
         self._plans: dict[str, _Plan] = {}
         self._known: OrderedDict[int, _Known] = OrderedDict()
         self._learning: dict[int, asyncio.Task[None]] = {}
@@ -125,7 +123,7 @@ class PrefixHasher:
         if whole is not None and whole.own is not None:  # a request seen before: the common case, one look-up
             self._known.move_to_end(last)
             return list(whole.own)
-        if prompt.chars >= self.learned_from_chars:
+        if prompt.chars >= LEARNED_FROM_TOKENS * BYTES_PER_TOKEN:
             self._learn_later(prompt, plan)
         return list(self._lookup(prompt.keys))
 
