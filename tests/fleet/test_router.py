@@ -8,7 +8,7 @@ from collections import Counter
 
 from opod.contract import nodeapi
 from opod.contract.blockhash import block_hashes
-from opod.fleet.affinity import AffinityTable
+from opod.fleet.affinity import AffinityTable, worth_placing
 from opod.fleet.prefix_index import PrefixIndex
 from opod.fleet.router import Router, RouteRequest, RoutingPolicy, choose_revision
 from opod.fleet.state import Fleet
@@ -83,7 +83,7 @@ def test_the_sticky_pin_stands_in_for_engines_without_events() -> None:
 
 def test_the_pin_key_is_made_from_the_payload_only_when_the_index_does_not_place_the_prefix() -> None:
     fleet = fleet_of(("a", {}), ("b", {}))
-    messages = [{"role": "user", "content": "a question long enough to make a pin key of its own"}]
+    messages = [{"role": "user", "content": "a question long enough to be placed by its prefix. " * 6}]
     pins = AffinityTable()
     unplaced = RouteRequest(MODEL, payload={"messages": messages})
     pins.pin(unplaced.pin() or "", "b")
@@ -98,6 +98,33 @@ def test_the_pin_key_is_made_from_the_payload_only_when_the_index_does_not_place
     decision = Router(fleet, index, pins).pick(placed, RoutingPolicy(prefix_affinity=True, prefix_block_weight=1.0))
     assert decision.node.id == "a" and decision.reason == "prefix"
     assert placed.pin_key is None, "held blocks decided: no key was made"
+
+
+def test_a_short_prompt_is_not_pinned_and_goes_by_load() -> None:
+    fleet = fleet_of(("a", {}), ("b", {"in_flight": 1}))
+    pins = AffinityTable()
+    router, policy = Router(fleet, PrefixIndex(), pins), RoutingPolicy(prefix_affinity=True)
+    short = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "17: hello there"}]}
+    request = RouteRequest(MODEL, payload=short)
+    decision = router.pick(request, policy)
+    assert decision is not None and decision.node.id == "a" and decision.reason == "load"
+    router.served(decision, request, policy)
+    assert len(pins) == 0, "a pin would cost a dump and a hash for a cache hit worth less than that"
+    long = {"messages": [*short["messages"], {"role": "user", "content": "and the rest of it, " * 20}]}
+    request = RouteRequest(MODEL, payload=long)
+    router.served(router.pick(request, policy), request, policy)
+    assert len(pins) == 1
+
+
+def test_an_image_part_is_worth_placing_however_short_the_text_before_it() -> None:
+    image = {
+        "role": "user",
+        "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 64}}],
+    }
+    assert worth_placing({"messages": [{"role": "system", "content": "Look."}, image]})
+    assert not worth_placing({"messages": [{"role": "user", "content": "Look."}]})
+    assert not worth_placing({"prompt": "Once upon a time"})
+    assert worth_placing({"prompt": "Once upon a time " * 16})
 
 
 def test_a_canary_of_ten_percent_measures_ten_plus_minus_two_over_5000_requests() -> None:

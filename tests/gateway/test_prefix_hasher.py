@@ -218,3 +218,4 @@ async def test_a_short_prompt_is_never_learnt_and_a_conversation_once_it_is_long
     await prefix.settle()
     assert fake.asked == 1
     assert prefix.hashes(MODEL, longer) == block_hashes(Tokenizer().encode(render_chat(longer["messages"])), 16)
+    assert prefix.hashes(MODEL, chat(hello)) == [], "its opening is known now, and still too short to place by itself"

@@ -4,6 +4,11 @@ For engines that publish no cache events (llama.cpp), this is the approximation
 of prefix routing: the request's opening text (its first ``PREFIX_CHARS``
 characters) is hashed into a key; a bounded table remembers which worker
 answered that key, for ``ttl`` seconds.
+
+A short prompt is placed by neither (:func:`worth_placing`): not pinned here, not hashed or
+learnt by the leader's prefix hasher (``opod.gateway.prefix``). A cache hit on it would save less
+prefill than placing it costs (a dump and a hash, a pin to remember, a tokenize call to learn it),
+and short one-off prompts are most of some workloads; it goes by load.
 """
 
 from __future__ import annotations
@@ -16,10 +21,36 @@ from typing import Any
 from opod.http import fastjson
 
 PREFIX_CHARS = 1024
+PLACED_FROM_CHARS = 256
+"""The shortest opening text placed by its prefix: about 64 tokens at four characters a token, four blocks of
+the engines' usual sixteen tokens."""
+
+
+def worth_placing(payload: dict[str, Any]) -> bool:
+    """Whether the request's opening text is long enough to place by its prefix (:data:`PLACED_FROM_CHARS`).
+
+    The opening text is a text prompt, or the contents of the leading messages up to the first whose
+    content is not plain text; such a message (an image, parts) is worth placing whatever its length,
+    since its prefill cannot be told from its characters."""
+    messages = payload.get("messages")
+    if isinstance(messages, list):
+        chars = 0
+        for message in messages:
+            content = message.get("content") if isinstance(message, dict) else None
+            if not isinstance(content, str):
+                return content is not None
+            chars += len(content)
+            if chars >= PLACED_FROM_CHARS:
+                return True
+        return False
+    prompt = payload.get("prompt")
+    return not isinstance(prompt, str) or len(prompt) >= PLACED_FROM_CHARS
 
 
 def prefix_key(model: str, payload: dict[str, Any]) -> str | None:
-    """A key for the request's opening text; ``None`` when it has none to speak of."""
+    """A key for the request's opening text; ``None`` when it is too short to place (:func:`worth_placing`)."""
+    if not worth_placing(payload):
+        return None
     messages = payload.get("messages")
     if isinstance(messages, list) and messages:
         text = fastjson.dumps(messages).decode()[:PREFIX_CHARS]

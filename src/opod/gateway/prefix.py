@@ -16,10 +16,10 @@ the hashes every continuation seen so far has in common (the one continuation
 seen, until a second one differs). A prefix never seen is not hashed: the
 request is routed by load and the sticky pin, never held up.
 
-A short prompt is not learnt at all (``LEARNED_FROM_TOKENS``, estimated from its text): a cache hit
-on it would save less prefill than learning it costs (a tokenize call, the leader's and a worker's
-CPU), and short one-off prompts are most of some workloads. A conversation is learnt once its turns
-add up to a prompt that long.
+A short prompt is not hashed at all (``opod.fleet.affinity.worth_placing``, estimated from its text): a
+cache hit on it would save less prefill than learning it costs (a tokenize call, the leader's and a
+worker's CPU), and short one-off prompts are most of some workloads. A conversation is learnt once its
+turns add up to a prompt that long.
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from typing import Any
 
 from opod.contract import nodeapi
 from opod.contract.blockhash import block_hashes
+from opod.fleet.affinity import PLACED_FROM_CHARS, worth_placing
 from opod.fleet.prefix_index import PrefixIndex
 from opod.fleet.state import Fleet, NodeState
 from opod.gateway.tokenize import Tokenize
-from opod.gateway.usagecount import BYTES_PER_TOKEN
 from opod.http.nodeclient import WorkerUnavailable
 
 log = logging.getLogger("opod.gateway")
@@ -46,9 +46,6 @@ PREFIXES_KEPT = 50_000
 """Message prefixes remembered, least recently used forgotten first."""
 LEARNING_AT_ONCE = 8
 """Tokenize calls in flight; a request seen while all are busy is learnt the next time it comes."""
-LEARNED_FROM_TOKENS = 64
-"""The shortest prompt learnt, in tokens estimated from its text (``usagecount.BYTES_PER_TOKEN``): four blocks
-of the engines' usual sixteen tokens."""
 
 Hashes = tuple[str, ...]
 
@@ -111,7 +108,10 @@ class PrefixHasher:
         self._learning: dict[int, asyncio.Task[None]] = {}
 
     def hashes(self, model: str, payload: dict[str, Any]) -> list[str]:
-        """The request's block hashes as far as the leader knows them; empty when hashing would not change where it goes."""
+        """The request's block hashes as far as the leader knows them; empty when hashing would not change where it
+        goes, or the prompt is too short to place by its prefix."""
+        if not worth_placing(payload):
+            return []
         plan = self._plan(model)
         if plan.block_size <= 0:
             return []
@@ -123,7 +123,7 @@ class PrefixHasher:
         if whole is not None and whole.own is not None:  # a request seen before: the common case, one look-up
             self._known.move_to_end(last)
             return list(whole.own)
-        if prompt.chars >= LEARNED_FROM_TOKENS * BYTES_PER_TOKEN:
+        if prompt.chars >= PLACED_FROM_CHARS:  # placed for its text, not only for a part that follows it
             self._learn_later(prompt, plan)
         return list(self._lookup(prompt.keys))
 
