@@ -77,8 +77,11 @@ class _Prompt:
     messages: list[tuple[str, str]]
     """The leading text messages, role and content; empty for a text prompt."""
     text: str = ""
-    chars: int = 0
-    """The characters of the text hashed: what its tokens are estimated by."""
+
+    @property
+    def chars(self) -> int:
+        """The characters of the text hashed: what its tokens are estimated by."""
+        return len(self.text) + sum(len(content) for _, content in self.messages)
 
     def request(self) -> nodeapi.TokenizeRequest:
         if not self.messages:
@@ -209,7 +212,6 @@ def _prompt(model: str, block_size: int, payload: dict[str, Any]) -> _Prompt | N
     if isinstance(messages, list):
         keys: list[int] = []
         kept: list[tuple[str, str]] = []
-        chars = 0
         for message in messages:
             content = message.get("content") if isinstance(message, dict) else None
             if not isinstance(content, str):
@@ -218,11 +220,10 @@ def _prompt(model: str, block_size: int, payload: dict[str, Any]) -> _Prompt | N
             key = hash((key, role, content))
             keys.append(key)
             kept.append((role, content))
-            chars += len(content)
-        return _Prompt(model, keys, kept, chars=chars) if keys else None
+        return _Prompt(model, keys, kept) if keys else None
     prompt = payload.get("prompt")
     if isinstance(prompt, str) and prompt:
-        return _Prompt(model, [hash((key, prompt))], [], prompt, len(prompt))
+        return _Prompt(model, [hash((key, prompt))], [], prompt)
     return None
 
 
