@@ -128,6 +128,7 @@ def _title(run: CompareResult) -> str:
     others = ["direct"]
     others += ["opod with a policy-file guardrail webhook"] if {"opod", "opod-webhook"} <= keys else []
     others += ["a bare Python relay"] if "relay-floor" in keys else []
+    others += ["a governed Python relay"] if "governed-floor" in keys else []
     others += ["sglang-router"] if "sglang-router" in keys else []
     who = "opod" if "opod" in keys else "opod with a policy-file guardrail webhook"
     return f"{who} compared with {_said(others)}"
@@ -139,6 +140,7 @@ def _everything(run: CompareResult) -> str:
     parts = ["the load generator"]
     parts += ["opod"] if keys & {"opod", "opod-webhook"} else []
     parts += ["the bare relay"] if "relay-floor" in keys else []
+    parts += ["the governed relay"] if "governed-floor" in keys else []
     parts += ["sglang-router"] if "sglang-router" in keys else []
     parts += ["opod-webhook's guardrail webhook"] if "opod-webhook" in keys else []
     return _said([*parts, f"the {run.settings.workers} engines"])
@@ -154,6 +156,16 @@ def _peers(run: CompareResult) -> list[str]:
             "engines, bytes passed as they come, nothing else (no key, no routing state, no record). A yardstick: the "
             "least any Python hop costs on this machine at that moment, so opod's figures minus its figures are what "
             "opod itself does."
+        )
+    if "governed-floor" in keys:
+        lines.append(
+            "- **governed Python relay** (`bench/routing/governed_floor.py`): the bare relay plus the least work each "
+            "governance area of opod's path needs, written as protocol callbacks (no task, future or framework): the "
+            "key by its SHA-256, the body parsed and checked, the guard policy's expressions on the request and a whole "
+            "answer, a price and a budget reserved and settled, an admission count, the engine with the fewest "
+            "requests in flight, a journal line at the send and at the end, and the usage row and both bodies "
+            "committed to SQLite by a thread every 0.2 s. A yardstick: what governance costs one Python hop at the "
+            "least, so opod's figures minus its figures are what opod's own structure adds."
         )
     if "sglang-router" in keys:
         lines.append(
@@ -292,7 +304,14 @@ def plots(run: CompareResult, out: Path, name: str) -> list[Path]:
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
     ran = [p for p in run.paths if p.saturation]
-    colors = {"direct": "#888", "opod": "#3a7", "opod-webhook": "#7c5", "relay-floor": "#a73", "sglang-router": "#37a"}
+    colors = {
+        "direct": "#888",
+        "opod": "#3a7",
+        "opod-webhook": "#7c5",
+        "relay-floor": "#a73",
+        "governed-floor": "#c85",
+        "sglang-router": "#37a",
+    }
     ax.bar([p.key for p in ran], [p.best_saturation()[0] for p in ran], color=[colors[p.key] for p in ran])
     ax.set_ylabel("requests/s")
     ax.set_title("saturation, engines that answer at once")

@@ -32,9 +32,9 @@ from bench.routing.fleet import Fleet, SimProfile
 from bench.routing.load import Phase, Target
 from bench.routing.runner import Step, settle
 
-CHOICES = ("direct", "opod", "opod-webhook", "relay-floor", "sglang-router")
+CHOICES = ("direct", "opod", "opod-webhook", "relay-floor", "governed-floor", "sglang-router")
 """Every path a run may measure, in the table's order."""
-PATHS = ("direct", "opod", "relay-floor", "sglang-router")
+PATHS = ("direct", "opod", "relay-floor", "governed-floor", "sglang-router")
 """The paths a run measures unless told otherwise; ``opod-webhook`` is asked for (``--path opod-webhook``)."""
 DISTINCT = 4096
 """Chats sent in turn, each opening with its own number (``workloads.distinct_chat_bodies``)."""
@@ -43,6 +43,7 @@ LABELS = {
     "opod": "opod, every governance area on, guardrail: guard policy in process (prefix policy)",
     "opod-webhook": "opod, every governance area on, guardrail: policy-file webhook (prefix policy)",
     "relay-floor": "bare Python relay (uvloop + httptools; a yardstick)",
+    "governed-floor": "governed Python relay (the bare relay plus each governance area's least work; a yardstick)",
     "sglang-router": "sglang-router 0.3.2 (cache_aware)",
 }
 ROOT = Path(__file__).resolve().parents[2]
@@ -256,6 +257,10 @@ def _lane(
         say("starting the bare Python relay (the least one Python hop costs here)")
         floor = peers.start_floor(fleet.engines, fleet_mod.MODEL, scratch)
         return Lane(path, Target("relay-floor", (floor.url,), floor.headers, floor.proc.pid), [floor.stop])
+    if path.key == "governed-floor":
+        say("starting the governed Python relay (the least governance costs one Python hop)")
+        relay = peers.start_governed_floor(fleet.engines, fleet_mod.MODEL, scratch)
+        return Lane(path, Target("governed-floor", (relay.url,), relay.headers, relay.proc.pid), [relay.stop])
     spec = peers.SPECS["sglang-router"]
     try:
         if not (settings.peers_dir / spec.name / peers.MARKER).is_file():

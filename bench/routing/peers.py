@@ -382,6 +382,32 @@ def start_sglang_router(venv: Path, engines: list[str], model: str, scratch: Pat
     return peer
 
 
+def start_governed_floor(engines: list[str], model: str, scratch: Path) -> RunningPeer:
+    """The governed Python relay (``bench.routing.governed_floor``): the bare relay plus governance's least work."""
+    port, key = free_port(), "sk-bench-" + secrets.token_hex(16)
+    home = scratch / "governed-floor"
+    argv = [
+        sys.executable,
+        str(Path(__file__).with_name("governed_floor.py")),
+        str(port),
+        key,
+        model,
+        str(home),
+        *engines,
+    ]
+    log = scratch / "governed-floor.log"
+    peer = RunningPeer(
+        "governed-floor",
+        "governed Python relay (the bare relay plus each governance area's least work; a yardstick)",
+        f"http://127.0.0.1:{port}",
+        {"Authorization": f"Bearer {key}"},
+        spawn(argv, log),
+        log,
+    )
+    _wait_ready(peer, model, 30)
+    return peer
+
+
 def start_floor(engines: list[str], model: str, scratch: Path) -> RunningPeer:
     """The bare Python relay (``bench.routing.floor``): a yardstick run from this interpreter, nothing to install."""
     port = free_port()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tests.bench.smoke import by_measure, md_table, number, run_bench
 
-PATHS = ("direct", "opod", "relay-floor", "sglang-router")
+PATHS = ("direct", "opod", "relay-floor", "governed-floor", "sglang-router")
 SMALLEST = (
     *("--workers", "2", "--rounds", "1", "--seconds", "0.5", "--capacity-level", "16"),
     *("--capacity-seconds", "0.5", "--open-seconds", "0.5", "--zero-level", "8", "--zero-seconds", "0.5"),
