@@ -17,6 +17,13 @@ A streamed answer is passed through as it comes (its usage is not read), as the 
 Set beside opod and the bare relay in one run, the three figures split opod's CPU per request into
 what one hop costs, what governance needs at the least, and what opod's own structure adds.
 
+What it leaves out of opod's path, so that its figure is a floor and not a rival: OpenAI's request rules
+beyond the model and the messages, the prompt's size by its chat template, canaries and plan
+revisions, prefix routing (compare's chats are too short to be placed by opod either), retries before
+the first byte and fallbacks, a stream's usage and progress lines, cancelling an engine's work when its
+client leaves, the request record's finer fields (19 columns against opod's 30), and every check that
+turns a bad value into a clear error instead of a crash.
+
 Run: ``python bench/routing/governed_floor.py PORT KEY MODEL DIR ENGINE_URL...``; it prints ``ready``
 once it listens. ``KEY`` is the API key clients send; ``DIR`` holds its journal and database.
 """
