@@ -10,6 +10,8 @@ from __future__ import annotations
 
 GUARD_POLICY = "screen"
 """The policy's name, as a request's record gives it (``guard_policy``)."""
+INJECTION = "(?i)ignore (all )?previous instructions"
+"""The prompt-injection pattern the policy blocks in a request."""
 GUARD = (
     "guard:\n"
     f"  default: [{GUARD_POLICY}]\n"
@@ -18,7 +20,7 @@ GUARD = (
     "      checks:\n"
     "        - {reads: both, pii: email, action: redact}\n"
     "        - {reads: input, pii: card, action: block}\n"
-    "        - {reads: input, pattern: '(?i)ignore (all )?previous instructions', name: injection, "
+    f"        - {{reads: input, pattern: '{INJECTION}', name: injection, "
     "category: prompt_injection, action: block}\n"
 )
 """The settings' YAML for it, appended to a settings body."""

@@ -24,8 +24,9 @@ the first byte and fallbacks, a stream's usage and progress lines, cancelling an
 client leaves, the request record's finer fields (19 columns against opod's 30), and every check that
 turns a bad value into a clear error instead of a crash.
 
-Run: ``python bench/routing/governed_floor.py PORT KEY MODEL DIR ENGINE_URL...``; it prints ``ready``
-once it listens. ``KEY`` is the API key clients send; ``DIR`` holds its journal and database.
+Run from the checkout: ``python -m bench.routing.governed_floor PORT KEY MODEL DIR ENGINE_URL...``; it
+prints ``ready`` once it listens. The guard policy's expressions are opod's own detectors and the bench's
+injection pattern (``bench.guard``), not copies. ``KEY`` is the API key clients send; ``DIR`` holds its journal and database.
 """
 
 from __future__ import annotations
@@ -48,9 +49,11 @@ import httptools
 import orjson
 import uvloop
 
-EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
-CARD = re.compile(r"(?<![\d-])\d(?:[ -]?\d){12,18}(?![\d-])")
-INJECTION = re.compile(r"(?i)ignore (all )?previous instructions")
+from bench import guard
+from opod.gateway.guard import DETECTORS
+
+EMAIL, CARD = DETECTORS["email"], DETECTORS["card"]
+INJECTION = re.compile(guard.INJECTION)
 PRICE_IN, PRICE_OUT = 0.5, 1.5  # per million tokens, as bench/compare/governance.py sets them
 BUDGET_MICROS = 10**12
 ADMIT = 1024
@@ -61,14 +64,9 @@ COLUMNS = (
 ).split()
 
 
-def _luhn(digits: str) -> bool:
-    numbers = [int(c) for c in digits if c.isdigit()]
-    total = sum(n if i % 2 == 0 else (n * 2 - 9 if n > 4 else n * 2) for i, n in enumerate(reversed(numbers)))
-    return total % 10 == 0
-
-
-def _reply(status: bytes, body: bytes, request_id: bytes = b"") -> bytes:
-    return b"HTTP/1.1 %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nx-request-id: %s\r\n\r\n%s" % (
+def _reply(status: int, body: bytes, request_id: bytes = b"") -> bytes:
+    """A whole JSON answer (the reason phrase left empty, as HTTP/1.1 allows)."""
+    return b"HTTP/1.1 %d \r\ncontent-type: application/json\r\ncontent-length: %d\r\nx-request-id: %s\r\n\r\n%s" % (
         status,
         len(body),
         request_id,
@@ -131,7 +129,7 @@ class Relay:
         token = headers.get(b"authorization", b"").partition(b" ")[2]
         who = self.keys.get(hashlib.sha256(token).hexdigest())
         if who is None:
-            client.transport.write(_reply(b"401 Unauthorized", b'{"error":{"message":"unknown key"}}', request_id))
+            client.transport.write(_reply(401, b'{"error":{"message":"unknown key"}}', request_id))
             return
         try:
             payload = orjson.loads(body)
@@ -139,7 +137,7 @@ class Relay:
             if payload.get("model") != self.model or not isinstance(messages, list):
                 raise ValueError
         except (ValueError, KeyError, TypeError):
-            client.transport.write(_reply(b"400 Bad Request", b'{"error":{"message":"bad request"}}', request_id))
+            client.transport.write(_reply(400, b'{"error":{"message":"bad request"}}', request_id))
             return
         redacted, size = False, 0
         for message in messages:
@@ -147,17 +145,17 @@ class Relay:
             if not isinstance(content, str):
                 continue
             size += len(content)
-            if INJECTION.search(content) or any(_luhn(m.group()) for m in CARD.finditer(content)):
-                client.transport.write(_reply(b"400 Bad Request", b'{"error":{"message":"refused"}}', request_id))
+            if INJECTION.search(content) or CARD.findings(content):
+                client.transport.write(_reply(400, b'{"error":{"message":"refused"}}', request_id))
                 return
-            if "@" in content and EMAIL.search(content):
-                message["content"], redacted = EMAIL.sub("[email]", content), True
+            if EMAIL.findings(content):
+                message["content"], redacted = EMAIL.pattern.sub("[email]", content), True
         if redacted:
             body = orjson.dumps(payload)
         cap = payload.get("max_tokens") if isinstance(payload.get("max_tokens"), int) else 4096
         most = round((size + 64) * PRICE_IN + cap * PRICE_OUT)
         if self.budget_spent + self.budget_reserved + most > BUDGET_MICROS or self.admitted >= ADMIT:
-            client.transport.write(_reply(b"429 Too Many Requests", b'{"error":{"message":"limited"}}', request_id))
+            client.transport.write(_reply(429, b'{"error":{"message":"limited"}}', request_id))
             return
         self.budget_reserved += most
         self.admitted += 1
@@ -166,7 +164,6 @@ class Relay:
         engine = tied[next(self.turn) % len(tied)]
         self.in_flight[engine] += 1
         call = Call(self, client, who, request_id, engine, most, body, payload.get("stream") is True)
-        client.call = call
         pool = self.pools[engine]
         if pool:
             pool.pop().send(call)
@@ -271,9 +268,7 @@ class Call:
         self.relay.in_flight[self.engine] -= 1
         self.relay.admitted -= 1
         self.relay.budget_reserved -= self.most
-        self.client.transport.write(
-            _reply(b"503 Service Unavailable", b'{"error":{"message":"no engine"}}', self.request_id)
-        )
+        self.client.transport.write(_reply(503, b'{"error":{"message":"no engine"}}', self.request_id))
 
 
 class Upstream(asyncio.Protocol):
@@ -283,8 +278,7 @@ class Upstream(asyncio.Protocol):
         self.pool = pool
         self.transport: Any = None
         self.call: Call | None = None
-        self.parser: Any = None
-        self.head: dict[bytes, bytes] = {}
+        self.parser = httptools.HttpResponseParser(self)
         self.chunks: list[bytes] = []
         self.host = b""
 
@@ -295,9 +289,6 @@ class Upstream(asyncio.Protocol):
 
     def send(self, call: Call) -> None:
         self.call = call
-        self.head = {}
-        self.on_header = self.head.__setitem__
-        self.parser = httptools.HttpResponseParser(self)
         self.chunks = []
         self.transport.write(call.request_bytes(self.host))
         call.sent()
@@ -334,17 +325,14 @@ class Upstream(asyncio.Protocol):
                 for choice in data.get("choices") or ():
                     message = choice.get("message") or {}
                     content = message.get("content")
-                    if isinstance(content, str) and "@" in content and EMAIL.search(content):
-                        message["content"], changed = EMAIL.sub("[email]", content), True
+                    if isinstance(content, str) and EMAIL.findings(content):
+                        message["content"], changed = EMAIL.pattern.sub("[email]", content), True
                 if changed:
                     answer = orjson.dumps(data)
             except (ValueError, TypeError, AttributeError):
                 pass
         call.ended(status, answer, prompt, completion)
-        call.client.transport.write(
-            b"HTTP/1.1 %d OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\nx-request-id: %s\r\n\r\n%s"
-            % (status, len(answer), call.request_id, answer)
-        )
+        call.client.transport.write(_reply(status, answer, call.request_id))
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self in self.pool:
@@ -362,7 +350,6 @@ class Downstream(asyncio.Protocol):
         self.transport: Any = None
         self.headers: dict[bytes, bytes] = {}
         self.body: list[bytes] = []
-        self.call: Call | None = None
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport

@@ -384,41 +384,34 @@ def start_sglang_router(venv: Path, engines: list[str], model: str, scratch: Pat
 
 def start_governed_floor(engines: list[str], model: str, scratch: Path) -> RunningPeer:
     """The governed Python relay (``bench.routing.governed_floor``): the bare relay plus governance's least work."""
-    port, key = free_port(), "sk-bench-" + secrets.token_hex(16)
-    home = scratch / "governed-floor"
-    argv = [
-        sys.executable,
-        str(Path(__file__).with_name("governed_floor.py")),
-        str(port),
-        key,
-        model,
-        str(home),
-        *engines,
-    ]
-    log = scratch / "governed-floor.log"
-    peer = RunningPeer(
-        "governed-floor",
-        "governed Python relay (the bare relay plus each governance area's least work; a yardstick)",
-        f"http://127.0.0.1:{port}",
-        {"Authorization": f"Bearer {key}"},
-        spawn(argv, log),
-        log,
+    key = "sk-bench-" + secrets.token_hex(16)
+    label = "governed Python relay (the bare relay plus each governance area's least work; a yardstick)"
+    home = str(scratch / "governed-floor")
+    return _start_yardstick(
+        "governed-floor", label, "governed_floor", [key, model, home, *engines], key, model, scratch
     )
-    _wait_ready(peer, model, 30)
-    return peer
 
 
 def start_floor(engines: list[str], model: str, scratch: Path) -> RunningPeer:
     """The bare Python relay (``bench.routing.floor``): a yardstick run from this interpreter, nothing to install."""
+    label = "bare Python relay (uvloop + httptools, round robin; a yardstick)"
+    return _start_yardstick("relay-floor", label, "floor", engines, "", model, scratch)
+
+
+def _start_yardstick(
+    name: str, label: str, module: str, args: list[str], key: str, model: str, scratch: Path
+) -> RunningPeer:
+    """One of the bench's own relays (``bench.routing.MODULE PORT ARGS...``), run from this interpreter with this
+    checkout on its path; ``key`` is the API key it asks for ('' for none)."""
     port = free_port()
-    argv = [sys.executable, str(Path(__file__).with_name("floor.py")), str(port), *engines]
-    log = scratch / "relay-floor.log"
+    log = scratch / f"{name}.log"
+    path = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")) if p)
     peer = RunningPeer(
-        "relay-floor",
-        "bare Python relay (uvloop + httptools, round robin; a yardstick)",
+        name,
+        label,
         f"http://127.0.0.1:{port}",
-        {},
-        spawn(argv, log),
+        {"Authorization": f"Bearer {key}"} if key else {},
+        spawn([sys.executable, "-m", f"bench.routing.{module}", str(port), *args], log, {"PYTHONPATH": path}),
         log,
     )
     _wait_ready(peer, model, 30)
