@@ -14,6 +14,7 @@ from starlette.routing import Route
 
 from opod.http.fastpath import (
     BODY_LIMIT,
+    FastHttpProtocol,
     FastPath,
     PreparedResponse,
     ReadRequest,
@@ -285,3 +286,56 @@ def test_a_prepared_answer_is_framed_as_starlette_frames_one():
             expected.background,
         ), status
         assert prepared.headers["x-a"] == "1"
+
+
+@pytest.fixture
+def short_keep_alive(monkeypatch):
+    """Connections kept alive 0.4 s when idle (uvicorn's default is 5 s)."""
+    made = FastHttpProtocol.__init__
+
+    def init(self, *args, **kwargs):
+        made(self, *args, **kwargs)
+        self.timeout_keep_alive = 0.4
+
+    monkeypatch.setattr(FastHttpProtocol, "__init__", init)
+
+
+async def answer_on(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body: bytes) -> dict:
+    writer.write(post("/echo", body))
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    length = int(
+        next(line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")).split(b":")[1]
+    )
+    return json.loads(await reader.readexactly(length))
+
+
+async def test_an_idle_connection_is_closed_after_the_keep_alive_time_and_a_busy_one_is_not(short_keep_alive, served):
+    _, port = served
+    loop = asyncio.get_running_loop()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    # Busy for about three keep-alive times, a request every 0.1 s: the timer armed after the first answer
+    # fires while the connection is in use, and the connection stays open.
+    began = last = loop.time()
+    while last - began < 1.2:
+        assert (await answer_on(reader, writer, b"abc"))["len"] == 3
+        last = loop.time()
+        await asyncio.sleep(0.1)
+    # Then idle: closed once the keep-alive time has passed since its last answer, not before.
+    assert await asyncio.wait_for(reader.read(1), 3) == b""
+    idle = loop.time() - last
+    assert 0.35 <= idle < 1.2, f"closed {idle:.2f}s after its last answer, not about 0.4s"
+    writer.close()
+
+
+async def test_a_request_in_progress_is_not_cut_by_the_keep_alive_timer(short_keep_alive, served):
+    app, port = served
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    assert (await answer_on(reader, writer, b"x"))["len"] == 1  # arms the timer
+    writer.write(post("/slow", b"{}"))
+    await asyncio.wait_for(app.slow_started.wait(), 5)
+    await asyncio.sleep(0.9)  # past two keep-alive times while the answer is being made
+    app.release.set()
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    assert head.startswith(b"HTTP/1.1 200")
+    assert app.slow_ended is not None and app.slow_ended.result() == "answered"
+    writer.close()

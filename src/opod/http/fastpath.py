@@ -197,9 +197,17 @@ UVICORN_INTERNALS = {
         "scope",
         "cycle",
         "expect_100_continue",
+        "server_state",
+        "pipeline",
+        "timeout_keep_alive",
+        "timeout_keep_alive_task",
     ),
     "methods": (
         "connection_made",
+        "connection_lost",
+        "_unset_keepalive_if_required",
+        "_start_asgi_task",
+        "timeout_keep_alive_handler",
         "on_header",
         "on_headers_complete",
         "on_body",
@@ -207,10 +215,12 @@ UVICORN_INTERNALS = {
         "on_response_complete",
     ),
     "connection_lost": ("self.cycle.disconnected = True", "self.cycle.message_event.set()"),
+    "data_received": ("self._unset_keepalive_if_required()",),
 }
 """What :class:`FastHttpProtocol` reads or overrides of uvicorn's ``HttpToolsProtocol``: its per-connection
-attributes, the parser callbacks it overrides, and how a lost connection tells the request in progress
-(``cycle``, which a hot request's :class:`_Exchange` stands in for)."""
+attributes, the methods it overrides or calls, how a lost connection tells the request in progress
+(``cycle``, which a hot request's :class:`_Exchange` stands in for), and that a request's bytes mark the
+connection busy (the keep-alive timer's rule)."""
 
 
 def uvicorn_seam_problems() -> list[str]:
@@ -223,10 +233,11 @@ def uvicorn_seam_problems() -> list[str]:
     for name in UVICORN_INTERNALS["methods"]:
         if not callable(getattr(HttpToolsProtocol, name, None)):
             problems.append(f"HttpToolsProtocol has no method {name}()")
-    lost = inspect.getsource(HttpToolsProtocol.connection_lost)
-    for line in UVICORN_INTERNALS["connection_lost"]:
-        if line not in lost:
-            problems.append(f"HttpToolsProtocol.connection_lost no longer does {line!r}")
+    for method in ("connection_lost", "data_received"):
+        source = inspect.getsource(getattr(HttpToolsProtocol, method))
+        for line in UVICORN_INTERNALS[method]:
+            if line not in source:
+                problems.append(f"HttpToolsProtocol.{method} no longer does {line!r}")
     status_line = getattr(httptools_impl, "STATUS_LINE", None)
     ok_line = status_line.get(200) if isinstance(status_line, dict) else None
     if not isinstance(ok_line, bytes) or not ok_line.startswith(b"HTTP/1.1 200"):
@@ -238,7 +249,18 @@ def uvicorn_seam_problems() -> list[str]:
 
 
 class FastHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the short way for hot routes, and a keep-alive timer armed once per idle spell.
+
+    uvicorn arms a fresh timer after every answer and cancels it when the next request's bytes come:
+    a timer made and dropped per request. Here the timer stays armed while the connection is busy, and
+    when it fires it looks at when the connection last went idle: it closes a connection idle for
+    ``timeout_keep_alive``, sleeps again for the rest of that time, or, on a busy connection, lets the
+    next answer arm it again. A connection is closed after the same idle time either way.
+    """
+
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self.idle_since: float | None = None
+        """The loop's time when its last answer was complete and nothing followed; ``None`` while busy."""
         super().connection_made(transport)
         app = self.app
         self.hot_routes: dict[tuple[str, str], Handler] = app.routes if isinstance(app, FastPath) else {}
@@ -248,6 +270,41 @@ class FastHttpProtocol(HttpToolsProtocol):
         self.hot: _Exchange | None = None
         self.body_length: bytes | None = None
         self.body_chunked = False
+
+    def _unset_keepalive_if_required(self) -> None:
+        self.idle_since = None  # busy: the armed timer, when it fires, leaves the connection open
+
+    def on_response_complete(self) -> None:
+        # uvicorn's, arming the keep-alive timer only when none is armed.
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self.idle_since = None
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+            return
+        self.idle_since = self.loop.time()
+        if self.timeout_keep_alive_task is None:
+            self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self._keep_alive_due)
+
+    def _keep_alive_due(self) -> None:
+        self.timeout_keep_alive_task = None
+        idle_since = self.idle_since
+        if idle_since is None:
+            return  # busy: its next answer arms the timer again
+        left = idle_since + self.timeout_keep_alive - self.loop.time()
+        if left > 0:
+            self.timeout_keep_alive_task = self.loop.call_later(left, self._keep_alive_due)
+        else:
+            self.timeout_keep_alive_handler()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        if self.timeout_keep_alive_task is not None:
+            self.timeout_keep_alive_task.cancel()
+            self.timeout_keep_alive_task = None
 
     def on_header(self, name: bytes, value: bytes) -> None:
         # uvicorn's, noting on the way the two headers that decide whether the body can be read whole.
