@@ -248,7 +248,7 @@ class Relay:
                         (_TIMING, _server_timing_bytes(observer.started, sent, answered)),
                         (
                             b"content-type",
-                            b"application/json" if call.assemble else _media_type(resp.headers.get("content-type", "")),
+                            b"application/json" if call.assemble else _media_type(resp.content_type),
                         ),
                     ],
                 )
@@ -391,11 +391,12 @@ def _server_timing_bytes(started: float, sent: float, answered: float) -> bytes:
 
 
 @lru_cache(maxsize=64)
-def _media_type(content_type: str) -> bytes:
-    """An engine's ``Content-Type`` as the answer's: its media type, ``application/json`` when it names none.
+def _media_type(media_type: str) -> bytes:
+    """An engine's media type (``UpstreamResponse.content_type``) as the answer's, ``application/json`` when it names
+    none.
 
     Kept per value: engines send one or two values, on every answer."""
-    return (content_type.partition(";")[0].strip().lower() or "application/json").encode("latin-1")
+    return (media_type or "application/json").encode("latin-1")
 
 
 def _usage_of(data: bytes) -> dict[str, Any] | None:

@@ -225,8 +225,9 @@ class UpstreamResponse:
     @property
     def content_type(self) -> str:
         """The media type without parameters, or ``""`` when the upstream named none."""
-        # Most upstreams spell the name in lower case: then it is read without decoding every header.
-        raw = self._raw_headers.get(b"content-type")
+        # Upstreams spell the name in lower case (vLLM, SGLang) or capitalized (llama-server, aiohttp): either is
+        # read without decoding every header.
+        raw = self._raw_headers.get(b"content-type") or self._raw_headers.get(b"Content-Type")
         value = raw.decode("latin-1") if raw is not None else self.headers.get("content-type", "")
         return value.partition(";")[0].strip().lower()
 
