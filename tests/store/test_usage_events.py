@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import replace
+from dataclasses import fields, replace
 from datetime import datetime
 
 import pytest
 
 from opod.store import InvalidInput, Store
+from opod.store.base import MAX_TEXT
 from opod.store.events import NewEvent
-from opod.store.usage import NewUsage
+from opod.store.usage import USAGE_COLUMNS, USAGE_COUNTS, USAGE_JSON, USAGE_TEXTS, NewUsage
 from tests.store.conftest import T0, at
 
 
@@ -93,11 +94,29 @@ def test_rows_not_looked_up_first_are_still_stored_once_and_counted_exactly(stor
         ({"outcome": ""}, "outcome of usage entry 'x' must not be empty"),
         ({"route_json": "{"}, "route_json of usage entry 'x' is not valid JSON"),
         ({"node_id": "n\x00"}, "node_id contains a NUL character"),
+        ({"guard_category": "\x00"}, "guard_category contains a NUL character"),
+        ({"request_id": None}, "request_id must be text, not NoneType"),
+        ({"status": 1.5}, "status must be a whole number, not float"),
+        ({"guard_ms": 2**63}, "guard_ms is 9223372036854775808"),
+        ({"tags_json": "nope"}, "tags_json of usage entry 'x' is not valid JSON"),
     ],
 )
 def test_bad_usage_values_are_refused_naming_the_field(store: Store, changes: dict, message: str) -> None:
     with pytest.raises(InvalidInput, match=message):
         store.append_ledger([replace(usage("x"), **changes)])
+
+
+def test_the_usage_rule_names_each_column_once() -> None:
+    named = ["entry", "ts", "outcome", "cache_hit", *USAGE_TEXTS, *USAGE_COUNTS, *USAGE_JSON]
+    assert sorted(named) == sorted(USAGE_COLUMNS) == sorted(field.name for field in fields(NewUsage))
+
+
+def test_text_at_the_limit_in_every_column_is_stored(store: Store) -> None:
+    # Long all together, each within the limit: the check of the whole row must not refuse what each column allows.
+    long = {name: name[0] * MAX_TEXT for name in USAGE_TEXTS}
+    assert store.append_ledger([usage("e" * MAX_TEXT, **long, outcome="o" * MAX_TEXT)]) == (1, 0)
+    [row] = store.usage_after(0, 1)
+    assert {name: getattr(row, name) for name in long} == long and row.outcome == "o" * MAX_TEXT
 
 
 def test_reads_page_by_id(store: Store) -> None:

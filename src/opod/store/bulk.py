@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import ClauseElement, Engine, Table
@@ -30,6 +31,8 @@ from opod.store.events import APPEND_LOCK, APPEND_LOCK_ID, insert_ignoring_known
 KNOWN_CHUNK = 500  # entries one look-up asks for; below every SQLite build's limit on parameters
 
 Parameters = tuple[Any, ...] | dict[str, Any]
+Values = Mapping[str, Any]
+"""A row's checked column values, by name."""
 BindProcessor = Callable[[Any], Any]
 
 
@@ -50,6 +53,8 @@ class _Statement:
         self.positional = compiled.positiontup is not None
         self.names = tuple(compiled.positiontup or names)
         self.convert = tuple((convert or {}).get(name) for name in self.names)
+        self._values = itemgetter(*self.names) if len(self.names) > 1 else lambda row: (row[self.names[0]],)
+        self._converted = tuple((i, convert) for i, convert in enumerate(self.convert) if convert is not None)
 
     def parameters(self, values: dict[str, Any]) -> Parameters:
         converted = [
@@ -58,17 +63,21 @@ class _Statement:
         ]
         return tuple(converted) if self.positional else dict(zip(self.names, converted))
 
-    def many(self, rows: list[dict[str, Any]]) -> list[tuple[Any, ...]] | list[dict[str, Any]]:
-        """:meth:`parameters` for each row, for ``executemany``."""
-        converts = list(zip(self.names, self.convert))
+    def many(self, rows: Sequence[Values]) -> list[Sequence[Any]] | list[dict[str, Any]]:
+        """:meth:`parameters` for each row, for ``executemany``: its values taken in one call, then the few columns
+        with a bind processor converted."""
+        values, converted = self._values, self._converted
+        out: list[Sequence[Any]] = []
+        for row in rows:
+            got = values(row)
+            if converted:
+                got = list(got)
+                for i, convert in converted:
+                    got[i] = convert(got[i])
+            out.append(got)
         if self.positional:
-            return [
-                tuple(row[name] if convert is None else convert(row[name]) for name, convert in converts)
-                for row in rows
-            ]
-        return [
-            {name: row[name] if convert is None else convert(row[name]) for name, convert in converts} for row in rows
-        ]
+            return out
+        return [dict(zip(self.names, got)) for got in out]
 
 
 class _Table:
@@ -82,7 +91,7 @@ class _Table:
         self._name = dialect.identifier_preparer.format_table(table)
         self._mark = "?" if dialect.paramstyle == "qmark" else "%s"  # psycopg takes %s with a tuple too
 
-    def unknown(self, cursor: DBAPICursor, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def unknown(self, cursor: DBAPICursor, rows: Sequence[Values]) -> Sequence[Values]:
         """The rows whose entry is not stored yet."""
         known: set[str] = set()
         entries = [row["entry"] for row in rows]
@@ -94,7 +103,7 @@ class _Table:
             known.update(entry for (entry,) in cursor.fetchall())
         return [row for row in rows if row["entry"] not in known] if known else rows
 
-    def append(self, cursor: DBAPICursor, rows: list[dict[str, Any]]) -> int:
+    def append(self, cursor: DBAPICursor, rows: Sequence[Values]) -> int:
         """Insert the rows; how many were new (the driver sums an executemany's changes)."""
         if not rows:
             return 0
@@ -129,7 +138,7 @@ class LedgerAppender:
             lock = _Statement(engine, APPEND_LOCK, ["id"])
             self._begin, self._begin_parameters = lock.sql, lock.parameters({"id": APPEND_LOCK_ID})
 
-    def append(self, usage: list[dict[str, Any]], events: list[dict[str, Any]], *, skip_known: bool) -> tuple[int, int]:
+    def append(self, usage: Sequence[Values], events: Sequence[Values], *, skip_known: bool) -> tuple[int, int]:
         """Store every row, or none; how many usage rows and events were new.
 
         ``skip_known``: leave out rows whose entry is stored before inserting (a replayed journal

@@ -4,7 +4,7 @@ The table lives here rather than in ``schema.py`` because it belongs to the ledg
 streams; it is registered on the same ``metadata``, so the schema test and Alembic see it.
 The cursor helpers shared with the usage table (the id type, the writers' lock, the page and
 retention checks) are here too, because ``usage.py`` builds on this module. Both tables are
-appended to by ``UsageRepo.append_ledger`` only.
+appended to by ``UsageRepo.append_ledger`` and ``append_checked`` only.
 """
 
 from __future__ import annotations

@@ -4,14 +4,19 @@ Counts and timings only, never content. Ids come from the store (BIGSERIAL / SQL
 AUTOINCREMENT) and are never handed out twice, even after retention deletes rows, so a cursor
 stays valid across leader restarts. ``route_json`` is opod's own column (which worker, why) and
 is not part of the contract's ``UsageData``. The table is registered on ``schema.metadata``.
+
+:func:`checked_usage` is the one rule for a usage row's values, for every way in: the rows a caller
+hands :meth:`UsageRepo.append_ledger`, refused when bad, and the ledger's records, cleaned where bad
+(``opod.ledger.records``) and then stored as checked, so the writer checks each value once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from operator import attrgetter, itemgetter
+from typing import Any, NewType
 
 from sqlalchemy import (
     BigInteger,
@@ -28,13 +33,14 @@ from sqlalchemy import (
     text,
 )
 
-from opod.store.base import aware, json_arg, text_arg
+from opod.store.base import MAX_TEXT, aware, json_arg, text_arg
 from opod.store.bulk import LedgerAppender
 from opod.store.commits import CommitsRepo
 from opod.store.errors import InvalidInput
 from opod.store.events import (
     CURSOR_ID,
     DELETE_BATCH,
+    INT64_MAX,
     NewEvent,
     count_arg,
     delete_before,
@@ -150,45 +156,123 @@ class GuardCount:
     count: int
 
 
-def usage_values(row: NewUsage) -> dict[str, Any]:
+USAGE_COLUMNS = tuple(c.name for c in usage.columns if not c.primary_key)
+"""A usage row's columns, in the table's order: :class:`NewUsage`'s fields."""
+USAGE_TEXTS = (
+    "request_id",
+    "api_key_id",
+    "user_id",
+    "model",
+    "protocol",
+    "node_id",
+    "project_id",
+    "team_id",
+    "org_id",
+    "served_model",
+    "end_user",
+    "body_state",
+    "guard_action",
+    "guard_policy",
+    "guard_rule",
+    "guard_category",
+)
+"""The columns of short text (at most ``MAX_TEXT`` characters, no NUL) that may be empty."""
+USAGE_COUNTS = (
+    "prompt_tokens",
+    "completion_tokens",
+    "latency_ms",
+    "ttft_ms",
+    "cost_micros",
+    "status",
+    "queue_ms",
+    "guard_ms",
+)
+"""The columns of whole numbers from 0 to 2^63-1."""
+USAGE_JSON = ("route_json", "tags_json")
+"""The columns of JSON text or NULL."""
+# The others: ``entry`` and ``outcome`` (short text, not blank), ``ts`` (an aware datetime), ``cache_hit`` (a flag).
+
+UsageValues = NewType("UsageValues", dict[str, Any])
+"""A usage row's column values by name, checked by :func:`checked_usage`: what :meth:`UsageRepo.append_checked`
+stores without checking them again. Other keys it may hold are not stored."""
+
+
+@dataclass(frozen=True, slots=True)
+class Cleaning:
+    """What to store instead of a value :func:`checked_usage` does not allow, by kind of column: the ledger's, whose
+    rows must not be lost to one bad value. Each returns a value the check allows; ``json`` returns text that is
+    checked still (text that is not JSON cannot be mended), or None."""
+
+    text: Callable[[Any, str], str]
+    count: Callable[[Any, str], int]
+    outcome: Callable[[Any], str]
+    json: Callable[[Any, str], str | None]
+
+
+_TEXT_VALUES = itemgetter("entry", "outcome", *USAGE_TEXTS)
+_COUNT_VALUES = itemgetter(*USAGE_COUNTS)
+_TEXTS, _COUNTS = frozenset(USAGE_TEXTS), frozenset(USAGE_COUNTS)
+_STR, _INT = {str}, {int}
+_OTHERS = tuple(name for name in USAGE_COLUMNS if name not in {"entry", "outcome", *_TEXTS, *_COUNTS})
+
+
+def checked_usage(values: dict[str, Any], cleaning: Cleaning | None = None) -> UsageValues:
+    """``values`` (one for each of :data:`USAGE_COLUMNS`; other keys are left alone) checked in place, column by
+    column in the table's order (:func:`_checked`). A value the rule does not allow is refused, InvalidInput naming
+    the field; with ``cleaning``, replaced by what that gives instead (a bad entry or JSON text is refused either
+    way: neither can be made up)."""
+    texts, counts = _TEXT_VALUES(values), _COUNT_VALUES(values)
+    # The usual row's text and counts pass their rules all at once, in a few built-in calls.
+    if (
+        set(map(type, texts)) == _STR
+        and set(map(type, counts)) == _INT
+        and (joined := "".join(texts)).isascii()
+        and "\x00" not in joined
+        and (len(joined) <= MAX_TEXT or max(map(len, texts)) <= MAX_TEXT)
+        and texts[0].strip()
+        and texts[1].strip()
+        and min(counts) >= 0
+        and max(counts) <= INT64_MAX
+    ):
+        names: tuple[str, ...] = _OTHERS
+    else:
+        names = USAGE_COLUMNS
+    entry = values["entry"]
+    for name in names:
+        values[name] = _checked(name, values[name], entry, cleaning)
+        entry = values["entry"]  # the first column: what follows is named by it as checked
+    return UsageValues(values)
+
+
+def _checked(name: str, value: Any, entry: object, cleaning: Cleaning | None) -> Any:
+    """The rule for the usage column ``name``: ``value`` as the column keeps it (``entry`` names the row in a
+    refusal). The columns the usual row checks here come first."""
+    if name == "ts":
+        return aware(value, "usage ts")
+    if name in USAGE_JSON:
+        value = value if cleaning is None else cleaning.json(value, name)
+        return None if value is None else json_arg(value, f"{name} of usage entry {entry!r}")
+    if name == "cache_hit":
+        return value is True
+    if name in _TEXTS:
+        return text_arg(value, name, empty=True) if cleaning is None else cleaning.text(value, name)
+    if name in _COUNTS:
+        return count_arg(value, name) if cleaning is None else cleaning.count(value, name)
+    if name == "outcome":
+        return text_arg(value, f"outcome of usage entry {entry!r}") if cleaning is None else cleaning.outcome(value)
+    if name == "entry":
+        return text_arg(value, "usage entry")
+    raise AssertionError(f"usage column {name!r} has no rule")
+
+
+_ROW_VALUES = attrgetter(*USAGE_COLUMNS)
+
+
+def usage_values(row: NewUsage) -> UsageValues:
     """The row's column values, each checked; InvalidInput naming the first bad field."""
     if not isinstance(row, NewUsage):
         raise InvalidInput(f"a usage row to append must be a NewUsage, not {type(row).__name__}")
-    entry = text_arg(row.entry, "usage entry")
-    return {
-        "entry": entry,
-        "request_id": text_arg(row.request_id, "request_id", empty=True),
-        "ts": aware(row.ts, "usage ts"),
-        "api_key_id": text_arg(row.api_key_id, "api_key_id", empty=True),
-        "user_id": text_arg(row.user_id, "user_id", empty=True),
-        "model": text_arg(row.model, "model", empty=True),
-        "protocol": text_arg(row.protocol, "protocol", empty=True),
-        "prompt_tokens": count_arg(row.prompt_tokens, "prompt_tokens"),
-        "completion_tokens": count_arg(row.completion_tokens, "completion_tokens"),
-        "latency_ms": count_arg(row.latency_ms, "latency_ms"),
-        "ttft_ms": count_arg(row.ttft_ms, "ttft_ms"),
-        "outcome": text_arg(row.outcome, f"outcome of usage entry {entry!r}"),
-        "node_id": text_arg(row.node_id, "node_id", empty=True),
-        "route_json": None
-        if row.route_json is None
-        else json_arg(row.route_json, f"route_json of usage entry {entry!r}"),
-        "project_id": text_arg(row.project_id, "project_id", empty=True),
-        "team_id": text_arg(row.team_id, "team_id", empty=True),
-        "org_id": text_arg(row.org_id, "org_id", empty=True),
-        "cost_micros": count_arg(row.cost_micros, "cost_micros"),
-        "status": count_arg(row.status, "status"),
-        "served_model": text_arg(row.served_model, "served_model", empty=True),
-        "queue_ms": count_arg(row.queue_ms, "queue_ms"),
-        "end_user": text_arg(row.end_user, "end_user", empty=True),
-        "tags_json": None if row.tags_json is None else json_arg(row.tags_json, f"tags_json of usage entry {entry!r}"),
-        "cache_hit": row.cache_hit is True,
-        "body_state": text_arg(row.body_state, "body_state", empty=True),
-        "guard_action": text_arg(row.guard_action, "guard_action", empty=True),
-        "guard_policy": text_arg(row.guard_policy, "guard_policy", empty=True),
-        "guard_rule": text_arg(row.guard_rule, "guard_rule", empty=True),
-        "guard_category": text_arg(row.guard_category, "guard_category", empty=True),
-        "guard_ms": count_arg(row.guard_ms, "guard_ms"),
-    }
+    return checked_usage(dict(zip(USAGE_COLUMNS, _ROW_VALUES(row))))
 
 
 def _record(row: Row[Any]) -> UsageRecord:
@@ -211,9 +295,15 @@ class UsageRepo(CommitsRepo):
         cannot be stored yet (the live ledger's): they are still stored once, but a known one
         would consume an id on PostgreSQL.
         """
-        usage_rows = [usage_values(row) for row in rows]
+        return self.append_checked([usage_values(row) for row in rows], events, check_known=check_known)
+
+    def append_checked(
+        self, rows: Sequence[UsageValues], events: Sequence[NewEvent] = (), *, check_known: bool = True
+    ) -> tuple[int, int]:
+        """:meth:`append_ledger` for usage rows checked already by :func:`checked_usage` (the ledger's writer, which
+        checks each record as it turns it into its row), so each value is checked once; the events are checked here."""
         event_rows = [event_values(row) for row in events]
-        return self._ledger_appender().append(usage_rows, event_rows, skip_known=check_known)
+        return self._ledger_appender().append(rows, event_rows, skip_known=check_known)
 
     def _ledger_appender(self) -> LedgerAppender:
         """What writes the ledger's usage rows, events and request bodies, on the connections :meth:`_ledger_lender`
