@@ -195,6 +195,24 @@ async def test_a_record_the_store_refuses_is_set_aside_not_lost(store: Store, ho
     ledger.close()
 
 
+async def test_a_replayed_end_is_cleaned_or_set_aside_and_its_batch_stored(store: Store, home: Path) -> None:
+    (home / "ledger").mkdir(parents=True)
+    end = {"rec": "end", "entry": "a-1", "ts_us": 1_700_000_000_000_000, "request_id": "good", "outcome": "ok"}
+    unreadable = {**end, "entry": "a-2", "request_id": "unreadable", "route_json": "{"}
+    odd = {**end, "entry": "a-3", "request_id": "odd\x00", "model": "m\ud800", "prompt_tokens": "7", "cache_hit": 1}
+    lines = "".join(json.dumps(r) + "\n" for r in ({**end, "route_json": '{"worker": "n1"}'}, unreadable, odd))
+    (home / "ledger" / "journal-000001.jsonl").write_text(lines)
+    ledger = Ledger.open(store, home, keep=timedelta(days=1))
+    rows = store.usage_after(0, 10)
+    assert [(r.request_id, r.model, r.prompt_tokens, r.cache_hit, r.route_json) for r in rows] == [
+        ("good", "", 0, False, '{"worker": "n1"}'),
+        ("odd", "m?", 7, False, None),
+    ]
+    [rejected] = [json.loads(line) for line in (home / "ledger" / "rejected.jsonl").read_text().splitlines()]
+    assert rejected["record"] == unreadable and "route_json of usage entry 'a-2' is not valid JSON" in rejected["why"]
+    ledger.close()
+
+
 async def test_ends_from_other_threads_wake_the_writer(ledger: Ledger) -> None:
     stop = asyncio.Event()
     writer = asyncio.create_task(ledger.run(stop))

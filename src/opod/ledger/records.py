@@ -26,8 +26,10 @@ Values are cleaned (text cut to the store's limit, NUL and lone surrogates repla
 whole numbers ≥ 0, names never blank, JSON always an object), because ``end`` runs on the request
 path and must never raise, and a value the store would refuse must not block a whole batch later.
 Each cleaning is logged, naming the field. Every end and event record, built a moment ago or read
-back from the journal (which may hold anything), becomes its store row through :func:`to_row`,
-which cleans every field, and the store checks the row once more. What a client or a webhook gave
+back from the journal (which may hold anything), becomes its store row through :func:`to_row`: an
+end's values are checked once, by the store's own rule (``opod.store.usage.checked_usage``), which
+cleans a value through :data:`CLEANING` where it fails, and the store takes them as they are (an
+event is cleaned here and checked by the store). What a client or a webhook gave
 (the end user, the tags, a guardrail's reason) is cleaned on the way in as well, before it is
 journaled; the rest is the gateway's own (a request id sanitized at the edge, ids from the key
 table, a model resolved against the registry) and is journaled as given. The parameters say what
@@ -43,13 +45,14 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 from opod.http import fastjson
 from opod.ledger.journal import Line
 from opod.store.base import MAX_TEXT
 from opod.store.events import INT64_MAX, NewEvent
-from opod.store.usage import NewUsage
+from opod.store.usage import USAGE_COUNTS, USAGE_JSON, USAGE_TEXTS, Cleaning, UsageValues, checked_usage
 
 log = logging.getLogger("opod.ledger")
 
@@ -316,62 +319,51 @@ def event_record(entry: str, ts_us: int, type: str, subject: str, data_json: str
     return {"rec": "event", "entry": entry, "ts_us": ts_us, "type": type, "subject": subject, "data_json": data_json}
 
 
-def to_row(record: dict[str, Any]) -> NewUsage | NewEvent:
-    """The store row for an end or event record, cleaned (again, for one read back from the journal);
-    ValueError when the record is not one. The store checks the row once more."""
+def to_row(record: dict[str, Any]) -> UsageValues | NewEvent:
+    """The store row for an end or event record, built a moment ago or read back from the journal. An end becomes
+    its usage row's column values, checked once by the store's rule with :data:`CLEANING` (a value it does not
+    allow is cleaned and logged), so the store takes them as they are; an event is cleaned here and checked by
+    the store. ValueError when the record is not one, InvalidInput for what cannot be cleaned (its entry, JSON)."""
     kind, entry, ts_us = record.get("rec"), record.get("entry"), record.get("ts_us")
     if not isinstance(entry, str) or not entry or type(ts_us) is not int:
         raise ValueError("a record needs an entry (text) and ts_us (unix microseconds)")
-    get = record.get
-    if kind == "event":
-        return NewEvent(
-            entry=entry,
-            ts=at_us(ts_us),
-            type=label(get("type", ""), "event type", "unknown"),
-            subject=text(get("subject", ""), "event subject"),
-            data_json=_json_field(get("data_json") or "{}"),
-        )
-    if kind != "end":
+    if kind == "end":
+        return checked_usage({**ABSENT, **record, "ts": at_us(ts_us)}, CLEANING)
+    if kind != "event":
         raise ValueError(f"rec {kind!r} is neither an end nor an event")
-    route = get("route_json")
-    return NewUsage(
+    get = record.get
+    return NewEvent(
         entry=entry,
-        request_id=text(get("request_id", ""), "request_id"),
         ts=at_us(ts_us),
-        api_key_id=text(get("api_key_id", ""), "api_key_id"),
-        user_id=text(get("user_id", ""), "user_id"),
-        model=text(get("model", ""), "model"),
-        protocol=text(get("protocol", ""), "protocol"),
-        prompt_tokens=count(get("prompt_tokens", 0), "prompt_tokens"),
-        completion_tokens=count(get("completion_tokens", 0), "completion_tokens"),
-        latency_ms=count(get("latency_ms", 0), "latency_ms"),
-        ttft_ms=count(get("ttft_ms", 0), "ttft_ms"),
-        outcome=label(get("outcome", ""), "outcome", "error"),
-        node_id=text(get("node_id", ""), "node_id"),
-        route_json=_json_field(route) if isinstance(route, str) else None,
-        project_id=text(get("project_id", ""), "project_id"),
-        team_id=text(get("team_id", ""), "team_id"),
-        org_id=text(get("org_id", ""), "org_id"),
-        cost_micros=count(get("cost_micros", 0), "cost_micros"),
-        status=count(get("status", 0), "status"),
-        served_model=text(get("served_model", ""), "served_model"),
-        queue_ms=count(get("queue_ms", 0), "queue_ms"),
-        end_user=text(get("end_user", ""), "end_user"),
-        tags_json=_json_field(tags) if isinstance(tags := get("tags_json"), str) else None,
-        cache_hit=get("cache_hit") is True,
-        body_state=text(get("body_state", ""), "body_state"),
-        guard_action=text(get("guard_action", ""), "guard_action"),
-        guard_policy=text(get("guard_policy", ""), "guard_policy"),
-        guard_rule=text(get("guard_rule", ""), "guard_rule"),
-        guard_category=text(get("guard_category", ""), "guard_category"),
-        guard_ms=count(get("guard_ms", 0), "guard_ms"),
+        type=label(get("type", ""), "event type", "unknown"),
+        subject=text(get("subject", ""), "event subject"),
+        data_json=_json_field(get("data_json") or "{}"),
     )
+
+
+ABSENT: dict[str, Any] = {
+    **dict.fromkeys(USAGE_TEXTS, ""),
+    **dict.fromkeys(USAGE_COUNTS, 0),
+    **dict.fromkeys(USAGE_JSON),
+    "outcome": "",
+    "cache_hit": False,
+}
+"""What an end record that leaves a column out stores (an outcome left out is cleaned to ``error``)."""
 
 
 def _json_field(value: Any) -> Any:
     """JSON text read from the journal, left for the store to check; a lone surrogate in it (only a
     damaged journal holds one) is replaced, since the database could not encode it."""
     return _encodable(value) if isinstance(value, str) else value
+
+
+def _json_or_none(value: Any, name: str) -> str | None:
+    """An end's JSON field: its text as :func:`_json_field` leaves it; anything else is none."""
+    return _json_field(value) if isinstance(value, str) else None
+
+
+CLEANING = Cleaning(text=text, count=count, outcome=partial(label, name="outcome", default="error"), json=_json_or_none)
+"""How an end record's value the store would refuse is stored instead: cleaned, and logged naming the field."""
 
 
 @dataclass(slots=True)

@@ -13,13 +13,15 @@ loop leaves; a commit that waits finds a larger batch (up to ``BATCH_MAX``) the 
 keeps up with the load (measured pair by pair: ``python -m bench stages-ab``, ``docs/dataplane.md``).
 
 Every record reaches the store the same way, whether ``Ledger`` built it a moment ago or it was
-replayed from the journal (which may hold anything): :func:`commit_records` turns it into a row
-(``records.to_row``), and the store checks the row and writes the batch in one transaction.
+replayed from the journal (which may hold anything): :func:`commit_records` turns it into its row
+(``records.to_row``: an end's values checked once, by the store's rule, and cleaned where they fail it),
+and the store writes the batch in one transaction.
 
-A record the store refuses (InvalidInput: something ``records.py`` failed to clean) would block
-every later one, so a refused batch is retried record by record, checked, and a record refused
-on its own is moved to ``rejected.jsonl`` beside the journal, with the reason, and logged: kept
-for a person to look at, instead of blocking the ledger or vanishing.
+A record that cannot be made a row (no entry, JSON that does not parse) is set aside at once. One the
+database refuses (a constraint) would block every later one, so a refused batch is retried record by
+record, and a record refused on its own is set aside too: moved to ``rejected.jsonl`` beside the
+journal, with the reason, and logged; kept for a person to look at, instead of blocking the ledger or
+vanishing.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from typing import Any
 from opod.ledger.records import to_row
 from opod.store import InvalidInput, Store
 from opod.store.events import NewEvent
-from opod.store.usage import NewUsage
+from opod.store.usage import UsageValues
 
 log = logging.getLogger("opod.ledger")
 
@@ -73,7 +75,7 @@ def commit_records(store: Store, records: Sequence[dict[str, Any]], rejected: Pa
     look their entries up first.
     """
     new = 0
-    usage: list[NewUsage] = []
+    usage: list[UsageValues] = []
     events: list[NewEvent] = []
     source: dict[int, dict[str, Any]] = {}  # id(row) → its record, to name a refused one
     bad: list[tuple[dict[str, Any], str]] = []
@@ -89,16 +91,16 @@ def commit_records(store: Store, records: Sequence[dict[str, Any]], rejected: Pa
         else:
             usage.append(row)
     try:
-        new += sum(store.append_ledger(usage, events, check_known=check_known))
+        new += sum(store.append_checked(usage, events, check_known=check_known))
     except InvalidInput:
         # One of them is refused: store the others, each on its own, and set that one aside.
-        alone: list[tuple[list[NewUsage], list[NewEvent], dict[str, Any]]] = [
+        alone: list[tuple[list[UsageValues], list[NewEvent], dict[str, Any]]] = [
             *(([row], [], source[id(row)]) for row in usage),
             *(([], [event], source[id(event)]) for event in events),
         ]
         for usage_row, event_row, record in alone:
             try:
-                new += sum(store.append_ledger(usage_row, event_row))
+                new += sum(store.append_checked(usage_row, event_row))
             except InvalidInput as err:
                 bad.append((record, str(err)))
     for record, why in bad:
