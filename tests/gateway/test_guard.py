@@ -128,6 +128,12 @@ def test_an_answer_is_redacted_or_blocked_by_output_checks() -> None:
     assert GuardPolicies.check_answer(plan, clean, GuardNote()) is clean
     with pytest.raises(GuardrailBlocked, match="blocked the answer"):
         GuardPolicies.check_answer(plan, fastjson.dumps({"choices": [{"text": "FORBIDDEN"}]}), GuardNote())
+    # The relay hands over the answer it parsed for its usage: the checks read that, and the client's answer is
+    # still made from what they changed.
+    parsed = fastjson.loads(answer)
+    out = GuardPolicies.check_answer(plan, answer, GuardNote(), parsed)
+    assert fastjson.loads(out)["choices"][0]["message"]["content"] == "it is [redacted:code]"
+    assert GuardPolicies.check_answer(plan, clean, GuardNote(), fastjson.loads(clean)) is clean
 
 
 SETTINGS = (

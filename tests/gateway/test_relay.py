@@ -21,6 +21,7 @@ from opod.fleet.local import LocalEngines
 from opod.fleet.models import KnownModel, ModelRegistry
 from opod.fleet.prefix_index import PrefixIndex
 from opod.fleet.state import Fleet
+from opod.gateway import relay
 from opod.gateway.app import Gateway
 from opod.gateway.build import build_gateway
 from opod.http.fastpath import FastPath
@@ -194,6 +195,33 @@ async def test_a_worker_that_cannot_be_reached_hands_the_request_to_the_next(set
     [row] = setup.usage.rows
     assert row.ended["outcome"] == "ok" and row.ended["node_id"] == "here"
     assert in_flight(setup) == {"gone": 0, "here": 0}
+
+
+async def test_a_stream_whose_engine_sends_no_first_byte_moves_to_the_next_worker(
+    setup: Setup, sim: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(relay, "FIRST_BYTE_TIMEOUT", 0.3)
+
+    async def stalled(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")  # the head of a stream, then nothing: a stalled engine
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+        await asyncio.sleep(5)
+        writer.close()
+
+    server = await asyncio.start_server(stalled, "127.0.0.1", 0)
+    stall_url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    join(setup.fleet, "stalled", "127.0.0.1:1")  # the least loaded: tried first
+    join(setup.fleet, "here", "127.0.0.1:2", queue=3)
+    setup.local.attach("stalled", lambda model: stall_url)
+    setup.local.attach("here", lambda model: sim)
+    async with setup.client.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as response:
+        assert response.status_code == 200 and response.headers["x-opod-worker"] == "here"
+        events = [line async for line in response.aiter_lines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    [row] = setup.usage.rows
+    assert row.ended["outcome"] == "ok" and row.ended["node_id"] == "here"
+    assert in_flight(setup) == {"stalled": 0, "here": 0}
+    server.close()
 
 
 async def test_an_in_process_worker_without_the_model_is_a_503_that_says_so(setup: Setup) -> None:

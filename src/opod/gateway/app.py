@@ -37,7 +37,7 @@ from opod.gateway.overflow import Overflow
 from opod.gateway.prefix import PrefixHasher
 from opod.gateway.profiles import RoutingProfiles
 from opod.gateway.promptsize import PromptSize, TemplateCost, asked_limit, completion_bound, default_limit, prompt_size
-from opod.gateway.relay import Relay, RelayCall
+from opod.gateway.relay import Relay, RelayCall, RelayedAnswer
 from opod.gateway.responses import RESPONSES_PATH, responses_endpoint
 from opod.gateway.routes import ANY_METHOD, ROUTES, TRANSLATED_RESPONSES, UNSUPPORTED, RouteSpec, json_object_as_schema
 from opod.gateway.stats import PROBE_HEADER, GatewayStats
@@ -535,7 +535,8 @@ class Gateway:
         if answer is not None and response.status_code == 200:
             checked = answer
             if guard is not None and guard.outputs:
-                checked = GuardPolicies.check_answer(guard, checked, exchange.guarded())
+                parsed = response.parsed if isinstance(response, RelayedAnswer) else None
+                checked = GuardPolicies.check_answer(guard, checked, exchange.guarded(), parsed)
             if policy is not None and policy.guardrails_for("post"):
                 checked = await self.guardrails.post(policy, exchange.request_id, model, body, checked, exchange.guard)
             if checked is not answer:

@@ -203,15 +203,17 @@ class GuardPolicies:
             note.seconds += time.perf_counter() - started
 
     @staticmethod
-    def check_answer(plan: GuardPlan, answer: bytes, note: GuardNote) -> bytes:
+    def check_answer(plan: GuardPlan, answer: bytes, note: GuardNote, parsed: dict[str, Any] | None = None) -> bytes:
         """The answer to give the client: ``answer`` itself, or its redacted form; raises :class:`GuardrailBlocked`
-        for an enforced block."""
+        for an enforced block. ``parsed``: ``answer``'s JSON object when the relay parsed it already (it may be
+        changed here)."""
         if not plan.outputs:
             return answer
         started = time.perf_counter()
         try:
             try:
-                parsed = fastjson.loads(answer)
+                if parsed is None:
+                    parsed = fastjson.loads(answer)
             except ValueError:
                 return answer  # not JSON: an engine's error text, with nothing of a model's answer to read
             if not isinstance(parsed, dict):

@@ -228,17 +228,19 @@ class Relay:
                     self.fleet.failed(node, model, problem.detailed)
                 return None
             if not call.stream or resp.status != 200:
+                parsed = None
                 if call.assemble and resp.status == 200:
                     data, usage = await assemble_completion(resp, node.id, observer)
                 else:
                     data = resp.read_now()
                     if data is None:
                         data = await resp.read()
-                    usage = _usage_of(data)
+                    parsed = _parsed_with_usage(data)
+                    usage = _usage_in(parsed)
                 answered = time.perf_counter()
                 self.fleet.succeeded(node, model)
                 observer.ended(Outcome(resp.status, "ok", node.id, usage))
-                return PreparedResponse(
+                return RelayedAnswer(
                     data,
                     resp.status,
                     [
@@ -251,9 +253,11 @@ class Relay:
                             b"application/json" if call.assemble else _media_type(resp.content_type),
                         ),
                     ],
+                    parsed,
                 )
             try:
-                first = await asyncio.wait_for(resp.readany(), FIRST_BYTE_TIMEOUT)
+                async with asyncio.timeout(FIRST_BYTE_TIMEOUT):  # a timer on this task: no task of its own
+                    first = await resp.readany()
                 why = "the answer ended before its first byte"
             except TimeoutError:
                 first, why = b"", f"no first byte within {FIRST_BYTE_TIMEOUT:.0f}s"
@@ -322,7 +326,7 @@ class Relay:
                 data, usage = await assemble_completion(resp, "", observer)
             else:
                 data = await resp.read()
-                usage = _usage_of(data)
+                usage = _usage_in(_parsed_with_usage(data))
             answered = time.perf_counter()
             resp.release()
             observer.ended(Outcome(resp.status, "ok" if resp.status < 400 else "error", "", usage))
@@ -399,11 +403,28 @@ def _media_type(media_type: str) -> bytes:
     return (media_type or "application/json").encode("latin-1")
 
 
-def _usage_of(data: bytes) -> dict[str, Any] | None:
+def _parsed_with_usage(data: bytes) -> dict[str, Any] | None:
+    """A whole answer's JSON object when it names its usage (the answers worth parsing here), else ``None``."""
     if b'"usage"' not in data:
         return None
     try:
-        usage = fastjson.loads(data).get("usage")
-    except (ValueError, AttributeError):
+        parsed = fastjson.loads(data)
+    except ValueError:
         return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def _usage_in(parsed: dict[str, Any] | None) -> dict[str, Any] | None:
+    usage = parsed.get("usage") if parsed is not None else None
     return usage if isinstance(usage, dict) else None
+
+
+class RelayedAnswer(PreparedResponse):
+    """An engine's whole answer, with its JSON object as parsed for its usage (``None`` where it was not): the
+    guard policies' output checks read that instead of parsing the answer again."""
+
+    def __init__(
+        self, body: bytes, status_code: int, raw_headers: list[tuple[bytes, bytes]], parsed: dict[str, Any] | None
+    ) -> None:
+        super().__init__(body, status_code, raw_headers)
+        self.parsed = parsed
