@@ -18,8 +18,10 @@ import pytest
 
 from opod.ledger import Ledger, journal
 from opod.ledger.ledger import COMMIT_EVERY_S
+from opod.ledger.records import UsageTicket, finished_record
 from opod.ledger.writer import WRITER_NICE
 from opod.store import Store
+from opod.store.events import INT64_MAX
 from tests.ledger.conftest import request
 
 
@@ -174,6 +176,28 @@ async def test_bad_values_never_raise_into_the_request_and_are_stored_cleaned(
         "ended twice",
     ):
         assert words in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("name", "given", "stored"),
+    [
+        ("prompt_tokens", -1, 0),
+        ("completion_tokens", INT64_MAX + 1, INT64_MAX),
+        ("latency_ms", True, 1),
+        ("ttft_ms", 2.5, 2),
+    ],
+)
+def test_one_count_out_of_range_is_cleaned_among_counts_at_the_edges(
+    name: str, given: object, stored: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The end's counts are checked together: one out of range among others at 0 and INT64_MAX is caught alone.
+    edges = {"prompt_tokens": 0, "completion_tokens": INT64_MAX, "latency_ms": INT64_MAX, "ttft_ms": 0}
+    ticket = UsageTicket("e", "r", "k", "u", "m", "openai", 1)
+    kept = finished_record(ticket, 2, "ok", **edges, node_id="n", route=None)  # type: ignore[arg-type]
+    assert {field: kept[field] for field in edges} == edges and not caplog.text
+    record = finished_record(ticket, 2, "ok", **{**edges, name: given}, node_id="n", route=None)  # type: ignore[arg-type]
+    assert {field: record[field] for field in edges} == {**edges, name: stored}
+    assert f"{name} {given!r} was stored as {stored}" in caplog.text
 
 
 async def test_a_record_the_store_refuses_is_set_aside_not_lost(store: Store, home: Path) -> None:

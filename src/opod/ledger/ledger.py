@@ -23,7 +23,7 @@ from opod.contract.adminapi import EventsBatch, UsageBatch
 from opod.ledger import records as rec
 from opod.ledger.bodies import BodyKeeper
 from opod.ledger.journal import FORMAT, VERSION, Journal, JournalError, encode
-from opod.ledger.records import UsageTicket
+from opod.ledger.records import UsageTicket, now_us
 from opod.ledger.retention import Pruned, prune, retention_days
 from opod.ledger.streams import events_batch, parse_after, parse_limit, usage_batch
 from opod.ledger.waiting import wait_any
@@ -165,16 +165,7 @@ class Ledger:
         entry = f"{self._prefix}{next(self._ids):x}"
         try:
             ticket = UsageTicket(
-                entry,
-                request_id,
-                api_key_id,
-                user_id,
-                model,
-                protocol,
-                rec.now_us(),
-                project_id,
-                team_id,
-                org_id,
+                entry, request_id, api_key_id, user_id, model, protocol, now_us(), project_id, team_id, org_id
             )
             if end_user:
                 ticket.end_user = rec.text(end_user, "end_user")
@@ -182,13 +173,22 @@ class Ledger:
                 ticket.tags_json = rec.json_text(tags, "tags")
             if details:
                 ticket.details = rec.request_details(details)
-            ticket.start, line = _journal_line(rec.start_record(ticket))
-            with self._lock:
+            start = rec.start_record(ticket)
+            try:  # here, not in a helper: a call more for each of a request's two lines
+                line = encode(start)
+            except (TypeError, ValueError):
+                start, line = _journalable_line(start)
+            ticket.start = start
+            lock = self._lock
+            lock.acquire()  # not ``with``: it looks up and calls __enter__ and __exit__ for every request
+            try:
                 if self._closed:
                     log.error("ledger: begin after close; request %r is not recorded", request_id)
                     return ticket
                 self.journal.append(line)
                 self._open[entry] = line
+            finally:
+                lock.release()
             return ticket
         except Exception:
             log.exception("ledger: cannot record the start of request %r", request_id)
@@ -220,7 +220,7 @@ class Ledger:
                 return
             record = rec.finished_record(
                 ticket,
-                rec.now_us(),
+                now_us(),
                 outcome,
                 prompt_tokens,
                 completion_tokens,
@@ -231,9 +231,14 @@ class Ledger:
                 cost_micros,
                 details,
             )
-            record, line = _journal_line(record)
+            try:
+                line = encode(record)
+            except (TypeError, ValueError):
+                record, line = _journalable_line(record)
             entry = ticket.entry
-            with self._lock:
+            lock = self._lock
+            lock.acquire()
+            try:
                 if ticket.ended:
                     log.warning("ledger: request %r ended twice; the second end is ignored", ticket.request_id)
                     return
@@ -246,7 +251,10 @@ class Ledger:
                 if self._progress:  # only streams report progress
                     self._progress.pop(entry, None)
                 self.writer.add(record)
-            self._wake_writer()
+            finally:
+                lock.release()
+            if not self._woken:  # under load it was woken already this round: no call
+                self._wake_writer()
         except Exception:
             log.exception("ledger: cannot record the end of request %r", getattr(ticket, "request_id", "?"))
 
@@ -491,10 +499,8 @@ async def _wait(event: asyncio.Event, seconds: float) -> None:
         pass
 
 
-def _journal_line(record: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
-    """``record`` and its journal line; a value JSON cannot hold (a caller's bug) is converted and logged, not lost."""
-    try:
-        return record, encode(record)
-    except (TypeError, ValueError):
-        record = rec.journalable(record)
-        return record, encode(record)
+def _journalable_line(record: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+    """``record`` that ``encode`` refused, with each value JSON cannot hold (a caller's bug) converted and logged,
+    and its journal line: the record is journaled, not lost."""
+    record = rec.journalable(record)
+    return record, encode(record)
