@@ -30,6 +30,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, Protocol
 
 from opod.access.keytable import KeyEntry
@@ -447,7 +448,7 @@ class Exchange:
         else:
             completion_tokens, engine_counted = outcome.tokens_sent, False
         route = self.route
-        rates, budgets = meter.rates, meter.budgets
+        rates = meter.rates
         served_model = self.served_model
         if engine_counted:
             if outcome.outcome == "ok" and rates is not None and self.sent_at:
@@ -458,39 +459,62 @@ class Exchange:
                 completion_tokens = guess
                 route = {**(route or {}), "completion_tokens": "estimated"}
         details = self.details(outcome, served_model)
-
-        def record(prompt_tokens: int, route: RouteRecord | None) -> None:
-            # Priced at the request's end, at the prices in force then.
-            cost = budgets.cost(self.model, prompt_tokens, completion_tokens) if budgets is not None else 0
-            self.reservation.settle(cost)
-            meter.ledger.end(
-                ticket,
-                outcome=outcome.outcome,
-                prompt_tokens=prompt_tokens,
-                completion_tokens=completion_tokens,
-                latency_ms=latency_ms,
-                ttft_ms=outcome.ttft_ms,
-                node_id=outcome.node_id,
-                route=route,
-                cost_micros=cost,
-                details=details,
-            )
-
         if isinstance(prompt, int) or self.payload is None or not _cut_short(outcome):
-            record(int(prompt or 0), route)
+            self._record(ticket, outcome, completion_tokens, latency_ms, details, int(prompt or 0), route)
             return
         if self.prompt_count is not None:
-            record(self.prompt_count, {**(route or {}), "prompt_tokens": "counted"})
+            counted = {**(route or {}), "prompt_tokens": "counted"}
+            self._record(ticket, outcome, completion_tokens, latency_ms, details, self.prompt_count, counted)
             return
         if meter.prompts is None:
-            record(0, route)
+            self._record(ticket, outcome, completion_tokens, latency_ms, details, 0, route)
             return
-        meter.prompts.later(
-            outcome.node_id,
-            self.model,
-            self.payload,
-            lambda tokens, how: record(tokens, {**(route or {}), "prompt_tokens": how}),
+        then = partial(self._record_counted, ticket, outcome, completion_tokens, latency_ms, details, route)
+        meter.prompts.later(outcome.node_id, self.model, self.payload, then)
+
+    def _record(
+        self,
+        ticket: UsageTicket,
+        outcome: Outcome,
+        completion_tokens: int,
+        latency_ms: int,
+        details: dict[str, object],
+        prompt_tokens: int,
+        route: RouteRecord | None,
+    ) -> None:
+        """Settle its reservation and write its row: at its end, or once its prompt is counted (in another thread)."""
+        # Priced at the request's end, at the prices in force then.
+        meter = self.meter
+        budgets = meter.budgets
+        cost = budgets.cost(self.model, prompt_tokens, completion_tokens) if budgets is not None else 0
+        self.reservation.settle(cost)
+        meter.ledger.end(
+            ticket,
+            outcome=outcome.outcome,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            latency_ms=latency_ms,
+            ttft_ms=outcome.ttft_ms,
+            node_id=outcome.node_id,
+            route=route,
+            cost_micros=cost,
+            details=details,
         )
+
+    def _record_counted(
+        self,
+        ticket: UsageTicket,
+        outcome: Outcome,
+        completion_tokens: int,
+        latency_ms: int,
+        details: dict[str, object],
+        route: RouteRecord | None,
+        prompt_tokens: int,
+        how: str,
+    ) -> None:
+        """:meth:`_record` with a prompt counted after the fact; ``how`` it was found goes with its route."""
+        counted = {**(route or {}), "prompt_tokens": how}
+        self._record(ticket, outcome, completion_tokens, latency_ms, details, prompt_tokens, counted)
 
     def refused(self, status: int) -> None:
         """The client is refused with ``status``; an answer held for the post guardrails is recorded with it."""
@@ -544,11 +568,10 @@ class Exchange:
     def details(self, outcome: Outcome, served_model: str | None = None) -> dict[str, object]:
         """The usage row's request record fields (``Ledger.end``'s ``details``); ``served_model`` when known already."""
         guard = self.guard
-        details: dict[str, object] = {
-            **(guard.fields() if guard is not None and guard.action else {}),
-            "status": outcome.status,
-            "served_model": self.served_model if served_model is None else served_model,
-        }
+        # The guard's fields are a dict of their own: the rest is added to it.
+        details = guard.fields() if guard is not None else {}
+        details["status"] = outcome.status
+        details["served_model"] = self.served_model if served_model is None else served_model
         if self.queue_ms:
             details["queue_ms"] = self.queue_ms
         if self.body_state:
