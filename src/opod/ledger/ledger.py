@@ -179,16 +179,12 @@ class Ledger:
             except (TypeError, ValueError):
                 start, line = _journalable_line(start)
             ticket.start = start
-            lock = self._lock
-            lock.acquire()  # not ``with``: it looks up and calls __enter__ and __exit__ for every request
-            try:
+            with self._lock:
                 if self._closed:
                     log.error("ledger: begin after close; request %r is not recorded", request_id)
                     return ticket
                 self.journal.append(line)
                 self._open[entry] = line
-            finally:
-                lock.release()
             return ticket
         except Exception:
             log.exception("ledger: cannot record the start of request %r", request_id)
@@ -236,9 +232,7 @@ class Ledger:
             except (TypeError, ValueError):
                 record, line = _journalable_line(record)
             entry = ticket.entry
-            lock = self._lock
-            lock.acquire()
-            try:
+            with self._lock:
                 if ticket.ended:
                     log.warning("ledger: request %r ended twice; the second end is ignored", ticket.request_id)
                     return
@@ -251,8 +245,6 @@ class Ledger:
                 if self._progress:  # only streams report progress
                     self._progress.pop(entry, None)
                 self.writer.add(record)
-            finally:
-                lock.release()
             if not self._woken:  # under load it was woken already this round: no call
                 self._wake_writer()
         except Exception:
