@@ -5,13 +5,17 @@ on both databases."""
 from __future__ import annotations
 
 import sqlite3
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
+from zoneinfo import ZoneInfo
 
 import pytest
 from sqlalchemy import text
+from sqlalchemy.dialects import sqlite
 
 from opod.store import InvalidInput, Store, StoreError
+from opod.store.bulk import bind_processor
 from opod.store.engine import reason
+from opod.store.schema import request_bodies
 from opod.store.usage import usage_values
 from tests.store.test_usage_events import event
 from tests.store.test_usage_events import usage as usage_row
@@ -77,3 +81,21 @@ def test_a_driver_error_without_a_message_is_named_by_its_kind() -> None:
     # The driver path hands reason() the driver's own error, which has no SQLAlchemy ``orig``.
     assert reason(sqlite3.OperationalError()) == "OperationalError"
     assert reason(sqlite3.OperationalError("disk I/O error\nmore")) == "disk I/O error"
+
+
+def test_a_utc_time_on_sqlite_is_written_as_sqlalchemy_writes_it() -> None:
+    dialect = sqlite.dialect()
+    ours = bind_processor(request_bodies.c.at, dialect)
+    theirs = request_bodies.c.at.type.dialect_impl(dialect).bind_processor(dialect)
+    assert ours is not None and theirs is not None and ours is not theirs
+    for value in (
+        datetime(1, 1, 1, tzinfo=UTC),
+        datetime(999, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC),
+        datetime(2026, 3, 1, 4, 5, 6, tzinfo=UTC),  # no microseconds: written all the same
+        datetime.now(UTC),
+        datetime(2026, 3, 1, tzinfo=timezone(timedelta(hours=-5))),  # converted to UTC first
+        datetime(2026, 3, 1, tzinfo=ZoneInfo("Europe/Paris")),
+    ):
+        assert ours(value) == theirs(value)
+    with pytest.raises(ValueError, match="naive"):
+        ours(datetime(2026, 3, 1))
