@@ -37,6 +37,8 @@ KNOWN_CHUNK = 500  # entries one look-up asks for; below every SQLite build's li
 Parameters = tuple[Any, ...] | dict[str, Any]
 Values = Mapping[str, Any]
 """A row's checked column values, by name."""
+Ordered = Sequence[Any]
+"""A row's checked column values, in the order of the names its statement was made with."""
 BindProcessor = Callable[[Any], Any]
 
 SQLITE_DATETIME = "%(year)04d-%(month)02d-%(day)02d %(hour)02d:%(minute)02d:%(second)02d.%(microsecond)06d"
@@ -80,7 +82,10 @@ class _Statement:
         clause: ClauseElement,
         names: Sequence[str],
         convert: Mapping[str, BindProcessor | None] | None = None,
+        *,
+        ordered: bool = False,
     ) -> None:
+        """``ordered``: :meth:`many` is given rows as :data:`Ordered` values, not by name."""
         compiled = clause.compile(dialect=engine.dialect, column_keys=list(names))
         assert isinstance(compiled, SQLCompiler)  # a statement, not DDL
         self.sql = compiled.string
@@ -88,7 +93,12 @@ class _Statement:
         self.positional = compiled.positiontup is not None
         self.names = tuple(compiled.positiontup or names)
         self.convert = tuple((convert or {}).get(name) for name in self.names)
-        self._values = itemgetter(*self.names) if len(self.names) > 1 else lambda row: (row[self.names[0]],)
+        keys: list[Any] = [list(names).index(name) for name in self.names] if ordered else list(self.names)
+        self._values: Callable[[Any], Sequence[Any]]
+        if keys == list(range(len(keys))):
+            self._values = tuple  # rows in the statement's own order, taken as they are (a tuple is not copied)
+        else:
+            self._values = itemgetter(*keys) if len(keys) > 1 else lambda row: (row[keys[0]],)
         self._converted = tuple((i, convert) for i, convert in enumerate(self.convert) if convert is not None)
 
     def parameters(self, values: dict[str, Any]) -> Parameters:
@@ -98,7 +108,7 @@ class _Statement:
         ]
         return tuple(converted) if self.positional else dict(zip(self.names, converted))
 
-    def many(self, rows: Sequence[Values]) -> list[Sequence[Any]] | list[dict[str, Any]]:
+    def many(self, rows: Sequence[Values] | Sequence[Ordered]) -> list[Sequence[Any]] | list[dict[str, Any]]:
         """:meth:`parameters` for each row, for ``executemany``: its values taken in one call, then the few columns
         with a bind processor converted."""
         values, converted = self._values, self._converted
@@ -162,7 +172,9 @@ class LedgerAppender:
         self.events = _Table(engine, events)
         dialect = engine.dialect
         convert = {c.name: bind_processor(c, dialect) for c in bodies.columns}
-        self.bodies = _Statement(engine, upsert_rows(dialect.name, bodies, ("request_id",)), list(convert), convert)
+        self.bodies = _Statement(
+            engine, upsert_rows(dialect.name, bodies, ("request_id",)), list(convert), convert, ordered=True
+        )
         self._dbapi: DBAPIModule = engine.dialect.loaded_dbapi
         self._begin_parameters: Parameters
         if engine.dialect.name == "sqlite":
@@ -187,8 +199,9 @@ class LedgerAppender:
                 events = self.events.unknown(cursor, events) if events else events
             return self.usage.append(cursor, usage), self.events.append(cursor, events)
 
-    def keep_bodies(self, bodies: list[dict[str, Any]]) -> None:
-        """Insert or replace request bodies (checked column values, one per request id), all or none."""
+    def keep_bodies(self, bodies: Sequence[Ordered]) -> None:
+        """Insert or replace request bodies (checked column values in the table's order, one per request id), all
+        or none."""
         if bodies:
             with self._transaction() as cursor:
                 cursor.executemany(self.bodies.sql, self.bodies.many(bodies))
