@@ -73,6 +73,7 @@ STAGES: dict[str, tuple[str, ...]] = {
     "kept bodies (plan, keep, write)": (
         "opod.gateway.kept_bodies:BodyKeeping.*",
         "opod.gateway.kept_bodies:capped",
+        "opod.gateway.kept_bodies:without_nul",
         "opod.gateway.kept_bodies:StreamText.*",
         "opod.ledger.bodies:*",
         "opod.gateway.exchange:Exchange.keeping",

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+from starlette.responses import StreamingResponse
+
 from opod.gateway.kept_bodies import (
     KEPT,
     NO_STORE,
@@ -12,15 +17,16 @@ from opod.gateway.kept_bodies import (
     capped,
     request_labels,
 )
+from opod.http.fastpath import PreparedResponse
 from opod.settings.schema import ClusterSettings
-from opod.store import RequestBody
+from opod.store.requests import BODY_COLUMNS, BodyRow, checked_body
 
 
 class Sink:
     def __init__(self) -> None:
-        self.bodies: list[RequestBody] = []
+        self.bodies: list[BodyRow] = []
 
-    def offer(self, body: RequestBody) -> bool:
+    def offer(self, body: BodyRow) -> bool:
         self.bodies.append(body)
         return True
 
@@ -97,3 +103,63 @@ def test_user_and_metadata_become_the_end_user_and_capped_tags() -> None:
     assert request_labels({"user": "alice", "metadata": {"a": "1", "n": 2}}) == ("alice", {"a": "1"})
     end_user, tags = request_labels({"user": 7, "metadata": {f"k{i}": "v" * 600 for i in range(20)}})
     assert end_user == "" and tags is not None and len(tags) == 16 and all(len(v) == 512 for v in tags.values())
+
+
+def kept(bodies: BodyKeeping) -> dict[str, object]:
+    assert isinstance(bodies.sink, Sink)
+    [row] = bodies.sink.bodies
+    assert checked_body(row) is row  # what the gateway offers passes the store's rule as it is
+    return dict(zip(BODY_COLUMNS, row))
+
+
+def keep_args(request: bytes) -> dict[str, object]:
+    return {
+        "request_id": "r1",
+        "project_id": "p_chat",
+        "path": "/v1/chat/completions",
+        "model": "m",
+        "served_model": "m-fallback",
+        "request": request,
+    }
+
+
+def test_a_whole_answer_is_offered_as_its_row_each_side_cut_at_the_cap() -> None:
+    bodies = keeping({"bodies": True, "body_max_bytes": 8, "bodies_days": 2})
+    _, plan = bodies.plan("p_chat", {})
+    assert plan is not None
+    answer = PreparedResponse('{"a":"ö\x00"}'.encode(), 201, [])
+    before = datetime.now(UTC)
+    assert bodies.keep(plan, **keep_args(b'{"x":1}'), response=answer, stream=False) is answer  # type: ignore[arg-type]
+    row = kept(bodies)
+    at = row.pop("at")
+    assert isinstance(at, datetime) and before <= at <= datetime.now(UTC) and row.pop("expires_at") == at + timedelta(2)
+    assert row == {
+        "request_id": "r1",
+        "project_id": "p_chat",
+        "path": "/v1/chat/completions",
+        "model": "m",
+        "served_model": "m-fallback",
+        "status": 201,
+        "request": '{"x":1}',
+        "response": '{"a":"ö',
+        "truncated": True,
+    }
+
+
+async def test_a_stream_is_offered_once_it_ends_with_the_text_of_its_deltas() -> None:
+    bodies = keeping({"bodies": True, "bodies_days": 1})
+    _, plan = bodies.plan("p_chat", {})
+    assert plan is not None
+    sse = [b'data: {"choices":[{"delta":{"content":"Hel"}}]}\n\n', 'data: {"choices":[{"delta":{"content":"lo"}}]}\n\n']
+
+    async def chunks() -> AsyncIterator[str | bytes]:
+        for chunk in sse:
+            yield chunk
+
+    response = StreamingResponse(chunks(), media_type="text/event-stream")
+    assert bodies.keep(plan, **keep_args(b"{}"), response=response, stream=True) is response  # type: ignore[arg-type]
+    assert isinstance(bodies.sink, Sink) and bodies.sink.bodies == []  # nothing yet: the answer is not whole
+    assert [chunk async for chunk in response.body_iterator] == sse  # passed on unchanged
+    row = kept(bodies)
+    assert (row["status"], row["request"], row["response"], row["truncated"]) == (200, "{}", "Hello", False)
+    assert row["expires_at"] == row["at"] + timedelta(days=1)  # type: ignore[operator]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from dataclasses import astuple
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 from opod.ledger import Ledger
 from opod.ledger.bodies import BodyKeeper
 from opod.store import NotFound, RequestBody, Store
+from opod.store.requests import BodyRow
 
 
 def body(request_id: str, *, at: datetime | None = None, days: int = 7, text: str = "{}") -> RequestBody:
@@ -31,6 +33,11 @@ def body(request_id: str, *, at: datetime | None = None, days: int = 7, text: st
         response="hi",
         truncated=False,
     )
+
+
+def row(request_id: str, *, text: str = "{}") -> BodyRow:
+    """A body as the gateway offers it: its row's values."""
+    return astuple(body(request_id, text=text))  # type: ignore[return-value]
 
 
 async def test_an_ended_request_keeps_its_record_fields(ledger: Ledger, store: Store) -> None:
@@ -112,8 +119,8 @@ async def test_find_request_answers_the_newest_row_of_a_reused_id(ledger: Ledger
 
 async def test_bodies_are_written_in_batches_and_a_full_queue_drops_and_counts(store: Store) -> None:
     keeper = BodyKeeper(store, max_waiting=2)
-    assert keeper.offer(body("a")) and keeper.offer(body("b"))
-    assert not keeper.offer(body("c"))
+    assert keeper.offer(row("a")) and keeper.offer(row("b"))
+    assert not keeper.offer(row("c"))
     assert keeper.dropped == 1
     await keeper.flush()
     assert (store.get_request_body("a").response, keeper.written, keeper.waiting) == ("hi", 2, 0)
@@ -127,19 +134,29 @@ async def test_bodies_are_written_in_batches_and_a_full_queue_drops_and_counts(s
     assert store.get_request_body("b").request == '{"b": 1}'
 
 
+async def test_bodies_the_store_refuses_are_dropped_and_counted_never_raised(store: Store) -> None:
+    keeper = BodyKeeper(store)
+    bad = (*row("bad")[:-3], "a\x00b", "hi", False)  # a request body with a NUL: no gateway makes one
+    assert keeper.offer(row("good")) and keeper.offer(bad)  # type: ignore[arg-type]
+    await keeper.flush()
+    assert (keeper.dropped, keeper.written, keeper.waiting) == (2, 0, 0)  # its batch goes with it
+    with pytest.raises(NotFound):
+        store.get_request_body("good")
+
+
 async def test_the_running_writer_keeps_bodies_with_its_rows_and_alone(ledger: Ledger, store: Store) -> None:
     stop = asyncio.Event()
     writer = asyncio.create_task(ledger.run(stop))
     try:
         ticket = ledger.begin(request_id="with-row", api_key_id="", user_id="", model="m", protocol="openai")
         ledger.end(ticket, outcome="ok", prompt_tokens=1, completion_tokens=1, latency_ms=1)
-        assert ledger.bodies.offer(body("with-row"))
+        assert ledger.bodies.offer(row("with-row"))
         await _until(lambda: ledger.bodies.written == 1)
         assert store.find_request("with-row").outcome == "ok"
         assert store.get_request_body("with-row").response == "hi"
-        assert ledger.bodies.offer(body("alone"))  # no usage row to commit beside it: written all the same
+        assert ledger.bodies.offer(row("alone"))  # no usage row to commit beside it: written all the same
         await _until(lambda: ledger.bodies.written == 2)
-        assert ledger.bodies.offer(body("at-stop"))
+        assert ledger.bodies.offer(row("at-stop"))
     finally:
         stop.set()
         await writer

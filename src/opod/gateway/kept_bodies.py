@@ -4,13 +4,15 @@ Bodies are kept only where the cluster's settings say so (``retention.bodies``, 
 own entry in ``retention.projects``), never for a request that says ``"store": false``; each side
 is cut to ``body_max_bytes`` and marked ``truncated``. A streamed answer is kept as the text its
 deltas carried, not as raw SSE. The body goes to a :class:`BodySink` (the ledger's
-``BodyKeeper``) once the answer is complete: never on the request's way to the engine.
+``BodyKeeper``) once the answer is complete: never on the request's way to the engine. It goes as
+the plain tuple of its row's values (``opod.store.requests.BodyRow``), the cheapest thing to make on
+the event loop; the store checks it, in the writer's thread.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
@@ -18,7 +20,7 @@ from starlette.responses import Response, StreamingResponse
 
 from opod.http import fastjson
 from opod.settings.schema import ClusterSettings, ProjectRetention
-from opod.store.requests import RequestBody
+from opod.store.requests import BodyRow
 
 KEPT, OFF, NO_STORE, PROJECT_OFF = "kept", "off", "no_store", "project_off"
 """A usage row's ``body_state``: why its body is kept or not."""
@@ -52,7 +54,7 @@ def request_labels(payload: dict[str, Any]) -> tuple[str, dict[str, str] | None]
 class BodySink(Protocol):
     """Where kept bodies go (``opod.ledger.bodies.BodyKeeper``): never blocks, False when dropped."""
 
-    def offer(self, body: RequestBody) -> bool: ...
+    def offer(self, body: BodyRow) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +63,11 @@ class KeepPlan:
 
     max_bytes: int
     days: int
+    lifetime: timedelta = field(init=False, repr=False, compare=False)
+    """``days`` as a timedelta, made once per plan rather than once per request."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lifetime", timedelta(days=self.days))
 
 
 class BodyKeeping:
@@ -139,54 +146,55 @@ class BodyKeeping:
         (the answer is returned with its body wrapped, so the text is gathered as it goes)."""
         at = datetime.now(UTC)
         request_text, cut = capped(request, plan.max_bytes)
-
-        def offer(status: int, answer: str, answer_cut: bool) -> None:
-            self.sink.offer(
-                RequestBody(
-                    request_id=request_id,
-                    project_id=project_id,
-                    at=at,
-                    expires_at=at + timedelta(days=plan.days),
-                    path=path,
-                    model=model,
-                    served_model=served_model,
-                    status=status,
-                    request=request_text,
-                    response=answer,
-                    truncated=cut or answer_cut,
-                )
-            )
-
+        # The row's values before its status, in the table's order (``BodyRow``).
+        head = (request_id, project_id, at, at + plan.lifetime, path, model, served_model)
         if stream and isinstance(response, StreamingResponse):
-            response.body_iterator = _gathering(
-                response.body_iterator, plan.max_bytes, lambda text, over: offer(response.status_code, text, over)
+            response.body_iterator = self._gathering(
+                response.body_iterator, response, plan.max_bytes, head, request_text, cut
             )
             return response
         answer, answer_cut = capped(bytes(response.body), plan.max_bytes)
-        offer(response.status_code, answer, answer_cut)
+        self.sink.offer((*head, response.status_code, request_text, answer, cut or answer_cut))
         return response
+
+    async def _gathering(
+        self,
+        chunks: AsyncIterable[str | bytes | memoryview],
+        response: StreamingResponse,
+        max_bytes: int,
+        head: tuple[str, str, datetime, datetime, str, str, str],
+        request_text: str,
+        cut: bool,
+    ) -> AsyncIterator[str | bytes | memoryview]:
+        """``chunks`` (``response``'s) passed on unchanged, the deltas' text gathered; the body offered once the
+        stream ends."""
+        text = StreamText(max_bytes)
+        try:
+            async for chunk in chunks:
+                text.feed(
+                    chunk
+                    if isinstance(chunk, bytes)
+                    else bytes(chunk)
+                    if isinstance(chunk, memoryview)
+                    else chunk.encode()
+                )
+                yield chunk
+        finally:
+            answer, answer_cut = text.result()
+            self.sink.offer((*head, response.status_code, request_text, answer, cut or answer_cut))
 
 
 def capped(data: bytes, max_bytes: int) -> tuple[str, bool]:
     """``data`` as text of at most ``max_bytes`` bytes (cut on a character), and whether it was cut."""
     over = len(data) > max_bytes
     text = (data[:max_bytes] if over else data).decode("utf-8", "ignore" if over else "replace")
-    return text.replace("\x00", ""), over
+    return without_nul(text), over
 
 
-async def _gathering(
-    chunks: AsyncIterable[str | bytes | memoryview], max_bytes: int, done: Callable[[str, bool], None]
-) -> AsyncIterator[str | bytes | memoryview]:
-    """``chunks`` passed on unchanged, the deltas' text gathered; ``done`` told it once the stream ends."""
-    text = StreamText(max_bytes)
-    try:
-        async for chunk in chunks:
-            text.feed(
-                chunk if isinstance(chunk, bytes) else bytes(chunk) if isinstance(chunk, memoryview) else chunk.encode()
-            )
-            yield chunk
-    finally:
-        done(*text.result())
+def without_nul(text: str) -> str:
+    """``text`` without its NUL characters, which PostgreSQL cannot keep in text; looked for first, since replacing
+    costs several times more than finding none."""
+    return text.replace("\x00", "") if "\x00" in text else text
 
 
 class StreamText:
@@ -200,6 +208,8 @@ class StreamText:
         self.truncated = False
 
     def feed(self, chunk: bytes) -> None:
+        if self.truncated:
+            return  # cut already: the rest of the stream is passed on unread
         data = self._pending + chunk
         end = data.rfind(b"\n\n")
         if end < 0:
@@ -229,16 +239,17 @@ class StreamText:
                     self._add(part)
 
     def _add(self, part: str) -> None:
-        size = len(part.encode())
+        size = len(part) if part.isascii() else len(part.encode())
         if self._size + size > self.max_bytes:
             room = self.max_bytes - self._size
             part = part.encode()[:room].decode("utf-8", "ignore")
+            size = len(part.encode())
             self.truncated = True
         self._parts.append(part)
-        self._size += len(part.encode())
+        self._size += size
 
     def result(self) -> tuple[str, bool]:
         if self._pending:
             self._events([self._pending])
             self._pending = b""
-        return "".join(self._parts).replace("\x00", ""), self.truncated
+        return without_nul("".join(self._parts)), self.truncated

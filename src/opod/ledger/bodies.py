@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable
 
 from opod.store import Store
-from opod.store.requests import RequestBody
+from opod.store.requests import REQUEST_TEXT, RESPONSE_TEXT, BodyRow
 
 log = logging.getLogger("opod.ledger")
 
@@ -47,12 +47,12 @@ class BodyKeeper:
         """Bodies not kept because the writer was behind, or the store refused them."""
         self.written = 0
         self._counts = threading.Lock()  # the counters: written in the writer's thread, dropped on the loop too
-        self._waiting: deque[RequestBody] = deque()
+        self._waiting: deque[BodyRow] = deque()
         self._bytes = 0
 
-    def offer(self, body: RequestBody) -> bool:
+    def offer(self, body: BodyRow) -> bool:
         """Queue ``body`` for the next batch; False (and counted) when the queue is full."""
-        size = len(body.request) + len(body.response)
+        size = len(body[REQUEST_TEXT]) + len(body[RESPONSE_TEXT])
         if len(self._waiting) >= self.max_waiting or self._bytes + size > self.max_bytes:
             with self._counts:
                 self.dropped += 1
@@ -74,21 +74,21 @@ class BodyKeeper:
     def waiting(self) -> int:
         return len(self._waiting)
 
-    def take(self) -> list[RequestBody]:
+    def take(self) -> list[BodyRow]:
         """Every body waiting, off the queue, for :meth:`write`; called where :meth:`offer` is (the event loop)."""
         batch = list(self._waiting)
         self._waiting.clear()
         self._bytes = 0
         return batch
 
-    def write(self, batch: list[RequestBody]) -> None:
+    def write(self, batch: list[BodyRow]) -> None:
         """Store ``batch`` (blocking: in a thread); a part the store refuses is dropped, counted and said, never raised.
 
         Not journaled, so not retried forever."""
         for start in range(0, len(batch), BATCH):
             part = batch[start : start + BATCH]
             try:
-                written = self.store.keep_request_bodies(part)
+                written = self.store.keep_body_rows(part)
             except Exception as err:
                 with self._counts:
                     self.dropped += len(part)
