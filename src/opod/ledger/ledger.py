@@ -245,8 +245,7 @@ class Ledger:
                 if self._progress:  # only streams report progress
                     self._progress.pop(entry, None)
                 self.writer.add(record)
-            if not self._woken:  # under load it was woken already this round: no call
-                self._wake_writer()
+            self._wake_writer()
         except Exception:
             log.exception("ledger: cannot record the end of request %r", getattr(ticket, "request_id", "?"))
 

@@ -172,32 +172,18 @@ class UsageTicket:
 
 
 def start_record(ticket: UsageTicket) -> dict[str, Any]:
-    # Its fields in one display where the request belongs to a project: sized once, not grown key by key.
+    record = {
+        "rec": "start",
+        "entry": ticket.entry,
+        "ts_us": ticket.started_us,
+        "request_id": ticket.request_id,
+        "api_key_id": ticket.api_key_id,
+        "user_id": ticket.user_id,
+        "model": ticket.model,
+        "protocol": ticket.protocol,
+    }
     if ticket.project_id or ticket.team_id or ticket.org_id:
-        record = {
-            "rec": "start",
-            "entry": ticket.entry,
-            "ts_us": ticket.started_us,
-            "request_id": ticket.request_id,
-            "api_key_id": ticket.api_key_id,
-            "user_id": ticket.user_id,
-            "model": ticket.model,
-            "protocol": ticket.protocol,
-            "project_id": ticket.project_id,
-            "team_id": ticket.team_id,
-            "org_id": ticket.org_id,
-        }
-    else:
-        record = {
-            "rec": "start",
-            "entry": ticket.entry,
-            "ts_us": ticket.started_us,
-            "request_id": ticket.request_id,
-            "api_key_id": ticket.api_key_id,
-            "user_id": ticket.user_id,
-            "model": ticket.model,
-            "protocol": ticket.protocol,
-        }
+        record["project_id"], record["team_id"], record["org_id"] = ticket.project_id, ticket.team_id, ticket.org_id
     if ticket.details:
         record |= ticket.details
     if ticket.end_user:
