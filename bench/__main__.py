@@ -11,6 +11,7 @@ from bench import (
     dataplane,
     fleet_scale,
     idle_ab,
+    plumbing,
     routing,
     stages,
     tenancy_overhead,
@@ -32,6 +33,7 @@ app.command("stages")(stages.command)
 app.command("stages-ab")(stages_ab.command)
 app.command("console")(console.command)
 app.command("idle-ab")(idle_ab.command)
+app.command("plumbing")(plumbing.command)
 
 
 @app.callback()

@@ -1,0 +1,19 @@
+"""``python -m bench plumbing`` at its smallest: every server answers every request, and the table is written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.bench.smoke import md_table, number, run_bench
+
+
+def test_the_smallest_run_measures_every_server_and_writes_the_table(tmp_path: Path) -> None:
+    args = ["--rate", "50", "--seconds", "0.4", "--rounds", "2", "--warm", "0.2", "--results-dir", str(tmp_path)]
+    run_bench("plumbing", *args, timeout=120)
+    table = (tmp_path / "plumbing.md").read_text()
+    rows = {row["server"]: row for row in md_table(table, "server")}
+    assert set(rows) == {"bare answer", "opod answer", "bare relay", "opod relay"}, table
+    for row in rows.values():
+        assert number(row["requests"]) > 0 and number(row["errors"]) == 0, table
+        assert number(row["CPU µs/req (median)"]) > 0, table
+    assert "opod's server costs a request **" in table and "over the bare relay" in table
