@@ -272,6 +272,15 @@ def test_a_missing_uvicorn_internal_is_named_with_uvicorn_s_version(monkeypatch)
     ]
 
 
+def test_a_request_read_whole_has_starlette_s_own_fields_and_answers_as_one():
+    scope = {"type": "http", "method": "POST", "path": "/v1/x", "headers": [(b"x-a", b"1"), (b"x-a", b"2")]}
+    read, plain = ReadRequest(scope, b'{"a":1}'), Request(scope)
+    assert set(vars(plain)) <= set(vars(read)), "Starlette's Request has fields ReadRequest does not set"
+    assert (read.method, read.url.path, read.headers.getlist("x-a")) == ("POST", "/v1/x", ["1", "2"])
+    assert asyncio.run(read.body()) == b'{"a":1}' and asyncio.run(read.json()) == {"a": 1}
+    assert headers_of(read) == {b"x-a": b"1"}
+
+
 def test_a_prepared_answer_is_framed_as_starlette_frames_one():
     # No content-length where HTTP has no body (1xx, 204, 304), as Starlette's own Response has it.
     for status, body in ((200, b'{"a":1}'), (201, b""), (404, b"no"), (204, b""), (304, b""), (101, b"")):
