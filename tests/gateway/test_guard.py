@@ -74,6 +74,51 @@ def test_text_parts_instructions_and_prompts_are_read_and_other_parts_left_alone
     assert payload["instructions"] == "reply to [redacted:email]"
 
 
+def test_responses_input_items_and_output_text_parts_are_read() -> None:
+    guard, _ = policies(
+        "guard:\n  default: [p]\n  policies:\n    - {name: p, checks: [{reads: both, pii: email, action: redact}]}\n"
+    )
+    plan = guard.plan(org="", team="", project="", user="", key="")
+    assert plan is not None
+    payload = {
+        "input": [
+            {"role": "user", "content": "from a@b.co"},
+            {"role": "user", "content": [{"type": "input_text", "text": "to c@d.ee"}, {"type": "input_image"}]},
+        ]
+    }
+    assert GuardPolicies.check_request(plan, payload, GuardNote())
+    assert payload["input"][0]["content"] == "from [redacted:email]"
+    assert payload["input"][1]["content"] == [
+        {"type": "input_text", "text": "to [redacted:email]"},
+        {"type": "input_image"},
+    ]
+    answer = {"output": [{"type": "message", "content": [{"type": "output_text", "text": "write e@f.gg"}]}]}
+    out = GuardPolicies.check_answer(plan, fastjson.dumps(answer), GuardNote())
+    assert fastjson.loads(out)["output"][0]["content"][0]["text"] == "write [redacted:email]"
+
+
+def test_a_clean_chat_is_allowed_unchanged_and_later_checks_read_redacted_text() -> None:
+    guard, _ = policies(
+        "guard:\n  default: [screen]\n  policies:\n    - name: screen\n      checks:\n"
+        "        - {reads: both, pii: email, action: redact}\n"
+        "        - {reads: input, pii: card, action: block}\n"
+        "        - {reads: input, pattern: 'co\\]', name: bracket, action: block}\n"
+    )
+    plan = guard.plan(org="", team="", project="", user="", key="")
+    assert plan is not None
+    note = GuardNote()
+    payload = {"messages": [{"role": "system", "content": "Be brief."}, *chat("Hi there.")["messages"]]}
+    assert not GuardPolicies.check_request(plan, payload, note)
+    answer = fastjson.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello."}}]})
+    assert GuardPolicies.check_answer(plan, answer, note) is answer
+    assert (note.action, note.policy, note.rule) == ("allow", "screen", "")
+    # The block's pattern would find "co]" in the original text; it reads the text the email's redaction left.
+    note, payload = GuardNote(), chat("mail a@b.co] now")
+    assert GuardPolicies.check_request(plan, payload, note)
+    assert payload["messages"][0]["content"] == "mail [redacted:email]] now"
+    assert (note.action, note.rule) == ("rewrite", "email")
+
+
 def test_a_block_refuses_and_the_note_says_which_policy_and_what() -> None:
     guard, _ = policies(
         "guard:\n  default: [cards]\n  policies:\n"

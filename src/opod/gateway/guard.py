@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -198,7 +198,7 @@ class GuardPolicies:
             return False
         started = time.perf_counter()
         try:
-            return _run(plan.inputs, list(_request_texts(payload)), note, "pre", plan.policies[0])
+            return _run(plan.inputs, _request_texts(payload), note, "pre", plan.policies[0])
         finally:
             note.seconds += time.perf_counter() - started
 
@@ -218,7 +218,7 @@ class GuardPolicies:
                 return answer  # not JSON: an engine's error text, with nothing of a model's answer to read
             if not isinstance(parsed, dict):
                 return answer
-            if _run(plan.outputs, list(_answer_texts(parsed)), note, "post", plan.policies[0]):
+            if _run(plan.outputs, _answer_texts(parsed), note, "post", plan.policies[0]):
                 return fastjson.dumps(parsed)
             return answer
         finally:
@@ -263,43 +263,49 @@ def _redacted(text: str, found: list[re.Match[str]], replacement: str) -> str:
     return "".join(parts)
 
 
-def _parts(content: Any) -> Iterator[Slot]:
-    """The text of a message's content: itself when a string, each text part's when a list of parts."""
+def _add_parts(content: Any, slots: list[Slot]) -> None:
+    """The text of a message's content that is not a string: each text part's when a list of parts."""
     if isinstance(content, list):
         for part in content:
             if isinstance(part, dict) and part.get("type") in ("text", "input_text", "output_text"):
                 if isinstance(part.get("text"), str):
-                    yield part, "text"
+                    slots.append((part, "text"))
 
 
-def _request_texts(payload: dict[str, Any]) -> Iterator[Slot]:
+def _request_texts(payload: dict[str, Any]) -> list[Slot]:
+    """Where the request's texts are, in order; gathered into a list rather than yielded, since a generator's every
+    resume is a call."""
+    slots: list[Slot] = []
     messages = payload.get("messages")
     if isinstance(messages, list):
         for message in messages:
             if isinstance(message, dict):
                 content = message.get("content")
                 if isinstance(content, str):
-                    yield message, "content"
+                    slots.append((message, "content"))
                 else:
-                    yield from _parts(content)
+                    _add_parts(content, slots)
     for field in ("prompt", "input"):
         value = payload.get(field)
         if isinstance(value, str):
-            yield payload, field
+            slots.append((payload, field))
         elif isinstance(value, list):
             for i, item in enumerate(value):
                 if isinstance(item, str):
-                    yield value, i
+                    slots.append((value, i))
                 elif isinstance(item, dict):  # a Responses input item
-                    if isinstance(item.get("content"), str):
-                        yield item, "content"
+                    content = item.get("content")
+                    if isinstance(content, str):
+                        slots.append((item, "content"))
                     else:
-                        yield from _parts(item.get("content"))
+                        _add_parts(content, slots)
     if isinstance(payload.get("instructions"), str):
-        yield payload, "instructions"
+        slots.append((payload, "instructions"))
+    return slots
 
 
-def _answer_texts(answer: dict[str, Any]) -> Iterator[Slot]:
+def _answer_texts(answer: dict[str, Any]) -> list[Slot]:
+    slots: list[Slot] = []
     choices = answer.get("choices")
     if isinstance(choices, list):
         for choice in choices:
@@ -307,11 +313,12 @@ def _answer_texts(answer: dict[str, Any]) -> Iterator[Slot]:
                 continue
             message = choice.get("message")
             if isinstance(message, dict) and isinstance(message.get("content"), str):
-                yield message, "content"
+                slots.append((message, "content"))
             if isinstance(choice.get("text"), str):
-                yield choice, "text"
+                slots.append((choice, "text"))
     output = answer.get("output")
     if isinstance(output, list):
         for item in output:
             if isinstance(item, dict):
-                yield from _parts(item.get("content"))
+                _add_parts(item.get("content"), slots)
+    return slots
