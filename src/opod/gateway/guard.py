@@ -232,9 +232,14 @@ Slot = tuple[Any, Any]
 def _run(checks: tuple[_Check, ...], slots: list[Slot], note: GuardNote, phase: str, first: str) -> bool:
     changed = False
     for check in checks:
+        detector = check.detector
         for container, where in slots:
             text = container[where]
-            found = check.detector.findings(text)
+            # Most texts hold nothing a check looks for: they are passed over here, without calling ``findings``
+            # (a detector with no character it needs has ``needs`` "", which every text holds).
+            if detector.needs not in text or detector.pattern.search(text) is None:
+                continue
+            found = detector.findings(text)
             if not found:
                 continue
             if check.shadow:
