@@ -96,6 +96,8 @@ def test_capped_cuts_on_a_character() -> None:
     assert capped("aö".encode(), 2) == ("a", True)
     assert capped(b"abc", 3) == ("abc", False)
     assert capped(b"a\x00b", 9) == ("ab", False)
+    assert capped(b"a\x00bc", 3) == ("ab", True)
+    assert capped(b"ab\x00", 2) == ("ab", True)
 
 
 def test_user_and_metadata_become_the_end_user_and_capped_tags() -> None:

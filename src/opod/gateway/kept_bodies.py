@@ -188,7 +188,9 @@ def capped(data: bytes, max_bytes: int) -> tuple[str, bool]:
     """``data`` as text of at most ``max_bytes`` bytes (cut on a character), and whether it was cut."""
     over = len(data) > max_bytes
     text = (data[:max_bytes] if over else data).decode("utf-8", "ignore" if over else "replace")
-    return without_nul(text), over
+    # A NUL byte is a NUL character in UTF-8: a body without one (nearly every body) needs no second step. The byte
+    # is asked for as the int 0, which bytes find several times faster than the one-byte string.
+    return (without_nul(text) if 0 in data else text), over
 
 
 def without_nul(text: str) -> str:
