@@ -21,7 +21,7 @@ from opod.access.keytable import KeyEntry, KeyTable
 from opod.contract.adminapi import AdmissionClass, PlanSnapshot
 from opod.fleet.canaries import CanaryBook
 from opod.fleet.federation import Federation
-from opod.fleet.models import ModelRegistry
+from opod.fleet.models import KnownModel, ModelRegistry
 from opod.fleet.router import RouteRequest, RoutingPolicy
 from opod.fleet.state import Fleet
 from opod.gateway.admission import Admission, Stopping, resolve_class
@@ -282,11 +282,15 @@ class Gateway:
         definition's aliases (``ModelRegistry.named``, as ``/api/v1`` reads names), one a worker serves, or a
         federation peer's (``PEER/MODEL``).
         """
+        return self._named(name)[0]
+
+    def _named(self, name: str) -> tuple[str, KnownModel | None]:
+        """:meth:`known_name`'s model, and its catalog entry when it has one (a worker's or a peer's has none)."""
         known = self.models.named(name)
         if known is not None:
-            return known.id
+            return known.id, known
         if self.fleet.serves(name) or self.overflow.is_peer_model(name):
-            return name
+            return name, None
         raise ModelNotFound(name, sorted(self.fleet.served_models() | set(self.models.ids())))
 
     def model_object(self, name: str, created: int, model: str = "") -> dict[str, str | int]:
@@ -566,8 +570,7 @@ class Gateway:
             known = self.models.named(model)  # an alias of the plan's model names it too
             if known is None or known.id != plan.model:
                 raise ModelNotFound(model, [plan.model])
-        model = self.known_name(model)
-        known = self.models.active(model)
+        model, known = self._named(model)
         if known is not None and spec.capability not in known.capabilities:
             code, what = UNSUPPORTED[spec.capability]
             raise NotSupported(f"The model {model!r} {what}.", code)
