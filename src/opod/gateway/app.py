@@ -345,7 +345,7 @@ class Gateway:
             raise NoCapacity(
                 f"The federation peer that serves {model!r} is down or no longer offers it. Retry shortly."
             )
-        traits = self.traits(model)
+        traits = self.model_traits.of(model)
         changed = spec.check(payload, traits)
         changed = model != payload.get("model") or changed
         dimensions = payload.pop("dimensions", None) if spec.capability == "embedding" else None
@@ -394,10 +394,12 @@ class Gateway:
                 received = body  # what a guard policy took out is not kept either
         if budgeted:
             await self.reserve(exchange, model, payload, prompt)
-        if policy is not None and policy.guardrails:
-            body = await self.guardrails.pre(policy, exchange.request_id, model, body, exchange.guarded())
+        # The mounted policy when it has guardrail webhooks; most have none, and their phases are not looked up.
+        hooks = policy if policy is not None and policy.guardrails else None
+        if hooks is not None:
+            body = await self.guardrails.pre(hooks, exchange.request_id, model, body, exchange.guarded())
         # A whole answer the post guardrails or a guard policy judge is held: its row waits for their verdict.
-        judged = (policy is not None and bool(policy.guardrails_for("post"))) or (
+        judged = (hooks is not None and bool(hooks.guardrails_for("post"))) or (
             guard is not None and bool(guard.outputs)
         )
         hold = not stream and judged
@@ -427,8 +429,8 @@ class Gateway:
                 response = await self.overflow.fall_back(call, model, payload, exchange, policy, refusal, hops)
         if dimensions is not None and not stream:
             response = cut_embeddings(response, dimensions)
-        if judged or (policy is not None and policy.guardrails):
-            response = await self._after(policy, guard, exchange, model, body, response, stream)
+        if judged or hooks is not None:
+            response = await self._after(hooks, guard, exchange, model, body, response, stream)
         if keep is not None and self.bodies is not None:
             response = self.bodies.keep(
                 keep,
@@ -525,7 +527,7 @@ class Gateway:
 
     async def _after(
         self,
-        policy: PolicyView | None,
+        hooks: PolicyView | None,
         guard: GuardPlan | None,
         exchange: Exchange,
         model: str,
@@ -533,16 +535,16 @@ class Gateway:
         response: Response,
         stream: bool,
     ) -> Response:
-        """The guard policies' output checks, then the policy file's post and logging-only webhooks; a streamed
-        answer is only logged (it is already on its way)."""
+        """The guard policies' output checks, then the policy file's post and logging-only webhooks (``hooks``: the
+        policy when it has any); a streamed answer is only logged (it is already on its way)."""
         answer = None if stream else bytes(response.body)
         if answer is not None and response.status_code == 200:
             checked = answer
             if guard is not None and guard.outputs:
                 parsed = response.parsed if isinstance(response, RelayedAnswer) else None
                 checked = GuardPolicies.check_answer(guard, checked, exchange.guarded(), parsed)
-            if policy is not None and policy.guardrails_for("post"):
-                checked = await self.guardrails.post(policy, exchange.request_id, model, body, checked, exchange.guard)
+            if hooks is not None and hooks.guardrails_for("post"):
+                checked = await self.guardrails.post(hooks, exchange.request_id, model, body, checked, exchange.guard)
             if checked is not answer:
                 response = Response(
                     checked, status_code=200, media_type="application/json", headers=dict(response.headers)
@@ -550,8 +552,8 @@ class Gateway:
                 response.headers["content-length"] = str(len(checked))
                 answer = checked
         exchange.let_through()
-        if policy is not None and policy.guardrails_for("logging_only"):
-            self.guardrails.log(policy, exchange.request_id, model, body, answer=answer, status=response.status_code)
+        if hooks is not None and hooks.guardrails_for("logging_only"):
+            self.guardrails.log(hooks, exchange.request_id, model, body, answer=answer, status=response.status_code)
         return response
 
     def resolve_model(self, payload: dict[str, Any], spec: RouteSpec) -> str:

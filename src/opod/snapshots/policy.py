@@ -214,12 +214,13 @@ class PolicyFile:
 
     def __init__(self) -> None:
         self._view = EMPTY_VIEW
-        self._applied = False
+        self.applied: PolicyView | None = None
+        """The view of the file applied last; ``None`` before any (opod's own defaults hold). Read by every request."""
         self._listeners: list[Callable[[PolicyView], None]] = []
 
     @property
     def revision(self) -> str | None:
-        return self._view.revision if self._applied else None
+        return self._view.revision if self.applied is not None else None
 
     def current(self) -> PolicySnapshot:
         """The policy in force (an empty one before any file: the old behaviour)."""
@@ -239,7 +240,7 @@ class PolicyFile:
 
     def apply(self, view: PolicyView) -> dict[str, Any]:
         self._view = view
-        self._applied = True
+        self.applied = view
         for listener in self._listeners:
             try:
                 listener(view)

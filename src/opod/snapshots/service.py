@@ -92,7 +92,7 @@ class Snapshots:
 
     def current_policy(self) -> PolicyView | None:
         """The mounted policy's view, or None while no policy file is applied (opod's own defaults hold)."""
-        return self.policy.view() if self.policy.revision is not None else None
+        return self.policy.applied
 
     def current_plan(self) -> PlanSnapshot | None:
         """The mounted plan, or None: with a plan only its model is served."""
