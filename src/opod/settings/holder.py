@@ -54,14 +54,12 @@ class SettingsHolder:
         self._source = source
         self._local = dict(local or {})
         with_local(ClusterSettings(), self._local)  # a bad local override fails here, at start, not at the first change
-        self._current = with_local(ClusterSettings(), self._local)
+        self.current: ClusterSettings = with_local(ClusterSettings(), self._local)
+        """The settings in force, replaced whole by :meth:`apply`, never changed in place (an attribute, not a
+        property: several readers look at it on every request)."""
         self._version = 0
         self._skipped = 0  # a newer version that does not validate here: logged once, not every poll
         self._subscribers: list[Callable[[ClusterSettings], None]] = []
-
-    @property
-    def current(self) -> ClusterSettings:
-        return self._current
 
     @property
     def version(self) -> int:
@@ -82,11 +80,11 @@ class SettingsHolder:
         """Put ``version`` in force (local overrides laid on top) unless a newer one is; True when it changed."""
         if version <= self._version:
             return False
-        self._current = with_local(settings, self._local)
+        self.current = with_local(settings, self._local)
         self._version = version
         for callback in list(self._subscribers):
             try:
-                callback(self._current)
+                callback(self.current)
             except Exception:
                 log.exception("a settings subscriber failed on version %d", version)
         return True
