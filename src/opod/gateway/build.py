@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
+from operator import attrgetter
+from typing import Any
 
 from opod.access.guard_attachments import AttachmentTable
 from opod.access.keytable import KeyTable
@@ -59,6 +62,12 @@ class ClusterRules:
     """Where the settings' guard policies are attached, beside the ones every request gets."""
 
 
+def settings_reader(holder: SettingsHolder, path: str) -> Callable[[], Any]:
+    """Reads the dotted ``path`` of ``holder`` (``current.generation.default_max_tokens``) anew at each call."""
+    # A partial of an attrgetter, not a lambda: both are C, and several of these are read on every request.
+    return partial(attrgetter(path), holder)
+
+
 def build_gateway(
     *,
     fleet: Fleet,
@@ -85,12 +94,14 @@ def build_gateway(
     guard: GuardPolicies | None = None
     if rules is not None:
         settings, tenancy = rules.settings, rules.tenancy
-        profiles = RoutingProfiles(lambda: settings.current.routing_profiles)
+        profiles = RoutingProfiles(settings_reader(settings, "current.routing_profiles"))
         bodies = BodyKeeping(
-            lambda: settings.current, rules.bodies, lambda text: tenancy.resolve(text, kinds=("project",)).id
+            settings_reader(settings, "current"),
+            rules.bodies,
+            lambda text: tenancy.resolve(text, kinds=("project",)).id,
         )
-        default_max_tokens = lambda: settings.current.generation.default_max_tokens  # noqa: E731
-        guard = GuardPolicies(lambda: settings.current, rules.guard_attachments)
+        default_max_tokens = settings_reader(settings, "current.generation.default_max_tokens")
+        guard = GuardPolicies(settings_reader(settings, "current"), rules.guard_attachments)
     return Gateway(
         fleet=fleet,
         models=models,
