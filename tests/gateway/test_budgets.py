@@ -161,6 +161,19 @@ def test_the_budgets_follow_the_settings_and_keep_their_spend() -> None:
     assert not b.active and b.reserve([ORG], 10**12).micros == 0
 
 
+def test_cost_in_micros_is_tokens_times_the_price_per_million() -> None:
+    b, _, _ = budgets()
+    b.settings.current = ClusterSettings(  # type: ignore[misc]
+        prices={
+            "m": Price(input_per_million=0.5, output_per_million=1.5),
+            "free": Price(),
+            "*": Price(input_per_million=9),
+        }
+    )
+    assert b.cost("m", 1000, 200) == 800
+    assert b.cost("free", 10**6, 10**6) == 0
+
+
 def test_what_a_request_is_priced_at() -> None:
     b, _, _ = budgets()
     assert b.cost("any", 1_000_000, 500_000) == 2_000_000  # the "*" price: 1 + 2 × 0.5 per million, in micros

@@ -36,11 +36,6 @@ def test_a_full_body_reads_into_its_sections() -> None:
     assert duration_seconds(settings.keys.scopes["team:acme/ml"]) == 5400
 
 
-def test_cost_in_micros_is_tokens_times_the_price_per_million() -> None:
-    assert Price(input_per_million=0.5, output_per_million=1.5).cost_micros(1000, 200) == 800
-    assert Price().cost_micros(10**6, 10**6) == 0
-
-
 def test_a_wrong_period_names_its_line_and_field() -> None:
     body = (
         "prices: {}\nretention:\n  bodies: true\n\n\nbudgets:\n  - scope: org:acme\n    period: year\n    micros: 5\n"

@@ -166,7 +166,8 @@ class Budgets:
     # --- prices -------------------------------------------------------------------
 
     def cost(self, model: str, prompt_tokens: int, completion_tokens: int) -> int:
-        """A request's cost in micros at the settings' prices (0 where no price is set)."""
+        """A request's cost in micros at the settings' prices (0 where no price is set): its tokens times the price
+        per million, which is micros per token."""
         # Every request is priced twice (its reservation, its end): each model's price is looked up once per settings.
         current = self.settings.current
         if current is not self._priced_for:
@@ -178,7 +179,7 @@ class Budgets:
             if len(self._prices) >= PRICES_KEPT:  # a bound, whatever names come; a catalog's models fit in it
                 self._prices = {}
             price = self._prices[model] = current.price(model)
-        return price.cost_micros(prompt_tokens, completion_tokens)
+        return round(prompt_tokens * price.input_per_million + completion_tokens * price.output_per_million)
 
     # --- configuration --------------------------------------------------------------
 

@@ -33,10 +33,6 @@ class Price(Section):
     input_per_million: float = Field(0, ge=0, description="Price of one million prompt tokens, in currency units.")
     output_per_million: float = Field(0, ge=0, description="Price of one million completion tokens, in currency units.")
 
-    def cost_micros(self, prompt: int, completion: int) -> int:
-        """A request's cost in millionths of a currency unit (a price per million tokens is micros per token)."""
-        return round(prompt * self.input_per_million + completion * self.output_per_million)
-
 
 class Budget(Section):
     """The most a scope may spend in one period; a request that would pass it is refused with 429."""
