@@ -126,11 +126,28 @@ class Reservation:
         self.settled = False
 
     def settle(self, actual_micros: int) -> None:
+        """Release the hold and count ``actual_micros`` as spent in every scope it held (once; later calls do
+        nothing)."""
         if self.settled:
             return
         self.settled = True
-        if self._budgets is not None and self._held:
-            self._budgets._settle(self._held, self.micros, max(0, int(actual_micros)))
+        budgets = self._budgets
+        if budgets is None or not self._held:
+            return
+        actual = max(0, int(actual_micros))
+        crossed: list[Account] = []
+        now = budgets.clock()
+        with budgets._lock:
+            for account in self._held:
+                account.reserved = max(0, account.reserved - self.micros)
+                if now >= account.end:
+                    budgets._roll(account, now)
+                account.spent += actual
+                if account.spent >= account.micros and not account.crossed:
+                    account.crossed = True
+                    crossed.append(account)
+        if crossed:
+            budgets._emit_crossed(crossed)
 
 
 NO_RESERVATION = Reservation(None, [], 0)
@@ -330,21 +347,6 @@ class Budgets:
             period=account.period,
             retry_after_s=int((account.end - now).total_seconds()) + 1,
         )
-
-    def _settle(self, held: list[Account], reserved: int, actual: int) -> None:
-        crossed: list[Account] = []
-        now = self.clock()
-        with self._lock:
-            for account in held:
-                account.reserved = max(0, account.reserved - reserved)
-                if now >= account.end:
-                    self._roll(account, now)
-                account.spent += actual
-                if account.spent >= account.micros and not account.crossed:
-                    account.crossed = True
-                    crossed.append(account)
-        if crossed:
-            self._emit_crossed(crossed)
 
     def _emit_crossed(self, crossed: list[Account]) -> None:
         if self.emit is None:
