@@ -158,17 +158,6 @@ def _texts_or_tokens(value: Any) -> tuple[list[int], list[int]]:
     return [], [len(v) for v in value if isinstance(v, list)]
 
 
-def choices(payload: dict[str, Any]) -> int:
-    """Answers the engine generates for each prompt: ``n``, or ``best_of`` when it asks for more."""
-    most = 1
-    for name in ("n", "best_of"):
-        if name in payload:  # seldom named: tested for, not looked up
-            value = payload[name]
-            if type(value) is int and value > most:
-                most = value
-    return most
-
-
 def asked_limit(payload: dict[str, Any]) -> int | None:
     """The completion tokens each choice may take, as the request asks; ``None`` when it names no limit."""
     for name in LIMITS:
@@ -196,8 +185,15 @@ def default_limit(path: str, default_max_tokens: int, context: int | None, promp
 
 def completion_bound(payload: dict[str, Any], context: int | None, prompt: PromptSize, default: int) -> int:
     """At most this many completion tokens: each choice of each prompt its limit, or the model's context
-    without one (``default`` when the context is unknown)."""
+    without one (``default`` when the context is unknown). A prompt's choices are ``n``, or ``best_of`` when
+    it asks for more."""
     each = asked_limit(payload)
     if each is None:
         each = context if context is not None else default
-    return each * choices(payload) * prompt.prompts
+    choices = 1
+    for name in ("n", "best_of"):
+        if name in payload:  # seldom named: tested for, not looked up
+            value = payload[name]
+            if type(value) is int and value > choices:
+                choices = value
+    return each * choices * prompt.prompts
