@@ -204,15 +204,23 @@ def fleet_capacity(fleet: Fleet, default_slots: int = DEFAULT_SLOTS, ttl: float 
 
 
 class Permit:
-    """One engine slot, held until :meth:`release` (idempotent); also an async context manager."""
+    """One engine slot of a pool, taken when made and held until :meth:`release` (idempotent); also an async
+    context manager.
+
+    Taking the slot and giving it back are counted here, in the pool's tallies (as a worker's
+    :class:`~opod.fleet.state.Lease` counts its requests): one call each way on every request's path.
+    """
 
     __slots__ = ("_pool", "rank", "started", "ticket")
 
-    def __init__(self, pool: _Pool, rank: int, ticket: Ticket | None, started: float) -> None:
+    def __init__(self, pool: _Pool, rank: int, ticket: Ticket | None) -> None:
+        pool.in_use += 1
+        pool.using[rank] += 1
+        pool.admitted[rank] += 1
         self._pool: _Pool | None = pool
         self.rank = rank
         self.ticket = ticket
-        self.started = started
+        self.started = pool.owner.now()
 
     @property
     def admission_class(self) -> AdmissionClass:
@@ -223,9 +231,21 @@ class Permit:
         return self._pool is None
 
     def release(self) -> None:
+        """Give the slot back: its hold time counted, its flow's ticket settled, the next waiter served."""
         pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.release(self)
+        if pool is None:
+            return
+        owner = pool.owner
+        held_s = owner.now() - self.started
+        pool.in_use -= 1
+        pool.using[self.rank] -= 1
+        pool.mean_hold = held_s if not pool.mean_hold else pool.mean_hold + _HOLD_EWMA * (held_s - pool.mean_hold)
+        if self.ticket is not None:
+            pool.queues[self.rank].settle(self.ticket, held_s)
+        if pool.waiting:
+            pool.pump()
+        if owner.closed is not None:
+            owner.released_while_closed()
 
     async def __aenter__(self) -> Self:
         return self
@@ -280,24 +300,6 @@ class _Pool:
 
     def size(self) -> int:
         return self.owner.capacity(self.model)
-
-    def grant(self, rank: int, ticket: Ticket | None) -> Permit:
-        self.in_use += 1
-        self.using[rank] += 1
-        self.admitted[rank] += 1
-        return Permit(self, rank, ticket, self.owner.now())
-
-    def release(self, permit: Permit) -> None:
-        held_s = self.owner.now() - permit.started
-        self.in_use -= 1
-        self.using[permit.rank] -= 1
-        self.mean_hold = held_s if not self.mean_hold else self.mean_hold + _HOLD_EWMA * (held_s - self.mean_hold)
-        if permit.ticket is not None:
-            self.queues[permit.rank].settle(permit.ticket, held_s)
-        if self.waiting:
-            self.pump()
-        if self.owner.closed is not None:
-            self.owner.released_while_closed()
 
     async def wait(self, rank: int, flow: Hashable, size: int) -> Permit:
         config = self.owner.config
@@ -368,7 +370,7 @@ class _Pool:
             if waiter.future is None or waiter.future.done():  # cancelled, its task not yet resumed
                 queue.refund(waiter)
                 continue
-            waiter.future.set_result(self.grant(rank, waiter))
+            waiter.future.set_result(Permit(self, rank, waiter))
 
     def refuse_all(self, refusal: Stopping) -> None:
         """Refuse every waiter: the node is stopping."""
@@ -536,14 +538,14 @@ class Admission:
             raise ValueError(f"admission class {admission_class!r} is not one of {', '.join(CLASSES)}")
         size = self.capacity(model)
         if size == 0:
-            return pool.grant(rank, None)
+            return Permit(pool, rank, None)
         if pool.in_use < size:
             if pool.waiting:
                 pool.pump()  # slots were added since the last release
             # After a pump, a free slot means every class still waiting is at its cap, so this
             # class has nobody waiting and nobody of a higher class can take the slot.
             if pool.in_use < size and pool.using[rank] < self.config.cap(rank, size):
-                return pool.grant(rank, None)
+                return Permit(pool, rank, None)
         return None
 
     async def admit(
