@@ -283,13 +283,14 @@ class KeyTable:
         a missing or refused key raises. When they are not, a valid key still names the
         caller (for usage rows) and anything else is served anonymously.
         """
-        if self.require_keys(default_require):
-            return self.check(authorization, kinds=("api", "admin"))
-        if not authorization:
+        if not authorization and not self.require_keys(default_require):
             return None
+        # Whether keys are required changes only what happens to a key that does not pass.
         try:
             return self.check(authorization, kinds=("api", "admin"))
         except GatewayError:
+            if self.require_keys(default_require):
+                raise
             return None
 
 
