@@ -7,7 +7,7 @@ with the store.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from opod.contract.admin.catalog import CatalogModel
@@ -80,12 +80,11 @@ def definition_of(model: KnownModel) -> CatalogModel:
 class ModelRegistry:
     def __init__(self) -> None:
         self._models: dict[str, KnownModel] = {}
+        self.get: Callable[[str], KnownModel | None] = self._models.get
+        """The model with this id, removed or not: the dict's own ``get``, asked on every request's way."""
 
     def put(self, model: KnownModel) -> None:
         self._models[model.id] = model
-
-    def get(self, model_id: str) -> KnownModel | None:
-        return self._models.get(model_id)
 
     def active(self, model_id: str) -> KnownModel | None:
         """The model unless it was removed."""
@@ -94,8 +93,8 @@ class ModelRegistry:
 
     def named(self, name: str) -> KnownModel | None:
         """The active model called ``name``, by its own name or one of its definition's aliases."""
-        model = self.active(name)
-        if model is not None:
+        model = self._models.get(name)
+        if model is not None and not model.removed:
             return model
         for candidate in self._models.values():
             if (
