@@ -19,7 +19,7 @@ verdict. Errors are the candidate's own faults (:func:`is_fault`), never a clien
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -226,6 +226,12 @@ class CanaryBook:
         """stable model → its run."""
         self._candidates: dict[str, str] = {}
         """candidate → the stable model it is a candidate of."""
+        # The dicts' own ``get``s, bound again whenever :meth:`sync` swaps the dicts: both are asked on every
+        # request's way, and a bound dict method is no Python call.
+        self.run_for: Callable[[str], CanaryRun | None] = self._runs.get
+        """``model``'s canary run, if it has a canary."""
+        self.candidate_of: Callable[[str], str | None] = self._candidates.get
+        """The stable model ``name`` is a candidate of, or ``None`` when it is no canary's candidate."""
 
     def sync(self, models: ModelRegistry) -> None:
         """Follow the definitions: a canary new or changed starts a fresh run, one gone ends its run."""
@@ -239,14 +245,7 @@ class CanaryBook:
             runs[model.id] = run if run is not None and run.canary == canary else CanaryRun(model.id, canary)
         self._runs = runs
         self._candidates = {run.candidate_model: name for name, run in runs.items()}
-
-    def run_for(self, model: str) -> CanaryRun | None:
-        """``model``'s canary run, if it has a canary (a dict look-up: on every request's way)."""
-        return self._runs.get(model)
-
-    def candidate_of(self, name: str) -> str | None:
-        """The stable model ``name`` is a candidate of, or ``None`` when it is no canary's candidate."""
-        return self._candidates.get(name)
+        self.run_for, self.candidate_of = self._runs.get, self._candidates.get
 
     def __iter__(self) -> Iterator[CanaryRun]:
         return iter(sorted(self._runs.values(), key=lambda run: run.model))

@@ -82,9 +82,11 @@ class CanarySplit:
         run = self.book.run_for(model) if self.book is not None else None
         if run is not None and run.withdrawn:
             run = None
+        route = RouteRequest(model=model)
+        if run is None and not routing.revisions:
+            return route, call  # most requests: no canary and no plan revisions, nothing to draw
         groups = self._groups(model, routing, run)
         group = choose_group(groups, exchange.request_id) if groups else None
-        route = RouteRequest(model=model)
         if group is not None:
             route.model, route.revision, route.canary = group.model, group.revision, group.canary
         if run is not None:
