@@ -132,9 +132,9 @@ class Fleet:
         for listener in self._capacity_listeners:
             listener()
 
-    def lease(self, node: NodeState, model: str) -> Lease:
-        """Count a request for ``model`` in flight on ``node`` until the returned lease is released."""
-        return Lease(node, model)
+    lease = staticmethod(Lease)
+    """``lease(node, model)``: count a request for ``model`` in flight on ``node`` until the returned lease is
+    released (the class itself, so that taking a lease is one call on every request's way)."""
 
     def in_flight(self, model: str) -> int:
         """Requests for ``model`` this leader has relayed and not yet seen finish, on every worker."""

@@ -170,8 +170,8 @@ class Reconciler:
             return None
         now = time.monotonic()
         self.demand[model_id] = now
-        if self.fleet.serves(model_id, now):
-            return None
+        if self.fleet.workers_for(model_id, now):
+            return None  # a live worker serves it
         parking = self.parking.get(model_id)
         if parking is not None and parking.parked:
             return None
