@@ -100,6 +100,24 @@ def test_the_pin_key_is_made_from_the_payload_only_when_the_index_does_not_place
     assert placed.pin_key is None, "held blocks decided: no key was made"
 
 
+def test_a_prefix_held_by_a_busy_worker_is_pinned_where_the_load_sent_it() -> None:
+    fleet = fleet_of(("a", {}), ("b", {"in_flight": 9}))
+    messages = [{"role": "user", "content": "a question long enough to be placed by its prefix. " * 6}]
+    hashes = block_hashes(list(range(32)), 16)
+    index, pins = PrefixIndex(), AffinityTable()
+    index.apply("b", "b", nodeapi.KVBlocks(seq=1, block_size=16, stored=hashes))
+    router, policy = Router(fleet, index, pins), RoutingPolicy(prefix_affinity=True, prefix_block_weight=1.0)
+    request = RouteRequest(MODEL, hashes=hashes, payload={"messages": messages})
+    decision = router.pick(request, policy)
+    assert decision is not None and decision.node.id == "a" and decision.blocks == 0
+    router.served(decision, request, policy)
+    assert pins.get(request.pin() or "") == "a"
+    held = RouteRequest(MODEL, hashes=hashes, payload={"messages": messages})
+    fleet.get("b").in_flight = 0
+    router.served(router.pick(held, policy), held, policy)
+    assert held.pin_key is None, "served by the worker holding its blocks: touched in the index, no key made"
+
+
 def test_a_short_prompt_is_not_pinned_and_goes_by_load() -> None:
     fleet = fleet_of(("a", {}), ("b", {"in_flight": 1}))
     pins = AffinityTable()

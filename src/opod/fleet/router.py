@@ -85,6 +85,9 @@ class Decision:
     canary: str | None = None
     """The model's canary group this request was drawn into (the stable model's name or the candidate's)."""
     extra: RouteRecord = field(default_factory=dict)
+    pin_key: str | None = None
+    """The sticky pin's key (:meth:`RouteRequest.pin`) when the chosen worker holds none of the request's blocks:
+    :meth:`Router.served` pins it there."""
 
     def record(self) -> RouteRecord:
         out: RouteRecord = {
@@ -124,12 +127,6 @@ def choose_group(groups: Sequence[tuple[G, float]], request_id: str) -> G | None
 def choose_revision(revisions: Sequence[tuple[int, float]], request_id: str, present: Collection[int]) -> int | None:
     """The plan revision of a request (:func:`choose_group`); revisions with no live worker are skipped."""
     return choose_group([(rev, share) for rev, share in revisions if rev in present], request_id)
-
-
-def _load(node: NodeState, policy: RoutingPolicy) -> tuple[float, float, int]:
-    queue = node.load.queue_depth if node.load is not None else 0
-    kv = node.load.kv_used_pct if node.load is not None else 0.0
-    return node.in_flight + queue + policy.kv_weight * kv / 100.0, kv, queue
 
 
 class Router:
@@ -197,8 +194,12 @@ class Router:
         else:
             rotation = self._turns.setdefault(request.model, itertools.count())
             node = best[next(rotation) % len(best)]
-        load, _, queue = _load(node, policy)
+        sample = node.load
+        queue, kv = (sample.queue_depth, sample.kv_used_pct) if sample is not None else (0, 0.0)
+        load = node.in_flight + queue + policy.kv_weight * kv / 100.0
         blocks = held.get(node.id, 0)
+        if not blocks and held and pins is not None and policy.prefix_affinity:
+            key = request.pin()  # the index placed the prefix elsewhere: served pins it where it goes
         if len(candidates) == 1:
             reason = "only"
         elif blocks > least:
@@ -216,11 +217,12 @@ class Router:
             queue,
             request.revision,
             request.canary,
+            pin_key=None if blocks else key,
         )
 
     def served(self, decision: Decision, request: RouteRequest, policy: RoutingPolicy) -> None:
         """The decided worker answered: its blocks are fresh, and a prefix the index did not place is pinned there."""
         if decision.blocks and self.index is not None:
             self.index.touch(decision.node.id, request.hashes[: decision.blocks])
-        elif policy.prefix_affinity and self.pins is not None and (key := request.pin()):
-            self.pins.pin(key, decision.node.id)
+        elif decision.pin_key and policy.prefix_affinity and self.pins is not None:
+            self.pins.pin(decision.pin_key, decision.node.id)
