@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from opod.gateway.relay import _parsed_with_usage, _usage_in
+from opod.gateway.relay import _usage_of
 from opod.http import fastjson
 
 
@@ -54,4 +54,4 @@ def test_loads_takes_what_the_standard_library_takes_and_refuses_the_rest() -> N
 
 def test_an_answer_with_nan_elsewhere_still_has_its_usage_counted() -> None:
     answer = b'{"choices": [{"logprobs": {"content": [{"logprob": -Infinity}]}}], "usage": {"prompt_tokens": 9, "completion_tokens": 4}}'
-    assert _usage_in(_parsed_with_usage(answer)) == {"prompt_tokens": 9, "completion_tokens": 4}
+    assert _usage_of(answer)[1] == {"prompt_tokens": 9, "completion_tokens": 4}

@@ -14,16 +14,10 @@ EngineUrl = Callable[[str], str | None]
 
 class LocalEngines:
     def __init__(self) -> None:
-        self._workers: dict[str, EngineUrl] = {}
+        self.workers: dict[str, EngineUrl] = {}
+        """In-process worker's id → which of its engines serves a model. Read as a dict on every relayed request:
+        one lookup answers both whether the worker is in this process and where its engine is."""
 
     def attach(self, node_id: str, engine_url: EngineUrl) -> None:
         """Worker ``node_id`` runs in this process; its engines listen on loopback only."""
-        self._workers[node_id] = engine_url
-
-    def url(self, node_id: str, model: str) -> str | None:
-        """The engine serving ``model`` on in-process worker ``node_id``; ``None`` when it is not one or serves none."""
-        engine_url = self._workers.get(node_id)
-        return engine_url(model) if engine_url is not None else None
-
-    def __contains__(self, node_id: object) -> bool:
-        return node_id in self._workers
+        self.workers[node_id] = engine_url

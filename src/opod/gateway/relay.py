@@ -43,7 +43,7 @@ from starlette.responses import Response, StreamingResponse
 
 from opod.contract.nodeapi import WORKER_ERROR_HEADER
 from opod.fleet.local import LocalEngines
-from opod.fleet.router import Router, RouteRecord, RouteRequest, RoutingPolicy
+from opod.fleet.router import Router, RouteRequest, RoutingPolicy
 from opod.fleet.state import Fleet, NodeState
 from opod.gateway.engine_refusal import Refusal, refusal_body
 from opod.gateway.outcome import Outcome, RelayObserver
@@ -114,7 +114,10 @@ class Relay:
             tried.append(node.id)
             record = decision.record()
             call.observer.routed(record)
-            answer = await self._attempt(node, call, model, route_header(record), problems)
+            # The X-Opod-Route value: the record as "key=value" pairs, each made by the format string's own
+            # method (a comprehension would be one more Python call per request).
+            route_value = "; ".join(map("%s=%s".__mod__, record.items()))
+            answer = await self._attempt(node, call, model, route_value, problems)
             if isinstance(answer, Refusal):
                 if answer.final or suspect is not None:
                     return self._refused(answer, call)
@@ -178,10 +181,12 @@ class Relay:
 
         ``None`` when the worker is in this process and serves no engine for ``model``.
         """
-        engine = self.local.url(node.id, model)
-        if engine is None:
-            if node.id in self.local:
+        engine_url = self.local.workers.get(node.id)
+        if engine_url is not None:
+            engine = engine_url(model)
+            if engine is None:
                 return None
+        else:
             engine = node.engine_urls.get(model) if node.same_host else None
         if engine is not None:
             # The engine is on this machine: call it on loopback, one hop less than through its worker.
@@ -199,7 +204,9 @@ class Relay:
         # Encoded once: it goes into the call's headers and the answer's.
         request_id_bytes = request_id.encode("latin-1")
         observer.leased(self.fleet.lease(node, model))
-        handed_over = False
+        # The answer's connection is no longer this attempt's to release: back with the pool (its body read whole)
+        # or handed to the stream.
+        let_go = False
         resp: UpstreamResponse | None = None
         try:
             where = self._where(node, model, request_id, request_id_bytes, call.path)
@@ -235,12 +242,12 @@ class Relay:
                     data = resp.read_now()
                     if data is None:
                         data = await resp.read()
-                    parsed = _parsed_with_usage(data)
-                    usage = _usage_in(parsed)
+                    parsed, usage = _usage_of(data)
+                let_go = True  # reading it whole gave the connection back
                 answered = time.perf_counter()
                 self.fleet.succeeded(node, model)
                 observer.ended(Outcome(resp.status, "ok", node.id, usage))
-                return RelayedAnswer(
+                answer = RelayedAnswer(
                     data,
                     resp.status,
                     [
@@ -253,8 +260,9 @@ class Relay:
                             b"application/json" if call.assemble else _media_type(resp.content_type),
                         ),
                     ],
-                    parsed,
                 )
+                answer.parsed = parsed
+                return answer
             try:
                 async with asyncio.timeout(FIRST_BYTE_TIMEOUT):  # a timer on this task: no task of its own
                     first = await resp.readany()
@@ -267,7 +275,7 @@ class Relay:
                 return None
             answered = time.perf_counter()
             self.fleet.succeeded(node, model)
-            handed_over = True
+            let_go = True
             ttft_ms = int((answered - observer.started) * 1000)
             stream = StreamingResponse(relay_sse(resp, first, call.strip_usage, observer, ttft_ms, node_id=node.id))
             # The header lines made here as bytes: Starlette would encode each name and value again.
@@ -286,7 +294,7 @@ class Relay:
             self.fleet.failed(node, model, problem.detail)
             return None
         finally:
-            if not handed_over and resp is not None:
+            if not let_go and resp is not None:
                 resp.release()
 
     async def external(
@@ -326,7 +334,7 @@ class Relay:
                 data, usage = await assemble_completion(resp, "", observer)
             else:
                 data = await resp.read()
-                usage = _usage_in(_parsed_with_usage(data))
+                _, usage = _usage_of(data)
             answered = time.perf_counter()
             resp.release()
             observer.ended(Outcome(resp.status, "ok" if resp.status < 400 else "error", "", usage))
@@ -378,11 +386,6 @@ def answer_kind(status: int, worker_error: bool) -> str:
     return REFUSED if status < 500 else ENGINE_ERROR
 
 
-def route_header(record: RouteRecord) -> str:
-    """The ``X-Opod-Route`` value: a routing record as ``key=value`` pairs."""
-    return "; ".join([f"{k}={v}" for k, v in record.items()])
-
-
 def server_timing(started: float, sent: float, answered: float) -> str:
     """The ``Server-Timing`` value for an answer whose last attempt was sent at ``sent`` and answered at ``answered``."""
     return _server_timing_bytes(started, sent, answered).decode()
@@ -403,28 +406,24 @@ def _media_type(media_type: str) -> bytes:
     return (media_type or "application/json").encode("latin-1")
 
 
-def _parsed_with_usage(data: bytes) -> dict[str, Any] | None:
-    """A whole answer's JSON object when it names its usage (the answers worth parsing here), else ``None``."""
+def _usage_of(data: bytes) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """A whole answer's JSON object when it names its usage (the answers worth parsing here), and that usage;
+    ``None`` for what is not there."""
     if b'"usage"' not in data:
-        return None
+        return None, None
     try:
         parsed = fastjson.loads(data)
     except ValueError:
-        return None
-    return parsed if isinstance(parsed, dict) else None
-
-
-def _usage_in(parsed: dict[str, Any] | None) -> dict[str, Any] | None:
-    usage = parsed.get("usage") if parsed is not None else None
-    return usage if isinstance(usage, dict) else None
+        return None, None
+    if not isinstance(parsed, dict):
+        return None, None
+    usage = parsed.get("usage")
+    return parsed, usage if isinstance(usage, dict) else None
 
 
 class RelayedAnswer(PreparedResponse):
     """An engine's whole answer, with its JSON object as parsed for its usage (``None`` where it was not): the
     guard policies' output checks read that instead of parsing the answer again."""
 
-    def __init__(
-        self, body: bytes, status_code: int, raw_headers: list[tuple[bytes, bytes]], parsed: dict[str, Any] | None
-    ) -> None:
-        super().__init__(body, status_code, raw_headers)
-        self.parsed = parsed
+    # Set by the relay once made: an ``__init__`` of this class's own would be one more call per answer.
+    parsed: dict[str, Any] | None = None
