@@ -16,6 +16,7 @@ given a ``timeout`` that runs past it raises ``TimeoutError``.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import ssl
 from collections import deque
 from collections.abc import Callable, Coroutine, Mapping
@@ -45,6 +46,7 @@ class _Connection(asyncio.Protocol):
         "_loop",
         "parser",
         "on_header",
+        "on_body",
         "raw_headers",
         "home",
         "timer",
@@ -71,6 +73,9 @@ class _Connection(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
         """Ends the request in progress at its deadline, when it has one."""
         self._chunks: deque[bytes] = deque()
+        self.on_body = self._chunks.append
+        """httptools hands each piece of the body to the deque without a Python call; ``data_received`` counts
+        the pieces each feed added."""
         self._buffered = 0
         self._waiter: asyncio.Future[None] | None = None
         self._head: asyncio.Future[None] | None = None
@@ -117,11 +122,24 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.received = True
+        chunks = self._chunks
+        held = len(chunks)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as err:
             self._fail(UpstreamError(f"the upstream's answer is not valid HTTP/1.1 ({err})"))
             self.transport.close()
+        if len(chunks) == held:
+            return
+        # The pieces of the body this data held (``on_body`` appended them): counted, reading paused past
+        # PAUSE_AT, and a reader waiting for the next piece woken, once for them all.
+        self._buffered += sum(map(len, itertools.islice(chunks, held, None)))
+        if self._buffered > PAUSE_AT and not self._paused:
+            self._paused = True
+            self.transport.pause_reading()
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def eof_received(self) -> None:
         return None
@@ -135,7 +153,7 @@ class _Connection(asyncio.Protocol):
                 )
             )
 
-    # -- httptools callbacks (on_header is the answer's dictionary, set by ``start``) ------------
+    # -- httptools callbacks (on_header is the answer's dictionary, set by ``start``; on_body the deque of pieces) --
 
     def on_headers_complete(self) -> None:
         parser = self.parser
@@ -145,20 +163,9 @@ class _Connection(asyncio.Protocol):
         if head is not None and not head.done():
             head.set_result(None)
 
-    def on_body(self, body: bytes) -> None:
-        self._chunks.append(body)
-        self._buffered += len(body)
-        if self._buffered > PAUSE_AT and not self._paused:
-            self._paused = True
-            self.transport.pause_reading()
-        # A reader waiting for the next piece is woken here and in on_message_complete, written out in
-        # each: they run for every answer.
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
     def on_message_complete(self) -> None:
         self.complete = True
+        # A reader waiting for the end is woken here; one waiting for a piece, in data_received.
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
