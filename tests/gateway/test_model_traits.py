@@ -38,23 +38,23 @@ async def test_the_catalog_s_window_and_the_workers_are_read_once_and_again_when
     known = KnownModel(id=MODEL, entry=_entry(4096), engine="sim")
     gateway.models.put(known)
 
-    first = gateway.traits(MODEL)
+    first = gateway.model_traits.of(MODEL)
     assert first.context == 4096, "the smaller of the catalog's window and the workers' is the limit"
-    assert gateway.traits(MODEL) is first, "nothing changed: the traits made before"
+    assert gateway.model_traits.of(MODEL) is first, "nothing changed: the traits made before"
 
     known.entry = _entry(2048)  # the model updated through the management API, in place
-    assert gateway.traits(MODEL).context == 2048, "an updated entry is read at once"
+    assert gateway.model_traits.of(MODEL).context == 2048, "an updated entry is read at once"
 
     _report(setup.fleet, 1024)  # a worker restarted its engine with a smaller window
     setup.fleet._live.clear()  # as the fleet's short-lived answer expires by itself
-    assert gateway.traits(MODEL).context == 1024
+    assert gateway.model_traits.of(MODEL).context == 1024
 
     gateway.models.remove(MODEL)
-    assert gateway.traits(MODEL).context == 1024, "a model no longer in the catalog: the workers' window alone"
+    assert gateway.model_traits.of(MODEL).context == 1024, "a model no longer in the catalog: the workers' window alone"
 
 
 async def test_names_outside_the_catalog_are_not_kept(setup: Setup) -> None:  # noqa: F811
     for n in range(100):
-        traits = setup.gateway.traits(f"no-such-model-{n}")
+        traits = setup.gateway.model_traits.of(f"no-such-model-{n}")
         assert traits.context is None and traits.capabilities is None
     assert json.dumps(sorted(setup.gateway.model_traits.kept)) == "[]", "a client's made-up names cost no memory"

@@ -19,6 +19,7 @@ from starlette.routing import Route
 
 from opod.access.keytable import KeyEntry, KeyTable
 from opod.contract.adminapi import AdmissionClass, PlanSnapshot
+from opod.fleet.affinity import worth_placing
 from opod.fleet.canaries import CanaryBook
 from opod.fleet.federation import Federation
 from opod.fleet.models import KnownModel, ModelRegistry
@@ -45,7 +46,6 @@ from opod.gateway.templatecost import TemplateCosts
 from opod.gateway.traits import TraitsBook
 from opod.gateway.usagecount import DecodeRates, PromptCounter
 from opod.gateway.validate import (
-    ModelTraits,
     check_content_type,
     require_model,
 )
@@ -296,7 +296,7 @@ class Gateway:
     def model_object(self, name: str, created: int, model: str = "") -> dict[str, str | int]:
         """OpenAI's model object, with ``max_model_len`` (vLLM's name for the context) where it is known."""
         out: dict[str, str | int] = {"id": name, "object": "model", "created": created, "owned_by": "opod"}
-        context = self.traits(model or name).context
+        context = self.model_traits.of(model or name).context
         if context is not None:
             out["max_model_len"] = context
         return out
@@ -315,10 +315,6 @@ class Gateway:
             MethodNotAllowed(method, path, allowed) if allowed else UnknownRoute(method, path, self.known_paths())
         )
         return error_response(error, request_id)
-
-    def traits(self, model: str) -> ModelTraits:
-        """What the request rules need of ``model`` (:class:`opod.gateway.traits.TraitsBook`)."""
-        return self.model_traits.of(model)
 
     async def serve(
         self,
@@ -495,10 +491,12 @@ class Gateway:
         """What the router needs to know about this request: its canary group, its prefix, its pin; and the call,
         naming the candidate when the request was drawn to it."""
         route, call = self.canary.route(model, routing, exchange, call, payload)
-        if routing.prefix_block_weight:
-            route.hashes = self.prefix.hashes(route.model, payload)
-        if routing.prefix_affinity:
-            route.payload = payload
+        # A prompt too short to place by its prefix (most chats) is neither hashed nor pinned: asked once here.
+        if (routing.prefix_block_weight or routing.prefix_affinity) and worth_placing(payload):
+            if routing.prefix_block_weight:
+                route.hashes = self.prefix.hashes(route.model, payload)
+            if routing.prefix_affinity:
+                route.payload = payload
         return route, call
 
     async def _admit(self, model: str, klass: AdmissionClass, key: KeyEntry | None, exchange: Exchange) -> None:
