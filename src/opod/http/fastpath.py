@@ -34,7 +34,6 @@ import asyncio
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import cast
 
 import uvicorn
 from starlette.requests import Request, empty_receive, empty_send
@@ -347,7 +346,7 @@ class FastHttpProtocol(HttpToolsProtocol):
         if self.body_chunked or (length is not None and int(length) > BODY_LIMIT):
             return None
         url, raw_method = self.url, self.parser.get_method()
-        scope = cast(Scope, self.scope)
+        scope: Scope = self.scope  # type: ignore[assignment]  # uvicorn types it as its HTTPScope; Starlette reads a Scope
         known = self.hot_targets.get((raw_method, url))
         if known is not None:
             handler, method, path = known
