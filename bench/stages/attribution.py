@@ -48,7 +48,7 @@ STAGES: dict[str, tuple[str, ...]] = {
         "opod.gateway.promptsize:*",
         "opod.gateway.app:Gateway.resolve_model",
         "opod.gateway.app:Gateway.known_name",
-        "opod.gateway.app:Gateway.traits",
+        "opod.gateway.app:Gateway._named",
         "opod.gateway.traits:*",
     ),
     "budget reserve and settle (pricing, prompt count)": (
@@ -91,7 +91,6 @@ STAGES: dict[str, tuple[str, ...]] = {
         "opod.gateway.prefix:*",
         "opod.gateway.exchange:Exchange.routed",
         "opod.gateway.exchange:Exchange.fell_back",
-        "opod.gateway.relay:route_header",
     ),
     "relay (to the engine and back, opod's part)": (
         "opod.gateway.relay:*",
