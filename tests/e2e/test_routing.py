@@ -249,9 +249,11 @@ def test_a_client_that_leaves_mid_stream_is_recorded_with_the_tokens_it_got(flee
             seen += conn.recv(65536)
         assert seen.startswith(b"HTTP/1.1 200 ")
     left = time.monotonic()
-    # 1,000 tokens at the simulator's 8 ms each would take 8 s: the row comes long before, marked as cancelled.
-    wait_until(lambda: _usage_row(leader, request_id) is not None, 5, "the usage row of the request whose client left")
-    assert time.monotonic() - left < 5
+    # 1,000 tokens at the simulator's 8 ms each would take 8 s: the row comes before, marked as cancelled. It comes
+    # in a fraction of a second here; the bound leaves room for a CI machine busy with other tests (the ledger's
+    # writer commits below the event loop's priority), and stays below the answer's own end.
+    wait_until(lambda: _usage_row(leader, request_id) is not None, 7, "the usage row of the request whose client left")
+    assert time.monotonic() - left < 7
     row = _usage_row(leader, request_id)
     assert row.outcome == "cancelled"
     # At least the tokens the client read; maybe a few more that were on their way when it left.
