@@ -13,6 +13,9 @@ same open-loop load (Poisson arrivals at ``--rate``, the bench's chats, a key in
 None of them checks a key, routes or records anything: that is ``python -m bench stages``. Rounds measure
 every server in turn (the order turned each round); CPU is each server process's, every thread, from
 schedstat, per request answered; the table gives medians of the rounds.
+
+A second table sets the two answering protocols side by side in this process, warm and with the CPU's
+caches emptied before each request (``bench.plumbing.in_process``): what the gap under load is made of.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from pathlib import Path
 import typer
 
 from bench import loadgen
+from bench.plumbing import in_process
 from bench.ports import free_port
 from bench.procs import checkout_commit
 from bench.stages.ab import RESULTS, console, cpu_ns
@@ -81,7 +85,9 @@ def _round(urls: dict[str, str], pids: dict[str, int], rate: float, seconds: flo
         side.p99_ms.append(got.pct(99) * 1000)
 
 
-def report(out: dict[str, Measured], rate: float, seconds: float, rounds: int) -> str:
+def report(
+    out: dict[str, Measured], rate: float, seconds: float, rounds: int, alone: list[in_process.InProcess], cold: int
+) -> str:
     med = statistics.median
     cpu = {name: med(side.cpu_us) for name, side in out.items()}
     lines = [
@@ -114,6 +120,7 @@ def report(out: dict[str, Measured], rate: float, seconds: float, rounds: int) -
         f"- opod's server and engine client cost **{relay:+.0f} µs** over the bare relay (opod relay minus bare "
         f"relay), of which the engine client's share is about {relay - server:+.0f} µs.",
         "",
+        *in_process.report(alone, cold, server),
     ]
     return "\n".join(lines)
 
@@ -125,6 +132,8 @@ def command(
     warm: float = typer.Option(1.0, help="Seconds of requests warming each server first."),
     results_dir: Path = typer.Option(RESULTS, "--results-dir", help="Where the table goes."),
     name: str = typer.Option("plumbing", help="The table's file name, <name>.md."),
+    warm_requests: int = typer.Option(3000, min=1, help="Requests per protocol in process, back to back (warm)."),
+    cold_requests: int = typer.Option(300, min=1, help="Requests per protocol in process, caches emptied before each."),
 ) -> None:
     """opod's HTTP server and engine client against bare Python ones: CPU per request on the same load."""
     procs: list[subprocess.Popen[str]] = []
@@ -160,7 +169,9 @@ def command(
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
-    text = report(out, rate, seconds, rounds)
+    with console.status("the two answering protocols in this process, warm and cold"):
+        alone = in_process.measure(warm_requests, cold_requests)
+    text = report(out, rate, seconds, rounds, alone, cold_requests)
     results_dir.mkdir(parents=True, exist_ok=True)
     target = results_dir / f"{name}.md"
     target.write_text(text)
