@@ -273,6 +273,12 @@ def markdown(run: Run) -> str:
                 f"- {f.config}: saturation {f.saturation_rps:.0f} req/s (closed loop, {CLIENTS} clients), "
                 f"recorded at {f.rate:.0f} req/s, {f.errors} errors: {links}"
             )
+        lines += [
+            "",
+            "py-spy reads Python's frames only: time in the event loop's own C code (uvloop, asyncio's C tasks and "
+            "futures, the interpreter's work between frames, the system calls) shows as `Runner.run` with no Python "
+            "function above it; `perf record` on the leader splits that part by library.",
+        ]
     else:
         lines.append(f"Skipped: {run.flames_skipped}")
     lines += ["", "## What dominates", "", *dominates(run, stages, configs), ""]
