@@ -151,7 +151,9 @@ class Member:
         self.home = scratch / config.name
         (self.home / "leader").mkdir(parents=True)
         self.request_file = self.home / "profile-request.json"
-        path = str(REPO) if tree is None else os.pathsep.join((str(tree / "src"), str(tree)))
+        # The checkout's own src/ first: run from a second worktree, the installed package may be another's.
+        root = REPO if tree is None else tree
+        path = os.pathsep.join((str(root / "src"), str(root)))
         env = {"STAGES_PROFILE_REQUEST": str(self.request_file), "PYTHONPATH": path}
         if config.areas.guardrail or config.areas.routing:
             policy = self.home / "policy.json"
