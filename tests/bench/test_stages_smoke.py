@@ -74,3 +74,4 @@ def test_the_smallest_run_writes_every_stage_and_every_configuration(tmp_path: P
     else:
         assert (tmp_path / "stages-all.svg").stat().st_size > 0
         assert (tmp_path / "stages-nothing.svg").stat().st_size > 0
+        assert "shows as `Runner.run` with no Python function above it" in table  # what the graphs leave unnamed
