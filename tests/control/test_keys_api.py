@@ -91,12 +91,20 @@ def test_a_project_key_works_on_v1_and_stops_at_once_when_revoked(fleet) -> None
         minutes=5
     )
 
+    before_use = datetime.now(UTC)
     assert chat(leader, secret) == MODEL
 
     listed = {k["id"]: k for k in keys(leader, "?project=acme/ml/chat")}
     assert list(listed) == [created["id"]]
+    # The key's use is written every few seconds: a listing made after that write says when, one made before not yet.
+    used = listed[created["id"]].pop("last_used_at", None)
     assert listed[created["id"]] == {k: v for k, v in created.items() if k != "secret"}
-    assert keys(leader, f"?project={created['project']}") == list(listed.values())
+    if used is not None:
+        assert before_use - timedelta(seconds=1) <= datetime.fromisoformat(used) <= datetime.now(UTC)
+    by_id = [
+        {k: v for k, v in key.items() if k != "last_used_at"} for key in keys(leader, f"?project={created['project']}")
+    ]
+    assert by_id == list(listed.values())
     assert keys(leader, "?project=acme/ml/other") == []
 
     status, answer = leader.admin("DELETE", f"/api/v1/keys/{created['id']}")
