@@ -17,18 +17,18 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import uvicorn
 import uvloop
 from starlette.applications import Starlette
 from uvicorn.server import ServerState
 
 from bench.plumbing.protocols import PATH, BareAnswer, answer
 from opod.http.fastpath import FastHttpProtocol, FastPath
-from opod.http.serving import settle_memory
+from opod.http.serving import server_config, settle_memory
 
 BODY = b'{"model": "sim-chat", "messages": [{"role": "user", "content": "0: hello there"}], "max_tokens": 8}'
 REQUEST = (
@@ -111,35 +111,25 @@ class BareAnswerInTask(BareAnswer):
         self.transport.write(self.reply)
 
 
-def _bare() -> tuple[asyncio.Protocol, Sink]:
-    protocol, sink = BareAnswer(), Sink()
+def _connected(protocol: asyncio.Protocol) -> tuple[asyncio.Protocol, Sink]:
+    sink = Sink()
     protocol.connection_made(sink)
     return protocol, sink
 
 
-def _bare_in_task() -> tuple[asyncio.Protocol, Sink]:
-    protocol, sink = BareAnswerInTask(), Sink()
-    protocol.connection_made(sink)
-    return protocol, sink
-
-
-def _opod() -> tuple[asyncio.Protocol, Sink]:
-    app = FastPath({("POST", PATH): answer}, Starlette())
-    config = uvicorn.Config(
-        app,
-        lifespan="off",
-        http=FastHttpProtocol,
-        loop="none",
-        date_header=False,
-        server_header=False,
-        proxy_headers=False,
-        access_log=False,
-        log_level="warning",
-    )
+def _opod_server() -> asyncio.Protocol:
+    """opod's server protocol as its listeners run it (``server_config``), with one hot route answering."""
+    config = server_config(FastPath({("POST", PATH): answer}, Starlette()))
     config.load()
-    protocol, sink = FastHttpProtocol(config=config, server_state=ServerState(), app_state={}), Sink()
-    protocol.connection_made(sink)
-    return protocol, sink
+    return FastHttpProtocol(config=config, server_state=ServerState(), app_state={})
+
+
+PROTOCOLS: dict[str, Callable[[], asyncio.Protocol]] = {
+    "bare answer": BareAnswer,
+    "bare answer, in a task": BareAnswerInTask,
+    "opod answer": _opod_server,
+}
+"""The protocols measured, each made fresh for its run."""
 
 
 async def _per_request(protocol: asyncio.Protocol, sink: Sink, requests: int, evict: Evictor | None) -> float:
@@ -165,8 +155,8 @@ async def _per_request(protocol: asyncio.Protocol, sink: Sink, requests: int, ev
 async def _measure(warm: int, cold: int) -> list[InProcess]:
     evict = Evictor()
     out = []
-    for name, make in (("bare answer", _bare), ("bare answer, in a task", _bare_in_task), ("opod answer", _opod)):
-        protocol, sink = make()
+    for name, make in PROTOCOLS.items():
+        protocol, sink = _connected(make())
         await _per_request(protocol, sink, warm, None)  # the first requests make what later ones reuse
         out.append(
             InProcess(

@@ -109,22 +109,28 @@ class Listener:
         return self.sock.getsockname()[1]
 
 
+def server_config(app: ASGIApp, tls: bool = False) -> uvicorn.Config:
+    """uvicorn's settings for one of opod's listeners: its HTTP protocol (the short way, or TLS's), no access log,
+    lifespan, proxy headers, ``server`` or ``date`` header, and the event loop the caller runs."""
+    return uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=5,
+        http=TLSHttpToolsProtocol if tls else FastHttpProtocol,
+        loop="none",
+        proxy_headers=False,
+        server_header=False,
+        date_header=False,
+    )
+
+
 async def serve(listeners: list[Listener], stop: asyncio.Event) -> None:
     """Serve every listener until ``stop`` is set, then shut them down gracefully."""
     servers = []
     for listener in listeners:
-        config = uvicorn.Config(
-            listener.app,
-            log_level="warning",
-            access_log=False,
-            lifespan="off",
-            timeout_graceful_shutdown=5,
-            http=FastHttpProtocol if listener.ssl is None else TLSHttpToolsProtocol,
-            loop="none",
-            proxy_headers=False,
-            server_header=False,
-            date_header=False,
-        )
+        config = server_config(listener.app, tls=listener.ssl is not None)
         if listener.ssl is not None:
             # uvicorn builds its own context from file names; opod's changes while serving.
             config.load()
