@@ -120,7 +120,7 @@ def report(
         f"- opod's server and engine client cost **{relay:+.0f} µs** over the bare relay (opod relay minus bare "
         f"relay), of which the engine client's share is about {relay - server:+.0f} µs.",
         "",
-        *in_process.report(alone, cold, server),
+        *in_process.report(alone, cold, server, relay - server),
     ]
     return "\n".join(lines)
 

@@ -3,7 +3,9 @@
 The servers of ``python -m bench plumbing`` run under load beside the load generator and each other, so a
 request rarely finds the code and objects it touches still in the CPU's caches. Here the two protocols (the
 bare one, and opod's server with its short way) are fed one request at a time in this process, with no
-socket: a stand-in transport takes the answer. Each is measured back to back (warm: the caches hold what
+socket: a stand-in transport takes the answer. The two engine clients (a bare one, and opod's
+``Upstreams`` as the relay reads an answer) send one request at a time to a stand-in transport that
+answers it on the loop's next turn, as an engine on loopback would. Each is measured back to back (warm: the caches hold what
 the last request touched) and with a buffer larger than the last-level cache written before each request
 (cold: what it touches comes from memory). Set beside the servers' figures under load, the two show how
 much of a request's cost is the amount of code and data it touches rather than the work it does.
@@ -22,13 +24,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import httptools
 import uvloop
 from starlette.applications import Starlette
 from uvicorn.server import ServerState
 
-from bench.plumbing.protocols import PATH, BareAnswer, answer
+from bench.plumbing.protocols import ANSWER, PATH, BareAnswer, answer
 from opod.http.fastpath import FastHttpProtocol, FastPath
 from opod.http.serving import server_config, settle_memory
+from opod.http.upstream import Upstreams, _Connection, origin
 
 BODY = b'{"model": "sim-chat", "messages": [{"role": "user", "content": "0: hello there"}], "max_tokens": 8}'
 REQUEST = (
@@ -36,6 +40,14 @@ REQUEST = (
     b"Accept: */*\r\nAccept-Encoding: gzip, deflate\r\nAuthorization: Bearer sk-plumbing\r\n"
     b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(BODY), BODY)
 )
+
+ENGINE_ANSWER = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (
+    len(ANSWER),
+    ANSWER,
+)
+"""What the stand-in engine answers each request the clients send."""
+CALL_HEADERS = b"X-Request-Id: plumbing\r\nContent-Type: application/json\r\n"
+"""The header lines the clients send, as opod's relay sends them to an engine on loopback."""
 
 TURNS = 100
 """Turns of the event loop a request's answer may take here before the run stops as broken."""
@@ -111,6 +123,69 @@ class BareAnswerInTask(BareAnswer):
         self.transport.write(self.reply)
 
 
+class Engine(Sink):
+    """A transport for an engine client: each request written is answered on the loop's next turn."""
+
+    def __init__(self, protocol: asyncio.Protocol) -> None:
+        super().__init__()
+        self.protocol = protocol
+
+    def write(self, data: Any) -> None:
+        super().write(data)
+        asyncio.get_running_loop().call_soon(self.protocol.data_received, ENGINE_ANSWER)
+
+
+class BareClient(asyncio.Protocol):
+    """A bare httptools engine client: one request at a time, its whole answer's bytes handed over at its end."""
+
+    def __init__(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.received: list[bytes] = []
+        self.answer: asyncio.Future[bytes] | None = None
+        self.transport: asyncio.Transport = Engine(self)
+        self.request = b"POST %b HTTP/1.1\r\nHost: 127.0.0.1\r\n%bContent-Length: %d\r\n\r\n%b" % (
+            PATH.encode(),
+            CALL_HEADERS,
+            len(BODY),
+            BODY,
+        )
+
+    def data_received(self, data: bytes) -> None:
+        self.received.append(data)
+        self.parser.feed_data(data)
+
+    def on_message_complete(self) -> None:
+        data, self.received = b"".join(self.received), []
+        assert self.answer is not None
+        self.answer.set_result(data)
+
+    async def call(self) -> bytes:
+        self.answer = asyncio.get_running_loop().create_future()
+        self.transport.write(self.request)
+        return await self.answer
+
+
+class OpodClient:
+    """opod's engine client (``Upstreams``) with one kept connection, read as the relay reads a whole answer."""
+
+    def __init__(self) -> None:
+        self.upstreams = Upstreams()
+        self.origin = origin("http://127.0.0.1:8000")
+        _, idle = self.upstreams._target(self.origin, PATH)
+        connection = _Connection()
+        connection.connection_made(Engine(connection))
+        connection.home = idle
+        idle.append(connection)
+
+    async def call(self) -> bytes:
+        answer = await self.upstreams.post(self.origin, PATH, BODY, CALL_HEADERS)
+        data = answer.read_now()
+        if data is None:
+            data = await answer.read()
+        _ = answer.content_type
+        return data
+
+
 def _connected(protocol: asyncio.Protocol) -> tuple[asyncio.Protocol, Sink]:
     sink = Sink()
     protocol.connection_made(sink)
@@ -130,6 +205,9 @@ PROTOCOLS: dict[str, Callable[[], asyncio.Protocol]] = {
     "opod answer": _opod_server,
 }
 """The protocols measured, each made fresh for its run."""
+
+CLIENTS: dict[str, Callable[[], BareClient | OpodClient]] = {"bare client": BareClient, "opod client": OpodClient}
+"""The engine clients measured, each made fresh for its run."""
 
 
 async def _per_request(protocol: asyncio.Protocol, sink: Sink, requests: int, evict: Evictor | None) -> float:
@@ -152,6 +230,21 @@ async def _per_request(protocol: asyncio.Protocol, sink: Sink, requests: int, ev
     return took[len(took) // 2] * 1e6
 
 
+async def _per_call(client: BareClient | OpodClient, calls: int, evict: Evictor | None) -> float:
+    """Microseconds from a call's start to its whole answer in hand, the median over ``calls``."""
+    took = []
+    for _ in range(calls):
+        if evict is not None:
+            evict()
+        started = time.perf_counter()
+        answered = await client.call()
+        took.append(time.perf_counter() - started)
+        if not answered.endswith(ANSWER):
+            raise RuntimeError(f"the engine client handed over {answered[:80]!r}, not the engine's answer")
+    took.sort()
+    return took[len(took) // 2] * 1e6
+
+
 async def _measure(warm: int, cold: int) -> list[InProcess]:
     evict = Evictor()
     out = []
@@ -165,6 +258,10 @@ async def _measure(warm: int, cold: int) -> list[InProcess]:
                 await _per_request(protocol, sink, cold, evict),
             )
         )
+    for name, make_client in CLIENTS.items():
+        client = make_client()
+        await _per_call(client, warm, None)
+        out.append(InProcess(name, await _per_call(client, warm, None), await _per_call(client, cold, evict)))
     return out
 
 
@@ -188,15 +285,18 @@ def measure(warm: int, cold: int) -> list[InProcess]:
     return [InProcess(**json.loads(line)) for line in done.stdout.splitlines() if line.startswith("{")]
 
 
-def report(rows: list[InProcess], cold: int, under_load_gap: float) -> list[str]:
+def report(rows: list[InProcess], cold: int, under_load_gap: float, client_under_load: float) -> list[str]:
     by = {row.protocol: row for row in rows}
     bare, tasked, opod = by["bare answer"], by["bare answer, in a task"], by["opod answer"]
+    bare_client, opod_client = by["bare client"], by["opod client"]
     warm_gap, cold_gap = opod.warm_us - bare.warm_us, opod.cold_us - bare.cold_us
     lines = [
-        "## The same two protocols in one process, warm and cold",
+        "## The same protocols and engine clients in one process, warm and cold",
         "",
         "Each protocol fed one request at a time with no socket (`bench/plumbing/in_process.py`); time from the "
-        "request's bytes to its whole answer, the median. Warm: requests back to back. Cold: before each of "
+        "request's bytes to its whole answer, the median. Each engine client calls a stand-in transport that "
+        "answers on the loop's next turn; time from the call to its whole answer in hand (opod's as the relay "
+        "reads a whole answer), the median. Warm: requests back to back. Cold: before each of "
         f"{cold} requests, a buffer twice the size of the last-level cache ({last_level_cache_bytes() >> 20} MiB) written, "
         f"so what the request touches comes from memory. {os.cpu_count()} CPUs. A cold figure moves with the memory's "
         "latency at the time (other work on the machine); the two protocols' ratio holds better than either.",
@@ -212,6 +312,9 @@ def report(rows: list[InProcess], cold: int, under_load_gap: float) -> list[str]
         f"in their own processes, the two servers were **{under_load_gap:+.0f} µs** of CPU apart (the table above).",
         f"- A task per request alone (the bare protocol answering from a task, and the loop's turn that runs it) adds "
         f"**{tasked.warm_us - bare.warm_us:+.1f} µs** warm and **{tasked.cold_us - bare.cold_us:+.1f} µs** cold.",
+        f"- opod's engine client adds **{opod_client.warm_us - bare_client.warm_us:+.1f} µs** to a call warm and "
+        f"**{opod_client.cold_us - bare_client.cold_us:+.1f} µs** cold over the bare client; under load its share "
+        f"of the relays' gap was about **{client_under_load:+.0f} µs**.",
         "- A request's cost follows how much code and data it touches more than how many steps it takes: under load "
         "it runs mostly cold, so a cut that leaves the same code and objects in use saves little, and one that "
         "stops touching them saves several times its warm figure.",

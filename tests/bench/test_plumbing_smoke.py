@@ -19,7 +19,7 @@ def test_the_smallest_run_measures_every_server_and_writes_the_table(tmp_path: P
         assert number(row["CPU µs/req (median)"]) > 0, table
     assert "opod's server costs a request **" in table and "over the bare relay" in table
     alone = {row["protocol"]: row for row in md_table(table, "protocol")}
-    assert set(alone) == {"bare answer", "bare answer, in a task", "opod answer"}, table
+    assert set(alone) == {"bare answer", "bare answer, in a task", "opod answer", "bare client", "opod client"}, table
     for row in alone.values():
         assert number(row["warm µs/req"]) > 0 and number(row["cold µs/req"]) > 0, table
-    assert "opod's server adds **" in table, table
+    assert "opod's server adds **" in table and "opod's engine client adds **" in table, table
