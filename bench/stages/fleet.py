@@ -151,9 +151,10 @@ class Member:
         self.home = scratch / config.name
         (self.home / "leader").mkdir(parents=True)
         self.request_file = self.home / "profile-request.json"
-        # The checkout's own src/ first: run from a second worktree, the installed package may be another's.
+        # The checkout's own src/ first: run from a second worktree, the installed package may be another's. The
+        # profiling window (bench.stages.launch) is this checkout's for either, so both count and profile alike.
         root = REPO if tree is None else tree
-        path = os.pathsep.join((str(root / "src"), str(root)))
+        path = os.pathsep.join((str(root / "src"), str(REPO)))
         env = {"STAGES_PROFILE_REQUEST": str(self.request_file), "PYTHONPATH": path}
         if config.areas.guardrail or config.areas.routing:
             policy = self.home / "policy.json"
