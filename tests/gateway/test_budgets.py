@@ -161,6 +161,24 @@ def test_the_budgets_follow_the_settings_and_keep_their_spend() -> None:
     assert not b.active and b.reserve([ORG], 10**12).micros == 0
 
 
+def test_one_caller_s_scopes_meet_the_budgets_in_force_each_time() -> None:
+    # The gateway passes each key's scopes as the same tuple, request after request: a budget set, changed or
+    # dropped since its last request still applies to its next one.
+    scopes = (TEAM, PROJECT)
+    b, _, _ = budgets(Budget(scope="org:acme", period="month", micros=100))
+    assert not b.governs(scopes) and b.reserve(scopes, 50).micros == 0
+    b.settings.current = ClusterSettings(budgets=[Budget(scope="project:acme/ml/chat", period="day", micros=100)])
+    assert b.governs(scopes) and not b.fits(scopes, 101) and b.fits(scopes, 100)
+    b.reserve(scopes, 60)
+    with pytest.raises(BudgetExceeded, match="project:acme/ml/chat"):
+        b.reserve(scopes, 60)
+    b.settings.current = ClusterSettings(budgets=[Budget(scope="team:acme/ml", period="day", micros=30)])
+    with pytest.raises(BudgetExceeded, match="team:acme/ml"):
+        b.reserve(scopes, 31)
+    b.settings.current = ClusterSettings()
+    assert not b.governs(scopes) and b.reserve(scopes, 10**12).micros == 0
+
+
 def test_cost_in_micros_is_tokens_times_the_price_per_million() -> None:
     b, _, _ = budgets()
     b.settings.current = ClusterSettings(  # type: ignore[misc]
