@@ -1,10 +1,10 @@
 """``python -m bench lines [--base DIR]``: the lines of Python a ``/v1`` chat runs in the leader, all on.
 
-Under load a request runs mostly cold (``python -m bench plumbing``): the leader's CPU per request follows how
-much code a request runs more than how many calls it makes, and counted over the same requests, a tree's lines
-run per request moved with its CPU per request (``docs/dataplane.md``). The count is exact and the same from
-run to run, so it tells apart cuts that ``python -m bench stages-ab``'s pairs cannot tell from noise;
-``stages-ab`` then says what they bought.
+Where a request's code goes, exactly: what each module and function runs per chat, the same from run to run
+whatever the machine's load, and beside another checkout's with ``--base``. It finds work; it does not price
+it, as lines differ in weight: cutting a chat's calls from 242 to 188 counted 0.949 of the lines and
+measured 0.958 of the CPU, while cuts of loops and look-ups inside functions that counted 0.95 to 0.97
+measured no change (``docs/dataplane.md``). ``python -m bench stages-ab`` says what a cut buys.
 
 The leader is the stages bench's all on (:data:`bench.stages.fleet.ALL_ON_AREAS`, two workers with
 zero-latency simulators); it counts with ``sys.settrace`` on its event loop's thread while the window is open

@@ -38,8 +38,6 @@ PERIODS = ("day", "week", "month")
 ADJECTIVE = {"day": "daily", "week": "weekly", "month": "monthly"}
 RETRY_UNRESOLVED_S = 5.0
 PRICES_KEPT = 1024
-SCOPES_KEPT = 100_000
-"""Callers' scope lists whose budgets are kept found; past it, they are found afresh."""
 """Models whose price is kept looked up, at most."""
 
 
@@ -121,7 +119,7 @@ class Reservation:
 
     __slots__ = ("_budgets", "_held", "micros", "settled")
 
-    def __init__(self, budgets: Budgets | None, held: Sequence[Account], micros: int) -> None:
+    def __init__(self, budgets: Budgets | None, held: list[Account], micros: int) -> None:
         self._budgets = budgets
         self._held = held
         self.micros = micros
@@ -152,7 +150,7 @@ class Reservation:
             budgets._emit_crossed(crossed)
 
 
-NO_RESERVATION = Reservation(None, (), 0)
+NO_RESERVATION = Reservation(None, [], 0)
 """What a request without a budgeted scope holds: settling it does nothing."""
 
 
@@ -178,9 +176,6 @@ class Budgets:
         """(kind, id) → its budgets (one per period)."""
         self._retry_at: float | None = None
         """When a budget naming a scope that did not exist is looked up again (a team created since)."""
-        self._found: dict[int, tuple[Sequence[ScopeLike], tuple[Account, ...]]] = {}
-        """id of a caller's scopes → those scopes and their budgets under the accounts in force (the gateway passes
-        each key's scopes as one tuple, kept with its attribution, so its budgets are found once, not per request)."""
         self._priced_for: ClusterSettings | None = None
         self._prices: dict[str, Price] = {}
         """model → its price under ``_priced_for`` (settings are replaced, never changed, so their identity keys it)."""
@@ -236,7 +231,6 @@ class Budgets:
                     )
                 accounts.setdefault((scope.kind, scope.id), []).append(account)
             self._accounts = accounts
-            self._found = {}
             self._configured_for = settings
             self._retry_at = time.monotonic() + RETRY_UNRESOLVED_S if unresolved else None
 
@@ -284,34 +278,34 @@ class Budgets:
     def governs(self, scopes: Sequence[ScopeLike]) -> bool:
         """A budget is set on one of ``scopes``: their requests are reserved."""
         self._refresh()
-        return bool(self._of(scopes))
-
-    def _of(self, scopes: Sequence[ScopeLike]) -> tuple[Account, ...]:
-        """The budgets set on ``scopes`` (narrowest scope first), found once per scopes object and configuration."""
-        kept = self._found.get(id(scopes))
-        if kept is not None and kept[0] is scopes:
-            return kept[1]
         accounts = self._accounts
-        found = tuple(a for scope in scopes if scope.id for a in accounts.get((scope.kind, scope.id), ()))
-        if len(self._found) >= SCOPES_KEPT:
-            self._found = {}
-        self._found[id(scopes)] = (scopes, found)  # the scopes held too: their id is not reused while kept
-        return found
+        if accounts:
+            for scope in scopes:
+                if scope.id and (scope.kind, scope.id) in accounts:
+                    return True
+        return False
 
     def fits(self, scopes: Sequence[ScopeLike], micros: int) -> bool:
         """``micros`` more would pass no budget of ``scopes`` now (a look, holding nothing and telling no one)."""
+        accounts = self._accounts
         micros = max(0, int(micros))
         now = self.clock()
-        for account in self._of(scopes):
-            spent = 0 if now >= account.end else account.spent  # a period that ended starts afresh
-            if spent + account.reserved + micros > account.micros:
-                return False
+        for scope in scopes:
+            if scope.id and (key := (scope.kind, scope.id)) in accounts:
+                for account in accounts[key]:
+                    spent = 0 if now >= account.end else account.spent  # a period that ended starts afresh
+                    if spent + account.reserved + micros > account.micros:
+                        return False
         return True
 
     def reserve(self, scopes: Sequence[ScopeLike], micros: int) -> Reservation:
         """Hold ``micros`` against every budgeted scope of ``scopes``; BudgetExceeded when one would pass its budget."""
         self._refresh()
-        found = self._of(scopes)
+        accounts = self._accounts
+        found: list[Account] = []
+        for scope in scopes:
+            if scope.id and (key := (scope.kind, scope.id)) in accounts:
+                found += accounts[key]
         if not found:
             return NO_RESERVATION
         micros = max(0, int(micros))

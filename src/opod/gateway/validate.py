@@ -307,13 +307,13 @@ def _message_text(message: dict[str, Any]) -> str:
 
 
 def _check_sampling(payload: dict[str, Any], model: ModelTraits) -> None:
-    # A request names few of these fields: only those it names are checked, found by one intersection of its keys,
-    # in the rules' order (which refusal a request with several faults gets).
-    named = _SAMPLING_NAMES.intersection(payload)
-    for name in sorted(named, key=_SAMPLING_ORDER.__getitem__) if len(named) > 1 else named:
-        value = payload[name]
-        if value is not None:
-            _SAMPLING[name](name, value, model)
+    # A request names few of these fields: only those it names are checked, in this order (which refusal a request
+    # with several faults gets), by membership tests rather than a look-up of every field.
+    for name, rule in _SAMPLING_RULES:
+        if name in payload:
+            value = payload[name]
+            if value is not None:
+                rule(name, value, model)
 
 
 def _token_limit(name: str, value: Any, model: ModelTraits) -> None:
@@ -421,9 +421,6 @@ _SAMPLING_RULES: tuple[tuple[str, Callable[[str, Any, ModelTraits], None]], ...]
     ("response_format", _response_format),
 )
 """Each sampling field's rule (called with the field's name, its value when not null, and the model)."""
-_SAMPLING = dict(_SAMPLING_RULES)
-_SAMPLING_NAMES = frozenset(_SAMPLING)
-_SAMPLING_ORDER = {name: i for i, (name, _) in enumerate(_SAMPLING_RULES)}
 
 
 def _check_tools(payload: dict[str, Any], model: ModelTraits) -> None:
