@@ -59,7 +59,7 @@ class ReadRequest(Request):
     ``header_map`` holds the headers as a dictionary of raw bytes, built once.
     """
 
-    def __init__(self, scope: Scope, body: bytes) -> None:
+    def __init__(self, scope: Scope, body: bytes, fields: dict[bytes, bytes] | None = None) -> None:
         # Request.__init__'s fields set here, not through its chain of two __init__s: one is made per hot request.
         # ``tests/http/test_fastpath.py`` checks that they are Request's own, so a Starlette that adds one fails there.
         self.scope = scope
@@ -69,7 +69,8 @@ class ReadRequest(Request):
         self._is_disconnected = False
         self._form = None
         self._body = body
-        self.header_map = dict(reversed(scope["headers"]))  # as header_map() builds it
+        self.header_map = header_map(scope["headers"]) if fields is None else fields
+        """``fields``: the request's :func:`header_map`, when the server has made it already."""
 
 
 def header_map(raw: list[tuple[bytes, bytes]]) -> dict[bytes, bytes]:
@@ -160,6 +161,7 @@ async def _answer_unless_left(handler: Handler, scope: Scope, receive: Receive) 
 
 
 _CLOSE_END = b"connection: close\r\n\r\n"
+_HEADER_LINE = b"%b: %b\r\n"
 _INTERNAL_ERROR = (
     b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain; charset=utf-8\r\n"
     b"content-length: 21\r\nconnection: close\r\n\r\nInternal Server Error"
@@ -169,11 +171,23 @@ _INTERNAL_ERROR = (
 class _Exchange:
     """A hot request in progress, standing where uvicorn keeps its request cycle (``self.cycle``)."""
 
-    __slots__ = ("handler", "scope", "body", "keep_alive", "response_complete", "disconnected", "answering", "task")
+    __slots__ = (
+        "handler",
+        "scope",
+        "fields",
+        "body",
+        "keep_alive",
+        "response_complete",
+        "disconnected",
+        "answering",
+        "task",
+    )
 
-    def __init__(self, handler: Handler, scope: Scope, keep_alive: bool) -> None:
+    def __init__(self, handler: Handler, scope: Scope, fields: dict[bytes, bytes], keep_alive: bool) -> None:
         self.handler = handler
         self.scope = scope
+        self.fields = fields
+        """The request's headers by name (:func:`header_map`), made once for the way's choice and its handler."""
         self.body: list[bytes] = []
         self.keep_alive = keep_alive
         self.response_complete = False
@@ -277,8 +291,6 @@ class FastHttpProtocol(HttpToolsProtocol):
             app.targets if isinstance(app, FastPath) else {}
         )
         self.hot: _Exchange | None = None
-        self.body_length: bytes | None = None
-        self.body_chunked = False
 
     def _unset_keepalive_if_required(self) -> None:
         self.idle_since = None  # busy: the armed timer, when it fires, leaves the connection open
@@ -317,33 +329,30 @@ class FastHttpProtocol(HttpToolsProtocol):
             self.timeout_keep_alive_task = None
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        # uvicorn's, noting on the way the two headers that decide whether the body can be read whole.
-        name = name.lower()
-        if name == b"content-length":
-            self.body_length = value
-        elif name == b"transfer-encoding":
-            self.body_chunked = True
-        elif name == b"expect" and value.lower() == b"100-continue":
-            self.expect_100_continue = True
-        self.headers.append((name, value))
+        # uvicorn's, but for its Expect flag: the headers by name, made once they are all in, say that.
+        self.headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
-        self.hot = self._hot_exchange()
-        self.body_length, self.body_chunked = None, False
+        # The headers by name, made once: they decide the way (a body of known size, no Expect), and its handler
+        # reads them.
+        fields = header_map(self.headers)
+        expect = fields.get(b"expect")
+        self.expect_100_continue = expect is not None and expect.lower() == b"100-continue"
+        self.hot = self._hot_exchange(fields)
         if self.hot is None:
             super().on_headers_complete()
         else:
             self.cycle = self.hot  # type: ignore[assignment]  # uvicorn reads only what _Exchange has (UVICORN_INTERNALS)
 
-    def _hot_exchange(self) -> _Exchange | None:
+    def _hot_exchange(self, fields: dict[bytes, bytes]) -> _Exchange | None:
         """The short way's exchange for this request, or None when it must take uvicorn's usual way."""
         if not self.hot_routes or self.expect_100_continue or self.parser.get_http_version() != "1.1":
             return None
         if self.parser.should_upgrade() or (self.cycle is not None and not self.cycle.response_complete):
             return None
-        length = self.body_length
+        length = fields.get(b"content-length")
         # llhttp has refused a Content-Length that is not all digits, and one sent with a chunked body.
-        if self.body_chunked or (length is not None and int(length) > BODY_LIMIT):
+        if b"transfer-encoding" in fields or (length is not None and int(length) > BODY_LIMIT):
             return None
         url, raw_method = self.url, self.parser.get_method()
         scope: Scope = self.scope  # type: ignore[assignment]  # uvicorn types it as its HTTPScope; Starlette reads a Scope
@@ -351,7 +360,7 @@ class FastHttpProtocol(HttpToolsProtocol):
         if known is not None:
             handler, method, path = known
             scope["method"], scope["path"], scope["raw_path"], scope["query_string"] = method, path, url, b""
-            return _Exchange(handler, scope, self.parser.should_keep_alive())
+            return _Exchange(handler, scope, fields, self.parser.should_keep_alive())
         raw_path, _, query = url.partition(b"?")
         if b"%" in raw_path or b"#" in url:
             return None  # escaped paths and fragments are uvicorn's to decode
@@ -363,7 +372,7 @@ class FastHttpProtocol(HttpToolsProtocol):
         if not query and b"?" not in url:
             self.hot_targets[raw_method, url] = (found, method, path)
         scope["method"], scope["path"], scope["raw_path"], scope["query_string"] = method, path, raw_path, query
-        return _Exchange(found, scope, self.parser.should_keep_alive())
+        return _Exchange(found, scope, fields, self.parser.should_keep_alive())
 
     def on_body(self, body: bytes) -> None:
         if self.hot is None:
@@ -384,7 +393,7 @@ class FastHttpProtocol(HttpToolsProtocol):
     async def _serve(self, hot: _Exchange) -> None:
         started = False
         try:
-            response = await hot.handler(ReadRequest(hot.scope, b"".join(hot.body)))
+            response = await hot.handler(ReadRequest(hot.scope, b"".join(hot.body), hot.fields))
             started = True
             if isinstance(response, StreamingResponse):
                 await self._write_stream(hot, response)
@@ -416,8 +425,7 @@ class FastHttpProtocol(HttpToolsProtocol):
     ) -> list[bytes | memoryview]:
         """The answer's status line and header lines, ``framing`` among them, and ``body``: to be joined and written."""
         out: list[bytes | memoryview] = [STATUS_LINE[response.status_code]]
-        for name, value in response.raw_headers:
-            out += (name, b": ", value, b"\r\n")
+        out += map(_HEADER_LINE.__mod__, response.raw_headers)  # each line made by the format's own method
         out += (framing, b"\r\n" if hot.keep_alive else _CLOSE_END, body)
         return out
 
