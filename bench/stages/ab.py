@@ -181,31 +181,33 @@ def command(
     sides = {name: Side() for name in SIDES}
     try:
         with tempfile.TemporaryDirectory(prefix="bench-stages-ab-") as scratch:
-            with console.status("starting both leaders, each with an opod join worker and a simulator"):
-                for side in SIDES:
-                    config = Config(side, side, all_on.areas, "")
-                    url = hook.url if hook is not None else ""
-                    members[side] = Member(config, Path(scratch), url, tree=trees[side], python=pythons[side])
+            try:  # the leaders stop before their homes in the scratch folder go: they write there until then
+                with console.status("starting both leaders, each with an opod join worker and a simulator"):
+                    for side in SIDES:
+                        config = Config(side, side, all_on.areas, "")
+                        url = hook.url if hook is not None else ""
+                        members[side] = Member(config, Path(scratch), url, tree=trees[side], python=pythons[side])
+                    for member in members.values():
+                        member.join()
+                    for member in members.values():
+                        member.configure()
+                    for member in members.values():
+                        member.answers()
+                    for member in members.values():
+                        member.check_guard()
+                        member.check_routing()
                 for member in members.values():
-                    member.join()
-                for member in members.values():
-                    member.configure()
-                for member in members.values():
-                    member.answers()
-                for member in members.values():
-                    member.check_guard()
-                    member.check_routing()
-            for member in members.values():
-                asyncio.run(loadgen.open_loop(member.chat_url, PAYLOADS, member.headers(), rate, warm, 99))
-            for n in range(rounds):
-                for side in SIDES if n % 2 == 0 else reversed(SIDES):
-                    _round(members[side], rate, seconds, n, sides[side])
-                console.print(f"round {n + 1}/{rounds}")
+                    asyncio.run(loadgen.open_loop(member.chat_url, PAYLOADS, member.headers(), rate, warm, 99))
+                for n in range(rounds):
+                    for side in SIDES if n % 2 == 0 else reversed(SIDES):
+                        _round(members[side], rate, seconds, n, sides[side])
+                    console.print(f"round {n + 1}/{rounds}")
+            finally:
+                stop_all(members)
     except RuntimeError as err:  # a leader that did not start, answer or take the settings: said, not a traceback
         console.print(f"[red]stages-ab stopped:[/] {escape(str(err))}")
         raise typer.Exit(1) from None
     finally:
-        stop_all(members)
         if hook is not None:
             hook.stop()
     text = report(sides, trees, versions, rate, seconds)

@@ -56,37 +56,39 @@ def command(
     members: dict[str, Member] = {}
     try:
         with tempfile.TemporaryDirectory(prefix="bench-stages-") as scratch:
-            with console.status(f"starting {len(CONFIGS)} leaders, each with an opod join worker and a simulator"):
-                members = start_all(CONFIGS, Path(scratch), hook.url)
-            with Progress(*columns, TimeElapsedColumn(), console=console) as progress:
-                task = progress.add_task("areas on and off: interleaved rounds", total=rounds * len(members))
-                by_config = measure.on_off(members, rate, seconds, rounds, warm, partial(progress.advance, task))
-                passes = []
-                for clock in ("cpu", "wall"):
-                    task = progress.add_task(f"profiled pass, {clock} clock: requests", total=requests)
-                    passes.append(
-                        measure.profiled(
-                            members[ALL_ON], clock, requests, rate, Path(scratch), partial(progress.advance, task)
-                        )
-                    )
-                with console.status("Server-Timing of sequential requests"):
-                    timing = measure.server_timing(members[ALL_ON], timed)
-                drawn = []
-                if spy:
-                    for name in (ALL_ON, ALL_OFF):
-                        task = progress.add_task(f"py-spy on '{name}' at half its saturation: requests")
-                        drawn.append(
-                            measure.flame(
-                                members[name],
-                                spy,
-                                flame_seconds,
-                                saturation_seconds,
-                                results_dir,
-                                partial(progress.advance, task),
+            try:  # the leaders stop before their homes in the scratch folder go: they write there until then
+                with console.status(f"starting {len(CONFIGS)} leaders, each with an opod join worker and a simulator"):
+                    members = start_all(CONFIGS, Path(scratch), hook.url)
+                with Progress(*columns, TimeElapsedColumn(), console=console) as progress:
+                    task = progress.add_task("areas on and off: interleaved rounds", total=rounds * len(members))
+                    by_config = measure.on_off(members, rate, seconds, rounds, warm, partial(progress.advance, task))
+                    passes = []
+                    for clock in ("cpu", "wall"):
+                        task = progress.add_task(f"profiled pass, {clock} clock: requests", total=requests)
+                        passes.append(
+                            measure.profiled(
+                                members[ALL_ON], clock, requests, rate, Path(scratch), partial(progress.advance, task)
                             )
                         )
+                    with console.status("Server-Timing of sequential requests"):
+                        timing = measure.server_timing(members[ALL_ON], timed)
+                    drawn = []
+                    if spy:
+                        for name in (ALL_ON, ALL_OFF):
+                            task = progress.add_task(f"py-spy on '{name}' at half its saturation: requests")
+                            drawn.append(
+                                measure.flame(
+                                    members[name],
+                                    spy,
+                                    flame_seconds,
+                                    saturation_seconds,
+                                    results_dir,
+                                    partial(progress.advance, task),
+                                )
+                            )
+            finally:
+                stop_all(members)
     finally:
-        stop_all(members)
         hook.stop()
     run = Run(
         command="python -m bench " + shlex.join(sys.argv[1:]),

@@ -194,26 +194,27 @@ def command(
     counts: dict[str, Counted] = {}
     try:
         with tempfile.TemporaryDirectory(prefix="bench-lines-") as scratch:
-            with console.status("starting the leaders, each with two opod join workers and simulators"):
-                for side, tree in trees.items():
-                    members[side] = Member(Config(side, side, all_on.areas, ""), Path(scratch), tree=tree)
-                for member in members.values():
-                    member.join()
-                for member in members.values():
-                    member.configure()
-                for member in members.values():
-                    member.answers()
-                    member.check_guard()
-                    member.check_routing()
-            for side, member in members.items():
-                asyncio.run(loadgen.open_loop(member.chat_url, PAYLOADS, member.headers(), rate, 1.0, 99))
-                with console.status(f"{side}: counting the lines of {requests} chats"):
-                    counts[side] = count(member, trees[side], requests, rate, Path(scratch))
+            try:  # the leaders stop before their homes in ``scratch`` are removed: they write there until then
+                with console.status("starting the leaders, each with two opod join workers and simulators"):
+                    for side, tree in trees.items():
+                        members[side] = Member(Config(side, side, all_on.areas, ""), Path(scratch), tree=tree)
+                    for member in members.values():
+                        member.join()
+                    for member in members.values():
+                        member.configure()
+                    for member in members.values():
+                        member.answers()
+                        member.check_guard()
+                        member.check_routing()
+                for side, member in members.items():
+                    asyncio.run(loadgen.open_loop(member.chat_url, PAYLOADS, member.headers(), rate, 1.0, 99))
+                    with console.status(f"{side}: counting the lines of {requests} chats"):
+                        counts[side] = count(member, trees[side], requests, rate, Path(scratch))
+            finally:
+                stop_all(members)
     except RuntimeError as err:
         console.print(f"[red]lines stopped:[/] {escape(str(err))}")
         raise typer.Exit(1) from None
-    finally:
-        stop_all(members)
     text = report(counts, versions, rate, top)
     results_dir.mkdir(parents=True, exist_ok=True)
     out = results_dir / f"{name}.md"
