@@ -36,7 +36,7 @@ from rich.markup import escape
 
 from bench import loadgen
 from bench.procs import checkout_commit
-from bench.stages.fleet import ALL_ON, ALL_ON_AREAS, CONFIGS, REPO, Config, Member, Webhook, stop_all
+from bench.stages.fleet import ALL_ON, ALL_ON_AREAS, CONFIGS, REPO, Config, Member, Webhook, ready_all, stop_all
 from bench.stages.measure import PAYLOADS
 
 console = Console(width=None if sys.stdout.isatty() else 150)
@@ -187,15 +187,7 @@ def command(
                         config = Config(side, side, all_on.areas, "")
                         url = hook.url if hook is not None else ""
                         members[side] = Member(config, Path(scratch), url, tree=trees[side], python=pythons[side])
-                    for member in members.values():
-                        member.join()
-                    for member in members.values():
-                        member.configure()
-                    for member in members.values():
-                        member.answers()
-                    for member in members.values():
-                        member.check_guard()
-                        member.check_routing()
+                    ready_all(members)
                 for member in members.values():
                     asyncio.run(loadgen.open_loop(member.chat_url, PAYLOADS, member.headers(), rate, warm, 99))
                 for n in range(rounds):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import platform
 import shlex
 import signal
 import sys
@@ -34,8 +35,8 @@ from rich.markup import escape
 
 from bench import loadgen
 from bench.procs import checkout_commit
-from bench.stages.ab import python_version, side_trees
-from bench.stages.fleet import ALL_ON, CONFIGS, REPO, Config, Member, stop_all
+from bench.stages.ab import side_trees
+from bench.stages.fleet import ALL_ON, CONFIGS, REPO, Config, Member, ready_all, stop_all
 from bench.stages.measure import PAYLOADS
 
 console = Console(width=None if sys.stdout.isatty() else 150)
@@ -129,7 +130,7 @@ def count(member: Member, tree: Path, requests: int, rate: float, scratch: Path)
     return counted
 
 
-def report(counts: dict[str, Counted], versions: dict[str, str], rate: float, top: int) -> str:
+def report(counts: dict[str, Counted], rate: float, top: int) -> str:
     sides = list(counts)
     lines = [
         f"# The lines of Python a chat runs in the leader ({time.strftime('%Y-%m-%d %H:%M')})",
@@ -148,7 +149,7 @@ def report(counts: dict[str, Counted], versions: dict[str, str], rate: float, to
     ]
     for side, got in counts.items():
         lines.append(
-            f"| {side} | `{got.tree}` | `{checkout_commit(got.tree)}` | {versions[side]} | {got.answered} | "
+            f"| {side} | `{got.tree}` | `{checkout_commit(got.tree)}` | {platform.python_version()} | {got.answered} | "
             f"{got.errors} | {got.lines:.0f} | {len(got.per_request)} | {len(got.functions())} |"
         )
     if "base" in counts:
@@ -157,13 +158,14 @@ def report(counts: dict[str, Counted], versions: dict[str, str], rate: float, to
             "",
             f"This leader runs **{this - base:+.0f}** lines per request against the base's ({this / base:.3f}).",
         ]
+    by_side = {side: got.modules() for side, got in counts.items()}
     modules = Counter[str]()
-    for got in counts.values():
-        modules.update(got.modules())
+    for found in by_side.values():
+        modules.update(found)
     lines += ["", "## By module: lines run per request", "", "| module | " + " | ".join(sides) + " |"]
     lines.append("|---|" + "---:|" * len(sides))
     for module, _ in modules.most_common():
-        lines.append(f"| {module} | " + " | ".join(f"{counts[s].modules()[module]:.1f}" for s in sides) + " |")
+        lines.append(f"| {module} | " + " | ".join(f"{by_side[s][module]:.1f}" for s in sides) + " |")
     shown = counts["this"]
     lines += [
         "",
@@ -188,7 +190,6 @@ def command(
 ) -> None:
     """The lines of Python an all-on leader runs per chat (and another checkout's, with --base)."""
     trees = side_trees(base) if base is not None else {"this": REPO}
-    versions = {side: python_version(sys.executable) for side in trees}
     all_on = next(c for c in CONFIGS if c.name == ALL_ON)
     members: dict[str, Member] = {}
     counts: dict[str, Counted] = {}
@@ -198,14 +199,7 @@ def command(
                 with console.status("starting the leaders, each with two opod join workers and simulators"):
                     for side, tree in trees.items():
                         members[side] = Member(Config(side, side, all_on.areas, ""), Path(scratch), tree=tree)
-                    for member in members.values():
-                        member.join()
-                    for member in members.values():
-                        member.configure()
-                    for member in members.values():
-                        member.answers()
-                        member.check_guard()
-                        member.check_routing()
+                    ready_all(members)
                 for side, member in members.items():
                     asyncio.run(loadgen.open_loop(member.chat_url, PAYLOADS, member.headers(), rate, 1.0, 99))
                     with console.status(f"{side}: counting the lines of {requests} chats"):
@@ -215,7 +209,7 @@ def command(
     except RuntimeError as err:
         console.print(f"[red]lines stopped:[/] {escape(str(err))}")
         raise typer.Exit(1) from None
-    text = report(counts, versions, rate, top)
+    text = report(counts, rate, top)
     results_dir.mkdir(parents=True, exist_ok=True)
     out = results_dir / f"{name}.md"
     out.write_text(text)
