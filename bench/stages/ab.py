@@ -7,9 +7,11 @@ stops naming it.
 
 The stages bench's on/off rounds compare configurations of one build; a change to the hot path is judged
 against the build before it, on a machine whose load drifts. So both leaders (each with its own workers and
-zero-latency simulators) run side by side, and each round measures the two
-back to back, their order turned every round: the ratio of a pair is what the change did, whatever the
-machine was doing then. CPU is every thread's, from ``/proc/PID/task/*/schedstat`` (nanoseconds; /proc's
+zero-latency simulators) run side by side, and each round loads the two at once, with the same arrivals:
+the ratio of a pair is what the change did, whatever the machine was doing then. Measured in the same
+windows, a pair's ratio spreads about a third as much as when the two were measured back to back (the
+machine's speed drifts from one window to the next), so a change of 2 % shows in every pair
+(``docs/dataplane.md``). CPU is every thread's, from ``/proc/PID/task/*/schedstat`` (nanoseconds; /proc's
 ``stat`` counts in 10 ms ticks, too coarse for a two-second round).
 
 ``DIR`` holds the other build's tree, e.g. ``git worktree add --detach /tmp/base main``; ``--base-python``
@@ -69,17 +71,38 @@ class Side:
     errors: int = 0
 
 
-def _round(member: Member, rate: float, seconds: float, seed: int, side: Side) -> None:
-    before = cpu_ns(member.pid)
-    got = asyncio.run(loadgen.open_loop(member.chat_url, PAYLOADS, member.headers(), rate, seconds, seed))
-    after = cpu_ns(member.pid)
-    answered = max(len(got.latencies), 1)
-    side.cpu_us.append((after[0] - before[0]) / answered / 1000)
-    side.main_us.append((after[1] - before[1]) / answered / 1000)
-    side.p50_ms.append(got.pct(50) * 1000)
-    side.p99_ms.append(got.pct(99) * 1000)
-    side.answered += len(got.latencies)
-    side.errors += got.errors
+def _round(members: dict[str, Member], rate: float, seconds: float, seed: int, sides: dict[str, Side]) -> None:
+    """One pair: both leaders under load at once, each at ``rate`` with the same arrivals, in two windows.
+
+    Measured in the same windows, the two leaders share whatever the machine does meanwhile. Requests due at the
+    same moment go to one leader a moment before the other, which favours one of them; so the second window turns
+    that order, and the pair's figures are the two windows' together."""
+
+    async def both(order: tuple[str, ...]) -> list[loadgen.Result]:
+        return await asyncio.gather(
+            *(
+                loadgen.open_loop(members[name].chat_url, PAYLOADS, members[name].headers(), rate, seconds, seed)
+                for name in order
+            )
+        )
+
+    spent = {name: (0, 0) for name in SIDES}
+    got = {name: loadgen.Result() for name in SIDES}
+    for order in (SIDES, SIDES[::-1]):
+        before = {name: cpu_ns(members[name].pid) for name in SIDES}
+        for name, window in zip(order, asyncio.run(both(order)), strict=True):
+            after, (total, main) = cpu_ns(members[name].pid), spent[name]
+            spent[name] = (total + after[0] - before[name][0], main + after[1] - before[name][1])
+            got[name].latencies += window.latencies
+            got[name].errors += window.errors
+    for name in SIDES:
+        side, answered = sides[name], max(len(got[name].latencies), 1)
+        side.cpu_us.append(spent[name][0] / answered / 1000)
+        side.main_us.append(spent[name][1] / answered / 1000)
+        side.p50_ms.append(got[name].pct(50) * 1000)
+        side.p99_ms.append(got[name].pct(99) * 1000)
+        side.answered += len(got[name].latencies)
+        side.errors += got[name].errors
 
 
 def side_trees(base: Path) -> dict[str, Path]:
@@ -128,8 +151,9 @@ def report(
         f"Command: `python -m bench {shlex.join(sys.argv[1:])}`",
         "",
         f"Machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the end, shared with other work. "
-        f"Open loop at {rate:g} req/s, {len(ratios)} rounds of {seconds:g} s per leader, the two measured back to "
-        "back in each round (their order turned every round). CPU: the leader's every thread, per request "
+        f"Open loop at {rate:g} req/s to each leader, {len(ratios)} rounds; in each, both leaders are loaded at once, "
+        f"with the same arrivals, in two windows of {seconds:g} s (which leader a request due at the same moment "
+        "goes to first turned in the second). CPU: the leader's every thread, per request "
         "answered (schedstat); its idle CPU is not taken out, alike on both sides. All on: "
         f"{ALL_ON_AREAS}; each leader's guard policy was checked on one request's record before measuring.",
         "",
@@ -160,9 +184,9 @@ def report(
 
 def command(
     base: Path = typer.Option(..., help="Another checkout's tree (git worktree add --detach DIR REF): the base."),
-    rate: float = typer.Option(300.0, help="Requests per second, open loop, in each round."),
-    seconds: float = typer.Option(2.0, help="Seconds per leader and round."),
-    rounds: int = typer.Option(12, min=1, help="Rounds; each measures both leaders back to back."),
+    rate: float = typer.Option(200.0, help="Requests per second to each leader, open loop (both are loaded at once)."),
+    seconds: float = typer.Option(2.0, help="Seconds of each of a round's two windows."),
+    rounds: int = typer.Option(12, min=1, help="Rounds: pairs, each measuring both leaders at once in two windows."),
     warm: float = typer.Option(1.0, help="Seconds of requests warming each leader first."),
     results_dir: Path = typer.Option(RESULTS, "--results-dir", help="Where the table goes."),
     name: str = typer.Option("stages-ab", help="The table's file name, <name>.md."),
@@ -191,8 +215,7 @@ def command(
                 for member in members.values():
                     asyncio.run(loadgen.open_loop(member.chat_url, PAYLOADS, member.headers(), rate, warm, 99))
                 for n in range(rounds):
-                    for side in SIDES if n % 2 == 0 else reversed(SIDES):
-                        _round(members[side], rate, seconds, n, sides[side])
+                    _round(members, rate, seconds, n, sides)
                     console.print(f"round {n + 1}/{rounds}")
             finally:
                 stop_all(members)
