@@ -16,7 +16,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from opod.ledger.ledger import COMMIT_EVERY_S
+from opod.ledger.ledger import COMMIT_EVERY_S, COMMIT_UNDER_LOAD_S
 from tests.support.inprocess import InProcessLeader as Leader
 from tests.support.opod_process import OpodProcess, http, opod_cli, sim_worker, usage_rows, wait_until
 
@@ -214,7 +214,7 @@ def test_cancel_stops_sending_and_the_lines_never_sent_are_in_the_error_file(fle
     assert all(s["error"]["code"] == "batch_cancelled" and s["response"] is None for s in skipped)
     completed = counts.completed
     wait_until(lambda: sum(_ok_rows(fleet, batch.id).values()) >= completed, 10, "a usage row for every line answered")
-    time.sleep(3 * COMMIT_EVERY_S)  # a line sent after the cancel ended would have its row by now
+    time.sleep(COMMIT_UNDER_LOAD_S + 2 * COMMIT_EVERY_S)  # a line sent after the cancel ended would have its row by now
     assert sum(_ok_rows(fleet, batch.id).values()) == completed, "no line was sent after the cancel ended"
     assert client.batches.cancel(batch.id).status == "cancelled", "cancelling an ended batch changes nothing"
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from opod.ledger import Ledger, journal
-from opod.ledger.ledger import COMMIT_EVERY_S
+from opod.ledger.ledger import COMMIT_EVERY_S, COMMIT_UNDER_LOAD_S
 from opod.ledger.records import UsageTicket, finished_record
 from opod.ledger.writer import WRITER_NICE
 from opod.store import Store
@@ -58,6 +58,41 @@ async def test_under_a_steady_load_rows_gather_into_one_commit_per_interval(ledg
     intervals = spent / COMMIT_EVERY_S
     assert ledger.writer.commits <= intervals + 3, f"{ledger.writer.commits} commits for {spent:.2f}s of load"
     assert ledger.writer.commits < 100
+
+
+async def _commits_while(ledger: Ledger, rows_per_s: float, seconds: float) -> tuple[int, float]:
+    """Rows ended steadily at ``rows_per_s`` for ``seconds`` with the writer running: its commits meanwhile, and the
+    longest a row waited for its commit (seen every 10 ms)."""
+    stop = asyncio.Event()
+    writer = asyncio.create_task(ledger.run(stop))
+    await asyncio.sleep(0.05)
+    loop = asyncio.get_running_loop()
+    began, commits, first, sent, longest = loop.time(), ledger.writer.commits, ledger.writer.recorded, 0, 0.0
+    ended_at: list[float] = []
+    while (now := loop.time()) - began < seconds:
+        while sent < (now - began) * rows_per_s:
+            request(ledger, 1, latency_ms=sent)
+            ended_at.append(loop.time())
+            sent += 1
+        committed = ledger.writer.committed - first
+        if committed < len(ended_at):
+            longest = max(longest, now - ended_at[committed])
+        await asyncio.sleep(0.01)
+    commits = ledger.writer.commits - commits
+    stop.set()
+    await writer
+    return commits, longest
+
+
+async def test_a_steady_load_commits_about_once_a_second_and_a_light_one_every_fifth(ledger: Ledger) -> None:
+    # 300 rows a second: batches of a second's rows (fewer, larger commits cost less per row).
+    commits, longest = await _commits_while(ledger, 300, 2.5)
+    assert 2 <= commits <= 5, f"{commits} commits in 2.5 s of a steady load"
+    assert longest <= COMMIT_UNDER_LOAD_S + 0.5
+    # 20 rows a second: below the steady load, a commit every COMMIT_EVERY_S and no row waits longer.
+    commits, longest = await _commits_while(ledger, 20, 1.5)
+    assert commits >= 1.5 / COMMIT_EVERY_S - 3, f"{commits} commits in 1.5 s of a light load"
+    assert longest <= COMMIT_EVERY_S + 0.3
 
 
 async def test_rows_wait_out_a_failing_store_and_are_committed_when_it_is_back(
