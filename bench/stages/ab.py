@@ -10,7 +10,7 @@ against the build before it, on a machine whose load drifts. So both leaders (ea
 zero-latency simulators) run side by side, and each round loads the two at once, with the same arrivals:
 the ratio of a pair is what the change did, whatever the machine was doing then. Measured in the same
 windows, a pair's ratio spreads about a third as much as when the two were measured back to back (the
-machine's speed drifts from one window to the next), so a change of 2 % shows in every pair
+machine's speed drifts from one window to the next), so a change of 2 % shows in nearly every pair
 (``docs/dataplane.md``). CPU is every thread's, from ``/proc/PID/task/*/schedstat`` (nanoseconds; /proc's
 ``stat`` counts in 10 ms ticks, too coarse for a two-second round).
 

@@ -1,9 +1,10 @@
 """Group commit: records waiting in memory go to the store in batches, one transaction per batch.
 
 While one batch commits, the next one fills, and the ledger's loop starts a commit no sooner than
-``COMMIT_EVERY_S`` after the previous one began (``COMMIT_UNDER_LOAD_S`` under a steady load), so the batch
-size follows the load by itself: one row per transaction when idle, up to ``BATCH_MAX`` under load. A record leaves memory only after
-its transaction committed; a failed commit leaves it queued (and in the journal) for the retry.
+``COMMIT_EVERY_S`` after the previous one began (``COMMIT_UNDER_LOAD_S`` under a steady load), so the
+batch size follows the load by itself: one row per transaction when idle, up to ``BATCH_MAX`` under load.
+A record leaves memory only after its transaction committed; a failed commit leaves it queued (and in the
+journal) for the retry.
 
 Commits run in the writer's own thread, scheduled below the event loop (:data:`WRITER_NICE`): a commit is
 a burst of CPU (each row checked and turned into parameters, SQLite's pages written) that, on a machine
