@@ -70,6 +70,10 @@ def rows(run: CompareResult) -> list[tuple[str, Callable[[PathRun], str]]]:
         (f"chat, open loop at {at}: added p50 ms", _added_cell(run, opened, "p50")),
         (f"chat, open loop at {at}: added p99 ms", _added_cell(run, opened, "p99")),
         (f"the router's CPU ms per request at {at} (its own processes)", lambda p: ms(p.cpu_per_request)),
+        (
+            f"the router's wait for a core, ms per request at {at} (its threads ready to run, not running)",
+            lambda p: ms(p.wait_per_request),
+        ),
         (f"saturation req/s, engines that answer at once (best of concurrency {levels})", _saturation_cell),
         ("requests answered / failed (every phase)", _requests_cell),
     ]
@@ -247,6 +251,11 @@ def markdown(run: CompareResult, name: str) -> str:
         "process; any other router: its own) over its open-loop rounds, divided by the requests sent; "
         f"{_said(['the engines', 'the load generator', *side])} are not in it"
         + (" (the webhook's share is in the notes)." if side else "."),
+        "- **Wait for a core**: over the same rounds, the time the threads of the same processes were ready to run "
+        "but waited for a core (the kernel's run-queue delay, `/proc/PID/task/TID/schedstat`), divided by the "
+        "requests sent: on a machine whose cores the router shares with the engines and the load generator, part of "
+        "what it adds to a request's latency besides its own CPU. Summed over threads, so a router with several "
+        "threads waits on several at once.",
         f"- **Saturation**: a second fleet, the same but with engines that answer at once (`time_scale` 0, "
         f"1,024 sequences at once), the governance set up again; closed loops at concurrency {', '.join(map(str, s.zero_levels))}, "
         f"{s.zero_seconds:g} s each, {s.zero_rounds} interleaved rounds; the best level's completions per second.",

@@ -88,6 +88,8 @@ class PathRun:
     saturation: dict[int, list[Phase]] = field(default_factory=dict)
     cpu_seconds: float = 0.0
     """CPU of the router's processes over its open-loop rounds (nan for direct)."""
+    wait_seconds: float = 0.0
+    """Time the router's threads waited for a core over its open-loop rounds (run-queue delay; nan for direct)."""
     side_cpu_seconds: float = 0.0
     """CPU of what the router calls besides the engines over the same rounds (opod-webhook: the guardrail webhook)."""
     spread: dict[str, list[int]] = field(default_factory=dict)
@@ -106,6 +108,10 @@ class PathRun:
     @property
     def cpu_per_request(self) -> float:
         return self.cpu_seconds / self.open_sent if self.open_sent and self.key != "direct" else math.nan
+
+    @property
+    def wait_per_request(self) -> float:
+        return self.wait_seconds / self.open_sent if self.open_sent and self.key != "direct" else math.nan
 
     @property
     def side_cpu_per_request(self) -> float:
@@ -337,12 +343,14 @@ def _latency(lanes: list[Lane], fleet: Fleet, settings: Settings, result: Compar
                 continue
             pid, side = lane.target.pid, lane.side_pid
             cpu_before = (load.cpu_seconds(pid) if pid else 0.0, load.cpu_seconds(side) if side else 0.0)
+            wait_before = load.cpu_wait_seconds(pid) if pid else 0.0
             served = fleet.served()
             phase = asyncio.run(load.open_loop(lane.target, schedule, stream=False, drain=settings.drain, tick=advance))
             lane.run.open.append(phase)
             _placed(fleet, lane.run, f"the open loop at {rate:,.0f} req/s", served)
             if pid:
                 lane.run.cpu_seconds += load.cpu_seconds(pid) - cpu_before[0]
+                lane.run.wait_seconds += load.cpu_wait_seconds(pid) - wait_before
             if side:
                 lane.run.side_cpu_seconds += load.cpu_seconds(side) - cpu_before[1]
 

@@ -12,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 import time
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiohttp
 
@@ -48,6 +50,26 @@ class Target:
 def cpu_seconds(pgid: int) -> float:
     """CPU time (user and system) spent so far by a router's process group: its process and the ones it started."""
     return sum(processes.cpu_seconds(pid) for pid in processes.group_members(pgid))
+
+
+def cpu_wait_seconds(pgid: int) -> float:
+    """Time the threads of a router's process group have spent so far ready to run but waiting for a core (the
+    kernel's run-queue delay, the second figure of ``/proc/PID/task/TID/schedstat``); 0 where it cannot be read.
+
+    On a machine whose cores the router shares with the engines and the load generator, this is the part of a
+    request's added latency that is neither the router's own CPU nor the network: its turn for a core."""
+    total = 0
+    for pid in processes.group_members(pgid):
+        try:
+            threads = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in threads:
+            try:
+                total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[1])
+            except (OSError, IndexError, ValueError):
+                continue  # a thread gone in between, or a kernel without schedstat
+    return total / 1e9
 
 
 def cpu_by_process(pgid: int) -> dict[int, float]:

@@ -38,6 +38,8 @@ def test_every_path_answers_every_measurement_and_the_table_is_written(tmp_path:
     cpu = next(v for k, v in table.items() if k.startswith("the router's CPU ms per request"))
     # Read from /proc in clock ticks (10 ms): a few requests of a light router may cost none, but it is measured.
     assert all(number(cpu[path]) >= 0 for path in PATHS[1:]) and cpu["direct"] == "—"
+    wait = next(v for k, v in table.items() if k.startswith("the router's wait for a core"))
+    assert all(number(wait[path]) >= 0 for path in PATHS[1:]) and wait["direct"] == "—"
     # opod's guardrail is the settings' guard policy, run in the leader, checked on a request's record on both fleets.
     assert text.count("opod: governance checked on the") == 2, text
     assert text.count("guard policy screen allow") == 2 and text.count("body kept") == 2

@@ -9,10 +9,12 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 from aiohttp import web
 
-from bench.routing.load import Target, closed_loop, cpu_seconds, open_loop
+from bench.routing.load import Target, closed_loop, cpu_seconds, cpu_wait_seconds, open_loop
 from opod.worker import processes
 from tests.bench.chat_server import serve_chat
 
@@ -141,3 +143,28 @@ def test_a_routers_cpu_time_counts_its_process_group_its_own_process_and_its_chi
         proc.wait()
     assert 0.35 <= alone < 0.7
     assert family >= alone + 0.35
+
+
+def test_a_routers_wait_for_a_core_counts_the_time_its_threads_were_ready_but_not_running() -> None:
+    # Three processes of one group, all held to one core, each burning 0.4 s of CPU: while one runs the other two
+    # wait, so between them they wait about twice as long as they run (a reading of their CPU instead would not).
+    if not Path(f"/proc/{os.getpid()}/schedstat").exists():
+        pytest.skip("this kernel has no /proc/PID/schedstat (run-queue delays are not kept)")
+    core = min(os.sched_getaffinity(0))
+    pinned = f"import os, time\nos.sched_setaffinity(0, {{{core}}})\n{BURN}"
+    child = pinned + "print('burnt', flush=True)\ntime.sleep(60)\n"
+    parent = (
+        "import subprocess, sys\n"
+        f"cs = [subprocess.Popen([sys.executable, '-c', {child!r}], stdout=subprocess.PIPE, text=True) for _ in '12']\n"
+        f"{pinned}print(*[c.stdout.readline().strip() for c in cs], flush=True)\ntime.sleep(60)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        said = proc.stdout.readline().split()  # type: ignore[union-attr]
+        assert said == ["burnt", "burnt"]
+        waited, spent = cpu_wait_seconds(proc.pid), cpu_seconds(proc.pid)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert spent >= 1.1
+    assert 1.3 * spent <= waited < 10.0, (waited, spent)
