@@ -18,6 +18,7 @@ from bench import (
     usage,
 )
 from bench.stages import ab as stages_ab
+from bench.stages import areas as stages_areas
 from bench.stages import lines as stages_lines
 
 app = typer.Typer(
@@ -32,6 +33,7 @@ app.command("tenancy-overhead")(tenancy_overhead.command)
 app.command("compare")(compare.command)
 app.command("stages")(stages.command)
 app.command("stages-ab")(stages_ab.command)
+app.command("stages-areas")(stages_areas.command)
 app.command("lines")(stages_lines.command)
 app.command("console")(console.command)
 app.command("idle-ab")(idle_ab.command)
