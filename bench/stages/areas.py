@@ -7,9 +7,10 @@ all on, the other all on without that area. The ratio of a pair is the area's sh
 CPU, whatever the machine did meanwhile.
 
 The areas weighed are those that can be taken out of all on alone: price & budget, kept bodies, the guard
-policy (run in the gateway) and prefix routing (its policy, over the same two workers). Tenancy is not: a
-budget, a retention entry or a guard policy attached to a project needs the project's key, so without it
-the others change too (the stages bench's on/off table has its cost against nothing).
+policy (run in the gateway) and prefix routing (its policy over two workers, against one worker without it, as
+the stages bench sets it). Tenancy is not: a budget, a retention entry or a guard policy attached to a project
+needs the project's key, so without it the others change too (the stages bench's on/off table has its cost
+against nothing).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ AREAS = {
     "budget": "price & budget (a price for the model, a budget on the project)",
     "bodies": "kept bodies (retention of request and answer bodies)",
     "guard_policy": "the guard policy (in process: pii and pattern checks on the request and a whole answer)",
-    "routing": "prefix routing (the prefix policy, over the same two workers)",
+    "routing": "prefix routing (the prefix policy over two workers, against one worker without it)",
 }
 """The areas that can be taken out of all on alone (``Areas`` field → what it is, as the table says it)."""
 
