@@ -105,6 +105,29 @@ def _round(members: dict[str, Member], rate: float, seconds: float, seed: int, s
         side.errors += got[name].errors
 
 
+def run_pairs(
+    members: dict[str, Member], rate: float, seconds: float, rounds: int, warm: float, starting: str, done: str = ""
+) -> dict[str, Side]:
+    """Both leaders (their processes started, nothing joined yet) given their workers, configured and checked,
+    warmed, then ``rounds`` pairs at once (:func:`_round`); stopped at the end, whatever happens. ``starting`` is
+    said while they start; ``done``, when given, once the rounds are over (else each round is counted as it ends)."""
+    sides = {name: Side() for name in SIDES}
+    try:
+        with console.status(starting):
+            ready_all(members)
+        for member in members.values():
+            asyncio.run(loadgen.open_loop(member.chat_url, PAYLOADS, member.headers(), rate, warm, 99))
+        for n in range(rounds):
+            _round(members, rate, seconds, n, sides)
+            if not done:
+                console.print(f"round {n + 1}/{rounds}")
+        if done:
+            console.print(done)
+    finally:
+        stop_all(members)
+    return sides
+
+
 def side_trees(base: Path) -> dict[str, Path]:
     """Each side's tree: ``base`` (checked to be an opod checkout, else refused naming ``--base``) and this one."""
     base = base.resolve()
@@ -128,30 +151,30 @@ def python_version(python: str) -> str:
     return done.stdout.strip()
 
 
-def _ratios(sides: dict[str, Side], measure: str) -> list[float]:
+def ratios(sides: dict[str, Side], measure: str) -> list[float]:
     """This side's ``measure`` over the base's, round by round, sorted."""
     this, base = getattr(sides["this"], measure), getattr(sides["base"], measure)
     return sorted(t / b for t, b in zip(this, base, strict=True))
 
 
-def _quartiles(values: list[float]) -> list[float]:
+def quartiles(values: list[float]) -> list[float]:
     return statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
 
 
 def report(
     sides: dict[str, Side], trees: dict[str, Path], versions: dict[str, str], rate: float, seconds: float
 ) -> str:
-    ratios = _ratios(sides, "cpu_us")
-    quartiles = _quartiles(ratios)
-    tails = _ratios(sides, "p99_ms")
-    tail_quartiles = _quartiles(tails)
+    cpu = ratios(sides, "cpu_us")
+    cpu_quartiles = quartiles(cpu)
+    tails = ratios(sides, "p99_ms")
+    tail_quartiles = quartiles(tails)
     lines = [
         f"# This checkout's leader against another's, all on ({time.strftime('%Y-%m-%d %H:%M')})",
         "",
         f"Command: `python -m bench {shlex.join(sys.argv[1:])}`",
         "",
         f"Machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the end, shared with other work. "
-        f"Open loop at {rate:g} req/s to each leader, {len(ratios)} rounds; in each, both leaders are loaded at once, "
+        f"Open loop at {rate:g} req/s to each leader, {len(cpu)} rounds; in each, both leaders are loaded at once, "
         f"with the same arrivals, in two windows of {seconds:g} s (which leader a request due at the same moment "
         "goes to first turned in the second). CPU: the leader's every thread, per request "
         "answered (schedstat); its idle CPU is not taken out, alike on both sides. All on: "
@@ -171,8 +194,8 @@ def report(
         )
     lines += [
         "",
-        f"This leader's CPU per request over the base's, pair by pair: median **{statistics.median(ratios):.3f}** "
-        f"(quartiles {quartiles[0]:.3f}–{quartiles[2]:.3f}; every pair: {', '.join(f'{r:.3f}' for r in ratios)}).",
+        f"This leader's CPU per request over the base's, pair by pair: median **{statistics.median(cpu):.3f}** "
+        f"(quartiles {cpu_quartiles[0]:.3f}–{cpu_quartiles[2]:.3f}; every pair: {', '.join(f'{r:.3f}' for r in cpu)}).",
         "",
         f"Its p99 latency over the base's, pair by pair: median {statistics.median(tails):.3f} "
         f"(quartiles {tail_quartiles[0]:.3f}–{tail_quartiles[2]:.3f}); a round's p99 rests on its slowest few "
@@ -202,23 +225,19 @@ def command(
     all_on = next(c for c in CONFIGS if c.name == ALL_ON)
     hook = Webhook() if all_on.areas.guardrail else None
     members: dict[str, Member] = {}
-    sides = {name: Side() for name in SIDES}
     try:
+        # The leaders stop (run_pairs) before their homes in the scratch folder go: they write there until then.
         with tempfile.TemporaryDirectory(prefix="bench-stages-ab-") as scratch:
-            try:  # the leaders stop before their homes in the scratch folder go: they write there until then
-                with console.status("starting both leaders, each with an opod join worker and a simulator"):
-                    for side in SIDES:
-                        config = Config(side, side, all_on.areas, "")
-                        url = hook.url if hook is not None else ""
-                        members[side] = Member(config, Path(scratch), url, tree=trees[side], python=pythons[side])
-                    ready_all(members)
-                for member in members.values():
-                    asyncio.run(loadgen.open_loop(member.chat_url, PAYLOADS, member.headers(), rate, warm, 99))
-                for n in range(rounds):
-                    _round(members, rate, seconds, n, sides)
-                    console.print(f"round {n + 1}/{rounds}")
-            finally:
+            try:
+                for side in SIDES:
+                    config = Config(side, side, all_on.areas, "")
+                    url = hook.url if hook is not None else ""
+                    members[side] = Member(config, Path(scratch), url, tree=trees[side], python=pythons[side])
+            except BaseException:
                 stop_all(members)
+                raise
+            starting = "starting both leaders, each with an opod join worker and a simulator"
+            sides = run_pairs(members, rate, seconds, rounds, warm, starting)
     except RuntimeError as err:  # a leader that did not start, answer or take the settings: said, not a traceback
         console.print(f"[red]stages-ab stopped:[/] {escape(str(err))}")
         raise typer.Exit(1) from None

@@ -15,7 +15,6 @@ against nothing).
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shlex
 import statistics
@@ -29,11 +28,9 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from bench import loadgen
 from bench.procs import checkout_commit
-from bench.stages.ab import RESULTS, SIDES, Side, _quartiles, _round
-from bench.stages.fleet import ALL_ON, ALL_ON_AREAS, CONFIGS, REPO, Config, Member, ready_all, stop_all
-from bench.stages.measure import PAYLOADS
+from bench.stages.ab import RESULTS, SIDES, Side, quartiles, ratios, run_pairs
+from bench.stages.fleet import ALL_ON, ALL_ON_AREAS, CONFIGS, REPO, Config, Member, stop_all
 
 console = Console(width=None if sys.stdout.isatty() else 150)
 
@@ -54,7 +51,7 @@ class Weighed:
     @property
     def ratios(self) -> list[float]:
         """Without the area over all on, pair by pair, sorted."""
-        return sorted(t / b for t, b in zip(self.sides["this"].cpu_us, self.sides["base"].cpu_us, strict=True))
+        return ratios(self.sides, "cpu_us")
 
 
 def weigh(area: str, rate: float, seconds: float, rounds: int, warm: float) -> Weighed:
@@ -64,21 +61,17 @@ def weigh(area: str, rate: float, seconds: float, rounds: int, warm: float) -> W
         "base": Config("base", "all on", all_on.areas, ""),
         "this": Config("this", f"all on without {area}", replace(all_on.areas, **{area: False}), ""),
     }
-    sides = {name: Side() for name in SIDES}
     members: dict[str, Member] = {}
+    # The leaders stop (run_pairs) before their homes in the scratch folder go: they write there until then.
     with tempfile.TemporaryDirectory(prefix=f"bench-stages-areas-{area}-") as scratch:
-        try:  # the leaders stop before their homes in the scratch folder go: they write there until then
-            with console.status(f"{area}: starting both leaders, each with its workers and simulators"):
-                for side in SIDES:
-                    members[side] = Member(configs[side], Path(scratch), tree=REPO)
-                ready_all(members)
-            for member in members.values():
-                asyncio.run(loadgen.open_loop(member.chat_url, PAYLOADS, member.headers(), rate, warm, 99))
-            for n in range(rounds):
-                _round(members, rate, seconds, n, sides)
-            console.print(f"{area}: {rounds} rounds")
-        finally:
+        try:
+            for side in SIDES:
+                members[side] = Member(configs[side], Path(scratch), tree=REPO)
+        except BaseException:
             stop_all(members)
+            raise
+        starting = f"{area}: starting both leaders, each with its workers and simulators"
+        sides = run_pairs(members, rate, seconds, rounds, warm, starting, done=f"{area}: {rounds} rounds")
     return Weighed(area, sides)
 
 
@@ -102,12 +95,12 @@ def report(weighed: list[Weighed], rate: float, seconds: float, rounds: int) -> 
         "|---|---:|---:|---:|---:|---|---:|---:|",
     ]
     for w in weighed:
-        on, off, ratios = w.sides["base"], w.sides["this"], w.ratios
-        q = _quartiles(ratios)
-        share = 1 - med(ratios)
+        on, off, pairs = w.sides["base"], w.sides["this"], w.ratios
+        q = quartiles(pairs)
+        share = 1 - med(pairs)
         lines.append(
             f"| {AREAS[w.area]} | {on.answered} / {off.answered} | {on.errors + off.errors} | {med(on.cpu_us):.0f} "
-            f"| {med(off.cpu_us):.0f} | {med(ratios):.3f} ({q[0]:.3f}–{q[2]:.3f}) | {share:.1%} "
+            f"| {med(off.cpu_us):.0f} | {med(pairs):.3f} ({q[0]:.3f}–{q[2]:.3f}) | {share:.1%} "
             f"| {share * med(on.cpu_us):.0f} |"
         )
     lines += ["", "Every pair's ratio:", ""]
