@@ -75,7 +75,10 @@ class Window:
 def main() -> None:
     window = Window(Path(os.environ["STAGES_PROFILE_REQUEST"]))
     signal.signal(signal.SIGUSR1, window.toggle)
-    from opod.cli.main import run
+    try:
+        from opod.cli.entry import run  # the command as users start it: the leader's heap chosen first
+    except ImportError:  # a base checkout from before that entry point (stages-ab)
+        from opod.cli.main import run
 
     sys.argv = ["opod", *sys.argv[1:]]
     run()

@@ -1,3 +1,3 @@
-from opod.cli.main import run
+from opod.cli.entry import run
 
 run()

@@ -13,8 +13,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-
-from opod.contract import env as contract_env
+from types import ModuleType
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +66,10 @@ CONFIG_OVERRIDES: tuple[Override, ...] = (
         "OPOD_INVENTORY",
         "Path of a declared inventory (YAML or JSON: GPUs, MIG instances, labels) a worker reports instead of its driver's; --inventory names it too.",
     ),
+    Override(
+        "OPOD_HUGE_PAGES",
+        "0 to run the leader on Python's own allocator; by default opod up restarts itself once on glibc's malloc with transparent huge pages, where Linux, glibc 2.35+ and the kernel's setting allow.",
+    ),
     Override("OPOD_DOOR_ROUTES", "Path of the door's routes file (opod up --role door); --routes names it too."),
     Override(
         "OPOD_UPGRADE_COMMAND",
@@ -98,7 +101,15 @@ _OVERRIDE_NAMES = frozenset(o.name for o in CONFIG_OVERRIDES)
 
 def declared(name: str) -> bool:
     """True when ``name`` is a contract variable or a declared config override."""
-    return name in _OVERRIDE_NAMES or contract_env.lookup(name) is not None
+    return name in _OVERRIDE_NAMES or _contract().lookup(name) is not None
+
+
+def _contract() -> ModuleType:
+    """The contract's table of variables, imported when first asked for: reading one of opod's own overrides (the
+    ``opod`` command's first read, :mod:`opod.cli.heap`) does not load the contract's models."""
+    from opod.contract import env
+
+    return env
 
 
 def read(name: str, environ: Mapping[str, str] | None = None) -> str | None:
@@ -109,6 +120,18 @@ def read(name: str, environ: Mapping[str, str] | None = None) -> str | None:
     if value is None or not value.strip():
         return None
     return value.strip()
+
+
+def environment() -> Mapping[str, str]:
+    """This process's whole environment, for what hands it on whole (``opod up`` restarting itself,
+    :mod:`opod.cli.heap`)."""
+    return os.environ
+
+
+def unset(names: tuple[str, ...]) -> None:
+    """Take ``names`` out of this process's environment: the processes it starts from then on do not inherit them."""
+    for name in names:
+        os.environ.pop(name, None)
 
 
 def named_by_operator(name: str, environ: Mapping[str, str] | None = None) -> str | None:
@@ -200,7 +223,7 @@ def unsupported_warnings(environ: Mapping[str, str] | None = None) -> list[str]:
     """One line for each contract variable that is set but that this build does not act on."""
     source = os.environ if environ is None else environ
     lines = []
-    for row in contract_env.env():
+    for row in _contract().env():
         if row.name in source and row.name not in ACTED_ON:
             feature = f" (feature {row.since} is not offered)" if row.since and not row.since.startswith("v") else ""
             lines.append(f"{row.name} is set but this build of opod does not act on it{feature}; it is ignored.")
@@ -211,7 +234,7 @@ def retired_warnings(environ: Mapping[str, str] | None = None) -> list[str]:
     """One line for each retired variable set in the environment, naming what to do instead."""
     source = os.environ if environ is None else environ
     lines = []
-    for row in contract_env.retired():
+    for row in _contract().retired():
         if row.name in source:
             lines.append(f"{row.name} is set but was retired in {row.retired_in}: {row.note} Remove it.")
     return lines

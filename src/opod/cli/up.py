@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -9,7 +10,7 @@ import typer
 import uvloop
 
 from opod import __version__, config
-from opod.cli import homelock
+from opod.cli import heap, homelock
 from opod.cli.common import fail, out, setup_logging, stop_grace_option
 
 if TYPE_CHECKING:
@@ -140,6 +141,7 @@ async def _run(settings: UpSettings) -> None:
         await up.start()
     except (ListenError, RuntimeError, ValueError, TLSConfigError, StoreError) as error:
         raise fail(str(error)) from None
+    logging.getLogger("opod.heap").info(heap.current.said)  # once started: a refused start says one line
     public, admin = up.listeners[0], up.listeners[1]
     host, port = settings.listen
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
