@@ -104,7 +104,7 @@ def test_opod_up_runs_on_huge_pages_in_the_same_process_and_its_engines_get_the_
     machine = _this_machine()
     if isinstance(machine, heap.Heap):
         pytest.skip(f"this machine cannot give the leader huge pages: {machine.why_not}")
-    started = Leader(tmp_path / "home", extra=["--engine", "sim"])
+    started = Leader(tmp_path / "home", extra=["--engine", "sim"], env={"OPOD_HUGE_PAGES": "1"})
     try:
         started.process.wait_for_line("smollm2-135m-instruct: serving on", timeout=60)
         pid = started.process.proc.pid  # the pid the command was started as: the restart keeps it

@@ -33,6 +33,9 @@ def clean_env(home: Path, **extra: str) -> dict[str, str]:
     # A release or engine build an operator asks for is never fetched from a registry here: the tests
     # that install one name their own command.
     env.update(OPOD_UPGRADE_COMMAND=NO_INSTALL, OPOD_ENGINE_INSTALL_COMMAND=NO_INSTALL)
+    # Leaders here keep Python's own allocator: the huge-page heap (opod.cli.heap) starts a leader about half a
+    # second later (glibc's malloc through the imports), over a hundred times a run; tests/cli/test_heap.py runs it.
+    env.update(OPOD_HUGE_PAGES="0")
     env.update(extra)
     return env
 
