@@ -129,3 +129,12 @@ def test_opod_up_with_huge_pages_turned_off_keeps_pythons_allocator(tmp_path: Pa
         assert "PYTHONMALLOC" not in _environ(started.process.proc.pid)
     finally:
         started.process.stop()
+
+
+def test_a_restart_that_cannot_happen_leaves_the_leader_starting_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(heap, "plan", lambda environ, **facts: {"PYTHONMALLOC": "malloc"})
+    monkeypatch.setattr(heap.config, "environment", lambda: {})
+    monkeypatch.setattr(heap.sys, "executable", "/nonexistent/python3")
+    monkeypatch.setattr(heap, "current", heap.Heap(False, "not chosen"))
+    heap.prepare(["up"])
+    assert not heap.current.huge_pages and "/nonexistent/python3 again failed" in heap.current.said

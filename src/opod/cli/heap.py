@@ -144,4 +144,7 @@ def prepare(args: Sequence[str]) -> None:
         return
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, sys.orig_argv, planned)
+    try:
+        os.execve(sys.executable, sys.orig_argv, planned)
+    except OSError as err:  # the interpreter cannot be started again (gone, not executable): go on as it is
+        current = Heap(False, f"starting {sys.executable} again failed: {err.strerror}")
