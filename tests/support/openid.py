@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 from urllib.parse import parse_qsl, urljoin, urlsplit
 
@@ -41,6 +42,11 @@ def require_node() -> str:
     return node
 
 
+READY_WITHIN = 30.0
+"""Seconds a provider's process has to say it is ready (it takes one or two on a loaded machine)."""
+START_TRIES = 3
+
+
 class OpenIdProvider:
     """One ``oidc-provider`` process on a loopback port; its issuer is ``http://127.0.0.1:PORT``."""
 
@@ -54,21 +60,46 @@ class OpenIdProvider:
         self.start()
 
     def start(self) -> None:
-        """Start it (again): a restart makes a new signing key, as a provider rotating its keys does."""
+        """Start it (again): a restart makes a new signing key, as a provider rotating its keys does.
+
+        A node process that has not said it is ready within :data:`READY_WITHIN` is killed and started again: one
+        once hung at start-up on a lock of its own, and the suite with it."""
+        for _ in range(START_TRIES):
+            if self._started():
+                wait_until(self._answers, timeout=10, what=f"the OpenID provider at {self.issuer}")
+                return
+        raise RuntimeError(f"the OpenID provider did not say it was ready in {START_TRIES} starts")
+
+    def _started(self) -> bool:
         argv = [self.node, "server.js", "--port", str(self.port), "--redirect-uri", self.redirect_uri]
         argv += ["--client-id", CLIENT_ID, "--client-secret", CLIENT_SECRET]
         if self.claim_issuer:
             argv += ["--claim-issuer", self.claim_issuer]
-        self.process = subprocess.Popen(
+        process = self.process = subprocess.Popen(
             argv, cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
         )
-        assert self.process.stdout is not None
-        for line in self.process.stdout:  # its warnings, then "ready ISSUER"
-            if line.startswith("ready "):
-                break
-        else:
-            raise RuntimeError(f"the OpenID provider ended before it listened (exit {self.process.wait()})")
-        wait_until(self._answers, timeout=10, what=f"the OpenID provider at {self.issuer}")
+        said: list[str] = []
+        ready = threading.Event()
+
+        def read() -> None:
+            assert process.stdout is not None
+            for line in process.stdout:  # its warnings, then "ready ISSUER"
+                said.append(line)
+                if line.startswith("ready "):
+                    ready.set()
+                    return
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        if ready.wait(READY_WITHIN):
+            return True
+        if process.poll() is not None:
+            reader.join(5)
+            raise RuntimeError(f"the OpenID provider ended before it listened (exit {process.returncode}): {said}")
+        process.kill()
+        process.wait(10)
+        reader.join(5)
+        return False
 
     def _answers(self) -> bool:
         try:
