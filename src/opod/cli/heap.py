@@ -12,7 +12,8 @@ so ``opod up`` restarts itself once, at its first line, with both set, the same 
 id; the restarted leader puts the environment back as the operator gave it, so the engines it starts inherit
 theirs, not the leader's allocator. Nothing happens where it cannot help or the operator chose: off Linux, on a
 glibc older than 2.35 (no ``hugetlb`` tunable) or another C library, with transparent huge pages ``never``, when
-``PYTHONMALLOC`` or ``GLIBC_TUNABLES`` is set already, with ``python -E``, or with ``OPOD_HUGE_PAGES=0``.
+``PYTHONMALLOC`` or ``GLIBC_TUNABLES`` is set already, with ``python -E``, or with ``OPOD_HUGE_PAGES=0``; and
+where the interpreter cannot be started again, the leader goes on as it is. The log says which (:attr:`Heap.said`).
 """
 
 from __future__ import annotations
