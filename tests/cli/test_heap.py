@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -77,15 +75,6 @@ def test_glibc_and_the_kernel_setting_are_read_as_they_are_written() -> None:
     assert heap.thp_mode("") == ""
 
 
-def _this_machine() -> dict[str, str] | heap.Heap:
-    try:
-        thp = heap.THP_SETTING.read_text()
-    except OSError:
-        thp = ""
-    libc = os.confstr("CS_GNU_LIBC_VERSION") if "CS_GNU_LIBC_VERSION" in os.confstr_names else ""
-    return heap.plan({}, platform=sys.platform, libc=libc or "", thp=thp, ignores_environment=False)
-
-
 def _environ(pid: int) -> dict[str, str]:
     raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     return dict(item.decode(errors="replace").split("=", 1) for item in raw if b"=" in item)
@@ -101,7 +90,7 @@ def _huge_kib(pid: int) -> int:
 def test_opod_up_runs_on_huge_pages_in_the_same_process_and_its_engines_get_the_operators_environment(
     tmp_path: Path,
 ) -> None:
-    machine = _this_machine()
+    machine = heap.plan_here({})
     if isinstance(machine, heap.Heap):
         pytest.skip(f"this machine cannot give the leader huge pages: {machine.why_not}")
     started = Leader(tmp_path / "home", extra=["--engine", "sim"], env={"OPOD_HUGE_PAGES": "1"})
@@ -132,7 +121,7 @@ def test_opod_up_with_huge_pages_turned_off_keeps_pythons_allocator(tmp_path: Pa
 
 
 def test_a_restart_that_cannot_happen_leaves_the_leader_starting_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(heap, "plan", lambda environ, **facts: {"PYTHONMALLOC": "malloc"})
+    monkeypatch.setattr(heap, "plan_here", lambda environ: {"PYTHONMALLOC": "malloc"})
     monkeypatch.setattr(heap.config, "environment", lambda: {})
     monkeypatch.setattr(heap.sys, "executable", "/nonexistent/python3")
     monkeypatch.setattr(heap, "current", heap.Heap(False, "not chosen"))

@@ -114,6 +114,22 @@ def plan(
     return {**environ, "PYTHONMALLOC": ALLOCATOR, "GLIBC_TUNABLES": TUNABLES}
 
 
+def plan_here(environ: Mapping[str, str]) -> dict[str, str] | Heap:
+    """:func:`plan` with this machine's facts: its platform, C library, kernel setting and interpreter flags."""
+    try:
+        thp = THP_SETTING.read_text()
+    except OSError:
+        thp = ""
+    libc = os.confstr("CS_GNU_LIBC_VERSION") if "CS_GNU_LIBC_VERSION" in os.confstr_names else None
+    return plan(
+        environ,
+        platform=sys.platform,
+        libc=libc or "",
+        thp=thp,
+        ignores_environment=bool(sys.flags.ignore_environment),
+    )
+
+
 def prepare(args: Sequence[str]) -> None:
     """Run first by the ``opod`` command: for a leader, restart on the huge-page heap, or note why not; in the
     restarted leader, put the environment back as the operator gave it."""
@@ -125,18 +141,7 @@ def prepare(args: Sequence[str]) -> None:
         return
     if not runs_leader(args):
         return
-    try:
-        thp = THP_SETTING.read_text()
-    except OSError:
-        thp = ""
-    libc = os.confstr("CS_GNU_LIBC_VERSION") if "CS_GNU_LIBC_VERSION" in os.confstr_names else ""
-    planned = plan(
-        environ,
-        platform=sys.platform,
-        libc=libc or "",
-        thp=thp,
-        ignores_environment=bool(sys.flags.ignore_environment),
-    )
+    planned = plan_here(environ)
     if isinstance(planned, Heap):
         current = planned
         return
