@@ -18,6 +18,10 @@ audited as the actor ``scim``.
 It lives in ``control`` because it changes what the management API manages, through the same
 writers (:class:`opod.access.people.People`); the leader mounts its routes on the public
 listener, beside ``/admin/v1``, since ``gateway`` may not import ``control``.
+
+This module is the door (the token, refusals, the audit of refused changes) and what follows the
+settings; what answers past the door (:mod:`opod.control.scim_resources`) is imported at the first
+call let in, as ``scim2_models`` takes half a second to import and most leaders never see a SCIM call.
 """
 
 from __future__ import annotations
@@ -27,29 +31,9 @@ import hmac
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
-from scim2_models import (
-    AuthenticationScheme,
-    Bulk,
-    ChangePassword,
-    Context,
-    EnterpriseUser,
-    ETag,
-    Filter,
-    Group,
-    Meta,
-    Patch,
-    Required,
-    ResourceType,
-    Schema,
-    SchemaExtension,
-    SCIMException,
-    ServiceProviderConfig,
-    Sort,
-    User,
-)
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -57,24 +41,16 @@ from starlette.routing import Route
 from opod.access.people import People
 from opod.access.secrets import AuthSecrets
 from opod.access.tenancy import Tenancy
-from opod.control.scim_directory import Directory, ScimUser, grants
-from opod.control.scim_wire import (
-    MEDIA_TYPE,
-    PAGE_MAX,
-    PREFIX,
-    ScimError,
-    one_or_list,
-    page,
-    read_json,
-    scim_response,
-    search_request,
-)
+from opod.control.scim_wire import MEDIA_TYPE, PREFIX, ScimError
 from opod.settings.holder import SettingsHolder
 from opod.settings.schema import ClusterSettings
 from opod.store import Store
 from opod.store.audit import SOURCE_API, AuditDraft, AuditRow
 from opod.store.errors import Conflict, InvalidInput, NotFound, StoreError
 from opod.store.offloop import run_sync
+
+if TYPE_CHECKING:
+    from opod.control.scim_resources import Resources
 
 log = logging.getLogger("opod.scim")
 
@@ -109,39 +85,56 @@ def routes(
     """The SCIM routes, for the public listener: people and groups changed through ``people``, the groups' grants
     from ``settings`` resolved in ``tenancy``, the bearer token from ``secrets``, refused changes in ``store``'s audit.
     The last route answers every other path under the prefix with a SCIM error."""
-    scim = _Scim(Directory(people, tenancy, settings, store), secrets, store)
+    scim = _Scim(people, tenancy, secrets, store, settings)
     settings.subscribe(scim.follow_settings)
-    directory = scim.directory
     table: list[tuple[str, tuple[str, ...], Handler]] = [
-        ("/Users", ("GET", "POST"), lambda c: directory.users(c.request, c.draft, c.base)),
-        ("/Users/.search", ("POST",), scim.search_users),
-        ("/Users/{id}", ("GET", "PUT", "PATCH", "DELETE"), lambda c: directory.user(c.request, c.draft, c.base)),
-        ("/Groups", ("GET", "POST"), lambda c: directory.groups(c.request, c.draft, c.base)),
-        ("/Groups/.search", ("POST",), scim.search_groups),
-        ("/Groups/{id}", ("GET", "PUT", "PATCH", "DELETE"), lambda c: directory.group(c.request, c.draft, c.base)),
-        ("/.search", ("POST",), scim.search_all),
-        ("/ServiceProviderConfig", ("GET",), scim.service_provider_config),
-        ("/ResourceTypes", ("GET",), scim.resource_types),
-        ("/ResourceTypes/{id}", ("GET",), scim.resource_types),
-        ("/Schemas", ("GET",), scim.schemas),
-        ("/Schemas/{id:path}", ("GET",), scim.schemas),
+        ("/Users", ("GET", "POST"), lambda r, c: r.directory.users(c.request, c.draft, c.base)),
+        ("/Users/.search", ("POST",), lambda r, c: r.search_users(c.request, c.draft, c.base)),
+        ("/Users/{id}", ("GET", "PUT", "PATCH", "DELETE"), lambda r, c: r.directory.user(c.request, c.draft, c.base)),
+        ("/Groups", ("GET", "POST"), lambda r, c: r.directory.groups(c.request, c.draft, c.base)),
+        ("/Groups/.search", ("POST",), lambda r, c: r.search_groups(c.request, c.draft, c.base)),
+        ("/Groups/{id}", ("GET", "PUT", "PATCH", "DELETE"), lambda r, c: r.directory.group(c.request, c.draft, c.base)),
+        ("/.search", ("POST",), lambda r, c: r.search_all(c.request, c.base)),
+        ("/ServiceProviderConfig", ("GET",), lambda r, c: r.service_provider_config(c.base)),
+        ("/ResourceTypes", ("GET",), lambda r, c: r.resource_types(c.request, c.base)),
+        ("/ResourceTypes/{id}", ("GET",), lambda r, c: r.resource_types(c.request, c.base)),
+        ("/Schemas", ("GET",), lambda r, c: r.schemas(c.request, c.base)),
+        ("/Schemas/{id:path}", ("GET",), lambda r, c: r.schemas(c.request, c.base)),
     ]
     found = [Route(f"{PREFIX}{path}", scim.guard(h, methods), methods=_ANY) for path, methods, h in table]
-    found.append(Route(PREFIX, scim.guard(scim.unknown, ()), methods=_ANY))
-    found.append(Route(f"{PREFIX}/{{rest:path}}", scim.guard(scim.unknown, ()), methods=_ANY))
+    found.append(Route(PREFIX, scim.guard(_unknown, ()), methods=_ANY))
+    found.append(Route(f"{PREFIX}/{{rest:path}}", scim.guard(_unknown, ()), methods=_ANY))
     return found
 
 
-Handler = Callable[[_Call], Awaitable[Response]]
+Handler = Callable[["Resources", _Call], Awaitable[Response]]
+"""An answer past the door, from SCIM's resources."""
+
+
+def _unknown(resources: Resources, call: _Call) -> Awaitable[Response]:
+    return resources.unknown(call.request)
 
 
 class _Scim:
-    def __init__(self, directory: Directory, secrets: AuthSecrets, store: Store) -> None:
-        self.directory = directory
+    def __init__(
+        self, people: People, tenancy: Tenancy, secrets: AuthSecrets, store: Store, settings: SettingsHolder
+    ) -> None:
+        self.people = people
+        self.tenancy = tenancy
         self.secrets = secrets
         self.store = store
-        self._mapping = directory.settings.current.auth.scim_groups
+        self.settings = settings
+        self._resources: Resources | None = None
+        self._mapping = settings.current.auth.scim_groups
         self._syncing: set[asyncio.Task[None]] = set()
+
+    def resources(self) -> Resources:
+        """What answers past the door, imported at the first call let in (``scim2_models`` takes half a second)."""
+        if self._resources is None:
+            from opod.control.scim_resources import Resources
+
+            self._resources = Resources(self.people, self.tenancy, self.settings, self.store)
+        return self._resources
 
     # --- the door: the token, refusals as SCIM errors, refused changes audited ----------------
 
@@ -156,14 +149,9 @@ class _Scim:
                 call = _Call.of(request)
                 if methods and request.method not in allowed:
                     raise ScimError(405, f"{request.method} is not answered here; use {', '.join(methods)}")
-                return await handler(call)
-            except ScimError as err:
+                return await self.resources().answer(handler, call)
+            except ScimError as err:  # scim2's own refusals too, raised as these by Resources.answer
                 refused = err
-            except SCIMException as err:  # a patch path that reaches nothing, a mutability rule
-                where = err.context.get("path")
-                refused = ScimError(
-                    err.status, err.detail + (f" (path {where})" if where else ""), err.scim_type or None
-                )
             except (InvalidInput, ValidationError) as err:
                 refused = ScimError(400, str(err), "invalidValue")
             except Conflict as err:
@@ -202,12 +190,6 @@ class _Scim:
         except StoreError as failure:
             log.error("could not record the audit row of %s: %s", call.draft.action, failure)
 
-    async def unknown(self, call: _Call) -> Response:
-        path = call.request.url.path
-        raise ScimError(
-            404, f"no such path: {call.request.method} {path}; SCIM answers /Users, /Groups and the discovery paths"
-        )
-
     # --- what the groups grant, when the settings' mapping changes ----------------------------
 
     def follow_settings(self, settings: ClusterSettings) -> None:
@@ -225,7 +207,8 @@ class _Scim:
         task.add_done_callback(self._syncing.discard)
 
     async def sync_grants(self) -> None:
-        directory = self.directory
+        from opod.control.scim_directory import grants  # imports scim2_models: only once the mapping changed
+
         row = AuditRow(
             actor=ACTOR,
             source=SOURCE_API,
@@ -235,7 +218,7 @@ class _Scim:
             status=200,
         )
         try:
-            change = await directory.people.sync_grants(grants(directory.settings, directory.tenancy), audit=row)
+            change = await self.people.sync_grants(grants(self.settings, self.tenancy), audit=row)
         except StoreError as err:
             log.error("SCIM groups' memberships not brought in line with auth.scim_groups: %s", err)
             return
@@ -246,81 +229,6 @@ class _Scim:
                 len(change.removed),
                 len(change.revoked),
             )
-
-    # --- searches by POST (RFC 7644 3.4.3) ----------------------------------------------------
-
-    async def search_users(self, call: _Call) -> Response:
-        body = await read_json(call.request)
-        return await self.directory.users(call.request, call.draft, call.base, _searching(call.request, User, body))
-
-    async def search_groups(self, call: _Call) -> Response:
-        body = await read_json(call.request)
-        return await self.directory.groups(call.request, call.draft, call.base, _searching(call.request, Group, body))
-
-    async def search_all(self, call: _Call) -> Response:
-        search = search_request(call.request, ScimUser | Group, await read_json(call.request))
-        found = await self.directory.all_users(call.base) + await self.directory.all_groups(call.base)
-        return scim_response(
-            page(search, [r for r in found if search.filter is None or search.filter.match(r)], ScimUser | Group)
-        )
-
-    # --- discovery ---------------------------------------------------------------------------------
-
-    async def service_provider_config(self, call: _Call) -> Response:
-        config = ServiceProviderConfig(
-            documentation_uri="https://github.com/opod/opod",
-            patch=Patch(supported=True),
-            bulk=Bulk(supported=False, max_operations=0, max_payload_size=0),
-            filter=Filter(supported=True, max_results=PAGE_MAX),
-            change_password=ChangePassword(supported=False),
-            sort=Sort(supported=False),
-            etag=ETag(supported=False),
-            authentication_schemes=[
-                AuthenticationScheme(
-                    type="oauthbearertoken",
-                    name="Bearer token",
-                    primary=True,
-                    description="The SCIM token an operator stored with PUT /api/v1/auth/secrets/scim-token",
-                )
-            ],
-            meta=Meta(resource_type="ServiceProviderConfig", location=f"{call.base}/ServiceProviderConfig"),
-        )
-        return scim_response(config.model_dump(scim_ctx=Context.RESOURCE_QUERY_RESPONSE))
-
-    async def resource_types(self, call: _Call) -> Response:
-        types: dict[str, dict[str, Any]] = {}
-        for model in (User, Group):
-            kind = ResourceType.from_resource(model)
-            if model is User:
-                kind.schema_extensions = [SchemaExtension(schema_=EnterpriseUser.__schema__, required=False)]
-            kind.meta = Meta(resource_type="ResourceType", location=f"{call.base}/ResourceTypes/{kind.id}")
-            types[str(kind.id)] = kind.model_dump(scim_ctx=Context.RESOURCE_QUERY_RESPONSE)
-        return one_or_list(call.request, types, "ResourceType", ResourceType)
-
-    async def schemas(self, call: _Call) -> Response:
-        found = {}
-        for model in (User, Group, EnterpriseUser):
-            schema = model.to_schema()
-            if model is User:
-                _required(schema, "emails", "value")
-            schema.meta = Meta(resource_type="Schema", location=f"{call.base}/Schemas/{schema.id}")
-            found[str(schema.id)] = schema.model_dump(scim_ctx=Context.RESOURCE_QUERY_RESPONSE)
-        return one_or_list(call.request, found, "Schema", Schema)
-
-
-def _required(schema: Schema, name: str, inner: str) -> None:
-    """Mark ``name`` and its ``inner`` sub-attribute required: opod needs a person's email (RFC 7643 7 lets a service
-    provider publish what it requires), though it takes one from a userName that is an address."""
-    for attribute in schema.attributes or []:
-        if attribute.name == name:
-            attribute.required = Required.true
-            for sub in attribute.sub_attributes or []:
-                if sub.name == inner:
-                    sub.required = Required.true
-
-
-def _searching(request: Request, model: Any, body: dict[str, Any]) -> Any:
-    return search_request(request, ScimUser if model is User else model, body)
 
 
 __all__ = ["MEDIA_TYPE", "PREFIX", "ScimError", "routes"]

@@ -1,20 +1,23 @@
 """SCIM 2.0 on the wire (RFC 7644): refusals as SCIM ``Error``, searches and list pages, bodies, a User's fields.
 
 The resources and their routes are :mod:`opod.control.scim`'s; this module holds what any of them
-reads or answers with, and nothing of opod's state.
+reads or answers with, and nothing of opod's state. The leader imports it at start (SCIM's routes,
+its refusals), so ``scim2_models``, half a second to import, is imported only by the functions that
+build its models: most leaders never see a SCIM call.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
-from scim2_models import Context, EnterpriseUser, ListResponse, SearchRequest, User
-from scim2_models import Error as ScimErrorBody
 from starlette.requests import Request
 from starlette.responses import Response
+
+if TYPE_CHECKING:
+    from scim2_models import Context, EnterpriseUser, User
 
 PREFIX = "/scim/v2"
 MEDIA_TYPE = "application/scim+json"
@@ -34,6 +37,8 @@ class ScimError(Exception):
         self.scim_type = scim_type
 
     def response(self) -> Response:
+        from scim2_models import Error as ScimErrorBody
+
         body = ScimErrorBody(status=self.status, detail=self.detail, scim_type=self.scim_type).model_dump()
         headers = {"WWW-Authenticate": 'Bearer realm="opod SCIM"'} if self.status == 401 else None
         return scim_response(body, self.status, headers)
@@ -46,6 +51,8 @@ def scim_response(body: Any, status: int = 200, headers: dict[str, str] | None =
 def search_request(request: Request, model: Any, body: dict[str, Any] | None = None) -> Any:
     """What a listing asks for (``filter``, ``startIndex``, ``count``, ``attributes``, ``excludedAttributes``), from
     the query string or a ``/.search`` body, as a ``SearchRequest`` over ``model``."""
+    from scim2_models import Context, SearchRequest
+
     if body is None:
         query = request.query_params
         body = {name: query[name] for name in _SEARCH_PARAMS if query.get(name)}
@@ -63,15 +70,17 @@ def search_request(request: Request, model: Any, body: dict[str, Any] | None = N
 _SEARCH_PARAMS = ("filter", "startIndex", "count", "attributes", "excludedAttributes", "sortBy", "sortOrder")
 
 
-def page(search: Any, resources: list[Any], kind: Any, context: Context = Context.SEARCH_RESPONSE) -> dict[str, Any]:
+def page(search: Any, resources: list[Any], kind: Any) -> dict[str, Any]:
     """The page ``search`` asks for (``startIndex`` from 1, at most :data:`PAGE_MAX`), as a ``ListResponse``, each
     resource showing the attributes asked for."""
+    from scim2_models import Context, ListResponse
+
     start = max(1, search.start_index or 1)
     count = min(PAGE_MAX, max(0, PAGE_MAX if search.count is None else search.count))
     shown = resources[start - 1 : start - 1 + count]
     listing = ListResponse[kind](total_results=len(resources), start_index=start, items_per_page=len(shown))
-    body = listing.model_dump(scim_ctx=context)
-    body["Resources"] = [r.model_dump(scim_ctx=context, response_parameters=search) for r in shown]
+    body = listing.model_dump(scim_ctx=Context.SEARCH_RESPONSE)
+    body["Resources"] = [r.model_dump(scim_ctx=Context.SEARCH_RESPONSE, response_parameters=search) for r in shown]
     return body
 
 
@@ -88,6 +97,8 @@ def _reasons(err: ValidationError) -> str:
 
 def one_or_list(request: Request, found: dict[str, dict[str, Any]], what: str, kind: Any) -> Response:
     """One of ``found`` by the path's ``id``, or all of them as a list."""
+    from scim2_models import Context, ListResponse
+
     wanted = request.path_params.get("id")
     if wanted is None:
         body = ListResponse[kind](total_results=len(found), start_index=1, items_per_page=len(found)).model_dump(
