@@ -10,6 +10,10 @@ then finds the person by the provider's subject (``external_id``) or e-mail, mak
 ``create_accounts`` says so, keeps their role and memberships in step with their groups, and
 records the sign-in. Every refusal is an :class:`OidcRefused` saying why; nothing about the people
 changes before the token is accepted.
+
+authlib, joserfc and httpx2 are imported by the steps that use them: every leader builds an
+:class:`OidcSignIn` at start, few ever sign anyone in through a provider, and the three take a
+tenth of a second to import.
 """
 
 from __future__ import annotations
@@ -21,14 +25,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
-
-import httpx2
-from authlib.common.security import generate_token
-from authlib.integrations.httpx_client import AsyncOAuth2Client, OAuthError
-from authlib.oidc.core.claims import CodeIDToken
-from joserfc import jwt
-from joserfc.errors import BadSignatureError, ClaimError, ExpiredTokenError, JoseError
-from joserfc.jws import extract_compact
 
 from opod.access.group_rules import GroupRules
 from opod.access.members import Memberships
@@ -152,6 +148,9 @@ class OidcSignIn:
 
     async def begin(self, return_to: str) -> OidcStart:
         """The provider's authorization address for a new sign-in, and its sealed cookie value."""
+        from authlib.common.security import generate_token
+        from authlib.integrations.httpx_client import AsyncOAuth2Client
+
         auth = self._settings.current.auth
         oidc = self._config(auth)
         metadata = await self._metadata(oidc.issuer)
@@ -259,6 +258,9 @@ class OidcSignIn:
     async def _exchange(
         self, auth: AuthSettings, oidc: OidcSettings, metadata: ProviderMetadata, code: str, verifier: str
     ) -> dict[str, Any]:
+        import httpx2
+        from authlib.integrations.httpx_client import AsyncOAuth2Client, OAuthError
+
         secret = await self._client_secret(oidc)
         client = AsyncOAuth2Client(
             client_id=oidc.client_id,
@@ -289,6 +291,11 @@ class OidcSignIn:
     async def _id_token(
         self, oidc: OidcSettings, metadata: ProviderMetadata, token: Mapping[str, Any], nonce: str
     ) -> dict[str, Any]:
+        from authlib.oidc.core.claims import CodeIDToken
+        from joserfc import jwt
+        from joserfc.errors import BadSignatureError, ClaimError, ExpiredTokenError, JoseError
+        from joserfc.jws import extract_compact
+
         raw = token.get("id_token")
         if not isinstance(raw, str) or not raw:
             raise OidcRefused("the provider sent no ID token; is openid among auth.oidc.scopes?")
@@ -337,6 +344,8 @@ class OidcSignIn:
     ) -> dict[str, Any]:
         """The ID token's claims, with those it lacks (``email_verified`` too) from the provider's userinfo endpoint,
         which must name the same subject."""
+        import httpx2
+
         wanted = (oidc.email_claim, oidc.name_claim, oidc.groups_claim)
         access_token = token.get("access_token")
         if all(c in claims for c in wanted) or not metadata.userinfo_endpoint or not isinstance(access_token, str):

@@ -5,6 +5,7 @@ issuer it was read for; the keys are read from its ``jwks_uri``. Both are kept f
 :data:`KEEP_FOR` seconds. An ID token signed with a key id not among those kept makes the keys be
 read again at once (a provider rotated its keys), and again for another unknown one only after
 :data:`REFETCH_EVERY` seconds, so a stream of made-up key ids cannot turn opod into a load on the provider.
+httpx2 and joserfc are imported by the reads, not at the leader's start (see :mod:`opod.access.oidc`).
 """
 
 from __future__ import annotations
@@ -12,11 +13,10 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx2
-from joserfc.errors import JoseError
-from joserfc.jwk import KeySet
+if TYPE_CHECKING:
+    from joserfc.jwk import KeySet
 
 KEEP_FOR = 3600.0
 REFETCH_EVERY = 30.0
@@ -106,6 +106,8 @@ def _has_kid(keys: KeySet, kid: str) -> bool:
 
 
 async def _get_json(url: str, what: str) -> dict[str, Any]:
+    import httpx2
+
     try:
         async with httpx2.AsyncClient(timeout=HTTP_TIMEOUT, follow_redirects=False) as client:
             answer = await client.get(url, headers={"Accept": "application/json"})
@@ -154,6 +156,9 @@ async def _read_metadata(issuer: str) -> ProviderMetadata:
 
 
 async def _read_keys(url: str) -> KeySet:
+    from joserfc.errors import JoseError
+    from joserfc.jwk import KeySet
+
     body = await _get_json(url, "signing keys")
     keys = [k for k in body.get("keys", []) if isinstance(k, dict) and k.get("use", "sig") == "sig"]
     try:
