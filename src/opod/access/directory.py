@@ -11,6 +11,10 @@ the actor ``ldap``.
 
 An empty password is refused before anything is sent to the directory: many servers take a simple
 bind with a DN and no password as an anonymous bind, and answer it with success.
+
+The LDAP calls (:mod:`opod.access.directory_ldap`, over ldap3) are imported when a directory is first
+used: every leader builds a :class:`Directory` at start, few have one, and ldap3 takes a twentieth of a
+second to import.
 """
 
 from __future__ import annotations
@@ -21,9 +25,8 @@ import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from opod.access.directory_ldap import DirectoryError, Found, NotThisPerson, authenticate, read_all, try_directory
 from opod.access.group_rules import GroupRules
 from opod.access.people import DISABLED, People
 from opod.access.scopes import check_scope
@@ -37,6 +40,9 @@ from opod.store.audit import SOURCE_LEADER, AuditRow, detail_text
 from opod.store.errors import InvalidInput, StoreError
 from opod.store.offloop import run_sync
 from opod.store.people import UserRecord, new_user_id
+
+if TYPE_CHECKING:
+    from opod.access.directory_ldap import Found
 
 log = logging.getLogger("opod.access")
 
@@ -129,6 +135,8 @@ class Directory:
         """The person ``username`` names, checked by the directory with ``password``, their account made or brought
         in step. ``DirectoryRefused`` (the same reason for an unknown person and a wrong password),
         ``DirectoryDown`` when the directory cannot be used."""
+        from opod.access.directory_ldap import DirectoryError, NotThisPerson, authenticate
+
         if not password or not password.strip():
             raise DirectoryRefused(EMPTY)
         login = username.strip()
@@ -178,6 +186,8 @@ class Directory:
 
     async def test(self, settings_yaml: str, password: str | None) -> LDAPTestView:
         """Try an ``auth.ldap`` block (the one in force when empty): each step a check; nothing changes."""
+        from opod.access.directory_ldap import DirectoryError, try_directory
+
         config, said = self._parse(settings_yaml)
         checks = [CheckView(step="settings", ok=config is not None, detail=said)]
         if config is None:
@@ -200,6 +210,8 @@ class Directory:
     # --- the sync ------------------------------------------------------------------------------
 
     async def _sync(self, at: datetime) -> DirectorySync:
+        from opod.access.directory_ldap import DirectoryError, read_all
+
         try:
             config = self._config()
             service_password = await self._service_password(config)
@@ -379,6 +391,8 @@ class Directory:
     async def _off_loop(self, config: LDAPSettings, call: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
         """``call`` in a worker thread, bounded: each LDAP step has ``timeout``, the whole a few of them more
         (DirectoryError past that; the thread ends by its own step's timeout)."""
+        from opod.access.directory_ldap import DirectoryError
+
         bound = config.timeout_seconds * (len(config.urls) + 6)
         try:
             return await asyncio.wait_for(run_sync(call, *args, **kwargs), bound)
