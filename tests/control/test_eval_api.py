@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from opod.control.evals.builtin import BUILT_IN_SUITES
+from opod.control.evals.builtin import built_in_suites
 from tests.support.inprocess import InProcessLeader as Leader
 from tests.support.opod_process import OpodProcess, opod_cli, sim_worker, usage_rows, wait_until
 
@@ -127,7 +127,7 @@ def test_arithmetic_runs_to_the_end_through_v1_with_a_usage_row_per_case(leader:
     assert "passed" not in run, "a running run has no verdict yet"
     done = finished(leader, run["id"])
     assert done["state"] == "done" and done["done"] == 6 and done["by"] == "ops@example"
-    suite = BUILT_IN_SUITES["arithmetic"]
+    suite = built_in_suites()["arithmetic"]
     assert done["suite_hash"] == suite.hash
     results = {r["id"]: r for r in done["results"]}
     assert list(results) == [c.id for c in suite.cases]
@@ -257,8 +257,8 @@ def test_the_run_is_kept_in_the_store(leader: Leader) -> None:
     kept = leader.leader.store.get_eval_run(run["id"])
     assert kept is not None and kept.state == "done" and len(kept.results) == 4
     first = kept.results[0]
-    assert first.prompt == BUILT_IN_SUITES["json-format"].cases[0].prompt
-    assert first.expected == BUILT_IN_SUITES["json-format"].cases[0].expected and first.request_id == f"{run['id']}-0"
+    assert first.prompt == built_in_suites()["json-format"].cases[0].prompt
+    assert first.expected == built_in_suites()["json-format"].cases[0].expected and first.request_id == f"{run['id']}-0"
 
 
 def test_ctl_lists_suites_runs_a_suite_with_progress_and_sets_the_gate(leader: Leader) -> None:

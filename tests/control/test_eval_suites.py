@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from opod.control.evals.builtin import BUILT_IN_SUITES
+from opod.control.evals.builtin import built_in_suites
 from opod.control.evals.scoring import read_grade, score
 from opod.control.evals.suites import Case, SuiteError, parse_suite, read_dir
 
@@ -80,7 +80,7 @@ def test_the_directory_lists_good_suites_and_broken_files_never_half_loaded(tmp_
     (tmp_path / "c.yml").write_text("cases:\n  - {prompt: x, contains: y}\n  - {prompt: x}\n")
     (tmp_path / "d.yaml").write_text("name: a\ncases:\n  - {prompt: x, contains: y}\n")
     (tmp_path / "notes.txt").write_text("not a suite")
-    suites, broken = read_dir(tmp_path, frozenset(BUILT_IN_SUITES))
+    suites, broken = read_dir(tmp_path, frozenset(built_in_suites()))
     assert [s.name for s in suites] == ["a"]
     why = {b.source.rsplit("/", 1)[1]: b.error for b in broken}
     assert set(why) == {"b.json", "c.yml", "d.yaml"}
@@ -141,7 +141,7 @@ def test_a_judge_s_grade_is_read_from_its_reply() -> None:
 
 
 def test_the_built_in_suites_hold_what_they_say() -> None:
-    arithmetic, formats = BUILT_IN_SUITES["arithmetic"], BUILT_IN_SUITES["json-format"]
+    arithmetic, formats = built_in_suites()["arithmetic"], built_in_suites()["json-format"]
     assert arithmetic.source == formats.source == "built in"
     assert all(c.kind == "regex" for c in arithmetic.cases)
     assert score(arithmetic.cases[0], "42").passed and not score(arithmetic.cases[0], "41").passed

@@ -21,7 +21,7 @@ from typing import Any
 
 from opod.contract.admin.catalog import CatalogEvalGate
 from opod.contract.admin.models import ModelserveChange
-from opod.control.evals.builtin import BUILT_IN_SUITES
+from opod.control.evals.builtin import built_in_suites
 from opod.control.evals.compare import DEFAULT_MARGIN, Comparison, compare_runs
 from opod.control.evals.runner import Ask, LiveRun, Plan, Runner
 from opod.control.evals.suites import BrokenSuite, Suite, SuiteError, parse_suite, read_dir
@@ -167,8 +167,9 @@ class EvalsService:
 
     def suites(self) -> tuple[list[Suite], list[BrokenSuite]]:
         """The suites runnable by name (the built-in ones first) and the files that cannot be run, with why."""
-        found, broken = read_dir(self.eval_dir, frozenset(BUILT_IN_SUITES))
-        return [*BUILT_IN_SUITES.values(), *found], broken
+        built_in = built_in_suites()
+        found, broken = read_dir(self.eval_dir, frozenset(built_in))
+        return [*built_in.values(), *found], broken
 
     def suite(self, name: str, field: str = "suite") -> Suite:
         """The suite called ``name``; InvalidInput naming ``field`` (and the file's own fault) otherwise."""

@@ -31,8 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from jsonschema import exceptions as schema_errors
-from jsonschema import validators
 
 from opod.store.errors import InvalidInput
 
@@ -142,6 +140,9 @@ def _unknown(keys: set[str], allowed: frozenset[str], where: _Where, case: str =
 
 def _expected(kind: str, value: Any, where: _Where, case: str) -> str:
     if kind == "json_schema":
+        from jsonschema import exceptions as schema_errors  # here, not at the leader's start: a tenth of a second
+        from jsonschema import validators
+
         schema = value
         if isinstance(value, str):
             try:
