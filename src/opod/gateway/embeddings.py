@@ -11,12 +11,15 @@ request rules (``opod.gateway.validate``) refuse ``dimensions`` for any other.
 from __future__ import annotations
 
 import base64
+from typing import TYPE_CHECKING
 
-import numpy as np
 from starlette.responses import Response
 
 from opod.http import fastjson
 from opod.http.fastpath import PreparedResponse
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def cut_embeddings(response: Response, dimensions: int) -> Response:
@@ -31,6 +34,8 @@ def cut_embeddings(response: Response, dimensions: int) -> Response:
     items = answer.get("data") if isinstance(answer, dict) else None
     if not isinstance(items, list):
         return response
+    import numpy as np  # here, not at the leader's start: only a cut needs it, and it takes a twentieth of a second
+
     changed = False
     for item in items:
         vector = item.get("embedding") if isinstance(item, dict) else None
@@ -50,5 +55,7 @@ def cut_embeddings(response: Response, dimensions: int) -> Response:
 
 
 def _unit(vector: np.ndarray) -> np.ndarray:
+    import numpy as np
+
     norm = float(np.linalg.norm(vector))
     return vector / norm if norm else vector

