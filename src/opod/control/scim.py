@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import importlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -128,12 +129,13 @@ class _Scim:
         self._mapping = settings.current.auth.scim_groups
         self._syncing: set[asyncio.Task[None]] = set()
 
-    def resources(self) -> Resources:
-        """What answers past the door, imported at the first call let in (``scim2_models`` takes half a second)."""
+    async def resources(self) -> Resources:
+        """What answers past the door, imported at the first call let in (``scim2_models`` takes half a second), in a
+        thread: the requests in flight on the event loop do not wait for it."""
         if self._resources is None:
-            from opod.control.scim_resources import Resources
-
-            self._resources = Resources(self.people, self.tenancy, self.settings, self.store)
+            module = await asyncio.to_thread(importlib.import_module, "opod.control.scim_resources")
+            if self._resources is None:  # two first calls: the one that comes back first makes it
+                self._resources = module.Resources(self.people, self.tenancy, self.settings, self.store)
         return self._resources
 
     # --- the door: the token, refusals as SCIM errors, refused changes audited ----------------
@@ -149,7 +151,7 @@ class _Scim:
                 call = _Call.of(request)
                 if methods and request.method not in allowed:
                     raise ScimError(405, f"{request.method} is not answered here; use {', '.join(methods)}")
-                return await self.resources().answer(handler, call)
+                return await (await self.resources()).answer(handler, call)
             except ScimError as err:  # scim2's own refusals too, raised as these by Resources.answer
                 refused = err
             except (InvalidInput, ValidationError) as err:
@@ -207,8 +209,8 @@ class _Scim:
         task.add_done_callback(self._syncing.discard)
 
     async def sync_grants(self) -> None:
-        from opod.control.scim_directory import grants  # imports scim2_models: only once the mapping changed
-
+        # scim_directory imports scim2_models (half a second): once the mapping changed, and in a thread.
+        grants = (await asyncio.to_thread(importlib.import_module, "opod.control.scim_directory")).grants
         row = AuditRow(
             actor=ACTOR,
             source=SOURCE_API,
