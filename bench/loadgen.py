@@ -14,16 +14,29 @@ import gc
 import itertools
 import json
 import random
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
 
+OWN_TIME = re.compile(r"(?:^|,)\s*opod;dur=([0-9.]+)")
+"""opod's own share of an answer's time in its ``Server-Timing`` header (milliseconds): from the request's arrival
+to the answer's headers, the wait on the engine left out."""
+
+
+def own_seconds(timing: str | None) -> float | None:
+    """The seconds an answer's ``Server-Timing`` header says opod spent on it; ``None`` when it does not say."""
+    found = OWN_TIME.search(timing) if timing else None
+    return float(found.group(1)) / 1000 if found else None
+
 
 @dataclass
 class Result:
     latencies: list[float] = field(default_factory=list)
+    own: list[float] = field(default_factory=list)
+    """Each answer's own time as opod's ``Server-Timing`` says (seconds); empty for a router that does not say."""
     errors: int = 0
     statuses: dict[int, int] = field(default_factory=dict)
     elapsed: float = 0.0
@@ -34,10 +47,15 @@ class Result:
         return len(self.latencies) / self.elapsed if self.elapsed else 0.0
 
     def pct(self, q: float) -> float:
-        if not self.latencies:
-            return float("nan")
-        ordered = sorted(self.latencies)
-        return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
+        return percentile(self.latencies, q)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile of ``values`` (nearest rank); NaN for none."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
 
 
 @contextlib.contextmanager
@@ -80,6 +98,9 @@ async def _one(
             if resp.status != 200:
                 result.errors += 1
                 return
+            own = own_seconds(resp.headers.get("Server-Timing"))
+            if own is not None:
+                result.own.append(own)
             if b'"completion_tokens"' in data:
                 try:
                     result.tokens += json.loads(data)["usage"]["completion_tokens"]

@@ -23,13 +23,11 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.loadgen import collector_paused
+from bench.loadgen import collector_paused, own_seconds
 from opod.worker import processes
 
 _TOKEN = re.compile(rb'"content":\s*"(?!")')
 """A chunk whose delta carries text (the opening role chunk has an empty or null content)."""
-_OWN_TIME = re.compile(r"(?:^|,)\s*opod;dur=([0-9.]+)")
-"""opod's own share of an answer's time, from its ``Server-Timing`` header (milliseconds)."""
 
 
 @dataclass(frozen=True)
@@ -134,9 +132,7 @@ async def _send(
     try:
         async with session.post(url, data=body, headers=headers) as resp:
             sample.status = resp.status
-            timing = resp.headers.get("Server-Timing")
-            if timing and (own := _OWN_TIME.search(timing)):
-                sample.own = float(own.group(1)) / 1000
+            sample.own = own_seconds(resp.headers.get("Server-Timing"))
             if resp.status != 200:
                 sample.error = f"HTTP {resp.status}: {(await resp.read())[:200]!r}"
                 return

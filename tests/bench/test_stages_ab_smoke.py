@@ -29,6 +29,8 @@ def test_the_smallest_run_measures_both_leaders_and_writes_the_table(tmp_path: P
     for side in ("base", "this"):
         python, answered, errors = rows[side][3], int(rows[side][4]), int(rows[side][5])
         assert answered > 0 and errors == 0, table
+        own_p99 = float(rows[side][10].strip(" |"))  # read off each answer's Server-Timing: NaN if none said it
+        assert 0 < own_p99 < 1000, table
         assert python == platform.python_version(), table
     assert "pair by pair: median **" in table
     # All on is the stages bench's: its guardrail the settings' guard policy, run in the leader, checked on a record.
