@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import io
 import json
 import logging
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from typing import Any
 
 import typer
@@ -71,6 +74,22 @@ def print_whole(thing: RenderableType, shown: Console | None = None) -> None:
         text = "".join(line.rstrip() + "\n" for line in text.splitlines())
     shown.file.write(text)
     shown.file.flush()
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused while a command imports what it runs (the leader, a worker).
+
+    Those imports make objects that live as long as the process, by the hundred thousand, and the collector
+    walks every one of them again at each of its full passes meanwhile, freeing next to nothing: reference
+    counting frees what dies. Once serving, their start-up objects leave its passes (``settle_memory``)."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
 
 
 def stop_grace_option() -> Any:

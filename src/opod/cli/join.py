@@ -12,7 +12,7 @@ import uvloop
 
 from opod import config
 from opod.cli import homelock
-from opod.cli.common import fail, out, setup_logging, stop_grace_option
+from opod.cli.common import collector_paused, fail, out, setup_logging, stop_grace_option
 
 if TYPE_CHECKING:
     from opod.worker.run import Worker
@@ -36,9 +36,10 @@ def command(
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Join a leader as a worker and run its models on this machine's engines."""
-    from opod.http.serving import ListenError, parse_listen
-    from opod.http.tls.client import TLSClientError
-    from opod.worker.run import WorkerSettings, engine_flags, open_worker
+    with collector_paused():
+        from opod.http.serving import ListenError, parse_listen
+        from opod.http.tls.client import TLSClientError
+        from opod.worker.run import WorkerSettings, engine_flags, open_worker
 
     setup_logging(verbose)
     for line in config.retired_warnings() + config.unsupported_warnings():

@@ -11,7 +11,7 @@ import uvloop
 
 from opod import __version__, config
 from opod.cli import heap, homelock
-from opod.cli.common import fail, out, setup_logging, stop_grace_option
+from opod.cli.common import collector_paused, fail, out, setup_logging, stop_grace_option
 
 if TYPE_CHECKING:
     from opod.leader.run import UpSettings
@@ -68,10 +68,11 @@ def command(
         raise fail(f"--role {role!r}: choose leader or door")
     if routes:
         raise fail("--routes is for --role door")
-    from opod.http.serving import parse_listen
-    from opod.leader.leader import LeaderSettings
-    from opod.leader.run import UpSettings
-    from opod.worker.run import WorkerSettings, engine_flags
+    with collector_paused():
+        from opod.http.serving import parse_listen
+        from opod.leader.leader import LeaderSettings
+        from opod.leader.run import UpSettings
+        from opod.worker.run import WorkerSettings, engine_flags
 
     setup_logging(verbose)
     home = config.home()
