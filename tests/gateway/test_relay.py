@@ -13,10 +13,13 @@ from typing import Any
 import httpx
 import pytest
 from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
 from opod.access.keytable import KeyTable
 from opod.contract import nodeapi
-from opod.contract.adminapi import PlanSnapshot, PolicyAdmission
+from opod.contract.adminapi import PlanSnapshot, PolicyAdmission, PolicySnapshot
 from opod.fleet.local import LocalEngines
 from opod.fleet.models import KnownModel, ModelRegistry
 from opod.fleet.prefix_index import PrefixIndex
@@ -30,7 +33,8 @@ from opod.http.serving import Listener, bind, serve
 from opod.ledger.records import UsageTicket
 from opod.security.signer import Signer
 from opod.sim import SimConfig, running
-from opod.snapshots.policy import PolicyView
+from opod.snapshots.policy import PolicyView, build_view
+from tests.snapshots.helpers import serving
 
 MODEL = "sim-model"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Say something."}], "max_tokens": 8}
@@ -320,3 +324,51 @@ async def test_three_failures_of_one_model_leave_the_other_model_on_the_same_wor
     assert down.status_code == 503
     assert "cooling down after 3 failed requests" in down.json()["error"]["message"]
     assert 1 <= int(down.headers["retry-after"]) <= 10
+
+
+class PostGuardrail:
+    """A mounted policy whose one guardrail judges each whole answer, at ``url``."""
+
+    def __init__(self, url: str) -> None:
+        snapshot = PolicySnapshot.from_wire({"guardrails": [{"id": "slow", "phase": "post", "url": url}]})
+        self.view = build_view(snapshot)
+
+    def current_policy(self) -> PolicyView | None:
+        return self.view
+
+    def current_plan(self) -> PlanSnapshot | None:
+        return None
+
+
+async def test_the_answers_server_timing_counts_what_the_gateway_did_after_the_engine_answered(sim: str) -> None:
+    # A post guardrail that takes 300 ms is the gateway's time, not the engine's: it shows in opod;dur.
+    async def judge(request: Request) -> Response:
+        await asyncio.sleep(0.3)
+        return JSONResponse({"action": "allow"})
+
+    fleet, local, usage = Fleet(), LocalEngines(), Usage()
+    workers = WorkerClient(lambda _: "node-token", Signer)
+    async with serving(Starlette(routes=[Route("/judge", judge, methods=["POST"])])) as hook:
+        gateway = build_gateway(
+            fleet=fleet,
+            models=ModelRegistry(),
+            keys=KeyTable(),
+            workers=workers,
+            index=PrefixIndex(),
+            local=local,
+            usage=usage,
+            policies=PostGuardrail(f"{hook}/judge"),
+            admission=PolicyAdmission(hold_ms=5000),
+            require_keys=False,
+        )
+        join(fleet, "here", "127.0.0.1:1")
+        local.attach("here", lambda model: sim)
+        async with serving(FastPath(gateway.handlers(), Starlette(routes=gateway.routes()))) as url:
+            async with httpx.AsyncClient(base_url=url) as client:
+                response = await client.post("/v1/chat/completions", json=CHAT)
+        await gateway.guardrails.close()
+        await workers.close()
+    assert response.status_code == 200, response.text
+    parts = dict(part.strip().split(";dur=") for part in response.headers["server-timing"].split(","))
+    assert float(parts["opod"]) >= 300, parts
+    assert float(parts["upstream"]) < 300, parts  # the engine answered at once

@@ -38,7 +38,7 @@ from opod.gateway.overflow import Overflow
 from opod.gateway.prefix import PrefixHasher
 from opod.gateway.profiles import RoutingProfiles
 from opod.gateway.promptsize import PromptSize, TemplateCost, asked_limit, completion_bound, default_limit, prompt_size
-from opod.gateway.relay import Relay, RelayCall, RelayedAnswer
+from opod.gateway.relay import TIMING_HEADER, Relay, RelayCall, RelayedAnswer
 from opod.gateway.responses import RESPONSES_PATH, responses_endpoint
 from opod.gateway.routes import ANY_METHOD, ROUTES, TRANSLATED_RESPONSES, UNSUPPORTED, RouteSpec, json_object_as_schema
 from opod.gateway.stats import PROBE_HEADER, GatewayStats
@@ -66,6 +66,7 @@ from opod.settings.schema import Generation
 from opod.snapshots.policy import PolicyView
 
 PROBE = PROBE_HEADER.encode()
+TIMING = TIMING_HEADER.lower().encode()
 Handler = Callable[[Request], Awaitable[Response]]
 
 
@@ -191,13 +192,17 @@ class Gateway:
             access_log = policy is not None and policy.access_log is True
             exchange = Exchange(self.meter, request_id, protocol, PROBE in headers, access_log)
             try:
-                return await self.serve(request, headers, spec, exchange, policy, caller)
+                response = await self.serve(request, headers, spec, exchange, policy, caller)
             except GatewayError as err:
                 exchange.refused(err.status)
                 return error_response(err, request_id)
             except BaseException as why:
                 exchange.abandoned(why)  # its client left, or it failed, before an answer
                 raise
+            timing = exchange.server_timing()  # last: the answer's headers leave as the handler returns
+            if timing is not None:
+                response.raw_headers.append((TIMING, timing))
+            return response
 
         return endpoint
 

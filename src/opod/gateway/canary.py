@@ -160,6 +160,9 @@ class ShadowObserver:
     def sent(self) -> None:
         pass
 
+    def answered(self, upstream_s: float) -> None:
+        pass
+
     def streaming(self, tokens_sent: int, node_id: str) -> None:
         pass
 

@@ -196,6 +196,7 @@ class Exchange:
         "hold",
         "held",
         "sent_at",
+        "upstream_s",
         "prompt_count",
         "completion_cap",
         "canary",
@@ -244,6 +245,8 @@ class Exchange:
         self.held: Outcome | None = None
         self.sent_at = 0.0
         """``time.perf_counter()`` when the last attempt was written to its engine; 0 before."""
+        self.upstream_s = -1.0
+        """The answering attempt's time at its upstream (:meth:`answered`); negative while none answered."""
         self.prompt_count: int | None = None
         """The prompt's tokens as a worker counted them on the request's way (its budget reservation), if one did."""
         self.completion_cap: int | None = None
@@ -359,6 +362,18 @@ class Exchange:
         self.sent_at = time.perf_counter()
         if self.ticket is None and not self.probe:
             self._journal_start()
+
+    def answered(self, upstream_s: float) -> None:
+        self.upstream_s = upstream_s
+
+    def server_timing(self) -> bytes | None:
+        """The answer's ``Server-Timing`` value, made as its headers leave (``opod.gateway.relay.TIMING_HEADER``):
+        opod's own time from the request's arrival, then its upstream's; ``None`` when no upstream answered."""
+        upstream = self.upstream_s
+        if upstream < 0:
+            return None
+        own = time.perf_counter() - self.started - upstream
+        return b"opod;dur=%.3f, upstream;dur=%.3f" % (own * 1000, upstream * 1000)
 
     def _journal_start(self) -> UsageTicket:
         # The pre guardrails' outcome goes with the start, so a row recovered after a crash keeps it.

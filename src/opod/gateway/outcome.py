@@ -43,6 +43,10 @@ class RelayObserver(Protocol):
     def sent(self) -> None:
         """An attempt's request has been written, and its upstream works on it."""
 
+    def answered(self, upstream_s: float) -> None:
+        """The attempt that answers took ``upstream_s`` seconds from its request sent to its whole answer (its first
+        byte when streamed): the ``upstream`` of the answer's ``Server-Timing``."""
+
     def streaming(self, tokens_sent: int, node_id: str) -> None:
         """A stream relayed from ``node_id`` has sent ``tokens_sent`` tokens so far (about once a second)."""
 

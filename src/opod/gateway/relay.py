@@ -66,10 +66,11 @@ TIMING_HEADER = "Server-Timing"
 
 ``upstream`` is the answering worker's time, from sending it the request to its whole answer
 (to its first byte when streamed); ``opod`` is the rest, from the request's arrival: reading,
-checking, queueing for a slot, routing, failed attempts, and recording the answer."""
-_REQUEST_ID, _WORKER, _ROUTE, _TIMING = (
-    name.lower().encode() for name in ("X-Request-Id", WORKER_HEADER, ROUTE_HEADER, TIMING_HEADER)
-)
+checking, queueing for a slot, routing, failed attempts, recording the answer, the guard policies'
+reading of a whole answer and keeping its body. The relay tells the request's record its upstream
+time (``RelayObserver.answered``); the gateway adds the header as the answer leaves it
+(``opod.gateway.exchange.Exchange.server_timing``)."""
+_REQUEST_ID, _WORKER, _ROUTE = (name.lower().encode() for name in ("X-Request-Id", WORKER_HEADER, ROUTE_HEADER))
 _EVENT_STREAM = [(b"cache-control", b"no-cache"), (b"content-type", b"text/event-stream; charset=utf-8")]
 """A relayed stream's last header lines, as Starlette would write them for ``media_type="text/event-stream"``."""
 FIRST_BYTE_TIMEOUT = 120.0
@@ -161,6 +162,7 @@ class Relay:
         """The engine's refusal of the request's content, as the client's 400 in OpenAI's shape."""
         observer = call.observer
         body = json.dumps(refusal_body(refusal)).encode()
+        observer.answered(refusal.answered - refusal.sent)
         observer.ended(Outcome(400, "error", refusal.node.id, None, engine_failed=not refusal.final))
         return PreparedResponse(
             body,
@@ -169,7 +171,6 @@ class Relay:
                 (_REQUEST_ID, observer.request_id.encode("latin-1")),
                 (_WORKER, refusal.node.id.encode("latin-1")),
                 (_ROUTE, refusal.route.encode("latin-1")),
-                (_TIMING, server_timing(observer.started, refusal.sent, refusal.answered).encode("latin-1")),
                 (b"content-type", b"application/json"),
             ],
         )
@@ -244,7 +245,7 @@ class Relay:
                         data = await resp.read()
                     parsed, usage = _usage_of(data)
                 let_go = True  # reading it whole gave the connection back
-                answered = time.perf_counter()
+                observer.answered(time.perf_counter() - sent)
                 self.fleet.succeeded(node, model)
                 observer.ended(Outcome(resp.status, "ok", node.id, usage))
                 answer = RelayedAnswer(
@@ -254,7 +255,6 @@ class Relay:
                         (_REQUEST_ID, request_id_bytes),
                         (_WORKER, node.id.encode("latin-1")),
                         (_ROUTE, route.encode("latin-1")),
-                        (_TIMING, _server_timing_bytes(observer.started, sent, answered)),
                         (
                             b"content-type",
                             b"application/json" if call.assemble else _media_type(resp.content_type),
@@ -274,6 +274,7 @@ class Relay:
                 self.fleet.failed(node, model, why)
                 return None
             answered = time.perf_counter()
+            observer.answered(answered - sent)
             self.fleet.succeeded(node, model)
             let_go = True
             ttft_ms = int((answered - observer.started) * 1000)
@@ -283,7 +284,6 @@ class Relay:
                 (_REQUEST_ID, request_id_bytes),
                 (_WORKER, node.id.encode("latin-1")),
                 (_ROUTE, route.encode("latin-1")),
-                (_TIMING, _server_timing_bytes(observer.started, sent, answered)),
                 *_EVENT_STREAM,
             ]
             return stream
@@ -335,16 +335,15 @@ class Relay:
             else:
                 data = await resp.read()
                 _, usage = _usage_of(data)
-            answered = time.perf_counter()
+            observer.answered(time.perf_counter() - sent)
             resp.release()
             observer.ended(Outcome(resp.status, "ok" if resp.status < 400 else "error", "", usage))
-            out_headers[TIMING_HEADER] = server_timing(observer.started, sent, answered)
             media = "application/json" if call.assemble else resp.content_type or "application/json"
             return Response(data, status_code=resp.status, headers=out_headers, media_type=media)
         first = await resp.readany()
         answered = time.perf_counter()
+        observer.answered(answered - sent)
         ttft_ms = int((answered - observer.started) * 1000)
-        out_headers[TIMING_HEADER] = server_timing(observer.started, sent, answered)
         return StreamingResponse(
             relay_sse(resp, first, call.strip_usage, observer, ttft_ms, source=target.url),
             media_type="text/event-stream",
@@ -384,11 +383,6 @@ def answer_kind(status: int, worker_error: bool) -> str:
     if status in (408, 429):
         return BUSY
     return REFUSED if status < 500 else ENGINE_ERROR
-
-
-def server_timing(started: float, sent: float, answered: float) -> str:
-    """The ``Server-Timing`` value for an answer whose last attempt was sent at ``sent`` and answered at ``answered``."""
-    return _server_timing_bytes(started, sent, answered).decode()
 
 
 def _server_timing_bytes(started: float, sent: float, answered: float) -> bytes:
