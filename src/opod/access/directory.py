@@ -13,8 +13,7 @@ An empty password is refused before anything is sent to the directory: many serv
 bind with a DN and no password as an anonymous bind, and answer it with success.
 
 The LDAP calls (:mod:`opod.access.directory_ldap`, over ldap3) are imported when a directory is first
-used: every leader builds a :class:`Directory` at start, few have one, and ldap3 takes a twentieth of a
-second to import.
+used: every leader builds a :class:`Directory` at start, few have one, and ldap3 is slow to import.
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ records the sign-in. Every refusal is an :class:`OidcRefused` saying why; nothin
 changes before the token is accepted.
 
 authlib, joserfc and httpx2 are imported by the steps that use them: every leader builds an
-:class:`OidcSignIn` at start, few ever sign anyone in through a provider, and the three take a
-tenth of a second to import.
+:class:`OidcSignIn` at start, few ever sign anyone in through a provider, and the three are slow to
+import.
 """
 
 from __future__ import annotations

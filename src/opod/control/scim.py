@@ -21,7 +21,7 @@ listener, beside ``/admin/v1``, since ``gateway`` may not import ``control``.
 
 This module is the door (the token, refusals, the audit of refused changes) and what follows the
 settings; what answers past the door (:mod:`opod.control.scim_resources`) is imported at the first
-call let in, as ``scim2_models`` takes half a second to import and most leaders never see a SCIM call.
+call let in, as ``scim2_models`` is slow to import and most leaders never see a SCIM call.
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ class _Scim:
         self._syncing: set[asyncio.Task[None]] = set()
 
     async def resources(self) -> Resources:
-        """What answers past the door, imported at the first call let in (``scim2_models`` takes half a second), in a
+        """What answers past the door, imported at the first call let in (``scim2_models`` is slow to import), in a
         thread: the requests in flight on the event loop do not wait for it."""
         if self._resources is None:
             module = await asyncio.to_thread(importlib.import_module, "opod.control.scim_resources")
@@ -209,7 +209,7 @@ class _Scim:
         task.add_done_callback(self._syncing.discard)
 
     async def sync_grants(self) -> None:
-        # scim_directory imports scim2_models (half a second): once the mapping changed, and in a thread.
+        # scim_directory imports scim2_models (slow to import): once the mapping changed, and in a thread.
         grants = (await asyncio.to_thread(importlib.import_module, "opod.control.scim_directory")).grants
         row = AuditRow(
             actor=ACTOR,

@@ -1,7 +1,7 @@
 """What SCIM answers once a call is let in: Users and Groups, searches by POST, discovery, unknown paths.
 
 :mod:`opod.control.scim` imports this at the first call its door lets in, not at start:
-``scim2_models`` takes half a second to import, and most leaders never see a SCIM call.
+``scim2_models`` is slow to import, and most leaders never see a SCIM call.
 """
 
 from __future__ import annotations

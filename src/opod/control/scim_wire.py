@@ -2,7 +2,7 @@
 
 The resources and their routes are :mod:`opod.control.scim`'s; this module holds what any of them
 reads or answers with, and nothing of opod's state. The leader imports it at start (SCIM's routes,
-its refusals), so ``scim2_models``, half a second to import, is imported only by the functions that
+its refusals), so ``scim2_models``, slow to import, is imported only by the functions that
 build its models: most leaders never see a SCIM call.
 """
 

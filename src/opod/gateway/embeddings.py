@@ -34,7 +34,7 @@ def cut_embeddings(response: Response, dimensions: int) -> Response:
     items = answer.get("data") if isinstance(answer, dict) else None
     if not isinstance(items, list):
         return response
-    import numpy as np  # here, not at the leader's start: only a cut needs it, and it takes a twentieth of a second
+    import numpy as np  # here, not at the leader's start: only a cut needs it, and it is slow to import
 
     changed = False
     for item in items:

@@ -83,5 +83,5 @@ cases:
 @functools.cache
 def built_in_suites() -> dict[str, Suite]:
     """The built-in suites by name, read at first use rather than at the leader's start: json-format's schemas are
-    checked with jsonschema, a tenth of a second to import."""
+    checked with jsonschema, which is slow to import."""
     return {s.name: s for s in (parse_suite(text, BUILT_IN, "") for text in (ARITHMETIC, JSON_FORMAT))}

@@ -63,7 +63,7 @@ def score(case: Case, answer: str) -> Verdict:
 
 
 def _schema(case: Case, answer: str) -> Verdict:
-    from jsonschema import validators  # here, not at the leader's start: a tenth of a second to import
+    from jsonschema import validators  # here, not at the leader's start: slow to import
 
     value, found = first_json(answer)
     if not found:

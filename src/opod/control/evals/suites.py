@@ -140,7 +140,7 @@ def _unknown(keys: set[str], allowed: frozenset[str], where: _Where, case: str =
 
 def _expected(kind: str, value: Any, where: _Where, case: str) -> str:
     if kind == "json_schema":
-        from jsonschema import exceptions as schema_errors  # here, not at the leader's start: a tenth of a second
+        from jsonschema import exceptions as schema_errors  # here, not at the leader's start: slow to import
         from jsonschema import validators
 
         schema = value
