@@ -80,9 +80,9 @@ def print_whole(thing: RenderableType, shown: Console | None = None) -> None:
 def collector_paused() -> Iterator[None]:
     """Python's cyclic garbage collector paused while a command imports what it runs (the leader, a worker).
 
-    Those imports make objects that live as long as the process, by the hundred thousand, and the collector
-    walks every one of them again at each of its full passes meanwhile, freeing next to nothing: reference
-    counting frees what dies. Once serving, their start-up objects leave its passes (``settle_memory``)."""
+    Those imports make many objects that live as long as the process, and the collector walks every one of
+    them again at each of its full passes meanwhile, freeing next to nothing: reference counting frees what
+    dies. Once serving, their start-up objects leave its passes (``settle_memory``)."""
     was_on = gc.isenabled()
     gc.disable()
     try:
