@@ -111,8 +111,11 @@ class Setup:
     client: httpx.AsyncClient
 
 
-def gateway_on(fleet: Fleet, local: LocalEngines, usage: Usage, workers: WorkerClient, **rules: Any) -> Gateway:
-    """A gateway built as the leader builds it, over ``fleet``'s workers and ``local``'s engines."""
+def gateway_on(
+    fleet: Fleet, local: LocalEngines, usage: Usage, workers: WorkerClient, policies: Any = None, **rules: Any
+) -> Gateway:
+    """A gateway built as the leader builds it, over ``fleet``'s workers and ``local``'s engines; ``policies``: the
+    mounted files it reads (none by default)."""
     return build_gateway(
         fleet=fleet,
         models=ModelRegistry(),
@@ -121,7 +124,7 @@ def gateway_on(fleet: Fleet, local: LocalEngines, usage: Usage, workers: WorkerC
         index=PrefixIndex(),
         local=local,
         usage=usage,
-        policies=NoFiles(),
+        policies=policies or NoFiles(),
         admission=PolicyAdmission(hold_ms=5000),
         **rules,
     )
@@ -349,18 +352,7 @@ async def test_the_answers_server_timing_counts_what_the_gateway_did_after_the_e
     fleet, local, usage = Fleet(), LocalEngines(), Usage()
     workers = WorkerClient(lambda _: "node-token", Signer)
     async with serving(Starlette(routes=[Route("/judge", judge, methods=["POST"])])) as hook:
-        gateway = build_gateway(
-            fleet=fleet,
-            models=ModelRegistry(),
-            keys=KeyTable(),
-            workers=workers,
-            index=PrefixIndex(),
-            local=local,
-            usage=usage,
-            policies=PostGuardrail(f"{hook}/judge"),
-            admission=PolicyAdmission(hold_ms=5000),
-            require_keys=False,
-        )
+        gateway = gateway_on(fleet, local, usage, workers, PostGuardrail(f"{hook}/judge"), require_keys=False)
         join(fleet, "here", "127.0.0.1:1")
         local.attach("here", lambda model: sim)
         async with serving(FastPath(gateway.handlers(), Starlette(routes=gateway.routes()))) as url:
