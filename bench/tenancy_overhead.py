@@ -37,7 +37,8 @@ from bench.procs import OPOD, Proc, wait_http
 from opod.access.keytable import KeyEntry
 from opod.access.tenancy import ProjectChain
 from opod.gateway.budgets import Budgets
-from opod.gateway.exchange import Exchange, Meter
+from opod.gateway.exchange import Exchange
+from opod.gateway.meter import Meter
 from opod.gateway.outcome import Outcome
 from opod.gateway.promptsize import completion_bound, prompt_size
 from opod.gateway.stats import GatewayStats

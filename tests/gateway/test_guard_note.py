@@ -16,8 +16,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from opod.contract.adminapi import GuardrailRule
-from opod.gateway.exchange import Exchange, Meter
+from opod.gateway.exchange import Exchange
 from opod.gateway.guardrails import MAX_GUARD_CATEGORY, GuardNote, GuardrailBlocked, Guardrails, GuardrailUnavailable
+from opod.gateway.meter import Meter
 from opod.gateway.outcome import Outcome
 from opod.ledger.records import UsageTicket
 from tests.snapshots.helpers import serving
@@ -140,7 +141,7 @@ async def test_no_rule_consulted_leaves_no_fields(guardrails) -> None:
 
 
 class Recorder:
-    """Where the exchange's rows go (``opod.gateway.exchange.UsageRecorder``): it keeps each end."""
+    """Where the exchange's rows go (``opod.gateway.meter.UsageRecorder``): it keeps each end."""
 
     def __init__(self) -> None:
         self.ends: list[dict[str, Any]] = []

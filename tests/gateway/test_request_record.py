@@ -8,7 +8,8 @@ from opod.contract.adminapi import PolicyAdmission
 from opod.fleet.state import Fleet
 from opod.gateway.admission import Admission
 from opod.gateway.budgets import Budget, BudgetScope
-from opod.gateway.exchange import Exchange, Meter
+from opod.gateway.exchange import Exchange
+from opod.gateway.meter import Meter
 from opod.gateway.outcome import Outcome
 from tests.fleet.test_leases_and_capacity import MODEL, join
 from tests.gateway.test_budgets import ORG, PROJECT, TEAM, budgets

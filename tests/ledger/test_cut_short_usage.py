@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-from opod.gateway.exchange import Exchange, Meter
+from opod.gateway.exchange import Exchange
+from opod.gateway.meter import Meter
 from opod.gateway.outcome import Outcome
 from opod.gateway.usagecount import DecodeRates, PromptCounter, estimate
 from opod.http.nodeclient import WorkerUnavailable

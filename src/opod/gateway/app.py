@@ -30,10 +30,11 @@ from opod.gateway.budgets import Budgets
 from opod.gateway.caller import Endpoint, InProcessCaller
 from opod.gateway.canary import CanarySplit
 from opod.gateway.embeddings import cut_embeddings
-from opod.gateway.exchange import Chains, Exchange, Meter, UsageRecorder
+from opod.gateway.exchange import Exchange
 from opod.gateway.guard import GuardPlan, GuardPolicies
 from opod.gateway.guardrails import Guardrails
 from opod.gateway.kept_bodies import NO_STORE, BodyKeeping
+from opod.gateway.meter import Chains, Meter, UsageRecorder
 from opod.gateway.overflow import Overflow
 from opod.gateway.prefix import PrefixHasher
 from opod.gateway.profiles import RoutingProfiles

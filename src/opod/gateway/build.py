@@ -29,10 +29,10 @@ from opod.fleet.state import Fleet
 from opod.gateway.admission import Admission, fleet_capacity
 from opod.gateway.app import Demand, Gateway, Policies
 from opod.gateway.budgets import Budgets
-from opod.gateway.exchange import UsageRecorder
 from opod.gateway.guard import GuardPolicies
 from opod.gateway.guardrails import Guardrails
 from opod.gateway.kept_bodies import BodyKeeping, BodySink
+from opod.gateway.meter import UsageRecorder
 from opod.gateway.prefix import PrefixHasher
 from opod.gateway.profiles import RoutingProfiles
 from opod.gateway.relay import Relay
