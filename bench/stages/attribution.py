@@ -86,7 +86,7 @@ STAGES: dict[str, tuple[str, ...]] = {
     "routing (route_request, the router's pick)": (
         "opod.gateway.app:Gateway.routing_policy",
         "opod.gateway.app:Gateway.route_request",
-        "opod.gateway.app:routing_policy",
+        "opod.gateway.profiles:routing_policy",
         "opod.fleet.router:*",
         "opod.gateway.prefix:*",
         "opod.gateway.exchange:Exchange.routed",

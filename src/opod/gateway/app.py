@@ -37,7 +37,7 @@ from opod.gateway.kept_bodies import NO_STORE, BodyKeeping
 from opod.gateway.meter import Chains, Meter, UsageRecorder
 from opod.gateway.overflow import Overflow
 from opod.gateway.prefix import PrefixHasher
-from opod.gateway.profiles import RoutingProfiles
+from opod.gateway.profiles import RoutingProfiles, routing_policy
 from opod.gateway.promptsize import PromptSize, TemplateCost, asked_limit, completion_bound, default_limit, prompt_size
 from opod.gateway.relay import TIMING_HEADER, Relay, RelayCall, RelayedAnswer
 from opod.gateway.responses import RESPONSES_PATH, responses_endpoint
@@ -581,20 +581,6 @@ class Gateway:
             code, what = UNSUPPORTED[spec.capability]
             raise NotSupported(f"The model {model!r} {what}.", code)
         return model
-
-
-def routing_policy(view: PolicyView | None) -> RoutingPolicy:
-    """The router's settings from the mounted policy's view; the defaults (load only) without one."""
-    if view is None:
-        return RoutingPolicy()
-    r = view.routing
-    return RoutingPolicy(
-        kv_weight=r.kv_weight,
-        kv_saturation_pct=r.kv_saturation_pct,
-        prefix_affinity=r.prefix_affinity,
-        prefix_block_weight=r.prefix_block_weight,
-        revisions=tuple((x.revision, x.share) for x in r.revisions),
-    )
 
 
 def _is_plan_adapter(model: str, plan: PlanSnapshot) -> bool:

@@ -1,4 +1,5 @@
-"""A key's routing profile: the policy file's routing with the fields its profile in the cluster settings gives.
+"""The routing a request gets: the policy file's (:func:`routing_policy`), with the fields its key's routing profile
+in the cluster settings gives.
 
 ``default`` (or none) is the policy's routing as it is. A profile the settings no longer
 name routes by ``default`` too, so removing one never refuses a request. Each merged routing
@@ -13,6 +14,21 @@ from dataclasses import replace
 from opod.access.keytable import DEFAULT_PROFILE
 from opod.fleet.router import RoutingPolicy
 from opod.settings.schema import RoutingProfile
+from opod.snapshots.policy import PolicyView
+
+
+def routing_policy(view: PolicyView | None) -> RoutingPolicy:
+    """The router's settings from the mounted policy's view; the defaults (load only) without one."""
+    if view is None:
+        return RoutingPolicy()
+    r = view.routing
+    return RoutingPolicy(
+        kv_weight=r.kv_weight,
+        kv_saturation_pct=r.kv_saturation_pct,
+        prefix_affinity=r.prefix_affinity,
+        prefix_block_weight=r.prefix_block_weight,
+        revisions=tuple((x.revision, x.share) for x in r.revisions),
+    )
 
 
 def with_profile(routing: RoutingPolicy, profile: RoutingProfile) -> RoutingPolicy:
