@@ -167,6 +167,7 @@ class _Scim:
                 refused = ScimError(500, f"{request.method} {request.url.path} failed on the leader; its log says why")
             if request.method in _WRITES and (call is None or not call.draft.committed):
                 await self._record_refusal(call or _Call.of(request), refused)
+            await self.resources()  # a refusal's body is scim2's Error too: its module imported off the loop first
             return refused.response()
 
         return endpoint
