@@ -70,6 +70,10 @@ CONFIG_OVERRIDES: tuple[Override, ...] = (
         "OPOD_HUGE_PAGES",
         "0 to run the leader on Python's own allocator; by default opod up restarts itself once on glibc's malloc with transparent huge pages, where Linux, glibc 2.35+ and the kernel's setting allow.",
     ),
+    Override(
+        "OPOD_LOOP_CPU",
+        "The leader's event loop thread: auto (the default) keeps it on the CPU it starts serving on, where it may run on more than one; off lets it move; a number pins it to that CPU. What it starts runs free.",
+    ),
     Override("OPOD_DOOR_ROUTES", "Path of the door's routes file (opod up --role door); --routes names it too."),
     Override(
         "OPOD_UPGRADE_COMMAND",

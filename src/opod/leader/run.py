@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from opod import config
+from opod.http import cpu
 from opod.http.serving import Listener, bind, settle_memory
 from opod.leader.leader import Leader, LeaderSettings
 from opod.store.offloop import run_sync
@@ -131,6 +132,8 @@ class Up:
         """Serve until the first SIGTERM or Ctrl-C has stopped everything (:meth:`signalled`)."""
         settle_memory()
         loop = asyncio.get_running_loop()
+        placement = await cpu.pin_event_loop()
+        logging.getLogger("opod.cpu").log(logging.WARNING if placement.mistaken else logging.INFO, placement.said)
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.signalled)
         try:

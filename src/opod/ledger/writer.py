@@ -42,6 +42,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from opod.http import cpu
 from opod.ledger.records import to_row
 from opod.store import InvalidInput, Store
 from opod.store.events import NewEvent
@@ -57,7 +58,9 @@ that thread alone (nice 10 weighs about a tenth of nice 0 when both want a core)
 
 def _below_the_loop() -> None:
     """Run in the writer's thread as it starts: lower its priority by :data:`WRITER_NICE`, where the kernel allows
-    one thread's own (Linux); elsewhere it keeps the process's."""
+    one thread's own (Linux); elsewhere it keeps the process's. It runs on any of the process's CPUs, not on the
+    event loop's alone (:mod:`opod.http.cpu`)."""
+    cpu.free_this_thread()
     if not sys.platform.startswith("linux"):
         return
     thread = threading.get_native_id()

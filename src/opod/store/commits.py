@@ -25,6 +25,7 @@ from contextlib import AbstractContextManager, contextmanager
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import PoolProxiedConnection
 
+from opod.http import cpu
 from opod.store.base import Repository
 from opod.store.engine import mask, reason
 from opod.store.errors import StoreError
@@ -152,6 +153,7 @@ class ChangeListener:
         self._thread.join(timeout=NOTIFY_POLL_S * 4)
 
     def _run(self) -> None:
+        cpu.free_this_thread()
         while not self._stopped.is_set():
             try:
                 self._listen()

@@ -39,6 +39,7 @@ import msgpack
 import zmq
 import zmq.asyncio
 
+from opod.http import cpu
 from opod.worker.kvevents import (
     AllBlocksCleared,
     BlockRemoved,
@@ -216,6 +217,8 @@ class KVEventListener:
             return self.engine_endpoint
         where = self.endpoint or "tcp://127.0.0.1:*"
         ctx = zmq.asyncio.Context()
+        for free in cpu.free_cpus():  # its threads start with the first socket: not on the leader's loop's CPU
+            ctx.set(zmq.THREAD_AFFINITY_CPU_ADD, free)
         try:
             sub = ctx.socket(zmq.SUB)
         except zmq.ZMQError as err:  # out of file descriptors, most likely

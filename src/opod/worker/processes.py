@@ -38,6 +38,8 @@ from contextlib import suppress
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
+from opod.http import cpu
+
 log = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1
@@ -112,6 +114,7 @@ def _child_setup(parent_pid: int, death_signal: int) -> None:
     # An engine takes SIGTERM and Ctrl-C whatever its parent thread blocked (``opod join`` blocks them on
     # every thread but the loop's, and on that one too across a restart).
     signal.pthread_sigmask(signal.SIG_SETMASK, ())
+    cpu.free_child()  # the CPUs the leader had, not its event loop's one
     if _prctl is None:
         return
     _prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(death_signal), 0, 0, 0)

@@ -1,0 +1,158 @@
+"""The leader's event loop kept on one core; the threads and processes it starts left free.
+
+A request to the leader runs mostly cold (``docs/dataplane.md``): between two requests the loop sleeps,
+and other processes' work empties the core's caches of the code and objects a request touches. A loop
+thread the scheduler moves from core to core pays that again on each move, into caches that never held
+its work; kept on one core it finds more of it where it left it. ``python -m bench stages-ab`` measured
+the pinned leader against the free one (``bench/results/stages-ab-loop-pinned.md``).
+
+Only the loop's thread is pinned. What it starts afterwards would inherit the pin, so each starter frees
+what it starts: a thread by :func:`free_this_thread` as it begins (the ledger's writer, the store's
+change thread, the loop's default executor), a process by :func:`free_child` between fork and exec (the
+engines), a ZeroMQ context's threads by :func:`free_cpus` (the KV event listeners); uvloop's own worker
+threads are started before the pin. Such threads and processes get the CPUs the process had before it.
+
+``OPOD_LOOP_CPU``: unset or ``auto`` pins the loop, where the process may run on more than one CPU, to
+the one fewest other processes are pinned to (another leader's loop, say), the one it runs on among
+those; ``off`` leaves it free; a number pins it to that CPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import socket
+import sys
+from collections import Counter
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from opod import config
+
+SETTING = "OPOD_LOOP_CPU"
+OFF = ("off", "no", "false")
+THREAD_STAT = Path("/proc/thread-self/stat")
+PROC = Path("/proc")
+ONE_CPU = re.compile(rb"^Cpus_allowed_list:\s*(\d+)\s*$", re.MULTILINE)
+
+log = logging.getLogger("opod.cpu")
+
+_free: frozenset[int] | None = None
+"""The CPUs the process could run on before the loop's thread was pinned; ``None`` while it is not."""
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where the loop runs: ``cpu`` when pinned, else ``None`` and why not."""
+
+    cpu: int | None
+    why_not: str = ""
+    mistaken: bool = False
+    """The setting names no CPU this process may use: said as a warning."""
+
+    @property
+    def said(self) -> str:
+        if self.cpu is not None:
+            return f"event loop pinned to CPU {self.cpu} ({SETTING}=off lets it move)"
+        return f"event loop free to move between CPUs ({self.why_not})"
+
+
+def plan(
+    setting: str | None, allowed: frozenset[int], running_on: int | None, taken: Mapping[int, int] | None = None
+) -> Placement:
+    """Where the loop goes, from the setting's text, the CPUs the thread may use, the one it is on now, and how
+    many other processes each CPU holds pinned (:func:`taken_cpus`)."""
+    if setting is not None and setting.lower() in OFF:
+        return Placement(None, f"{SETTING}={setting}")
+    if setting is not None and setting.lower() != "auto":
+        if not setting.isdigit():
+            return Placement(None, f"{SETTING}={setting!r} is neither auto, off nor a CPU's number", True)
+        if int(setting) not in allowed:
+            cpus = ",".join(map(str, sorted(allowed)))
+            return Placement(None, f"{SETTING}={setting}: this process may run on CPUs {cpus} only", True)
+        return Placement(int(setting))
+    if len(allowed) < 2:
+        return Placement(None, "the process may run on one CPU only")
+    taken = taken or {}
+    fewest = min(taken.get(c, 0) for c in allowed)
+    least_taken = sorted(c for c in allowed if taken.get(c, 0) == fewest)
+    return Placement(running_on if running_on in least_taken else least_taken[0])
+
+
+def running_on() -> int | None:
+    """The CPU the calling thread runs on (``/proc/thread-self/stat``'s 39th field), ``None`` where unknown."""
+    try:
+        data = THREAD_STAT.read_bytes()
+    except OSError:
+        return None
+    fields = data[data.rindex(b")") + 2 :].split()  # the fields after the command name, state first
+    return int(fields[36]) if len(fields) > 36 else None
+
+
+def taken_cpus(own: int | None = None) -> Counter[int]:
+    """CPU → how many user processes (other than ``own``) run pinned to it alone, by their main thread's affinity."""
+    taken: Counter[int] = Counter()
+    try:
+        entries = os.listdir(PROC)
+    except OSError:
+        return taken
+    for name in entries:
+        if not name.isdigit() or int(name) == own:
+            continue
+        try:
+            status = (PROC / name / "status").read_bytes()
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        found = ONE_CPU.search(status)
+        if found and b"\nVmSize:" in status:  # a kernel thread (one per CPU, most of them) has no memory of its own
+            taken[int(found.group(1))] += 1
+    return taken
+
+
+async def pin_event_loop() -> Placement:
+    """Pin the running loop's thread as ``OPOD_LOOP_CPU`` says (Linux only); the threads the loop starts for
+    itself from then on run free."""
+    global _free
+    if not sys.platform.startswith("linux"):
+        return Placement(None, f"pinning a thread is Linux's; this is {sys.platform}")
+    allowed = frozenset(os.sched_getaffinity(0))
+    setting = config.read(SETTING)
+    auto = setting is None or setting.lower() == "auto"
+    placement = plan(setting, allowed, running_on(), taken_cpus(os.getpid()) if auto else None)
+    if placement.cpu is None:
+        return placement
+    loop = asyncio.get_running_loop()
+    # uvloop's worker threads (name look-ups, files) start at their first use, inheriting what the loop's thread
+    # has then: started now, by a look-up of a number that asks no resolver.
+    await loop.getaddrinfo("127.0.0.1", None, flags=socket.AI_NUMERICHOST)
+    try:
+        os.sched_setaffinity(0, {placement.cpu})  # 0: the calling thread, not the whole process
+    except OSError as err:
+        return Placement(None, f"the kernel refused to pin it: {err.strerror}")
+    _free = allowed
+    loop.set_default_executor(ThreadPoolExecutor(thread_name_prefix="opod", initializer=free_this_thread))
+    return placement
+
+
+def free_cpus() -> frozenset[int]:
+    """The CPUs the process had before the loop was pinned; empty while it is not (nothing to free)."""
+    return _free or frozenset()
+
+
+def free_this_thread() -> None:
+    """Give the calling thread the CPUs the process had before the loop was pinned (nothing when it is not)."""
+    if _free is not None:
+        try:
+            os.sched_setaffinity(0, _free)
+        except OSError as err:
+            log.info("a thread stays on the event loop's CPU (%s)", err.strerror)
+
+
+def free_child() -> None:
+    """Between fork and exec: the new process gets the CPUs the leader had, not its loop's one."""
+    if _free is not None:
+        os.sched_setaffinity(0, _free)

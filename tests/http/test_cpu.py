@@ -1,0 +1,132 @@
+"""The leader's event loop on one core: where ``OPOD_LOOP_CPU`` puts it, and that what it starts runs free."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from opod.http import cpu
+from tests.support.opod_process import Leader, http, wait_until
+
+TWO = frozenset({0, 1})
+
+
+@pytest.mark.parametrize(
+    ("setting", "allowed", "running_on", "taken", "pinned"),
+    [
+        (None, TWO, 1, {}, 1),  # where it runs, when no CPU is taken
+        ("auto", TWO, 0, {}, 0),
+        ("AUTO", frozenset({2, 3, 5}), 5, {}, 5),
+        (None, TWO, 1, {1: 1}, 0),  # another leader's loop holds CPU 1: the free one
+        (None, frozenset({0, 1, 2}), 2, {0: 1, 1: 2, 2: 1}, 2),  # a least taken one, its own among them
+        (None, frozenset({0, 1, 2}), 1, {0: 1, 1: 2, 2: 1}, 0),
+        (None, TWO, None, {}, 0),  # the CPU it runs on unknown: the lowest of the least taken
+        ("1", TWO, 0, {1: 3}, 1),  # the operator's number stands
+    ],
+)
+def test_the_loop_goes_to_the_cpu_the_setting_and_the_other_pinned_processes_leave(
+    setting: str | None, allowed: frozenset[int], running_on: int | None, taken: dict[int, int], pinned: int
+) -> None:
+    placement = cpu.plan(setting, allowed, running_on, taken)
+    assert placement.cpu == pinned
+    assert placement.said == f"event loop pinned to CPU {pinned} (OPOD_LOOP_CPU=off lets it move)"
+
+
+@pytest.mark.parametrize(
+    ("setting", "allowed", "said", "mistaken"),
+    [
+        ("off", TWO, "OPOD_LOOP_CPU=off", False),
+        ("OFF", TWO, "OPOD_LOOP_CPU=OFF", False),
+        (None, frozenset({3}), "may run on one CPU only", False),
+        ("3", TWO, "OPOD_LOOP_CPU=3: this process may run on CPUs 0,1 only", True),
+        ("fast", TWO, "OPOD_LOOP_CPU='fast' is neither auto, off nor a CPU's number", True),
+        ("-1", TWO, "is neither auto, off nor a CPU's number", True),
+    ],
+)
+def test_a_loop_left_free_says_why(setting: str | None, allowed: frozenset[int], said: str, mistaken: bool) -> None:
+    placement = cpu.plan(setting, allowed, 0)
+    assert placement.cpu is None and placement.mistaken is mistaken
+    assert placement.said.startswith("event loop free to move between CPUs (") and said in placement.said
+
+
+def _machine_cpus() -> frozenset[int]:
+    if not sys.platform.startswith("linux"):
+        pytest.skip("a thread's CPUs are pinned on Linux only")
+    cpus = frozenset(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip(f"this machine gives the tests one CPU ({sorted(cpus)}): nothing to choose between")
+    return cpus
+
+
+def _cpus_of(pid: int, tid: int | None = None) -> frozenset[int]:
+    status = Path(f"/proc/{pid}/task/{tid or pid}/status").read_text()
+    listed = re.search(r"^Cpus_allowed_list:\s*(\S+)$", status, re.MULTILINE)
+    assert listed is not None, status
+    out: set[int] = set()
+    for part in listed.group(1).split(","):
+        low, _, high = part.partition("-")
+        out.update(range(int(low), int(high or low) + 1))
+    return frozenset(out)
+
+
+def test_a_process_pinned_to_one_cpu_is_counted_on_it() -> None:
+    cpus = _machine_cpus()
+    target = max(cpus)
+    before = cpu.taken_cpus()[target]
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import os, sys, time; os.sched_setaffinity(0, {{{target}}}); print(1, flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == b"1"
+        assert cpu.taken_cpus()[target] == before + 1
+        assert cpu.taken_cpus(own=child.pid)[target] == before  # itself left out, as a leader leaves itself out
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_opod_up_pins_its_loop_and_its_engine_and_ledger_writer_run_on_every_cpu(tmp_path: Path) -> None:
+    cpus = _machine_cpus()
+    leader = Leader(tmp_path / "home", extra=["--engine", "sim"])
+    try:
+        said = leader.process.wait_for_line("opod.cpu: event loop pinned to CPU", timeout=30)
+        pinned = int(re.search(r"pinned to CPU (\d+)", said).group(1))  # type: ignore[union-attr]
+        pid = leader.process.proc.pid
+        assert _cpus_of(pid) == {pinned}, "the loop's thread is not on the CPU the log names"
+        leader.process.wait_for_line("smollm2-135m-instruct: serving on", timeout=60)
+        engines = leader.process.children()
+        assert engines, "the local worker started no engine"
+        for engine in engines:
+            assert _cpus_of(engine) == cpus, f"engine {engine} inherited the loop's CPU"
+        body = {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
+        status, _, answer = http("POST", leader.url + "/v1/chat/completions", body, key=leader.key)
+        assert status == 200, answer
+
+        def others_free() -> bool:
+            threads = [int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid]
+            return len(threads) > 0 and all(_cpus_of(pid, t) == cpus for t in threads)
+
+        # The ledger's writer, the store's thread and the loop's executor started after the pin: none kept it.
+        wait_until(others_free, 10, "every thread but the loop's on every CPU")
+    finally:
+        leader.process.stop()
+
+
+def test_opod_up_with_the_loop_left_free_says_so(tmp_path: Path) -> None:
+    cpus = _machine_cpus()
+    leader = Leader(tmp_path / "home", worker=False, env={"OPOD_LOOP_CPU": "off"})
+    try:
+        leader.process.wait_for_line("event loop free to move between CPUs (OPOD_LOOP_CPU=off)", timeout=30)
+        assert _cpus_of(leader.process.proc.pid) == cpus
+    finally:
+        leader.process.stop()
