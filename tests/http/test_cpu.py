@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -67,8 +69,13 @@ def _cpus_of(pid: int, tid: int | None = None) -> frozenset[int]:
     status = Path(f"/proc/{pid}/task/{tid or pid}/status").read_text()
     listed = re.search(r"^Cpus_allowed_list:\s*(\S+)$", status, re.MULTILINE)
     assert listed is not None, status
+    return _parse_list(listed.group(1))
+
+
+def _parse_list(listed: str) -> frozenset[int]:
+    """``0-2,5`` → {0, 1, 2, 5}, as /proc writes a CPU list."""
     out: set[int] = set()
-    for part in listed.group(1).split(","):
+    for part in listed.split(","):
         low, _, high = part.partition("-")
         out.update(range(int(low), int(high or low) + 1))
     return frozenset(out)
@@ -130,3 +137,29 @@ def test_opod_up_with_the_loop_left_free_says_so(tmp_path: Path) -> None:
         assert _cpus_of(leader.process.proc.pid) == cpus
     finally:
         leader.process.stop()
+
+
+def test_a_command_the_pinned_loop_runs_to_its_end_gets_every_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An engine build or upgrade (``opod.worker.installs.run``) is started from the loop's thread itself."""
+    from opod.worker import installs
+
+    cpus = _machine_cpus()
+    monkeypatch.setattr(cpu, "_free", None)  # this test's loop pins only its own thread; the module forgets it after
+    seen: dict[str, object] = {}
+
+    async def pinned_then_run() -> None:
+        placement = await cpu.pin_event_loop()
+        seen["loop"] = frozenset(os.sched_getaffinity(0))
+        seen["placement"] = placement
+        seen["outcome"] = await installs.run(["grep", "Cpus_allowed_list", "/proc/self/status"], label="test")
+
+    runner = threading.Thread(target=lambda: asyncio.run(pinned_then_run()))
+    runner.start()
+    runner.join(30)
+    placement = seen["placement"]
+    assert isinstance(placement, cpu.Placement) and placement.cpu is not None, placement
+    assert seen["loop"] == {placement.cpu}
+    outcome = seen["outcome"]
+    assert isinstance(outcome, installs.Outcome) and outcome.ok, outcome
+    listed = outcome.last.split(":", 1)[1].strip()
+    assert _parse_list(listed) == cpus, f"the command ran on {listed}"

@@ -9,7 +9,7 @@ the pinned leader against the free one (``bench/results/stages-ab-loop-pinned.md
 Only the loop's thread is pinned. What it starts afterwards would inherit the pin, so each starter frees
 what it starts: a thread by :func:`free_this_thread` as it begins (the ledger's writer, the store's
 change thread, the loop's default executor), a process by :func:`free_child` between fork and exec (the
-engines), a ZeroMQ context's threads by :func:`free_cpus` (the KV event listeners); uvloop's own worker
+engines, their builds and opod's upgrades), a ZeroMQ context's threads by :func:`free_cpus` (the KV event listeners); uvloop's own worker
 threads are started before the pin. Such threads and processes get the CPUs the process had before it.
 
 ``OPOD_LOOP_CPU``: unset or ``auto`` pins the loop, where the process may run on more than one CPU, to

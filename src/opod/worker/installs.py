@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from opod import config
+from opod.http import cpu
 
 log = logging.getLogger("opod.worker")
 
@@ -55,7 +56,11 @@ async def run(argv: list[str], *, label: str, log_file: Path | None = None) -> O
     """Run ``argv`` to its end, each line of its output logged as ``label: …``; killed when cancelled."""
     try:
         process = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            preexec_fn=cpu.free_child,  # started from the event loop's thread: not on its CPU alone
         )
     except OSError as err:
         return Outcome(-1, f"{argv[0]} could not be started: {err.strerror or err}")
