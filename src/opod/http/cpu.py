@@ -7,10 +7,11 @@ its work; kept on one core it finds more of it where it left it. ``python -m ben
 the pinned leader against the free one (``bench/results/stages-ab-loop-pinned.md``).
 
 Only the loop's thread is pinned. What it starts afterwards would inherit the pin, so each starter frees
-what it starts: a thread by :func:`free_this_thread` as it begins (the ledger's writer, the store's
-change thread, the loop's default executor), a process by :func:`free_child` between fork and exec (the
-engines, their builds and opod's upgrades), a ZeroMQ context's threads by :func:`free_cpus` (the KV event listeners); uvloop's own worker
-threads are started before the pin. Such threads and processes get the CPUs the process had before it.
+what it starts: a thread by :func:`free_this_thread` as it begins (the ledger's writer, the store's change
+thread, the loop's default executor), a process by :func:`free_child` between fork and exec (the engines,
+their builds and opod's upgrades), a ZeroMQ context's threads by :func:`free_cpus` (the KV event listeners);
+uvloop's own worker threads are started before the pin. Such threads and processes get the CPUs the process
+had before it.
 
 ``OPOD_LOOP_CPU``: unset or ``auto`` pins the loop, where the process may run on more than one CPU, to
 the one fewest other processes are pinned to (another leader's loop, say), the one it runs on among
