@@ -14,6 +14,7 @@ import asyncio
 import math
 import os
 import platform
+import re
 import shlex
 import sys
 import tempfile
@@ -216,6 +217,9 @@ def _on_fleet(
                 f"{k}: governance checked on the {_FLEETS[scratch.name]}: {governed.checks[governance.GUARDRAILS[k]]}"
                 for k in keys
             ]
+            result.governance.append(
+                f"opod: the leader of the {_FLEETS[scratch.name]}, as its log says: {_placed_as(fleet)}"
+            )
         for path in result.paths:
             if not path.ran:
                 continue
@@ -239,6 +243,15 @@ def _on_fleet(
 
 
 _FLEETS = {"latency": "latency fleet", "zero": "zero-latency fleet"}
+PLACED = re.compile(r"opod\.(?:heap|cpu): (.*)$")
+
+
+def _placed_as(fleet: Fleet) -> str:
+    """What the leader's log says of its heap and its event loop's CPU (``opod.cli.heap``, ``opod.http.cpu``)."""
+    said = [found.group(1) for line in list(fleet.leader.lines) if (found := PLACED.search(line))]
+    return "; ".join(said) or "its log says nothing of its heap or its event loop's CPU"
+
+
 _GUARDRAIL_SAID = {"policy": "the guard policy (settings)", "webhook": "a guardrail webhook (policy file)"}
 
 
