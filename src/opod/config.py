@@ -72,7 +72,7 @@ CONFIG_OVERRIDES: tuple[Override, ...] = (
     ),
     Override(
         "OPOD_LOOP_CPU",
-        "The leader's event loop thread: auto (the default) keeps it on the CPU it starts serving on, where it may run on more than one; off lets it move; a number pins it to that CPU. What it starts runs free.",
+        "The leader's event loop thread: auto (the default) pins it, where the process may run on more than one CPU, to the one fewest other processes are pinned to; off lets it move; a number pins it to that CPU. What it starts runs free.",
     ),
     Override("OPOD_DOOR_ROUTES", "Path of the door's routes file (opod up --role door); --routes names it too."),
     Override(

@@ -69,7 +69,7 @@ def plan(
     many other processes each CPU holds pinned (:func:`taken_cpus`)."""
     if setting is not None and setting.lower() in OFF:
         return Placement(None, f"{SETTING}={setting}")
-    if setting is not None and setting.lower() != "auto":
+    if setting is not None and not chooses(setting):
         if not setting.isdigit():
             return Placement(None, f"{SETTING}={setting!r} is neither auto, off nor a CPU's number", True)
         if int(setting) not in allowed:
@@ -82,6 +82,11 @@ def plan(
     fewest = min(taken.get(c, 0) for c in allowed)
     least_taken = sorted(c for c in allowed if taken.get(c, 0) == fewest)
     return Placement(running_on if running_on in least_taken else least_taken[0])
+
+
+def chooses(setting: str | None) -> bool:
+    """Whether the setting leaves the CPU to :func:`plan` (unset or ``auto``), which then reads :func:`taken_cpus`."""
+    return setting is None or setting.lower() == "auto"
 
 
 def running_on() -> int | None:
@@ -115,18 +120,23 @@ def taken_cpus(own: int | None = None) -> Counter[int]:
 
 
 async def pin_event_loop() -> Placement:
-    """Pin the running loop's thread as ``OPOD_LOOP_CPU`` says (Linux only); the threads the loop starts for
-    itself from then on run free."""
+    """Pin the running loop's thread as ``OPOD_LOOP_CPU`` says (Linux only), and log where it went; the threads
+    the loop starts for itself from then on run free."""
+    if sys.platform.startswith("linux"):
+        placement = await _pin(asyncio.get_running_loop())
+    else:
+        placement = Placement(None, f"pinning a thread is Linux's; this is {sys.platform}")
+    log.log(logging.WARNING if placement.mistaken else logging.INFO, placement.said)
+    return placement
+
+
+async def _pin(loop: asyncio.AbstractEventLoop) -> Placement:
     global _free
-    if not sys.platform.startswith("linux"):
-        return Placement(None, f"pinning a thread is Linux's; this is {sys.platform}")
     allowed = frozenset(os.sched_getaffinity(0))
     setting = config.read(SETTING)
-    auto = setting is None or setting.lower() == "auto"
-    placement = plan(setting, allowed, running_on(), taken_cpus(os.getpid()) if auto else None)
+    placement = plan(setting, allowed, running_on(), taken_cpus(os.getpid()) if chooses(setting) else None)
     if placement.cpu is None:
         return placement
-    loop = asyncio.get_running_loop()
     # uvloop's worker threads (name look-ups, files) start at their first use, inheriting what the loop's thread
     # has then: started now, by a look-up of a number that asks no resolver.
     await loop.getaddrinfo("127.0.0.1", None, flags=socket.AI_NUMERICHOST)
@@ -146,14 +156,23 @@ def free_cpus() -> frozenset[int]:
 
 def free_this_thread() -> None:
     """Give the calling thread the CPUs the process had before the loop was pinned (nothing when it is not)."""
-    if _free is not None:
-        try:
-            os.sched_setaffinity(0, _free)
-        except OSError as err:
-            log.info("a thread stays on the event loop's CPU (%s)", err.strerror)
+    refused = _unpin()
+    if refused:
+        log.info("a thread stays on the event loop's CPU (%s)", refused)
 
 
 def free_child() -> None:
-    """Between fork and exec: the new process gets the CPUs the leader had, not its loop's one."""
-    if _free is not None:
+    """Between fork and exec: the new process gets the CPUs the leader had, not its loop's one. Nothing is logged
+    there (a forked child must not take the logging lock), and a refusal leaves the start to go on."""
+    _unpin()
+
+
+def _unpin() -> str | None:
+    """The calling thread on the CPUs the process had; why not, when the kernel refused."""
+    if _free is None:
+        return None
+    try:
         os.sched_setaffinity(0, _free)
+    except OSError as err:
+        return err.strerror or str(err)
+    return None

@@ -132,8 +132,7 @@ class Up:
         """Serve until the first SIGTERM or Ctrl-C has stopped everything (:meth:`signalled`)."""
         settle_memory()
         loop = asyncio.get_running_loop()
-        placement = await cpu.pin_event_loop()
-        logging.getLogger("opod.cpu").log(logging.WARNING if placement.mistaken else logging.INFO, placement.said)
+        await cpu.pin_event_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.signalled)
         try:
