@@ -30,7 +30,7 @@ from opod.gateway.budgets import Budgets
 from opod.gateway.caller import Endpoint, InProcessCaller
 from opod.gateway.canary import CanarySplit
 from opod.gateway.embeddings import cut_embeddings
-from opod.gateway.exchange import Exchange
+from opod.gateway.exchange import TIMING_HEADER, Exchange
 from opod.gateway.guard import GuardPlan, GuardPolicies
 from opod.gateway.guardrails import Guardrails
 from opod.gateway.kept_bodies import NO_STORE, BodyKeeping
@@ -39,7 +39,7 @@ from opod.gateway.overflow import Overflow
 from opod.gateway.prefix import PrefixHasher
 from opod.gateway.profiles import RoutingProfiles, routing_policy
 from opod.gateway.promptsize import PromptSize, TemplateCost, asked_limit, completion_bound, default_limit, prompt_size
-from opod.gateway.relay import TIMING_HEADER, Relay, RelayCall, RelayedAnswer
+from opod.gateway.relay import Relay, RelayCall, RelayedAnswer
 from opod.gateway.responses import RESPONSES_PATH, responses_endpoint
 from opod.gateway.routes import ANY_METHOD, ROUTES, TRANSLATED_RESPONSES, UNSUPPORTED, RouteSpec, json_object_as_schema
 from opod.gateway.stats import PROBE_HEADER, GatewayStats

@@ -47,6 +47,16 @@ from opod.ledger.records import UsageTicket
 
 access = logging.getLogger("opod.access")
 
+TIMING_HEADER = "Server-Timing"
+"""``opod;dur=<ms>, upstream;dur=<ms>``: where an answer's time went before its headers left.
+
+``upstream`` is the answering worker's time, from sending it the request to its whole answer
+(to its first byte when streamed); ``opod`` is the rest, from the request's arrival: reading,
+checking, queueing for a slot, routing, failed attempts, recording the answer, the guard policies'
+reading of a whole answer and keeping its body. The relay tells the request's record its upstream
+time (``RelayObserver.answered``); the gateway adds the header as the answer leaves it
+(:meth:`Exchange.server_timing`)."""
+
 
 class Exchange:
     """One ``/v1`` request's record, from its arrival to its usage row.
@@ -256,7 +266,7 @@ class Exchange:
         self.upstream_s = upstream_s
 
     def server_timing(self) -> bytes | None:
-        """The answer's ``Server-Timing`` value, made as its headers leave (``opod.gateway.relay.TIMING_HEADER``):
+        """The answer's ``Server-Timing`` value, made as its headers leave (:data:`TIMING_HEADER`):
         opod's own time from the request's arrival, then its upstream's; ``None`` when no upstream answered."""
         upstream = self.upstream_s
         if upstream < 0:

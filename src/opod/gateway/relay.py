@@ -61,15 +61,6 @@ MAX_ATTEMPTS = 3
 MODEL_HEADER = "X-Opod-Model"
 WORKER_HEADER = "X-Opod-Worker"
 ROUTE_HEADER = "X-Opod-Route"
-TIMING_HEADER = "Server-Timing"
-"""``opod;dur=<ms>, upstream;dur=<ms>``: where an answer's time went before its headers left.
-
-``upstream`` is the answering worker's time, from sending it the request to its whole answer
-(to its first byte when streamed); ``opod`` is the rest, from the request's arrival: reading,
-checking, queueing for a slot, routing, failed attempts, recording the answer, the guard policies'
-reading of a whole answer and keeping its body. The relay tells the request's record its upstream
-time (``RelayObserver.answered``); the gateway adds the header as the answer leaves it
-(``opod.gateway.exchange.Exchange.server_timing``)."""
 _REQUEST_ID, _WORKER, _ROUTE = (name.lower().encode() for name in ("X-Request-Id", WORKER_HEADER, ROUTE_HEADER))
 _EVENT_STREAM = [(b"cache-control", b"no-cache"), (b"content-type", b"text/event-stream; charset=utf-8")]
 """A relayed stream's last header lines, as Starlette would write them for ``media_type="text/event-stream"``."""
@@ -383,12 +374,6 @@ def answer_kind(status: int, worker_error: bool) -> str:
     if status in (408, 429):
         return BUSY
     return REFUSED if status < 500 else ENGINE_ERROR
-
-
-def _server_timing_bytes(started: float, sent: float, answered: float) -> bytes:
-    """:func:`server_timing` as the header line's bytes."""
-    upstream = answered - sent
-    return b"opod;dur=%.3f, upstream;dur=%.3f" % ((time.perf_counter() - started - upstream) * 1000, upstream * 1000)
 
 
 @lru_cache(maxsize=64)
