@@ -8,10 +8,10 @@ the pinned leader against the free one (``bench/results/stages-ab-loop-pinned.md
 
 Only the loop's thread is pinned. What it starts afterwards would inherit the pin, so each starter frees
 what it starts: a thread by :func:`free_this_thread` as it begins (the ledger's writer, the store's change
-thread, the loop's default executor), a process by :func:`free_child` between fork and exec (the engines,
-their builds and opod's upgrades), a ZeroMQ context's threads by :func:`free_cpus` (the KV event listeners);
-uvloop's own worker threads are started before the pin. Such threads and processes get the CPUs the process
-had before it.
+thread, the loop's default executor, :func:`executor`), a process by :func:`free_child` between fork and
+exec (the engines, their builds and opod's upgrades), a ZeroMQ context's threads by :func:`free_cpus` (the
+KV event listeners); uvloop's own worker threads are started before the pin. Such threads and processes get
+the CPUs the process had before it.
 
 ``OPOD_LOOP_CPU``: unset or ``auto`` pins the loop, where the process may run on more than one CPU, to
 the one fewest other processes are pinned to (another leader's loop, say), the one it runs on among
@@ -120,8 +120,8 @@ def taken_cpus(own: int | None = None) -> Counter[int]:
 
 
 async def pin_event_loop() -> Placement:
-    """Pin the running loop's thread as ``OPOD_LOOP_CPU`` says (Linux only), and log where it went; the threads
-    the loop starts for itself from then on run free."""
+    """Pin the running loop's thread as ``OPOD_LOOP_CPU`` says (Linux only), and log where it went; uvloop's threads
+    run free, and the default executor's when it is :func:`executor`'s."""
     if sys.platform.startswith("linux"):
         placement = await _pin(asyncio.get_running_loop())
     else:
@@ -145,8 +145,13 @@ async def _pin(loop: asyncio.AbstractEventLoop) -> Placement:
     except OSError as err:
         return Placement(None, f"the kernel refused to pin it: {err.strerror}")
     _free = allowed
-    loop.set_default_executor(ThreadPoolExecutor(thread_name_prefix="opod", initializer=free_this_thread))
     return placement
+
+
+def executor() -> ThreadPoolExecutor:
+    """The loop's default executor, set before its first use: its threads, made from the loop's thread as they are
+    needed, free themselves once it is pinned (setting one only at the pin would end the threads of the one before)."""
+    return ThreadPoolExecutor(thread_name_prefix="opod", initializer=free_this_thread)
 
 
 def free_cpus() -> frozenset[int]:

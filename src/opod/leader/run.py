@@ -86,6 +86,7 @@ class Up:
 
     async def start(self) -> None:
         """Build the leader and bind its listeners (nothing is served until :meth:`run`)."""
+        asyncio.get_running_loop().set_default_executor(cpu.executor())  # its threads leave the loop's CPU once pinned
         s = self.settings
         if s.stop_grace is None:
             self.grace = config.stop_grace()  # a bad value is refused (ValueError) before anything starts
