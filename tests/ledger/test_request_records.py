@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 
 from opod.ledger import Ledger
-from opod.ledger.bodies import BodyKeeper
+from opod.ledger.bodies import BodyKeeper, OfferedBody, stored
 from opod.store import NotFound, RequestBody, Store
-from opod.store.requests import BodyRow
 
 
 def body(request_id: str, *, at: datetime | None = None, days: int = 7, text: str = "{}") -> RequestBody:
@@ -35,9 +34,19 @@ def body(request_id: str, *, at: datetime | None = None, days: int = 7, text: st
     )
 
 
-def row(request_id: str, *, text: str = "{}") -> BodyRow:
-    """A body as the gateway offers it: its row's values."""
-    return astuple(body(request_id, text=text))  # type: ignore[return-value]
+def row(request_id: str, *, text: str = "{}") -> OfferedBody:
+    """A body as the gateway offers it: its row's values, its times in POSIX seconds."""
+    values = astuple(body(request_id, text=text))
+    return (*values[:2], values[2].timestamp(), values[3].timestamp(), *values[4:])  # type: ignore[return-value]
+
+
+def test_an_offered_body_is_stored_with_its_times_in_utc() -> None:
+    offered = row("r")
+    stored_row = stored(offered)
+    at, expires_at = stored_row[2], stored_row[3]
+    assert at.tzinfo is UTC and abs(at.timestamp() - offered[2]) < 1e-6
+    assert abs((expires_at - at) - timedelta(days=7)) <= timedelta(microseconds=1)
+    assert stored_row[:2] + stored_row[4:] == offered[:2] + offered[4:]
 
 
 async def test_an_ended_request_keeps_its_record_fields(ledger: Ledger, store: Store) -> None:

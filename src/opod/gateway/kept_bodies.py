@@ -5,22 +5,22 @@ own entry in ``retention.projects``), never for a request that says ``"store": f
 is cut to ``body_max_bytes`` and marked ``truncated``. A streamed answer is kept as the text its
 deltas carried, not as raw SSE. The body goes to a :class:`BodySink` (the ledger's
 ``BodyKeeper``) once the answer is complete: never on the request's way to the engine. It goes as
-the plain tuple of its row's values (``opod.store.requests.BodyRow``), the cheapest thing to make on
-the event loop; the store checks it, in the writer's thread.
+the plain tuple of its row's values with its times in POSIX seconds (``opod.ledger.bodies.OfferedBody``),
+the cheapest thing to make on the event loop; the writer's thread makes its row and the store checks it.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from starlette.responses import Response, StreamingResponse
 
 from opod.http import fastjson
+from opod.ledger.bodies import OfferedBody
 from opod.settings.schema import ClusterSettings, ProjectRetention
-from opod.store.requests import BodyRow
 
 KEPT, OFF, NO_STORE, PROJECT_OFF = "kept", "off", "no_store", "project_off"
 """A usage row's ``body_state``: why its body is kept or not."""
@@ -54,7 +54,7 @@ def request_labels(payload: dict[str, Any]) -> tuple[str, dict[str, str] | None]
 class BodySink(Protocol):
     """Where kept bodies go (``opod.ledger.bodies.BodyKeeper``): never blocks, False when dropped."""
 
-    def offer(self, body: BodyRow) -> bool: ...
+    def offer(self, body: OfferedBody) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,11 +63,11 @@ class KeepPlan:
 
     max_bytes: int
     days: int
-    lifetime: timedelta = field(init=False, repr=False, compare=False)
-    """``days`` as a timedelta, made once per plan rather than once per request."""
+    lifetime_s: float = field(init=False, repr=False, compare=False)
+    """``days`` in seconds, made once per plan rather than once per request."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "lifetime", timedelta(days=self.days))
+        object.__setattr__(self, "lifetime_s", self.days * 86400.0)
 
 
 class BodyKeeping:
@@ -144,10 +144,10 @@ class BodyKeeping:
     ) -> Response:
         """Hand the request and its answer to the sink: now for a whole answer, at its end for a stream
         (the answer is returned with its body wrapped, so the text is gathered as it goes)."""
-        at = datetime.now(UTC)
+        at = time.time()
         request_text, cut = capped(request, plan.max_bytes)
-        # The row's values before its status, in the table's order (``BodyRow``).
-        head = (request_id, project_id, at, at + plan.lifetime, path, model, served_model)
+        # The row's values before its status, in the table's order (``OfferedBody``).
+        head = (request_id, project_id, at, at + plan.lifetime_s, path, model, served_model)
         if stream and isinstance(response, StreamingResponse):
             response.body_iterator = self._gathering(
                 response.body_iterator, response, plan.max_bytes, head, request_text, cut
@@ -162,7 +162,7 @@ class BodyKeeping:
         chunks: AsyncIterable[str | bytes | memoryview],
         response: StreamingResponse,
         max_bytes: int,
-        head: tuple[str, str, datetime, datetime, str, str, str],
+        head: tuple[str, str, float, float, str, str, str],
         request_text: str,
         cut: bool,
     ) -> AsyncIterator[str | bytes | memoryview]:

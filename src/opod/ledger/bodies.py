@@ -17,6 +17,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable
+from datetime import UTC, datetime
 
 from opod.store import Store
 from opod.store.requests import REQUEST_TEXT, RESPONSE_TEXT, BodyRow
@@ -27,6 +28,17 @@ MAX_WAITING = 2_000
 MAX_WAITING_BYTES = 64 << 20
 BATCH = 200
 """Bodies in one statement."""
+
+OfferedBody = tuple[str, str, float, float, str, str, str, int, str, str, bool]
+"""A kept body as the gateway offers it: a :data:`BodyRow` whose two times (``at``, ``expires_at``) are POSIX
+seconds. The writer's thread makes them the store's UTC times, a batch at a time (:func:`stored`), rather than
+each request making two ``datetime`` objects on the event loop."""
+
+
+def stored(body: OfferedBody) -> BodyRow:
+    """``body`` as the store keeps it."""
+    at, expires_at = datetime.fromtimestamp(body[2], UTC), datetime.fromtimestamp(body[3], UTC)
+    return (body[0], body[1], at, expires_at, body[4], body[5], body[6], body[7], body[8], body[9], body[10])
 
 
 class BodyKeeper:
@@ -47,10 +59,10 @@ class BodyKeeper:
         """Bodies not kept because the writer was behind, or the store refused them."""
         self.written = 0
         self._counts = threading.Lock()  # the counters: written in the writer's thread, dropped on the loop too
-        self._waiting: deque[BodyRow] = deque()
+        self._waiting: deque[OfferedBody] = deque()
         self._bytes = 0
 
-    def offer(self, body: BodyRow) -> bool:
+    def offer(self, body: OfferedBody) -> bool:
         """Queue ``body`` for the next batch; False (and counted) when the queue is full."""
         size = len(body[REQUEST_TEXT]) + len(body[RESPONSE_TEXT])
         if len(self._waiting) >= self.max_waiting or self._bytes + size > self.max_bytes:
@@ -74,21 +86,21 @@ class BodyKeeper:
     def waiting(self) -> int:
         return len(self._waiting)
 
-    def take(self) -> list[BodyRow]:
+    def take(self) -> list[OfferedBody]:
         """Every body waiting, off the queue, for :meth:`write`; called where :meth:`offer` is (the event loop)."""
         batch = list(self._waiting)
         self._waiting.clear()
         self._bytes = 0
         return batch
 
-    def write(self, batch: list[BodyRow]) -> None:
+    def write(self, batch: list[OfferedBody]) -> None:
         """Store ``batch`` (blocking: in a thread); a part the store refuses is dropped, counted and said, never raised.
 
         Not journaled, so not retried forever."""
         for start in range(0, len(batch), BATCH):
             part = batch[start : start + BATCH]
             try:
-                written = self.store.keep_body_rows(part)
+                written = self.store.keep_body_rows([stored(body) for body in part])
             except Exception as err:
                 with self._counts:
                     self.dropped += len(part)
