@@ -118,3 +118,15 @@ def test_a_key_s_attribution_is_made_once_and_again_when_its_entry_or_its_projec
 
     from_file = KeyEntry("ci", "api", "ci", "f" * 64, source="snapshot")
     assert scopes(from_file) == (BudgetScope("key", "k_cp_ci"),), "a mounted key is spent under its k_cp_ id"
+
+
+def test_server_timing_says_each_part_in_milliseconds_to_three_places() -> None:
+    record = Exchange(Meter(Usage()), "r1", "openai.chat.completions", False, False)
+    assert record.server_timing() is None, "no upstream answered: no timing"
+    record.started -= 0.0123456  # 12.3456 ms ago
+    record.answered(0.0040004)
+    timing = record.server_timing()
+    assert timing is not None
+    own, upstream = (part.split(b"=")[1] for part in timing.split(b", "))
+    assert upstream == b"4.000" and own.count(b".") == 1 and len(own.split(b".")[1]) == 3
+    assert 8.345 <= float(own) < 8.345 + 50, timing  # 12.3456 - 4.0004 ms, and the time this test took since

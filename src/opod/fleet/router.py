@@ -21,7 +21,7 @@ import hashlib
 import itertools
 import time
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from opod.fleet.affinity import AffinityTable, prefix_key
@@ -84,26 +84,40 @@ class Decision:
     revision: int | None = None
     canary: str | None = None
     """The model's canary group this request was drawn into (the stable model's name or the candidate's)."""
-    extra: RouteRecord = field(default_factory=dict)
     pin_key: str | None = None
     """The sticky pin's key (:meth:`RouteRequest.pin`) when the chosen worker holds none of the request's blocks:
     :meth:`Router.served` pins it there."""
 
-    def record(self) -> RouteRecord:
+    def record(self) -> tuple[RouteRecord, str]:
+        """How the request was routed, and the same as the ``X-Opod-Route`` value (``key=value; …`` in the
+        record's order), made together.
+
+        The load is kept to two places as whole hundredths and written from them: rounding a float and writing it
+        out each run CPython's conversion of a float to decimal, whose tables a request mostly finds out of the
+        CPU's caches."""
+        hundredths = int(self.load * 100 + 0.5)
         out: RouteRecord = {
             "worker": self.node.id,
             "reason": self.reason,
-            "load": round(self.load, 2),
+            "load": hundredths / 100,
             "queue": self.queue,
         }
+        text = f"worker={self.node.id}; reason={self.reason}; load={two_places(hundredths)}; queue={self.queue}"
         if self.of_blocks:
-            out["blocks"] = f"{self.blocks}/{self.of_blocks}"
-        if self.revision is not None:
-            out["canary"] = self.revision
-        elif self.canary is not None:
-            out["canary"] = self.canary
-        out.update(self.extra)
-        return out
+            blocks = out["blocks"] = f"{self.blocks}/{self.of_blocks}"
+            text += f"; blocks={blocks}"
+        canary = self.revision if self.revision is not None else self.canary
+        if canary is not None:
+            out["canary"] = canary
+            text += f"; canary={canary}"
+        return out, text
+
+
+def two_places(hundredths: int) -> str:
+    """A number of hundredths (not negative) as ``repr()`` writes the float it stands for (``1.25``, ``1.2``,
+    ``1.0``), without making or converting a float."""
+    whole, part = divmod(hundredths, 100)
+    return f"{whole}.{part:02d}" if part % 10 else f"{whole}.{part // 10}"
 
 
 def choose_group(groups: Sequence[tuple[G, float]], request_id: str) -> G | None:
