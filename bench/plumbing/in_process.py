@@ -29,6 +29,7 @@ import uvloop
 from starlette.applications import Starlette
 from uvicorn.server import ServerState
 
+from bench.plumbing.library_calls import LIBRARY_CALLS
 from bench.plumbing.protocols import ANSWER, PATH, BareAnswer, answer
 from opod.http.fastpath import FastHttpProtocol, FastPath
 from opod.http.serving import server_config, settle_memory
@@ -245,6 +246,19 @@ async def _per_call(client: BareClient | OpodClient, calls: int, evict: Evictor 
     return took[len(took) // 2] * 1e6
 
 
+def _per_library_call(call: Callable[[], object], calls: int, evict: Evictor | None) -> float:
+    """Microseconds a library call takes, the median over ``calls``."""
+    took = []
+    for _ in range(calls):
+        if evict is not None:
+            evict()
+        started = time.perf_counter()
+        call()
+        took.append(time.perf_counter() - started)
+    took.sort()
+    return took[len(took) // 2] * 1e6
+
+
 async def _measure(warm: int, cold: int) -> list[InProcess]:
     evict = Evictor()
     out = []
@@ -262,6 +276,9 @@ async def _measure(warm: int, cold: int) -> list[InProcess]:
         client = make_client()
         await _per_call(client, warm, None)
         out.append(InProcess(name, await _per_call(client, warm, None), await _per_call(client, cold, evict)))
+    for name, call in LIBRARY_CALLS.items():
+        _per_library_call(call, warm, None)
+        out.append(InProcess(name, _per_library_call(call, warm, None), _per_library_call(call, cold, evict)))
     return out
 
 
@@ -305,7 +322,10 @@ def report(rows: list[InProcess], cold: int, under_load_gap: float, client_under
         "|---|---:|---:|---:|",
     ]
     for row in rows:
-        lines.append(f"| {row.protocol} | {row.warm_us:.1f} | {row.cold_us:.1f} | {row.cold_us / row.warm_us:.1f} |")
+        if row.protocol not in LIBRARY_CALLS:
+            lines.append(
+                f"| {row.protocol} | {row.warm_us:.1f} | {row.cold_us:.1f} | {row.cold_us / row.warm_us:.1f} |"
+            )
     lines += [
         "",
         f"- opod's server adds **{warm_gap:+.1f} µs** to a request warm and **{cold_gap:+.1f} µs** cold; under load, "
@@ -319,7 +339,34 @@ def report(rows: list[InProcess], cold: int, under_load_gap: float, client_under
         "it runs mostly cold, so a cut that leaves the same code and objects in use saves little, and one that "
         "stops touching them saves several times its warm figure.",
         "",
+        *library_report(by, cold),
     ]
+    return lines
+
+
+def library_report(by: dict[str, InProcess], cold: int) -> list[str]:
+    """The library calls' table (:data:`LIBRARY_CALLS`): what a call into C costs a request that runs cold."""
+    lines = [
+        "## Library calls a request makes, warm and cold",
+        "",
+        f"Each call timed alone in the same process, warm (back to back) and cold (the caches emptied before each of "
+        f"{cold}), the median; the first row is a call that does nothing, what timing a call costs by itself "
+        "(`bench/plumbing/library_calls.py`).",
+        "",
+        "| call | warm µs | cold µs |",
+        "|---|---:|---:|",
+    ]
+    lines += [f"| {name} | {by[name].warm_us:.2f} | {by[name].cold_us:.2f} |" for name in LIBRARY_CALLS]
+    names = list(LIBRARY_CALLS)
+    pairs = [(b, a) for b, a in zip(names, names[1:]) if b.startswith("before: ") and a.startswith("now: ")]
+    lines.append("")
+    for before, after in pairs:
+        saved, warm = by[before].cold_us - by[after].cold_us, by[before].warm_us - by[after].warm_us
+        lines.append(
+            f"- {after.removeprefix('now: ')}, in place of {before.removeprefix('before: ')}: "
+            f"**{saved:.2f} µs** less cold, {warm:.2f} warm."
+        )
+    lines.append("")
     return lines
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bench.plumbing.library_calls import LIBRARY_CALLS
 from tests.bench.smoke import md_table, number, run_bench
 
 
@@ -23,3 +24,8 @@ def test_the_smallest_run_measures_every_server_and_writes_the_table(tmp_path: P
     for row in alone.values():
         assert number(row["warm µs/req"]) > 0 and number(row["cold µs/req"]) > 0, table
     assert "opod's server adds **" in table and "opod's engine client adds **" in table, table
+    calls = {row["call"]: row for row in md_table(table, "call")}
+    assert set(calls) == set(LIBRARY_CALLS), table
+    for row in calls.values():
+        assert number(row["warm µs"]) > 0 and number(row["cold µs"]) > 0, table
+    assert table.count("less cold") == sum(name.startswith("now: ") for name in LIBRARY_CALLS), table
