@@ -13,19 +13,12 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-from opod.fleet.router import two_places
 from opod.security.keys import hash_key
 
 KEY = "sk-opod-" + "k" * 40
 """A key as clients send it (``opod.security.keys.new_secret``'s length)."""
 _PERIOD_END = datetime.now(UTC) + timedelta(days=30)
 _PERIOD_END_S = _PERIOD_END.timestamp()
-
-
-LOAD = 2 / 3
-"""A worker's load as the router weighs it (requests and KV use): a float with many places."""
-SECONDS = 0.0123456
-"""A part of a request's time, as ``Server-Timing`` writes it."""
 
 
 def _nothing() -> None:
@@ -38,13 +31,5 @@ LIBRARY_CALLS: dict[str, Callable[[], object]] = {
     "now: a key's SHA-256, opod's hash_key (CPython's own)": lambda: hash_key(KEY),
     "before: a budget period's end against datetime.now(UTC)": lambda: datetime.now(UTC) >= _PERIOD_END,
     "now: a budget period's end in POSIX seconds against time.time()": lambda: time.time() >= _PERIOD_END_S,
-    "before: a route's load rounded to two places and written (round, str)": lambda: str(round(LOAD, 2)),
-    "now: the load written from whole hundredths (opod.fleet.router.two_places)": lambda: two_places(
-        int(LOAD * 100 + 0.5)
-    ),
-    "before: Server-Timing's milliseconds written from a float ('%.3f')": lambda: b"dur=%.3f" % (SECONDS * 1000),
-    "now: Server-Timing's milliseconds written from whole microseconds": lambda: (
-        b"dur=%d.%03d" % divmod(int(SECONDS * 1e6 + 0.5), 1000)
-    ),
 }
 """What each row times: a call that does nothing, then each ``before:`` call and the ``now:`` one in its place."""

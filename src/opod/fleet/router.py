@@ -88,36 +88,20 @@ class Decision:
     """The sticky pin's key (:meth:`RouteRequest.pin`) when the chosen worker holds none of the request's blocks:
     :meth:`Router.served` pins it there."""
 
-    def record(self) -> tuple[RouteRecord, str]:
-        """How the request was routed, and the same as the ``X-Opod-Route`` value (``key=value; …`` in the
-        record's order), made together.
-
-        The load is kept to two places as whole hundredths and written from them: rounding a float and writing it
-        out each run CPython's conversion of a float to decimal, whose tables a request mostly finds out of the
-        CPU's caches."""
-        hundredths = int(self.load * 100 + 0.5)
+    def record(self) -> RouteRecord:
         out: RouteRecord = {
             "worker": self.node.id,
             "reason": self.reason,
-            "load": hundredths / 100,
+            "load": round(self.load, 2),
             "queue": self.queue,
         }
-        text = f"worker={self.node.id}; reason={self.reason}; load={two_places(hundredths)}; queue={self.queue}"
         if self.of_blocks:
-            blocks = out["blocks"] = f"{self.blocks}/{self.of_blocks}"
-            text += f"; blocks={blocks}"
-        canary = self.revision if self.revision is not None else self.canary
-        if canary is not None:
-            out["canary"] = canary
-            text += f"; canary={canary}"
-        return out, text
-
-
-def two_places(hundredths: int) -> str:
-    """A number of hundredths (not negative) as ``repr()`` writes the float it stands for (``1.25``, ``1.2``,
-    ``1.0``), without making or converting a float."""
-    whole, part = divmod(hundredths, 100)
-    return f"{whole}.{part:02d}" if part % 10 else f"{whole}.{part // 10}"
+            out["blocks"] = f"{self.blocks}/{self.of_blocks}"
+        if self.revision is not None:
+            out["canary"] = self.revision
+        elif self.canary is not None:
+            out["canary"] = self.canary
+        return out
 
 
 def choose_group(groups: Sequence[tuple[G, float]], request_id: str) -> G | None:

@@ -271,11 +271,8 @@ class Exchange:
         upstream = self.upstream_s
         if upstream < 0:
             return None
-        # Whole microseconds written as milliseconds to three places: "%.3f" of a float runs CPython's conversion
-        # of a float to decimal, whose tables a request mostly finds out of the CPU's caches.
-        own_us = max(0, int((time.perf_counter() - self.started - upstream) * 1e6 + 0.5))
-        upstream_us = int(upstream * 1e6 + 0.5)
-        return b"opod;dur=%d.%03d, upstream;dur=%d.%03d" % (*divmod(own_us, 1000), *divmod(upstream_us, 1000))
+        own = time.perf_counter() - self.started - upstream
+        return b"opod;dur=%.3f, upstream;dur=%.3f" % (own * 1000, upstream * 1000)
 
     def _journal_start(self) -> UsageTicket:
         # The pre guardrails' outcome goes with the start, so a row recovered after a crash keeps it.

@@ -104,8 +104,11 @@ class Relay:
                 break
             node = decision.node
             tried.append(node.id)
-            record, route_value = decision.record()  # the usage row's route, and the X-Opod-Route value
+            record = decision.record()
             call.observer.routed(record)
+            # The X-Opod-Route value: the record as "key=value" pairs, each made by the format string's own
+            # method (a comprehension would be one more Python call per request).
+            route_value = "; ".join(map("%s=%s".__mod__, record.items()))
             answer = await self._attempt(node, call, model, route_value, problems)
             if isinstance(answer, Refusal):
                 if answer.final or suspect is not None:
