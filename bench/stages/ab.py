@@ -91,6 +91,7 @@ def _round(members: dict[str, Member], rate: float, seconds: float, seed: int, s
     spent = {name: (0, 0) for name in SIDES}
     got = {name: loadgen.Result() for name in SIDES}
     for order in (SIDES, SIDES[::-1]):
+        place_loops(members, order)
         before = {name: cpu_ns(members[name].pid) for name in SIDES}
         for name, window in zip(order, asyncio.run(both(order)), strict=True):
             after, (total, main) = cpu_ns(members[name].pid), spent[name]
@@ -107,6 +108,26 @@ def _round(members: dict[str, Member], rate: float, seconds: float, seed: int, s
         side.own_p99_ms.append(loadgen.percentile(got[name].own, 99) * 1000)
         side.answered += len(got[name].latencies)
         side.errors += got[name].errors
+
+
+def place_loops(members: dict[str, Member], order: tuple[str, ...]) -> None:
+    """Each leader's event loop on a CPU of its own, the first of ``order`` on the lowest.
+
+    A leader pins its loop to one CPU as it starts (``opod.http.cpu``), and the two leaders of a run would keep
+    the CPUs they happened to take: where the machine's other work (the load generator, the simulators,
+    interrupts) favours one CPU, every pair would favour the same build. The windows of a pair trade the
+    CPUs, so each build spends as long on each. A leader whose loop is free (``OPOD_LOOP_CPU=off``, or a base
+    from before the pin) is left free."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return
+    for cpu, name in zip(cpus, order, strict=False):
+        pid = members[name].pid  # the loop runs on the leader's main thread, whose id is the process's
+        try:
+            if len(os.sched_getaffinity(pid)) == 1:
+                os.sched_setaffinity(pid, {cpu})
+        except OSError:
+            continue  # gone: the round says so by its errors
 
 
 def run_pairs(
@@ -182,7 +203,8 @@ def report(
         f"Machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the end, shared with other work. "
         f"Open loop at {rate:g} req/s to each leader, {len(cpu)} rounds; in each, both leaders are loaded at once, "
         f"with the same arrivals, in two windows of {seconds:g} s (which leader a request due at the same moment "
-        "goes to first turned in the second). CPU: the leader's every thread, per request "
+        "goes to first turned in the second, and so did the CPUs the two leaders' event loops are pinned to). "
+        "CPU: the leader's every thread, per request "
         "answered (schedstat); its idle CPU is not taken out, alike on both sides. All on: "
         f"{ALL_ON_AREAS}; each leader's guard policy was checked on one request's record before measuring.",
         "",
