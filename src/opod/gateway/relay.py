@@ -388,7 +388,9 @@ def _media_type(media_type: str) -> bytes:
 def _usage_of(data: bytes) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """A whole answer's JSON object when it names its usage (the answers worth parsing here), and that usage;
     ``None`` for what is not there."""
-    if b'"usage"' not in data:
+    if (
+        data.find(b'"usage"') < 0
+    ):  # find: bytes' ``in`` tries the text as an int first, raising and dropping a TypeError
         return None, None
     try:
         parsed = fastjson.loads(data)

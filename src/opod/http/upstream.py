@@ -98,7 +98,9 @@ class _Connection(asyncio.Protocol):
         """
         # A parser per answer, whose on_header is the answer's own dictionary's __setitem__: httptools hands
         # it each header without a Python call, and only the headers someone reads are decoded.
-        self.raw_headers = raw = dict[bytes, bytes]()
+        # A plain {}: calling ``dict[bytes, bytes]`` raises and swallows an AttributeError inside every call.
+        raw: dict[bytes, bytes] = {}
+        self.raw_headers = raw
         self.on_header = raw.__setitem__
         self.parser = httptools.HttpResponseParser(self)
         self.status = 0
