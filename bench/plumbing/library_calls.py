@@ -21,6 +21,11 @@ _PERIOD_END = datetime.now(UTC) + timedelta(days=30)
 _PERIOD_END_S = _PERIOD_END.timestamp()
 
 
+ANSWER = b'{"id":"chatcmpl-1","choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}],"usage":{}}'
+"""An engine's whole answer, which the relay looks into for its usage."""
+_HEADERS = dict[bytes, bytes]
+
+
 def _nothing() -> None:
     return None
 
@@ -31,5 +36,11 @@ LIBRARY_CALLS: dict[str, Callable[[], object]] = {
     "now: a key's SHA-256, opod's hash_key (CPython's own)": lambda: hash_key(KEY),
     "before: a budget period's end against datetime.now(UTC)": lambda: datetime.now(UTC) >= _PERIOD_END,
     "now: a budget period's end in POSIX seconds against time.time()": lambda: time.time() >= _PERIOD_END_S,
+    "before: looking into an answer with bytes' in (which raises and drops a TypeError first)": lambda: (
+        b'"usage"' in ANSWER
+    ),
+    "now: looking into an answer with bytes.find": lambda: ANSWER.find(b'"usage"') >= 0,
+    "before: an answer's header table made by calling dict[bytes, bytes]": lambda: _HEADERS(),
+    "now: an answer's header table made as {}": lambda: {},
 }
 """What each row times: a call that does nothing, then each ``before:`` call and the ``now:`` one in its place."""
