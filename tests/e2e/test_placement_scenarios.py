@@ -54,8 +54,9 @@ def test_a_model_needing_tensor_parallel_across_two_nodes_spans_both_and_a_third
     join("n2")
     add(leader, {"name": "wide", "profiles": [TWO_NODES], "scaling": {"min": 1, "max": 1}})
     leader.wait_served("wide", timeout=60)
+    # Served once a worker's heartbeat says so; the replica reads ready once the reconciler has seen it, a tick later.
+    wait_until(lambda: [r["state"] for r in replicas(leader, "wide")] == ["ready"], 30, "the replica to read ready")
     (replica,) = replicas(leader, "wide")
-    assert replica["state"] == "ready"
     shards = sorted(replica["shards"], key=lambda s: s["rank"])
     assert [s["rank"] for s in shards] == [0, 1]
     assert sorted(s["node"] for s in shards) == ["n1", "n2"]
