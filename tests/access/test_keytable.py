@@ -140,3 +140,17 @@ def test_the_admin_refusal_names_the_home_and_clients_still_hear_token_create() 
     client = _refusal(keys, None, ("api", "admin"))
     assert client.startswith("No API key") and "`opod token create`" in client
     assert "`opod token create`" in _refusal(keys, "Bearer sk-unknown", ("api", "admin"))
+
+
+def test_a_key_is_kept_as_its_sha256_and_its_expiry_holds_through_a_revocation() -> None:
+    # The digest stored keys and auth files were made with: the standard SHA-256, whichever implementation makes it.
+    assert hash_key("abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    keys = KeyTable()
+    later = datetime.now(UTC) + timedelta(hours=1)
+    keys.put(KeyEntry("k_soon", "api", "soon", hash_key("sk-soon"), expires_at=later))
+    assert keys.check(bearer("sk-soon")).id == "k_soon", "a key whose expiry is ahead serves"
+    keys.revoke("k_soon")
+    with pytest.raises(Unauthorized, match="was revoked"):
+        keys.check(bearer("sk-soon"))
+    (revoked,) = [e for e in keys.local_entries() if e.id == "k_soon"]
+    assert revoked.expires_at == later and revoked.expires_s == later.timestamp()

@@ -388,9 +388,8 @@ def _media_type(media_type: str) -> bytes:
 def _usage_of(data: bytes) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """A whole answer's JSON object when it names its usage (the answers worth parsing here), and that usage;
     ``None`` for what is not there."""
-    if (
-        data.find(b'"usage"') < 0
-    ):  # find: bytes' ``in`` tries the text as an int first, raising and dropping a TypeError
+    # find, not ``in``: bytes' ``in`` tries its text as an int first, raising and dropping a TypeError each time.
+    if data.find(b'"usage"') < 0:
         return None, None
     try:
         parsed = fastjson.loads(data)

@@ -57,7 +57,7 @@ async def relay_sse(
             out = scanner.feed(chunk)
             if out:
                 sent += tokens_in(out)
-                if out.find(b"data: [DONE]") >= 0:  # find: ``in`` on bytes raises and drops a TypeError first
+                if out.find(b"data: [DONE]") >= 0:
                     report("ok")
                 elif (now := time.monotonic()) - told_at >= PROGRESS_EVERY:
                     told_at = now
@@ -83,8 +83,6 @@ def tokens_in(events: bytes) -> int:
     when the stream ends before its usage."""
     # Called for every piece of every stream, which as a rule carries one kind of delta and few empty ones:
     # what is not there is not counted.
-    # Counted, not looked for with ``in``: bytes' ``in`` tries the text as an int first, raising and dropping a
-    # TypeError each time.
     tokens = 0
     for delta, empty in _DELTAS:
         found = events.count(delta)
@@ -107,6 +105,8 @@ def interrupted_event(node_id: str, err: BaseException) -> bytes:
 
 
 _NULL = b"data: null"
+"""llama-server's empty event. A stream's pieces are looked into with ``find`` and ``count``, never ``in``: bytes'
+``in`` tries its text as an int first, raising and dropping a TypeError for every piece."""
 
 
 class SSEFilter:
@@ -129,7 +129,6 @@ class SSEFilter:
     def feed(self, chunk: bytes) -> bytes:
         if (
             not self._pending
-            # find, not ``in``: bytes' ``in`` tries the text as an int first, raising and dropping a TypeError.
             and chunk.find(b'"usage"') < 0
             and chunk.find(_NULL) < 0
             and (not self.strip_usage or chunk.endswith(b"\n\n"))
