@@ -11,6 +11,7 @@ from bench import (
     dataplane,
     fleet_scale,
     idle_ab,
+    loop_core,
     plumbing,
     routing,
     stages,
@@ -38,6 +39,7 @@ app.command("lines")(stages_lines.command)
 app.command("console")(console.command)
 app.command("idle-ab")(idle_ab.command)
 app.command("plumbing")(plumbing.command)
+app.command("loop-core")(loop_core.command)
 
 
 @app.callback()
