@@ -74,6 +74,10 @@ CONFIG_OVERRIDES: tuple[Override, ...] = (
         "OPOD_LOOP_CPU",
         "The leader's event loop thread: auto (the default) pins it, where the process may run on more than one CPU, to the one fewest other processes are pinned to; off lets it move; a number pins it to that CPU. What it starts runs free.",
     ),
+    Override(
+        "OPOD_ENGINE_CPUS",
+        "Where a worker's engines run beside leaders' pinned event loops on its machine: auto (the default) keeps an engine that computes on a GPU, or the simulator, off the loops' CPUs where the worker may use 4 CPUs or more; apart does so wherever a CPU is left; all leaves every engine on every CPU. An engine computing on the CPU (llama.cpp) gets every CPU.",
+    ),
     Override("OPOD_DOOR_ROUTES", "Path of the door's routes file (opod up --role door); --routes names it too."),
     Override(
         "OPOD_UPGRADE_COMMAND",

@@ -102,19 +102,54 @@ def test_a_process_pinned_to_one_cpu_is_counted_on_it() -> None:
         child.wait()
 
 
-def test_opod_up_pins_its_loop_and_its_engine_and_ledger_writer_run_on_every_cpu(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("setting", "computes_on_cpu", "allowed", "loops", "given"),
+    [
+        (None, False, frozenset(range(8)), frozenset({3}), frozenset(range(8)) - {3}),  # a GPU engine, 8 CPUs
+        ("auto", False, frozenset({0, 1, 2, 3}), frozenset({0, 2}), frozenset({1, 3})),  # two leaders' loops
+        (None, False, frozenset({0, 1}), frozenset({1}), None),  # two CPUs: the engine keeps both
+        ("apart", False, frozenset({0, 1}), frozenset({1}), frozenset({0})),  # unless told to keep apart
+        ("APART", False, frozenset({0, 1}), frozenset({0, 1}), None),  # nothing left apart: every CPU
+        (None, True, frozenset(range(8)), frozenset({3}), None),  # llama.cpp computes on the CPU: all of them
+        ("all", False, frozenset(range(8)), frozenset({3}), None),
+        (None, False, frozenset(range(8)), frozenset(), None),  # no leader's loop pinned here
+        (None, False, frozenset({4, 5, 6, 7}), frozenset({1}), None),  # a loop on a CPU the worker does not have
+    ],
+)
+def test_an_engine_is_kept_off_leaders_loop_cpus_where_the_setting_and_the_machine_allow(
+    setting: str | None,
+    computes_on_cpu: bool,
+    allowed: frozenset[int],
+    loops: frozenset[int],
+    given: frozenset[int] | None,
+) -> None:
+    assert cpu.engine_plan(setting, computes_on_cpu, allowed, loops) == given
+
+
+@pytest.mark.parametrize("setting", [None, "apart"])
+def test_opod_up_pins_its_loop_its_engine_stays_off_it_where_it_may_and_its_ledger_writer_runs_free(
+    tmp_path: Path, setting: str | None
+) -> None:
     cpus = _machine_cpus()
-    leader = Leader(tmp_path / "home", extra=["--engine", "sim"])
+    leader = Leader(
+        tmp_path / "home", extra=["--engine", "sim"], env={} if setting is None else {cpu.ENGINE_SETTING: setting}
+    )
     try:
         said = leader.process.wait_for_line("opod.cpu: event loop pinned to CPU", timeout=30)
         pinned = int(re.search(r"pinned to CPU (\d+)", said).group(1))  # type: ignore[union-attr]
         pid = leader.process.proc.pid
         assert _cpus_of(pid) == {pinned}, "the loop's thread is not on the CPU the log names"
+        assert Path(f"/proc/{pid}/comm").read_bytes().strip() == cpu.LEADER_NAME
+        assert pinned in cpu.leader_loop_cpus()
         leader.process.wait_for_line("smollm2-135m-instruct: serving on", timeout=60)
         engines = leader.process.children()
         assert engines, "the local worker started no engine"
+        apart = setting == "apart" or len(cpus) >= cpu.APART_FROM
         for engine in engines:
-            assert _cpus_of(engine) == cpus, f"engine {engine} inherited the loop's CPU"
+            # The local worker runs free (every CPU); the engine it starts, off the loop's CPU where it may be.
+            assert _cpus_of(engine) in (cpus - {pinned} if apart else cpus, cpus), f"engine {engine} on the loop's CPU"
+        engine_cpus = {_cpus_of(engine) for engine in engines}
+        assert (cpus - {pinned}) in engine_cpus if apart else engine_cpus == {cpus}, engine_cpus
         body = {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
         status, _, answer = http("POST", leader.url + "/v1/chat/completions", body, key=leader.key)
         assert status == 200, answer

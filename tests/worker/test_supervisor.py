@@ -552,11 +552,34 @@ def test_config_from_a_leaders_spec() -> None:
         ({"argv": ["x"], "env": {"A": 1}}, "env entry"),
         ({"argv": ["x"], "ready_timeout": 0}, "ready_timeout must be a positive"),
         ({"argv": ["x"], "backoff": 60}, "at most max_backoff"),
+        ({"argv": ["x"], "cpus": [0, -1]}, r"cpus must be CPU numbers .* not \(0, -1\)|not \[0, -1\]"),
+        ({"argv": ["x"], "cpus": "0-1"}, "cpus must be CPU numbers"),
     ],
 )
 def test_bad_config_is_refused_clearly(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ProcessConfig(id="x", **kwargs)
+
+
+async def test_a_process_given_cpus_runs_on_them_and_one_given_none_on_every_cpu_the_worker_has(
+    sup: Supervisor, tmp_path: Path
+) -> None:
+    every = sorted(os.sched_getaffinity(0))
+    for name, cpus in (("some", every[:1]), ("every", [])):
+        out = tmp_path / f"{name}.txt"
+        argv = ["sh", "-c", f"grep Cpus_allowed_list /proc/self/status > {out}; sleep 30"]
+        await sup.start(ProcessConfig(id=name, argv=argv, cpus=cpus))
+        for _ in range(200):
+            if out.exists() and out.read_text().strip():
+                break
+            await asyncio.sleep(0.02)
+        listed = out.read_text().split(":", 1)[1].strip()
+        got = set()
+        for part in listed.split(","):  # /proc's list: 0-2,5
+            low, _, high = part.partition("-")
+            got.update(range(int(low), int(high or low) + 1))
+        assert got == set(cpus or every), listed
+        await sup.stop(name)
 
 
 async def test_refusals(sup: Supervisor, tmp_path: Path) -> None:

@@ -170,6 +170,9 @@ class EngineDriver(ABC):
     publishes_kv_events: ClassVar[bool] = False
     """True when the engine publishes vLLM-format KV-cache events on ``LaunchSpec.kv_events_endpoint``;
     the worker then listens and reports block hashes in its heartbeats."""
+    computes_on_cpu: ClassVar[bool] = False
+    """True when the engine's work is done on the CPU (llama.cpp): it gets every CPU, not only those leaders' event
+    loops leave (``opod.http.cpu.engine_cpus``)."""
     lora_ranks: ClassVar[tuple[int, ...]] = ()
     """The ranks the engine can be started for to attach LoRA adapters at run time; empty = it cannot."""
 

@@ -38,6 +38,7 @@ class LlamaCppDriver(EngineDriver):
     native = "path"
     dialect = "llamacpp"
     can_tokenize = True
+    computes_on_cpu = True
     flag_keys = frozenset(
         {"ctx", "np", "ngl", "ctk", "ctv", "tensor_split", "rpc", "pooling", "batch", "ubatch", "extra"}
     )

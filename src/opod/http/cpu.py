@@ -16,11 +16,20 @@ the CPUs the process had before it.
 ``OPOD_LOOP_CPU``: unset or ``auto`` pins the loop, where the process may run on more than one CPU, to
 the one fewest other processes are pinned to (another leader's loop, say), the one it runs on among
 those; ``off`` leaves it free; a number pins it to that CPU.
+
+The pinned loop's thread is named :data:`LEADER_NAME`, so that a worker on the same machine finds the CPUs
+leaders' loops hold (:func:`leader_loop_cpus`) and keeps the engines it starts off them (:func:`engine_cpus`): an
+engine's work on a leader's CPU empties the caches the leader's next request would find its code and objects in
+(``python -m bench loop-core`` measured what that costs). ``OPOD_ENGINE_CPUS``: unset or ``auto`` keeps an engine
+that leaves its computing to a GPU (or does none: the simulator) off those CPUs where the worker may use at least
+:data:`APART_FROM` CPUs; ``apart`` does so wherever a CPU is left for it; ``all`` leaves every engine on every CPU.
+An engine that computes on the CPU (llama.cpp) is given every CPU whatever the setting.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import os
 import re
@@ -35,7 +44,14 @@ from pathlib import Path
 from opod import config
 
 SETTING = "OPOD_LOOP_CPU"
+ENGINE_SETTING = "OPOD_ENGINE_CPUS"
 OFF = ("off", "no", "false")
+LEADER_NAME = b"opod-leader"
+"""The name a leader's pinned event-loop thread takes (its process's ``/proc/PID/comm``: the loop is its main thread)."""
+APART_FROM = 4
+"""CPUs a worker may use from which, by default, its engines are kept off leaders' loop CPUs: below it, the CPU an
+engine would lose weighs more than the leader's caches."""
+PR_SET_NAME = 15
 THREAD_STAT = Path("/proc/thread-self/stat")
 PROC = Path("/proc")
 ONE_CPU = re.compile(rb"^Cpus_allowed_list:\s*(\d+)\s*$", re.MULTILINE)
@@ -145,7 +161,67 @@ async def _pin(loop: asyncio.AbstractEventLoop) -> Placement:
     except OSError as err:
         return Placement(None, f"the kernel refused to pin it: {err.strerror}")
     _free = allowed
+    _name_this_thread(LEADER_NAME)
     return placement
+
+
+def _name_this_thread(name: bytes) -> None:
+    """The calling thread's name as the kernel shows it (``prctl(PR_SET_NAME)``); nothing where that cannot be set."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return
+    prctl(PR_SET_NAME, ctypes.c_char_p(name[:15]), 0, 0, 0)
+
+
+def leader_loop_cpus() -> frozenset[int]:
+    """The CPUs opod leaders' event loops on this machine are pinned to (each one's thread named :data:`LEADER_NAME`)."""
+    found: set[int] = set()
+    try:
+        entries = os.listdir(PROC)
+    except OSError:
+        return frozenset()
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            if (PROC / name / "comm").read_bytes().rstrip(b"\n") != LEADER_NAME:
+                continue
+            status = (PROC / name / "status").read_bytes()
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        pinned = ONE_CPU.search(status)
+        if pinned:
+            found.add(int(pinned.group(1)))
+    return frozenset(found)
+
+
+def engine_plan(
+    setting: str | None, computes_on_cpu: bool, allowed: frozenset[int], loops: frozenset[int]
+) -> frozenset[int] | None:
+    """The CPUs an engine gets, from ``OPOD_ENGINE_CPUS``'s text, whether it computes on the CPU, the CPUs the worker
+    may use and those leaders' loops hold; ``None``: every CPU the worker may use."""
+    choice = (setting or "auto").lower()
+    if computes_on_cpu or choice == "all":
+        return None
+    left = allowed - loops
+    if not left or left == allowed:
+        return None
+    if choice != "apart" and len(allowed) < APART_FROM:
+        return None
+    return left
+
+
+def engine_cpus(computes_on_cpu: bool) -> frozenset[int] | None:
+    """The CPUs for an engine this process starts (:func:`engine_plan` on this machine); ``None``: every CPU it had
+    before any pin (Linux only)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    setting = config.read(ENGINE_SETTING)
+    if setting is not None and setting.lower() not in ("auto", "apart", "all"):
+        log.warning("%s=%r is neither auto, apart nor all; taken as auto", ENGINE_SETTING, setting)
+    allowed = _free or frozenset(os.sched_getaffinity(0))
+    return engine_plan(setting, computes_on_cpu, allowed, leader_loop_cpus())
 
 
 def executor() -> ThreadPoolExecutor:

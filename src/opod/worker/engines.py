@@ -31,6 +31,7 @@ from opod.contract import nodeapi
 from opod.contract.catalog import Entry, Hardware, Source
 from opod.engines.base import LaunchSpec, LoadSample, combined
 from opod.engines.registry import get_driver
+from opod.http import cpu
 from opod.http.upstream import Upstreams
 from opod.weights.progress import FetchMeter
 from opod.worker import multinode
@@ -284,6 +285,7 @@ class EngineManager:
             backoff=1.0,
             log_lines=200,
             log_file=self.home / "logs" / f"{engine.process_id}.log",
+            cpus=sorted(cpu.engine_cpus(self.driver.computes_on_cpu) or ()),
         )
         previous = self.supervisor.get(engine.process_id)
         if previous is not None:

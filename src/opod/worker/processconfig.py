@@ -70,6 +70,8 @@ class ProcessConfig:
     """Rotated logs kept beside the current one (``.1`` the newest); 0 starts the log afresh instead."""
     death_signal: int = signal.SIGKILL
     """Sent to the process when the worker dies. SIGKILL is certain; its own children die in the group sweep only if the worker lives."""
+    cpus: Sequence[int] = ()
+    """The CPUs it runs on; empty: every CPU the worker has (an engine kept off leaders' loops: ``cpu.engine_cpus``)."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -119,6 +121,10 @@ class ProcessConfig:
             problems.append(f"backoff {self.backoff} must be >= 0 and at most max_backoff {self.max_backoff}")
         if self.max_restarts < 0:
             problems.append("max_restarts must be >= 0")
+        if isinstance(self.cpus, (str, bytes)) or not all(type(c) is int and c >= 0 for c in self.cpus):
+            problems.append(f"cpus must be CPU numbers (whole numbers from 0), not {self.cpus!r}")
+        else:
+            object.__setattr__(self, "cpus", tuple(sorted(set(self.cpus))))
         try:
             signal.Signals(self.death_signal)
         except ValueError:

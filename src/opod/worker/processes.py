@@ -109,12 +109,18 @@ def adopt_orphans() -> bool:
     return _prctl(PR_SET_CHILD_SUBREAPER, ctypes.c_ulong(1), 0, 0, 0) == 0
 
 
-def _child_setup(parent_pid: int, death_signal: int) -> None:
+def _child_setup(parent_pid: int, death_signal: int, cpus: frozenset[int] | None = None) -> None:
     """Runs in the child between fork and exec."""
     # An engine takes SIGTERM and Ctrl-C whatever its parent thread blocked (``opod join`` blocks them on
     # every thread but the loop's, and on that one too across a restart).
     signal.pthread_sigmask(signal.SIG_SETMASK, ())
-    cpu.free_child()  # the CPUs the leader had, not its event loop's one
+    if cpus:
+        try:
+            os.sched_setaffinity(0, cpus)  # kept off leaders' event loops (``cpu.engine_cpus``)
+        except OSError:
+            cpu.free_child()  # a CPU since taken from the worker: every one it has
+    else:
+        cpu.free_child()  # the CPUs the leader had, not its event loop's one
     if _prctl is None:
         return
     _prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(death_signal), 0, 0, 0)
@@ -474,8 +480,10 @@ def spawn(
     on_line: Callable[[str], None],
     sink: LogSink | None = None,
     death_signal: int = signal.SIGKILL,
+    cpus: frozenset[int] | None = None,
 ) -> Child:
-    """Start ``argv`` in a new session; call from the event loop's thread.
+    """Start ``argv`` in a new session; call from the event loop's thread. ``cpus``: the CPUs it runs on (``None``:
+    every CPU the worker had).
 
     The death signal is tied to the *thread* that forks, so a loop running in a
     short-lived thread would take its children with it when the thread ends.
@@ -496,7 +504,7 @@ def spawn(
             cwd=cwd,
             close_fds=True,
             start_new_session=True,
-            preexec_fn=functools.partial(_child_setup, os.getpid(), death_signal),
+            preexec_fn=functools.partial(_child_setup, os.getpid(), death_signal, cpus),
         )
     except OSError as exc:
         os.close(read_fd)

@@ -407,6 +407,7 @@ class Supervisor:
             on_line=mp._lines.append,
             sink=mp._log,
             death_signal=cfg.death_signal,
+            cpus=frozenset(cfg.cpus) or None,
         )
         mp.pid = mp._child.pid
         mp.started_at = mp._waiting_from = _now()
