@@ -4,14 +4,15 @@ The leader pins its event loop to one CPU (``opod.http.cpu``). Between two reque
 else runs on that CPU meanwhile (the engines, their workers, the clients) takes its caches; the next request
 finds its code and objects in memory again. This bench measures that directly: ``python -m bench compare``'s
 latency fleet (a leader with every governance area on, four ``opod join`` workers each starting a simulator),
-loaded at one open-loop rate, while the other processes are placed three ways in turn, round after round:
+loaded at one open-loop rate, while the other processes are placed four ways in turn, round after round:
 
 - **shared**: the workers, engines and the load generator free on every CPU, as ``compare`` runs them;
-- **engines off**: the workers and their engines on the other CPUs, the load generator free;
-- **engines and client off**: the load generator on the other CPUs too, as clients on other machines would be.
+- **engines off**: the engines on the other CPUs, the workers and the load generator free;
+- **workers and engines off**: the workers too (their heartbeats, the KV events their engines publish), as a worker
+  on a leader's machine keeps itself and its engines where it may use 4 CPUs or more (``opod.http.cpu``);
+- **workers, engines and client off**: the load generator too, as clients on other machines would be.
 
-Each placement moves every thread of those processes (``sched_setaffinity``); the leader is left as it placed
-itself. CPU is the leader's, every thread (schedstat), per request answered; the table gives each placement's
+Each placement moves every thread of those processes (``sched_setaffinity``); the leader is left as it placed itself. CPU is the leader's, every thread (schedstat), per request answered; the table gives each placement's
 median over the rounds and its ratio to the shared one measured in the same rounds.
 """
 
@@ -43,8 +44,9 @@ RESULTS = Path(__file__).parent / "results"
 ROOT = Path(__file__).resolve().parents[1]
 PLACEMENTS = {
     "shared": "workers, engines and load generator free on every CPU (as compare runs them)",
-    "engines off": "workers and engines on the other CPUs; the load generator free",
-    "engines and client off": "workers, engines and the load generator on the other CPUs",
+    "engines off": "engines on the other CPUs; workers and the load generator free",
+    "workers and engines off": "workers and engines on the other CPUs; the load generator free",
+    "workers, engines and client off": "workers, engines and the load generator on the other CPUs",
 }
 
 
@@ -98,13 +100,13 @@ def place(pids: list[int], cpus: set[int]) -> None:
                 pass  # ended meanwhile
 
 
-def fleet_processes(fleet: Fleet) -> list[int]:
-    """The workers and every process they started (the engines)."""
-    pids = []
-    for worker in fleet.workers.values():
-        pids.append(worker.proc.pid)
-        pids += descendants(worker.proc.pid)
-    return pids
+def engine_processes(fleet: Fleet) -> list[int]:
+    """Every process the workers started (the engines)."""
+    return [pid for worker in fleet.workers.values() for pid in descendants(worker.proc.pid)]
+
+
+def worker_processes(fleet: Fleet) -> list[int]:
+    return [worker.proc.pid for worker in fleet.workers.values()]
 
 
 def command(
@@ -137,7 +139,7 @@ def command(
             )
             raise typer.Exit(1)
         others = everything - {pinned}
-        engines = fleet_processes(fleet)
+        engines, workers_ = engine_processes(fleet), worker_processes(fleet)
         url = fleet.url + "/v1/chat/completions"
         headers = {"Content-Type": "application/json", "Authorization": f"Bearer {gov.key}"}
         bodies = workloads.distinct_chat_bodies(4096, 8)
@@ -146,8 +148,9 @@ def command(
         for n in range(rounds):
             names = list(PLACEMENTS)
             for placement in names[n % len(names) :] + names[: n % len(names)]:
-                place(engines, others if placement != "shared" else everything)
-                place([os.getpid()], others if placement == "engines and client off" else everything)
+                place(engines, everything if placement == "shared" else others)
+                place(workers_, others if placement.startswith("workers") else everything)
+                place([os.getpid()], others if placement.endswith("client off") else everything)
                 before = cpu_ns(leader)[0]
                 got = asyncio.run(loadgen.open_loop(url, bodies, headers, rate, seconds, n))
                 spent = cpu_ns(leader)[0] - before
@@ -199,8 +202,7 @@ def report(
         f"{platform.python_version()}, load average {os.getloadavg()[0]:.2f} at the end. `compare`'s latency fleet "
         f"(a leader with every governance area on, {workers} `opod join` workers each starting a simulator), open loop "
         f"at {rate:g} req/s, {seconds:g} s per placement and round, the placements' order turned each round. The "
-        f"leader's event loop was pinned to CPU {pinned}; each placement moved every thread of the workers, the "
-        "engines and the load generator. CPU: the leader's every thread (schedstat) per request answered; the ratio "
+        f"leader's event loop was pinned to CPU {pinned}; each placement moved every thread of the processes it names. CPU: the leader's every thread (schedstat) per request answered; the ratio "
         "is each round's against the shared placement's in the same round, its median over the rounds.",
         "",
         *md_table(
@@ -228,10 +230,14 @@ def plot(out: dict[str, Measured], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 3.6))
+    fig, ax = plt.subplots(figsize=(8, 4))
     names = list(out)
     medians = [statistics.median(out[n].cpu_us) for n in names]
-    ax.bar(names, medians, color=["#888888", "#4c72b0", "#55a868"][: len(names)])
+    ax.bar(
+        [n.replace(" and ", " &\n").replace(", ", ",\n") for n in names],
+        medians,
+        color=["#888888", "#4c72b0", "#8172b2", "#55a868"],
+    )
     for x, value in enumerate(medians):
         ax.text(x, value, f"{value:.0f}", ha="center", va="bottom", fontsize=9)
     ax.set_ylabel("leader CPU µs per request")

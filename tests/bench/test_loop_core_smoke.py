@@ -16,7 +16,7 @@ def test_the_smallest_run_measures_every_placement_and_writes_the_table(tmp_path
     run_bench("loop-core", *args, "--results-dir", str(tmp_path), timeout=240)
     table = (tmp_path / "loop-core.md").read_text()
     rows = {row["placement"]: row for row in md_table(table, "placement")}
-    assert set(rows) == {"shared", "engines off", "engines and client off"}, table
+    assert set(rows) == {"shared", "engines off", "workers and engines off", "workers, engines and client off"}, table
     for row in rows.values():
         assert number(row["requests"]) > 0 and row["errors"] == "0", table
         assert number(row["leader CPU µs/req (median)"]) > 0, table

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from opod.http import cpu
-from tests.support.opod_process import Leader, http, wait_until
+from tests.support.opod_process import Leader, http, sim_worker, wait_until
 
 TWO = frozenset({0, 1})
 
@@ -161,6 +161,31 @@ def test_opod_up_pins_its_loop_its_engine_stays_off_it_where_it_may_and_its_ledg
         # The ledger's writer, the store's thread and the loop's executor started after the pin: none kept it.
         wait_until(others_free, 10, "every thread but the loop's on every CPU")
     finally:
+        leader.process.stop()
+
+
+def test_a_joined_worker_on_the_leader_s_machine_keeps_itself_and_its_engine_off_the_loop_s_cpu(tmp_path: Path) -> None:
+    """``opod join`` beside a leader: its heartbeats and the KV events its engine publishes, like the engine's own
+    work, take the leader's caches; told to keep apart (as it does unasked on a machine of 4 CPUs or more)."""
+    cpus = _machine_cpus()
+    leader = Leader(tmp_path / "leader", worker=False)
+    worker = None
+    try:
+        said = leader.process.wait_for_line("opod.cpu: event loop pinned to CPU", timeout=30)
+        pinned = int(re.search(r"pinned to CPU (\d+)", said).group(1))  # type: ignore[union-attr]
+        worker = sim_worker(leader, tmp_path / "worker", "n_apart", **{cpu.ENGINE_SETTING: "apart"})
+        worker.wait_for_line(f"worker on CPUs {','.join(map(str, sorted(cpus - {pinned})))}, off the leaders'", 60)
+        wait_until(lambda: bool(leader.served()), 60, "the worker's model served")
+        pid = worker.proc.pid
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            assert _cpus_of(pid, int(tid)) == cpus - {pinned}, f"worker thread {tid} on the loop's CPU"
+        engines = worker.children()
+        assert engines, "the worker started no engine"
+        for engine in engines:
+            assert _cpus_of(engine) == cpus - {pinned}, f"engine {engine} on the loop's CPU"
+    finally:
+        if worker is not None:
+            worker.stop()
         leader.process.stop()
 
 

@@ -18,12 +18,12 @@ the one fewest other processes are pinned to (another leader's loop, say), the o
 those; ``off`` leaves it free; a number pins it to that CPU.
 
 The pinned loop's thread is named :data:`LEADER_NAME`, so that a worker on the same machine finds the CPUs
-leaders' loops hold (:func:`leader_loop_cpus`) and keeps the engines it starts off them (:func:`engine_cpus`): an
-engine's work on a leader's CPU empties the caches the leader's next request would find its code and objects in
-(``python -m bench loop-core`` measured what that costs). ``OPOD_ENGINE_CPUS``: unset or ``auto`` keeps an engine
-that leaves its computing to a GPU (or does none: the simulator) off those CPUs where the worker may use at least
-:data:`APART_FROM` CPUs; ``apart`` does so wherever a CPU is left for it; ``all`` leaves every engine on every CPU.
-An engine that computes on the CPU (llama.cpp) is given every CPU whatever the setting.
+leaders' loops hold (:func:`leader_loop_cpus`) and keeps itself (:func:`keep_worker_apart`) and the engines it starts
+(:func:`engine_cpus`) off them: their work on a leader's CPU empties the caches the leader's next request would find
+its code and objects in (``python -m bench loop-core`` measured what that costs). ``OPOD_ENGINE_CPUS``: unset or
+``auto`` keeps them, an engine that leaves its computing to a GPU (or does none: the simulator), off those CPUs where
+the worker may use at least :data:`APART_FROM` CPUs; ``apart`` does so wherever a CPU is left; ``all`` leaves them
+on every CPU. An engine that computes on the CPU (llama.cpp) is given every CPU the worker had, whatever the setting.
 """
 
 from __future__ import annotations
@@ -60,6 +60,9 @@ log = logging.getLogger("opod.cpu")
 
 _free: frozenset[int] | None = None
 """The CPUs the process could run on before the loop's thread was pinned; ``None`` while it is not."""
+_whole: frozenset[int] | None = None
+"""The CPUs a worker could run on before it kept itself off leaders' loops (:func:`keep_worker_apart`); ``None`` until
+it was asked."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,16 +215,57 @@ def engine_plan(
     return left
 
 
-def engine_cpus(computes_on_cpu: bool) -> frozenset[int] | None:
-    """The CPUs for an engine this process starts (:func:`engine_plan` on this machine); ``None``: every CPU it had
-    before any pin (Linux only)."""
-    if not sys.platform.startswith("linux"):
-        return None
+def _engine_setting() -> str | None:
     setting = config.read(ENGINE_SETTING)
     if setting is not None and setting.lower() not in ("auto", "apart", "all"):
         log.warning("%s=%r is neither auto, apart nor all; taken as auto", ENGINE_SETTING, setting)
-    allowed = _free or frozenset(os.sched_getaffinity(0))
-    return engine_plan(setting, computes_on_cpu, allowed, leader_loop_cpus())
+    return setting
+
+
+def keep_worker_apart() -> frozenset[int] | None:
+    """Move every thread of this worker off the CPUs leaders' event loops on this machine are pinned to, where an engine
+    that does not compute on the CPU would go off them (:func:`engine_plan`): the worker's own work (its heartbeats,
+    the KV events its engines publish) takes a leader's caches as an engine's does. The CPUs it is now on, or ``None``
+    where it stays on every CPU it had. A process that pinned a loop of its own (a leader) is never moved.
+
+    Asked at each registration with a leader (one on this machine is pinned by then). What the worker starts afterwards
+    inherits its CPUs; an engine that computes on the CPU is given back every one (:func:`engine_cpus`)."""
+    global _whole
+    if not sys.platform.startswith("linux") or _free is not None:
+        return None
+    whole = _whole or frozenset(os.sched_getaffinity(0))
+    apart = engine_plan(_engine_setting(), False, whole, leader_loop_cpus())
+    target = apart or whole
+    if frozenset(os.sched_getaffinity(0)) != target:
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                os.sched_setaffinity(int(tid), target)
+            except OSError:  # a thread that ended meanwhile
+                continue
+        log.info(
+            "worker on CPUs %s, off the leaders' event loops on CPUs %s (%s=all leaves it on every CPU)"
+            if apart
+            else "worker on every CPU it may use (%s)",
+            *((_cpu_list(target), _cpu_list(whole - target), ENGINE_SETTING) if apart else (_cpu_list(target),)),
+        )
+    _whole = whole
+    return apart
+
+
+def _cpu_list(cpus: frozenset[int]) -> str:
+    return ",".join(map(str, sorted(cpus)))
+
+
+def engine_cpus(computes_on_cpu: bool) -> frozenset[int] | None:
+    """The CPUs for an engine this process starts (:func:`engine_plan` on this machine): off leaders' loop CPUs, or,
+    for an engine that computes on the CPU, every CPU the worker had before it kept itself apart; ``None``: every CPU
+    the process had before any pin (Linux only)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    allowed = _whole or _free or frozenset(os.sched_getaffinity(0))
+    if computes_on_cpu:
+        return _whole
+    return engine_plan(_engine_setting(), computes_on_cpu, allowed, leader_loop_cpus())
 
 
 def executor() -> ThreadPoolExecutor:

@@ -33,6 +33,7 @@ from pathlib import Path
 import aiohttp
 
 from opod.contract import nodeapi
+from opod.http import cpu
 from opod.http.tls.client import worker_context
 from opod.security.signer import Signer
 from opod.worker import inventory
@@ -69,6 +70,7 @@ class Agent:
         kick: asyncio.Event | None = None,
         host_load: HostLoadReader | None = None,
         provision: Callable[[], Awaitable[list[nodeapi.EngineInstall]]] | None = None,
+        keep_apart: bool = False,
     ) -> None:
         """``leader_ca``: path or PEM of the one certificate trusted for an https leader
         (``OPOD_LEADER_CA``); ``client_cert``/``client_key``: this worker's certificate, whose
@@ -77,7 +79,8 @@ class Agent:
         ``kick``: set to ask for a heartbeat now, by the engines and processes built before
         the agent (so they hold this event, not the agent); ``host_load``: the host's load, sent
         with each heartbeat; ``provision``: which engines the worker can run, asked at registration
-        and every ``PROVISION_EVERY`` seconds."""
+        and every ``PROVISION_EVERY`` seconds; ``keep_apart``: the worker has its process to itself, which keeps off
+        leaders' event-loop CPUs on this machine, asked at each registration (``opod.http.cpu.keep_worker_apart``)."""
         self.leader_url = leader_url.rstrip("/")
         self.node_id = node_id
         self.boot_id = boot_id
@@ -86,6 +89,7 @@ class Agent:
         self.manager = manager
         self.signer = Signer(node_id, token)
         self.registered = asyncio.Event()
+        self.keep_apart = keep_apart
         self._kick = kick if kick is not None else asyncio.Event()
         self._contexts = _contexts(self.leader_url, leader_ca, client_cert, client_key, ssl_context)
         """True → the context presenting the certificate; False → the same without it."""
@@ -239,6 +243,8 @@ class Agent:
         self._reported = report
         self.registered.set()
         log.info("registered with %s as %s (listening on %s)", self.leader_url, self.node_id, self.address)
+        if self.keep_apart:
+            cpu.keep_worker_apart()  # a leader on this machine has pinned its loop by now
 
     async def heartbeat_body(self, *, goodbye: bool = False) -> nodeapi.Heartbeat:
         if goodbye:

@@ -515,6 +515,7 @@ def open_worker(settings: WorkerSettings) -> Worker:
             kick=kick,
             host_load=HostLoadReader(),
             provision=lambda: provision.survey(len(agent.capabilities.gpus or []), chosen),
+            keep_apart=settings.reexec,  # opod join's worker, which has its process to itself
         )
         agent.disk_free_gb = _disk_free(stated, manager)
         agent.on_orders.append(chosen.heard)
