@@ -568,7 +568,7 @@ async def test_a_process_given_cpus_runs_on_them_and_one_given_none_on_every_cpu
     for name, cpus in (("some", every[:1]), ("every", [])):
         out = tmp_path / f"{name}.txt"
         argv = ["sh", "-c", f"grep Cpus_allowed_list /proc/self/status > {out}; sleep 30"]
-        await sup.start(ProcessConfig(id=name, argv=argv, cpus=cpus))
+        await sup.start(ProcessConfig(id=name, argv=argv, cpus=cpus, log_file=tmp_path / f"{name}.log"))
         for _ in range(200):
             if out.exists() and out.read_text().strip():
                 break
@@ -579,6 +579,8 @@ async def test_a_process_given_cpus_runs_on_them_and_one_given_none_on_every_cpu
             low, _, high = part.partition("-")
             got.update(range(int(low), int(high or low) + 1))
         assert got == set(cpus or every), listed
+        note = (tmp_path / f"{name}.log").read_text().splitlines()[0]
+        assert (f" on CPUs {cpus[0]}: sh -c " in note) if cpus else (" on CPUs " not in note), note
         await sup.stop(name)
 
 

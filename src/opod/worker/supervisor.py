@@ -411,7 +411,8 @@ class Supervisor:
         )
         mp.pid = mp._child.pid
         mp.started_at = mp._waiting_from = _now()
-        self._log_note(mp, f"started pid {mp.pid}: {shlex.join(cfg.argv)}")
+        where = f" on CPUs {','.join(map(str, cfg.cpus))}" if cfg.cpus else ""  # kept off leaders' loops
+        self._log_note(mp, f"started pid {mp.pid}{where}: {shlex.join(cfg.argv)}")
         if cfg.ready_url or cfg.health_port or cfg.probe:
             self._set(mp, ProcessState.STARTING)
         else:
