@@ -24,7 +24,6 @@ import platform
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import typer
@@ -32,7 +31,8 @@ from rich.console import Console
 
 from bench import loadgen
 from bench.compare import governance
-from bench.procs import checkout_commit
+from bench.plumbing.cli import Measured
+from bench.procs import checkout_commit, process_tree
 from bench.routing import fleet as fleet_mod
 from bench.routing import workloads
 from bench.routing.fleet import Fleet, SimProfile
@@ -50,40 +50,10 @@ PLACEMENTS = {
 }
 
 
-@dataclass
-class Measured:
-    cpu_us: list[float] = field(default_factory=list)
-    p50_ms: list[float] = field(default_factory=list)
-    p99_ms: list[float] = field(default_factory=list)
-    answered: int = 0
-    errors: int = 0
-
-
 def loop_cpu(pid: int) -> int | None:
     """The CPU the leader's event loop (its main thread) is pinned to; ``None`` when it runs free."""
     allowed = os.sched_getaffinity(pid)
     return next(iter(allowed)) if len(allowed) == 1 else None
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (children, their children…), from /proc."""
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        parent = int(stat[stat.rindex(")") + 2 :].split()[1])
-        children.setdefault(parent, []).append(int(name))
-    out, todo = [], list(children.get(pid, []))
-    while todo:
-        child = todo.pop()
-        out.append(child)
-        todo += children.get(child, [])
-    return out
 
 
 def place(pids: list[int], cpus: set[int]) -> None:
@@ -102,7 +72,7 @@ def place(pids: list[int], cpus: set[int]) -> None:
 
 def engine_processes(fleet: Fleet) -> list[int]:
     """Every process the workers started (the engines)."""
-    return [pid for worker in fleet.workers.values() for pid in descendants(worker.proc.pid)]
+    return [pid for worker in fleet.workers.values() for pid in process_tree(worker.proc.pid)[1:]]
 
 
 def worker_processes(fleet: Fleet) -> list[int]:
@@ -155,7 +125,7 @@ def command(
                 got = asyncio.run(loadgen.open_loop(url, bodies, headers, rate, seconds, n))
                 spent = cpu_ns(leader)[0] - before
                 side = out[placement]
-                side.answered += len(got.latencies)
+                side.requests += len(got.latencies)
                 side.errors += got.errors
                 side.cpu_us.append(spent / max(len(got.latencies), 1) / 1000)
                 side.p50_ms.append(got.pct(50) * 1000)
@@ -183,7 +153,7 @@ def report(
             [
                 placement,
                 PLACEMENTS[placement],
-                str(side.answered),
+                str(side.requests),
                 str(side.errors),
                 f"{statistics.median(side.cpu_us):.0f}",
                 f"{min(side.cpu_us):.0f}–{max(side.cpu_us):.0f}",

@@ -16,6 +16,25 @@ from pathlib import Path
 OPOD = [sys.executable, "-m", "opod"]
 
 
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every process below it (children, their children…), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += children.get(p, [])
+    return out
+
+
 def checkout_commit(tree: Path) -> str:
     """The commit a checkout's tree is at (``+ uncommitted changes`` when its tracked files differ from it), as a
     results table names it; "unknown" outside git."""

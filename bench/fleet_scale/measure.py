@@ -11,32 +11,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from bench.procs import process_tree
+
 TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _tree(pid: int) -> list[int]:
-    """``pid`` and its descendants (the leader starts none with --no-worker, but a helper it forks counts too)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry.name))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo += children.get(p, [])
-    return out
 
 
 def cpu_seconds(pid: int) -> float:
     """User plus system CPU seconds used so far by ``pid`` and its descendants (all threads)."""
     total = 0
-    for p in _tree(pid):
+    for p in process_tree(pid):
         try:
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:

@@ -36,7 +36,7 @@ import re
 import socket
 import sys
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,24 +118,28 @@ def running_on() -> int | None:
     return int(fields[36]) if len(fields) > 36 else None
 
 
-def taken_cpus(own: int | None = None) -> Counter[int]:
-    """CPU → how many user processes (other than ``own``) run pinned to it alone, by their main thread's affinity."""
-    taken: Counter[int] = Counter()
+def _pinned_processes() -> Iterator[tuple[str, int, bytes]]:
+    """Each process whose main thread may run on one CPU alone: its /proc entry, that CPU and its status text."""
     try:
         entries = os.listdir(PROC)
     except OSError:
-        return taken
+        return
     for name in entries:
-        if not name.isdigit() or int(name) == own:
+        if not name.isdigit():
             continue
         try:
             status = (PROC / name / "status").read_bytes()
         except OSError:  # gone meanwhile, or not ours to read
             continue
         found = ONE_CPU.search(status)
-        if found and b"\nVmSize:" in status:  # a kernel thread (one per CPU, most of them) has no memory of its own
-            taken[int(found.group(1))] += 1
-    return taken
+        if found:
+            yield name, int(found.group(1)), status
+
+
+def taken_cpus(own: int | None = None) -> Counter[int]:
+    """CPU → how many user processes (other than ``own``) run pinned to it alone, by their main thread's affinity."""
+    # A kernel thread (one per CPU, most of them) has no memory of its own.
+    return Counter(cpu for name, cpu, status in _pinned_processes() if int(name) != own and b"\nVmSize:" in status)
 
 
 async def pin_event_loop() -> Placement:
@@ -180,22 +184,12 @@ def _name_this_thread(name: bytes) -> None:
 def leader_loop_cpus() -> frozenset[int]:
     """The CPUs opod leaders' event loops on this machine are pinned to (each one's thread named :data:`LEADER_NAME`)."""
     found: set[int] = set()
-    try:
-        entries = os.listdir(PROC)
-    except OSError:
-        return frozenset()
-    for name in entries:
-        if not name.isdigit():
-            continue
+    for name, cpu, _ in _pinned_processes():
         try:
-            if (PROC / name / "comm").read_bytes().rstrip(b"\n") != LEADER_NAME:
-                continue
-            status = (PROC / name / "status").read_bytes()
-        except OSError:  # gone meanwhile, or not ours to read
+            if (PROC / name / "comm").read_bytes().rstrip(b"\n") == LEADER_NAME:
+                found.add(cpu)
+        except OSError:  # gone meanwhile
             continue
-        pinned = ONE_CPU.search(status)
-        if pinned:
-            found.add(int(pinned.group(1)))
     return frozenset(found)
 
 
@@ -242,12 +236,15 @@ def keep_worker_apart() -> frozenset[int] | None:
                 os.sched_setaffinity(int(tid), target)
             except OSError:  # a thread that ended meanwhile
                 continue
-        log.info(
-            "worker on CPUs %s, off the leaders' event loops on CPUs %s (%s=all leaves it on every CPU)"
-            if apart
-            else "worker on every CPU it may use (%s)",
-            *((_cpu_list(target), _cpu_list(whole - target), ENGINE_SETTING) if apart else (_cpu_list(target),)),
-        )
+        if apart:
+            log.info(
+                "worker on CPUs %s, off the leaders' event loops on CPUs %s (%s=all leaves it on every CPU)",
+                _cpu_list(target),
+                _cpu_list(whole - target),
+                ENGINE_SETTING,
+            )
+        else:
+            log.info("worker on every CPU it may use (%s)", _cpu_list(target))
     _whole = whole
     return apart
 
