@@ -147,8 +147,8 @@ def keep_batch(leader: InProcessLeader, project: str, lines: int, *, model: str 
         window_text="24h",
         metadata_json="{}",
         lines=[JobLine(i, f"req-{i}", '{"model": "pair", "messages": []}') for i in range(lines)],
+        leased_to=("another-leader", timedelta(hours=1)),
     )
-    store.claim_client_jobs("another-leader", lease=timedelta(hours=1))
     return job.id
 
 

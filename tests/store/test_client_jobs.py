@@ -27,7 +27,15 @@ def _lines(n: int) -> list[JobLine]:
     ]
 
 
-def _job(store: Store, n: int = 5, *, key: str = "k_a", project: str = "", window: timedelta = timedelta(hours=24)):
+def _job(
+    store: Store,
+    n: int = 5,
+    *,
+    key: str = "k_a",
+    project: str = "",
+    window: timedelta = timedelta(hours=24),
+    leased_to: tuple[str, timedelta] | None = None,
+):
     source = store.add_file(owner_key_id=key, project_id=project, purpose="batch", filename="in.jsonl", content=b"{}\n")
     return store.create_client_job(
         owner_key_id=key,
@@ -39,6 +47,7 @@ def _job(store: Store, n: int = 5, *, key: str = "k_a", project: str = "", windo
         window_text="24h",
         metadata_json="{}",
         lines=_lines(n),
+        leased_to=leased_to,
     )
 
 
@@ -211,6 +220,16 @@ def test_a_lease_is_held_by_one_runner_until_it_lapses_and_its_owner_takes_it_ba
     assert [j.id for j in store.claim_client_jobs("leader-b", lease=timedelta(seconds=30), at=later)] == [job.id], (
         "a lapsed lease moves"
     )
+
+
+def test_a_job_created_leased_is_held_from_its_first_moment_until_its_lease_lapses(store: Store) -> None:
+    job = _job(store, 2, leased_to=("leader-a", timedelta(seconds=30)))
+    assert job.lease_owner == "leader-a" and job.lease_until == job.created_at + timedelta(seconds=30)
+    assert store.claim_client_jobs("leader-b", lease=timedelta(seconds=30), at=job.created_at) == [], (
+        "no other runner's look takes it"
+    )
+    later = job.created_at + timedelta(seconds=31)
+    assert [j.id for j in store.claim_client_jobs("leader-b", lease=timedelta(seconds=30), at=later)] == [job.id]
 
 
 def test_cancel_then_finish_writes_the_files_and_skips_the_lines_never_sent(store: Store) -> None:

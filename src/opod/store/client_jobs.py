@@ -177,8 +177,12 @@ class ClientJobsRepo(Repository):
         errors_json: str | None = None,
         created_at: datetime | None = None,
         id: str | None = None,
+        leased_to: tuple[str, timedelta] | None = None,
     ) -> JobRecord:
-        """A new job with its lines, in one transaction: ``in_progress``, or ``failed`` when ``errors_json`` says why."""
+        """A new job with its lines, in one transaction: ``in_progress``, or ``failed`` when ``errors_json`` says why.
+
+        ``leased_to`` (a runner, a lease) has the job held from its first moment, so no other runner's look can
+        take it between its creation and a claim."""
         at = when(created_at, "created_at")
         failed = errors_json is not None
         custom_ids = [line.custom_id for line in lines]
@@ -211,8 +215,8 @@ class ClientJobsRepo(Repository):
             failed=0,
             prompt_tokens=0,
             completion_tokens=0,
-            lease_owner="",
-            lease_until=None,
+            lease_owner=text_arg(leased_to[0], "runner") if leased_to else "",
+            lease_until=at + leased_to[1] if leased_to else None,
         )
         with self._write() as conn:
             conn.execute(insert(client_jobs).values(**values))
