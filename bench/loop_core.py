@@ -6,10 +6,10 @@ finds its code and objects in memory again. This bench measures that directly: `
 latency fleet (a leader with every governance area on, four ``opod join`` workers each starting a simulator),
 loaded at one open-loop rate, while the other processes are placed four ways in turn, round after round:
 
-- **shared**: the workers, engines and the load generator free on every CPU, as ``compare`` runs them;
+- **shared**: the workers, engines and the load generator free on every CPU, as ``OPOD_ENGINE_CPUS=all`` leaves them;
 - **engines off**: the engines on the other CPUs, the workers and the load generator free;
 - **workers and engines off**: the workers too (their heartbeats, the KV events their engines publish), as a worker
-  on a leader's machine keeps itself and its engines where it may use 4 CPUs or more (``opod.http.cpu``);
+  on a leader's machine keeps itself and its engines wherever a CPU is left (``opod.http.cpu``);
 - **workers, engines and client off**: the load generator too, as clients on other machines would be.
 
 Each placement moves every thread of those processes (``sched_setaffinity``); the leader is left as it placed itself. CPU is the leader's, every thread (schedstat), per request answered; the table gives each placement's
@@ -43,7 +43,7 @@ console = Console()
 RESULTS = Path(__file__).parent / "results"
 ROOT = Path(__file__).resolve().parents[1]
 PLACEMENTS = {
-    "shared": "workers, engines and load generator free on every CPU (as compare runs them)",
+    "shared": "workers, engines and load generator free on every CPU (as OPOD_ENGINE_CPUS=all leaves them)",
     "engines off": "engines on the other CPUs; workers and the load generator free",
     "workers and engines off": "workers and engines on the other CPUs; the load generator free",
     "workers, engines and client off": "workers, engines and the load generator on the other CPUs",

@@ -76,7 +76,7 @@ CONFIG_OVERRIDES: tuple[Override, ...] = (
     ),
     Override(
         "OPOD_ENGINE_CPUS",
-        "Where a worker and its engines run beside leaders' pinned event loops on its machine: auto (the default) keeps opod join's worker, and an engine computing on a GPU or the simulator, off the loops' CPUs where the worker may use 4 CPUs or more; apart does so wherever a CPU is left; all leaves them on every CPU. An engine computing on the CPU (llama.cpp) gets every CPU.",
+        "Where a worker and its engines run beside leaders' pinned event loops on its machine: apart (the default) keeps opod join's worker, and an engine computing on a GPU or the simulator, off the loops' CPUs wherever a CPU is left; all leaves them on every CPU. An engine computing on the CPU (llama.cpp) gets every CPU.",
     ),
     Override("OPOD_DOOR_ROUTES", "Path of the door's routes file (opod up --role door); --routes names it too."),
     Override(

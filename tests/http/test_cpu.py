@@ -107,10 +107,11 @@ def test_a_process_pinned_to_one_cpu_is_counted_on_it() -> None:
     ("setting", "computes_on_cpu", "allowed", "loops", "given"),
     [
         (None, False, frozenset(range(8)), frozenset({3}), frozenset(range(8)) - {3}),  # a GPU engine, 8 CPUs
-        ("auto", False, frozenset({0, 1, 2, 3}), frozenset({0, 2}), frozenset({1, 3})),  # two leaders' loops
-        (None, False, frozenset({0, 1}), frozenset({1}), None),  # two CPUs: the engine keeps both
-        ("apart", False, frozenset({0, 1}), frozenset({1}), frozenset({0})),  # unless told to keep apart
+        ("apart", False, frozenset({0, 1, 2, 3}), frozenset({0, 2}), frozenset({1, 3})),  # two leaders' loops
+        (None, False, frozenset({0, 1}), frozenset({1}), frozenset({0})),  # two CPUs: the one the loop leaves
+        ("sideways", False, frozenset({0, 1}), frozenset({1}), frozenset({0})),  # a mistaken setting is apart's
         ("APART", False, frozenset({0, 1}), frozenset({0, 1}), None),  # nothing left apart: every CPU
+        ("all", False, frozenset({0, 1}), frozenset({1}), None),
         (None, True, frozenset(range(8)), frozenset({3}), None),  # llama.cpp computes on the CPU: all of them
         ("all", False, frozenset(range(8)), frozenset({3}), None),
         (None, False, frozenset(range(8)), frozenset(), None),  # no leader's loop pinned here
@@ -127,7 +128,7 @@ def test_an_engine_is_kept_off_leaders_loop_cpus_where_the_setting_and_the_machi
     assert cpu.engine_plan(setting, computes_on_cpu, allowed, loops) == given
 
 
-@pytest.mark.parametrize("setting", [None, "apart"])
+@pytest.mark.parametrize("setting", [None, "all"])
 def test_opod_up_pins_its_loop_its_engine_stays_off_it_where_it_may_and_its_ledger_writer_runs_free(
     tmp_path: Path, setting: str | None
 ) -> None:
@@ -145,11 +146,10 @@ def test_opod_up_pins_its_loop_its_engine_stays_off_it_where_it_may_and_its_ledg
         leader.process.wait_for_line("smollm2-135m-instruct: serving on", timeout=60)
         engines = leader.process.children()
         assert engines, "the local worker started no engine"
-        # Off the loop's CPU where the rule allows; on every CPU where it does not (a small machine by default, or
-        # other leaders' loops, as the test suite runs them side by side, on every other CPU).
+        # Off the loop's CPU; on every CPU where other leaders' loops (the suite's, side by side) hold the rest.
         engine_cpus = {_cpus_of(engine) for engine in engines}
         assert all(on == cpus or pinned not in on for on in engine_cpus), engine_cpus
-        if setting is None and len(cpus) < cpu.APART_FROM:
+        if setting == "all":
             assert engine_cpus == {cpus}, engine_cpus
         body = {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
         status, _, answer = http("POST", leader.url + "/v1/chat/completions", body, key=leader.key)
@@ -167,14 +167,14 @@ def test_opod_up_pins_its_loop_its_engine_stays_off_it_where_it_may_and_its_ledg
 
 def test_a_joined_worker_on_the_leader_s_machine_keeps_itself_and_its_engine_off_the_loop_s_cpu(tmp_path: Path) -> None:
     """``opod join`` beside a leader: its heartbeats and the KV events its engine publishes, like the engine's own
-    work, take the leader's caches; told to keep apart (as it does unasked on a machine of 4 CPUs or more)."""
+    work, take the leader's caches."""
     cpus = _machine_cpus()
     leader = Leader(tmp_path / "leader", worker=False)
     worker = None
     try:
         said = leader.process.wait_for_line("opod.cpu: event loop pinned to CPU", timeout=30)
         pinned = int(re.search(r"pinned to CPU (\d+)", said).group(1))  # type: ignore[union-attr]
-        worker = sim_worker(leader, tmp_path / "worker", "n_apart", **{cpu.ENGINE_SETTING: "apart"})
+        worker = sim_worker(leader, tmp_path / "worker", "n_apart")
         worker.wait_for_line("registered with", 60)
         wait_until(lambda: bool(leader.served()), 60, "the worker's model served")
         assert pinned in cpu.leader_loop_cpus()
@@ -224,7 +224,7 @@ def test_a_worker_keeping_apart_moves_every_thread_off_the_leaders_loops_it_find
     try:
         assert leader.stdout is not None and leader.stdout.readline().strip() == b"1"
         for _ in range(5):  # the suite's own leaders come and go meanwhile: a run that saw them move is asked again
-            env = {**os.environ, cpu.ENGINE_SETTING: "apart"}
+            env = {k: v for k, v in os.environ.items() if k != cpu.ENGINE_SETTING}  # the default
             done = subprocess.run(
                 [sys.executable, "-c", KEEP_APART], env=env, capture_output=True, text=True, timeout=60
             )
@@ -234,7 +234,7 @@ def test_a_worker_keeping_apart_moves_every_thread_off_the_leaders_loops_it_find
                 break
         assert target in seen["before"]
         whole, loops = frozenset(seen["whole"]), frozenset(seen["before"])
-        placed = cpu.engine_plan("apart", False, whole, loops)
+        placed = cpu.engine_plan(None, False, whole, loops)
         assert seen["placed"] == (None if placed is None else sorted(placed))
         assert seen["threads"] == [sorted(placed or whole)]  # every thread, the one made before the move included
     finally:

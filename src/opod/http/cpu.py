@@ -20,10 +20,10 @@ those; ``off`` leaves it free; a number pins it to that CPU.
 The pinned loop's thread is named :data:`LEADER_NAME`, so that a worker on the same machine finds the CPUs
 leaders' loops hold (:func:`leader_loop_cpus`) and keeps itself (:func:`keep_worker_apart`) and the engines it starts
 (:func:`engine_cpus`) off them: their work on a leader's CPU empties the caches the leader's next request would find
-its code and objects in (``python -m bench loop-core`` measured what that costs). ``OPOD_ENGINE_CPUS``: unset or
-``auto`` keeps them, an engine that leaves its computing to a GPU (or does none: the simulator), off those CPUs where
-the worker may use at least :data:`APART_FROM` CPUs; ``apart`` does so wherever a CPU is left; ``all`` leaves them
-on every CPU. An engine that computes on the CPU (llama.cpp) is given every CPU the worker had, whatever the setting.
+its code and objects in (``python -m bench loop-core`` measured what that costs, ``python -m bench compare`` what it
+does to a request on a machine of two CPUs). ``OPOD_ENGINE_CPUS``: unset or ``apart`` keeps them, an engine that leaves
+its computing to a GPU (or does none: the simulator), off those CPUs wherever a CPU is left; ``all`` leaves them on
+every CPU. An engine that computes on the CPU (llama.cpp) is given every CPU the worker had, whatever the setting.
 """
 
 from __future__ import annotations
@@ -48,9 +48,6 @@ ENGINE_SETTING = "OPOD_ENGINE_CPUS"
 OFF = ("off", "no", "false")
 LEADER_NAME = b"opod-leader"
 """The name a leader's pinned event-loop thread takes (its process's ``/proc/PID/comm``: the loop is its main thread)."""
-APART_FROM = 4
-"""CPUs a worker may use from which, by default, its engines are kept off leaders' loop CPUs: below it, the CPU an
-engine would lose weighs more than the leader's caches."""
 PR_SET_NAME = 15
 THREAD_STAT = Path("/proc/thread-self/stat")
 PROC = Path("/proc")
@@ -198,21 +195,18 @@ def engine_plan(
 ) -> frozenset[int] | None:
     """The CPUs an engine gets, from ``OPOD_ENGINE_CPUS``'s text, whether it computes on the CPU, the CPUs the worker
     may use and those leaders' loops hold; ``None``: every CPU the worker may use."""
-    choice = (setting or "auto").lower()
-    if computes_on_cpu or choice == "all":
+    if computes_on_cpu or (setting or "").lower() == "all":
         return None
     left = allowed - loops
     if not left or left == allowed:
-        return None
-    if choice != "apart" and len(allowed) < APART_FROM:
         return None
     return left
 
 
 def _engine_setting() -> str | None:
     setting = config.read(ENGINE_SETTING)
-    if setting is not None and setting.lower() not in ("auto", "apart", "all"):
-        log.warning("%s=%r is neither auto, apart nor all; taken as auto", ENGINE_SETTING, setting)
+    if setting is not None and setting.lower() not in ("apart", "all"):
+        log.warning("%s=%r is neither apart nor all; taken as apart", ENGINE_SETTING, setting)
     return setting
 
 
