@@ -26,7 +26,7 @@ from pathlib import Path
 from rich.markup import escape
 
 from bench.compare import governance
-from bench.procs import checkout_commit
+from bench.procs import checkout_commit, process_tree
 from bench.routing import fleet as fleet_mod
 from bench.routing import load, metrics, peers, workloads
 from bench.routing.fleet import Fleet, SimProfile
@@ -220,6 +220,7 @@ def _on_fleet(
             result.governance.append(
                 f"opod: the leader of the {_FLEETS[scratch.name]}, as its log says: {_placed_as(fleet)}"
             )
+            result.governance.append(f"the {_FLEETS[scratch.name]}'s workers and engines: {_cpus_of_workers(fleet)}")
         for path in result.paths:
             if not path.ran:
                 continue
@@ -250,6 +251,23 @@ def _placed_as(fleet: Fleet) -> str:
     """What the leader's log says of its heap and its event loop's CPU (``opod.cli.heap``, ``opod.http.cpu``)."""
     said = [found.group(1) for line in list(fleet.leader.lines) if (found := PLACED.search(line))]
     return "; ".join(said) or "its log says nothing of its heap or its event loop's CPU"
+
+
+def _cpus_of_workers(fleet: Fleet) -> str:
+    """The CPUs the workers and the engines they started may run on (``OPOD_ENGINE_CPUS``), as the kernel has them."""
+
+    def cpus(pids: list[int]) -> str:
+        sets = set()
+        for pid in pids:
+            try:
+                sets.add(",".join(map(str, sorted(os.sched_getaffinity(pid)))))
+            except OSError:  # ended meanwhile
+                continue
+        return " / ".join(sorted(sets)) or "none seen"
+
+    workers = [worker.proc.pid for worker in fleet.workers.values()]
+    engines = [pid for worker in workers for pid in process_tree(worker)[1:]]
+    return f"workers on CPUs {cpus(workers)}, engines on CPUs {cpus(engines)}"
 
 
 _GUARDRAIL_SAID = {"policy": "the guard policy (settings)", "webhook": "a guardrail webhook (policy file)"}

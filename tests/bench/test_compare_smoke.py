@@ -45,6 +45,7 @@ def test_every_path_answers_every_measurement_and_the_table_is_written(tmp_path:
     assert text.count("guard policy screen allow") == 2 and text.count("body kept") == 2
     # How the leader ran, as its own log said: its heap, and where its event loop was (pinned, or free and why).
     assert text.count("opod: the leader of the") == 2 and text.count("event loop ") >= 2, text
+    assert text.count("'s workers and engines: workers on CPUs ") == 2 and ", engines on CPUs " in text, text
     assert "opod-webhook" not in text and "`bench/webhook.py`" not in text  # the webhook path is asked for, not default
     assert "| what ran |" in text and "guardrail: guard policy in process" in text
     assert sorted(p.name for p in results.glob("smoke-*.png")) == [
