@@ -159,8 +159,14 @@ def test_opod_up_pins_its_loop_its_engine_stays_off_it_where_it_may_and_its_ledg
             threads = [int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid]
             return len(threads) > 0 and all(_cpus_of(pid, t) == cpus for t in threads)
 
+        def named(tid: int) -> bytes:
+            return Path(f"/proc/{pid}/task/{tid}/comm").read_bytes().strip()
+
         # The ledger's writer, the store's thread and the loop's executor started after the pin: none kept it.
         wait_until(others_free, 10, "every thread but the loop's on every CPU")
+        # Each goes by its own name where top -H shows it, not the loop's that it was made with.
+        others = {named(int(t)) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid}
+        assert cpu.LEADER_NAME not in others and any(n.startswith(b"opod ledger") for n in others), others
     finally:
         leader.process.stop()
 

@@ -35,6 +35,7 @@ import os
 import re
 import socket
 import sys
+import threading
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -271,7 +272,11 @@ def free_cpus() -> frozenset[int]:
 
 
 def free_this_thread() -> None:
-    """Give the calling thread the CPUs the process had before the loop was pinned (nothing when it is not)."""
+    """Give the calling thread the CPUs the process had before the loop was pinned (nothing when it is not), and its
+    own name where the kernel shows it: a thread made after the loop's took the loop's name with its CPU."""
+    if _free is None:
+        return
+    _name_this_thread(threading.current_thread().name.encode("ascii", "replace"))
     refused = _unpin()
     if refused:
         log.info("a thread stays on the event loop's CPU (%s)", refused)
