@@ -104,7 +104,9 @@ def test_four_whole_answers_whose_clients_hang_up_free_the_four_slots_and_are_bi
 ) -> None:
     # One answer of the model first: its rate is what an answer never returned is estimated by.
     taught = client.chat.completions.create(model=CHAT, messages=ENDLESS, max_tokens=16)
-    body = {"model": CHAT, "messages": ENDLESS}  # no max_tokens: the settings' bound, 4,096 here
+    # No max_tokens: the settings' bound, 4,096 here; and no end of its own (llama-server's ignore_eos), so no answer
+    # ends before its client hangs up, however short a story the model would have told.
+    body = {"model": CHAT, "messages": ENDLESS, "ignore_eos": True}
     callers = [threading.Thread(target=hang_up_after, args=(up, 2.0, f"dropped-{i}", body)) for i in range(4)]
     for caller in callers:
         caller.start()
