@@ -17,16 +17,17 @@ OPOD = [sys.executable, "-m", "opod"]
 
 
 def process_tree(pid: int) -> list[int]:
-    """``pid`` and every process below it (children, their children…), from /proc."""
+    """``pid`` and every live process below it (children, their children…), from /proc; a zombie is left out."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
+            state, ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError):
             continue
-        children.setdefault(ppid, []).append(int(entry.name))
+        if state != "Z":
+            children.setdefault(int(ppid), []).append(int(entry.name))
     out, todo = [], [pid]
     while todo:
         p = todo.pop()

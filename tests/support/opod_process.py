@@ -20,6 +20,7 @@ import urllib.request
 from pathlib import Path
 
 from bench.ports import free_port
+from bench.procs import process_tree
 
 OPOD = [sys.executable, "-m", "opod"]
 
@@ -103,24 +104,8 @@ class OpodProcess:
 
 
 def descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if fields[0] == "Z":
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry.name))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
+    """Every live process below ``pid``."""
+    return process_tree(pid)[1:]
 
 
 def alive(pid: int) -> bool:

@@ -37,7 +37,7 @@ import socket
 import sys
 import threading
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -234,17 +234,18 @@ def keep_worker_apart() -> frozenset[int] | None:
         if apart:
             log.info(
                 "worker on CPUs %s, off the leaders' event loops on CPUs %s (%s=all leaves it on every CPU)",
-                _cpu_list(target),
-                _cpu_list(whole - target),
+                cpu_list(target),
+                cpu_list(whole - target),
                 ENGINE_SETTING,
             )
         else:
-            log.info("worker on every CPU it may use (%s)", _cpu_list(target))
+            log.info("worker on every CPU it may use (%s)", cpu_list(target))
     _whole = whole
     return apart
 
 
-def _cpu_list(cpus: frozenset[int]) -> str:
+def cpu_list(cpus: Iterable[int]) -> str:
+    """CPUs as the kernel lists them, in order: ``0,2,3``."""
     return ",".join(map(str, sorted(cpus)))
 
 

@@ -38,6 +38,7 @@ from pathlib import Path
 
 from opod.contract import nodeapi
 from opod.contract.wire import ZERO_TIME, format_time
+from opod.http import cpu
 from opod.worker import processes
 from opod.worker.exit_lines import DETAIL_LINES, telling_line
 from opod.worker.processconfig import ProcessConfig, probe_until_ready
@@ -411,7 +412,7 @@ class Supervisor:
         )
         mp.pid = mp._child.pid
         mp.started_at = mp._waiting_from = _now()
-        where = f" on CPUs {','.join(map(str, cfg.cpus))}" if cfg.cpus else ""  # kept off leaders' loops
+        where = f" on CPUs {cpu.cpu_list(cfg.cpus)}" if cfg.cpus else ""  # kept off leaders' loops
         self._log_note(mp, f"started pid {mp.pid}{where}: {shlex.join(cfg.argv)}")
         if cfg.ready_url or cfg.health_port or cfg.probe:
             self._set(mp, ProcessState.STARTING)
