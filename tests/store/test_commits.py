@@ -17,7 +17,9 @@ from sqlalchemy import text
 from opod.store import InvalidInput, NotFound, Store, StoreError
 from opod.store.offloop import run_sync
 from opod.store.requests import RequestBody
-from tests.store.conftest import NOTICED_S, moved, quietly
+from tests.store.conftest import NOTICED_S, at, moved, quietly
+from tests.store.test_keys import make_key
+from tests.store.test_nodes import register
 from tests.store.test_usage_events import event
 from tests.store.test_usage_events import usage as usage_row
 
@@ -103,6 +105,25 @@ async def test_the_ledgers_writes_leave_the_mark_and_an_operators_change_moves_i
     else:
         await asyncio.sleep(NOTICED_S)
         assert store.commit_mark() == after  # another leader busy serving is no change either
+
+
+async def test_a_keys_last_use_and_a_nodes_last_heartbeat_leave_the_mark(store: Store) -> None:
+    """A busy leader writes when its keys were last used and when its nodes were last heard from, every few seconds:
+    no follower reads either, so neither may send every leader to read the keys, people and tenancy again."""
+    key = make_key(store, "sk-busy")
+    register(store, "node-a")
+    later = iter(range(10, 10_000))
+
+    async def serve() -> tuple[int, None]:
+        tick = at(next(later))
+        return await run_sync(store.mark_keys_used, [key.id], tick), await run_sync(store.touch_nodes, ["node-a"], tick)
+
+    moved_keys, _ = await quietly(store, serve)
+    assert moved_keys == 1  # the write happened: the key's time moved, and the followers were not told
+    assert store.get_key(key.id).last_used_at == store.get_node("node-a").last_seen_at
+    before = store.commit_mark()
+    await run_sync(store.revoke_key, key.id)  # a change the key table must follow still moves the mark
+    await moved(store, before)
 
 
 def test_bodies_kept_again_replace_the_earlier_ones_in_one_batch(store: Store) -> None:

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from operator import itemgetter
 from typing import Any
 
-from sqlalchemy import ClauseElement, Column, Engine, Table
+from sqlalchemy import ClauseElement, Column, Engine, Table, bindparam, or_, update
 from sqlalchemy.engine.interfaces import DBAPICursor, DBAPIModule, Dialect
 from sqlalchemy.pool import PoolProxiedConnection
 from sqlalchemy.sql.compiler import SQLCompiler
@@ -175,10 +175,10 @@ class LedgerAppender:
         self.bodies = _Statement(
             engine, upsert_rows(dialect.name, bodies, ("request_id",)), list(convert), convert, ordered=True
         )
-        self._dbapi: DBAPIModule = engine.dialect.loaded_dbapi
         self._begin_parameters: Parameters
         if engine.dialect.name == "sqlite":
-            self._begin, self._begin_parameters = BEGIN_WRITE, ()
+            self._begin: str = BEGIN_WRITE
+            self._begin_parameters = ()
         else:
             # Ids commit in order, for the streams' cursors: see ``events.APPEND_LOCK``.
             lock = _Statement(engine, APPEND_LOCK, ["id"])
@@ -206,32 +206,74 @@ class LedgerAppender:
             with self._transaction() as cursor:
                 cursor.executemany(self.bodies.sql, self.bodies.many(bodies))
 
-    @contextmanager
-    def _transaction(self) -> Iterator[DBAPICursor]:
-        with self._connect() as connection:
-            cursor = connection.cursor()
-            try:
-                # sqlite3 and psycopg both commit and roll back what is open, whatever their autocommit setting.
-                cursor.execute(self._begin, self._begin_parameters)
-                yield cursor
-                connection.commit()
-            except self._dbapi.Error as err:
-                self._roll_back(connection, cursor, err)
-                if isinstance(err, self._dbapi.IntegrityError):
-                    raise InvalidInput(f"the database refused a ledger batch: {err}") from None
-                raise StoreError(f"store at {mask(self.engine.url)}: {reason(err)}") from err
-            except BaseException:
-                self._roll_back(connection, cursor, None)
-                raise
-            finally:
-                cursor.close()
+    def _transaction(self) -> AbstractContextManager[DBAPICursor]:
+        return write_transaction(self.engine, self._connect, "a ledger batch", self._begin, self._begin_parameters)
 
-    def _roll_back(self, connection: PoolProxiedConnection, cursor: DBAPICursor, err: DBAPIModule.Error | None) -> None:
-        """Undo the batch; a connection the database dropped, or that cannot roll back, leaves the pool."""
-        if err is not None and self.engine.dialect.is_disconnect(err, connection.dbapi_connection, cursor):
-            connection.invalidate(err)
-            return
+
+@contextmanager
+def write_transaction(
+    engine: Engine, connect: Connect, what: str, begin: str | None = None, parameters: Parameters = ()
+) -> Iterator[DBAPICursor]:
+    """One write transaction on the driver's cursor of the connection ``connect`` lends, begun with ``begin`` (none:
+    the driver's own, at the first statement) and committed at the end; rolled back on any error. InvalidInput when
+    the database refuses a row (a constraint; ``what`` names the write), StoreError when it cannot be written."""
+    dbapi: DBAPIModule = engine.dialect.loaded_dbapi
+    with connect() as connection:
+        cursor = connection.cursor()
         try:
-            connection.rollback()
-        except self._dbapi.Error as failed:
-            connection.invalidate(failed)
+            # sqlite3 and psycopg both commit and roll back what is open, whatever their autocommit setting.
+            if begin is not None:
+                cursor.execute(begin, parameters)
+            yield cursor
+            connection.commit()
+        except dbapi.Error as err:
+            _roll_back(engine, connection, cursor, err)
+            if isinstance(err, dbapi.IntegrityError):
+                raise InvalidInput(f"the database refused {what}: {err}") from None
+            raise StoreError(f"store at {mask(engine.url)}: {reason(err)}") from err
+        except BaseException:
+            _roll_back(engine, connection, cursor, None)
+            raise
+        finally:
+            cursor.close()
+
+
+def _roll_back(
+    engine: Engine, connection: PoolProxiedConnection, cursor: DBAPICursor, err: DBAPIModule.Error | None
+) -> None:
+    """Undo the transaction; a connection the database dropped, or that cannot roll back, leaves the pool."""
+    if err is not None and engine.dialect.is_disconnect(err, connection.dbapi_connection, cursor):
+        connection.invalidate(err)
+        return
+    try:
+        connection.rollback()
+    except engine.dialect.loaded_dbapi.Error as failed:
+        connection.invalidate(failed)
+
+
+class TimeForward:
+    """Sets a time that only moves forward (a key's last use, a node's last heartbeat) on rows found by their id: one
+    UPDATE, compiled once for the engine's dialect, run for many ids at once (``executemany``); a row whose time is
+    later already keeps it."""
+
+    def __init__(self, engine: Engine, column: Column[Any]) -> None:
+        table = column.table
+        assert isinstance(table, Table)
+        stamp = bindparam("stamp", type_=column.type)
+        clause = (
+            update(table)
+            .where(table.c.id == bindparam("row_id"), or_(column.is_(None), column < stamp))
+            .values({column.name: stamp})
+        )
+        compiled = clause.compile(dialect=engine.dialect)
+        self.sql = compiled.string
+        # sqlite3 takes a tuple in the statement's order (qmark); psycopg a dict by name (pyformat).
+        self._order = None if compiled.positiontup is None else tuple(compiled.positiontup)
+        self._convert = bind_processor(column, engine.dialect)
+
+    def parameters(self, ids: Sequence[str], stamp: datetime) -> list[tuple[Any, ...]] | list[dict[str, Any]]:
+        """Each row's parameters for ``executemany``."""
+        value = stamp if self._convert is None else self._convert(stamp)
+        if self._order is None:
+            return [{"stamp": value, "row_id": id} for id in ids]
+        return [tuple(value if name == "stamp" else id for name in self._order) for id in ids]

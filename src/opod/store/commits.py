@@ -1,14 +1,16 @@
 """Has anything the followers read changed since? A mark that is cheap to take, for them to compare.
 
 SQLite: ``PRAGMA data_version`` on one connection the store holds for it, which the ledger's transactions (usage
-rows, events, request bodies) also run on, one use at a time. The value changes when any other connection commits
-a change (this process's other pooled connections too) and stays put for reads, for writes that changed no row,
-for the pragma itself, and for the connection's own commits: a leader busy serving, whose only writes are its
-ledger's, leaves it as it was, and the followers read nothing. Asked off the loop, as it may wait for a ledger
+rows, events, request bodies) and the times no follower reads (a key's last use, a node's last heartbeat) also run
+on, one use at a time. The value changes when any other connection commits a change (this process's other pooled
+connections too) and stays put for reads, for writes that changed no row, for the pragma itself, and for the
+connection's own commits: a leader busy serving, whose only writes are its ledger's and those times, leaves it as it
+was, and the followers read nothing. Asked off the loop, as it may wait for a ledger
 transaction to end.
 
 PostgreSQL: a row changed in a followed table (the keys, people, the tenancy tree, quotas, the settings,
-the batches, guard attachments) notifies at its commit (migrations 0024 and 0025), and :class:`ChangeListener` counts the notices of this
+the batches, guard attachments) notifies at its commit (migrations 0024 and 0025; an update of a key's last use
+alone does not, 0026), and :class:`ChangeListener` counts the notices of this
 store's schema: the ledger's writes, this leader's or another's, are no change, nor is anything of another
 schema or database.
 """
@@ -19,15 +21,19 @@ import contextlib
 import logging
 import sqlite3
 import threading
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from datetime import datetime
+from typing import Any
 
+from sqlalchemy import Column
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import PoolProxiedConnection
 
 from opod.http import cpu
 from opod.store.base import Repository
-from opod.store.engine import mask, reason
+from opod.store.bulk import TimeForward, write_transaction
+from opod.store.engine import BEGIN_WRITE, mask, reason
 from opod.store.errors import StoreError
 
 log = logging.getLogger("opod.store")
@@ -43,6 +49,8 @@ class CommitsRepo(Repository):
     """SQLite: how many such connections were opened; part of the mark, as each counts its own data_version."""
     _listener: ChangeListener | None = None
     """PostgreSQL: what counts the followed tables' changes; started at the first mark."""
+    _forward: dict[str, TimeForward] | None = None
+    """:meth:`_move_forward`'s statements by column, compiled at their first use."""
 
     def commit_mark(self) -> Hashable:
         """A value that differs from an earlier one when something the followers read may have changed in between
@@ -61,6 +69,29 @@ class CommitsRepo(Repository):
                 return self._marks_opened, int(version)
             finally:
                 cursor.close()
+
+    def _move_forward(self, column: Column[Any], ids: Sequence[str], stamp: datetime, what: str) -> int:
+        """Set ``column``, a time that only moves forward and that no follower reads (a key's last use, a node's last
+        heartbeat), to ``stamp`` on the rows of its table with these ids where it is earlier or unset, in one
+        transaction; how many rows moved. ``what`` names the write in a refusal.
+
+        A busy leader makes such writes every few seconds, and they must not send every leader's followers to read the
+        keys, people and tenancy again: on SQLite they are made on the held connection, whose own commits leave its
+        ``data_version`` as it was; on PostgreSQL the followed tables' triggers leave out an update of such a time
+        alone (migration 0026)."""
+        if not ids:
+            return 0
+        statements = self._forward if self._forward is not None else {}
+        self._forward = statements
+        name = f"{column.table.name}.{column.name}"
+        statement = statements.get(name)
+        if statement is None:
+            statement = statements[name] = TimeForward(self.engine, column)
+        sqlite = self.engine.dialect.name == "sqlite"
+        begin = BEGIN_WRITE if sqlite else None
+        with write_transaction(self.engine, self._ledger_lender(), what, begin) as cursor:
+            cursor.executemany(statement.sql, statement.parameters(ids, stamp))
+            return max(cursor.rowcount, 0)
 
     def _ledger_lender(self) -> Callable[[], AbstractContextManager[PoolProxiedConnection]]:
         """How the ledger's transactions get their connection: on SQLite the one the marks are read on, whose own

@@ -6,7 +6,8 @@ follower, a read of what changed; one loop, :class:`Following`, runs them off th
 store every :data:`FOLLOW_EVERY` seconds whether anything was committed since (:meth:`Store.commit_mark`,
 a pragma, or a count of notices) and runs only the followers that have not read since then: a store nobody
 writes to is not read at all. A leader's own writes count as changes too, except the ledger's usage rows, events
-and request bodies, so a leader busy serving and nothing else reads nothing (:mod:`opod.store.commits`).
+and request bodies and the times no follower reads (a key's last use, a node's last heartbeat), so a leader busy
+serving and nothing else reads nothing (:mod:`opod.store.commits`).
 """
 
 from __future__ import annotations

@@ -14,13 +14,13 @@ from sqlalchemy.exc import IntegrityError
 from opod.security.keys import hash_key as hash_secret
 from opod.security.keys import new_key_id
 from opod.store.audit import AuditRow, insert_audit
-from opod.store.base import Repository, aware, text_arg, when
+from opod.store.base import aware, text_arg, when
+from opod.store.commits import CommitsRepo
 from opod.store.errors import Conflict, InvalidInput, NotFound
 from opod.store.schema import KEY_KINDS, key_terms, keys, projects
 
 KeyKind = Literal["admin", "api", "node"]
 
-_IDS_PER_STATEMENT = 500  # below SQLite's bound-parameter limit
 PREFIX_MAX = 24  # enough to recognise a key in a listing, far too little to use it
 _HASH = re.compile(r"^[0-9a-f]{64}$")
 
@@ -176,7 +176,7 @@ def _conditions(which: KeyFilter) -> list[Any]:
     return out
 
 
-class KeysRepo(Repository):
+class KeysRepo(CommitsRepo):
     def create_key(
         self,
         *,
@@ -415,13 +415,4 @@ class KeysRepo(Repository):
         """
         stamp = when(at, "last_used_at")
         wanted = sorted({text_arg(i, "key id") for i in ids})
-        moved = 0
-        with self._write() as conn:
-            for start in range(0, len(wanted), _IDS_PER_STATEMENT):
-                chunk = wanted[start : start + _IDS_PER_STATEMENT]
-                moved += conn.execute(
-                    update(keys)
-                    .where(keys.c.id.in_(chunk), or_(keys.c.last_used_at.is_(None), keys.c.last_used_at < stamp))
-                    .values(last_used_at=stamp)
-                ).rowcount
-        return moved
+        return self._move_forward(keys.c.last_used_at, wanted, stamp, "keys' last use")

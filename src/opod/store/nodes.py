@@ -12,7 +12,8 @@ from typing import Any
 from sqlalchemy import Row, delete, select, update
 
 from opod.store.audit import AuditRow, insert_audit
-from opod.store.base import Repository, json_arg, text_arg, when
+from opod.store.base import json_arg, text_arg, when
+from opod.store.commits import CommitsRepo
 from opod.store.errors import InvalidInput, NotFound
 from opod.store.schema import nodes
 
@@ -62,7 +63,7 @@ def _not_found(id: str) -> NotFound:
     return NotFound(f"node {id!r} is not registered; list the nodes to find its id")
 
 
-class NodesRepo(Repository):
+class NodesRepo(CommitsRepo):
     def upsert_node(
         self,
         id: str,
@@ -185,10 +186,9 @@ class NodesRepo(Repository):
         if not ids:
             return
         stamp = when(at, "last_seen_at")
-        with self._write() as conn:
-            conn.execute(
-                update(nodes).where(nodes.c.id.in_(ids), nodes.c.last_seen_at < stamp).values(last_seen_at=stamp)
-            )
+        self._move_forward(
+            nodes.c.last_seen_at, sorted({text_arg(i, "node id") for i in ids}), stamp, "nodes' last heartbeat"
+        )
 
     def delete_node(self, id: str, *, audit: AuditRow | None = None) -> None:
         """Forget a node, its audit row in the same transaction. Its placements by id stay: they say what is wanted
