@@ -15,8 +15,9 @@ import errno
 import gc
 import socket
 import ssl as ssl_module
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 
 import uvicorn
 from starlette.types import ASGIApp
@@ -44,6 +45,46 @@ def settle_memory() -> None:
 
 
 class QuietServer(uvicorn.Server):
+    """uvicorn's server with no signal handlers of its own (:func:`serve` has one stop for every listener), asleep
+    until it is told to stop.
+
+    uvicorn's main loop wakes ten times a second to look at ``should_exit``, renew its Date header and count requests
+    against a limit: a timer, a task's step and a call each time, per listener. opod's listeners send no Date header
+    and set no limit, so this loop sleeps until ``should_exit`` is set (from any thread, or a signal handler); a server
+    configured with either keeps uvicorn's loop.
+    """
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        self._wake_to_exit: Callable[[], object] | None = None
+        """Wakes :meth:`main_loop` from any thread while it sleeps; ``None`` otherwise."""
+        self._should_exit = False
+        super().__init__(config)
+
+    @property
+    def should_exit(self) -> bool:
+        return self._should_exit
+
+    @should_exit.setter
+    def should_exit(self, value: bool) -> None:
+        self._should_exit = value
+        wake = self._wake_to_exit
+        if value and wake is not None:
+            with contextlib.suppress(RuntimeError):  # its loop closed meanwhile: nothing left to wake
+                wake()
+
+    async def main_loop(self) -> None:
+        config = self.config
+        if config.date_header or config.callback_notify is not None or config.limit_max_requests is not None:
+            await super().main_loop()
+            return
+        told = asyncio.Event()
+        self._wake_to_exit = partial(asyncio.get_running_loop().call_soon_threadsafe, told.set)
+        try:
+            if not self._should_exit:  # read after the wake is in place: a stop set in between is seen either way
+                await told.wait()
+        finally:
+            self._wake_to_exit = None
+
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
