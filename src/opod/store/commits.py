@@ -81,14 +81,13 @@ class CommitsRepo(Repository):
         alone (migration 0026)."""
         if not ids:
             return 0
-        statements = self._forward if self._forward is not None else {}
-        self._forward = statements
+        if self._forward is None:
+            self._forward = {}
         name = f"{column.table.name}.{column.name}"
-        statement = statements.get(name)
+        statement = self._forward.get(name)
         if statement is None:
-            statement = statements[name] = TimeForward(self.engine, column)
-        sqlite = self.engine.dialect.name == "sqlite"
-        begin = BEGIN_WRITE if sqlite else None
+            statement = self._forward[name] = TimeForward(self.engine, column)
+        begin = BEGIN_WRITE if self.engine.dialect.name == "sqlite" else None
         with write_transaction(self.engine, self._ledger_lender(), what, begin) as cursor:
             cursor.executemany(statement.sql, statement.parameters(ids, stamp))
             return max(cursor.rowcount, 0)
