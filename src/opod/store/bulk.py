@@ -73,7 +73,7 @@ def bind_processor(column: Column[Any], dialect: Dialect) -> BindProcessor | Non
     return utc_text
 
 
-class _Statement:
+class Statement:
     """A store statement compiled once for the engine's dialect; its parameters in the driver's form."""
 
     def __init__(
@@ -131,7 +131,7 @@ class _Table:
     def __init__(self, engine: Engine, table: Table) -> None:
         dialect = engine.dialect
         convert = {c.name: bind_processor(c, dialect) for c in table.columns if not c.primary_key}
-        self.insert = _Statement(engine, insert_ignoring_known(dialect, table), list(convert), convert)
+        self.insert = Statement(engine, insert_ignoring_known(dialect, table), list(convert), convert)
         self._name = dialect.identifier_preparer.format_table(table)
         self._mark = "?" if dialect.paramstyle == "qmark" else "%s"  # psycopg takes %s with a tuple too
 
@@ -172,7 +172,7 @@ class LedgerAppender:
         self.events = _Table(engine, events)
         dialect = engine.dialect
         convert = {c.name: bind_processor(c, dialect) for c in bodies.columns}
-        self.bodies = _Statement(
+        self.bodies = Statement(
             engine, upsert_rows(dialect.name, bodies, ("request_id",)), list(convert), convert, ordered=True
         )
         self._begin_parameters: Parameters
@@ -181,7 +181,7 @@ class LedgerAppender:
             self._begin_parameters = ()
         else:
             # Ids commit in order, for the streams' cursors: see ``events.APPEND_LOCK``.
-            lock = _Statement(engine, APPEND_LOCK, ["id"])
+            lock = Statement(engine, APPEND_LOCK, ["id"])
             self._begin, self._begin_parameters = lock.sql, lock.parameters({"id": APPEND_LOCK_ID})
 
     def append(self, usage: Sequence[Values], events: Sequence[Values], *, skip_known: bool) -> tuple[int, int]:
@@ -251,29 +251,15 @@ def _roll_back(
         connection.invalidate(failed)
 
 
-class TimeForward:
-    """Sets a time that only moves forward (a key's last use, a node's last heartbeat) on rows found by their id: one
-    UPDATE, compiled once for the engine's dialect, run for many ids at once (``executemany``); a row whose time is
-    later already keeps it."""
-
-    def __init__(self, engine: Engine, column: Column[Any]) -> None:
-        table = column.table
-        assert isinstance(table, Table)
-        stamp = bindparam("stamp", type_=column.type)
-        clause = (
-            update(table)
-            .where(table.c.id == bindparam("row_id"), or_(column.is_(None), column < stamp))
-            .values({column.name: stamp})
-        )
-        compiled = clause.compile(dialect=engine.dialect)
-        self.sql = compiled.string
-        # sqlite3 takes a tuple in the statement's order (qmark); psycopg a dict by name (pyformat).
-        self._order = None if compiled.positiontup is None else tuple(compiled.positiontup)
-        self._convert = bind_processor(column, engine.dialect)
-
-    def parameters(self, ids: Sequence[str], stamp: datetime) -> list[tuple[Any, ...]] | list[dict[str, Any]]:
-        """Each row's parameters for ``executemany``."""
-        value = stamp if self._convert is None else self._convert(stamp)
-        if self._order is None:
-            return [{"stamp": value, "row_id": id} for id in ids]
-        return [tuple(value if name == "stamp" else id for name in self._order) for id in ids]
+def time_forward(engine: Engine, column: Column[Any]) -> Statement:
+    """Sets a time that only moves forward (a key's last use, a node's last heartbeat) on a row found by its id,
+    for :meth:`Statement.many` with rows of ``stamp`` and ``row_id``: a row whose time is later already keeps it."""
+    table = column.table
+    assert isinstance(table, Table)
+    stamp = bindparam("stamp", type_=column.type)
+    clause = (
+        update(table)
+        .where(table.c.id == bindparam("row_id"), or_(column.is_(None), column < stamp))
+        .values({column.name: stamp})
+    )
+    return Statement(engine, clause, ["stamp", "row_id"], {"stamp": bind_processor(column, engine.dialect)})

@@ -32,7 +32,7 @@ from sqlalchemy.pool import PoolProxiedConnection
 
 from opod.http import cpu
 from opod.store.base import Repository
-from opod.store.bulk import TimeForward, write_transaction
+from opod.store.bulk import Statement, time_forward, write_transaction
 from opod.store.engine import BEGIN_WRITE, mask, reason
 from opod.store.errors import StoreError
 
@@ -49,7 +49,7 @@ class CommitsRepo(Repository):
     """SQLite: how many such connections were opened; part of the mark, as each counts its own data_version."""
     _listener: ChangeListener | None = None
     """PostgreSQL: what counts the followed tables' changes; started at the first mark."""
-    _forward: dict[str, TimeForward] | None = None
+    _forward: dict[str, Statement] | None = None
     """:meth:`_move_forward`'s statements by column, compiled at their first use."""
 
     def commit_mark(self) -> Hashable:
@@ -86,10 +86,10 @@ class CommitsRepo(Repository):
         name = f"{column.table.name}.{column.name}"
         statement = self._forward.get(name)
         if statement is None:
-            statement = self._forward[name] = TimeForward(self.engine, column)
+            statement = self._forward[name] = time_forward(self.engine, column)
         begin = BEGIN_WRITE if self.engine.dialect.name == "sqlite" else None
         with write_transaction(self.engine, self._ledger_lender(), what, begin) as cursor:
-            cursor.executemany(statement.sql, statement.parameters(ids, stamp))
+            cursor.executemany(statement.sql, statement.many([{"stamp": stamp, "row_id": id} for id in ids]))
             return max(cursor.rowcount, 0)
 
     def _ledger_lender(self) -> Callable[[], AbstractContextManager[PoolProxiedConnection]]:

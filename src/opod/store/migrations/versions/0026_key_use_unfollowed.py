@@ -28,17 +28,19 @@ UPDATED = f"{FUNCTION}_update"
 """The trigger on ``keys`` for its updates, apart from its inserts' and deletes'."""
 
 
+def _trigger(name: str, events: str, when: str = "") -> None:
+    """A trigger on ``keys`` that notifies through 0024's function, for rows that meet ``when`` (every row without)."""
+    condition = f"WHEN ({when}) " if when else ""
+    op.execute(f"CREATE TRIGGER {name} AFTER {events} ON keys FOR EACH ROW {condition}EXECUTE FUNCTION {FUNCTION}()")
+
+
 def upgrade() -> None:
     if op.get_bind().dialect.name != "postgresql":
         return
     op.execute(f"DROP TRIGGER IF EXISTS {FUNCTION} ON keys")
-    op.execute(f"CREATE TRIGGER {FUNCTION} AFTER INSERT OR DELETE ON keys FOR EACH ROW EXECUTE FUNCTION {FUNCTION}()")
+    _trigger(FUNCTION, "INSERT OR DELETE")
     # A row's other columns, as JSON without the last use: equal when only the last use changed.
-    op.execute(
-        f"CREATE TRIGGER {UPDATED} AFTER UPDATE ON keys FOR EACH ROW "
-        "WHEN ((to_jsonb(OLD) - 'last_used_at') IS DISTINCT FROM (to_jsonb(NEW) - 'last_used_at')) "
-        f"EXECUTE FUNCTION {FUNCTION}()"
-    )
+    _trigger(UPDATED, "UPDATE", "(to_jsonb(OLD) - 'last_used_at') IS DISTINCT FROM (to_jsonb(NEW) - 'last_used_at')")
 
 
 def downgrade() -> None:
@@ -46,6 +48,4 @@ def downgrade() -> None:
         return
     op.execute(f"DROP TRIGGER IF EXISTS {UPDATED} ON keys")
     op.execute(f"DROP TRIGGER IF EXISTS {FUNCTION} ON keys")
-    op.execute(
-        f"CREATE TRIGGER {FUNCTION} AFTER INSERT OR UPDATE OR DELETE ON keys FOR EACH ROW EXECUTE FUNCTION {FUNCTION}()"
-    )
+    _trigger(FUNCTION, "INSERT OR UPDATE OR DELETE")
