@@ -29,7 +29,7 @@ def command(
     workers: int = typer.Option(4, min=1, max=16, help="Simulator engines, each started by an `opod join` worker."),
     rounds: int = typer.Option(3, min=1, help="Interleaved rounds of each latency measurement."),
     concurrency: int = typer.Option(8, min=1, help="Clients of the chat and streamed-chat closed loops."),
-    seconds: float = typer.Option(5.0, min=0.2, help="Seconds measured per path and round at that concurrency."),
+    seconds: float = typer.Option(8.0, min=0.2, help="Seconds measured per path and round at that concurrency."),
     stream_tokens: int = typer.Option(16, min=2, help="Answer tokens of a streamed chat."),
     capacity_level: list[int] = typer.Option(
         [128, 256], help="Concurrencies of direct's saturation on the latency fleet (repeat)."
@@ -52,7 +52,7 @@ def command(
     opod's guardrail is the settings' guard policy, run in the leader; --path opod-webhook adds opod with the policy
     file's guardrail webhook in its place. Added latency (p50, p99) at concurrency 8, chat and streamed, and at half of
     direct's saturation (open loop), each path measured in rounds interleaved with direct; the router's CPU per
-    request; and saturation with engines that answer at once. About 5 minutes on two cores. Results:
+    request; and saturation with engines that answer at once. About 8 minutes on two cores. Results:
     bench/results/compare.md and compare-*.png.
     """
     unknown = [p for p in paths if p not in CHOICES]
