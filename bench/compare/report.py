@@ -75,6 +75,10 @@ def rows(run: CompareResult) -> list[tuple[str, Callable[[PathRun], str]]]:
             lambda p: ms(p.wait_per_request),
         ),
         (f"saturation req/s, engines that answer at once (best of concurrency {levels})", _saturation_cell),
+        (
+            "the router's CPU ms per request at saturation (its own processes, at the best concurrency)",
+            lambda p: ms(p.saturation_cpu_per_request),
+        ),
         ("requests answered / failed (every phase)", _requests_cell),
     ]
 
@@ -258,7 +262,9 @@ def markdown(run: CompareResult, name: str) -> str:
         "threads waits on several at once.",
         f"- **Saturation**: a second fleet, the same but with engines that answer at once (`time_scale` 0, "
         f"1,024 sequences at once), the governance set up again; closed loops at concurrency {', '.join(map(str, s.zero_levels))}, "
-        f"{s.zero_seconds:g} s each, {s.zero_rounds} interleaved rounds; the best level's completions per second.",
+        f"{s.zero_seconds:g} s each, {s.zero_rounds} interleaved rounds; the best level's completions per second, "
+        "and the router's CPU per request answered over that level's measured windows (the same processes as above): "
+        "with every core busy, the machine's cores over what each process spends per request set how far a path goes.",
         f"- **Simulator** (latency fleet): TTFT {prof.ttft_ms:g} ms + {prof.prefill_ms_per_token:g} ms per uncached prompt "
         f"token, {prof.itl_ms:g} ms per token + {prof.itl_ms_per_request:g} ms per running request, {prof.max_num_seqs} "
         "sequences at once per engine.",

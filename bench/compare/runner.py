@@ -96,6 +96,8 @@ class PathRun:
     """CPU of what the router calls besides the engines over the same rounds (opod-webhook: the guardrail webhook)."""
     spread: dict[str, list[int]] = field(default_factory=dict)
     """Phase → requests each engine took from this path over its rounds (how the router placed them)."""
+    saturation_cpu: dict[int, float] = field(default_factory=dict)
+    """Saturation level → CPU of the router's processes over that level's measured windows (none for direct)."""
 
     def requests(self) -> tuple[int, int]:
         """(answered, failed) over every phase."""
@@ -118,6 +120,15 @@ class PathRun:
     @property
     def side_cpu_per_request(self) -> float:
         return self.side_cpu_seconds / self.open_sent if self.open_sent and self.side_cpu_seconds else math.nan
+
+    @property
+    def saturation_cpu_per_request(self) -> float:
+        """CPU seconds per request answered at the best saturation level, over its measured windows; nan without."""
+        _, level = self.best_saturation()
+        answered = sum(1 for p in self.saturation.get(level, ()) for s in p.samples if s.ok)
+        if level not in self.saturation_cpu or not answered:
+            return math.nan
+        return self.saturation_cpu[level] / answered
 
     def best_saturation(self) -> tuple[float, int]:
         """(req/s, concurrency) of the best saturation level; (nan, 0) when none answered."""
@@ -396,6 +407,19 @@ def _saturation(lanes: list[Lane], settings: Settings, step: Step) -> None:
         for level in settings.zero_levels:
             for lane in order:
                 if lane.run.ran and _ready(lane, f"saturation at concurrency {level}"):
-                    phase = asyncio.run(load.closed_loop(lane.target, chat, level, settings.zero_seconds))
-                    lane.run.saturation.setdefault(level, []).append(phase)
+                    _saturated(lane, chat, level, settings.zero_seconds)
                 advance()
+
+
+def _saturated(lane: Lane, chat: list[bytes], level: int, seconds: float) -> None:
+    """One closed loop at ``level``; the router's CPU is read as its measured window opens and closes."""
+    pid = lane.target.pid
+    marks: list[float] = []
+
+    def mark() -> None:
+        marks.append(load.cpu_seconds(pid))
+
+    phase = asyncio.run(load.closed_loop(lane.target, chat, level, seconds, at_window=mark if pid else None))
+    lane.run.saturation.setdefault(level, []).append(phase)
+    if len(marks) == 2:
+        lane.run.saturation_cpu[level] = lane.run.saturation_cpu.get(level, 0.0) + marks[1] - marks[0]

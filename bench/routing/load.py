@@ -191,15 +191,21 @@ async def closed_loop(
     timeout: float = 30.0,
     grace: float = 5.0,
     stream: bool = False,
+    at_window: Callable[[], None] | None = None,
 ) -> Phase:
     """``concurrency`` clients back to back; counts what completes inside the measured window (``stream``: the body
-    asks a streamed answer, read chunk by chunk for its time to first token). A list of bodies is sent in turn."""
+    asks a streamed answer, read chunk by chunk for its time to first token). A list of bodies is sent in turn.
+    ``at_window`` is called as the measured window opens and as it closes (to read what the router spent in it)."""
     bodies = [body] if isinstance(body, bytes) else list(body)
     samples: list[Sample] = []
     counter = iter(range(1 << 62))
     async with _session(concurrency, timeout) as session:
         begin = time.perf_counter()
         window = (begin + warmup, begin + warmup + seconds)
+        if at_window is not None:
+            loop = asyncio.get_running_loop()
+            loop.call_later(warmup, at_window)
+            loop.call_later(warmup + seconds, at_window)
 
         async def client() -> None:
             while time.perf_counter() < window[1]:

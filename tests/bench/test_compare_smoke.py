@@ -40,6 +40,10 @@ def test_every_path_answers_every_measurement_and_the_table_is_written(tmp_path:
     assert all(number(cpu[path]) >= 0 for path in PATHS[1:]) and cpu["direct"] == "—"
     wait = next(v for k, v in table.items() if k.startswith("the router's wait for a core"))
     assert all(number(wait[path]) >= 0 for path in PATHS[1:]) and wait["direct"] == "—"
+    # At saturation too, over the best level's measured window: opod's leader cannot answer a few hundred chats free.
+    saturated = table["the router's CPU ms per request at saturation (its own processes, at the best concurrency)"]
+    assert all(number(saturated[path]) >= 0 for path in PATHS[1:]) and saturated["direct"] == "—"
+    assert number(saturated["opod"]) > 0
     # opod's guardrail is the settings' guard policy, run in the leader, checked on a request's record on both fleets.
     assert text.count("opod: governance checked on the") == 2, text
     assert text.count("guard policy screen allow") == 2 and text.count("body kept") == 2
