@@ -175,11 +175,9 @@ class LedgerAppender:
         self.bodies = Statement(
             engine, upsert_rows(dialect.name, bodies, ("request_id",)), list(convert), convert, ordered=True
         )
-        self._begin_parameters: Parameters
-        if engine.dialect.name == "sqlite":
-            self._begin: str = BEGIN_WRITE
-            self._begin_parameters = ()
-        else:
+        self._begin: str | None = None  # SQLite: as the store's writes begin
+        self._begin_parameters: Parameters = ()
+        if engine.dialect.name != "sqlite":
             # Ids commit in order, for the streams' cursors: see ``events.APPEND_LOCK``.
             lock = Statement(engine, APPEND_LOCK, ["id"])
             self._begin, self._begin_parameters = lock.sql, lock.parameters({"id": APPEND_LOCK_ID})
@@ -215,9 +213,12 @@ def write_transaction(
     engine: Engine, connect: Connect, what: str, begin: str | None = None, parameters: Parameters = ()
 ) -> Iterator[DBAPICursor]:
     """One write transaction on the driver's cursor of the connection ``connect`` lends, begun with ``begin`` (none:
-    the driver's own, at the first statement) and committed at the end; rolled back on any error. InvalidInput when
-    the database refuses a row (a constraint; ``what`` names the write), StoreError when it cannot be written."""
+    as the store's write transactions begin, ``BEGIN_WRITE`` on SQLite and the driver's own on PostgreSQL) and
+    committed at the end; rolled back on any error. InvalidInput when the database refuses a row (a constraint;
+    ``what`` names the write), StoreError when it cannot be written."""
     dbapi: DBAPIModule = engine.dialect.loaded_dbapi
+    if begin is None and engine.dialect.name == "sqlite":
+        begin = BEGIN_WRITE
     with connect() as connection:
         cursor = connection.cursor()
         try:

@@ -21,7 +21,7 @@ import contextlib
 import logging
 import sqlite3
 import threading
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
 from typing import Any
@@ -31,9 +31,9 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import PoolProxiedConnection
 
 from opod.http import cpu
-from opod.store.base import Repository
+from opod.store.base import Repository, text_arg, when
 from opod.store.bulk import Statement, time_forward, write_transaction
-from opod.store.engine import BEGIN_WRITE, mask, reason
+from opod.store.engine import mask, reason
 from opod.store.errors import StoreError
 
 log = logging.getLogger("opod.store")
@@ -70,16 +70,21 @@ class CommitsRepo(Repository):
             finally:
                 cursor.close()
 
-    def _move_forward(self, column: Column[Any], ids: Sequence[str], stamp: datetime, what: str) -> int:
+    def _move_forward(
+        self, column: Column[Any], ids: Collection[str], at: datetime | None, id_name: str, what: str
+    ) -> int:
         """Set ``column``, a time that only moves forward and that no follower reads (a key's last use, a node's last
-        heartbeat), to ``stamp`` on the rows of its table with these ids where it is earlier or unset, in one
-        transaction; how many rows moved. ``what`` names the write in a refusal.
+        heartbeat), to ``at`` (now when ``None``) on the rows of its table with these ids where it is earlier or unset,
+        in one transaction; how many rows moved. ``id_name`` names an id, ``what`` the write, in a refusal; an id not
+        stored is skipped.
 
         A busy leader makes such writes every few seconds, and they must not send every leader's followers to read the
         keys, people and tenancy again: on SQLite they are made on the held connection, whose own commits leave its
         ``data_version`` as it was; on PostgreSQL the followed tables' triggers leave out an update of such a time
         alone (migration 0026)."""
-        if not ids:
+        stamp = when(at, column.name)
+        wanted = sorted({text_arg(i, id_name) for i in ids})
+        if not wanted:
             return 0
         if self._forward is None:
             self._forward = {}
@@ -87,9 +92,8 @@ class CommitsRepo(Repository):
         statement = self._forward.get(name)
         if statement is None:
             statement = self._forward[name] = time_forward(self.engine, column)
-        begin = BEGIN_WRITE if self.engine.dialect.name == "sqlite" else None
-        with write_transaction(self.engine, self._ledger_lender(), what, begin) as cursor:
-            cursor.executemany(statement.sql, statement.many([{"stamp": stamp, "row_id": id} for id in ids]))
+        with write_transaction(self.engine, self._ledger_lender(), what) as cursor:
+            cursor.executemany(statement.sql, statement.many([{"stamp": stamp, "row_id": id} for id in wanted]))
             return max(cursor.rowcount, 0)
 
     def _ledger_lender(self) -> Callable[[], AbstractContextManager[PoolProxiedConnection]]:

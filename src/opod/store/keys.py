@@ -406,13 +406,11 @@ class KeysRepo(CommitsRepo):
         return [KeyRecord(**{**asdict(k), "revoked_at": stamp}) for k in found]
 
     def mark_keys_used(self, ids: Collection[str], at: datetime | None = None) -> int:
-        """Record that these keys were used by ``at``, in one statement; returns how many moved.
+        """Record that these keys were used by ``at``, in one transaction; returns how many moved.
 
         The leader collects the keys it authenticated and calls this every few seconds, so
         the request path never waits on the store. Times only move forward, so a late batch
         is harmless; an id that is not stored (a key from the auth file, a key deleted since)
         is skipped.
         """
-        stamp = when(at, "last_used_at")
-        wanted = sorted({text_arg(i, "key id") for i in ids})
-        return self._move_forward(keys.c.last_used_at, wanted, stamp, "keys' last use")
+        return self._move_forward(keys.c.last_used_at, ids, at, "key id", "keys' last use")

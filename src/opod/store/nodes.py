@@ -183,12 +183,7 @@ class NodesRepo(CommitsRepo):
 
     def touch_nodes(self, ids: list[str], at: datetime | None = None) -> None:
         """Record that these nodes were heard from, in one transaction; ids no longer stored are skipped. Times only move forward."""
-        if not ids:
-            return
-        stamp = when(at, "last_seen_at")
-        self._move_forward(
-            nodes.c.last_seen_at, sorted({text_arg(i, "node id") for i in ids}), stamp, "nodes' last heartbeat"
-        )
+        self._move_forward(nodes.c.last_seen_at, ids, at, "node id", "nodes' last heartbeat")
 
     def delete_node(self, id: str, *, audit: AuditRow | None = None) -> None:
         """Forget a node, its audit row in the same transaction. Its placements by id stay: they say what is wanted
